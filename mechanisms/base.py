@@ -1,0 +1,123 @@
+"""The contract every mechanism implements.
+
+A mechanism sees three things: parameters (validated by its marshmallow
+schema), the dataset's *public* metadata, and the privacy budget the analyst
+agreed to spend. Cost and accuracy are functions of those alone, so the
+service can charge the ledger and answer dry runs before touching data;
+only ``run`` reads the data.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, ClassVar, Literal
+
+import marshmallow
+import numpy as np
+
+ColumnType = Literal["continuous", "integer", "categorical"]
+Budget = Mapping[str, Fraction]
+
+
+class MechanismInputError(ValueError):
+    """Parameters that do not fit the mechanism or the dataset's metadata.
+
+    ``field`` names the offending input (e.g. ``params.column``); the message
+    must never contain data values, only public names and parameters.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ColumnMeta:
+    """Public description of one column: its type and declared domain."""
+
+    name: str
+    type: ColumnType
+    bounds: tuple[float, float] | None = None
+    categories: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """Public metadata of a dataset version; ``n_rows`` is public (replace-one DP)."""
+
+    n_rows: int
+    columns: Mapping[str, ColumnMeta]
+
+    def column(self, name: str, field: str = "params.column") -> ColumnMeta:
+        """Look up a column or raise an input error naming the field."""
+        try:
+            return self.columns[name]
+        except KeyError:
+            raise MechanismInputError(field, f"unknown column {name!r}") from None
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a run produces: the released values plus what is said about them.
+
+    ``result`` follows DESIGN §4 (``value``; or ``values`` with ``categories``
+    / ``bins`` / ``grid``; or ``records``). ``accuracy`` and ``guarantee`` are
+    computed from public inputs only.
+    """
+
+    result: dict[str, Any]
+    accuracy: dict[str, Any]
+    guarantee: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Mechanism(abc.ABC):
+    """One registry entry: schema, cost, accuracy and the randomized run."""
+
+    name: ClassVar[str]
+    #: privacy measures this mechanism charges (keys of the budget/cost dicts)
+    measures: ClassVar[tuple[str, ...]]
+    #: marshmallow schema of ``params``; unknown fields are rejected
+    params_schema: ClassVar[type[marshmallow.Schema]]
+    description: ClassVar[str] = ""
+
+    def load_params(self, raw: Any) -> dict[str, Any]:
+        """Validate ``params`` against the schema (raises marshmallow.ValidationError)."""
+        loaded: dict[str, Any] = self.params_schema().load(raw or {})
+        return loaded
+
+    @abc.abstractmethod
+    def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta) -> dict[
+        str, Fraction
+    ]:
+        """Exact cost per measure, from public inputs only; at most ``budget``.
+
+        Raises MechanismInputError for a budget that names the wrong measures
+        or for params that do not fit the metadata (unknown column, wrong type).
+        """
+
+    @abc.abstractmethod
+    def accuracy(
+        self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
+    ) -> dict[str, Any]:
+        """Accuracy statement (noise scale, 95% half-width, ...) from public inputs."""
+
+    @abc.abstractmethod
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        """Compute the privatized output; the only method that reads ``data``.
+
+        ``data`` maps column names to 1-D arrays of length ``meta.n_rows``:
+        float64 for continuous, int64 for integer, int64 category codes
+        (indices into ``ColumnMeta.categories``) for categorical columns.
+        """

@@ -1,0 +1,1 @@
+"""privrelease service: HTTP API, auth, ledger, dataset store and CLI."""

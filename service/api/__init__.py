@@ -1,0 +1,1 @@
+"""HTTP API blueprints, one per domain."""

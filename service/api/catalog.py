@@ -1,0 +1,38 @@
+"""The mechanism catalog: names, measures and parameter schemas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
+from flask_smorest import Blueprint
+
+import mechanisms
+from service.auth import require
+from service.schemas import MechanismSchema
+
+blp = Blueprint("mechanisms", __name__, url_prefix="/v1/mechanisms",
+                description="Mechanism catalog")
+
+
+def _json_schema(mech: mechanisms.Mechanism) -> dict[str, Any]:
+    plugin = MarshmallowPlugin()
+    APISpec("catalog", "1", "3.0.3", plugins=[plugin])
+    converted: dict[str, Any] = plugin.converter.schema2jsonschema(  # type: ignore[union-attr]
+        mech.params_schema
+    )
+    return converted
+
+
+@blp.route("")
+@require("consumer")
+@blp.response(200, MechanismSchema(many=True))
+def list_mechanisms() -> list[dict[str, Any]]:
+    """Every mechanism with the measures it charges and its parameter schema."""
+    out = []
+    for name in mechanisms.names():
+        mech = mechanisms.get(name)
+        out.append({"name": name, "measures": list(mech.measures),
+                    "description": mech.description, "params_schema": _json_schema(mech)})
+    return out

@@ -1,0 +1,134 @@
+"""Releases: dry-run estimates, requests (reserve + enqueue), reads."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from flask import current_app, request
+from flask_smorest import Blueprint
+
+from service import budget, releases, rkeys
+from service.auth import check_dataset_grant, current_key, require
+from service.problems import APIError
+from service.schemas import EstimateSchema, ReleaseRequestSchema, ReleaseSchema
+
+blp = Blueprint("releases", __name__, url_prefix="/v1/releases", description="Releases")
+
+TASK = "privrelease.run_release"
+
+
+def _prepare(body: dict[str, Any]) -> releases.Prepared:
+    config = current_app.config["PRIVRELEASE"]
+    prepared = releases.prepare(current_app.extensions["redis"], body,
+                                allow_seeds=config.allow_seeds)
+    check_dataset_grant(prepared.dataset["id"])
+    return prepared
+
+
+def _document(release_id: str) -> dict[str, Any]:
+    doc = releases.document(current_app.extensions["redis"], release_id)
+    if doc is None:
+        raise APIError(404, "no such release", code="not_found")
+    return doc
+
+
+@blp.route("/estimate", methods=["POST"])
+@require("analyst")
+@blp.arguments(ReleaseRequestSchema)
+@blp.response(200, EstimateSchema)
+def estimate(body: dict[str, Any]) -> dict[str, Any]:
+    """Cost and expected accuracy of a request; spends nothing."""
+    prepared = _prepare(body)
+    balance = current_app.extensions["ledger"].balance(prepared.dataset["id"])
+    return {
+        "mechanism": prepared.mechanism.name,
+        "cost": releases.cost_doc(prepared.cost_units),
+        "accuracy": prepared.accuracy,
+        "remaining": {m: budget.display(m, balance.get(m, {}).get("remaining", 0))
+                      for m in prepared.cost_units},
+    }
+
+
+@blp.route("", methods=["POST"])
+@require("analyst")
+@blp.arguments(ReleaseRequestSchema)
+@blp.response(202, ReleaseSchema)
+@blp.alt_response(200, schema=ReleaseSchema, description="replay of an identical release")
+def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """Validate, reserve the cost atomically, enqueue; 202 with the release id."""
+    config = current_app.config["PRIVRELEASE"]
+    prepared = _prepare(body)
+    key = current_key()
+    idem = request.headers.get("Idempotency-Key")
+    idem_key = None
+    if idem is not None:
+        if not 1 <= len(idem) <= 255:
+            raise APIError(422, "Idempotency-Key must be 1..255 characters",
+                           code="validation_error", field="Idempotency-Key")
+        idem_key = rkeys.idempotency(key.id, hashlib.sha256(idem.encode()).hexdigest())
+    ledger = current_app.extensions["ledger"]
+    dataset_id = prepared.dataset["id"]
+    res = ledger.reserve(
+        dataset_id, releases.new_id(), prepared.cost_units, actor=key.id,
+        fingerprint=prepared.fingerprint, request_json=prepared.request_json(),
+        idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl,
+    )
+    if res.outcome == "exhausted":
+        raise APIError(
+            409, f"not enough {res.measure} budget left", code="budget_exhausted",
+            measure=res.measure, requested=budget.display(res.measure, res.requested),
+            remaining=budget.display(res.measure, max(res.remaining, 0)),
+        )
+    if res.outcome == "retired":
+        raise APIError(409, "dataset is retired", code="dataset_retired")
+    if res.outcome == "idem_mismatch":
+        raise APIError(422, "Idempotency-Key was used for a different request",
+                       code="idempotency_mismatch", field="Idempotency-Key")
+    if res.outcome == "replay":
+        return {**_document(res.release_id), "replayed": True}, 200
+    if res.outcome == "reserved":
+        try:
+            current_app.extensions["celery"].send_task(TASK, args=[res.release_id])
+        except Exception:
+            ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
+                         key.id)
+            raise APIError(503, "job queue unavailable; nothing was spent",
+                           code="unavailable") from None
+    return _document(res.release_id), 202
+
+
+@blp.route("")
+@require("consumer")
+@blp.response(200, ReleaseSchema(many=True))
+def list_releases() -> list[dict[str, Any]]:
+    """The most recent releases (newest first), optionally of one dataset."""
+    client = current_app.extensions["redis"]
+    dataset_id = request.args.get("dataset_id")
+    try:
+        limit = min(max(int(request.args.get("limit", 100)), 1), 1000)
+    except ValueError:
+        raise APIError(422, "limit must be an integer", code="validation_error",
+                       field="limit") from None
+    out = []
+    for raw in client.zrevrange(rkeys.RELEASES, 0, -1):
+        doc = releases.document(client, raw.decode())
+        if doc is None or (dataset_id and doc["dataset_id"] != dataset_id):
+            continue
+        key = current_key()
+        if key.datasets is not None and doc["dataset_id"] not in key.datasets:
+            continue
+        out.append(doc)
+        if len(out) >= limit:
+            break
+    return out
+
+
+@blp.route("/<release_id>")
+@require("consumer")
+@blp.response(200, ReleaseSchema)
+def show(release_id: str) -> dict[str, Any]:
+    """Status, and when done the result, cost, accuracy and provenance."""
+    doc = _document(release_id)
+    check_dataset_grant(doc["dataset_id"])
+    return doc

@@ -1,0 +1,55 @@
+"""Flask application factory: config, Redis, ledger, store, blueprints, errors."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Flask
+from flask_smorest import Api
+
+from service import problems
+from service.config import Config
+from service.ledger import Ledger
+from service.store import DatasetStore
+from workers.celery_app import make_celery
+
+
+class ProblemApi(Api):  # type: ignore[misc]
+    """flask-smorest Api whose errors are RFC 9457 problem documents."""
+
+    def _register_error_handlers(self) -> None:
+        problems.register(self._app)
+
+
+def create_app(config: Config | None = None) -> Flask:
+    """Build the API app; one per gunicorn worker process."""
+    config = config or Config.from_env()
+    app = Flask("privrelease")
+    app.config.update(
+        API_TITLE="privrelease",
+        API_VERSION="v1",
+        OPENAPI_VERSION="3.0.3",
+        OPENAPI_URL_PREFIX="/",
+        OPENAPI_JSON_PATH="openapi.json",
+        OPENAPI_SWAGGER_UI_PATH="/docs",
+        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        MAX_CONTENT_LENGTH=config.max_upload_bytes,
+        PRIVRELEASE=config,
+    )
+    client = redis.Redis.from_url(config.require_redis_url(), health_check_interval=30)
+    app.extensions["redis"] = client
+    app.extensions["ledger"] = Ledger(client)
+    app.extensions["store"] = DatasetStore(config.datasets_dir)
+    app.extensions["celery"] = make_celery(config)
+    logging.getLogger("privrelease").setLevel(logging.INFO)
+
+    api = ProblemApi(app, spec_kwargs={
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"bearer": []}],
+    })
+    from service.api import catalog, datasets, health, releases
+
+    for module in (health, datasets, releases, catalog):
+        api.register_blueprint(module.blp)
+    return app

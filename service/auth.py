@@ -1,0 +1,64 @@
+"""Bearer-token authentication and role checks for every endpoint.
+
+Operators may do everything; analysts spend on granted datasets; consumers
+only read. Issue #3 refines grants; the decorator is the one place to do it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from flask import current_app, g, request
+
+from service import apikeys
+from service.problems import APIError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Which roles each declared role admits: an operator can do what others can.
+_ADMITS = {
+    "operator": {"operator"},
+    "analyst": {"operator", "analyst"},
+    "consumer": {"operator", "analyst", "consumer"},
+}
+
+
+def current_key() -> apikeys.ApiKey:
+    key: apikeys.ApiKey = g.api_key
+    return key
+
+
+def require(role: str) -> Callable[[F], F]:
+    """Allow the view to keys whose role admits ``role``; 401/403 otherwise."""
+
+    allowed = _ADMITS[role]
+
+    def decorator(view: F) -> F:
+        @functools.wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            header = request.headers.get("Authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise APIError(401, "missing bearer token", code="unauthorized")
+            key = apikeys.lookup(current_app.extensions["redis"], token.strip())
+            if key is None:
+                raise APIError(401, "unknown or revoked API key", code="unauthorized")
+            if key.role not in allowed:
+                raise APIError(403, f"this endpoint needs the {role} role",
+                               code="forbidden")
+            g.api_key = key
+            return view(*args, **kwargs)
+
+        wrapper._required_role = role  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def check_dataset_grant(dataset_id: str) -> None:
+    """403 unless the current key may use ``dataset_id``."""
+    key = current_key()
+    if key.datasets is not None and dataset_id not in key.datasets:
+        raise APIError(403, "this key has no grant for the dataset", code="forbidden")

@@ -1,0 +1,111 @@
+"""Privacy measures and their exact integer units (DESIGN §3).
+
+Amounts never travel as float sums: a request's float is read as the decimal
+it was written as, held as a ``Fraction``, and converted to integer units of
+a per-measure quantum — costs rounded up, caps rounded down — so the ledger
+(Redis Lua, whose numbers are doubles) only ever adds integers below 2**53.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any
+
+#: measure -> (units per 1.0, largest accepted cap). Every cap * 3 < 2**53.
+MEASURES: dict[str, tuple[int, Fraction]] = {
+    "epsilon": (10**9, Fraction(10**6)),
+    "delta": (10**15, Fraction(1)),
+    "noiseless_bits": (10**9, Fraction(10**6)),
+    "interval_leakage": (10**12, Fraction(1000)),
+    "subset_draws": (1, Fraction(10**6)),
+}
+#: measures charged per column, written ``measure:<column>``
+PER_COLUMN = frozenset({"interval_leakage", "subset_draws"})
+
+
+class AmountError(ValueError):
+    """A budget or cost amount that cannot be accepted; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def base_measure(measure: str) -> str:
+    """``interval_leakage:age`` -> ``interval_leakage``."""
+    return measure.split(":", 1)[0]
+
+
+def unit(measure: str) -> int:
+    return MEASURES[base_measure(measure)][0]
+
+
+def to_fraction(value: Any, field: str) -> Fraction:
+    """Read a JSON number exactly as written (0.1 is 1/10, not the nearest double)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise AmountError(field, "must be a number")
+    try:
+        dec = Decimal(value) if isinstance(value, int | str) else Decimal(repr(value))
+    except InvalidOperation:
+        raise AmountError(field, "must be a number") from None
+    if not dec.is_finite():
+        raise AmountError(field, "must be finite")
+    return Fraction(dec)
+
+
+def cost_units(measure: str, amount: Fraction) -> int:
+    """A cost in integer units, rounded up so the ledger never undercharges."""
+    return math.ceil(amount * unit(measure))
+
+
+def cap_units(measure: str, amount: Fraction) -> int:
+    """A cap in integer units, rounded down so the ledger never over-allows."""
+    return math.floor(amount * unit(measure))
+
+
+def from_units(measure: str, units: int) -> Fraction:
+    return Fraction(units, unit(measure))
+
+
+def display(measure: str, units: int) -> float:
+    """Units as a plain number for JSON output."""
+    return float(from_units(measure, units))
+
+
+def parse_caps(raw: Any, columns: list[str], categorical: list[str]) -> dict[str, int]:
+    """Validate a dataset's ``budgets`` into caps in units, one per ledger measure.
+
+    Per-column measures given without a column apply to every column; an
+    explicit ``measure:column`` overrides. ``subset_draws`` defaults to 1 for
+    categorical columns (DESIGN §3); any measure not given has cap 0.
+    """
+    if not isinstance(raw, dict):
+        raise AmountError("metadata.budgets", "must be an object of measure -> cap")
+    caps: dict[str, int] = {f"subset_draws:{c}": 1 for c in categorical}
+    explicit: dict[str, int] = {}
+    for name, value in raw.items():
+        field = f"metadata.budgets.{name}"
+        base, _, column = str(name).partition(":")
+        if base not in MEASURES:
+            raise AmountError(field, f"unknown measure {base!r}; known: {sorted(MEASURES)}")
+        if column and base not in PER_COLUMN:
+            raise AmountError(field, f"measure {base!r} is not per column")
+        if column and column not in columns:
+            raise AmountError(field, f"unknown column {column!r}")
+        amount = to_fraction(value, field)
+        if amount < 0 or amount > MEASURES[base][1]:
+            raise AmountError(field, f"must be between 0 and {MEASURES[base][1]}")
+        if base == "subset_draws" and amount.denominator != 1:
+            raise AmountError(field, "must be a whole number of draws")
+        units = cap_units(base, amount)
+        if column:
+            explicit[name] = units
+        elif base in PER_COLUMN:
+            caps.update({f"{base}:{c}": units for c in columns})
+        else:
+            caps[base] = units
+    caps.update(explicit)
+    return caps

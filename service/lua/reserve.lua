@@ -1,0 +1,53 @@
+-- Atomically: answer a retried (Idempotency-Key) or replayed request with the
+-- stored release, or check every measure's cap and hold the cost.
+-- KEYS: 1 ledger hash, 2 events stream, 3 release hash, 4 reservation hash,
+--       5 replay key, 6 idempotency hash, 7 pending zset, 8 all-releases zset
+-- ARGV: 1 release id, 2 fingerprint, 3 actor, 4 now (iso), 5 now (epoch s),
+--       6 request json, 7 idempotency ttl, 8 use idem (0/1), 9 use replay (0/1),
+--       10 n measures, then n pairs (measure, units as integer string)
+local rid, fp = ARGV[1], ARGV[2]
+if ARGV[8] == '1' then
+  local prev = redis.call('HGET', KEYS[6], 'id')
+  if prev then
+    if redis.call('HGET', KEYS[6], 'fp') ~= fp then return {'idem_mismatch', prev} end
+    return {'idempotent', prev}
+  end
+end
+if ARGV[9] == '1' then
+  local prev = redis.call('GET', KEYS[5])
+  if prev then
+    if ARGV[8] == '1' then
+      redis.call('HSET', KEYS[6], 'id', prev, 'fp', fp)
+      redis.call('EXPIRE', KEYS[6], ARGV[7])
+    end
+    return {'replay', prev}
+  end
+end
+if redis.call('HGET', KEYS[1], 'retired') == '1' then return {'retired', ''} end
+local n = tonumber(ARGV[10])
+for i = 0, n - 1 do
+  local m, c = ARGV[11 + 2 * i], tonumber(ARGV[12 + 2 * i])
+  local cap = tonumber(redis.call('HGET', KEYS[1], 'cap:' .. m) or '0')
+  local held = tonumber(redis.call('HGET', KEYS[1], 'committed:' .. m) or '0')
+             + tonumber(redis.call('HGET', KEYS[1], 'reserved:' .. m) or '0')
+  if held + c > cap then return {'exhausted', m, c, cap - held} end
+end
+local event = {'kind', 'reserve', 'release_id', rid, 'actor', ARGV[3], 'at', ARGV[4]}
+for i = 0, n - 1 do
+  local m, u = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
+  redis.call('HINCRBY', KEYS[1], 'reserved:' .. m, u)
+  redis.call('HSET', KEYS[4], m, u)
+  table.insert(event, 'm:' .. m)
+  table.insert(event, u)
+end
+redis.call('HSET', KEYS[3], 'status', 'queued', 'request', ARGV[6], 'created_at', ARGV[4],
+           'replay_key', KEYS[5])
+redis.call('ZADD', KEYS[7], ARGV[5], rid)
+redis.call('ZADD', KEYS[8], ARGV[5], rid)
+if ARGV[9] == '1' then redis.call('SET', KEYS[5], rid) end
+if ARGV[8] == '1' then
+  redis.call('HSET', KEYS[6], 'id', rid, 'fp', fp)
+  redis.call('EXPIRE', KEYS[6], ARGV[7])
+end
+redis.call('XADD', KEYS[2], '*', unpack(event))
+return {'reserved', rid}

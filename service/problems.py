@@ -1,0 +1,125 @@
+"""RFC 9457 problem details: the one error shape of the whole API."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask, Response, json
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+PROBLEM_TYPE = "application/problem+json"
+
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "rate_limited",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+class APIError(Exception):
+    """An error the API answers with a problem document.
+
+    ``code`` is the stable machine-readable name; ``extra`` fields are merged
+    into the document (e.g. ``requested``/``remaining`` for budget errors).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        code: str | None = None,
+        field: str | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.code = code or _CODES.get(status, "error")
+        self.field = field
+        self.extra = extra
+
+
+def problem(status: int, code: str, detail: str, **extra: Any) -> Response:
+    """Build a problem+json response."""
+    body: dict[str, Any] = {
+        "type": f"https://privrelease.dev/problems/{code}",
+        "title": code.replace("_", " "),
+        "status": status,
+        "code": code,
+        "detail": detail,
+    }
+    body.update({k: v for k, v in extra.items() if v is not None})
+    resp = Response(json.dumps(body), status=status, mimetype=PROBLEM_TYPE)
+    return resp
+
+
+def _from_api_error(err: APIError) -> Response:
+    return problem(err.status, err.code, err.detail, field=err.field, **err.extra)
+
+
+def _from_http_exception(err: HTTPException) -> Response:
+    status = err.code or 500
+    code = _CODES.get(status, "error")
+    data = getattr(err, "data", None) or {}
+    extra: dict[str, Any] = {}
+    detail = err.description or err.name
+    # webargs/flask-smorest put schema errors in data["messages"]
+    messages = data.get("messages") if isinstance(data, dict) else None
+    if messages:
+        errors = _flatten(messages)
+        extra["errors"] = errors
+        first = next(iter(errors))
+        detail = f"invalid request: {first}: {errors[first]}"
+        if status == 422:
+            code = "validation_error"
+    resp = problem(status, code, detail, **extra)
+    if isinstance(data, dict) and data.get("headers"):
+        resp.headers.update(data["headers"])
+    if status == 405 and err.get_response().headers.get("Allow"):
+        resp.headers["Allow"] = err.get_response().headers["Allow"]
+    return resp
+
+
+_LOCATIONS = {"json", "form", "files", "query", "headers"}
+
+
+def _flatten(messages: Any, prefix: str = "") -> dict[str, str]:
+    """Flatten webargs' nested {location: {field: [msgs]}} into "a.b": "msg"."""
+    out: dict[str, str] = {}
+    if isinstance(messages, dict):
+        for key, value in messages.items():
+            if not prefix and key in _LOCATIONS:
+                name = ""
+            else:
+                name = f"{prefix}.{key}" if prefix else str(key)
+            out.update(_flatten(value, name))
+    elif isinstance(messages, list) and all(isinstance(m, str) for m in messages):
+        out[prefix or "body"] = "; ".join(messages)
+    else:
+        out[prefix or "body"] = str(messages)
+    return out
+
+
+def register(app: Flask) -> None:
+    """Make every error, including 404/405/500, a problem document."""
+
+    app.register_error_handler(APIError, _from_api_error)
+    app.register_error_handler(HTTPException, _from_http_exception)
+
+    @app.errorhandler(Exception)
+    def _unhandled(err: Exception) -> Response:  # pragma: no cover - defensive
+        log.exception("unhandled error", extra={"error_type": type(err).__name__})
+        return problem(500, "internal_error", "internal server error")

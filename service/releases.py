@@ -1,0 +1,172 @@
+"""Release requests: validation, cost, fingerprint, and the release document.
+
+Everything here runs before the data is touched: the mechanism's schema and
+the dataset's public metadata decide the cost, which the ledger then holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import marshmallow
+import redis
+
+import mechanisms
+from service import budget, datasets, rkeys
+from service.problems import APIError
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated release request, ready to be reserved and enqueued."""
+
+    dataset: dict[str, Any]
+    mechanism: mechanisms.Mechanism
+    params: dict[str, Any]
+    cost: dict[str, Fraction]
+    cost_units: dict[str, int]
+    accuracy: dict[str, Any]
+    seed: int | None
+
+    @property
+    def fingerprint(self) -> str:
+        """Same dataset version, mechanism, params, cost (and seed) -> same release."""
+        body = {
+            "dataset_id": self.dataset["id"],
+            "version": self.dataset["version"],
+            "mechanism": self.mechanism.name,
+            "params": self.params,
+            "cost": self.cost_units,
+            "seed": self.seed,
+        }
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def request_json(self) -> str:
+        """What the worker needs, and provenance for the document."""
+        return json.dumps({
+            "dataset_id": self.dataset["id"],
+            "dataset_version": self.dataset["version"],
+            "mechanism": self.mechanism.name,
+            "params": self.params,
+            "cost": {m: str(v) for m, v in self.cost.items()},
+            "cost_units": self.cost_units,
+            "accuracy": self.accuracy,
+            "seed": self.seed,
+        }, default=str)
+
+
+def new_id() -> str:
+    return "rel_" + secrets.token_hex(12)
+
+
+def prepare(client: redis.Redis, body: dict[str, Any], *, allow_seeds: bool) -> Prepared:
+    """Validate a release request against its mechanism and dataset; compute the cost."""
+    doc = datasets.get(client, body["dataset_id"])
+    if doc is None:
+        raise APIError(404, "no such dataset", code="not_found", field="dataset_id")
+    if doc.get("status") != "active":
+        raise APIError(409, "dataset is retired", code="dataset_retired", field="dataset_id")
+    try:
+        mech = mechanisms.get(body["mechanism"])
+    except KeyError:
+        raise APIError(422, f"unknown mechanism; known: {mechanisms.names()}",
+                       code="validation_error", field="mechanism") from None
+    try:
+        params = mech.load_params(body.get("params"))
+    except marshmallow.ValidationError as err:
+        errors = _prefixed("params", err.messages)
+        first = next(iter(errors))
+        raise APIError(422, f"invalid request: {first}: {errors[first]}",
+                       code="validation_error", field=first, errors=errors) from None
+    seed = body.get("seed")
+    if seed is not None and not allow_seeds:
+        raise APIError(422, "client-chosen seeds are refused by this server",
+                       code="validation_error", field="seed")
+    requested = _budget(body.get("budget"))
+    meta = datasets.meta(doc)
+    try:
+        cost = mech.cost(params, requested, meta)
+        accuracy = mech.accuracy(params, cost, meta)
+    except mechanisms.MechanismInputError as err:
+        raise APIError(422, err.message, code="validation_error", field=err.field) from None
+    for measure, amount in cost.items():
+        if budget.base_measure(measure) not in budget.MEASURES:
+            raise APIError(500, "mechanism charged an unknown measure")
+        if amount > requested.get(measure, Fraction(0)):
+            raise APIError(500, "mechanism cost exceeds the agreed budget")
+    units = {m: budget.cost_units(m, a) for m, a in cost.items()}
+    return Prepared(doc, mech, params, cost, units, accuracy, seed)
+
+
+def _budget(raw: Any) -> dict[str, Fraction]:
+    if not isinstance(raw, dict) or not raw:
+        raise APIError(422, "budget must be a non-empty object of measure -> amount",
+                       code="validation_error", field="budget")
+    out: dict[str, Fraction] = {}
+    for measure, value in raw.items():
+        field = f"budget.{measure}"
+        if budget.base_measure(measure) not in budget.MEASURES:
+            raise APIError(422, f"unknown measure; known: {sorted(budget.MEASURES)}",
+                           code="validation_error", field=field)
+        try:
+            amount = budget.to_fraction(value, field)
+        except budget.AmountError as err:
+            raise APIError(422, err.message, code="validation_error", field=field) from None
+        if amount <= 0:
+            raise APIError(422, "must be positive", code="validation_error", field=field)
+        out[measure] = amount
+    return out
+
+
+def _prefixed(prefix: str, messages: Any) -> dict[str, str]:
+    if isinstance(messages, dict):
+        out: dict[str, str] = {}
+        for key, value in messages.items():
+            out.update(_prefixed(f"{prefix}.{key}", value))
+        return out
+    if isinstance(messages, list):
+        return {prefix: "; ".join(str(m) for m in messages)}
+    return {prefix: str(messages)}
+
+
+def cost_doc(units: dict[str, int]) -> dict[str, float]:
+    return {m: budget.display(m, u) for m, u in sorted(units.items())}
+
+
+def document(client: redis.Redis, release_id: str) -> dict[str, Any] | None:
+    """The public release document (DESIGN §4), or None."""
+    raw = client.hgetall(rkeys.release(release_id))
+    if not raw:
+        return None
+    h = {k.decode(): v.decode() for k, v in raw.items()}
+    req = json.loads(h["request"])
+    doc: dict[str, Any] = {
+        "id": release_id,
+        "status": h["status"],
+        "dataset_id": req["dataset_id"],
+        "dataset_version": req["dataset_version"],
+        "mechanism": req["mechanism"],
+        "params": req["params"],
+        "cost": cost_doc(req["cost_units"]),
+        "seeded": req.get("seed") is not None,
+        "created_at": h.get("created_at"),
+        "started_at": h.get("started_at"),
+        "finished_at": h.get("finished_at"),
+        "result": None,
+        "accuracy": req["accuracy"],
+        "guarantee": None,
+    }
+    if "output" in h:
+        out = json.loads(h["output"])
+        doc["result"] = out["result"]
+        doc["accuracy"] = out["accuracy"]
+        doc["guarantee"] = out["guarantee"]
+    if "error" in h:
+        doc["error"] = json.loads(h["error"])
+    return doc

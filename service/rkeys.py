@@ -1,0 +1,44 @@
+"""Redis key names, in one place so every process agrees on them."""
+
+from __future__ import annotations
+
+P = "pr:"
+
+
+def ledger(dataset_id: str) -> str:
+    return f"{P}ds:{dataset_id}:ledger"
+
+
+def events(dataset_id: str) -> str:
+    return f"{P}ds:{dataset_id}:events"
+
+
+def dataset(dataset_id: str) -> str:
+    return f"{P}ds:{dataset_id}"
+
+
+DATASETS = f"{P}datasets"
+RELEASES = f"{P}releases"
+PENDING = f"{P}pending"
+API_KEYS = f"{P}apikeys"
+WORKERS = f"{P}workers:"
+
+
+def release(release_id: str) -> str:
+    return f"{P}rel:{release_id}"
+
+
+def reservation(release_id: str) -> str:
+    return f"{P}resv:{release_id}"
+
+
+def replay(fingerprint: str) -> str:
+    return f"{P}replay:{fingerprint}"
+
+
+def idempotency(scope: str, key_digest: str) -> str:
+    return f"{P}idem:{scope}:{key_digest}"
+
+
+def api_key(token_digest: str) -> str:
+    return f"{P}key:{token_digest}"

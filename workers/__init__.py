@@ -1,0 +1,1 @@
+"""Celery app and tasks: run releases on workers."""

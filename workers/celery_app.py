@@ -1,0 +1,68 @@
+"""The Celery application (Redis-protocol broker) and the worker heartbeat.
+
+Tasks are acknowledged late and rejected when a worker dies, so a crash
+redelivers the job; the ledger's settle script makes redelivery harmless.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+from service import rkeys
+from service.config import Config
+
+HEARTBEAT_SECONDS = 3
+HEARTBEAT_TTL = 10
+
+
+def make_celery(config: Config) -> Celery:
+    """A Celery app bound to the configured broker; results live in our own keys."""
+    app = Celery("privrelease", broker=config.require_redis_url(), include=["workers.tasks"])
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_default_queue="privrelease",
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": 3600},
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+    )
+    return app
+
+
+def _beat(url: str, name: str, stop: threading.Event) -> None:
+    client = redis.Redis.from_url(url)
+    while not stop.is_set():
+        with contextlib.suppress(redis.RedisError):
+            client.set(rkeys.WORKERS + name, "1", ex=HEARTBEAT_TTL)
+        stop.wait(HEARTBEAT_SECONDS)
+    with contextlib.suppress(redis.RedisError):
+        client.delete(rkeys.WORKERS + name)
+
+
+_stop = threading.Event()
+
+
+@signals.worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+    """Announce this worker so /readyz can tell the queue is being served."""
+    name = getattr(sender, "hostname", None) or socket.gethostname()
+    url = Config.from_env().require_redis_url()
+    threading.Thread(target=_beat, args=(url, name, _stop), daemon=True,
+                     name="privrelease-heartbeat").start()
+
+
+@signals.worker_shutdown.connect
+def _stop_heartbeat(**_: Any) -> None:
+    _stop.set()
+
+
+app = make_celery(Config.from_env())
