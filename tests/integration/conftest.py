@@ -1,0 +1,96 @@
+"""Fixtures for API tests: the Flask app in-process, a real worker beside it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from service.config import Config
+
+TOKEN = "pr_test_operator_token"
+
+
+@pytest.fixture(scope="session")
+def app(service_env: dict[str, str]) -> Iterator[Flask]:
+    saved = dict(os.environ)
+    os.environ.update(service_env)
+    try:
+        from service import apikeys
+        from service.app import create_app
+
+        flask_app = create_app(Config.from_env())
+        apikeys.create(flask_app.extensions["redis"], "operator", "tests", token=TOKEN)
+        yield flask_app
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class Api:
+    """A tiny authenticated wrapper over Flask's test client."""
+
+    def __init__(self, client: FlaskClient, token: str = TOKEN) -> None:
+        self.client, self.token = client, token
+
+    def _h(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}", **(extra or {})}
+
+    def get(self, path: str) -> Any:
+        return self.client.get(path, headers=self._h())
+
+    def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> Any:
+        return self.client.post(path, json=body, headers=self._h(headers))
+
+    def upload(self, csv: str, metadata: dict[str, Any] | str) -> Any:
+        meta = metadata if isinstance(metadata, str) else json.dumps(metadata)
+        data = {"metadata": meta, "file": (io.BytesIO(csv.encode()), "data.csv")}
+        return self.client.post("/v1/datasets", data=data, headers=self._h(),
+                                content_type="multipart/form-data")
+
+    def wait(self, release_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            doc: dict[str, Any] = self.get(f"/v1/releases/{release_id}").get_json()
+            if doc["status"] in {"succeeded", "failed"}:
+                return doc
+            time.sleep(0.05)
+        raise TimeoutError(release_id)
+
+
+@pytest.fixture()
+def api(app: Flask) -> Api:
+    return Api(app.test_client())
+
+
+PEOPLE_META: dict[str, Any] = {
+    "name": "people",
+    "columns": {
+        "age": {"type": "integer", "bounds": [0, 100]},
+        "income": {"type": "continuous", "bounds": [0, 1000]},
+        "group": {"type": "categorical", "categories": ["a", "b", "c"]},
+    },
+    "budgets": {"epsilon": 5, "delta": 1e-5},
+}
+
+
+def people_csv(n: int = 200) -> str:
+    rows = ["age,income,group"]
+    for i in range(n):
+        rows.append(f"{20 + i % 50},{(i * 37) % 1000}.5,{'abc'[i % 3]}")
+    return "\n".join(rows) + "\n"
+
+
+@pytest.fixture()
+def dataset(api: Api) -> dict[str, Any]:
+    resp = api.upload(people_csv(), PEOPLE_META)
+    assert resp.status_code == 201, resp.get_json()
+    doc: dict[str, Any] = resp.get_json()
+    return doc

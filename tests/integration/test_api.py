@@ -1,0 +1,251 @@
+"""The HTTP API with a real Valkey and a real Celery worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from service.app import create_app
+from tests.integration.conftest import PEOPLE_META, Api, people_csv
+
+PROBLEM = "application/problem+json"
+
+
+def _budget(api: Api, ds: str) -> dict[str, Any]:
+    resp = api.get(f"/v1/datasets/{ds}/budget")
+    assert resp.status_code == 200
+    measures: dict[str, Any] = resp.get_json()["measures"]
+    return measures
+
+
+def _dataset_dirs(data_dir: Path) -> set[str]:
+    root = data_dir / "datasets"
+    return {p.name for p in root.iterdir() if p.name != ".tmp"} if root.exists() else set()
+
+
+def test_upload_and_read_metadata(api: Api, dataset: dict[str, Any], data_dir: Path) -> None:
+    assert dataset["version"] == 1 and dataset["n_rows"] == 200
+    assert dataset["columns"]["group"]["categories"] == ["a", "b", "c"]
+    assert dataset["budgets"]["epsilon"] == 5
+    assert dataset["id"] in _dataset_dirs(data_dir)
+    shown = api.get(f"/v1/datasets/{dataset['id']}").get_json()
+    assert shown["id"] == dataset["id"]
+    assert "values" not in json.dumps(shown)
+    listed = api.get("/v1/datasets").get_json()
+    assert dataset["id"] in {d["id"] for d in listed}
+    budget = _budget(api, dataset["id"])
+    assert budget["epsilon"] == {"cap": 5.0, "committed": 0.0, "reserved": 0.0,
+                                 "remaining": 5.0}
+
+
+def _meta(**changes: Any) -> dict[str, Any]:
+    meta = json.loads(json.dumps(PEOPLE_META))
+    meta.update(changes)
+    return meta
+
+
+BAD_UPLOADS = [
+    ("malformed csv", 'age,income,group\n1,"2,a\n', PEOPLE_META, "file"),
+    ("missing column", "age,income\n1,2\n", PEOPLE_META, "group"),
+    ("unknown column", "age,income,group,zip\n1,2,a,9\n", PEOPLE_META, "zip"),
+    ("non-numeric", "age,income,group\n1,abc,a\n", PEOPLE_META, "income"),
+    ("NaN cell", "age,income,group\n1,nan,a\n", PEOPLE_META, "income"),
+    ("empty cell", "age,income,group\n1,,a\n", PEOPLE_META, "income"),
+    ("out of bounds", "age,income,group\n101,2,a\n", PEOPLE_META, "age"),
+    ("unknown category", "age,income,group\n1,2,zz\n", PEOPLE_META, "group"),
+    ("metadata not JSON", "age,income,group\n1,2,a\n", "{nope", "metadata"),
+    ("unknown measure", "age,income,group\n1,2,a\n", _meta(budgets={"rho": 1}), "budgets"),
+    ("negative cap", "age,income,group\n1,2,a\n", _meta(budgets={"epsilon": -1}), "epsilon"),
+]
+
+
+@pytest.mark.parametrize(("case", "csv", "meta", "field"), BAD_UPLOADS,
+                         ids=[c[0] for c in BAD_UPLOADS])
+def test_bad_upload_is_refused_and_leaves_nothing(
+    api: Api, data_dir: Path, app: Flask, case: str, csv: str, meta: Any, field: str
+) -> None:
+    before_dirs = _dataset_dirs(data_dir)
+    before_ids = {d["id"] for d in api.get("/v1/datasets").get_json()}
+    resp = api.upload(csv, meta)
+    assert resp.status_code == 422, (case, resp.get_json())
+    assert resp.mimetype == PROBLEM
+    body = resp.get_json()
+    assert body["code"] == "validation_error"
+    assert field in body["field"] or field in body["detail"], body
+    assert _dataset_dirs(data_dir) == before_dirs
+    assert {d["id"] for d in api.get("/v1/datasets").get_json()} == before_ids
+
+
+def test_oversized_upload_is_413(api: Api, data_dir: Path) -> None:
+    before = _dataset_dirs(data_dir)
+    big = people_csv(10) + ("1,2,a\n" * 400_000)  # > 2 MiB limit of the test config
+    resp = api.upload(big, PEOPLE_META)
+    assert resp.status_code == 413
+    assert resp.mimetype == PROBLEM and resp.get_json()["code"] == "payload_too_large"
+    assert _dataset_dirs(data_dir) == before
+
+
+def test_laplace_mean_end_to_end(api: Api, dataset: dict[str, Any], worker: Any) -> None:
+    req = {"dataset_id": dataset["id"], "mechanism": "laplace",
+           "params": {"statistic": "mean", "column": "age"}, "budget": {"epsilon": 0.5}}
+    resp = api.post("/v1/releases", req)
+    assert resp.status_code == 202, resp.get_json()
+    created = resp.get_json()
+    assert created["status"] in {"queued", "running", "succeeded"}
+    assert created["cost"] == {"epsilon": 0.5}
+    doc = api.wait(created["id"])
+    assert doc["status"] == "succeeded", doc
+    assert isinstance(doc["result"]["value"], float)
+    assert doc["accuracy"]["ci95_halfwidth"] > 0
+    assert "epsilon" in doc["guarantee"]
+    assert doc["dataset_version"] == 1 and doc["mechanism"] == "laplace"
+    assert doc["finished_at"] and doc["created_at"]
+    assert _budget(api, dataset["id"])["epsilon"]["committed"] == 0.5
+
+    # an identical request is a replay: same release, nothing spent
+    again = api.post("/v1/releases", req)
+    assert again.status_code == 200
+    assert again.get_json()["id"] == created["id"] and again.get_json()["replayed"]
+    assert _budget(api, dataset["id"])["epsilon"] == {
+        "cap": 5.0, "committed": 0.5, "reserved": 0.0, "remaining": 4.5}
+
+
+@pytest.mark.parametrize(("mechanism", "params", "budget"), [
+    ("geometric", {"statistic": "histogram", "column": "group"}, {"epsilon": 1}),
+    ("gaussian", {"statistic": "count",
+                  "condition": {"column": "age", "op": "ge", "value": 40}},
+     {"epsilon": 1, "delta": 1e-6}),
+    ("laplace", {"statistic": "sum", "column": "income"}, {"epsilon": 1}),
+])
+def test_other_baselines_end_to_end(api: Api, dataset: dict[str, Any], worker: Any,
+                                    mechanism: str, params: dict[str, Any],
+                                    budget: dict[str, float]) -> None:
+    resp = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": mechanism,
+                                     "params": params, "budget": budget})
+    assert resp.status_code == 202, resp.get_json()
+    doc = api.wait(resp.get_json()["id"])
+    assert doc["status"] == "succeeded", doc
+    assert doc["cost"] == budget
+    spent = {m: row["committed"] for m, row in _budget(api, dataset["id"]).items()
+             if m in budget}
+    assert spent == budget
+
+
+def test_idempotency_key_spends_once(api: Api, dataset: dict[str, Any], worker: Any) -> None:
+    req = {"dataset_id": dataset["id"], "mechanism": "laplace", "seed": 7,
+           "params": {"statistic": "count", "condition": {"column": "group", "op": "eq",
+                                                          "value": "a"}},
+           "budget": {"epsilon": 1}}
+    first = api.post("/v1/releases", req, {"Idempotency-Key": "abc"})
+    retry = api.post("/v1/releases", req, {"Idempotency-Key": "abc"})
+    assert first.status_code == 202 and retry.status_code == 202
+    assert first.get_json()["id"] == retry.get_json()["id"]
+    other = api.post("/v1/releases", {**req, "seed": 8}, {"Idempotency-Key": "abc"})
+    assert other.status_code == 422 and other.get_json()["code"] == "idempotency_mismatch"
+    api.wait(first.get_json()["id"])
+    assert _budget(api, dataset["id"])["epsilon"]["committed"] == 1.0
+
+
+def test_estimate_spends_nothing(api: Api, dataset: dict[str, Any]) -> None:
+    req = {"dataset_id": dataset["id"], "mechanism": "laplace",
+           "params": {"statistic": "mean", "column": "income"}, "budget": {"epsilon": 0.25}}
+    resp = api.post("/v1/releases/estimate", req)
+    assert resp.status_code == 200, resp.get_json()
+    body = resp.get_json()
+    assert body["cost"] == {"epsilon": 0.25}
+    # mean of [0, 1000] over 200 rows: sensitivity 5, scale 20
+    assert body["accuracy"]["scale"] == pytest.approx(20, rel=0.01)
+    assert body["remaining"] == {"epsilon": 5.0}
+    assert _budget(api, dataset["id"])["epsilon"]["reserved"] == 0
+
+
+def test_budget_exhausted_is_409_with_amounts(api: Api, dataset: dict[str, Any]) -> None:
+    resp = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
+                                     "params": {"statistic": "mean", "column": "age"},
+                                     "budget": {"epsilon": 6}})
+    assert resp.status_code == 409
+    body = resp.get_json()
+    assert resp.mimetype == PROBLEM
+    assert (body["code"], body["requested"], body["remaining"]) == ("budget_exhausted", 6, 5)
+
+
+BAD_RELEASES = [
+    ({"mechanism": "nope"}, "mechanism"),
+    ({"params": {"statistic": "mean", "column": "zip"}}, "params.column"),
+    ({"params": {"statistic": "median", "column": "age"}}, "params.statistic"),
+    ({"budget": {"epsilon": -1}}, "budget.epsilon"),
+    ({"budget": {"epsilon": "NaN"}}, "budget.epsilon"),
+    ({"budget": {"rho": 1}}, "budget.rho"),
+    ({"budget": {"epsilon": 1, "delta": 1e-6}}, "budget"),
+    ({"budget": {"epsilon": 1e9}}, "budget.epsilon"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_RELEASES, ids=[b[1] for b in BAD_RELEASES])
+def test_bad_release_is_422_and_spends_nothing(api: Api, dataset: dict[str, Any],
+                                               change: dict[str, Any], field: str) -> None:
+    req = {"dataset_id": dataset["id"], "mechanism": "laplace",
+           "params": {"statistic": "mean", "column": "age"}, "budget": {"epsilon": 1}}
+    req.update(change)
+    resp = api.post("/v1/releases", req)
+    assert resp.status_code == 422, resp.get_json()
+    body = resp.get_json()
+    assert resp.mimetype == PROBLEM and body["code"] == "validation_error"
+    assert body["field"].startswith(field), body
+    assert _budget(api, dataset["id"])["epsilon"] == {
+        "cap": 5.0, "committed": 0.0, "reserved": 0.0, "remaining": 5.0}
+    assert api.get("/v1/releases?dataset_id=" + dataset["id"]).get_json() == []
+
+
+def test_failed_job_refunds(api: Api, dataset: dict[str, Any], data_dir: Path,
+                            worker: Any) -> None:
+    shutil.rmtree(data_dir / "datasets" / dataset["id"])  # the worker cannot load it
+    resp = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
+                                     "params": {"statistic": "mean", "column": "age"},
+                                     "budget": {"epsilon": 1}})
+    doc = api.wait(resp.get_json()["id"])
+    assert doc["status"] == "failed" and doc["error"]["message"]
+    assert _budget(api, dataset["id"])["epsilon"] == {
+        "cap": 5.0, "committed": 0.0, "reserved": 0.0, "remaining": 5.0}
+
+
+def test_seeds_refused_in_production(app: Flask, dataset: dict[str, Any]) -> None:
+    prod = create_app(dataclasses.replace(app.config["PRIVRELEASE"], allow_seeds=False))
+    resp = Api(prod.test_client()).post("/v1/releases", {
+        "dataset_id": dataset["id"], "mechanism": "laplace", "seed": 1,
+        "params": {"statistic": "mean", "column": "age"}, "budget": {"epsilon": 1}})
+    assert resp.status_code == 422 and resp.get_json()["field"] == "seed"
+
+
+def test_errors_are_problem_json(api: Api, app: Flask) -> None:
+    client = app.test_client()
+    for resp, status in [
+        (api.get("/v1/nowhere"), 404),
+        (api.get("/v1/releases/rel_missing"), 404),
+        (client.delete("/v1/datasets"), 405),
+        (client.get("/v1/datasets"), 401),
+        (client.get("/v1/datasets", headers={"Authorization": "Bearer wrong"}), 401),
+        (api.post("/v1/releases", {"dataset_id": "x"}), 422),
+    ]:
+        assert resp.status_code == status
+        assert resp.mimetype == PROBLEM
+        assert resp.get_json()["status"] == status
+
+
+def test_openapi_docs_and_probes(api: Api, app: Flask, worker: Any) -> None:
+    client = app.test_client()
+    spec = client.get("/openapi.json").get_json()
+    assert spec["openapi"].startswith("3.")
+    assert {"/v1/datasets", "/v1/releases", "/v1/releases/estimate"} <= set(spec["paths"])
+    assert client.get("/docs").status_code == 200
+    assert client.get("/healthz").get_json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.get_json()["workers"] >= 1
+    catalog = api.get("/v1/mechanisms").get_json()
+    assert {"laplace", "geometric", "gaussian"} <= {m["name"] for m in catalog}

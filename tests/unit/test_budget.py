@@ -1,0 +1,61 @@
+"""Exact amounts: decimals read as written, costs rounded up, caps down."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service import budget
+
+
+def test_decimal_amounts_are_exact() -> None:
+    assert budget.to_fraction(0.1, "f") == Fraction(1, 10)
+    assert budget.cost_units("epsilon", Fraction(1, 10)) == 10**8
+    assert budget.cost_units("delta", budget.to_fraction(1e-6, "f")) == 10**9
+    # 1/3 cannot be represented: the cost rounds up, the cap down
+    assert budget.cost_units("epsilon", Fraction(1, 3)) == 333_333_334
+    assert budget.cap_units("epsilon", Fraction(1, 3)) == 333_333_333
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "x", True, None, [1]])
+def test_bad_amounts(bad: object) -> None:
+    with pytest.raises(budget.AmountError):
+        budget.to_fraction(bad, "budget.epsilon")
+
+
+def test_caps_expand_per_column_measures() -> None:
+    caps = budget.parse_caps(
+        {"epsilon": 5, "interval_leakage": 0.5, "interval_leakage:b": 0.25},
+        ["a", "b", "c"], ["c"])
+    assert caps == {
+        "epsilon": 5 * 10**9,
+        "interval_leakage:a": 5 * 10**11,
+        "interval_leakage:b": 25 * 10**10,
+        "interval_leakage:c": 5 * 10**11,
+        "subset_draws:c": 1,
+    }
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ({"rho": 1}, "metadata.budgets.rho"),
+    ({"epsilon:a": 1}, "metadata.budgets.epsilon:a"),
+    ({"interval_leakage:zz": 1}, "metadata.budgets.interval_leakage:zz"),
+    ({"epsilon": 10**7}, "metadata.budgets.epsilon"),
+    ({"subset_draws": 1.5}, "metadata.budgets.subset_draws"),
+    ([], "metadata.budgets"),
+])
+def test_bad_caps_name_the_field(raw: object, field: str) -> None:
+    with pytest.raises(budget.AmountError) as info:
+        budget.parse_caps(raw, ["a"], [])
+    assert info.value.field == field
+
+
+@given(st.sampled_from(sorted(budget.MEASURES)), st.fractions(0, 1000))
+def test_rounding_never_favours_the_spender(measure: str, amount: Fraction) -> None:
+    assert budget.from_units(measure, budget.cost_units(measure, amount)) >= amount
+    assert budget.from_units(measure, budget.cap_units(measure, amount)) <= amount
+    # every cap (times 3, as in the Lua check) stays exact in a double
+    assert budget.cap_units(measure, budget.MEASURES[measure][1]) * 3 < 2**53
