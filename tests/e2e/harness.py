@@ -1,0 +1,90 @@
+"""A `privrelease standalone` process driven over HTTP, for e2e tests and benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.conftest import ROOT
+
+TOKEN = "pr_e2e_bootstrap_token_0123456789"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[str] | None = None
+        self.banner = ""
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
+        env["PRIVRELEASE_BOOTSTRAP_KEY"] = TOKEN
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "standalone", "--port", str(self.port),
+             "--data-dir", str(self.data_dir)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                raise RuntimeError("standalone exited:\n" + self.banner)
+            self.banner += line
+            if "operator key" in line:
+                break
+        else:
+            raise TimeoutError(self.banner)
+        while time.monotonic() < deadline:  # wait until a worker is serving too
+            if requests.get(self.url + "/readyz", timeout=5).status_code == 200:
+                return
+            time.sleep(0.2)
+        raise TimeoutError("worker never ready")
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=90)
+        self.banner += out
+        return self.proc.returncode
+
+    def call(self, method: str, path: str, **kw: Any) -> requests.Response:
+        headers = {"Authorization": f"Bearer {TOKEN}", **kw.pop("headers", {})}
+        return requests.request(method, self.url + path, headers=headers, timeout=30, **kw)
+
+    def wait(self, release_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            doc: dict[str, Any] = self.call("GET", f"/v1/releases/{release_id}").json()
+            if doc["status"] in {"succeeded", "failed"}:
+                return doc
+            time.sleep(0.05)
+        raise TimeoutError(release_id)
+
+    def upload(self, budgets: dict[str, float], n: int = 100) -> str:
+        """A small two-column dataset; returns its id."""
+        meta = {"name": "e2e", "budgets": budgets,
+                "columns": {"x": {"type": "continuous", "bounds": [0, 1]},
+                            "g": {"type": "categorical", "categories": ["u", "v"]}}}
+        csv = "x,g\n" + "".join(f"{(i % 10) / 10},{'uv'[i % 2]}\n" for i in range(n))
+        resp = self.call("POST", "/v1/datasets", files={"file": ("d.csv", csv)},
+                         data={"metadata": json.dumps(meta)})
+        assert resp.status_code == 201, resp.text
+        return str(resp.json()["id"])
