@@ -1,0 +1,241 @@
+"""Dataset store: atomic, immutable version folders of memory-mapped columns."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service import store as store_module
+from service.ingest import parse_csv, parse_metadata
+from service.store import DatasetStore
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> DatasetStore:
+    return DatasetStore(tmp_path / "datasets")
+
+
+def sample() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    manifest = {"name": "adult", "n_rows": 3, "budgets": {"epsilon": 5}}
+    columns = {
+        "age": np.array([17, 45, 90], dtype=np.int64),
+        "wage": np.array([0.5, 1e5, 2e5], dtype=np.float64),
+        "race": np.array([0, 2, 1], dtype=np.int64),
+    }
+    return manifest, columns
+
+
+def leftovers(store: DatasetStore) -> list[Path]:
+    """Everything under root except the (empty) temp folder."""
+    return [p for p in store.root.rglob("*") if p != store.tmp_dir]
+
+
+def test_round_trip_memory_mapped(store: DatasetStore) -> None:
+    manifest, columns = sample()
+    folder = store.write("ds_1", 1, manifest, columns)
+    assert folder == store.root / "ds_1" / "v1"
+    assert sorted(p.name for p in folder.iterdir()) == ["c0.npy", "c1.npy", "c2.npy",
+                                                         "manifest.json"]
+    assert store.exists("ds_1", 1)
+    assert not store.exists("ds_1", 2)
+    got_manifest, got = store.load("ds_1", 1)
+    assert got_manifest == manifest
+    assert list(got) == ["age", "wage", "race"]
+    for name, values in columns.items():
+        assert isinstance(got[name], np.memmap)
+        assert got[name].dtype == values.dtype
+        np.testing.assert_array_equal(got[name], values)
+    with pytest.raises(ValueError):
+        got["age"][0] = 1  # read-only: workers can never alter a stored version
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_manifest_records_column_files(store: DatasetStore) -> None:
+    manifest, columns = sample()
+    folder = store.write("a", 3, manifest, columns)
+    document = json.loads((folder / "manifest.json").read_text())
+    assert document["manifest"] == manifest
+    assert [(c["name"], c["file"]) for c in document["columns"]] == [
+        ("age", "c0.npy"), ("wage", "c1.npy"), ("race", "c2.npy")
+    ]
+
+
+def test_hostile_column_names_never_become_paths(store: DatasetStore) -> None:
+    names = ["../../escape", "/etc/passwd", "a\x00b", "..", "ü ñ"]
+    columns = {name: np.arange(3, dtype=np.int64) for name in names}
+    folder = store.write("x", 1, {}, columns)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "c0.npy", "c1.npy", "c2.npy", "c3.npy", "c4.npy", "manifest.json"
+    ]
+    assert set(store.root.iterdir()) == {store.root / "x", store.tmp_dir}
+    _, got = store.load("x", 1)
+    assert list(got) == names
+
+
+def test_refuses_to_overwrite(store: DatasetStore) -> None:
+    manifest, columns = sample()
+    store.write("ds", 1, manifest, columns)
+    with pytest.raises(FileExistsError):
+        store.write("ds", 1, {"other": True}, {"z": np.zeros(2)})
+    got_manifest, got = store.load("ds", 1)
+    assert got_manifest == manifest and list(got) == list(columns)
+    assert list(store.tmp_dir.iterdir()) == []
+    store.write("ds", 2, {"other": True}, {"z": np.zeros(2)})
+    assert store.exists("ds", 1) and store.exists("ds", 2)
+
+
+def test_lost_race_is_file_exists_and_cleans_up(
+    store: DatasetStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer lands the same version between our check and our rename."""
+    manifest, columns = sample()
+    real_rename = os.rename
+
+    def rename_after_rival(src: Any, dst: Any) -> None:
+        monkeypatch.setattr(store_module.os, "rename", real_rename)
+        DatasetStore(store.root).write("ds", 1, {"rival": True}, {"r": np.ones(1)})
+        real_rename(src, dst)
+
+    monkeypatch.setattr(store_module.os, "rename", rename_after_rival)
+    with pytest.raises(FileExistsError):
+        store.write("ds", 1, manifest, columns)
+    assert store.load("ds", 1)[0] == {"rival": True}
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "dataset_id", ["", "a/b", "..", ".", "a" * 65, "a\n", "é", "a b", "a.b", None, 5]
+)
+def test_invalid_ids(store: DatasetStore, dataset_id: Any) -> None:
+    with pytest.raises(ValueError):
+        store.write(dataset_id, 1, {}, {"a": np.zeros(1)})
+    with pytest.raises(ValueError):
+        store.load(dataset_id, 1)
+    with pytest.raises(ValueError):
+        store.exists(dataset_id, 1)
+    with pytest.raises(ValueError):
+        store.remove(dataset_id, 1)
+    assert not store.root.exists() or leftovers(store) == []
+
+
+@pytest.mark.parametrize("version", [0, -1, True, "1", 1.0, None])
+def test_invalid_versions(store: DatasetStore, version: Any) -> None:
+    with pytest.raises(ValueError):
+        store.write("ok", version, {}, {"a": np.zeros(1)})
+    assert not store.root.exists() or leftovers(store) == []
+
+
+def test_valid_id_edge_cases(store: DatasetStore) -> None:
+    for dataset_id in ["a" * 64, "A-b_9", "-", "_"]:
+        store.write(dataset_id, 1, {}, {"a": np.zeros(1)})
+        assert store.exists(dataset_id, 1)
+
+
+def test_failure_mid_write_leaves_nothing(store: DatasetStore) -> None:
+    columns = {
+        "good": np.arange(5, dtype=np.int64),  # written before the failure
+        "bad": np.array([object(), 1], dtype=object),
+    }
+    with pytest.raises(ValueError):
+        store.write("ds", 1, {}, columns)
+    assert leftovers(store) == []
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("manifest", "error"),
+    [
+        ({"when": object()}, TypeError),
+        ({"s": {1, 2}}, TypeError),
+        ({"x": float("nan")}, ValueError),
+    ],
+)
+def test_unserializable_manifest_leaves_nothing(
+    store: DatasetStore, manifest: dict[str, Any], error: type[Exception]
+) -> None:
+    _, columns = sample()
+    with pytest.raises(error):
+        store.write("ds", 1, manifest, columns)
+    assert leftovers(store) == []
+
+
+def test_failed_rename_leaves_nothing_but_keeps_other_versions(
+    store: DatasetStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest, columns = sample()
+
+    def broken_rename(src: Any, dst: Any) -> None:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(store_module.os, "rename", broken_rename)
+    with pytest.raises(OSError, match="disk on fire"):
+        store.write("ds", 1, manifest, columns)
+    assert leftovers(store) == []  # the dataset folder it created is gone too
+
+    monkeypatch.undo()
+    store.write("ds", 1, manifest, columns)
+    monkeypatch.setattr(store_module.os, "rename", broken_rename)
+    with pytest.raises(OSError):
+        store.write("ds", 2, manifest, columns)
+    assert store.exists("ds", 1)
+    assert sorted(p.name for p in (store.root / "ds").iterdir()) == ["v1"]
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_remove(store: DatasetStore) -> None:
+    manifest, columns = sample()
+    store.write("ds", 1, manifest, columns)
+    store.write("ds", 2, manifest, columns)
+    assert store.remove("ds", 2) is True
+    assert not store.exists("ds", 2) and store.exists("ds", 1)
+    assert store.remove("ds", 2) is False
+    assert store.remove("ds", 1) is True
+    assert not (store.root / "ds").exists()
+    assert list(store.tmp_dir.iterdir()) == []
+    assert store.remove("never", 1) is False
+    store.write("ds", 1, manifest, columns)  # the version can be written again after rollback
+    assert store.exists("ds", 1)
+
+
+def test_load_missing_version(store: DatasetStore) -> None:
+    with pytest.raises(FileNotFoundError):
+        store.load("nope", 1)
+
+
+def test_load_refuses_tampered_file_names(store: DatasetStore) -> None:
+    folder = store.write("ds", 1, {}, {"a": np.zeros(2)})
+    path = folder / "manifest.json"
+    document = json.loads(path.read_text())
+    document["columns"][0]["file"] = "../../../etc/passwd"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError):
+        store.load("ds", 1)
+
+
+def test_empty_and_non_ascii_round_trip(store: DatasetStore) -> None:
+    store.write("e", 1, {"note": "naïve ☃"}, {"empty": np.zeros(0), "one": np.ones(1)})
+    manifest, got = store.load("e", 1)
+    assert manifest == {"note": "naïve ☃"}
+    assert got["empty"].shape == (0,) and got["one"].tolist() == [1.0]
+
+
+def test_ingest_then_store_round_trip(store: DatasetStore) -> None:
+    spec = parse_metadata({
+        "name": "adult",
+        "columns": {"age": {"type": "integer", "bounds": [17, 90]},
+                    "race": {"type": "categorical", "categories": ["A", "B", "C"]},
+                    "wage": {"type": "continuous", "bounds": [0, 200000]}},
+        "budgets": {"epsilon": 5},
+    })
+    n, columns = parse_csv(b"race,age,wage\nB,30,1.25\nC,90,0\n", spec, max_rows=10)
+    store.write("adult", 1, {"name": spec.name, "n_rows": n}, columns)
+    manifest, got = store.load("adult", 1)
+    assert manifest == {"name": "adult", "n_rows": 2}
+    assert {k: v.tolist() for k, v in got.items()} == {
+        "age": [30, 90], "race": [1, 2], "wage": [1.25, 0.0]
+    }
