@@ -10,6 +10,7 @@ only ``run`` reads the data.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -75,6 +76,12 @@ class Output:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@functools.cache
+def _schema(cls: type[marshmallow.Schema]) -> marshmallow.Schema:
+    """One instance per schema class: building a schema costs more than loading with it."""
+    return cls()
+
+
 class Mechanism(abc.ABC):
     """One registry entry: schema, cost, accuracy and the randomized run."""
 
@@ -87,7 +94,7 @@ class Mechanism(abc.ABC):
 
     def load_params(self, raw: Any) -> dict[str, Any]:
         """Validate ``params`` against the schema (raises marshmallow.ValidationError)."""
-        loaded: dict[str, Any] = self.params_schema().load(raw or {})
+        loaded: dict[str, Any] = _schema(self.params_schema).load(raw or {})
         return loaded
 
     @abc.abstractmethod

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import logging
 
-import redis
 from flask import Flask
 from flask_smorest import Api
 
-from service import problems
+from service import problems, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.store import DatasetStore
 from workers.celery_app import make_celery
 
 
-class ProblemApi(Api):  # type: ignore[misc]
+class ProblemApi(Api):
     """flask-smorest Api whose errors are RFC 9457 problem documents."""
 
     def _register_error_handlers(self) -> None:
@@ -37,7 +36,7 @@ def create_app(config: Config | None = None) -> Flask:
         MAX_CONTENT_LENGTH=config.max_upload_bytes,
         PRIVRELEASE=config,
     )
-    client = redis.Redis.from_url(config.require_redis_url(), health_check_interval=30)
+    client = rkeys.connect(config.require_redis_url())
     app.extensions["redis"] = client
     app.extensions["ledger"] = Ledger(client)
     app.extensions["store"] = DatasetStore(config.datasets_dir)

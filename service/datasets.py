@@ -75,7 +75,7 @@ def get(client: redis.Redis, dataset_id: str) -> dict[str, Any] | None:
 
 
 def list_all(client: redis.Redis) -> list[dict[str, Any]]:
-    ids = [i.decode() for i in client.zrange(rkeys.DATASETS, 0, -1)]
+    ids = [i for i in client.zrange(rkeys.DATASETS, 0, -1)]
     if not ids:
         return []
     raws = client.mget([rkeys.dataset(i) for i in ids])
@@ -88,7 +88,7 @@ def meta(doc: dict[str, Any]) -> DatasetMeta:
         name: ColumnMeta(
             name=name,
             type=c["type"],
-            bounds=tuple(c["bounds"]) if "bounds" in c else None,  # type: ignore[arg-type]
+            bounds=tuple(c["bounds"]) if "bounds" in c else None,
             categories=tuple(c["categories"]) if "categories" in c else None,
         )
         for name, c in doc["columns"].items()

@@ -78,10 +78,11 @@ class Ledger:
         replay: bool = True,
         idempotency_key: str | None = None,
         idempotency_ttl: int = 86400,
+        at: str | None = None,
     ) -> ReserveResult:
         """Hold ``cost`` for a new release unless it is a retry, a replay or over a cap."""
         argv: list[Any] = [
-            release_id, fingerprint, actor, now_iso(), f"{time.time():.3f}", request_json,
+            release_id, fingerprint, actor, at or now_iso(), f"{time.time():.3f}", request_json,
             idempotency_ttl, int(idempotency_key is not None), int(replay), len(cost),
         ]
         for measure, units in sorted(cost.items()):
@@ -94,10 +95,10 @@ class Ledger:
             ],
             args=argv,
         )
-        outcome = reply[0].decode()
+        outcome = reply[0]
         if outcome == "exhausted":
-            return ReserveResult("exhausted", "", reply[1].decode(), int(reply[2]), int(reply[3]))
-        return ReserveResult(outcome, reply[1].decode())
+            return ReserveResult("exhausted", "", reply[1], int(reply[2]), int(reply[3]))
+        return ReserveResult(outcome, reply[1])
 
     def mark_running(self, release_id: str, worker: str) -> bool:
         """Queued -> running; False if the release already ran (a redelivery)."""
@@ -119,7 +120,7 @@ class Ledger:
                 keys=[
                     rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
                     rkeys.reservation(release_id), rkeys.PENDING,
-                    replay_key.decode() if replay_key else f"{rkeys.P}replay:none",
+                    replay_key if replay_key else f"{rkeys.P}replay:none",
                 ],
                 args=[release_id, action, payload, actor, now_iso()],
             )
@@ -127,8 +128,8 @@ class Ledger:
 
     def balance(self, dataset_id: str) -> dict[str, dict[str, int]]:
         """Per measure: cap, committed, reserved and remaining, in units."""
-        raw = {k.decode(): int(v) for k, v in self.r.hgetall(rkeys.ledger(dataset_id)).items()
-               if k.decode().split(":", 1)[0] in {"cap", "committed", "reserved"}}
+        raw = {k: int(v) for k, v in self.r.hgetall(rkeys.ledger(dataset_id)).items()
+               if k.split(":", 1)[0] in {"cap", "committed", "reserved"}}
         out: dict[str, dict[str, int]] = {}
         for name, value in raw.items():
             kind, measure = name.split(":", 1)
@@ -141,10 +142,10 @@ class Ledger:
         """The dataset's audit stream, oldest first."""
         out = []
         for event_id, fields in self.r.xrange(rkeys.events(dataset_id)):
-            doc: dict[str, Any] = {"id": event_id.decode()}
+            doc: dict[str, Any] = {"id": event_id}
             amounts: dict[str, int] = {}
             for k, v in fields.items():
-                key, val = k.decode(), v.decode()
+                key, val = k, v
                 if key.startswith("m:"):
                     amounts[key[2:]] = int(val)
                 else:

@@ -144,7 +144,11 @@ def document(client: redis.Redis, release_id: str) -> dict[str, Any] | None:
     raw = client.hgetall(rkeys.release(release_id))
     if not raw:
         return None
-    h = {k.decode(): v.decode() for k, v in raw.items()}
+    return render(release_id, raw)
+
+
+def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
+    """The document from the release's stored fields (status, request, output, ...)."""
     req = json.loads(h["request"])
     doc: dict[str, Any] = {
         "id": release_id,

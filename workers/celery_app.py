@@ -44,7 +44,7 @@ def make_celery(config: Config) -> Celery:
 
 
 def _beat(url: str, name: str, stop: threading.Event) -> None:
-    client = redis.Redis.from_url(url)
+    client = rkeys.connect(url)
     while not stop.is_set():
         with contextlib.suppress(redis.RedisError):
             client.set(rkeys.WORKERS + name, "1", ex=HEARTBEAT_TTL)

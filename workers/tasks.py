@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import redis
-from service.store import DatasetStore
 
 import mechanisms
 from service import datasets, rkeys
 from service.config import Config
 from service.ledger import Ledger
+from service.store import DatasetStore
 from workers.celery_app import app
 
 log = logging.getLogger("privrelease.worker")
@@ -26,7 +26,7 @@ log = logging.getLogger("privrelease.worker")
 def _deps() -> tuple[Config, redis.Redis, Ledger, DatasetStore]:
     """Per-process clients, created after fork (never shared with the parent)."""
     config = Config.from_env()
-    client = redis.Redis.from_url(config.require_redis_url())
+    client = rkeys.connect(config.require_redis_url())
     return config, client, Ledger(client), DatasetStore(config.datasets_dir)
 
 

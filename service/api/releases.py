@@ -10,6 +10,7 @@ from flask_smorest import Blueprint
 
 from service import budget, releases, rkeys
 from service.auth import check_dataset_grant, current_key, require
+from service.ledger import now_iso
 from service.problems import APIError
 from service.schemas import EstimateSchema, ReleaseRequestSchema, ReleaseSchema
 
@@ -35,8 +36,8 @@ def _document(release_id: str) -> dict[str, Any]:
 
 @blp.route("/estimate", methods=["POST"])
 @require("analyst")
-@blp.arguments(ReleaseRequestSchema)
-@blp.response(200, EstimateSchema)
+@blp.arguments(ReleaseRequestSchema())
+@blp.response(200, EstimateSchema())
 def estimate(body: dict[str, Any]) -> dict[str, Any]:
     """Cost and expected accuracy of a request; spends nothing."""
     prepared = _prepare(body)
@@ -52,9 +53,9 @@ def estimate(body: dict[str, Any]) -> dict[str, Any]:
 
 @blp.route("", methods=["POST"])
 @require("analyst")
-@blp.arguments(ReleaseRequestSchema)
-@blp.response(202, ReleaseSchema)
-@blp.alt_response(200, schema=ReleaseSchema, description="replay of an identical release")
+@blp.arguments(ReleaseRequestSchema())
+@blp.response(202, ReleaseSchema())
+@blp.alt_response(200, schema=ReleaseSchema(), description="replay of an identical release")
 def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """Validate, reserve the cost atomically, enqueue; 202 with the release id."""
     config = current_app.config["PRIVRELEASE"]
@@ -69,10 +70,11 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         idem_key = rkeys.idempotency(key.id, hashlib.sha256(idem.encode()).hexdigest())
     ledger = current_app.extensions["ledger"]
     dataset_id = prepared.dataset["id"]
+    request_json, at = prepared.request_json(), now_iso()
     res = ledger.reserve(
         dataset_id, releases.new_id(), prepared.cost_units, actor=key.id,
-        fingerprint=prepared.fingerprint, request_json=prepared.request_json(),
-        idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl,
+        fingerprint=prepared.fingerprint, request_json=request_json,
+        idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
     )
     if res.outcome == "exhausted":
         raise APIError(
@@ -95,6 +97,9 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
                          key.id)
             raise APIError(503, "job queue unavailable; nothing was spent",
                            code="unavailable") from None
+        # no round trip: the document of a just-queued release is known here
+        fields = {"status": "queued", "request": request_json, "created_at": at}
+        return releases.render(res.release_id, fields), 202
     return _document(res.release_id), 202
 
 
@@ -112,7 +117,7 @@ def list_releases() -> list[dict[str, Any]]:
                        field="limit") from None
     out = []
     for raw in client.zrevrange(rkeys.RELEASES, 0, -1):
-        doc = releases.document(client, raw.decode())
+        doc = releases.document(client, raw)
         if doc is None or (dataset_id and doc["dataset_id"] != dataset_id):
             continue
         key = current_key()
@@ -126,7 +131,7 @@ def list_releases() -> list[dict[str, Any]]:
 
 @blp.route("/<release_id>")
 @require("consumer")
-@blp.response(200, ReleaseSchema)
+@blp.response(200, ReleaseSchema())
 def show(release_id: str) -> dict[str, Any]:
     """Status, and when done the result, cost, accuracy and provenance."""
     doc = _document(release_id)

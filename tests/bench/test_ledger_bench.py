@@ -10,8 +10,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import redis
-
+from service import rkeys
 from service.ledger import Ledger
 
 CLIENTS = 16
@@ -20,11 +19,11 @@ SECONDS = 5.0
 
 def _rate(redis_url: str, work: str) -> float:
     ds = "ds_bench_" + secrets.token_hex(4)
-    Ledger(redis.Redis.from_url(redis_url)).open(ds, {"epsilon": 10**15}, "bench")
+    Ledger(rkeys.connect(redis_url)).open(ds, {"epsilon": 10**15}, "bench")
     deadline = time.monotonic() + SECONDS
 
     def client(c: int) -> int:
-        conn = redis.Redis.from_url(redis_url)
+        conn = rkeys.connect(redis_url)
         ledger = Ledger(conn)
         n = 0
         while time.monotonic() < deadline:

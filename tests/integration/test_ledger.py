@@ -10,6 +10,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service import rkeys
 from service.ledger import Ledger
 
 
@@ -78,14 +79,14 @@ def test_concurrent_reservations_never_overspend(r: redis.Redis, redis_url: str)
     stop = threading.Event()
 
     def watch() -> None:
-        watcher = Ledger(redis.Redis.from_url(redis_url))
+        watcher = Ledger(rkeys.connect(redis_url))
         while not stop.is_set():
             row = watcher.balance(ds)["epsilon"]
             if row["committed"] + row["reserved"] > row["cap"]:
                 violations.append(row["committed"] + row["reserved"])
 
     def one(i: int) -> str:
-        ledger = Ledger(redis.Redis.from_url(redis_url))
+        ledger = Ledger(rkeys.connect(redis_url))
         rid = f"rel_{ds}_{i}"
         res = ledger.reserve(ds, rid, {"epsilon": 7, "delta": 1}, actor="t",
                              fingerprint=f"{ds}-{i}", request_json="{}")
@@ -150,7 +151,7 @@ def test_valkey_kill_loses_no_committed_spend(tmp_path: object) -> None:
 
     server = EmbeddedValkey(Path(str(tmp_path)) / "valkey")
     server.start()
-    ledger, ds = Ledger(redis.Redis.from_url(server.url)), _ds()
+    ledger, ds = Ledger(rkeys.connect(server.url)), _ds()
     ledger.open(ds, {"epsilon": 10**9}, "op")
     for i in range(20):
         rid, _ = _reserve(ledger, ds, 1000 + i)
@@ -163,7 +164,7 @@ def test_valkey_kill_loses_no_committed_spend(tmp_path: object) -> None:
     again = EmbeddedValkey(server.data_dir, port=server.port)
     again.start()
     try:
-        after = Ledger(redis.Redis.from_url(again.url)).balance(ds)
+        after = Ledger(rkeys.connect(again.url)).balance(ds)
         assert after == before
         assert after["epsilon"]["committed"] == sum(1000 + i for i in range(20) if i % 4)
     finally:
