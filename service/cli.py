@@ -27,7 +27,8 @@ def _worker(args: argparse.Namespace) -> int:
 
     configure(app, Config.from_env())
 
-    argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
+    argv = ["--quiet", "worker", "--loglevel", args.loglevel,
+            "--concurrency", str(args.concurrency),
             "--queues", "privrelease", "--without-gossip", "--without-mingle"]
     app.worker_main(argv)
     return 0

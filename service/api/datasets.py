@@ -21,6 +21,20 @@ def _invalid(field: str, message: str) -> APIError:
     return APIError(422, message, code="validation_error", field=field)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads would keep the last of two equal keys; a duplicate column is an error."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def dataset_or_404(dataset_id: str) -> dict[str, Any]:
     doc = datasets.get(current_app.extensions["redis"], dataset_id)
     if doc is None:
@@ -38,7 +52,9 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
     """Register a dataset: CSV with a header row + metadata JSON. Nothing is kept on error."""
     config = current_app.config["PRIVRELEASE"]
     try:
-        raw_meta = json.loads(metadata)
+        raw_meta = json.loads(metadata, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as dup:
+        raise _invalid("metadata", f"duplicate key {dup.args[0]!r} in metadata") from None
     except ValueError:
         raise _invalid("metadata", "metadata is not valid JSON") from None
     try:

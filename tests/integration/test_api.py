@@ -61,6 +61,9 @@ BAD_UPLOADS = [
     ("unknown category", "age,income,group\n1,2,zz\n", PEOPLE_META, "group"),
     ("metadata not JSON", "age,income,group\n1,2,a\n", "{nope", "metadata"),
     ("unknown measure", "age,income,group\n1,2,a\n", _meta(budgets={"rho": 1}), "budgets"),
+    ("duplicate column", "age,income,group\n1,2,a\n",
+     '{"name": "d", "budgets": {}, "columns": {"age": {"type": "integer", "bounds": [0, 9]},'
+     ' "age": {"type": "integer", "bounds": [0, 9]}}}', "metadata"),
     ("negative cap", "age,income,group\n1,2,a\n", _meta(budgets={"epsilon": -1}), "epsilon"),
 ]
 
