@@ -252,3 +252,6 @@ def test_openapi_docs_and_probes(api: Api, app: Flask, worker: Any) -> None:
     assert ready.status_code == 200 and ready.get_json()["workers"] >= 1
     catalog = api.get("/v1/mechanisms").get_json()
     assert {"laplace", "geometric", "gaussian"} <= {m["name"] for m in catalog}
+    laplace = next(m for m in catalog if m["name"] == "laplace")
+    assert "$ref" not in json.dumps(laplace["params_schema"])
+    assert "condition" in laplace["params_schema"]["properties"]

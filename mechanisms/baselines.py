@@ -1,0 +1,808 @@
+"""DP baselines: ``laplace``, ``geometric`` and ``gaussian`` on bounded columns.
+
+Statistics: ``count`` of rows meeting a condition, bounded ``sum`` and
+``mean`` of a numeric column, and ``histogram`` of a categorical column or of
+a numeric column over public bins. Privacy unit (DESIGN §3): neighbouring
+datasets differ in one record replaced and ``n_rows`` is public, so a count
+has sensitivity 1, a histogram L1 sensitivity 2 (L2 √2), a sum hi − lo and a
+mean (hi − lo)/n, with hi, lo the *declared* bounds.
+
+Float safety (DESIGN §6): noise is integer-valued and added to the statistic
+expressed on a lattice ``grid * Z``:
+
+* integer-valued statistics (counts, histograms, sums of integer columns) use
+  grid 1 and are already lattice points, so the lattice sensitivity is the
+  sensitivity itself;
+* real-valued statistics (sums of continuous columns, means) use a power of
+  two ``g <= min(Δ, noise scale) / 2**10``, are rounded to the nearest
+  lattice point, and pay ``floor((Δ + 2·err) / g) + 1`` lattice units of
+  sensitivity: two reals at distance ≤ D round to integers at distance
+  ≤ D + 1, hence ≤ floor(D) + 1, and ``err`` is a public bound on the
+  floating-point error of computing the statistic (see ``_real_error``).
+
+Data handling: values are clipped to the declared bounds (missing values
+count as the lower bound), category codes outside the declared list and
+numeric values outside a histogram's edges fall in no bin; only the needed
+column is read.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import itertools
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+from numpy.typing import NDArray
+from scipy import optimize, special
+
+from mechanisms import sampling
+from mechanisms.base import (
+    Budget,
+    ColumnMeta,
+    DatasetMeta,
+    Mechanism,
+    MechanismInputError,
+    Output,
+)
+from mechanisms.registry import register
+
+STATISTICS = ("count", "sum", "mean", "histogram")
+OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
+ORDER_OPS = frozenset({"lt", "le", "gt", "ge"})
+#: budgets above this are refused as absurd (the release would be essentially exact)
+MAX_EPSILON = Fraction(100)
+#: smaller δ are refused: the δ(σ) computations lose their precision below it
+MIN_DELTA = Fraction(1, 10**30)
+MAX_BINS = 10_000
+MAX_IN_VALUES = 10_000
+CI_LEVEL = 0.95
+PRIVACY_UNIT = "neighbouring datasets differ in one record replaced; n_rows public"
+#: real-valued statistics keep |statistic| / grid below this, so lattice values are exact doubles
+LATTICE_LIMIT = 2**52
+#: integer sums are computed in int64 and must stay below this
+INT_SUM_LIMIT = 2**62
+#: declared bounds beyond this are refused (int64 columns; sums of doubles must not overflow)
+MAX_BOUND = 2**62
+
+
+# --------------------------------------------------------------------------- params
+
+
+class _ConditionValue(fields.Field):
+    """A number, a string, or a non-empty list of them (for ``in``)."""
+
+    default_error_messages = {  # noqa: RUF012 - marshmallow's own convention
+        "invalid": "Must be a finite number, a string, or a non-empty list of them.",
+    }
+
+    def _deserialize(
+        self, value: Any, attr: str | None, data: Mapping[str, Any] | None, **kwargs: Any
+    ) -> Any:
+        if isinstance(value, list):
+            if not 1 <= len(value) <= MAX_IN_VALUES:
+                raise self.make_error("invalid")
+            return [self._scalar(v) for v in value]
+        return self._scalar(value)
+
+    def _scalar(self, value: Any) -> str | int | float:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return value
+        raise self.make_error("invalid")
+
+
+class ConditionSchema(Schema):
+    """``{"column", "op", "value"}``: which rows a ``count`` counts."""
+
+    class Meta:
+        unknown = RAISE
+
+    column = fields.String(required=True)
+    op = fields.String(required=True, validate=validate.OneOf(OPS))
+    value = _ConditionValue(required=True)
+
+    @validates_schema
+    def _check_value_shape(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if (data["op"] == "in") != isinstance(data["value"], list):
+            raise ValidationError("'in' takes a list; every other op a single value.", "value")
+
+
+class BaselineParamsSchema(Schema):
+    """Parameters shared by the three baselines."""
+
+    class Meta:
+        unknown = RAISE
+
+    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
+    column = fields.String()
+    condition = fields.Nested(ConditionSchema)
+    bins = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_BINS))
+    edges = fields.List(
+        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_BINS + 1)
+    )
+
+    @validates_schema
+    def _check_combination(self, data: dict[str, Any], **kwargs: Any) -> None:
+        statistic = data["statistic"]
+        if statistic == "count":
+            if "condition" not in data:
+                raise ValidationError("count needs a condition.", "condition")
+            if data.get("column", data["condition"]["column"]) != data["condition"]["column"]:
+                raise ValidationError("count reads condition.column; omit column.", "column")
+        else:
+            if "column" not in data:
+                raise ValidationError(f"{statistic} needs a column.", "column")
+            if "condition" in data:
+                raise ValidationError("only count takes a condition.", "condition")
+        for name in ("bins", "edges"):
+            if name in data and statistic != "histogram":
+                raise ValidationError("only histogram takes bins or edges.", name)
+        if "bins" in data and "edges" in data:
+            raise ValidationError("give bins or edges, not both.", "edges")
+        edges = data.get("edges")
+        if edges is not None and any(b <= a for a, b in itertools.pairwise(edges)):
+            raise ValidationError("edges must be strictly increasing.", "edges")
+
+
+# --------------------------------------------------------------------------- public query
+
+
+@dataclass(frozen=True)
+class _Condition:
+    column: str
+    op: str
+    values: tuple[float, ...]  # numbers, or category codes for categorical columns
+    clip: tuple[float, float] | None
+
+    def mask(self, x: NDArray[Any]) -> NDArray[np.bool_]:
+        if self.clip is not None:
+            x = _clean(x.astype(np.float64), *self.clip)
+        ops = {
+            "eq": np.equal,
+            "ne": np.not_equal,
+            "lt": np.less,
+            "le": np.less_equal,
+            "gt": np.greater,
+            "ge": np.greater_equal,
+        }
+        if self.op == "in":
+            return np.isin(x, np.asarray(self.values))
+        result: NDArray[np.bool_] = ops[self.op](x, self.values[0])
+        return result
+
+
+@dataclass(frozen=True)
+class _Query:
+    """What is computed, described by public inputs only."""
+
+    statistic: str
+    column: ColumnMeta
+    n: int
+    #: L1 sensitivity in statistic units (exact)
+    sensitivity: Fraction
+    #: the statistic only takes integer values (so it already lies on grid 1)
+    integer: bool
+    bounds: tuple[Fraction, Fraction] | None = None  # effective clipping bounds
+    condition: _Condition | None = None
+    edges: tuple[float, ...] | None = None
+
+    @property
+    def histogram(self) -> bool:
+        return self.statistic == "histogram"
+
+    @property
+    def l2_sensitivity(self) -> float:
+        """Replace-one moves one unit between two bins: L2 √2 (rounded up)."""
+        if self.histogram:
+            return math.nextafter(math.sqrt(2.0), math.inf)
+        return _float_up(self.sensitivity)
+
+    def labels(self) -> dict[str, Any]:
+        if self.edges is None:
+            assert self.column.categories is not None
+            return {"categories": list(self.column.categories)}
+        return {"bins": [[a, b] for a, b in itertools.pairwise(self.edges)]}
+
+
+def _resolve(params: Mapping[str, Any], meta: DatasetMeta) -> _Query:
+    """Check params against the metadata; raises MechanismInputError naming the field."""
+    statistic = params["statistic"]
+    n = meta.n_rows
+    if statistic == "count":
+        spec = params["condition"]
+        column = meta.column(spec["column"], "params.condition.column")
+        return _Query(
+            statistic, column, n, Fraction(1), integer=True, condition=_condition(spec, column)
+        )
+    column = meta.column(params["column"])
+    if statistic == "histogram":
+        return _histogram_query(params, column, n)
+    lo, hi = _bounds(column, statistic)
+    if statistic == "mean" and n < 1:
+        raise MechanismInputError("params.statistic", "mean of an empty dataset")
+    if column.type == "integer" and 2 * n * (hi - lo) >= INT_SUM_LIMIT:
+        # records minus a center within the range, summed in int64
+        raise MechanismInputError("params.column", "declared bounds too wide for an exact sum")
+    sensitivity = hi - lo if statistic == "sum" else (hi - lo) / n
+    integer = statistic == "sum" and column.type == "integer"
+    return _Query(statistic, column, n, sensitivity, integer=integer, bounds=(lo, hi))
+
+
+def _bounds(column: ColumnMeta, statistic: str) -> tuple[Fraction, Fraction]:
+    """Effective declared bounds, exact; integer columns round inwards to integers."""
+    if column.type == "categorical":
+        raise MechanismInputError(
+            "params.column", f"column {column.name!r} is categorical; {statistic} needs numbers"
+        )
+    if column.bounds is None or not all(math.isfinite(b) for b in column.bounds):
+        raise MechanismInputError(
+            "params.column", f"column {column.name!r} has no finite declared bounds"
+        )
+    lo, hi = (Fraction(b) for b in column.bounds)
+    if column.type == "integer":
+        lo, hi = Fraction(math.ceil(lo)), Fraction(math.floor(hi))
+    if not lo < hi:
+        raise MechanismInputError(
+            "params.column", f"column {column.name!r} has an empty or one-point declared range"
+        )
+    if max(abs(lo), abs(hi)) >= MAX_BOUND:
+        raise MechanismInputError(
+            "params.column", f"declared bounds of column {column.name!r} are too large"
+        )
+    return lo, hi
+
+
+def _histogram_query(params: Mapping[str, Any], column: ColumnMeta, n: int) -> _Query:
+    if column.type == "categorical":
+        for name in ("bins", "edges"):
+            if name in params:
+                raise MechanismInputError(
+                    f"params.{name}",
+                    f"column {column.name!r} is categorical; its bins are its categories",
+                )
+        if not column.categories:
+            raise MechanismInputError(
+                "params.column", f"column {column.name!r} declares no categories"
+            )
+        return _Query("histogram", column, n, Fraction(2), integer=True)
+    lo, hi = _bounds(column, "histogram")
+    if "edges" in params:
+        edges = tuple(float(e) for e in params["edges"])
+        if edges[0] < lo or edges[-1] > hi:
+            raise MechanismInputError(
+                "params.edges", f"edges must lie inside the declared bounds of {column.name!r}"
+            )
+    elif "bins" in params:
+        edges = tuple(float(e) for e in np.linspace(float(lo), float(hi), params["bins"] + 1))
+    else:
+        raise MechanismInputError(
+            "params.bins", f"a histogram of numeric column {column.name!r} needs bins or edges"
+        )
+    return _Query("histogram", column, n, Fraction(2), integer=True, bounds=(lo, hi), edges=edges)
+
+
+def _condition(spec: Mapping[str, Any], column: ColumnMeta) -> _Condition:
+    op, raw = spec["op"], spec["value"]
+    values = raw if isinstance(raw, list) else [raw]
+    if column.type == "categorical":
+        if op in ORDER_OPS:
+            raise MechanismInputError(
+                "params.condition.op",
+                f"column {column.name!r} is categorical; use eq, ne or in",
+            )
+        categories = list(column.categories or ())
+        codes = []
+        for value in values:
+            if not isinstance(value, str):
+                raise MechanismInputError(
+                    "params.condition.value",
+                    f"column {column.name!r} is categorical; compare with category names",
+                )
+            if value not in categories:
+                raise MechanismInputError(
+                    "params.condition.value",
+                    f"{value!r} is not a declared category of column {column.name!r}",
+                )
+            codes.append(float(categories.index(value)))
+        return _Condition(column.name, op, tuple(codes), None)
+    if any(isinstance(value, str) for value in values):
+        raise MechanismInputError(
+            "params.condition.value", f"column {column.name!r} is numeric; compare with numbers"
+        )
+    clip = None
+    if column.bounds is not None and all(math.isfinite(b) for b in column.bounds):
+        clip = (float(column.bounds[0]), float(column.bounds[1]))
+    return _Condition(column.name, op, tuple(float(v) for v in values), clip)
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def _fraction(value: Any, field: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
+        raise MechanismInputError(field, "must be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MechanismInputError(field, "must be finite")
+    return Fraction(value)
+
+
+def _read_budget(budget: Budget, measures: tuple[str, ...], name: str) -> dict[str, Fraction]:
+    """The budget as exact fractions; exactly ``measures``, each in range."""
+    extra = sorted(set(budget) - set(measures))
+    if extra:
+        raise MechanismInputError(
+            "budget", f"{name} spends only {', '.join(measures)}; got {', '.join(extra)}"
+        )
+    amounts: dict[str, Fraction] = {}
+    for measure in measures:
+        if measure not in budget:
+            raise MechanismInputError(f"budget.{measure}", f"{name} needs a {measure} budget")
+        amounts[measure] = _fraction(budget[measure], f"budget.{measure}")
+    epsilon = amounts["epsilon"]
+    if not 0 < epsilon <= MAX_EPSILON:
+        raise MechanismInputError("budget.epsilon", f"epsilon must be in (0, {MAX_EPSILON}]")
+    if "delta" in amounts and not MIN_DELTA <= amounts["delta"] < 1:
+        raise MechanismInputError("budget.delta", f"delta must be in [{float(MIN_DELTA)}, 1)")
+    return amounts
+
+
+def _float_down(x: Fraction) -> float:
+    f = float(x)
+    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
+
+
+def _float_up(x: Fraction) -> float:
+    f = float(x)
+    return math.nextafter(f, math.inf) if Fraction(f) < x else f
+
+
+def _fmt(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else repr(float(x))
+
+
+# --------------------------------------------------------------------------- lattice plan
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything about a release that follows from public inputs."""
+
+    query: _Query
+    grid: float  # lattice step g, statistic units (a power of two; 1 for integer statistics)
+    #: the statistic is released as center * (n for sums, 1 for means) + g * lattice value
+    center: float
+    #: lattice units a neighbour can move the lattice value (per moved bin for histograms)
+    lattice_sensitivity: int
+    noise: str
+    noise_scale: float  # discrete Laplace scale or discrete Gaussian sigma, lattice units
+    halfwidth: int  # 95% half-width of the noise, lattice units
+    divisor: int = 1  # geometric mean: the released noisy sum is divided by n
+    l2: bool = False
+    label: str = ""  # the statistic the analyst asked for (geometric releases a mean as sum / n)
+
+    def offset(self) -> Fraction:
+        """Public part of the release: n·center for sums, center for means."""
+        q = self.query
+        return Fraction(self.center) * (q.n if q.statistic == "sum" else 1)
+
+
+def _lattice(query: _Query, noise_scale: float) -> tuple[float, float, int]:
+    """Grid, center and lattice sensitivity of a statistic whose noise has ``noise_scale``.
+
+    Integer statistics: grid 1, center lo for sums (0 otherwise), sensitivity
+    as is. Real ones: g <= min(Δ, noise_scale) / 2**10, center lo snapped to
+    the grid, and floor((Δ + 2 err) / g) + 1 units, where err bounds the
+    floating-point error of each neighbour's computed statistic.
+    """
+    if query.integer:
+        lo = query.bounds[0] if query.bounds is not None else 0
+        return 1.0, float(lo), int(query.sensitivity)
+    assert query.bounds is not None
+    try:
+        grid = sampling.grid_for(min(_float_down(query.sensitivity), noise_scale))
+    except ValueError:
+        raise MechanismInputError(
+            "params.column", f"declared range of {query.column.name!r} is too narrow for a grid"
+        ) from None
+    center = sampling.snap(float(query.bounds[0]), grid)
+    err = _real_error(query, grid)
+    units = math.floor((query.sensitivity + 2 * err) / Fraction(grid)) + 1
+    # |centered statistic| <= rows * (hi - lo + g) must be an exact multiple of g in a double
+    rows = query.n if query.statistic == "sum" else 1
+    if (
+        rows * (query.bounds[1] - query.bounds[0] + Fraction(grid)) / Fraction(grid)
+        >= LATTICE_LIMIT
+    ):
+        raise MechanismInputError("params.column", "too many rows for exact lattice arithmetic")
+    return grid, center, units
+
+
+def _real_error(query: _Query, grid: float) -> Fraction:
+    """Public bound on |computed − exact| for a real-valued sum or mean.
+
+    Each record contributes v = fl(clip(x) − c) with |v| <= V = (hi − lo) + g/2
+    and relative rounding u = 2**-53; ``math.fsum`` rounds the total once.
+    So a sum errs by at most 2u·nV(1 + u) <= 2**-51·nV, and a mean (one more
+    division, or an exact integer sum divided once) by at most 2**-50·V.
+    """
+    assert query.bounds is not None
+    spread = query.bounds[1] - query.bounds[0] + Fraction(grid)
+    if query.statistic == "sum":
+        return query.n * spread / 2**51
+    return spread / 2**50
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _column(data: Mapping[str, np.ndarray], query: _Query, name: str) -> NDArray[Any]:
+    x = np.asarray(data[name])
+    if x.ndim != 1 or x.shape[0] != query.n:
+        raise ValueError(f"column {name!r} does not have n_rows entries")
+    return x
+
+
+def _clean(x: NDArray[Any], lo: float, hi: float) -> NDArray[np.float64]:
+    """Missing values count as the lower bound; everything is clipped to [lo, hi]."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.clip(np.where(np.isnan(x), lo, x), lo, hi)
+
+
+def _lattice_values(plan: _Plan, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
+    """The exact statistic minus its public offset, in lattice units (a 1-D int array)."""
+    q = plan.query
+    if q.condition is not None:
+        x = _column(data, q, q.condition.column)
+        return np.array([np.count_nonzero(q.condition.mask(x))], dtype=np.int64)
+    x = _column(data, q, q.column.name)
+    if q.histogram:
+        return _histogram(q, x)
+    assert q.bounds is not None
+    lo, hi = q.bounds
+    if q.column.type == "integer":
+        if x.dtype.kind not in "iu":
+            raise TypeError(f"integer column {q.column.name!r} must hold integers")
+        centered = np.clip(x.astype(np.int64), int(lo), int(hi)) - int(plan.center)
+        total = int(centered.sum(dtype=np.int64))
+        if q.integer:  # integer sum, grid 1: exact
+            return np.array([total], dtype=np.int64)
+        value = total if q.statistic == "sum" else total / q.n  # int / int rounds once
+    else:
+        total_f = math.fsum(_clean(x, float(lo), float(hi)) - plan.center)
+        value = total_f if q.statistic == "sum" else total_f / q.n
+    return np.array([round(value / plan.grid)], dtype=np.int64)
+
+
+def _histogram(q: _Query, x: NDArray[Any]) -> NDArray[np.int64]:
+    if q.edges is None:
+        k = len(q.column.categories or ())
+        codes = x.astype(np.int64)
+        return np.bincount(codes[(codes >= 0) & (codes < k)], minlength=k).astype(np.int64)
+    assert q.bounds is not None
+    edges = np.asarray(q.edges)
+    nbins = len(edges) - 1
+    values = _clean(x, float(q.bounds[0]), float(q.bounds[1]))
+    index = np.searchsorted(edges, values, side="right") - 1
+    index[values == edges[-1]] = nbins - 1
+    inside = (index >= 0) & (index < nbins)
+    return np.bincount(index[inside], minlength=nbins).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- Gaussian accounting
+
+
+def analytic_gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
+    """Exact δ(ε) of the continuous Gaussian mechanism (Balle & Wang 2018, Thm 8)."""
+    a = sensitivity / (2.0 * sigma)
+    b = epsilon * sigma / sensitivity
+    return float(special.ndtr(a - b) - math.exp(epsilon) * special.ndtr(-a - b))
+
+
+@functools.lru_cache(maxsize=1024)
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest σ with continuous Gaussian δ(ε) <= δ (used to place the grid)."""
+
+    def excess(log_sigma: float) -> float:
+        return analytic_gaussian_delta(math.exp(log_sigma), 1.0, epsilon) - delta
+
+    lo, hi = _bracket(excess, 0.0, limit=690.0)
+    return sensitivity * math.exp(optimize.brentq(excess, lo, hi, xtol=1e-13))
+
+
+def _bracket(excess: Any, start: float, limit: float) -> tuple[float, float]:
+    """[lo, hi] in log σ with excess(lo) > 0 >= excess(hi); excess decreases in σ."""
+    lo, hi = start - 0.5, start + 0.5
+    while excess(lo) <= 0:
+        lo -= 1.0
+        if lo < -limit:
+            raise ValueError("no sigma small enough")
+    while excess(hi) > 0:
+        hi += 1.0
+        if hi > limit:
+            raise ValueError("sigma beyond the sampler's range")
+    return lo, hi
+
+
+def _pair_sf_bounds(sigma: float, k: int) -> tuple[float, float]:
+    """Bounds on P(W >= k) for W = Y1 − Y2, Y_i i.i.d. discrete Gaussian(σ).
+
+    P(W = w) = exp(−w²/(4σ²)) θ_{w mod 2} / Z² with θ_0 = Σ_y exp(−y²/σ²),
+    θ_1 = Σ_y exp(−(y + ½)²/σ²). Small σ: summed exactly. Large σ: by Poisson
+    summation θ_j = σ√π (1 ± 2e^{−π²σ²}), so W is a discrete Gaussian(√2σ)
+    up to a factor 1 ± 3e^{−π²σ²} (= 1 in double precision).
+    """
+    if k <= 0:
+        lo, hi = _pair_sf_bounds(sigma, 1 - k)
+        return 1.0 - hi, 1.0 - lo
+    if sigma > sampling.EXACT_SIGMA:
+        lo, hi = sampling.discrete_gaussian_sf_bounds(math.sqrt(2.0) * sigma, k)
+        eta = 3.0 * math.exp(-((math.pi * sigma) ** 2))
+        return lo * (1.0 - eta), hi * (1.0 + eta)
+    y = np.arange(-math.ceil(10.0 * sigma) - 3, math.ceil(10.0 * sigma) + 4, dtype=np.float64)
+    s2 = sigma * sigma
+    theta0 = float(np.sum(np.exp(-(y * y) / s2)))
+    theta1 = float(np.sum(np.exp(-((y + 0.5) ** 2) / s2)))
+    z = sampling.discrete_gaussian_normalizer(sigma)
+    w = np.arange(k, k + math.ceil(15.0 * sigma) + 10)
+    theta = np.where(w % 2 == 0, theta0, theta1)
+    s = float(np.sum(np.exp(-(w.astype(np.float64) ** 2) / (4.0 * s2)) * theta)) / (z * z)
+    return s * (1.0 - 1e-12), s * (1.0 + 1e-12)
+
+
+def discrete_gaussian_delta(sigma: float, epsilon: float, shift: int, pair: bool = False) -> float:
+    """Upper bound on δ(ε) of adding discrete Gaussian(σ) noise on the integers.
+
+    ``pair=False``: neighbours' values differ by at most the integer ``shift``;
+    CKS 2020 Thm 7 gives δ = P[Y > t] − e^ε P[Y > t + shift], t = εσ²/Δ − Δ/2.
+    ``pair=True``: a histogram, where a neighbour moves ``shift`` units out of
+    one bin into another (or out of/into only one, which is a projection of
+    this, hence no worse); the privacy loss is (a² + aW)/σ² with W = Y1 − Y2,
+    so δ = P[W > t] − e^ε P[W > t + 2a], t = εσ²/a − a. The threshold is
+    also tried one step either side, as the max over thresholds is δ itself
+    and rounding of t must not make the bound optimistic.
+    """
+    tail = _pair_sf_bounds if pair else sampling.discrete_gaussian_sf_bounds
+    step = 2 * shift if pair else shift
+    t = epsilon * sigma**2 / shift - step / 2
+    base = math.floor(t) + 1
+    growth = math.exp(epsilon)
+    candidates = (
+        tail(sigma, k)[1] - growth * tail(sigma, k + step)[0] for k in range(base - 1, base + 2)
+    )
+    return max(0.0, *candidates)
+
+
+@functools.lru_cache(maxsize=1024)
+def discrete_gaussian_sigma(epsilon: float, delta: float, shift: int, pair: bool = False) -> float:
+    """Smallest σ (to ~1e-6 relative) with ``discrete_gaussian_delta`` <= δ."""
+
+    def excess(log_sigma: float) -> float:
+        return discrete_gaussian_delta(math.exp(log_sigma), epsilon, shift, pair) - delta
+
+    start = analytic_gaussian_sigma(epsilon, delta, shift * (math.sqrt(2.0) if pair else 1.0))
+    lo, hi = _bracket(excess, math.log(start), limit=math.log(sampling.MAX_SIGMA) + 1.0)
+    sigma = math.exp(optimize.brentq(excess, lo, hi, xtol=1e-12)) * (1.0 + 1e-9)
+    while discrete_gaussian_delta(sigma, epsilon, shift, pair) > delta:
+        sigma *= 1.0 + 1e-7
+    return sigma
+
+
+# --------------------------------------------------------------------------- mechanisms
+
+
+class _Baseline(Mechanism):
+    """Cost = budget; noise calibrated to it on a lattice; one class per noise."""
+
+    params_schema = BaselineParamsSchema
+
+    def cost(
+        self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+    ) -> dict[str, Fraction]:
+        amounts = _read_budget(budget, self.measures, self.name)
+        self._plan(params, amounts, meta)  # fits the metadata and the sampler's range
+        return amounts
+
+    def accuracy(
+        self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
+    ) -> dict[str, Any]:
+        amounts = _read_budget(cost, self.measures, self.name)
+        return self._accuracy(self._plan(params, amounts, meta))
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        amounts = _read_budget(cost, self.measures, self.name)
+        plan = self._plan(params, amounts, meta)
+        exact = _lattice_values(plan, data)
+        noisy = exact + self._sample(rng, plan, exact.shape[0])
+        return Output(
+            result=self._release(plan, noisy),
+            accuracy=self._accuracy(plan),
+            guarantee=self._guarantee(amounts),
+        )
+
+    # -- pieces the subclasses specialise
+
+    @abc.abstractmethod
+    def _plan(
+        self, params: Mapping[str, Any], amounts: Mapping[str, Fraction], meta: DatasetMeta
+    ) -> _Plan:
+        """Resolve params against the metadata and calibrate the noise to the budget."""
+
+    def _sample(self, rng: np.random.Generator, plan: _Plan, size: int) -> NDArray[np.int64]:
+        return sampling.discrete_laplace(rng, plan.noise_scale, size)
+
+    def _guarantee(self, amounts: Mapping[str, Fraction]) -> str:
+        return f"pure epsilon-DP (epsilon={_fmt(amounts['epsilon'])} nats), {PRIVACY_UNIT}"
+
+    # -- shared
+
+    def _laplace_plan(
+        self, query: _Query, epsilon: Fraction, *, divisor: int = 1, label: str = ""
+    ) -> _Plan:
+        scale = query.sensitivity / epsilon
+        grid, center, units = _lattice(query, _float_down(scale))
+        noise_scale = _float_up(Fraction(units) / epsilon)
+        if noise_scale > sampling.MAX_SCALE:
+            raise MechanismInputError(
+                "budget.epsilon", "epsilon too small: the noise would exceed the sampler's range"
+            )
+        return _Plan(
+            query,
+            grid,
+            center,
+            units,
+            "discrete_laplace",
+            noise_scale,
+            sampling.discrete_laplace_halfwidth(noise_scale, CI_LEVEL),
+            divisor=divisor,
+            label=label or query.statistic,
+        )
+
+    def _release(self, plan: _Plan, noisy: NDArray[np.int64]) -> dict[str, Any]:
+        """Lattice value -> statistic units, exactly, then one rounding to float."""
+        q = plan.query
+        if q.histogram:
+            return {"values": [int(v) for v in noisy], **q.labels()}
+        exact = plan.offset() + int(noisy[0]) * Fraction(plan.grid)
+        if plan.divisor > 1:
+            return {"value": float(exact / plan.divisor)}
+        if q.integer:
+            return {"value": int(exact)}
+        return {"value": float(exact)}
+
+    def _accuracy(self, plan: _Plan) -> dict[str, Any]:
+        q = plan.query
+        rounding = 0.0 if q.integer else 0.5
+        unit = plan.grid / plan.divisor
+        halfwidth = (plan.halfwidth + rounding) * unit
+        sensitivity = q.l2_sensitivity if plan.l2 else float(q.sensitivity / plan.divisor)
+        kind = "discrete Laplace" if plan.noise == "discrete_laplace" else "discrete Gaussian"
+        what = "each bin" if q.histogram else "the released value"
+        statement = (
+            f"With probability at least {CI_LEVEL:.0%}, {what} is within ±{halfwidth:.6g} of the"
+            f" exact {plan.label} of the data clipped to the declared bounds ({kind} noise of"
+            f" scale {plan.noise_scale * unit:.6g} on a lattice of step {unit:.6g})."
+        )
+        return {
+            "noise": plan.noise,
+            "scale": plan.noise_scale * unit,
+            "sensitivity": sensitivity,
+            "sensitivity_norm": "l2" if plan.l2 else "l1",
+            "grid": unit,
+            "grid_sensitivity": plan.lattice_sensitivity,
+            "ci95_halfwidth": halfwidth,
+            "statement": statement,
+        }
+
+
+class LaplaceMechanism(_Baseline):
+    """Pure ε-DP: discrete Laplace noise on a power-of-two lattice."""
+
+    name = "laplace"
+    measures = ("epsilon",)
+    description = (
+        "Pure epsilon-DP count, sum, mean or histogram; discrete Laplace noise on a"
+        " power-of-two lattice (float-safe)."
+    )
+
+    def _plan(
+        self, params: Mapping[str, Any], amounts: Mapping[str, Fraction], meta: DatasetMeta
+    ) -> _Plan:
+        return self._laplace_plan(_resolve(params, meta), amounts["epsilon"])
+
+
+class GeometricMechanism(_Baseline):
+    """Pure ε-DP on integer statistics: two-sided geometric noise, integer outputs."""
+
+    name = "geometric"
+    measures = ("epsilon",)
+    description = (
+        "Pure epsilon-DP integer statistics (count, histogram, sum or mean of an integer"
+        " column); two-sided geometric noise, integer outputs."
+    )
+
+    def _plan(
+        self, params: Mapping[str, Any], amounts: Mapping[str, Fraction], meta: DatasetMeta
+    ) -> _Plan:
+        query = _resolve(params, meta)
+        divisor = 1
+        if query.statistic in ("sum", "mean"):
+            if query.column.type != "integer":
+                raise MechanismInputError(
+                    "params.column",
+                    f"geometric needs an integer column; {query.column.name!r} is"
+                    f" {query.column.type}",
+                )
+            if query.statistic == "mean":  # release the noisy sum / n (post-processing)
+                query = _resolve({**params, "statistic": "sum"}, meta)
+                divisor = meta.n_rows
+        return self._laplace_plan(
+            query, amounts["epsilon"], divisor=divisor, label=params["statistic"]
+        )
+
+
+class GaussianMechanism(_Baseline):
+    """(ε, δ)-DP: discrete Gaussian noise with exactly accounted δ."""
+
+    name = "gaussian"
+    measures = ("epsilon", "delta")
+    description = (
+        "Approximate (epsilon, delta)-DP count, sum, mean or histogram; discrete Gaussian"
+        " noise on a power-of-two lattice, sigma calibrated to the exact privacy curve."
+    )
+
+    def _plan(
+        self, params: Mapping[str, Any], amounts: Mapping[str, Fraction], meta: DatasetMeta
+    ) -> _Plan:
+        query = _resolve(params, meta)
+        epsilon, delta = _float_down(amounts["epsilon"]), _float_down(amounts["delta"])
+        sigma_real = analytic_gaussian_sigma(epsilon, delta, query.l2_sensitivity)
+        grid, center, units = _lattice(query, sigma_real)
+        try:
+            sigma = discrete_gaussian_sigma(epsilon, delta, units, query.histogram)
+        except ValueError:
+            sigma = math.inf
+        if sigma > sampling.MAX_SIGMA:
+            raise MechanismInputError(
+                "budget.epsilon", "budget too small: the noise would exceed the sampler's range"
+            )
+        return _Plan(
+            query,
+            grid,
+            center,
+            units,
+            "discrete_gaussian",
+            sigma,
+            sampling.discrete_gaussian_halfwidth(sigma, CI_LEVEL),
+            l2=True,
+            label=query.statistic,
+        )
+
+    def _sample(self, rng: np.random.Generator, plan: _Plan, size: int) -> NDArray[np.int64]:
+        return sampling.discrete_gaussian(rng, plan.noise_scale, size)
+
+    def _guarantee(self, amounts: Mapping[str, Fraction]) -> str:
+        return (
+            f"approximate (epsilon, delta)-DP (epsilon={_fmt(amounts['epsilon'])} nats,"
+            f" delta={_fmt(amounts['delta'])}), {PRIVACY_UNIT}"
+        )
+
+
+laplace = register(LaplaceMechanism())
+geometric = register(GeometricMechanism())
+gaussian = register(GaussianMechanism())
