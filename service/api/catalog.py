@@ -17,8 +17,8 @@ blp = Blueprint("mechanisms", __name__, url_prefix="/v1/mechanisms",
 
 
 def _json_schema(mech: mechanisms.Mechanism) -> dict[str, Any]:
-    # a resolver that names nothing makes apispec inline nested schemas (no dangling $ref)
-    plugin = MarshmallowPlugin(schema_name_resolver=lambda _schema: None)
+    # a resolver that names nothing ("") makes apispec inline nested schemas: no dangling $ref
+    plugin = MarshmallowPlugin(schema_name_resolver=lambda _schema: "")
     APISpec("catalog", "1", "3.0.3", plugins=[plugin])
     converted: dict[str, Any] = plugin.converter.schema2jsonschema(  # type: ignore[union-attr]
         mech.params_schema
