@@ -40,9 +40,15 @@ def new_token() -> str:
 
 def create(client: redis.Redis, role: str, label: str = "", token: str | None = None,
            datasets: tuple[str, ...] | None = None) -> tuple[ApiKey, str]:
-    """Store a new key and return it with its token (the only time it is seen)."""
+    """Store a new key and return it with its token (the only time it is seen).
+
+    A given ``token`` that is already registered (a bootstrap key on restart)
+    keeps its existing record.
+    """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
+    if token is not None and (existing := lookup(client, token)) is not None:
+        return existing, token
     token = token or new_token()
     key = ApiKey(id="key_" + secrets.token_hex(8), role=role, label=label, datasets=datasets)
     record = json.dumps({"id": key.id, "role": role, "label": label,

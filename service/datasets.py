@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from typing import Any
 
 import redis
@@ -60,7 +61,7 @@ def register(
     try:
         pipe = client.pipeline(transaction=True)
         pipe.set(rkeys.dataset(dataset_id), json.dumps(doc))
-        pipe.zadd(rkeys.DATASETS, {dataset_id: 0})
+        pipe.zadd(rkeys.DATASETS, {dataset_id: time.time()})
         ledger.open(dataset_id, caps, actor, pipe=pipe)
         pipe.execute()
     except Exception:

@@ -20,6 +20,7 @@ from types import FrameType
 
 from service import apikeys, rkeys
 from service.config import ENV_PREFIX, Config
+from service.store import DatasetStore
 from service.valkey import EmbeddedValkey
 
 
@@ -70,6 +71,7 @@ class Standalone:
 
     def run(self) -> int:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        DatasetStore(self.config.datasets_dir).sweep_tmp()
         url = self.config.redis_url or self._start_valkey()
         client = rkeys.connect(url)
         _, token = apikeys.create(client, "operator", label="bootstrap",

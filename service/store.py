@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,20 @@ class DatasetStore:
     @property
     def tmp_dir(self) -> Path:
         return self.root / ".tmp"
+
+    def sweep_tmp(self, older_than: float = 3600.0) -> int:
+        """Remove temp folders a killed process left behind; returns how many.
+
+        Only folders untouched for ``older_than`` seconds go, so a write in
+        progress in another process is never disturbed.
+        """
+        if not self.tmp_dir.exists():
+            return 0
+        cutoff = time.time() - older_than
+        stale = [p for p in self.tmp_dir.iterdir() if p.stat().st_mtime < cutoff]
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(stale)
 
     def path(self, dataset_id: str, version: int) -> Path:
         """Folder of one version (validates both parts, so it never escapes ``root``)."""

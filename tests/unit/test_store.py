@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,14 @@ def test_ingest_then_store_round_trip(store: DatasetStore) -> None:
     assert {k: v.tolist() for k, v in got.items()} == {
         "age": [30, 90], "race": [1, 2], "wage": [1.25, 0.0]
     }
+
+
+def test_sweep_tmp_removes_only_stale_leftovers(tmp_path: Path) -> None:
+    store = DatasetStore(tmp_path)
+    store.tmp_dir.mkdir(parents=True)
+    old, fresh = store.tmp_dir / "old", store.tmp_dir / "fresh"
+    old.mkdir()
+    fresh.mkdir()
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert store.sweep_tmp(older_than=3600) == 1
+    assert not old.exists() and fresh.exists()
