@@ -21,6 +21,10 @@ from workers.celery_app import app
 
 log = logging.getLogger("privrelease.worker")
 
+# Load every mechanism (and scipy) once in the parent, before the pool forks,
+# so the first job of each child does not pay for the imports.
+mechanisms.names()
+
 
 @cache
 def _deps() -> tuple[Config, redis.Redis, Ledger, DatasetStore]:
