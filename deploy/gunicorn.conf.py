@@ -4,6 +4,10 @@
 """
 
 import os
+import shutil
+
+from service.config import Config
+from service.server import child_exit, prepare_metrics_dir
 
 bind = os.environ.get("PRIVRELEASE_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("PRIVRELEASE_WEB_WORKERS", "2"))
@@ -14,3 +18,17 @@ graceful_timeout = 10
 keepalive = 5
 errorlog = "-"
 loglevel = "warning"
+
+# prometheus-client multiprocess mode: the directory is prepared once in the master,
+# before the workers fork and import prometheus_client; dead workers are marked.
+__all__ = ["child_exit"]
+_metrics: dict[str, object] = {}
+
+
+def on_starting(server):
+    _metrics["dir"], _metrics["temporary"] = prepare_metrics_dir(Config.from_env().metrics_dir)
+
+
+def on_exit(server):
+    if _metrics.get("temporary"):
+        shutil.rmtree(str(_metrics["dir"]), ignore_errors=True)

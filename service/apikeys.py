@@ -2,14 +2,19 @@
 
 The tokens are 32 random bytes, so a fast hash is enough: there is no
 password to brute-force, and a leaked Redis dump reveals no usable key.
+Each key also has a callback secret, used to sign the notifications sent to
+its ``callback_url`` (shown once too, stored as is because signing needs it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import secrets
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 import redis
 
@@ -27,7 +32,24 @@ class ApiKey:
     role: str
     label: str = ""
     datasets: tuple[str, ...] | None = None  # None: every dataset
+    expires_at: str | None = None
     created_at: str = field(default_factory=now_iso)
+
+    def expired(self, now: datetime | None = None) -> bool:
+        if self.expires_at is None:
+            return False
+        return parse_time(self.expires_at) <= (now or datetime.now(UTC))
+
+    def public(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["datasets"] = list(self.datasets) if self.datasets is not None else None
+        return doc
+
+
+def parse_time(value: str) -> datetime:
+    """ISO 8601 with a timezone (``Z`` accepted); naive times are taken as UTC."""
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def digest(token: str) -> str:
@@ -39,7 +61,8 @@ def new_token() -> str:
 
 
 def create(client: redis.Redis, role: str, label: str = "", token: str | None = None,
-           datasets: tuple[str, ...] | None = None) -> tuple[ApiKey, str]:
+           datasets: tuple[str, ...] | None = None,
+           expires_at: str | None = None) -> tuple[ApiKey, str]:
     """Store a new key and return it with its token (the only time it is seen).
 
     A given ``token`` that is already registered (a bootstrap key on restart)
@@ -50,23 +73,68 @@ def create(client: redis.Redis, role: str, label: str = "", token: str | None = 
     if token is not None and (existing := lookup(client, token)) is not None:
         return existing, token
     token = token or new_token()
-    key = ApiKey(id="key_" + secrets.token_hex(8), role=role, label=label, datasets=datasets)
-    record = json.dumps({"id": key.id, "role": role, "label": label,
-                         "datasets": list(datasets) if datasets is not None else None,
-                         "created_at": key.created_at})
+    key = ApiKey(id="key_" + secrets.token_hex(8), role=role, label=label, datasets=datasets,
+                 expires_at=expires_at)
+    record = {**key.public(), "callback_secret": secrets.token_hex(32)}
     pipe = client.pipeline(transaction=True)
-    pipe.set(rkeys.api_key(digest(token)), record)
+    pipe.set(rkeys.api_key(digest(token)), json.dumps(record))
     pipe.hset(rkeys.API_KEYS, key.id, digest(token))
     pipe.execute()
     return key, token
 
 
-def lookup(client: redis.Redis, token: str) -> ApiKey | None:
-    """The key a bearer token belongs to, or None."""
-    raw = client.get(rkeys.api_key(digest(token)))
-    if raw is None:
-        return None
+def _from_record(raw: str) -> ApiKey:
     rec = json.loads(raw)
     datasets = tuple(rec["datasets"]) if rec.get("datasets") is not None else None
     return ApiKey(id=rec["id"], role=rec["role"], label=rec.get("label", ""),
-                  datasets=datasets, created_at=rec["created_at"])
+                  datasets=datasets, expires_at=rec.get("expires_at"),
+                  created_at=rec["created_at"])
+
+
+def lookup(client: redis.Redis, token: str) -> ApiKey | None:
+    """The key a bearer token belongs to (expired ones included), or None."""
+    raw = client.get(rkeys.api_key(digest(token)))
+    return _from_record(raw) if raw is not None else None
+
+
+def list_all(client: redis.Redis) -> list[ApiKey]:
+    digests = client.hgetall(rkeys.API_KEYS)
+    if not digests:
+        return []
+    raws = client.mget([rkeys.api_key(d) for d in digests.values()])
+    keys = [_from_record(raw) for raw in raws if raw is not None]
+    return sorted(keys, key=lambda k: k.created_at)
+
+
+def _record(client: redis.Redis, key_id: str) -> str | None:
+    token_digest = client.hget(rkeys.API_KEYS, key_id)
+    raw: str | None = client.get(rkeys.api_key(token_digest)) if token_digest else None
+    return raw
+
+
+def callback_secret(client: redis.Redis, key_id: str) -> str | None:
+    """The signing secret of a key, for notifications; None if the key is gone."""
+    raw = _record(client, key_id)
+    return str(json.loads(raw)["callback_secret"]) if raw else None
+
+
+def revoke(client: redis.Redis, key_id: str) -> bool:
+    """Delete a key at once; the next request with its token gets 401."""
+    token_digest = client.hget(rkeys.API_KEYS, key_id)
+    if token_digest is None:
+        return False
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(rkeys.api_key(token_digest))
+    pipe.hdel(rkeys.API_KEYS, key_id)
+    pipe.execute()
+    return True
+
+
+def exists(client: redis.Redis, key_id: str) -> bool:
+    return bool(client.hexists(rkeys.API_KEYS, key_id))
+
+
+def get(client: redis.Redis, key_id: str) -> ApiKey | None:
+    """A key's public record by id, or None."""
+    raw = _record(client, key_id)
+    return _from_record(raw) if raw else None

@@ -7,7 +7,7 @@ import logging
 from flask import Flask
 from flask_smorest import Api
 
-from service import problems, rkeys
+from service import observability, problems, ratelimit, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.store import DatasetStore
@@ -42,13 +42,15 @@ def create_app(config: Config | None = None) -> Flask:
     app.extensions["store"] = DatasetStore(config.datasets_dir)
     app.extensions["celery"] = make_celery(config)
     logging.getLogger("privrelease").setLevel(logging.INFO)
+    observability.init_app(app)  # first: its request id and timer precede the limiter
+    ratelimit.init_app(app)
 
     api = ProblemApi(app, spec_kwargs={
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
     })
-    from service.api import catalog, datasets, health, releases
+    from service.api import catalog, datasets, health, jobs, keys, releases
 
-    for module in (health, datasets, releases, catalog):
+    for module in (health, datasets, releases, catalog, keys, jobs):
         api.register_blueprint(module.blp)
     return app

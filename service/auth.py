@@ -1,7 +1,8 @@
 """Bearer-token authentication and role checks for every endpoint.
 
-Operators may do everything; analysts spend on granted datasets; consumers
-only read. Issue #3 refines grants; the decorator is the one place to do it.
+Roles nest: an operator may do everything, an analyst what a consumer may
+and spend on granted datasets, a consumer only read releases and run free
+post-processing. A key with ``datasets`` set sees only those datasets.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def require(role: str) -> Callable[[F], F]:
             key = apikeys.lookup(current_app.extensions["redis"], token.strip())
             if key is None:
                 raise APIError(401, "unknown or revoked API key", code="unauthorized")
+            if key.expired():
+                raise APIError(401, "API key expired", code="unauthorized")
             if key.role not in allowed:
                 raise APIError(403, f"this endpoint needs the {role} role",
                                code="forbidden")

@@ -75,19 +75,21 @@ def display(measure: str, units: int) -> float:
     return float(from_units(measure, units))
 
 
-def parse_caps(raw: Any, columns: list[str], categorical: list[str]) -> dict[str, int]:
+def parse_caps(raw: Any, columns: list[str], categorical: list[str],
+               where: str = "metadata.budgets") -> dict[str, int]:
     """Validate a dataset's ``budgets`` into caps in units, one per ledger measure.
 
     Per-column measures given without a column apply to every column; an
     explicit ``measure:column`` overrides. ``subset_draws`` defaults to 1 for
-    categorical columns (DESIGN §3); any measure not given has cap 0.
+    categorical columns (DESIGN §3); any measure not given has cap 0. Pass no
+    ``categorical`` columns to get exactly the measures named (a cap change).
     """
     if not isinstance(raw, dict):
-        raise AmountError("metadata.budgets", "must be an object of measure -> cap")
+        raise AmountError(where, "must be an object of measure -> cap")
     caps: dict[str, int] = {f"subset_draws:{c}": 1 for c in categorical}
     explicit: dict[str, int] = {}
     for name, value in raw.items():
-        field = f"metadata.budgets.{name}"
+        field = f"{where}.{name}"
         base, _, column = str(name).partition(":")
         if base not in MEASURES:
             raise AmountError(field, f"unknown measure {base!r}; known: {sorted(MEASURES)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from service import commands
 from service.config import Config
 
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(func=_worker)
+    commands.register(sub)
     return parser
 
 

@@ -31,6 +31,18 @@ def _bool(name: str) -> bool:
     return (_env(name) or "").lower() in {"1", "true", "yes", "on"}
 
 
+def _rate_limit(raw: str | None, default: str | None) -> str | None:
+    """Unset: the default; empty or ``off``: no limit."""
+    if raw is None:
+        return default
+    raw = raw.strip()
+    return None if raw.lower() in {"", "off"} else raw
+
+
+def _path(raw: str | None) -> Path | None:
+    return Path(raw).resolve() if raw else None
+
+
 @dataclass(frozen=True)
 class Config:
     """Runtime settings shared by the API, the worker and the CLI."""
@@ -49,6 +61,25 @@ class Config:
     bootstrap_key: str | None = None
     #: PRIVRELEASE_IDEMPOTENCY_TTL: seconds an Idempotency-Key is remembered
     idempotency_ttl: int = 24 * 3600
+    #: PRIVRELEASE_LEASE_SECONDS: a running job's lease; a lapsed one means its worker died
+    lease_seconds: int = 30
+    #: PRIVRELEASE_SWEEP_INTERVAL: seconds between sweeps for reservations whose job is gone
+    sweep_interval: float = 15.0
+    #: PRIVRELEASE_CALLBACK_HOSTS: comma-separated host[:port] a callback_url may target
+    callback_hosts: tuple[str, ...] = ()
+    #: PRIVRELEASE_TEST_JOB_DELAY: seconds a job sleeps once running (fault-injection
+    #: tests only; honoured only together with PRIVRELEASE_ALLOW_SEEDS)
+    test_job_delay: float = 0.0
+    #: PRIVRELEASE_LOG_LEVEL: level of the ``privrelease`` loggers (JSON lines on stderr)
+    log_level: str = "INFO"
+    #: PRIVRELEASE_RATE_LIMIT: requests per API key (all endpoints), e.g. "600/minute"
+    #: or "10/second;6000/hour"; "" or "off": no limit
+    rate_limit: str | None = "6000/minute"
+    #: PRIVRELEASE_METRICS_DIR: prometheus-client multiprocess directory for
+    #: ``privrelease api`` (emptied at start); unset: a fresh temporary directory
+    metrics_dir: Path | None = None
+    #: PRIVRELEASE_METRICS_MAX_DATASETS: newest datasets whose budgets /metrics exports
+    metrics_max_datasets: int = 1000
 
     @classmethod
     def from_env(cls) -> Config:
@@ -61,6 +92,15 @@ class Config:
             allow_seeds=_bool("ALLOW_SEEDS"),
             bootstrap_key=_env("BOOTSTRAP_KEY") or None,
             idempotency_ttl=_int("IDEMPOTENCY_TTL", cls.idempotency_ttl),
+            lease_seconds=_int("LEASE_SECONDS", cls.lease_seconds),
+            sweep_interval=float(_env("SWEEP_INTERVAL") or cls.sweep_interval),
+            callback_hosts=tuple(h.strip().lower() for h in (_env("CALLBACK_HOSTS") or "")
+                                 .split(",") if h.strip()),
+            test_job_delay=float(_env("TEST_JOB_DELAY") or 0.0),
+            log_level=(_env("LOG_LEVEL") or cls.log_level).upper(),
+            rate_limit=_rate_limit(_env("RATE_LIMIT"), cls.rate_limit),
+            metrics_dir=_path(_env("METRICS_DIR")),
+            metrics_max_datasets=_int("METRICS_MAX_DATASETS", cls.metrics_max_datasets),
         )
 
     @property

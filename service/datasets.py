@@ -95,3 +95,19 @@ def meta(doc: dict[str, Any]) -> DatasetMeta:
         for name, c in doc["columns"].items()
     }
     return DatasetMeta(n_rows=int(doc["n_rows"]), columns=cols)
+
+
+def set_status(client: redis.Redis, dataset_id: str, status: str) -> dict[str, Any]:
+    """Update a dataset's status in its stored document; returns the document."""
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(rkeys.dataset(dataset_id))
+                doc = json.loads(pipe.get(rkeys.dataset(dataset_id)))
+                doc["status"] = status
+                pipe.multi()
+                pipe.set(rkeys.dataset(dataset_id), json.dumps(doc))
+                pipe.execute()
+                return dict(doc)
+            except redis.WatchError:
+                continue

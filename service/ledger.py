@@ -1,8 +1,9 @@
-"""The privacy budget ledger: reserve, commit, abort — each one Lua script.
+"""The privacy budget ledger: reserve, commit, abort, cancel — each one Lua script.
 
 All amounts are integer units (see ``service.budget``). The scripts run
 atomically inside Redis, so any number of API processes and workers on any
-number of hosts can never hold or spend more than a cap (DESIGN §3).
+number of hosts can never hold or spend more than a cap (DESIGN §3), nor
+more than an analyst key's allocation inside it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import redis
 from service import rkeys
 
 Outcome = Literal["reserved", "replay", "idempotent", "idem_mismatch", "exhausted", "retired"]
+Settled = Literal["settled", "ended", "running"]
 
 
 def now_iso() -> str:
@@ -30,23 +32,38 @@ def _script(name: str) -> str:
 
 @dataclass(frozen=True)
 class ReserveResult:
-    """What ``reserve`` decided; ``release_id`` is the new or the earlier release."""
+    """What ``reserve`` decided; ``release_id`` is the new or the earlier release.
+
+    When exhausted, ``scope`` says whose cap was short: the dataset's or the
+    actor's allocation.
+    """
 
     outcome: Outcome
     release_id: str = ""
     measure: str = ""
     requested: int = 0
     remaining: int = 0
+    scope: str = ""
+
+
+class CapError(ValueError):
+    """A cap change the ledger refused; ``reason`` is below_spent or above_dataset."""
+
+    def __init__(self, reason: str, measure: str, units: int) -> None:
+        super().__init__(reason)
+        self.reason, self.measure, self.units = reason, measure, units
 
 
 class Ledger:
     """Budget accounting for every dataset, backed by one Redis server."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, lease_seconds: int = 30) -> None:
         self.r = client
+        self.lease_seconds = lease_seconds
         self._reserve = client.register_script(_script("reserve"))
         self._settle = client.register_script(_script("settle"))
         self._start = client.register_script(_script("start"))
+        self._admin = client.register_script(_script("admin"))
 
     def open(
         self,
@@ -57,14 +74,32 @@ class Ledger:
     ) -> None:
         """Set a new dataset's caps and record them in its audit stream."""
         p = pipe if pipe is not None else self.r.pipeline(transaction=True)
-        mapping: dict[str | bytes, Any] = {f"cap:{m}": str(u) for m, u in caps.items()}
-        p.hset(rkeys.ledger(dataset_id), mapping=mapping)
-        event: dict[str | bytes, Any] = {"kind": "cap", "release_id": "", "actor": actor,
-                                         "at": now_iso()}
+        p.hset(rkeys.ledger(dataset_id), mapping={f"cap:{m}": str(u) for m, u in caps.items()})
+        event = {"kind": "cap", "release_id": "", "actor": actor, "at": now_iso()}
         event.update({f"m:{m}": str(u) for m, u in caps.items()})
         p.xadd(rkeys.events(dataset_id), event)
         if pipe is None:
             p.execute()
+
+    def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
+                 key_id: str | None = None) -> None:
+        """Change the dataset's caps, or ``key_id``'s allocation; CapError if refused."""
+        argv: list[Any] = ["allocation" if key_id else "cap", actor, now_iso(), key_id or "",
+                           len(caps)]
+        for measure, units in sorted(caps.items()):
+            argv += [measure, str(int(units))]
+        reply = self._admin(keys=[rkeys.ledger(dataset_id), rkeys.events(dataset_id)],
+                            args=argv)
+        if reply[0] != "ok":
+            raise CapError(reply[0], reply[1], int(reply[2]))
+
+    def retire(self, dataset_id: str, actor: str) -> None:
+        """Refuse every new reservation on the dataset from now on; record it."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(rkeys.ledger(dataset_id), "retired", "1")
+        pipe.xadd(rkeys.events(dataset_id),
+                  {"kind": "retire", "release_id": "", "actor": actor, "at": now_iso()})
+        pipe.execute()
 
     def reserve(
         self,
@@ -95,61 +130,86 @@ class Ledger:
             ],
             args=argv,
         )
-        outcome = reply[0]
-        if outcome == "exhausted":
-            return ReserveResult("exhausted", "", reply[1], int(reply[2]), int(reply[3]))
-        return ReserveResult(outcome, reply[1])
+        if reply[0] == "exhausted":
+            return ReserveResult("exhausted", "", reply[1], int(reply[2]), int(reply[3]),
+                                 reply[4])
+        return ReserveResult(reply[0], reply[1])
 
     def mark_running(self, release_id: str, worker: str) -> bool:
-        """Queued -> running; False if the release already ran (a redelivery)."""
-        return bool(self._start(keys=[rkeys.release(release_id)], args=[now_iso(), worker]))
+        """Take the job's lease; False if it ended or another live worker runs it."""
+        return bool(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id)],
+                                args=[now_iso(), worker, self.lease_seconds]))
+
+    def renew_lease(self, release_id: str, worker: str) -> bool:
+        """Keep a long job's lease alive; False if it was lost."""
+        return bool(self.r.set(rkeys.lease(release_id), worker, xx=True, ex=self.lease_seconds))
 
     def commit(self, dataset_id: str, release_id: str, output_json: str, actor: str) -> bool:
         """Store the output and charge the reservation, once; False if already ended."""
-        return self._end(dataset_id, release_id, "commit", output_json, actor)
+        return self._end(dataset_id, release_id, "commit", output_json, actor) == "settled"
 
     def abort(self, dataset_id: str, release_id: str, error_json: str, actor: str) -> bool:
         """Refund the reservation and mark the release failed; False if already ended."""
-        return self._end(dataset_id, release_id, "abort", error_json, actor)
+        return self._end(dataset_id, release_id, "abort", error_json, actor) == "settled"
+
+    def cancel(self, dataset_id: str, release_id: str, actor: str) -> Settled:
+        """Refund a job that has not started; 'running' if it already has."""
+        return self._end(dataset_id, release_id, "cancel",
+                         '{"message": "cancelled by an operator"}', actor)
 
     def _end(self, dataset_id: str, release_id: str, action: str, payload: str,
-             actor: str) -> bool:
+             actor: str) -> Settled:
         replay_key = self.r.hget(rkeys.release(release_id), "replay_key")
-        return bool(
-            self._settle(
-                keys=[
-                    rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
-                    rkeys.reservation(release_id), rkeys.PENDING,
-                    replay_key if replay_key else f"{rkeys.P}replay:none",
-                ],
-                args=[release_id, action, payload, actor, now_iso()],
-            )
+        reply = self._settle(
+            keys=[
+                rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
+                rkeys.reservation(release_id), rkeys.PENDING,
+                replay_key or f"{rkeys.P}replay:none", rkeys.lease(release_id),
+            ],
+            args=[release_id, action, payload, actor, now_iso()],
         )
+        outcomes: dict[int, Settled] = {1: "settled", 0: "ended", -1: "running"}
+        return outcomes[int(reply)]
 
     def balance(self, dataset_id: str) -> dict[str, dict[str, int]]:
         """Per measure: cap, committed, reserved and remaining, in units."""
-        raw = {k: int(v) for k, v in self.r.hgetall(rkeys.ledger(dataset_id)).items()
-               if k.split(":", 1)[0] in {"cap", "committed", "reserved"}}
-        out: dict[str, dict[str, int]] = {}
-        for name, value in raw.items():
-            kind, measure = name.split(":", 1)
-            out.setdefault(measure, {"cap": 0, "committed": 0, "reserved": 0})[kind] = value
-        for row in out.values():
-            row["remaining"] = row["cap"] - row["committed"] - row["reserved"]
-        return out
+        return self.budget(dataset_id)[0]
 
-    def events(self, dataset_id: str) -> list[dict[str, Any]]:
-        """The dataset's audit stream, oldest first."""
+    def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
+                                               dict[str, dict[str, dict[str, int]]]]:
+        """The balance, and the same rows for each key's allocation."""
+        dataset: dict[str, dict[str, int]] = {}
+        allocations: dict[str, dict[str, dict[str, int]]] = {}
+        for name, value in self.r.hgetall(rkeys.ledger(dataset_id)).items():
+            parts = name.split(":", 3)
+            if parts[0] == "alloc" and len(parts) == 4:
+                table = allocations.setdefault(parts[1], {})
+                kind, measure = parts[2], parts[3]
+            elif parts[0] in {"cap", "committed", "reserved"}:
+                table, (kind, measure) = dataset, name.split(":", 1)
+            else:
+                continue
+            row = table.setdefault(measure, {"cap": 0, "committed": 0, "reserved": 0})
+            row[kind] = int(value)
+        for table in (dataset, *allocations.values()):
+            for row in table.values():
+                row["remaining"] = row["cap"] - row["committed"] - row["reserved"]
+        return dataset, allocations
+
+    def events(self, dataset_id: str, start: str = "-", end: str = "+",
+               kinds: set[str] | None = None) -> list[dict[str, Any]]:
+        """The dataset's audit stream between stream ids, oldest first."""
         out = []
-        for event_id, fields in self.r.xrange(rkeys.events(dataset_id)):
+        for event_id, fields in self.r.xrange(rkeys.events(dataset_id), start, end):
+            if kinds and fields.get("kind") not in kinds:
+                continue
             doc: dict[str, Any] = {"id": event_id}
-            amounts: dict[str, int] = {}
-            for k, v in fields.items():
-                key, val = k, v
+            units: dict[str, int] = {}
+            for key, val in fields.items():
                 if key.startswith("m:"):
-                    amounts[key[2:]] = int(val)
+                    units[key[2:]] = int(val)
                 else:
                     doc[key] = val
-            doc["amounts"] = amounts
+            doc["units"] = units
             out.append(doc)
         return out

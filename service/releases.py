@@ -32,6 +32,7 @@ class Prepared:
     cost_units: dict[str, int]
     accuracy: dict[str, Any]
     seed: int | None
+    callback_url: str | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -58,6 +59,7 @@ class Prepared:
             "cost_units": self.cost_units,
             "accuracy": self.accuracy,
             "seed": self.seed,
+            "callback_url": self.callback_url,
         }, default=str)
 
 
@@ -101,7 +103,7 @@ def prepare(client: redis.Redis, body: dict[str, Any], *, allow_seeds: bool) -> 
         if amount > requested.get(measure, Fraction(0)):
             raise APIError(500, "mechanism cost exceeds the agreed budget")
     units = {m: budget.cost_units(m, a) for m, a in cost.items()}
-    return Prepared(doc, mech, params, cost, units, accuracy, seed)
+    return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"))
 
 
 def _budget(raw: Any) -> dict[str, Fraction]:

@@ -51,3 +51,7 @@ def api_key(token_digest: str) -> str:
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A client that speaks str (decode_responses): the one way we open Redis."""
     return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30, **kwargs)
+
+
+def lease(release_id: str) -> str:
+    return f"{P}lease:{release_id}"

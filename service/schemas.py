@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from marshmallow import RAISE, Schema, fields, validate
+from webargs.fields import DelimitedList
 
 
 class StrictSchema(Schema):
@@ -40,6 +43,38 @@ class BudgetRowSchema(Schema):
 class BudgetSchema(Schema):
     dataset_id = fields.String()
     measures = fields.Dict(keys=fields.String(), values=fields.Nested(BudgetRowSchema))
+    allocations = fields.Dict(
+        keys=fields.String(),
+        values=fields.Dict(keys=fields.String(), values=fields.Nested(BudgetRowSchema)),
+        metadata={"description": "per analyst key id: its caps inside the dataset's"},
+    )
+
+
+class BudgetPatchSchema(StrictSchema):
+    caps = fields.Dict(keys=fields.String(), values=fields.Raw(),
+                       metadata={"description": "measure -> new cap"})
+    allocations = fields.Dict(keys=fields.String(), values=fields.Dict(),
+                              metadata={"description": "analyst key id -> measure -> cap"})
+
+
+class LedgerQuerySchema(StrictSchema):
+    kind = DelimitedList(fields.String(validate=validate.OneOf(
+        ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire"])))
+    since = fields.AwareDateTime(default_timezone=UTC)
+    until = fields.AwareDateTime(default_timezone=UTC)
+    format = fields.String(load_default="json", validate=validate.OneOf(["json", "jsonl"]))
+
+
+class LedgerEventSchema(Schema):
+    id = fields.String()
+    kind = fields.String()
+    release_id = fields.String()
+    actor = fields.String()
+    key_id = fields.String()
+    at = fields.String()
+    amounts = fields.Dict(keys=fields.String(), values=fields.Float())
+    units = fields.Dict(keys=fields.String(), values=fields.Integer(),
+                        metadata={"description": "exact integer ledger units"})
 
 
 class ReleaseRequestSchema(StrictSchema):
@@ -47,6 +82,10 @@ class ReleaseRequestSchema(StrictSchema):
     mechanism = fields.String(required=True, validate=validate.Length(1, 100))
     params = fields.Dict(load_default=dict)
     budget = fields.Dict(keys=fields.String(), values=fields.Raw(), required=True)
+    callback_url = fields.String(
+        validate=validate.Length(1, 2000),
+        metadata={"description": "POSTed the release document when it ends (allow-listed "
+                                 "hosts only; signed, see README)"})
     seed = fields.Integer(
         allow_none=True, validate=validate.Range(0, 2**63 - 1),
         metadata={"description": "only accepted when the server allows seeds (tests)"},
@@ -84,3 +123,37 @@ class MechanismSchema(Schema):
     measures = fields.List(fields.String())
     description = fields.String()
     params_schema = fields.Dict()
+
+
+class KeyCreateSchema(StrictSchema):
+    role = fields.String(required=True, validate=validate.OneOf(["operator", "analyst",
+                                                                 "consumer"]))
+    label = fields.String(load_default="", validate=validate.Length(0, 200))
+    datasets = fields.List(fields.String(validate=validate.Length(1, 100)), allow_none=True,
+                           load_default=None, validate=validate.Length(0, 1000),
+                           metadata={"description": "grants; null means every dataset"})
+    expires_at = fields.AwareDateTime(allow_none=True, load_default=None,
+                                      default_timezone=UTC,
+                                      metadata={"description": "ISO 8601; naive means UTC"})
+
+
+class KeySchema(Schema):
+    id = fields.String()
+    role = fields.String()
+    label = fields.String()
+    datasets = fields.List(fields.String(), allow_none=True)
+    expires_at = fields.String(allow_none=True)
+    created_at = fields.String()
+    token = fields.String(metadata={"description": "shown once, at creation"})
+    callback_secret = fields.String(metadata={"description": "HMAC key for notifications; "
+                                                             "shown once"})
+
+
+class JobSchema(Schema):
+    id = fields.String(metadata={"description": "the release id"})
+    dataset_id = fields.String()
+    mechanism = fields.String()
+    status = fields.String()
+    created_at = fields.String()
+    age_seconds = fields.Float()
+    error = fields.Dict(allow_none=True)

@@ -1,7 +1,16 @@
-"""gunicorn, embedded: ``privrelease api`` serves the app with a fixed config."""
+"""gunicorn, embedded: ``privrelease api`` serves the app with a fixed config.
+
+The workers share one prometheus-client multiprocess directory, so ``/metrics``
+from any worker reports the requests of all of them. It is prepared before
+gunicorn forks (the variable must be set before prometheus_client is imported).
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
@@ -24,6 +33,35 @@ class _Gunicorn(BaseApplication):
         return create_app(Config.from_env())
 
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def prepare_metrics_dir(configured: Path | None) -> tuple[Path, bool]:
+    """Empty (or create) the metrics directory and export it; returns it and
+    whether it is a temporary one to remove at exit.
+
+    Old files would add a previous run's counts to this one's, so a configured
+    directory is emptied of its ``*.db`` files (and nothing else).
+    """
+    if configured is None:
+        path, temporary = Path(tempfile.mkdtemp(prefix="privrelease-metrics-")), True
+    else:
+        path, temporary = configured, False
+        path.mkdir(parents=True, exist_ok=True)
+        for old in path.glob("*.db"):
+            old.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)
+    return path, temporary
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook: forget a dead worker's live gauges (its counters stay summed)."""
+    from prometheus_client import multiprocess
+
+    if os.environ.get(MULTIPROC_ENV):
+        multiprocess.mark_process_dead(worker.pid)
+
+
 def options(host: str, port: int, workers: int) -> dict[str, Any]:
     """The production settings (deploy/gunicorn.conf.py mirrors them)."""
     return {
@@ -37,9 +75,17 @@ def options(host: str, port: int, workers: int) -> dict[str, Any]:
         "accesslog": None,
         "errorlog": "-",
         "loglevel": "warning",
+        "child_exit": child_exit,
     }
 
 
 def serve(config: Config, host: str, port: int, workers: int) -> None:
     config.require_redis_url()
-    _Gunicorn(options(host, port, workers)).run()
+    path, temporary = prepare_metrics_dir(config.metrics_dir)
+    master = os.getpid()
+    try:
+        _Gunicorn(options(host, port, workers)).run()
+    finally:
+        # forked workers leave run() by SystemExit through here too: only the master cleans up
+        if temporary and os.getpid() == master:
+            shutil.rmtree(path, ignore_errors=True)

@@ -59,6 +59,7 @@ def service_env(redis_url: str, data_dir: Path) -> dict[str, str]:
         PRIVRELEASE_DATA_DIR=str(data_dir),
         PRIVRELEASE_ALLOW_SEEDS="1",
         PRIVRELEASE_MAX_UPLOAD_BYTES=str(2 * 1024 * 1024),
+        PRIVRELEASE_CALLBACK_HOSTS="127.0.0.1",
     )
     return env
 

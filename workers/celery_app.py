@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from typing import Any
 
 import redis
@@ -16,6 +17,7 @@ from celery import Celery, signals
 
 from service import rkeys
 from service.config import Config
+from service.ledger import Ledger
 
 HEARTBEAT_SECONDS = 3
 HEARTBEAT_TTL = 10
@@ -43,12 +45,20 @@ def make_celery(config: Config) -> Celery:
     return configure(Celery("privrelease"), config)
 
 
-def _beat(url: str, name: str, stop: threading.Event) -> None:
-    client = rkeys.connect(url)
+def _beat(config: Config, name: str, stop: threading.Event) -> None:
+    """Heartbeat for /readyz, and the sweeper when it is due (one worker at a time)."""
+    from workers.sweeper import sweep_if_due
+
+    client = rkeys.connect(config.require_redis_url())
+    ledger = Ledger(client, config.lease_seconds)
+    next_sweep = time.monotonic() + config.sweep_interval
     while not stop.is_set():
         with contextlib.suppress(redis.RedisError):
             client.set(rkeys.WORKERS + name, "1", ex=HEARTBEAT_TTL)
-        stop.wait(HEARTBEAT_SECONDS)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + config.sweep_interval
+                sweep_if_due(client, ledger, config.sweep_interval)
+        stop.wait(min(HEARTBEAT_SECONDS, config.sweep_interval))
     with contextlib.suppress(redis.RedisError):
         client.delete(rkeys.WORKERS + name)
 
@@ -60,8 +70,7 @@ _stop = threading.Event()
 def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     """Announce this worker so /readyz can tell the queue is being served."""
     name = getattr(sender, "hostname", None) or socket.gethostname()
-    url = Config.from_env().require_redis_url()
-    threading.Thread(target=_beat, args=(url, name, _stop), daemon=True,
+    threading.Thread(target=_beat, args=(Config.from_env(), name, _stop), daemon=True,
                      name="privrelease-heartbeat").start()
 
 

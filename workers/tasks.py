@@ -1,19 +1,29 @@
-"""Named Celery tasks. A release runs once: start, compute, commit — or abort."""
+"""Named Celery tasks: run a release (start, compute, commit — or abort) and notify.
+
+A release runs at most once to a stored result: the ledger's scripts make a
+redelivered message skip a finished job, wait for a live one, and re-run one
+whose worker died before storing anything.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from functools import cache
 from typing import Any
 
 import numpy as np
 import redis
+from celery import Task
 
 import mechanisms
-from service import datasets, rkeys
+from service import datasets, notify, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.store import DatasetStore
@@ -31,7 +41,8 @@ def _deps() -> tuple[Config, redis.Redis, Ledger, DatasetStore]:
     """Per-process clients, created after fork (never shared with the parent)."""
     config = Config.from_env()
     client = rkeys.connect(config.require_redis_url())
-    return config, client, Ledger(client), DatasetStore(config.datasets_dir)
+    return (config, client, Ledger(client, config.lease_seconds),
+            DatasetStore(config.datasets_dir))
 
 
 def fresh_rng(seed: int | None) -> np.random.Generator:
@@ -41,28 +52,46 @@ def fresh_rng(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(int.from_bytes(os.urandom(32))))
 
 
+@contextmanager
+def _lease(ledger: Ledger, release_id: str, worker: str) -> Iterator[None]:
+    """Renew the job's lease while it runs, so no other worker takes it over."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(ledger.lease_seconds / 3):
+            ledger.renew_lease(release_id, worker)
+
+    thread = threading.Thread(target=renew, daemon=True, name="privrelease-lease")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+class LeaseHeld(Exception):
+    """Another worker holds the job's lease; look again once it could have lapsed."""
+
+
 def execute(release_id: str, worker: str) -> str:
     """Run one release; returns the final status. Safe to call again (redelivery)."""
-    _, client, ledger, store = _deps()
-    raw = client.hget(rkeys.release(release_id), "request")
-    if raw is None:
+    config, client, ledger, store = _deps()
+    fields = client.hmget(rkeys.release(release_id), "request", "status")
+    if fields[0] is None:
         log.warning("release not found", extra={"release_id": release_id})
         return "missing"
-    req = json.loads(raw)
+    req = json.loads(fields[0])
     dataset_id = req["dataset_id"]
     if not ledger.mark_running(release_id, worker):
+        if client.hget(rkeys.release(release_id), "status") == "running":
+            raise LeaseHeld(release_id)
         return "skipped"
     try:
-        doc = datasets.get(client, dataset_id)
-        if doc is None:
-            raise LookupError("dataset metadata missing")
-        meta = datasets.meta(doc)
-        mech = mechanisms.get(req["mechanism"])
-        _, columns = store.load(dataset_id, req["dataset_version"])
-        cost = {m: Fraction(v) for m, v in req["cost"].items()}
-        output = mech.run(columns, req["params"], cost, meta, fresh_rng(req.get("seed")))
-        payload = json.dumps({"result": output.result, "accuracy": output.accuracy,
-                              "guarantee": output.guarantee}, default=_json_default)
+        with _lease(ledger, release_id, worker):
+            if config.test_job_delay and config.allow_seeds:
+                time.sleep(config.test_job_delay)
+            payload = _run(client, store, req)
     except Exception as err:  # any failure before storing: refund
         log.error("release failed", extra={"release_id": release_id,
                                            "error_type": type(err).__name__})
@@ -74,6 +103,20 @@ def execute(release_id: str, worker: str) -> str:
     return "succeeded"
 
 
+def _run(client: redis.Redis, store: DatasetStore, req: dict[str, Any]) -> str:
+    """Load the data, run the mechanism, and return the output as JSON."""
+    doc = datasets.get(client, req["dataset_id"])
+    if doc is None:
+        raise LookupError("dataset metadata missing")
+    mech = mechanisms.get(req["mechanism"])
+    _, columns = store.load(req["dataset_id"], req["dataset_version"])
+    cost = {m: Fraction(v) for m, v in req["cost"].items()}
+    output = mech.run(columns, req["params"], cost, datasets.meta(doc),
+                      fresh_rng(req.get("seed")))
+    return json.dumps({"result": output.result, "accuracy": output.accuracy,
+                       "guarantee": output.guarantee}, default=_json_default)
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return obj.item()
@@ -82,6 +125,23 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
-@app.task(name="privrelease.run_release", bind=True, acks_late=True)
-def run_release(self: Any, release_id: str) -> str:
-    return execute(release_id, self.request.hostname or "worker")
+@app.task(name="privrelease.run_release", bind=True, acks_late=True, max_retries=None)
+def run_release(self: Task, release_id: str) -> str:
+    """Run the release; then, if it asked for one, send its notification."""
+    try:
+        status = execute(release_id, self.request.hostname or "worker")
+    except LeaseHeld as held:
+        config = _deps()[0]
+        raise self.retry(countdown=config.lease_seconds, max_retries=None) from held
+    if status in {"succeeded", "failed"} and notify.wanted(_deps()[1], release_id):
+        send_notification.delay(release_id)
+    return status
+
+
+@app.task(name="privrelease.notify", bind=True, acks_late=True, max_retries=8,
+          autoretry_for=(notify.DeliveryError,), retry_backoff=2, retry_backoff_max=600,
+          retry_jitter=True)
+def send_notification(self: Task, release_id: str) -> bool:
+    """POST the release document to its callback_url, signed; retried with backoff."""
+    config, client, _, _ = _deps()
+    return notify.deliver(client, config, release_id)

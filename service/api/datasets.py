@@ -1,18 +1,28 @@
-"""Datasets: upload (CSV + public metadata), metadata reads, budget view."""
+"""Datasets: upload, metadata reads, retirement, budget administration and the audit log."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
-from flask import current_app
+from flask import Response, current_app
 from flask_smorest import Blueprint
 
-from service import budget, datasets
+from service import apikeys, budget, datasets
 from service.auth import check_dataset_grant, current_key, require
 from service.ingest import IngestError, parse_csv, parse_metadata
+from service.ledger import CapError
 from service.problems import APIError
-from service.schemas import BudgetSchema, DatasetFileSchema, DatasetSchema, DatasetUploadSchema
+from service.schemas import (
+    BudgetPatchSchema,
+    BudgetSchema,
+    DatasetFileSchema,
+    DatasetSchema,
+    DatasetUploadSchema,
+    LedgerEventSchema,
+    LedgerQuerySchema,
+)
 
 blp = Blueprint("datasets", __name__, url_prefix="/v1/datasets", description="Datasets")
 
@@ -88,15 +98,95 @@ def show(dataset_id: str) -> dict[str, Any]:
     return dataset_or_404(dataset_id)
 
 
+@blp.route("/<dataset_id>", methods=["DELETE"])
+@require("operator")
+@blp.response(200, DatasetSchema)
+def retire(dataset_id: str) -> dict[str, Any]:
+    """Retire a dataset: no new releases; its releases and ledger stay readable."""
+    dataset_or_404(dataset_id)
+    key = current_key()
+    current_app.extensions["ledger"].retire(dataset_id, key.id)
+    return datasets.set_status(current_app.extensions["redis"], dataset_id, "retired")
+
+
+def _rows(table: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    return {m: {k: budget.display(m, v) for k, v in row.items()}
+            for m, row in sorted(table.items())}
+
+
+def budget_doc(dataset_id: str) -> dict[str, Any]:
+    """The dataset's balance and its allocations (an analyst sees only its own)."""
+    rows, allocations = current_app.extensions["ledger"].budget(dataset_id)
+    key = current_key()
+    if key.role != "operator":
+        allocations = {k: v for k, v in allocations.items() if k == key.id}
+    return {"dataset_id": dataset_id, "measures": _rows(rows),
+            "allocations": {k: _rows(v) for k, v in sorted(allocations.items())}}
+
+
 @blp.route("/<dataset_id>/budget")
 @require("analyst")
 @blp.response(200, BudgetSchema)
 def show_budget(dataset_id: str) -> dict[str, Any]:
-    """Cap, committed, reserved and remaining for each measure."""
+    """Cap, committed, reserved and remaining for each measure, and allocations."""
     dataset_or_404(dataset_id)
-    rows = current_app.extensions["ledger"].balance(dataset_id)
-    return {
-        "dataset_id": dataset_id,
-        "measures": {m: {k: budget.display(m, v) for k, v in row.items()}
-                     for m, row in sorted(rows.items())},
-    }
+    return budget_doc(dataset_id)
+
+
+@blp.route("/<dataset_id>/budget", methods=["PATCH"])
+@require("operator")
+@blp.arguments(BudgetPatchSchema())
+@blp.response(200, BudgetSchema)
+def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
+    """Raise or lower caps, or set analyst keys' allocations; never below what is spent."""
+    doc = dataset_or_404(dataset_id)
+    client, ledger = current_app.extensions["redis"], current_app.extensions["ledger"]
+    columns = list(doc["columns"])
+    changes: list[tuple[str | None, dict[str, int]]] = []
+    try:
+        if body.get("caps"):
+            changes.append((None, budget.parse_caps(body["caps"], columns, [], where="caps")))
+        for key_id, caps in (body.get("allocations") or {}).items():
+            where = f"allocations.{key_id}"
+            key = apikeys.get(client, key_id)
+            if key is None or key.role != "analyst":
+                raise _invalid(where, "allocations are for existing analyst keys")
+            changes.append((key_id, budget.parse_caps(caps, columns, [], where=where)))
+    except budget.AmountError as err:
+        raise _invalid(err.field, err.message) from None
+    for key_id, caps in changes:
+        try:
+            ledger.set_caps(dataset_id, caps, current_key().id, key_id=key_id)
+        except CapError as err:
+            limit = budget.display(err.measure, err.units)
+            if err.reason == "below_spent":
+                raise APIError(409, f"{err.measure} cap below committed + reserved ({limit})",
+                               code="cap_below_spent", measure=err.measure,
+                               held=limit) from None
+            raise APIError(409, f"allocation above the dataset's {err.measure} cap ({limit})",
+                           code="allocation_above_cap", measure=err.measure,
+                           cap=limit) from None
+    return budget_doc(dataset_id)
+
+
+@blp.route("/<dataset_id>/ledger")
+@require("operator")
+@blp.arguments(LedgerQuerySchema(), location="query", as_kwargs=True)
+@blp.response(200, LedgerEventSchema(many=True))
+def audit(dataset_id: str, kind: list[str] | None = None, since: datetime | None = None,
+          until: datetime | None = None, format: str = "json") -> Any:
+    """Every ledger event (reserve, commit, abort, cancel, cap, allocation, retire).
+
+    ``format=jsonl`` streams JSON Lines for export.
+    """
+    dataset_or_404(dataset_id)
+    start = f"{int(since.timestamp() * 1000)}-0" if since else "-"
+    end = str(int(until.timestamp() * 1000)) if until else "+"
+    events = current_app.extensions["ledger"].events(dataset_id, start, end,
+                                                     set(kind) if kind else None)
+    for event in events:
+        event["amounts"] = {m: budget.display(m, u) for m, u in event["units"].items()}
+    if format == "jsonl":
+        body = "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
+        return Response(body, mimetype="application/x-ndjson")
+    return events

@@ -8,7 +8,7 @@ from typing import Any
 from flask import current_app, request
 from flask_smorest import Blueprint
 
-from service import budget, releases, rkeys
+from service import budget, notify, releases, rkeys
 from service.auth import check_dataset_grant, current_key, require
 from service.ledger import now_iso
 from service.problems import APIError
@@ -21,6 +21,10 @@ TASK = "privrelease.run_release"
 
 def _prepare(body: dict[str, Any]) -> releases.Prepared:
     config = current_app.config["PRIVRELEASE"]
+    callback = body.get("callback_url")
+    if callback is not None and (why := notify.check_url(callback, config.callback_hosts)):
+        raise APIError(422, f"callback_url {why}", code="validation_error",
+                       field="callback_url")
     prepared = releases.prepare(current_app.extensions["redis"], body,
                                 allow_seeds=config.allow_seeds)
     check_dataset_grant(prepared.dataset["id"])
@@ -77,9 +81,11 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
     )
     if res.outcome == "exhausted":
+        whose = "your allocation of" if res.scope == "allocation" else "the dataset's"
         raise APIError(
-            409, f"not enough {res.measure} budget left", code="budget_exhausted",
-            measure=res.measure, requested=budget.display(res.measure, res.requested),
+            409, f"not enough of {whose} {res.measure} budget left", code="budget_exhausted",
+            measure=res.measure, scope=res.scope,
+            requested=budget.display(res.measure, res.requested),
             remaining=budget.display(res.measure, max(res.remaining, 0)),
         )
     if res.outcome == "retired":
@@ -91,7 +97,8 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         return {**_document(res.release_id), "replayed": True}, 200
     if res.outcome == "reserved":
         try:
-            current_app.extensions["celery"].send_task(TASK, args=[res.release_id])
+            current_app.extensions["celery"].send_task(TASK, args=[res.release_id],
+                                                      task_id=res.release_id)
         except Exception:
             ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
                          key.id)

@@ -1,11 +1,12 @@
 -- Atomically: answer a retried (Idempotency-Key) or replayed request with the
--- stored release, or check every measure's cap and hold the cost.
+-- stored release, or check every measure's cap (and the actor's allocation,
+-- if it has one) and hold the cost.
 -- KEYS: 1 ledger hash, 2 events stream, 3 release hash, 4 reservation hash,
 --       5 replay key, 6 idempotency hash, 7 pending zset, 8 all-releases zset
--- ARGV: 1 release id, 2 fingerprint, 3 actor, 4 now (iso), 5 now (epoch s),
+-- ARGV: 1 release id, 2 fingerprint, 3 actor key id, 4 now (iso), 5 now (epoch s),
 --       6 request json, 7 idempotency ttl, 8 use idem (0/1), 9 use replay (0/1),
 --       10 n measures, then n pairs (measure, units as integer string)
-local rid, fp = ARGV[1], ARGV[2]
+local rid, fp, actor = ARGV[1], ARGV[2], ARGV[3]
 if ARGV[8] == '1' then
   local prev = redis.call('HGET', KEYS[6], 'id')
   if prev then
@@ -24,24 +25,37 @@ if ARGV[9] == '1' then
   end
 end
 if redis.call('HGET', KEYS[1], 'retired') == '1' then return {'retired', ''} end
+
+local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') end
 local n = tonumber(ARGV[10])
+local scoped = {}
 for i = 0, n - 1 do
   local m, c = ARGV[11 + 2 * i], tonumber(ARGV[12 + 2 * i])
-  local cap = tonumber(redis.call('HGET', KEYS[1], 'cap:' .. m) or '0')
-  local held = tonumber(redis.call('HGET', KEYS[1], 'committed:' .. m) or '0')
-             + tonumber(redis.call('HGET', KEYS[1], 'reserved:' .. m) or '0')
-  if held + c > cap then return {'exhausted', m, c, cap - held} end
+  local remaining = num('cap:' .. m) - num('committed:' .. m) - num('reserved:' .. m)
+  if c > remaining then return {'exhausted', m, c, remaining, 'dataset'} end
+  local a = 'alloc:' .. actor .. ':'
+  if redis.call('HEXISTS', KEYS[1], a .. 'cap:' .. m) == 1 then
+    local left = num(a .. 'cap:' .. m) - num(a .. 'committed:' .. m) - num(a .. 'reserved:' .. m)
+    if c > left then return {'exhausted', m, c, left, 'allocation'} end
+    scoped[m] = true
+  end
 end
-local event = {'kind', 'reserve', 'release_id', rid, 'actor', ARGV[3], 'at', ARGV[4]}
+
+local event = {'kind', 'reserve', 'release_id', rid, 'actor', actor, 'at', ARGV[4]}
+redis.call('HSET', KEYS[4], 'actor', actor)
 for i = 0, n - 1 do
   local m, u = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
   redis.call('HINCRBY', KEYS[1], 'reserved:' .. m, u)
-  redis.call('HSET', KEYS[4], m, u)
+  redis.call('HSET', KEYS[4], 'm:' .. m, u)
+  if scoped[m] then
+    redis.call('HINCRBY', KEYS[1], 'alloc:' .. actor .. ':reserved:' .. m, u)
+    redis.call('HSET', KEYS[4], 'a:' .. m, u)
+  end
   table.insert(event, 'm:' .. m)
   table.insert(event, u)
 end
 redis.call('HSET', KEYS[3], 'status', 'queued', 'request', ARGV[6], 'created_at', ARGV[4],
-           'replay_key', KEYS[5])
+           'replay_key', KEYS[5], 'actor', actor)
 redis.call('ZADD', KEYS[7], ARGV[5], rid)
 redis.call('ZADD', KEYS[8], ARGV[5], rid)
 if ARGV[9] == '1' then redis.call('SET', KEYS[5], rid) end

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.harness import TOKEN, Service
 
@@ -54,6 +56,29 @@ def test_200_concurrent_requests_exactly_50_accepted(service: Service) -> None:
             break
         time.sleep(0.2)
     assert row == {"cap": 5.0, "committed": 5.0, "reserved": 0.0, "remaining": 0.0}
+
+
+def test_metrics_and_request_ids_under_gunicorn(service: Service) -> None:
+    """gunicorn's workers share the multiprocess directory: /metrics from any of
+    them counts the requests all of them served."""
+
+    def healthz_count() -> float:
+        text = requests.get(service.url + "/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "privrelease_http_requests_total" and s.labels == {
+                        "method": "GET", "route": "/healthz", "status": "200"}:
+                    return float(s.value)
+        return 0.0
+
+    before = healthz_count()
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda _: requests.get(service.url + "/healthz",
+                                                        timeout=10).status_code, range(40)))
+    assert statuses == [200] * 40
+    assert [healthz_count() for _ in range(4)] == [before + 40] * 4
+    resp = service.call("GET", "/v1/nowhere", headers={"X-Request-ID": "e2e-1"})
+    assert resp.headers["X-Request-ID"] == "e2e-1" and resp.json()["request_id"] == "e2e-1"
 
 
 def test_restart_keeps_datasets_ledger_and_releases(service: Service) -> None:

@@ -139,7 +139,7 @@ def test_ledger_invariants(r: redis.Redis, cap: int, ops: list[tuple[str, int]])
         assert row["committed"] == committed
         assert row["reserved"] == sum(u for _, u in open_ids)
     events = ledger.events(ds)
-    assert sum(e["amounts"].get("epsilon", 0) for e in events if e["kind"] == "commit") \
+    assert sum(e["units"].get("epsilon", 0) for e in events if e["kind"] == "commit") \
         == committed
 
 

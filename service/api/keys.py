@@ -1,0 +1,59 @@
+"""API keys: create (token shown once), list (never tokens), revoke at once."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import current_app
+from flask_smorest import Blueprint
+
+from service import apikeys, datasets
+from service.auth import require
+from service.problems import APIError
+from service.schemas import KeyCreateSchema, KeySchema
+
+blp = Blueprint("keys", __name__, url_prefix="/v1/keys", description="API keys")
+
+
+@blp.route("", methods=["POST"])
+@require("operator")
+@blp.arguments(KeyCreateSchema())
+@blp.response(201, KeySchema())
+def create(body: dict[str, Any]) -> dict[str, Any]:
+    """A new key with a role, optional dataset grants and expiry; the token is shown once."""
+    client = current_app.extensions["redis"]
+    grants = body.get("datasets")
+    if grants is not None:
+        for i, dataset_id in enumerate(grants):
+            if datasets.get(client, dataset_id) is None:
+                raise APIError(422, "no such dataset", code="validation_error",
+                               field=f"datasets.{i}")
+    expires = body.get("expires_at")
+    if expires is not None and expires <= datetime.now(UTC):
+        raise APIError(422, "expiry is in the past", code="validation_error",
+                       field="expires_at")
+    key, token = apikeys.create(
+        client, body["role"], label=body.get("label", ""),
+        datasets=tuple(grants) if grants is not None else None,
+        expires_at=expires.isoformat().replace("+00:00", "Z") if expires else None,
+    )
+    return {**key.public(), "token": token,
+            "callback_secret": apikeys.callback_secret(client, key.id)}
+
+
+@blp.route("")
+@require("operator")
+@blp.response(200, KeySchema(many=True))
+def list_keys() -> list[dict[str, Any]]:
+    """Every key's public record; tokens are never stored, so never shown."""
+    return [k.public() for k in apikeys.list_all(current_app.extensions["redis"])]
+
+
+@blp.route("/<key_id>", methods=["DELETE"])
+@require("operator")
+@blp.response(204)
+def revoke(key_id: str) -> None:
+    """Revoke a key; the next request with it gets 401."""
+    if not apikeys.revoke(current_app.extensions["redis"], key_id):
+        raise APIError(404, "no such key", code="not_found")

@@ -1,0 +1,382 @@
+"""A small typed client for the privrelease HTTP API (v1), used by the CLI and by services.
+
+Every method maps to one endpoint and returns the parsed JSON. Calls are retried only
+where that is safe: on connection errors, 502/503/504 and 429 (after ``Retry-After``),
+never on other 4xx, and every POST carries one ``Idempotency-Key`` for all its attempts
+so the server can answer a retry with the first result instead of acting twice. A dataset
+upload, which the server does not deduplicate, is only retried when it cannot have
+arrived (see ``Client.request``'s ``resend``).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote
+
+import requests
+import urllib3.exceptions
+
+__all__ = ["ApiError", "Client", "ConnectionFailed"]
+
+#: statuses worth another attempt: rate limited, overloaded, or a proxy lost the upstream
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: statuses that say the call was not acted on (rate limited; our API's 503)
+_NOT_ACTED = frozenset({429, 503})
+#: after a read timeout the server may still be acting on the call: repeat only reads
+_SAFE = frozenset({"GET", "HEAD"})
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+_FALLBACK_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden",
+                   404: "not_found", 405: "method_not_allowed", 409: "conflict",
+                   413: "payload_too_large", 415: "unsupported_media_type",
+                   422: "validation_error", 429: "rate_limited", 500: "internal_error",
+                   502: "bad_gateway", 503: "unavailable", 504: "gateway_timeout"}
+
+Json = Any
+FileArg = str | os.PathLike[str] | bytes | IO[bytes]
+
+
+class ApiError(Exception):
+    """An error answer of the API, built from its problem+json document.
+
+    ``code`` is the server's stable name (``budget_exhausted``, ``not_found``, ...) so
+    callers branch on it rather than on the human ``detail``; ``body`` keeps the whole
+    document for extra fields such as ``remaining``.
+    """
+
+    def __init__(self, status: int, code: str, detail: str, field: str | None = None,
+                 body: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {code}: {detail}" + (f" (field: {field})" if field else ""))
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.field = field
+        self.body: dict[str, Any] = dict(body or {})
+
+    @classmethod
+    def from_response(cls, resp: requests.Response) -> ApiError:
+        """Read a problem document; fall back to the status for proxies' HTML pages."""
+        body: Any = None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        fallback = _FALLBACK_CODES.get(resp.status_code, f"http_{resp.status_code}")
+        if not isinstance(body, dict):
+            text = " ".join(resp.text.split())[:200] or resp.reason or "no detail"
+            return cls(resp.status_code, fallback, text, None, {})
+        field = body.get("field")
+        return cls(resp.status_code, str(body.get("code") or fallback),
+                   str(body.get("detail") or body.get("title") or resp.reason or ""),
+                   str(field) if field is not None else None, body)
+
+
+class ConnectionFailed(ApiError):
+    """The server could not be reached (after retries); status 0 as no answer came."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(0, "connection_error", detail)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _never_sent(err: requests.ConnectionError) -> bool:
+    """True when the connection was never made, so the server cannot have seen the call."""
+    if isinstance(err, requests.ConnectTimeout):
+        return True
+    reason = getattr(err.args[0], "reason", None) if err.args else None
+    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)  # incl. refused
+
+
+def _seg(value: str) -> str:
+    """One path segment: an id can never reach another endpoint (``../keys``)."""
+    return quote(str(value), safe="")
+
+
+class Client:
+    """The privrelease API for one server and one key.
+
+    ``retries`` is the number of extra attempts after the first; waits grow as
+    ``backoff * 2**n`` (with jitter, at most ``max_backoff``) or follow ``Retry-After``
+    up to ``max_retry_after`` seconds; a longer ``Retry-After`` is raised at once
+    rather than blocking the caller for minutes.
+    """
+
+    def __init__(self, url: str, key: str, *, timeout: float = 30.0, retries: int = 3,
+                 session: requests.Session | None = None, backoff: float = 0.5,
+                 max_backoff: float = 8.0, max_retry_after: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self._key = key
+        self.timeout = timeout
+        self.retries = max(retries, 0)
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_retry_after = max_retry_after
+        self._own_session = session is None
+        self.session = session or requests.Session()
+
+    def __repr__(self) -> str:  # never the key
+        return f"Client({self.url!r})"
+
+    def close(self) -> None:
+        if self._own_session:
+            self.session.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport -------------------------------------------------------------------
+
+    def _delay(self, attempt: int) -> float:
+        """Exponential backoff with "equal jitter": spreads retrying clients apart."""
+        step: float = min(self.max_backoff, self.backoff * 2**attempt)
+        return step / 2 + random.uniform(0, step / 2)
+
+    def request(self, method: str, path: str, *, json_body: Json = None,
+                params: Mapping[str, Any] | None = None,
+                files: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
+                idempotency_key: str | None = None, resend: bool = True,
+                raw: bool = False) -> Any:
+        """Send one API call with retries; the parsed JSON (None for 204, text if ``raw``).
+
+        ``resend=False`` is for POSTs the server does not deduplicate and whose repetition
+        would do harm (a second copy of a dataset gets a second budget): they are retried
+        only when the server cannot have acted (no connection, 429, 503), never after a
+        lost answer or a proxy's 502/504.
+        """
+        method = method.upper()
+        headers = {"Authorization": f"Bearer {self._key}", "Accept": "application/json",
+                   "User-Agent": "privrelease-client/1"}
+        if method == "POST":
+            headers["Idempotency-Key"] = idempotency_key or str(uuid.uuid4())
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        attempt = 0
+        while True:
+            wait: float | None = None  # None: give up and raise
+            try:
+                resp = self.session.request(
+                    method, self.url + path, headers=headers, json=json_body, params=query,
+                    files=files, data=data, timeout=self.timeout, allow_redirects=False)
+            except requests.ConnectionError as err:  # includes ConnectTimeout
+                if attempt < self.retries and (resend or _never_sent(err)):
+                    wait = self._delay(attempt)
+                if wait is None:
+                    raise ConnectionFailed(
+                        f"cannot reach {self.url}: {type(err).__name__}") from err
+            except requests.Timeout as err:  # a read timeout: the call may be under way
+                if attempt < self.retries and method in _SAFE:
+                    wait = self._delay(attempt)
+                if wait is None:
+                    raise ConnectionFailed(
+                        f"no answer from {self.url} within {self.timeout:g} s") from err
+            else:
+                status = resp.status_code
+                if 200 <= status < 300:
+                    if status == 204 or not resp.content:
+                        return None
+                    if raw:
+                        return resp.text
+                    try:
+                        return resp.json()
+                    except ValueError:  # e.g. a captive portal's HTML page
+                        raise ApiError(status, "invalid_response", "the answer is not JSON",
+                                       None, {}) from None
+                after = _retry_after(resp.headers.get("Retry-After"))
+                if (status in RETRY_STATUSES and attempt < self.retries
+                        and (resend or status in _NOT_ACTED)
+                        and (after is None or after <= self.max_retry_after)):
+                    wait = max(self._delay(attempt), after or 0.0)
+                if wait is None:
+                    raise ApiError.from_response(resp)
+            time.sleep(wait)
+            attempt += 1
+
+    def _get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params=params)
+
+    # -- datasets --------------------------------------------------------------------
+
+    def upload_dataset(self, file: FileArg, metadata: str | Mapping[str, Any],
+                       *, filename: str | None = None) -> dict[str, Any]:
+        """Register a CSV (path, bytes or binary file) with its metadata (JSON text or dict).
+
+        Metadata text is sent verbatim so the server, not json.loads here, judges it
+        (it refuses duplicate keys, which a dict would silently merge).
+        """
+        if isinstance(file, bytes):
+            content, name = file, filename or "data.csv"
+        elif isinstance(file, str | os.PathLike):
+            path = Path(file)
+            content, name = path.read_bytes(), filename or path.name
+        else:
+            content = file.read()  # bytes kept so every retry resends the whole body
+            name = filename or Path(getattr(file, "name", "data.csv")).name
+        meta = metadata if isinstance(metadata, str) else json.dumps(metadata)
+        # not resent once it may have arrived: a duplicate dataset would bring its own budget
+        doc: dict[str, Any] = self.request(
+            "POST", "/v1/datasets", files={"file": (name, content, "text/csv")},
+            data={"metadata": meta}, resend=False)
+        return doc
+
+    def list_datasets(self) -> list[dict[str, Any]]:
+        docs: list[dict[str, Any]] = self._get("/v1/datasets")
+        return docs
+
+    def get_dataset(self, dataset_id: str) -> dict[str, Any]:
+        doc: dict[str, Any] = self._get(f"/v1/datasets/{_seg(dataset_id)}")
+        return doc
+
+    def retire_dataset(self, dataset_id: str) -> dict[str, Any]:
+        """DELETE: the dataset is retired (kept for audit, no new releases)."""
+        doc: dict[str, Any] = self.request("DELETE", f"/v1/datasets/{_seg(dataset_id)}")
+        return doc
+
+    def get_budget(self, dataset_id: str) -> dict[str, Any]:
+        doc: dict[str, Any] = self._get(f"/v1/datasets/{_seg(dataset_id)}/budget")
+        return doc
+
+    def set_budget(self, dataset_id: str, *, caps: Mapping[str, float] | None = None,
+                   allocations: Mapping[str, Mapping[str, float]] | None = None
+                   ) -> dict[str, Any]:
+        """PATCH caps and/or per-key allocations; 409 ``cap_below_spent`` if too low."""
+        body: dict[str, Any] = {}
+        if caps is not None:
+            body["caps"] = dict(caps)
+        if allocations is not None:
+            body["allocations"] = {k: dict(v) for k, v in allocations.items()}
+        doc: dict[str, Any] = self.request(
+            "PATCH", f"/v1/datasets/{_seg(dataset_id)}/budget", json_body=body)
+        return doc
+
+    def ledger(self, dataset_id: str, *, kind: str | None = None, since: str | None = None,
+               until: str | None = None, jsonl: bool = False) -> Any:
+        """Audit events; with ``jsonl`` the server streams lines, parsed here into a list."""
+        path = f"/v1/datasets/{_seg(dataset_id)}/ledger"
+        if not jsonl:
+            return self._get(path, kind=kind, since=since, until=until)
+        text: str = self.request("GET", path, raw=True, params={
+            "kind": kind, "since": since, "until": until, "format": "jsonl"}) or ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    # -- keys ------------------------------------------------------------------------
+
+    def create_key(self, role: str, *, label: str | None = None,
+                   datasets: Sequence[str] | None = None,
+                   expires_at: str | None = None) -> dict[str, Any]:
+        """A new key; the answer's ``token`` is the only time the secret is shown."""
+        body: dict[str, Any] = {"role": role}
+        if label is not None:
+            body["label"] = label
+        if datasets is not None:
+            body["datasets"] = list(datasets)
+        if expires_at is not None:
+            body["expires_at"] = expires_at
+        doc: dict[str, Any] = self.request("POST", "/v1/keys", json_body=body)
+        return doc
+
+    def list_keys(self) -> list[dict[str, Any]]:
+        docs: list[dict[str, Any]] = self._get("/v1/keys")
+        return docs
+
+    def revoke_key(self, key_id: str) -> None:
+        self.request("DELETE", f"/v1/keys/{_seg(key_id)}")
+
+    # -- releases --------------------------------------------------------------------
+
+    @staticmethod
+    def _release_body(dataset_id: str, mechanism: str, params: Mapping[str, Any] | None,
+                      budget: Mapping[str, float]) -> dict[str, Any]:
+        return {"dataset_id": dataset_id, "mechanism": mechanism,
+                "params": dict(params or {}), "budget": dict(budget)}
+
+    def create_release(self, dataset_id: str, mechanism: str, params: Mapping[str, Any] | None,
+                       budget: Mapping[str, float], *,
+                       idempotency_key: str | None = None) -> dict[str, Any]:
+        """Reserve and enqueue; an identical earlier request comes back ``replayed``.
+
+        Pass your own ``idempotency_key`` to make a retry across process restarts safe.
+        """
+        doc: dict[str, Any] = self.request(
+            "POST", "/v1/releases", json_body=self._release_body(
+                dataset_id, mechanism, params, budget), idempotency_key=idempotency_key)
+        return doc
+
+    def estimate_release(self, dataset_id: str, mechanism: str,
+                         params: Mapping[str, Any] | None,
+                         budget: Mapping[str, float]) -> dict[str, Any]:
+        """Cost, expected accuracy and remaining budget; spends nothing."""
+        doc: dict[str, Any] = self.request(
+            "POST", "/v1/releases/estimate",
+            json_body=self._release_body(dataset_id, mechanism, params, budget))
+        return doc
+
+    def list_releases(self, *, dataset_id: str | None = None,
+                      limit: int | None = None) -> list[dict[str, Any]]:
+        docs: list[dict[str, Any]] = self._get(
+            "/v1/releases", dataset_id=dataset_id, limit=limit)
+        return docs
+
+    def get_release(self, release_id: str) -> dict[str, Any]:
+        doc: dict[str, Any] = self._get(f"/v1/releases/{_seg(release_id)}")
+        return doc
+
+    def wait(self, release_id: str, timeout: float, poll: float = 0.2,
+             on_poll: Callable[[dict[str, Any], float], None] | None = None
+             ) -> dict[str, Any]:
+        """Poll until the release is succeeded, failed or cancelled; its last document.
+
+        ``on_poll(doc, elapsed_seconds)`` sees every poll (progress display). Raises
+        ``TimeoutError`` after ``timeout`` seconds; the release goes on regardless.
+        """
+        start = time.monotonic()
+        while True:
+            doc = self.get_release(release_id)
+            elapsed = time.monotonic() - start
+            if on_poll is not None:
+                on_poll(doc, elapsed)
+            if doc.get("status") in TERMINAL:
+                return doc
+            if elapsed + poll > timeout:
+                raise TimeoutError(
+                    f"release {release_id} still {doc.get('status')} after {timeout:g} s")
+            time.sleep(poll)
+
+    # -- jobs and catalog ------------------------------------------------------------
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        docs: list[dict[str, Any]] = self._get("/v1/jobs")
+        return docs
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued job (its reservation is refunded); 409 ``job_running``."""
+        doc: dict[str, Any] = self.request("POST", f"/v1/jobs/{_seg(job_id)}/cancel")
+        return doc
+
+    def mechanisms(self) -> list[dict[str, Any]]:
+        docs: list[dict[str, Any]] = self._get("/v1/mechanisms")
+        return docs

@@ -1,0 +1,81 @@
+"""Per-API-key rate limiting with flask-limiter, counted in the service's Redis.
+
+One shared budget of requests per key across all endpoints (an application
+limit), so every API process and host counts against the same window. The
+key is the SHA-256 digest of the bearer token (the same digest the key is
+stored under, never the token); requests without a token are counted per
+remote address. A refused request is a 429 problem document (via the
+problem handlers, as for any HTTPException) with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, Response, request
+from flask_limiter import ApplicationLimit, Limiter
+from limits import parse_many
+
+from service import apikeys
+from service.config import ENV_PREFIX, Config
+
+#: probes, scrapes and docs are never limited (load balancers, Prometheus, browsers)
+EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"})
+#: rate limit counters live under the service's key prefix
+KEY_PREFIX = "pr:ratelimit"
+
+
+def client_key() -> str:
+    """Who a request counts against: its bearer token's digest, else its address.
+
+    Parsed exactly as ``service.auth`` does, so both agree on what the token is.
+    """
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return "key:" + apikeys.digest(token.strip())
+    return "addr:" + (request.remote_addr or "unknown")
+
+
+def _exempt() -> bool:
+    return request.path in EXEMPT_PATHS
+
+
+def _storage_uri(redis_url: str) -> str:
+    """limits spells a Unix socket ``redis+unix://``; redis-py spells it ``unix://``."""
+    return "redis+" + redis_url if redis_url.startswith("unix://") else redis_url
+
+
+def _at_least_one_second(response: Response) -> Response:
+    """flask-limiter truncates the seconds left to an int, which can be 0 in the
+    window's last second; "retry after 0 s" would invite an immediate retry."""
+    if response.status_code == 429 and response.headers.get("Retry-After") == "0":
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def init_app(app: Flask) -> Limiter | None:
+    """Limit every request per key to ``config.rate_limit``; None when it is off."""
+    config: Config = app.config["PRIVRELEASE"]
+    if not config.rate_limit:
+        return None
+    try:
+        parse_many(config.rate_limit)
+    except ValueError as err:
+        raise SystemExit(f"{ENV_PREFIX}RATE_LIMIT: {err}") from None
+    # registered before the limiter's own after_request, so it runs after it
+    app.after_request(_at_least_one_second)
+    def message() -> str:
+        breached = limiter.current_limit
+        return f"rate limit exceeded: {breached.limit if breached else config.rate_limit}"
+
+    limiter = Limiter(
+        client_key,
+        application_limits=[ApplicationLimit(limit_provider=config.rate_limit,
+                                             error_message=message)],
+        storage_uri=_storage_uri(config.require_redis_url()),
+        storage_options={"key_prefix": KEY_PREFIX},
+        strategy="fixed-window",
+        headers_enabled=True,
+        swallow_errors=True,  # Redis trouble is reported by /readyz, not by the limiter
+    )
+    limiter.request_filter(_exempt)
+    limiter.init_app(app)
+    return limiter

@@ -1,0 +1,244 @@
+"""End to end: the `privrelease` client subcommands against a live `privrelease standalone`.
+
+The CLI runs as a subprocess through its real entry point (``python -m service.cli``),
+configured by PRIVRELEASE_URL/PRIVRELEASE_KEY like a user's shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.client import ApiError, Client
+from tests.conftest import ROOT
+from tests.e2e.harness import TOKEN, Service
+
+META = {"name": "cli-people", "budgets": {"epsilon": 2, "delta": 1e-6},
+        "columns": {"x": {"type": "continuous", "bounds": [0, 1]},
+                    "g": {"type": "categorical", "categories": ["u", "v"]}}}
+CSV = "x,g\n" + "".join(f"{(i % 10) / 10},{'uv'[i % 2]}\n" for i in range(100))
+MEAN_X = '{"statistic": "mean", "column": "x"}'
+COUNT_X = '{"statistic": "count", "condition": {"column": "x", "op": "ge", "value": 0.5}}'
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = Service(tmp_path_factory.mktemp("cli"))
+    svc.start()
+    yield svc
+    if svc.proc and svc.proc.poll() is None:
+        svc.stop()
+
+
+def env_for(service: Service, key: str | None = TOKEN) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
+    env["PRIVRELEASE_URL"] = service.url
+    if key is not None:
+        env["PRIVRELEASE_KEY"] = key
+    return env
+
+
+def cli(service: Service, *args: str, key: str | None = TOKEN,
+        ok: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `privrelease ARGS`; by default assert it succeeded. Never shows the operator key."""
+    proc = subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=ROOT,
+                          env=env_for(service, key), capture_output=True, text=True, timeout=60)
+    assert TOKEN not in proc.stdout + proc.stderr
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def cli_json(service: Service, *args: str) -> Any:
+    return json.loads(cli(service, *args, "--json").stdout)
+
+
+def field(text: str, name: str) -> str:
+    """A ``name: value`` line of human output."""
+    match = re.search(rf"^{re.escape(name)}:\s+(.*)$", text, re.MULTILINE)
+    assert match, text
+    return match.group(1).strip()
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "people.csv").write_text(CSV)
+    (tmp_path / "meta.json").write_text(json.dumps(META))
+    return tmp_path / "people.csv", tmp_path / "meta.json"
+
+
+@pytest.fixture()
+def dataset(service: Service) -> str:
+    return service.upload({"epsilon": 2, "delta": 1e-6})
+
+
+def test_datasets_upload_list_show(service: Service, files: tuple[Path, Path]) -> None:
+    csv, meta = files
+    out = cli(service, "datasets", "upload", str(csv), "--metadata", str(meta)).stdout
+    ds = field(out, "id")
+    assert field(out, "rows") == "100" and field(out, "status") == "active"
+    assert re.search(r"^x\s+continuous\s+\[0, 1\]$", out, re.MULTILINE), out
+
+    listed = cli_json(service, "datasets", "list")
+    assert [d["n_rows"] for d in listed if d["id"] == ds] == [100]
+    assert ds in cli(service, "datasets", "list").stdout
+
+    doc = cli_json(service, "datasets", "upload", str(csv), "--metadata-json",
+                   json.dumps({**META, "name": "cli-inline"}))
+    assert doc["name"] == "cli-inline" and doc["id"] != ds
+    shown = cli(service, "datasets", "show", ds).stdout
+    assert field(shown, "name") == "cli-people"
+    assert re.search(r"^g\s+categorical\s+u, v$", shown, re.MULTILINE), shown
+
+
+def test_release_create_wait_then_show(service: Service, dataset: str) -> None:
+    proc = cli(service, "release", "create", "--dataset", dataset, "--mechanism", "laplace",
+               "--params", MEAN_X, "--budget", "epsilon=0.5", "--wait", "--timeout", "30")
+    assert proc.stderr == ""  # no progress output when stderr is not a terminal
+    rid = field(proc.stdout, "id")
+    assert field(proc.stdout, "status") == "succeeded"
+    assert field(proc.stdout, "cost") == "epsilon=0.5"
+    value = float(field(proc.stdout, "result.value"))
+
+    doc = cli_json(service, "release", "show", rid)
+    assert doc["status"] == "succeeded" and doc["result"]["value"] == value
+    assert doc["cost"] == {"epsilon": 0.5} and doc["dataset_id"] == dataset
+    assert field(cli(service, "release", "show", rid).stdout, "status") == "succeeded"
+    listed = cli(service, "release", "list", "--dataset", dataset).stdout
+    assert re.search(rf"^{rid}\s+{dataset}\s+laplace\s+succeeded\s+epsilon=0.5", listed,
+                     re.MULTILINE), listed
+
+
+def test_release_without_wait_and_replay(service: Service, dataset: str) -> None:
+    args = ("release", "create", "--dataset", dataset, "--mechanism", "geometric",
+            "--params", COUNT_X, "--budget", "epsilon=0.25")
+    first = cli_json(service, *args)
+    assert first["status"] in {"queued", "running", "succeeded"}
+    service.wait(first["id"])
+    again = cli_json(service, *args)  # an identical request spends nothing
+    assert again["id"] == first["id"] and again["replayed"] is True
+
+
+def test_wait_shows_progress_on_a_terminal(service: Service, dataset: str) -> None:
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "service.cli", "release", "create", "--dataset", dataset,
+             "--mechanism", "laplace", "--params", MEAN_X, "--budget", "epsilon=0.1",
+             "--wait"], cwd=ROOT, env=env_for(service), stdout=subprocess.PIPE,
+            stderr=slave, text=True, timeout=60)
+        os.close(slave)
+        tty = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            tty += chunk
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    rid = field(proc.stdout, "id")
+    text = tty.decode()
+    assert re.search(rf"\r[|/\\-] {rid} (queued|running|succeeded)\s+\d+\.\d+s", text), text
+    assert text.endswith("\r\x1b[K")  # the line is cleared before the result is printed
+
+
+def test_budget_show_and_set(service: Service, dataset: str) -> None:
+    rid = service.call("POST", "/v1/releases", json={
+        "dataset_id": dataset, "mechanism": "laplace", "params": json.loads(MEAN_X),
+        "budget": {"epsilon": 0.5}}).json()["id"]
+    service.wait(rid)
+    out = cli(service, "budget", "show", dataset).stdout
+    assert re.search(r"^MEASURE\s+CAP\s+COMMITTED\s+RESERVED\s+REMAINING$", out, re.MULTILINE)
+    assert re.search(r"^epsilon\s+2\s+0\.5\s+0\s+1\.5$", out, re.MULTILINE), out
+    assert re.search(r"^delta\s+1e-06\s+0\s+0\s+1e-06$", out, re.MULTILINE), out
+
+    analyst = cli_json(service, "keys", "create", "--role", "analyst", "--dataset", dataset)
+    doc = cli_json(service, "budget", "set", dataset, "--cap", "epsilon=3",
+                   "--allocation", f"{analyst['id']}:epsilon=1")
+    assert doc["measures"]["epsilon"]["cap"] == 3
+    assert doc["allocations"][analyst["id"]]["epsilon"]["cap"] == 1
+    assert re.search(rf"^{analyst['id']}\s+epsilon\s+1\s", cli(
+        service, "budget", "show", dataset).stdout, re.MULTILINE)
+
+    low = cli(service, "budget", "set", dataset, "--cap", "epsilon=0.1", ok=False)
+    assert low.returncode == 1 and low.stderr.startswith("error: cap_below_spent: ")
+    assert cli_json(service, "budget", "show", dataset)["measures"]["epsilon"]["cap"] == 3
+
+
+def test_keys_create_list_revoke(service: Service, dataset: str) -> None:
+    created = cli_json(service, "keys", "create", "--role", "analyst", "--label", "cli-test",
+                       "--dataset", dataset)
+    token, key_id = created["token"], created["id"]
+    assert created["role"] == "analyst" and created["datasets"] == [dataset]
+    human = cli(service, "keys", "create", "--role", "consumer", "--label", "cli-human",
+                "--expires", "2999-01-01T00:00:00Z").stdout
+    other = field(human, "token")
+    assert other.startswith("pr_") and human.count(other) == 1
+    assert field(human, "expires").startswith("2999-01-01")
+
+    listing = cli(service, "keys", "list").stdout
+    assert re.search(rf"^{key_id}\s+analyst\s+cli-test\s+{dataset}\s+never\s", listing,
+                     re.MULTILINE), listing
+    assert token not in listing and other not in listing
+    as_json = cli(service, "keys", "list", "--json").stdout
+    assert key_id in as_json and token not in as_json and other not in as_json
+
+    with Client(service.url, token, retries=0) as analyst:
+        assert [d["id"] for d in analyst.list_datasets()] == [dataset]
+        assert cli(service, "keys", "revoke", key_id).stdout.strip() == f"revoked {key_id}"
+        with pytest.raises(ApiError) as info:
+            analyst.list_datasets()
+    assert info.value.status == 401 and info.value.code == "unauthorized"
+    assert key_id not in cli(service, "keys", "list").stdout
+
+
+def test_jobs_list_and_cancel(service: Service, dataset: str) -> None:
+    rid = cli_json(service, "release", "create", "--dataset", dataset, "--mechanism",
+                   "laplace", "--params", MEAN_X, "--budget", "epsilon=0.3")["id"]
+    jobs = cli_json(service, "jobs", "list")
+    assert isinstance(jobs, list)
+    assert all({"id", "dataset_id", "mechanism", "status", "age_seconds"} <= set(j)
+               for j in jobs)
+    out = cli(service, "jobs", "list").stdout
+    assert out.startswith("ID") or out.strip() == "no jobs"
+    service.wait(rid)
+    finished = cli(service, "jobs", "cancel", rid, ok=False)  # too late: it already ran
+    assert finished.returncode == 1 and finished.stderr.startswith("error: job_")
+    missing = cli(service, "jobs", "cancel", "rel_nope", ok=False)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: not_found: ")
+
+
+def test_errors_and_usage(service: Service, dataset: str) -> None:
+    no_key = cli(service, "datasets", "list", key=None, ok=False)
+    assert no_key.returncode == 2 and "PRIVRELEASE_KEY" in no_key.stderr
+    assert no_key.stdout == ""
+    wrong = cli(service, "datasets", "list", key="pr_wrong_key_0000000000", ok=False)
+    assert wrong.returncode == 1 and wrong.stderr.startswith("error: unauthorized: ")
+    assert "pr_wrong_key" not in wrong.stderr
+    flag = cli(service, "datasets", "list", "--key", "pr_wrong_key_0000000000",
+               key=TOKEN, ok=False)  # the flag wins over the environment
+    assert flag.returncode == 1 and "unauthorized" in flag.stderr
+
+    bad = cli(service, "release", "create", "--dataset", dataset, "--mechanism", "laplace",
+              "--params", '{"statistic": "mean", "column": "nope"}', "--budget",
+              "epsilon=0.5", ok=False)
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert re.fullmatch(r"error: validation_error: .+ \(field: params\.column\)\n", bad.stderr)
+    usage = cli(service, "release", "create", "--dataset", dataset, "--mechanism", "laplace",
+                "--budget", "epsilon=lots", ok=False)
+    assert usage.returncode == 2 and "expected MEASURE=NUMBER" in usage.stderr
+    missing = cli(service, "datasets", "show", "ds_nope", ok=False)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: not_found: ")

@@ -1,0 +1,191 @@
+"""Budget administration, allocations, the audit log and signed notifications."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, ClassVar
+
+import redis
+from flask import Flask
+
+from service import apikeys
+from service.ledger import Ledger
+from tests.integration.conftest import Api
+
+
+def _body(ds: str, value: float, eps: float = 0.1) -> dict[str, Any]:
+    return {"dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": eps},
+            "params": {"statistic": "count",
+                       "condition": {"column": "age", "op": "ge", "value": value}}}
+
+
+def test_caps_raise_lower_and_never_below_spent(api: Api, dataset: dict[str, Any],
+                                                worker: Any) -> None:
+    ds = dataset["id"]
+    rid = api.post("/v1/releases", _body(ds, 30, eps=2)).get_json()["id"]
+    api.wait(rid)
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget", json={"caps": {"epsilon": 1.5}},
+                            headers=api._h())
+    assert resp.status_code == 409 and resp.get_json()["code"] == "cap_below_spent"
+    assert resp.get_json()["held"] == 2.0
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget", json={"caps": {"epsilon": 2}},
+                            headers=api._h())
+    assert resp.status_code == 200
+    assert resp.get_json()["measures"]["epsilon"]["remaining"] == 0.0
+    assert api.post("/v1/releases", _body(ds, 31)).status_code == 409
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget", json={"caps": {"epsilon": 7}},
+                            headers=api._h())
+    assert resp.get_json()["measures"]["epsilon"] == {"cap": 7.0, "committed": 2.0,
+                                                      "reserved": 0.0, "remaining": 5.0}
+    bad = api.client.patch(f"/v1/datasets/{ds}/budget", json={"caps": {"rho": 1}},
+                           headers=api._h())
+    assert bad.status_code == 422 and bad.get_json()["field"] == "caps.rho"
+    caps = [e for e in api.get(f"/v1/datasets/{ds}/ledger?kind=cap").get_json()]
+    assert [e["amounts"].get("epsilon") for e in caps] == [5.0, 2.0, 7.0]
+
+
+def test_allocations_are_enforced_and_shown(app: Flask, api: Api, dataset: dict[str, Any],
+                                            worker: Any) -> None:
+    ds, r = dataset["id"], app.extensions["redis"]
+    key, token = apikeys.create(r, "analyst", datasets=(ds,))
+    consumer, _ = apikeys.create(r, "consumer")
+    patch = {"allocations": {key.id: {"epsilon": 0.3}}}
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget", json=patch, headers=api._h())
+    assert resp.status_code == 200
+    assert resp.get_json()["allocations"][key.id]["epsilon"]["cap"] == 0.3
+    too_big = {"allocations": {key.id: {"epsilon": 6}}}
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget", json=too_big, headers=api._h())
+    assert resp.status_code == 409 and resp.get_json()["code"] == "allocation_above_cap"
+    not_analyst = {"allocations": {consumer.id: {"epsilon": 1}}}
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget", json=not_analyst, headers=api._h())
+    assert resp.status_code == 422
+
+    analyst = Api(api.client, token)
+    statuses = [analyst.post("/v1/releases", _body(ds, v)).status_code for v in range(5)]
+    assert statuses == [202, 202, 202, 409, 409]
+    refused = analyst.post("/v1/releases", _body(ds, 9)).get_json()
+    assert refused["scope"] == "allocation" and refused["remaining"] == 0.0
+    # the operator (no allocation) still has the rest of the dataset's cap
+    assert api.post("/v1/releases", _body(ds, 10)).status_code == 202
+    view = analyst.get(f"/v1/datasets/{ds}/budget").get_json()
+    assert set(view["allocations"]) == {key.id}
+    assert view["allocations"][key.id]["epsilon"]["committed"] \
+        + view["allocations"][key.id]["epsilon"]["reserved"] == 0.3
+
+
+def test_racing_analysts_respect_allocations_and_cap(r: redis.Redis, redis_url: str) -> None:
+    """Two analysts, allocations 2 and 2 inside a cap of 3: never more than either."""
+    ds = "ds_race_alloc"
+    ledger = Ledger(r)
+    ledger.open(ds, {"epsilon": 30}, "op")
+    ledger.set_caps(ds, {"epsilon": 20}, "op", key_id="key_a")
+    ledger.set_caps(ds, {"epsilon": 20}, "op", key_id="key_b")
+
+    def one(i: int) -> tuple[str, str]:
+        actor = "key_a" if i % 2 else "key_b"
+        own = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
+        res = own.reserve(ds, f"rel_race_{i}", {"epsilon": 1}, actor=actor,
+                          fingerprint=f"race-{i}", request_json="{}")
+        if res.outcome == "reserved" and i % 3 == 0:
+            own.commit(ds, f"rel_race_{i}", "{}", "w")
+        return actor, res.outcome
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(200)))
+    won = {a: sum(1 for x, o in results if x == a and o == "reserved") for a in ("key_a",
+                                                                                 "key_b")}
+    assert sum(won.values()) == 30 and max(won.values()) <= 20
+    rows, allocs = ledger.budget(ds)
+    assert rows["epsilon"]["committed"] + rows["epsilon"]["reserved"] == 30
+    for actor, count in won.items():
+        assert allocs[actor]["epsilon"]["committed"] + allocs[actor]["epsilon"]["reserved"] \
+            == count
+
+
+def test_audit_log_is_complete_after_a_mixed_workload(api: Api, dataset: dict[str, Any],
+                                                      worker: Any) -> None:
+    ds = dataset["id"]
+    ids = [api.post("/v1/releases", _body(ds, v, eps=0.25)).get_json()["id"] for v in range(6)]
+    for rid in ids:
+        api.wait(rid)
+    assert api.post("/v1/releases", _body(ds, 0, eps=0.25)).status_code == 200  # replay
+    assert api.post("/v1/releases", _body(ds, 50, eps=9)).status_code == 409
+    events = api.get(f"/v1/datasets/{ds}/ledger").get_json()
+    commits = [e for e in events if e["kind"] == "commit"]
+    assert sorted(e["release_id"] for e in commits) == sorted(ids)
+    committed = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+    units = sum(e["units"]["epsilon"] for e in commits)
+    assert units == 6 * 250_000_000 and committed["committed"] == 1.5
+    lines = api.get(f"/v1/datasets/{ds}/ledger?format=jsonl&kind=commit,reserve")
+    assert lines.mimetype == "application/x-ndjson"
+    parsed = [json.loads(line) for line in lines.get_data(as_text=True).splitlines()]
+    assert [e["kind"] for e in parsed].count("commit") == 6 and len(parsed) == 12
+    assert all(e["actor"] for e in parsed)
+    since = api.get(f"/v1/datasets/{ds}/ledger?since=2999-01-01T00:00:00Z").get_json()
+    assert since == []
+
+
+def test_retired_dataset_refuses_releases_keeps_reads(api: Api, dataset: dict[str, Any],
+                                                      worker: Any) -> None:
+    ds = dataset["id"]
+    rid = api.post("/v1/releases", _body(ds, 30)).get_json()["id"]
+    api.wait(rid)
+    assert api.client.delete(f"/v1/datasets/{ds}", headers=api._h()).get_json()["status"] \
+        == "retired"
+    resp = api.post("/v1/releases", _body(ds, 31))
+    assert resp.status_code == 409 and resp.get_json()["code"] == "dataset_retired"
+    assert api.get(f"/v1/releases/{rid}").get_json()["status"] == "succeeded"
+    assert api.get(f"/v1/datasets/{ds}/ledger").get_json()[-1]["kind"] == "retire"
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: ClassVar[list[tuple[dict[str, str], bytes]]] = []
+    failures_left: ClassVar[int] = 1
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if _Receiver.failures_left > 0:  # the first delivery fails: it must be retried
+            _Receiver.failures_left -= 1
+            self.send_response(503)
+        else:
+            _Receiver.received.append((dict(self.headers), body))
+            self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_callback_is_signed_retried_and_allow_listed(app: Flask, api: Api,
+                                                     dataset: dict[str, Any],
+                                                     worker: Any) -> None:
+    server = HTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = app.extensions["redis"]
+        key, token = apikeys.create(r, "analyst")
+        secret = apikeys.callback_secret(r, key.id)
+        assert secret
+        body = {**_body(dataset["id"], 30),
+                "callback_url": f"http://127.0.0.1:{server.server_port}/hook"}
+        rid = Api(api.client, token).post("/v1/releases", body).get_json()["id"]
+        api.wait(rid)
+        deadline = time.monotonic() + 30
+        while not _Receiver.received and time.monotonic() < deadline:
+            time.sleep(0.1)
+        headers, payload = _Receiver.received[0]
+        expected = "sha256=" + hmac.new(secret.encode(), payload, hashlib.sha256).hexdigest()
+        assert headers["X-Privrelease-Signature"] == expected
+        assert json.loads(payload)["id"] == rid and json.loads(payload)["status"] == "succeeded"
+    finally:
+        server.shutdown()
+    for url in ("http://10.0.0.1/hook", "http://localhost:1/x", "ftp://127.0.0.1/x",
+                "http://user:pw@127.0.0.1/x"):
+        resp = api.post("/v1/releases", {**_body(dataset["id"], 31), "callback_url": url})
+        assert resp.status_code == 422 and resp.get_json()["field"] == "callback_url", url

@@ -1,0 +1,170 @@
+"""Jobs under fire: cancel with refund, a worker killed mid-task, the sweeper.
+
+These tests run their own slow worker (each job sleeps once running, a test-only
+fault-injection knob) against their own Valkey database, so the shared worker
+of the session never sees their jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+
+from service import apikeys, rkeys
+from service.app import create_app
+from service.ledger import Ledger
+from tests.conftest import ROOT, wait_for_worker
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from workers.sweeper import sweep
+
+LEASE = 2
+DELAY = 3.0
+
+
+@pytest.fixture(scope="module")
+def slow(redis_url: str, service_env: dict[str, str], app: Flask,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, redis.Redis, dict]]:
+    url = redis_url.rsplit("/", 1)[0] + "/3"
+    client = rkeys.connect(url)
+    client.flushdb()
+    apikeys.create(client, "operator", token=TOKEN)
+    env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY),
+           "PRIVRELEASE_LEASE_SECONDS": str(LEASE), "PRIVRELEASE_SWEEP_INTERVAL": "0.5"}
+    log = tmp_path_factory.mktemp("slow") / "worker.log"
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start() -> subprocess.Popen[bytes]:
+        client.delete(*client.keys(rkeys.WORKERS + "*") or ["-"])
+        with open(log, "ab") as fh:
+            procs["worker"] = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1"],
+                env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        wait_for_worker(client)
+        return procs["worker"]
+
+    start()
+    flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
+                                               lease_seconds=LEASE))
+    yield Api(flask_app.test_client()), client, {"start": start, "procs": procs, "log": log}
+    procs["worker"].terminate()
+    procs["worker"].wait(timeout=30)
+
+
+def _dataset(api: Api) -> str:
+    resp = api.upload(people_csv(50), PEOPLE_META)
+    assert resp.status_code == 201
+    return str(resp.get_json()["id"])
+
+
+def _release(api: Api, ds: str, value: int) -> str:
+    resp = api.post("/v1/releases", {
+        "dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": 0.5},
+        "params": {"statistic": "count",
+                   "condition": {"column": "age", "op": "ge", "value": value}}})
+    assert resp.status_code == 202, resp.get_json()
+    return str(resp.get_json()["id"])
+
+
+def _until(api: Api, rid: str, statuses: set[str], timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc: dict[str, Any] = api.get(f"/v1/releases/{rid}").get_json()
+        if doc["status"] in statuses:
+            return doc
+        time.sleep(0.05)
+    raise TimeoutError(f"{rid} never reached {statuses}")
+
+
+def _epsilon(api: Api, ds: str) -> dict[str, float]:
+    row: dict[str, float] = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"][
+        "epsilon"]
+    return row
+
+
+def test_cancel_refunds_queued_and_refuses_running(slow: Any) -> None:
+    api, _, _ = slow
+    ds = _dataset(api)
+    first, second = _release(api, ds, 30), _release(api, ds, 31)
+    _until(api, first, {"running"})
+    jobs = {j["id"]: j["status"] for j in api.get("/v1/jobs").get_json()}
+    assert jobs[first] == "running" and jobs[second] == "queued"
+    assert _epsilon(api, ds)["reserved"] == 1.0
+
+    resp = api.post(f"/v1/jobs/{first}/cancel", {})
+    assert resp.status_code == 409 and resp.get_json()["code"] == "job_running"
+    resp = api.post(f"/v1/jobs/{second}/cancel", {})
+    assert resp.status_code == 200 and resp.get_json()["status"] == "cancelled"
+    again = api.post(f"/v1/jobs/{second}/cancel", {})  # idempotent: a retried cancel
+    assert again.status_code == 200 and again.get_json()["status"] == "cancelled"
+
+    assert _until(api, first, {"succeeded"})["status"] == "succeeded"
+    time.sleep(0.5)  # the cancelled message reaches the worker, which must skip it
+    assert api.get(f"/v1/releases/{second}").get_json()["status"] == "cancelled"
+    assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.5, "reserved": 0.0,
+                                 "remaining": 4.5}
+    kinds = [e["kind"] for e in api.get(f"/v1/datasets/{ds}/ledger").get_json()]
+    assert kinds.count("commit") == 1 and kinds.count("cancel") == 1
+
+
+def _pool_child(worker: subprocess.Popen[bytes]) -> int:
+    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def test_worker_killed_mid_task_ends_once_and_balances(slow: Any) -> None:
+    api, _, ctl = slow
+    ds = _dataset(api)
+    rid = _release(api, ds, 40)
+    _until(api, rid, {"running"})
+    os.kill(_pool_child(ctl["procs"]["worker"]), signal.SIGKILL)
+    doc = _until(api, rid, {"succeeded", "failed"}, timeout=60)
+    row = _epsilon(api, ds)
+    events = api.get(f"/v1/datasets/{ds}/ledger").get_json()
+    commits = [e for e in events if e["kind"] == "commit"]
+    # the message was redelivered, waited for the dead run's lease to lapse, and re-ran;
+    # the sweeper leaves a job alone while its message exists
+    assert doc["status"] == "succeeded", doc
+    assert isinstance(doc["result"]["value"], int)
+    assert row["committed"] == 0.5 and row["reserved"] == 0.0 and len(commits) == 1
+    assert int(api.client.application.extensions["redis"].hget(
+        rkeys.release(rid), "attempts")) == 2
+
+
+def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
+    api, client, _ = slow
+    ledger = Ledger(client, lease_seconds=LEASE)
+    ds = _dataset(api)
+
+    def reserve(name: str) -> str:
+        rid = f"rel_sweep_{name}_{ds}"
+        res = ledger.reserve(ds, rid, {"epsilon": 10**8}, actor="key_t", fingerprint=rid,
+                             request_json=json.dumps({"dataset_id": ds}))
+        assert res.outcome == "reserved"
+        return rid
+
+    lost = reserve("lost")  # reserved, but its message never reached the broker
+    dead = reserve("dead")  # running, but its worker died (no lease)
+    assert ledger.mark_running(dead, "w")
+    client.delete(rkeys.lease(dead))
+    alive = reserve("alive")  # running with a live lease: left alone
+    assert ledger.mark_running(alive, "w")
+
+    assert sorted(sweep(client, ledger, min_age=0)) == sorted([lost, dead])
+    assert client.hget(rkeys.release(alive), "status") == "running"
+    assert _epsilon(api, ds)["reserved"] == 0.1 and _epsilon(api, ds)["committed"] == 0
+    assert ledger.commit(ds, alive, "{}", "w")
+    assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,
+                                 "remaining": 4.9}

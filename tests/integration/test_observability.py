@@ -1,0 +1,335 @@
+"""Request ids, JSON access logs, /metrics and per-key rate limits, against real Valkey."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+from flask.testing import FlaskClient
+from limits import parse
+from prometheus_client.parser import text_string_to_metric_families
+
+from service import apikeys, metrics_store
+from service.app import create_app
+from service.config import Config
+from service.observability import ClusterCollector
+from tests.conftest import ROOT
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+
+PROBLEM = "application/problem+json"
+
+
+def scrape(client: FlaskClient) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of /metrics as {(name, labels): value}."""
+    resp = client.get("/metrics")
+    assert resp.status_code == 200
+    assert resp.content_type.startswith("text/plain")
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(resp.get_data(as_text=True))
+            for s in family.samples}
+
+
+def sample(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+           **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def fresh_key(r: redis.Redis, role: str = "operator") -> str:
+    """A key of its own per test, so rate limit windows never leak between tests."""
+    token = f"pr_obs_{uuid.uuid4().hex}"
+    apikeys.create(r, role, "observability test", token=token)
+    return token
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+# --- request id ------------------------------------------------------------------
+
+def test_request_id_is_echoed_when_sane_and_generated_otherwise(app: Flask) -> None:
+    client = app.test_client()
+    echoed = client.get("/healthz", headers={"X-Request-ID": "edge-42.a_B"})
+    assert echoed.headers["X-Request-ID"] == "edge-42.a_B"
+
+    generated = client.get("/healthz")
+    assert re.fullmatch(r"[0-9a-f]{32}", generated.headers["X-Request-ID"])
+    assert client.get("/healthz").headers["X-Request-ID"] != generated.headers["X-Request-ID"]
+
+    for bad in ("has space", "a" * 129, "semi;colon", "tab\there", "é", ""):
+        got = client.get("/healthz", headers={"X-Request-ID": bad}).headers["X-Request-ID"]
+        assert re.fullmatch(r"[0-9a-f]{32}", got), bad
+    assert client.get("/healthz", headers={"X-Request-ID": "b" * 128}
+                      ).headers["X-Request-ID"] == "b" * 128
+
+
+def test_problem_documents_carry_the_request_id(api: Api) -> None:
+    missing = api.client.get("/v1/nowhere", headers={"X-Request-ID": "trace-404"})
+    assert missing.status_code == 404 and missing.content_type == PROBLEM
+    assert missing.headers["X-Request-ID"] == "trace-404"
+    assert missing.get_json()["request_id"] == "trace-404"
+    assert missing.get_json()["code"] == "not_found"
+
+    invalid = api.post("/v1/releases", {"mechanism": "laplace"})
+    assert invalid.status_code == 422 and invalid.content_type == PROBLEM
+    body = invalid.get_json()
+    assert body["code"] == "validation_error"
+    assert body["request_id"] == invalid.headers["X-Request-ID"]
+
+    unauthorized = api.client.get("/v1/datasets")
+    assert unauthorized.status_code == 401
+    assert unauthorized.get_json()["request_id"] == unauthorized.headers["X-Request-ID"]
+
+
+# --- logs --------------------------------------------------------------------------
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_access_log_is_json_with_route_template_and_no_secrets_or_values(
+        api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    marker = "987.654321"  # a data value that must never reach a log
+    csv = people_csv(20).replace("\n20,0.5,a\n", f"\n20,{marker},a\n")
+    assert marker in csv
+    capsys.readouterr()
+    uploaded = api.upload(csv, PEOPLE_META)
+    assert uploaded.status_code == 201
+    ds = uploaded.get_json()["id"]
+    resp = api.client.get(f"/v1/datasets/{ds}?secret=hunter2",
+                          headers={**bearer(TOKEN), "X-Request-ID": "log-check-1"})
+    assert resp.status_code == 200
+    err = capsys.readouterr().err
+
+    assert marker not in err and TOKEN not in err and "hunter2" not in err
+    assert apikeys.digest(TOKEN) not in err
+    lines = _json_lines(err)
+    access = [rec for rec in lines if rec["logger"] == "privrelease.access"]
+    assert len(access) == 2
+    upload_line, read_line = access
+    assert upload_line["route"] == "/v1/datasets" and upload_line["method"] == "POST"
+    assert upload_line["status"] == 201
+    assert read_line == {
+        **read_line,
+        "level": "INFO", "msg": "request", "request_id": "log-check-1", "method": "GET",
+        "route": "/v1/datasets/<dataset_id>", "status": 200,
+    }
+    assert ds not in json.dumps(read_line)  # the template, not the path
+    assert isinstance(read_line["duration_ms"], float) and read_line["duration_ms"] >= 0
+    key = apikeys.lookup(api.client.application.extensions["redis"], TOKEN)
+    assert key is not None and read_line["key_id"] == key.id
+    assert set(read_line) == {"ts", "level", "logger", "msg", "request_id", "method", "route",
+                              "status", "duration_ms", "key_id"}
+
+
+def test_log_records_in_a_request_carry_its_id(app: Flask,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    with app.test_request_context("/anything", headers={"X-Request-ID": "inner-7"}):
+        app.preprocess_request()
+        logging.getLogger("privrelease.test").warning("inside", extra={"release_id": "rel_x"})
+    rec = _json_lines(capsys.readouterr().err)[-1]
+    assert rec["msg"] == "inside" and rec["request_id"] == "inner-7"
+    assert rec["release_id"] == "rel_x" and rec["level"] == "WARNING"
+
+
+# --- metrics -------------------------------------------------------------------------
+
+def test_metrics_count_requests_by_route_and_status(app: Flask) -> None:
+    client = app.test_client()
+    before = scrape(client)
+    for _ in range(3):
+        assert client.get("/healthz").status_code == 200
+    client.get("/v1/datasets/ds_unknown")  # 401: no token
+    client.get("/v1/no/such/path")
+    after = scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    assert delta("privrelease_http_requests_total",
+                 method="GET", route="/healthz", status="200") == 3
+    assert delta("privrelease_http_request_duration_seconds_count",
+                 method="GET", route="/healthz", status="200") == 3
+    assert delta("privrelease_http_request_duration_seconds_bucket",
+                 method="GET", route="/healthz", status="200", le="+Inf") == 3
+    assert delta("privrelease_http_requests_total",
+                 method="GET", route="/v1/datasets/<dataset_id>", status="401") == 1
+    assert delta("privrelease_http_requests_total",
+                 method="GET", route="unmatched", status="404") == 1
+    assert sample(after, "privrelease_redis_up") == 1
+
+
+def test_metrics_report_queue_depth_and_dataset_count(app: Flask, r: redis.Redis) -> None:
+    samples = scrape(app.test_client())
+    assert ("privrelease_queue_depth", frozenset({("queue", "privrelease")})) in samples
+    assert sample(samples, "privrelease_datasets") == r.zcard("pr:datasets")
+
+    queue = f"pr:test:queue:{uuid.uuid4().hex}"
+    r.rpush(queue, "a", "b", "c")
+    try:
+        collector = ClusterCollector(r, queue, max_datasets=0)
+        families = {m.name: m for m in collector.collect()}
+        assert families["privrelease_queue_depth"].samples[0].value == 3
+        assert families["privrelease_queue_depth"].samples[0].labels == {"queue": queue}
+        assert families["privrelease_budget_remaining"].samples == []  # capped at 0
+    finally:
+        r.delete(queue)
+
+
+def test_metrics_report_exact_remaining_budget(api: Api, worker: Any) -> None:
+    resp = api.upload(people_csv(), PEOPLE_META)
+    assert resp.status_code == 201
+    ds = resp.get_json()["id"]
+    samples = scrape(api.client)
+    assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="epsilon") == 5
+    assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="delta") == 1e-5
+
+    release = api.post("/v1/releases", {"dataset_id": ds, "mechanism": "laplace",
+                                        "params": {"statistic": "mean", "column": "age"},
+                                        "budget": {"epsilon": 0.3}})
+    assert release.status_code == 202, release.get_json()
+    assert api.wait(release.get_json()["id"])["status"] == "succeeded"
+    samples = scrape(api.client)
+    assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="epsilon") == 4.7
+    assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="delta") == 1e-5
+
+
+def test_metrics_export_only_the_newest_datasets(app: Flask, r: redis.Redis) -> None:
+    newest = r.zrevrange("pr:datasets", 0, 1)
+    if len(newest) < 2:
+        pytest.skip("needs two datasets")  # pragma: no cover
+    families = {m.name: m for m in ClusterCollector(r, "privrelease", 1).collect()}
+    exported = {s.labels["dataset"] for s in families["privrelease_budget_remaining"].samples}
+    assert exported == {newest[0]}
+
+
+def test_release_counter_and_runtime_histogram_from_redis(app: Flask, r: redis.Redis) -> None:
+    mech = f"test.mech_{uuid.uuid4().hex[:8]}"
+    metrics_store.record_release(r, mech, "succeeded", 0.03)
+    metrics_store.record_release(r, mech, "succeeded", 1.7)
+    metrics_store.record_release(r, mech, "failed", 0.004)
+    metrics_store.record_release(r, mech, "succeeded", 10_000.0)
+    samples = scrape(app.test_client())
+
+    assert sample(samples, "privrelease_releases_total", mechanism=mech, outcome="succeeded") == 3
+    assert sample(samples, "privrelease_releases_total", mechanism=mech, outcome="failed") == 1
+    buckets = {le: sample(samples, "privrelease_job_seconds_bucket", mechanism=mech, le=le)
+               for le in ("0.005", "0.025", "0.05", "1.0", "2.5", "600.0", "+Inf")}
+    assert buckets == {"0.005": 1, "0.025": 1, "0.05": 2, "1.0": 2, "2.5": 3, "600.0": 3,
+                       "+Inf": 4}
+    assert sample(samples, "privrelease_job_seconds_count", mechanism=mech) == 4
+    assert sample(samples, "privrelease_job_seconds_sum", mechanism=mech) == pytest.approx(
+        10_001.734)
+
+
+def test_record_release_refuses_the_field_separator(r: redis.Redis) -> None:
+    with pytest.raises(ValueError):
+        metrics_store.record_release(r, "a|b", "succeeded", 1.0)
+
+
+def test_multiprocess_mode_sums_every_process(service_env: dict[str, str],
+                                              tmp_path: Path) -> None:
+    """Two processes (as two gunicorn workers) share a directory; either one's
+    /metrics reports the requests of both."""
+    script = (
+        "from service.app import create_app\n"
+        "c = create_app().test_client()\n"
+        "for _ in range({n}): assert c.get('/healthz').status_code == 200\n"
+        "print(c.get('/metrics').get_data(as_text=True))\n"
+    )
+    env = {**service_env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+
+    def run(n: int) -> float:
+        out = subprocess.run([sys.executable, "-c", script.format(n=n)], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        samples = {(s.name, frozenset(s.labels.items())): s.value
+                   for f in text_string_to_metric_families(out) for s in f.samples}
+        return sample(samples, "privrelease_http_requests_total",
+                      method="GET", route="/healthz", status="200")
+
+    assert run(2) == 2
+    assert run(3) == 5
+    assert any(p.name.startswith("counter_") for p in tmp_path.iterdir())
+
+
+# --- rate limits ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def limited_app(app: Flask) -> Iterator[Flask]:
+    """The same service with a tiny per-key limit."""
+    yield create_app(dataclasses.replace(app.config["PRIVRELEASE"], rate_limit="3/minute"))
+
+
+def test_rate_limit_is_per_key_and_answers_429_problem(limited_app: Flask,
+                                                       r: redis.Redis) -> None:
+    client = limited_app.test_client()
+    one, other = fresh_key(r), fresh_key(r)
+    for i in range(3):
+        ok = client.get("/v1/datasets", headers=bearer(one))
+        assert ok.status_code == 200, i
+        assert ok.headers["X-RateLimit-Limit"] == "3"
+        assert ok.headers["X-RateLimit-Remaining"] == str(2 - i)
+
+    refused = client.get("/v1/datasets", headers={**bearer(one), "X-Request-ID": "rl-1"})
+    assert refused.status_code == 429
+    assert refused.content_type == PROBLEM
+    body = refused.get_json()
+    assert body["code"] == "rate_limited" and body["status"] == 429
+    assert body["request_id"] == "rl-1" and "3 per 1 minute" in body["detail"]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert one not in json.dumps(body) and apikeys.digest(one) not in json.dumps(body)
+    # every endpoint shares the key's budget
+    assert client.post("/v1/releases", json={}, headers=bearer(one)).status_code == 429
+
+    assert client.get("/v1/datasets", headers=bearer(other)).status_code == 200
+
+
+def test_probes_metrics_and_docs_are_never_limited(limited_app: Flask, r: redis.Redis) -> None:
+    client = limited_app.test_client()
+    token = fresh_key(r)
+    for _ in range(4):
+        client.get("/v1/datasets", headers=bearer(token))
+    for path in ("/healthz", "/metrics", "/openapi.json", "/docs"):
+        for _ in range(5):
+            resp = client.get(path, headers=bearer(token))
+            assert resp.status_code == 200, path
+            assert "X-RateLimit-Limit" not in resp.headers
+    assert client.get("/readyz", headers=bearer(token)).status_code in {200, 503}
+
+
+def test_requests_without_a_token_are_limited_per_address(limited_app: Flask) -> None:
+    client = limited_app.test_client()
+    addr = {"REMOTE_ADDR": f"10.{uuid.uuid4().int % 250}.7.{uuid.uuid4().int % 250}"}
+    statuses = [client.get("/v1/datasets", environ_base=addr).status_code for _ in range(4)]
+    assert statuses == [401, 401, 401, 429]
+    other = {"REMOTE_ADDR": "192.0.2.77"}
+    assert client.get("/v1/datasets", environ_base=other).status_code == 401
+
+
+def test_rate_limit_off_installs_no_limiter(app: Flask, r: redis.Redis) -> None:
+    unlimited = create_app(dataclasses.replace(app.config["PRIVRELEASE"], rate_limit=None))
+    resp = unlimited.test_client().get("/v1/datasets", headers=bearer(fresh_key(r)))
+    assert resp.status_code == 200 and "X-RateLimit-Limit" not in resp.headers
+    assert "limiter" not in unlimited.extensions
+
+
+def test_shared_test_app_uses_the_default_limit(app: Flask) -> None:
+    """The rest of the suite runs under the default limit (its busiest key makes
+    about 700 requests a minute), so the default must stay well above that."""
+    assert app.config["PRIVRELEASE"].rate_limit == Config.rate_limit
+    default = parse(str(Config.rate_limit))
+    resp = app.test_client().get("/v1/datasets", headers=bearer(TOKEN))
+    assert resp.headers["X-RateLimit-Limit"] == str(default.amount)
+    assert default.amount / default.get_expiry() >= 5000 / 60
