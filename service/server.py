@@ -15,6 +15,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from service import apikeys, rkeys
 from service.config import Config
 
 
@@ -80,7 +81,10 @@ def options(host: str, port: int, workers: int) -> dict[str, Any]:
 
 
 def serve(config: Config, host: str, port: int, workers: int) -> None:
-    config.require_redis_url()
+    url = config.require_redis_url()
+    if config.bootstrap_key:  # registered once; a restart keeps the same record
+        apikeys.create(rkeys.connect(url), "operator", label="bootstrap",
+                       token=config.bootstrap_key)
     path, temporary = prepare_metrics_dir(config.metrics_dir)
     master = os.getpid()
     try:

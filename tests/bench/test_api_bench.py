@@ -72,7 +72,7 @@ class Split:
         # in the measurement without refusing requests
         self.env.update(PRIVRELEASE_REDIS_URL=self.valkey.url,
                         PRIVRELEASE_DATA_DIR=str(data_dir),
-                        PRIVRELEASE_RATE_LIMIT="off")
+                        PRIVRELEASE_RATE_LIMIT="10000000/minute")
         client = rkeys.connect(self.valkey.url)
         apikeys.create(client, "operator", token=TOKEN)
         self.port = _free_port()
