@@ -24,9 +24,12 @@ def _api(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from service.observability import configure_logging
     from workers.celery_app import app, configure
 
-    configure(app, Config.from_env())
+    config = Config.from_env()
+    configure_logging(config.log_level)  # before Celery redirects stderr
+    configure(app, config)
 
     argv = ["--quiet", "worker", "--loglevel", args.loglevel,
             "--concurrency", str(args.concurrency),

@@ -39,6 +39,13 @@ def _rate_limit(raw: str | None, default: str | None) -> str | None:
     return None if raw.lower() in {"", "off"} else raw
 
 
+def _log_level(raw: str) -> str:
+    level = raw.strip().upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+        raise SystemExit(f"{ENV_PREFIX}LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    return level
+
+
 def _path(raw: str | None) -> Path | None:
     return Path(raw).resolve() if raw else None
 
@@ -97,7 +104,7 @@ class Config:
             callback_hosts=tuple(h.strip().lower() for h in (_env("CALLBACK_HOSTS") or "")
                                  .split(",") if h.strip()),
             test_job_delay=float(_env("TEST_JOB_DELAY") or 0.0),
-            log_level=(_env("LOG_LEVEL") or cls.log_level).upper(),
+            log_level=_log_level(_env("LOG_LEVEL") or cls.log_level),
             rate_limit=_rate_limit(_env("RATE_LIMIT"), cls.rate_limit),
             metrics_dir=_path(_env("METRICS_DIR")),
             metrics_max_datasets=_int("METRICS_MAX_DATASETS", cls.metrics_max_datasets),

@@ -100,31 +100,34 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to the current ``sys.stderr``, so a replaced stderr (pytest) still works."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
-
-
 def configure_logging(level: str | int = "INFO", stream: TextIO | None = None) -> None:
     """JSON lines for the ``privrelease`` logger hierarchy; safe to call again.
 
-    Records do not propagate to the root logger, so a root handler installed
-    by gunicorn, Celery or a library cannot print them a second time.
+    The handler writes to ``stream`` or to ``sys.stderr`` as it is now: in the
+    worker, call this before Celery starts, which replaces ``sys.stderr`` with
+    a proxy that would re-log every line as a Celery warning. Records do not
+    propagate to the root logger, so a root handler installed by gunicorn,
+    Celery or a library cannot print them a second time.
     """
     logger = logging.getLogger("privrelease")
     for old in [h for h in logger.handlers if getattr(h, "_privrelease", False)]:
         logger.removeHandler(old)
-    handler: logging.Handler = (logging.StreamHandler(stream) if stream is not None
-                                else _StderrHandler())
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter())
     handler.addFilter(_RequestIdFilter())
     handler._privrelease = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level.upper() if isinstance(level, str) else level)
     logger.propagate = False
+
+
+def log_handler() -> logging.StreamHandler[TextIO] | None:
+    """The handler ``configure_logging`` installed (tests swap its stream)."""
+    for handler in logging.getLogger("privrelease").handlers:
+        if getattr(handler, "_privrelease", False) and isinstance(handler,
+                                                                   logging.StreamHandler):
+            return handler
+    return None
 
 
 # --- request id, access log, request metrics ---------------------------------

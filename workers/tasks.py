@@ -23,7 +23,7 @@ import redis
 from celery import Task
 
 import mechanisms
-from service import datasets, notify, rkeys
+from service import datasets, metrics_store, notify, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.store import DatasetStore
@@ -87,6 +87,7 @@ def execute(release_id: str, worker: str) -> str:
         if client.hget(rkeys.release(release_id), "status") == "running":
             raise LeaseHeld(release_id)
         return "skipped"
+    started = time.perf_counter()
     try:
         with _lease(ledger, release_id, worker):
             if config.test_job_delay and config.allow_seeds:
@@ -98,8 +99,12 @@ def execute(release_id: str, worker: str) -> str:
         message = err.message if isinstance(err, mechanisms.MechanismInputError) else (
             f"mechanism failed ({type(err).__name__})")
         ledger.abort(dataset_id, release_id, json.dumps({"message": message}), worker)
+        metrics_store.record_release(client, req["mechanism"], "failed",
+                                     time.perf_counter() - started)
         return "failed"
     ledger.commit(dataset_id, release_id, payload, worker)
+    metrics_store.record_release(client, req["mechanism"], "succeeded",
+                                 time.perf_counter() - started)
     return "succeeded"
 
 

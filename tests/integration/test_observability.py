@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -22,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service import apikeys, metrics_store
 from service.app import create_app
 from service.config import Config
-from service.observability import ClusterCollector
+from service.observability import ClusterCollector, log_handler
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -93,23 +95,35 @@ def test_problem_documents_carry_the_request_id(api: Api) -> None:
 
 # --- logs --------------------------------------------------------------------------
 
+@pytest.fixture()
+def logs(app: Flask) -> Iterator[io.StringIO]:
+    """What the service's JSON log handler writes during the test."""
+    handler = log_handler()
+    assert handler is not None
+    buf = io.StringIO()
+    old = handler.setStream(buf)
+    try:
+        yield buf
+    finally:
+        handler.setStream(old)
+
+
 def _json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def test_access_log_is_json_with_route_template_and_no_secrets_or_values(
-        api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+        api: Api, logs: io.StringIO) -> None:
     marker = "987.654321"  # a data value that must never reach a log
     csv = people_csv(20).replace("\n20,0.5,a\n", f"\n20,{marker},a\n")
     assert marker in csv
-    capsys.readouterr()
     uploaded = api.upload(csv, PEOPLE_META)
     assert uploaded.status_code == 201
     ds = uploaded.get_json()["id"]
     resp = api.client.get(f"/v1/datasets/{ds}?secret=hunter2",
                           headers={**bearer(TOKEN), "X-Request-ID": "log-check-1"})
     assert resp.status_code == 200
-    err = capsys.readouterr().err
+    err = logs.getvalue()
 
     assert marker not in err and TOKEN not in err and "hunter2" not in err
     assert apikeys.digest(TOKEN) not in err
@@ -132,14 +146,11 @@ def test_access_log_is_json_with_route_template_and_no_secrets_or_values(
                               "status", "duration_ms", "key_id"}
 
 
-def test_log_records_in_a_request_carry_its_id(app: Flask,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    import logging
-
+def test_log_records_in_a_request_carry_its_id(app: Flask, logs: io.StringIO) -> None:
     with app.test_request_context("/anything", headers={"X-Request-ID": "inner-7"}):
         app.preprocess_request()
         logging.getLogger("privrelease.test").warning("inside", extra={"release_id": "rel_x"})
-    rec = _json_lines(capsys.readouterr().err)[-1]
+    rec = _json_lines(logs.getvalue())[-1]
     assert rec["msg"] == "inside" and rec["request_id"] == "inner-7"
     assert rec["release_id"] == "rel_x" and rec["level"] == "WARNING"
 

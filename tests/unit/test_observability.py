@@ -44,6 +44,9 @@ def test_observability_settings_from_env(monkeypatch: pytest.MonkeyPatch,
     config = Config.from_env()
     assert (config.log_level, config.metrics_dir, config.metrics_max_datasets) == (
         "INFO", None, 1000)
+    monkeypatch.setenv("PRIVRELEASE_LOG_LEVEL", "loud")
+    with pytest.raises(SystemExit, match="LOG_LEVEL"):
+        Config.from_env()
 
 
 def test_json_formatter_drops_exception_messages() -> None:
@@ -114,3 +117,16 @@ def test_histogram_buckets_end_with_inf_and_use_prometheus_spelling() -> None:
 def test_limits_storage_uri_for_unix_sockets() -> None:
     assert _storage_uri("redis://h:1/0") == "redis://h:1/0"
     assert _storage_uri("unix:///tmp/v.sock?db=0") == "redis+unix:///tmp/v.sock?db=0"
+
+
+def test_retry_after_is_never_zero() -> None:
+    """flask-limiter truncates the seconds left; in a window's last second that is 0."""
+    from flask import Response
+
+    from service.ratelimit import _at_least_one_second
+
+    refused = Response(status=429, headers={"Retry-After": "0"})
+    assert _at_least_one_second(refused).headers["Retry-After"] == "1"
+    later = Response(status=429, headers={"Retry-After": "17"})
+    assert _at_least_one_second(later).headers["Retry-After"] == "17"
+    assert "Retry-After" not in _at_least_one_second(Response(status=200)).headers
