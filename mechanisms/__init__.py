@@ -8,20 +8,24 @@ thin layer that validates requests, charges the ledger and calls ``run``.
 from __future__ import annotations
 
 from mechanisms.base import (
+    Analysis,
     ColumnMeta,
     DatasetMeta,
     Mechanism,
     MechanismInputError,
     Output,
+    ReleaseView,
 )
 from mechanisms.registry import get, names, register
 
 __all__ = [
+    "Analysis",
     "ColumnMeta",
     "DatasetMeta",
     "Mechanism",
     "MechanismInputError",
     "Output",
+    "ReleaseView",
     "get",
     "names",
     "register",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 import marshmallow
 import numpy as np
 
-ColumnType = Literal["continuous", "integer", "categorical"]
+ColumnType = Literal["continuous", "integer", "categorical", "functional"]
 Budget = Mapping[str, Fraction]
 
 
@@ -44,6 +44,12 @@ class ColumnMeta:
     type: ColumnType
     bounds: tuple[float, float] | None = None
     categories: tuple[str, ...] | None = None
+    #: public prior of a continuous column, e.g. {"family": "normal", "loc": 0, "scale": 1};
+    #: None means uniform on ``bounds`` (interval privacy computes coverage from it)
+    prior: Mapping[str, Any] | None = None
+    #: functional columns: the public evaluation grid (increasing) and L2 norm bound
+    grid: tuple[float, ...] | None = None
+    norm_bound: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,46 @@ class Output:
     accuracy: dict[str, Any]
     guarantee: str
     extra: dict[str, Any] = field(default_factory=dict)
+    #: privatized microdata, columnar (name -> 1-D array, one entry per released record,
+    #: in the dataset's row order). The service stores it beside the release, serves it
+    #: as CSV at GET /v1/releases/{id}/data, hands it to analyses, and copies it into
+    #: ``result["records"]`` only when small. Keep ``result`` itself small (summaries).
+    table: Mapping[str, np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseView:
+    """A stored release as post-processing sees it: public outputs only, never data."""
+
+    id: str
+    mechanism: str
+    params: Mapping[str, Any]
+    result: Mapping[str, Any]
+    table: Mapping[str, np.ndarray] | None
+    meta: DatasetMeta
+
+
+class Analysis(abc.ABC):
+    """Free post-processing of a release's output (NPMLE, EM, tests, regression).
+
+    It reads only released outputs (``ReleaseView``), so it spends no budget.
+    ``others`` are further releases the caller named (e.g. the second column of
+    an independence test), already checked to belong to the same dataset.
+    """
+
+    name: ClassVar[str]
+    params_schema: ClassVar[type[marshmallow.Schema]]
+    #: how many other releases the analysis takes (``params.releases``)
+    n_others: ClassVar[int] = 0
+
+    def load_params(self, raw: Any) -> dict[str, Any]:
+        loaded: dict[str, Any] = _schema(self.params_schema).load(raw or {})
+        return loaded
+
+    @abc.abstractmethod
+    def run(self, release: ReleaseView, params: Mapping[str, Any],
+            others: list[ReleaseView], rng: np.random.Generator) -> dict[str, Any]:
+        """The analysis result as JSON-ready data (include diagnostics and warnings)."""
 
 
 @functools.cache
@@ -91,6 +137,8 @@ class Mechanism(abc.ABC):
     #: marshmallow schema of ``params``; unknown fields are rejected
     params_schema: ClassVar[type[marshmallow.Schema]]
     description: ClassVar[str] = ""
+    #: free post-processing available on this mechanism's releases, by name
+    analyses: ClassVar[Mapping[str, Analysis]] = {}
 
     def load_params(self, raw: Any) -> dict[str, Any]:
         """Validate ``params`` against the schema (raises marshmallow.ValidationError)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 from mechanisms.base import Mechanism
 
 _REGISTRY: dict[str, Mechanism] = {}
@@ -15,9 +18,16 @@ def register(mechanism: Mechanism) -> Mechanism:
     return mechanism
 
 
+#: modules whose import registers their mechanisms (one per line)
+BUILTIN = [
+    "mechanisms.baselines",
+]
+
+
+@functools.cache
 def _load_builtin() -> None:
-    # Importing the modules registers their mechanisms.
-    from mechanisms import baselines  # noqa: F401
+    for module in BUILTIN:
+        importlib.import_module(module)
 
 
 def get(name: str) -> Mechanism:
