@@ -98,9 +98,11 @@ def prepare(client: redis.Redis, body: dict[str, Any], *, allow_seeds: bool) -> 
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code="validation_error", field=err.field) from None
     for measure, amount in cost.items():
-        if budget.base_measure(measure) not in budget.MEASURES:
-            raise APIError(500, "mechanism charged an unknown measure")
-        if amount > requested.get(measure, Fraction(0)):
+        # a per-column cost (interval_leakage:age) is agreed to as interval_leakage
+        agreed = requested.get(measure, requested.get(budget.base_measure(measure)))
+        if budget.base_measure(measure) not in budget.MEASURES or agreed is None:
+            raise APIError(500, "mechanism charged a measure the request did not name")
+        if amount > agreed:
             raise APIError(500, "mechanism cost exceeds the agreed budget")
     units = {m: budget.cost_units(m, a) for m, a in cost.items()}
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"))
