@@ -49,8 +49,8 @@ def create_app(config: Config | None = None) -> Flask:
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
     })
-    from service.api import catalog, datasets, health, jobs, keys, releases
+    from service.api import catalog, datasets, health, jobs, keys, outputs, releases
 
-    for module in (health, datasets, releases, catalog, keys, jobs):
+    for module in (health, datasets, releases, outputs, catalog, keys, jobs):
         api.register_blueprint(module.blp)
     return app

@@ -115,6 +115,11 @@ class Config:
         return self.data_dir / "datasets"
 
     @property
+    def releases_dir(self) -> Path:
+        """Privatized microdata of releases (tables served as CSV)."""
+        return self.data_dir / "releases"
+
+    @property
     def valkey_dir(self) -> Path:
         return self.data_dir / "valkey"
 

@@ -82,7 +82,7 @@ def prepare(client: redis.Redis, body: dict[str, Any], *, allow_seeds: bool) -> 
     try:
         params = mech.load_params(body.get("params"))
     except marshmallow.ValidationError as err:
-        errors = _prefixed("params", err.messages)
+        errors = prefixed("params", err.messages)
         first = next(iter(errors))
         raise APIError(422, f"invalid request: {first}: {errors[first]}",
                        code="validation_error", field=first, errors=errors) from None
@@ -128,11 +128,11 @@ def _budget(raw: Any) -> dict[str, Fraction]:
     return out
 
 
-def _prefixed(prefix: str, messages: Any) -> dict[str, str]:
+def prefixed(prefix: str, messages: Any) -> dict[str, str]:
     if isinstance(messages, dict):
         out: dict[str, str] = {}
         for key, value in messages.items():
-            out.update(_prefixed(f"{prefix}.{key}", value))
+            out.update(prefixed(f"{prefix}.{key}", value))
         return out
     if isinstance(messages, list):
         return {prefix: "; ".join(str(m) for m in messages)}

@@ -55,3 +55,11 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
 
 def lease(release_id: str) -> str:
     return f"{P}lease:{release_id}"
+
+
+def analysis(analysis_id: str) -> str:
+    return f"{P}ana:{analysis_id}"
+
+
+def release_analyses(release_id: str) -> str:
+    return f"{P}rel:{release_id}:analyses"

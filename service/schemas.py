@@ -157,3 +157,24 @@ class JobSchema(Schema):
     created_at = fields.String()
     age_seconds = fields.Float()
     error = fields.Dict(allow_none=True)
+
+
+class AnalysisRequestSchema(StrictSchema):
+    analysis = fields.String(required=True, validate=validate.Length(1, 100))
+    params = fields.Dict(load_default=dict)
+    releases = fields.List(fields.String(validate=validate.Length(1, 100)),
+                           load_default=list, validate=validate.Length(0, 10),
+                           metadata={"description": "other releases the analysis combines"})
+
+
+class AnalysisSchema(Schema):
+    id = fields.String()
+    release_id = fields.String()
+    analysis = fields.String()
+    params = fields.Dict()
+    releases = fields.List(fields.String())
+    status = fields.String()
+    result = fields.Raw(allow_none=True)
+    error = fields.Dict(allow_none=True)
+    created_at = fields.String()
+    finished_at = fields.String(allow_none=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -23,9 +24,10 @@ import redis
 from celery import Task
 
 import mechanisms
-from service import datasets, metrics_store, notify, rkeys
+from service import analyses, datasets, metrics_store, notify, releases, rkeys
 from service.config import Config
 from service.ledger import Ledger
+from service.outputs import INLINE_ROWS, OutputStore, records
 from service.store import DatasetStore
 from workers.celery_app import app
 
@@ -43,6 +45,11 @@ def _deps() -> tuple[Config, redis.Redis, Ledger, DatasetStore]:
     client = rkeys.connect(config.require_redis_url())
     return (config, client, Ledger(client, config.lease_seconds),
             DatasetStore(config.datasets_dir))
+
+
+@cache
+def _outputs() -> OutputStore:
+    return OutputStore(_deps()[0].releases_dir)
 
 
 def fresh_rng(seed: int | None) -> np.random.Generator:
@@ -92,7 +99,7 @@ def execute(release_id: str, worker: str) -> str:
         with _lease(ledger, release_id, worker):
             if config.test_job_delay and config.allow_seeds:
                 time.sleep(config.test_job_delay)
-            payload = _run(client, store, req)
+            payload = _run(client, store, req, release_id)
     except Exception as err:  # any failure before storing: refund
         log.error("release failed", extra={"release_id": release_id,
                                            "error_type": type(err).__name__})
@@ -108,8 +115,9 @@ def execute(release_id: str, worker: str) -> str:
     return "succeeded"
 
 
-def _run(client: redis.Redis, store: DatasetStore, req: dict[str, Any]) -> str:
-    """Load the data, run the mechanism, and return the output as JSON."""
+def _run(client: redis.Redis, store: DatasetStore, req: dict[str, Any],
+         release_id: str) -> str:
+    """Load the data, run the mechanism, store its table; return the output as JSON."""
     doc = datasets.get(client, req["dataset_id"])
     if doc is None:
         raise LookupError("dataset metadata missing")
@@ -118,16 +126,33 @@ def _run(client: redis.Redis, store: DatasetStore, req: dict[str, Any]) -> str:
     cost = {m: Fraction(v) for m, v in req["cost"].items()}
     output = mech.run(columns, req["params"], cost, datasets.meta(doc),
                       fresh_rng(req.get("seed")))
-    return json.dumps({"result": output.result, "accuracy": output.accuracy,
-                       "guarantee": output.guarantee}, default=_json_default)
+    result = dict(output.result)
+    if output.table is not None:
+        rows = _outputs().save(release_id, output.table)
+        result["n_records"] = rows
+        if rows <= INLINE_ROWS:
+            result["records"] = records(output.table)
+    return to_json({"result": result, "accuracy": output.accuracy,
+                    "guarantee": output.guarantee})
 
 
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
+def _plain(obj: Any) -> Any:
+    """JSON-ready copy: numpy to Python, non-finite floats to null (JSON has no NaN)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+        return _plain(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _plain(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(_plain(obj), allow_nan=False)
 
 
 @app.task(name="privrelease.run_release", bind=True, acks_late=True, max_retries=None)
@@ -150,3 +175,40 @@ def send_notification(self: Task, release_id: str) -> bool:
     """POST the release document to its callback_url, signed; retried with backoff."""
     config, client, _, _ = _deps()
     return notify.deliver(client, config, release_id)
+
+
+def _view(client: redis.Redis, release_id: str) -> mechanisms.ReleaseView:
+    """A succeeded release's public outputs, as analyses see them."""
+    doc = releases.document(client, release_id)
+    dataset = datasets.get(client, doc["dataset_id"]) if doc else None
+    if doc is None or dataset is None:
+        raise LookupError("release or dataset missing")
+    return mechanisms.ReleaseView(
+        id=release_id, mechanism=doc["mechanism"], params=doc["params"],
+        result=doc["result"] or {}, table=_outputs().load(release_id),
+        meta=datasets.meta(dataset),
+    )
+
+
+@app.task(name="privrelease.run_analysis", bind=True, acks_late=True)
+def run_analysis(self: Task, analysis_id: str) -> str:
+    """Free post-processing of released outputs; no ledger involved."""
+    _, client, _, _ = _deps()
+    req = analyses.start(client, analysis_id)
+    if req is None:
+        return "skipped"
+    try:
+        main = _view(client, req["release_id"])
+        others = [_view(client, rid) for rid in json.loads(req["releases"])]
+        analysis = mechanisms.get(main.mechanism).analyses[req["analysis"]]
+        result = analysis.run(main, json.loads(req["params"]), others, fresh_rng(None))
+        payload = to_json(result)
+    except Exception as err:
+        log.error("analysis failed", extra={"analysis_id": analysis_id,
+                                            "error_type": type(err).__name__})
+        message = err.message if isinstance(err, mechanisms.MechanismInputError) else (
+            f"analysis failed ({type(err).__name__})")
+        analyses.finish(client, analysis_id, error=message)
+        return "failed"
+    analyses.finish(client, analysis_id, result_json=payload)
+    return "succeeded"

@@ -81,6 +81,14 @@ RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
     ("/v1/releases", "GET"): (lambda w: ("GET", "/v1/releases", {}), "consumer", 200, False),
     ("/v1/releases/<release_id>", "GET"): (
         lambda w: ("GET", f"/v1/releases/{w.release}", {}), "consumer", 200, True),
+    ("/v1/releases/<release_id>/data", "GET"): (  # a baseline has no record-level data
+        lambda w: ("GET", f"/v1/releases/{w.release}/data", {}), "consumer", 404, True),
+    ("/v1/releases/<release_id>/analyses", "POST"): (  # nor analyses
+        lambda w: ("POST", f"/v1/releases/{w.release}/analyses", {"json": {"analysis": "em"}}),
+        "consumer", 422, True),
+    ("/v1/releases/<release_id>/analyses/<analysis_id>", "GET"): (
+        lambda w: ("GET", f"/v1/releases/{w.release}/analyses/ana_none", {}),
+        "consumer", 404, True),
     ("/v1/keys", "POST"): (
         lambda w: ("POST", "/v1/keys", {"json": {"role": "consumer"}}), "operator", 201, False),
     ("/v1/keys", "GET"): (lambda w: ("GET", "/v1/keys", {}), "operator", 200, False),
