@@ -27,6 +27,11 @@ def column_doc(col: ColumnMeta, fill: Any) -> dict[str, Any]:
         doc["bounds"] = list(col.bounds)
     if col.categories is not None:
         doc["categories"] = list(col.categories)
+    if col.prior is not None:
+        doc["prior"] = dict(col.prior)
+    if col.grid is not None:
+        doc["grid"] = list(col.grid)
+        doc["norm_bound"] = col.norm_bound
     if fill is not None:
         doc["allow_missing"] = True
         doc["fill"] = fill
@@ -91,6 +96,9 @@ def meta(doc: dict[str, Any]) -> DatasetMeta:
             type=c["type"],
             bounds=tuple(c["bounds"]) if "bounds" in c else None,
             categories=tuple(c["categories"]) if "categories" in c else None,
+            prior=c.get("prior"),
+            grid=tuple(c["grid"]) if "grid" in c else None,
+            norm_bound=c.get("norm_bound"),
         )
         for name, c in doc["columns"].items()
     }

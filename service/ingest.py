@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import gc
 import io
+import itertools
 import math
 import re
 import threading
@@ -65,8 +67,11 @@ _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
 _TOP_KEYS = frozenset({"name", "columns", "budgets", "bounds_policy"})
-_COLUMN_KEYS = frozenset({"type", "bounds", "categories", "allow_missing", "fill"})
-_TYPES: tuple[ColumnType, ...] = ("continuous", "integer", "categorical")
+_COLUMN_KEYS = frozenset(
+    {"type", "bounds", "categories", "allow_missing", "fill", "prior", "grid", "norm_bound"}
+)
+_TYPES: tuple[ColumnType, ...] = ("continuous", "integer", "categorical", "functional")
+MAX_GRID = 10_000
 _POLICIES: tuple[BoundsPolicy, ...] = ("reject", "clip")
 _MISSING_TOKENS = frozenset({"", "nan", "na", "n/a", "null", "none"})
 _INT_WITH_ZERO_FRACTION = re.compile(r"([+-]?[0-9]+)\.0*")
@@ -120,6 +125,10 @@ def _show(name: str) -> str:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    return _is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
 
 
 def _parse_bounds(raw: object, kind: ColumnType, field: str) -> tuple[float, float]:
@@ -181,6 +190,60 @@ def _parse_fill(raw: object, meta: ColumnMeta, field: str) -> FillValue:
     return value
 
 
+def _parse_prior(raw: object, field: str) -> dict[str, object]:
+    """A public prior: a family name and numeric parameters (mechanisms check the family)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("family"), str):
+        raise IngestError(field, 'must be an object with a "family" name and numeric parameters')
+    if not 0 < len(raw["family"]) <= 50:
+        raise IngestError(f"{field}.family", "must be 1 to 50 characters")
+    for key, value in raw.items():
+        if key != "family" and not _is_finite(value):
+            raise IngestError(f"{field}.{key}", "must be a finite number")
+    return dict(raw)
+
+
+def _parse_functional(name: str, raw: dict[str, object], field: str) -> ColumnMeta:
+    """A functional column: a public increasing grid and an L2 norm bound."""
+    for key in ("bounds", "categories", "allow_missing", "fill"):
+        if key in raw:
+            raise IngestError(f"{field}.{key}", "not allowed for a functional column")
+    raw_grid = raw.get("grid")
+    if (not isinstance(raw_grid, list) or not 2 <= len(raw_grid) <= MAX_GRID
+            or not all(map(_is_finite, raw_grid))):
+        raise IngestError(f"{field}.grid", f"required: a list of 2 to {MAX_GRID} finite numbers")
+    grid = tuple(float(g) for g in raw_grid)
+    if any(b <= a for a, b in itertools.pairwise(grid)):
+        raise IngestError(f"{field}.grid", "must be strictly increasing")
+    bound = raw.get("norm_bound")
+    if not _is_finite(bound) or float(bound) <= 0:  # type: ignore[arg-type]
+        raise IngestError(f"{field}.norm_bound", "required: a finite number > 0")
+    return ColumnMeta(name, "functional", grid=grid, norm_bound=float(bound))  # type: ignore[arg-type]
+
+
+def functional_cells(column: ColumnMeta) -> list[str]:
+    """The CSV header names of a functional column: ``f.0`` ... ``f.<M-1>``."""
+    assert column.grid is not None
+    return [f"{column.name}.{i}" for i in range(len(column.grid))]
+
+
+def _csv_spec(spec: DatasetSpec) -> DatasetSpec:
+    """The spec as the CSV sees it: each functional column as M unbounded numbers."""
+    if all(c.type != "functional" for c in spec.columns.values()):
+        return spec
+    big = float(np.finfo(np.float64).max)
+    columns: dict[str, ColumnMeta] = {}
+    for name, col in spec.columns.items():
+        if col.type != "functional":
+            columns[name] = col
+            continue
+        for cell in functional_cells(col):
+            if cell in spec.columns:
+                raise IngestError(f"metadata.columns.{cell}",
+                                  f"clashes with functional column {_show(name)}")
+            columns[cell] = ColumnMeta(cell, "continuous", bounds=(-big, big))
+    return dataclasses.replace(spec, columns=columns)
+
+
 def _parse_column(
     name: str, raw: object, field: str
 ) -> tuple[ColumnMeta, FillValue | None, bool]:
@@ -192,8 +255,15 @@ def _parse_column(
             raise IngestError(f"{field}.{key}", f"unknown key {_show(str(key))}")
     kind = raw.get("type")
     if kind not in _TYPES:
-        raise IngestError(f"{field}.type", "must be one of 'continuous', 'integer', 'categorical'")
+        raise IngestError(f"{field}.type", f"must be one of {', '.join(map(repr, _TYPES))}")
     kind = cast(ColumnType, kind)
+    for key in ("grid", "norm_bound"):
+        if key in raw and kind != "functional":
+            raise IngestError(f"{field}.{key}", f"not allowed for a {kind} column")
+    if "prior" in raw and kind != "continuous":
+        raise IngestError(f"{field}.prior", "only allowed for a continuous column")
+    if kind == "functional":
+        return _parse_functional(name, raw, field), None, False
     if kind == "categorical":
         if "bounds" in raw:
             raise IngestError(f"{field}.bounds", "not allowed for a categorical column")
@@ -207,7 +277,9 @@ def _parse_column(
             raise IngestError(f"{field}.categories", f"not allowed for a {kind} column")
         if "bounds" not in raw:
             raise IngestError(f"{field}.bounds", f"required for a {kind} column")
-        meta = ColumnMeta(name, kind, bounds=_parse_bounds(raw["bounds"], kind, f"{field}.bounds"))
+        meta = ColumnMeta(name, kind, bounds=_parse_bounds(raw["bounds"], kind, f"{field}.bounds"),
+                          prior=_parse_prior(raw["prior"], f"{field}.prior")
+                          if "prior" in raw else None)
     allow_missing = raw.get("allow_missing", False)
     if not isinstance(allow_missing, bool):
         raise IngestError(f"{field}.allow_missing", "must be true or false")
@@ -573,13 +645,16 @@ def parse_csv(
 ) -> tuple[int, dict[str, np.ndarray]]:
     """Parse and validate the uploaded CSV against ``spec``.
 
-    Returns the row count and one 1-D array per declared column, in metadata
+    Returns the row count and one array per declared column, in metadata
     order: float64 for continuous, int64 for integer, int64 category codes for
-    categorical columns (the layout mechanisms expect, see ``Mechanism.run``).
+    categorical columns, and for a functional column ``f`` (CSV columns
+    ``f.0`` ... ``f.<M-1>``) a float64 array of shape (n_rows, M) — the layout
+    mechanisms expect, see ``Mechanism.run``.
     Records are converted in chunks of ``CHUNK_ROWS``; the error reported is
     the first found in the earliest chunk that has one, by column in metadata
     order, then by line.
     """
+    declared, spec = spec, _csv_spec(spec)
     parts: dict[str, list[np.ndarray]] = {col: [] for col in spec.columns}
     n_rows = 0
     # Row lists are the only containers built here and they form no cycles.
@@ -591,7 +666,12 @@ def parse_csv(
                 convert = _convert_categorical if meta.type == "categorical" else _convert_numeric
                 parts[col].append(convert(col, meta, cells, spec, starts))
             n_rows += len(rows)
-    columns = {col: np.concatenate(arrays) for col, arrays in parts.items()}
+    flat = {col: np.concatenate(arrays) for col, arrays in parts.items()}
+    columns = {
+        name: np.column_stack([flat[cell] for cell in functional_cells(col)])
+        if col.type == "functional" else flat[name]
+        for name, col in declared.columns.items()
+    }
     return n_rows, columns
 
 

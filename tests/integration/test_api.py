@@ -255,3 +255,17 @@ def test_openapi_docs_and_probes(api: Api, app: Flask, worker: Any) -> None:
     laplace = next(m for m in catalog if m["name"] == "laplace")
     assert "$ref" not in json.dumps(laplace["params_schema"])
     assert "condition" in laplace["params_schema"]["properties"]
+
+
+def test_functional_and_prior_metadata_round_trip(api: Api, app: Flask) -> None:
+    meta = {"name": "curves", "budgets": {"epsilon": 1},
+            "columns": {"f": {"type": "functional", "grid": [0, 0.5, 1], "norm_bound": 3},
+                        "x": {"type": "continuous", "bounds": [0, 1],
+                              "prior": {"family": "beta", "a": 2, "b": 2}}}}
+    resp = api.upload("f.0,f.1,f.2,x\n1,2,3,0.5\n4,5,6,0.25\n", meta)
+    assert resp.status_code == 201, resp.get_json()
+    doc = resp.get_json()
+    assert doc["columns"]["f"] == {"type": "functional", "grid": [0, 0.5, 1], "norm_bound": 3}
+    assert doc["columns"]["x"]["prior"] == {"family": "beta", "a": 2, "b": 2}
+    _, columns = app.extensions["store"].load(doc["id"], 1)
+    assert columns["f"].shape == (2, 3) and columns["f"][1].tolist() == [4, 5, 6]

@@ -590,3 +590,64 @@ def test_one_planted_violation_names_its_column(table: Any, data: st.DataObject)
         parse_csv(to_csv(header, rows), parse_metadata(raw), max_rows=len(rows))
     assert info.value.field == f"file.columns.{name}"
     assert info.value.line == row + 2
+
+
+# ------------------------------------------------------------- priors and functional columns
+
+
+def _functional_meta(**col: object) -> dict[str, object]:
+    return {"name": "curves", "budgets": {},
+            "columns": {"id": {"type": "integer", "bounds": [0, 9]},
+                        "f": {"type": "functional", "grid": [0.0, 0.5, 1.0], "norm_bound": 2,
+                              **col}}}
+
+
+def test_functional_column_becomes_a_matrix_in_grid_order() -> None:
+    spec = parse_metadata(_functional_meta())
+    assert spec.columns["f"].grid == (0.0, 0.5, 1.0) and spec.columns["f"].norm_bound == 2.0
+    csv = b"f.2,id,f.0,f.1\n3,1,1,2\n6,2,4,5\n"
+    n, cols = parse_csv(csv, spec, max_rows=10)
+    assert n == 2 and cols["f"].shape == (2, 3)
+    assert cols["f"].tolist() == [[1, 2, 3], [4, 5, 6]] and cols["id"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize(("col", "field"), [
+    ({"grid": [0, 0, 1]}, "metadata.columns.f.grid"),
+    ({"grid": [0.0]}, "metadata.columns.f.grid"),
+    ({"grid": [0, float("nan"), 1]}, "metadata.columns.f.grid"),
+    ({"norm_bound": 0}, "metadata.columns.f.norm_bound"),
+    ({"norm_bound": -1}, "metadata.columns.f.norm_bound"),
+    ({"bounds": [0, 1]}, "metadata.columns.f.bounds"),
+])
+def test_bad_functional_metadata(col: dict[str, object], field: str) -> None:
+    with pytest.raises(IngestError) as info:
+        parse_metadata(_functional_meta(**col))
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(("csv", "field"), [
+    (b"id,f.0,f.1\n1,1,2\n", "file.columns.f.2"),  # a grid point missing from the CSV
+    (b"id,f.0,f.1,f.2\n1,1,,3\n", "file.columns.f.1"),  # empty cell
+    (b"id,f.0,f.1,f.2\n1,1,inf,3\n", "file.columns.f.1"),
+])
+def test_bad_functional_cells(csv: bytes, field: str) -> None:
+    with pytest.raises(IngestError) as info:
+        parse_csv(csv, parse_metadata(_functional_meta()), max_rows=10)
+    assert info.value.field == field
+
+
+def test_prior_only_on_continuous_columns() -> None:
+    meta = {"name": "p", "budgets": {}, "columns": {
+        "x": {"type": "continuous", "bounds": [0, 1],
+              "prior": {"family": "beta", "a": 2, "b": 3}}}}
+    assert parse_metadata(meta).columns["x"].prior == {"family": "beta", "a": 2, "b": 3}
+    for bad, field in [({"a": 1}, "metadata.columns.x.prior"),
+                       ({"family": "beta", "a": "2"}, "metadata.columns.x.prior.a")]:
+        meta["columns"]["x"]["prior"] = bad  # type: ignore[index]
+        with pytest.raises(IngestError) as info:
+            parse_metadata(meta)
+        assert info.value.field == field
+    with pytest.raises(IngestError) as info:
+        parse_metadata({"name": "p", "budgets": {}, "columns": {
+            "k": {"type": "integer", "bounds": [0, 1], "prior": {"family": "x"}}}})
+    assert info.value.field == "metadata.columns.k.prior"
