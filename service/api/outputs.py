@@ -12,6 +12,7 @@ import mechanisms
 from service import analyses, releases
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
+from service.plotting import function_png
 from service.problems import APIError
 from service.schemas import AnalysisRequestSchema, AnalysisSchema
 
@@ -45,6 +46,21 @@ def data(release_id: str) -> Response:
         raise APIError(404, "this release has no record-level data", code="not_found")
     headers = {"Content-Disposition": f'attachment; filename="{release_id}.csv"'}
     return Response(csv_chunks(table), mimetype="text/csv", headers=headers)
+
+
+@blp.route("/<release_id>/plot.png")
+@require("consumer")
+@blp.doc(responses={200: {"description": "the released function", "content": {
+    "image/png": {}}}})
+def plot(release_id: str) -> Response:
+    """A drawing of a released function (values on its grid); nothing else is drawn."""
+    doc = _succeeded(release_id)
+    result = doc["result"] or {}
+    grid, values = result.get("grid"), result.get("values")
+    if not isinstance(grid, list) or not isinstance(values, list) or len(grid) != len(values):
+        raise APIError(404, "this release has no function to draw", code="not_found")
+    title = f"{doc['mechanism']} · {release_id}"
+    return Response(function_png(grid, values, title), mimetype="image/png")
 
 
 @blp.route("/<release_id>/analyses", methods=["POST"])
