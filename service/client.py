@@ -366,6 +366,36 @@ class Client:
                     f"release {release_id} still {doc.get('status')} after {timeout:g} s")
             time.sleep(poll)
 
+    def release_data(self, release_id: str) -> str:
+        """The release's privatized microdata as CSV text (one row per record)."""
+        text: str = self.request("GET", f"/v1/releases/{_seg(release_id)}/data", raw=True)
+        return text
+
+    def analyze(self, release_id: str, analysis: str, params: Mapping[str, Any] | None = None,
+                releases: Sequence[str] = ()) -> dict[str, Any]:
+        """Queue free post-processing of a release (spends no budget)."""
+        body = {"analysis": analysis, "params": dict(params or {}), "releases": list(releases)}
+        doc: dict[str, Any] = self.request(
+            "POST", f"/v1/releases/{_seg(release_id)}/analyses", json_body=body)
+        return doc
+
+    def get_analysis(self, release_id: str, analysis_id: str) -> dict[str, Any]:
+        doc: dict[str, Any] = self._get(
+            f"/v1/releases/{_seg(release_id)}/analyses/{_seg(analysis_id)}")
+        return doc
+
+    def wait_analysis(self, release_id: str, analysis_id: str, timeout: float,
+                      poll: float = 0.2) -> dict[str, Any]:
+        """Poll until the analysis succeeded or failed; TimeoutError after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            doc = self.get_analysis(release_id, analysis_id)
+            if doc.get("status") in {"succeeded", "failed"}:
+                return doc
+            if time.monotonic() + poll > deadline:
+                raise TimeoutError(f"analysis {analysis_id} still {doc.get('status')}")
+            time.sleep(poll)
+
     # -- jobs and catalog ------------------------------------------------------------
 
     def list_jobs(self) -> list[dict[str, Any]]:

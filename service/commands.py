@@ -392,6 +392,32 @@ def _release_list(c: Client, a: argparse.Namespace) -> Output:
     return Output(c.list_releases(dataset_id=a.dataset, limit=a.limit), _render_releases)
 
 
+def _release_data(c: Client, a: argparse.Namespace) -> Output:
+    text = c.release_data(a.id)
+    if a.output:
+        with open(a.output, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        rows = max(text.count("\n") - 1, 0)
+        return Output({"file": a.output, "rows": rows}, lambda d: f"{d['rows']} rows -> "
+                      f"{d['file']}")
+    return Output(text, str)
+
+
+def _render_analysis(doc: Mapping[str, Any]) -> str:
+    head = format_fields([("id", doc.get("id")), ("analysis", doc.get("analysis")),
+                          ("release", doc.get("release_id")), ("status", doc.get("status"))])
+    body = doc.get("result") if doc.get("status") == "succeeded" else doc.get("error")
+    return head + ("\n\n" + json.dumps(body, indent=2) if body is not None else "")
+
+
+def _release_analyze(c: Client, a: argparse.Namespace) -> Output:
+    doc = c.analyze(a.id, a.analysis, _json_object(a.params, "--params"), a.others or ())
+    if not a.wait:
+        return Output(doc, _render_analysis)
+    final = c.wait_analysis(a.id, doc["id"], a.timeout)
+    return Output(final, _render_analysis, 0 if final.get("status") == "succeeded" else 1)
+
+
 def _jobs_list(c: Client, a: argparse.Namespace) -> Output:
     return Output(c.list_jobs(), _render_jobs)
 
@@ -520,6 +546,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = leaf(g, "list", _release_list, "recent releases, newest first")
     p.add_argument("--dataset", metavar="ID")
     p.add_argument("--limit", type=int, metavar="N")
+
+    p = leaf(g, "data", _release_data, "download a release's record-level data as CSV")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--output", "-o", metavar="FILE", help="write to FILE (default: stdout)")
+    p = leaf(g, "analyze", _release_analyze, "free post-processing of a release's output")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--analysis", required=True, metavar="NAME", help="e.g. npmle, estimate")
+    p.add_argument("--params", default="{}", metavar="JSON")
+    p.add_argument("--with", dest="others", action="append", metavar="RELEASE_ID",
+                   help="another release the analysis combines (repeatable)")
+    p.add_argument("--wait", action="store_true", help="wait for the result")
+    p.add_argument("--timeout", type=float, default=WAIT_TIMEOUT, metavar="S")
 
     g = group("jobs", "the job queue (operators)")
     leaf(g, "list", _jobs_list, "queued and running jobs")

@@ -123,6 +123,7 @@ class MechanismSchema(Schema):
     measures = fields.List(fields.String())
     description = fields.String()
     params_schema = fields.Dict()
+    analyses = fields.Dict(metadata={"description": "analysis name -> its params schema"})
 
 
 class KeyCreateSchema(StrictSchema):

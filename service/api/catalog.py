@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import marshmallow
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 from flask_smorest import Blueprint
@@ -16,12 +17,12 @@ blp = Blueprint("mechanisms", __name__, url_prefix="/v1/mechanisms",
                 description="Mechanism catalog")
 
 
-def _json_schema(mech: mechanisms.Mechanism) -> dict[str, Any]:
+def _json_schema(schema: type[marshmallow.Schema]) -> dict[str, Any]:
     # a resolver that names nothing ("") makes apispec inline nested schemas: no dangling $ref
     plugin = MarshmallowPlugin(schema_name_resolver=lambda _schema: "")
     APISpec("catalog", "1", "3.0.3", plugins=[plugin])
     converted: dict[str, Any] = plugin.converter.schema2jsonschema(  # type: ignore[union-attr]
-        mech.params_schema
+        schema
     )
     return converted
 
@@ -35,5 +36,8 @@ def list_mechanisms() -> list[dict[str, Any]]:
     for name in mechanisms.names():
         mech = mechanisms.get(name)
         out.append({"name": name, "measures": list(mech.measures),
-                    "description": mech.description, "params_schema": _json_schema(mech)})
+                    "description": mech.description,
+                    "params_schema": _json_schema(mech.params_schema),
+                    "analyses": {a: _json_schema(an.params_schema)
+                                 for a, an in sorted(mech.analyses.items())}})
     return out
