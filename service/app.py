@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from flask import Flask
 from flask_smorest import Api
 
@@ -41,7 +39,6 @@ def create_app(config: Config | None = None) -> Flask:
     app.extensions["ledger"] = Ledger(client)
     app.extensions["store"] = DatasetStore(config.datasets_dir)
     app.extensions["celery"] = make_celery(config)
-    logging.getLogger("privrelease").setLevel(logging.INFO)
     observability.init_app(app)  # first: its request id and timer precede the limiter
     ratelimit.init_app(app)
 

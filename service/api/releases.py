@@ -17,6 +17,7 @@ from service.schemas import EstimateSchema, ReleaseRequestSchema, ReleaseSchema
 blp = Blueprint("releases", __name__, url_prefix="/v1/releases", description="Releases")
 
 TASK = "privrelease.run_release"
+LIST_PAGE = 200
 
 
 def _prepare(body: dict[str, Any]) -> releases.Prepared:
@@ -122,17 +123,23 @@ def list_releases() -> list[dict[str, Any]]:
     except ValueError:
         raise APIError(422, "limit must be an integer", code="validation_error",
                        field="limit") from None
-    out = []
-    for raw in client.zrevrange(rkeys.RELEASES, 0, -1):
-        doc = releases.document(client, raw)
-        if doc is None or (dataset_id and doc["dataset_id"] != dataset_id):
-            continue
-        key = current_key()
-        if key.datasets is not None and doc["dataset_id"] not in key.datasets:
-            continue
-        out.append(doc)
-        if len(out) >= limit:
+    key = current_key()
+    out: list[dict[str, Any]] = []
+    start = 0
+    while len(out) < limit:  # newest first, a page of ids at a time, until enough match
+        page = client.zrevrange(rkeys.RELEASES, start, start + LIST_PAGE - 1)
+        if not page:
             break
+        start += LIST_PAGE
+        for release_id in page:
+            doc = releases.document(client, release_id)
+            if doc is None or (dataset_id and doc["dataset_id"] != dataset_id):
+                continue
+            if key.datasets is not None and doc["dataset_id"] not in key.datasets:
+                continue
+            out.append(doc)
+            if len(out) >= limit:
+                break
     return out
 
 

@@ -12,7 +12,6 @@ import pty
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,6 @@ MEAN_X = '{"statistic": "mean", "column": "x"}'
 COUNT_X = '{"statistic": "count", "condition": {"column": "x", "op": "ge", "value": 0.5}}'
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(tmp_path_factory.mktemp("cli"))
-    svc.start()
-    yield svc
-    if svc.proc and svc.proc.poll() is None:
-        svc.stop()
 
 
 def env_for(service: Service, key: str | None = TOKEN) -> dict[str, str]:

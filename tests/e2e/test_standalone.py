@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.harness import TOKEN, Service
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(tmp_path_factory.mktemp("standalone"))
-    svc.start()
-    yield svc
-    if svc.proc and svc.proc.poll() is None:
-        svc.stop()
 
 
 def test_release_over_http(service: Service) -> None:
