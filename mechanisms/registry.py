@@ -21,6 +21,7 @@ def register(mechanism: Mechanism) -> Mechanism:
 #: modules whose import registers their mechanisms (one per line)
 BUILTIN = [
     "mechanisms.baselines",
+    "mechanisms.iclp",
 ]
 
 

@@ -1,0 +1,284 @@
+"""Registry entries: ``iclp.mean``, ``iclp.kde`` and the baselines ``frl.mean``, ``bernstein.kde``.
+
+Each entry maps validated params + public metadata + ε to a plan of the
+library (``mean``, ``kde``, ``bernstein``); cost and accuracy come from the
+plan alone, ``run`` is the plan's release on the column. Cost equals the
+budget: the noise is calibrated to it.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import numbers
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output
+from mechanisms.iclp import bernstein, domain, kde, mean, noise, params
+from mechanisms.iclp.kernels import Family, Kernel
+from mechanisms.iclp.release import FunctionRelease, jsonable
+from mechanisms.registry import register
+
+#: budgets above this are refused as absurd (as for the DP baselines)
+MAX_EPSILON = Fraction(100)
+PRIVACY_UNIT = "replace-one neighbours, n public"
+MEAN_RHO = 0.1
+MATERN_NU = 1.5
+
+
+class _Plan(Protocol):
+    def release(self, values: Any, rng: np.random.Generator) -> FunctionRelease: ...
+    def accuracy(self) -> dict[str, Any]: ...
+
+
+class _FunctionMechanism(Mechanism):
+    """Pure ε-DP function release; subclasses build the plan."""
+
+    measures = ("epsilon",)
+    #: what the guarantee string calls the mechanism
+    label: ClassVar[str]
+
+    def cost(
+        self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+    ) -> dict[str, Fraction]:
+        epsilon = _read_budget(budget, self.name)
+        self._calibrated(params, epsilon, meta)
+        return {"epsilon": epsilon}
+
+    def accuracy(
+        self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
+    ) -> dict[str, Any]:
+        plan = self._calibrated(params, _read_budget(cost, self.name), meta)
+        out: dict[str, Any] = jsonable(plan.accuracy())
+        return out
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        epsilon = _read_budget(cost, self.name)
+        plan = self._calibrated(params, epsilon, meta)
+        released = plan.release(data[params["column"]], rng)
+        return Output(
+            result=released.to_result(),
+            accuracy=jsonable(plan.accuracy()),
+            guarantee=(
+                f"pure epsilon-DP ({self.label}, epsilon={_fmt(epsilon)} nats), {PRIVACY_UNIT}"
+            ),
+        )
+
+    def _calibrated(
+        self, params: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta
+    ) -> _Plan:
+        if meta.n_rows < 1:
+            raise MechanismInputError("params.column", "the dataset has no rows")
+        try:
+            return self._plan(params, epsilon, meta)
+        except noise.CalibrationError as exc:
+            raise MechanismInputError("budget.epsilon", str(exc)) from None
+        except ValueError as exc:  # library checks of public params (messages hold no data)
+            if isinstance(exc, MechanismInputError):
+                raise
+            raise MechanismInputError("params", str(exc)) from None
+
+    @abc.abstractmethod
+    def _plan(self, params: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        """Resolve params against the metadata and calibrate to ε (public inputs only)."""
+
+
+class IclpMean(_FunctionMechanism):
+    name = "iclp.mean"
+    label = "ICLP-QR mean"
+    params_schema = params.IclpMeanSchema
+    description = (
+        "Pure epsilon-DP mean function of a functional column: ridge-smoothed (ICLP-QR)"
+        " mean with Independent Component Laplace Process noise on the kernel's eigenbasis."
+    )
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        grid, tau = _functional_column(meta, p["column"], self.name)
+        kernel = _noise_kernel(p.get("kernel", {}))
+        smoothing = p.get("smoothing", {})
+        eta = _auto(smoothing.get("eta"))
+        if eta is not None and eta <= 0.5:
+            raise MechanismInputError("params.smoothing.eta", "eta must be > 1/2 for the mean")
+        raw_psi = smoothing.get("psi", "auto")
+        psi: float | mean.PsiRule = (
+            "free" if raw_psi == "free" else "balanced" if isinstance(raw_psi, str)
+            else float(raw_psi)
+        )
+        return mean.plan_iclp_mean(
+            grid, tau, meta.n_rows, epsilon, kernel, eta, psi, p.get("max_components")
+        )
+
+
+class FrlMean(_FunctionMechanism):
+    name = "frl.mean"
+    label = "FRL mean baseline"
+    params_schema = params.FrlMeanSchema
+    description = (
+        "Pure epsilon-DP mean function baseline (FRL): i.i.d. Laplace noise on the first M"
+        " eigen-coefficients of a kernel's basis, M = floor(sqrt(n)*epsilon) by default."
+    )
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        grid, tau = _functional_column(meta, p["column"], self.name)
+        kernel = _noise_kernel(p.get("kernel", {}))
+        m = _auto(p.get("components"))
+        try:
+            return mean.plan_frl_mean(
+                grid, tau, meta.n_rows, epsilon, kernel, None if m is None else int(m)
+            )
+        except ValueError as exc:
+            if isinstance(exc, noise.CalibrationError):
+                raise
+            raise MechanismInputError("params.components", str(exc)) from None
+
+
+class IclpKde(_FunctionMechanism):
+    name = "iclp.kde"
+    label = "ICLP-QR kernel density estimate"
+    params_schema = params.IclpKdeSchema
+    description = (
+        "Pure epsilon-DP density of a bounded continuous column: KDE with the power kernel"
+        " C^eta and Independent Component Laplace Process noise on C's eigenbasis."
+    )
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        bounds = _density_column(meta, p["column"], self.name)
+        family, nu, rho = _density_kernel(p.get("kernel", {}))
+        eta = _auto(p.get("smoothing", {}).get("eta"))
+        if eta is not None and eta <= 1.0:
+            raise MechanismInputError("params.smoothing.eta", "eta must be > 1 for the KDE")
+        return kde.plan_iclp_kde(
+            bounds,
+            meta.n_rows,
+            epsilon,
+            grid_size=p.get("grid_size", kde.DEFAULT_GRID_SIZE),
+            family=family,
+            nu=nu,
+            bandwidth=rho,
+            eta=eta,
+            normalize=p.get("normalize", True),
+        )
+
+
+class BernsteinKde(_FunctionMechanism):
+    name = "bernstein.kde"
+    label = "Bernstein mechanism density baseline"
+    params_schema = params.BernsteinKdeSchema
+    description = (
+        "Pure epsilon-DP density baseline: a KDE evaluated on K+1 lattice points with"
+        " Laplace noise, released as a Bernstein polynomial (Alda & Rubinstein 2017)."
+    )
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        bounds = _density_column(meta, p["column"], self.name)
+        family, nu, rho = _density_kernel(p.get("kernel", {}))
+        return bernstein.plan_bernstein_kde(
+            bounds,
+            meta.n_rows,
+            epsilon,
+            lattice_size=p.get("lattice_size", bernstein.DEFAULT_LATTICE),
+            grid_size=p.get("grid_size", kde.DEFAULT_GRID_SIZE),
+            family=family,
+            nu=nu,
+            bandwidth=rho,
+            normalize=p.get("normalize", True),
+        )
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def _functional_column(meta: DatasetMeta, name: str, mechanism: str) -> tuple[
+    tuple[float, ...], float
+]:
+    column = meta.column(name)
+    if column.type != "functional":
+        raise MechanismInputError(
+            "params.column", f"{mechanism} needs a functional column; {name!r} is {column.type}"
+        )
+    try:
+        grid, tau = domain.validate_functional_meta(column.grid or (), column.norm_bound or 0.0)
+    except ValueError as exc:
+        raise MechanismInputError("params.column", f"functional column {name!r}: {exc}") from None
+    if len(grid) > params.MAX_GRID_POINTS:
+        raise MechanismInputError(
+            "params.column",
+            f"functional column {name!r} has {len(grid)} grid points; {mechanism} supports"
+            f" at most {params.MAX_GRID_POINTS}",
+        )
+    return grid, tau
+
+
+def _density_column(meta: DatasetMeta, name: str, mechanism: str) -> tuple[float, float]:
+    column = meta.column(name)
+    if column.type != "continuous":
+        raise MechanismInputError(
+            "params.column", f"{mechanism} needs a continuous column; {name!r} is {column.type}"
+        )
+    bounds = column.bounds
+    if bounds is None or not all(math.isfinite(b) for b in bounds) or not bounds[0] < bounds[1]:
+        raise MechanismInputError(
+            "params.column", f"column {name!r} has no finite, non-empty declared bounds"
+        )
+    return float(bounds[0]), float(bounds[1])
+
+
+def _noise_kernel(spec: Mapping[str, Any]) -> Kernel:
+    family = spec.get("family", "matern")
+    nu = spec.get("nu", MATERN_NU) if family == "matern" else None
+    if family != "matern" and "nu" in spec:
+        raise MechanismInputError("params.kernel.nu", "nu applies only to the matern family")
+    rho = _auto(spec.get("rho"))
+    return Kernel(family, MEAN_RHO if rho is None else rho, nu)
+
+
+def _density_kernel(spec: Mapping[str, Any]) -> tuple[Family, float | None, float | None]:
+    family: Family = spec.get("family", "gaussian")
+    if family != "matern" and "nu" in spec:
+        raise MechanismInputError("params.kernel.nu", "nu applies only to the matern family")
+    nu = spec.get("nu", MATERN_NU) if family == "matern" else None
+    return family, nu, _auto(spec.get("rho"))
+
+
+def _auto(value: Any) -> float | None:
+    """None for an omitted option or a keyword rule; the number otherwise."""
+    return None if value is None or isinstance(value, str) else float(value)
+
+
+def _read_budget(budget: Budget, name: str) -> Fraction:
+    """ε as an exact Fraction in (0, MAX_EPSILON]; no other measure."""
+    extra = sorted(set(budget) - {"epsilon"})
+    if extra:
+        raise MechanismInputError("budget", f"{name} spends only epsilon; got {', '.join(extra)}")
+    if "epsilon" not in budget:
+        raise MechanismInputError("budget.epsilon", f"{name} needs an epsilon budget")
+    value = budget["epsilon"]
+    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
+        raise MechanismInputError("budget.epsilon", "must be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MechanismInputError("budget.epsilon", "must be finite")
+    epsilon = Fraction(value)
+    if not 0 < epsilon <= MAX_EPSILON:
+        raise MechanismInputError("budget.epsilon", f"epsilon must be in (0, {MAX_EPSILON}]")
+    return epsilon
+
+
+def _fmt(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else repr(float(x))
+
+
+iclp_mean = register(IclpMean())
+frl_mean = register(FrlMean())
+iclp_kde = register(IclpKde())
+bernstein_kde = register(BernsteinKde())

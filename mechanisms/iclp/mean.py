@@ -1,0 +1,305 @@
+"""Mean functions: ICLP-QR (the paper's recommendation) and the FRL baseline (spec §3.2).
+
+Both project the mean of the clipped curves on the eigenbasis of the noise
+kernel C and add lattice Laplace noise to the coefficients:
+
+* ICLP-QR shrinks coefficient j by λ_j^η/(λ_j^η + ψ) (ridge in the RKHS of
+  C^η) and adds noise of scale Δ·√λ_j/ε, with the weighted-ℓ1 sensitivity
+  Δ = (2τ/n)·(Σ_j λ_j^(2η−1)/(λ_j^η + ψ)²)^½ (Cauchy–Schwarz; attained).
+* FRL keeps the first M coefficients unshrunk and adds i.i.d. noise of scale
+  Δ₁/ε with Δ₁ = 2τ√M/n.
+
+A plan holds everything that follows from public inputs (n, τ, grid, kernel,
+ε); ``release`` is the only step that reads curves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mechanisms.iclp import domain, noise, pss, spectral
+from mechanisms.iclp.kernels import Kernel, matern
+from mechanisms.iclp.release import FunctionRelease
+
+#: τ_eff = τ·TAU_SLACK bounds the computed norm of a clipped curve (rounding ≈ M·2^-53)
+TAU_SLACK = 1.0 + 2.0**-30
+#: computed closed-form sensitivities are multiplied by this (their rounding is ≈ J·2^-53)
+SENSITIVITY_SAFETY = 1.0 + 2.0**-30
+DEFAULT_KERNEL = matern(1.5, 0.1)
+Method = Literal["iclp-qr", "frl"]
+PsiRule = Literal["balanced", "free"]
+
+
+def qr_filter(eigenvalues: ArrayLike, eta: float, psi: float) -> NDArray[np.float64]:
+    """Shrinkage λ^η/(λ^η + ψ) of the ICLP-QR mean (ridge in H_{C^η})."""
+    lam_eta = np.asarray(eigenvalues, dtype=np.float64) ** eta
+    out: NDArray[np.float64] = lam_eta / (lam_eta + psi)
+    return out
+
+
+def qr_sensitivity(eigenvalues: ArrayLike, n: int, tau: float, eta: float, psi: float) -> float:
+    """Δ_QR = (2τ/n)·(Σ_j λ_j^(2η−1)/(λ_j^η + ψ)²)^½ in the weighted-ℓ1 norm."""
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    weights = qr_filter(lam, eta, psi) ** 2 / lam
+    return 2.0 * tau / n * math.sqrt(float(weights.sum()))
+
+
+def qr_worst_case(eig: spectral.EigenSystem, tau: float, eta: float, psi: float) -> NDArray[
+    np.float64
+]:
+    """Curve x with ‖x‖ = τ such that replacing τu by −τu attains Δ_QR (spec §3.2)."""
+    direction = qr_filter(eig.values, eta, psi) / np.sqrt(eig.values)
+    curve = eig.synthesize(direction)
+    return tau * curve / float(np.sqrt(np.sum(eig.weights * curve * curve)))
+
+
+def frl_sensitivity(components: int, n: int, tau: float) -> float:
+    """Δ₁ = 2τ√M/n: ℓ1 norm of M coefficients of a difference of norm <= 2τ, over n."""
+    return 2.0 * tau * math.sqrt(components) / n
+
+
+@dataclass(frozen=True, eq=False)
+class MeanPlan:
+    """A calibrated mean-function release; built by ``plan_iclp_mean`` / ``plan_frl_mean``."""
+
+    method: Method
+    grid: NDArray[np.float64]  # the column's grid, original units
+    eig: spectral.EigenSystem
+    n: int
+    tau: float
+    filter: NDArray[np.float64]  # multiplies ⟨x̄, v_j⟩, j <= components
+    noise: noise.CoefficientNoise
+    smoothing: dict[str, Any]
+
+    @property
+    def components(self) -> int:
+        return int(self.filter.size)
+
+    @property
+    def basis(self) -> NDArray[np.float64]:
+        """v_j(t_k) for the released components, shape (M, components)."""
+        return self.eig.vectors[:, : self.components]
+
+    def summary(self, curves: ArrayLike) -> NDArray[np.float64]:
+        """Non-private coefficients ĉ_j = filter_j·⟨mean of clipped curves, v_j⟩."""
+        x = np.asarray(curves, dtype=np.float64)
+        if x.ndim != 2 or x.shape != (self.n, self.grid.size):
+            raise ValueError(f"curves must have shape (n_rows, {self.grid.size}) = "
+                             f"({self.n}, {self.grid.size})")
+        mean = domain.clipped_mean(x, self.eig.weights, self.tau)
+        out: NDArray[np.float64] = self.filter * ((mean * self.eig.weights) @ self.basis)
+        return out
+
+    def smoothed_mean(self, curves: ArrayLike) -> NDArray[np.float64]:
+        """The non-private target f̂ on the grid (for simulations; never released)."""
+        return self.basis @ self.summary(curves)
+
+    def release(self, curves: ArrayLike, rng: np.random.Generator) -> FunctionRelease:
+        """Noisy coefficients on their lattices, and the function they span on the grid."""
+        coefficients = self.noise.release(self.summary(curves), rng)
+        return FunctionRelease(
+            grid=self.grid,
+            values=self.basis @ coefficients,
+            coefficients=coefficients,
+            kernel=self.kernel_info(),
+            smoothing=self.smoothing,
+            extra={"basis": self.basis_info()},
+        )
+
+    def kernel_info(self) -> dict[str, Any]:
+        return {
+            **self.eig.kernel.describe(),
+            "domain": [float(self.grid[0]), float(self.grid[-1])],
+            "length_units": "fraction of the grid span",
+        }
+
+    def basis_info(self) -> dict[str, Any]:
+        return {
+            "eigenvalues": self.eig.values[: self.components],
+            "sign_convention": "largest-magnitude grid value positive",
+            "inner_product": "sum_k w_k f(t_k) g(t_k), Voronoi weights summing to 1",
+        }
+
+    def accuracy(self) -> dict[str, Any]:
+        """Expected squared L2 error of the noise and the tuning, from public inputs."""
+        nz = self.noise
+        mse = nz.expected_sq_error()
+        rounding = float(np.sum(nz.steps**2)) / 4.0
+        label = "ICLP-QR" if self.method == "iclp-qr" else "FRL"
+        shape = "Delta*sqrt(lambda_j)/epsilon" if self.method == "iclp-qr" else "Delta/epsilon"
+        return {
+            "noise": f"{label}: discrete Laplace per eigen-coefficient on power-of-two lattices",
+            "laplace_scales": shape,
+            "sensitivity": nz.sensitivity,
+            "sensitivity_lattice": nz.lattice_sensitivity,
+            "sensitivity_norm": "weighted_l1_K_C" if self.method == "iclp-qr" else "l1",
+            "sigma": nz.sigma,
+            "expected_sq_l2_error": mse,
+            "rmse": math.sqrt(mse),
+            "rounding_sq_l2_bound": rounding,
+            "kernel": self.kernel_info(),
+            "smoothing": self.smoothing,
+            "truncation": {
+                "components": self.components,
+                "grid_points": int(self.grid.size),
+                "dropped": int(self.grid.size - self.components),
+                "rel_floor": self.eig.rel_floor,
+            },
+            "norm_bound": self.tau,
+            "statement": (
+                f"E||released - smoothed mean||^2 = {mse:.6g} (RMS over the domain, curve"
+                f" units), the privacy error only; it excludes the smoothing bias and the"
+                f" sampling error of the mean of curves clipped to norm {self.tau:g}."
+            ),
+        }
+
+
+def plan_iclp_mean(
+    grid: Sequence[float] | ArrayLike,
+    tau: float,
+    n: int,
+    epsilon: float | Fraction,
+    kernel: Kernel = DEFAULT_KERNEL,
+    eta: float | None = None,
+    psi: float | PsiRule | None = None,
+    max_components: int | None = None,
+    rel_floor: float = spectral.REL_FLOOR,
+) -> MeanPlan:
+    """Calibrate an ICLP-QR mean release; η, ψ default to the PSS rules (spec §3.2).
+
+    ``psi`` is a number > 0, ``"balanced"`` (default: (nε²)^(−ηβ/(β+1))) or
+    ``"free"`` (1/n).
+    """
+    points, tau = domain.validate_functional_meta(grid, tau)
+    _check_n_eps(n, epsilon)
+    eta_rule = "given" if eta is not None else "auto"
+    eta = pss.default_eta(kernel) if eta is None else float(eta)
+    if not (math.isfinite(eta) and eta > 0.5):
+        raise ValueError("eta must be > 1/2 for the mean (spec §7.2)")
+    if psi is None or psi == "balanced":
+        psi_rule, psi_value = "balanced", pss.balanced_psi(n, epsilon, eta, kernel.beta)
+    elif psi == "free":
+        psi_rule, psi_value = "free", pss.free_psi(n)
+    else:
+        psi_rule, psi_value = "given", float(psi)
+    if not (math.isfinite(psi_value) and psi_value > 0):
+        raise ValueError("psi must be a finite number > 0")
+    eig = _eigen(kernel, points, rel_floor, max_components)
+    filt = qr_filter(eig.values, eta, psi_value)
+    tau_eff = tau * TAU_SLACK
+    bessel = spectral.bessel_factor(eig)
+    delta = qr_sensitivity(eig.values, n, tau_eff, eta, psi_value) * math.sqrt(bessel)
+    smoothing = {
+        "method": "iclp-qr",
+        "eta": eta,
+        "eta_rule": eta_rule,
+        "psi": psi_value,
+        "psi_rule": psi_rule,
+        "beta": kernel.beta,
+        "components": eig.size,
+    }
+    return _plan("iclp-qr", points, eig, n, tau, filt, np.sqrt(eig.values),
+                 delta * SENSITIVITY_SAFETY, epsilon, smoothing)
+
+
+def plan_frl_mean(
+    grid: Sequence[float] | ArrayLike,
+    tau: float,
+    n: int,
+    epsilon: float | Fraction,
+    kernel: Kernel = DEFAULT_KERNEL,
+    components: int | None = None,
+    rel_floor: float = spectral.REL_FLOOR,
+) -> MeanPlan:
+    """Calibrate an FRL mean release on the first M eigenfunctions of ``kernel``.
+
+    M defaults to min(J, max(1, ⌊√n·ε⌋)) (PSS, spec §3.2).
+    """
+    points, tau = domain.validate_functional_meta(grid, tau)
+    _check_n_eps(n, epsilon)
+    eig = _eigen(kernel, points, rel_floor, None)
+    rule = "given" if components is not None else "auto"
+    m = pss.frl_components(n, Fraction(epsilon), eig.size) if components is None else components
+    if not 1 <= m <= eig.size:
+        raise ValueError(f"components must be between 1 and {eig.size} (the retained"
+                         " eigenfunctions of the basis kernel on this grid)")
+    bessel = spectral.bessel_factor(eig)
+    delta = frl_sensitivity(m, n, tau * TAU_SLACK) * math.sqrt(bessel)
+    smoothing = {"method": "frl", "components": m, "components_rule": rule}
+    return _plan("frl", points, eig, n, tau, np.ones(m), np.ones(m),
+                 delta * SENSITIVITY_SAFETY, epsilon, smoothing)
+
+
+def iclp_mean(
+    curves: ArrayLike,
+    grid: Sequence[float] | ArrayLike,
+    tau: float,
+    epsilon: float | Fraction,
+    rng: np.random.Generator,
+    **options: Any,
+) -> FunctionRelease:
+    """One-call ICLP-QR mean release (notebook convenience)."""
+    x = np.asarray(curves, dtype=np.float64)
+    return plan_iclp_mean(grid, tau, x.shape[0], epsilon, **options).release(x, rng)
+
+
+def frl_mean(
+    curves: ArrayLike,
+    grid: Sequence[float] | ArrayLike,
+    tau: float,
+    epsilon: float | Fraction,
+    rng: np.random.Generator,
+    **options: Any,
+) -> FunctionRelease:
+    """One-call FRL mean release (notebook convenience)."""
+    x = np.asarray(curves, dtype=np.float64)
+    return plan_frl_mean(grid, tau, x.shape[0], epsilon, **options).release(x, rng)
+
+
+def _check_n_eps(n: int, epsilon: float | Fraction) -> None:
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+        raise ValueError("n must be a positive integer")
+    if not (math.isfinite(float(epsilon)) and float(epsilon) > 0):
+        raise ValueError("epsilon must be a finite number > 0")
+
+
+def _eigen(
+    kernel: Kernel, points: tuple[float, ...], rel_floor: float, cap: int | None
+) -> spectral.EigenSystem:
+    return spectral.eigen_system(
+        kernel, domain.unit_positions(points), domain.quadrature_weights(points), rel_floor, cap
+    )
+
+
+def _plan(
+    method: Method,
+    points: tuple[float, ...],
+    eig: spectral.EigenSystem,
+    n: int,
+    tau: float,
+    filt: NDArray[np.float64],
+    shape: NDArray[np.float64],
+    delta: float,
+    epsilon: float | Fraction,
+    smoothing: dict[str, Any],
+) -> MeanPlan:
+    """Float-error and magnitude bounds of the coefficients, then the lattice noise.
+
+    |computed − exact| of ⟨x̄, v_j⟩ is at most (γ_n + γ_M + few u)·Σ_k w_k|v_j||x̄|
+    <= (n + M + 8)·2^-53·τ_eff·√bessel (Cauchy–Schwarz on the mean of |X_i|), and
+    twice that covers the multiplication by the filter; |ĉ_j| <= filter_j·τ_eff·√bessel.
+    """
+    m = len(points)
+    size = float(np.sqrt(spectral.bessel_factor(eig))) * tau * TAU_SLACK
+    bound = filt * size
+    error = bound * (n + m + 8) * 2.0**-52
+    calibrated = noise.calibrate(shape, delta, epsilon, error, bound)
+    filt.setflags(write=False)
+    return MeanPlan(method, np.array(points), eig, n, tau, filt, calibrated, smoothing)
