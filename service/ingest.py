@@ -71,7 +71,7 @@ _COLUMN_KEYS = frozenset(
     {"type", "bounds", "categories", "allow_missing", "fill", "prior", "grid", "norm_bound"}
 )
 _TYPES: tuple[ColumnType, ...] = ("continuous", "integer", "categorical", "functional")
-MAX_GRID = 10_000
+MAX_GRID = 2000  # the functional mechanisms refuse larger grids
 _POLICIES: tuple[BoundsPolicy, ...] = ("reject", "clip")
 _MISSING_TOKENS = frozenset({"", "nan", "na", "n/a", "null", "none"})
 _INT_WITH_ZERO_FRACTION = re.compile(r"([+-]?[0-9]+)\.0*")
