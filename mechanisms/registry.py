@@ -22,6 +22,7 @@ def register(mechanism: Mechanism) -> Mechanism:
 BUILTIN = [
     "mechanisms.baselines",
     "mechanisms.iclp",
+    "mechanisms.interval",
 ]
 
 

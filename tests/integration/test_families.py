@@ -59,3 +59,50 @@ def test_iclp_mean_of_curves_with_plot(api: Api, worker: Any) -> None:
     assert struct.unpack(">II", png.data[16:24]) == (600, 350)
     spent = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
     assert spent["committed"] == 2.0
+
+
+def test_interval_release_csv_and_free_npmle(api: Api, worker: Any) -> None:
+    rng = np.random.default_rng(5)
+    ages = np.clip(rng.normal(40, 10, size=400), 0, 100)
+    meta = {"name": "ages", "budgets": {"interval_leakage": 0.9},
+            "columns": {"age": {"type": "continuous", "bounds": [0, 100],
+                                "prior": {"family": "normal", "loc": 40, "scale": 10}}}}
+    resp = api.upload("age\n" + "\n".join(f"{a:.3f}" for a in ages) + "\n", meta)
+    assert resp.status_code == 201, resp.get_json()
+    ds = resp.get_json()["id"]
+    params = {"column": "age", "anchors": {"family": "logistic", "loc": 40, "scale": 10}}
+    estimate = api.post("/v1/releases/estimate", {
+        "dataset_id": ds, "mechanism": "interval.case2", "params": params,
+        "budget": {"interval_leakage": 0.8}}).get_json()
+    charged = estimate["cost"]["interval_leakage:age"]
+    assert 0 < charged <= 0.8
+    doc = _release(api, ds, "interval.case2", params, {"interval_leakage": 0.8})
+    assert doc["cost"] == {"interval_leakage:age": charged}
+    assert "not epsilon-DP" in doc["guarantee"]
+
+    csv = api.get(f"/v1/releases/{doc['id']}/data")
+    assert csv.status_code == 200 and csv.mimetype == "text/csv"
+    lines = csv.get_data(as_text=True).splitlines()
+    header = lines[0].split(",")
+    left, right = header.index("left"), header.index("right")
+    assert len(lines) == 401
+    for line, truth in zip(lines[1:], ages, strict=True):  # every range holds the truth
+        cells = line.split(",")
+        assert float(cells[left]) <= round(truth, 3) <= float(cells[right])
+
+    before = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]
+    npmle = _analysis(api, doc["id"], "npmle")
+    assert npmle["result"]["converged"] and npmle["result"]["kkt_gap"] < 1e-4
+    assert api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"] == before  # free
+
+    # leakage composes additively on the column's account (Thm 4): with the cap lowered
+    # to just above what is spent, a second release is refused and spends nothing
+    patch = {"caps": {"interval_leakage:age": charged + 0.01}}
+    assert api.client.patch(f"/v1/datasets/{ds}/budget", json=patch,
+                            headers=api._h()).status_code == 200
+    shifted = {**params, "anchors": {"family": "logistic", "loc": 41, "scale": 10}}
+    again = api.post("/v1/releases", {"dataset_id": ds, "mechanism": "interval.case2",
+                                      "params": shifted, "budget": {"interval_leakage": 0.8}})
+    assert again.status_code == 409 and again.get_json()["measure"] == "interval_leakage:age"
+    assert api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"][
+        "interval_leakage:age"]["reserved"] == 0

@@ -1,0 +1,296 @@
+"""Marshmallow schemas of the interval mechanisms' ``params`` and of their analyses."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+
+from mechanisms.interval.anchors import FAMILIES, FUNCTIONALS, LOCATION_SCALE
+from mechanisms.interval.transforms import NAMES
+
+MAX_M = 64
+MAX_ROUNDS = 16
+MAX_SCALE = 1e12
+MAX_LOC = 1e15
+
+
+def _finite(**kwargs: Any) -> fields.Float:
+    return fields.Float(allow_nan=False, validate=validate.Range(-MAX_LOC, MAX_LOC), **kwargs)
+
+
+class AnchorSchema(Schema):
+    """An anchor law: ``{"family": "logistic", "loc": 0, "scale": 2}``.
+
+    ``loc`` defaults to the prior median; ``standardize: true`` reads loc and scale in
+    prior-SD units around the median. Uniform: ``low``/``high`` or loc ± scale.
+    ``optimal``: Theorem 2's density for ``functional`` ("mean" or "second_moment").
+    """
+
+    class Meta:
+        unknown = RAISE
+
+    family = fields.String(required=True, validate=validate.OneOf(FAMILIES))
+    loc = _finite()
+    scale = fields.Float(allow_nan=False,
+                         validate=validate.Range(0, MAX_SCALE, min_inclusive=False))
+    low = _finite()
+    high = _finite()
+    standardize = fields.Boolean(load_default=False)
+    functional = fields.String(validate=validate.OneOf(FUNCTIONALS))
+
+    @validates_schema
+    def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
+        family = data["family"]
+        if ("low" in data) != ("high" in data):
+            raise ValidationError("give both low and high.", "high")
+        if "low" in data:
+            if family != "uniform":
+                raise ValidationError("only uniform anchors take low/high.", "low")
+            if "loc" in data or "scale" in data:
+                raise ValidationError("give low/high or loc/scale, not both.", "low")
+            if not data["low"] < data["high"]:
+                raise ValidationError("low must be below high.", "high")
+        if family == "optimal":
+            if "functional" not in data:
+                raise ValidationError("optimal anchors need a functional.", "functional")
+            extra = sorted({"loc", "scale"} & set(data))
+            if extra or data.get("standardize"):
+                raise ValidationError("optimal anchors are fixed by the prior.", "family")
+        elif "functional" in data:
+            raise ValidationError("only optimal anchors take a functional.", "functional")
+
+
+class _Common(Schema):
+    class Meta:
+        unknown = RAISE
+
+    column = fields.String(required=True, validate=validate.Length(min=1, max=256))
+    calibrate = fields.Boolean(load_default=False)
+    transform = fields.String(load_default="identity", validate=validate.OneOf(NAMES))
+
+
+class _Canonical(_Common):
+    anchors = fields.Nested(AnchorSchema)
+    exact_cells = fields.List(fields.Integer(strict=True, validate=validate.Range(1, MAX_M)),
+                              validate=validate.Length(max=MAX_M))
+    exact_range = fields.List(_finite(), validate=validate.Length(equal=2))
+
+    @validates_schema
+    def _check_common(self, data: dict[str, Any], **kwargs: Any) -> None:
+        _check_anchor_need(data)
+        rng = data.get("exact_range")
+        if rng is not None and not rng[0] <= rng[1]:
+            raise ValidationError("exact_range must be [low, high] with low <= high.",
+                                  "exact_range")
+        m = data.get("m", self.default_m)
+        if any(c > m for c in data.get("exact_cells", ())):
+            raise ValidationError(f"range indices run from 1 to m = {m}.", "exact_cells")
+
+    default_m = 2
+
+
+def _check_anchor_need(data: dict[str, Any]) -> None:
+    anchors = data.get("anchors")
+    if anchors is None:
+        if not data.get("calibrate"):
+            raise ValidationError("give anchors, or calibrate: true.", "anchors")
+        return
+    family = anchors["family"]
+    if data.get("calibrate"):
+        if family not in LOCATION_SCALE or "low" in anchors:
+            raise ValidationError(
+                "calibration tunes the scale of a location-scale family (logistic, normal,"
+                " laplace, uniform with loc/scale).", "anchors")
+        if "scale" in anchors:
+            raise ValidationError("with calibrate: true the scale is chosen; omit it.",
+                                  "anchors")
+    elif family in LOCATION_SCALE and "scale" not in anchors and "low" not in anchors:
+        raise ValidationError("anchors need a scale (or calibrate: true).", "anchors")
+
+
+class Case1Schema(_Canonical):
+    """Case-I: one anchor U; the record says whether Y <= U."""
+
+
+class Case2Schema(_Canonical):
+    """Case-II: an ordered anchor pair U < V (sorted iid draws)."""
+
+    default_m = 3
+
+
+class CaseKSchema(_Canonical):
+    """Case-K: m ranges from m − 1 sorted iid anchors, or one anchor plus fixed offsets."""
+
+    m = fields.Integer(strict=True, required=True, validate=validate.Range(2, MAX_M))
+    offsets = fields.List(_finite(), validate=validate.Length(min=1, max=MAX_M - 1))
+
+    @validates_schema
+    def _check_offsets(self, data: dict[str, Any], **kwargs: Any) -> None:
+        offsets = data.get("offsets")
+        if offsets is not None:
+            if len(offsets) != data["m"] - 1:
+                raise ValidationError("give m − 1 offsets.", "offsets")
+            if any(b <= a for a, b in itertools.pairwise(offsets)):
+                raise ValidationError("offsets must be strictly increasing.", "offsets")
+
+
+class RingSchema(_Common):
+    """Ring (Example 3): two ranges, each with prior coverage >= tau_floor for every record."""
+
+    tau_floor = fields.Float(allow_nan=False, load_default=0.25,
+                             validate=validate.Range(0.0, 0.5, max_inclusive=False))
+
+
+class SelectiveSchema(_Common):
+    """Selective collection (Def 5) over a base partition mechanism."""
+
+    base = fields.String(load_default="case1",
+                         validate=validate.OneOf(("case1", "case2", "casek", "ring")))
+    anchors = fields.Nested(AnchorSchema)
+    m = fields.Integer(strict=True, validate=validate.Range(2, MAX_M))
+    offsets = fields.List(_finite(), validate=validate.Length(min=1, max=MAX_M - 1))
+    tau_floor = fields.Float(allow_nan=False, validate=validate.Range(0.0, 0.5,
+                                                                       max_inclusive=False))
+    tau = fields.Float(required=True, allow_nan=False,
+                       validate=validate.Range(0.0, 1.0, min_inclusive=False))
+    rho = fields.Float(allow_nan=False, validate=validate.Range(0.0, 1.0, min_inclusive=False))
+
+    @validates_schema
+    def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
+        base = data["base"]
+        if base == "ring":
+            if "anchors" in data:
+                raise ValidationError("the ring draws its anchors from the prior.", "anchors")
+        else:
+            _check_anchor_need(data)
+            if "tau_floor" in data:
+                raise ValidationError("tau_floor belongs to the ring base.", "tau_floor")
+        if ("m" in data) != (base == "casek"):
+            raise ValidationError("m is given exactly for the casek base.", "m")
+        if "offsets" in data:
+            if base != "casek":
+                raise ValidationError("offsets need the casek base.", "offsets")
+            if len(data["offsets"]) != data["m"] - 1:
+                raise ValidationError("give m − 1 offsets.", "offsets")
+
+
+class ProgressiveSchema(_Common):
+    """Progressive narrowing (Example 4): anchors uniform on the current range."""
+
+    rounds = fields.Integer(strict=True, load_default=3, validate=validate.Range(1, MAX_ROUNDS))
+    tau_stop = fields.Float(allow_nan=False, load_default=0.0,
+                            validate=validate.Range(0.0, 1.0, max_inclusive=False))
+
+    @validates_schema
+    def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data["transform"] != "identity":
+            raise ValidationError("progressive narrowing runs on the raw column.", "transform")
+
+
+# --------------------------------------------------------------------------- analyses
+
+
+class NPMLEParams(Schema):
+    class Meta:
+        unknown = RAISE
+
+    method = fields.String(load_default="auto",
+                           validate=validate.OneOf(("auto", "pava", "cnm", "em")))
+    tol = fields.Float(load_default=1e-6, validate=validate.Range(1e-12, 1e-2))
+    max_iter = fields.Integer(strict=True, validate=validate.Range(1, 1_000_000))
+
+
+class MeanParams(Schema):
+    class Meta:
+        unknown = RAISE
+
+    clip = fields.Boolean(load_default=False)
+
+
+class MomentsParams(NPMLEParams):
+    orders = fields.List(fields.Integer(strict=True, validate=validate.Range(1, 8)),
+                         load_default=lambda: [1, 2], validate=validate.Length(min=1, max=8))
+    convention = fields.String(load_default="right",
+                               validate=validate.OneOf(("right", "left", "midpoint")))
+
+
+class _ScaleField(fields.Field):
+    """A positive number, or "estimate" (Gaussian EM update)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if value == "estimate":
+            return None
+        if (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value) and 0 < value <= MAX_SCALE):
+            return float(value)
+        raise ValidationError('Must be a positive number or "estimate".')
+
+
+class NoiseSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    family = fields.String(load_default="gaussian", validate=validate.OneOf(("gaussian",
+                                                                              "logistic")))
+    scale = _ScaleField(load_default=1.0)
+
+
+class LearnerSchema(Schema):
+    """``linear`` (with intercept), ``polynomial`` (all monomials up to degree), or a
+    scikit-learn regressor by class name (only where scikit-learn is installed)."""
+
+    class Meta:
+        unknown = RAISE
+
+    type = fields.String(load_default="linear",
+                         validate=validate.OneOf(("linear", "polynomial", "sklearn")))
+    degree = fields.Integer(strict=True, validate=validate.Range(1, 6))
+    estimator = fields.String(validate=validate.Regexp(r"^[A-Z][A-Za-z]{1,60}$"))
+    options = fields.Dict(keys=fields.String(), values=fields.Raw())
+
+    @validates_schema
+    def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
+        kind = data["type"]
+        if ("degree" in data) != (kind == "polynomial"):
+            raise ValidationError("degree is given exactly for polynomial learners.", "degree")
+        if ("estimator" in data) != (kind == "sklearn"):
+            raise ValidationError("estimator is given exactly for sklearn learners.",
+                                  "estimator")
+        if "options" in data and kind != "sklearn":
+            raise ValidationError("options are for sklearn learners.", "options")
+        for value in data.get("options", {}).values():
+            if not isinstance(value, str | int | float | bool) and value is not None:
+                raise ValidationError("options take plain values only.", "options")
+
+
+_Row = fields.List(fields.Float(allow_nan=False), validate=validate.Length(min=1, max=1000))
+
+
+class _RegressionCommon(Schema):
+    class Meta:
+        unknown = RAISE
+
+    learner = fields.Nested(LearnerSchema, load_default=lambda: {"type": "linear"})
+    noise = fields.Nested(NoiseSchema, load_default=lambda: {"family": "gaussian", "scale": 1.0})
+    max_iter = fields.Integer(strict=True, load_default=10_000,
+                              validate=validate.Range(1, 100_000))
+    tol = fields.Float(load_default=1e-8, validate=validate.Range(1e-14, 1e-1))
+    init = fields.String(load_default="zero", validate=validate.OneOf(("zero", "midpoint")))
+    predict = fields.List(_Row, validate=validate.Length(max=100_000))
+
+
+class RegressionParams(_RegressionCommon):
+    """Features inline: ``features`` is n rows × d numbers, in the dataset's row order."""
+
+    features = fields.List(_Row, required=True, validate=validate.Length(min=1))
+    feature_names = fields.List(fields.String(validate=validate.Length(max=64)))
+
+
+class RegressionReleaseParams(_RegressionCommon):
+    """Features from the other release's table: ``columns`` are its numeric table columns."""
+
+    columns = fields.List(fields.String(validate=validate.Length(min=1, max=256)),
+                          required=True, validate=validate.Length(min=1, max=1000))

@@ -1,0 +1,495 @@
+"""Registry entries ``interval.*``: thin wrappers from params + metadata to a library design.
+
+Everything the ledger needs is a function of params and public metadata: the
+column's declared prior (``ColumnMeta.prior``; None = uniform on the bounds),
+its bounds, and the anchor design. The charge is the upper confidence bound
+on leakage 1 − τ from the fixed-seed coverage integrator, rounded up to the
+ledger's unit (1e-12), per column (``interval_leakage:<column>``; additive,
+Thm 4). With ``calibrate: true`` the design's free parameter (anchor scale,
+ring floor, or number of rounds) is chosen so that the charge meets the
+agreed budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output
+from mechanisms.interval import anchors as anchor_laws
+from mechanisms.interval import schemas
+from mechanisms.interval.coverage import (
+    CalibrationError,
+    Estimate,
+    calibrate_increasing,
+    calibrate_scale,
+    expected_coverage,
+    integrate,
+    ring_coverage,
+)
+from mechanisms.interval.designs import (
+    Canonical,
+    IntervalMechanism,
+    Progressive,
+    Ring,
+    Selective,
+    clean,
+)
+from mechanisms.interval.priors import Prior, column_prior
+from mechanisms.interval.ranges import Law
+from mechanisms.interval.transforms import PushforwardLaw, Transform
+
+MEASURE = "interval_leakage"
+#: ledger unit of the measure (service/budget.py): charges are rounded up to it
+LEDGER_UNIT = 10**12
+#: calibration searches anchor scales in this range, in units of the prior's SD
+SCALE_RANGE = (0.05, 1000.0)
+RING_FLOOR_MAX = 0.49
+PRIVACY_UNIT = (
+    "per record (local model): each row's value is released as a random range drawn"
+    " independently of the other rows; n_rows public"
+)
+
+Design = IntervalMechanism | Selective | Progressive
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved release: the design, its coverage, and what the ledger is charged."""
+
+    kind: str
+    column: str
+    prior: Prior
+    design: Design
+    estimate: Estimate
+    charge: Fraction
+    fill: float
+    m: int | None
+    calibrated: dict[str, Any] | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def _amount(value: Any, field_name: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
+        raise MechanismInputError(field_name, "must be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MechanismInputError(field_name, "must be finite")
+    amount = Fraction(value)
+    if not 0 < amount <= 1:
+        raise MechanismInputError(field_name, "interval leakage must be in (0, 1]")
+    return amount
+
+
+def _read_budget(budget: Budget, column: str, name: str) -> Fraction:
+    """The agreed leakage: ``interval_leakage`` (or ``interval_leakage:<column>``) only."""
+    own = f"{MEASURE}:{column}"
+    extra = sorted(set(budget) - {MEASURE, own})
+    if extra:
+        raise MechanismInputError("budget", f"{name} spends only {MEASURE}; got {', '.join(extra)}")
+    if own in budget:
+        return _amount(budget[own], f"budget.{own}")
+    if MEASURE not in budget:
+        raise MechanismInputError(f"budget.{MEASURE}", f"{name} needs an {MEASURE} budget")
+    return _amount(budget[MEASURE], f"budget.{MEASURE}")
+
+
+def _charge(estimate: Estimate) -> Fraction:
+    """Upper leakage bound rounded up to the ledger unit (exact, never below the bound)."""
+    return Fraction(math.ceil(Fraction(estimate.leakage_bound) * LEDGER_UNIT), LEDGER_UNIT)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def plan(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
+         target: Fraction | None = None) -> Plan:
+    """Resolve params against the metadata (cached: cost, accuracy and run agree)."""
+    column = meta.column(params["column"])
+    key = json.dumps(
+        {"params": params, "column": [column.name, column.type, column.bounds, column.prior]},
+        sort_keys=True, default=str)
+    cache_key = (kind, key, None if target is None else str(target))
+    hit = _PLANS.get(cache_key)
+    if hit is None:
+        hit = _resolve(kind, params, meta, target)
+        while len(_PLANS) >= _PLAN_CACHE_SIZE:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[cache_key] = hit
+        if target is not None:
+            # calibration is a fixed point: calibrating to the charge gives this same plan,
+            # which is what accuracy() and run() do (they see the cost, not the budget)
+            _PLANS[(kind, key, str(hit.charge))] = hit
+    return hit
+
+
+#: resolved plans by (kind, params + column metadata, target): cost, accuracy and run of one
+#: request resolve the same design once (calibration runs the integrator dozens of times)
+_PLANS: dict[tuple[str, str, str | None], Plan] = {}
+_PLAN_CACHE_SIZE = 256
+
+
+def _resolve(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
+             target: Fraction | None) -> Plan:
+    column = meta.column(params["column"])
+    prior = column_prior(column)
+    support = prior.support
+    transform = Transform(params["transform"])
+    if transform.name == "log" and not support[0] > 0:
+        raise MechanismInputError(
+            "params.transform", f"log needs column {column.name!r} to have a positive lower bound")
+    g_law: Any = prior
+    if not transform.identity:
+        g_law = PushforwardLaw(prior, transform, transform.image_support(*support))
+    fill = support[0] if math.isfinite(support[0]) else prior.median
+    calibrate = bool(params.get("calibrate"))
+    if calibrate and target is None:
+        raise MechanismInputError("params.calibrate", "calibration needs a leakage budget")
+
+    def finish(design: Design, estimate: Estimate, m: int | None,
+               calibrated: dict[str, Any] | None = None, **notes: Any) -> Plan:
+        return Plan(kind, column.name, prior, design, estimate, _charge(estimate), fill, m,
+                    calibrated, notes)
+
+    if kind == "progressive":
+        return _progressive(params, prior, support, target, finish)
+    if kind == "ring" or (kind == "selective" and params["base"] == "ring"):
+        make: Callable[[float], IntervalMechanism] = lambda tau: IntervalMechanism(  # noqa: E731
+            Ring(g_law, tau), transform, support)
+        free_name, free_default = "tau_floor", params.get("tau_floor", 0.25)
+        increasing = True
+        m = 2
+    else:
+        m = {"case1": 2, "case2": 3}.get(kind if kind != "selective" else params["base"],
+                                         params.get("m", 2))
+        dist = _anchor_law(params, g_law, column.name)
+        offsets = tuple(params["offsets"]) if params.get("offsets") else None
+        exact_cells = tuple(sorted(set(params.get("exact_cells", ()))))
+        exact_range = tuple(params["exact_range"]) if params.get("exact_range") else None
+        make = lambda scale: IntervalMechanism(  # noqa: E731
+            Canonical(dist if scale <= 0 else dist.with_scale(scale), m, offsets), transform,
+            support, exact_cells, exact_range)
+        free_name, free_default = "scale", 0.0  # 0: keep the law as given
+        increasing = False
+    if kind == "selective":
+        return _selective(params, prior, make, free_name, free_default, increasing, target,
+                          g_law, m, finish)
+
+    def leakage(x: float) -> float:
+        return _charge_float(_coverage(make(x), prior))
+
+    free = free_default
+    calibrated = None
+    if calibrate:
+        assert target is not None
+        free = _calibrate(leakage, float(target), free_name, increasing, g_law)
+        calibrated = {free_name: free}
+    design = make(free)
+    return finish(design, _coverage(design, prior), m, calibrated)
+
+
+def _coverage(design: IntervalMechanism, prior: Prior) -> Estimate:
+    """τ of a partition mechanism; the ring on a continuous prior has a closed form."""
+    part = design.partition
+    if (isinstance(part, Ring) and design.transform.identity and not prior.integer
+            and part.law is prior):
+        return Estimate(ring_coverage(part.tau_floor), 0.0)
+    return expected_coverage(design, prior)
+
+
+def _charge_float(estimate: Estimate) -> float:
+    return float(_charge(estimate))
+
+
+def _calibrate(leakage: Callable[[float], float], target: float, name: str, increasing: bool,
+               g_law: Any) -> float:
+    try:
+        if increasing:
+            return calibrate_increasing(leakage, target, 0.0, RING_FLOOR_MAX)
+        unit = float(g_law.sd)
+        return calibrate_scale(leakage, target, SCALE_RANGE[0] * unit, SCALE_RANGE[1] * unit)
+    except CalibrationError as err:
+        raise MechanismInputError(f"budget.{MEASURE}", f"{err} ({name})") from None
+
+
+def _anchor_law(params: Mapping[str, Any], g_law: Any, column: str) -> anchor_laws.AnchorDist:
+    spec = params.get("anchors") or {"family": "logistic"}
+    if spec["family"] == "optimal":
+        try:
+            return anchor_laws.optimal(g_law, spec["functional"])
+        except ValueError as err:
+            raise MechanismInputError("params.anchors", str(err)) from None
+    return anchor_laws.from_spec(spec, float(g_law.median), float(g_law.sd))
+
+
+def _selective(params: Mapping[str, Any], prior: Prior, make: Callable[[float], Any],
+               free_name: str, free_default: float, increasing: bool, target: Fraction | None,
+               g_law: Any, m: int, finish: Callable[..., Plan]) -> Plan:
+    tau = float(params["tau"])
+
+    def build(x: float) -> tuple[Selective, float]:
+        base = make(x)
+        probe = Selective(base, tau, 1.0, prior)
+        collect = integrate(lambda q: probe.collect_integrand(q, prior), probe.dims)
+        # ρ <= P(L >= τ) (Prop 2); the default takes the lower confidence bound
+        p_low = max(0.0, collect.value - 5.5 * collect.se - 1e-9)
+        rho = params.get("rho", p_low)
+        return Selective(base, tau, rho, prior), p_low
+
+    def leakage(x: float) -> float:
+        design, p_low = build(x)
+        if p_low <= 0:
+            return 1.0
+        return _charge_float(expected_coverage(design, prior))
+
+    free, calibrated = free_default, None
+    if params.get("calibrate"):
+        assert target is not None
+        free = _calibrate(leakage, float(target), free_name, increasing, g_law)
+        calibrated = {free_name: free}
+    design, p_low = build(free)
+    if p_low <= 0:
+        raise MechanismInputError("params.tau", "no range of this design reaches coverage tau")
+    if design.rho > p_low:
+        raise MechanismInputError(
+            "params.rho", f"rho must be at most P(L >= tau) = {p_low:.6g} (Prop 2: otherwise a"
+            " null reveals that the range was too narrow)")
+    return finish(design, expected_coverage(design, prior), m, calibrated,
+                  collect_probability=p_low, rho=design.rho)
+
+
+def _progressive(params: Mapping[str, Any], prior: Prior, support: tuple[float, float],
+                 target: Fraction | None, finish: Callable[..., Plan]) -> Plan:
+    if not all(math.isfinite(b) for b in support):
+        raise MechanismInputError(
+            "params.column", "progressive narrowing needs a column with finite bounds")
+
+    def make(rounds: int) -> Progressive:
+        return Progressive(support, rounds, float(params["tau_stop"]), prior)
+
+    rounds, calibrated = int(params["rounds"]), None
+    if params.get("calibrate"):
+        assert target is not None
+        best = None
+        for r in range(1, schemas.MAX_ROUNDS + 1):
+            if _charge(expected_coverage(make(r), prior)) > target:
+                break
+            best = r
+        if best is None:
+            raise MechanismInputError(f"budget.{MEASURE}",
+                                      "even one round leaks more than the budget")
+        rounds, calibrated = best, {"rounds": best}
+    design = make(rounds)
+    return finish(design, expected_coverage(design, prior), None, calibrated)
+
+
+# --------------------------------------------------------------------------- statements
+
+
+def _describe(p: Plan) -> dict[str, Any]:
+    out = p.design.describe()
+    out["kind"] = p.kind
+    return _json_safe(out)
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, float | np.floating):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def _accuracy(p: Plan) -> dict[str, Any]:
+    tau = p.estimate.value
+    out: dict[str, Any] = {
+        "expected_coverage": tau,
+        "coverage_se": p.estimate.se,
+        "leakage": 1.0 - tau,
+        "leakage_charged": float(p.charge),
+        "prior": _json_safe(p.prior.describe()),
+        "design": _describe(p),
+    }
+    if p.m is not None:
+        out["coverage_lower_bound"] = 1.0 / p.m
+    if isinstance(p.design, IntervalMechanism) and isinstance(p.design.partition, Ring):
+        out["per_record_floor"] = p.design.partition.tau_floor
+    if p.calibrated:
+        out["calibrated"] = _json_safe(p.calibrated)
+    out.update(_json_safe(p.notes))
+    if isinstance(p.design, Selective):
+        out["per_record_floor"] = p.design.tau
+    if p.prior.integer and "per_record_floor" in out:
+        out["floor_note"] = (
+            "integer column: the floor holds for the continuous latent prior; rounding to"
+            " integers can move an individual coverage slightly below it")
+    out["statement"] = (
+        f"Under the declared prior of {p.column!r}, a released range holds on average"
+        f" {tau:.2%} of the prior mass (expected coverage; leakage {1 - tau:.4g}). Every"
+        " range contains the true value; estimates from the ranges (NPMLE, moments,"
+        " regression) are free post-processing."
+    )
+    return out
+
+
+def _guarantee(p: Plan) -> str:
+    text = (
+        f"interval privacy (Ding & Ding 2022, Def. 1) on column {p.column!r}: each released"
+        " range contains the true value, and the posterior of a record given its release is"
+        " the declared prior restricted to the range; expected coverage"
+        f" {p.estimate.value:.4f} under the declared prior, leakage {float(p.charge):.6g}"
+        f" charged to {MEASURE}:{p.column} (additive across releases, Thm 4); {PRIVACY_UNIT};"
+        " prior-relative, not epsilon-DP"
+    )
+    if isinstance(p.design, Selective):
+        text += (
+            "; selective collection: a null record is counted as full coverage, and nulls"
+            " are ignorable (P(W=0 | null) >= 1/2) because rho <= P(L >= tau)"
+        )
+    if isinstance(p.design, Progressive) and p.design.tau_stop > 0:
+        text += "; system-side stopping may reveal that the next range would be narrow"
+    return text
+
+
+# --------------------------------------------------------------------------- mechanisms
+
+
+class _Interval(Mechanism):
+    """Shared cost/accuracy/run; subclasses name the kind and the schema."""
+
+    measures = (MEASURE,)
+    kind: ClassVar[str]
+
+    def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta) -> dict[
+        str, Fraction
+    ]:
+        agreed = _read_budget(budget, params["column"], self.name)
+        p = plan(self.kind, params, meta, agreed if params.get("calibrate") else None)
+        if p.charge > agreed:
+            raise MechanismInputError(
+                f"budget.{MEASURE}",
+                f"this design leaks up to {float(p.charge):.6g} (expected coverage"
+                f" {p.estimate.value:.4f}) but the budget allows {float(agreed):.6g}; spread"
+                " the anchors or use calibrate: true",
+            )
+        return {f"{MEASURE}:{p.column}": p.charge}
+
+    def _plan(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta) -> Plan:
+        charged = _read_budget(cost, params["column"], self.name)
+        p = plan(self.kind, params, meta, charged if params.get("calibrate") else None)
+        if p.charge > charged:
+            raise MechanismInputError(f"budget.{MEASURE}", "the cost does not cover this design")
+        return p
+
+    def accuracy(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta) -> dict[
+        str, Any
+    ]:
+        return _accuracy(self._plan(params, cost, meta))
+
+    def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        p = self._plan(params, cost, meta)
+        raw = np.asarray(data[p.column])
+        if raw.ndim != 1 or raw.shape[0] != meta.n_rows:
+            raise ValueError(f"column {p.column!r} does not have n_rows entries")
+        y = clean(raw, p.prior.support, p.fill)
+        release = p.design.release(y, rng)
+        table = release.table(p.prior)
+        coverage = table["coverage"]
+        released = release.released
+        result: dict[str, Any] = {
+            "n": int(release.n),
+            "column": p.column,
+            "mechanism": self.name,
+            "design": _describe(p),
+            "prior": _json_safe(p.prior.describe()),
+            "expected_coverage": p.estimate.value,
+            "leakage_charged": float(p.charge),
+            "realized_mean_coverage": float(np.mean(coverage)) if release.n else None,
+            "released": int(np.count_nonzero(released)),
+            "nulls": int(release.n - np.count_nonzero(released)),
+            "exact_reports": int(np.count_nonzero(~np.isnan(release.exact))),
+            "columns": list(table),
+            "convention": (
+                "each range is the union of pieces (left, right]; left_closed/right_closed = 1"
+                " marks a closed end; unused pieces are NaN; exact is NaN unless the value is"
+                " reported exactly; released = 0 marks a null (selective) or no answered round"
+            ),
+        }
+        if p.calibrated:
+            result["calibrated"] = _json_safe(p.calibrated)
+        if isinstance(p.design, Progressive):
+            rounds = release.extra["rounds"]
+            result["rounds_histogram"] = np.bincount(rounds, minlength=p.design.rounds + 1
+                                                     ).tolist()
+        return Output(result=result, accuracy=_accuracy(p), guarantee=_guarantee(p),
+                      table=table)
+
+
+class Case1(_Interval):
+    name = "interval.case1"
+    kind = "case1"
+    params_schema = schemas.Case1Schema
+    description = ("Interval privacy, Case I: each value is released as (-inf, U] or (U, inf)"
+                   " for a random anchor U drawn independently of the data.")
+
+
+class Case2(_Interval):
+    name = "interval.case2"
+    kind = "case2"
+    params_schema = schemas.Case2Schema
+    description = "Interval privacy, Case II: ranges cut by an ordered random anchor pair."
+
+
+class CaseK(_Interval):
+    name = "interval.casek"
+    kind = "casek"
+    params_schema = schemas.CaseKSchema
+    description = ("Interval privacy, Case K: m random ranges (iid sorted anchors or a random"
+                   " shift of fixed offsets), optional exact-report range A.")
+
+
+class RingMechanism(_Interval):
+    name = "interval.ring"
+    kind = "ring"
+    params_schema = schemas.RingSchema
+    description = ("Interval privacy, ring topology: two ranges, each with prior coverage at"
+                   " least tau_floor for every record.")
+
+
+class SelectiveMechanism(_Interval):
+    name = "interval.selective"
+    kind = "selective"
+    params_schema = schemas.SelectiveSchema
+    description = ("Interval privacy, selective collection: keep a range only if its coverage"
+                   " is at least tau (and a Bernoulli(rho) coin says so); otherwise a null.")
+
+
+class ProgressiveMechanism(_Interval):
+    name = "interval.progressive"
+    kind = "progressive"
+    params_schema = schemas.ProgressiveSchema
+    description = ("Interval privacy, progressive narrowing: repeated Case-I questions with"
+                   " anchors uniform on the current range.")
+
+
+MECHANISMS: tuple[type[_Interval], ...] = (
+    Case1, Case2, CaseK, RingMechanism, SelectiveMechanism, ProgressiveMechanism)
+
+
+def law_of(meta: DatasetMeta, column: str) -> Law:
+    """The declared prior of a column (for analyses)."""
+    return column_prior(meta.column(column))

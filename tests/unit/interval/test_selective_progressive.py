@@ -1,0 +1,108 @@
+"""Selective collection and progressive narrowing (spec §7.5 item 10)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mechanisms import interval
+
+from .conftest import NORMAL, case1, rng
+
+UNIFORM = interval.make_prior(None, (0.0, 1.0))
+
+
+def _collect_probability(base: interval.IntervalMechanism, tau: float) -> float:
+    probe = interval.Selective(base, tau, 1.0, NORMAL)
+    return interval.coverage.integrate(lambda q: probe.collect_integrand(q, NORMAL), 1).value
+
+
+def test_selective_ignorability_at_rho_equal_collect_probability() -> None:
+    """Case-I, N(0,1), Logis(1), τ = 0.6: P(L >= τ) = 0.757, P(W = 0 | null) = 0.569."""
+    p = _collect_probability(case1(), 0.6)
+    assert abs(p - 0.757) < 0.005
+    sel = interval.Selective(case1(), 0.6, p, NORMAL)
+    n = 400_000
+    y = rng(1).normal(size=n)
+    rel, w = sel.release_with_w(y, rng(2))
+    null = ~rel.released
+    share = float(np.mean(w[null] == 0))
+    # binomial SE of the share with ~170k nulls is ~0.0012; 0.01 is 8 SE
+    assert share >= 0.5 and abs(share - 0.569) < 0.01
+    # analytic Prop 2 value: (1 − ρ)/((1 − ρ) + ρ·P(L < τ))
+    assert abs(share - (1 - p) / ((1 - p) + p * (1 - p))) < 0.01
+    assert np.all(rel.coverage(NORMAL)[rel.released] >= 0.6)
+    assert np.all(np.isnan(rel.anchors[null]))  # a null keeps no anchors
+    # the charged coverage counts a null as the whole line
+    realised = float(rel.coverage(NORMAL).mean())
+    assert abs(realised - interval.expected_coverage(sel, NORMAL).value) < 0.003
+
+
+def test_selective_with_large_rho_loses_ignorability() -> None:
+    sel = interval.Selective(case1(), 0.6, 0.984, NORMAL)
+    rel, w = sel.release_with_w(rng(3).normal(size=200_000), rng(4))
+    assert abs(float(np.mean(w[~rel.released] == 0)) - 0.064) < 0.01
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+def test_progressive_bisection_coverage(rounds: int) -> None:
+    """Uniform anchors on uniform data: average coverage (2/3)^h (±0.005)."""
+    prog = interval.Progressive((0.0, 1.0), rounds)
+    y = rng(5).random(400_000)
+    rel = prog.release(y, rng(6))
+    assert abs(float(rel.coverage(UNIFORM).mean()) - (2 / 3) ** rounds) < 0.005
+    assert abs(interval.expected_coverage(prog, UNIFORM).value - (2 / 3) ** rounds) < 0.005
+    assert np.all(rel.extra["rounds"] == rounds)
+
+
+def test_progressive_anchors_follow_only_released_answers() -> None:
+    """Round h's anchor is uniform on the range left by rounds < h (Remark 1)."""
+    prog = interval.Progressive((0.0, 10.0), 3)
+    y = rng(7).random(50_000) * 10
+    rel = prog.release(y, rng(8))
+    lo, hi = np.zeros(y.size), np.full(y.size, 10.0)
+    for h in range(3):
+        u = rel.anchors[:, h]
+        assert np.all((lo <= u) & (u <= hi))
+        ans = rel.extra[f"answer_{h + 1}"] == 1
+        assert np.array_equal(ans, y <= u)
+        lo, hi = np.where(ans, lo, u), np.where(ans, u, hi)
+    assert np.allclose(rel.pieces.left[:, 0], lo) and np.allclose(rel.pieces.right[:, 0], hi)
+
+
+def test_progressive_stopping_floor() -> None:
+    prog = interval.Progressive((0.0, 1.0), 6, 0.2, UNIFORM)
+    y = rng(9).random(100_000)
+    rel = prog.release(y, rng(10))
+    cover = rel.coverage(UNIFORM)
+    assert np.all(cover[rel.released] >= 0.2)
+    assert np.all(rel.extra["rounds"] <= 6) and rel.extra["rounds"].min() >= 0
+    assert abs(float(cover.mean()) - interval.expected_coverage(prog, UNIFORM).value) < 0.005
+
+
+def test_selective_case1_npmle_is_flagged_non_identifiable() -> None:
+    """Selective Case-I with τ = 0.6 collapses the NPMLE: the analysis must warn."""
+    from fractions import Fraction
+
+    from mechanisms import registry
+    from mechanisms.base import ColumnMeta, DatasetMeta, ReleaseView
+
+    meta = DatasetMeta(2000, {"x": ColumnMeta("x", "continuous",
+                                              prior={"family": "normal", "loc": 0, "scale": 1})})
+    mech = registry.get("interval.selective")
+    params = mech.load_params({"column": "x", "tau": 0.6,
+                               "anchors": {"family": "logistic", "scale": 1}})
+    cost = mech.cost(params, {"interval_leakage": Fraction(1, 2)}, meta)
+    out = mech.run({"x": rng(11).normal(size=2000)}, params, cost, meta, rng(12))
+    view = ReleaseView("r1", mech.name, params, out.result, out.table, meta)
+    analysis = mech.analyses["npmle"]
+    result = analysis.run(view, analysis.load_params({}), [], rng(13))
+    assert any(w.startswith("non-identifiable") for w in result["warnings"])
+    # a tau <= 1/2 design gets the weaker (unverified tau-resolvability) warning instead
+    params = mech.load_params({"column": "x", "tau": 0.3,
+                               "anchors": {"family": "logistic", "scale": 1}})
+    cost = mech.cost(params, {"interval_leakage": Fraction(1, 2)}, meta)
+    out = mech.run({"x": rng(14).normal(size=2000)}, params, cost, meta, rng(15))
+    view = ReleaseView("r2", mech.name, params, out.result, out.table, meta)
+    result = analysis.run(view, analysis.load_params({}), [], rng(16))
+    assert result["warnings"] and not result["warnings"][0].startswith("non-identifiable")
