@@ -21,6 +21,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m pytest tests/bench -p no:cacheprovider -o addopts="" -s
 
 clean:
