@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -52,17 +53,24 @@ class Service:
                 break
         else:
             raise TimeoutError(self.banner)
+        # keep draining the shared stdout (JSON logs): a full pipe would block the service
+        threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
         while time.monotonic() < deadline:  # wait until a worker is serving too
             if requests.get(self.url + "/readyz", timeout=5).status_code == 200:
                 return
             time.sleep(0.2)
         raise TimeoutError("worker never ready")
 
+    def _drain(self, stream: Any) -> None:
+        for line in stream:
+            if "privrelease" in line and not line.startswith("{"):
+                self.banner += line  # the supervisor's own lines, not the access logs
+
     def stop(self) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGINT)
-        out, _ = self.proc.communicate(timeout=90)
-        self.banner += out
+        self.proc.wait(timeout=90)
+        time.sleep(0.2)  # let the drain thread read the last lines
         return self.proc.returncode
 
     def call(self, method: str, path: str, **kw: Any) -> requests.Response:
