@@ -23,6 +23,7 @@ BUILTIN = [
     "mechanisms.baselines",
     "mechanisms.iclp",
     "mechanisms.interval",
+    "mechanisms.subset",
 ]
 
 

@@ -13,9 +13,9 @@ from tests.integration.conftest import Api
 
 
 def _release(api: Api, ds: str, mechanism: str, params: dict[str, Any],
-             budget: dict[str, float]) -> dict[str, Any]:
+             budget: dict[str, float], seed: int | None = None) -> dict[str, Any]:
     resp = api.post("/v1/releases", {"dataset_id": ds, "mechanism": mechanism,
-                                     "params": params, "budget": budget})
+                                     "params": params, "budget": budget, "seed": seed})
     assert resp.status_code == 202, resp.get_json()
     doc = api.wait(resp.get_json()["id"])
     assert doc["status"] == "succeeded", doc
@@ -106,3 +106,44 @@ def test_interval_release_csv_and_free_npmle(api: Api, worker: Any) -> None:
     assert again.status_code == 409 and again.get_json()["measure"] == "interval_leakage:age"
     assert api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"][
         "interval_leakage:age"]["reserved"] == 0
+
+
+def test_subset_release_estimate_and_independence(api: Api, worker: Any) -> None:
+    rng = np.random.default_rng(11)
+    cats = ["a", "b", "c", "d", "e"]
+    x = rng.choice(5, size=600, p=[0.4, 0.3, 0.15, 0.1, 0.05])
+    y = rng.choice(5, size=600)  # independent of x
+    z = np.where(rng.random(600) < 0.8, x, y)  # mostly x: strongly dependent
+    meta = {"name": "survey", "budgets": {"subset_draws": 1},
+            "columns": {c: {"type": "categorical", "categories": cats} for c in "xyz"}}
+    csv = "x,y,z\n" + "".join(f"{cats[a]},{cats[b]},{cats[c]}\n"
+                               for a, b, c in zip(x, y, z, strict=True))
+    resp = api.upload(csv, meta)
+    assert resp.status_code == 201, resp.get_json()
+    ds = resp.get_json()["id"]
+    rel_x = _release(api, ds, "subset.uniform", {"column": "x", "format": "both"},
+                     {"subset_draws": 1}, seed=1)
+    rel_y = _release(api, ds, "subset.uniform", {"column": "y"}, {"subset_draws": 1}, seed=2)
+    rel_z = _release(api, ds, "subset.uniform", {"column": "z"}, {"subset_draws": 1}, seed=3)
+    assert rel_x["cost"] == {"subset_draws:x": 1.0} and "not epsilon-DP" in rel_x["guarantee"]
+    lines = api.get(f"/v1/releases/{rel_x['id']}/data").get_data(as_text=True).splitlines()
+    names = lines[0].split(",").index("x_categories")
+    for line, truth in zip(lines[1:], x, strict=True):  # every subset holds the truth
+        assert cats[truth] in line.split(",")[names].split("|")
+
+    # one draw per record and column: a second draw of x is refused by the ledger
+    again = api.post("/v1/releases", {"dataset_id": ds, "mechanism": "subset.uniform",
+                                      "params": {"column": "x"}, "budget": {"subset_draws": 1}})
+    assert again.status_code == 409 and again.get_json()["measure"] == "subset_draws:x"
+
+    est = _analysis(api, rel_x["id"], "estimate", {"method": "em"})["result"]
+    w = np.array(est["w"])
+    # EM on 600 records: each weight within 5 standard errors of the truth
+    se = np.array(est["se"])
+    assert np.all(np.abs(w - [0.4, 0.3, 0.15, 0.1, 0.05]) < 5 * se + 1e-9)
+    # seeded releases make the p-values deterministic: no dependence found between x and y,
+    # a clear one between x and z
+    independent = _analysis(api, rel_x["id"], "independence_test", {}, [rel_y["id"]])
+    dependent = _analysis(api, rel_x["id"], "independence_test", {}, [rel_z["id"]])
+    assert independent["result"]["tests"]["lrt_mom"]["p_value"] > 0.01
+    assert dependent["result"]["tests"]["lrt_mom"]["p_value"] < 1e-6

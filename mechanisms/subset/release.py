@@ -1,0 +1,184 @@
+"""Registered mechanisms: ``subset.uniform``, ``.custom``, ``.dummy`` and ``.product``.
+
+Thin wrappers: ``plan.resolve`` checks parameters against the metadata,
+``plan.charge`` prices one draw per column, ``report`` states accuracy and
+summarizes, and the library privatizes. The output table holds one row per
+released record in the dataset's row order (``subset.dummy`` interleaves its
+simulated records at random positions): a bitmask column (int64, bit j =
+category j) and/or the category names joined by "|".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import marshmallow
+import numpy as np
+
+from mechanisms.base import Analysis, Budget, DatasetMeta, Mechanism, Output
+from mechanisms.registry import register
+from mechanisms.subset import analyses, bitmask, report, sampler, schemas
+from mechanisms.subset.bitmask import Masks
+from mechanisms.subset.dummy import privatize_with_dummies
+from mechanisms.subset.plan import Plan, Variable, charge, resolve
+
+VERSION = "subset-1"
+PRIVACY_UNIT = "neighbouring datasets differ in one record replaced; n_rows public"
+
+
+class _Subset(Mechanism):
+    measures = ("subset_draws",)
+    analyses: ClassVar[Mapping[str, Analysis]] = {
+        "estimate": analyses.ESTIMATE,
+        "independence_test": analyses.PAIR_TEST,
+    }
+
+    def plan(self, params: Mapping[str, Any], meta: DatasetMeta) -> Plan:
+        return resolve(self.name, params, meta)
+
+    def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+             ) -> dict[str, Fraction]:
+        return charge(self.plan(params, meta), budget)
+
+    def accuracy(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
+                 ) -> dict[str, Any]:
+        return report.accuracy(self.plan(params, meta))
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        plan = self.plan(params, meta)
+        table: dict[str, np.ndarray] = {}
+        summaries = []
+        # one child stream per variable: columns are privatized independently (Definition 8)
+        for variable, stream in zip(plan.variables, rng.spawn(len(plan.variables)),
+                                    strict=True):
+            masks, dummy = _privatize(variable, data, stream)
+            table.update(_table(plan, variable, masks))
+            summaries.append(report.summarize(variable, masks, plan, dummy))
+        records = len(next(iter(table.values())))
+        interleaved = any(v.augmentation for v in plan.variables)
+        result = {
+            "mechanism_version": VERSION,
+            "n_rows": meta.n_rows,
+            "n_records": records,
+            "format": plan.format,
+            "encoding": "bitmask int64: bit j set = category j of the variable's categories",
+            "row_order": ("dataset row order, with the simulated dummy records at random"
+                          " positions" if interleaved else "dataset row order"),
+            "variables": summaries,
+        }
+        return Output(result=result, accuracy=report.accuracy(plan),
+                      guarantee=guarantee(plan), table=table)
+
+
+def _privatize(variable: Variable, data: Mapping[str, np.ndarray], rng: np.random.Generator
+               ) -> tuple[Masks, dict[str, Any] | None]:
+    encode_stream, draw_stream = rng.spawn(2)
+    codes = variable.domain.encode([data[c] for c in variable.columns], encode_stream)
+    if variable.augmentation is None:
+        return sampler.privatize(codes, variable.design, draw_stream), None
+    released = privatize_with_dummies(codes, variable.augmentation, draw_stream)
+    alpha = released.alpha_effective
+    return released.masks, {
+        "n_real": released.n_real,
+        "dummy_records_per_category": released.n_dummy_per_category,
+        "alpha_effective": float(alpha),
+        "alpha_effective_exact": f"{alpha.numerator}/{alpha.denominator}",
+    }
+
+
+def _table(plan: Plan, variable: Variable, masks: Masks) -> dict[str, np.ndarray]:
+    names = plan.table_columns(variable)
+    out: dict[str, np.ndarray] = {}
+    if names["bitmask"] is not None:
+        out[names["bitmask"]] = masks.astype(np.int64)  # p ≤ 63: bit 63 is never set
+    if names["categories"] is not None:
+        out[names["categories"]] = bitmask.labels(masks, variable.categories)
+    return out
+
+
+def guarantee(plan: Plan) -> str:
+    """The privacy notion, the designs, what is not promised, and the privacy unit."""
+    parts = []
+    for v in plan.variables:
+        p = v.domain.p
+        if v.augmentation is not None:
+            what = (f"{v.name!r}: {p} categories plus 2 dummy categories of share"
+                    f" {v.augmentation.alpha:g} (every record's size coverage >= that share)")
+        elif v.design.is_uniform:
+            what = f"{v.name!r}: uniform design over subsets of size 2..{p - 2} of {p} categories"
+        else:
+            what = f"{v.name!r}: custom {v.design.kind} design on {p} categories"
+        parts.append(what)
+    return (
+        "subset privacy (non-informative and faithful: each record's released subset contains"
+        " its true category and reveals nothing beyond that event; " + "; ".join(parts) + ");"
+        " one draw per record and column (intersecting independent draws can disclose"
+        " categories); not epsilon-DP (no finite epsilon); does not protect against side"
+        f" information linking a person to a row; {PRIVACY_UNIT}"
+    )
+
+
+class UniformSubset(_Subset):
+    """The uniform independent design on one column (or a combined / augmented variable)."""
+
+    name = "subset.uniform"
+    params_schema: ClassVar[type[marshmallow.Schema]] = schemas.UniformParamsSchema
+    description = (
+        "Subset privacy: each record's category is replaced by a random subset that contains"
+        " it (uniform design, sizes 2..p-2, p >= 4); combine_with / artificial_levels handle"
+        " small domains. Not epsilon-DP; one draw per record and column."
+    )
+
+
+class CustomSubset(_Subset):
+    """An explicit independent (ν) or conditional (μ) design on one column, p ≤ 16."""
+
+    name = "subset.custom"
+    params_schema: ClassVar[type[marshmallow.Schema]] = schemas.CustomParamsSchema
+    description = (
+        "Subset privacy with an explicit design: nu (independent: a subset or its complement"
+        " is released) or mu (conditional); validated for support, sums and identifiability."
+    )
+
+
+class DummySubset(_Subset):
+    """Dummy-category augmentation: a coverage floor alpha for every record (any p ≥ 2)."""
+
+    name = "subset.dummy"
+    params_schema: ClassVar[type[marshmallow.Schema]] = schemas.DummyParamsSchema
+    description = (
+        "Subset privacy with two dummy categories of share alpha: simulated dummy records"
+        " are interleaved and every released subset holds one dummy, so every record's size"
+        " coverage is at least alpha; works for p = 2, 3."
+    )
+    analyses: ClassVar[Mapping[str, Analysis]] = {"estimate": analyses.ESTIMATE}
+
+
+class ProductSubset(_Subset):
+    """One design per column, drawn independently (Definition 8)."""
+
+    name = "subset.product"
+    params_schema: ClassVar[type[marshmallow.Schema]] = schemas.ProductParamsSchema
+    description = (
+        "Subset privacy for several columns: each column gets its own design (uniform by"
+        " default) and is privatized independently; supports independence tests."
+    )
+    analyses: ClassVar[Mapping[str, Analysis]] = {
+        "estimate": analyses.ESTIMATE,
+        "independence_test": analyses.PRODUCT_TEST,
+    }
+
+
+uniform = register(UniformSubset())
+custom = register(CustomSubset())
+dummy = register(DummySubset())
+product = register(ProductSubset())
