@@ -87,8 +87,10 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
         raise APIError(422, f"{analysis.name} takes {analysis.n_others} other release(s)",
                        code="validation_error", field="releases")
     for i, other in enumerate(others):
-        if _succeeded(other, field=f"releases.{i}")["dataset_id"] != doc["dataset_id"]:
-            raise APIError(422, "releases must be of the same dataset",
+        other_doc = _succeeded(other, field=f"releases.{i}")
+        same = (other_doc["dataset_id"], other_doc["dataset_version"])
+        if same != (doc["dataset_id"], doc["dataset_version"]):  # rows must pair up
+            raise APIError(422, "releases must be of the same dataset version",
                            code="validation_error", field=f"releases.{i}")
     client = current_app.extensions["redis"]
     analysis_id = analyses.create(client, release_id, analysis.name, params, others,
