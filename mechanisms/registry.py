@@ -24,6 +24,7 @@ BUILTIN = [
     "mechanisms.iclp",
     "mechanisms.interval",
     "mechanisms.subset",
+    "mechanisms.noiseless",
 ]
 
 

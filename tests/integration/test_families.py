@@ -147,3 +147,27 @@ def test_subset_release_estimate_and_independence(api: Api, worker: Any) -> None
     dependent = _analysis(api, rel_x["id"], "independence_test", {}, [rel_z["id"]])
     assert independent["result"]["tests"]["lrt_mom"]["p_value"] > 0.01
     assert dependent["result"]["tests"]["lrt_mom"]["p_value"] < 1e-6
+
+
+def test_noiseless_local_release_is_deterministic_and_composes(api: Api, worker: Any) -> None:
+    wages = np.linspace(0, 1000, 101)
+    meta = {"name": "wages", "budgets": {"noiseless_bits": 6},
+            "columns": {"wage": {"type": "continuous", "bounds": [0, 1000]}}}
+    resp = api.upload("wage\n" + "\n".join(f"{w:g}" for w in wages) + "\n", meta)
+    assert resp.status_code == 201
+    ds = resp.get_json()["id"]
+    doc = _release(api, ds, "noiseless.local", {"column": "wage"}, {"noiseless_bits": 2})
+    assert doc["result"]["certified_count"] <= 4 and "not epsilon-DP" in doc["guarantee"]
+    lines = api.get(f"/v1/releases/{doc['id']}/data").get_data(as_text=True).splitlines()
+    released = [float(v) for v in lines[1:]]
+    assert len(released) == 101 and len(set(released)) <= 4  # 2 bits: at most 4 outputs
+    assert all(abs(r - w) <= 125 for r, w in zip(released, wages, strict=True))
+    agg = _release(api, ds, "noiseless.aggregate", {"statistic": "mean", "column": "wage"},
+                   {"noiseless_bits": 3})
+    assert abs(agg["result"]["value"] - 500) <= agg["accuracy"]["max_error"]
+    spent = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["noiseless_bits"]
+    assert spent["committed"] == 5.0  # bits add up (2 + 3)
+    small = api.post("/v1/releases", {"dataset_id": ds, "mechanism": "noiseless.local",
+                                      "params": {"column": "wage"},
+                                      "budget": {"noiseless_bits": 0.5}})
+    assert small.status_code == 422 and small.get_json()["field"] == "budget.noiseless_bits"

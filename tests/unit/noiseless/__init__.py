@@ -1,0 +1,1 @@
+"""Unit tests of the noiseless privacy family (issue #7)."""
