@@ -221,7 +221,8 @@ def _resolve(params: Mapping[str, Any], meta: DatasetMeta) -> _Query:
         spec = params["condition"]
         column = meta.column(spec["column"], "params.condition.column")
         return _Query(
-            statistic, column, n, Fraction(1), integer=True, condition=_condition(spec, column)
+            statistic, column, n, Fraction(1), integer=True,
+            condition=resolve_condition(spec, column),
         )
     column = meta.column(params["column"])
     if statistic == "histogram":
@@ -290,7 +291,7 @@ def _histogram_query(params: Mapping[str, Any], column: ColumnMeta, n: int) -> _
     return _Query("histogram", column, n, Fraction(2), integer=True, bounds=(lo, hi), edges=edges)
 
 
-def _condition(spec: Mapping[str, Any], column: ColumnMeta) -> _Condition:
+def resolve_condition(spec: Mapping[str, Any], column: ColumnMeta) -> _Condition:
     op, raw = spec["op"], spec["value"]
     values = raw if isinstance(raw, list) else [raw]
     if column.type == "categorical":

@@ -31,9 +31,9 @@ from mechanisms.base import (
     Output,
 )
 
-# ConditionSchema is the shared shape of "rows meeting a condition"; _condition resolves it
+# ConditionSchema is the shared shape of "rows meeting a condition"; resolve_condition resolves it
 # against the metadata exactly as the DP baselines do, so a count means the same everywhere.
-from mechanisms.baselines import ConditionSchema, _condition
+from mechanisms.baselines import ConditionSchema, resolve_condition
 from mechanisms.noiseless import central, local
 from mechanisms.noiseless.central import STATISTICS, ScalarPlan
 from mechanisms.noiseless.local import LocalPlan
@@ -211,7 +211,8 @@ class NoiselessAggregate(Mechanism):
         plan = self._plan(params, read_bits(cost), meta)
         if params["statistic"] == "count":
             spec = params["condition"]
-            condition = _condition(spec, meta.column(spec["column"], "params.condition.column"))
+            column = meta.column(spec["column"], "params.condition.column")
+            condition = resolve_condition(spec, column)
             values = condition.mask(_column(data, spec["column"], meta.n_rows))
         else:
             values = _column(data, params["column"], meta.n_rows)
@@ -248,7 +249,7 @@ class NoiselessAggregate(Mechanism):
             raise MechanismInputError("params.statistic", "the dataset has no rows")
         if statistic == "count":
             spec = params["condition"]
-            _condition(spec, meta.column(spec["column"], "params.condition.column"))
+            resolve_condition(spec, meta.column(spec["column"], "params.condition.column"))
             query = central.bounded_query("count", (0, 1), n)
         else:
             column = meta.column(params["column"])
