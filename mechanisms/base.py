@@ -145,6 +145,16 @@ class Mechanism(abc.ABC):
         loaded: dict[str, Any] = _schema(self.params_schema).load(raw or {})
         return loaded
 
+    def with_history(self, params: dict[str, Any], committed: Mapping[str, Fraction]
+                     ) -> dict[str, Any]:
+        """Complete ``params`` from the ledger's public history before costing.
+
+        ``committed`` is what earlier releases of the dataset committed, per
+        ledger measure. Most mechanisms need none of it; one whose guarantee
+        depends on earlier draws (subset privacy's composed design) reads it here.
+        """
+        return params
+
     @abc.abstractmethod
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta) -> dict[
         str, Fraction

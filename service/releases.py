@@ -18,6 +18,7 @@ import redis
 
 import mechanisms
 from service import budget, datasets, rkeys
+from service.ledger import Ledger
 from service.problems import APIError
 
 
@@ -67,7 +68,8 @@ def new_id() -> str:
     return "rel_" + secrets.token_hex(12)
 
 
-def prepare(client: redis.Redis, body: dict[str, Any], *, allow_seeds: bool) -> Prepared:
+def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
+            allow_seeds: bool) -> Prepared:
     """Validate a release request against its mechanism and dataset; compute the cost."""
     doc = datasets.get(client, body["dataset_id"])
     if doc is None:
@@ -92,6 +94,9 @@ def prepare(client: redis.Redis, body: dict[str, Any], *, allow_seeds: bool) -> 
                        code="validation_error", field="seed")
     requested = _budget(body.get("budget"))
     meta = datasets.meta(doc)
+    committed = {m: budget.from_units(m, row["committed"])
+                 for m, row in ledger.balance(doc["id"]).items()}
+    params = mech.with_history(params, committed)
     try:
         cost = mech.cost(params, requested, meta)
         accuracy = mech.accuracy(params, cost, meta)

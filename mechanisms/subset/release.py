@@ -38,6 +38,16 @@ class _Subset(Mechanism):
     def plan(self, params: Mapping[str, Any], meta: DatasetMeta) -> Plan:
         return resolve(self.name, params, meta)
 
+    def with_history(self, params: dict[str, Any], committed: Mapping[str, Fraction]
+                     ) -> dict[str, Any]:
+        """Earlier draws of the same columns, from the ledger: the release then reports
+        the composed design's metrics (a client cannot understate them)."""
+        columns = params.get("columns") or [params.get("column")]
+        drawn = max((int(committed.get(f"subset_draws:{c}", 0)) for c in columns), default=0)
+        if drawn > int(params.get("prior_draws", 0)):
+            return {**params, "prior_draws": drawn}
+        return params
+
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
              ) -> dict[str, Fraction]:
         return charge(self.plan(params, meta), budget)

@@ -26,7 +26,8 @@ def _prepare(body: dict[str, Any]) -> releases.Prepared:
     if callback is not None and (why := notify.check_url(callback, config.callback_hosts)):
         raise APIError(422, f"callback_url {why}", code="validation_error",
                        field="callback_url")
-    prepared = releases.prepare(current_app.extensions["redis"], body,
+    prepared = releases.prepare(current_app.extensions["redis"],
+                                current_app.extensions["ledger"], body,
                                 allow_seeds=config.allow_seeds)
     check_dataset_grant(prepared.dataset["id"])
     return prepared

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 import time
@@ -135,6 +136,14 @@ def test_subset_release_estimate_and_independence(api: Api, worker: Any) -> None
     again = api.post("/v1/releases", {"dataset_id": ds, "mechanism": "subset.uniform",
                                       "params": {"column": "x"}, "budget": {"subset_draws": 1}})
     assert again.status_code == 409 and again.get_json()["measure"] == "subset_draws:x"
+    # once the operator allows a second draw, it reports the composed design's risk, from
+    # the ledger's history (the client did not say there was an earlier draw)
+    raise_cap = {"caps": {"subset_draws:x": 2}}
+    assert api.client.patch(f"/v1/datasets/{ds}/budget", json=raise_cap,
+                            headers=api._h()).status_code == 200
+    second = _release(api, ds, "subset.uniform", {"column": "x"}, {"subset_draws": 1}, seed=4)
+    assert second["params"]["prior_draws"] == 1
+    assert "composed" in json.dumps(second["accuracy"])
 
     est = _analysis(api, rel_x["id"], "estimate", {"method": "em"})["result"]
     w = np.array(est["w"])
