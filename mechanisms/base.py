@@ -155,6 +155,22 @@ class Mechanism(abc.ABC):
         """
         return params
 
+    def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:
+        """Ids of public datasets a run reads as reference data (DIP's ``public``)."""
+        return []
+
+    def check_reference(self, params: Mapping[str, Any], meta: DatasetMeta,
+                        public: DatasetMeta) -> None:
+        """Raise MechanismInputError if a public reference does not fit ``meta``."""
+        return None
+
+    def bind_references(
+        self, params: Mapping[str, Any],
+        references: Mapping[str, tuple[DatasetMeta, Mapping[str, np.ndarray]]],
+    ) -> dict[str, Any]:
+        """Params for ``run`` with the referenced public data attached (worker side)."""
+        return dict(params)
+
     @abc.abstractmethod
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta) -> dict[
         str, Fraction

@@ -21,9 +21,10 @@ def register(mechanism: Mechanism) -> Mechanism:
 #: modules whose import registers their mechanisms (one per line)
 BUILTIN = [
     "mechanisms.baselines",
-    "mechanisms.iclp",
-    "mechanisms.interval",
     "mechanisms.subset",
+    "mechanisms.interval",
+    "mechanisms.dip",
+    "mechanisms.iclp",
     "mechanisms.noiseless",
 ]
 

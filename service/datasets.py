@@ -57,6 +57,7 @@ def register(
         "n_rows": n_rows,
         "columns": {n: column_doc(c, spec.fill.get(n)) for n, c in spec.columns.items()},
         "bounds_policy": spec.bounds_policy,
+        "public": spec.public,
         "budgets": {m: budget.display(m, u) for m, u in sorted(caps.items())},
         "status": "active",
         "created_at": now_iso(),

@@ -66,7 +66,7 @@ MAX_CATEGORIES = 10_000
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
-_TOP_KEYS = frozenset({"name", "columns", "budgets", "bounds_policy"})
+_TOP_KEYS = frozenset({"name", "columns", "budgets", "bounds_policy", "public"})
 _COLUMN_KEYS = frozenset(
     {"type", "bounds", "categories", "allow_missing", "fill", "prior", "grid", "norm_bound"}
 )
@@ -105,6 +105,8 @@ class DatasetSpec:
     fill: dict[str, FillValue]
     bounds_policy: BoundsPolicy
     budgets: dict[str, object]
+    #: public reference data (e.g. for DIP): its values are not private
+    public: bool = False
 
     def allows_missing(self, column: str) -> bool:
         """Whether empty/NaN cells of ``column`` are replaced by its fill."""
@@ -351,6 +353,10 @@ def parse_metadata(raw: object, *, max_columns: int = 1000) -> DatasetSpec:
     if not isinstance(budgets, dict):
         raise IngestError("metadata.budgets", "must be a JSON object")
 
+    public = raw.get("public", False)
+    if not isinstance(public, bool):
+        raise IngestError("metadata.public", "must be true or false")
+
     policy = raw.get("bounds_policy", "reject")
     if policy not in _POLICIES:
         raise IngestError("metadata.bounds_policy", "must be 'reject' or 'clip'")
@@ -361,6 +367,7 @@ def parse_metadata(raw: object, *, max_columns: int = 1000) -> DatasetSpec:
         fill=fill,
         bounds_policy=cast(BoundsPolicy, policy),
         budgets=budgets,
+        public=public,
     )
 
 

@@ -98,6 +98,12 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                  for m, row in ledger.balance(doc["id"]).items()}
     params = mech.with_history(params, committed)
     try:
+        for i, ref_id in enumerate(mech.reference_datasets(params)):
+            ref = datasets.get(client, ref_id)
+            if ref is None or not ref.get("public"):
+                raise APIError(422, "not a registered public reference dataset",
+                               code="validation_error", field=f"params.reference.{i}")
+            mech.check_reference(params, meta, datasets.meta(ref))
         cost = mech.cost(params, requested, meta)
         accuracy = mech.accuracy(params, cost, meta)
     except mechanisms.MechanismInputError as err:

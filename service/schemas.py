@@ -29,6 +29,7 @@ class DatasetSchema(Schema):
     columns = fields.Dict()
     budgets = fields.Dict()
     bounds_policy = fields.String()
+    public = fields.Boolean(metadata={"description": "public reference data, not private"})
     status = fields.String()
     created_at = fields.String()
 

@@ -124,8 +124,14 @@ def _run(client: redis.Redis, store: DatasetStore, req: dict[str, Any],
     mech = mechanisms.get(req["mechanism"])
     _, columns = store.load(req["dataset_id"], req["dataset_version"])
     cost = {m: Fraction(v) for m, v in req["cost"].items()}
-    output = mech.run(columns, req["params"], cost, datasets.meta(doc),
-                      fresh_rng(req.get("seed")))
+    references = {}
+    for ref_id in mech.reference_datasets(req["params"]):  # public reference data
+        ref = datasets.get(client, ref_id)
+        if ref is None:
+            raise LookupError("reference dataset missing")
+        references[ref_id] = (datasets.meta(ref), store.load(ref_id, ref["version"])[1])
+    params = mech.bind_references(req["params"], references)
+    output = mech.run(columns, params, cost, datasets.meta(doc), fresh_rng(req.get("seed")))
     result = dict(output.result)
     if output.table is not None:
         rows = _outputs().save(release_id, output.table)

@@ -180,3 +180,39 @@ def test_noiseless_local_release_is_deterministic_and_composes(api: Api, worker:
                                       "params": {"column": "wage"},
                                       "budget": {"noiseless_bits": 0.5}})
     assert small.status_code == 422 and small.get_json()["field"] == "budget.noiseless_bits"
+
+
+def test_dip_microdata_default_and_public_reference(api: Api, worker: Any) -> None:
+    rng = np.random.default_rng(21)
+    n = 400
+    wage = np.clip(rng.gamma(4, 10, size=n), 0, 200)
+    group = rng.choice(3, size=n, p=[0.5, 0.3, 0.2])
+    meta = {"name": "people", "budgets": {"epsilon": 4},
+            "columns": {"wage": {"type": "continuous", "bounds": [0, 200]},
+                        "group": {"type": "categorical", "categories": ["u", "v", "w"]}}}
+    csv = "wage,group\n" + "".join(f"{w:.4f},{'uvw'[g]}\n" for w, g in zip(wage, group,
+                                                                          strict=True))
+    ds = api.upload(csv, meta).get_json()["id"]
+    doc = _release(api, ds, "dip", {"columns": ["wage", "group"]}, {"epsilon": 2})
+    assert doc["cost"] == {"epsilon": 2.0} and "epsilon-DP" in doc["guarantee"]
+    lines = api.get(f"/v1/releases/{doc['id']}/data").get_data(as_text=True).splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
+    assert len(rows) == n
+    assert all(0 <= float(r["wage"]) <= 200 and r["group"] in {"u", "v", "w"} for r in rows)
+
+    # a public reference must be a dataset registered as public
+    public_meta = {**meta, "name": "census", "public": True, "budgets": {}}
+    pub = api.upload(csv, public_meta)
+    assert pub.status_code == 201 and pub.get_json()["public"] is True
+    params = {"columns": ["wage"],
+              "reference": {"kind": "public", "dataset_id": pub.get_json()["id"]}}
+    released = _release(api, ds, "dip", params, {"epsilon": 1})
+    assert released["result"]["n_rows"] == n
+    private_ref = {"columns": ["wage"], "reference": {"kind": "public", "dataset_id": ds}}
+    refused = api.post("/v1/releases", {"dataset_id": ds, "mechanism": "dip",
+                                        "params": private_ref, "budget": {"epsilon": 0.5}})
+    assert refused.status_code == 422 and refused.get_json()["field"].startswith(
+        "params.reference")
+    spent = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+    assert spent["committed"] == 3.0 and spent["reserved"] == 0.0

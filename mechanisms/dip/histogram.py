@@ -1,0 +1,273 @@
+"""A reference from a differentially private histogram of the data itself (beyond the paper).
+
+Spec §7.1(c): spend ε_ref on a DP estimate of F, then run DIP with the rest.
+The estimate is a noisy (joint) histogram on the declared bounds: counts get
+discrete Laplace noise of scale 2/ε_ref (replace-one moves one record between
+two cells, L1 sensitivity 2), then are projected onto {c >= 0, Σc = N} (N is
+public), which makes the CDF monotone. Within a cell the density is uniform
+on the continualized axis, so each column's conditional CDF given earlier
+columns is piecewise linear and depends on the prefix only through its
+cell; integer columns are binned by whole integers, so a cell's mass is
+spread evenly over the integers in it.
+
+Both steps use the same rows, so the release is (ε_ref + ε_dip)-DP by
+sequential composition, with no unprotected rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mechanisms import sampling
+from mechanisms.dip.continualize import Continualizer
+from mechanisms.dip.reference import Reference
+from mechanisms.dip.search import Bins
+from mechanisms.dip.univariate import PiecewiseLinear
+
+FloatArray = NDArray[np.float64]
+#: the most cells a joint histogram may have (memory: a few float64 arrays of this size)
+MAX_CELLS = 2**20
+#: default bins per column are capped here
+MAX_DEFAULT_BINS = 1024
+#: default total cells per row and unit of ε_ref
+CELLS_PER_ROW_EPSILON = 0.02
+#: rows counted together (their arrays stay in cache)
+CHUNK_ROWS = 2**14
+#: rows compared at once when searching per-record conditional CDFs
+_CHUNK_ELEMENTS = 2**22
+
+
+def default_bins(
+    n_rows: int, epsilon_ref: float, continualizers: Sequence[Continualizer]
+) -> list[int]:
+    """Bins per column from public inputs: total cells about 0.02·N·ε_ref.
+
+    Each cell carries noise of mean absolute size about 2/ε_ref, so C cells
+    move a mass of about C/(N·ε_ref) (total variation); C = 0.02·N·ε_ref keeps
+    that near 2%. Binning costs little in return: within a bin the CDF is
+    interpolated linearly, which errs only at second order in the bin width.
+    Columns with a small finite domain (categorical, narrow integer ranges)
+    take one bin per value and use up their share.
+    """
+    target = max(2.0, CELLS_PER_ROW_EPSILON * n_rows * epsilon_ref)
+    fixed = [c.max_bins() for c in continualizers]
+    small = [b for b in fixed if b is not None and b <= 64]
+    free = sum(1 for b in fixed if b is None or b > 64)
+    per = target / math.prod(small) if small else target
+    each = max(2, min(MAX_DEFAULT_BINS, math.floor(per ** (1.0 / free)))) if free else 0
+    out = []
+    for b in fixed:
+        if b is not None and b <= 64:
+            out.append(b)
+        else:
+            out.append(each if b is None else min(each, b))
+    return out
+
+
+def project_simplex(noisy: ArrayLike, total: float) -> FloatArray:
+    """Euclidean projection onto {c >= 0, Σc = total}: c = max(noisy − τ, 0)."""
+    y = np.asarray(noisy, dtype=np.float64).ravel()
+    if total <= 0:
+        raise ValueError("total must be positive")
+    s = np.sort(y)[::-1]
+    cum = np.cumsum(s) - total
+    idx = np.arange(1, s.size + 1)
+    rho = int(np.flatnonzero(s - cum / idx > 0)[-1])
+    tau = cum[rho] / (rho + 1)
+    return np.maximum(y - tau, 0.0).reshape(np.shape(noisy))
+
+
+class Histogram(Reference):
+    """A joint histogram on the continualized axes: uniform density inside each cell."""
+
+    needs_upper_tail = False  # bounded: quantiles need g only
+
+    def __init__(
+        self,
+        continualizers: Mapping[str, Continualizer],
+        edges: Mapping[str, ArrayLike],
+        masses: ArrayLike,
+    ) -> None:
+        self.columns = tuple(continualizers)
+        self.continualizers = dict(continualizers)
+        self.edges = {c: np.asarray(edges[c], dtype=np.float64) for c in self.columns}
+        mass = np.asarray(masses, dtype=np.float64)
+        shape = tuple(e.size - 1 for e in self.edges.values())
+        if mass.shape != shape:
+            raise ValueError("masses must have one axis per column, one entry per bin")
+        if np.any(mass < 0) or not np.all(np.isfinite(mass)) or not mass.sum() > 0:
+            raise ValueError("masses must be finite, non-negative and not all zero")
+        for e in self.edges.values():
+            if e.size < 2 or np.any(np.diff(e) <= 0):
+                raise ValueError("edges must be strictly increasing")
+        self.masses = mass / mass.sum()
+        self._tables: dict[tuple[str, ...], list[tuple[FloatArray, FloatArray]]] = {}
+        self._marginals: dict[str, PiecewiseLinear] = {}
+        self._bins = {c: Bins(e) for c, e in self.edges.items()}
+
+    def clean(self, column: str, z: ArrayLike) -> NDArray[np.generic]:
+        return self.continualizers[column].clean(z)
+
+    def bin_of(self, column: str, v: FloatArray) -> NDArray[np.intp]:
+        """Bin index of continualized values (see ``search.Bins`` for values on an edge)."""
+        return self._bins[column](v)
+
+    def _conditionals(self, order: tuple[str, ...]) -> list[tuple[FloatArray, FloatArray]]:
+        """Per column in ``order``: (cell masses, cumulative masses) as (prefix cells, bins).
+
+        Prefix cells without mass fall back to the column's marginal.
+        """
+        if order not in self._tables:
+            axes = [self.columns.index(c) for c in order]
+            joint = np.transpose(self.masses, axes)
+            tables = []
+            for t in range(len(order)):
+                table = joint.sum(axis=tuple(range(t + 1, len(order))))
+                table = table.reshape(-1, joint.shape[t])
+                marginal = table.sum(axis=0)
+                empty = table.sum(axis=1) <= 0
+                table = np.where(empty[:, None], marginal[None, :], table)
+                cum = np.concatenate(
+                    [np.zeros((table.shape[0], 1)), np.cumsum(table, axis=1)], axis=1
+                )
+                tables.append((table, cum))
+            self._tables[order] = tables
+        return self._tables[order]
+
+    def marginal(self, column: str) -> PiecewiseLinear:
+        """The column's marginal CDF (the chain's first step), piecewise linear on the edges."""
+        if column not in self._marginals:
+            axis = self.columns.index(column)
+            others = tuple(i for i in range(len(self.columns)) if i != axis)
+            mass = self.masses.sum(axis=others)
+            heights = np.concatenate([[0.0], np.cumsum(mass)])
+            heights /= heights[-1]
+            heights[-1] = 1.0
+            self._marginals[column] = PiecewiseLinear(
+                self.edges[column], heights, self.continualizers[column]
+            )
+        return self._marginals[column]
+
+    def uniformize(
+        self, data: Mapping[str, NDArray[np.generic]], order: Sequence[str],
+        rng: np.random.Generator,
+    ) -> FloatArray:
+        order = tuple(order)
+        first = self.marginal(order[0])
+        v = self.continualizers[order[0]].draw(data[order[0]], rng)
+        u0 = first.pit_continualized(v, rng)
+        if len(order) == 1:
+            return u0[:, None]
+        u = np.empty((u0.size, len(order)), dtype=np.float64)
+        u[:, 0] = u0
+        prefix = self.bin_of(order[0], v)
+        tables = self._conditionals(order)
+        for t in range(1, len(order)):
+            c = order[t]
+            table, cum = tables[t]
+            v = self.continualizers[c].draw(data[c], rng)
+            j = self.bin_of(c, v)
+            e = self.edges[c]
+            frac = np.clip((v - e[j]) / (e[j + 1] - e[j]), 0.0, 1.0)
+            before, mass, total = cum[prefix, j], table[prefix, j], cum[prefix, -1]
+            u[:, t] = np.clip((before + frac * mass) / total, 0.0, 1.0)
+            prefix = prefix * table.shape[1] + j
+        return u
+
+    def quantile(
+        self, g: FloatArray, h: FloatArray, order: Sequence[str]
+    ) -> dict[str, NDArray[np.generic]]:
+        order = tuple(order)
+        first = self.marginal(order[0])
+        v = first.quantile_continualized(g[:, 0])
+        out: dict[str, NDArray[np.generic]] = {order[0]: first.continualizer.ceiling(v)}
+        if len(order) == 1:
+            return out
+        prefix = self.bin_of(order[0], v)
+        tables = self._conditionals(order)
+        for t in range(1, len(order)):
+            c = order[t]
+            table, cum = tables[t]
+            bins = table.shape[1]
+            target = g[:, t] * cum[prefix, -1]
+            # first bin whose right cumulative mass reaches the target (it has mass)
+            j = np.clip(_row_search(cum[:, 1:], prefix, target), 0, bins - 1)
+            before, mass = cum[prefix, j], table[prefix, j]
+            frac = np.clip((target - before) / np.where(mass > 0, mass, 1.0), 0.0, 1.0)
+            e = self.edges[c]
+            v = e[j] + frac * (e[j + 1] - e[j])
+            out[c] = self.continualizers[c].ceiling(v)
+            prefix = prefix * bins + j
+        return out
+
+
+def _row_search(
+    right: FloatArray, rows: NDArray[np.int64], target: FloatArray
+) -> NDArray[np.int64]:
+    """For each record, the count of entries of its row of ``right`` below its target."""
+    n, bins = rows.size, right.shape[1]
+    out = np.empty(n, dtype=np.int64)
+    step = max(1, _CHUNK_ELEMENTS // bins)
+    for start in range(0, n, step):
+        sl = slice(start, start + step)
+        out[sl] = np.count_nonzero(right[rows[sl]] < target[sl, None], axis=1)
+    return out
+
+
+def histogram_counts(
+    data: Mapping[str, NDArray[np.generic]],
+    continualizers: Mapping[str, Continualizer],
+    edges: Mapping[str, FloatArray],
+) -> NDArray[np.int64]:
+    """The exact joint histogram of the data, cleaned into each column's domain.
+
+    A record's cell is the one holding the midpoint of its continualized
+    cell (its value, for continuous columns); rows are counted in blocks.
+    """
+    columns = tuple(continualizers)
+    shape = tuple(edges[c].size - 1 for c in columns)
+    bins = {c: Bins(edges[c]) for c in columns}
+    n = int(np.shape(data[columns[0]])[0])
+    counts = np.zeros(math.prod(shape), dtype=np.int64)
+    for start in range(0, n, CHUNK_ROWS):
+        block = slice(start, start + CHUNK_ROWS)
+        flat: NDArray[np.intp] | None = None
+        for c, size in zip(columns, shape, strict=True):
+            cont = continualizers[c]
+            z = cont.clean(data[c][block])
+            j = bins[c](cont.forward(z, np.full(z.shape, 0.5)))
+            flat = j if flat is None else flat * size + j
+        assert flat is not None
+        counts += np.bincount(flat, minlength=counts.size)
+    return counts.reshape(shape)
+
+
+def noise_scale(epsilon_ref: Fraction | float) -> float:
+    """Discrete Laplace scale 2/ε_ref, rounded up (histogram L1 sensitivity 2)."""
+    exact = Fraction(2) / Fraction(epsilon_ref)
+    scale = float(exact)
+    return math.nextafter(scale, math.inf) if Fraction(scale) < exact else scale
+
+
+def dp_histogram(
+    data: Mapping[str, NDArray[np.generic]],
+    continualizers: Mapping[str, Continualizer],
+    bins: Mapping[str, int],
+    epsilon_ref: Fraction | float,
+    rng: np.random.Generator,
+) -> Histogram:
+    """An ε_ref-DP histogram reference of ``data`` on the declared bounds (values are cleaned)."""
+    edges = {c: continualizers[c].edges(bins[c]) for c in continualizers}
+    counts = histogram_counts(data, continualizers, edges)
+    scale = noise_scale(epsilon_ref)
+    if scale > sampling.MAX_SCALE:
+        raise ValueError("epsilon too small for the histogram noise")
+    noisy = counts + sampling.discrete_laplace(rng, scale, counts.shape)
+    total = int(counts.sum())
+    masses = project_simplex(noisy, float(total)) if total > 0 else np.ones(counts.shape)
+    return Histogram(continualizers, edges, masses)

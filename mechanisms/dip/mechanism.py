@@ -1,0 +1,662 @@
+"""The registered ``dip`` mechanism: pure ε-DP, distribution-invariant microdata.
+
+Cost is the whole budget ε (every processed column counts, released or
+not). With the default ``dp`` reference a stated share of ε buys a noisy
+histogram estimate of the data's distribution and the rest runs DIP, so the
+whole release is ε-DP with every row released; ``parametric`` and
+``public`` references are public, so all of ε goes to DIP; ``holdout``
+spends ε on the released rows and leaves the hold-out rows outside DP
+(they are only never released; the guarantee says so).
+
+The table has one column per released column in the column's own domain
+(continuous float64, integer int64, categorical **category names**) plus
+``_row``, the int64 index of each released record in the dataset; rows are
+in dataset order. Only the hold-out reference drops rows. Values are first
+clipped to the declared domain (missing values count as its lowest value,
+category codes outside the list as the nearest valid code), so every output
+is a valid, finite value of the column.
+
+Categorical columns are one discrete variable on their codes (declared
+order), not s − 1 dummies as in the paper (spec §3.3): the randomized PIT is
+exact for any order of a finite support, so invariance is the same, and the
+column keeps a whole ε/p share instead of splitting it over s − 1 dummies.
+
+Service contract beyond ``Mechanism``:
+
+* ``public``: after ``load_params`` the service resolves ``dataset_id`` and
+  injects ``params["_reference"] = {column: 1-D array}`` keyed by this
+  dataset's column names (numbers; categorical as category names or as
+  codes of this dataset's categories), and may call
+  ``check_public_reference`` with the public dataset's metadata first.
+* ``holdout``: the service may inject ``params["_holdout"]``, a boolean mask
+  of N entries with exactly m true, to persist its own split; otherwise the
+  fixed nested split of ``empirical.split_holdout`` is used.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mechanisms import sampling
+from mechanisms.base import (
+    Budget,
+    ColumnMeta,
+    DatasetMeta,
+    Mechanism,
+    MechanismInputError,
+    Output,
+)
+from mechanisms.dip import families
+from mechanisms.dip.accuracy import rank_correlation_at_scale
+from mechanisms.dip.chain import privatize
+from mechanisms.dip.continualize import Continualizer, Continuous, Lattice, Mixed
+from mechanisms.dip.empirical import Empirical, holdout_size, split_holdout
+from mechanisms.dip.histogram import (
+    MAX_CELLS,
+    default_bins,
+    dp_histogram,
+    noise_scale,
+)
+from mechanisms.dip.noise import (
+    DEFAULT_RESOLUTION,
+    MAX_RESOLUTION,
+    MIN_RESOLUTION,
+    NoiseStep,
+)
+from mechanisms.dip.params import DipParamsSchema
+from mechanisms.dip.reference import Reference
+from mechanisms.dip.univariate import finite
+
+#: budgets above this are refused as absurd (as for the baselines)
+MAX_EPSILON = Fraction(100)
+MAX_HOLDOUT = 0.9
+MAX_DP_COLUMNS = 4
+MAX_BINS = 4096
+DEFAULT_SHARE = 0.5
+DEFAULT_FRACTION = 0.25
+#: integer ranges wider than this cannot be continualized exactly in doubles
+MAX_INTEGER_RANGE = 2**52
+ROW_COLUMN = "_row"
+PRIVACY_UNIT = "neighbouring datasets differ in one record replaced; n_rows public"
+#: warn when the hold-out has fewer rows than this many per column (spec §7.6)
+ROWS_PER_COLUMN = 5
+
+
+@dataclass
+class Plan:
+    """Everything about a release that follows from public inputs."""
+
+    columns: tuple[ColumnMeta, ...]
+    kind: str
+    epsilon: Fraction
+    epsilon_ref: Fraction
+    epsilon_dip: Fraction
+    step: NoiseStep
+    order: tuple[str, ...] | None  # None: random, drawn in run
+    release: tuple[str, ...]
+    continualizers: dict[str, Continualizer] = field(default_factory=dict)
+    parametric: Reference | None = None
+    holdout: int = 0
+    bins: dict[str, int] = field(default_factory=dict)
+    fraction: float = 0.0
+    share: float = 0.0
+    dataset_id: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def per_column(self) -> Fraction:
+        return self.epsilon_dip / len(self.columns)
+
+
+def _fmt(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else repr(float(x))
+
+
+def _read_budget(budget: Budget) -> Fraction:
+    extra = sorted(set(budget) - {"epsilon"})
+    if extra:
+        raise MechanismInputError("budget", f"dip spends only epsilon; got {', '.join(extra)}")
+    if "epsilon" not in budget:
+        raise MechanismInputError("budget.epsilon", "dip needs an epsilon budget")
+    value = budget["epsilon"]
+    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
+        raise MechanismInputError("budget.epsilon", "must be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MechanismInputError("budget.epsilon", "must be finite")
+    epsilon = Fraction(value)
+    if not 0 < epsilon <= MAX_EPSILON:
+        raise MechanismInputError("budget.epsilon", f"epsilon must be in (0, {MAX_EPSILON}]")
+    return epsilon
+
+
+def _decimal(value: float) -> Fraction:
+    """The fraction a decimal literal such as 0.3 means (3/10, not its binary neighbour)."""
+    return Fraction(repr(float(value)))
+
+
+def _finite_bounds(column: ColumnMeta) -> tuple[float, float] | None:
+    if column.bounds is None:
+        return None
+    lo, hi = (float(b) for b in column.bounds)
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
+
+
+def continualizer_for(
+    column: ColumnMeta, atoms: Sequence[float] | None, field_name: str = "params.columns"
+) -> Continualizer:
+    """The continualization of a column from its metadata (and declared atoms)."""
+    if column.type == "categorical":
+        if not column.categories:
+            raise MechanismInputError(field_name, f"column {column.name!r} declares no categories")
+        return Lattice(0, len(column.categories) - 1)
+    if column.type == "integer":
+        bounds = _finite_bounds(column)
+        if bounds is None:
+            raise MechanismInputError(
+                field_name, f"integer column {column.name!r} needs finite declared bounds"
+            )
+        lo, hi = math.ceil(bounds[0]), math.floor(bounds[1])
+        if hi < lo or max(abs(lo), abs(hi)) >= MAX_INTEGER_RANGE:
+            raise MechanismInputError(
+                field_name, f"declared bounds of integer column {column.name!r} are unusable"
+            )
+        return Lattice(lo, hi)
+    if column.type == "continuous":
+        raw = (-math.inf, math.inf) if column.bounds is None else column.bounds
+        low = float(raw[0]) if math.isfinite(float(raw[0])) else None
+        high = float(raw[1]) if math.isfinite(float(raw[1])) else None
+        if low is not None and high is not None and not low < high:
+            raise MechanismInputError(
+                field_name, f"column {column.name!r} has an empty declared range"
+            )
+        if atoms:
+            try:
+                return Mixed(sorted(set(atoms)), low, high)
+            except ValueError as exc:
+                raise MechanismInputError(f"params.atoms.{column.name}", str(exc)) from None
+        return Continuous(low, high)
+    raise MechanismInputError(
+        field_name, f"column {column.name!r} is {column.type}; dip takes continuous, integer"
+        " or categorical columns"
+    )
+
+
+class DipMechanism(Mechanism):
+    """Distribution-invariant privatized microdata (Bi & Shen), pure ε-DP."""
+
+    name = "dip"
+    measures = ("epsilon",)
+    params_schema = DipParamsSchema
+    description = (
+        "Pure epsilon-DP microdata that keep the data's distribution: each record is mapped"
+        " through a reference CDF, perturbed with exact discrete Laplace noise and mapped back"
+        " (distribution-invariant privatization). Reference: a DP histogram of the data"
+        " (default), a public parametric family, a public dataset, or a hold-out."
+    )
+
+    # ------------------------------------------------------------------ plan
+
+    def plan(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta) -> Plan:
+        """Resolve params against metadata and budget; raises MechanismInputError."""
+        epsilon = _read_budget(budget)
+        if meta.n_rows < 1:
+            raise MechanismInputError("params.columns", "the dataset has no rows")
+        names = list(params["columns"])
+        if ROW_COLUMN in names:
+            raise MechanismInputError("params.columns", f"{ROW_COLUMN!r} is reserved")
+        columns = tuple(meta.column(n, "params.columns") for n in names)
+        order = self._order(params.get("order"), names)
+        release = tuple(params.get("release") or names)
+        if len(set(release)) != len(release) or not set(release) <= set(names):
+            raise MechanismInputError(
+                "params.release", "must list distinct columns among params.columns"
+            )
+        reference = dict(params.get("reference") or {"kind": "dp"})
+        kind = reference["kind"]
+        atoms = dict(params.get("atoms") or {})
+        for name in atoms:
+            if name not in names or meta.columns[name].type != "continuous":
+                raise MechanismInputError(
+                    f"params.atoms.{name}", "atoms are declared for continuous columns in"
+                    " params.columns only"
+                )
+        if atoms and kind == "parametric":
+            raise MechanismInputError(
+                "params.atoms", "a parametric reference declares atoms with the mixture family"
+            )
+        resolution = params.get("resolution", DEFAULT_RESOLUTION)
+        if not (
+            MIN_RESOLUTION <= resolution <= MAX_RESOLUTION and resolution & (resolution - 1) == 0
+        ):
+            raise MechanismInputError(
+                "params.resolution",
+                f"must be a power of two in [{MIN_RESOLUTION}, {MAX_RESOLUTION}]",
+            )
+        share = reference.get("share", DEFAULT_SHARE) if kind == "dp" else 0.0
+        if kind == "dp" and not 0.0 < share < 1.0:
+            raise MechanismInputError("params.reference.share", "must be in (0, 1)")
+        epsilon_ref = epsilon * _decimal(share) if kind == "dp" else Fraction(0)
+        epsilon_dip = epsilon - epsilon_ref
+        try:
+            step = NoiseStep.calibrate(epsilon_dip / len(columns), resolution)
+        except ValueError:
+            raise MechanismInputError(
+                "budget.epsilon", "epsilon too small: the noise would exceed the sampler's range"
+            ) from None
+        plan = Plan(columns, kind, epsilon, epsilon_ref, epsilon_dip, step, order, release,
+                    share=share)
+        if kind == "parametric":
+            plan.parametric = families.reference(
+                reference["family"], reference.get("params", {}), columns
+            )
+            return plan
+        plan.continualizers = {
+            c.name: continualizer_for(c, atoms.get(c.name)) for c in columns
+        }
+        if kind == "holdout":
+            self._plan_holdout(plan, reference, meta)
+        elif kind == "public":
+            self._plan_public(plan, reference)
+        else:
+            self._plan_dp(plan, reference, meta)
+        return plan
+
+    @staticmethod
+    def _order(raw: Any, names: list[str]) -> tuple[str, ...] | None:
+        if raw == "random":
+            return None
+        if raw is None:
+            return tuple(names)
+        if sorted(raw) != sorted(names):
+            raise MechanismInputError("params.order", "must be a permutation of params.columns")
+        return tuple(raw)
+
+    @staticmethod
+    def _plan_holdout(plan: Plan, reference: Mapping[str, Any], meta: DatasetMeta) -> None:
+        fraction = float(reference.get("fraction", DEFAULT_FRACTION))
+        if not 0.0 < fraction <= MAX_HOLDOUT:
+            raise MechanismInputError(
+                "params.reference.fraction", f"must be in (0, {MAX_HOLDOUT}]"
+            )
+        m = holdout_size(meta.n_rows, fraction)
+        if m < 2 or meta.n_rows - m < 1:
+            raise MechanismInputError(
+                "params.reference.fraction",
+                "the hold-out needs at least 2 rows and must leave at least 1 to release",
+            )
+        plan.fraction, plan.holdout = fraction, m
+
+    @staticmethod
+    def _plan_public(plan: Plan, reference: Mapping[str, Any]) -> None:
+        plan.dataset_id = str(reference["dataset_id"])
+        mapping = reference.get("columns") or {}
+        for name in mapping:
+            if name not in plan.names:
+                raise MechanismInputError(
+                    f"params.reference.columns.{name}", "maps a column not in params.columns"
+                )
+
+    @staticmethod
+    def _plan_dp(plan: Plan, reference: Mapping[str, Any], meta: DatasetMeta) -> None:
+        if len(plan.columns) > MAX_DP_COLUMNS:
+            raise MechanismInputError(
+                "params.columns", f"the dp reference takes at most {MAX_DP_COLUMNS} columns"
+            )
+        for c in plan.columns:
+            if c.type == "continuous" and _finite_bounds(c) is None:
+                raise MechanismInputError(
+                    "params.columns", f"the dp reference needs finite declared bounds for"
+                    f" column {c.name!r}"
+                )
+        conts = [plan.continualizers[n] for n in plan.names]
+        if noise_scale(plan.epsilon_ref) > sampling.MAX_SCALE:
+            raise MechanismInputError("budget.epsilon", "epsilon too small for the histogram")
+        auto = default_bins(meta.n_rows, float(plan.epsilon_ref), conts)
+        raw = reference.get("bins")
+        bins: dict[str, int] = {}
+        for name, cont, default in zip(plan.names, conts, auto, strict=True):
+            wanted = raw if isinstance(raw, int) else (raw or {}).get(name, default)
+            limit = cont.max_bins()
+            bins[name] = default if meta.columns[name].type == "categorical" else min(
+                int(wanted), limit if limit is not None else int(wanted)
+            )
+        if isinstance(raw, dict):
+            for name in raw:
+                if name not in plan.names:
+                    raise MechanismInputError(
+                        f"params.reference.bins.{name}", "names a column not in params.columns"
+                    )
+        if any(b > MAX_BINS for b in bins.values()):
+            raise MechanismInputError("params.reference.bins", f"at most {MAX_BINS} per column")
+        cells = math.prod(len(cont.edges(bins[n])) - 1 for n, cont in zip(
+            plan.names, conts, strict=True))
+        if cells > MAX_CELLS:
+            raise MechanismInputError(
+                "params.reference.bins", f"the joint histogram would have more than {MAX_CELLS}"
+                " cells; use fewer bins"
+            )
+        plan.bins = bins
+
+    # ------------------------------------------------------------------ contract
+
+    def cost(
+        self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+    ) -> dict[str, Fraction]:
+        plan = self.plan(params, budget, meta)
+        return {"epsilon": plan.epsilon}
+
+    def accuracy(
+        self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
+    ) -> dict[str, Any]:
+        return self._accuracy(self.plan(params, cost, meta), meta)
+
+    def _accuracy(self, plan: Plan, meta: DatasetMeta) -> dict[str, Any]:
+        p = len(plan.columns)
+        b = plan.step.b
+        rho = rank_correlation_at_scale(b)
+        out: dict[str, Any] = {
+            "reference": plan.kind,
+            "epsilon": {
+                "total": float(plan.epsilon),
+                "reference": float(plan.epsilon_ref),
+                "dip": float(plan.epsilon_dip),
+                "per_column": float(plan.per_column),
+            },
+            "noise": "discrete_laplace",
+            "resolution": plan.step.resolution,
+            "laplace_scale_u": b,
+            "rank_correlation": rho,
+            "released_rows": meta.n_rows - plan.holdout,
+            "warnings": [],
+        }
+        invariance = {
+            "parametric": "exact: the output follows the public reference distribution for any"
+            " epsilon (it matches the data only as far as the data follow it)",
+            "public": "exact relative to the public sample's smoothed distribution; close to the"
+            " data when the public sample comes from the same population",
+            "holdout": "asymptotic as the hold-out grows (Theorem 2); released values stay inside"
+            " the hold-out's range",
+            "dp": "exact relative to the noisy histogram estimate, which approaches the data's"
+            " distribution as n grows",
+        }[plan.kind]
+        out["invariance"] = invariance
+        if plan.kind == "holdout":
+            out["holdout_rows"] = plan.holdout
+            if plan.holdout < ROWS_PER_COLUMN * p:
+                out["warnings"].append(
+                    f"hold-out of {plan.holdout} rows for {p} columns: the released rows are"
+                    " effectively a resample of few hold-out rows (fewer than 5 per column)"
+                )
+        if plan.kind == "dp":
+            scale = noise_scale(plan.epsilon_ref)
+            alpha = math.exp(-1.0 / scale)
+            mean_abs = 2.0 * alpha / -math.expm1(-2.0 / scale)
+            cells = math.prod(
+                len(plan.continualizers[n].edges(plan.bins[n])) - 1 for n in plan.names
+            )
+            out["histogram"] = {
+                "bins": dict(plan.bins),
+                "cells": cells,
+                "noise_scale": scale,
+                "mean_abs_noise_per_cell": mean_abs,
+                "tv_noise_approx": min(1.0, cells * mean_abs / (2.0 * meta.n_rows)),
+            }
+        out["statement"] = (
+            f"Each record's {p} column(s) are perturbed with epsilon={float(plan.per_column):.4g}"
+            f" each: the expected rank correlation between a record's input and output in each"
+            f" column is {rho:.3f} (record-level fidelity is weak by design); distribution:"
+            f" {invariance}."
+        )
+        return out
+
+    def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:
+        reference = params.get("reference") or {}
+        return [reference["dataset_id"]] if reference.get("kind") == "public" else []
+
+    def check_reference(self, params: Mapping[str, Any], meta: DatasetMeta,
+                        public: DatasetMeta) -> None:
+        self.check_public_reference(params, meta, public)
+
+    def bind_references(
+        self, params: Mapping[str, Any],
+        references: Mapping[str, tuple[DatasetMeta, Mapping[str, np.ndarray]]],
+    ) -> dict[str, Any]:
+        """Attach the public sample as ``_reference``: this dataset's column names, and
+        categorical values as the public dataset's category names."""
+        ids = self.reference_datasets(params)
+        if not ids:
+            return dict(params)
+        public_meta, columns = references[ids[0]]
+        mapping = (params.get("reference") or {}).get("columns") or {}
+        sample: dict[str, np.ndarray] = {}
+        for name in params["columns"]:
+            theirs = public_meta.columns[mapping.get(name, name)]
+            values = np.asarray(columns[theirs.name])
+            if theirs.type == "categorical":
+                values = np.asarray(theirs.categories or (), dtype=object)[values]
+            sample[name] = values
+        return {**params, "_reference": sample}
+
+    def check_public_reference(
+        self, params: Mapping[str, Any], meta: DatasetMeta, public: DatasetMeta
+    ) -> None:
+        """For the service: the public dataset has compatible columns for every processed one."""
+        reference = params.get("reference") or {}
+        mapping = reference.get("columns") or {}
+        for name in params["columns"]:
+            mine = meta.column(name, "params.columns")
+            theirs_name = mapping.get(name, name)
+            theirs = public.columns.get(theirs_name)
+            field_name = f"params.reference.columns.{name}"
+            if theirs is None:
+                raise MechanismInputError(
+                    field_name, f"the public dataset has no column {theirs_name!r}"
+                )
+            numeric = {"continuous", "integer"}
+            ok = (mine.type == theirs.type) or (
+                mine.type == "continuous" and theirs.type in numeric
+            )
+            if mine.type == "categorical" and ok:
+                ok = set(theirs.categories or ()) <= set(mine.categories or ())
+            if not ok:
+                raise MechanismInputError(
+                    field_name, f"public column {theirs_name!r} ({theirs.type}) does not fit"
+                    f" column {name!r} ({mine.type})"
+                )
+
+    # ------------------------------------------------------------------ run
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        plan = self.plan(params, cost, meta)
+        names = plan.names
+        n_rows = meta.n_rows
+        columns = {}
+        for name in names:
+            x = np.asarray(data[name])
+            if x.ndim != 1 or x.shape[0] != n_rows:
+                raise ValueError(f"column {name!r} does not have n_rows entries")
+            columns[name] = x
+        order = plan.order if plan.order is not None else tuple(
+            names[i] for i in rng.permutation(len(names))
+        )
+        rows = np.arange(n_rows, dtype=np.int64)
+        if plan.kind == "parametric":
+            assert plan.parametric is not None
+            reference = plan.parametric
+            private = columns
+        elif plan.kind == "holdout":
+            held = self._holdout_mask(params, plan, n_rows)
+            sample = {n: columns[n][held] for n in names}
+            private = {n: columns[n][~held] for n in names}
+            rows = rows[~held]
+            reference = Empirical(sample, plan.continualizers, rng)
+        elif plan.kind == "public":
+            sample = self._public_sample(params, plan, meta)
+            reference = Empirical(sample, plan.continualizers, rng)
+            private = columns
+        else:
+            reference = dp_histogram(
+                columns, plan.continualizers, plan.bins, plan.epsilon_ref, rng
+            )
+            private = columns
+        released = privatize(
+            private, reference, plan.epsilon_dip, rng, order=order,
+            resolution=plan.step.resolution,
+        )
+        table: dict[str, np.ndarray] = {ROW_COLUMN: rows}
+        for name in plan.release:
+            table[name] = self._output_column(meta.columns[name], released[name])
+        return Output(
+            result=self._result(plan, order, rows.size, n_rows),
+            accuracy=self._accuracy(plan, meta),
+            guarantee=self._guarantee(plan),
+            table=table,
+        )
+
+    @staticmethod
+    def _holdout_mask(params: Mapping[str, Any], plan: Plan, n_rows: int) -> NDArray[np.bool_]:
+        injected = params.get("_holdout")
+        if injected is None:
+            return split_holdout(n_rows, plan.fraction)
+        mask = np.asarray(injected)
+        if mask.dtype != np.bool_ or mask.shape != (n_rows,) or int(mask.sum()) != plan.holdout:
+            raise ValueError("_holdout must be a boolean mask of n_rows entries with m true")
+        return mask
+
+    @staticmethod
+    def _public_sample(
+        params: Mapping[str, Any], plan: Plan, meta: DatasetMeta
+    ) -> dict[str, NDArray[np.generic]]:
+        injected = params.get("_reference")
+        if not isinstance(injected, Mapping):
+            raise MechanismInputError(
+                "params.reference", "the public reference sample was not provided"
+            )
+        sample: dict[str, NDArray[np.generic]] = {}
+        keep: NDArray[np.bool_] | None = None
+        for name in plan.names:
+            if name not in injected:
+                raise MechanismInputError(
+                    f"params.reference.columns.{name}", "missing from the public reference"
+                )
+            x = np.asarray(injected[name])
+            if x.ndim != 1:
+                raise MechanismInputError(
+                    f"params.reference.columns.{name}", "public column must be 1-D"
+                )
+            column = meta.columns[name]
+            if column.type == "categorical":
+                categories = list(column.categories or ())
+                if x.dtype.kind in "USO":
+                    index = {c: i for i, c in enumerate(categories)}
+                    names, inverse = np.unique(x.astype(str), return_inverse=True)
+                    lookup = np.array([index.get(str(v), -1) for v in names], dtype=np.int64)
+                    codes = lookup[inverse.reshape(-1)]
+                else:
+                    codes = np.where(np.isnan(x.astype(np.float64)), -1,
+                                     x.astype(np.float64)).astype(np.int64)
+                valid = (codes >= 0) & (codes < len(categories))
+                sample[name] = codes
+            else:
+                values = x.astype(np.float64)
+                valid = np.isfinite(values)
+                sample[name] = values
+            if keep is not None and valid.shape != keep.shape:
+                raise MechanismInputError(
+                    "params.reference", "public reference columns differ in length"
+                )
+            keep = valid if keep is None else keep & valid
+        assert keep is not None
+        if int(keep.sum()) < 2:
+            raise MechanismInputError(
+                "params.reference", "the public reference has fewer than 2 usable rows"
+            )
+        return {n: v[keep] for n, v in sample.items()}
+
+    @staticmethod
+    def _output_column(column: ColumnMeta, values: NDArray[np.generic]) -> np.ndarray:
+        if column.type == "categorical":
+            names = np.asarray(column.categories or (), dtype=str)
+            return names[np.clip(np.asarray(values, dtype=np.int64), 0, names.size - 1)]
+        if column.type == "integer":
+            return np.asarray(values, dtype=np.int64)
+        out = np.asarray(values, dtype=np.float64)
+        return out if np.isfinite(out).all() else finite(out)  # quantiles are always finite
+
+    def _result(self, plan: Plan, order: Sequence[str], released: int, total: int
+                ) -> dict[str, Any]:
+        reference: dict[str, Any] = {"kind": plan.kind}
+        if plan.kind == "holdout":
+            reference.update(fraction=plan.fraction, holdout_rows=plan.holdout)
+        elif plan.kind == "dp":
+            reference.update(share=plan.share, bins=dict(plan.bins))
+        elif plan.kind == "public":
+            reference.update(dataset_id=plan.dataset_id)
+        return {
+            "n_rows": released,
+            "n_input_rows": total,
+            "columns": list(plan.names),
+            "released_columns": list(plan.release),
+            "order": list(order),
+            "reference": reference,
+            "epsilon": {
+                "total": float(plan.epsilon),
+                "reference": float(plan.epsilon_ref),
+                "dip": float(plan.epsilon_dip),
+                "per_column": float(plan.per_column),
+            },
+            "row_column": ROW_COLUMN,
+            "categorical_output": "category names",
+        }
+
+    @staticmethod
+    def _guarantee(plan: Plan) -> str:
+        p = len(plan.columns)
+        core = (
+            f"pure epsilon-DP (DIP, epsilon={_fmt(plan.epsilon)} nats"
+        )
+        split = (
+            f"; epsilon={_fmt(plan.per_column)} per column over {p} column(s), exact discrete"
+            " Laplace noise"
+        )
+        if plan.kind == "dp":
+            return (
+                f"{core}: {_fmt(plan.epsilon_ref)} for a noisy-histogram estimate of the"
+                f" distribution and {_fmt(plan.epsilon_dip)} for DIP{split}), {PRIVACY_UNIT};"
+                " every row is released and protected by DP"
+            )
+        if plan.kind == "parametric":
+            return (
+                f"{core}{split}, public parametric reference), {PRIVACY_UNIT}; every row is"
+                " released and protected by DP"
+            )
+        if plan.kind == "public":
+            return (
+                f"{core}{split}, reference from public dataset {plan.dataset_id!r}, not"
+                f" charged), {PRIVACY_UNIT}; every row is released and protected by DP"
+            )
+        return (
+            f"{core}{split}) for the released rows only, conditional on the hold-out,"
+            f" {PRIVACY_UNIT}. CAVEAT: the {plan.holdout} hold-out rows are NOT protected by"
+            " differential privacy; they are protected only by not being released. They define"
+            " the reference distribution: released values never leave the hold-out's range,"
+            " and released rows can closely reproduce hold-out rows."
+        )
