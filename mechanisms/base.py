@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import abc
 import functools
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -120,6 +122,28 @@ class Analysis(abc.ABC):
     def run(self, release: ReleaseView, params: Mapping[str, Any],
             others: list[ReleaseView], rng: np.random.Generator) -> dict[str, Any]:
         """The analysis result as JSON-ready data (include diagnostics and warnings)."""
+
+
+#: budgets above this are refused as absurd (the release would be essentially exact)
+MAX_EPSILON = Fraction(100)
+
+
+def read_epsilon(budget: Budget, name: str) -> Fraction:
+    """A pure-DP mechanism's budget: exactly ``{"epsilon": ε}`` with 0 < ε <= MAX_EPSILON."""
+    extra = sorted(set(budget) - {"epsilon"})
+    if extra:
+        raise MechanismInputError("budget", f"{name} spends only epsilon; got {', '.join(extra)}")
+    if "epsilon" not in budget:
+        raise MechanismInputError("budget.epsilon", f"{name} needs an epsilon budget")
+    value = budget["epsilon"]
+    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
+        raise MechanismInputError("budget.epsilon", "must be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MechanismInputError("budget.epsilon", "must be finite")
+    epsilon = Fraction(value)
+    if not 0 < epsilon <= MAX_EPSILON:
+        raise MechanismInputError("budget.epsilon", f"epsilon must be in (0, {MAX_EPSILON}]")
+    return epsilon
 
 
 @functools.cache

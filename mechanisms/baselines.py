@@ -45,6 +45,7 @@ from scipy import optimize, special
 
 from mechanisms import sampling
 from mechanisms.base import (
+    MAX_EPSILON,
     Budget,
     ColumnMeta,
     DatasetMeta,
@@ -57,8 +58,6 @@ from mechanisms.registry import register
 STATISTICS = ("count", "sum", "mean", "histogram")
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 ORDER_OPS = frozenset({"lt", "le", "gt", "ge"})
-#: budgets above this are refused as absurd (the release would be essentially exact)
-MAX_EPSILON = Fraction(100)
 #: smaller δ are refused: the δ(σ) computations lose their precision below it
 MIN_DELTA = Fraction(1, 10**30)
 MAX_BINS = 10_000

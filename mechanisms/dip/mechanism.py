@@ -36,7 +36,6 @@ Service contract beyond ``Mechanism``:
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -53,6 +52,7 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    read_epsilon,
 )
 from mechanisms.dip import families
 from mechanisms.dip.accuracy import rank_correlation_at_scale
@@ -76,7 +76,6 @@ from mechanisms.dip.reference import Reference
 from mechanisms.dip.univariate import finite
 
 #: budgets above this are refused as absurd (as for the baselines)
-MAX_EPSILON = Fraction(100)
 MAX_HOLDOUT = 0.9
 MAX_DP_COLUMNS = 4
 MAX_BINS = 4096
@@ -121,23 +120,6 @@ class Plan:
 
 def _fmt(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else repr(float(x))
-
-
-def _read_budget(budget: Budget) -> Fraction:
-    extra = sorted(set(budget) - {"epsilon"})
-    if extra:
-        raise MechanismInputError("budget", f"dip spends only epsilon; got {', '.join(extra)}")
-    if "epsilon" not in budget:
-        raise MechanismInputError("budget.epsilon", "dip needs an epsilon budget")
-    value = budget["epsilon"]
-    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
-        raise MechanismInputError("budget.epsilon", "must be a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise MechanismInputError("budget.epsilon", "must be finite")
-    epsilon = Fraction(value)
-    if not 0 < epsilon <= MAX_EPSILON:
-        raise MechanismInputError("budget.epsilon", f"epsilon must be in (0, {MAX_EPSILON}]")
-    return epsilon
 
 
 def _decimal(value: float) -> Fraction:
@@ -209,7 +191,7 @@ class DipMechanism(Mechanism):
 
     def plan(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta) -> Plan:
         """Resolve params against metadata and budget; raises MechanismInputError."""
-        epsilon = _read_budget(budget)
+        epsilon = read_epsilon(budget, "dip")
         if meta.n_rows < 1:
             raise MechanismInputError("params.columns", "the dataset has no rows")
         names = list(params["columns"])

@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import abc
 import math
-import numbers
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output
+from mechanisms.base import (
+    Budget,
+    DatasetMeta,
+    Mechanism,
+    MechanismInputError,
+    Output,
+    read_epsilon,
+)
 from mechanisms.iclp import bernstein, domain, kde, mean, noise, params
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease, jsonable
 from mechanisms.registry import register
 
 #: budgets above this are refused as absurd (as for the DP baselines)
-MAX_EPSILON = Fraction(100)
 PRIVACY_UNIT = "replace-one neighbours, n public"
 MEAN_RHO = 0.1
 MATERN_NU = 1.5
@@ -45,14 +50,14 @@ class _FunctionMechanism(Mechanism):
     def cost(
         self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
     ) -> dict[str, Fraction]:
-        epsilon = _read_budget(budget, self.name)
+        epsilon = read_epsilon(budget, self.name)
         self._calibrated(params, epsilon, meta)
         return {"epsilon": epsilon}
 
     def accuracy(
         self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     ) -> dict[str, Any]:
-        plan = self._calibrated(params, _read_budget(cost, self.name), meta)
+        plan = self._calibrated(params, read_epsilon(cost, self.name), meta)
         out: dict[str, Any] = jsonable(plan.accuracy())
         return out
 
@@ -64,7 +69,7 @@ class _FunctionMechanism(Mechanism):
         meta: DatasetMeta,
         rng: np.random.Generator,
     ) -> Output:
-        epsilon = _read_budget(cost, self.name)
+        epsilon = read_epsilon(cost, self.name)
         plan = self._calibrated(params, epsilon, meta)
         released = plan.release(data[params["column"]], rng)
         return Output(
@@ -254,24 +259,6 @@ def _density_kernel(spec: Mapping[str, Any]) -> tuple[Family, float | None, floa
 def _auto(value: Any) -> float | None:
     """None for an omitted option or a keyword rule; the number otherwise."""
     return None if value is None or isinstance(value, str) else float(value)
-
-
-def _read_budget(budget: Budget, name: str) -> Fraction:
-    """ε as an exact Fraction in (0, MAX_EPSILON]; no other measure."""
-    extra = sorted(set(budget) - {"epsilon"})
-    if extra:
-        raise MechanismInputError("budget", f"{name} spends only epsilon; got {', '.join(extra)}")
-    if "epsilon" not in budget:
-        raise MechanismInputError("budget.epsilon", f"{name} needs an epsilon budget")
-    value = budget["epsilon"]
-    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
-        raise MechanismInputError("budget.epsilon", "must be a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise MechanismInputError("budget.epsilon", "must be finite")
-    epsilon = Fraction(value)
-    if not 0 < epsilon <= MAX_EPSILON:
-        raise MechanismInputError("budget.epsilon", f"epsilon must be in (0, {MAX_EPSILON}]")
-    return epsilon
 
 
 def _fmt(x: Fraction) -> str:
