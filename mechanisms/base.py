@@ -13,7 +13,7 @@ import abc
 import functools
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar, Literal
@@ -169,13 +169,14 @@ class Mechanism(abc.ABC):
         loaded: dict[str, Any] = _schema(self.params_schema).load(raw or {})
         return loaded
 
-    def with_history(self, params: dict[str, Any], committed: Mapping[str, Fraction]
-                     ) -> dict[str, Any]:
+    def with_history(self, params: dict[str, Any],
+                     committed: Callable[[], Mapping[str, Fraction]]) -> dict[str, Any]:
         """Complete ``params`` from the ledger's public history before costing.
 
-        ``committed`` is what earlier releases of the dataset committed, per
-        ledger measure. Most mechanisms need none of it; one whose guarantee
-        depends on earlier draws (subset privacy's composed design) reads it here.
+        ``committed()`` reads what earlier releases of the dataset committed, per
+        ledger measure (only when called). Most mechanisms need none of it; one
+        whose guarantee depends on earlier draws (subset privacy's composed
+        design) reads it here.
         """
         return params
 

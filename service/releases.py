@@ -94,9 +94,9 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                        code="validation_error", field="seed")
     requested = _budget(body.get("budget"))
     meta = datasets.meta(doc)
-    committed = {m: budget.from_units(m, row["committed"])
-                 for m, row in ledger.balance(doc["id"]).items()}
-    params = mech.with_history(params, committed)
+    params = mech.with_history(params, lambda: {
+        m: budget.from_units(m, row["committed"])
+        for m, row in ledger.balance(doc["id"]).items()})
     try:
         for i, ref_id in enumerate(mech.reference_datasets(params)):
             ref = datasets.get(client, ref_id)

@@ -84,11 +84,11 @@ class LeaseHeld(Exception):
 def execute(release_id: str, worker: str) -> str:
     """Run one release; returns the final status. Safe to call again (redelivery)."""
     config, client, ledger, store = _deps()
-    fields = client.hmget(rkeys.release(release_id), "request", "status")
-    if fields[0] is None:
+    raw = client.hget(rkeys.release(release_id), "request")
+    if raw is None:
         log.warning("release not found", extra={"release_id": release_id})
         return "missing"
-    req = json.loads(fields[0])
+    req = json.loads(raw)
     dataset_id = req["dataset_id"]
     if not ledger.mark_running(release_id, worker):
         if client.hget(rkeys.release(release_id), "status") == "running":

@@ -10,7 +10,7 @@ category j) and/or the category names joined by "|".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, ClassVar
 
@@ -38,12 +38,13 @@ class _Subset(Mechanism):
     def plan(self, params: Mapping[str, Any], meta: DatasetMeta) -> Plan:
         return resolve(self.name, params, meta)
 
-    def with_history(self, params: dict[str, Any], committed: Mapping[str, Fraction]
-                     ) -> dict[str, Any]:
+    def with_history(self, params: dict[str, Any],
+                     committed: Callable[[], Mapping[str, Fraction]]) -> dict[str, Any]:
         """Earlier draws of the same columns, from the ledger: the release then reports
         the composed design's metrics (a client cannot understate them)."""
         columns = params.get("columns") or [params.get("column")]
-        drawn = max((int(committed.get(f"subset_draws:{c}", 0)) for c in columns), default=0)
+        spent = committed()
+        drawn = max((int(spent.get(f"subset_draws:{c}", 0)) for c in columns), default=0)
         if drawn > int(params.get("prior_draws", 0)):
             return {**params, "prior_draws": drawn}
         return params

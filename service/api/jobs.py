@@ -38,7 +38,9 @@ def list_jobs() -> list[dict[str, Any]]:
     client = current_app.extensions["redis"]
     status = request.args.get("status")
     ids = list(client.zrange(rkeys.PENDING, 0, -1))
-    ids += [i for i in client.zrevrange(rkeys.RELEASES, 0, FAILED_WINDOW - 1) if i not in ids]
+    pending = set(ids)
+    ids += [i for i in client.zrevrange(rkeys.RELEASES, 0, FAILED_WINDOW - 1)
+            if i not in pending]
     jobs = []
     for release_id in ids:
         doc = releases.document(client, release_id)
