@@ -18,6 +18,9 @@ from numpy.typing import ArrayLike, NDArray
 FloatArray = NDArray[np.float64]
 MAX_SLOTS = 2**21
 MIN_SLOTS = 1024
+#: slots per array element: uneven arrays (a CDF's heights, dense where the mass is) need
+#: many so that most keys land right; 64 (a 512 KB table for 1000 knots) measured fastest
+SLOTS_PER_KEY = 64
 #: vectorised correction steps before falling back to binary search
 STEPS = 3
 
@@ -38,7 +41,7 @@ class Locator:
         span = float(a[-1] - a[0])
         if a.size < 8 or not (span > 0 and math.isfinite(span)):
             return
-        slots = int(min(MAX_SLOTS, max(MIN_SLOTS, 16 * a.size)))
+        slots = int(min(MAX_SLOTS, max(MIN_SLOTS, SLOTS_PER_KEY * a.size)))
         self._scale = slots / span
         # slot s covers keys from a[0] + s/scale; one slot back (the +1 below) keeps every
         # candidate at or before the answer despite rounding in the slot computation
