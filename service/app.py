@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 from flask_smorest import Api
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from service import observability, problems, ratelimit, rkeys
 from service.config import Config
@@ -34,6 +35,10 @@ def create_app(config: Config | None = None) -> Flask:
         MAX_CONTENT_LENGTH=config.max_upload_bytes,
         PRIVRELEASE=config,
     )
+    if config.trusted_proxies:
+        # client address and scheme from X-Forwarded-For/-Proto set by that many proxies
+        n = config.trusted_proxies
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n)  # type: ignore[method-assign]
     client = rkeys.connect(config.require_redis_url())
     app.extensions["redis"] = client
     app.extensions["ledger"] = Ledger(client)

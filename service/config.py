@@ -87,6 +87,12 @@ class Config:
     metrics_dir: Path | None = None
     #: PRIVRELEASE_METRICS_MAX_DATASETS: newest datasets whose budgets /metrics exports
     metrics_max_datasets: int = 1000
+    #: PRIVRELEASE_METRICS_TOKEN: bearer token /metrics requires (the scraper's); unset:
+    #: /metrics is open and exports no per-dataset series (no dataset ids, no budgets)
+    metrics_token: str | None = None
+    #: PRIVRELEASE_TRUSTED_PROXIES: reverse proxies in front of the API whose
+    #: X-Forwarded-For/-Proto are trusted (0: none), so limits see the client's address
+    trusted_proxies: int = 0
 
     @classmethod
     def from_env(cls) -> Config:
@@ -108,6 +114,8 @@ class Config:
             rate_limit=_rate_limit(_env("RATE_LIMIT"), cls.rate_limit),
             metrics_dir=_path(_env("METRICS_DIR")),
             metrics_max_datasets=_int("METRICS_MAX_DATASETS", cls.metrics_max_datasets),
+            metrics_token=_env("METRICS_TOKEN") or None,
+            trusted_proxies=_int("TRUSTED_PROXIES", cls.trusted_proxies),
         )
 
     @property

@@ -9,6 +9,7 @@ time, so every API host reports the same, correct values.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from prometheus_client.registry import Collector
 
 from service import budget, metrics_store, rkeys
 from service.config import Config
-from service.problems import PROBLEM_TYPE
+from service.problems import PROBLEM_TYPE, APIError
 
 log = logging.getLogger("privrelease.observability")
 access_log = logging.getLogger("privrelease.access")
@@ -291,13 +292,14 @@ def _registry(app: Flask, config: Config) -> CollectorRegistry:
         registry.register(REQUESTS)
         registry.register(LATENCY)
     queue = str(app.extensions["celery"].conf.task_default_queue or "celery")
-    registry.register(ClusterCollector(app.extensions["redis"], queue,
-                                       config.metrics_max_datasets))
+    # dataset ids and budgets only go to an authenticated scraper
+    per_dataset = config.metrics_max_datasets if config.metrics_token else 0
+    registry.register(ClusterCollector(app.extensions["redis"], queue, per_dataset))
     return registry
 
 
 def init_app(app: Flask) -> None:
-    """Request ids, JSON access logs and ``/metrics`` (no auth) for ``app``.
+    """Request ids, JSON access logs and ``/metrics`` for ``app``.
 
     Call before ``ratelimit.init_app``: this before_request hook must run
     first, so a request refused by the limiter still has an id and a start time.
@@ -309,7 +311,13 @@ def init_app(app: Flask) -> None:
     app.after_request(_after)
 
     def metrics() -> Response:
-        """Prometheus text format; for the scraper, so no auth and no rate limit."""
+        """Prometheus text format; for the scraper: its own token (if set), no rate limit."""
+        if config.metrics_token:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    token.strip().encode(), config.metrics_token.encode()):
+                raise APIError(401, "/metrics needs the PRIVRELEASE_METRICS_TOKEN bearer token",
+                               code="unauthorized")
         return Response(generate_latest(registry), content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     app.add_url_rule("/metrics", endpoint="metrics", view_func=metrics)

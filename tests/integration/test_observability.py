@@ -31,9 +31,10 @@ from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 PROBLEM = "application/problem+json"
 
 
-def scrape(client: FlaskClient) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def scrape(client: FlaskClient, token: str | None = None
+           ) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample of /metrics as {(name, labels): value}."""
-    resp = client.get("/metrics")
+    resp = client.get("/metrics", headers=bearer(token) if token else {})
     assert resp.status_code == 200
     assert resp.content_type.startswith("text/plain")
     return {(s.name, frozenset(s.labels.items())): s.value
@@ -199,11 +200,39 @@ def test_metrics_report_queue_depth_and_dataset_count(app: Flask, r: redis.Redis
         r.delete(queue)
 
 
-def test_metrics_report_exact_remaining_budget(api: Api, worker: Any) -> None:
+SCRAPE_TOKEN = "scrape-" + uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def scraped_app(app: Flask) -> Flask:
+    """The same service with PRIVRELEASE_METRICS_TOKEN set."""
+    return create_app(dataclasses.replace(app.config["PRIVRELEASE"], metrics_token=SCRAPE_TOKEN))
+
+
+def test_metrics_token_guards_metrics_and_unlocks_per_dataset_series(
+        scraped_app: Flask, app: Flask, api: Api) -> None:
     resp = api.upload(people_csv(), PEOPLE_META)
     assert resp.status_code == 201
     ds = resp.get_json()["id"]
-    samples = scrape(api.client)
+    client = scraped_app.test_client()
+    for headers in ({}, bearer("wrong"), bearer(TOKEN), {"Authorization": SCRAPE_TOKEN}):
+        refused = client.get("/metrics", headers=headers)
+        assert refused.status_code == 401 and refused.content_type == PROBLEM
+        assert SCRAPE_TOKEN not in refused.get_data(as_text=True)
+    assert ("privrelease_budget_remaining",
+            frozenset({("dataset", ds), ("measure", "epsilon")})) in scrape(client, SCRAPE_TOKEN)
+    # without a token configured /metrics stays open but names no dataset and no budget
+    open_samples = scrape(app.test_client())
+    assert not [k for k in open_samples if k[0] == "privrelease_budget_remaining"]
+    assert sample(open_samples, "privrelease_datasets") >= 1
+
+
+def test_metrics_report_exact_remaining_budget(api: Api, worker: Any, scraped_app: Flask) -> None:
+    resp = api.upload(people_csv(), PEOPLE_META)
+    assert resp.status_code == 201
+    ds = resp.get_json()["id"]
+    scraper = scraped_app.test_client()
+    samples = scrape(scraper, SCRAPE_TOKEN)
     assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="epsilon") == 5
     assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="delta") == 1e-5
 
@@ -212,7 +241,7 @@ def test_metrics_report_exact_remaining_budget(api: Api, worker: Any) -> None:
                                         "budget": {"epsilon": 0.3}})
     assert release.status_code == 202, release.get_json()
     assert api.wait(release.get_json()["id"])["status"] == "succeeded"
-    samples = scrape(api.client)
+    samples = scrape(scraper, SCRAPE_TOKEN)
     assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="epsilon") == 4.7
     assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="delta") == 1e-5
 
@@ -327,6 +356,30 @@ def test_requests_without_a_token_are_limited_per_address(limited_app: Flask) ->
     assert statuses == [401, 401, 401, 429]
     other = {"REMOTE_ADDR": "192.0.2.77"}
     assert client.get("/v1/datasets", environ_base=other).status_code == 401
+
+
+def test_made_up_tokens_share_their_address_bucket(limited_app: Flask) -> None:
+    """A flood of random tokens must not get a fresh bucket per token."""
+    client = limited_app.test_client()
+    addr = {"REMOTE_ADDR": f"10.{uuid.uuid4().int % 250}.8.{uuid.uuid4().int % 250}"}
+    statuses = [client.get("/v1/datasets", environ_base=addr,
+                           headers=bearer(f"pr_fake_{uuid.uuid4().hex}")).status_code
+                for _ in range(4)]
+    assert statuses == [401, 401, 401, 429]
+
+
+def test_trusted_proxy_address_is_the_forwarded_client(app: Flask) -> None:
+    """With one trusted proxy, two clients behind it get separate buckets."""
+    proxied = create_app(dataclasses.replace(app.config["PRIVRELEASE"], rate_limit="2/minute",
+                                             trusted_proxies=1)).test_client()
+    proxy = {"REMOTE_ADDR": "10.0.0.1"}
+    octet = uuid.uuid4().int % 250
+    first, second = f"198.51.{octet}.1", f"198.51.{octet}.2"
+    statuses = [proxied.get("/v1/datasets", environ_base=proxy,
+                            headers={"X-Forwarded-For": first}).status_code for _ in range(3)]
+    assert statuses == [401, 401, 429]
+    assert proxied.get("/v1/datasets", environ_base=proxy,
+                       headers={"X-Forwarded-For": second}).status_code == 401
 
 
 def test_rate_limit_off_installs_no_limiter(app: Flask, r: redis.Redis) -> None:
