@@ -46,7 +46,9 @@ import mechanisms
 from mechanisms import ColumnMeta, DatasetMeta, baselines
 from mechanisms.audit import AuditResult, audit
 from mechanisms.base import Budget, Mechanism
+from mechanisms.dip.audit import transition_matrix_discrete
 from mechanisms.dip.mechanism import DipMechanism, Plan
+from mechanisms.dip.noise import NoiseStep
 from mechanisms.iclp.entries import IclpKde, IclpMean
 from mechanisms.iclp.mean import qr_worst_case
 
@@ -140,12 +142,18 @@ def sample_dip_local(d: Draw, which: int, rng: np.random.Generator, runs: int) -
     return np.asarray(table["x"], dtype=np.float64)
 
 
-def sample_iclp(d: Draw, which: int, rng: np.random.Generator, runs: int) -> np.ndarray:
-    """Released lattice coefficients (centre + noise, ``runs`` at once) -> the privacy-loss
-    statistic between the centres of D and D' (the auditor knows both)."""
+def _iclp_centres(d: Draw) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The plan ``run`` releases with, and the lattice centres of D and D'."""
     plan = d.mech._calibrated(d.params, d.cost["epsilon"], d.meta)  # type: ignore[attr-defined]
     column = d.params["column"]
     a, b = (plan.noise.centre(plan.summary(data[column])) for data in d.pair)
+    return plan, a, b
+
+
+def sample_iclp(d: Draw, which: int, rng: np.random.Generator, runs: int) -> np.ndarray:
+    """Released lattice coefficients (centre + noise, ``runs`` at once) -> the privacy-loss
+    statistic between the centres of D and D' (the auditor knows both)."""
+    plan, a, b = _iclp_centres(d)
     units = (a, b)[which] + plan.noise.sample(rng, runs)
     return np.asarray(plan.noise.privacy_loss(units, a, b), dtype=np.float64)
 
@@ -300,3 +308,48 @@ def test_certified_loss_never_exceeds_the_charge_and_a_miscalibration_is_caught(
     assert honest.epsilon_lb <= claimed
     assert honest.epsilon_lb >= case.expect  # the audit is not vacuous
     assert control.epsilon_lb > claimed
+
+
+VECTORISED = [c for c in CASES if c.sample in (sample_baseline, sample_iclp)]
+
+
+@pytest.mark.parametrize("case", VECTORISED, ids=[c.id for c in VECTORISED])
+def test_audit_sampler_is_the_run_path(case: Case) -> None:
+    """One vectorised draw is what ``run`` releases with the same seed, for both datasets."""
+    mech = mechanisms.get(case.mechanism)
+    params = mech.load_params(case.params)
+    cost = mech.cost(params, case.budget, case.meta)
+    draw = Draw(mech, params, cost, case.meta, case.pair)
+    for seed in range(5):
+        for which in (0, 1):
+            drawn = case.sample(draw, which, np.random.default_rng(seed), 1)
+            out = mech.run(case.pair[which], params, cost, case.meta,
+                           np.random.default_rng(seed))
+            if case.sample is sample_baseline:
+                assert drawn.tolist() == [out.result["value"]]
+            else:
+                plan, a, b = _iclp_centres(draw)
+                units = np.asarray(out.result["coefficients"]) / plan.noise.steps
+                assert np.array_equal(units, np.rint(units))
+                assert drawn.tolist() == plan.noise.privacy_loss(units[None, :], a, b).tolist()
+
+
+def test_dip_certified_bound_is_below_the_exact_loss_of_its_event() -> None:
+    """Cross-check with ``mechanisms.dip.audit``: the event the audit chose has an exact
+    log-ratio (from DIP's exact output law) at least the certified bound, and at most ε.
+
+    A coarse resolution K keeps the exact law small; a uniform reference makes the
+    released value the noise step's g itself.
+    """
+    params = {"columns": ["x"], "reference": UNIFORM, "resolution": 256}
+    case = Case("dip-exact", DipMechanism, "dip", params, _unit_meta(2), _unit_pair(2),
+                sample_dip_local, {"epsilon": EPSILON})
+    result = _audit(case, mechanisms.get("dip"), seed=3)
+    step = NoiseStep.calibrate(EPSILON, 256)
+    event = [[max(result.event.lo, 0.0), min(result.event.hi, 1.0)]]
+    matrix, lost = transition_matrix_discrete([[0.0, 0.0], [1.0, 1.0]], event, step)
+    p_d, p_d2 = matrix[:, 0]
+    exact = math.log(p_d / p_d2) if result.event.forward else math.log(p_d2 / p_d)
+    print(f"\ndip K=256: certified {result.epsilon_lb:.3f} <= exact {exact:.3f} of {result.event}")
+    assert lost < 1e-15
+    assert 0.8 < result.epsilon_lb <= exact <= float(EPSILON) * (1 + 1e-9)
