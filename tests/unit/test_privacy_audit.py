@@ -4,10 +4,13 @@ For each case: neighbours D, D' (one record replaced, chosen so that the
 audit has power), many independent runs on each, and ``mechanisms.audit``:
 an event chosen on the first half of the runs, certified on the second half
 by Clopper–Pearson bounds, giving a lower bound on the mechanism's ε that
-holds with probability 1 − 1e-3. It must not exceed the ε the ledger charged.
-Every case has a negative control: the same mechanism subclassed to claim ε
-while calibrating its noise for FACTOR·ε; the audit must refute its claim,
-which shows the audit has the power to catch such a bug.
+holds with probability 1 − 1e-3. It must not exceed the ε the ledger charged
+(for ``gaussian``: the ε certified at the mechanism's own δ, from events with
+P[M(D) ∈ E] >= e^ε P[M(D') ∈ E] + δ). It must also reach a stated floor, so
+that a broken audit cannot pass by certifying nothing. Every case has a
+negative control: the same mechanism subclassed to claim (and cost) ε while
+calibrating its noise for ``factor``·ε; the audit must refute its claim, which
+shows it has the power to catch such a bug.
 
 Runs are drawn with the library functions the mechanisms' ``run`` calls,
 vectorised over runs (``test_audit_sampler_is_the_run_path`` checks that
@@ -20,7 +23,9 @@ Test statistics (the scalar the events are intervals of):
   default ``dp`` reference every run is a full run of the mechanism; with a
   public (parametric) reference DIP is ε-local-DP per record (``chain``), so
   one run on n identical records gives n independent draws of a record's
-  release;
+  release (``test_dip_certified_bound_is_below_the_exact_loss_of_its_event``
+  compares the certified bound with the exact loss of the chosen event from
+  ``mechanisms.dip.audit``);
 * ``iclp.*``: the privacy-loss statistic of the claimed noise on the released
   coefficients, Σ_j (|y_j − b_j| − |y_j − a_j|)/s_j for the two datasets'
   lattice centres a, b (``CoefficientNoise.privacy_loss``): the Neyman–Pearson
