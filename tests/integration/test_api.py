@@ -155,6 +155,27 @@ def test_idempotency_key_spends_once(api: Api, dataset: dict[str, Any], worker: 
     assert _budget(api, dataset["id"])["epsilon"]["committed"] == 1.0
 
 
+def test_retry_after_commit_of_history_dependent_release(api: Api, worker: Any) -> None:
+    """subset.* completes params from the ledger (prior_draws): a retry or an identical
+    request after the first committed must still find the first release (found by the soak:
+    the retry was 422 idempotency_mismatch, the identical request a second paid draw)."""
+    meta = {"name": "cats", "budgets": {"subset_draws": 2},
+            "columns": {"c": {"type": "categorical", "categories": ["a", "b", "c", "d"]}}}
+    ds = api.upload("c\n" + "".join(f"{'abcd'[i % 4]}\n" for i in range(40)), meta)
+    req = {"dataset_id": ds.get_json()["id"], "mechanism": "subset.uniform",
+           "params": {"column": "c"}, "budget": {"subset_draws": 1}}
+    first = api.post("/v1/releases", req, {"Idempotency-Key": "draw-c"})
+    assert first.status_code == 202
+    assert api.wait(first.get_json()["id"])["status"] == "succeeded"
+    retry = api.post("/v1/releases", req, {"Idempotency-Key": "draw-c"})
+    assert retry.status_code in {200, 202}, retry.get_json()
+    assert retry.get_json()["id"] == first.get_json()["id"]
+    again = api.post("/v1/releases", req)
+    assert again.status_code == 200 and again.get_json()["replayed"]
+    assert again.get_json()["id"] == first.get_json()["id"]
+    assert _budget(api, req["dataset_id"])["subset_draws:c"]["committed"] == 1.0
+
+
 def test_estimate_spends_nothing(api: Api, dataset: dict[str, Any]) -> None:
     req = {"dataset_id": dataset["id"], "mechanism": "laplace",
            "params": {"statistic": "mean", "column": "income"}, "budget": {"epsilon": 0.25}}
