@@ -19,7 +19,7 @@ def test_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
     assert report.violations == {}, report.render()
     kinds = {k[0]: k[1] for k in report.kinds()}
     # the mix really ran: releases were accepted and refused, analyses were queued
-    assert kinds["release"] > 50 and kinds["analysis"] > 5, kinds
+    assert kinds["release"] > 30 and kinds["analysis"] > 5, kinds
     statuses = {s for c in report.calls if c.kind == "release" for s in [c.status]}
     assert {202, 409} <= statuses, statuses
-    assert report.counts["commit"] > 20, report.counts
+    assert report.counts["commit"] > 10, report.counts

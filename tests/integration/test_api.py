@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from flask import Flask
 
 from service.app import create_app
+from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 PROBLEM = "application/problem+json"
@@ -260,6 +263,16 @@ def test_errors_are_problem_json(api: Api, app: Flask) -> None:
         assert resp.status_code == status
         assert resp.mimetype == PROBLEM
         assert resp.get_json()["status"] == status
+
+
+def test_app_loads_every_mechanism_before_serving(service_env: dict[str, str]) -> None:
+    """The soak saw a ~2 s first request per gunicorn worker: the mechanism imports."""
+    code = ("import sys; from service.app import create_app; create_app();"
+            " from mechanisms import registry;"
+            " sys.exit(not all(m in sys.modules for m in registry.BUILTIN))")
+    done = subprocess.run([sys.executable, "-c", code], env=service_env, cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_openapi_docs_and_probes(api: Api, app: Flask, worker: Any) -> None:
