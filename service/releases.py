@@ -102,8 +102,10 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     requested = _budget(body.get("budget"))
     meta = datasets.meta(doc)
     as_written = params
+    # what earlier releases hold: committed, and reserved by jobs still in the queue (they
+    # will run first); a refunded one only makes the reported design more cautious
     params = mech.with_history(params, lambda: {
-        m: budget.from_units(m, row["committed"])
+        m: budget.from_units(m, row["committed"] + row["reserved"])
         for m, row in ledger.balance(doc["id"]).items()})
     try:
         for i, ref_id in enumerate(mech.reference_datasets(params)):

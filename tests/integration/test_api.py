@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from service import releases
 from service.app import create_app
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
@@ -177,6 +178,30 @@ def test_retry_after_commit_of_history_dependent_release(api: Api, worker: Any) 
     assert again.status_code == 200 and again.get_json()["replayed"]
     assert again.get_json()["id"] == first.get_json()["id"]
     assert _budget(api, req["dataset_id"])["subset_draws:c"]["committed"] == 1.0
+
+
+def test_queued_draw_counts_in_the_composed_design(api: Api, app: Flask) -> None:
+    """A draw that is reserved but not yet committed is an earlier draw too: a request
+    behind it in the queue must report the composed design, not a single draw."""
+    meta = {"name": "cats", "budgets": {"subset_draws": 2},
+            "columns": {"c": {"type": "categorical", "categories": ["a", "b", "c", "d"]}}}
+    ds = api.upload("c\n" + "".join(f"{'abcd'[i % 4]}\n" for i in range(40)), meta)
+    ds_id = ds.get_json()["id"]
+    req = {"dataset_id": ds_id, "mechanism": "subset.uniform", "params": {"column": "c"},
+           "budget": {"subset_draws": 1}}
+    # a queued draw: reserved as the API does, its job not sent (so not run yet)
+    client, ledger = app.extensions["redis"], app.extensions["ledger"]
+    first = releases.prepare(client, ledger, {**req, "params": {"column": "c",
+                                                                "format": "both"}},
+                             allow_seeds=False)
+    rid = releases.new_id()
+    held = ledger.reserve(ds_id, rid, first.cost_units, actor="k",
+                          fingerprint=first.fingerprint, request_json=first.request_json())
+    assert held.outcome == "reserved"
+    estimate = api.post("/v1/releases/estimate", req)
+    ledger.abort(ds_id, rid, '{"message": "test"}', "k")
+    assert estimate.status_code == 200, estimate.get_json()
+    assert "composed" in json.dumps(estimate.get_json()["accuracy"])
 
 
 def test_estimate_spends_nothing(api: Api, dataset: dict[str, Any]) -> None:
