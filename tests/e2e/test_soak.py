@@ -14,7 +14,7 @@ from tests.load import soak
 
 def test_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
     with soak.standalone(tmp_path) as svc:
-        report = soak.run(svc, clients=8, seconds=12, max_growth=None, drain_timeout=60)
+        report = soak.run(svc, clients=8, seconds=10, max_growth=None, drain_timeout=60)
     print(report.render())
     assert report.violations == {}, report.render()
     kinds = {k[0]: k[1] for k in report.kinds()}
