@@ -526,9 +526,9 @@ class Report:
         if self.memory:
             lines += ["", f"{'RSS (MiB)':<22} {'start':>7} {'end':>7} {'peak':>7} {'growth':>7}"]
             for row in self.memory:
+                peak = f"{row.peak_kib / 1024:>7.1f}" if row.peak_kib else f"{'-':>7}"
                 lines.append(f"{row.name:<22} {row.start_kib / 1024:>7.1f} "
-                             f"{row.end_kib / 1024:>7.1f} {row.peak_kib / 1024:>7.1f} "
-                             f"{row.growth:>+7.1%}")
+                             f"{row.end_kib / 1024:>7.1f} {peak} {row.growth:>+7.1%}")
         lines += ["", "violations: " + ("none" if not self.violations else "")]
         for what, n in sorted(self.violations.items()):
             lines.append(f"  {n:>5} x {what}: {self.examples.get(what, '')}")
