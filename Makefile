@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench lint clean
+.PHONY: run test bench soak lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m pytest tests/bench -p no:cacheprovider -o addopts="" -s
+
+# 64 clients x 2 minutes against a standalone service; checks budgets, releases and memory
+soak: $(STAMP)
+	$(BIN)/python -m tests.load.soak --clients 64 --seconds 120
 
 clean:
 	rm -rf $(VENV) var *.egg-info

@@ -173,10 +173,10 @@ class Mechanism(abc.ABC):
                      committed: Callable[[], Mapping[str, Fraction]]) -> dict[str, Any]:
         """Complete ``params`` from the ledger's public history before costing.
 
-        ``committed()`` reads what earlier releases of the dataset committed, per
-        ledger measure (only when called). Most mechanisms need none of it; one
-        whose guarantee depends on earlier draws (subset privacy's composed
-        design) reads it here.
+        ``committed()`` reads what earlier releases of the dataset committed or still
+        hold (queued jobs), per ledger measure (only when called). Most mechanisms
+        need none of it; one whose guarantee depends on earlier draws (subset
+        privacy's composed design) reads it here.
         """
         return params
 

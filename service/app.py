@@ -6,6 +6,7 @@ from flask import Flask
 from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
+import mechanisms
 from service import observability, problems, ratelimit, rkeys
 from service.config import Config
 from service.ledger import Ledger
@@ -55,4 +56,7 @@ def create_app(config: Config | None = None) -> Flask:
 
     for module in (health, datasets, releases, outputs, catalog, keys, jobs):
         api.register_blueprint(module.blp)
+    # import every mechanism family (scipy, matplotlib: ~2 s) while the worker boots, not
+    # in the first request that names a mechanism (a 2 s outlier per worker under load)
+    mechanisms.names()
     return app

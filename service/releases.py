@@ -34,15 +34,22 @@ class Prepared:
     accuracy: dict[str, Any]
     seed: int | None
     callback_url: str | None = None
+    #: params as the client wrote them (validated), before the mechanism completed them
+    #: from the ledger's history; None when it completed nothing
+    requested_params: dict[str, Any] | None = None
 
     @property
     def fingerprint(self) -> str:
-        """Same dataset version, mechanism, params, cost (and seed) -> same release."""
+        """Same dataset version, mechanism, params, cost (and seed) -> same release.
+
+        The params are the client's: a retry or an identical request after the first one
+        committed must find it, though the history (e.g. subset prior_draws) has moved on.
+        """
         body = {
             "dataset_id": self.dataset["id"],
             "version": self.dataset["version"],
             "mechanism": self.mechanism.name,
-            "params": self.params,
+            "params": self.params if self.requested_params is None else self.requested_params,
             "cost": self.cost_units,
             "seed": self.seed,
         }
@@ -94,8 +101,11 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                        code="validation_error", field="seed")
     requested = _budget(body.get("budget"))
     meta = datasets.meta(doc)
+    as_written = params
+    # what earlier releases hold: committed, and reserved by jobs still in the queue (they
+    # will run first); a refunded one only makes the reported design more cautious
     params = mech.with_history(params, lambda: {
-        m: budget.from_units(m, row["committed"])
+        m: budget.from_units(m, row["committed"] + row["reserved"])
         for m, row in ledger.balance(doc["id"]).items()})
     try:
         for i, ref_id in enumerate(mech.reference_datasets(params)):
@@ -116,7 +126,8 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         if amount > agreed:
             raise APIError(500, "mechanism cost exceeds the agreed budget")
     units = {m: budget.cost_units(m, a) for m, a in cost.items()}
-    return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"))
+    return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
+                    requested_params=as_written)
 
 
 def _budget(raw: Any) -> dict[str, Fraction]:
