@@ -5,12 +5,27 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from flask import Flask, Response, json
+from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
 
 PROBLEM_TYPE = "application/problem+json"
+
+#: Seconds a client should wait before retrying a 503. Valkey restarted by a
+#: supervisor (systemd, compose) answers again within a few seconds and the
+#: API reconnects by itself on the next request, so a short, fixed pause is
+#: right; the bundled client also backs off on its own between retries.
+RETRY_AFTER_SECONDS = 2
+
+#: Errors meaning Valkey (the ledger, keys, releases, and the job broker) cannot be
+#: reached right now, not that the request is wrong: redis-py's connection and
+#: timeout errors (BusyLoadingError, while Valkey replays its AOF, is a
+#: ConnectionError) and kombu's error when a task cannot be published.
+UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+               OperationalError)
 
 _CODES = {
     400: "bad_request",
@@ -66,8 +81,29 @@ def problem(status: int, code: str, detail: str, **extra: Any) -> Response:
     return resp
 
 
+def _retry_later(resp: Response) -> Response:
+    """Every 503 says when to come back (RFC 9110 §10.2.3)."""
+    if resp.status_code == 503 and "Retry-After" not in resp.headers:
+        resp.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return resp
+
+
 def _from_api_error(err: APIError) -> Response:
-    return problem(err.status, err.code, err.detail, field=err.field, **err.extra)
+    resp = problem(err.status, err.code, err.detail, field=err.field, **err.extra)
+    return _retry_later(resp)
+
+
+def _from_unavailable(err: Exception) -> Response:
+    """Valkey down, restarting or loading: a 503 to retry, not a 500 to page someone.
+
+    Logged as a warning with the error type only (the message names hosts). Nothing
+    is half-written: every ledger step is one Lua script that ran whole or not at
+    all, an upload removes its files when its registration fails, and a reservation
+    whose job could not be queued is refunded (at once, or by the sweeper).
+    """
+    log.warning("valkey unavailable", extra={"error_type": type(err).__name__})
+    return _retry_later(problem(503, "unavailable",
+                                "the service's data store is unavailable; retry later"))
 
 
 def _from_http_exception(err: HTTPException) -> Response:
@@ -85,7 +121,7 @@ def _from_http_exception(err: HTTPException) -> Response:
         detail = f"invalid request: {first}: {errors[first]}"
         if status == 422:
             code = "validation_error"
-    resp = problem(status, code, detail, **extra)
+    resp = _retry_later(problem(status, code, detail, **extra))
     if isinstance(data, dict) and data.get("headers"):
         resp.headers.update(data["headers"])
     if status == 405 and err.get_response().headers.get("Allow"):
@@ -118,6 +154,8 @@ def register(app: Flask) -> None:
 
     app.register_error_handler(APIError, _from_api_error)
     app.register_error_handler(HTTPException, _from_http_exception)
+    for error in UNAVAILABLE:
+        app.register_error_handler(error, _from_unavailable)
 
     @app.errorhandler(Exception)
     def _unhandled(err: Exception) -> Response:  # pragma: no cover - defensive

@@ -13,6 +13,8 @@ problem handlers, as for any HTTPException) with ``Retry-After``.
 
 from __future__ import annotations
 
+import logging
+
 import redis
 from flask import Flask, Response, current_app, request
 from flask_limiter import ApplicationLimit, Limiter
@@ -86,8 +88,12 @@ def init_app(app: Flask) -> Limiter | None:
         storage_options={"key_prefix": KEY_PREFIX},
         strategy="fixed-window",
         headers_enabled=True,
-        swallow_errors=True,  # Redis trouble is reported by /readyz, not by the limiter
+        # Valkey down: fail open. The limiter guards throughput, not privacy; the route
+        # itself needs Valkey and answers 503 (problems.UNAVAILABLE), so refusing here
+        # too would add nothing but a second failure to log.
+        swallow_errors=True,
     )
+    limiter.logger = logging.getLogger("privrelease.ratelimit")  # JSON lines, no messages
     limiter.request_filter(_exempt)
     limiter.init_app(app)
     return limiter

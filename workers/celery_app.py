@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 from celery import Celery, signals
+from kombu.transport import redis as kombu_redis
 
 from service import rkeys
 from service.config import Config
@@ -21,6 +22,31 @@ from service.ledger import Ledger
 
 HEARTBEAT_SECONDS = 3
 HEARTBEAT_TTL = 10
+
+
+class _Channel(kombu_redis.Channel):
+    """kombu's Redis channel, made to survive being closed after Valkey vanished.
+
+    When the broker connection breaks, Celery closes it, and kombu then tries to
+    put the channel's unacknowledged messages back through a connection that is
+    already detached: kombu 5.7 fails with AttributeError (``None.hostname``),
+    which Celery takes as unrecoverable, so the worker exits instead of
+    reconnecting. A connection error here is ignored by Celery's close and the
+    worker reconnects; the messages stay in the broker's unacked set, whence
+    kombu restores them after ``visibility_timeout``.
+    """
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        if self.connection.client is None:
+            raise redis.exceptions.ConnectionError("broker connection already closed")
+        params: dict[str, Any] = super()._connparams(asynchronous)
+        return params
+
+
+class BrokerTransport(kombu_redis.Transport):
+    """The Redis transport with :class:`_Channel`."""
+
+    Channel = _Channel
 
 
 def configure(app: Celery, config: Config) -> Celery:
@@ -33,7 +59,11 @@ def configure(app: Celery, config: Config) -> Celery:
         task_ignore_result=True,
         task_default_queue="privrelease",
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": 3600},
+        broker_transport=BrokerTransport,
+        # timeouts as for our own clients: a hung Valkey fails a publish, not hangs it
+        broker_transport_options={"visibility_timeout": 3600,
+                                  "socket_timeout": rkeys.REPLY_TIMEOUT,
+                                  "socket_connect_timeout": rkeys.CONNECT_TIMEOUT},
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
     )

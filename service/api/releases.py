@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 from typing import Any
 
+import redis
 from flask import current_app, request
 from flask_smorest import Blueprint
 
@@ -13,6 +16,8 @@ from service.auth import check_dataset_grant, current_key, require
 from service.ledger import now_iso
 from service.problems import APIError
 from service.schemas import EstimateSchema, ReleaseRequestSchema, ReleaseSchema
+
+log = logging.getLogger("privrelease.releases")
 
 blp = Blueprint("releases", __name__, url_prefix="/v1/releases", description="Releases")
 
@@ -76,12 +81,16 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         idem_key = rkeys.idempotency(key.id, hashlib.sha256(idem.encode()).hexdigest())
     ledger = current_app.extensions["ledger"]
     dataset_id = prepared.dataset["id"]
-    request_json, at = prepared.request_json(), now_iso()
+    request_json, at, release_id = prepared.request_json(), now_iso(), releases.new_id()
     res = ledger.reserve(
-        dataset_id, releases.new_id(), prepared.cost_units, actor=key.id,
+        dataset_id, release_id, prepared.cost_units, actor=key.id,
         fingerprint=prepared.fingerprint, request_json=request_json,
         idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
     )
+    if res.release_id == release_id and res.outcome in {"replay", "idempotent"}:
+        # our own reservation: redis-py re-sent the script after a lost reply (Valkey
+        # restarting); it must be enqueued, not answered as someone else's release
+        res = dataclasses.replace(res, outcome="reserved")
     if res.outcome == "exhausted":
         whose = "your allocation of" if res.scope == "allocation" else "the dataset's"
         raise APIError(
@@ -102,8 +111,12 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
             current_app.extensions["celery"].send_task(TASK, args=[res.release_id],
                                                       task_id=res.release_id)
         except Exception:
-            ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
-                         key.id)
+            try:
+                ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
+                             key.id)
+            except redis.RedisError:  # Valkey went away too: the sweeper refunds it
+                log.warning("reservation left to the sweeper",
+                            extra={"release_id": res.release_id})
             raise APIError(503, "job queue unavailable; nothing was spent",
                            code="unavailable") from None
         # no round trip: the document of a just-queued release is known here

