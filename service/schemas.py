@@ -7,6 +7,8 @@ from datetime import UTC
 from marshmallow import INCLUDE, RAISE, Schema, fields, validate
 from webargs.fields import DelimitedList
 
+import mechanisms
+
 
 class StrictSchema(Schema):
     class Meta:
@@ -110,8 +112,10 @@ class LedgerEventSchema(Schema):
 
 class ReleaseRequestSchema(StrictSchema):
     dataset_id = fields.String(required=True, validate=validate.Length(1, 100))
-    mechanism = fields.String(required=True, validate=validate.Length(1, 100))
-    params = fields.Dict(load_default=dict)
+    mechanism = fields.String(required=True, validate=validate.OneOf(mechanisms.names()),
+                              metadata={"description": "a name from /v1/mechanisms"})
+    params = fields.Dict(load_default=dict,
+                         metadata={"description": "the mechanism's params_schema"})
     budget = fields.Dict(keys=fields.String(), values=fields.Raw(), required=True)
     callback_url = fields.String(
         validate=validate.Length(1, 2000),

@@ -15,7 +15,9 @@ unknown key) and every response must hold to the contract:
 ``positive_data_acceptance`` is off: the request schemas cannot say every rule the
 service checks (a mechanism's params depend on the mechanism, the dataset metadata is
 JSON inside a multipart field, ids must exist, a budget must fit), so a schema-valid
-request can be rightly refused with a documented 422 or 409.
+request can be rightly refused with a documented 422 or 409. ``use_after_free`` is off:
+``DELETE /v1/datasets/{id}`` retires a dataset, whose metadata, budget and ledger stay
+readable by design (README), and keys have no read-one operation to check.
 
 Path ids are drawn half the time from real resources (a dataset, succeeded releases, an
 analysis, disposable keys), so the fuzzer gets past 404 into the code behind it.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import hypothesis
@@ -44,6 +46,11 @@ from service.problems import PROBLEM_TYPE
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "5"))
+BODY = "<body>"
+RELEASE_PATHS = {"/v1/releases", "/v1/releases/estimate"}
+#: swapped into release requests, so some reach the ledger and the worker
+WORKABLE_RELEASE = {"mechanism": "laplace", "params": {"statistic": "mean", "column": "age"},
+                    "budget": {"epsilon": 0.01}}
 
 
 @schemathesis.check
@@ -65,7 +72,8 @@ class World:
     """Real resources the fuzzer's path ids are drawn from, and one token per caller."""
 
     tokens: dict[str, str | None]
-    ids: dict[str, list[str]] = field(default_factory=dict)
+    ids: dict[str, list[str]]
+    upload: dict[str, Any]  # a valid multipart body for POST /v1/datasets
 
 
 def _upload(api: Api, csv: str, meta: dict[str, Any]) -> str:
@@ -113,6 +121,7 @@ def world(app: Flask, worker: Any) -> World:
         ids={"dataset_id": [ds], "release_id": [scalar, records, curve],
              "analysis_id": [analysis.get_json()["id"]], "key_id": disposable,
              "victim_dataset_id": victims},
+        upload={"metadata": json.dumps(PEOPLE_META), "file": people_csv(20)},
     )
 
 
@@ -123,30 +132,46 @@ def api_schema(app: Flask, world: World) -> Iterator[schemathesis.BaseSchema]:
         "suppress-health-check": ["too_slow", "filter_too_much", "data_too_large"],
         "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True,
                        "with-security-parameters": False, "database": "none"},
-        "checks": {"positive_data_acceptance": {"enabled": False}},
+        "checks": {"positive_data_acceptance": {"enabled": False},
+                   "use_after_free": {"enabled": False}},
         "phases": {"coverage": {"enabled": os.environ.get("FUZZ_COVERAGE", "1") == "1"},
                    "fuzzing": {"enabled": os.environ.get("FUZZ_FUZZING", "1") == "1"}},
     })
     schema = schemathesis.openapi.from_wsgi("/openapi.json", app, config=config)
 
     @schema.hook
-    def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> Any:
-        """Half the time, replace each id by a real one of its kind."""
-        if not path_parameters:
-            return st.just(path_parameters)
-        deleting = context.operation.method.upper() == "DELETE"
-        options = []
-        for name in path_parameters:
-            pool = world.ids.get(f"victim_{name}" if deleting and name == "dataset_id"
-                                 else name, [])
-            options.append((name, pool))
-        strategy = st.just(dict(path_parameters))
-        for name, pool in options:
+    def flatmap_case(context: Any, case: Case) -> st.SearchStrategy[Case]:
+        """Often a real id for each path id and a workable body (else as generated).
+
+        Only in valid (positive) cases: negative cases stay as generated, so that
+        ``negative_data_rejection`` judges what the fuzzer meant to be invalid.
+        """
+        if case.meta is not None and case.meta.generation.mode.is_negative:
+            return st.just(case)
+        swaps: dict[str, st.SearchStrategy[Any]] = {}
+        for name in case.path_parameters or {}:
+            pool = world.ids.get(f"victim_{name}" if case.method.upper() == "DELETE" else name)
             if pool:
-                strategy = strategy.flatmap(
-                    lambda p, n=name, ids=pool: st.one_of(
-                        st.just(p), st.sampled_from(ids).map(lambda v, p=p, n=n: {**p, n: v})))
-        return strategy
+                swaps[name] = st.one_of(st.sampled_from(pool), st.none())
+        if (case.method.upper(), case.path) == ("POST", "/v1/datasets"):
+            swaps[BODY] = st.one_of(st.just(world.upload), st.none())
+        elif case.path in RELEASE_PATHS and isinstance(case.body, dict):
+            body = case.body
+            swaps[BODY] = st.one_of(st.sampled_from(world.ids["dataset_id"]).map(
+                lambda ds: {**body, **WORKABLE_RELEASE, "dataset_id": ds}), st.none())
+        if not swaps:
+            return st.just(case)
+
+        def swap(chosen: dict[str, Any]) -> Case:
+            new = case.derive(keep_auth=True)
+            for name, value in chosen.items():
+                if value is not None and name == BODY:
+                    new.body = value
+                elif value is not None:
+                    new.path_parameters[name] = value
+            return new
+
+        return st.fixed_dictionaries(swaps).map(swap)
 
     yield schema
 
@@ -176,3 +201,24 @@ def _call_as_everyone(case: Case, world: World) -> None:
 @hypothesis.settings(deadline=None)
 def test_every_operation_as_every_caller(case: Case, world: World) -> None:
     _call_as_everyone(case, world)
+
+
+def test_stateful_workflows(api_schema: schemathesis.BaseSchema, world: World) -> None:
+    """Chains of calls linked by the ids they return (create dataset -> release -> read)."""
+    machine = api_schema.as_state_machine()
+    OPERATOR = {"Authorization": f"Bearer {TOKEN}"}
+
+    class Workflow(machine):  # type: ignore[misc,valid-type]
+        def get_call_kwargs(self, case: Case) -> dict[str, Any]:
+            return {"headers": OPERATOR}
+
+        def validate_response(self, response: Response, case: Case,
+                              additional_checks: Any = None, **kwargs: Any) -> None:
+            # pass the headers on, so ``ignored_auth`` knows the token is ours, not generated
+            case.validate_response(response, additional_checks=additional_checks,
+                                   headers=OPERATOR, transport_kwargs=kwargs,
+                                   recorder=self.recorder)
+
+    Workflow.run(settings=hypothesis.settings(
+        max_examples=MAX_EXAMPLES, stateful_step_count=10, deadline=None, derandomize=True,
+        database=None, suppress_health_check=list(hypothesis.HealthCheck)))
