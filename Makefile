@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench lint clean
+.PHONY: run test bench fuzz lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m pytest tests/bench -p no:cacheprovider -o addopts="" -s
+
+# contract fuzzing at length (not CI; `make test` runs it with 5 examples per operation)
+FUZZ_MAX_EXAMPLES ?= 100
+fuzz: $(STAMP)
+	FUZZ_MAX_EXAMPLES=$(FUZZ_MAX_EXAMPLES) $(BIN)/python -m pytest \
+		tests/integration/test_contract_fuzz.py -p no:cacheprovider --timeout=7200
 
 clean:
 	rm -rf $(VENV) var *.egg-info
