@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench soak lint clean
+.PHONY: run test bench soak fuzz large lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ bench: $(STAMP)
 # 64 clients x 2 minutes against a standalone service; checks budgets, releases and memory
 soak: $(STAMP)
 	$(BIN)/python -m tests.load.soak --clients 64 --seconds 120
+
+# contract fuzzing at length (not CI; `make test` runs it with 5 examples per operation)
+FUZZ_MAX_EXAMPLES ?= 100
+fuzz: $(STAMP)
+	FUZZ_MAX_EXAMPLES=$(FUZZ_MAX_EXAMPLES) $(BIN)/python -m pytest \
+		tests/integration/test_contract_fuzz.py -p no:cacheprovider --timeout=7200
 
 clean:
 	rm -rf $(VENV) var *.egg-info

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from flask import Flask
 from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
@@ -10,6 +12,7 @@ import mechanisms
 from service import observability, problems, ratelimit, rkeys
 from service.config import Config
 from service.ledger import Ledger
+from service.schemas import ProblemSchema
 from service.store import DatasetStore
 from workers.celery_app import make_celery
 
@@ -17,8 +20,20 @@ from workers.celery_app import make_celery
 class ProblemApi(Api):
     """flask-smorest Api whose errors are RFC 9457 problem documents."""
 
+    ERROR_SCHEMA = ProblemSchema
+    DEFAULT_ERROR_RESPONSE_NAME = None  # each route lists its statuses (api.responses)
+
     def _register_error_handlers(self) -> None:
         problems.register(self._app)
+
+    def _register_responses(self) -> None:
+        """A component response per error status, documented as problem+json."""
+        for status in HTTPStatus:
+            if status >= 400:
+                self.spec.components.response(status.name, {
+                    "description": status.phrase,
+                    "content": {problems.PROBLEM_TYPE: {"schema": ProblemSchema}},
+                }, lazy=True)
 
 
 def create_app(config: Config | None = None) -> Flask:

@@ -119,6 +119,7 @@ def _from_http_exception(err: HTTPException) -> Response:
         extra["errors"] = errors
         first = next(iter(errors))
         detail = f"invalid request: {first}: {errors[first]}"
+        extra["field"] = first
         if status == 422:
             code = "validation_error"
     resp = _retry_later(problem(status, code, detail, **extra))

@@ -4,13 +4,41 @@ from __future__ import annotations
 
 from datetime import UTC
 
-from marshmallow import RAISE, Schema, fields, validate
+from marshmallow import INCLUDE, RAISE, Schema, fields, validate
 from webargs.fields import DelimitedList
+
+import mechanisms
 
 
 class StrictSchema(Schema):
     class Meta:
         unknown = RAISE
+
+
+class ProblemSchema(Schema):
+    """RFC 9457 problem document: the body of every error (``application/problem+json``)."""
+
+    class Meta:
+        unknown = INCLUDE  # members of one problem, e.g. ``requested``/``remaining``
+
+    type = fields.String(required=True)
+    title = fields.String(required=True)
+    status = fields.Integer(required=True, metadata={"description": "the HTTP status"})
+    detail = fields.String(required=True)
+    code = fields.String(required=True, metadata={"description": "stable machine-readable name"})
+    field = fields.String(metadata={"description": "the request field that is wrong"})
+    errors = fields.Dict(keys=fields.String(), values=fields.String(),
+                         metadata={"description": "field -> message, for schema errors"})
+    request_id = fields.String()
+
+
+class HealthSchema(StrictSchema):
+    status = fields.String()
+
+
+class ReadySchema(StrictSchema):
+    status = fields.String()
+    workers = fields.Integer()
 
 
 class DatasetUploadSchema(StrictSchema):
@@ -19,6 +47,10 @@ class DatasetUploadSchema(StrictSchema):
 
 class DatasetFileSchema(StrictSchema):
     file = fields.Raw(required=True, metadata={"type": "string", "format": "binary"})
+
+
+class DatasetUploadDocSchema(DatasetUploadSchema, DatasetFileSchema):
+    """The whole multipart body of an upload, for the docs (parsed as form + files)."""
 
 
 class DatasetSchema(Schema):
@@ -80,8 +112,10 @@ class LedgerEventSchema(Schema):
 
 class ReleaseRequestSchema(StrictSchema):
     dataset_id = fields.String(required=True, validate=validate.Length(1, 100))
-    mechanism = fields.String(required=True, validate=validate.Length(1, 100))
-    params = fields.Dict(load_default=dict)
+    mechanism = fields.String(required=True, validate=validate.OneOf(mechanisms.names()),
+                              metadata={"description": "a name from /v1/mechanisms"})
+    params = fields.Dict(load_default=dict,
+                         metadata={"description": "the mechanism's params_schema"})
     budget = fields.Dict(keys=fields.String(), values=fields.Raw(), required=True)
     callback_url = fields.String(
         validate=validate.Length(1, 2000),
@@ -91,6 +125,12 @@ class ReleaseRequestSchema(StrictSchema):
         allow_none=True, validate=validate.Range(0, 2**63 - 1),
         metadata={"description": "only accepted when the server allows seeds (tests)"},
     )
+
+
+class ReleaseListQuerySchema(StrictSchema):
+    dataset_id = fields.String(validate=validate.Length(1, 100))
+    limit = fields.Integer(load_default=100,
+                           metadata={"description": "how many, newest first; 1..1000 (clamped)"})
 
 
 class ReleaseSchema(Schema):
@@ -149,6 +189,10 @@ class KeySchema(Schema):
     token = fields.String(metadata={"description": "shown once, at creation"})
     callback_secret = fields.String(metadata={"description": "HMAC key for notifications; "
                                                              "shown once"})
+
+
+class JobListQuerySchema(StrictSchema):
+    status = fields.String(validate=validate.OneOf(["queued", "running", "failed"]))
 
 
 class JobSchema(Schema):

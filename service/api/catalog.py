@@ -10,6 +10,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from flask_smorest import Blueprint
 
 import mechanisms
+from service.api.responses import AUTH, problems
 from service.auth import require
 from service.schemas import MechanismSchema
 
@@ -29,6 +30,7 @@ def _json_schema(schema: type[marshmallow.Schema]) -> dict[str, Any]:
 
 @blp.route("")
 @require("consumer")
+@problems(blp, *AUTH)
 @blp.response(200, MechanismSchema(many=True))
 def list_mechanisms() -> list[dict[str, Any]]:
     """Every mechanism with the measures it charges and its parameter schema."""

@@ -10,6 +10,7 @@ from flask import Response, current_app
 from flask_smorest import Blueprint
 
 from service import apikeys, budget, datasets
+from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.ingest import IngestError, parse_csv, parse_metadata
 from service.ledger import CapError
@@ -19,6 +20,7 @@ from service.schemas import (
     BudgetSchema,
     DatasetFileSchema,
     DatasetSchema,
+    DatasetUploadDocSchema,
     DatasetUploadSchema,
     LedgerEventSchema,
     LedgerQuerySchema,
@@ -55,8 +57,13 @@ def dataset_or_404(dataset_id: str) -> dict[str, Any]:
 
 @blp.route("", methods=["POST"])
 @require("operator")
-@blp.arguments(DatasetUploadSchema, location="form", as_kwargs=True)
-@blp.arguments(DatasetFileSchema, location="files", as_kwargs=True)
+@problems(blp, *AUTH, *BODY, 403)
+@blp.doc(requestBody={"required": True,
+                      "content": {"multipart/form-data": {"schema": DatasetUploadDocSchema}}})
+# parsed from two webargs locations, documented as one multipart body: ``blp.arguments``
+# would document the form field as an (OpenAPI 2) ``formData`` parameter
+@blp.ARGUMENTS_PARSER.use_kwargs(DatasetUploadSchema, location="form")
+@blp.ARGUMENTS_PARSER.use_kwargs(DatasetFileSchema, location="files")
 @blp.response(201, DatasetSchema)
 def upload(metadata: str, file: Any) -> dict[str, Any]:
     """Register a dataset: CSV with a header row + metadata JSON. Nothing is kept on error."""
@@ -82,6 +89,7 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
 
 @blp.route("")
 @require("consumer")
+@problems(blp, *AUTH)
 @blp.response(200, DatasetSchema(many=True))
 def list_datasets() -> list[dict[str, Any]]:
     """Metadata of every dataset this key may see (never values)."""
@@ -92,6 +100,7 @@ def list_datasets() -> list[dict[str, Any]]:
 
 @blp.route("/<dataset_id>")
 @require("consumer")
+@problems(blp, *AUTH, 403, 404)
 @blp.response(200, DatasetSchema)
 def show(dataset_id: str) -> dict[str, Any]:
     """One dataset's public metadata."""
@@ -100,6 +109,7 @@ def show(dataset_id: str) -> dict[str, Any]:
 
 @blp.route("/<dataset_id>", methods=["DELETE"])
 @require("operator")
+@problems(blp, *AUTH, 403, 404)
 @blp.response(200, DatasetSchema)
 def retire(dataset_id: str) -> dict[str, Any]:
     """Retire a dataset: no new releases; its releases and ledger stay readable."""
@@ -126,6 +136,7 @@ def budget_doc(dataset_id: str) -> dict[str, Any]:
 
 @blp.route("/<dataset_id>/budget")
 @require("analyst")
+@problems(blp, *AUTH, 403, 404)
 @blp.response(200, BudgetSchema)
 def show_budget(dataset_id: str) -> dict[str, Any]:
     """Cap, committed, reserved and remaining for each measure, and allocations."""
@@ -135,6 +146,7 @@ def show_budget(dataset_id: str) -> dict[str, Any]:
 
 @blp.route("/<dataset_id>/budget", methods=["PATCH"])
 @require("operator")
+@problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.arguments(BudgetPatchSchema())
 @blp.response(200, BudgetSchema)
 def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
@@ -171,8 +183,11 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
 
 @blp.route("/<dataset_id>/ledger")
 @require("operator")
+@problems(blp, *AUTH, 403, 404, 422)
 @blp.arguments(LedgerQuerySchema(), location="query", as_kwargs=True)
 @blp.response(200, LedgerEventSchema(many=True))
+@blp.doc(responses={200: {"content": {"application/x-ndjson": {
+    "schema": {"type": "string", "description": "format=jsonl: one event per line"}}}}})
 def audit(dataset_id: str, kind: list[str] | None = None, since: datetime | None = None,
           until: datetime | None = None, format: str = "json") -> Any:
     """Every ledger event (reserve, commit, abort, cancel, cap, allocation, retire).
@@ -180,8 +195,9 @@ def audit(dataset_id: str, kind: list[str] | None = None, since: datetime | None
     ``format=jsonl`` streams JSON Lines for export.
     """
     dataset_or_404(dataset_id)
-    start = f"{int(since.timestamp() * 1000)}-0" if since else "-"
-    end = str(int(until.timestamp() * 1000)) if until else "+"
+    # stream ids are milliseconds since the epoch and never negative: clamp earlier times
+    start = f"{max(0, int(since.timestamp() * 1000))}-0" if since else "-"
+    end = str(max(0, int(until.timestamp() * 1000))) if until else "+"
     events = current_app.extensions["ledger"].events(dataset_id, start, end,
                                                      set(kind) if kind else None)
     for event in events:

@@ -9,13 +9,16 @@ from flask import current_app
 from flask_smorest import Blueprint
 
 from service import rkeys
+from service.api.responses import problems
 from service.problems import APIError
+from service.schemas import HealthSchema, ReadySchema
 
 blp = Blueprint("health", __name__, description="Liveness and readiness")
 
 
 @blp.route("/healthz")
 @blp.doc(security=[])
+@blp.response(200, HealthSchema)
 def healthz() -> dict[str, Any]:
     """The process is up."""
     return {"status": "ok"}
@@ -23,6 +26,8 @@ def healthz() -> dict[str, Any]:
 
 @blp.route("/readyz")
 @blp.doc(security=[])
+@problems(blp, 503)
+@blp.response(200, ReadySchema)
 def readyz() -> dict[str, Any]:
     """Valkey answers and at least one worker sent a heartbeat recently."""
     client: redis.Redis = current_app.extensions["redis"]

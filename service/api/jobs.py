@@ -5,14 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import current_app, request
+from flask import current_app
 from flask_smorest import Blueprint
 
 from service import releases, rkeys
+from service.api.responses import AUTH, problems
 from service.apikeys import parse_time
 from service.auth import current_key, require
 from service.problems import APIError
-from service.schemas import JobSchema, ReleaseSchema
+from service.schemas import JobListQuerySchema, JobSchema, ReleaseSchema
 
 blp = Blueprint("jobs", __name__, url_prefix="/v1/jobs", description="Jobs")
 
@@ -32,11 +33,12 @@ def _job(doc: dict[str, Any]) -> dict[str, Any]:
 
 @blp.route("")
 @require("operator")
+@problems(blp, *AUTH, 403, 422)
+@blp.arguments(JobListQuerySchema(), location="query", as_kwargs=True)
 @blp.response(200, JobSchema(many=True))
-def list_jobs() -> list[dict[str, Any]]:
+def list_jobs(status: str | None = None) -> list[dict[str, Any]]:
     """Queued and running jobs (oldest first), then recently failed ones."""
     client = current_app.extensions["redis"]
-    status = request.args.get("status")
     ids = list(client.zrange(rkeys.PENDING, 0, -1))
     pending = set(ids)
     ids += [i for i in client.zrevrange(rkeys.RELEASES, 0, FAILED_WINDOW - 1)
@@ -53,6 +55,7 @@ def list_jobs() -> list[dict[str, Any]]:
 
 @blp.route("/<release_id>/cancel", methods=["POST"])
 @require("operator")
+@problems(blp, *AUTH, 403, 404, 409)
 @blp.response(200, ReleaseSchema())
 def cancel(release_id: str) -> dict[str, Any]:
     """Cancel a job that has not started and refund its reservation; 409 once running."""

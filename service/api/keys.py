@@ -9,6 +9,7 @@ from flask import current_app
 from flask_smorest import Blueprint
 
 from service import apikeys, datasets
+from service.api.responses import AUTH, BODY, problems
 from service.auth import require
 from service.problems import APIError
 from service.schemas import KeyCreateSchema, KeySchema
@@ -18,6 +19,7 @@ blp = Blueprint("keys", __name__, url_prefix="/v1/keys", description="API keys")
 
 @blp.route("", methods=["POST"])
 @require("operator")
+@problems(blp, *AUTH, *BODY, 403)
 @blp.arguments(KeyCreateSchema())
 @blp.response(201, KeySchema())
 def create(body: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +46,7 @@ def create(body: dict[str, Any]) -> dict[str, Any]:
 
 @blp.route("")
 @require("operator")
+@problems(blp, *AUTH, 403)
 @blp.response(200, KeySchema(many=True))
 def list_keys() -> list[dict[str, Any]]:
     """Every key's public record; tokens are never stored, so never shown."""
@@ -52,6 +55,7 @@ def list_keys() -> list[dict[str, Any]]:
 
 @blp.route("/<key_id>", methods=["DELETE"])
 @require("operator")
+@problems(blp, *AUTH, 403, 404)
 @blp.response(204)
 def revoke(key_id: str) -> None:
     """Revoke a key; the next request with it gets 401."""

@@ -10,6 +10,7 @@ from flask_smorest import Blueprint
 
 import mechanisms
 from service import analyses, releases
+from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
 from service.plotting import function_png
@@ -35,6 +36,7 @@ def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
 
 @blp.route("/<release_id>/data")
 @require("consumer")
+@problems(blp, *AUTH, 403, 404, 409)
 @blp.doc(responses={200: {"description": "one CSV row per released record",
                           "content": {"text/csv": {}}}})
 def data(release_id: str) -> Response:
@@ -50,6 +52,7 @@ def data(release_id: str) -> Response:
 
 @blp.route("/<release_id>/plot.png")
 @require("consumer")
+@problems(blp, *AUTH, 403, 404, 409)
 @blp.doc(responses={200: {"description": "the released function", "content": {
     "image/png": {}}}})
 def plot(release_id: str) -> Response:
@@ -65,6 +68,7 @@ def plot(release_id: str) -> Response:
 
 @blp.route("/<release_id>/analyses", methods=["POST"])
 @require("consumer")
+@problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.arguments(AnalysisRequestSchema())
 @blp.response(202, AnalysisSchema())
 def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
@@ -103,6 +107,7 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
 
 @blp.route("/<release_id>/analyses/<analysis_id>")
 @require("consumer")
+@problems(blp, *AUTH, 403, 404)
 @blp.response(200, AnalysisSchema())
 def show(release_id: str, analysis_id: str) -> dict[str, Any]:
     """An analysis: status, and when done its result with diagnostics and warnings."""

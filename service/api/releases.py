@@ -9,17 +9,37 @@ from typing import Any
 
 import redis
 from flask import current_app, request
+from flask.blueprints import BlueprintSetupState
 from flask_smorest import Blueprint
+from werkzeug.routing import BaseConverter
 
 from service import budget, notify, releases, rkeys
+from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.ledger import now_iso
 from service.problems import APIError
-from service.schemas import EstimateSchema, ReleaseRequestSchema, ReleaseSchema
+from service.schemas import (
+    EstimateSchema,
+    ReleaseListQuerySchema,
+    ReleaseRequestSchema,
+    ReleaseSchema,
+)
 
 log = logging.getLogger("privrelease.releases")
 
 blp = Blueprint("releases", __name__, url_prefix="/v1/releases", description="Releases")
+
+
+class ReleaseIdConverter(BaseConverter):
+    """A release id (``releases.new_id``), so ``GET /v1/releases/estimate`` is no release
+    read: without it ``Allow`` on ``/estimate`` would offer the GET the docs do not list."""
+
+    regex = r"rel_[0-9a-f]{24}"
+
+
+@blp.record_once
+def _register_converter(state: BlueprintSetupState) -> None:
+    state.app.url_map.converters["release_id"] = ReleaseIdConverter
 
 TASK = "privrelease.run_release"
 LIST_PAGE = 200
@@ -47,6 +67,7 @@ def _document(release_id: str) -> dict[str, Any]:
 
 @blp.route("/estimate", methods=["POST"])
 @require("analyst")
+@problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.arguments(ReleaseRequestSchema())
 @blp.response(200, EstimateSchema())
 def estimate(body: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +85,7 @@ def estimate(body: dict[str, Any]) -> dict[str, Any]:
 
 @blp.route("", methods=["POST"])
 @require("analyst")
+@problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.arguments(ReleaseRequestSchema())
 @blp.response(202, ReleaseSchema())
 @blp.alt_response(200, schema=ReleaseSchema(), description="replay of an identical release")
@@ -127,16 +149,13 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
 
 @blp.route("")
 @require("consumer")
+@problems(blp, *AUTH, 422)
+@blp.arguments(ReleaseListQuerySchema(), location="query", as_kwargs=True)
 @blp.response(200, ReleaseSchema(many=True))
-def list_releases() -> list[dict[str, Any]]:
+def list_releases(limit: int, dataset_id: str | None = None) -> list[dict[str, Any]]:
     """The most recent releases (newest first), optionally of one dataset."""
     client = current_app.extensions["redis"]
-    dataset_id = request.args.get("dataset_id")
-    try:
-        limit = min(max(int(request.args.get("limit", 100)), 1), 1000)
-    except ValueError:
-        raise APIError(422, "limit must be an integer", code="validation_error",
-                       field="limit") from None
+    limit = min(max(limit, 1), 1000)
     key = current_key()
     out: list[dict[str, Any]] = []
     start = 0
@@ -157,8 +176,9 @@ def list_releases() -> list[dict[str, Any]]:
     return out
 
 
-@blp.route("/<release_id>")
+@blp.route("/<release_id:release_id>")
 @require("consumer")
+@problems(blp, *AUTH, 403, 404)
 @blp.response(200, ReleaseSchema())
 def show(release_id: str) -> dict[str, Any]:
     """Status, and when done the result, cost, accuracy and provenance."""

@@ -79,7 +79,7 @@ RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
     ("/v1/releases", "POST"): (
         lambda w: ("POST", "/v1/releases", {"json": _release_body(w)}), "analyst", 202, True),
     ("/v1/releases", "GET"): (lambda w: ("GET", "/v1/releases", {}), "consumer", 200, False),
-    ("/v1/releases/<release_id>", "GET"): (
+    ("/v1/releases/<release_id:release_id>", "GET"): (
         lambda w: ("GET", f"/v1/releases/{w.release}", {}), "consumer", 200, True),
     ("/v1/releases/<release_id>/data", "GET"): (  # a baseline has no record-level data
         lambda w: ("GET", f"/v1/releases/{w.release}/data", {}), "consumer", 404, True),

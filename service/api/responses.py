@@ -1,0 +1,33 @@
+"""The error statuses each operation lists in the OpenAPI document.
+
+Every error is a problem document (``service.problems``). flask-smorest's catch-all
+``default`` response is off, so a status a route can answer must be listed on it here:
+clients and the contract fuzzer (``tests/integration/test_contract_fuzz.py``) hold the
+service to exactly the statuses it documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from flask_smorest import Blueprint
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: every route behind a bearer key: no/unknown/revoked/expired key, rate limit, Valkey down
+AUTH = (401, 429, 503)
+#: and a route that reads a body: malformed JSON or form, too large, invalid fields
+BODY = (400, 413, 422)
+
+
+def problems(blp: Blueprint, *statuses: int) -> Callable[[F], F]:
+    """List ``statuses`` as problem+json responses of the decorated route."""
+
+    def decorator(view: F) -> F:
+        for status in sorted(set(statuses), reverse=True):
+            view = blp.alt_response(status, response=HTTPStatus(status).name)(view)
+        return view
+
+    return decorator
