@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Flask
 from flask_smorest import Api
 
-from service import observability, problems, ratelimit, rkeys
+from service import inputs, observability, problems, ratelimit, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.store import DatasetStore
@@ -41,6 +41,7 @@ def create_app(config: Config | None = None) -> Flask:
     app.extensions["celery"] = make_celery(config)
     observability.init_app(app)  # first: its request id and timer precede the limiter
     ratelimit.init_app(app)
+    inputs.init_app(app)  # after the limiter: hostile bodies count against the key
 
     api = ProblemApi(app, spec_kwargs={
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
