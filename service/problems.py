@@ -83,7 +83,7 @@ def _from_http_exception(err: HTTPException) -> Response:
         extra["errors"] = errors
         first = next(iter(errors))
         detail = f"invalid request: {first}: {errors[first]}"
-        extra["field"] = first
+        extra["field"] = "body" if first == "_schema" else first
         if status == 422:
             code = "validation_error"
     if status == 413:

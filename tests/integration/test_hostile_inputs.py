@@ -391,7 +391,7 @@ CASES = [
          lambda w: _raw(w.api, "/v1/releases", b"{\"dataset_id\": \xff"),
          400, None, "JSON"),
     Case("release: body a JSON array",
-         lambda w: _raw(w.api, "/v1/releases", "[1, 2]"), 422, None, "invalid"),
+         lambda w: _raw(w.api, "/v1/releases", "[1, 2]"), 422, "body", "invalid input type"),
     # ---- releases: budgets
     Case("release: budget NaN",
          lambda w: _release_json(w, "laplace", MEAN_AGE, '{"epsilon": NaN}'),
