@@ -9,7 +9,7 @@ from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
-from service import observability, problems, ratelimit, rkeys
+from service import inputs, observability, problems, ratelimit, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.schemas import ProblemSchema
@@ -62,6 +62,7 @@ def create_app(config: Config | None = None) -> Flask:
     app.extensions["celery"] = make_celery(config)
     observability.init_app(app)  # first: its request id and timer precede the limiter
     ratelimit.init_app(app)
+    inputs.init_app(app)  # after the limiter: hostile bodies count against the key
 
     api = ProblemApi(app, spec_kwargs={
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

@@ -60,6 +60,8 @@ class Config:
     redis_url: str | None = None
     #: PRIVRELEASE_MAX_UPLOAD_BYTES: largest accepted request body (CSV upload)
     max_upload_bytes: int = 100 * 1024 * 1024
+    #: PRIVRELEASE_MAX_JSON_BYTES: largest accepted JSON body (every endpoint but the upload)
+    max_json_bytes: int = 8 * 1024 * 1024
     #: PRIVRELEASE_MAX_ROWS: largest accepted dataset
     max_rows: int = 10_000_000
     #: PRIVRELEASE_ALLOW_SEEDS: accept client-chosen seeds (tests only)
@@ -101,6 +103,7 @@ class Config:
             data_dir=Path(_env("DATA_DIR") or "var").resolve(),
             redis_url=_env("REDIS_URL") or None,
             max_upload_bytes=_int("MAX_UPLOAD_BYTES", cls.max_upload_bytes),
+            max_json_bytes=_int("MAX_JSON_BYTES", cls.max_json_bytes),
             max_rows=_int("MAX_ROWS", cls.max_rows),
             allow_seeds=_bool("ALLOW_SEEDS"),
             bootstrap_key=_env("BOOTSTRAP_KEY") or None,

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 import redis
-from flask import Flask, Response, json
+from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
@@ -119,15 +119,30 @@ def _from_http_exception(err: HTTPException) -> Response:
         extra["errors"] = errors
         first = next(iter(errors))
         detail = f"invalid request: {first}: {errors[first]}"
-        extra["field"] = first
+        extra["field"] = "body" if first == "_schema" else first
         if status == 422:
             code = "validation_error"
+    if status == 413:
+        detail = _too_large()
     resp = _retry_later(problem(status, code, detail, **extra))
     if isinstance(data, dict) and data.get("headers"):
         resp.headers.update(data["headers"])
     if status == 405 and err.get_response().headers.get("Allow"):
         resp.headers["Allow"] = err.get_response().headers["Allow"]
     return resp
+
+
+def _too_large() -> str:
+    """Which size limit a 413 is about: the whole body, or one part of a form."""
+    body_limit = request.max_content_length  # lowered for JSON bodies (service.inputs)
+    length = request.content_length
+    if body_limit is not None and (length is None or length > body_limit):
+        kind = "JSON body" if request.is_json else "request body"
+        return f"the {kind} is larger than the {body_limit}-byte limit"
+    form_limit = current_app.config.get("MAX_FORM_MEMORY_SIZE")
+    parts = current_app.config.get("MAX_FORM_PARTS")
+    return (f"a form field is larger than the {form_limit}-byte limit, or the form has more"
+            f" than {parts} parts")
 
 
 _LOCATIONS = {"json", "form", "files", "query", "headers"}

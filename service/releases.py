@@ -146,6 +146,10 @@ def _budget(raw: Any) -> dict[str, Fraction]:
             raise APIError(422, err.message, code="validation_error", field=field) from None
         if amount <= 0:
             raise APIError(422, "must be positive", code="validation_error", field=field)
+        ceiling = budget.MEASURES[budget.base_measure(measure)][1]
+        if amount > ceiling:  # no cap is ever larger, so no cost could use more
+            raise APIError(422, f"must be at most {ceiling}", code="validation_error",
+                           field=field)
         out[measure] = amount
     return out
 

@@ -9,7 +9,7 @@ from typing import Any
 from flask import Response, current_app
 from flask_smorest import Blueprint
 
-from service import apikeys, budget, datasets
+from service import apikeys, budget, datasets, inputs
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.ingest import IngestError, parse_csv, parse_metadata
@@ -68,6 +68,9 @@ def dataset_or_404(dataset_id: str) -> dict[str, Any]:
 def upload(metadata: str, file: Any) -> dict[str, Any]:
     """Register a dataset: CSV with a header row + metadata JSON. Nothing is kept on error."""
     config = current_app.config["PRIVRELEASE"]
+    if inputs.too_deep(metadata):
+        raise _invalid("metadata", f"metadata is nested more than {inputs.MAX_JSON_DEPTH}"
+                       " levels deep")
     try:
         raw_meta = json.loads(metadata, object_pairs_hook=_unique_keys)
     except _DuplicateKey as dup:

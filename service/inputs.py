@@ -1,0 +1,99 @@
+"""Guards on request bodies, run before any endpoint reads one.
+
+Werkzeug and webargs are lenient where the API must be strict: a multipart
+body cut short parses silently as an empty form (the client then hears that
+``metadata`` is missing), a body of the wrong media type is read as no body
+at all, a JSON body as large as an upload costs seconds of validation and
+hundreds of megabytes, and JSON nested deeper than Python's recursion limit raises
+RecursionError inside the parser (an internal error) or takes seconds to
+validate just below it. Here each of those becomes a problem document that
+names it: 400 for a malformed multipart body or JSON nested too deeply, 413
+for a JSON body over ``max_json_bytes``, 415 for the wrong media type.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import IO, Any
+
+from flask import Flask, Request, current_app, request
+from werkzeug.exceptions import BadRequest
+from werkzeug.formparser import FormDataParser
+
+from service.problems import APIError
+
+#: deepest JSON nesting accepted (release requests need about 6 levels)
+MAX_JSON_DEPTH = 32
+MULTIPART = "multipart/form-data"
+#: endpoints whose body is a multipart form; every other body is JSON
+MULTIPART_ENDPOINTS = frozenset({"datasets.upload"})
+
+# A JSON string, or an unterminated one running to the end: possessive, so every
+# attempt succeeds at once and the scan stays linear whatever the body holds.
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_OPEN = frozenset(b"[{")
+
+
+def too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON ``text`` nests arrays/objects more than ``limit`` levels.
+
+    Decided from the brackets outside strings, in C-speed passes plus one
+    loop over the brackets that stops at the first level past the limit, so
+    a hostile body is judged before a recursive parser ever sees it.
+    """
+    data = text.encode() if isinstance(text, str) else text
+    depth = 0
+    for byte in _STRING.sub(b"", data).translate(None, _NOT_BRACKET):
+        depth += 1 if byte in _OPEN else -1
+        if depth > limit:
+            return True
+    return False
+
+
+class StrictFormParser(FormDataParser):
+    """A form parser that reports a malformed or truncated body instead of an empty form."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["silent"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse(self, stream: IO[bytes], mimetype: str, content_length: int | None,
+              options: dict[str, str] | None = None) -> Any:
+        try:
+            return super().parse(stream, mimetype, content_length, options)
+        except ValueError:  # werkzeug's multipart errors: no boundary, cut short, bad part
+            raise BadRequest(
+                "the multipart body is malformed or cut short (a missing boundary or an"
+                " unterminated part)") from None
+
+
+class StrictRequest(Request):
+    form_data_parser_class = StrictFormParser
+
+
+def check_body() -> None:
+    """Before a view: a body must have the endpoint's media type and sane JSON nesting."""
+    if request.method not in ("POST", "PUT", "PATCH") or request.endpoint is None:
+        return
+    if not request.content_length and "Transfer-Encoding" not in request.headers:
+        return
+    if request.endpoint in MULTIPART_ENDPOINTS:
+        if request.mimetype != MULTIPART:
+            raise APIError(415, f"the request body must be {MULTIPART}",
+                           field="Content-Type")
+        return
+    if not request.is_json:
+        raise APIError(415, "the request body must be application/json", field="Content-Type")
+    # a JSON body is parsed and validated whole: keep it far below the upload limit
+    limit = current_app.config["PRIVRELEASE"].max_json_bytes
+    if request.max_content_length is None or limit < request.max_content_length:
+        request.max_content_length = limit
+    if too_deep(request.get_data(cache=True)):
+        raise APIError(400, f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep",
+                       code="bad_request", field="body")
+
+
+def init_app(app: Flask) -> None:
+    app.request_class = StrictRequest
+    app.before_request(check_body)
