@@ -27,8 +27,9 @@ def _free_port() -> int:
 
 
 class Service:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.extra_env = dict(env or {})  # PRIVRELEASE_* settings for this service
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[str] | None = None
@@ -37,6 +38,7 @@ class Service:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
         env["PRIVRELEASE_BOOTSTRAP_KEY"] = TOKEN
+        env.update(self.extra_env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "standalone", "--port", str(self.port),
              "--data-dir", str(self.data_dir)],
