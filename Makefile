@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench lint clean
+.PHONY: run test bench large lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m pytest tests/bench -p no:cacheprovider -o addopts="" -s
+
+# 10^7-row CSV through the real service; prints memory peaks (not in CI: ~3 min, ~1 GB disk)
+large: $(STAMP)
+	$(BIN)/python -m tests.large.large_data $(LARGE_ARGS)
 
 clean:
 	rm -rf $(VENV) var *.egg-info
