@@ -34,5 +34,9 @@ fuzz: $(STAMP)
 	FUZZ_MAX_EXAMPLES=$(FUZZ_MAX_EXAMPLES) $(BIN)/python -m pytest \
 		tests/integration/test_contract_fuzz.py -p no:cacheprovider --timeout=7200
 
+# 10^7-row CSV through the real service; prints memory peaks (not in CI: ~3 min, ~1 GB disk)
+large: $(STAMP)
+	$(BIN)/python -m tests.large.large_data $(LARGE_ARGS)
+
 clean:
 	rm -rf $(VENV) var *.egg-info

@@ -2,7 +2,9 @@
 
 Registration is all-or-nothing: files are written atomically first, then
 metadata and caps go to Redis in one transaction; if that fails the files
-are removed, so a refused or failed upload leaves nothing behind.
+are removed, so a refused or failed upload leaves nothing behind. Columns
+arrive in chunks and go straight to disk, so an upload never holds a whole
+dataset in memory.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import redis
 
 from mechanisms import ColumnMeta, DatasetMeta
@@ -44,26 +48,32 @@ def register(
     ledger: Ledger,
     spec: DatasetSpec,
     caps: dict[str, int],
-    n_rows: int,
-    columns: dict[str, Any],
+    chunks: Iterable[Mapping[str, np.ndarray]],
     actor: str,
 ) -> dict[str, Any]:
-    """Store a new dataset (version 1) and open its ledger; returns its document."""
+    """Store a new dataset (version 1) and open its ledger; returns its document.
+
+    ``chunks`` are consecutive row blocks of every column (``ingest.iter_csv``);
+    an error raised while iterating them leaves nothing behind.
+    """
     dataset_id = "ds_" + secrets.token_hex(8)
-    doc = {
-        "id": dataset_id,
-        "version": 1,
-        "name": spec.name,
-        "n_rows": n_rows,
-        "columns": {n: column_doc(c, spec.fill.get(n)) for n, c in spec.columns.items()},
-        "bounds_policy": spec.bounds_policy,
-        "public": spec.public,
-        "budgets": {m: budget.display(m, u) for m, u in sorted(caps.items())},
-        "status": "active",
-        "created_at": now_iso(),
-        "created_by": actor,
-    }
-    store.write(dataset_id, 1, doc, columns)
+    with store.staging() as staged:
+        for chunk in chunks:
+            staged.append(chunk)
+        doc = {
+            "id": dataset_id,
+            "version": 1,
+            "name": spec.name,
+            "n_rows": staged.n_rows,
+            "columns": {n: column_doc(c, spec.fill.get(n)) for n, c in spec.columns.items()},
+            "bounds_policy": spec.bounds_policy,
+            "public": spec.public,
+            "budgets": {m: budget.display(m, u) for m, u in sorted(caps.items())},
+            "status": "active",
+            "created_at": now_iso(),
+            "created_by": actor,
+        }
+        staged.commit(dataset_id, 1, doc)
     try:
         pipe = client.pipeline(transaction=True)
         pipe.set(rkeys.dataset(dataset_id), json.dumps(doc))

@@ -30,8 +30,10 @@ CSV rules, decided here once:
   that category, even if it looks like a missing marker.
 - Categorical cells must equal a declared category exactly; the column holds
   int64 codes, the index into ``categories``.
-- Records are converted in chunks (``CHUNK_ROWS``) so memory stays near the
-  size of the final arrays; the error reported is the first one found in the
+- Records are read from a binary file as they are decoded and converted in
+  chunks (``CHUNK_ROWS``); ``iter_csv`` hands each chunk's arrays on, so a
+  caller that writes them out (the upload) holds one chunk, never the file
+  or all its rows. The error reported is the first one found in the
   earliest chunk that has one (by column in metadata order, then by line).
 """
 
@@ -52,7 +54,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
-from typing import Literal, cast
+from typing import BinaryIO, Literal, cast
 
 import numpy as np
 
@@ -486,7 +488,7 @@ CHUNK_ROWS = 65_536
 
 
 def _read_chunks(
-    data: bytes, spec: DatasetSpec, *, max_rows: int, max_columns: int
+    data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int, max_columns: int
 ) -> Generator[tuple[dict[str, int], list[list[str]], array[int]], None, None]:
     """Yield (header positions of declared columns, records, each record's first line).
 
@@ -494,7 +496,18 @@ def _read_chunks(
     its data is parsed; records come in chunks of at most ``CHUNK_ROWS``.
     """
     # Decoded as it is read: a decoded copy of the whole file would be up to 4x its size.
-    lines = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", newline="")
+    binary = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+    lines = io.TextIOWrapper(binary, encoding="utf-8-sig", newline="")
+    try:
+        yield from _chunks_of(lines, spec, max_rows=max_rows, max_columns=max_columns)
+    finally:
+        with contextlib.suppress(ValueError):  # leave the caller's file open
+            lines.detach()
+
+
+def _chunks_of(
+    lines: io.TextIOWrapper, spec: DatasetSpec, *, max_rows: int, max_columns: int
+) -> Generator[tuple[dict[str, int], list[list[str]], array[int]], None, None]:
     reader = csv.reader(lines, strict=True)
     positions: dict[str, int] | None = None
     rows: list[list[str]] = []
@@ -647,10 +660,40 @@ def _convert_categorical(
     return codes
 
 
+def iter_csv(
+    data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int, max_columns: int = 1000
+) -> Iterator[dict[str, np.ndarray]]:
+    """Parse and validate the CSV against ``spec``, yielding arrays chunk by chunk.
+
+    ``data`` is the file's bytes or a binary file read as it is parsed (the
+    caller keeps it open). Each chunk has one array per declared column, in
+    metadata order, with the dtypes and shapes of ``parse_csv``; an error
+    raises ``IngestError`` from the iteration, possibly after earlier chunks
+    were yielded, so a caller must be able to discard what it wrote.
+    """
+    declared, spec = spec, _csv_spec(spec)
+    # Row lists are the only containers built here and they form no cycles.
+    chunks = _read_chunks(data, spec, max_rows=max_rows, max_columns=max_columns)
+    with _gc_paused(), contextlib.closing(chunks):
+        for positions, rows, starts in chunks:
+            flat: dict[str, np.ndarray] = {}
+            for col, meta in spec.columns.items():
+                cells = list(map(itemgetter(positions[col]), rows))
+                convert = _convert_categorical if meta.type == "categorical" else _convert_numeric
+                flat[col] = convert(col, meta, cells, spec, starts)
+                del cells
+            rows.clear()  # the chunk's strings go before the consumer runs
+            yield {
+                name: np.column_stack([flat[cell] for cell in functional_cells(col)])
+                if col.type == "functional" else flat[name]
+                for name, col in declared.columns.items()
+            }
+
+
 def parse_csv(
-    data: bytes, spec: DatasetSpec, *, max_rows: int, max_columns: int = 1000
+    data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int, max_columns: int = 1000
 ) -> tuple[int, dict[str, np.ndarray]]:
-    """Parse and validate the uploaded CSV against ``spec``.
+    """Parse and validate the uploaded CSV against ``spec``, in memory.
 
     Returns the row count and one array per declared column, in metadata
     order: float64 for continuous, int64 for integer, int64 category codes for
@@ -659,32 +702,20 @@ def parse_csv(
     mechanisms expect, see ``Mechanism.run``.
     Records are converted in chunks of ``CHUNK_ROWS``; the error reported is
     the first found in the earliest chunk that has one, by column in metadata
-    order, then by line.
+    order, then by line. The upload streams ``iter_csv`` to disk instead.
     """
-    declared, spec = spec, _csv_spec(spec)
     parts: dict[str, list[np.ndarray]] = {col: [] for col in spec.columns}
-    n_rows = 0
-    # Row lists are the only containers built here and they form no cycles.
-    chunks = _read_chunks(data, spec, max_rows=max_rows, max_columns=max_columns)
-    with _gc_paused(), contextlib.closing(chunks):
-        for positions, rows, starts in chunks:
-            for col, meta in spec.columns.items():
-                cells = list(map(itemgetter(positions[col]), rows))
-                convert = _convert_categorical if meta.type == "categorical" else _convert_numeric
-                parts[col].append(convert(col, meta, cells, spec, starts))
-            n_rows += len(rows)
-    flat = {col: np.concatenate(arrays) for col, arrays in parts.items()}
-    columns = {
-        name: np.column_stack([flat[cell] for cell in functional_cells(col)])
-        if col.type == "functional" else flat[name]
-        for name, col in declared.columns.items()
-    }
-    return n_rows, columns
+    for chunk in iter_csv(data, spec, max_rows=max_rows, max_columns=max_columns):
+        for col, values in chunk.items():
+            parts[col].append(values)
+    columns = {col: np.concatenate(arrays) for col, arrays in parts.items()}
+    return len(next(iter(columns.values()))), columns
 
 
 __all__ = [
     "DatasetSpec",
     "IngestError",
+    "iter_csv",
     "parse_csv",
     "parse_metadata",
 ]

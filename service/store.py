@@ -21,8 +21,9 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class DatasetStore:
         dataset_id: str,
         version: int,
         manifest: dict[str, Any],
-        columns: dict[str, np.ndarray],
+        columns: Mapping[str, np.ndarray],
     ) -> Path:
         """Write a new version atomically and return its folder.
 
@@ -98,57 +99,26 @@ class DatasetStore:
         object-dtype column, or a manifest that is not strict JSON. On any
         failure nothing is left behind, neither the folder nor a temp dir.
         """
-        final = self.path(dataset_id, version)
-        if final.exists():
+        if self.path(dataset_id, version).exists():
             raise FileExistsError(f"dataset {dataset_id} version {version} already exists")
+        with self.staging() as staged:
+            staged.append(columns)
+            return staged.commit(dataset_id, version, manifest)
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[StagedVersion]:
+        """A version written chunk by chunk under ``.tmp``, removed unless committed.
+
+        For data larger than memory: each ``append`` goes straight to the
+        column files, so a writer holds one chunk at a time, and the version
+        still appears in one rename at ``commit``.
+        """
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{dataset_id}-v{version}-", dir=self.tmp_dir))
-        parent = final.parent
-        created_parent = False
+        staged = StagedVersion(self, Path(tempfile.mkdtemp(prefix="stage-", dir=self.tmp_dir)))
         try:
-            entries = []
-            for index, (name, values) in enumerate(columns.items()):
-                if not isinstance(name, str):
-                    raise TypeError("column names must be strings")
-                array = np.asarray(values)
-                file = f"c{index}.npy"
-                with open(tmp / file, "wb") as fh:
-                    # allow_pickle=False: object arrays fail here instead of being pickled
-                    np.save(fh, array, allow_pickle=False)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                entries.append(
-                    {"name": name, "file": file, "dtype": array.dtype.str, "shape": array.shape}
-                )
-            document = {"format": FORMAT, "manifest": manifest, "columns": entries}
-            text = json.dumps(document, allow_nan=False, ensure_ascii=False, indent=1)
-            with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            _fsync_dir(tmp)
-            if not parent.exists():
-                parent.mkdir()
-                created_parent = True
-            try:
-                os.rename(tmp, final)
-            except OSError as err:
-                # A concurrent writer won the race: the target is a non-empty folder.
-                if final.exists():
-                    raise FileExistsError(
-                        f"dataset {dataset_id} version {version} already exists"
-                    ) from err
-                raise
-            _fsync_dir(parent)
-            if created_parent:
-                _fsync_dir(self.root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if created_parent:
-                with contextlib.suppress(OSError):  # not empty: another version landed
-                    parent.rmdir()
-            raise
-        return final
+            yield staged
+        finally:
+            staged.discard()
 
     def load(self, dataset_id: str, version: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The stored manifest and the columns, memory-mapped read-only, in stored order."""
@@ -191,3 +161,129 @@ class DatasetStore:
         with contextlib.suppress(OSError):  # other versions remain
             final.parent.rmdir()
         return True
+
+
+class StagedVersion:
+    """Columns being appended under ``.tmp``; ``commit`` moves them into place.
+
+    Each column is a ``.npy`` file whose header is rewritten with the final
+    row count at commit. numpy pads headers so the first dimension can grow
+    in place (``np.lib.format.GROWTH_AXIS_MAX_DIGITS``), so the data never
+    moves; that is checked rather than assumed. The first ``append`` fixes
+    the column names, dtypes and trailing shapes.
+    """
+
+    def __init__(self, store: DatasetStore, tmp: Path) -> None:
+        self._store, self._tmp = store, tmp
+        self._files: dict[str, BinaryIO] = {}
+        self._headers: dict[str, dict[str, Any]] = {}
+        self._lengths: dict[str, int] = {}
+        self._done = False
+
+    @property
+    def n_rows(self) -> int:
+        """The common length of the columns appended so far."""
+        lengths = set(self._lengths.values())
+        if len(lengths) > 1:
+            raise ValueError("columns differ in length")
+        return lengths.pop() if lengths else 0
+
+    def append(self, columns: Mapping[str, np.ndarray]) -> None:
+        """Append rows to every column (the same names, dtypes and trailing shapes)."""
+        if self._done:
+            raise RuntimeError("version already committed or discarded")
+        if self._files and list(columns) != list(self._files):
+            raise ValueError("a chunk must have the same columns, in the same order")
+        for index, (name, values) in enumerate(columns.items()):
+            if not isinstance(name, str):
+                raise TypeError("column names must be strings")
+            array = np.ascontiguousarray(values)
+            if array.dtype.hasobject:  # never pickled: the files are memory-mapped
+                raise ValueError("object arrays cannot be stored")
+            if array.ndim == 0:
+                raise ValueError("columns must have at least one dimension")
+            header = np.lib.format.header_data_from_array_1_0(array)
+            if name not in self._files:
+                fh = open(self._tmp / f"c{index}.npy", "wb")  # noqa: SIM115 (closed at commit)
+                self._files[name] = fh
+                self._headers[name] = header
+                self._lengths[name] = 0
+                np.lib.format.write_array_header_1_0(fh, {**header, "shape": (0, *array.shape[1:])})
+            elif (header["descr"], header["shape"][1:]) != (
+                    self._headers[name]["descr"], self._headers[name]["shape"][1:]):
+                raise ValueError("a chunk's dtype or shape differs from the first chunk's")
+            self._files[name].write(array.reshape(-1).view(np.uint8).data)
+            self._lengths[name] += len(array)
+
+    def commit(self, dataset_id: str, version: int, manifest: dict[str, Any]) -> Path:
+        """Finish the column files and move the version into place; returns its folder.
+
+        Raises FileExistsError if the version exists; on any failure the
+        staged files are discarded and nothing is left in place.
+        """
+        store = self._store
+        final = store.path(dataset_id, version)
+        if self._done:
+            raise RuntimeError("version already committed or discarded")
+        if final.exists():
+            raise FileExistsError(f"dataset {dataset_id} version {version} already exists")
+        entries = []
+        for name, fh in self._files.items():
+            header = {**self._headers[name]}
+            header["shape"] = (self._lengths[name], *header["shape"][1:])
+            data_start = fh.tell() - self._lengths[name] * _row_bytes(header)
+            fh.seek(0)
+            np.lib.format.write_array_header_1_0(fh, header)
+            if fh.tell() != data_start:  # a numpy without in-place header growth
+                raise RuntimeError("numpy changed the .npy header size; cannot finish in place")
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+            entries.append({"name": name, "file": Path(fh.name).name,
+                            "dtype": np.dtype(header["descr"]).str, "shape": header["shape"]})
+        document = {"format": FORMAT, "manifest": manifest, "columns": entries}
+        text = json.dumps(document, allow_nan=False, ensure_ascii=False, indent=1)
+        tmp = self._tmp
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as fh_manifest:
+            fh_manifest.write(text)
+            fh_manifest.flush()
+            os.fsync(fh_manifest.fileno())
+        _fsync_dir(tmp)
+        parent = final.parent
+        created_parent = False
+        try:
+            if not parent.exists():
+                parent.mkdir()
+                created_parent = True
+            try:
+                os.rename(tmp, final)
+            except OSError as err:
+                # A concurrent writer won the race: the target is a non-empty folder.
+                if final.exists():
+                    raise FileExistsError(
+                        f"dataset {dataset_id} version {version} already exists"
+                    ) from err
+                raise
+            self._done = True
+            _fsync_dir(parent)
+            if created_parent:
+                _fsync_dir(store.root)
+        except BaseException:
+            if created_parent and not self._done:
+                with contextlib.suppress(OSError):  # not empty: another version landed
+                    parent.rmdir()
+            raise
+        return final
+
+    def discard(self) -> None:
+        """Remove the staged files (a no-op after a commit)."""
+        for fh in self._files.values():
+            fh.close()
+        if not self._done:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._done = True
+
+
+def _row_bytes(header: dict[str, Any]) -> int:
+    """Bytes of one row (one entry of the first dimension) of a column."""
+    return int(np.dtype(header["descr"]).itemsize * np.prod(header["shape"][1:], dtype=np.int64))

@@ -12,7 +12,7 @@ from flask_smorest import Blueprint
 from service import apikeys, budget, datasets, inputs
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
-from service.ingest import IngestError, parse_csv, parse_metadata
+from service.ingest import IngestError, iter_csv, parse_metadata
 from service.ledger import CapError
 from service.problems import APIError
 from service.schemas import (
@@ -81,13 +81,14 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
         spec = parse_metadata(raw_meta)
         categorical = [n for n, c in spec.columns.items() if c.type == "categorical"]
         caps = budget.parse_caps(spec.budgets, list(spec.columns), categorical)
-        n_rows, columns = parse_csv(file.read(), spec, max_rows=config.max_rows)
+        # parsed from werkzeug's spooled temp file as it is stored: never whole in memory
+        return datasets.register(
+            current_app.extensions["redis"], current_app.extensions["store"],
+            current_app.extensions["ledger"], spec, caps,
+            iter_csv(file.stream, spec, max_rows=config.max_rows), current_key().id,
+        )
     except (IngestError, budget.AmountError) as err:
         raise _invalid(err.field, err.message) from None
-    return datasets.register(
-        current_app.extensions["redis"], current_app.extensions["store"],
-        current_app.extensions["ledger"], spec, caps, n_rows, columns, current_key().id,
-    )
 
 
 @blp.route("")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from service import releases
+from service import ingest, releases
 from service.app import create_app
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
@@ -87,6 +87,21 @@ def test_bad_upload_is_refused_and_leaves_nothing(
     assert field in body["field"] or field in body["detail"], body
     assert _dataset_dirs(data_dir) == before_dirs
     assert {d["id"] for d in api.get("/v1/datasets").get_json()} == before_ids
+
+
+def test_upload_failing_after_stored_chunks_leaves_nothing(
+    api: Api, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Columns go to disk chunk by chunk; a bad row in a later chunk removes them all."""
+    monkeypatch.setattr(ingest, "CHUNK_ROWS", 2)
+    before = _dataset_dirs(data_dir)
+    resp = api.upload(people_csv(9) + "101,2,a\n", PEOPLE_META)
+    assert resp.status_code == 422 and resp.get_json()["field"] == "file.columns.age"
+    assert "line 11" in resp.get_json()["detail"]
+    assert _dataset_dirs(data_dir) == before
+    assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
+    resp = api.upload(people_csv(9), PEOPLE_META)  # the same path, all chunks good
+    assert resp.status_code == 201 and resp.get_json()["n_rows"] == 9
 
 
 def test_oversized_upload_is_413(api: Api, data_dir: Path) -> None:

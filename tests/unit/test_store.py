@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -251,3 +252,75 @@ def test_sweep_tmp_removes_only_stale_leftovers(tmp_path: Path) -> None:
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     assert store.sweep_tmp(older_than=3600) == 1
     assert not old.exists() and fresh.exists()
+
+
+def test_staged_chunks_equal_one_write(store: DatasetStore) -> None:
+    """Columns appended chunk by chunk land as the same memory-mapped .npy files."""
+    rng = np.random.default_rng(3)
+    chunks = [{"x": rng.normal(size=k), "code": np.arange(k, dtype=np.int64),
+               "f": rng.normal(size=(k, 3))} for k in (5, 0, 1, 4)]
+    with store.staging() as staged:
+        for chunk in chunks:
+            staged.append(chunk)
+        assert staged.n_rows == 10
+        folder = staged.commit("ds", 1, {"n_rows": staged.n_rows})
+    manifest, got = store.load("ds", 1)
+    assert manifest == {"n_rows": 10} and list(got) == ["x", "code", "f"]
+    for name in got:
+        assert isinstance(got[name], np.memmap)
+        np.testing.assert_array_equal(got[name], np.concatenate([c[name] for c in chunks]))
+        # the header written last is the one numpy reads: a plain np.load agrees
+        np.testing.assert_array_equal(np.load(folder / f"c{list(got).index(name)}.npy"),
+                                      got[name])
+    assert got["f"].shape == (10, 3) and got["code"].dtype == np.int64
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_npy_header_does_not_grow_with_the_row_count() -> None:
+    """StagedVersion writes the header for 0 rows first and rewrites it in place."""
+    sizes = set()
+    for rows in (0, 9, 10**7, 10**15):
+        for dtype, rest in ((np.float64, ()), (np.int64, ()), (np.float64, (2000,))):
+            buf = io.BytesIO()
+            np.lib.format.write_array_header_1_0(buf, {
+                "descr": np.dtype(dtype).str, "fortran_order": False, "shape": (rows, *rest)})
+            sizes.add((dtype, rest, len(buf.getvalue())))
+    assert len(sizes) == 3  # one size per dtype and trailing shape
+
+
+def test_failure_while_staging_leaves_nothing(store: DatasetStore) -> None:
+    """An upload whose CSV fails in a later chunk: the first chunks were on disk."""
+    with pytest.raises(RuntimeError, match="bad row"), store.staging() as staged:
+        staged.append({"a": np.zeros(4)})
+        raise RuntimeError("bad row")
+    assert leftovers(store) == []
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("second", [
+    {"b": np.zeros(2)},
+    {"a": np.zeros(2), "b": np.zeros(2)},
+    {"a": np.zeros(2, dtype=np.int64)},
+    {"a": np.zeros((2, 2))},
+    {"a": np.array([object(), 1], dtype=object)},
+])
+def test_staged_chunks_must_match_the_first(store: DatasetStore,
+                                            second: dict[str, np.ndarray]) -> None:
+    with pytest.raises(ValueError), store.staging() as staged:
+        staged.append({"a": np.zeros(3)})
+        staged.append(second)
+    assert leftovers(store) == []
+
+
+def test_staged_version_commits_once(store: DatasetStore) -> None:
+    with store.staging() as staged:
+        staged.append({"a": np.ones(2), "b": np.ones(3)})
+        with pytest.raises(ValueError, match="differ in length"):
+            _ = staged.n_rows
+        staged.commit("ds", 1, {})
+        with pytest.raises(RuntimeError):
+            staged.append({"a": np.ones(1), "b": np.ones(1)})
+        with pytest.raises(RuntimeError):
+            staged.commit("ds", 2, {})
+    assert store.exists("ds", 1) and not store.exists("ds", 2)
+    assert store.load("ds", 1)[1]["b"].tolist() == [1.0, 1.0, 1.0]
