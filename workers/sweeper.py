@@ -1,11 +1,16 @@
 """The sweeper: resolve reservations whose job is gone.
 
-A job is gone when its release has not ended, nobody holds its lease, and
-its message is in neither the broker queue nor the broker's unacked set: its
-worker died and nothing will redeliver it, or the message was lost between
-reserve and enqueue. A job whose message still exists is left to the
-redelivery, which re-runs it. Outputs and commits are stored by one atomic
-script, so a gone job never stored a result: the sweeper aborts (refunds) it.
+A job is gone when its release has not ended and nobody holds its lease,
+and either it was running (its worker died or lost Valkey) and its message
+is not back in the queue, or it was queued and its message is in neither
+the queue nor the broker's unacked set (lost between reserve and enqueue). A
+message back in the queue (a worker killed with -9 rejects it) is left to
+the redelivery, which re-runs the job. A running job's message left in the
+unacked set (its worker lost Valkey before it could acknowledge) would only
+come back after kombu's visibility timeout, an hour; the job is refunded
+instead, and the late redelivery finds it ended and does nothing. Outputs
+and commits are stored by one atomic script, so a gone job never stored a
+result: the sweeper aborts (refunds) it.
 """
 
 from __future__ import annotations
@@ -26,11 +31,9 @@ UNACKED = "unacked"  # kombu's Redis transport keeps unacknowledged messages her
 LOCK = rkeys.P + "sweeper:lock"
 
 
-def _in_broker(client: redis.Redis) -> str:
-    """Every queued or unacknowledged message as one string to search for ids."""
-    queued = client.lrange(QUEUE, 0, -1)
-    unacked = client.hvals(UNACKED)
-    return "\n".join([*queued, *unacked])
+def _in_broker(client: redis.Redis) -> tuple[str, str]:
+    """The queued and the unacknowledged messages, each as one string to search for ids."""
+    return "\n".join(client.lrange(QUEUE, 0, -1)), "\n".join(client.hvals(UNACKED))
 
 
 def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0) -> list[str]:
@@ -38,15 +41,17 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0) -> list[st
     stale = client.zrangebyscore(rkeys.PENDING, 0, time.time() - min_age)
     if not stale:
         return []
-    broker = _in_broker(client)
+    queued, unacked = _in_broker(client)
     aborted = []
     for release_id in stale:
         status, raw = client.hmget(rkeys.release(release_id), "status", "request")
         if raw is None:
             client.zrem(rkeys.PENDING, release_id)
             continue
-        if client.exists(rkeys.lease(release_id)) or release_id in broker:
+        if client.exists(rkeys.lease(release_id)) or release_id in queued:
             continue
+        if status == "queued" and release_id in unacked:
+            continue  # prefetched by a worker that may still start it
         if status in {"queued", "running"}:
             reason = "worker died" if status == "running" else "job message lost"
             dataset_id = json.loads(raw)["dataset_id"]

@@ -161,9 +161,23 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     client.delete(rkeys.lease(dead))
     alive = reserve("alive")  # running with a live lease: left alone
     assert ledger.mark_running(alive, "w")
-
-    assert sorted(sweep(client, ledger, min_age=0)) == sorted([lost, dead])
+    # running, lease lapsed, its message stuck in kombu's unacked set (the worker lost
+    # Valkey before acknowledging): refunded now, not after the hour-long visibility timeout
+    stuck = reserve("stuck")
+    assert ledger.mark_running(stuck, "w")
+    client.delete(rkeys.lease(stuck))
+    # queued, its message prefetched (unacked) by a worker that may still start it: left alone
+    prefetched = reserve("prefetched")
+    tag = f"tag_{ds}"
+    client.hset("unacked", mapping={f"{tag}_1": json.dumps({"id": stuck}),
+                                    f"{tag}_2": json.dumps({"id": prefetched})})
+    try:
+        assert sorted(sweep(client, ledger, min_age=0)) == sorted([lost, dead, stuck])
+    finally:
+        client.hdel("unacked", f"{tag}_1", f"{tag}_2")
     assert client.hget(rkeys.release(alive), "status") == "running"
+    assert client.hget(rkeys.release(prefetched), "status") == "queued"
+    assert ledger.abort(ds, prefetched, "{}", "test")
     assert _epsilon(api, ds)["reserved"] == 0.1 and _epsilon(api, ds)["committed"] == 0
     assert ledger.commit(ds, alive, "{}", "w")
     assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,
