@@ -58,8 +58,10 @@ class Config:
     data_dir: Path = field(default_factory=lambda: Path("var").resolve())
     #: PRIVRELEASE_REDIS_URL: external Redis/Valkey; unset -> standalone embeds one
     redis_url: str | None = None
-    #: PRIVRELEASE_MAX_UPLOAD_BYTES: largest accepted request body (CSV upload)
-    max_upload_bytes: int = 100 * 1024 * 1024
+    #: PRIVRELEASE_MAX_UPLOAD_BYTES: largest accepted request body (CSV upload); uploads
+    #: stream to disk, so this bounds disk use and request time, not memory. 1 GiB holds
+    #: a max_rows dataset of a handful of columns
+    max_upload_bytes: int = 1024 * 1024 * 1024
     #: PRIVRELEASE_MAX_JSON_BYTES: largest accepted JSON body (every endpoint but the upload)
     max_json_bytes: int = 8 * 1024 * 1024
     #: PRIVRELEASE_MAX_ROWS: largest accepted dataset
