@@ -30,6 +30,14 @@ def create(client: redis.Redis, release_id: str, name: str, params: dict[str, An
     return analysis_id
 
 
+def discard(client: redis.Redis, release_id: str, analysis_id: str) -> None:
+    """Remove an analysis whose job could not be queued."""
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(rkeys.analysis(analysis_id))
+    pipe.zrem(rkeys.release_analyses(release_id), analysis_id)
+    pipe.execute()
+
+
 def start(client: redis.Redis, analysis_id: str) -> dict[str, Any] | None:
     """Mark running and return the stored request; None if it already ended."""
     fields = client.hgetall(rkeys.analysis(analysis_id))

@@ -22,6 +22,7 @@ from limits import parse_many
 
 from service import apikeys, rkeys
 from service.config import ENV_PREFIX, Config
+from service.problems import RETRY_AFTER_SECONDS
 
 #: probes, scrapes and docs are never limited (load balancers, Prometheus, browsers)
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"})
@@ -57,11 +58,22 @@ def _storage_uri(redis_url: str) -> str:
     return "redis+" + redis_url if redis_url.startswith("unix://") else redis_url
 
 
-def _at_least_one_second(response: Response) -> Response:
-    """flask-limiter truncates the seconds left to an int, which can be 0 in the
-    window's last second; "retry after 0 s" would invite an immediate retry."""
-    if response.status_code == 429 and response.headers.get("Retry-After") == "0":
-        response.headers["Retry-After"] = "1"
+def _retry_after(response: Response) -> Response:
+    """Keep ``Retry-After`` meaningful: flask-limiter writes its window's reset onto
+    every response, merged (by max) with any value already there.
+
+    A 429 keeps the limiter's value, at least 1 s (it truncates to an int, which can
+    be 0 in the window's last second, inviting an immediate retry). A 503 (Valkey or
+    the broker unreachable) gets back the service's own short delay, not the end of
+    the rate window. Any other response loses the header: it means nothing there.
+    """
+    if response.status_code == 429:
+        if response.headers.get("Retry-After") == "0":
+            response.headers["Retry-After"] = "1"
+    elif response.status_code == 503:
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    else:
+        response.headers.pop("Retry-After", None)
     return response
 
 
@@ -75,7 +87,7 @@ def init_app(app: Flask) -> Limiter | None:
     except ValueError as err:
         raise SystemExit(f"{ENV_PREFIX}RATE_LIMIT: {err}") from None
     # registered before the limiter's own after_request, so it runs after it
-    app.after_request(_at_least_one_second)
+    app.after_request(_retry_after)
     def message() -> str:
         breached = limiter.current_limit
         return f"rate limit exceeded: {breached.limit if breached else config.rate_limit}"

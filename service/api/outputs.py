@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import marshmallow
@@ -14,7 +15,7 @@ from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
 from service.plotting import function_png
-from service.problems import APIError
+from service.problems import UNAVAILABLE, APIError
 from service.schemas import AnalysisRequestSchema, AnalysisSchema
 
 blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
@@ -99,7 +100,16 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
     client = current_app.extensions["redis"]
     analysis_id = analyses.create(client, release_id, analysis.name, params, others,
                                   current_key().id)
-    current_app.extensions["celery"].send_task(TASK, args=[analysis_id], task_id=analysis_id)
+    try:
+        current_app.extensions["celery"].send_task(TASK, args=[analysis_id],
+                                                   task_id=analysis_id)
+    except UNAVAILABLE:
+        # never queued: drop the record rather than leave it "queued" forever (the 503
+        # tells the client to retry); if Valkey itself is gone the record is too stale
+        # to matter and the error handler answers the same 503
+        with contextlib.suppress(*UNAVAILABLE):
+            analyses.discard(client, release_id, analysis_id)
+        raise
     created = analyses.document(client, analysis_id)
     assert created is not None
     return created

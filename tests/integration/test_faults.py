@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -33,11 +34,11 @@ from service.app import create_app
 from service.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
 from tests.conftest import ROOT, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from workers.celery_app import make_celery
 
 #: answered without Valkey: liveness, the scrape (reports redis_up 0) and the docs
 NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
              "/static/<path:filename>"}
-
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +186,45 @@ def test_upload_whose_registration_meets_a_dead_valkey_leaves_no_files(
     _restart(rig)
     assert api.get("/v1/datasets").get_json() == datasets_before  # nothing registered
     assert rkeys.connect(url).exists(rkeys.DATASETS)  # the AOF brought the rest back
+
+
+def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
+        rig: dict[str, Any]) -> None:
+    """Valkey up but the broker unreachable (its own host in production): a release is
+    refunded at once and an analysis leaves no record stuck at "queued"."""
+    flask_app: Flask = rig["app"]
+    api = Api(flask_app.test_client())
+    meta = {"name": "ages", "budgets": {"interval_leakage": 2},
+            "columns": {"age": {"type": "continuous", "bounds": [0, 100]}}}
+    resp = api.upload("age\n" + "\n".join(str(20 + i % 50) for i in range(200)) + "\n", meta)
+    assert resp.status_code == 201, resp.get_json()
+    dataset = resp.get_json()["id"]
+    body = {"dataset_id": dataset, "mechanism": "interval.case2",
+            "budget": {"interval_leakage": 0.8},
+            "params": {"column": "age", "anchors": {"family": "logistic", "loc": 40,
+                                                    "scale": 10}}}
+    resp = api.post("/v1/releases", body)
+    assert resp.status_code == 202, resp.get_json()
+    release = resp.get_json()["id"]
+    assert api.wait(release)["status"] == "succeeded"
+    measure = "interval_leakage:age"
+    committed = api.get(f"/v1/datasets/{dataset}/budget").get_json()["measures"][measure]
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    cut_off = create_app(flask_app.config["PRIVRELEASE"])
+    cut_off.extensions["celery"] = make_celery(
+        dataclasses.replace(flask_app.config["PRIVRELEASE"], redis_url=dead))
+    broken = Api(cut_off.test_client())
+    body["params"]["anchors"]["loc"] = 45
+    _assert_unavailable(broken.post("/v1/releases", body), "release")
+    row = api.get(f"/v1/datasets/{dataset}/budget").get_json()["measures"][measure]
+    assert row == committed and row["reserved"] == 0.0  # refunded at once
+    client = rkeys.connect(rig["valkey"].connection_url + "/0")
+    before = client.zcard(rkeys.release_analyses(release))
+    analyses = f"/v1/releases/{release}/analyses"
+    _assert_unavailable(broken.post(analyses, {"analysis": "npmle", "params": {}}),
+                        "analysis")
+    assert client.zcard(rkeys.release_analyses(release)) == before
+    assert not list(client.scan_iter(rkeys.analysis("*")))

@@ -119,14 +119,20 @@ def test_limits_storage_uri_for_unix_sockets() -> None:
     assert _storage_uri("unix:///tmp/v.sock?db=0") == "redis+unix:///tmp/v.sock?db=0"
 
 
-def test_retry_after_is_never_zero() -> None:
-    """flask-limiter truncates the seconds left; in a window's last second that is 0."""
+def test_retry_after_means_what_each_status_needs() -> None:
+    """flask-limiter writes its window reset onto every response (truncated, so 0 in a
+    window's last second): a 429 keeps it (never 0), a 503 gets the service's short
+    delay back, anything else loses it."""
     from flask import Response
 
-    from service.ratelimit import _at_least_one_second
+    from service.problems import RETRY_AFTER_SECONDS
+    from service.ratelimit import _retry_after
 
     refused = Response(status=429, headers={"Retry-After": "0"})
-    assert _at_least_one_second(refused).headers["Retry-After"] == "1"
+    assert _retry_after(refused).headers["Retry-After"] == "1"
     later = Response(status=429, headers={"Retry-After": "17"})
-    assert _at_least_one_second(later).headers["Retry-After"] == "17"
-    assert "Retry-After" not in _at_least_one_second(Response(status=200)).headers
+    assert _retry_after(later).headers["Retry-After"] == "17"
+    down = Response(status=503, headers={"Retry-After": "59"})
+    assert _retry_after(down).headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
+    ok = Response(status=200, headers={"Retry-After": "59"})
+    assert "Retry-After" not in _retry_after(ok).headers
