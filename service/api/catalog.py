@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import marshmallow
@@ -34,6 +35,13 @@ def _json_schema(schema: type[marshmallow.Schema]) -> dict[str, Any]:
 @blp.response(200, MechanismSchema(many=True))
 def list_mechanisms() -> list[dict[str, Any]]:
     """Every mechanism with the measures it charges and its parameter schema."""
+    return _catalog()
+
+
+@functools.cache
+def _catalog() -> list[dict[str, Any]]:
+    """Built once per process: the registry is fixed at import, and converting every
+    schema takes tens of milliseconds."""
     out = []
     for name in mechanisms.names():
         mech = mechanisms.get(name)
