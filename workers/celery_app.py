@@ -49,6 +49,14 @@ class BrokerTransport(kombu_redis.Transport):
     Channel = _Channel
 
 
+#: seconds before kombu redelivers a message that was fetched but never acknowledged
+#: (its worker died or lost Valkey before starting it). Longer than any countdown a
+#: task is retried with (notifications back off up to 600 s; kombu holds those as
+#: unacked too), so no retry is delivered twice; a release redelivered while its run
+#: is still going waits for that run's lease. kombu's default is an hour.
+VISIBILITY_TIMEOUT = 900
+
+
 def configure(app: Celery, config: Config) -> Celery:
     """Bind ``app`` to the configured broker; results live in our own keys."""
     app.conf.update(
@@ -61,7 +69,7 @@ def configure(app: Celery, config: Config) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport=BrokerTransport,
         # timeouts as for our own clients: a hung Valkey fails a publish, not hangs it
-        broker_transport_options={"visibility_timeout": 3600,
+        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT,
                                   "socket_timeout": rkeys.REPLY_TIMEOUT,
                                   "socket_connect_timeout": rkeys.CONNECT_TIMEOUT},
         worker_hijack_root_logger=False,

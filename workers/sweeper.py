@@ -7,7 +7,7 @@ the queue nor the broker's unacked set (lost between reserve and enqueue). A
 message back in the queue (a worker killed with -9 rejects it) is left to
 the redelivery, which re-runs the job. A running job's message left in the
 unacked set (its worker lost Valkey before it could acknowledge) would only
-come back after kombu's visibility timeout, an hour; the job is refunded
+come back after kombu's visibility timeout (15 min); the job is refunded
 instead, and the late redelivery finds it ended and does nothing. Outputs
 and commits are stored by one atomic script, so a gone job never stored a
 result: the sweeper aborts (refunds) it.

@@ -182,7 +182,7 @@ def _redeliver(client: redis.Redis, url: str) -> None:
 
     A message the worker had fetched when Valkey died stays in kombu's unacked
     set: the worker's new connection does not know it, and kombu puts it back in
-    the queue only once ``visibility_timeout`` (an hour, workers/celery_app.py)
+    the queue only once ``visibility_timeout`` (15 minutes, workers/celery_app.py)
     has passed. This calls kombu's own restore with a zero timeout instead of
     waiting; redelivering a message twice is harmless (the ledger's start and
     settle scripts run a job to one stored result).
