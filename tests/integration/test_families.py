@@ -49,7 +49,8 @@ def test_iclp_mean_of_curves_with_plot(api: Api, worker: Any) -> None:
     resp = api.upload(csv + "\n", meta)
     assert resp.status_code == 201, resp.get_json()
     ds = resp.get_json()["id"]
-    doc = _release(api, ds, "iclp.mean", {"column": "f"}, {"epsilon": 2})
+    # seeded (the test server allows it): unseeded, about 1 run in 130 exceeds the bound below
+    doc = _release(api, ds, "iclp.mean", {"column": "f"}, {"epsilon": 2}, seed=3)
     values = np.array(doc["result"]["values"])
     assert values.shape == (25,) and doc["result"]["grid"] == grid.tolist()
     # the released mean tracks sin(2πt) within a few RMSEs of the stated accuracy
