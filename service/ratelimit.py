@@ -58,6 +58,20 @@ def _storage_uri(redis_url: str) -> str:
     return "redis+" + redis_url if redis_url.startswith("unix://") else redis_url
 
 
+def _one_line(record: logging.LogRecord) -> bool:
+    """While Valkey is down the limiter fails on every request; its error type is news,
+    the same stack trace per request is not."""
+    if record.exc_info and record.exc_info[1] is not None:
+        record.error_type = type(record.exc_info[1]).__name__
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
+
+
+_LOG = logging.getLogger("privrelease.ratelimit")
+_LOG.addFilter(_one_line)
+
+
 def _retry_after(response: Response) -> Response:
     """Keep ``Retry-After`` meaningful: flask-limiter writes its window's reset onto
     every response, merged (by max) with any value already there.
@@ -105,7 +119,7 @@ def init_app(app: Flask) -> Limiter | None:
         # too would add nothing but a second failure to log.
         swallow_errors=True,
     )
-    limiter.logger = logging.getLogger("privrelease.ratelimit")  # JSON lines, no messages
+    limiter.logger = _LOG  # JSON lines, no messages
     limiter.request_filter(_exempt)
     limiter.init_app(app)
     return limiter

@@ -136,3 +136,22 @@ def test_retry_after_means_what_each_status_needs() -> None:
     assert _retry_after(down).headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
     ok = Response(status=200, headers={"Retry-After": "59"})
     assert "Retry-After" not in _retry_after(ok).headers
+
+
+def test_rate_limiter_failures_log_one_line_without_a_trace() -> None:
+    """flask-limiter logs an exception per request while Valkey is down: kept as a warning
+    naming the error type, without the repeated stack trace."""
+    import logging
+    import sys
+
+    from service.ratelimit import _one_line
+
+    try:
+        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379")
+    except ConnectionError:
+        record = logging.LogRecord("privrelease.ratelimit", logging.ERROR, __file__, 1,
+                                   "Failed to rate limit. Swallowing error", None,
+                                   sys.exc_info())
+    assert _one_line(record)
+    assert record.exc_info is None and record.levelname == "WARNING"
+    assert record.error_type == "ConnectionError"  # type: ignore[attr-defined]
