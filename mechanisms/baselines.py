@@ -115,19 +115,19 @@ class ConditionSchema(Schema):
             raise ValidationError("'in' takes a list; every other op a single value.", "value")
 
 
-class BaselineParamsSchema(Schema):
-    """Parameters shared by the three baselines."""
+class StatisticParamsSchema(Schema):
+    """A statistic of ``column``, or ``count`` of the rows meeting ``condition``.
+
+    Subclasses restrict ``statistic`` to what they release (the baselines and
+    ``noiseless.aggregate`` share the shape, not the list).
+    """
 
     class Meta:
         unknown = RAISE
 
-    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
+    statistic = fields.String(required=True)
     column = fields.String()
     condition = fields.Nested(ConditionSchema)
-    bins = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_BINS))
-    edges = fields.List(
-        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_BINS + 1)
-    )
 
     @validates_schema
     def _check_combination(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -142,8 +142,21 @@ class BaselineParamsSchema(Schema):
                 raise ValidationError(f"{statistic} needs a column.", "column")
             if "condition" in data:
                 raise ValidationError("only count takes a condition.", "condition")
+
+
+class BaselineParamsSchema(StatisticParamsSchema):
+    """Parameters shared by the three baselines."""
+
+    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
+    bins = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_BINS))
+    edges = fields.List(
+        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_BINS + 1)
+    )
+
+    @validates_schema
+    def _check_histogram(self, data: dict[str, Any], **kwargs: Any) -> None:
         for name in ("bins", "edges"):
-            if name in data and statistic != "histogram":
+            if name in data and data["statistic"] != "histogram":
                 raise ValidationError("only histogram takes bins or edges.", name)
         if "bins" in data and "edges" in data:
             raise ValidationError("give bins or edges, not both.", "edges")

@@ -26,6 +26,25 @@ _ADMITS = {
 }
 
 
+def bearer_token() -> str | None:
+    """The request's ``Authorization: Bearer`` token, or None."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def request_key() -> apikeys.ApiKey | None:
+    """The registered key the bearer token names (None: no token or none registered).
+
+    Looked up once per request: the rate limiter asks first, the role check after.
+    """
+    if "key_lookup" not in g:
+        token = bearer_token()
+        g.key_lookup = (apikeys.lookup(current_app.extensions["redis"], token)
+                        if token else None)
+    key: apikeys.ApiKey | None = g.key_lookup
+    return key
+
+
 def current_key() -> apikeys.ApiKey:
     key: apikeys.ApiKey = g.api_key
     return key
@@ -39,11 +58,9 @@ def require(role: str) -> Callable[[F], F]:
     def decorator(view: F) -> F:
         @functools.wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            header = request.headers.get("Authorization", "")
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
+            if bearer_token() is None:
                 raise APIError(401, "missing bearer token", code="unauthorized")
-            key = apikeys.lookup(current_app.extensions["redis"], token.strip())
+            key = request_key()
             if key is None:
                 raise APIError(401, "unknown or revoked API key", code="unauthorized")
             if key.expired():

@@ -1,14 +1,14 @@
 """Per-API-key rate limiting with flask-limiter, counted in the service's Redis.
 
 One shared budget of requests per key across all endpoints (an application
-limit), so every API process and host counts against the same window. The
-key is the SHA-256 digest of the bearer token (the same digest the key is
-stored under, never the token) when that names a registered key; requests
-without a token, or with one that names no key, are counted per remote
-address, so a flood of made-up tokens shares one bucket instead of getting
-one each. Behind a reverse proxy set ``PRIVRELEASE_TRUSTED_PROXIES`` so the
-address is the client's, not the proxy's. A refused request is a 429 problem document (via the
-problem handlers, as for any HTTPException) with ``Retry-After``.
+limit), so every API process and host counts against the same window. A
+request is counted against its API key's id (never the token) when its bearer
+token names a registered key; requests without a token, or with one that
+names no key, are counted per remote address, so a flood of made-up tokens
+shares one bucket instead of getting one each. Behind a reverse proxy set
+``PRIVRELEASE_TRUSTED_PROXIES`` so the address is the client's, not the
+proxy's. A refused request is a 429 problem document (via the problem
+handlers, as for any HTTPException) with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, request
 from flask_limiter import ApplicationLimit, Limiter
 from limits import parse_many
 
-from service import apikeys, rkeys
+from service import auth
 from service.config import ENV_PREFIX, Config
 from service.problems import RETRY_AFTER_SECONDS
 
@@ -31,21 +31,18 @@ KEY_PREFIX = "pr:ratelimit"
 
 
 def client_key() -> str:
-    """Who a request counts against: its registered key's digest, else its address.
+    """Who a request counts against: its registered key, else its address.
 
-    Parsed exactly as ``service.auth`` does, so both agree on what the token is.
-    One EXISTS per request; if Redis is unreachable the address is used (the
-    limiter cannot count then anyway, and the route reports the outage).
+    The key is looked up once per request (``auth.request_key``, reused by the
+    role check). If Redis is unreachable the address is used: the limiter cannot
+    count then anyway, and the route reports the outage.
     """
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        token_digest = apikeys.digest(token.strip())
-        client: redis.Redis = current_app.extensions["redis"]
-        try:
-            if client.exists(rkeys.api_key(token_digest)):
-                return "key:" + token_digest
-        except redis.RedisError:
-            pass
+    try:
+        key = auth.request_key()
+    except redis.RedisError:
+        key = None
+    if key is not None:
+        return "key:" + key.id
     return "addr:" + (request.remote_addr or "unknown")
 
 

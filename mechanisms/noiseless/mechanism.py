@@ -33,7 +33,7 @@ from mechanisms.base import (
 
 # ConditionSchema is the shared shape of "rows meeting a condition"; resolve_condition resolves it
 # against the metadata exactly as the DP baselines do, so a count means the same everywhere.
-from mechanisms.baselines import ConditionSchema, resolve_condition
+from mechanisms.baselines import StatisticParamsSchema, resolve_condition
 from mechanisms.noiseless import central, local
 from mechanisms.noiseless.central import STATISTICS, ScalarPlan
 from mechanisms.noiseless.local import LocalPlan
@@ -55,28 +55,10 @@ PRIVACY_UNIT = (
 # --------------------------------------------------------------------------- params
 
 
-class AggregateParamsSchema(Schema):
+class AggregateParamsSchema(StatisticParamsSchema):
     """``statistic`` mean | sum (of ``column``) | count (rows meeting ``condition``)."""
 
-    class Meta:
-        unknown = RAISE
-
     statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
-    column = fields.String()
-    condition = fields.Nested(ConditionSchema)
-
-    @validates_schema
-    def _check_combination(self, data: dict[str, Any], **kwargs: Any) -> None:
-        if data["statistic"] == "count":
-            if "condition" not in data:
-                raise ValidationError("count needs a condition.", "condition")
-            if data.get("column", data["condition"]["column"]) != data["condition"]["column"]:
-                raise ValidationError("count reads condition.column; omit column.", "column")
-        else:
-            if "column" not in data:
-                raise ValidationError(f"{data['statistic']} needs a column.", "column")
-            if "condition" in data:
-                raise ValidationError("only count takes a condition.", "condition")
 
 
 class LocalParamsSchema(Schema):
