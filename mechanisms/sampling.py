@@ -50,21 +50,48 @@ def _shape(size: Size) -> tuple[int, ...]:
     return (size,) if isinstance(size, int | np.integer) else tuple(int(s) for s in size)
 
 
-def discrete_laplace(rng: np.random.Generator, scale: float, size: Size) -> NDArray[np.int64]:
-    """Draw X with P(X = k) ∝ exp(-|k| / scale) on the integers.
+def discrete_laplace(
+    rng: np.random.Generator, scale: float | ArrayLike, size: Size
+) -> NDArray[np.int64]:
+    """Draw X with P(X = k) ∝ exp(-|k| / scale) on the integers (see ``discrete_laplace_float``)."""
+    return discrete_laplace_float(rng, scale, size).astype(np.int64)
 
-    X = G1 - G2 for i.i.d. geometric G on {0, 1, ...} with P(G >= k) = p**k,
-    p = exp(-1/scale); G = floor(scale * E) for E ~ Exp(1) is exactly that
-    geometric (P(scale*E >= k) = exp(-k/scale)); two ziggurat exponentials
-    per draw are faster than ``Generator.laplace``'s logarithm. A tiny scale
-    gives floor(scale*E) = 0 almost surely, which is the right limit.
+
+def discrete_laplace_float(
+    rng: np.random.Generator, scale: float | ArrayLike, size: Size
+) -> NDArray[np.float64]:
+    """The discrete Laplace draws as float64 (exact integers, |X| < 2**53), for float pipelines.
+
+    ``scale`` is a number or an array of scales, one per trailing coordinate:
+    the result has shape ``size + np.shape(scale)``.
+
+    With p = exp(-1/scale), P(X = 0) = (1 - p)/(1 + p) = tanh(1/(2 scale))
+    and, given X != 0, |X| - 1 is geometric (P(|X| - 1 >= k) = p**k) with a
+    fair sign. One uniform U picks zero / positive / negative and
+    floor(scale * E) + 1, E ~ Exp(1), is the magnitude (P(scale*E >= k) =
+    p**k): one ziggurat exponential and one uniform per draw, cheaper than
+    the difference of two geometrics and than ``Generator.laplace``'s
+    logarithm. A tiny scale gives P(X = 0) = 1, the right limit.
     """
-    scale = _check_positive("scale", scale, MAX_SCALE)
-    shape = _shape(size)
-    g1 = np.floor(rng.standard_exponential(shape) * scale).astype(np.int64)
-    g2 = np.floor(rng.standard_exponential(shape) * scale).astype(np.int64)
-    g1 -= g2
-    return g1
+    s: float | NDArray[np.float64]
+    if np.ndim(scale) == 0:
+        s = _check_positive("scale", float(scale), MAX_SCALE)  # type: ignore[arg-type]
+    else:
+        s = np.asarray(scale, dtype=np.float64)
+        if not np.all((s > 0.0) & (s <= MAX_SCALE)):
+            raise ValueError(f"scales must be in (0, {MAX_SCALE:g}]")
+    shape = (*_shape(size), *np.shape(s))
+    zero = np.tanh(0.5 / s)
+    x = rng.standard_exponential(shape)
+    x *= s
+    np.floor(x, out=x)
+    x += 1.0
+    u = rng.random(shape)
+    # U < zero: X = 0; zero <= U <= middle: X > 0; U > middle: X < 0 (middle splits the rest)
+    np.multiply(x, u >= zero, out=x)
+    np.subtract(0.5 + 0.5 * zero, u, out=u)
+    np.copysign(x, u, out=x)
+    return x
 
 
 def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDArray[np.int64]:

@@ -75,22 +75,33 @@ class NoiseStep:
         """Equivalent Laplace scale on the u-axis, s/K (the paper's 1/ε)."""
         return self.scale / self.resolution
 
-    def quantize(self, u: FloatArray) -> NDArray[np.int64]:
-        """k = ⌊u·K⌋ + 1 clipped to {1..K}: the cell [(k − 1)/K, k/K) of u, uniform when u is.
+    def cell(self, u: FloatArray) -> FloatArray:
+        """k − 1 = min(⌊u·K⌋, K − 1) as an exact float: the cell [(k − 1)/K, k/K) of u.
 
-        Clipping the integer keeps the sensitivity K − 1 whatever u is (NaN,
-        never produced by DIP, converts to the most negative integer: k = 1).
+        Clamping keeps the sensitivity K − 1 whatever u is (``fmax`` sends
+        NaN, never produced by DIP, to the first cell).
         """
-        k = np.multiply(u, float(self.resolution)).astype(np.int64)
-        k += 1
-        np.clip(k, 1, self.resolution, out=k)
-        return k
+        cell = np.multiply(u, float(self.resolution))
+        np.floor(cell, out=cell)
+        np.fmax(cell, 0.0, out=cell)
+        np.minimum(cell, self.resolution - 1.0, out=cell)
+        return cell
+
+    def quantize(self, u: FloatArray) -> NDArray[np.int64]:
+        """k = ⌊u·K⌋ + 1 clipped to {1..K}, uniform on {1..K} when u is uniform."""
+        cell = self.cell(u)
+        cell += 1.0
+        return cell.astype(np.int64)
 
     def release(self, u: FloatArray, rng: np.random.Generator) -> NDArray[np.int64]:
         """The only data-dependent randomness: W = k + D (ε-DP per entry)."""
-        w = self.quantize(u)
-        w += sampling.discrete_laplace(rng, self.scale, w.shape)
-        return w
+        return self._release_minus_one(u, rng).astype(np.int64) + 1
+
+    def _release_minus_one(self, u: FloatArray, rng: np.random.Generator) -> FloatArray:
+        """W − 1 as an exact float (|W| < 2**53), for the float pipeline of ``__call__``."""
+        t = self.cell(u)
+        t += sampling.discrete_laplace_float(rng, self.scale, t.shape)
+        return t
 
     def uniformize(
         self, w: NDArray[np.int64], rng: np.random.Generator, exact_upper: bool = True
@@ -99,28 +110,33 @@ class NoiseStep:
 
         ``exact_upper=False`` returns 1 − g as computed (for bounded references,
         whose quantiles never need the upper tail to more than absolute precision).
+        """
+        t = np.asarray(w, dtype=np.float64) - 1.0
+        return self._uniformize(t, rng, exact_upper)
+
+    def _uniformize(
+        self, t: FloatArray, rng: np.random.Generator, exact_upper: bool
+    ) -> tuple[FloatArray, FloatArray]:
+        """``uniformize`` of t = W − 1 (overwritten).
 
         W's law is symmetric about (K + 1)/2, so each W is reflected into the
         lower half, t = min(W − 1, K − W), where the tail probability
         s = G_K(t) + V·P(W) (P(W) = P(t + 1) by symmetry) is small and computed
         directly; g is s or 1 − s (using V for 1 − V in the upper half changes
         nothing in law). With α = e^{−a}, t⁺ = max(t, 0), A = α^|t|,
-        E = α^(K − 2t⁺) and D = α^max(−t, 0) (three exponentials):
+        E = α^(K − 2t⁺), B = A/(1 + α) and 1[t >= 0] (two exponentials):
 
-            G_K(t) = (t⁺ + c₁·A·(1 − E))/K,        c₁ = α/(1 − α²),
-            P      = (D(1 + α) − A(α + E))/((1 + α)K),
+            K·G_K(t) = t⁺ + α/(1 − α)·B(1 − E),
+            K·P      = 1[t >= 0]·(1 − A) + B(1 − E),
 
-        one expression for the interior (t >= 0, D = 1) and the tails (t < 0,
-        where G_K and P are α^|t| times their values at t = 0). 1 − E and the
-        difference in P lose relative precision only where they are multiplied
-        by about 1/(2ε), so g errs by about 1e−16/ε absolutely (3e−14 at
-        ε = 0.001) and the tails keep a relative precision of about 1e−16/ε.
+        one expression for the interior (t >= 0) and the tails (t < 0, where
+        G_K and P are α^|t| times their values at t = 0). 1 − E comes from
+        ``expm1``, so nothing cancels: g errs by a few 1e−16 absolutely at any
+        ε, and the tails keep a relative precision of about 1e−15.
         """
         k, a = self.resolution, 1.0 / self.scale
         alpha = math.exp(-a)
-        c1 = alpha / -math.expm1(-2.0 * a)
-        t = w.astype(np.float64)
-        t -= 1.0
+        c2 = alpha / -math.expm1(-a)  # α/(1 − α)
         other = (k - 1.0) - t  # K − W
         up = np.empty_like(t)
         np.greater(t, other, out=up)  # 1.0 in the upper half
@@ -128,39 +144,37 @@ class NoiseStep:
         big_a = np.abs(t)
         big_a *= -a
         np.exp(big_a, out=big_a)  # A = α^|t|
-        d = np.minimum(t, 0.0)
-        d *= a
-        np.exp(d, out=d)  # D = α^max(−t, 0)
+        inside = t >= 0.0
         np.maximum(t, 0.0, out=t)  # t⁺
-        e = t * (2.0 * a)
-        e -= a * k
-        np.exp(e, out=e)  # E = α^(K − 2t⁺)
-        # K·s = t⁺ + c₁ A (1 − E) + V (D − A (α + E)/(1 + α)), scaled by 1/K at the end
-        small = 1.0 - e
-        small *= big_a
-        small *= c1
-        small += t
-        e += alpha
-        e *= big_a
-        e *= 1.0 / (1.0 + alpha)
-        d -= e
-        d *= rng.random(w.shape)
-        small += d
+        bf = t * (2.0 * a)
+        bf -= a * k
+        np.expm1(bf, out=bf)  # E − 1, E = α^(K − 2t⁺), without cancellation
+        bf *= big_a
+        bf *= -1.0 / (1.0 + alpha)  # B(1 − E)
+        small = bf * c2
+        small += t  # K·G_K(t)
+        np.subtract(1.0, big_a, out=big_a)
+        big_a *= inside
+        big_a += bf  # K·P(W)
+        big_a *= rng.random(t.shape)
+        small += big_a
         small *= 1.0 / k
-        # g = s below the middle, 1 − s above (exact where it is small); h = 1 − g likewise
-        g = 1.0 - 2.0 * small
-        g *= up
-        g += small
-        h = 1.0 - g
+        # s <= 1/2, so g = |1[upper] − s| is s below the middle and 1 − s above; h likewise
+        g = np.subtract(up, small)
+        np.abs(g, out=g)
         if exact_upper:
-            h -= up * (h - small)
+            np.subtract(1.0, up, out=up)
+            h = np.subtract(up, small, out=up)
+            np.abs(h, out=h)
+        else:
+            h = np.subtract(1.0, g)
         return g, h
 
     def __call__(
         self, u: FloatArray, rng: np.random.Generator, exact_upper: bool = True
     ) -> tuple[FloatArray, FloatArray]:
         """Noise then uniformize: u in [0, 1] -> (g, 1 − g), g uniform when u is."""
-        return self.uniformize(self.release(u, rng), rng, exact_upper)
+        return self._uniformize(self._release_minus_one(u, rng), rng, exact_upper)
 
 
 def privatize_uniform(

@@ -1,11 +1,12 @@
-"""Fast ``np.searchsorted`` of many keys into one fixed sorted array.
+"""Fast segment lookups of many keys among one fixed sorted array of knots.
 
 Binary search costs tens of nanoseconds per key (branch misses), which made
 bin and knot lookups the most expensive part of DIP on large columns. A
 lookup table over equal-width slots of the array's range gives each key a
 lower-bound candidate; a couple of vectorised steps forward finish the
 search, and the rare key that still needs more falls back to
-``np.searchsorted``. Results are identical to ``np.searchsorted``.
+``np.searchsorted``. Results are identical to the clipped ``np.searchsorted``
+that every caller wants: the segment (knot pair) holding each key.
 """
 
 from __future__ import annotations
@@ -26,18 +27,26 @@ STEPS = 3
 
 
 class Locator:
-    """``locate(keys) == np.searchsorted(array, keys, side)`` for a fixed sorted array."""
+    """``locate(keys) == clip(np.searchsorted(array, keys, side) − 1, 0, len(array) − 2)``.
+
+    That is the segment [a_s, a_{s+1}] holding each key, the first or last
+    one for keys beyond the ends (with ``side="left"`` a key equal to a knot
+    belongs to the segment on its left, with ``"right"`` to the one on its
+    right).
+    """
 
     def __init__(self, array: ArrayLike, side: str = "left") -> None:
         a = np.asarray(array, dtype=np.float64)
-        if a.ndim != 1 or a.size == 0 or not np.all(np.isfinite(a)):
-            raise ValueError("array must be 1-D, non-empty and finite")
+        if a.ndim != 1 or a.size < 2 or not np.all(np.isfinite(a)):
+            raise ValueError("array must be 1-D, finite and have at least two knots")
         if side not in ("left", "right"):
             raise ValueError("side must be 'left' or 'right'")
         self.array, self.side = a, side
+        self._last = a.size - 2
         self._lut: NDArray[np.intp] | None = None
-        # a +inf sentinel lets every candidate index (0..size) be probed without clipping
-        self._ext = np.append(a, np.inf)
+        # probe[s] = a[s + 1], the knot a key must pass to be in a later segment; +inf for the
+        # last segment, so stepping forward never leaves the array
+        self._probe = np.append(a[1:-1], np.inf)
         span = float(a[-1] - a[0])
         if a.size < 8 or not (span > 0 and math.isfinite(span)):
             return
@@ -49,35 +58,34 @@ class Locator:
         self._top = float(slots - 1)
         starts = float(a[0]) + np.arange(slots, dtype=np.float64) / self._scale
         # left-side candidates are lower bounds for either side
-        self._lut = np.searchsorted(a, starts, side="left").astype(np.intp)
+        self._lut = self._exact(starts, "left")
+
+    def _exact(self, x: FloatArray, side: str) -> NDArray[np.intp]:
+        seg: NDArray[np.intp] = np.searchsorted(self.array, x, side=side)  # type: ignore[call-overload]
+        seg -= 1
+        np.clip(seg, 0, self._last, out=seg)
+        return seg
 
     def __call__(self, keys: ArrayLike) -> NDArray[np.intp]:
-        """Insertion indices of ``keys`` (finite values: clean data and probabilities)."""
+        """Segment of each key (finite values: clean data and probabilities)."""
         x = np.asarray(keys, dtype=np.float64)
-        a, side = self.array, self.side
         if self._lut is None or x.size < 64:
-            out: NDArray[np.intp] = np.searchsorted(a, x, side=side)  # type: ignore[call-overload]
-            return out
+            return self._exact(x, self.side)
         slot = x * self._scale
         slot -= self._offset
         np.clip(slot, 0.0, self._top, out=slot)
-        j = self._lut.take(slot.astype(np.intp))
-        ext = self._ext
+        seg = self._lut.take(slot.astype(np.intp))
+        step = np.less if self.side == "left" else np.less_equal
         # most candidates are already right: test all once, then step only the few behind
-        probe = ext.take(j)
-        behind = np.less(probe, x) if side == "left" else np.less_equal(probe, x)
-        todo = np.flatnonzero(behind)
+        todo = np.flatnonzero(step(self._probe.take(seg), x))
         for _ in range(STEPS):
             if todo.size == 0:
-                return j
-            j[todo] += 1
-            probe = ext.take(j[todo])
-            keys = x[todo]
-            behind = np.less(probe, keys) if side == "left" else np.less_equal(probe, keys)
-            todo = todo[behind]
+                return seg
+            seg[todo] += 1
+            todo = todo[step(self._probe.take(seg[todo]), x[todo])]
         if todo.size:
-            j[todo] = np.searchsorted(a, x[todo], side=side)  # type: ignore[call-overload]
-        return j
+            seg[todo] = self._exact(x[todo], self.side)
+        return seg
 
 
 class Bins:
@@ -103,12 +111,10 @@ class Bins:
     def __call__(self, values: ArrayLike) -> NDArray[np.intp]:
         """Cell of each (finite) value."""
         v = np.asarray(values, dtype=np.float64)
-        if self._locate is None:
-            scaled = v - self._lo
-            scaled *= self._inv
-            j: NDArray[np.intp] = scaled.astype(np.intp)  # truncation: −1 < x < 0 gives 0
-        else:
-            j = self._locate(v)
-            j -= 1
+        if self._locate is not None:
+            return self._locate(v)
+        scaled = v - self._lo
+        scaled *= self._inv
+        j: NDArray[np.intp] = scaled.astype(np.intp)  # truncation: −1 < x < 0 gives 0
         np.clip(j, 0, self.size - 1, out=j)
         return j

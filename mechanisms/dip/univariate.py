@@ -114,12 +114,16 @@ class PiecewiseLinear(Univariate):
         # is needed; a search never lands on a zero-width segment (it skips ties)
         vv = v if inside else np.clip(v, self.xs[0], self.xs[-1])
         if self._even:
-            seg = ((vv - self.xs[0]) * self._inv_width).astype(np.intp)
+            # v = x_0 + (seg + frac)·width: the segment and the fraction of it by arithmetic
+            frac = vv - self.xs[0]
+            frac *= self._inv_width
+            seg = frac.astype(np.intp)
             np.minimum(seg, self._dx.size - 1, out=seg)
-        else:
-            seg = locate(vv)
-            seg -= 1
-            np.clip(seg, 0, self._dx.size - 1, out=seg)
+            frac -= seg
+            frac *= self._dy.take(seg)
+            frac += self.ys.take(seg)
+            return frac
+        seg = locate(vv)
         out = vv - self.xs.take(seg)
         out *= self._slope.take(seg)
         out += self.ys.take(seg)
@@ -143,17 +147,16 @@ class PiecewiseLinear(Univariate):
     def quantile_continualized(self, g: FloatArray) -> FloatArray:
         """inf{v : Ĉ(v) >= g} for g in [0, 1]; a flat stretch (no mass) is never returned."""
         seg = self._y_left(g)
-        seg -= 1
-        np.clip(seg, 0, self._dy.size - 1, out=seg)
         out = g - self.ys.take(seg)
         out *= self._inverse_slope.take(seg)
         out += self.xs.take(seg)
-        np.clip(out, self.xs[0], self.xs[-1], out=out)
+        if not self._covers:  # else the ceiling clips to the domain, which the knots span
+            np.clip(out, self.xs[0], self.xs[-1], out=out)
         return out
 
     def segment(self, v: FloatArray) -> NDArray[np.int64]:
         """Index of the segment (x_k, x_{k+1}] holding v (the first one for v <= x_0)."""
-        return np.clip(self._x_left(v) - 1, 0, self._dx.size - 1)
+        return self._x_left(v)
 
     def quantile(self, g: FloatArray, h: FloatArray) -> NDArray[np.generic]:
         return self.continualizer.ceiling(self.quantile_continualized(g))

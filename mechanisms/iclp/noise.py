@@ -85,7 +85,7 @@ class CoefficientNoise:
         self, rng: np.random.Generator, size: int | tuple[int, ...] = ()
     ) -> NDArray[np.int64]:
         """Lattice noise K_j ~ discrete Laplace(s_j), shape size + (J,)."""
-        return discrete_laplace(rng, self.scales, size)
+        return sampling.discrete_laplace(rng, self.scales, size)
 
     def release(
         self, coefficients: ArrayLike, rng: np.random.Generator
@@ -166,25 +166,6 @@ def calibrate(
         steps=steps,
         scales=scales,
     )
-
-
-def discrete_laplace(
-    rng: np.random.Generator, scales: ArrayLike, size: int | tuple[int, ...] = ()
-) -> NDArray[np.int64]:
-    """X_j with P(X_j = k) ∝ exp(−|k|/s_j), one scale per trailing coordinate.
-
-    The construction of ``sampling.discrete_laplace`` (a difference of two
-    geometric variables floor(s·E), E ~ Exp(1)) with a vector of scales.
-    """
-    s = np.asarray(scales, dtype=np.float64)
-    if not np.all((s > 0) & (s <= sampling.MAX_SCALE)):
-        raise ValueError(f"scales must be in (0, {sampling.MAX_SCALE:g}]")
-    lead = (size,) if isinstance(size, int) else tuple(size)
-    shape = (*lead, *s.shape)
-    g1 = np.floor(rng.standard_exponential(shape) * s).astype(np.int64)
-    g2 = np.floor(rng.standard_exponential(shape) * s).astype(np.int64)
-    g1 -= g2
-    return g1
 
 
 def discrete_laplace_variance(scales: ArrayLike) -> NDArray[np.float64]:

@@ -92,7 +92,7 @@ def test_sampled_privacy_loss_never_exceeds_epsilon() -> None:
 def test_coefficient_noise_is_laplace_with_the_stated_scale(j: int) -> None:
     nz = _plan(0.08, 1.0)
     n = 40_000
-    draws = noise.discrete_laplace(np.random.default_rng(100 + j), nz.scales[j:j + 1], n)[:, 0]
+    draws = sampling.discrete_laplace(np.random.default_rng(100 + j), nz.scales[j:j + 1], n)[:, 0]
     x = draws * nz.steps[j]
     b = float(nz.laplace_scales[j])
     ks = stats.kstest(x, stats.laplace(scale=b).cdf)
@@ -120,11 +120,11 @@ def test_coefficients_are_uncorrelated_and_total_variance_matches() -> None:
     )
 
 
-def test_discrete_laplace_matches_the_shared_sampler_law() -> None:
-    """Vector scales give the law of sampling.discrete_laplace: compare pmfs on small scales."""
+def test_vector_scales_give_the_scalar_law() -> None:
+    """A vector of scales (one per coefficient) draws the law of a scalar scale: compare pmfs."""
     rng = np.random.default_rng(11)
     n = 200_000
-    ours = noise.discrete_laplace(rng, np.array([0.7]), n)[:, 0]
+    ours = sampling.discrete_laplace(rng, np.array([0.7]), n)[:, 0]
     ref = sampling.discrete_laplace(np.random.default_rng(12), 0.7, n)
     for k in range(-2, 3):
         p = (1 - math.exp(-1 / 0.7)) / (1 + math.exp(-1 / 0.7)) * math.exp(-abs(k) / 0.7)
