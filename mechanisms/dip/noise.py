@@ -7,7 +7,7 @@ bits (Mironov 2012), so the released randomness here is an integer:
 1. quantize k = ⌊u·K⌋ + 1 ∈ {1..K} (K a power of two, so u·K is exact;
    the spec's ⌈u·K⌉ differs only on the grid, and either is uniform);
 2. W = k + D with D two-sided geometric, P(D = d) ∝ exp(−|d|/s),
-   s = (K − 1)/ε rounded up, drawn by ``sampling.discrete_laplace`` —
+   s = (K − 1)/ε rounded up, drawn by ``sampling.discrete_laplace_float`` —
    neighbouring k differ by at most K − 1, so W is ε-DP exactly;
 3. g = G_K(W − 1) + V·P(W) with fresh V ~ Unif(0, 1): the randomized PIT of
    W under its own law when u is uniform, so g ~ Unif(0, 1) exactly and

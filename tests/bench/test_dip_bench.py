@@ -1,14 +1,13 @@
 """DIP throughput against ``np.sort`` of the same data in the same run (best of several).
 
-Target: univariate DIP of 10**6 rows within 5x of sorting them. Reported:
-the library path with a prebuilt (DP histogram) reference, the service's
+Target: univariate DIP of 10**6 rows within 5x of sorting them (numpy's
+AVX-512 sort, about 5 ms here), asserted on the library path with a prebuilt
+(DP histogram) reference: about 4.5x measured. Also reported: the service's
 default path (which also estimates that reference from the data in the
 run) and a public normal reference (one ``ndtr`` and one ``ndtri`` per
-value). numpy's AVX-512 sort takes about 5.5 ms here, and the exact noise
-alone (two exponential draws per value in ``sampling.discrete_laplace``, a
-uniform and three exponentials for G_K) costs about 3x that, so the library
-path lands near the target (about 5.3x measured); the test prints whether
-the target is met and fails only past ``GUARD_RATIO``, a regression guard.
+value). The time is spread over about 60 vectorised passes per block of
+rows; the exact noise (one exponential and one uniform per value) and its
+uniformization (two exponentials and a uniform) are half of it.
 Four-column DIP of 10**5 rows is reported for each reference kind. Run
 with ``make bench`` (or ``pytest tests/bench -o addopts="" -s``).
 """
@@ -31,7 +30,6 @@ pytestmark = pytest.mark.bench
 ROWS = 10**6
 REPEATS = 7
 TARGET_RATIO = 5.0
-GUARD_RATIO = 6.0
 
 
 def _best(run: Callable[[], Any]) -> float:
@@ -69,9 +67,8 @@ def test_univariate_dip_against_sort() -> None:
     parametric, sort3 = _ratio(lambda: dip.privatize({"z": z}, normal, 1,
                                                      np.random.default_rng()), z)
     sort = min(sort, sort2, sort3)
-    verdict = "met" if library / sort <= TARGET_RATIO else "MISSED"
     print(
-        f"\nnp.sort of {ROWS:,} rows: {sort * 1e3:.1f} ms (target {TARGET_RATIO:g}x: {verdict})"
+        f"\nnp.sort of {ROWS:,} rows: {sort * 1e3:.1f} ms (target {TARGET_RATIO:g}x)"
         f"\ndip (service run, dp reference estimated in the run): {service * 1e3:.1f} ms,"
         f" {service / sort:.1f}x sort"
         f"\ndip (library, prebuilt histogram reference): {library * 1e3:.1f} ms,"
@@ -79,7 +76,7 @@ def test_univariate_dip_against_sort() -> None:
         f"\ndip (library, public normal reference): {parametric * 1e3:.1f} ms,"
         f" {parametric / sort:.1f}x sort"
     )
-    assert library / sort <= GUARD_RATIO
+    assert library / sort <= TARGET_RATIO
 
 
 def test_four_column_dip() -> None:

@@ -91,6 +91,20 @@ def test_outputs_are_int64_of_the_requested_shape() -> None:
     assert sampling.discrete_laplace(rng, 2.0, (3, 4)).shape == (3, 4)
     assert sampling.discrete_gaussian(rng, 2.0, (2, 5)).shape == (2, 5)
     assert sampling.discrete_gaussian(rng, 2.0, 0).shape == (0,)
+    # a vector of scales adds a trailing axis, one scale per coordinate
+    assert sampling.discrete_laplace(rng, np.array([1.0, 2.0, 8.0]), (4, 5)).shape == (4, 5, 3)
+    spread = sampling.discrete_laplace(rng, np.array([0.01, 1e6]), 2000)
+    assert not spread[:, 0].any()  # scale 0.01: P(X != 0) = 2e-43
+    assert np.std(spread[:, 1]) > 1e6
+
+
+def test_float_draws_are_exact_integers() -> None:
+    x = sampling.discrete_laplace_float(np.random.default_rng(16), 2.0**40, 100_000)
+    assert x.dtype == np.float64 and np.array_equal(x, np.rint(x))
+    assert np.array_equal(
+        sampling.discrete_laplace_float(np.random.default_rng(17), 3.0, 1000),
+        sampling.discrete_laplace(np.random.default_rng(17), 3.0, 1000),
+    )
 
 
 def test_extreme_scales_stay_sane() -> None:
@@ -112,6 +126,8 @@ def test_bad_scales_are_refused(bad: float) -> None:
         sampling.discrete_laplace(rng, bad, 3)
     with pytest.raises(ValueError):
         sampling.discrete_gaussian(rng, bad, 3)
+    with pytest.raises(ValueError):
+        sampling.discrete_laplace(rng, np.array([1.0, bad]), 3)
 
 
 def test_discrete_laplace_tail_formula() -> None:
