@@ -60,6 +60,9 @@ class DatasetMeta:
 
     n_rows: int
     columns: Mapping[str, ColumnMeta]
+    #: the operator accepts that some rows serve as a reference that DP does not protect
+    #: (DIP's ``holdout``, spec §7.1(b)); off unless the metadata says ``allow_holdout``
+    allow_holdout: bool = False
 
     def column(self, name: str, field: str = "params.column") -> ColumnMeta:
         """Look up a column or raise an input error naming the field."""

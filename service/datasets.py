@@ -68,6 +68,7 @@ def register(
             "columns": {n: column_doc(c, spec.fill.get(n)) for n, c in spec.columns.items()},
             "bounds_policy": spec.bounds_policy,
             "public": spec.public,
+            "allow_holdout": spec.allow_holdout,
             "budgets": {m: budget.display(m, u) for m, u in sorted(caps.items())},
             "status": "active",
             "created_at": now_iso(),
@@ -113,7 +114,8 @@ def meta(doc: dict[str, Any]) -> DatasetMeta:
         )
         for name, c in doc["columns"].items()
     }
-    return DatasetMeta(n_rows=int(doc["n_rows"]), columns=cols)
+    return DatasetMeta(n_rows=int(doc["n_rows"]), columns=cols,
+                       allow_holdout=bool(doc.get("allow_holdout", False)))
 
 
 def set_status(client: redis.Redis, dataset_id: str, status: str) -> dict[str, Any]:

@@ -68,7 +68,7 @@ MAX_CATEGORIES = 10_000
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
-_TOP_KEYS = frozenset({"name", "columns", "budgets", "bounds_policy", "public"})
+_TOP_KEYS = frozenset({"name", "columns", "budgets", "bounds_policy", "public", "allow_holdout"})
 _COLUMN_KEYS = frozenset(
     {"type", "bounds", "categories", "allow_missing", "fill", "prior", "grid", "norm_bound"}
 )
@@ -109,6 +109,8 @@ class DatasetSpec:
     budgets: dict[str, object]
     #: public reference data (e.g. for DIP): its values are not private
     public: bool = False
+    #: DIP may use a hold-out of these rows, unprotected by DP, as its reference
+    allow_holdout: bool = False
 
     def allows_missing(self, column: str) -> bool:
         """Whether empty/NaN cells of ``column`` are replaced by its fill."""
@@ -116,7 +118,8 @@ class DatasetSpec:
 
     def meta(self, n_rows: int) -> DatasetMeta:
         """The public metadata mechanisms see, once the row count is known."""
-        return DatasetMeta(n_rows=n_rows, columns=dict(self.columns))
+        return DatasetMeta(n_rows=n_rows, columns=dict(self.columns),
+                           allow_holdout=self.allow_holdout)
 
 
 # --------------------------------------------------------------------------- metadata
@@ -358,6 +361,9 @@ def parse_metadata(raw: object, *, max_columns: int = 1000) -> DatasetSpec:
     public = raw.get("public", False)
     if not isinstance(public, bool):
         raise IngestError("metadata.public", "must be true or false")
+    allow_holdout = raw.get("allow_holdout", False)
+    if not isinstance(allow_holdout, bool):
+        raise IngestError("metadata.allow_holdout", "must be true or false")
 
     policy = raw.get("bounds_policy", "reject")
     if policy not in _POLICIES:
@@ -370,6 +376,7 @@ def parse_metadata(raw: object, *, max_columns: int = 1000) -> DatasetSpec:
         bounds_policy=cast(BoundsPolicy, policy),
         budgets=budgets,
         public=public,
+        allow_holdout=allow_holdout,
     )
 
 

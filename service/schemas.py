@@ -62,6 +62,8 @@ class DatasetSchema(Schema):
     budgets = fields.Dict()
     bounds_policy = fields.String()
     public = fields.Boolean(metadata={"description": "public reference data, not private"})
+    allow_holdout = fields.Boolean(metadata={
+        "description": "dip may hold out rows of it as a reference NOT protected by DP"})
     status = fields.String()
     created_at = fields.String()
 

@@ -266,6 +266,13 @@ class DipMechanism(Mechanism):
 
     @staticmethod
     def _plan_holdout(plan: Plan, reference: Mapping[str, Any], meta: DatasetMeta) -> None:
+        if not meta.allow_holdout:
+            raise MechanismInputError(
+                "params.reference.kind",
+                "this dataset does not allow a hold-out reference: the held-out rows would not"
+                " be protected by DP (its operator can register it with allow_holdout: true);"
+                " use the dp or a public reference",
+            )
         fraction = float(reference.get("fraction", DEFAULT_FRACTION))
         if not 0.0 < fraction <= MAX_HOLDOUT:
             raise MechanismInputError(

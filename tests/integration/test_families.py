@@ -217,3 +217,28 @@ def test_dip_microdata_default_and_public_reference(api: Api, worker: Any) -> No
         "params.reference")
     spent = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
     assert spent["committed"] == 3.0 and spent["reserved"] == 0.0
+
+
+def test_dip_holdout_only_where_the_operator_allows_it(api: Api, worker: Any) -> None:
+    """Hold-out rows are not protected by DP, so a dataset must opt in (spec §7.1(b))."""
+    n = 200
+    values = np.random.default_rng(22).uniform(0, 10, size=n)
+    csv = "x\n" + "".join(f"{v:.4f}\n" for v in values)
+    meta = {"name": "plain", "budgets": {"epsilon": 2},
+            "columns": {"x": {"type": "continuous", "bounds": [0, 10]}}}
+    private = api.upload(csv, meta).get_json()
+    assert private["allow_holdout"] is False
+    params = {"columns": ["x"], "reference": {"kind": "holdout", "fraction": 0.25}}
+    refused = api.post("/v1/releases", {"dataset_id": private["id"], "mechanism": "dip",
+                                        "params": params, "budget": {"epsilon": 1}})
+    assert refused.status_code == 422, refused.get_json()
+    assert refused.get_json()["field"] == "params.reference.kind"
+    untouched = api.get(f"/v1/datasets/{private['id']}/budget").get_json()["measures"]["epsilon"]
+    assert untouched["committed"] == 0.0 and untouched["reserved"] == 0.0
+
+    consenting = api.upload(csv, {**meta, "allow_holdout": True}).get_json()
+    assert consenting["allow_holdout"] is True
+    doc = _release(api, consenting["id"], "dip", params, {"epsilon": 1})
+    assert doc["result"]["n_rows"] == n - 50 and "NOT protected" in doc["guarantee"]
+    bad = api.upload(csv, {**meta, "allow_holdout": "yes"})
+    assert bad.status_code == 422 and bad.get_json()["field"] == "metadata.allow_holdout"

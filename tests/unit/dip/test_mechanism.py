@@ -26,6 +26,7 @@ META = DatasetMeta(
         "open": ColumnMeta("open", "integer"),
         "curve": ColumnMeta("curve", "functional", grid=(0.0, 1.0), norm_bound=1.0),
     },
+    allow_holdout=True,
 )
 SECRET_AGE, SECRET_WAGE = 31337, 987654.125
 EPS = {"epsilon": Fraction(1)}
@@ -164,7 +165,7 @@ def test_accuracy_is_public_and_matches_the_spec_table() -> None:
         acc = MECH.accuracy(params, {"epsilon": Fraction(eps)}, META)
         assert acc["rank_correlation"] == pytest.approx(rho, abs=0.01)
         assert acc["epsilon"]["dip"] == eps and acc["epsilon"]["reference"] == 0
-    small = DatasetMeta(20, META.columns)
+    small = DatasetMeta(20, META.columns, allow_holdout=True)
     acc = MECH.accuracy(MECH.load_params({"columns": ["age", "wage", "score"], "reference": {
         "kind": "holdout", "fraction": 0.5}}), EPS, small)
     assert acc["warnings"]  # m = 10 < 5 per column
@@ -231,9 +232,21 @@ def test_bad_inputs_name_the_field(params: dict[str, Any], budget: dict[str, Any
     assert _input_error(params, budget).field == field
 
 
+def test_holdout_needs_the_operators_consent() -> None:
+    """Hold-out rows are not protected by DP (spec §7.1): only datasets that allow it."""
+    params = MECH.load_params({"columns": ["wage"], "reference": {"kind": "holdout"}})
+    assert MECH.cost(params, EPS, META) == EPS
+    private = DatasetMeta(N, META.columns)
+    with pytest.raises(MechanismInputError) as info:
+        MECH.cost(params, EPS, private)
+    assert info.value.field == "params.reference.kind"
+    assert "allow_holdout" in info.value.message
+    assert MECH.cost(MECH.load_params({"columns": ["wage"]}), EPS, private) == EPS
+
+
 def test_dp_reference_takes_at_most_four_columns() -> None:
     columns = {f"c{i}": ColumnMeta(f"c{i}", "continuous", (0.0, 1.0)) for i in range(5)}
-    meta = DatasetMeta(N, columns)
+    meta = DatasetMeta(N, columns, allow_holdout=True)
     four = MECH.load_params({"columns": list(columns)[:4]})
     assert MECH.cost(four, EPS, meta) == EPS
     five = MECH.load_params({"columns": list(columns)})
