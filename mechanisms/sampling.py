@@ -63,35 +63,68 @@ def discrete_laplace_float(
     """The discrete Laplace draws as float64 (exact integers, |X| < 2**53), for float pipelines.
 
     ``scale`` is a number or an array of scales, one per trailing coordinate:
-    the result has shape ``size + np.shape(scale)``.
+    the result has shape ``size + np.shape(scale)``. How: see ``_signed_geometric``.
+    """
+    return _signed_geometric(rng, scale, size)[0]
 
-    With p = exp(-1/scale), P(X = 0) = (1 - p)/(1 + p) = tanh(1/(2 scale))
+
+def discrete_laplace_and_uniform(
+    rng: np.random.Generator, scale: float, size: Size
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Discrete Laplace draws X (as ``discrete_laplace_float``) and uniforms V independent of X.
+
+    The uniform U that chose X's case (zero, positive, negative) is uniform
+    within that case, so rescaling A = |U − 1/2| over the case's range gives
+    V ~ Unif[0, 1] independent of X, to about 52 bits: callers that need a
+    fresh uniform next to each draw (DIP's randomized PIT) get it without
+    drawing another one.
+    """
+    x, a, half_zero = _signed_geometric(rng, scale, size)
+    assert isinstance(half_zero, float)
+    zero_rows = np.flatnonzero(x == 0.0)
+    flat = a.reshape(-1)
+    inside = flat[zero_rows] / half_zero  # A uniform on [0, z/2] when X = 0
+    rest = 0.5 - half_zero
+    if rest > 0.0:  # A uniform on (z/2, 1/2] when X != 0
+        a -= half_zero
+        a *= 1.0 / rest
+    flat[zero_rows] = inside
+    return x, a
+
+
+def _signed_geometric(
+    rng: np.random.Generator, scale: float | ArrayLike, size: Size
+) -> tuple[NDArray[np.float64], NDArray[np.float64], float | NDArray[np.float64]]:
+    """(X, |U − 1/2|, z/2): the discrete Laplace from one exponential and one uniform.
+
+    With p = exp(-1/scale), P(X = 0) = z = (1 - p)/(1 + p) = tanh(1/(2 scale))
     and, given X != 0, |X| - 1 is geometric (P(|X| - 1 >= k) = p**k) with a
-    fair sign. One uniform U picks zero / positive / negative and
-    floor(scale * E) + 1, E ~ Exp(1), is the magnitude (P(scale*E >= k) =
-    p**k): one ziggurat exponential and one uniform per draw, cheaper than
-    the difference of two geometrics and than ``Generator.laplace``'s
-    logarithm. A tiny scale gives P(X = 0) = 1, the right limit.
+    fair sign. One uniform U picks the case: X = 0 if |U − 1/2| <= z/2, else
+    X has the sign of U − 1/2 and magnitude floor(scale * E) + 1, E ~ Exp(1)
+    (P(scale*E >= k) = p**k). One ziggurat exponential and one uniform per
+    draw are cheaper than the difference of two geometrics and than
+    ``Generator.laplace``'s logarithm. A tiny scale gives z = 1: X = 0.
     """
     s: float | NDArray[np.float64]
     if np.ndim(scale) == 0:
         s = _check_positive("scale", float(scale), MAX_SCALE)  # type: ignore[arg-type]
+        half_zero: float | NDArray[np.float64] = 0.5 * math.tanh(0.5 / s)
     else:
         s = np.asarray(scale, dtype=np.float64)
         if not np.all((s > 0.0) & (s <= MAX_SCALE)):
             raise ValueError(f"scales must be in (0, {MAX_SCALE:g}]")
+        half_zero = 0.5 * np.tanh(0.5 / s)
     shape = (*_shape(size), *np.shape(s))
-    zero = np.tanh(0.5 / s)
     x = rng.standard_exponential(shape)
     x *= s
     np.floor(x, out=x)
     x += 1.0
-    u = rng.random(shape)
-    # U < zero: X = 0; zero <= U <= middle: X > 0; U > middle: X < 0 (middle splits the rest)
-    np.multiply(x, u >= zero, out=x)
-    np.subtract(0.5 + 0.5 * zero, u, out=u)
-    np.copysign(x, u, out=x)
-    return x
+    a = rng.random(shape)
+    a -= 0.5  # exact
+    np.copysign(x, a, out=x)
+    np.abs(a, out=a)
+    np.multiply(x, a > half_zero, out=x)
+    return x, a, half_zero
 
 
 def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDArray[np.int64]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import redis
 from celery import Task
 
 import mechanisms
+from mechanisms.rng import secure_generator
 from service import analyses, datasets, metrics_store, notify, releases, rkeys
 from service.config import Config
 from service.ledger import Ledger
@@ -50,13 +50,6 @@ def _deps() -> tuple[Config, redis.Redis, Ledger, DatasetStore]:
 @cache
 def _outputs() -> OutputStore:
     return OutputStore(_deps()[0].releases_dir)
-
-
-def fresh_rng(seed: int | None) -> np.random.Generator:
-    """OS entropy per job; a seed only when the server allows seeds (tests)."""
-    if seed is not None:
-        return np.random.default_rng(seed)
-    return np.random.default_rng(np.random.SeedSequence(int.from_bytes(os.urandom(32))))
 
 
 @contextmanager
@@ -131,7 +124,7 @@ def _run(client: redis.Redis, store: DatasetStore, req: dict[str, Any],
             raise LookupError("reference dataset missing")
         references[ref_id] = (datasets.meta(ref), store.load(ref_id, ref["version"])[1])
     params = mech.bind_references(req["params"], references)
-    output = mech.run(columns, params, cost, datasets.meta(doc), fresh_rng(req.get("seed")))
+    output = mech.run(columns, params, cost, datasets.meta(doc), secure_generator(req.get("seed")))
     result = dict(output.result)
     if output.table is not None:
         rows = _outputs().save(release_id, output.table)
@@ -207,7 +200,7 @@ def run_analysis(self: Task, analysis_id: str) -> str:
         main = _view(client, req["release_id"])
         others = [_view(client, rid) for rid in json.loads(req["releases"])]
         analysis = mechanisms.get(main.mechanism).analyses[req["analysis"]]
-        result = analysis.run(main, json.loads(req["params"]), others, fresh_rng(None))
+        result = analysis.run(main, json.loads(req["params"]), others, secure_generator())
         payload = to_json(result)
     except Exception as err:
         log.error("analysis failed", extra={"analysis_id": analysis_id,

@@ -7,7 +7,7 @@ back through F. Notebook use::
 
     from mechanisms import dip
     from scipy import stats
-    rng = np.random.default_rng()
+    rng = secure_generator()  # from mechanisms.rng: AES-CTR keyed from OS entropy
     # a public F: the output is an exact F-sample, for any epsilon
     out = dip.privatize_univariate(z, dip.ParametricContinuous(stats.gamma(2.0)), 1.0, rng)
     # several columns: the sequential chain, epsilon/p per column

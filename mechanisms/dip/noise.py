@@ -7,11 +7,12 @@ bits (Mironov 2012), so the released randomness here is an integer:
 1. quantize k = ⌊u·K⌋ + 1 ∈ {1..K} (K a power of two, so u·K is exact;
    the spec's ⌈u·K⌉ differs only on the grid, and either is uniform);
 2. W = k + D with D two-sided geometric, P(D = d) ∝ exp(−|d|/s),
-   s = (K − 1)/ε rounded up, drawn by ``sampling.discrete_laplace_float`` —
-   neighbouring k differ by at most K − 1, so W is ε-DP exactly;
-3. g = G_K(W − 1) + V·P(W) with fresh V ~ Unif(0, 1): the randomized PIT of
-   W under its own law when u is uniform, so g ~ Unif(0, 1) exactly and
-   distribution invariance is kept. Everything after W is post-processing.
+   s = (K − 1)/ε rounded up, drawn by ``sampling.discrete_laplace_and_uniform``
+   — neighbouring k differ by at most K − 1, so W is ε-DP exactly;
+3. g = G_K(W − 1) + V·P(W) with V ~ Unif(0, 1) independent of W and of the
+   data (recycled from D's draw): the randomized PIT of W under its own law
+   when u is uniform, so g ~ Unif(0, 1) exactly and distribution invariance
+   is kept. Everything after W is post-processing.
 
 For K → ∞ this is the paper's G(u + e); at the default K = 2^20 the
 difference is below 1e-6 in every output.
@@ -95,13 +96,21 @@ class NoiseStep:
 
     def release(self, u: FloatArray, rng: np.random.Generator) -> NDArray[np.int64]:
         """The only data-dependent randomness: W = k + D (ε-DP per entry)."""
-        return self._release_minus_one(u, rng).astype(np.int64) + 1
+        return self._release_minus_one(u, rng)[0].astype(np.int64) + 1
 
-    def _release_minus_one(self, u: FloatArray, rng: np.random.Generator) -> FloatArray:
-        """W − 1 as an exact float (|W| < 2**53), for the float pipeline of ``__call__``."""
+    def _release_minus_one(
+        self, u: FloatArray, rng: np.random.Generator
+    ) -> tuple[FloatArray, FloatArray]:
+        """W − 1 as an exact float (|W| < 2**53) and a uniform V independent of W.
+
+        V is recycled from the uniform that drew D's sign (see
+        ``sampling.discrete_laplace_and_uniform``): independent of D and of
+        the data, so the step after W stays post-processing.
+        """
+        noise, v = sampling.discrete_laplace_and_uniform(rng, self.scale, np.shape(u))
         t = self.cell(u)
-        t += sampling.discrete_laplace_float(rng, self.scale, t.shape)
-        return t
+        t += noise
+        return t, v
 
     def uniformize(
         self, w: NDArray[np.int64], rng: np.random.Generator, exact_upper: bool = True
@@ -112,12 +121,12 @@ class NoiseStep:
         whose quantiles never need the upper tail to more than absolute precision).
         """
         t = np.asarray(w, dtype=np.float64) - 1.0
-        return self._uniformize(t, rng, exact_upper)
+        return self._uniformize(t, rng.random(t.shape), exact_upper)
 
     def _uniformize(
-        self, t: FloatArray, rng: np.random.Generator, exact_upper: bool
+        self, t: FloatArray, v: FloatArray, exact_upper: bool
     ) -> tuple[FloatArray, FloatArray]:
-        """``uniformize`` of t = W − 1 (overwritten).
+        """``uniformize`` of t = W − 1 with V = v (both overwritten).
 
         W's law is symmetric about (K + 1)/2, so each W is reflected into the
         lower half, t = min(W − 1, K − W), where the tail probability
@@ -156,7 +165,7 @@ class NoiseStep:
         np.subtract(1.0, big_a, out=big_a)
         big_a *= inside
         big_a += bf  # K·P(W)
-        big_a *= rng.random(t.shape)
+        big_a *= v
         small += big_a
         small *= 1.0 / k
         # s <= 1/2, so g = |1[upper] − s| is s below the middle and 1 − s above; h likewise
@@ -174,7 +183,8 @@ class NoiseStep:
         self, u: FloatArray, rng: np.random.Generator, exact_upper: bool = True
     ) -> tuple[FloatArray, FloatArray]:
         """Noise then uniformize: u in [0, 1] -> (g, 1 − g), g uniform when u is."""
-        return self._uniformize(self._release_minus_one(u, rng), rng, exact_upper)
+        t, v = self._release_minus_one(u, rng)
+        return self._uniformize(t, v, exact_upper)
 
 
 def privatize_uniform(

@@ -5,7 +5,7 @@ Laplace-like Process" (spec: specs/iclp.md). Notebook use::
 
     from mechanisms import iclp
     plan = iclp.plan_iclp_mean(grid, tau=1.0, n=len(curves), epsilon=1.0)
-    released = plan.release(curves, np.random.default_rng())
+    released = plan.release(curves, secure_generator())  # from mechanisms.rng
     released.values, plan.accuracy()["expected_sq_l2_error"]
 
 Modules: ``kernels`` (Matérn, Gaussian, exponential), ``domain`` (grids,

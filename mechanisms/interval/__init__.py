@@ -10,7 +10,7 @@ Notebook use::
     prior = interval.make_prior({"family": "normal", "loc": 0, "scale": 1})
     mech = interval.IntervalMechanism(interval.Canonical(interval.AnchorDist("logistic", 0, 1)))
     interval.expected_coverage(mech, prior)            # τ ≈ 0.7605
-    rel = mech.release(y, np.random.default_rng())     # anchors first, then y's range
+    rel = mech.release(y, secure_generator())          # mechanisms.rng; anchors, then y's range
     fit = interval.npmle(rel.pieces)                   # or npmle_case1(u, delta)
 
 Importing the package registers the service mechanisms ``interval.*``.

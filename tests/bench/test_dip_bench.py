@@ -2,7 +2,9 @@
 
 Target: univariate DIP of 10**6 rows within 5x of sorting them (numpy's
 AVX-512 sort, about 5 ms here), asserted on the library path with a prebuilt
-(DP histogram) reference: about 4.5x measured. Also reported: the service's
+(DP histogram) reference: about 4.6x measured. Every run draws from the
+service's generator (``mechanisms.rng``: AES-CTR, about 1 ms more than
+numpy's PCG64 here). Also reported: the service's
 default path (which also estimates that reference from the data in the
 run) and a public normal reference (one ``ndtr`` and one ``ndtri`` per
 value). The time is spread over about 60 vectorised passes per block of
@@ -24,6 +26,7 @@ import pytest
 
 from mechanisms import dip, registry
 from mechanisms.base import ColumnMeta, DatasetMeta
+from mechanisms.rng import secure_generator
 
 pytestmark = pytest.mark.bench
 
@@ -58,14 +61,14 @@ def test_univariate_dip_against_sort() -> None:
     params = mech.load_params({"columns": ["z"]})
     cost = mech.cost(params, {"epsilon": Fraction(1)}, meta)
     service, sort = _ratio(lambda: mech.run({"z": z}, params, cost, meta,
-                                            np.random.default_rng()), z)
+                                            secure_generator()), z)
     reference = dip.dp_histogram({"z": z}, {"z": dip.Continuous(0.0, 1.0)}, {"z": 1000},
                                  Fraction(1, 2), rng)
     library, sort2 = _ratio(lambda: dip.privatize({"z": z}, reference, Fraction(1, 2),
-                                                  np.random.default_rng()), z)
+                                                  secure_generator()), z)
     normal = dip.Product({"z": dip.Normal(0.3, 0.2, 0.0, 1.0)})
     parametric, sort3 = _ratio(lambda: dip.privatize({"z": z}, normal, 1,
-                                                     np.random.default_rng()), z)
+                                                     secure_generator()), z)
     sort = min(sort, sort2, sort3)
     print(
         f"\nnp.sort of {ROWS:,} rows: {sort * 1e3:.1f} ms (target {TARGET_RATIO:g}x)"
@@ -94,7 +97,7 @@ def test_four_column_dip() -> None:
         "b": ColumnMeta("b", "continuous", (-5.0, 5.0)),
         "c": ColumnMeta("c", "integer", (0, 20)),
         "d": ColumnMeta("d", "categorical", categories=("no", "yes")),
-    })
+    }, allow_holdout=True)
     free = DatasetMeta(rows, {n: ColumnMeta(n, "continuous") for n in names})
     mech = registry.get("dip")
     cases: list[tuple[str, dict[str, Any], DatasetMeta, dict[str, np.ndarray]]] = [
@@ -111,6 +114,6 @@ def test_four_column_dip() -> None:
         params = mech.load_params(raw)
         cost = mech.cost(params, {"epsilon": Fraction(2)}, meta)
         seconds = _best(lambda p=params, c=cost, m=meta, d=columns: mech.run(
-            d, p, c, m, np.random.default_rng()))
+            d, p, c, m, secure_generator()))
         print(f"dip, 4 columns x {rows:,} rows, {label}: {seconds * 1e3:.1f} ms"
               f" ({rows / seconds / 1e6:.2f} M rows/s)")

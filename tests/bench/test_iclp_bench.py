@@ -22,6 +22,7 @@ import pytest
 from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.iclp import spectral
+from mechanisms.rng import secure_generator
 
 pytestmark = pytest.mark.bench
 
@@ -59,7 +60,7 @@ def test_iclp_mean_against_numpy_mean() -> None:
 
     def release() -> Any:
         cost = mech.cost(params, BUDGET, meta)
-        return mech.run({"f": curves}, params, cost, meta, np.random.default_rng())
+        return mech.run({"f": curves}, params, cost, meta, secure_generator())
 
     cold = _cold(release)
     ours = _best(release)
@@ -83,7 +84,7 @@ def test_iclp_kde_against_numpy_histogram() -> None:
 
     def release() -> Any:
         cost = mech.cost(params, BUDGET, meta)
-        return mech.run({"x": values}, params, cost, meta, np.random.default_rng())
+        return mech.run({"x": values}, params, cost, meta, secure_generator())
 
     cold = _cold(release)
     ours = _best(release)
