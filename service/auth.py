@@ -50,31 +50,47 @@ def current_key() -> apikeys.ApiKey:
     return key
 
 
+def _refusal(role: str) -> APIError | None:
+    """Why the request's key may not call a view that needs ``role`` (None: it may)."""
+    if bearer_token() is None:
+        return APIError(401, "missing bearer token", code="unauthorized")
+    key = request_key()
+    if key is None:
+        return APIError(401, "unknown or revoked API key", code="unauthorized")
+    if key.expired():
+        return APIError(401, "API key expired", code="unauthorized")
+    if key.role not in _ADMITS[role]:
+        return APIError(403, f"this endpoint needs the {role} role", code="forbidden")
+    return None
+
+
 def require(role: str) -> Callable[[F], F]:
     """Allow the view to keys whose role admits ``role``; 401/403 otherwise."""
-
-    allowed = _ADMITS[role]
 
     def decorator(view: F) -> F:
         @functools.wraps(view)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if bearer_token() is None:
-                raise APIError(401, "missing bearer token", code="unauthorized")
-            key = request_key()
-            if key is None:
-                raise APIError(401, "unknown or revoked API key", code="unauthorized")
-            if key.expired():
-                raise APIError(401, "API key expired", code="unauthorized")
-            if key.role not in allowed:
-                raise APIError(403, f"this endpoint needs the {role} role",
-                               code="forbidden")
-            g.api_key = key
+            refusal = _refusal(role)
+            if refusal is not None:
+                raise refusal
+            g.api_key = request_key()
             return view(*args, **kwargs)
 
         wrapper._required_role = role  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorator
+
+
+def admitted() -> bool:
+    """Whether the request's key may call its endpoint (true for endpoints without a role).
+
+    Body checks ask first, so a caller without the right key hears 401/403
+    from the view before anything reads, measures or parses its body.
+    """
+    view = current_app.view_functions.get(request.endpoint or "")
+    role: str | None = getattr(view, "_required_role", None)
+    return role is None or _refusal(role) is None
 
 
 def check_dataset_grant(dataset_id: str) -> None:

@@ -9,6 +9,8 @@ RecursionError inside the parser (an internal error) or takes seconds to
 validate just below it. Here each of those becomes a problem document that
 names it: 400 for a malformed multipart body or JSON nested too deeply, 413
 for a JSON body over ``max_json_bytes``, 415 for the wrong media type.
+Callers without a key the endpoint admits get its 401/403 instead, their
+bodies unread.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import BadRequest
 from werkzeug.formparser import FormDataParser
 
+from service import auth
 from service.problems import APIError
 
 #: deepest JSON nesting accepted (release requests need about 6 levels)
@@ -77,6 +80,8 @@ def check_body() -> None:
     if request.method not in ("POST", "PUT", "PATCH") or request.endpoint is None:
         return
     if not request.content_length and "Transfer-Encoding" not in request.headers:
+        return
+    if not auth.admitted():  # the view refuses it before any body is read
         return
     if request.endpoint in MULTIPART_ENDPOINTS:
         if request.mimetype != MULTIPART:

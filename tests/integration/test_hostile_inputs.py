@@ -637,3 +637,34 @@ def test_released_csv_neutralises_formula_cells(world: World) -> None:
         assert int(row[bits]) > 0  # bitmasks untouched
         names = _unquote(row[labels]).split("|")
         assert set(names) <= set(alt) and len(names) >= 2
+
+
+# --------------------------------------------------------------------------- strangers
+
+
+def test_strangers_hear_401_or_403_before_their_body_is_read(world: World) -> None:
+    """Body checks wait for the key: wrong media type, deep JSON or a huge body are not
+    looked at for a caller the endpoint does not admit (no token, unknown token, wrong role)."""
+    client = world.api.client
+    consumer = world.api.post("/v1/keys", {"role": "consumer"}).get_json()["token"]
+    deep = b"[" * 100_000 + b"]" * 100_000
+    huge = b'{"x": "' + b"a" * (9 * 2**20) + b'"}'
+    bodies = [
+        ("text/plain", b"hello"),
+        ("application/json", deep),
+        ("application/json", huge),
+    ]
+    callers = [({}, 401), ({"Authorization": "Bearer pr_nobody"}, 401),
+               ({"Authorization": f"Bearer {consumer}"}, 403)]
+    for path in ("/v1/releases", "/v1/datasets"):
+        for headers, status in callers:
+            for content_type, body in bodies:
+                resp = client.post(path, data=body, headers={**headers,
+                                                             "Content-Type": content_type})
+                assert resp.status_code == status, (path, headers, content_type,
+                                                    resp.get_json())
+                assert resp.mimetype == PROBLEM
+    # an admitted caller still gets the body checks
+    resp = client.post("/v1/releases", data=b"hello", headers={
+        "Authorization": f"Bearer {world.api.token}", "Content-Type": "text/plain"})
+    assert resp.status_code == 415
