@@ -82,9 +82,24 @@ def register(
         ledger.open(dataset_id, caps, actor, pipe=pipe)
         pipe.execute()
     except Exception:
-        store.remove(dataset_id, 1)
+        if not _maybe_stored(client, dataset_id):
+            store.remove(dataset_id, 1)
         raise
     return doc
+
+
+def _maybe_stored(client: redis.Redis, dataset_id: str) -> bool:
+    """Whether a registration whose transaction raised may be stored all the same.
+
+    A reply lost after EXEC ran leaves the metadata in Valkey: removing the
+    files then would leave a dataset no file backs. Valkey is asked again;
+    when it cannot answer, the files stay and ``DatasetStore.sweep_orphans``
+    removes them once the id is known to be unregistered.
+    """
+    try:
+        return bool(client.exists(rkeys.dataset(dataset_id)))
+    except redis.RedisError:
+        return True
 
 
 def get(client: redis.Redis, dataset_id: str) -> dict[str, Any] | None:

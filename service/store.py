@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -77,6 +77,29 @@ class DatasetStore:
         for path in stale:
             shutil.rmtree(path, ignore_errors=True)
         return len(stale)
+
+    def sweep_orphans(self, registered: Collection[str], older_than: float = 3600.0) -> list[str]:
+        """Remove dataset folders whose id is not in ``registered``; returns the ids.
+
+        A registration that failed without learning whether Valkey stored it
+        keeps its files (``datasets.register``); this removes them once the
+        id is known to be unregistered. Only folders untouched for
+        ``older_than`` seconds go, so a registration in progress (files
+        committed a moment before its metadata) is never disturbed.
+        """
+        if not self.root.exists():
+            return []
+        cutoff = time.time() - older_than
+        removed = []
+        for folder in self.root.iterdir():
+            if (_ID.fullmatch(folder.name) is None or folder.name in registered
+                    or folder.stat().st_mtime >= cutoff):
+                continue
+            for version in folder.glob("v*"):
+                if version.name[1:].isdigit():
+                    self.remove(folder.name, int(version.name[1:]))
+            removed.append(folder.name)
+        return removed
 
     def path(self, dataset_id: str, version: int) -> Path:
         """Folder of one version (validates both parts, so it never escapes ``root``)."""

@@ -19,6 +19,7 @@ from kombu.transport import redis as kombu_redis
 from service import rkeys
 from service.config import Config
 from service.ledger import Ledger
+from service.store import DatasetStore
 
 HEARTBEAT_SECONDS = 3
 HEARTBEAT_TTL = 10
@@ -85,10 +86,11 @@ def make_celery(config: Config) -> Celery:
 
 def _beat(config: Config, name: str, stop: threading.Event) -> None:
     """Heartbeat for /readyz, and the sweeper when it is due (one worker at a time)."""
-    from workers.sweeper import sweep_if_due
+    from workers.sweeper import sweep_if_due, sweep_orphans_if_due
 
     client = rkeys.connect(config.require_redis_url())
     ledger = Ledger(client, config.lease_seconds)
+    store = DatasetStore(config.datasets_dir)
     next_sweep = time.monotonic() + config.sweep_interval
     while not stop.is_set():
         with contextlib.suppress(redis.RedisError):
@@ -96,6 +98,7 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + config.sweep_interval
                 sweep_if_due(client, ledger, config.sweep_interval)
+                sweep_orphans_if_due(client, store)  # logs and survives file-system errors
         stop.wait(min(HEARTBEAT_SECONDS, config.sweep_interval))
     with contextlib.suppress(redis.RedisError):
         client.delete(rkeys.WORKERS + name)

@@ -11,6 +11,10 @@ come back after kombu's visibility timeout (15 min); the job is refunded
 instead, and the late redelivery finds it ended and does nothing. Outputs
 and commits are stored by one atomic script, so a gone job never stored a
 result: the sweeper aborts (refunds) it.
+
+Hourly it also removes dataset files that no registration refers to: an
+upload that could not learn whether Valkey stored its registration keeps
+its files rather than risk metadata without files.
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ import redis
 
 from service import rkeys
 from service.ledger import Ledger
+from service.store import DatasetStore
 
 log = logging.getLogger("privrelease.sweeper")
 
 QUEUE = "privrelease"
 UNACKED = "unacked"  # kombu's Redis transport keeps unacknowledged messages here
 LOCK = rkeys.P + "sweeper:lock"
+ORPHAN_LOCK = rkeys.P + "sweeper:orphans"
+#: seconds between sweeps for dataset files without metadata (one worker at a time)
+ORPHAN_INTERVAL = 3600.0
 
 
 def _in_broker(client: redis.Redis) -> tuple[str, str]:
@@ -69,3 +77,17 @@ def sweep_if_due(client: redis.Redis, ledger: Ledger, interval: float) -> list[s
     if not client.set(LOCK, "1", nx=True, px=max(int(interval * 1000), 1)):
         return []
     return sweep(client, ledger, min_age=max(2 * ledger.lease_seconds, 1))
+
+
+def sweep_orphans_if_due(client: redis.Redis, store: DatasetStore) -> list[str]:
+    """Hourly, one worker at a time: remove dataset files no registration refers to."""
+    if not client.set(ORPHAN_LOCK, "1", nx=True, px=int(ORPHAN_INTERVAL * 1000)):
+        return []
+    try:
+        removed = store.sweep_orphans(set(client.zrange(rkeys.DATASETS, 0, -1)))
+    except OSError as err:  # a shared data directory that hiccups: try again next hour
+        log.warning("orphan sweep failed", extra={"error": type(err).__name__})
+        return []
+    for dataset_id in removed:
+        log.warning("removed unregistered dataset files", extra={"dataset_id": dataset_id})
+    return removed

@@ -15,6 +15,7 @@ never the session's. Related fault tests live elsewhere:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import socket
@@ -32,6 +33,7 @@ from flask import Flask
 from service import apikeys, rkeys
 from service.app import create_app
 from service.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
+from service.store import DatasetStore
 from tests.conftest import ROOT, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from workers.celery_app import make_celery
@@ -152,40 +154,135 @@ def test_every_endpoint_answers_503_while_valkey_is_stopped_then_recovers(
 
 def test_upload_whose_registration_meets_a_dead_valkey_leaves_no_files(
         rig: dict[str, Any]) -> None:
-    """Valkey dies after the request was authenticated, while the CSV is parsed:
-    the files written for it are removed and the answer is a 503."""
+    """Valkey dies while the CSV is parsed (after authentication): the answer is a 503,
+    nothing is registered, and the orphan sweep removes the files the upload kept."""
     flask_app: Flask = rig["app"]
     api = Api(flask_app.test_client())
-    url = rig["valkey"].connection_url + "/0"
     files_before = _files(rig["data_dir"])
     datasets_before = api.get("/v1/datasets").get_json()
-    authenticated = threading.Event()
+    staging = rig["data_dir"] / "datasets" / ".tmp"
+    staged_before = set(staging.iterdir()) if staging.exists() else set()
+    killed = threading.Event()
 
-    def kill_after_auth() -> None:
-        """Watch Valkey's command stream; SIGKILL it once the key lookup went by."""
-        with rkeys.connect(url).monitor() as monitor:
-            authenticated.set()
-            for event in monitor.listen():
-                if event["command"].startswith("GET " + rkeys.api_key("")):
-                    rig["valkey"].terminate()
-                    return
+    def kill_while_parsing() -> None:
+        """Stop Valkey once the upload's staging folder appears: the rows are being stored."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if staging.exists() and any(p.name.startswith("stage-")
+                                        for p in set(staging.iterdir()) - staged_before):
+                rig["valkey"].terminate()
+                killed.set()
+                return
+            time.sleep(0.002)
 
-    watcher = threading.Thread(target=kill_after_auth)
+    watcher = threading.Thread(target=kill_while_parsing)
     watcher.start()
-    assert authenticated.wait(10)
-    time.sleep(0.2)  # MONITOR is in place
     rig["port"] = rig["valkey"].port
+    url = rig["valkey"].connection_url + "/0"
     resp = api.upload(people_csv(200_000), PEOPLE_META)  # parsing takes a while
-    watcher.join(timeout=10)
+    watcher.join(timeout=30)
+    assert killed.is_set()
     _assert_unavailable(resp, "upload")
+
+    _restart(rig)
+    # nothing registered; what was is back from the AOF
+    assert api.get("/v1/datasets").get_json() == datasets_before
+    client = rkeys.connect(url)
+    # Valkey could not say whether the registration was stored, so its files waited for
+    # the orphan sweep, which removes them now that the id is known to be unregistered
+    store = DatasetStore(rig["data_dir"] / "datasets")
+    orphans = store.sweep_orphans(set(client.zrange(rkeys.DATASETS, 0, -1)), older_than=0)
+    assert len(orphans) == 1
     assert _files(rig["data_dir"]) == files_before
     leftovers = [p for p in (rig["data_dir"] / "datasets").iterdir()
                  if p.name != ".tmp" and p.name not in {d["id"] for d in datasets_before}]
     assert leftovers == []
 
-    _restart(rig)
-    assert api.get("/v1/datasets").get_json() == datasets_before  # nothing registered
-    assert rkeys.connect(url).exists(rkeys.DATASETS)  # the AOF brought the rest back
+
+class CutReplies:
+    """A TCP proxy to Valkey that loses the replies to a dataset registration's EXEC.
+
+    Everything is forwarded both ways, except that once a client has sent a
+    transaction writing a dataset key and EXEC, Valkey runs it but its reply
+    never arrives: the connection is dropped instead, ``cuts`` times in all
+    (redis-py re-sends a transaction once after a connection error).
+    """
+
+    def __init__(self, port: int, cuts: int) -> None:
+        self.upstream, self.cuts, self.cut = port, cuts, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            sent_exec = threading.Event()
+            threading.Thread(target=self._up, args=(client, server, sent_exec),
+                             daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, sent_exec),
+                             daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, sent: threading.Event) -> None:
+        seen = b""
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                seen = (seen + data)[-65536:]
+                if (b"EXEC" in data and rkeys.dataset("").encode() in seen
+                        and self.cut < self.cuts):
+                    self.cut += 1
+                    sent.set()
+                server.sendall(data)
+
+    def _down(self, server: socket.socket, client: socket.socket,
+              sent: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if sent.is_set():
+                    time.sleep(0.1)  # Valkey has run the whole transaction
+                    break
+                client.sendall(data)
+        for sock in (client, server):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_upload_whose_registration_reply_is_lost_keeps_its_files(
+        rig: dict[str, Any]) -> None:
+    """Valkey stores the registration but its reply is lost (twice: the retry as well):
+    the client hears 503, yet the dataset is registered, its files stay, and it works."""
+    url = rig["valkey"].connection_url + "/0"
+    proxy = CutReplies(rig["valkey"].port, cuts=2)
+    try:
+        config = dataclasses.replace(rig["app"].config["PRIVRELEASE"],
+                                     redis_url=f"redis://127.0.0.1:{proxy.port}/0")
+        api = Api(create_app(config).test_client())
+        before = {d["id"] for d in Api(rig["app"].test_client()).get("/v1/datasets").get_json()}
+        resp = api.upload(people_csv(500), PEOPLE_META)
+        _assert_unavailable(resp, "upload")
+        assert proxy.cut == 2
+    finally:
+        proxy.close()
+    direct = Api(rig["app"].test_client())
+    (dataset,) = {d["id"] for d in direct.get("/v1/datasets").get_json()} - before
+    assert DatasetStore(rig["data_dir"] / "datasets").exists(dataset, 1)
+    client = rkeys.connect(url)
+    assert dataset not in DatasetStore(rig["data_dir"] / "datasets").sweep_orphans(
+        set(client.zrange(rkeys.DATASETS, 0, -1)), older_than=0)
+    release = direct.post("/v1/releases", {
+        "dataset_id": dataset, "mechanism": "geometric", "budget": {"epsilon": 0.5},
+        "params": {"statistic": "count", "condition": {"column": "age", "op": "ge",
+                                                       "value": 30}}})
+    assert release.status_code == 202, release.get_json()
+    assert direct.wait(release.get_json()["id"])["status"] == "succeeded"
 
 
 def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(

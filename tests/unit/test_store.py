@@ -254,6 +254,25 @@ def test_sweep_tmp_removes_only_stale_leftovers(tmp_path: Path) -> None:
     assert not old.exists() and fresh.exists()
 
 
+def test_sweep_orphans_removes_only_old_unregistered_datasets(store: DatasetStore) -> None:
+    """Files a failed registration kept go once their id is known to be unregistered."""
+    cols = {"x": np.arange(3.0)}
+    for dataset_id in ("ds_kept", "ds_orphan", "ds_fresh"):
+        store.write(dataset_id, 1, {"n": 3}, cols)
+    store.tmp_dir.mkdir(exist_ok=True)
+    stray = store.root / "not a dataset"
+    stray.mkdir()
+    hour_ago = time.time() - 7200
+    for name in ("ds_kept", "ds_orphan", "not a dataset"):
+        os.utime(store.root / name, (hour_ago, hour_ago))
+    os.utime(store.tmp_dir, (hour_ago, hour_ago))
+    assert store.sweep_orphans({"ds_kept"}, older_than=3600) == ["ds_orphan"]
+    assert not (store.root / "ds_orphan").exists()
+    assert store.exists("ds_kept", 1) and store.exists("ds_fresh", 1)  # registered / in flight
+    assert stray.exists() and store.tmp_dir.exists()
+    assert store.sweep_orphans({"ds_kept"}, older_than=0) == ["ds_fresh"]
+
+
 def test_staged_chunks_equal_one_write(store: DatasetStore) -> None:
     """Columns appended chunk by chunk land as the same memory-mapped .npy files."""
     rng = np.random.default_rng(3)
