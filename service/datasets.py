@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -76,11 +75,7 @@ def register(
         }
         staged.commit(dataset_id, 1, doc)
     try:
-        pipe = client.pipeline(transaction=True)
-        pipe.set(rkeys.dataset(dataset_id), json.dumps(doc))
-        pipe.zadd(rkeys.DATASETS, {dataset_id: time.time()})
-        ledger.open(dataset_id, caps, actor, pipe=pipe)
-        pipe.execute()
+        ledger.open(dataset_id, caps, actor, json.dumps(doc))
     except Exception:
         if not _maybe_stored(client, dataset_id):
             store.remove(dataset_id, 1)

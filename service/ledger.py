@@ -64,22 +64,23 @@ class Ledger:
         self._settle = client.register_script(_script("settle"))
         self._start = client.register_script(_script("start"))
         self._admin = client.register_script(_script("admin"))
+        self._open = client.register_script(_script("open"))
 
-    def open(
-        self,
-        dataset_id: str,
-        caps: dict[str, int],
-        actor: str,
-        pipe: redis.client.Pipeline | None = None,
-    ) -> None:
-        """Set a new dataset's caps and record them in its audit stream."""
-        p = pipe if pipe is not None else self.r.pipeline(transaction=True)
-        p.hset(rkeys.ledger(dataset_id), mapping={f"cap:{m}": str(u) for m, u in caps.items()})
-        event = {"kind": "cap", "release_id": "", "actor": actor, "at": now_iso()}
-        event.update({f"m:{m}": str(u) for m, u in caps.items()})
-        p.xadd(rkeys.events(dataset_id), event)
-        if pipe is None:
-            p.execute()
+    def open(self, dataset_id: str, caps: dict[str, int], actor: str,
+             document: str | None = None) -> bool:
+        """Register a dataset (its ``document``) with its caps, recorded in its audit stream.
+
+        One script, so it happens whole or not at all, and at most once: a
+        call redis-py re-sends after a lost reply finds the dataset and
+        returns False instead of recording the caps twice. Without a
+        document only the ledger is opened (tests of the ledger alone).
+        """
+        argv: list[Any] = [dataset_id, document or "", time.time(), actor, now_iso(), len(caps)]
+        for measure, units in sorted(caps.items()):
+            argv += [measure, str(int(units))]
+        guard = rkeys.dataset(dataset_id) if document else rkeys.ledger(dataset_id)
+        keys = [rkeys.ledger(dataset_id), rkeys.events(dataset_id), guard, rkeys.DATASETS]
+        return bool(self._open(keys=keys, args=argv))
 
     def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
                  key_id: str | None = None) -> None:

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -200,16 +201,21 @@ def test_upload_whose_registration_meets_a_dead_valkey_leaves_no_files(
 
 
 class CutReplies:
-    """A TCP proxy to Valkey that loses the replies to a dataset registration's EXEC.
+    """A TCP proxy to Valkey that loses the replies to a dataset registration.
 
-    Everything is forwarded both ways, except that once a client has sent a
-    transaction writing a dataset key and EXEC, Valkey runs it but its reply
-    never arrives: the connection is dropped instead, ``cuts`` times in all
-    (redis-py re-sends a transaction once after a connection error).
+    Everything is forwarded both ways, except that once a client has sent the
+    script call that registers a dataset (``EVALSHA`` naming a dataset key),
+    Valkey runs it but its reply never arrives: the connection is dropped
+    instead, ``cuts`` times in all (redis-py re-sends a command once after a
+    connection error).
     """
 
     def __init__(self, port: int, cuts: int) -> None:
         self.upstream, self.cuts, self.cut = port, cuts, 0
+        # loaded beforehand, so the first call runs the script: the lost reply is its result,
+        # not a NOSCRIPT error
+        script = resources.files("service").joinpath("lua/open.lua").read_text()
+        rkeys.connect(f"redis://127.0.0.1:{port}/0").script_load(script)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -228,11 +234,9 @@ class CutReplies:
                              daemon=True).start()
 
     def _up(self, client: socket.socket, server: socket.socket, sent: threading.Event) -> None:
-        seen = b""
         with contextlib.suppress(OSError):
-            while data := client.recv(65536):
-                seen = (seen + data)[-65536:]
-                if (b"EXEC" in data and rkeys.dataset("").encode() in seen
+            while data := client.recv(1 << 20):  # one command per write: one recv here
+                if (b"EVALSHA" in data and rkeys.dataset("").encode() in data
                         and self.cut < self.cuts):
                     self.cut += 1
                     sent.set()
@@ -253,6 +257,24 @@ class CutReplies:
 
     def close(self) -> None:
         self.listener.close()
+
+
+def test_upload_whose_registration_reply_is_lost_once_is_registered_once(
+        rig: dict[str, Any]) -> None:
+    """The reply is lost, redis-py re-sends the registration, which finds it done:
+    201, and one cap event in the dataset's audit log (not two)."""
+    proxy = CutReplies(rig["valkey"].port, cuts=1)
+    try:
+        config = dataclasses.replace(rig["app"].config["PRIVRELEASE"],
+                                     redis_url=f"redis://127.0.0.1:{proxy.port}/0")
+        resp = Api(create_app(config).test_client()).upload(people_csv(500), PEOPLE_META)
+        assert resp.status_code == 201, resp.get_json()
+        assert proxy.cut == 1
+    finally:
+        proxy.close()
+    dataset = resp.get_json()["id"]
+    events = Api(rig["app"].test_client()).get(f"/v1/datasets/{dataset}/ledger").get_json()
+    assert [e["kind"] for e in events] == ["cap"]
 
 
 def test_upload_whose_registration_reply_is_lost_keeps_its_files(

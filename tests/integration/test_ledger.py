@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,22 @@ def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
                                              "remaining": 700}
     kinds = [e["kind"] for e in ledger.events(ds)]
     assert kinds == ["cap", "reserve", "reserve", "commit", "abort"]
+
+
+def test_open_registers_a_dataset_once(r: redis.Redis) -> None:
+    """A re-sent open (a lost reply) changes nothing: one document, one cap event."""
+    ledger, ds = Ledger(r), _ds()
+    doc = json.dumps({"id": ds})
+    try:
+        assert ledger.open(ds, {"epsilon": 10}, "op", doc) is True
+        assert ledger.open(ds, {"epsilon": 99}, "op", json.dumps({"id": "other"})) is False
+        assert r.get(rkeys.dataset(ds)) == doc
+        assert r.zscore(rkeys.DATASETS, ds) is not None
+        assert [e["kind"] for e in ledger.events(ds)] == ["cap"]
+        assert ledger.balance(ds)["epsilon"]["cap"] == 10
+    finally:
+        r.delete(rkeys.dataset(ds))
+        r.zrem(rkeys.DATASETS, ds)
 
 
 def test_replay_and_idempotency(r: redis.Redis) -> None:
