@@ -3,9 +3,8 @@
 Every method maps to one endpoint and returns the parsed JSON. Calls are retried only
 where that is safe: on connection errors, 502/503/504 and 429 (after ``Retry-After``),
 never on other 4xx, and every POST carries one ``Idempotency-Key`` for all its attempts
-so the server can answer a retry with the first result instead of acting twice. A dataset
-upload, which the server does not deduplicate, is only retried when it cannot have
-arrived (see ``Client.request``'s ``resend``).
+so the server can answer a retry with the first result instead of acting twice (a
+release, or a dataset upload: a second copy would bring a second budget).
 """
 
 from __future__ import annotations
@@ -22,14 +21,11 @@ from typing import IO, Any
 from urllib.parse import quote
 
 import requests
-import urllib3.exceptions
 
 __all__ = ["ApiError", "Client", "ConnectionFailed"]
 
 #: statuses worth another attempt: rate limited, overloaded, or a proxy lost the upstream
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-#: statuses that say the call was not acted on (rate limited; our API's 503)
-_NOT_ACTED = frozenset({429, 503})
 #: after a read timeout the server may still be acting on the call: repeat only reads
 _SAFE = frozenset({"GET", "HEAD"})
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -102,14 +98,6 @@ def _retry_after(value: str | None) -> float | None:
     return max(when.timestamp() - time.time(), 0.0)
 
 
-def _never_sent(err: requests.ConnectionError) -> bool:
-    """True when the connection was never made, so the server cannot have seen the call."""
-    if isinstance(err, requests.ConnectTimeout):
-        return True
-    reason = getattr(err.args[0], "reason", None) if err.args else None
-    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)  # incl. refused
-
-
 def _seg(value: str) -> str:
     """One path segment: an id can never reach another endpoint (``../keys``)."""
     return quote(str(value), safe="")
@@ -160,15 +148,8 @@ class Client:
     def request(self, method: str, path: str, *, json_body: Json = None,
                 params: Mapping[str, Any] | None = None,
                 files: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
-                idempotency_key: str | None = None, resend: bool = True,
-                raw: bool = False) -> Any:
-        """Send one API call with retries; the parsed JSON (None for 204, text if ``raw``).
-
-        ``resend=False`` is for POSTs the server does not deduplicate and whose repetition
-        would do harm (a second copy of a dataset gets a second budget): they are retried
-        only when the server cannot have acted (no connection, 429, 503), never after a
-        lost answer or a proxy's 502/504.
-        """
+                idempotency_key: str | None = None, raw: bool = False) -> Any:
+        """Send one API call with retries; the parsed JSON (None for 204, text if ``raw``)."""
         method = method.upper()
         headers = {"Authorization": f"Bearer {self._key}", "Accept": "application/json",
                    "User-Agent": "privrelease-client/1"}
@@ -183,7 +164,7 @@ class Client:
                     method, self.url + path, headers=headers, json=json_body, params=query,
                     files=files, data=data, timeout=self.timeout, allow_redirects=False)
             except requests.ConnectionError as err:  # includes ConnectTimeout
-                if attempt < self.retries and (resend or _never_sent(err)):
+                if attempt < self.retries:
                     wait = self._delay(attempt)
                 if wait is None:
                     raise ConnectionFailed(
@@ -208,7 +189,6 @@ class Client:
                                        None, {}) from None
                 after = _retry_after(resp.headers.get("Retry-After"))
                 if (status in RETRY_STATUSES and attempt < self.retries
-                        and (resend or status in _NOT_ACTED)
                         and (after is None or after <= self.max_retry_after)):
                     wait = max(self._delay(attempt), after or 0.0)
                 if wait is None:
@@ -222,11 +202,15 @@ class Client:
     # -- datasets --------------------------------------------------------------------
 
     def upload_dataset(self, file: FileArg, metadata: str | Mapping[str, Any],
-                       *, filename: str | None = None) -> dict[str, Any]:
+                       *, filename: str | None = None,
+                       idempotency_key: str | None = None) -> dict[str, Any]:
         """Register a CSV (path, bytes or binary file) with its metadata (JSON text or dict).
 
         Metadata text is sent verbatim so the server, not json.loads here, judges it
-        (it refuses duplicate keys, which a dict would silently merge).
+        (it refuses duplicate keys, which a dict would silently merge). Retries resend the
+        whole body under one ``Idempotency-Key``: the server answers them with the dataset
+        the first attempt registered. Pass your own key to make a retry across process
+        restarts safe.
         """
         if isinstance(file, bytes):
             content, name = file, filename or "data.csv"
@@ -237,10 +221,9 @@ class Client:
             content = file.read()  # bytes kept so every retry resends the whole body
             name = filename or Path(getattr(file, "name", "data.csv")).name
         meta = metadata if isinstance(metadata, str) else json.dumps(metadata)
-        # not resent once it may have arrived: a duplicate dataset would bring its own budget
         doc: dict[str, Any] = self.request(
             "POST", "/v1/datasets", files={"file": (name, content, "text/csv")},
-            data={"metadata": meta}, resend=False)
+            data={"metadata": meta}, idempotency_key=idempotency_key)
         return doc
 
     def list_datasets(self) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,11 +50,14 @@ def register(
     caps: dict[str, int],
     chunks: Iterable[Mapping[str, np.ndarray]],
     actor: str,
+    idempotency: Idempotency | None = None,
 ) -> dict[str, Any]:
     """Store a new dataset (version 1) and open its ledger; returns its document.
 
     ``chunks`` are consecutive row blocks of every column (``ingest.iter_csv``);
-    an error raised while iterating them leaves nothing behind.
+    an error raised while iterating them leaves nothing behind. With an
+    ``idempotency`` key that another upload registered first (concurrently),
+    this upload's files go and that dataset's document is returned.
     """
     dataset_id = "ds_" + secrets.token_hex(8)
     with store.staging() as staged:
@@ -75,12 +79,49 @@ def register(
         }
         staged.commit(dataset_id, 1, doc)
     try:
-        ledger.open(dataset_id, caps, actor, json.dumps(doc))
+        outcome, registered = ledger.open(
+            dataset_id, caps, actor, json.dumps(doc),
+            idempotency_key=idempotency.key if idempotency else None,
+            fingerprint=idempotency.fingerprint if idempotency else "",
+            idempotency_ttl=idempotency.ttl if idempotency else 0)
     except Exception:
         if not _maybe_stored(client, dataset_id):
             store.remove(dataset_id, 1)
         raise
-    return doc
+    if registered == dataset_id:
+        return doc
+    store.remove(dataset_id, 1)
+    if outcome == "idem_mismatch":
+        raise IdempotencyMismatch
+    first = get(client, registered)
+    assert first is not None  # the key and the dataset are written together
+    return first
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """An upload's ``Idempotency-Key`` (its Valkey key), what it was for, how long it holds."""
+
+    key: str
+    fingerprint: str
+    ttl: int
+
+
+class IdempotencyMismatch(Exception):
+    """The Idempotency-Key registered a dataset from other metadata."""
+
+
+def idempotent(client: redis.Redis, idempotency: Idempotency) -> dict[str, Any] | None:
+    """The dataset an earlier upload with this key registered (None: none yet).
+
+    Asked before the file is parsed, so a retried upload costs no second parse.
+    """
+    first, fingerprint = client.hmget(idempotency.key, "id", "fp")
+    if first is None:
+        return None
+    if fingerprint != idempotency.fingerprint:
+        raise IdempotencyMismatch
+    return get(client, first)
 
 
 def _maybe_stored(client: redis.Redis, dataset_id: str) -> bool:

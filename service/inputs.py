@@ -15,6 +15,7 @@ bodies unread.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import IO, Any
 
@@ -22,7 +23,7 @@ from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import BadRequest
 from werkzeug.formparser import FormDataParser
 
-from service import auth
+from service import auth, rkeys
 from service.problems import APIError
 
 #: deepest JSON nesting accepted (release requests need about 6 levels)
@@ -73,6 +74,22 @@ class StrictFormParser(FormDataParser):
 
 class StrictRequest(Request):
     form_data_parser_class = StrictFormParser
+
+
+def idempotency_key(scope: str) -> str | None:
+    """The Valkey key of the request's ``Idempotency-Key`` header for ``scope`` (a key id)."""
+    idem = request.headers.get("Idempotency-Key")
+    if idem is None:
+        return None
+    if not 1 <= len(idem) <= 255:
+        raise APIError(422, "Idempotency-Key must be 1..255 characters",
+                       code="validation_error", field="Idempotency-Key")
+    return rkeys.idempotency(scope, hashlib.sha256(idem.encode()).hexdigest())
+
+
+def idempotency_mismatch() -> APIError:
+    return APIError(422, "Idempotency-Key was used for a different request",
+                    code="idempotency_mismatch", field="Idempotency-Key")
 
 
 def check_body() -> None:

@@ -67,20 +67,26 @@ class Ledger:
         self._open = client.register_script(_script("open"))
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
-             document: str | None = None) -> bool:
+             document: str | None = None, *, idempotency_key: str | None = None,
+             fingerprint: str = "", idempotency_ttl: int = 86400) -> tuple[str, str]:
         """Register a dataset (its ``document``) with its caps, recorded in its audit stream.
 
-        One script, so it happens whole or not at all, and at most once: a
-        call redis-py re-sends after a lost reply finds the dataset and
-        returns False instead of recording the caps twice. Without a
-        document only the ledger is opened (tests of the ledger alone).
+        One script, so it happens whole or not at all, and at most once.
+        Returns (outcome, dataset id): ``opened``; ``exists`` when redis-py
+        re-sent the call after a lost reply and it had run; with an
+        ``idempotency_key``, ``idempotent`` and the dataset the key already
+        registered (``idem_mismatch`` if that was for another ``fingerprint``).
+        Without a document only the ledger is opened (tests of the ledger alone).
         """
-        argv: list[Any] = [dataset_id, document or "", time.time(), actor, now_iso(), len(caps)]
+        argv: list[Any] = [dataset_id, document or "", time.time(), actor, now_iso(),
+                           fingerprint if idempotency_key else "", idempotency_ttl, len(caps)]
         for measure, units in sorted(caps.items()):
             argv += [measure, str(int(units))]
         guard = rkeys.dataset(dataset_id) if document else rkeys.ledger(dataset_id)
-        keys = [rkeys.ledger(dataset_id), rkeys.events(dataset_id), guard, rkeys.DATASETS]
-        return bool(self._open(keys=keys, args=argv))
+        keys = [rkeys.ledger(dataset_id), rkeys.events(dataset_id), guard, rkeys.DATASETS,
+                idempotency_key or f"{rkeys.P}idem:none"]
+        outcome, registered = self._open(keys=keys, args=argv)
+        return str(outcome), str(registered)
 
     def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
                  key_id: str | None = None) -> None:

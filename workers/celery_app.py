@@ -94,7 +94,8 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
     next_sweep = time.monotonic() + config.sweep_interval
     while not stop.is_set():
         with contextlib.suppress(redis.RedisError):
-            client.set(rkeys.WORKERS + name, "1", ex=HEARTBEAT_TTL)
+            # the server's run id: a beat restored from the AOF after a restart is not current
+            client.set(rkeys.WORKERS + name, client.info("server")["run_id"], ex=HEARTBEAT_TTL)
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + config.sweep_interval
                 sweep_if_due(client, ledger, config.sweep_interval)

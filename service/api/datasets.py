@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from typing import Any
@@ -66,8 +67,24 @@ def dataset_or_404(dataset_id: str) -> dict[str, Any]:
 @blp.ARGUMENTS_PARSER.use_kwargs(DatasetFileSchema, location="files")
 @blp.response(201, DatasetSchema)
 def upload(metadata: str, file: Any) -> dict[str, Any]:
-    """Register a dataset: CSV with a header row + metadata JSON. Nothing is kept on error."""
+    """Register a dataset: CSV with a header row + metadata JSON. Nothing is kept on error.
+
+    With an ``Idempotency-Key``, a retry (same key, same metadata) answers with the
+    dataset the first attempt registered, without parsing the file again.
+    """
     config = current_app.config["PRIVRELEASE"]
+    client = current_app.extensions["redis"]
+    idem_key = inputs.idempotency_key(current_key().id)
+    idem = None
+    if idem_key is not None:
+        fingerprint = hashlib.sha256(b"upload\0" + metadata.encode()).hexdigest()
+        idem = datasets.Idempotency(idem_key, fingerprint, config.idempotency_ttl)
+        try:
+            first = datasets.idempotent(client, idem)
+        except datasets.IdempotencyMismatch:
+            raise inputs.idempotency_mismatch() from None
+        if first is not None:
+            return first
     if inputs.too_deep(metadata):
         raise _invalid("metadata", f"metadata is nested more than {inputs.MAX_JSON_DEPTH}"
                        " levels deep")
@@ -83,12 +100,14 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
         caps = budget.parse_caps(spec.budgets, list(spec.columns), categorical)
         # parsed from werkzeug's spooled temp file as it is stored: never whole in memory
         return datasets.register(
-            current_app.extensions["redis"], current_app.extensions["store"],
-            current_app.extensions["ledger"], spec, caps,
-            iter_csv(file.stream, spec, max_rows=config.max_rows), current_key().id,
+            client, current_app.extensions["store"], current_app.extensions["ledger"],
+            spec, caps, iter_csv(file.stream, spec, max_rows=config.max_rows),
+            current_key().id, idem,
         )
     except (IngestError, budget.AmountError) as err:
         raise _invalid(err.field, err.message) from None
+    except datasets.IdempotencyMismatch:
+        raise inputs.idempotency_mismatch() from None
 
 
 @blp.route("")

@@ -29,11 +29,17 @@ def healthz() -> dict[str, Any]:
 @problems(blp, 503)
 @blp.response(200, ReadySchema)
 def readyz() -> dict[str, Any]:
-    """Valkey answers and at least one worker sent a heartbeat recently."""
+    """Valkey answers and at least one worker sent a heartbeat to this Valkey run.
+
+    A heartbeat carries the run id of the server it reached: one restored
+    from the AOF after a restart names the previous run, so it does not count
+    until its worker has reconnected and beaten again.
+    """
     client: redis.Redis = current_app.extensions["redis"]
     try:
-        client.ping()
-        workers = sum(1 for _ in client.scan_iter(rkeys.WORKERS + "*", count=100))
+        run_id = client.info("server")["run_id"]
+        keys = list(client.scan_iter(rkeys.WORKERS + "*", count=100))
+        workers = sum(1 for beat in (client.mget(keys) if keys else []) if beat == run_id)
     except redis.RedisError:
         raise APIError(503, "Valkey/Redis is not reachable", code="unavailable") from None
     if workers == 0:

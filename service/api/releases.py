@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from typing import Any
 
 import redis
-from flask import current_app, request
+from flask import current_app
 from flask.blueprints import BlueprintSetupState
 from flask_smorest import Blueprint
 from werkzeug.routing import BaseConverter
 
-from service import budget, notify, releases, rkeys
+from service import budget, inputs, notify, releases, rkeys
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.ledger import now_iso
@@ -94,13 +93,7 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
     config = current_app.config["PRIVRELEASE"]
     prepared = _prepare(body)
     key = current_key()
-    idem = request.headers.get("Idempotency-Key")
-    idem_key = None
-    if idem is not None:
-        if not 1 <= len(idem) <= 255:
-            raise APIError(422, "Idempotency-Key must be 1..255 characters",
-                           code="validation_error", field="Idempotency-Key")
-        idem_key = rkeys.idempotency(key.id, hashlib.sha256(idem.encode()).hexdigest())
+    idem_key = inputs.idempotency_key(key.id)
     ledger = current_app.extensions["ledger"]
     dataset_id = prepared.dataset["id"]
     request_json, at, release_id = prepared.request_json(), now_iso(), releases.new_id()
@@ -124,8 +117,7 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
     if res.outcome == "retired":
         raise APIError(409, "dataset is retired", code="dataset_retired")
     if res.outcome == "idem_mismatch":
-        raise APIError(422, "Idempotency-Key was used for a different request",
-                       code="idempotency_mismatch", field="Idempotency-Key")
+        raise inputs.idempotency_mismatch()
     if res.outcome == "replay":
         return {**_document(res.release_id), "replayed": True}, 200
     if res.outcome == "reserved":

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from flask import Flask
 
-from service import ingest, releases
+from service import budget, datasets, ingest, releases, rkeys
 from service.app import create_app
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
@@ -111,6 +113,67 @@ def test_oversized_upload_is_413(api: Api, data_dir: Path) -> None:
     assert resp.status_code == 413
     assert resp.mimetype == PROBLEM and resp.get_json()["code"] == "payload_too_large"
     assert _dataset_dirs(data_dir) == before
+
+
+def _upload(api: Api, csv: str, meta: dict[str, Any], key: str) -> Any:
+    data = {"metadata": json.dumps(meta), "file": (io.BytesIO(csv.encode()), "data.csv")}
+    return api.client.post("/v1/datasets", data=data, content_type="multipart/form-data",
+                           headers={"Authorization": f"Bearer {api.token}",
+                                    "Idempotency-Key": key})
+
+
+def test_upload_retried_with_its_idempotency_key_registers_once(
+        api: Api, data_dir: Path) -> None:
+    """A retry answers with the first dataset and does not parse its file again (a broken
+    file proves it); other metadata under the same key is refused, leaving nothing."""
+    before = _dataset_dirs(data_dir)
+    first = _upload(api, people_csv(20), PEOPLE_META, "upload-1")
+    assert first.status_code == 201, first.get_json()
+    retry = _upload(api, "not,a\ncsv", PEOPLE_META, "upload-1")
+    assert retry.status_code == 201 and retry.get_json() == first.get_json()
+    other = _upload(api, people_csv(20), {**PEOPLE_META, "name": "other"}, "upload-1")
+    assert other.status_code == 422 and other.get_json()["code"] == "idempotency_mismatch"
+    dataset = first.get_json()["id"]
+    assert _dataset_dirs(data_dir) - before == {dataset}
+    events = api.get(f"/v1/datasets/{dataset}/ledger").get_json()
+    assert [e["kind"] for e in events] == ["cap"]
+
+
+def test_concurrent_uploads_with_one_idempotency_key_register_once(
+        app: Flask, data_dir: Path) -> None:
+    """Both parse (neither has registered yet); one registers, the other's files go and it
+    answers with the winner's dataset."""
+    before = _dataset_dirs(data_dir)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(
+            lambda _: _upload(Api(app.test_client()), people_csv(100_000), PEOPLE_META, "race"),
+            range(4)))
+    assert {a.status_code for a in answers} == {201}
+    ids = {a.get_json()["id"] for a in answers}
+    assert len(ids) == 1
+    assert _dataset_dirs(data_dir) - before == ids
+
+
+def test_an_upload_that_loses_the_idempotency_race_returns_the_winner(
+        app: Flask, data_dir: Path) -> None:
+    """Deterministically, the path of a concurrent retry: it parsed its file before the
+    first registered, so only the registration script can turn it away."""
+    client, store = app.extensions["redis"], app.extensions["store"]
+    ledger = app.extensions["ledger"]
+    spec = ingest.parse_metadata(PEOPLE_META)
+    caps = budget.parse_caps(spec.budgets, list(spec.columns), ["group"])
+
+    def register(idem: datasets.Idempotency) -> dict[str, Any]:
+        rows = ingest.iter_csv(io.BytesIO(people_csv(50).encode()), spec, max_rows=1000)
+        return datasets.register(client, store, ledger, spec, caps, rows, "op", idem)
+
+    key = rkeys.idempotency("key_test", "race-direct")
+    before = _dataset_dirs(data_dir)
+    first = register(datasets.Idempotency(key, "fp", 60))
+    assert register(datasets.Idempotency(key, "fp", 60)) == first
+    with pytest.raises(datasets.IdempotencyMismatch):
+        register(datasets.Idempotency(key, "other metadata", 60))
+    assert _dataset_dirs(data_dir) - before == {first["id"]}
 
 
 def test_laplace_mean_end_to_end(api: Api, dataset: dict[str, Any], worker: Any) -> None:

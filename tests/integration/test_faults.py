@@ -347,3 +347,25 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
                         "analysis")
     assert client.zcard(rkeys.release_analyses(release)) == before
     assert not list(client.scan_iter(rkeys.analysis("*")))
+
+
+def test_readyz_counts_only_heartbeats_of_the_current_valkey_run(
+        app: Flask, tmp_path: Path) -> None:
+    """A heartbeat restored from the AOF after a restart names the previous run: not ready
+    until a worker has reconnected and beaten again. (No worker runs against this Valkey;
+    the heartbeats are written here.)"""
+    server = start_valkey(tmp_path)
+    try:
+        url = server.connection_url + "/0"
+        client = rkeys.connect(url)
+        probe = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url))
+        ready = probe.test_client().get("/readyz")
+        assert ready.status_code == 503 and ready.get_json()["workers"] == 0
+        client.set(rkeys.WORKERS + "restored", "run-id-of-the-previous-run", ex=10)
+        ready = probe.test_client().get("/readyz")
+        assert ready.status_code == 503 and ready.get_json()["workers"] == 0
+        client.set(rkeys.WORKERS + "live", client.info("server")["run_id"], ex=10)
+        ready = probe.test_client().get("/readyz")
+        assert ready.status_code == 200 and ready.get_json()["workers"] == 1
+    finally:
+        server.stop()

@@ -52,8 +52,9 @@ def test_open_registers_a_dataset_once(r: redis.Redis) -> None:
     ledger, ds = Ledger(r), _ds()
     doc = json.dumps({"id": ds})
     try:
-        assert ledger.open(ds, {"epsilon": 10}, "op", doc) is True
-        assert ledger.open(ds, {"epsilon": 99}, "op", json.dumps({"id": "other"})) is False
+        assert ledger.open(ds, {"epsilon": 10}, "op", doc) == ("opened", ds)
+        assert ledger.open(ds, {"epsilon": 99}, "op", json.dumps({"id": "other"})) == (
+            "exists", ds)
         assert r.get(rkeys.dataset(ds)) == doc
         assert r.zscore(rkeys.DATASETS, ds) is not None
         assert [e["kind"] for e in ledger.events(ds)] == ["cap"]
