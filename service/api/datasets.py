@@ -69,8 +69,9 @@ def dataset_or_404(dataset_id: str) -> dict[str, Any]:
 def upload(metadata: str, file: Any) -> dict[str, Any]:
     """Register a dataset: CSV with a header row + metadata JSON. Nothing is kept on error.
 
-    With an ``Idempotency-Key``, a retry (same key, same metadata) answers with the
-    dataset the first attempt registered, without parsing the file again.
+    With an ``Idempotency-Key`` header (1..255 characters), a retry (same key, same
+    metadata) answers with the dataset the first attempt registered, without parsing the
+    file again; the same key with other metadata is 422 idempotency_mismatch.
     """
     config = current_app.config["PRIVRELEASE"]
     client = current_app.extensions["redis"]

@@ -89,7 +89,11 @@ def estimate(body: dict[str, Any]) -> dict[str, Any]:
 @blp.response(202, ReleaseSchema())
 @blp.alt_response(200, schema=ReleaseSchema(), description="replay of an identical release")
 def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """Validate, reserve the cost atomically, enqueue; 202 with the release id."""
+    """Validate, reserve the cost atomically, enqueue; 202 with the release id.
+
+    An ``Idempotency-Key`` header (1..255 characters) makes a retry safe: the same key
+    gets the first answer back; with a different request it is 422 idempotency_mismatch.
+    """
     config = current_app.config["PRIVRELEASE"]
     prepared = _prepare(body)
     key = current_key()
