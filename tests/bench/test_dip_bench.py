@@ -2,7 +2,7 @@
 
 Target: univariate DIP of 10**6 rows within 5x of sorting them (numpy's
 AVX-512 sort, about 5 ms here), asserted on the library path with a prebuilt
-(DP histogram) reference: about 4.6x measured. Every run draws from the
+(DP histogram) reference: 4.4-4.7x measured. Every run draws from the
 service's generator (``mechanisms.rng``: AES-CTR, about 1 ms more than
 numpy's PCG64 here). Also reported: the service's
 default path (which also estimates that reference from the data in the
