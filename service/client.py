@@ -26,8 +26,9 @@ __all__ = ["ApiError", "Client", "ConnectionFailed"]
 
 #: statuses worth another attempt: rate limited, overloaded, or a proxy lost the upstream
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-#: after a read timeout the server may still be acting on the call: repeat only reads
-_SAFE = frozenset({"GET", "HEAD"})
+#: after a read timeout the server may still be acting on the call: repeat reads, and
+#: POSTs, whose Idempotency-Key makes the server answer a repeat with the first result
+_SAFE = frozenset({"GET", "HEAD", "POST"})
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 _FALLBACK_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden",

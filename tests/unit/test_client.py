@@ -30,6 +30,14 @@ class Seen:
 
 
 @dataclass
+class Slow:
+    """A scripted answer given only after ``seconds`` (past the client's read timeout)."""
+
+    seconds: float
+    reply: Any
+
+
+@dataclass
 class Script:
     """Answers given in order (the last one repeats) and every request that arrived."""
 
@@ -70,6 +78,9 @@ def server() -> Iterator[tuple[str, Script]]:
             seen = Seen(self.command, self.path, dict(self.headers.items()), body,
                         time.monotonic())
             reply = script.next(seen)
+            if isinstance(reply, Slow):
+                time.sleep(reply.seconds)
+                reply = reply.reply
             if reply == DROP:
                 self.close_connection = True
                 return
@@ -306,3 +317,20 @@ def test_refused_connection_is_retried_even_for_uploads() -> None:
         Client(f"http://127.0.0.1:{port}", "k", retries=2, backoff=0.2).upload_dataset(
             b"x\n1\n", "{}")
     assert time.monotonic() - start >= 0.3  # two backoff sleeps: 0.1-0.2 s, then 0.2-0.4 s
+
+
+def test_a_read_timeout_repeats_reads_and_posts_but_not_patches(
+        server: tuple[str, Script]) -> None:
+    """The server may still be acting: a POST is repeated under its Idempotency-Key (the
+    server answers the repeat with the first result), a PATCH is not repeated."""
+    url, script = server
+    script.answers = [Slow(0.6, answer(202, {"id": "rel_1"})), answer(202, {"id": "rel_1"})]
+    doc = client(url, timeout=0.2).create_release("ds_1", "laplace", {}, {"epsilon": 1})
+    assert doc == {"id": "rel_1"} and len(script.seen) == 2
+    assert len({s.headers["Idempotency-Key"] for s in script.seen}) == 1
+    script.seen.clear()
+    script.answers = [Slow(0.6, answer(200, {"dataset_id": "ds_1"}))]
+    with pytest.raises(ConnectionFailed, match="no answer"):
+        client(url, timeout=0.2).request("PATCH", "/v1/datasets/ds_1/budget",
+                                         json_body={"caps": {"epsilon": 2}})
+    assert len(script.seen) == 1
