@@ -1,8 +1,10 @@
 """Dataset registry: metadata in Redis, columns on disk, caps in the ledger.
 
 Registration is all-or-nothing: files are written atomically first, then
-metadata and caps go to Redis in one transaction; if that fails the files
-are removed, so a refused or failed upload leaves nothing behind. Columns
+metadata and caps go to Redis in one script (``ledger.open``, at most once);
+if that fails the files are removed, so a refused or failed upload leaves
+nothing behind (files whose registration may have been stored stay until
+the orphan sweep knows it was not). Columns
 arrive in chunks and go straight to disk, so an upload never holds a whole
 dataset in memory.
 """
@@ -125,9 +127,9 @@ def idempotent(client: redis.Redis, idempotency: Idempotency) -> dict[str, Any] 
 
 
 def _maybe_stored(client: redis.Redis, dataset_id: str) -> bool:
-    """Whether a registration whose transaction raised may be stored all the same.
+    """Whether a registration whose script call raised may be stored all the same.
 
-    A reply lost after EXEC ran leaves the metadata in Valkey: removing the
+    A reply lost after the script ran leaves the metadata in Valkey: removing the
     files then would leave a dataset no file backs. Valkey is asked again;
     when it cannot answer, the files stay and ``DatasetStore.sweep_orphans``
     removes them once the id is known to be unregistered.

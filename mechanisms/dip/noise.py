@@ -94,14 +94,11 @@ class NoiseStep:
         cell += 1.0
         return cell.astype(np.int64)
 
-    def release(self, u: FloatArray, rng: np.random.Generator) -> NDArray[np.int64]:
-        """The only data-dependent randomness: W = k + D (ε-DP per entry)."""
-        return self._release_minus_one(u, rng)[0].astype(np.int64) + 1
-
     def _release_minus_one(
         self, u: FloatArray, rng: np.random.Generator
     ) -> tuple[FloatArray, FloatArray]:
-        """W − 1 as an exact float (|W| < 2**53) and a uniform V independent of W.
+        """W − 1 = k − 1 + D, the only data-dependent randomness (ε-DP per entry), as an
+        exact float (|W| < 2**53), and a uniform V independent of W.
 
         V is recycled from the uniform that drew D's sign (see
         ``sampling.discrete_laplace_and_uniform``): independent of D and of
