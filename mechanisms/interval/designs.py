@@ -475,8 +475,16 @@ class Progressive:
     """Example 4: up to ``rounds`` Case-I questions, each anchor uniform on the current range.
 
     Anchors depend only on earlier released answers (Remark 1). With
-    ``tau_stop > 0`` the system stops before a round whose range would have
-    prior coverage below ``tau_stop`` (Way II) and discards that round.
+    ``tau_stop > 0`` the system stops (Way II) before a round whose drawn
+    anchor would leave *either* side with prior mass below ``tau_stop``, and
+    discards that round. The decision reads the released range and the fresh
+    anchor only, never Y: P(stop | y, history) is the same for every y in the
+    released range, so every output — a stopped record and a null included —
+    keeps Def 1 (posterior = prior restricted to the final range), and every
+    released range has prior mass >= ``tau_stop``. The paper's rule (stop when
+    *the side holding Y* would be too narrow) depends on the unreleased answer:
+    a stop then says Y sits near an end of its range, which the charge of
+    E[L(final range)] does not count (issue #14), so it is not offered.
     """
 
     support: tuple[float, float]
@@ -510,14 +518,16 @@ class Progressive:
         done = np.zeros(n, np.int64)
         for h in range(self.rounds):
             u = lo + (hi - lo) * uniforms[:, h]
+            if self.tau_stop > 0:
+                # a function of (released range, fresh anchor): y is not read here
+                assert self.law is not None
+                narrow = np.minimum(self.law.mass(lo, u, lo_closed, True),
+                                    self.law.mass(u, hi, False, True))
+                active &= narrow >= self.tau_stop
             le = y <= u
             new_lo = np.where(le, lo, u)
             new_hi = np.where(le, u, hi)
             new_closed = np.where(le, lo_closed, False)
-            if self.tau_stop > 0:
-                assert self.law is not None
-                mass = self.law.mass(new_lo, new_hi, new_closed, True)
-                active &= mass >= self.tau_stop
             anchors[:, h] = np.where(active, u, np.nan)
             answers[:, h] = np.where(active, le.astype(np.int64), -1)
             lo = np.where(active, new_lo, lo)
@@ -541,5 +551,10 @@ class Progressive:
         return r.coverage(law)
 
     def describe(self) -> dict[str, Any]:
-        return {"partition": "progressive", "rounds": self.rounds, "tau_stop": self.tau_stop,
-                "support": list(self.support), "anchors": "uniform on the current range"}
+        out: dict[str, Any] = {
+            "partition": "progressive", "rounds": self.rounds, "tau_stop": self.tau_stop,
+            "support": list(self.support), "anchors": "uniform on the current range"}
+        if self.tau_stop > 0:
+            out["stop_rule"] = ("stop when either side of the drawn anchor has prior mass below"
+                                " tau_stop (decided without the value)")
+        return out

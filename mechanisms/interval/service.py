@@ -156,9 +156,11 @@ def _resolve(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
         raise MechanismInputError("params.calibrate", "calibration needs a leakage budget")
 
     def finish(design: Design, estimate: Estimate, m: int | None,
-               calibrated: dict[str, Any] | None = None, **notes: Any) -> Plan:
-        return Plan(kind, column.name, prior, design, estimate, _charge(estimate), fill, m,
-                    calibrated, notes)
+               calibrated: dict[str, Any] | None = None, charge: Fraction | None = None,
+               **notes: Any) -> Plan:
+        own = _charge(estimate)
+        return Plan(kind, column.name, prior, design, estimate,
+                    own if charge is None else max(own, charge), fill, m, calibrated, notes)
 
     if kind == "progressive":
         return _progressive(params, prior, support, target, finish)
@@ -276,20 +278,24 @@ def _progressive(params: Mapping[str, Any], prior: Prior, support: tuple[float, 
     def make(rounds: int) -> Progressive:
         return Progressive(support, rounds, float(params["tau_stop"]), prior)
 
-    rounds, calibrated = int(params["rounds"]), None
+    rounds, calibrated, charge = int(params["rounds"]), None, None
     if params.get("calibrate"):
         assert target is not None
-        best = None
+        # Leakage grows with the rounds, but once stopping has ended every record the
+        # estimates only differ by integration noise; charging the running maximum makes
+        # the sequence monotone, so calibrating again to the charge returns the same rounds.
+        best, running = None, Fraction(0)
         for r in range(1, schemas.MAX_ROUNDS + 1):
-            if _charge(expected_coverage(make(r), prior)) > target:
+            running = max(running, _charge(expected_coverage(make(r), prior)))
+            if running > target:
                 break
-            best = r
+            best, charge = r, running
         if best is None:
             raise MechanismInputError(f"budget.{MEASURE}",
                                       "even one round leaks more than the budget")
         rounds, calibrated = best, {"rounds": best}
     design = make(rounds)
-    return finish(design, expected_coverage(design, prior), None, calibrated)
+    return finish(design, expected_coverage(design, prior), None, calibrated, charge)
 
 
 # --------------------------------------------------------------------------- statements
@@ -360,7 +366,12 @@ def _guarantee(p: Plan) -> str:
             " are ignorable (P(W=0 | null) >= 1/2) because rho <= P(L >= tau)"
         )
     if isinstance(p.design, Progressive) and p.design.tau_stop > 0:
-        text += "; system-side stopping may reveal that the next range would be narrow"
+        text += (
+            "; system-side stopping is decided from the released range and the next drawn"
+            " anchor only (stop when either side would hold prior mass below"
+            f" {p.design.tau_stop:g}), never from the value, so stopped and null records keep"
+            " Def. 1 and every released range holds prior mass >= tau_stop"
+        )
     return text
 
 

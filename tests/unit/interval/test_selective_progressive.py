@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mechanisms import interval
 
@@ -106,3 +108,59 @@ def test_selective_case1_npmle_is_flagged_non_identifiable() -> None:
     view = ReleaseView("r2", mech.name, params, out.result, out.table, meta)
     result = analysis.run(view, analysis.load_params({}), [], rng(16))
     assert result["warnings"] and not result["warnings"][0].startswith("non-identifiable")
+
+
+TRUNC_NORMAL = interval.make_prior({"family": "normal", "loc": 0.5, "scale": 1.0}, (-1.0, 3.0))
+
+
+@pytest.mark.parametrize("prior", [UNIFORM, TRUNC_NORMAL], ids=["uniform", "normal"])
+def test_progressive_stop_keeps_def1(prior: interval.Prior) -> None:
+    """Catches issue #14 finding 3: the old stop rule (stop when the side holding Y is
+    narrower than tau_stop) put stopped records' values in the fifths of their range at
+    39/11/0/11/39 %; Def 1 needs the prior restricted to the range, i.e. a uniform PIT
+    within the range for every output class (rounds answered = 0, 1, 2, 3)."""
+    from scipy import stats
+
+    lo, hi = prior.support
+    prog = interval.Progressive((lo, hi), 3, 0.2, prior)
+    n = 120_000
+    y = prior.ppf(rng(21).random(n))
+    rel = prog.release(y, rng(22))
+    left, right = rel.pieces.left[:, 0], rel.pieces.right[:, 0]
+    f_lo, f_hi = prior.cdf(left), prior.cdf(right)
+    pit = (prior.cdf(y) - f_lo) / (f_hi - f_lo)
+    rounds = rel.extra["rounds"]
+    for k in range(4):
+        sel = rounds == k
+        assert sel.sum() > 300  # every class is populated, nulls included
+        counts = np.histogram(pit[sel], bins=5, range=(0.0, 1.0))[0]
+        # Bonferroni over 4 classes at 1e-3; the old rule gives p ~ 0 for k < 3
+        assert stats.chisquare(counts).pvalue > 2.5e-4, (k, counts)
+    # the floor holds for every released range, and the charge is the realised coverage
+    cover = rel.coverage(prior)
+    assert np.all(cover[rel.released] >= 0.2 - 1e-12)
+    assert abs(float(cover.mean()) - interval.expected_coverage(prog, prior).value) < 0.004
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=4, max_size=4), st.floats(0.0, 1.0),
+       st.floats(0.0, 1.0), st.floats(0.01, 0.45))
+def test_progressive_release_is_a_function_of_the_final_range(
+        q: list[float], y: float, t: float, tau: float) -> None:
+    """Def 1 exactly: given the round uniforms, every value in the released range produces
+    the identical release (anchors, answers, rounds), so P(Z = z | y) is constant on S_z.
+    The old stop rule fails this: a value on the other side of the discarded anchor keeps
+    going where the original stopped."""
+    prog = interval.Progressive((0.0, 1.0), 4, tau, UNIFORM)
+    u = np.array([q])
+    first = prog.run(np.array([y]), u)
+    lo, hi = first.pieces.left[0, 0], first.pieces.right[0, 0]
+    other = lo + (hi - lo) * t if t > 0 else hi  # any point of (lo, hi]
+    if not lo < other <= hi:
+        return
+    second = prog.run(np.array([other]), u)
+    assert np.array_equal(first.anchors, second.anchors, equal_nan=True)
+    for key in first.extra:
+        assert np.array_equal(first.extra[key], second.extra[key]), key
+    assert first.pieces.left[0, 0] == second.pieces.left[0, 0]
+    assert first.pieces.right[0, 0] == second.pieces.right[0, 0]
