@@ -100,10 +100,11 @@ class SelectiveAccount:
     times P(null | y)/P(null), not a restricted prior — counts 1/R with
     R = sup_y P(null | y)/P(null), the largest posterior/prior ratio a null carries.
     For a Def-1 posterior the same formula gives back L(S_z) (its ratio is 1/L(S_z)
-    on S_z), and 1/R is the smallest coverage any reading of "prior mass behind the
-    posterior" assigns (the layer-cake mixture of restricted priors gives
-    ∫ P(r > t)² dt >= 1/R by Cauchy–Schwarz). R is bounded above from a grid of
-    values (``Selective.collect_floor``, an exact sweep over the anchor draws).
+    on S_z), i.e. coverage exp(−D_∞(posterior ‖ prior)). It is the conservative
+    reading: writing the null posterior as the layer-cake mixture of restricted
+    priors, p·r = ∫ P(r > t)·p|_{r>t} dt, gives coverage ∫ P(r > t)² dt >= 1/R
+    (Cauchy–Schwarz). R is bounded above through inf_y P(collected | y)
+    (``Selective.collect_floor``, an exact sweep over the anchor draws).
 
     ``refined``: (1 − ρ) + ρ τ_base, the coverage of releasing the base range when
     W = 1; the selective output is post-processing of it (Thm 6).
