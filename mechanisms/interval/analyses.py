@@ -77,10 +77,8 @@ def _identifiability_warnings(design: Mapping[str, Any], support: tuple[float, f
             warnings.append(
                 "selectively collected data: the NPMLE is consistent only under"
                 " tau-resolvability (Prop 4), which is not verified for this design")
-    if design.get("partition") == "progressive" and float(design.get("tau_stop", 0)) > 0:
-        warnings.append(
-            "system-side stopping depends on the unreported side: the NPMLE on final ranges"
-            " may be biased unless tau-resolvability holds")
+    # progressive stopping is decided from released answers only (designs.Progressive), so
+    # it is ignorable for the likelihood: no warning (the old value-dependent rule was not)
     anchors = design.get("anchors")
     if isinstance(anchors, Mapping) and anchors.get("family") == "uniform" and (
         design.get("transform") == "identity"

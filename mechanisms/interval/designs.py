@@ -414,6 +414,14 @@ class Selective:
 
     A null discards the anchors. Ignorability (Prop 2) needs ρ <= P(L(S_Z) >= τ).
     ``law`` is the prior under which L is evaluated (the declared prior).
+
+    What is and is not Def 1: a collected range has likelihood ρ·p(anchors)·1{y ∈ S_z}
+    (the collect rule reads only the anchors), so its posterior is the prior restricted
+    to S_z. A null is not: P(null | y) = 1 − ρ·P(L(S_Z) >= τ | Y = y) varies with y
+    (values far out fall in narrow ranges and are dropped more often), so the posterior
+    of a null is the prior reweighted by P(null | y)/P(null), not a restricted prior.
+    ``coverage.selective_account`` charges for that (see there); never count a null as
+    the whole line.
     """
 
     base: IntervalMechanism
@@ -454,10 +462,16 @@ class Selective:
         return self.release_with_w(y, rng)[0]
 
     def coverage_integrand(self, q: FloatArray, law: Law) -> FloatArray:
-        """Σ_i c_i [ρ·1{c_i>=τ}·c_i + (1 − ρ·1{c_i>=τ})·1]: a null covers everything."""
+        """Σ_i c_i [ρ c_i + (1 − ρ)]: the base range released when W = 1, nothing otherwise.
+
+        The selective output is a function of (W, Z) — collect iff W = 1 and
+        L(S_Z) >= τ — hence post-processing (Thm 6) of this Def-1 mechanism, whose
+        leakage ρ(1 − τ_base) bounds what ranges and nulls reveal together. It is one
+        half of the charge: ``expected_coverage`` of a Selective returns
+        ``coverage.selective_account(...).charged``, never this alone.
+        """
         c = self.base.cell_coverage(self.base.partition.anchors(q), law)
-        kept = self.rho * (c >= self.tau)
-        out: FloatArray = np.sum(c * (kept * c + (1.0 - kept)), axis=1)
+        out: FloatArray = (1.0 - self.rho) + self.rho * np.sum(c * c, axis=1)
         return out
 
     def collect_integrand(self, q: FloatArray, law: Law) -> FloatArray:
@@ -465,6 +479,52 @@ class Selective:
         c = self.base.cell_coverage(self.base.partition.anchors(q), law)
         out: FloatArray = np.sum(c * (c >= self.tau), axis=1)
         return out
+
+    def account_terms(self, q: FloatArray, law: Law) -> tuple[FloatArray, FloatArray,
+                                                               NDArray[np.bool_]]:
+        """Per anchor draw (rows of q): the integrands of ``coverage.selective_account``.
+
+        Returns (terms, anchors, kept): terms has the columns ρ Σ_i 1{c_i >= τ} c_i²
+        (collected ranges at their Def-1 coverage), Σ_i 1{c_i >= τ} c_i (P(collect |
+        anchors)/ρ) and Σ_i c_i² (the base design), c_i the prior mass of range i;
+        ``kept`` (N, m) marks the ranges the rule would collect, for ``collect_floor``.
+        """
+        base = self.base
+        anchors = base.partition.anchors(q)
+        rule = base.cell_coverage(anchors, self.law)
+        c = rule if law is self.law else base.cell_coverage(anchors, law)
+        kept = rule >= self.tau
+        terms = np.stack([self.rho * np.sum(kept * c * c, axis=1), np.sum(kept * c, axis=1),
+                          np.sum(c * c, axis=1)], axis=1)
+        return terms, anchors, kept
+
+    def collect_floor(self, anchors: FloatArray, kept: NDArray[np.bool_]) -> float:
+        """min over possible values y of the share of these draws that would collect y's range.
+
+        That share is a step function of z = g(y) that moves only where z crosses one
+        of a draw's anchors, so one sweep over the sorted anchors inside g(domain)
+        visits every value it takes: the minimum is exact for these draws (ties
+        between draws can only make it lower). Its expectation lower-bounds
+        inf_y P(L(S_Z) >= τ | Y = y).
+        """
+        base = self.base
+        n, k = anchors.shape
+        rows = np.arange(n)
+        z_lo, z_hi = base.transform.image_support(*base.support)
+        start = kept[rows, base.partition.index(np.full(n, z_lo), anchors) - 1]
+        positions, steps = [], []
+        for j in range(k):
+            z = anchors[:, j]
+            at = kept[rows, base.partition.index(z, anchors) - 1]
+            above = kept[rows, base.partition.index(np.nextafter(z, np.inf), anchors) - 1]
+            inside = (z >= z_lo) & (z < z_hi) & (at != above)
+            positions.append(z[inside])
+            steps.append(above[inside].astype(np.int64) - at[inside].astype(np.int64))
+        pos = np.concatenate(positions)
+        step = np.concatenate(steps)[np.argsort(pos, kind="stable")]
+        level = int(np.count_nonzero(start))
+        lowest = min(level, level + int(np.min(np.cumsum(step)))) if step.size else level
+        return lowest / n
 
     def describe(self) -> dict[str, Any]:
         return {"selective": {"tau": self.tau, "rho": self.rho}, **self.base.describe()}
@@ -475,8 +535,16 @@ class Progressive:
     """Example 4: up to ``rounds`` Case-I questions, each anchor uniform on the current range.
 
     Anchors depend only on earlier released answers (Remark 1). With
-    ``tau_stop > 0`` the system stops before a round whose range would have
-    prior coverage below ``tau_stop`` (Way II) and discards that round.
+    ``tau_stop > 0`` the system stops (Way II) before a round whose drawn
+    anchor would leave *either* side with prior mass below ``tau_stop``, and
+    discards that round. The decision reads the released range and the fresh
+    anchor only, never Y: P(stop | y, history) is the same for every y in the
+    released range, so every output — a stopped record and a null included —
+    keeps Def 1 (posterior = prior restricted to the final range), and every
+    released range has prior mass >= ``tau_stop``. The paper's rule (stop when
+    *the side holding Y* would be too narrow) depends on the unreleased answer:
+    a stop then says Y sits near an end of its range, which the charge of
+    E[L(final range)] does not count (issue #14), so it is not offered.
     """
 
     support: tuple[float, float]
@@ -510,14 +578,16 @@ class Progressive:
         done = np.zeros(n, np.int64)
         for h in range(self.rounds):
             u = lo + (hi - lo) * uniforms[:, h]
+            if self.tau_stop > 0:
+                # a function of (released range, fresh anchor): y is not read here
+                assert self.law is not None
+                narrow = np.minimum(self.law.mass(lo, u, lo_closed, True),
+                                    self.law.mass(u, hi, False, True))
+                active &= narrow >= self.tau_stop
             le = y <= u
             new_lo = np.where(le, lo, u)
             new_hi = np.where(le, u, hi)
             new_closed = np.where(le, lo_closed, False)
-            if self.tau_stop > 0:
-                assert self.law is not None
-                mass = self.law.mass(new_lo, new_hi, new_closed, True)
-                active &= mass >= self.tau_stop
             anchors[:, h] = np.where(active, u, np.nan)
             answers[:, h] = np.where(active, le.astype(np.int64), -1)
             lo = np.where(active, new_lo, lo)
@@ -541,5 +611,10 @@ class Progressive:
         return r.coverage(law)
 
     def describe(self) -> dict[str, Any]:
-        return {"partition": "progressive", "rounds": self.rounds, "tau_stop": self.tau_stop,
-                "support": list(self.support), "anchors": "uniform on the current range"}
+        out: dict[str, Any] = {
+            "partition": "progressive", "rounds": self.rounds, "tau_stop": self.tau_stop,
+            "support": list(self.support), "anchors": "uniform on the current range"}
+        if self.tau_stop > 0:
+            out["stop_rule"] = ("stop when either side of the drawn anchor has prior mass below"
+                                " tau_stop (decided without the value)")
+        return out

@@ -33,6 +33,7 @@ from mechanisms.interval.coverage import (
     expected_coverage,
     integrate,
     ring_coverage,
+    selective_account,
 )
 from mechanisms.interval.designs import (
     Canonical,
@@ -156,9 +157,11 @@ def _resolve(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
         raise MechanismInputError("params.calibrate", "calibration needs a leakage budget")
 
     def finish(design: Design, estimate: Estimate, m: int | None,
-               calibrated: dict[str, Any] | None = None, **notes: Any) -> Plan:
-        return Plan(kind, column.name, prior, design, estimate, _charge(estimate), fill, m,
-                    calibrated, notes)
+               calibrated: dict[str, Any] | None = None, charge: Fraction | None = None,
+               **notes: Any) -> Plan:
+        own = _charge(estimate)
+        return Plan(kind, column.name, prior, design, estimate,
+                    own if charge is None else max(own, charge), fill, m, calibrated, notes)
 
     if kind == "progressive":
         return _progressive(params, prior, support, target, finish)
@@ -249,7 +252,7 @@ def _selective(params: Mapping[str, Any], prior: Prior, make: Callable[[float], 
         design, p_low = build(x)
         if p_low <= 0:
             return 1.0
-        return _charge_float(expected_coverage(design, prior))
+        return _charge_float(selective_account(design, prior).charged)
 
     free, calibrated = free_default, None
     if params.get("calibrate"):
@@ -263,8 +266,13 @@ def _selective(params: Mapping[str, Any], prior: Prior, make: Callable[[float], 
         raise MechanismInputError(
             "params.rho", f"rho must be at most P(L >= tau) = {p_low:.6g} (Prop 2: otherwise a"
             " null reveals that the range was too narrow)")
-    return finish(design, expected_coverage(design, prior), m, calibrated,
-                  collect_probability=p_low, rho=design.rho)
+    account = selective_account(design, prior)
+    return finish(design, account.charged, m, calibrated, collect_probability=p_low,
+                  rho=design.rho, null_probability=account.null_probability,
+                  null_posterior_ratio_bound=account.null_ratio,
+                  null_coverage_counted=account.null_coverage,
+                  leakage_per_output=account.per_output.leakage,
+                  leakage_post_processing=account.refined.leakage)
 
 
 def _progressive(params: Mapping[str, Any], prior: Prior, support: tuple[float, float],
@@ -276,20 +284,24 @@ def _progressive(params: Mapping[str, Any], prior: Prior, support: tuple[float, 
     def make(rounds: int) -> Progressive:
         return Progressive(support, rounds, float(params["tau_stop"]), prior)
 
-    rounds, calibrated = int(params["rounds"]), None
+    rounds, calibrated, charge = int(params["rounds"]), None, None
     if params.get("calibrate"):
         assert target is not None
-        best = None
+        # Leakage grows with the rounds, but once stopping has ended every record the
+        # estimates only differ by integration noise; charging the running maximum makes
+        # the sequence monotone, so calibrating again to the charge returns the same rounds.
+        best, running = None, Fraction(0)
         for r in range(1, schemas.MAX_ROUNDS + 1):
-            if _charge(expected_coverage(make(r), prior)) > target:
+            running = max(running, _charge(expected_coverage(make(r), prior)))
+            if running > target:
                 break
-            best = r
+            best, charge = r, running
         if best is None:
             raise MechanismInputError(f"budget.{MEASURE}",
                                       "even one round leaks more than the budget")
         rounds, calibrated = best, {"rounds": best}
     design = make(rounds)
-    return finish(design, expected_coverage(design, prior), None, calibrated)
+    return finish(design, expected_coverage(design, prior), None, calibrated, charge)
 
 
 # --------------------------------------------------------------------------- statements
@@ -342,25 +354,44 @@ def _accuracy(p: Plan) -> dict[str, Any]:
         " range contains the true value; estimates from the ranges (NPMLE, moments,"
         " regression) are free post-processing."
     )
+    if isinstance(p.design, Selective):
+        out["statement"] = (
+            f"Under the declared prior of {p.column!r}, the expected coverage counted is"
+            f" {tau:.2%} (leakage {1 - tau:.4g}): a collected range at its prior mass, a null"
+            " at 1/(its largest posterior/prior ratio), or rho times the base design's"
+            " leakage if that is larger. Every collected range contains the true value."
+        )
     return out
 
 
 def _guarantee(p: Plan) -> str:
     text = (
         f"interval privacy (Ding & Ding 2022, Def. 1) on column {p.column!r}: each released"
-        " range contains the true value, and the posterior of a record given its release is"
-        " the declared prior restricted to the range; expected coverage"
+        " range contains the true value, and the posterior of a record given its released"
+        " range is the declared prior restricted to the range; expected coverage"
         f" {p.estimate.value:.4f} under the declared prior, leakage {float(p.charge):.6g}"
         f" charged to {MEASURE}:{p.column} (additive across releases, Thm 4); {PRIVACY_UNIT};"
         " prior-relative, not epsilon-DP"
     )
     if isinstance(p.design, Selective):
+        ratio = float(p.notes["null_posterior_ratio_bound"])
         text += (
-            "; selective collection: a null record is counted as full coverage, and nulls"
-            " are ignorable (P(W=0 | null) >= 1/2) because rho <= P(L >= tau)"
+            "; selective collection: Def. 1 holds for the collected ranges only. A null is"
+            " NOT Def. 1: P(null | value) depends on the value, so its posterior is the"
+            " prior reweighted (posterior/prior ratio up to"
+            f" {ratio:.4g}), not a restricted prior; the charge counts each null as"
+            f" coverage 1/{ratio:.4g} (its largest posterior/prior ratio) and is never below"
+            " rho times the base design's leakage (the output is post-processing of"
+            " releasing the base range with probability rho). Nulls are ignorable in"
+            " Prop. 2's sense (P(W=0 | null) >= 1/2) because rho <= P(L >= tau)"
         )
     if isinstance(p.design, Progressive) and p.design.tau_stop > 0:
-        text += "; system-side stopping may reveal that the next range would be narrow"
+        text += (
+            "; system-side stopping is decided from the released range and the next drawn"
+            " anchor only (stop when either side would hold prior mass below"
+            f" {p.design.tau_stop:g}), never from the value, so stopped and null records keep"
+            " Def. 1 and every released range holds prior mass >= tau_stop"
+        )
     return text
 
 
@@ -408,8 +439,12 @@ class _Interval(Mechanism):
         y = clean(raw, p.prior.support, p.fill)
         release = p.design.release(y, rng)
         table = release.table(p.prior)
-        coverage = table["coverage"]
         released = release.released
+        if isinstance(p.design, Selective):
+            # a null is not a restricted prior: show the coverage its charge counts
+            table["coverage"] = np.where(released, table["coverage"],
+                                         float(p.notes["null_coverage_counted"]))
+        coverage = table["coverage"]
         result: dict[str, Any] = {
             "n": int(release.n),
             "column": p.column,
@@ -426,7 +461,9 @@ class _Interval(Mechanism):
             "convention": (
                 "each range is the union of pieces (left, right]; left_closed/right_closed = 1"
                 " marks a closed end; unused pieces are NaN; exact is NaN unless the value is"
-                " reported exactly; released = 0 marks a null (selective) or no answered round"
+                " reported exactly; released = 0 marks a null (selective) or no answered round;"
+                " coverage is the range's prior mass (a selective null: the coverage its"
+                " charge counts, 1/(largest posterior/prior ratio of a null))"
             ),
         }
         if p.calibrated:
