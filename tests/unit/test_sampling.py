@@ -57,33 +57,6 @@ def test_discrete_laplace_matches_exact_pmf(scale: float) -> None:
     assert _chisquare(draws, _laplace_pmf(scale, support), support) > 1e-3
 
 
-KS_QUANTILE = float(stats.kstwobign.isf(1e-6))
-
-
-@pytest.mark.parametrize("scale", [0.3, 3.0, 2.0**21])
-def test_the_recycled_uniform_is_uniform_and_independent_of_the_draw(scale: float) -> None:
-    """V ~ Unif[0, 1] overall and within each case of X (zero, positive, negative)."""
-    x, v = sampling.discrete_laplace_and_uniform(np.random.default_rng(18), scale, N)
-    support = np.arange(-math.ceil(60 * scale) - 5, math.ceil(60 * scale) + 6)
-    if scale < 100:  # the law of X is unchanged (the huge scale has no cells of 5 draws)
-        assert _chisquare(x.astype(np.int64), _laplace_pmf(scale, support), support) > 1e-3
-    assert np.all((v >= 0.0) & (v <= 1.0))
-    for case in (x == 0, x > 0, x < 0, np.ones(N, dtype=bool)):
-        if case.sum() >= 100:
-            sub = v[case]
-            assert stats.kstest(sub, "uniform").statistic < KS_QUANTILE / math.sqrt(sub.size)
-    # no dependence on the magnitude either (SE of a null rank correlation is 1/√n)
-    nonzero = x != 0
-    rho = stats.spearmanr(np.abs(x[nonzero]), v[nonzero]).statistic
-    assert abs(rho) < Z / math.sqrt(nonzero.sum())
-
-
-def test_the_recycled_uniform_at_a_tiny_scale() -> None:
-    x, v = sampling.discrete_laplace_and_uniform(np.random.default_rng(19), 1e-300, N)
-    assert not x.any()
-    assert stats.kstest(v, "uniform").statistic < KS_QUANTILE / math.sqrt(N)
-
-
 @pytest.mark.parametrize("sigma", [0.35, 0.8, 3.7, 40.0, 300.0])
 def test_discrete_gaussian_matches_exact_pmf(sigma: float) -> None:
     draws = sampling.discrete_gaussian(np.random.default_rng(12), sigma, N)
