@@ -201,7 +201,8 @@ def _fast_magnitude(
     np.subtract(_log1p_tanh(s), y, out=y)
     y *= s
     k = np.floor(y)
-    y -= k  # the fraction, exactly
+    with np.errstate(invalid="ignore"):  # inf - inf where r = 0, which tier 3 takes
+        y -= k  # the fraction, exactly
     if np.max(s) <= 2.0**24:
         low = np.multiply(s, 16.0 * _FAST_REL + _FAST_CELL)
         ok = y > low
@@ -266,7 +267,9 @@ def _exact_magnitude(rng: np.random.Generator, word: int, scale: float) -> int:
                 k = low.to_integral_value(rounding=ROUND_FLOOR)
                 if k < low and high < k + 1:
                     return int(k)
-        num, bits, prec = (num << 64) | _word(rng), bits + 64, prec + 20
+        # a zero prefix needs no more digits (only B ln 2 is compared), a straddle does
+        prec += 20 if num else 0
+        num, bits = (num << 64) | _word(rng), bits + 64
     raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 
@@ -282,7 +285,6 @@ def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDA
     shape = _shape(size)
     n = math.prod(shape)
     t = math.floor(sigma) + 1
-    ratio = sigma / t
     out = np.empty(n, dtype=np.int64)
     filled = 0
     rate = 0.7  # acceptance is about 0.76 for large σ and above 0.4 for tiny σ
@@ -366,7 +368,9 @@ def _exact_accept(rng: np.random.Generator, word: int, gamma: Fraction) -> bool:
                 return True
             if num and top - Decimal(num).ln() + tol < g:
                 return False
-        num, bits, prec = (num << 64) | _word(rng), bits + 64, prec + 20
+        # a zero prefix needs no more digits (only B ln 2 is compared), a straddle does
+        prec += 20 if num else 0
+        num, bits = (num << 64) | _word(rng), bits + 64
     raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 
