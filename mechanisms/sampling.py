@@ -1,32 +1,88 @@
-"""Integer-valued noise samplers and their exact tails.
+"""Integer-valued noise samplers, exact to the last integer, and their exact tails.
 
 Mironov (2012) showed that adding floating-point Laplace noise leaks the input
 through the low bits of the output. The baselines therefore add *integer*
 noise to a statistic expressed in units of a power-of-two grid, so every
 released value is a lattice point whose distribution depends on the data only
-through the statistic (DESIGN §6).
+through the statistic (DESIGN §6). For that argument to hold the integer noise
+must have exactly its law: a sampler whose tail is cut (numpy's
+``standard_exponential`` never exceeds 44.4) makes a pure ε-DP release fail
+with δ ≈ e^-(44.4 - ε)/2.
+
+Exactness. Each draw reads raw 64-bit words from the caller's generator and
+treats them as the leading bits of an infinite-precision uniform U: a word r
+(63 bits after the sign bit is taken) says U lies in the cell
+[r, r + 1)·2^-63, and every further word refines the cell by 64 bits. With
+p = e^(-1/s), the discrete Laplace magnitude is
+
+    |X| = #{k >= 1 : U < T_k},  T_k = 2 p^k / (1 + p) = P(|X| >= k),
+
+so P(|X| >= k) = T_k exactly, and an independent sign bit gives
+P(X = ±k) = p^k (1 - p)/(1 + p) and P(X = 0) = 1 - T_1 = (1 - p)/(1 + p).
+In logarithms, |X| = ⌊y⌋ with y = s(c - ln U), c = ln(2/(1 + p)) =
+log1p(tanh(1/(2s))) (y is never an integer: T_k is transcendental by
+Lindemann's theorem, a cell edge is dyadic). The sampler outputs ⌊y⌋ only
+once it has *proved* that ⌊y⌋ is the same for every U in the current cell;
+otherwise it draws more bits or computes more precisely. As U's bits are fair
+and independent, the output is a deterministic function of an exact uniform U
+and so has exactly the target law: no truncation and no gaps (a run of zero
+words makes U, and y, as extreme as the bits say).
+
+The proofs, tier by tier (each tier passes what it cannot decide on):
+
+1. float64, vectorized, for r >= 2^43 (U >= 2^-20, so y <= 15 s and the
+   cell's y-width s·ln(1 + 1/r) is below s·2^-43): numpy's log is documented
+   within 4 ulp (glibc's below 1; ``test_sampling`` measures it), so the
+   computed y errs by at most 2^-52 (11 y + 2 s) (conversion of r, log,
+   c, one subtraction and one product). The tier certifies only when y's
+   distance to both neighbouring integers exceeds 2^-42 (y + s) + s 2^-43,
+   64 times that bound plus the cell.
+2. long double (x87 extended: 11 more bits, and r converts exactly), same
+   argument with its epsilon, a 64-fold margin, and the exact cell width.
+3. exact, per element: Python integers for the cell and ``decimal`` (whose
+   exp and ln are correctly rounded) at a precision P that grows with every
+   refinement; a bound S (6B + 9)·10^(1-P) on the absolute error of y over
+   the ~10 roundings (B = bits read) is used with a 16-fold margin. Each
+   undecided round draws 64 more bits and adds 20 digits, so the tier ends
+   with probability one.
+
+The discrete Gaussian is Canonne, Kamath & Steinke (2020), Algorithm 3:
+propose Y from the exact discrete Laplace with scale t = ⌊σ⌋ + 1 and accept
+iff a second lazy uniform V < exp(-γ), γ = (|Y| - σ²/t)² / (2σ²), so the
+acceptance probability is exactly exp(-γ). γ is rational (σ is a float), so
+the same float64 tier (a margin 2^-40 relative plus the cell) and exact
+``decimal`` tier (γ from exact integers, one correctly rounded division)
+decide -ln V > γ. Accepted proposals of i.i.d. trials are i.i.d. draws of the
+target, so keeping the first ``size`` of them is exact.
+
+Guard: after ``MAX_EXTRA_WORDS`` refinements of one cell (probability
+below 2^-65000 from a working generator: every refinement but the ones
+forced by a straddled boundary needs 64 zero bits) the sampler raises
+``RuntimeError`` instead of looping forever on a broken bit source. It never
+returns a truncated value.
 
 All samplers take the caller's ``np.random.Generator`` (never a module-level
-one: forked workers would share it). They are vectorized; each draw is exact
-up to the rounding of double-precision arithmetic on the uniforms, which
-perturbs the pmf by a relative ~1e-16 that does not depend on the data.
-
-Limits: ``discrete_laplace`` needs ``0 < scale <= MAX_SCALE`` and
-``discrete_gaussian`` ``0 < sigma <= MAX_SIGMA``; both keep |X| far below
-2**53 (P(|X| >= 2**53) < 1e-100), so ``grid * X`` is an exact double.
+one: forked workers would share it) and read it only through
+``integers(0, 2**64, dtype=uint64)``, which is the raw bit stream for
+numpy's and randomgen's bit generators alike. Limits: ``discrete_laplace``
+needs ``0 < scale <= MAX_SCALE`` and ``discrete_gaussian``
+``0 < sigma <= MAX_SIGMA``; |X| stays below 2**62 (the guard bounds U from
+below), so the int64 results never overflow.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from decimal import ROUND_FLOOR, Decimal, localcontext
+from fractions import Fraction
 from typing import overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import special
 
-#: largest discrete Laplace scale; P(|X| >= 2**53) <= 2 exp(-2**7) at this scale
+#: largest discrete Laplace scale; beyond ~2^36 most draws need the long double tier
 MAX_SCALE = 2.0**46
 #: largest discrete Gaussian sigma; the proposal scale floor(sigma) + 1 stays <= MAX_SCALE
 MAX_SIGMA = 2.0**45
@@ -35,8 +91,21 @@ GRID_RESOLUTION = 2**10
 #: up to this sigma, discrete Gaussian tails are summed term by term; above it
 #: the Euler–Maclaurin bounds are tighter than 1e-6 relative
 EXACT_SIGMA = 2.0**12
+#: refinements of one uniform's cell before the sampler declares its bit source broken
+MAX_EXTRA_WORDS = 1024
 
 Size = int | tuple[int, ...]
+
+_SIGN = np.uint64(1 << 63)
+_MASK = np.uint64((1 << 63) - 1)
+#: float64 tier: U >= 2^-20 (r >= 2^43), so the cell's y-width is below s 2^-43
+_FAST_MIN_WORD = 1 << 43
+_FAST_REL = 2.0**-42  # 64 x the 2^-52 (11 y + 2 s) rounding bound, as 2^-42 (y + s)
+_FAST_CELL = 2.0**-43
+#: discrete Gaussian acceptance: absolute margin on ln V + γ (its float error is below 2^-44)
+_ACCEPT_MARGIN = 2.0**-30
+_LD = np.longdouble
+_LD_EPS = float(np.finfo(_LD).eps)
 
 
 def _check_positive(name: str, value: float, upper: float) -> float:
@@ -50,91 +119,167 @@ def _shape(size: Size) -> tuple[int, ...]:
     return (size,) if isinstance(size, int | np.integer) else tuple(int(s) for s in size)
 
 
+def _words(rng: np.random.Generator, n: int) -> NDArray[np.uint64]:
+    """n raw 64-bit words: the full-range ``integers`` call is the bit stream itself."""
+    return rng.integers(0, 1 << 64, size=n, dtype=np.uint64)
+
+
+def _word(rng: np.random.Generator) -> int:
+    return int(rng.integers(0, 1 << 64, dtype=np.uint64))
+
+
 def discrete_laplace(
     rng: np.random.Generator, scale: float | ArrayLike, size: Size
 ) -> NDArray[np.int64]:
-    """Draw X with P(X = k) ∝ exp(-|k| / scale) on the integers (see ``discrete_laplace_float``)."""
-    return discrete_laplace_float(rng, scale, size).astype(np.int64)
+    """Draw X with P(X = k) = (1 - p)/(1 + p) p^|k|, p = e^(-1/scale), exactly.
+
+    ``scale`` is a number or an array of scales, one per trailing coordinate:
+    the result has shape ``size + np.shape(scale)``. One 64-bit word per draw
+    (its top bit is the sign) except for the rare draws the float tiers cannot
+    certify; see the module docstring.
+    """
+    s: float | NDArray[np.float64]
+    if np.ndim(scale) == 0:
+        s = _check_positive("scale", float(scale), MAX_SCALE)  # type: ignore[arg-type]
+    else:
+        s = np.asarray(scale, dtype=np.float64)
+        if not np.all((s > 0.0) & (s <= MAX_SCALE)):
+            raise ValueError(f"scales must be in (0, {MAX_SCALE:g}]")
+    return _apply_sign(*_magnitude_and_sign(rng, s, (*_shape(size), *np.shape(s))))
+
+
+def _magnitude_and_sign(
+    rng: np.random.Generator, s: float | NDArray[np.float64], shape: tuple[int, ...]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """|X| (exact, through the three tiers) and a sign mask (0 or -1), one word per draw."""
+    words = _words(rng, math.prod(shape)).reshape(shape)
+    sign = words.view(np.int64) >> 63  # arithmetic shift: -1 where the top bit is set
+    words &= _MASK
+    magnitude, undecided = _fast_magnitude(words, s)
+    if undecided.size:
+        scales = np.broadcast_to(s, shape).reshape(-1)[undecided]
+        flat = magnitude.reshape(-1)
+        flat[undecided] = _slow_magnitude(rng, words.reshape(-1)[undecided], scales)
+    return magnitude, sign
+
+
+def _apply_sign(magnitude: NDArray[np.int64], sign: NDArray[np.int64]) -> NDArray[np.int64]:
+    """(m xor sign) - sign is m or -m, branch-free (``np.where`` stalls on random signs)."""
+    magnitude ^= sign
+    magnitude -= sign
+    return magnitude
 
 
 def discrete_laplace_float(
     rng: np.random.Generator, scale: float | ArrayLike, size: Size
 ) -> NDArray[np.float64]:
-    """The discrete Laplace draws as float64 (exact integers, |X| < 2**53), for float pipelines.
+    """``discrete_laplace`` as float64: exact while |X| < 2**53 (probability >= 1 - 2^-185
+    per draw at MAX_SCALE); pipelines that need every draw exact add in int64."""
+    return discrete_laplace(rng, scale, size).astype(np.float64)
 
-    ``scale`` is a number or an array of scales, one per trailing coordinate:
-    the result has shape ``size + np.shape(scale)``. How: see ``_signed_geometric``.
+
+def _log1p_tanh(s: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
+    """c = ln(2/(1 + p)) = log1p(tanh(1/(2s))): accurate relative to c at any scale."""
+    if isinstance(s, float):
+        return math.log1p(math.tanh(0.5 / s))
+    return np.log1p(np.tanh(0.5 / s))
+
+
+def _fast_magnitude(
+    words: NDArray[np.uint64], s: float | NDArray[np.float64]
+) -> tuple[NDArray[np.int64], NDArray[np.intp]]:
+    """Tier 1: ⌊y⌋ for every word, and the flat indices where it is not certified.
+
+    The margin is 2^-42 (y + s) + s 2^-43 (module docstring); up to a scale
+    of 2^24 it is taken at y's largest value 15 s, as one constant per scale,
+    which saves passes and costs a certified fraction of only ~s 2^-37.
     """
-    return _signed_geometric(rng, scale, size)[0]
-
-
-def discrete_laplace_and_uniform(
-    rng: np.random.Generator, scale: float, size: Size
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Discrete Laplace draws X (as ``discrete_laplace_float``) and uniforms V independent of X.
-
-    The uniform U that chose X's case (zero, positive, negative) is uniform
-    within that case, so rescaling A = |U − 1/2| over the case's range gives
-    V ~ Unif[0, 1] independent of X, to about 52 bits: callers that need a
-    fresh uniform next to each draw (DIP's randomized PIT) get it without
-    drawing another one.
-    """
-    x, a, half_zero = _signed_geometric(rng, scale, size)
-    assert isinstance(half_zero, float)
-    zero_rows = np.flatnonzero(x == 0.0)
-    flat = a.reshape(-1)
-    inside = flat[zero_rows] / half_zero  # A uniform on [0, z/2] when X = 0
-    rest = 0.5 - half_zero
-    if rest > 0.0:  # A uniform on (z/2, 1/2] when X != 0
-        a -= half_zero
-        a *= 1.0 / rest
-    flat[zero_rows] = inside
-    return x, a
-
-
-def _signed_geometric(
-    rng: np.random.Generator, scale: float | ArrayLike, size: Size
-) -> tuple[NDArray[np.float64], NDArray[np.float64], float | NDArray[np.float64]]:
-    """(X, |U − 1/2|, z/2): the discrete Laplace from one exponential and one uniform.
-
-    With p = exp(-1/scale), P(X = 0) = z = (1 - p)/(1 + p) = tanh(1/(2 scale))
-    and, given X != 0, |X| - 1 is geometric (P(|X| - 1 >= k) = p**k) with a
-    fair sign. One uniform U picks the case: X = 0 if |U − 1/2| <= z/2, else
-    X has the sign of U − 1/2 and magnitude floor(scale * E) + 1, E ~ Exp(1)
-    (P(scale*E >= k) = p**k). One ziggurat exponential and one uniform per
-    draw are cheaper than the difference of two geometrics and than
-    ``Generator.laplace``'s logarithm. A tiny scale gives z = 1: X = 0.
-    """
-    s: float | NDArray[np.float64]
-    if np.ndim(scale) == 0:
-        s = _check_positive("scale", float(scale), MAX_SCALE)  # type: ignore[arg-type]
-        half_zero: float | NDArray[np.float64] = 0.5 * math.tanh(0.5 / s)
+    y = words.view(np.int64).astype(np.float64)  # the sign bit is cleared: r < 2^63
+    y *= 2.0**-63  # exact: U's cell starts at r 2^-63
+    with np.errstate(divide="ignore"):
+        np.log(y, out=y)
+    np.subtract(_log1p_tanh(s), y, out=y)
+    y *= s
+    k = np.floor(y)
+    with np.errstate(invalid="ignore"):  # inf - inf where r = 0, which tier 3 takes
+        y -= k  # the fraction, exactly
+    if np.max(s) <= 2.0**24:
+        low = np.multiply(s, 16.0 * _FAST_REL + _FAST_CELL)
+        ok = y > low
+        ok &= y < np.nextafter(1.0 - low, 0.0)  # 1 - low rounded down
     else:
-        s = np.asarray(scale, dtype=np.float64)
-        if not np.all((s > 0.0) & (s <= MAX_SCALE)):
-            raise ValueError(f"scales must be in (0, {MAX_SCALE:g}]")
-        half_zero = 0.5 * np.tanh(0.5 / s)
-    shape = (*_shape(size), *np.shape(s))
-    x = rng.standard_exponential(shape)
-    x *= s
-    np.floor(x, out=x)
-    x += 1.0
-    a = rng.random(shape)
-    a -= 0.5  # exact
-    np.copysign(x, a, out=x)
-    np.abs(a, out=a)
-    np.multiply(x, a > half_zero, out=x)
-    return x, a, half_zero
+        err = y + k
+        err += s
+        err *= _FAST_REL
+        err += np.multiply(s, _FAST_CELL)
+        ok = y > err
+        err += y
+        ok &= err < 1.0  # y + err < 1 computed; the margin covers the rounding
+    ok &= words >= _FAST_MIN_WORD
+    with np.errstate(invalid="ignore"):
+        magnitude = k.astype(np.int64)
+    if ok.all():
+        return magnitude, np.empty(0, dtype=np.intp)
+    return magnitude, np.flatnonzero(~ok)
+
+
+def _slow_magnitude(
+    rng: np.random.Generator, words: NDArray[np.uint64], scales: NDArray[np.float64]
+) -> NDArray[np.int64]:
+    """Tier 2 (long double) on what tier 1 left, then tier 3 (exact) on the rest."""
+    r = words.astype(_LD)  # exact with a 64-bit mantissa; else rounded, which the bound covers
+    s = scales.astype(_LD)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = s * (np.log1p(np.tanh(_LD(0.5) / s)) - np.log(r * _LD(2.0**-63)))
+        k = np.floor(y)
+        frac = y - k
+        # 64 x the 2^-52 (11 y + 2 s) bound of tier 1 with this epsilon, plus the cell
+        err = (64.0 * _LD_EPS) * (11.0 * y + 2.0 * s) + s / r * _LD(1.001) + _LD_EPS
+        ok = (1.0 - frac > err) & ((frac > err) | (k == 0.0)) & (words > 0)
+        out = np.where(ok, k, 0.0).astype(np.int64)
+    for i in np.flatnonzero(~ok):
+        out[i] = _exact_magnitude(rng, int(words[i]), float(scales[i]))
+    return out
+
+
+def _exact_magnitude(rng: np.random.Generator, word: int, scale: float) -> int:
+    """Tier 3: ⌊y⌋ for U in [word, word + 1)·2^-63, refined until it is decided.
+
+    y(U) = s (B ln 2 - ln N + c) at U = N 2^-B. Inputs N, B, s are exact;
+    the ~10 correctly rounded operations at precision P leave an absolute
+    error below s (6B + 9)·10^(1-P), and ``tol`` is 16 times more.
+    """
+    s = Decimal(scale)  # exact
+    num, bits = word, 63
+    prec = 40 + max(0, math.ceil(math.log10(scale)))
+    for _ in range(MAX_EXTRA_WORDS):
+        with localcontext() as ctx:
+            ctx.prec = prec
+            ln2 = Decimal(2).ln()
+            c = ln2 - (1 + (-1 / s).exp()).ln()
+            top = bits * ln2 + c
+            tol = s * (bits + 2) * Decimal(10) ** (3 - prec)
+            low = s * (top - Decimal(num + 1).ln()) - tol  # y at the cell's right end, minus
+            high = s * (top - Decimal(num).ln()) + tol if num else None
+            if high is not None:
+                if high < 1:
+                    return 0
+                k = low.to_integral_value(rounding=ROUND_FLOOR)
+                if k < low and high < k + 1:
+                    return int(k)
+        # a zero prefix needs no more digits (only B ln 2 is compared), a straddle does
+        prec += 20 if num else 0
+        num, bits = (num << 64) | _word(rng), bits + 64
+    raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 
 def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDArray[np.int64]:
-    """Draw X with P(X = k) ∝ exp(-k² / (2σ²)) on the integers.
+    """Draw X with P(X = k) ∝ exp(-k² / (2σ²)) on the integers, exactly.
 
-    Canonne, Kamath & Steinke (2020), Algorithm 3: propose Y from the discrete
-    Laplace with scale t = floor(σ) + 1 and accept with probability
-    exp(-(|Y| - σ²/t)² / (2σ²)), in vectorized batches until ``size`` are
-    accepted. The exponent is computed as (|Y|/σ - σ/t)²/2, which stays finite
-    for tiny σ (σ² would underflow).
+    Canonne, Kamath & Steinke (2020), Algorithm 3 (see the module docstring),
+    in vectorized batches until ``size`` are accepted. The float exponent is
+    (|Y|/σ - σ/t)²/2, finite for tiny σ (σ² would underflow); an overflow to
+    inf is a certain rejection.
     """
     sigma = _check_positive("sigma", sigma, MAX_SIGMA)
     shape = _shape(size)
@@ -146,15 +291,87 @@ def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDA
     while filled < n:
         need = n - filled
         batch = min(int(need / rate * 1.05) + 64, 1 << 22)
-        y = discrete_laplace(rng, t, batch)
-        with np.errstate(over="ignore"):  # z² = inf for tiny σ is the right answer: reject
-            z = np.abs(y) / sigma - sigma / t
-            accepted = y[rng.random(batch) < np.exp(-0.5 * z * z)]
+        magnitude, sign = _magnitude_and_sign(rng, float(t), (batch,))
+        v = _words(rng, batch) >> np.uint64(1)  # V's cell [v, v + 1) 2^-63
+        accept = _fast_accept(magnitude, v, sigma, t)
+        if accept.dtype != np.bool_:  # some undecided: settle them exactly
+            gamma = _GaussianExponent(sigma, t)
+            for i in np.flatnonzero(accept < 0):
+                accept[i] = _exact_accept(rng, int(v[i]), gamma(int(magnitude[i])))
+            accept = accept == 1
+        accepted = _apply_sign(magnitude, sign)[accept]
         take = min(accepted.size, need)
         out[filled : filled + take] = accepted[:take]
         filled += take
         rate = max(accepted.size / batch, 0.2)
     return out.reshape(shape)
+
+
+def _fast_accept(
+    magnitude: NDArray[np.int64], v: NDArray[np.uint64], sigma: float, t: int
+) -> NDArray[np.bool_] | NDArray[np.int8]:
+    """Is -ln V > γ for every V in [v, v + 1)·2^-63? As booleans when all are decided,
+    else as int8 with -1 where undecided.
+
+    e = ln v - 63 ln 2 + γ, with γ = z², z = |Y|/(σ√2) - σ/(t√2). For v >= 2^43
+    (λ = -ln V <= 13.9, and the cell spans at most 2^-43 in λ) and γ <= 32,
+    the computed e errs by less than 2^-43 (ln v within 4 ulp of 44, z within
+    2^-48 of at most 5.7), and 2^-30 is the margin: accept iff e < -2^-30,
+    reject iff e > 2^-30. A larger (or infinite) computed γ means a true
+    γ > 31 > λ + 1: a certain rejection, which e > 2^-30 says too.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = magnitude.astype(np.float64)
+        e /= sigma * math.sqrt(2.0)
+        e -= sigma / (t * math.sqrt(2.0))
+        np.square(e, out=e)
+    e -= 63.0 * math.log(2.0)
+    with np.errstate(divide="ignore"):
+        e += np.log(v.view(np.int64).astype(np.float64))
+    accept = e < -_ACCEPT_MARGIN
+    np.abs(e, out=e)
+    undecided = e <= _ACCEPT_MARGIN
+    undecided |= v < np.uint64(_FAST_MIN_WORD)
+    if not undecided.any():
+        return accept
+    decision = accept.astype(np.int8)
+    decision[undecided] = -1
+    return decision
+
+
+class _GaussianExponent:
+    """γ(Y) = (|Y| t - σ²)² / (2 σ² t²) as an exact fraction (σ is a dyadic rational)."""
+
+    def __init__(self, sigma: float, t: int) -> None:
+        self.sigma2 = Fraction(sigma) ** 2
+        self.t = t
+
+    def __call__(self, y: int) -> Fraction:
+        return (abs(y) * self.t - self.sigma2) ** 2 / (2 * self.sigma2 * self.t**2)
+
+
+def _exact_accept(rng: np.random.Generator, word: int, gamma: Fraction) -> bool:
+    """Tier 3 of the acceptance: -ln V > γ for V in [word, word + 1)·2^-63, refined as needed.
+
+    λ(N) = B ln 2 - ln N errs by at most (4B + 1)·10^(1-P) and γ by γ·10^(1-P);
+    ``tol`` is 25 times their sum.
+    """
+    num, bits = word, 63
+    prec = 40
+    for _ in range(MAX_EXTRA_WORDS):
+        with localcontext() as ctx:
+            ctx.prec = prec
+            g = Decimal(gamma.numerator) / Decimal(gamma.denominator)
+            top = bits * Decimal(2).ln()
+            tol = (bits + 1 + g) * Decimal(10) ** (3 - prec)
+            if top - Decimal(num + 1).ln() - tol > g:
+                return True
+            if num and top - Decimal(num).ln() + tol < g:
+                return False
+        # a zero prefix needs no more digits (only B ln 2 is compared), a straddle does
+        prec += 20 if num else 0
+        num, bits = (num << 64) | _word(rng), bits + 64
+    raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 
 def discrete_laplace_tail(scale: float, k: int) -> float:

@@ -7,12 +7,17 @@ bits (Mironov 2012), so the released randomness here is an integer:
 1. quantize k = ⌊u·K⌋ + 1 ∈ {1..K} (K a power of two, so u·K is exact;
    the spec's ⌈u·K⌉ differs only on the grid, and either is uniform);
 2. W = k + D with D two-sided geometric, P(D = d) ∝ exp(−|d|/s),
-   s = (K − 1)/ε rounded up, drawn by ``sampling.discrete_laplace_and_uniform``
-   — neighbouring k differ by at most K − 1, so W is ε-DP exactly;
-3. g = G_K(W − 1) + V·P(W) with V ~ Unif(0, 1) independent of W and of the
-   data (recycled from D's draw): the randomized PIT of W under its own law
-   when u is uniform, so g ~ Unif(0, 1) exactly and distribution invariance
-   is kept. Everything after W is post-processing.
+   s = (K − 1)/ε rounded up, drawn exactly by ``sampling.discrete_laplace``
+   and added in int64 — neighbouring k differ by at most K − 1, so W is
+   ε-DP exactly;
+3. g = G_K(W − 1) + V·P(W) with V ~ Unif(0, 1) a fresh draw from the
+   generator, independent of W and of the data: the randomized PIT of W
+   under its own law when u is uniform, so g ~ Unif(0, 1) exactly and
+   distribution invariance is kept. Everything after W is post-processing
+   of W alone. (V used to be recycled from D's uniform; given D = 0 that V
+   lay on a grid ~2^22 times coarser than otherwise, and the grid showed in
+   the released float, so whether g was reproducible by a zero-noise draw
+   told the neighbours apart: issue #14.)
 
 For K → ∞ this is the paper's G(u + e); at the default K = 2^20 the
 difference is below 1e-6 in every output.
@@ -94,20 +99,15 @@ class NoiseStep:
         cell += 1.0
         return cell.astype(np.int64)
 
-    def _release_minus_one(
-        self, u: FloatArray, rng: np.random.Generator
-    ) -> tuple[FloatArray, FloatArray]:
-        """W − 1 = k − 1 + D, the only data-dependent randomness (ε-DP per entry), as an
-        exact float (|W| < 2**53), and a uniform V independent of W.
+    def _release_minus_one(self, u: FloatArray, rng: np.random.Generator) -> FloatArray:
+        """W − 1 = k − 1 + D, the only data-dependent randomness (ε-DP per entry).
 
-        V is recycled from the uniform that drew D's sign (see
-        ``sampling.discrete_laplace_and_uniform``): independent of D and of
-        the data, so the step after W stays post-processing.
+        The sum is formed in int64, so it is exactly W − 1 whatever D is; the
+        float conversion afterwards is post-processing of W (exact below 2**53).
         """
-        noise, v = sampling.discrete_laplace_and_uniform(rng, self.scale, np.shape(u))
-        t = self.cell(u)
-        t += noise
-        return t, v
+        w = self.cell(u).astype(np.int64)
+        w += sampling.discrete_laplace(rng, self.scale, np.shape(u))
+        return w.astype(np.float64)
 
     def uniformize(
         self, w: NDArray[np.int64], rng: np.random.Generator, exact_upper: bool = True
@@ -180,8 +180,8 @@ class NoiseStep:
         self, u: FloatArray, rng: np.random.Generator, exact_upper: bool = True
     ) -> tuple[FloatArray, FloatArray]:
         """Noise then uniformize: u in [0, 1] -> (g, 1 − g), g uniform when u is."""
-        t, v = self._release_minus_one(u, rng)
-        return self._uniformize(t, v, exact_upper)
+        t = self._release_minus_one(u, rng)
+        return self._uniformize(t, rng.random(t.shape), exact_upper)
 
 
 def privatize_uniform(

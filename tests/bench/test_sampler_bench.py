@@ -1,8 +1,9 @@
 """Sampler throughput against numpy's float samplers in the same run (best of 5).
 
-The float-safe discrete Laplace must keep at least a fifth of
-``Generator.laplace``'s throughput for 10**6 draws; the discrete Gaussian's
-ratio to ``Generator.normal`` is reported only (rejection sampling costs more).
+The exact discrete Laplace must keep at least half of ``Generator.laplace``'s
+throughput for 10**6 draws and the exact discrete Gaussian a third of
+``Generator.normal``'s, up to a scale of 2**32; beyond, most draws need the
+long double tier and the ratio is reported only.
 Run with ``make bench`` (or ``pytest tests/bench -o addopts="" -s``).
 """
 
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.bench
 
 DRAWS = 10**6
 REPEATS = 5
-MIN_RATIO = 0.2
+MIN_RATIO = 0.5
+MIN_GAUSSIAN_RATIO = 1 / 3
+ASSERTED_UP_TO = 2.0**32
 
 
 def _best(draw: Callable[[], np.ndarray]) -> float:
@@ -42,7 +45,8 @@ def test_discrete_laplace_throughput(scale: float) -> None:
         f"\ndiscrete_laplace(scale={scale:g}): {DRAWS / ours / 1e6:.1f} M draws/s;"
         f" Generator.laplace {DRAWS / numpy / 1e6:.1f} M/s; ratio {ratio:.2f}"
     )
-    assert ratio >= MIN_RATIO
+    if scale <= ASSERTED_UP_TO:
+        assert ratio >= MIN_RATIO
 
 
 @pytest.mark.parametrize("sigma", [0.5, 3.0, 1024.0, 2.0**30])
@@ -54,3 +58,5 @@ def test_discrete_gaussian_throughput(sigma: float) -> None:
         f"\ndiscrete_gaussian(sigma={sigma:g}): {DRAWS / ours / 1e6:.1f} M draws/s;"
         f" Generator.normal {DRAWS / numpy / 1e6:.1f} M/s; ratio {numpy / ours:.2f}"
     )
+    if sigma <= ASSERTED_UP_TO:
+        assert numpy / ours >= MIN_GAUSSIAN_RATIO

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from decimal import Decimal, localcontext
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from randomgen import UserBitGenerator
 from scipy import stats
 
 from mechanisms import sampling
+from mechanisms.rng import secure_generator
 
 N = 200_000
 Z = 4.5  # two-sided standard-normal quantile for a per-check false alarm of ~7e-6
@@ -55,33 +58,6 @@ def test_discrete_laplace_matches_exact_pmf(scale: float) -> None:
     draws = sampling.discrete_laplace(np.random.default_rng(11), scale, N)
     support = np.arange(-math.ceil(60 * scale) - 5, math.ceil(60 * scale) + 6)
     assert _chisquare(draws, _laplace_pmf(scale, support), support) > 1e-3
-
-
-KS_QUANTILE = float(stats.kstwobign.isf(1e-6))
-
-
-@pytest.mark.parametrize("scale", [0.3, 3.0, 2.0**21])
-def test_the_recycled_uniform_is_uniform_and_independent_of_the_draw(scale: float) -> None:
-    """V ~ Unif[0, 1] overall and within each case of X (zero, positive, negative)."""
-    x, v = sampling.discrete_laplace_and_uniform(np.random.default_rng(18), scale, N)
-    support = np.arange(-math.ceil(60 * scale) - 5, math.ceil(60 * scale) + 6)
-    if scale < 100:  # the law of X is unchanged (the huge scale has no cells of 5 draws)
-        assert _chisquare(x.astype(np.int64), _laplace_pmf(scale, support), support) > 1e-3
-    assert np.all((v >= 0.0) & (v <= 1.0))
-    for case in (x == 0, x > 0, x < 0, np.ones(N, dtype=bool)):
-        if case.sum() >= 100:
-            sub = v[case]
-            assert stats.kstest(sub, "uniform").statistic < KS_QUANTILE / math.sqrt(sub.size)
-    # no dependence on the magnitude either (SE of a null rank correlation is 1/√n)
-    nonzero = x != 0
-    rho = stats.spearmanr(np.abs(x[nonzero]), v[nonzero]).statistic
-    assert abs(rho) < Z / math.sqrt(nonzero.sum())
-
-
-def test_the_recycled_uniform_at_a_tiny_scale() -> None:
-    x, v = sampling.discrete_laplace_and_uniform(np.random.default_rng(19), 1e-300, N)
-    assert not x.any()
-    assert stats.kstest(v, "uniform").statistic < KS_QUANTILE / math.sqrt(N)
 
 
 @pytest.mark.parametrize("sigma", [0.35, 0.8, 3.7, 40.0, 300.0])
@@ -275,3 +251,217 @@ def test_discrete_laplace_is_integer_and_scaled(scale: float, seed: int) -> None
     x = sampling.discrete_laplace(np.random.default_rng(seed), scale, 64)
     assert x.dtype == np.int64
     assert np.all(np.abs(x) <= 60 * scale + 60)
+
+
+# -- exactness: forced bit streams, boundary cells, the tiers ------------------------------
+
+
+def _forced(words: list[int], seed: int = 0) -> np.random.Generator:
+    """A generator whose raw 64-bit words are ``words``, then a seeded PCG64 stream.
+
+    The samplers read only raw words, so this drives them with chosen bits.
+    """
+    queue = list(words)
+    rest = np.random.default_rng(seed).bit_generator
+
+    def next_64(_state: int) -> int:
+        return queue.pop(0) if queue else int(rest.random_raw())
+
+    return np.random.Generator(UserBitGenerator(next_64, 64))
+
+
+def _threshold(scale: float, k: int, prec: int = 80) -> Decimal:
+    """T_k = P(|X| >= k) = 2 p^k / (1 + p), p = e^(-1/scale), in high precision (k >= 1)."""
+    with localcontext() as ctx:
+        ctx.prec = prec
+        p = (-1 / Decimal(scale)).exp()
+        return 2 * p**k / (1 + p)
+
+
+def _reference_magnitude(words: list[int], scale: float) -> int:
+    """|X| from the definition: the k with T_(k+1) <= U < T_k, U's bits read as needed.
+
+    Independent of the sampler: compares U's cell with the thresholds themselves
+    (exp, not log) at 120 digits and reads another word while a threshold is
+    inside the cell. ``words[0]`` carries the sign bit, which is dropped.
+    """
+    num, bits, i = words[0] & ((1 << 63) - 1), 63, 1
+    c = math.log1p(math.tanh(0.5 / scale))
+    while True:
+        with localcontext() as ctx:
+            ctx.prec = 120
+            lo = Decimal(num) / Decimal(2) ** bits
+            hi = Decimal(num + 1) / Decimal(2) ** bits
+
+            def t(k: int) -> Decimal:
+                return Decimal(1) if k == 0 else _threshold(scale, k, 120)
+
+            if num:
+                # float guesses only bracket the search: the thresholds decide
+                lo_k = max(0, int(scale * (c - float(hi.ln()))) - 3)
+                hi_k = int(scale * (c - float(lo.ln()))) + 3
+                while t(lo_k) < hi:
+                    lo_k //= 2
+                while lo_k < hi_k:  # the largest k with T_k >= hi
+                    mid = (lo_k + hi_k + 1) // 2
+                    lo_k, hi_k = (mid, hi_k) if t(mid) >= hi else (lo_k, mid - 1)
+                if t(lo_k + 1) <= lo:  # [lo, hi) inside [T_(k+1), T_k)
+                    return lo_k
+        num, bits, i = (num << 64) | words[i], bits + 64, i + 1
+
+
+def test_zero_bits_give_values_far_beyond_the_old_cut() -> None:
+    """Catches the cut tail: numpy's exponential never exceeds 44.43, so the old sampler
+    never returned |X| > 44.43 s + 1. Here U's first 63 bits are zero (the sign bit too)
+    and U = 2^40 2^-127 ~ 2^-87, so |X| = ⌊s (87 ln 2 + c)⌋ = 60 at s = 1."""
+    words = [0, 1 << 40]
+    x = int(sampling.discrete_laplace(_forced(words), 1.0, 1)[0])
+    assert x == _reference_magnitude(words, 1.0) == 60
+    assert x > 44.43 * 1.0 + 1
+    # five zero words: U < 2^-383 and |X| ~ 383 ln 2 s; the top bit set makes it negative
+    words = [1 << 63, 0, 0, 0, 0, 12345]
+    x = int(sampling.discrete_laplace(_forced(words), 2.5, 1)[0])
+    assert x == -_reference_magnitude(words, 2.5)
+    assert x < -(383 * math.log(2) - 15) * 2.5
+
+
+@pytest.mark.parametrize("scale", [0.4, 1.0, 7.3, 1000.0, 2.0**30, 2.0**40])
+def test_boundary_cells_follow_the_exact_thresholds(scale: float) -> None:
+    """At every threshold T_k: the cells just below and just above decide k and k - 1,
+    and the cell containing T_k reads another word and decides by it, both ways.
+
+    These are the cells where a float error would show; the decisions match the
+    definition exactly, so each k gets probability T_k - T_(k+1) to the last bit.
+    """
+    ks = sorted({1, 2, 3, max(1, round(scale)), max(1, round(3 * scale)), round(40 * scale) + 1})
+    for k in ks:
+        t_k = _threshold(scale, k) * Decimal(2) ** 63
+        r = int(t_k)  # the 63-bit cell containing T_k
+        cases = [[r - 1], [r + 1]]
+        below = int((t_k - r) * Decimal(2) ** 64)  # T_k inside the refined cell of word `below`
+        cases += [[r, below - 1], [r, below + 1], [r, below, 0], [r, below, (1 << 64) - 1]]
+        for words in cases:
+            if not 0 <= words[-1] < 1 << 64:
+                continue
+            got = int(sampling.discrete_laplace(_forced(words, seed=k), scale, 1)[0])
+            want = _reference_magnitude([*words, *np.random.default_rng(k).bit_generator
+                                         .random_raw(4).tolist()], scale)
+            assert got == want, (k, words)
+        if r > scale * 2**20:  # the neighbouring cells are then inside one step of |X|
+            assert int(sampling.discrete_laplace(_forced([r - 1]), scale, 1)[0]) == k
+            assert int(sampling.discrete_laplace(_forced([r + 1]), scale, 1)[0]) == k - 1
+
+
+@pytest.mark.parametrize("scale", [0.7, 5.0, 3.0e4, 2.0**36])
+def test_every_tier_agrees_with_the_definition(scale: float) -> None:
+    """Random words of every size class (tier 1: r >= 2^43; tier 2: 0 < r < 2^43; tier 3:
+    r = 0, and cells straddling a threshold), against ``_reference_magnitude``."""
+    rng = np.random.default_rng(21)
+    for top in (63, 50, 43, 30, 10, 1, 0):
+        for _ in range(12):
+            first = int(rng.integers(0, 1 << top)) if top else 0
+            words = [first, *rng.integers(0, 1 << 64, size=6, dtype=np.uint64).tolist()]
+            got = int(sampling.discrete_laplace(_forced(words), scale, 1)[0])
+            assert got == _reference_magnitude(words, scale), (top, words)
+
+
+def test_vector_scales_are_exact_per_coordinate() -> None:
+    """The ICLP form: one word per coordinate, each decided with its own scale."""
+    scales = np.array([0.5, 3.0, 2.0**25])
+    words = [5 << 50, 1 << 62, (1 << 63) - 1, 0, 1 << 50, 3 << 60]
+    got = sampling.discrete_laplace(_forced(words), scales, 2)
+    # the first row takes the words 0..2, the second 3..5; word 3 is zero, so its draw
+    # (in tier 3) reads the next word of the stream, which is the seeded PCG64's first
+    extra = np.random.default_rng(0).bit_generator.random_raw(2).tolist()
+    want = [_reference_magnitude([w], s) for w, s in zip(words[:3], scales, strict=True)]
+    want += [_reference_magnitude([words[3], *extra], scales[0])]
+    want += [_reference_magnitude([w], s) for w, s in zip(words[4:], scales[1:], strict=True)]
+    assert got.reshape(-1).tolist() == want
+
+
+def test_a_broken_bit_source_raises_instead_of_truncating(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sampling, "MAX_EXTRA_WORDS", 4)
+    with pytest.raises(RuntimeError):
+        sampling.discrete_laplace(_forced([0] * 10), 1.0, 1)
+
+
+def test_numpy_logs_are_as_accurate_as_the_margins_assume() -> None:
+    """Tiers 1 and 2 assume np.log errs by at most 4 ulp (then keep a 64-fold margin):
+    measured against correctly rounded decimal logs, over the uniforms they see."""
+    rng = np.random.default_rng(22)
+    r = np.concatenate([rng.integers(1 << 43, 1 << 63, 400), rng.integers(1, 1 << 43, 200)])
+    for dtype in (np.float64, np.longdouble):
+        u = r.astype(dtype) * dtype(2.0**-63)
+        got = np.log(u)
+        eps = Decimal(float(np.finfo(dtype).eps))
+        with localcontext() as ctx:
+            ctx.prec = 60
+            for ui, gi in zip(u, got, strict=True):
+                exact = _exact(ui).ln()
+                assert abs(_exact(gi) - exact) <= 4 * eps * abs(exact)
+
+
+def _exact(x: np.floating) -> Decimal:
+    num, den = x.as_integer_ratio()
+    return Decimal(num) / Decimal(den)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 4.6, 1000.0])
+def test_gaussian_acceptance_at_the_exact_threshold(sigma: float) -> None:
+    """V's cells next to exp(-γ): accept below, reject above, and the cell containing it
+    reads more bits; both the float tier and the exact tier, against the definition."""
+    t = math.floor(sigma) + 1
+    gamma_of = sampling._GaussianExponent(sigma, t)
+    for y in (0, 1, t, 2 * t, 3 * t + 1):
+        gamma = gamma_of(y)
+        with localcontext() as ctx:
+            ctx.prec = 80
+            edge = (-(Decimal(gamma.numerator) / Decimal(gamma.denominator))).exp() * 2**63
+        v = int(edge)
+        if v < 2:
+            continue
+        cells = np.array([v - 1, v + 1], dtype=np.uint64)
+        fast = sampling._fast_accept(np.array([y, y]), cells, sigma, t)
+        assert fast.tolist() in ([True, False], [1, 0], [-1, 0], [1, -1], [-1, -1])
+        rng = np.random.default_rng(0)
+        assert sampling._exact_accept(rng, v - 1, gamma) is True
+        assert sampling._exact_accept(rng, v + 1, gamma) is False
+        below = int((edge - v) * Decimal(2) ** 64)
+        assert sampling._exact_accept(_forced([below - 1]), v, gamma) is True
+        assert sampling._exact_accept(_forced([below + 1]), v, gamma) is False
+
+
+def test_gaussian_tail_beyond_the_old_cut() -> None:
+    """Catches the cut proposal tail: at σ = 1 (t = 2) the old exponential stopped at
+    |Y| = 89; here U ~ 2^-87 gives |Y| = 120, accepted as V < exp(-γ) ~ 2^-10000.
+
+    One draw runs a batch of 65 proposals: their words, the extra word of the first
+    one (tier 3, r = 0), the 65 words of V (the first 0, the rest 1 - 2^-63, which
+    reject), then zero words for the first V until it is below exp(-γ)."""
+    magnitude = _reference_magnitude([0, 1 << 40], 2.0)
+    assert magnitude > 89
+    gamma = sampling._GaussianExponent(1.0, 2)(magnitude)
+    zeros = math.ceil(float(gamma) / math.log(2) / 64) + 1
+    words = [0] + [(1 << 63) - 1] * 64 + [1 << 40] + [0] + [(1 << 64) - 1] * 64
+    x = sampling.discrete_gaussian(_forced([*words, *[0] * zeros, 1]), 1.0, 1)
+    assert x.tolist() == [magnitude]
+
+
+def test_tail_frequencies_at_a_fixed_seed() -> None:
+    """P(|X| >= k) = T_k in the far tail too (k ~ 12 scale units, T_k ~ 6e-6)."""
+    scale, n = 1.0, 2_000_000
+    x = np.abs(sampling.discrete_laplace(np.random.default_rng(23), scale, n))
+    for k in (5, 9, 12):
+        p = sampling.discrete_laplace_tail(scale, k)
+        assert abs(np.count_nonzero(x >= k) / n - p) <= Z * math.sqrt(p * (1 - p) / n)
+
+
+def test_the_service_generator_drives_the_samplers() -> None:
+    """randomgen's AESCounter (``mechanisms.rng``) gives raw words the same way."""
+    rng = secure_generator(24)
+    x = sampling.discrete_laplace(rng, 2.5, N)
+    support = np.arange(-200, 201)
+    assert _chisquare(x, _laplace_pmf(2.5, support), support) > 1e-3
+    g = sampling.discrete_gaussian(rng, 3.7, N)
+    support = np.arange(-60, 61)
+    assert _chisquare(g, _gaussian_pmf(3.7, support), support) > 1e-3

@@ -202,3 +202,50 @@ def test_exact_loss_and_invariance_of_the_discrete_step(eps: float) -> None:
     bad = NoiseStep(step.resolution, step.scale / 1.2)
     m, _ = transition_matrix_discrete(uniform, uniform, bad)
     assert max_privacy_loss(m) > eps * 1.1
+
+
+def _zero_noise_reproducible(step: NoiseStep, g: np.ndarray, k: int) -> np.ndarray:
+    """For each released g: could W = k (zero noise from cell k) with a V on the old
+    coarse grid have produced g bit for bit?
+
+    The old sampler recycled V = A / (z/2) when D = 0, A a multiple of 2^-53 in
+    [0, z/2] (z = P(D = 0)); this inverts g to V and tries the nearby grid points.
+    """
+    half_zero = 0.5 * math.tanh(0.5 / step.scale)
+    t = np.full(g.shape, k - 1.0)
+    lo = step._uniformize(t.copy(), np.zeros(g.shape), True)[0]
+    hi = step._uniformize(t.copy(), np.ones(g.shape), True)[0]
+    v = (g - lo) / (hi - lo)
+    centre = np.rint(v * half_zero * 2.0**53)
+    found = np.zeros(g.shape, dtype=bool)
+    for j in range(-3, 4):
+        a = (centre + j) * 2.0**-53
+        grid_v = a / half_zero
+        inside = (a >= 0) & (a <= half_zero)
+        again = step._uniformize(t.copy(), np.clip(grid_v, 0.0, 1.0), True)[0]
+        found |= inside & (again == g)
+    return found
+
+
+def test_released_floats_do_not_tell_zero_noise_apart() -> None:
+    """Catches issue #14 item 1: V recycled from D's uniform lay on a grid ~z⁻¹ times
+    coarser when D = 0, so 'g is a zero-noise output of cell 1' happened with probability
+    >= P(D = 0) from cell 1 and almost never from cell 16 (certified ε >= 4.5 at K = 16,
+    ε = 1). With V drawn afresh the event is post-processing of W: the Clopper–Pearson
+    (1e-6) lower bound on the ratio of its two frequencies stays below e^ε, and its
+    frequency from cell 1 is far below P(D = 0)."""
+    eps, n = 1.0, 200_000
+    step = NoiseStep.calibrate(eps, 16)
+    zero = math.tanh(0.5 / step.scale)
+    rng = np.random.default_rng(31)
+    counts = []
+    for u in (0.0, 1.0):  # cells 1 and 16: the neighbours furthest apart
+        g, _ = step(np.full(n, u), rng)
+        counts.append(int(np.count_nonzero(_zero_noise_reproducible(step, g, 1))))
+    near, far = counts
+    alpha = 1e-6
+    near_lo = stats.beta.ppf(alpha / 2, near, n - near + 1) if near else 0.0
+    far_hi = stats.beta.ppf(1 - alpha / 2, far + 1, n - far)
+    assert near_lo <= math.exp(eps) * far_hi
+    near_hi = stats.beta.ppf(1 - alpha / 2, near + 1, n - near)
+    assert near_hi < zero / 2
