@@ -357,8 +357,15 @@ def cases(mechanism: str, size: AuditSize) -> list[Case]:
     """The audited requests of one mechanism (``subset.dummy`` has its own runs)."""
     per = RECORDS[size]
     if mechanism == "subset.uniform":
-        return [Case("uniform p=5", {"column": "u"}, _meta(5 * per, {"u": 5}),
-                     {"u": _repeated(5, per)})]
+        sex, income = np.meshgrid(np.arange(2), np.arange(3), indexing="ij")
+        return [
+            Case("uniform p=5", {"column": "u"}, _meta(5 * per, {"u": 5}),
+                 {"u": _repeated(5, per)}),
+            # the small-domain strategy: a binary and a ternary column joined (p = 6)
+            Case("uniform combined 2 x 3", {"column": "s", "combine_with": ["i"]},
+                 _meta(6 * per, {"s": 2, "i": 3}),
+                 {"s": np.repeat(sex.ravel(), per), "i": np.repeat(income.ravel(), per)}),
+        ]
     if mechanism == "subset.custom":
         return [
             Case("cycle mu p=5", {"column": "c", "design": _cycle_design()},
@@ -434,7 +441,7 @@ def check_aligned(case: Case, stated: Sequence[Variable], privacy: Sequence[Mapp
     ``leaky`` compares with the control's exact law instead of the stated
     design (used by the tests to show the check accepts the control's true law).
     """
-    truths = [np.asarray(case.data[c], dtype=np.int64) for v in stated for c in v.columns]
+    truths = variable_truths(case, stated)
     sizes = [v.p for v in stated]
     code, combos = _strata(truths, sizes)
     joint = np.zeros(len(code), dtype=np.uint64)
@@ -471,15 +478,23 @@ def stated_privacy(out: Output) -> list[Mapping[str, Any]]:
 
 def _tests_per_case(case: Case) -> int:
     """Statistical tests in one case: the χ² and three metrics per variable."""
-    return 1 + 3 * (len(case.params.get("columns", [])) or 1)
+    return 1 + 3 * len(case.params.get("columns", [None]))
 
 
-def leaky_masks(case: Case, first: Sequence[Masks], second: Sequence[Masks],
-                sizes: Sequence[int], rng: np.random.Generator) -> list[Masks]:
+def variable_truths(case: Case, stated: Sequence[Variable]) -> list[NDArray[np.int64]]:
+    """Each privatized variable's true category per record (joint code if combined)."""
+    for v in stated:
+        if v.domain.artificial_levels > 1:
+            raise ValueError("an artificial variable's categories are drawn inside the run")
+    return [v.domain.encode([case.data[c] for c in v.columns]) for v in stated]
+
+
+def leaky_masks(case: Case, stated: Sequence[Variable], first: Sequence[Masks],
+                second: Sequence[Masks], rng: np.random.Generator) -> list[Masks]:
     """The control's release: the second draw where the tell-tale is present (w.p. LEAK)."""
-    truths = [np.asarray(v, dtype=np.int64) for v in case.data.values()]
+    truths = variable_truths(case, stated)
     k = case.leak_variable
-    target = case.telltale(truths, sizes)
+    target = case.telltale(truths, [v.p for v in stated])
     swap = bitmask.contains(first[k], target) & (rng.random(len(target)) < LEAK)
     out = list(first)
     out[k] = np.where(swap, second[k], first[k])
@@ -506,7 +521,7 @@ def audit_aligned(mechanism: str, size: AuditSize, seed: int) -> AuditReport:
         honest.append(check_aligned(case, stated, said, first, split_a, alpha))
         again, _ = release(mech, case.params, case.meta, case.data, run_b)
         second = [_masks(again, v) for v in stated]
-        leaked = leaky_masks(case, first, second, [v.p for v in stated], coin)
+        leaked = leaky_masks(case, stated, first, second, coin)
         control.append(check_aligned(case, stated, said, leaked, split_b, alpha))
     return _report(mechanism, honest, control, charged)
 
