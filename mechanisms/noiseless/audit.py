@@ -121,8 +121,8 @@ def _integers(lo: int, hi: int) -> tuple[float, ...]:
 def aggregate_cases(size: AuditSize) -> list[Case]:
     """Mean, sum and count on finite domains, and a mean on a non-dyadic real range."""
     full = size == "full"
-    mean_hi, mean_n = (6, 5) if full else (4, 4)
-    sum_hi, sum_n = (9, 4) if full else (7, 3)
+    mean_hi, mean_n = (5, 4) if full else (4, 4)
+    sum_hi, sum_n = (9, 3) if full else (7, 3)
     real = ColumnMeta("r", "continuous", bounds=(-3.7, 12.1))
     return [
         Case(f"mean integer [0, {mean_hi}] n={mean_n} 1 bit", {"statistic": "mean", "column": "k"},
