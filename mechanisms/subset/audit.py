@@ -16,7 +16,8 @@ So the audit runs the *registered* mechanism (``load_params``, ``cost``,
   the design read back from the release's own description;
 * τ, I(X;A) and R, stated under the uniform prior, against their definitions
   evaluated on the empirical joint law of (X, A) (the data are uniform over
-  the categories, so that prior is the truth);
+  the categories, so that prior is the truth), and the stated smallest
+  individual coverage min L(a) against every released subset (exact);
 * ``certified``: a Clopper–Pearson lower bound on the accuracy of the MAP
   guesser of X chosen on one half of the records and scored on the other —
   a lower bound on the true prediction risk, which must not exceed the stated R.
@@ -295,6 +296,9 @@ def metric_checks(name: str, truth: NDArray[np.int64], masks: Masks, p: int,
     tau_stated = float(stated["size_coverage"])
     checks = [Check(f"{name}: size coverage", abs(tau - tau_stated) <= z * tau_se + SLACK,
                     f"tau {tau:.5f} vs stated {tau_stated:.5f} (se {tau_se:.1e})")]
+    floor = float(stated["min_individual_coverage"])
+    checks.append(Check(f"{name}: individual coverage", float(sizes.min()) >= floor - SLACK,
+                        f"smallest L(A) {float(sizes.min()):.4f} vs stated floor {floor:.4f}"))
     mi, mi_se, df = mutual_information(truth, masks)
     if stated.get("mi_bits") is not None:
         mi_stated = float(stated["mi_bits"])

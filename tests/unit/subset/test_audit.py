@@ -97,7 +97,8 @@ def test_control_differs_from_the_design(name: str) -> None:
 
 def _ignored(stated: list[Variable]) -> list[Mapping[str, Any]]:
     """Placeholder stated privacy for tests that read only the law and support checks."""
-    return [{"size_coverage": math.nan, "prediction_risk": math.inf} for _ in stated]
+    return [{"size_coverage": math.nan, "prediction_risk": math.inf,
+             "min_individual_coverage": 0.0} for _ in stated]
 
 
 def test_law_test_flags_another_valid_design() -> None:
@@ -182,6 +183,11 @@ def test_mutual_information_and_risk_of_an_exact_sample() -> None:
     checks, bound = audit.metric_checks("exact", x, a, 4, stated, np.random.default_rng(0), 1e-3)
     assert all(c.ok for c in checks), checks
     assert 0.45 < bound <= 0.5
+    # overstated privacy is flagged: every pair has L(a) = 1/2, not the 0.6 floor claimed
+    claims = {**stated, "min_individual_coverage": 0.6, "mi_bits": 0.9, "prediction_risk": 0.4}
+    checks, _ = audit.metric_checks("overstated", x, a, 4, claims, np.random.default_rng(0), 1e-3)
+    failed = {c.name.split(": ")[-1] for c in checks if not c.ok}
+    assert failed == {"individual coverage", "mutual information", "prediction risk"}
 
 
 @settings(max_examples=25, deadline=None)
