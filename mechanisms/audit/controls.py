@@ -162,7 +162,8 @@ class FloatLaplace(baselines.LaplaceMechanism):
         plan = self._plan(params, baselines._read_budget(cost, self.measures, self.name), meta)
         q = plan.query
         assert q.bounds is not None and q.statistic in ("sum", "mean")
-        x = np.clip(np.asarray(data[q.column.name], dtype=np.float64), *map(float, q.bounds))
+        lo, hi = (float(b) for b in q.bounds)
+        x = np.clip(np.asarray(data[q.column.name], dtype=np.float64), lo, hi)
         exact = math.fsum(x) / (q.n if q.statistic == "mean" else 1)
         scale = float(q.sensitivity / Fraction(cost["epsilon"]))
         out: FloatArray = exact + rng.laplace(0.0, scale, runs)
