@@ -132,9 +132,10 @@ class OldNoiseStep(NoiseStep):
 
 
 def old_privatize(x: FloatArray, reference: Reference, column: str, epsilon: Fraction,
-                  rng: np.random.Generator, resolution: int) -> FloatArray:
-    """One column through DIP (``chain.privatize``'s steps) with the old noise step."""
-    step = OldNoiseStep(resolution, NoiseStep.calibrate(epsilon, resolution).scale)
+                  rng: np.random.Generator, resolution: int,
+                  step_class: type[NoiseStep] = OldNoiseStep) -> FloatArray:
+    """One column through DIP (``chain.privatize``'s steps) with another noise step."""
+    step = step_class(resolution, NoiseStep.calibrate(epsilon, resolution).scale)
     clean = {column: reference.clean(column, x)}
     u = reference.uniformize(clean, [column], rng)
     g, h = step(u, rng, reference.needs_upper_tail)

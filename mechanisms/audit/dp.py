@@ -38,6 +38,7 @@ from mechanisms.audit import ALPHA, controls, events, tapes
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism
 from mechanisms.dip.mechanism import DipMechanism
+from mechanisms.dip.noise import NoiseStep
 from mechanisms.iclp.entries import _FunctionMechanism
 
 FloatArray = NDArray[np.float64]
@@ -307,7 +308,8 @@ def function_scenario(label: str, mech: _FunctionMechanism, raw: Mapping[str, An
 
 def dip_scenario(label: str, mech: DipMechanism, raw: Mapping[str, Any],
                  budget: Mapping[str, Fraction], meta: DatasetMeta,
-                 old_step: bool = False) -> Scenario:
+                 old_step: bool = False,
+                 step_class: type[NoiseStep] = controls.OldNoiseStep) -> Scenario:
     """DIP on its extreme-cell neighbours.
 
     A public reference (parametric) makes DIP ε-local-DP per record
@@ -315,7 +317,8 @@ def dip_scenario(label: str, mech: DipMechanism, raw: Mapping[str, Any],
     independent draws of its release, so ``draw`` is one real ``run``. The dp
     reference couples the records through the histogram: every run is a full
     run (slow), and the release is the whole (n-row) column. ``old_step``
-    swaps in the old noise step (the representation control), same pipeline.
+    swaps in another noise step (default: the old one, the representation
+    control), same pipeline.
     """
     params = mech.load_params(raw)
     cost = _cost(mech, params, budget, meta)
@@ -329,7 +332,7 @@ def dip_scenario(label: str, mech: DipMechanism, raw: Mapping[str, Any],
         if old_step:
             assert plan.parametric is not None
             return controls.old_privatize(data[name], plan.parametric, name, plan.epsilon_dip,
-                                          rng, plan.step.resolution)
+                                          rng, plan.step.resolution, step_class)
         out = mech.run(data, params, cost, sub, rng).table
         assert out is not None
         return np.asarray(out[name], dtype=np.float64)
