@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench soak fuzz large lint clean
+.PHONY: run test bench soak fuzz large lint clean audit
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ fuzz: $(STAMP)
 # 10^7-row CSV through the real service; prints memory peaks (not in CI: ~3 min, ~1 GB disk)
 large: $(STAMP)
 	$(BIN)/python -m tests.large.large_data $(LARGE_ARGS)
+
+# adversarial privacy audit of every mechanism at full size; table in var/audit.md
+audit: $(STAMP)
+	$(BIN)/python -m mechanisms.audit --size full --out var/audit.md
 
 clean:
 	rm -rf $(VENV) var *.egg-info

@@ -1,0 +1,171 @@
+"""Negative controls: deliberately broken variants of the audited mechanisms.
+
+Each event family of the audit must catch one of these, or the audit could
+not fail. They reproduce real bugs, copied here so that fixing the library
+does not remove the control:
+
+* ``overspending``: the mechanism calibrates its noise for factor·ε while
+  it claims (and costs) ε (interval family; learned family for many
+  coordinates);
+* ``truncated_discrete_laplace``: the discrete Laplace built from numpy's
+  ``standard_exponential``, which never exceeds 44.43, so the noise stops at
+  floor(44.43·s) + 1 lattice units (issue #14, finding 2; tail family);
+* ``OldNoiseStep``: DIP's noise step recycling the uniform that chose the
+  discrete noise's case as the PIT's V; when the noise is 0, V lies on a grid
+  coarser than otherwise and the released float shows it (issue #14,
+  finding 1; representation family);
+* ``FloatLaplace``: Laplace noise added to a raw float (Mironov 2012;
+  representation family).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mechanisms import baselines
+from mechanisms.base import Budget, DatasetMeta, Mechanism, Output
+from mechanisms.dip.mechanism import DipMechanism, Plan
+from mechanisms.dip.noise import NoiseStep
+from mechanisms.dip.reference import Reference
+
+FloatArray = NDArray[np.float64]
+
+
+# --------------------------------------------------------------------------- overspending
+
+
+def _overspent(budget: Budget, factor: float) -> dict[str, Fraction]:
+    return {k: v * Fraction(factor) if k == "epsilon" else Fraction(v)
+            for k, v in budget.items()}
+
+
+def overspending(mech: Mechanism, factor: float) -> Mechanism:
+    """``mech``'s class with noise for factor·ε; it still claims and costs ε."""
+    cls = type(mech)
+    if isinstance(mech, baselines._Baseline):
+
+        class Baseline(cls):  # type: ignore[valid-type,misc]
+            def _plan(self, params: Any, amounts: Any, meta: DatasetMeta) -> Any:
+                return super()._plan(params, _overspent(amounts, factor), meta)
+
+        return Baseline()
+    if isinstance(mech, DipMechanism):
+
+        class Dip(DipMechanism):
+            def plan(self, params: Mapping[str, Any], budget: Budget,
+                     meta: DatasetMeta) -> Plan:
+                plan = super().plan(params, _overspent(budget, factor), meta)
+                plan.epsilon = Fraction(budget["epsilon"])  # what cost() charges
+                return plan
+
+        return Dip()
+
+    class Function(cls):  # type: ignore[valid-type,misc]
+        def _plan(self, params: Any, epsilon: Fraction, meta: DatasetMeta) -> Any:
+            return super()._plan(params, epsilon * Fraction(factor), meta)
+
+    return Function()
+
+
+# --------------------------------------------------------------------------- finding 2
+
+
+def truncated_signed_geometric(rng: np.random.Generator, scale: float, size: int | tuple[int, ...]
+                               ) -> tuple[FloatArray, FloatArray, float]:
+    """The OLD ``sampling._signed_geometric`` (scalar scale): (X, |U − 1/2|, z/2).
+
+    |X| = floor(scale·E) + 1 with E from ``standard_exponential`` (at most
+    44.43), X = 0 when |U − 1/2| <= z/2.
+    """
+    half_zero = 0.5 * math.tanh(0.5 / scale)
+    x = rng.standard_exponential(size)
+    x *= scale
+    np.floor(x, out=x)
+    x += 1.0
+    a = rng.random(size)
+    a -= 0.5
+    np.copysign(x, a, out=x)
+    np.abs(a, out=a)
+    np.multiply(x, a > half_zero, out=x)
+    return x, a, half_zero
+
+
+def truncated_discrete_laplace(rng: np.random.Generator, scale: float,
+                               size: int | tuple[int, ...]) -> NDArray[np.int64]:
+    """The OLD discrete Laplace: its tails stop at floor(44.43·scale) + 1."""
+    return truncated_signed_geometric(rng, scale, size)[0].astype(np.int64)
+
+
+class TruncatedLaplace(baselines.LaplaceMechanism):
+    """``laplace`` drawing its noise with the old, truncated sampler."""
+
+    def _sample(self, rng: np.random.Generator, plan: Any, size: int) -> NDArray[np.int64]:
+        return truncated_discrete_laplace(rng, plan.noise_scale, size)
+
+
+# --------------------------------------------------------------------------- finding 1
+
+
+class OldNoiseStep(NoiseStep):
+    """DIP's OLD noise step: V recycled from the uniform that chose D's case."""
+
+    def __call__(self, u: FloatArray, rng: np.random.Generator, exact_upper: bool = True
+                 ) -> tuple[FloatArray, FloatArray]:
+        x, a, half_zero = truncated_signed_geometric(rng, self.scale, np.shape(u))
+        zero_rows = np.flatnonzero(x == 0.0)
+        flat = a.reshape(-1)
+        inside = flat[zero_rows] / half_zero  # A uniform on [0, z/2] when X = 0
+        rest = 0.5 - half_zero
+        if rest > 0.0:  # A uniform on (z/2, 1/2] when X != 0
+            a -= half_zero
+            a *= 1.0 / rest
+        flat[zero_rows] = inside
+        t = self.cell(u)
+        t += x
+        return self._uniformize(t, a, exact_upper)
+
+
+def old_privatize(x: FloatArray, reference: Reference, column: str, epsilon: Fraction,
+                  rng: np.random.Generator, resolution: int,
+                  step_class: type[NoiseStep] = OldNoiseStep) -> FloatArray:
+    """One column through DIP (``chain.privatize``'s steps) with another noise step."""
+    step = step_class(resolution, NoiseStep.calibrate(epsilon, resolution).scale)
+    clean = {column: reference.clean(column, x)}
+    u = reference.uniformize(clean, [column], rng)
+    g, h = step(u, rng, reference.needs_upper_tail)
+    return np.asarray(reference.quantile(g, h, [column])[column], dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- Mironov
+
+
+class FloatLaplace(baselines.LaplaceMechanism):
+    """``laplace`` of a sum or mean as the exact statistic plus ``rng.laplace`` on floats.
+
+    Same scale as the real mechanism (Δ/ε), but the noise is a raw double, so
+    the released value's low bits depend on the statistic (Mironov 2012).
+    """
+
+    def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        values = self.draw(data, params, cost, meta, rng, 1)
+        return Output(result={"value": float(values[0])}, accuracy={}, guarantee="")
+
+    def draw(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
+             meta: DatasetMeta, rng: np.random.Generator, runs: int) -> FloatArray:
+        """``runs`` releases at once (the vectorised form of ``run``)."""
+        plan = self._plan(params, baselines._read_budget(cost, self.measures, self.name), meta)
+        q = plan.query
+        assert q.bounds is not None and q.statistic in ("sum", "mean")
+        lo, hi = (float(b) for b in q.bounds)
+        x = np.clip(np.asarray(data[q.column.name], dtype=np.float64), lo, hi)
+        exact = math.fsum(x) / (q.n if q.statistic == "mean" else 1)
+        scale = float(q.sensitivity / Fraction(cost["epsilon"]))
+        out: FloatArray = exact + rng.laplace(0.0, scale, runs)
+        return out
