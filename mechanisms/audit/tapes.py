@@ -2,10 +2,12 @@
 
 A mechanism turns its random tape (64-bit words) into noise. An exact sampler
 maps a tape starting with j zero words to a draw about j·44 scale units deep
-in its tail (U < 2^-64j); a sampler built on numpy's ``standard_exponential``
-never leaves 44.43 scale units whatever the tape. Running the real code path
-on such tapes shows how far a mechanism *can* reach, which no number of fair
-runs shows (the tail beyond 44 units has probability e^-44). The tail family
+in its tail (U < 2^-64j; ``mechanisms.sampling`` takes a word's top bit as
+the sign, so a word with only that bit set starts a deep negative draw); a
+sampler built on numpy's ``standard_exponential`` never leaves 44.43 scale
+units whatever the tape. Running the real code path on such tapes shows how
+far a mechanism *can* reach, which no number of fair runs shows (the tail
+beyond 44 units has probability e^-44). The tail family
 (``events.support_gap``) uses these reaches; they are only for auditing.
 """
 
@@ -17,12 +19,13 @@ from typing import Any
 import numpy as np
 from randomgen import UserBitGenerator
 
-_Z, _O, _F = 0, (1 << 64) - 1, None
+_Z, _O, _S, _F = 0, (1 << 64) - 1, 1 << 63, None
 #: forced prefixes (None: a fair word, so signs and cases drawn before the deep word vary);
-#: up to 4 zero words: a uniform below 2^-256, 177 scale units deep, beyond any ε <= 100
+#: a sign word (_S) then zero words reaches as deep on the negative side;
 PREFIXES: tuple[tuple[int | None, ...], ...] = (
     (_Z,), (_Z, _Z), (_Z, _Z, _Z), (_Z, _Z, _Z, _Z), (_F, _Z, _Z, _Z), (_F, _F, _Z, _Z, _Z),
     (_O,), (_O, _O), (_O, _Z, _Z, _Z), (_Z, _O, _Z, _Z, _Z),
+    (_S,), (_S, _Z), (_S, _Z, _Z, _Z), (_F, _S, _Z, _Z), (_O, _S, _Z, _Z),
 )
 
 
