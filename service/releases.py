@@ -71,6 +71,11 @@ class Prepared:
         }, default=str)
 
 
+#: the error of every release that failed after its job read the data (charged): the
+#: same whatever went wrong, since a message the data decides would be a side channel
+FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
+
+
 def new_id() -> str:
     return "rel_" + secrets.token_hex(12)
 
@@ -175,6 +180,13 @@ def document(client: redis.Redis, release_id: str) -> dict[str, Any] | None:
     if not raw:
         return None
     return render(release_id, raw)
+
+
+def table_attempt(client: redis.Redis, release_id: str) -> int:
+    """Which run's table is the release's, as its commit recorded (release tables live
+    per run, ``service.outputs``); releases committed before runs were numbered kept
+    theirs as run 1."""
+    return int(client.hget(rkeys.release(release_id), "table") or 1)
 
 
 def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:

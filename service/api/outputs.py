@@ -44,7 +44,8 @@ def data(release_id: str) -> Response:
     """The privatized microdata as CSV, one row per released record, in row order."""
     _succeeded(release_id)
     config = current_app.config["PRIVRELEASE"]
-    table = OutputStore(config.releases_dir).load(release_id)
+    attempt = releases.table_attempt(current_app.extensions["redis"], release_id)
+    table = OutputStore(config.releases_dir).load(release_id, attempt)
     if table is None:
         raise APIError(404, "this release has no record-level data", code="not_found")
     headers = {"Content-Disposition": f'attachment; filename="{release_id}.csv"'}

@@ -115,7 +115,8 @@ def test_racing_analysts_respect_allocations_and_cap(r: redis.Redis, redis_url: 
         res = own.reserve(ds, f"rel_race_{i}", {"epsilon": 1}, actor=actor,
                           fingerprint=f"race-{i}", request_json="{}")
         if res.outcome == "reserved" and i % 3 == 0:
-            own.commit(ds, f"rel_race_{i}", "{}", "w")
+            run = own.mark_running(f"rel_race_{i}", "w")
+            assert run is not None and own.commit(ds, run, "{}") == "settled"
         return actor, res.outcome
 
     with ThreadPoolExecutor(16) as pool:

@@ -160,7 +160,8 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     assert ledger.mark_running(dead, "w")
     client.delete(rkeys.lease(dead))
     alive = reserve("alive")  # running with a live lease: left alone
-    assert ledger.mark_running(alive, "w")
+    alive_run = ledger.mark_running(alive, "w")
+    assert alive_run is not None
     # running, lease lapsed, its message stuck in kombu's unacked set (the worker lost
     # Valkey before acknowledging): refunded now, not after the hour-long visibility timeout
     stuck = reserve("stuck")
@@ -179,6 +180,6 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     assert client.hget(rkeys.release(prefetched), "status") == "queued"
     assert ledger.abort(ds, prefetched, "{}", "test")
     assert _epsilon(api, ds)["reserved"] == 0.1 and _epsilon(api, ds)["committed"] == 0
-    assert ledger.commit(ds, alive, "{}", "w")
+    assert ledger.commit(ds, alive_run, "{}") == "settled"
     assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,
                                  "remaining": 4.9}

@@ -26,6 +26,13 @@ def _reserve(ledger: Ledger, ds: str, units: int, **kw: object) -> tuple[str, ob
     return rid, res
 
 
+def _commit(ledger: Ledger, ds: str, rid: str) -> bool:
+    """Run the job as a worker does: take its lease, then commit as the lease holder."""
+    run = ledger.mark_running(rid, "w")
+    assert run is not None
+    return ledger.commit(ds, run, "{}") == "settled"
+
+
 def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
     ledger, ds = Ledger(r), _ds()
     ledger.open(ds, {"epsilon": 1000}, "op")
@@ -36,9 +43,10 @@ def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
                                              "remaining": 200}
     _, res3 = _reserve(ledger, ds, 201)
     assert (res3.outcome, res3.requested, res3.remaining) == ("exhausted", 201, 200)  # type: ignore[attr-defined]
-    assert ledger.mark_running(rid1, "w")
-    assert ledger.commit(ds, rid1, '{"result": {}}', "w")
-    assert not ledger.commit(ds, rid1, '{"result": {}}', "w"), "a second commit charges nothing"
+    run1 = ledger.mark_running(rid1, "w")
+    assert run1 is not None and run1.attempt == 1
+    assert ledger.commit(ds, run1, '{"result": {}}') == "settled"
+    assert ledger.commit(ds, run1, '{"result": {}}') == "ended", "a second commit charges nothing"
     assert ledger.abort(ds, rid2, '{"message": "x"}', "w")
     assert not ledger.abort(ds, rid1, '{"message": "x"}', "w"), "a committed release stays"
     assert ledger.balance(ds)["epsilon"] == {"cap": 1000, "committed": 300, "reserved": 0,
@@ -109,7 +117,7 @@ def test_concurrent_reservations_never_overspend(r: redis.Redis, redis_url: str)
         res = ledger.reserve(ds, rid, {"epsilon": 7, "delta": 1}, actor="t",
                              fingerprint=f"{ds}-{i}", request_json="{}")
         if res.outcome == "reserved" and i % 2:
-            ledger.commit(ds, rid, "{}", "w")
+            _commit(ledger, ds, rid)
         return res.outcome
 
     watcher = threading.Thread(target=watch)
@@ -148,7 +156,7 @@ def test_ledger_invariants(r: redis.Redis, cap: int, ops: list[tuple[str, int]])
         elif open_ids:
             rid, units = open_ids.pop(0)
             if op == "commit":
-                assert ledger.commit(ds, rid, "{}", "w")
+                assert _commit(ledger, ds, rid)
                 committed += units
             else:
                 assert ledger.abort(ds, rid, "{}", "w")
@@ -174,7 +182,7 @@ def test_valkey_kill_loses_no_committed_spend(tmp_path: object) -> None:
     for i in range(20):
         rid, _ = _reserve(ledger, ds, 1000 + i)
         if i % 4:
-            ledger.commit(ds, rid, "{}", "w")
+            _commit(ledger, ds, rid)
     before = ledger.balance(ds)
     assert server.proc is not None
     server.proc.kill()  # SIGKILL: no shutdown save, only the AOF

@@ -68,5 +68,5 @@ def test_interval_leakage_caps_stop_at_one() -> None:
     """A leakage cap of exactly 1 is the largest accepted (main accepted up to 1000)."""
     assert budget.parse_caps({"interval_leakage": 1}, ["a"], []) == {
         "interval_leakage:a": 10**12}
-    with pytest.raises(budget.AmountError, match="between 0 and 1$"):
+    with pytest.raises(budget.AmountError, match=r"between 0 and 1$"):
         budget.parse_caps({"interval_leakage": 2}, ["a"], [], where="caps")
