@@ -25,6 +25,7 @@ from flask import Flask
 from service import apikeys, rkeys
 from service.app import create_app
 from service.ledger import Ledger
+from service.releases import FAILED_AFTER_READ
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from workers.sweeper import sweep
@@ -183,3 +184,27 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     assert ledger.commit(ds, alive_run, "{}") == "settled"
     assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,
                                  "remaining": 4.9}
+
+
+def test_sweeper_charges_a_job_whose_worker_died_after_reading(slow: Any) -> None:
+    """Catches issue #14 finding 8 for dead workers: main's sweeper refunded every gone
+    job, so a worker that died because of the data (a crash, memory) was a free probe.
+    A job gone after its data_read marker is charged and says only "mechanism failed"."""
+    api, client, _ = slow
+    ledger = Ledger(client, lease_seconds=LEASE)
+    ds = _dataset(api)
+    rid = f"rel_read_{ds}"
+    res = ledger.reserve(ds, rid, {"epsilon": 10**8}, actor="key_t", fingerprint=rid,
+                         request_json=json.dumps({"dataset_id": ds}))
+    assert res.outcome == "reserved"
+    run = ledger.mark_running(rid, "w")
+    assert run is not None and ledger.mark_data_read(run)
+    client.delete(rkeys.lease(rid))  # its worker died after reading
+    assert rid in sweep(client, ledger, min_age=0)
+    assert client.hget(rkeys.release(rid), "status") == "failed"
+    assert json.loads(client.hget(rkeys.release(rid), "error") or "") == FAILED_AFTER_READ
+    assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,
+                                 "remaining": 4.9}
+    events = api.get(f"/v1/datasets/{ds}/ledger").get_json()
+    assert [(e["kind"], e.get("outcome")) for e in events] == [
+        ("cap", None), ("reserve", None), ("commit", "failed")]
