@@ -76,6 +76,12 @@ class Prepared:
 FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
 
 
+def no_such_dataset() -> APIError:
+    """The answer for a request naming a dataset that does not exist, or that the key may
+    not use (the two must be indistinguishable)."""
+    return APIError(404, "no such dataset", code="not_found", field="dataset_id")
+
+
 def new_id() -> str:
     return "rel_" + secrets.token_hex(12)
 
@@ -85,7 +91,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     """Validate a release request against its mechanism and dataset; compute the cost."""
     doc = datasets.get(client, body["dataset_id"])
     if doc is None:
-        raise APIError(404, "no such dataset", code="not_found", field="dataset_id")
+        raise no_such_dataset()
     if doc.get("status") != "active":
         raise APIError(409, "dataset is retired", code="dataset_retired", field="dataset_id")
     try:
