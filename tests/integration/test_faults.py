@@ -319,9 +319,9 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
     assert resp.status_code == 201, resp.get_json()
     dataset = resp.get_json()["id"]
     body = {"dataset_id": dataset, "mechanism": "interval.case2",
-            "budget": {"interval_leakage": 0.8},
+            "budget": {"interval_leakage": 0.5},
             "params": {"column": "age", "anchors": {"family": "logistic", "loc": 40,
-                                                    "scale": 10}}}
+                                                    "scale": 40}}}
     resp = api.post("/v1/releases", body)
     assert resp.status_code == 202, resp.get_json()
     release = resp.get_json()["id"]

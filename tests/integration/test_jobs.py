@@ -1,6 +1,6 @@
 """Jobs under fire: cancel with refund, a worker killed mid-task, the sweeper.
 
-These tests run their own slow worker (each job sleeps once running, a test-only
+These tests run their own slow worker (each job sleeps once it has read its data, a test-only
 fault-injection knob) against their own Valkey database, so the shared worker
 of the session never sees their jobs.
 """
