@@ -87,6 +87,11 @@ def _lease(ledger: Ledger, run: Run) -> Iterator[threading.Event]:
         thread.join()
 
 
+#: runs of one release that may read its data; a job whose runs all died after reading it
+#: (worker killed, lost, out of memory) is then charged and failed, not run again
+MAX_RUNS = 3
+
+
 class LeaseHeld(Exception):
     """Another worker holds the job's lease; look again once it could have lapsed."""
 
@@ -124,6 +129,16 @@ def execute(release_id: str, worker: str) -> str:
             raise LeaseHeld(release_id)
         return "skipped"
     started = time.perf_counter()
+    if run.attempt > MAX_RUNS and client.hget(rkeys.release(release_id), "data_read"):
+        # earlier runs read the data and died (a crash the data may cause would repeat
+        # forever): charged, and the same message as any failure after the read
+        log.error("release failed: its runs kept dying after reading the data",
+                  extra={"release_id": release_id, "attempt": run.attempt})
+        outcome = ledger.fail(dataset_id, run, json.dumps(releases.FAILED_AFTER_READ))
+        if outcome != "settled":
+            return _lost(client, run, mechanism, outcome, started)
+        metrics_store.record_release(client, mechanism, "failed", time.perf_counter() - started)
+        return "failed"
 
     def finish(outcome: Settled, status: str) -> str:
         if outcome != "settled":

@@ -26,6 +26,7 @@ from service.store import DatasetStore
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration import failing_mechanism
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api
+from workers.tasks import MAX_RUNS
 
 DB = 5
 BOOT = ("import tests.integration.failing_mechanism\n"
@@ -125,3 +126,32 @@ def test_dataset_files_missing_before_reading_is_refunded(rig: dict[str, Any]) -
     assert kinds == ["cap", "reserve", "abort"]
     client = rig["app"].extensions["redis"]
     assert client.hget(rkeys.release(doc["id"]), "data_read") is None
+
+
+def test_runs_that_keep_dying_after_reading_end_charged(rig: dict[str, Any]) -> None:
+    """A job whose runs read the data and died MAX_RUNS times (here: runs that took the
+    lease, marked the read, and vanished) is charged and failed by its next run instead of
+    run again: on main a crash the data causes was redelivered and re-run forever."""
+    api: Api = rig["api"]
+    flask_app: Flask = rig["app"]
+    client, ledger = flask_app.extensions["redis"], flask_app.extensions["ledger"]
+    ds = _dataset(api, [30] * 20)
+    rid = releases.new_id()
+    prepared = releases.prepare(client, ledger, {
+        "dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": 0.5},
+        "params": {"statistic": "count", "condition": {"column": "age", "op": "ge",
+                                                       "value": 30}}}, allow_seeds=False)
+    assert ledger.reserve(ds, rid, prepared.cost_units, actor="key_test",
+                          fingerprint=prepared.fingerprint,
+                          request_json=prepared.request_json()).outcome == "reserved"
+    for _ in range(MAX_RUNS):
+        run = ledger.mark_running(rid, "dead-worker")
+        assert run is not None and ledger.mark_data_read(run)
+        client.delete(rkeys.lease(rid))
+    flask_app.extensions["celery"].send_task("privrelease.run_release", args=[rid],
+                                             task_id=rid)
+    doc = api.wait(rid)
+    assert doc["status"] == "failed" and doc["error"] == releases.FAILED_AFTER_READ
+    assert client.hget(rkeys.release(rid), "attempts") == str(MAX_RUNS + 1)
+    row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+    assert row == {"cap": 5.0, "committed": 0.5, "reserved": 0.0, "remaining": 4.5}
