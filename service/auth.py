@@ -2,7 +2,10 @@
 
 Roles nest: an operator may do everything, an analyst what a consumer may
 and spend on granted datasets, a consumer only read releases and run free
-post-processing. A key with ``datasets`` set sees only those datasets.
+post-processing. A key with ``datasets`` set sees only those datasets: for
+it, any other dataset (and its releases) does not exist. Views check the
+grant first, before anything about the dataset or the request body, and
+answer exactly what they answer for an id that does not exist (DESIGN §6).
 """
 
 from __future__ import annotations
@@ -93,8 +96,17 @@ def admitted() -> bool:
     return role is None or _refusal(role) is None
 
 
-def check_dataset_grant(dataset_id: str) -> None:
-    """403 unless the current key may use ``dataset_id``."""
+def may_use(dataset_id: str) -> bool:
+    """Whether the current key has a grant for ``dataset_id`` (unscoped keys: any)."""
     key = current_key()
-    if key.datasets is not None and dataset_id not in key.datasets:
-        raise APIError(403, "this key has no grant for the dataset", code="forbidden")
+    return key.datasets is None or dataset_id in key.datasets
+
+
+def check_dataset_grant(dataset_id: str, not_found: APIError) -> None:
+    """Raise ``not_found`` unless the current key may use ``dataset_id``.
+
+    ``not_found`` is the view's own answer for an id that does not exist, so a
+    key learns nothing of a dataset it may not use, not even that it exists.
+    """
+    if not may_use(dataset_id):
+        raise not_found

@@ -78,8 +78,9 @@ class Config:
     sweep_interval: float = 15.0
     #: PRIVRELEASE_CALLBACK_HOSTS: comma-separated host[:port] a callback_url may target
     callback_hosts: tuple[str, ...] = ()
-    #: PRIVRELEASE_TEST_JOB_DELAY: seconds a job sleeps once running (fault-injection
-    #: tests only; honoured only together with PRIVRELEASE_ALLOW_SEEDS)
+    #: PRIVRELEASE_TEST_JOB_DELAY: seconds a job sleeps once it has read its data, before
+    #: the mechanism runs (fault-injection tests only; honoured only together with
+    #: PRIVRELEASE_ALLOW_SEEDS)
     test_job_delay: float = 0.0
     #: PRIVRELEASE_LOG_LEVEL: level of the ``privrelease`` loggers (JSON lines on stderr)
     log_level: str = "INFO"

@@ -1,13 +1,19 @@
-"""The privacy budget ledger: reserve, commit, abort, cancel — each one Lua script.
+"""The privacy budget ledger: reserve, commit, fail, abort, cancel — each one Lua script.
 
 All amounts are integer units (see ``service.budget``). The scripts run
 atomically inside Redis, so any number of API processes and workers on any
 number of hosts can never hold or spend more than a cap (DESIGN §3), nor
 more than an analyst key's allocation inside it.
+
+A worker runs a job under a lease named by a token of that run (``Run``), and
+settles it only while the lease is still that token's, in the same script that
+settles: a run that stalled past its lease while another run took the job over
+can neither store a second output nor refund the first.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +25,9 @@ import redis
 from service import rkeys
 
 Outcome = Literal["reserved", "replay", "idempotent", "idem_mismatch", "exhausted", "retired"]
-Settled = Literal["settled", "ended", "running"]
+Settled = Literal["settled", "ended", "running", "lost"]
+#: settle's lease condition for the sweeper: only if no run holds the job's lease
+NO_LEASE = "!"
 
 
 def now_iso() -> str:
@@ -46,6 +54,19 @@ class ReserveResult:
     scope: str = ""
 
 
+@dataclass(frozen=True)
+class Run:
+    """One attempt at a job: its lease token and its attempt number (1, 2, ...).
+
+    The token is the lease's value while this run holds it; the attempt number
+    names the run's output files, so two runs never write to the same place.
+    """
+
+    release_id: str
+    token: str
+    attempt: int
+
+
 class CapError(ValueError):
     """A cap change the ledger refused; ``reason`` is below_spent or above_dataset."""
 
@@ -63,6 +84,7 @@ class Ledger:
         self._reserve = client.register_script(_script("reserve"))
         self._settle = client.register_script(_script("settle"))
         self._start = client.register_script(_script("start"))
+        self._lease = client.register_script(_script("lease"))
         self._admin = client.register_script(_script("admin"))
         self._open = client.register_script(_script("open"))
 
@@ -142,22 +164,63 @@ class Ledger:
                                  reply[4])
         return ReserveResult(reply[0], reply[1])
 
-    def mark_running(self, release_id: str, worker: str) -> bool:
-        """Take the job's lease; False if it ended or another live worker runs it."""
-        return bool(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id)],
-                                args=[now_iso(), worker, self.lease_seconds]))
+    def mark_running(self, release_id: str, worker: str) -> Run | None:
+        """Start a run of the job and take its lease; None if it ended or a live run has it."""
+        token = f"{worker}#{secrets.token_hex(8)}"
+        attempt = int(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id)],
+                                  args=[now_iso(), worker, self.lease_seconds, token]))
+        return Run(release_id, token, attempt) if attempt else None
 
-    def renew_lease(self, release_id: str, worker: str) -> bool:
-        """Keep a long job's lease alive; False if it was lost."""
-        return bool(self.r.set(rkeys.lease(release_id), worker, xx=True, ex=self.lease_seconds))
+    def renew_lease(self, run: Run) -> bool:
+        """Keep a long run's lease alive; False if the run lost it (another run took over)."""
+        return self._touch(run, "renew")
 
-    def commit(self, dataset_id: str, release_id: str, output_json: str, actor: str) -> bool:
-        """Store the output and charge the reservation, once; False if already ended."""
-        return self._end(dataset_id, release_id, "commit", output_json, actor) == "settled"
+    def mark_data_read(self, run: Run) -> bool:
+        """Record, as the lease holder, that the run is about to read the data; False if
+        the run lost its lease (it must then read nothing and store nothing).
 
-    def abort(self, dataset_id: str, release_id: str, error_json: str, actor: str) -> bool:
-        """Refund the reservation and mark the release failed; False if already ended."""
-        return self._end(dataset_id, release_id, "abort", error_json, actor) == "settled"
+        From then on the job is charged whatever happens: a failure, or a worker that
+        dies, is no longer refunded (DESIGN §3).
+        """
+        return self._touch(run, "read")
+
+    def _touch(self, run: Run, action: str) -> bool:
+        return bool(self._lease(keys=[rkeys.lease(run.release_id), rkeys.release(run.release_id)],
+                                args=[run.token, self.lease_seconds, action]))
+
+    def commit(self, dataset_id: str, run: Run, output_json: str,
+               table_version: int | None = None) -> Settled:
+        """Store the output (and which run's table is the release's) and charge, once.
+
+        Only while ``run`` holds the lease: 'settled', else 'ended' (already
+        ended) or 'lost' (another run holds the lease; nothing changed).
+        """
+        return self._end(dataset_id, run.release_id, "commit", output_json, run.token,
+                         run.token, "" if table_version is None else str(table_version))
+
+    def fail(self, dataset_id: str, run: Run, error_json: str) -> Settled:
+        """Charge the reservation and mark the release failed (it failed after reading
+        the data); only while ``run`` holds the lease, as ``commit``."""
+        return self._end(dataset_id, run.release_id, "fail", error_json, run.token, run.token)
+
+    def abort_run(self, dataset_id: str, run: Run, error_json: str) -> Settled:
+        """Refund the reservation of a run that failed before reading the data; only
+        while ``run`` holds the lease, as ``commit``."""
+        return self._end(dataset_id, run.release_id, "abort", error_json, run.token, run.token)
+
+    def abort(self, dataset_id: str, release_id: str, error_json: str, actor: str,
+              holder: str = "") -> bool:
+        """Refund the reservation and mark the release failed; False if already ended
+        (or if ``holder`` is ``NO_LEASE`` and a run holds the lease)."""
+        return self._end(dataset_id, release_id, "abort", error_json, actor,
+                         holder) == "settled"
+
+    def charge_gone(self, dataset_id: str, release_id: str, error_json: str,
+                    actor: str) -> bool:
+        """Charge a job whose run died after reading the data and mark it failed; only if
+        no run holds its lease. False if it ended or a run holds the lease."""
+        return self._end(dataset_id, release_id, "fail", error_json, actor,
+                         NO_LEASE) == "settled"
 
     def cancel(self, dataset_id: str, release_id: str, actor: str) -> Settled:
         """Refund a job that has not started; 'running' if it already has."""
@@ -165,7 +228,7 @@ class Ledger:
                          '{"message": "cancelled by an operator"}', actor)
 
     def _end(self, dataset_id: str, release_id: str, action: str, payload: str,
-             actor: str) -> Settled:
+             actor: str, holder: str = "", table_version: str = "") -> Settled:
         replay_key = self.r.hget(rkeys.release(release_id), "replay_key")
         reply = self._settle(
             keys=[
@@ -173,9 +236,9 @@ class Ledger:
                 rkeys.reservation(release_id), rkeys.PENDING,
                 replay_key or f"{rkeys.P}replay:none", rkeys.lease(release_id),
             ],
-            args=[release_id, action, payload, actor, now_iso()],
+            args=[release_id, action, payload, actor, now_iso(), holder, table_version],
         )
-        outcomes: dict[int, Settled] = {1: "settled", 0: "ended", -1: "running"}
+        outcomes: dict[int, Settled] = {1: "settled", 0: "ended", -1: "running", -2: "lost"}
         return outcomes[int(reply)]
 
     def balance(self, dataset_id: str) -> dict[str, dict[str, int]]:

@@ -1,8 +1,13 @@
 """Privatized microdata of releases: stored columnar beside the datasets, served as CSV.
 
-A release's table is written (atomically, by the columnar store) before the
-ledger commits the release, so a committed release always has its table; a
-re-run after a crash replaces the table of the attempt that never committed.
+Each run of a release writes its table (atomically, by the columnar store)
+under its own attempt number, ``<root>/<release_id>/v<attempt>``, before the
+ledger commits; the commit script records which attempt's table is the
+release's, in the same step that checks the run still holds the job's lease.
+So a committed release always has its table, no run ever replaces another's
+(a folder is never rewritten), and ``/data`` serves exactly the run whose
+output is the release's result. A run that loses the commit removes its own
+folder; the winner removes those of runs that died before committing.
 
 The CSV is for spreadsheets as much as for code, and its text cells carry
 operator-chosen names (categories, column names), so it follows the OWASP
@@ -50,28 +55,43 @@ def _plain(values: np.ndarray) -> np.ndarray:
 
 
 class OutputStore:
-    """Release tables under ``root``, one immutable folder per release."""
+    """Release tables under ``root``: one immutable folder per run of a release."""
 
     def __init__(self, root: Path) -> None:
         self.store = DatasetStore(root)
 
-    def save(self, release_id: str, table: Mapping[str, np.ndarray]) -> int:
-        """Store the table (replacing an uncommitted earlier attempt); returns its rows."""
+    def save(self, release_id: str, attempt: int, table: Mapping[str, np.ndarray]) -> int:
+        """Store run ``attempt``'s table; returns its rows. FileExistsError if that run
+        already stored one: a stored table is never replaced."""
         columns = {name: _plain(values) for name, values in table.items()}
         lengths = {len(v) for v in columns.values()}
         if len(lengths) > 1:
             raise ValueError("release table columns differ in length")
-        self.store.remove(release_id, 1)
-        self.store.write(release_id, 1, {"kind": "release-table"}, columns)
+        self.store.write(release_id, attempt, {"kind": "release-table"}, columns)
         return lengths.pop() if lengths else 0
 
-    def load(self, release_id: str) -> dict[str, np.ndarray] | None:
-        if not self.store.exists(release_id, 1):
+    def load(self, release_id: str, attempt: int) -> dict[str, np.ndarray] | None:
+        """The table run ``attempt`` stored (the committed run's, as the ledger says)."""
+        if not self.store.exists(release_id, attempt):
             return None
-        return self.store.load(release_id, 1)[1]
+        return self.store.load(release_id, attempt)[1]
 
-    def discard(self, release_id: str) -> None:
-        self.store.remove(release_id, 1)
+    def discard(self, release_id: str, attempt: int) -> None:
+        """Remove one run's table (a run whose output is not the release's)."""
+        self.store.remove(release_id, attempt)
+
+    def prune(self, release_id: str, keep: int | None) -> list[int]:
+        """Remove every run's table but ``keep`` (None: all); returns the attempts removed."""
+        folder = self.store.root / release_id
+        if not folder.is_dir():
+            return []
+        removed = []
+        for version in folder.glob("v*"):
+            attempt = int(version.name[1:]) if version.name[1:].isdigit() else None
+            if attempt is not None and attempt != keep and self.store.remove(release_id,
+                                                                               attempt):
+                removed.append(attempt)
+        return sorted(removed)
 
 
 def records(table: Mapping[str, np.ndarray]) -> list[dict[str, object]]:

@@ -71,6 +71,17 @@ class Prepared:
         }, default=str)
 
 
+#: the error of every release that failed after its job read the data (charged): the
+#: same whatever went wrong, since a message the data decides would be a side channel
+FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
+
+
+def no_such_dataset() -> APIError:
+    """The answer for a request naming a dataset that does not exist, or that the key may
+    not use (the two must be indistinguishable)."""
+    return APIError(404, "no such dataset", code="not_found", field="dataset_id")
+
+
 def new_id() -> str:
     return "rel_" + secrets.token_hex(12)
 
@@ -80,7 +91,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     """Validate a release request against its mechanism and dataset; compute the cost."""
     doc = datasets.get(client, body["dataset_id"])
     if doc is None:
-        raise APIError(404, "no such dataset", code="not_found", field="dataset_id")
+        raise no_such_dataset()
     if doc.get("status") != "active":
         raise APIError(409, "dataset is retired", code="dataset_retired", field="dataset_id")
     try:
@@ -175,6 +186,13 @@ def document(client: redis.Redis, release_id: str) -> dict[str, Any] | None:
     if not raw:
         return None
     return render(release_id, raw)
+
+
+def table_attempt(client: redis.Redis, release_id: str) -> int:
+    """Which run's table is the release's, as its commit recorded (release tables live
+    per run, ``service.outputs``); releases committed before runs were numbered kept
+    theirs as run 1."""
+    return int(client.hget(rkeys.release(release_id), "table") or 1)
 
 
 def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:

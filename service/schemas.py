@@ -103,6 +103,9 @@ class LedgerQuerySchema(StrictSchema):
 class LedgerEventSchema(Schema):
     id = fields.String()
     kind = fields.String()
+    outcome = fields.String(metadata={
+        "description": "commit events: succeeded, or failed after the job read the data "
+                       "(charged all the same)"})
     release_id = fields.String()
     actor = fields.String()
     key_id = fields.String()

@@ -108,6 +108,22 @@ class DatasetStore:
     def exists(self, dataset_id: str, version: int) -> bool:
         return (self.path(dataset_id, version) / MANIFEST).is_file()
 
+    def files_present(self, dataset_id: str, version: int) -> bool:
+        """Whether the version's manifest and every column file are there.
+
+        Reads the manifest (public: names, dtypes, shapes) and stats the column
+        files, never a value: a worker asks before it reads the data, so a job
+        whose files are gone fails where it may still be refunded.
+        """
+        folder = self.path(dataset_id, version)
+        try:
+            with open(folder / MANIFEST, encoding="utf-8") as fh:
+                entries = json.load(fh)["columns"]
+            return all(isinstance(e["file"], str) and _FILE.fullmatch(e["file"]) is not None
+                       and (folder / e["file"]).is_file() for e in entries)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
     def write(
         self,
         dataset_id: str,

@@ -19,6 +19,7 @@ from kombu.transport import redis as kombu_redis
 from service import rkeys
 from service.config import Config
 from service.ledger import Ledger
+from service.outputs import OutputStore
 from service.store import DatasetStore
 
 HEARTBEAT_SECONDS = 3
@@ -91,6 +92,7 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
     client = rkeys.connect(config.require_redis_url())
     ledger = Ledger(client, config.lease_seconds)
     store = DatasetStore(config.datasets_dir)
+    outputs = OutputStore(config.releases_dir)
     next_sweep = time.monotonic() + config.sweep_interval
     while not stop.is_set():
         with contextlib.suppress(redis.RedisError):
@@ -98,7 +100,7 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
             client.set(rkeys.WORKERS + name, client.info("server")["run_id"], ex=HEARTBEAT_TTL)
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + config.sweep_interval
-                sweep_if_due(client, ledger, config.sweep_interval)
+                sweep_if_due(client, ledger, config.sweep_interval, outputs)
                 sweep_orphans_if_due(client, store)  # logs and survives file-system errors
         stop.wait(min(HEARTBEAT_SECONDS, config.sweep_interval))
     with contextlib.suppress(redis.RedisError):

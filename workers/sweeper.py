@@ -10,7 +10,12 @@ unacked set (its worker lost Valkey before it could acknowledge) would only
 come back after kombu's visibility timeout (15 min); the job is refunded
 instead, and the late redelivery finds it ended and does nothing. Outputs
 and commits are stored by one atomic script, so a gone job never stored a
-result: the sweeper aborts (refunds) it.
+result. A gone job that had not read its data is aborted (refunded); one
+whose run had read it (``data_read`` in its state, set before the first byte
+is loaded) is charged and fails with the one message of every failure after
+the data was read: why a worker died (a crash, memory) may depend on the data,
+so a refund could tell it. Either settles only while no run holds a lease (in
+the settling script), so a run that started meanwhile is never settled here.
 
 Hourly it also removes dataset files that no registration refers to: an
 upload that could not learn whether Valkey stored its registration keeps
@@ -25,8 +30,9 @@ import time
 
 import redis
 
-from service import rkeys
-from service.ledger import Ledger
+from service import releases, rkeys
+from service.ledger import NO_LEASE, Ledger
+from service.outputs import OutputStore
 from service.store import DatasetStore
 
 log = logging.getLogger("privrelease.sweeper")
@@ -44,15 +50,21 @@ def _in_broker(client: redis.Redis) -> tuple[str, str]:
     return "\n".join(client.lrange(QUEUE, 0, -1)), "\n".join(client.hvals(UNACKED))
 
 
-def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0) -> list[str]:
-    """One pass; returns the ids it aborted. Only reservations older than ``min_age``."""
+def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
+          outputs: OutputStore | None = None) -> list[str]:
+    """One pass; returns the ids it settled (refunded, or charged if the data was read).
+
+    Only reservations older than ``min_age``; ``outputs``: remove the tables runs of a
+    settled job stored before they died.
+    """
     stale = client.zrangebyscore(rkeys.PENDING, 0, time.time() - min_age)
     if not stale:
         return []
     queued, unacked = _in_broker(client)
     aborted = []
     for release_id in stale:
-        status, raw = client.hmget(rkeys.release(release_id), "status", "request")
+        status, raw, data_read = client.hmget(rkeys.release(release_id), "status",
+                                              "request", "data_read")
         if raw is None:
             client.zrem(rkeys.PENDING, release_id)
             continue
@@ -63,20 +75,30 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0) -> list[st
         if status in {"queued", "running"}:
             reason = "worker died" if status == "running" else "job message lost"
             dataset_id = json.loads(raw)["dataset_id"]
-            error = json.dumps({"message": f"job gone ({reason}); reservation refunded"})
-            if ledger.abort(dataset_id, release_id, error, "sweeper"):
-                log.warning("swept job", extra={"release_id": release_id, "reason": reason})
+            if data_read:
+                settled = ledger.charge_gone(dataset_id, release_id,
+                                             json.dumps(releases.FAILED_AFTER_READ), "sweeper")
+            else:
+                error = json.dumps({"message": f"job gone ({reason}); reservation refunded"})
+                settled = ledger.abort(dataset_id, release_id, error, "sweeper",
+                                       holder=NO_LEASE)
+            if settled:
+                log.warning("swept job", extra={"release_id": release_id, "reason": reason,
+                                                "charged": bool(data_read)})
                 aborted.append(release_id)
+                if outputs is not None:
+                    outputs.prune(release_id, keep=None)
         else:
             client.zrem(rkeys.PENDING, release_id)
     return aborted
 
 
-def sweep_if_due(client: redis.Redis, ledger: Ledger, interval: float) -> list[str]:
+def sweep_if_due(client: redis.Redis, ledger: Ledger, interval: float,
+                 outputs: OutputStore | None = None) -> list[str]:
     """Sweep unless another worker swept within ``interval`` (a Redis lock)."""
     if not client.set(LOCK, "1", nx=True, px=max(int(interval * 1000), 1)):
         return []
-    return sweep(client, ledger, min_age=max(2 * ledger.lease_seconds, 1))
+    return sweep(client, ledger, min_age=max(2 * ledger.lease_seconds, 1), outputs=outputs)
 
 
 def sweep_orphans_if_due(client: redis.Redis, store: DatasetStore) -> list[str]:

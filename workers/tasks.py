@@ -1,8 +1,19 @@
-"""Named Celery tasks: run a release (start, compute, commit — or abort) and notify.
+"""Named Celery tasks: run a release (start, compute, commit — or fail, or abort) and notify.
 
-A release runs at most once to a stored result: the ledger's scripts make a
-redelivered message skip a finished job, wait for a live one, and re-run one
-whose worker died before storing anything.
+A release runs to at most one stored output per charge. Each run holds the
+job's lease under a token of its own (``service.ledger.Run``); the ledger's
+scripts make a redelivered message skip a finished job, wait for a live run,
+and re-run one whose run died or stalled past its lease. A run settles only
+while it still holds the lease, in the settling script itself, and its table
+lives in a folder of its own: a stalled run that wakes up after another took
+the job over stores nothing visible, commits nothing and refunds nothing.
+
+The data is first read at one explicit point (``Ledger.mark_data_read``, which
+records ``data_read`` in the job state). A failure before it (dataset gone,
+reference missing) is refunded with its message; a failure after it, whatever
+the exception, is charged and says only ``mechanism failed`` (code
+``mechanism_failed``): a refund or a message that the data decides would be a
+side channel. The sweeper applies the same rule to a job whose worker died.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
 from typing import Any
@@ -26,7 +38,7 @@ import mechanisms
 from mechanisms.rng import secure_generator
 from service import analyses, datasets, metrics_store, notify, releases, rkeys
 from service.config import Config
-from service.ledger import Ledger
+from service.ledger import Ledger, Run, Settled
 from service.outputs import INLINE_ROWS, OutputStore, records
 from service.store import DatasetStore
 from workers.celery_app import app
@@ -53,70 +65,133 @@ def _outputs() -> OutputStore:
 
 
 @contextmanager
-def _lease(ledger: Ledger, release_id: str, worker: str) -> Iterator[None]:
-    """Renew the job's lease while it runs, so no other worker takes it over."""
-    stop = threading.Event()
+def _lease(ledger: Ledger, run: Run) -> Iterator[threading.Event]:
+    """Renew the run's lease while it works; the event is set once the run lost it."""
+    stop, lost = threading.Event(), threading.Event()
 
     def renew() -> None:
         while not stop.wait(ledger.lease_seconds / 3):
-            ledger.renew_lease(release_id, worker)
+            try:
+                if not ledger.renew_lease(run):
+                    lost.set()
+                    return
+            except redis.RedisError:  # Valkey away for a moment: the next renewal retries
+                continue
 
     thread = threading.Thread(target=renew, daemon=True, name="privrelease-lease")
     thread.start()
     try:
-        yield
+        yield lost
     finally:
         stop.set()
         thread.join()
+
+
+#: runs of one release that may read its data; a job whose runs all died after reading it
+#: (worker killed, lost, out of memory) is then charged and failed, not run again
+MAX_RUNS = 3
 
 
 class LeaseHeld(Exception):
     """Another worker holds the job's lease; look again once it could have lapsed."""
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A release's public inputs, resolved before any of its data is read."""
+
+    dataset_id: str
+    version: int
+    mechanism: mechanisms.Mechanism
+    params: dict[str, Any]
+    cost: dict[str, Fraction]
+    meta: mechanisms.DatasetMeta
+    seed: int | None
+
+
 def execute(release_id: str, worker: str) -> str:
-    """Run one release; returns the final status. Safe to call again (redelivery)."""
+    """Run one release; returns the final status. Safe to call again (redelivery).
+
+    'succeeded' or 'failed' when this run settled the job, 'lost' when it lost
+    its lease to another run (it then stored nothing and settled nothing),
+    'skipped' when the job had ended, 'missing' when it does not exist.
+    """
     config, client, ledger, store = _deps()
     raw = client.hget(rkeys.release(release_id), "request")
     if raw is None:
         log.warning("release not found", extra={"release_id": release_id})
         return "missing"
     req = json.loads(raw)
-    dataset_id = req["dataset_id"]
-    if not ledger.mark_running(release_id, worker):
+    dataset_id, mechanism = req["dataset_id"], req["mechanism"]
+    run = ledger.mark_running(release_id, worker)
+    if run is None:
         if client.hget(rkeys.release(release_id), "status") == "running":
             raise LeaseHeld(release_id)
         return "skipped"
     started = time.perf_counter()
-    try:
-        with _lease(ledger, release_id, worker):
-            if config.test_job_delay and config.allow_seeds:
-                time.sleep(config.test_job_delay)
-            payload = _run(client, store, req, release_id)
-    except Exception as err:  # any failure before storing: refund
-        log.error("release failed", extra={"release_id": release_id,
-                                           "error_type": type(err).__name__})
-        message = err.message if isinstance(err, mechanisms.MechanismInputError) else (
-            f"mechanism failed ({type(err).__name__})")
-        ledger.abort(dataset_id, release_id, json.dumps({"message": message}), worker)
-        metrics_store.record_release(client, req["mechanism"], "failed",
-                                     time.perf_counter() - started)
+    if run.attempt > MAX_RUNS and client.hget(rkeys.release(release_id), "data_read"):
+        # earlier runs read the data and died (a crash the data may cause would repeat
+        # forever): charged, and the same message as any failure after the read
+        log.error("release failed: its runs kept dying after reading the data",
+                  extra={"release_id": release_id, "attempt": run.attempt})
+        outcome = ledger.fail(dataset_id, run, json.dumps(releases.FAILED_AFTER_READ))
+        if outcome != "settled":
+            return _lost(client, run, mechanism, outcome, started)
+        metrics_store.record_release(client, mechanism, "failed", time.perf_counter() - started)
         return "failed"
-    ledger.commit(dataset_id, release_id, payload, worker)
-    metrics_store.record_release(client, req["mechanism"], "succeeded",
-                                 time.perf_counter() - started)
-    return "succeeded"
+
+    def finish(outcome: Settled, status: str) -> str:
+        if outcome != "settled":
+            return _lost(client, run, mechanism, outcome, started)
+        metrics_store.record_release(client, mechanism, status, time.perf_counter() - started)
+        return status
+
+    with _lease(ledger, run):
+        try:
+            job = _public_inputs(client, store, req)
+        except Exception as err:  # nothing of the data read yet: refund, say why
+            log.error("release failed before reading the data",
+                      extra={"release_id": release_id, "error_type": type(err).__name__})
+            message = err.message if isinstance(err, mechanisms.MechanismInputError) else (
+                f"job failed before reading the data ({type(err).__name__}); refunded")
+            return finish(ledger.abort_run(dataset_id, run, json.dumps({"message": message})),
+                          "failed")
+        if not ledger.mark_data_read(run):  # another run has the job: read nothing
+            return _lost(client, run, mechanism, "lost", started)
+        try:
+            payload, table = _compute(config, store, job, run)
+        except Exception as err:  # after reading the data: charged, and the same message
+            log.error("release failed after reading the data",
+                      extra={"release_id": release_id, "error_type": type(err).__name__})
+            _outputs().discard(release_id, run.attempt)
+            return finish(ledger.fail(dataset_id, run, json.dumps(releases.FAILED_AFTER_READ)),
+                          "failed")
+    outcome = ledger.commit(dataset_id, run, payload, table)
+    if outcome == "settled" and table is not None:
+        _outputs().prune(release_id, keep=table)  # tables of earlier runs that died
+    elif table is not None:
+        _outputs().discard(release_id, run.attempt)
+    return finish(outcome, "succeeded")
 
 
-def _run(client: redis.Redis, store: DatasetStore, req: dict[str, Any],
-         release_id: str) -> str:
-    """Load the data, run the mechanism, store its table; return the output as JSON."""
-    doc = datasets.get(client, req["dataset_id"])
+def _lost(client: redis.Redis, run: Run, mechanism: str, outcome: Settled,
+          started: float) -> str:
+    """Report a run whose output is not the release's (another run took the job over)."""
+    log.warning("run lost its lease; its output was discarded and nothing was settled",
+                extra={"release_id": run.release_id, "attempt": run.attempt,
+                       "outcome": outcome})
+    metrics_store.record_release(client, mechanism, "lease_lost", time.perf_counter() - started)
+    return "lost"
+
+
+def _public_inputs(client: redis.Redis, store: DatasetStore, req: dict[str, Any]) -> _Job:
+    """Everything a run needs but the private data: metadata, public references, and
+    that the dataset's files are all there (stat only, no value read)."""
+    dataset_id, version = req["dataset_id"], req["dataset_version"]
+    doc = datasets.get(client, dataset_id)
     if doc is None:
         raise LookupError("dataset metadata missing")
     mech = mechanisms.get(req["mechanism"])
-    _, columns = store.load(req["dataset_id"], req["dataset_version"])
-    cost = {m: Fraction(v) for m, v in req["cost"].items()}
     references = {}
     for ref_id in mech.reference_datasets(req["params"]):  # public reference data
         ref = datasets.get(client, ref_id)
@@ -124,15 +199,30 @@ def _run(client: redis.Redis, store: DatasetStore, req: dict[str, Any],
             raise LookupError("reference dataset missing")
         references[ref_id] = (datasets.meta(ref), store.load(ref_id, ref["version"])[1])
     params = mech.bind_references(req["params"], references)
-    output = mech.run(columns, params, cost, datasets.meta(doc), secure_generator(req.get("seed")))
+    if not store.files_present(dataset_id, version):
+        raise FileNotFoundError("dataset files missing")
+    cost = {m: Fraction(v) for m, v in req["cost"].items()}
+    return _Job(dataset_id, version, mech, params, cost, datasets.meta(doc), req.get("seed"))
+
+
+def _compute(config: Config, store: DatasetStore, job: _Job, run: Run) -> tuple[str, int | None]:
+    """Read the data, run the mechanism, store this run's table; the output as JSON and
+    the attempt whose table it is (None without a table)."""
+    _, columns = store.load(job.dataset_id, job.version)
+    if config.test_job_delay and config.allow_seeds:  # fault injection (tests only)
+        time.sleep(config.test_job_delay)
+    output = job.mechanism.run(columns, job.params, job.cost, job.meta,
+                               secure_generator(job.seed))
     result = dict(output.result)
+    table = None
     if output.table is not None:
-        rows = _outputs().save(release_id, output.table)
+        rows = _outputs().save(run.release_id, run.attempt, output.table)
+        table = run.attempt
         result["n_records"] = rows
         if rows <= INLINE_ROWS:
             result["records"] = records(output.table)
     return to_json({"result": result, "accuracy": output.accuracy,
-                    "guarantee": output.guarantee})
+                    "guarantee": output.guarantee}), table
 
 
 def _plain(obj: Any) -> Any:
@@ -184,7 +274,8 @@ def _view(client: redis.Redis, release_id: str) -> mechanisms.ReleaseView:
         raise LookupError("release or dataset missing")
     return mechanisms.ReleaseView(
         id=release_id, mechanism=doc["mechanism"], params=doc["params"],
-        result=doc["result"] or {}, table=_outputs().load(release_id),
+        result=doc["result"] or {},
+        table=_outputs().load(release_id, releases.table_attempt(client, release_id)),
         meta=datasets.meta(dataset),
     )
 

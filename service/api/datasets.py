@@ -49,10 +49,13 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def dataset_or_404(dataset_id: str) -> dict[str, Any]:
+    """The dataset; one the key may not use is answered as one that does not exist,
+    before anything of it (or of the request body) is looked at."""
+    not_found = APIError(404, "no such dataset", code="not_found")
+    check_dataset_grant(dataset_id, not_found)
     doc = datasets.get(current_app.extensions["redis"], dataset_id)
     if doc is None:
-        raise APIError(404, "no such dataset", code="not_found")
-    check_dataset_grant(dataset_id)
+        raise not_found
     return doc
 
 

@@ -11,7 +11,7 @@ from flask_smorest import Blueprint
 from service import releases, rkeys
 from service.api.responses import AUTH, problems
 from service.apikeys import parse_time
-from service.auth import current_key, require
+from service.auth import current_key, may_use, require
 from service.problems import APIError
 from service.schemas import JobListQuerySchema, JobSchema, ReleaseSchema
 
@@ -48,6 +48,8 @@ def list_jobs(status: str | None = None) -> list[dict[str, Any]]:
         doc = releases.document(client, release_id)
         if doc is None or doc["status"] not in {"queued", "running", "failed"}:
             continue
+        if not may_use(doc["dataset_id"]):  # an operator key limited to some datasets
+            continue
         if status is None or doc["status"] == status:
             jobs.append(_job(doc))
     return jobs
@@ -61,7 +63,7 @@ def cancel(release_id: str) -> dict[str, Any]:
     """Cancel a job that has not started and refund its reservation; 409 once running."""
     client = current_app.extensions["redis"]
     doc = releases.document(client, release_id)
-    if doc is None:
+    if doc is None or not may_use(doc["dataset_id"]):
         raise APIError(404, "no such job", code="not_found")
     outcome = current_app.extensions["ledger"].cancel(doc["dataset_id"], release_id,
                                                       current_key().id)

@@ -10,7 +10,7 @@ from flask_smorest import Blueprint
 
 from service import apikeys, datasets
 from service.api.responses import AUTH, BODY, problems
-from service.auth import require
+from service.auth import current_key, may_use, require
 from service.problems import APIError
 from service.schemas import KeyCreateSchema, KeySchema
 
@@ -26,9 +26,13 @@ def create(body: dict[str, Any]) -> dict[str, Any]:
     """A new key with a role, optional dataset grants and expiry; the token is shown once."""
     client = current_app.extensions["redis"]
     grants = body.get("datasets")
+    if grants is None and current_key().datasets is not None:
+        raise APIError(422, "a key limited to some datasets creates only keys limited to "
+                       "them", code="validation_error", field="datasets")
     if grants is not None:
         for i, dataset_id in enumerate(grants):
-            if datasets.get(client, dataset_id) is None:
+            # a dataset the creating key may not use is answered as one that does not exist
+            if not may_use(dataset_id) or datasets.get(client, dataset_id) is None:
                 raise APIError(422, "no such dataset", code="validation_error",
                                field=f"datasets.{i}")
     expires = body.get("expires_at")

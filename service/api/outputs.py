@@ -25,10 +25,13 @@ TASK = "privrelease.run_analysis"
 
 
 def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
+    """The release, once succeeded; a release of a dataset the key may not use is
+    answered as one that does not exist, before its status is looked at."""
     doc = releases.document(current_app.extensions["redis"], release_id)
+    not_found = APIError(404, "no such release", code="not_found", field=field)
     if doc is None:
-        raise APIError(404, "no such release", code="not_found", field=field)
-    check_dataset_grant(doc["dataset_id"])
+        raise not_found
+    check_dataset_grant(doc["dataset_id"], not_found)
     if doc["status"] != "succeeded":
         raise APIError(409, f"the release is {doc['status']}, not succeeded",
                        code="release_not_ready", field=field)
@@ -44,7 +47,8 @@ def data(release_id: str) -> Response:
     """The privatized microdata as CSV, one row per released record, in row order."""
     _succeeded(release_id)
     config = current_app.config["PRIVRELEASE"]
-    table = OutputStore(config.releases_dir).load(release_id)
+    attempt = releases.table_attempt(current_app.extensions["redis"], release_id)
+    table = OutputStore(config.releases_dir).load(release_id, attempt)
     if table is None:
         raise APIError(404, "this release has no record-level data", code="not_found")
     headers = {"Content-Disposition": f'attachment; filename="{release_id}.csv"'}
@@ -122,9 +126,10 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
 def show(release_id: str, analysis_id: str) -> dict[str, Any]:
     """An analysis: status, and when done its result with diagnostics and warnings."""
     doc = releases.document(current_app.extensions["redis"], release_id)
+    not_found = APIError(404, "no such release", code="not_found")
     if doc is None:
-        raise APIError(404, "no such release", code="not_found")
-    check_dataset_grant(doc["dataset_id"])
+        raise not_found
+    check_dataset_grant(doc["dataset_id"], not_found)
     found = analyses.document(current_app.extensions["redis"], analysis_id)
     if found is None or found["release_id"] != release_id:
         raise APIError(404, "no such analysis", code="not_found")

@@ -45,6 +45,9 @@ LIST_PAGE = 200
 
 
 def _prepare(body: dict[str, Any]) -> releases.Prepared:
+    # the grant first: for a dataset the key may not use, every body gets the answer of a
+    # dataset that does not exist (no retirement, columns, bounds or params checked)
+    check_dataset_grant(body["dataset_id"], releases.no_such_dataset())
     config = current_app.config["PRIVRELEASE"]
     callback = body.get("callback_url")
     if callback is not None and (why := notify.check_url(callback, config.callback_hosts)):
@@ -53,14 +56,16 @@ def _prepare(body: dict[str, Any]) -> releases.Prepared:
     prepared = releases.prepare(current_app.extensions["redis"],
                                 current_app.extensions["ledger"], body,
                                 allow_seeds=config.allow_seeds)
-    check_dataset_grant(prepared.dataset["id"])
     return prepared
 
 
 def _document(release_id: str) -> dict[str, Any]:
+    """The release, if it exists and the key may see its dataset; else the same 404."""
     doc = releases.document(current_app.extensions["redis"], release_id)
+    not_found = APIError(404, "no such release", code="not_found")
     if doc is None:
-        raise APIError(404, "no such release", code="not_found")
+        raise not_found
+    check_dataset_grant(doc["dataset_id"], not_found)
     return doc
 
 
@@ -178,6 +183,4 @@ def list_releases(limit: int, dataset_id: str | None = None) -> list[dict[str, A
 @blp.response(200, ReleaseSchema())
 def show(release_id: str) -> dict[str, Any]:
     """Status, and when done the result, cost, accuracy and provenance."""
-    doc = _document(release_id)
-    check_dataset_grant(doc["dataset_id"])
-    return doc
+    return _document(release_id)

@@ -1,19 +1,40 @@
 -- Atomically end a reservation:
 --   'commit' stores the output and moves the held cost to committed;
---   'abort'  refunds it and marks the release failed (job failed or vanished);
+--   'fail'   moves the held cost to committed and marks the release failed: the job
+--            failed (or its worker died) after it read the data, so it is charged;
+--   'abort'  refunds it and marks the release failed (failed before reading the data,
+--            or never started);
 --   'cancel' refunds it and marks the release cancelled, only if not yet running.
 -- A release that already ended is left alone, so a redelivered task can
--- neither store a second result nor charge twice.
+-- neither store a second result nor charge twice. A worker settles only while
+-- its run holds the lease (ARGV[6] is its run token): a run that stalled past its
+-- lease while another took the job over commits nothing, and refunds nothing.
+-- The sweeper passes '!' (only if no run holds a lease), the API '' (no check).
 -- KEYS: 1 ledger hash, 2 events stream, 3 release hash, 4 reservation hash,
 --       5 pending zset, 6 replay key, 7 lease key
--- ARGV: 1 release id, 2 action, 3 payload json (output or error), 4 actor, 5 now (iso)
--- Returns 1 if settled, 0 if it had already ended, -1 if running (cancel only).
-local rid, action = ARGV[1], ARGV[2]
+-- ARGV: 1 release id, 2 action, 3 payload json (output or error), 4 actor, 5 now (iso),
+--       6 lease holder ('' | '!' | run token), 7 output table version ('' for none)
+-- Returns 1 if settled, 0 if it had already ended, -1 if running (cancel only),
+-- -2 if the lease condition failed (nothing changed).
+local rid, action, holder = ARGV[1], ARGV[2], ARGV[6]
 local status = redis.call('HGET', KEYS[3], 'status')
 if status ~= 'queued' and status ~= 'running' then return 0 end
 if action == 'cancel' and status == 'running' then return -1 end
+local lease = redis.call('GET', KEYS[7])
+if holder == '!' then
+  if lease then return -2 end
+elseif holder ~= '' and lease ~= holder then
+  return -2
+end
+local charge = (action == 'commit' or action == 'fail')
 local owner = redis.call('HGET', KEYS[4], 'actor') or ''
-local event = {'kind', action, 'release_id', rid, 'actor', ARGV[4], 'at', ARGV[5]}
+local kind = action
+if action == 'fail' then kind = 'commit' end
+local event = {'kind', kind, 'release_id', rid, 'actor', ARGV[4], 'at', ARGV[5]}
+if charge then
+  table.insert(event, 'outcome')
+  table.insert(event, (action == 'commit') and 'succeeded' or 'failed')
+end
 local held = redis.call('HGETALL', KEYS[4])
 for i = 1, #held, 2 do
   local field, u = held[i], held[i + 1]
@@ -28,17 +49,19 @@ for i = 1, #held, 2 do
   end
   if prefix then
     redis.call('HINCRBY', KEYS[1], prefix .. 'reserved:' .. m, '-' .. u)
-    if action == 'commit' then redis.call('HINCRBY', KEYS[1], prefix .. 'committed:' .. m, u) end
+    if charge then redis.call('HINCRBY', KEYS[1], prefix .. 'committed:' .. m, u) end
   end
 end
 redis.call('DEL', KEYS[4], KEYS[7])
 redis.call('ZREM', KEYS[5], rid)
 if action == 'commit' then
   redis.call('HSET', KEYS[3], 'status', 'succeeded', 'output', ARGV[3], 'finished_at', ARGV[5])
+  if ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'table', ARGV[7]) end
 else
   local final = (action == 'cancel') and 'cancelled' or 'failed'
   redis.call('HSET', KEYS[3], 'status', final, 'error', ARGV[3], 'finished_at', ARGV[5])
-  if redis.call('GET', KEYS[6]) == rid then redis.call('DEL', KEYS[6]) end
+  -- a refunded request may be asked again; a charged one stays its answer
+  if not charge and redis.call('GET', KEYS[6]) == rid then redis.call('DEL', KEYS[6]) end
 end
 redis.call('XADD', KEYS[2], '*', unpack(event))
 return 1

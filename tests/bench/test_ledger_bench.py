@@ -34,7 +34,9 @@ def _rate(redis_url: str, work: str) -> float:
                 rid = f"rel_{ds}_{c}_{n}"
                 ledger.reserve(ds, rid, {"epsilon": 1}, actor="bench",
                                fingerprint=rid, request_json="{}", replay=False)
-                ledger.commit(ds, rid, "{}", "bench")
+                run = ledger.mark_running(rid, "bench")
+                assert run is not None
+                ledger.commit(ds, run, "{}")
             n += 1
         return n
 

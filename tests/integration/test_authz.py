@@ -19,7 +19,7 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
-from service import apikeys
+from service import apikeys, rkeys
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>"}
@@ -54,7 +54,8 @@ def _release_body(w: World) -> dict[str, Any]:
 
 
 #: (rule, method) -> (how to call it, least role, status for allowed callers,
-#:                    dataset-scoped: a key granted another dataset gets 403)
+#:                    dataset-scoped: a key granted another dataset gets 404, as if the
+#:                    dataset or release did not exist)
 RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
     ("/v1/datasets", "POST"): (lambda w: ("POST", "/v1/datasets", {
         "data": {"metadata": json.dumps(PEOPLE_META),
@@ -143,7 +144,7 @@ def _expected(caller: str, least: str, ok: int, scoped: bool) -> int:
     role, _, other = caller.partition("-")
     if ROLE_RANK[role] < ROLE_RANK[least]:
         return 403
-    return 403 if other and scoped else ok
+    return 404 if other and scoped else ok
 
 
 @pytest.mark.parametrize("caller", CALLERS)
@@ -163,3 +164,116 @@ def test_public_probes_need_no_key(app: Flask, worker: Any) -> None:
     client = app.test_client()
     for path in ("/healthz", "/readyz", "/openapi.json", "/docs", "/metrics"):
         assert client.get(path).status_code == 200, path
+
+
+MISSING_RELEASE = "rel_" + "0" * 24
+
+
+def _no_volatile(doc: Any) -> Any:
+    """A problem document without per-request fields (none today; instance/trace if added)."""
+    if not isinstance(doc, dict):
+        return doc
+    return {k: v for k, v in doc.items() if k not in {"instance", "trace_id", "request_id"}}
+
+
+def _answer(w: World, token: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    resp = w.client.open(path, method=method, json=body,
+                         headers={"Authorization": f"Bearer {token}"})
+    return resp.status_code, _no_volatile(resp.get_json())
+
+
+def test_ungranted_dataset_answers_as_a_missing_one_whatever_the_body(world: World) -> None:
+    """Catches issue #14 finding 7: main validated a release request against the dataset
+    before the grant, so a key without a grant learnt from 422/404/409 answers whether the
+    dataset exists or is retired, its column names, categories, bounds and budget left;
+    and release reads answered 403 (exists) vs 404 (does not)."""
+    token = world.tokens["analyst-other"]
+    assert token is not None
+    retired = world.upload()
+    resp = world.client.delete(f"/v1/datasets/{retired}",
+                               headers={"Authorization": f"Bearer {TOKEN}"})
+    assert resp.status_code == 200
+    count = {"statistic": "count", "condition": {"column": "age", "op": "ge", "value": 30}}
+    bodies = {
+        "valid": ("geometric", count, {"epsilon": 0.1}),
+        "unknown column": ("laplace", {"statistic": "mean", "column": "nope"},
+                           {"epsilon": 0.1}),
+        "categorical mean": ("laplace", {"statistic": "mean", "column": "group"},
+                             {"epsilon": 0.1}),
+        "unknown category": ("geometric", {"statistic": "count", "condition": {
+            "column": "group", "op": "eq", "value": "zzz"}}, {"epsilon": 0.1}),
+        "bins out of bounds": ("laplace", {"statistic": "histogram", "column": "age",
+                                           "bins": [-1e9, 0, 1e9]}, {"epsilon": 0.1}),
+        "over the cap": ("geometric", count, {"epsilon": 1000}),
+        "bad params": ("geometric", {"statistic": "nope"}, {"epsilon": 0.1}),
+        "wrong measure": ("geometric", count, {"delta": 1e-9}),
+        "unknown mechanism": ("no.such.mechanism", count, {"epsilon": 0.1}),
+    }
+    missing = "ds_does_not_exist"
+    answers = {}
+    for name, (mechanism, params, budget) in bodies.items():
+        for path in ("/v1/releases", "/v1/releases/estimate"):
+            seen = {}
+            for ds in (world.ds, retired, missing):
+                body = {"dataset_id": ds, "mechanism": mechanism, "params": params,
+                        "budget": budget}
+                status, doc = _answer(world, token, "POST", path, body)
+                seen[ds] = (status, {k: v for k, v in doc.items() if k != "errors"}
+                            if status == 422 else doc)
+            assert seen[world.ds] == seen[retired] == seen[missing], (name, path, seen)
+            answers[(name, path)] = seen[missing]
+    # what the schema refuses it refuses for every dataset; everything else is one 404
+    schema_level = {k: v for k, v in answers.items() if k[0] == "unknown mechanism"}
+    assert all(v[0] == 422 for v in schema_level.values())
+    rest = {v[1]["detail"] for k, v in answers.items() if k not in schema_level}
+    assert {v[0] for k, v in answers.items() if k not in schema_level} == {404}
+    assert rest == {"no such dataset"}
+    key = apikeys.lookup(world.r, token)
+    assert key is not None  # and it reserved nothing anywhere
+    assert not [e for ds in (world.ds, retired) for _, e in world.r.xrange(rkeys.events(ds))
+                if e.get("actor") == key.id]
+
+
+def test_ungranted_reads_answer_as_missing_ones(world: World) -> None:
+    """Catches issue #14 finding 7 for reads: every endpoint taking a dataset or release
+    id answered 403 for an ungranted one and 404 for a missing one (existence leaked)."""
+    r = world.r
+    operator_other = apikeys.create(r, "operator", datasets=(world.other,))[1]
+    consumer_other = world.tokens["consumer-other"]
+    analyst_other = world.tokens["analyst-other"]
+    assert consumer_other is not None and analyst_other is not None
+    ds_paths = [("GET", "/v1/datasets/{}", consumer_other, None),
+                ("GET", "/v1/datasets/{}/budget", analyst_other, None),
+                ("GET", "/v1/datasets/{}/ledger", operator_other, None),
+                ("PATCH", "/v1/datasets/{}/budget", operator_other, {"caps": {"epsilon": 1}}),
+                ("PATCH", "/v1/datasets/{}/budget", operator_other, {"caps": {"rho": 1}}),
+                ("DELETE", "/v1/datasets/{}", operator_other, None)]
+    for method, pattern, token, body in ds_paths:
+        granted_not = _answer(world, token, method, pattern.format(world.ds), body)
+        missing = _answer(world, token, method, pattern.format("ds_does_not_exist"), body)
+        assert granted_not == missing, (method, pattern, granted_not, missing)
+        assert granted_not[0] == 404
+    rel_paths = [("GET", "/v1/releases/{}", None), ("GET", "/v1/releases/{}/data", None),
+                 ("GET", "/v1/releases/{}/plot.png", None),
+                 ("POST", "/v1/releases/{}/analyses", {"analysis": "em"}),
+                 ("POST", "/v1/releases/{}/analyses", {"analysis": "nope", "params": {}}),
+                 ("GET", "/v1/releases/{}/analyses/ana_none", None)]
+    for method, pattern, body in rel_paths:
+        granted_not = _answer(world, consumer_other, method, pattern.format(world.release),
+                              body)
+        missing = _answer(world, consumer_other, method, pattern.format(MISSING_RELEASE),
+                          body)
+        assert granted_not == missing, (method, pattern, granted_not, missing)
+        assert granted_not[0] == 404
+    cancel = [_answer(world, operator_other, "POST", f"/v1/jobs/{rid}/cancel")
+              for rid in (world.release, MISSING_RELEASE)]
+    assert cancel[0] == cancel[1] and cancel[0][0] == 404
+    jobs = _answer(world, operator_other, "GET", "/v1/jobs")[1]
+    assert all(j["dataset_id"] == world.other for j in jobs)
+    # a key limited to some datasets grants only those, and never everything
+    keys = [_answer(world, operator_other, "POST", "/v1/keys",
+                    {"role": "analyst", "datasets": [ds]})
+            for ds in (world.ds, "ds_does_not_exist")]
+    assert keys[0] == keys[1] and keys[0][0] == 422
+    status, doc = _answer(world, operator_other, "POST", "/v1/keys", {"role": "analyst"})
+    assert status == 422 and doc["field"] == "datasets"

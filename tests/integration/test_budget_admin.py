@@ -17,7 +17,7 @@ from flask import Flask
 
 from service import apikeys
 from service.ledger import Ledger
-from tests.integration.conftest import Api
+from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 
 def _body(ds: str, value: float, eps: float = 0.1) -> dict[str, Any]:
@@ -49,6 +49,27 @@ def test_caps_raise_lower_and_never_below_spent(api: Api, dataset: dict[str, Any
     assert bad.status_code == 422 and bad.get_json()["field"] == "caps.rho"
     caps = [e for e in api.get(f"/v1/datasets/{ds}/ledger?kind=cap").get_json()]
     assert [e["amounts"].get("epsilon") for e in caps] == [5.0, 2.0, 7.0]
+
+
+def test_interval_leakage_caps_above_one_are_refused(api: Api, dataset: dict[str, Any]) -> None:
+    """Thm 4 bounds composed interval leakage additively, which says nothing past 1: a cap
+    above 1 is a 422 naming the field, at upload and in a PATCH (main accepted up to 1000)."""
+    meta = {**PEOPLE_META, "budgets": {"epsilon": 1, "interval_leakage": 1.5}}
+    resp = api.upload(people_csv(20), meta)
+    assert resp.status_code == 422, resp.get_json()
+    assert resp.get_json()["field"] == "metadata.budgets.interval_leakage"
+    ds = dataset["id"]
+    for caps, field in [({"interval_leakage": 2}, "caps.interval_leakage"),
+                        ({"interval_leakage:age": 1000}, "caps.interval_leakage:age")]:
+        resp = api.client.patch(f"/v1/datasets/{ds}/budget", json={"caps": caps},
+                                headers=api._h())
+        assert resp.status_code == 422, resp.get_json()
+        assert resp.get_json()["field"] == field
+        assert resp.get_json()["code"] == "validation_error"
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget",
+                            json={"caps": {"interval_leakage:age": 1}}, headers=api._h())
+    assert resp.status_code == 200
+    assert resp.get_json()["measures"]["interval_leakage:age"]["cap"] == 1.0
 
 
 def test_allocations_are_enforced_and_shown(app: Flask, api: Api, dataset: dict[str, Any],
@@ -94,7 +115,8 @@ def test_racing_analysts_respect_allocations_and_cap(r: redis.Redis, redis_url: 
         res = own.reserve(ds, f"rel_race_{i}", {"epsilon": 1}, actor=actor,
                           fingerprint=f"race-{i}", request_json="{}")
         if res.outcome == "reserved" and i % 3 == 0:
-            own.commit(ds, f"rel_race_{i}", "{}", "w")
+            run = own.mark_running(f"rel_race_{i}", "w")
+            assert run is not None and own.commit(ds, run, "{}") == "settled"
         return actor, res.outcome
 
     with ThreadPoolExecutor(16) as pool:

@@ -313,15 +313,15 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
     refunded at once and an analysis leaves no record stuck at "queued"."""
     flask_app: Flask = rig["app"]
     api = Api(flask_app.test_client())
-    meta = {"name": "ages", "budgets": {"interval_leakage": 2},
+    meta = {"name": "ages", "budgets": {"interval_leakage": 1},
             "columns": {"age": {"type": "continuous", "bounds": [0, 100]}}}
     resp = api.upload("age\n" + "\n".join(str(20 + i % 50) for i in range(200)) + "\n", meta)
     assert resp.status_code == 201, resp.get_json()
     dataset = resp.get_json()["id"]
     body = {"dataset_id": dataset, "mechanism": "interval.case2",
-            "budget": {"interval_leakage": 0.8},
+            "budget": {"interval_leakage": 0.5},
             "params": {"column": "age", "anchors": {"family": "logistic", "loc": 40,
-                                                    "scale": 10}}}
+                                                    "scale": 40}}}
     resp = api.post("/v1/releases", body)
     assert resp.status_code == 202, resp.get_json()
     release = resp.get_json()["id"]

@@ -1,6 +1,6 @@
 """Jobs under fire: cancel with refund, a worker killed mid-task, the sweeper.
 
-These tests run their own slow worker (each job sleeps once running, a test-only
+These tests run their own slow worker (each job sleeps once it has read its data, a test-only
 fault-injection knob) against their own Valkey database, so the shared worker
 of the session never sees their jobs.
 """
@@ -25,6 +25,7 @@ from flask import Flask
 from service import apikeys, rkeys
 from service.app import create_app
 from service.ledger import Ledger
+from service.releases import FAILED_AFTER_READ
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from workers.sweeper import sweep
@@ -160,7 +161,8 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     assert ledger.mark_running(dead, "w")
     client.delete(rkeys.lease(dead))
     alive = reserve("alive")  # running with a live lease: left alone
-    assert ledger.mark_running(alive, "w")
+    alive_run = ledger.mark_running(alive, "w")
+    assert alive_run is not None
     # running, lease lapsed, its message stuck in kombu's unacked set (the worker lost
     # Valkey before acknowledging): refunded now, not after the hour-long visibility timeout
     stuck = reserve("stuck")
@@ -179,6 +181,30 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     assert client.hget(rkeys.release(prefetched), "status") == "queued"
     assert ledger.abort(ds, prefetched, "{}", "test")
     assert _epsilon(api, ds)["reserved"] == 0.1 and _epsilon(api, ds)["committed"] == 0
-    assert ledger.commit(ds, alive, "{}", "w")
+    assert ledger.commit(ds, alive_run, "{}") == "settled"
     assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,
                                  "remaining": 4.9}
+
+
+def test_sweeper_charges_a_job_whose_worker_died_after_reading(slow: Any) -> None:
+    """Catches issue #14 finding 8 for dead workers: main's sweeper refunded every gone
+    job, so a worker that died because of the data (a crash, memory) was a free probe.
+    A job gone after its data_read marker is charged and says only "mechanism failed"."""
+    api, client, _ = slow
+    ledger = Ledger(client, lease_seconds=LEASE)
+    ds = _dataset(api)
+    rid = f"rel_read_{ds}"
+    res = ledger.reserve(ds, rid, {"epsilon": 10**8}, actor="key_t", fingerprint=rid,
+                         request_json=json.dumps({"dataset_id": ds}))
+    assert res.outcome == "reserved"
+    run = ledger.mark_running(rid, "w")
+    assert run is not None and ledger.mark_data_read(run)
+    client.delete(rkeys.lease(rid))  # its worker died after reading
+    assert rid in sweep(client, ledger, min_age=0)
+    assert client.hget(rkeys.release(rid), "status") == "failed"
+    assert json.loads(client.hget(rkeys.release(rid), "error") or "") == FAILED_AFTER_READ
+    assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,
+                                 "remaining": 4.9}
+    events = api.get(f"/v1/datasets/{ds}/ledger").get_json()
+    assert [(e["kind"], e.get("outcome")) for e in events] == [
+        ("cap", None), ("reserve", None), ("commit", "failed")]

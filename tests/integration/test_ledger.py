@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service import rkeys
-from service.ledger import Ledger
+from service.ledger import NO_LEASE, Ledger
 
 
 def _ds() -> str:
@@ -26,6 +26,13 @@ def _reserve(ledger: Ledger, ds: str, units: int, **kw: object) -> tuple[str, ob
     return rid, res
 
 
+def _commit(ledger: Ledger, ds: str, rid: str) -> bool:
+    """Run the job as a worker does: take its lease, then commit as the lease holder."""
+    run = ledger.mark_running(rid, "w")
+    assert run is not None
+    return ledger.commit(ds, run, "{}") == "settled"
+
+
 def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
     ledger, ds = Ledger(r), _ds()
     ledger.open(ds, {"epsilon": 1000}, "op")
@@ -36,15 +43,70 @@ def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
                                              "remaining": 200}
     _, res3 = _reserve(ledger, ds, 201)
     assert (res3.outcome, res3.requested, res3.remaining) == ("exhausted", 201, 200)  # type: ignore[attr-defined]
-    assert ledger.mark_running(rid1, "w")
-    assert ledger.commit(ds, rid1, '{"result": {}}', "w")
-    assert not ledger.commit(ds, rid1, '{"result": {}}', "w"), "a second commit charges nothing"
+    run1 = ledger.mark_running(rid1, "w")
+    assert run1 is not None and run1.attempt == 1
+    assert ledger.commit(ds, run1, '{"result": {}}') == "settled"
+    assert ledger.commit(ds, run1, '{"result": {}}') == "ended", "a second commit charges nothing"
     assert ledger.abort(ds, rid2, '{"message": "x"}', "w")
     assert not ledger.abort(ds, rid1, '{"message": "x"}', "w"), "a committed release stays"
     assert ledger.balance(ds)["epsilon"] == {"cap": 1000, "committed": 300, "reserved": 0,
                                              "remaining": 700}
     kinds = [e["kind"] for e in ledger.events(ds)]
     assert kinds == ["cap", "reserve", "reserve", "commit", "abort"]
+
+
+def test_only_the_runs_lease_holder_settles(r: redis.Redis) -> None:
+    """Catches issue #14 finding 6 at the ledger: main's settle script took a commit (or
+    an abort) from any worker, so a run that stalled past its lease while another run
+    took the job over could still commit its own output, or refund the job."""
+    ledger, ds = Ledger(r, lease_seconds=30), _ds()
+    ledger.open(ds, {"epsilon": 1000}, "op")
+    rid, _ = _reserve(ledger, ds, 300)
+    stalled = ledger.mark_running(rid, "host")
+    assert stalled is not None and stalled.attempt == 1
+    assert ledger.mark_running(rid, "host") is None  # its lease is live
+    r.delete(rkeys.lease(rid))  # lapsed: the run stalled
+    taken = ledger.mark_running(rid, "host")  # the same host name: a different run
+    assert taken is not None and taken.attempt == 2 and taken.token != stalled.token
+    assert not ledger.renew_lease(stalled) and not ledger.mark_data_read(stalled)
+    assert ledger.commit(ds, stalled, '{"result": {}}', table_version=1) == "lost"
+    assert ledger.fail(ds, stalled, "{}") == "lost"
+    assert ledger.abort_run(ds, stalled, "{}") == "lost"
+    assert not ledger.abort(ds, rid, "{}", "sweeper", holder=NO_LEASE)  # a run holds it
+    assert not ledger.charge_gone(ds, rid, "{}", "sweeper")
+    assert ledger.balance(ds)["epsilon"]["reserved"] == 300
+    assert r.hget(rkeys.release(rid), "data_read") is None
+    assert ledger.renew_lease(taken) and ledger.mark_data_read(taken)
+    assert r.hget(rkeys.release(rid), "data_read") == "1"
+    assert ledger.commit(ds, taken, '{"result": {}}', table_version=2) == "settled"
+    assert ledger.commit(ds, stalled, '{"result": {}}', table_version=1) == "ended"
+    assert r.hget(rkeys.release(rid), "table") == "2"
+    assert ledger.balance(ds)["epsilon"] == {"cap": 1000, "committed": 300, "reserved": 0,
+                                             "remaining": 700}
+    commits = [e for e in ledger.events(ds) if e["kind"] == "commit"]
+    assert len(commits) == 1 and commits[0]["outcome"] == "succeeded"
+
+
+def test_failure_after_reading_is_charged_and_keeps_its_replay(r: redis.Redis) -> None:
+    """'fail' charges like a commit (one commit event, outcome failed) and, unlike a refund,
+    leaves the request's replay in place: asking again answers with the failed release."""
+    ledger, ds = Ledger(r), _ds()
+    ledger.open(ds, {"epsilon": 1000}, "op")
+    fp = "fp_" + ds
+    rid = "rel_f" + ds
+    assert ledger.reserve(ds, rid, {"epsilon": 100}, actor="t", fingerprint=fp,
+                          request_json="{}").outcome == "reserved"
+    run = ledger.mark_running(rid, "w")
+    assert run is not None and ledger.mark_data_read(run)
+    assert ledger.fail(ds, run, '{"code": "mechanism_failed"}') == "settled"
+    assert r.hget(rkeys.release(rid), "status") == "failed"
+    assert ledger.balance(ds)["epsilon"]["committed"] == 100
+    again = ledger.reserve(ds, "rel_g" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json="{}")
+    assert (again.outcome, again.release_id) == ("replay", rid)
+    events = ledger.events(ds)
+    assert [(e["kind"], e.get("outcome")) for e in events] == [
+        ("cap", None), ("reserve", None), ("commit", "failed")]
 
 
 def test_open_registers_a_dataset_once(r: redis.Redis) -> None:
@@ -109,7 +171,7 @@ def test_concurrent_reservations_never_overspend(r: redis.Redis, redis_url: str)
         res = ledger.reserve(ds, rid, {"epsilon": 7, "delta": 1}, actor="t",
                              fingerprint=f"{ds}-{i}", request_json="{}")
         if res.outcome == "reserved" and i % 2:
-            ledger.commit(ds, rid, "{}", "w")
+            _commit(ledger, ds, rid)
         return res.outcome
 
     watcher = threading.Thread(target=watch)
@@ -148,7 +210,7 @@ def test_ledger_invariants(r: redis.Redis, cap: int, ops: list[tuple[str, int]])
         elif open_ids:
             rid, units = open_ids.pop(0)
             if op == "commit":
-                assert ledger.commit(ds, rid, "{}", "w")
+                assert _commit(ledger, ds, rid)
                 committed += units
             else:
                 assert ledger.abort(ds, rid, "{}", "w")
@@ -174,7 +236,7 @@ def test_valkey_kill_loses_no_committed_spend(tmp_path: object) -> None:
     for i in range(20):
         rid, _ = _reserve(ledger, ds, 1000 + i)
         if i % 4:
-            ledger.commit(ds, rid, "{}", "w")
+            _commit(ledger, ds, rid)
     before = ledger.balance(ds)
     assert server.proc is not None
     server.proc.kill()  # SIGKILL: no shutdown save, only the AOF

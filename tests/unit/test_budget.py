@@ -45,6 +45,9 @@ def test_caps_expand_per_column_measures() -> None:
     ({"interval_leakage:zz": 1}, "metadata.budgets.interval_leakage:zz"),
     ({"epsilon": 10**7}, "metadata.budgets.epsilon"),
     ({"subset_draws": 1.5}, "metadata.budgets.subset_draws"),
+    # Thm 4's additive bound on interval leakage is vacuous past 1 (main accepted 1000)
+    ({"interval_leakage": 1.5}, "metadata.budgets.interval_leakage"),
+    ({"interval_leakage:a": "1.000000000001"}, "metadata.budgets.interval_leakage:a"),
     ([], "metadata.budgets"),
 ])
 def test_bad_caps_name_the_field(raw: object, field: str) -> None:
@@ -59,3 +62,11 @@ def test_rounding_never_favours_the_spender(measure: str, amount: Fraction) -> N
     assert budget.from_units(measure, budget.cap_units(measure, amount)) <= amount
     # every cap (times 3, as in the Lua check) stays exact in a double
     assert budget.cap_units(measure, budget.MEASURES[measure][1]) * 3 < 2**53
+
+
+def test_interval_leakage_caps_stop_at_one() -> None:
+    """A leakage cap of exactly 1 is the largest accepted (main accepted up to 1000)."""
+    assert budget.parse_caps({"interval_leakage": 1}, ["a"], []) == {
+        "interval_leakage:a": 10**12}
+    with pytest.raises(budget.AmountError, match=r"between 0 and 1$"):
+        budget.parse_caps({"interval_leakage": 2}, ["a"], [], where="caps")

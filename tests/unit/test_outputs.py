@@ -1,4 +1,4 @@
-"""Release tables: stored and replaced atomically, served as exact CSV."""
+"""Release tables: stored atomically per run, never replaced, served as exact CSV."""
 
 from __future__ import annotations
 
@@ -12,19 +12,32 @@ import pytest
 from service.outputs import CSV_CHUNK, OutputStore, csv_chunks, neutralise, records
 
 
-def test_save_load_replace(tmp_path: Path) -> None:
+def test_save_load_per_run_never_replaces(tmp_path: Path) -> None:
+    """Each run stores its table apart and a stored table is never replaced: main's
+    ``save`` removed and rewrote the release's one table, so a stalled run that lost
+    its lease overwrote the committed run's /data (issue #14, finding 6)."""
     store = OutputStore(tmp_path)
-    assert store.load("rel_x") is None
+    assert store.load("rel_x", 1) is None
     table = {"left": np.array([0.1, 1 / 3]), "label": np.array(["a", "b|c"], dtype=object)}
-    assert store.save("rel_x", table) == 2
-    loaded = store.load("rel_x")
+    assert store.save("rel_x", 1, table) == 2
+    with pytest.raises(FileExistsError):
+        store.save("rel_x", 1, {"left": np.array([2.0])})
+    loaded = store.load("rel_x", 1)
     assert loaded is not None and loaded["left"].tolist() == [0.1, 1 / 3]
     assert loaded["label"].tolist() == ["a", "b|c"]
-    assert store.save("rel_x", {"left": np.array([2.0])}) == 1  # a re-run replaces
-    again = store.load("rel_x")
+    assert store.save("rel_x", 2, {"left": np.array([2.0])}) == 1  # another run: apart
+    again = store.load("rel_x", 2)
     assert again is not None and list(again) == ["left"]
+    first = store.load("rel_x", 1)
+    assert first is not None and first["left"].tolist() == [0.1, 1 / 3]
+    store.save("rel_x", 3, {"left": np.array([3.0])})
+    assert store.prune("rel_x", keep=2) == [1, 3]
+    assert store.load("rel_x", 1) is None and store.load("rel_x", 2) is not None
+    store.discard("rel_x", 2)
+    assert store.load("rel_x", 2) is None and not (tmp_path / "rel_x").exists()
+    assert store.prune("rel_x", keep=None) == []
     with pytest.raises(ValueError, match="differ in length"):
-        store.save("rel_y", {"a": np.zeros(2), "b": np.zeros(3)})
+        store.save("rel_y", 1, {"a": np.zeros(2), "b": np.zeros(3)})
 
 
 def test_csv_round_trips_floats_exactly_across_chunks() -> None:

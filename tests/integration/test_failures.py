@@ -1,0 +1,157 @@
+"""Failures are no channel: after the data is read a failure is charged and says only
+"mechanism failed"; before it, the job is refunded with its reason.
+
+A worker of its own imports a test-only mechanism (``failing_mechanism``) whose run
+raises a different exception, with a data value in its message, for different
+data. The test process registers it too and submits releases the way
+``POST /v1/releases`` does (prepare, reserve, enqueue): the request schema lists
+only the service's own mechanisms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from service import apikeys, releases, rkeys
+from service.app import create_app
+from service.store import DatasetStore
+from tests.conftest import ROOT, wait_for_worker
+from tests.integration import failing_mechanism
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api
+from workers.tasks import MAX_RUNS
+
+DB = 5
+BOOT = ("import tests.integration.failing_mechanism\n"
+        "from service.cli import main\n"
+        "raise SystemExit(main(['worker', '--concurrency', '1']))")
+
+
+@pytest.fixture(scope="module")
+def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    client = rkeys.connect(url)
+    client.flushdb()
+    apikeys.create(client, "operator", token=TOKEN)
+    log = tmp_path_factory.mktemp("failures") / "worker.log"
+    with open(log, "wb") as fh:
+        worker = subprocess.Popen([sys.executable, "-c", BOOT], cwd=ROOT, stdout=fh,
+                                  stderr=subprocess.STDOUT,
+                                  env={**service_env, "PRIVRELEASE_REDIS_URL": url})
+    try:
+        wait_for_worker(client)
+        flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url))
+        yield {"app": flask_app, "api": Api(flask_app.test_client()), "log": log,
+               "store": DatasetStore(data_dir / "datasets")}
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+def _dataset(api: Api, ages: list[int]) -> str:
+    csv = "age,income,group\n" + "".join(f"{a},1.5,a\n" for a in ages)
+    resp = api.upload(csv, PEOPLE_META)
+    assert resp.status_code == 201, resp.get_json()
+    return str(resp.get_json()["id"])
+
+
+def _submit(flask_app: Flask, ds: str) -> str:
+    """What POST /v1/releases does once its body passed the schema."""
+    client, ledger = flask_app.extensions["redis"], flask_app.extensions["ledger"]
+    prepared = releases.prepare(client, ledger, {
+        "dataset_id": ds, "mechanism": failing_mechanism.NAME, "params": {"column": "age"},
+        "budget": {"epsilon": 0.5}}, allow_seeds=False)
+    rid = releases.new_id()
+    res = ledger.reserve(ds, rid, prepared.cost_units, actor="key_test",
+                         fingerprint=prepared.fingerprint, request_json=prepared.request_json())
+    assert res.outcome == "reserved"
+    flask_app.extensions["celery"].send_task("privrelease.run_release", args=[rid],
+                                             task_id=rid)
+    return rid
+
+
+def test_failure_after_reading_is_charged_and_says_only_mechanism_failed(
+        rig: dict[str, Any]) -> None:
+    """Catches issue #14 finding 8: main refunded a job that failed after reading the data
+    and returned "mechanism failed (<exception type>)", so which exception the data caused
+    (here ValueError for a high mean, ZeroDivisionError for a low one) and whether it
+    failed at all cost nothing to learn."""
+    api: Api = rig["api"]
+    low, high = _dataset(api, [20 + i % 20 for i in range(60)]), _dataset(api, [90] * 60)
+    docs = [api.wait(_submit(rig["app"], ds)) for ds in (low, high)]
+    for ds, doc in zip((low, high), docs, strict=True):
+        assert doc["status"] == "failed", doc
+        assert doc["error"] == {"code": "mechanism_failed", "message": "mechanism failed"}
+        assert doc["result"] is None
+        row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+        assert row == {"cap": 5.0, "committed": 0.5, "reserved": 0.0, "remaining": 4.5}
+        events = api.get(f"/v1/datasets/{ds}/ledger").get_json()
+        assert [(e["kind"], e.get("outcome")) for e in events] == [
+            ("cap", None), ("reserve", None), ("commit", "failed")]
+        assert events[2]["amounts"] == {"epsilon": 0.5}
+    assert docs[0]["error"] == docs[1]["error"]
+    client = rig["app"].extensions["redis"]
+    assert all(client.hget(rkeys.release(d["id"]), "data_read") == "1" for d in docs)
+    logged = rig["log"].read_text()
+    assert "ValueError" in logged and "ZeroDivisionError" in logged  # operators see the type
+    assert failing_mechanism.SECRET not in logged  # never the message (it holds data)
+
+
+def test_dataset_files_missing_before_reading_is_refunded(rig: dict[str, Any]) -> None:
+    """A job that fails before it reads anything (its dataset's files are gone) is refunded
+    and says why; main failed it inside the read (FileNotFoundError), as any other error."""
+    api: Api = rig["api"]
+    ds = _dataset(api, [30] * 20)
+    assert rig["store"].remove(ds, 1)
+    resp = api.post("/v1/releases", {
+        "dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": 0.5},
+        "params": {"statistic": "count",
+                   "condition": {"column": "age", "op": "ge", "value": 30}}})
+    assert resp.status_code == 202, resp.get_json()
+    doc = api.wait(resp.get_json()["id"])
+    assert doc["status"] == "failed"
+    assert doc["error"]["message"] == (
+        "job failed before reading the data (FileNotFoundError); refunded")
+    row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+    assert row == {"cap": 5.0, "committed": 0.0, "reserved": 0.0, "remaining": 5.0}
+    kinds = [e["kind"] for e in api.get(f"/v1/datasets/{ds}/ledger").get_json()]
+    assert kinds == ["cap", "reserve", "abort"]
+    client = rig["app"].extensions["redis"]
+    assert client.hget(rkeys.release(doc["id"]), "data_read") is None
+
+
+def test_runs_that_keep_dying_after_reading_end_charged(rig: dict[str, Any]) -> None:
+    """A job whose runs read the data and died MAX_RUNS times (here: runs that took the
+    lease, marked the read, and vanished) is charged and failed by its next run instead of
+    run again: on main a crash the data causes was redelivered and re-run forever."""
+    api: Api = rig["api"]
+    flask_app: Flask = rig["app"]
+    client, ledger = flask_app.extensions["redis"], flask_app.extensions["ledger"]
+    ds = _dataset(api, [30] * 20)
+    rid = releases.new_id()
+    prepared = releases.prepare(client, ledger, {
+        "dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": 0.5},
+        "params": {"statistic": "count", "condition": {"column": "age", "op": "ge",
+                                                       "value": 30}}}, allow_seeds=False)
+    assert ledger.reserve(ds, rid, prepared.cost_units, actor="key_test",
+                          fingerprint=prepared.fingerprint,
+                          request_json=prepared.request_json()).outcome == "reserved"
+    for _ in range(MAX_RUNS):
+        run = ledger.mark_running(rid, "dead-worker")
+        assert run is not None and ledger.mark_data_read(run)
+        client.delete(rkeys.lease(rid))
+    flask_app.extensions["celery"].send_task("privrelease.run_release", args=[rid],
+                                             task_id=rid)
+    doc = api.wait(rid)
+    assert doc["status"] == "failed" and doc["error"] == releases.FAILED_AFTER_READ
+    assert client.hget(rkeys.release(rid), "attempts") == str(MAX_RUNS + 1)
+    row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+    assert row == {"cap": 5.0, "committed": 0.5, "reserved": 0.0, "remaining": 4.5}

@@ -1,0 +1,175 @@
+"""A worker that stalls past its lease while its job runs again elsewhere: one output.
+
+Real processes throughout: worker A (a ``privrelease worker``) reads the data of
+a microdata release and is frozen with SIGSTOP before it stores anything; its
+lease lapses; the job's message is redelivered (kombu's own restore, as after
+its visibility timeout) to worker B, which runs the job again; A is thawed with
+SIGCONT while B runs. Both runs compute an output, only one may become the
+release. Runs sleep once they have read the data (``PRIVRELEASE_TEST_JOB_DELAY``)
+so the freeze lands between the read and the commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from flask import Flask
+
+from service import apikeys, metrics_store, rkeys
+from service.app import create_app
+from tests.conftest import ROOT, wait_for_worker
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+
+LEASE = 2
+DELAY = 3.0
+DB = 4
+
+
+def _until(what: Callable[[], Any], timeout: float = 30.0, step: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(step)
+    raise TimeoutError(what)
+
+
+def _pool_child(worker: subprocess.Popen[bytes]) -> int:
+    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@pytest.fixture()
+def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
+        tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Its own Valkey database, an app on it, and a way to start workers on it."""
+    url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    client = rkeys.connect(url)
+    client.flushdb()
+    apikeys.create(client, "operator", token=TOKEN)
+    # no sweep during the test: the redelivery, not the sweeper, must meet the stalled job
+    env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY),
+           "PRIVRELEASE_LEASE_SECONDS": str(LEASE), "PRIVRELEASE_SWEEP_INTERVAL": "300"}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        client.delete(*client.keys(rkeys.WORKERS + "*") or ["-"])
+        with open(tmp_path / f"{name}.log", "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1"],
+                env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        wait_for_worker(client)
+        return proc
+
+    flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
+                                               lease_seconds=LEASE))
+    try:
+        yield {"api": Api(flask_app.test_client()), "client": client, "url": url,
+               "start": start, "logs": tmp_path, "releases": data_dir / "releases"}
+    finally:
+        for proc in procs:
+            for pid in [proc.pid, *_children(proc.pid)]:
+                _signal(pid, signal.SIGCONT)
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _redeliver(url: str) -> None:
+    """Put unacknowledged messages back in the queue, as kombu does once their visibility
+    timeout (15 min, workers/celery_app.py) passed; a stalled worker holds one."""
+    celery = Celery(broker=url)
+    celery.conf.broker_transport_options = {"visibility_timeout": 0}
+    with celery.connection() as conn:
+        conn.default_channel.qos.restore_visible(num=100)
+
+
+def _csv_rows(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
+        rig: dict[str, Any]) -> None:
+    """Catches issue #14 finding 6: on main the stalled run (lease lapsed, job re-run)
+    still committed when it woke (settle did not check the lease) or rewrote the
+    release's one table after the other run committed, so the inline records and /data
+    came from two different runs (0 of 40 rows equal) for one charge."""
+    api: Api = rig["api"]
+    client: redis.Redis = rig["client"]
+    worker_a = rig["start"]("worker-a")
+    resp = api.upload(people_csv(40), PEOPLE_META)
+    assert resp.status_code == 201, resp.get_json()
+    ds = resp.get_json()["id"]
+    resp = api.post("/v1/releases", {"dataset_id": ds, "mechanism": "dip",
+                                     "params": {"columns": ["income", "group"]},
+                                     "budget": {"epsilon": 1}})
+    assert resp.status_code == 202, resp.get_json()
+    rid = resp.get_json()["id"]
+    release = rkeys.release(rid)
+
+    # A has read the data (the marker is written just before the read) and sleeps
+    _until(lambda: client.hget(release, "data_read"))
+    stalled = [worker_a.pid, _pool_child(worker_a)]
+    for pid in stalled:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        worker_b = rig["start"]("worker-b")
+        _until(lambda: not client.exists(rkeys.lease(rid)), timeout=LEASE + 5)  # lapsed
+        _redeliver(rig["url"])
+        _until(lambda: client.hget(release, "attempts") == "2")  # B runs it again
+        assert client.hget(release, "status") == "running"
+    finally:
+        for pid in stalled:
+            os.kill(pid, signal.SIGCONT)
+    doc = api.wait(rid, timeout=30)
+    # A wakes holding an output of its own; it must report that it lost the job
+    lost = f"dip{metrics_store.SEP}lease_lost"
+    _until(lambda: client.hget(metrics_store.RELEASES, lost), timeout=DELAY + 15)
+    assert worker_b.poll() is None and worker_a.poll() is None
+
+    assert doc["status"] == "succeeded", doc
+    records = doc["result"]["records"]
+    assert len(records) == doc["result"]["n_records"] == 40
+    data = api.get(f"/v1/releases/{rid}/data")
+    assert data.status_code == 200
+    rows = _csv_rows(data.get_data(as_text=True))
+    assert rows == [{k: str(v) for k, v in rec.items()} for rec in records]
+
+    events = api.get(f"/v1/datasets/{ds}/ledger").get_json()
+    assert [e["kind"] for e in events] == ["cap", "reserve", "commit"]
+    assert events[2]["outcome"] == "succeeded"
+    row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+    assert row == {"cap": 5.0, "committed": 1.0, "reserved": 0.0, "remaining": 4.0}
+    assert client.hget(metrics_store.RELEASES, lost) == "1"
+    assert client.hget(metrics_store.RELEASES, f"dip{metrics_store.SEP}succeeded") == "1"
+    # B's table is the release's; A's never became visible and is gone
+    assert client.hget(release, "table") == "2"
+    assert sorted(p.name for p in (rig["releases"] / rid).iterdir()) == ["v2"]
+    assert "run lost its lease" in (rig["logs"] / "worker-a.log").read_text()
