@@ -1,8 +1,10 @@
 """A test-only mechanism whose run fails in a way the data decides.
 
-Imported by the test process and by a worker started for the test (before its
-pool forks), never by the service: it stands for any mechanism with a
-data-dependent failure, which the service must neither refund nor describe.
+Installed by the test's fixture for the test's duration, and by a worker started
+for the test (before its pool forks), never by the service: it stands for any
+mechanism with a data-dependent failure, which the service must neither refund nor
+describe. It is not installed on import, so other tests (e.g. "every registered
+mechanism has an audit entry") never see it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 from marshmallow import RAISE, Schema, fields
 
 import mechanisms
-from mechanisms import DatasetMeta, Mechanism, Output, register
+from mechanisms import DatasetMeta, Mechanism, Output, register, registry
 from mechanisms.base import Budget, read_epsilon
 
 NAME = "test.fails_on_data"
@@ -54,5 +56,12 @@ class FailsOnData(Mechanism):
         raise ZeroDivisionError(f"{SECRET} {mean}")
 
 
-if NAME not in mechanisms.names():
-    register(FailsOnData())
+def install() -> None:
+    """Register the mechanism in this process (once)."""
+    if NAME not in mechanisms.names():
+        register(FailsOnData())
+
+
+def uninstall() -> None:
+    """Take it out of this process's registry again."""
+    registry._REGISTRY.pop(NAME, None)

@@ -3,7 +3,7 @@
 
 A worker of its own imports a test-only mechanism (``failing_mechanism``) whose run
 raises a different exception, with a data value in its message, for different
-data. The test process registers it too and submits releases the way
+data. The test process installs it too (for this module only) and submits releases the way
 ``POST /v1/releases`` does (prepare, reserve, enqueue): the request schema lists
 only the service's own mechanisms.
 """
@@ -29,7 +29,7 @@ from tests.integration.conftest import PEOPLE_META, TOKEN, Api
 from workers.tasks import MAX_RUNS
 
 DB = 5
-BOOT = ("import tests.integration.failing_mechanism\n"
+BOOT = ("import tests.integration.failing_mechanism as m; m.install()\n"
         "from service.cli import main\n"
         "raise SystemExit(main(['worker', '--concurrency', '1']))")
 
@@ -41,6 +41,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
     client = rkeys.connect(url)
     client.flushdb()
     apikeys.create(client, "operator", token=TOKEN)
+    failing_mechanism.install()
     log = tmp_path_factory.mktemp("failures") / "worker.log"
     with open(log, "wb") as fh:
         worker = subprocess.Popen([sys.executable, "-c", BOOT], cwd=ROOT, stdout=fh,
@@ -52,6 +53,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
         yield {"app": flask_app, "api": Api(flask_app.test_client()), "log": log,
                "store": DatasetStore(data_dir / "datasets")}
     finally:
+        failing_mechanism.uninstall()
         worker.terminate()
         worker.wait(timeout=30)
 

@@ -24,8 +24,8 @@ SEED = 14
 
 @pytest.mark.parametrize("name", ["noiseless.aggregate", "noiseless.local"])
 def test_entry_passes_the_mechanism_and_catches_its_control(name: str) -> None:
-    assert entries._ENTRIES[name] is audit.audit_noiseless
-    report = entries._ENTRIES[name](name, "ci", SEED)
+    assert entries.entries()[name] is audit.audit_noiseless
+    report = entries.entries()[name](name, "ci", SEED)
     assert report.mechanism == name and report.notion == "noiseless"
     assert report.passed, report.detail
     assert report.control_caught, report.detail

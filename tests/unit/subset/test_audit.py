@@ -28,9 +28,9 @@ SEED = 14
 
 @pytest.mark.parametrize("name", [*ALIGNED, "subset.dummy"])
 def test_entry_passes_the_mechanism_and_catches_its_control(name: str) -> None:
-    assert entries._ENTRIES[name] is (audit.audit_dummy if name == "subset.dummy"
+    assert entries.entries()[name] is (audit.audit_dummy if name == "subset.dummy"
                                       else audit.audit_aligned)
-    report = entries._ENTRIES[name](name, "ci", SEED)
+    report = entries.entries()[name](name, "ci", SEED)
     assert report.mechanism == name and report.notion == "subset"
     assert report.passed, report.detail
     assert report.control_caught, report.detail
