@@ -49,11 +49,16 @@ The proofs, tier by tier (each tier passes what it cannot decide on):
 The discrete Gaussian is Canonne, Kamath & Steinke (2020), Algorithm 3:
 propose Y from the exact discrete Laplace with scale t = ⌊σ⌋ + 1 and accept
 iff a second lazy uniform V < exp(-γ), γ = (|Y| - σ²/t)² / (2σ²), so the
-acceptance probability is exactly exp(-γ). γ is rational (σ is a float), so
-the same float64 tier (a margin 2^-40 relative plus the cell) and exact
-``decimal`` tier (γ from exact integers, one correctly rounded division)
-decide -ln V > γ. Accepted proposals of i.i.d. trials are i.i.d. draws of the
-target, so keeping the first ``size`` of them is exact.
+acceptance probability is exactly exp(-γ). γ is rational (σ is a float) and
+never 0 (σ² = |Y| t has no solution with t = ⌊σ⌋ + 1), so exp(-γ) 2^63 is
+never an integer. Up to σ = ``TABLE_SIGMA`` the test is a table look-up:
+integers lo_k <= exp(-γ_k) 2^63 <= hi_k, two apart in 2^35 relative,
+decide V's 63-bit cell by integer comparison (``_AcceptTable``); above it,
+one float64 log per proposal with a 2^-30 margin (``_AcceptLog``). What
+either leaves undecided goes to the exact ``decimal`` tier (γ from exact
+integers, one correctly rounded division), which reads more of V's bits.
+Accepted proposals of i.i.d. trials are i.i.d. draws of the target, so
+keeping the first ``size`` of them is exact.
 
 Guard: after ``MAX_EXTRA_WORDS`` refinements of one cell (probability
 below 2^-65000 from a working generator: every refinement but the ones
@@ -104,6 +109,14 @@ _FAST_REL = 2.0**-42  # 64 x the 2^-52 (11 y + 2 s) rounding bound, as 2^-42 (y 
 _FAST_CELL = 2.0**-43
 #: discrete Gaussian acceptance: absolute margin on ln V + γ (its float error is below 2^-44)
 _ACCEPT_MARGIN = 2.0**-30
+#: up to this σ the acceptance test is a table look-up (about 11 σ entries)
+TABLE_SIGMA = 2.0**12
+#: table acceptance: relative margin on exp(-γ) 2^63 (its float error is below 2^-43)
+_TABLE_REL = 2.0**-36
+#: hi_k - lo_k is below this, so v - lo_k >= _NEAR (mod 2^64) is decided by lo_k alone
+_NEAR = np.uint64(1 << 29)
+#: proposals per block of the discrete Gaussian: ~10 arrays of this length stay in L2
+_BLOCK = 1 << 15
 _LD = np.longdouble
 _LD_EPS = float(np.finfo(_LD).eps)
 
@@ -277,41 +290,86 @@ def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDA
     """Draw X with P(X = k) ∝ exp(-k² / (2σ²)) on the integers, exactly.
 
     Canonne, Kamath & Steinke (2020), Algorithm 3 (see the module docstring),
-    in vectorized batches until ``size`` are accepted. The float exponent is
-    (|Y|/σ - σ/t)²/2, finite for tiny σ (σ² would underflow); an overflow to
-    inf is a certain rejection.
+    in blocks of at most ``_BLOCK`` proposals (their ~10 arrays stay in
+    cache) until ``size`` are accepted; only accepted proposals are gathered
+    and signed. Blocks are consecutive i.i.d. trials, so the first ``size``
+    accepted ones, in order, are i.i.d. draws of the target.
     """
     sigma = _check_positive("sigma", sigma, MAX_SIGMA)
     shape = _shape(size)
     n = math.prod(shape)
     t = math.floor(sigma) + 1
+    accepts: _AcceptTable | _AcceptLog
+    accepts = _AcceptTable(sigma, t) if sigma <= TABLE_SIGMA else _AcceptLog(sigma, t)
     out = np.empty(n, dtype=np.int64)
     filled = 0
-    rate = 0.7  # acceptance is about 0.76 for large σ and above 0.4 for tiny σ
+    rate = 0.7  # acceptance is about 0.76 for large σ, 0.52 at σ = 0.5 and above 0.4 below
     while filled < n:
         need = n - filled
-        batch = min(int(need / rate * 1.05) + 64, 1 << 22)
+        batch = min(int(need / rate * 1.05) + 64, _BLOCK)
         magnitude, sign = _magnitude_and_sign(rng, float(t), (batch,))
-        v = _words(rng, batch) >> np.uint64(1)  # V's cell [v, v + 1) 2^-63
-        accept = _fast_accept(magnitude, v, sigma, t)
-        if accept.dtype != np.bool_:  # some undecided: settle them exactly
-            gamma = _GaussianExponent(sigma, t)
-            for i in np.flatnonzero(accept < 0):
-                accept[i] = _exact_accept(rng, int(v[i]), gamma(int(magnitude[i])))
-            accept = accept == 1
-        accepted = _apply_sign(magnitude, sign)[accept]
-        take = min(accepted.size, need)
-        out[filled : filled + take] = accepted[:take]
-        filled += take
+        v = _words(rng, batch)
+        v >>= np.uint64(1)  # V's cell [v, v + 1) 2^-63
+        accepted = np.flatnonzero(accepts(rng, magnitude, v))
         rate = max(accepted.size / batch, 0.2)
+        accepted = accepted[:need]
+        out[filled : filled + accepted.size] = _apply_sign(magnitude[accepted], sign[accepted])
+        filled += accepted.size
     return out.reshape(shape)
 
 
-def _fast_accept(
-    magnitude: NDArray[np.int64], v: NDArray[np.uint64], sigma: float, t: int
-) -> NDArray[np.bool_] | NDArray[np.int8]:
-    """Is -ln V > γ for every V in [v, v + 1)·2^-63? As booleans when all are decided,
-    else as int8 with -1 where undecided.
+class _AcceptTable:
+    """CKS acceptance for σ <= TABLE_SIGMA by one table look-up and integer comparisons.
+
+    With E_k = exp(-γ_k) 2^63 for |Y| = k, V's cell [v, v + 1) 2^-63 lies below
+    exp(-γ_k) when v + 1 <= E_k and above it when v >= E_k. The table holds
+    lo_k = ⌊Ê_k (1 - 2^-36)⌋ and hi_k = max(1, ⌈Ê_k (1 + 2^-36)⌉) for the
+    float64 Ê_k = exp(-ĝ_k) 2^63: v < lo_k accepts and v >= hi_k rejects,
+    and lo_k <= v < hi_k (width below 2^29, so below ``_NEAR``) goes to the
+    exact tier. Proof that lo_k <= E_k <= hi_k: ĝ = (k/σ - σ/t)²/2 in
+    float64 errs by at most 2^-53 (7γ + 4√(2γ)) (two quotients, a
+    difference, a square), below 2^-44 while γ <= 61; numpy's exp adds at
+    most 4 ulp (``test_sampling`` measures it), so Ê_k is within 2^-43
+    relative of E_k, 128 times less than 2^-36, which also absorbs the
+    products' roundings. A computed ĝ > 60 (also inf for tiny σ) means
+    γ > 59 and E_k < 1, so lo_k = 0 and hi_k = 1 there, and for every
+    k >= K, whose γ_k exceeds 50 (K = ⌈σ²/t + 10σ⌉ + 1, the last entry,
+    which ``np.take(..., mode="clip")`` uses for larger k).
+    """
+
+    def __init__(self, sigma: float, t: int) -> None:
+        self.gamma = _GaussianExponent(sigma, t)
+        top = math.ceil(sigma / t * sigma + 10.0 * sigma) + 1
+        k = np.arange(top + 1, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            z = k / sigma - sigma / t
+            g = 0.5 * (z * z)
+        e = np.exp(-g) * 2.0**63
+        far = ~(g <= 60.0)  # also NaN-safe
+        far[-1] = True
+        e[far] = 0.0
+        self.lo = np.floor(e * (1.0 - _TABLE_REL)).astype(np.uint64)
+        self.hi = np.maximum(np.ceil(e * (1.0 + _TABLE_REL)), 1.0).astype(np.uint64)
+
+    def __call__(
+        self, rng: np.random.Generator, magnitude: NDArray[np.int64], v: NDArray[np.uint64]
+    ) -> NDArray[np.bool_]:
+        """Accept (exactly) each proposal of magnitude k with V's cell starting at v."""
+        lo = np.take(self.lo, magnitude, mode="clip")
+        accept = v < lo
+        np.subtract(v, lo, out=lo)  # v - lo_k mod 2^64: below _NEAR only near the edge
+        near = lo < _NEAR
+        if near.any():
+            for i in np.flatnonzero(near):
+                k = min(int(magnitude[i]), self.lo.size - 1)
+                if v[i] >= self.hi[k]:
+                    continue
+                accept[i] = _exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
+        return accept
+
+
+class _AcceptLog:
+    """CKS acceptance for large σ: one float64 log per proposal, then the exact tier.
 
     e = ln v - 63 ln 2 + γ, with γ = z², z = |Y|/(σ√2) - σ/(t√2). For v >= 2^43
     (λ = -ln V <= 13.9, and the cell spans at most 2^-43 in λ) and γ <= 32,
@@ -320,23 +378,34 @@ def _fast_accept(
     reject iff e > 2^-30. A larger (or infinite) computed γ means a true
     γ > 31 > λ + 1: a certain rejection, which e > 2^-30 says too.
     """
-    with np.errstate(over="ignore", invalid="ignore"):
+
+    def __init__(self, sigma: float, t: int) -> None:
+        self.gamma = _GaussianExponent(sigma, t)
+        self.inv = 1.0 / (sigma * math.sqrt(2.0))
+        self.shift = sigma / (t * math.sqrt(2.0))
+
+    def __call__(
+        self, rng: np.random.Generator, magnitude: NDArray[np.int64], v: NDArray[np.uint64]
+    ) -> NDArray[np.bool_]:
+        """Accept (exactly) each proposal of magnitude k with V's cell starting at v."""
         e = magnitude.astype(np.float64)
-        e /= sigma * math.sqrt(2.0)
-        e -= sigma / (t * math.sqrt(2.0))
-        np.square(e, out=e)
-    e -= 63.0 * math.log(2.0)
-    with np.errstate(divide="ignore"):
-        e += np.log(v.view(np.int64).astype(np.float64))
-    accept = e < -_ACCEPT_MARGIN
-    np.abs(e, out=e)
-    undecided = e <= _ACCEPT_MARGIN
-    undecided |= v < np.uint64(_FAST_MIN_WORD)
-    if not undecided.any():
+        with np.errstate(over="ignore", invalid="ignore"):
+            e *= self.inv
+            e -= self.shift
+            np.square(e, out=e)
+        lv = v.view(np.int64).astype(np.float64)
+        with np.errstate(divide="ignore"):
+            np.log(lv, out=lv)
+        e += lv
+        e -= 63.0 * math.log(2.0)
+        accept = e < -_ACCEPT_MARGIN
+        np.abs(e, out=e)
+        undecided = e <= _ACCEPT_MARGIN
+        undecided |= v < np.uint64(_FAST_MIN_WORD)
+        if undecided.any():
+            for i in np.flatnonzero(undecided):
+                accept[i] = _exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
         return accept
-    decision = accept.astype(np.int8)
-    decision[undecided] = -1
-    return decision
 
 
 class _GaussianExponent:

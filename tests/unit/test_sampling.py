@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from decimal import Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -386,8 +387,9 @@ def test_a_broken_bit_source_raises_instead_of_truncating(monkeypatch: pytest.Mo
 
 
 def test_numpy_logs_are_as_accurate_as_the_margins_assume() -> None:
-    """Tiers 1 and 2 assume np.log errs by at most 4 ulp (then keep a 64-fold margin):
-    measured against correctly rounded decimal logs, over the uniforms they see."""
+    """Tiers 1 and 2 assume np.log errs by at most 4 ulp (then keep a 64-fold margin),
+    and the Gaussian's acceptance table the same of np.exp: measured against correctly
+    rounded decimal values, over the arguments they see."""
     rng = np.random.default_rng(22)
     r = np.concatenate([rng.integers(1 << 43, 1 << 63, 400), rng.integers(1, 1 << 43, 200)])
     for dtype in (np.float64, np.longdouble):
@@ -399,6 +401,13 @@ def test_numpy_logs_are_as_accurate_as_the_margins_assume() -> None:
             for ui, gi in zip(u, got, strict=True):
                 exact = _exact(ui).ln()
                 assert abs(_exact(gi) - exact) <= 4 * eps * abs(exact)
+    # the acceptance table assumes the same of np.exp on -γ in [-61, 0]
+    g = -np.concatenate([rng.uniform(0.0, 61.0, 500), rng.uniform(0.0, 1e-6, 100)])
+    with localcontext() as ctx:
+        ctx.prec = 60
+        for gi, ei in zip(g, np.exp(g), strict=True):
+            exact = _exact(gi).exp()
+            assert abs(_exact(ei) - exact) <= 4 * Decimal(2.0**-52) * exact
 
 
 def _exact(x: np.floating) -> Decimal:
@@ -406,29 +415,84 @@ def _exact(x: np.floating) -> Decimal:
     return Decimal(num) / Decimal(den)
 
 
+def _accepters(sigma: float) -> tuple[sampling._AcceptTable, sampling._AcceptLog]:
+    t = math.floor(sigma) + 1
+    return sampling._AcceptTable(sigma, t), sampling._AcceptLog(sigma, t)
+
+
+def _edge(gamma: Fraction) -> Decimal:
+    """exp(-γ) 2^63 at 80 digits: V's cells below it accept, above it reject."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        return (-(Decimal(gamma.numerator) / Decimal(gamma.denominator))).exp() * 2**63
+
+
 @pytest.mark.parametrize("sigma", [0.3, 1.0, 4.6, 1000.0])
 def test_gaussian_acceptance_at_the_exact_threshold(sigma: float) -> None:
     """V's cells next to exp(-γ): accept below, reject above, and the cell containing it
-    reads more bits; both the float tier and the exact tier, against the definition."""
+    reads more bits and decides by them; the table and the log test, and the exact tier."""
     t = math.floor(sigma) + 1
     gamma_of = sampling._GaussianExponent(sigma, t)
     for y in (0, 1, t, 2 * t, 3 * t + 1):
         gamma = gamma_of(y)
-        with localcontext() as ctx:
-            ctx.prec = 80
-            edge = (-(Decimal(gamma.numerator) / Decimal(gamma.denominator))).exp() * 2**63
+        edge = _edge(gamma)
         v = int(edge)
         if v < 2:
             continue
-        cells = np.array([v - 1, v + 1], dtype=np.uint64)
-        fast = sampling._fast_accept(np.array([y, y]), cells, sigma, t)
-        assert fast.tolist() in ([True, False], [1, 0], [-1, 0], [1, -1], [-1, -1])
+        below = int((edge - v) * Decimal(2) ** 64)
+        cells = np.array([v - 1, v + 1, v, v], dtype=np.uint64)
+        for accepts in _accepters(sigma):
+            # the two cells at v are refined by the forced words, in order
+            got = accepts(_forced([below - 1, below + 1]), np.full(4, y), cells.copy())
+            assert got.tolist() == [True, False, True, False], (type(accepts), y)
         rng = np.random.default_rng(0)
         assert sampling._exact_accept(rng, v - 1, gamma) is True
         assert sampling._exact_accept(rng, v + 1, gamma) is False
-        below = int((edge - v) * Decimal(2) ** 64)
         assert sampling._exact_accept(_forced([below - 1]), v, gamma) is True
         assert sampling._exact_accept(_forced([below + 1]), v, gamma) is False
+
+
+@pytest.mark.parametrize("sigma", [1e-300, 0.3, 0.5, 1.0, 3.0, 4.6, 37.5, 1000.0, 4096.0])
+def test_acceptance_table_brackets_the_exact_edges(sigma: float) -> None:
+    """Catches a wrong table entry: lo_k <= exp(-γ_k) 2^63 <= hi_k for every k (at 80
+    digits), hi_k - lo_k < _NEAR (so the one-table test sees every undecided cell), and
+    the last entry, used for every larger k, rejects all but v = 0."""
+    t = math.floor(sigma) + 1
+    table = sampling._AcceptTable(sigma, t)
+    gamma_of = sampling._GaussianExponent(sigma, t)
+    ks = np.unique(np.linspace(0, table.lo.size - 1, 400).astype(int)).tolist()
+    for k in ks:
+        edge = _edge(gamma_of(k))
+        assert int(table.lo[k]) <= edge <= int(table.hi[k]), (k, edge)
+        assert int(table.hi[k]) - int(table.lo[k]) < int(sampling._NEAR)
+    last = table.lo.size - 1
+    assert gamma_of(last) > 50 and (table.lo[last], table.hi[last]) == (0, 1)
+
+
+@pytest.mark.parametrize("sigma", [0.45, 2.2, 600.0])
+def test_table_and_log_acceptance_agree(sigma: float) -> None:
+    """Both acceptance tests are exact, so on random cells (a straddle has probability
+    ~2^-60) they decide alike, also past the table's end and for tiny v (exact tier)."""
+    t = math.floor(sigma) + 1
+    table, log = _accepters(sigma)
+    rng = np.random.default_rng(31)
+    k = np.concatenate([np.arange(table.lo.size + 5), rng.integers(0, 4 * t, 3000)])
+    k = np.repeat(k, 8)
+    v = rng.integers(0, 1 << 63, k.size, dtype=np.uint64)
+    v[::97] >>= np.uint64(30)  # some cells the log test leaves to the exact tier
+    got_table = table(np.random.default_rng(1), k, v.copy())
+    got_log = log(np.random.default_rng(1), k, v.copy())
+    assert np.array_equal(got_table, got_log)
+    assert 0.05 < got_table.mean() < 0.95
+
+
+@pytest.mark.parametrize("sigma", [0.8, 3.7, 40.0])
+def test_log_acceptance_matches_exact_pmf(monkeypatch: pytest.MonkeyPatch, sigma: float) -> None:
+    """The large-σ path (log acceptance) at σ where the pmf is checkable cell by cell."""
+    monkeypatch.setattr(sampling, "TABLE_SIGMA", 0.0)
+    draws = sampling.discrete_gaussian(np.random.default_rng(32), sigma, N)
+    support = np.arange(-math.ceil(12 * sigma) - 5, math.ceil(12 * sigma) + 6)
+    assert _chisquare(draws, _gaussian_pmf(sigma, support), support) > 1e-3
 
 
 def test_gaussian_tail_beyond_the_old_cut() -> None:
