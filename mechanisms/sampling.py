@@ -89,6 +89,12 @@ from scipy import special
 
 #: largest discrete Laplace scale; beyond ~2^36 most draws need the long double tier
 MAX_SCALE = 2.0**46
+#: above this scale a draw is split as 1 + m Q + R (module docstring, "Large scales")
+SPLIT_SCALE = 2.0**36
+#: a split draw's Q has the scale s/m in [2^(_SPLIT_BITS - 1), 2^_SPLIT_BITS)
+_SPLIT_BITS = 20
+#: a split draw's remainder is certified when its fraction keeps m 2^-43 from 0 and 1
+_SPLIT_MARGIN = 2.0**-43
 #: largest discrete Gaussian sigma; the proposal scale floor(sigma) + 1 stays <= MAX_SCALE
 MAX_SIGMA = 2.0**45
 #: ``grid_for`` makes the lattice this many times finer than the noise
@@ -164,16 +170,144 @@ def discrete_laplace(
 def _magnitude_and_sign(
     rng: np.random.Generator, s: float | NDArray[np.float64], shape: tuple[int, ...]
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """|X| (exact, through the three tiers) and a sign mask (0 or -1), one word per draw."""
+    """|X| (exact, through the three tiers) and a sign mask (0 or -1).
+
+    One word per draw, plus one for the remainder R of each draw whose scale
+    exceeds ``SPLIT_SCALE`` (module docstring, "Large scales").
+    """
     words = _words(rng, math.prod(shape)).reshape(shape)
     sign = words.view(np.int64) >> 63  # arithmetic shift: -1 where the top bit is set
     words &= _MASK
-    magnitude, undecided = _fast_magnitude(words, s)
+    if np.max(s) <= SPLIT_SCALE:
+        magnitude, undecided = _fast_magnitude(words, s, _log1p_tanh(s))
+        if undecided.size:
+            scales = np.broadcast_to(s, shape).reshape(-1)[undecided]
+            flat = magnitude.reshape(-1)
+            flat[undecided] = _slow_magnitude(rng, words.reshape(-1)[undecided], scales)
+        return magnitude, sign
+    return _split_magnitude(rng, words, s), sign
+
+
+def _split_magnitude(
+    rng: np.random.Generator, words: NDArray[np.uint64], s: float | NDArray[np.float64]
+) -> NDArray[np.int64]:
+    """|X| = 0 or 1 + m Q + R for the scales above SPLIT_SCALE (the rest as usual).
+
+    Q' = ⌊z⌋, z = (s/m)(ln T_1 - ln U), from the draw's word (Q' = -1 iff
+    U >= T_1, i.e. |X| = 0); R from one more word per draw, all of them
+    read after the words of Q' and their refinements.
+    """
+    big: bool | NDArray[np.bool_]
+    if isinstance(s, float):
+        big, m = True, _split_unit(s)
+        mult, const = s / m, _log_t1(s)
+    else:
+        big = s > SPLIT_SCALE
+        m = np.where(big, _split_unit(s), 1.0)
+        mult = s / m
+        const = np.where(big, _log_t1(s), _log1p_tanh(s))
+    q, undecided = _fast_magnitude(words, mult, const)
     if undecided.size:
-        scales = np.broadcast_to(s, shape).reshape(-1)[undecided]
-        flat = magnitude.reshape(-1)
-        flat[undecided] = _slow_magnitude(rng, words.reshape(-1)[undecided], scales)
-    return magnitude, sign
+        flat = q.reshape(-1)
+        flat[undecided] = _slow_magnitude(
+            rng,
+            words.reshape(-1)[undecided],
+            np.broadcast_to(s, q.shape).reshape(-1)[undecided],
+            np.broadcast_to(m, q.shape).reshape(-1)[undecided],
+        )
+    if isinstance(big, bool):
+        r = _remainder(rng, q.size, s, m).reshape(q.shape)
+        # Q' = -1 gives (1 - m) + ... masked to 0; else 1 + m Q' + R
+        return np.where(q >= 0, q * int(m) + 1 + r, 0)
+    big_flat = np.broadcast_to(big, q.shape).reshape(-1)
+    idx = np.flatnonzero(big_flat)
+    flat = q.reshape(-1)
+    scales = np.broadcast_to(s, q.shape).reshape(-1)[idx]
+    units = np.broadcast_to(m, q.shape).reshape(-1)[idx]
+    r = _remainder(rng, idx.size, scales, units)
+    qi = flat[idx]
+    flat[idx] = np.where(qi >= 0, qi * units.astype(np.int64) + 1 + r, 0)
+    return q
+
+
+def _split_unit(s: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
+    """m: the power of two that brings s/m into [2^(b-1), 2^b), b = _SPLIT_BITS (m >= 1)."""
+    _, e = np.frexp(s)  # s = f 2^e, f in [1/2, 1)
+    unit = np.ldexp(1.0, np.maximum(e - _SPLIT_BITS, 0))
+    return float(unit) if isinstance(s, float) else unit
+
+
+def _log_t1(s: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
+    """ln T_1 = ln(2p/(1 + p)) = -log1p(expm1(1/s)/2): accurate relative to itself."""
+    if isinstance(s, float):
+        return -math.log1p(0.5 * math.expm1(1.0 / s))
+    return -np.log1p(0.5 * np.expm1(1.0 / s))
+
+
+def _remainder(
+    rng: np.random.Generator,
+    n: int,
+    s: float | NDArray[np.float64],
+    m: float | NDArray[np.float64],
+) -> NDArray[np.int64]:
+    """R on {0, .., m - 1} with P(R >= j) = (p^j - p^m)/(1 - p^m), from n fresh words.
+
+    R = ⌊y⌋, y = -s log1p(-W q), q = 1 - p^m = -expm1(-m/s) and W's cell
+    [w, w + 1) 2^-63. y < m, and y's float64 relative error is below
+    2^-48.6 (w and 1/(s/m) rounded, expm1 and log1p within 4 ulp with
+    condition numbers below 1 + 2^-22, three products), so below 2^-48.6 m,
+    and W's cell spans at most 2^-62 m in y: ⌊y⌋ is certified when the
+    fraction keeps 2^-43 m (over 20 times both) from 0 and 1, else
+    ``_exact_remainder`` decides it.
+    """
+    w = _words(rng, n)
+    w >>= np.uint64(1)
+    q = -np.expm1(-np.divide(m, s))
+    y = w.view(np.int64).astype(np.float64)
+    y *= 2.0**-63
+    y *= q
+    np.negative(y, out=y)
+    np.log1p(y, out=y)
+    y *= np.negative(s)
+    r = np.floor(y)
+    y -= r
+    margin = np.multiply(m, _SPLIT_MARGIN)
+    ok = y > margin
+    ok &= y < 1.0 - margin  # exact: the margin is a power of two >= 2^-43
+    out = r.astype(np.int64)
+    if not ok.all():
+        ss = np.broadcast_to(s, (n,))
+        mm = np.broadcast_to(m, (n,))
+        for i in np.flatnonzero(~ok):
+            out[i] = _exact_remainder(rng, int(w[i]), float(ss[i]), int(mm[i]))
+    return out
+
+
+def _exact_remainder(rng: np.random.Generator, word: int, scale: float, unit: int) -> int:
+    """⌊y⌋ for y = -s ln(1 - W q), W in [word, word + 1) 2^-63, refined until decided.
+
+    At precision P: q = 1 - exp(-m/s) errs by at most 2·10^(1-P), W q (N/2^B
+    rounded, two products) by 3·10^(1-P) more, and 1 - W q and ln by
+    10^(1-P) each relative; y's slope in W q is at most 1.01 s, so y errs
+    by less than 8 s 10^(1-P), and ``tol`` is 12 times more.
+    """
+    s = Decimal(scale)  # exact
+    num, bits = word, 63
+    prec = 40 + max(0, math.ceil(math.log10(scale)))
+    for _ in range(MAX_EXTRA_WORDS):
+        with localcontext() as ctx:
+            ctx.prec = prec
+            q = 1 - (-Decimal(unit) / s).exp()
+            tol = s * Decimal(10) ** (3 - prec)
+            scale_w = q / Decimal(2) ** bits
+            low = -s * (1 - num * scale_w).ln() - tol
+            high = -s * (1 - (num + 1) * scale_w).ln() + tol
+            k = low.to_integral_value(rounding=ROUND_FLOOR)
+            if k < low and high < k + 1:
+                return int(k)
+        prec += 20
+        num, bits = (num << 64) | _word(rng), bits + 64
+    raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 
 def _apply_sign(magnitude: NDArray[np.int64], sign: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -199,7 +333,9 @@ def _log1p_tanh(s: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
 
 
 def _fast_magnitude(
-    words: NDArray[np.uint64], s: float | NDArray[np.float64]
+    words: NDArray[np.uint64],
+    s: float | NDArray[np.float64],
+    c: float | NDArray[np.float64],
 ) -> tuple[NDArray[np.int64], NDArray[np.intp]]:
     """Tier 1: ⌊y⌋ for every word, and the flat indices where it is not certified.
 
@@ -211,7 +347,7 @@ def _fast_magnitude(
     y *= 2.0**-63  # exact: U's cell starts at r 2^-63
     with np.errstate(divide="ignore"):
         np.log(y, out=y)
-    np.subtract(_log1p_tanh(s), y, out=y)
+    np.subtract(c, y, out=y)
     y *= s
     k = np.floor(y)
     with np.errstate(invalid="ignore"):  # inf - inf where r = 0, which tier 3 takes
@@ -237,30 +373,45 @@ def _fast_magnitude(
 
 
 def _slow_magnitude(
-    rng: np.random.Generator, words: NDArray[np.uint64], scales: NDArray[np.float64]
+    rng: np.random.Generator,
+    words: NDArray[np.uint64],
+    scales: NDArray[np.float64],
+    units: NDArray[np.float64] | None = None,
 ) -> NDArray[np.int64]:
-    """Tier 2 (long double) on what tier 1 left, then tier 3 (exact) on the rest."""
+    """Tier 2 (long double) on what tier 1 left, then tier 3 (exact) on the rest.
+
+    With ``units`` (m > 1: a split draw) the value is z = (s/m)(ln T_1 - ln U),
+    which can be negative, so ⌊z⌋ = 0 is certified like any other integer.
+    """
     r = words.astype(_LD)  # exact with a 64-bit mantissa; else rounded, which the bound covers
     s = scales.astype(_LD)
     with np.errstate(divide="ignore", invalid="ignore"):
-        y = s * (np.log1p(np.tanh(_LD(0.5) / s)) - np.log(r * _LD(2.0**-63)))
+        c = np.log1p(np.tanh(_LD(0.5) / s))
+        split = np.zeros(words.shape, dtype=bool) if units is None else units > 1.0
+        if units is not None:
+            c = np.where(split, -np.log1p(np.expm1(_LD(1.0) / s) / 2), c)
+            s = s / units.astype(_LD)  # exact: m is a power of two
+        y = s * (c - np.log(r * _LD(2.0**-63)))
         k = np.floor(y)
         frac = y - k
-        # 64 x the 2^-52 (11 y + 2 s) bound of tier 1 with this epsilon, plus the cell
-        err = (64.0 * _LD_EPS) * (11.0 * y + 2.0 * s) + s / r * _LD(1.001) + _LD_EPS
-        ok = (1.0 - frac > err) & ((frac > err) | (k == 0.0)) & (words > 0)
+        # 64 x the 2^-52 (11 |y| + 2 s) bound of tier 1 with this epsilon, plus the cell
+        err = (64.0 * _LD_EPS) * (11.0 * np.abs(y) + 2.0 * s) + s / r * _LD(1.001) + _LD_EPS
+        ok = (1.0 - frac > err) & ((frac > err) | ((k == 0.0) & ~split)) & (words > 0)
         out = np.where(ok, k, 0.0).astype(np.int64)
     for i in np.flatnonzero(~ok):
-        out[i] = _exact_magnitude(rng, int(words[i]), float(scales[i]))
+        unit = 1 if units is None else int(units[i])
+        out[i] = _exact_magnitude(rng, int(words[i]), float(scales[i]), unit)
     return out
 
 
-def _exact_magnitude(rng: np.random.Generator, word: int, scale: float) -> int:
+def _exact_magnitude(rng: np.random.Generator, word: int, scale: float, unit: int = 1) -> int:
     """Tier 3: ⌊y⌋ for U in [word, word + 1)·2^-63, refined until it is decided.
 
     y(U) = s (B ln 2 - ln N + c) at U = N 2^-B. Inputs N, B, s are exact;
     the ~10 correctly rounded operations at precision P leave an absolute
-    error below s (6B + 9)·10^(1-P), and ``tol`` is 16 times more.
+    error below s (6B + 9)·10^(1-P), and ``tol`` is 16 times more. For a
+    split draw (m = ``unit`` > 1) the value is z = (s/m)(B ln 2 - ln N + c - 1/s),
+    with c - 1/s = ln T_1 (one more rounding), and may be negative.
     """
     s = Decimal(scale)  # exact
     num, bits = word, 63
@@ -270,12 +421,16 @@ def _exact_magnitude(rng: np.random.Generator, word: int, scale: float) -> int:
             ctx.prec = prec
             ln2 = Decimal(2).ln()
             c = ln2 - (1 + (-1 / s).exp()).ln()
+            mult = s
+            if unit > 1:
+                c -= 1 / s
+                mult = s / unit  # exact: a power of two
             top = bits * ln2 + c
-            tol = s * (bits + 2) * Decimal(10) ** (3 - prec)
-            low = s * (top - Decimal(num + 1).ln()) - tol  # y at the cell's right end, minus
-            high = s * (top - Decimal(num).ln()) + tol if num else None
+            tol = mult * (bits + 2) * Decimal(10) ** (3 - prec)
+            low = mult * (top - Decimal(num + 1).ln()) - tol  # at the cell's right end, minus
+            high = mult * (top - Decimal(num).ln()) + tol if num else None
             if high is not None:
-                if high < 1:
+                if high < 1 and unit == 1:  # y > 0 always
                     return 0
                 k = low.to_integral_value(rounding=ROUND_FLOOR)
                 if k < low and high < k + 1:
