@@ -46,6 +46,23 @@ The proofs, tier by tier (each tier passes what it cannot decide on):
    undecided round draws 64 more bits and adds 20 digits, so the tier ends
    with probability one.
 
+Large scales. Above ``SPLIT_SCALE`` (2^36) y reaches 2^45 and float64 can
+no longer place it between integers, so a draw is split instead. With m the
+power of two that brings s/m into [2^19, 2^20), the draw's word gives
+Q' = ⌊z⌋, z = (s/m)(ln T_1 - ln U), decided by the same three tiers (z is
+y - 1 over m, and may be negative: Q' = -1 iff U >= T_1). Since
+z >= j iff U < T_(1+mj), P(Q' >= j) = T_(1+mj) = T_1 (p^m)^j: the event
+|X| >= 1 has its exact probability T_1, and given it Q' is geometric with
+ratio p^m. One more word W gives R = ⌊-s ln(1 - W q)⌋, q = 1 - p^m, on
+{0, .., m - 1} with P(R >= j) = (p^j - p^m)/(1 - p^m), independent of Q'.
+Then |X| = 0 if Q' = -1, else 1 + m Q' + R, and for k >= 0, with
+k = m a + b, P(|X| = 1 + k) = T_1 (1 - p^m) p^(ma) · p^b (1 - p)/(1 - p^m)
+= T_1 (1 - p) p^k: exactly the law above. R's thresholds are never cell
+edges (rational functions of the transcendental e^(-1/(s d))), its float64
+value errs by less than 2^-48.6 m, and its exact tier is ``decimal`` again.
+All the words of Q' (and their refinements) come before the words of R, so
+a run of zero words after the sign bit still gives a deep draw.
+
 The discrete Gaussian is Canonne, Kamath & Steinke (2020), Algorithm 3:
 propose Y from the exact discrete Laplace with scale t = ⌊σ⌋ + 1 and accept
 iff a second lazy uniform V < exp(-γ), γ = (|Y| - σ²/t)² / (2σ²), so the
@@ -87,7 +104,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import special
 
-#: largest discrete Laplace scale; beyond ~2^36 most draws need the long double tier
+#: largest discrete Laplace scale (|X| stays below 2^62 even on the guard's deepest U)
 MAX_SCALE = 2.0**46
 #: above this scale a draw is split as 1 + m Q + R (module docstring, "Large scales")
 SPLIT_SCALE = 2.0**36
@@ -154,8 +171,8 @@ def discrete_laplace(
 
     ``scale`` is a number or an array of scales, one per trailing coordinate:
     the result has shape ``size + np.shape(scale)``. One 64-bit word per draw
-    (its top bit is the sign) except for the rare draws the float tiers cannot
-    certify; see the module docstring.
+    (its top bit is the sign), two above ``SPLIT_SCALE``, plus refinements for
+    the rare draws the float tiers cannot certify; see the module docstring.
     """
     s: float | NDArray[np.float64]
     if np.ndim(scale) == 0:
