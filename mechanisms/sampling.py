@@ -46,14 +46,36 @@ The proofs, tier by tier (each tier passes what it cannot decide on):
    undecided round draws 64 more bits and adds 20 digits, so the tier ends
    with probability one.
 
+Large scales. Above ``SPLIT_SCALE`` (2^36) y reaches 2^45 and float64 can
+no longer place it between integers, so a draw is split instead. With m the
+power of two that brings s/m into [2^19, 2^20), the draw's word gives
+Q' = ⌊z⌋, z = (s/m)(ln T_1 - ln U), decided by the same three tiers (z is
+y - 1 over m, and may be negative: Q' = -1 iff U >= T_1). Since
+z >= j iff U < T_(1+mj), P(Q' >= j) = T_(1+mj) = T_1 (p^m)^j: the event
+|X| >= 1 has its exact probability T_1, and given it Q' is geometric with
+ratio p^m. One more word W gives R = ⌊-s ln(1 - W q)⌋, q = 1 - p^m, on
+{0, .., m - 1} with P(R >= j) = (p^j - p^m)/(1 - p^m), independent of Q'.
+Then |X| = 0 if Q' = -1, else 1 + m Q' + R, and for k >= 0, with
+k = m a + b, P(|X| = 1 + k) = T_1 (1 - p^m) p^(ma) · p^b (1 - p)/(1 - p^m)
+= T_1 (1 - p) p^k: exactly the law above. R's thresholds are never cell
+edges (rational functions of the transcendental e^(-1/(s d))), its float64
+value errs by less than 2^-48.6 m, and its exact tier is ``decimal`` again.
+All the words of Q' (and their refinements) come before the words of R, so
+a run of zero words after the sign bit still gives a deep draw.
+
 The discrete Gaussian is Canonne, Kamath & Steinke (2020), Algorithm 3:
 propose Y from the exact discrete Laplace with scale t = ⌊σ⌋ + 1 and accept
 iff a second lazy uniform V < exp(-γ), γ = (|Y| - σ²/t)² / (2σ²), so the
-acceptance probability is exactly exp(-γ). γ is rational (σ is a float), so
-the same float64 tier (a margin 2^-40 relative plus the cell) and exact
-``decimal`` tier (γ from exact integers, one correctly rounded division)
-decide -ln V > γ. Accepted proposals of i.i.d. trials are i.i.d. draws of the
-target, so keeping the first ``size`` of them is exact.
+acceptance probability is exactly exp(-γ). γ is rational (σ is a float) and
+never 0 (σ² = |Y| t has no solution with t = ⌊σ⌋ + 1), so exp(-γ) 2^63 is
+never an integer. Up to σ = ``TABLE_SIGMA`` the test is a table look-up:
+integers lo_k <= exp(-γ_k) 2^63 <= hi_k, two apart in 2^35 relative,
+decide V's 63-bit cell by integer comparison (``_AcceptTable``); above it,
+one float64 log per proposal with a 2^-30 margin (``_AcceptLog``). What
+either leaves undecided goes to the exact ``decimal`` tier (γ from exact
+integers, one correctly rounded division), which reads more of V's bits.
+Accepted proposals of i.i.d. trials are i.i.d. draws of the target, so
+keeping the first ``size`` of them is exact.
 
 Guard: after ``MAX_EXTRA_WORDS`` refinements of one cell (probability
 below 2^-65000 from a working generator: every refinement but the ones
@@ -82,8 +104,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import special
 
-#: largest discrete Laplace scale; beyond ~2^36 most draws need the long double tier
+#: largest discrete Laplace scale (|X| stays below 2^62 even on the guard's deepest U)
 MAX_SCALE = 2.0**46
+#: above this scale a draw is split as 1 + m Q + R (module docstring, "Large scales")
+SPLIT_SCALE = 2.0**36
+#: a split draw's Q has the scale s/m in [2^(_SPLIT_BITS - 1), 2^_SPLIT_BITS)
+_SPLIT_BITS = 20
+#: a split draw's remainder is certified when its fraction keeps m 2^-43 from 0 and 1
+_SPLIT_MARGIN = 2.0**-43
 #: largest discrete Gaussian sigma; the proposal scale floor(sigma) + 1 stays <= MAX_SCALE
 MAX_SIGMA = 2.0**45
 #: ``grid_for`` makes the lattice this many times finer than the noise
@@ -104,6 +132,14 @@ _FAST_REL = 2.0**-42  # 64 x the 2^-52 (11 y + 2 s) rounding bound, as 2^-42 (y 
 _FAST_CELL = 2.0**-43
 #: discrete Gaussian acceptance: absolute margin on ln V + γ (its float error is below 2^-44)
 _ACCEPT_MARGIN = 2.0**-30
+#: up to this σ the acceptance test is a table look-up (about 11 σ entries)
+TABLE_SIGMA = 2.0**12
+#: table acceptance: relative margin on exp(-γ) 2^63 (its float error is below 2^-43)
+_TABLE_REL = 2.0**-36
+#: hi_k - lo_k is below this, so v - lo_k >= _NEAR (mod 2^64) is decided by lo_k alone
+_NEAR = np.uint64(1 << 29)
+#: proposals per block of the discrete Gaussian: ~10 arrays of this length stay in L2
+_BLOCK = 1 << 15
 _LD = np.longdouble
 _LD_EPS = float(np.finfo(_LD).eps)
 
@@ -135,8 +171,8 @@ def discrete_laplace(
 
     ``scale`` is a number or an array of scales, one per trailing coordinate:
     the result has shape ``size + np.shape(scale)``. One 64-bit word per draw
-    (its top bit is the sign) except for the rare draws the float tiers cannot
-    certify; see the module docstring.
+    (its top bit is the sign), two above ``SPLIT_SCALE``, plus refinements for
+    the rare draws the float tiers cannot certify; see the module docstring.
     """
     s: float | NDArray[np.float64]
     if np.ndim(scale) == 0:
@@ -151,16 +187,144 @@ def discrete_laplace(
 def _magnitude_and_sign(
     rng: np.random.Generator, s: float | NDArray[np.float64], shape: tuple[int, ...]
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """|X| (exact, through the three tiers) and a sign mask (0 or -1), one word per draw."""
+    """|X| (exact, through the three tiers) and a sign mask (0 or -1).
+
+    One word per draw, plus one for the remainder R of each draw whose scale
+    exceeds ``SPLIT_SCALE`` (module docstring, "Large scales").
+    """
     words = _words(rng, math.prod(shape)).reshape(shape)
     sign = words.view(np.int64) >> 63  # arithmetic shift: -1 where the top bit is set
     words &= _MASK
-    magnitude, undecided = _fast_magnitude(words, s)
+    if np.max(s) <= SPLIT_SCALE:
+        magnitude, undecided = _fast_magnitude(words, s, _log1p_tanh(s))
+        if undecided.size:
+            scales = np.broadcast_to(s, shape).reshape(-1)[undecided]
+            flat = magnitude.reshape(-1)
+            flat[undecided] = _slow_magnitude(rng, words.reshape(-1)[undecided], scales)
+        return magnitude, sign
+    return _split_magnitude(rng, words, s), sign
+
+
+def _split_magnitude(
+    rng: np.random.Generator, words: NDArray[np.uint64], s: float | NDArray[np.float64]
+) -> NDArray[np.int64]:
+    """|X| = 0 or 1 + m Q + R for the scales above SPLIT_SCALE (the rest as usual).
+
+    Q' = ⌊z⌋, z = (s/m)(ln T_1 - ln U), from the draw's word (Q' = -1 iff
+    U >= T_1, i.e. |X| = 0); R from one more word per draw, all of them
+    read after the words of Q' and their refinements.
+    """
+    big: bool | NDArray[np.bool_]
+    if isinstance(s, float):
+        big, m = True, _split_unit(s)
+        mult, const = s / m, _log_t1(s)
+    else:
+        big = s > SPLIT_SCALE
+        m = np.where(big, _split_unit(s), 1.0)
+        mult = s / m
+        const = np.where(big, _log_t1(s), _log1p_tanh(s))
+    q, undecided = _fast_magnitude(words, mult, const)
     if undecided.size:
-        scales = np.broadcast_to(s, shape).reshape(-1)[undecided]
-        flat = magnitude.reshape(-1)
-        flat[undecided] = _slow_magnitude(rng, words.reshape(-1)[undecided], scales)
-    return magnitude, sign
+        flat = q.reshape(-1)
+        flat[undecided] = _slow_magnitude(
+            rng,
+            words.reshape(-1)[undecided],
+            np.broadcast_to(s, q.shape).reshape(-1)[undecided],
+            np.broadcast_to(m, q.shape).reshape(-1)[undecided],
+        )
+    if isinstance(big, bool):
+        r = _remainder(rng, q.size, s, m).reshape(q.shape)
+        # Q' = -1 gives (1 - m) + ... masked to 0; else 1 + m Q' + R
+        return np.where(q >= 0, q * int(m) + 1 + r, 0)
+    big_flat = np.broadcast_to(big, q.shape).reshape(-1)
+    idx = np.flatnonzero(big_flat)
+    flat = q.reshape(-1)
+    scales = np.broadcast_to(s, q.shape).reshape(-1)[idx]
+    units = np.broadcast_to(m, q.shape).reshape(-1)[idx]
+    r = _remainder(rng, idx.size, scales, units)
+    qi = flat[idx]
+    flat[idx] = np.where(qi >= 0, qi * units.astype(np.int64) + 1 + r, 0)
+    return q
+
+
+def _split_unit(s: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
+    """m: the power of two that brings s/m into [2^(b-1), 2^b), b = _SPLIT_BITS (m >= 1)."""
+    _, e = np.frexp(s)  # s = f 2^e, f in [1/2, 1)
+    unit = np.ldexp(1.0, np.maximum(e - _SPLIT_BITS, 0))
+    return float(unit) if isinstance(s, float) else unit
+
+
+def _log_t1(s: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
+    """ln T_1 = ln(2p/(1 + p)) = -log1p(expm1(1/s)/2): accurate relative to itself."""
+    if isinstance(s, float):
+        return -math.log1p(0.5 * math.expm1(1.0 / s))
+    return -np.log1p(0.5 * np.expm1(1.0 / s))
+
+
+def _remainder(
+    rng: np.random.Generator,
+    n: int,
+    s: float | NDArray[np.float64],
+    m: float | NDArray[np.float64],
+) -> NDArray[np.int64]:
+    """R on {0, .., m - 1} with P(R >= j) = (p^j - p^m)/(1 - p^m), from n fresh words.
+
+    R = ⌊y⌋, y = -s log1p(-W q), q = 1 - p^m = -expm1(-m/s) and W's cell
+    [w, w + 1) 2^-63. y < m, and y's float64 relative error is below
+    2^-48.6 (w and 1/(s/m) rounded, expm1 and log1p within 4 ulp with
+    condition numbers below 1 + 2^-22, three products), so below 2^-48.6 m,
+    and W's cell spans at most 2^-62 m in y: ⌊y⌋ is certified when the
+    fraction keeps 2^-43 m (over 20 times both) from 0 and 1, else
+    ``_exact_remainder`` decides it.
+    """
+    w = _words(rng, n)
+    w >>= np.uint64(1)
+    q = -np.expm1(-np.divide(m, s))
+    y = w.view(np.int64).astype(np.float64)
+    y *= 2.0**-63
+    y *= q
+    np.negative(y, out=y)
+    np.log1p(y, out=y)
+    y *= np.negative(s)
+    r = np.floor(y)
+    y -= r
+    margin = np.multiply(m, _SPLIT_MARGIN)
+    ok = y > margin
+    ok &= y < 1.0 - margin  # exact: the margin is a power of two >= 2^-43
+    out = r.astype(np.int64)
+    if not ok.all():
+        ss = np.broadcast_to(s, (n,))
+        mm = np.broadcast_to(m, (n,))
+        for i in np.flatnonzero(~ok):
+            out[i] = _exact_remainder(rng, int(w[i]), float(ss[i]), int(mm[i]))
+    return out
+
+
+def _exact_remainder(rng: np.random.Generator, word: int, scale: float, unit: int) -> int:
+    """⌊y⌋ for y = -s ln(1 - W q), W in [word, word + 1) 2^-63, refined until decided.
+
+    At precision P: q = 1 - exp(-m/s) errs by at most 2·10^(1-P), W q (N/2^B
+    rounded, two products) by 3·10^(1-P) more, and 1 - W q and ln by
+    10^(1-P) each relative; y's slope in W q is at most 1.01 s, so y errs
+    by less than 8 s 10^(1-P), and ``tol`` is 12 times more.
+    """
+    s = Decimal(scale)  # exact
+    num, bits = word, 63
+    prec = 40 + max(0, math.ceil(math.log10(scale)))
+    for _ in range(MAX_EXTRA_WORDS):
+        with localcontext() as ctx:
+            ctx.prec = prec
+            q = 1 - (-Decimal(unit) / s).exp()
+            tol = s * Decimal(10) ** (3 - prec)
+            scale_w = q / Decimal(2) ** bits
+            low = -s * (1 - num * scale_w).ln() - tol
+            high = -s * (1 - (num + 1) * scale_w).ln() + tol
+            k = low.to_integral_value(rounding=ROUND_FLOOR)
+            if k < low and high < k + 1:
+                return int(k)
+        prec += 20
+        num, bits = (num << 64) | _word(rng), bits + 64
+    raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 
 def _apply_sign(magnitude: NDArray[np.int64], sign: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -186,7 +350,9 @@ def _log1p_tanh(s: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
 
 
 def _fast_magnitude(
-    words: NDArray[np.uint64], s: float | NDArray[np.float64]
+    words: NDArray[np.uint64],
+    s: float | NDArray[np.float64],
+    c: float | NDArray[np.float64],
 ) -> tuple[NDArray[np.int64], NDArray[np.intp]]:
     """Tier 1: ⌊y⌋ for every word, and the flat indices where it is not certified.
 
@@ -198,7 +364,7 @@ def _fast_magnitude(
     y *= 2.0**-63  # exact: U's cell starts at r 2^-63
     with np.errstate(divide="ignore"):
         np.log(y, out=y)
-    np.subtract(_log1p_tanh(s), y, out=y)
+    np.subtract(c, y, out=y)
     y *= s
     k = np.floor(y)
     with np.errstate(invalid="ignore"):  # inf - inf where r = 0, which tier 3 takes
@@ -224,30 +390,45 @@ def _fast_magnitude(
 
 
 def _slow_magnitude(
-    rng: np.random.Generator, words: NDArray[np.uint64], scales: NDArray[np.float64]
+    rng: np.random.Generator,
+    words: NDArray[np.uint64],
+    scales: NDArray[np.float64],
+    units: NDArray[np.float64] | None = None,
 ) -> NDArray[np.int64]:
-    """Tier 2 (long double) on what tier 1 left, then tier 3 (exact) on the rest."""
+    """Tier 2 (long double) on what tier 1 left, then tier 3 (exact) on the rest.
+
+    With ``units`` (m > 1: a split draw) the value is z = (s/m)(ln T_1 - ln U),
+    which can be negative, so ⌊z⌋ = 0 is certified like any other integer.
+    """
     r = words.astype(_LD)  # exact with a 64-bit mantissa; else rounded, which the bound covers
     s = scales.astype(_LD)
     with np.errstate(divide="ignore", invalid="ignore"):
-        y = s * (np.log1p(np.tanh(_LD(0.5) / s)) - np.log(r * _LD(2.0**-63)))
+        c = np.log1p(np.tanh(_LD(0.5) / s))
+        split = np.zeros(words.shape, dtype=bool) if units is None else units > 1.0
+        if units is not None:
+            c = np.where(split, -np.log1p(np.expm1(_LD(1.0) / s) / 2), c)
+            s = s / units.astype(_LD)  # exact: m is a power of two
+        y = s * (c - np.log(r * _LD(2.0**-63)))
         k = np.floor(y)
         frac = y - k
-        # 64 x the 2^-52 (11 y + 2 s) bound of tier 1 with this epsilon, plus the cell
-        err = (64.0 * _LD_EPS) * (11.0 * y + 2.0 * s) + s / r * _LD(1.001) + _LD_EPS
-        ok = (1.0 - frac > err) & ((frac > err) | (k == 0.0)) & (words > 0)
+        # 64 x the 2^-52 (11 |y| + 2 s) bound of tier 1 with this epsilon, plus the cell
+        err = (64.0 * _LD_EPS) * (11.0 * np.abs(y) + 2.0 * s) + s / r * _LD(1.001) + _LD_EPS
+        ok = (1.0 - frac > err) & ((frac > err) | ((k == 0.0) & ~split)) & (words > 0)
         out = np.where(ok, k, 0.0).astype(np.int64)
     for i in np.flatnonzero(~ok):
-        out[i] = _exact_magnitude(rng, int(words[i]), float(scales[i]))
+        unit = 1 if units is None else int(units[i])
+        out[i] = _exact_magnitude(rng, int(words[i]), float(scales[i]), unit)
     return out
 
 
-def _exact_magnitude(rng: np.random.Generator, word: int, scale: float) -> int:
+def _exact_magnitude(rng: np.random.Generator, word: int, scale: float, unit: int = 1) -> int:
     """Tier 3: ⌊y⌋ for U in [word, word + 1)·2^-63, refined until it is decided.
 
     y(U) = s (B ln 2 - ln N + c) at U = N 2^-B. Inputs N, B, s are exact;
     the ~10 correctly rounded operations at precision P leave an absolute
-    error below s (6B + 9)·10^(1-P), and ``tol`` is 16 times more.
+    error below s (6B + 9)·10^(1-P), and ``tol`` is 16 times more. For a
+    split draw (m = ``unit`` > 1) the value is z = (s/m)(B ln 2 - ln N + c - 1/s),
+    with c - 1/s = ln T_1 (one more rounding), and may be negative.
     """
     s = Decimal(scale)  # exact
     num, bits = word, 63
@@ -257,12 +438,16 @@ def _exact_magnitude(rng: np.random.Generator, word: int, scale: float) -> int:
             ctx.prec = prec
             ln2 = Decimal(2).ln()
             c = ln2 - (1 + (-1 / s).exp()).ln()
+            mult = s
+            if unit > 1:
+                c -= 1 / s
+                mult = s / unit  # exact: a power of two
             top = bits * ln2 + c
-            tol = s * (bits + 2) * Decimal(10) ** (3 - prec)
-            low = s * (top - Decimal(num + 1).ln()) - tol  # y at the cell's right end, minus
-            high = s * (top - Decimal(num).ln()) + tol if num else None
+            tol = mult * (bits + 2) * Decimal(10) ** (3 - prec)
+            low = mult * (top - Decimal(num + 1).ln()) - tol  # at the cell's right end, minus
+            high = mult * (top - Decimal(num).ln()) + tol if num else None
             if high is not None:
-                if high < 1:
+                if high < 1 and unit == 1:  # y > 0 always
                     return 0
                 k = low.to_integral_value(rounding=ROUND_FLOOR)
                 if k < low and high < k + 1:
@@ -277,41 +462,86 @@ def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDA
     """Draw X with P(X = k) ∝ exp(-k² / (2σ²)) on the integers, exactly.
 
     Canonne, Kamath & Steinke (2020), Algorithm 3 (see the module docstring),
-    in vectorized batches until ``size`` are accepted. The float exponent is
-    (|Y|/σ - σ/t)²/2, finite for tiny σ (σ² would underflow); an overflow to
-    inf is a certain rejection.
+    in blocks of at most ``_BLOCK`` proposals (their ~10 arrays stay in
+    cache) until ``size`` are accepted; only accepted proposals are gathered
+    and signed. Blocks are consecutive i.i.d. trials, so the first ``size``
+    accepted ones, in order, are i.i.d. draws of the target.
     """
     sigma = _check_positive("sigma", sigma, MAX_SIGMA)
     shape = _shape(size)
     n = math.prod(shape)
     t = math.floor(sigma) + 1
+    accepts: _AcceptTable | _AcceptLog
+    accepts = _AcceptTable(sigma, t) if sigma <= TABLE_SIGMA else _AcceptLog(sigma, t)
     out = np.empty(n, dtype=np.int64)
     filled = 0
-    rate = 0.7  # acceptance is about 0.76 for large σ and above 0.4 for tiny σ
+    rate = 0.7  # acceptance is about 0.76 for large σ, 0.52 at σ = 0.5 and above 0.4 below
     while filled < n:
         need = n - filled
-        batch = min(int(need / rate * 1.05) + 64, 1 << 22)
+        batch = min(int(need / rate * 1.05) + 64, _BLOCK)
         magnitude, sign = _magnitude_and_sign(rng, float(t), (batch,))
-        v = _words(rng, batch) >> np.uint64(1)  # V's cell [v, v + 1) 2^-63
-        accept = _fast_accept(magnitude, v, sigma, t)
-        if accept.dtype != np.bool_:  # some undecided: settle them exactly
-            gamma = _GaussianExponent(sigma, t)
-            for i in np.flatnonzero(accept < 0):
-                accept[i] = _exact_accept(rng, int(v[i]), gamma(int(magnitude[i])))
-            accept = accept == 1
-        accepted = _apply_sign(magnitude, sign)[accept]
-        take = min(accepted.size, need)
-        out[filled : filled + take] = accepted[:take]
-        filled += take
+        v = _words(rng, batch)
+        v >>= np.uint64(1)  # V's cell [v, v + 1) 2^-63
+        accepted = np.flatnonzero(accepts(rng, magnitude, v))
         rate = max(accepted.size / batch, 0.2)
+        accepted = accepted[:need]
+        out[filled : filled + accepted.size] = _apply_sign(magnitude[accepted], sign[accepted])
+        filled += accepted.size
     return out.reshape(shape)
 
 
-def _fast_accept(
-    magnitude: NDArray[np.int64], v: NDArray[np.uint64], sigma: float, t: int
-) -> NDArray[np.bool_] | NDArray[np.int8]:
-    """Is -ln V > γ for every V in [v, v + 1)·2^-63? As booleans when all are decided,
-    else as int8 with -1 where undecided.
+class _AcceptTable:
+    """CKS acceptance for σ <= TABLE_SIGMA by one table look-up and integer comparisons.
+
+    With E_k = exp(-γ_k) 2^63 for |Y| = k, V's cell [v, v + 1) 2^-63 lies below
+    exp(-γ_k) when v + 1 <= E_k and above it when v >= E_k. The table holds
+    lo_k = ⌊Ê_k (1 - 2^-36)⌋ and hi_k = max(1, ⌈Ê_k (1 + 2^-36)⌉) for the
+    float64 Ê_k = exp(-ĝ_k) 2^63: v < lo_k accepts and v >= hi_k rejects,
+    and lo_k <= v < hi_k (width below 2^29, so below ``_NEAR``) goes to the
+    exact tier. Proof that lo_k <= E_k <= hi_k: ĝ = (k/σ - σ/t)²/2 in
+    float64 errs by at most 2^-53 (7γ + 4√(2γ)) (two quotients, a
+    difference, a square), below 2^-44 while γ <= 61; numpy's exp adds at
+    most 4 ulp (``test_sampling`` measures it), so Ê_k is within 2^-43
+    relative of E_k, 128 times less than 2^-36, which also absorbs the
+    products' roundings. A computed ĝ > 60 (also inf for tiny σ) means
+    γ > 59 and E_k < 1, so lo_k = 0 and hi_k = 1 there, and for every
+    k >= K, whose γ_k exceeds 50 (K = ⌈σ²/t + 10σ⌉ + 1, the last entry,
+    which ``np.take(..., mode="clip")`` uses for larger k).
+    """
+
+    def __init__(self, sigma: float, t: int) -> None:
+        self.gamma = _GaussianExponent(sigma, t)
+        top = math.ceil(sigma / t * sigma + 10.0 * sigma) + 1
+        k = np.arange(top + 1, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            z = k / sigma - sigma / t
+            g = 0.5 * (z * z)
+        e = np.exp(-g) * 2.0**63
+        far = ~(g <= 60.0)  # also NaN-safe
+        far[-1] = True
+        e[far] = 0.0
+        self.lo = np.floor(e * (1.0 - _TABLE_REL)).astype(np.uint64)
+        self.hi = np.maximum(np.ceil(e * (1.0 + _TABLE_REL)), 1.0).astype(np.uint64)
+
+    def __call__(
+        self, rng: np.random.Generator, magnitude: NDArray[np.int64], v: NDArray[np.uint64]
+    ) -> NDArray[np.bool_]:
+        """Accept (exactly) each proposal of magnitude k with V's cell starting at v."""
+        lo = np.take(self.lo, magnitude, mode="clip")
+        accept = v < lo
+        np.subtract(v, lo, out=lo)  # v - lo_k mod 2^64: below _NEAR only near the edge
+        near = lo < _NEAR
+        if near.any():
+            for i in np.flatnonzero(near):
+                k = min(int(magnitude[i]), self.lo.size - 1)
+                if v[i] >= self.hi[k]:
+                    continue
+                accept[i] = _exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
+        return accept
+
+
+class _AcceptLog:
+    """CKS acceptance for large σ: one float64 log per proposal, then the exact tier.
 
     e = ln v - 63 ln 2 + γ, with γ = z², z = |Y|/(σ√2) - σ/(t√2). For v >= 2^43
     (λ = -ln V <= 13.9, and the cell spans at most 2^-43 in λ) and γ <= 32,
@@ -320,23 +550,34 @@ def _fast_accept(
     reject iff e > 2^-30. A larger (or infinite) computed γ means a true
     γ > 31 > λ + 1: a certain rejection, which e > 2^-30 says too.
     """
-    with np.errstate(over="ignore", invalid="ignore"):
+
+    def __init__(self, sigma: float, t: int) -> None:
+        self.gamma = _GaussianExponent(sigma, t)
+        self.inv = 1.0 / (sigma * math.sqrt(2.0))
+        self.shift = sigma / (t * math.sqrt(2.0))
+
+    def __call__(
+        self, rng: np.random.Generator, magnitude: NDArray[np.int64], v: NDArray[np.uint64]
+    ) -> NDArray[np.bool_]:
+        """Accept (exactly) each proposal of magnitude k with V's cell starting at v."""
         e = magnitude.astype(np.float64)
-        e /= sigma * math.sqrt(2.0)
-        e -= sigma / (t * math.sqrt(2.0))
-        np.square(e, out=e)
-    e -= 63.0 * math.log(2.0)
-    with np.errstate(divide="ignore"):
-        e += np.log(v.view(np.int64).astype(np.float64))
-    accept = e < -_ACCEPT_MARGIN
-    np.abs(e, out=e)
-    undecided = e <= _ACCEPT_MARGIN
-    undecided |= v < np.uint64(_FAST_MIN_WORD)
-    if not undecided.any():
+        with np.errstate(over="ignore", invalid="ignore"):
+            e *= self.inv
+            e -= self.shift
+            np.square(e, out=e)
+        lv = v.view(np.int64).astype(np.float64)
+        with np.errstate(divide="ignore"):
+            np.log(lv, out=lv)
+        e += lv
+        e -= 63.0 * math.log(2.0)
+        accept = e < -_ACCEPT_MARGIN
+        np.abs(e, out=e)
+        undecided = e <= _ACCEPT_MARGIN
+        undecided |= v < np.uint64(_FAST_MIN_WORD)
+        if undecided.any():
+            for i in np.flatnonzero(undecided):
+                accept[i] = _exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
         return accept
-    decision = accept.astype(np.int8)
-    decision[undecided] = -1
-    return decision
 
 
 class _GaussianExponent:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from decimal import Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -325,7 +326,7 @@ def test_zero_bits_give_values_far_beyond_the_old_cut() -> None:
     assert x < -(383 * math.log(2) - 15) * 2.5
 
 
-@pytest.mark.parametrize("scale", [0.4, 1.0, 7.3, 1000.0, 2.0**30, 2.0**40])
+@pytest.mark.parametrize("scale", [0.4, 1.0, 7.3, 1000.0, 2.0**30, 2.0**36])
 def test_boundary_cells_follow_the_exact_thresholds(scale: float) -> None:
     """At every threshold T_k: the cells just below and just above decide k and k - 1,
     and the cell containing T_k reads another word and decides by it, both ways.
@@ -365,6 +366,162 @@ def test_every_tier_agrees_with_the_definition(scale: float) -> None:
             assert got == _reference_magnitude(words, scale), (top, words)
 
 
+# -- large scales: |X| = 0 or 1 + m Q + R, from two words --------------------------------
+
+
+def _count_below(t: Callable[[int], Decimal], words: list[int], guess: float) -> tuple[int, int]:
+    """n = #{j >= 0 : U < t(j)} for a decreasing t, U's bits read from ``words`` as needed
+    (an undecided cell reads the next word); returns n and the number of words read."""
+    num, bits, i = words[0], 63, 1
+    while True:
+        with localcontext() as ctx:
+            ctx.prec = 120
+            lo = Decimal(num) / Decimal(2) ** bits
+            hi = Decimal(num + 1) / Decimal(2) ** bits
+            a, b = max(0, int(guess) - 3), max(3, int(guess) + 3)  # n in [a, b]: widened
+            while a > 0 and t(a - 1) < hi:
+                a = max(0, 2 * a - b - 1)
+            while t(b) >= hi:
+                b = 2 * b + 1
+            while a < b:  # the first j with t(j) < hi
+                mid = (a + b) // 2
+                a, b = (mid + 1, b) if t(mid) >= hi else (a, mid)
+            if t(a) <= lo:
+                return a, i
+        num, bits, i = (num << 64) | words[i], bits + 64, i + 1
+
+
+def _reference_split(words: list[int], scale: float) -> int:
+    """|X| for a scale above SPLIT_SCALE, from the thresholds themselves (120 digits).
+
+    Q' = #{j >= 0 : U < T_(1 + m j)} - 1 (U's first word without its sign bit, then
+    refinements), and when Q' >= 0, R = #{1 <= j < m : W >= (1 - p^j)/(1 - p^m)} from
+    the next words (W's first word shifted right once): |X| = 1 + m Q' + R."""
+    m = int(sampling._split_unit(scale))
+    with localcontext() as ctx:
+        ctx.prec = 120
+        p = (-1 / Decimal(scale)).exp()
+        pm = p**m
+
+    def t_q(j: int) -> Decimal:
+        with localcontext() as ctx:
+            ctx.prec = 120
+            return 2 * p ** (1 + m * j) / (1 + p)
+
+    def t_r(i: int) -> Decimal:  # a_(m-1-i), a_j = (1 - p^j)/(1 - p^m): R >= j iff W >= a_j
+        with localcontext() as ctx:
+            ctx.prec = 120
+            return (1 - p ** (m - 1 - i)) / (1 - pm) if i < m - 1 else Decimal(0)
+
+    u = [words[0] & ((1 << 63) - 1), *words[1:]]
+    first = u[0] / 2.0**63
+    guess_q = -math.log(max(first, 2.0**-63)) * scale / m
+    n, used = _count_below(t_q, u, guess_q)
+    w = [words[used] >> 1, *words[used + 1 :]]
+    guess_r = -scale * math.log1p(-(w[0] / 2.0**63) * -math.expm1(-m / scale))
+    below, _ = _count_below(t_r, w, m - 1 - guess_r)
+    r = m - 1 - below
+    return 0 if n == 0 else 1 + m * (n - 1) + r
+
+
+def _signed(words: list[int], scale: float) -> int:
+    magnitude = _reference_split(words, scale)
+    return -magnitude if words[0] >> 63 else magnitude
+
+
+@pytest.mark.parametrize("scale", [2.0**36 * 1.5, 2.0**40, sampling.MAX_SCALE])
+def test_split_boundary_cells_follow_the_exact_thresholds(scale: float) -> None:
+    """Catches an inexact split: at Q's thresholds T_(1+mj) and R's thresholds, the cells
+    on either side and the straddling cell refined both ways match the definition."""
+    m = int(sampling._split_unit(scale))
+    assert scale > sampling.SPLIT_SCALE and 2**19 <= scale / m < 2**20
+    tail = np.random.default_rng(5).bit_generator.random_raw(6).tolist()
+    cases: list[list[int]] = []
+    with localcontext() as ctx:
+        ctx.prec = 80
+        for j in (0, 1, 3, 30):
+            edge = _threshold(scale, 1 + m * j) * Decimal(2) ** 63
+            r = int(edge)
+            below = int((edge - r) * Decimal(2) ** 64)
+            cases += [[r - 1, 1 << 61], [r + 1, 1 << 61]]
+            cases += [[r, below - 1, 5 << 60], [r, below + 1, 7]]
+        p = (-1 / Decimal(scale)).exp()
+        for j in (1, 2, m // 3, m - 1):
+            edge = (1 - p**j) / (1 - p**m) * Decimal(2) ** 63
+            w = int(edge)
+            below = int((edge - w) * Decimal(2) ** 64)
+            u = 1 << 62  # Q' = 0 or so, decided by the first word
+            cases += [[u, (w - 1) << 1], [u, (w + 1) << 1], [u, w << 1, below - 1]]
+            cases += [[u, w << 1, below + 1], [u | 1 << 63, (w + 1) << 1 | 1]]
+    cases += [[0, 1 << 40, 3 << 61], [1 << 63, 0, 0, 99, 5], [1 << 30, 1 << 62], [(1 << 63) - 1, 0]]
+    for words in cases:
+        if not all(0 <= word < 1 << 64 for word in words):
+            continue  # the edge is within 2^-127 of a cell boundary (T_1 at MAX_SCALE)
+        got = int(sampling.discrete_laplace(_forced(words, seed=5), scale, 1)[0])
+        assert got == _signed([*words, *tail], scale), (scale, words)
+
+
+@pytest.mark.parametrize("scale", [2.0**36 * 1.01, 2.0**43 / 3])
+def test_split_tiers_agree_with_the_definition(scale: float) -> None:
+    """Random words of every size class for Q (tier 1, tier 2 below 2^43, tier 3 at 0)."""
+    rng = np.random.default_rng(22)
+    for top in (63, 50, 43, 30, 1, 0):
+        for _ in range(6):
+            first = int(rng.integers(0, 1 << top)) if top else 0
+            words = [first, *rng.integers(0, 1 << 64, size=6, dtype=np.uint64).tolist()]
+            got = int(sampling.discrete_laplace(_forced(words), scale, 1)[0])
+            assert got == _signed(words, scale), (top, words)
+
+
+@pytest.mark.parametrize("scale", [2.5, 40.0])
+def test_split_draws_match_exact_pmf(monkeypatch: pytest.MonkeyPatch, scale: float) -> None:
+    """The decomposition itself, at scales where every cell is checkable: split every
+    draw with s/m in [1/2, 1) (m = 4 at 2.5, 64 at 40) and compare with the pmf."""
+    monkeypatch.setattr(sampling, "SPLIT_SCALE", 1.0)
+    monkeypatch.setattr(sampling, "_SPLIT_BITS", 0)
+    assert sampling._split_unit(scale) == (4.0 if scale == 2.5 else 64.0)
+    draws = sampling.discrete_laplace(np.random.default_rng(33), scale, N)
+    support = np.arange(-math.ceil(60 * scale) - 5, math.ceil(60 * scale) + 6)
+    assert _chisquare(draws, _laplace_pmf(scale, support), support) > 1e-3
+    mixed = sampling.discrete_laplace(np.random.default_rng(34), np.array([0.5, scale]), N)
+    for column, s in ((0, 0.5), (1, scale)):
+        assert _chisquare(mixed[:, column], _laplace_pmf(s, support), support) > 1e-3
+
+
+def test_large_scale_quotient_and_remainder_frequencies() -> None:
+    """At 2^40 (m = 2^20): P(|X| >= 1 + m j) = T_(1+mj) for j = 1, 2, 4 and the remainder
+    (|X| - 1) mod m has P(R >= m/4) = (p^(m/4) - p^m)/(1 - p^m), within 4.5 standard errors."""
+    scale, n = 2.0**40, 400_000
+    m = int(sampling._split_unit(scale))
+    x = np.abs(sampling.discrete_laplace(np.random.default_rng(35), scale, n))
+    for k in (1 + m, 1 + 2 * m, 1 + 4 * m, 1 + int(scale)):
+        p_k = sampling.discrete_laplace_tail(scale, k)
+        assert abs(np.count_nonzero(x >= k) / n - p_k) <= Z * math.sqrt(p_k * (1 - p_k) / n)
+    r = (x - 1) % m
+    p = math.exp(-1 / scale)
+    p_r = (p ** (m // 4) - p**m) / (1 - p**m)
+    assert abs(np.count_nonzero(r >= m // 4) / n - p_r) <= Z * math.sqrt(p_r * (1 - p_r) / n)
+
+
+def test_vector_scales_mix_split_and_one_word_draws() -> None:
+    """Word order with a vector of scales: one word per coordinate (row-major), the
+    refinements of the undecided ones, then one word per split coordinate for R."""
+    scales = np.array([3.0, 2.0**40, 2.0**45])
+    words = [1 << 62, 3 << 61, 0, 5 << 59, 1 << 63 | 1 << 50, 7 << 60]
+    extra = [(1 << 64) - 5, 11 << 58, 13 << 59, 17 << 58, 19 << 58]
+    got = sampling.discrete_laplace(_forced([*words, *extra]), scales, 2).reshape(-1)
+    # word 2 (0) reads extra[0]; then R's words in order: extra[1:] for coordinates 1, 2, 4, 5
+    want = [
+        _reference_magnitude([words[0]], 3.0),
+        _signed([words[1], extra[1]], 2.0**40),
+        _signed([words[2], extra[0], extra[2]], 2.0**45),
+        _reference_magnitude([words[3]], 3.0),
+        _signed([words[4], extra[3]], 2.0**40),
+        _signed([words[5], extra[4]], 2.0**45),
+    ]
+    assert got.tolist() == want
+
+
 def test_vector_scales_are_exact_per_coordinate() -> None:
     """The ICLP form: one word per coordinate, each decided with its own scale."""
     scales = np.array([0.5, 3.0, 2.0**25])
@@ -386,8 +543,9 @@ def test_a_broken_bit_source_raises_instead_of_truncating(monkeypatch: pytest.Mo
 
 
 def test_numpy_logs_are_as_accurate_as_the_margins_assume() -> None:
-    """Tiers 1 and 2 assume np.log errs by at most 4 ulp (then keep a 64-fold margin):
-    measured against correctly rounded decimal logs, over the uniforms they see."""
+    """Tiers 1 and 2 assume np.log errs by at most 4 ulp (then keep a 64-fold margin),
+    and the Gaussian's acceptance table the same of np.exp: measured against correctly
+    rounded decimal values, over the arguments they see."""
     rng = np.random.default_rng(22)
     r = np.concatenate([rng.integers(1 << 43, 1 << 63, 400), rng.integers(1, 1 << 43, 200)])
     for dtype in (np.float64, np.longdouble):
@@ -399,6 +557,13 @@ def test_numpy_logs_are_as_accurate_as_the_margins_assume() -> None:
             for ui, gi in zip(u, got, strict=True):
                 exact = _exact(ui).ln()
                 assert abs(_exact(gi) - exact) <= 4 * eps * abs(exact)
+    # the acceptance table assumes the same of np.exp on -γ in [-61, 0]
+    g = -np.concatenate([rng.uniform(0.0, 61.0, 500), rng.uniform(0.0, 1e-6, 100)])
+    with localcontext() as ctx:
+        ctx.prec = 60
+        for gi, ei in zip(g, np.exp(g), strict=True):
+            exact = _exact(gi).exp()
+            assert abs(_exact(ei) - exact) <= 4 * Decimal(2.0**-52) * exact
 
 
 def _exact(x: np.floating) -> Decimal:
@@ -406,29 +571,84 @@ def _exact(x: np.floating) -> Decimal:
     return Decimal(num) / Decimal(den)
 
 
+def _accepters(sigma: float) -> tuple[sampling._AcceptTable, sampling._AcceptLog]:
+    t = math.floor(sigma) + 1
+    return sampling._AcceptTable(sigma, t), sampling._AcceptLog(sigma, t)
+
+
+def _edge(gamma: Fraction) -> Decimal:
+    """exp(-γ) 2^63 at 80 digits: V's cells below it accept, above it reject."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        return (-(Decimal(gamma.numerator) / Decimal(gamma.denominator))).exp() * 2**63
+
+
 @pytest.mark.parametrize("sigma", [0.3, 1.0, 4.6, 1000.0])
 def test_gaussian_acceptance_at_the_exact_threshold(sigma: float) -> None:
     """V's cells next to exp(-γ): accept below, reject above, and the cell containing it
-    reads more bits; both the float tier and the exact tier, against the definition."""
+    reads more bits and decides by them; the table and the log test, and the exact tier."""
     t = math.floor(sigma) + 1
     gamma_of = sampling._GaussianExponent(sigma, t)
     for y in (0, 1, t, 2 * t, 3 * t + 1):
         gamma = gamma_of(y)
-        with localcontext() as ctx:
-            ctx.prec = 80
-            edge = (-(Decimal(gamma.numerator) / Decimal(gamma.denominator))).exp() * 2**63
+        edge = _edge(gamma)
         v = int(edge)
         if v < 2:
             continue
-        cells = np.array([v - 1, v + 1], dtype=np.uint64)
-        fast = sampling._fast_accept(np.array([y, y]), cells, sigma, t)
-        assert fast.tolist() in ([True, False], [1, 0], [-1, 0], [1, -1], [-1, -1])
+        below = int((edge - v) * Decimal(2) ** 64)
+        cells = np.array([v - 1, v + 1, v, v], dtype=np.uint64)
+        for accepts in _accepters(sigma):
+            # the two cells at v are refined by the forced words, in order
+            got = accepts(_forced([below - 1, below + 1]), np.full(4, y), cells.copy())
+            assert got.tolist() == [True, False, True, False], (type(accepts), y)
         rng = np.random.default_rng(0)
         assert sampling._exact_accept(rng, v - 1, gamma) is True
         assert sampling._exact_accept(rng, v + 1, gamma) is False
-        below = int((edge - v) * Decimal(2) ** 64)
         assert sampling._exact_accept(_forced([below - 1]), v, gamma) is True
         assert sampling._exact_accept(_forced([below + 1]), v, gamma) is False
+
+
+@pytest.mark.parametrize("sigma", [1e-300, 0.3, 0.5, 1.0, 3.0, 4.6, 37.5, 1000.0, 4096.0])
+def test_acceptance_table_brackets_the_exact_edges(sigma: float) -> None:
+    """Catches a wrong table entry: lo_k <= exp(-γ_k) 2^63 <= hi_k for every k (at 80
+    digits), hi_k - lo_k < _NEAR (so the one-table test sees every undecided cell), and
+    the last entry, used for every larger k, rejects all but v = 0."""
+    t = math.floor(sigma) + 1
+    table = sampling._AcceptTable(sigma, t)
+    gamma_of = sampling._GaussianExponent(sigma, t)
+    ks = np.unique(np.linspace(0, table.lo.size - 1, 400).astype(int)).tolist()
+    for k in ks:
+        edge = _edge(gamma_of(k))
+        assert int(table.lo[k]) <= edge <= int(table.hi[k]), (k, edge)
+        assert int(table.hi[k]) - int(table.lo[k]) < int(sampling._NEAR)
+    last = table.lo.size - 1
+    assert gamma_of(last) > 50 and (table.lo[last], table.hi[last]) == (0, 1)
+
+
+@pytest.mark.parametrize("sigma", [0.45, 2.2, 600.0])
+def test_table_and_log_acceptance_agree(sigma: float) -> None:
+    """Both acceptance tests are exact, so on random cells (a straddle has probability
+    ~2^-60) they decide alike, also past the table's end and for tiny v (exact tier)."""
+    t = math.floor(sigma) + 1
+    table, log = _accepters(sigma)
+    rng = np.random.default_rng(31)
+    k = np.concatenate([np.arange(table.lo.size + 5), rng.integers(0, 4 * t, 3000)])
+    k = np.repeat(k, 8)
+    v = rng.integers(0, 1 << 63, k.size, dtype=np.uint64)
+    v[::97] >>= np.uint64(30)  # some cells the log test leaves to the exact tier
+    got_table = table(np.random.default_rng(1), k, v.copy())
+    got_log = log(np.random.default_rng(1), k, v.copy())
+    assert np.array_equal(got_table, got_log)
+    assert 0.05 < got_table.mean() < 0.95
+
+
+@pytest.mark.parametrize("sigma", [0.8, 3.7, 40.0])
+def test_log_acceptance_matches_exact_pmf(monkeypatch: pytest.MonkeyPatch, sigma: float) -> None:
+    """The large-σ path (log acceptance) at σ where the pmf is checkable cell by cell."""
+    monkeypatch.setattr(sampling, "TABLE_SIGMA", 0.0)
+    draws = sampling.discrete_gaussian(np.random.default_rng(32), sigma, N)
+    support = np.arange(-math.ceil(12 * sigma) - 5, math.ceil(12 * sigma) + 6)
+    assert _chisquare(draws, _gaussian_pmf(sigma, support), support) > 1e-3
 
 
 def test_gaussian_tail_beyond_the_old_cut() -> None:
