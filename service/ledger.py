@@ -68,11 +68,13 @@ class Run:
 
 
 class CapError(ValueError):
-    """A cap change the ledger refused; ``reason`` is below_spent or above_dataset."""
+    """A cap change the ledger refused; ``reason`` is below_spent or above_dataset,
+    ``key_id`` the allocation refused (None: the dataset's cap)."""
 
-    def __init__(self, reason: str, measure: str, units: int) -> None:
+    def __init__(self, reason: str, measure: str, units: int,
+                 key_id: str | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.measure, self.units = reason, measure, units
+        self.reason, self.measure, self.units, self.key_id = reason, measure, units, key_id
 
 
 class Ledger:
@@ -113,14 +115,25 @@ class Ledger:
     def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
                  key_id: str | None = None) -> None:
         """Change the dataset's caps, or ``key_id``'s allocation; CapError if refused."""
-        argv: list[Any] = ["allocation" if key_id else "cap", actor, now_iso(), key_id or "",
-                           len(caps)]
-        for measure, units in sorted(caps.items()):
-            argv += [measure, str(int(units))]
+        self.change_caps(dataset_id, [(key_id, caps)], actor)
+
+    def change_caps(self, dataset_id: str, changes: list[tuple[str | None, dict[str, int]]],
+                    actor: str) -> None:
+        """Apply every (key id or None for the dataset, caps) change, or none of them.
+
+        One script: an allocation is checked against the dataset's cap as this same
+        call sets it, and a refused change (CapError) leaves every cap as it was and
+        records nothing, so an answered 409 never changed a cap.
+        """
+        argv: list[Any] = [actor, now_iso(), len(changes)]
+        for key_id, caps in changes:
+            argv += ["allocation" if key_id else "cap", key_id or "", len(caps)]
+            for measure, units in sorted(caps.items()):
+                argv += [measure, str(int(units))]
         reply = self._admin(keys=[rkeys.ledger(dataset_id), rkeys.events(dataset_id)],
                             args=argv)
         if reply[0] != "ok":
-            raise CapError(reply[0], reply[1], int(reply[2]))
+            raise CapError(reply[0], reply[1], int(reply[2]), reply[3] or None)
 
     def retire(self, dataset_id: str, actor: str) -> None:
         """Refuse every new reservation on the dataset from now on; record it."""
