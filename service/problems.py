@@ -10,7 +10,9 @@ from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
-log = logging.getLogger(__name__)
+#: under ``privrelease``, so error-path records go through the JSON handler with the
+#: request id (``observability.configure_logging``), never a plain-text root handler
+log = logging.getLogger("privrelease.errors")
 
 PROBLEM_TYPE = "application/problem+json"
 
@@ -174,6 +176,8 @@ def register(app: Flask) -> None:
         app.register_error_handler(error, _from_unavailable)
 
     @app.errorhandler(Exception)
-    def _unhandled(err: Exception) -> Response:  # pragma: no cover - defensive
-        log.exception("unhandled error", extra={"error_type": type(err).__name__})
+    def _unhandled(err: Exception) -> Response:
+        # the JSON formatter keeps the exception's type and stack frames, never its
+        # message: a message may quote a data value
+        log.error("unhandled error", exc_info=err, extra={"error_type": type(err).__name__})
         return problem(500, "internal_error", "internal server error")
