@@ -169,6 +169,8 @@ class Ledger:
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
                 rkeys.reservation(release_id), rkeys.replay(fingerprint),
                 idempotency_key or f"{rkeys.P}idem:none", rkeys.PENDING, rkeys.RELEASES,
+                rkeys.OUTBOX, rkeys.dataset_releases(dataset_id), rkeys.key_releases(actor),
+                rkeys.dataset_pending(dataset_id),
             ],
             args=argv,
         )
@@ -177,11 +179,27 @@ class Ledger:
                                  reply[4])
         return ReserveResult(reply[0], reply[1])
 
+    def enqueued(self, release_id: str) -> None:
+        """The release's task is published: take it out of the outbox."""
+        self.r.zrem(rkeys.OUTBOX, release_id)
+
+    def unsent(self, release_id: str, older_than: float) -> bool:
+        """Whether the release waits in the outbox since more than ``older_than`` s ago."""
+        score = self.r.zscore(rkeys.OUTBOX, release_id)
+        return score is not None and score <= time.time() - older_than
+
+    def outbox(self, older_than: float, limit: int = 1000) -> list[str]:
+        """Releases reserved over ``older_than`` s ago whose task may never have been sent."""
+        return list(self.r.zrangebyscore(rkeys.OUTBOX, 0, time.time() - older_than,
+                                         start=0, num=limit))
+
     def mark_running(self, release_id: str, worker: str) -> Run | None:
         """Start a run of the job and take its lease; None if it ended or a live run has it."""
         token = f"{worker}#{secrets.token_hex(8)}"
-        attempt = int(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id)],
-                                  args=[now_iso(), worker, self.lease_seconds, token]))
+        attempt = int(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id),
+                                        rkeys.OUTBOX],
+                                  args=[now_iso(), worker, self.lease_seconds, token,
+                                        release_id]))
         return Run(release_id, token, attempt) if attempt else None
 
     def renew_lease(self, run: Run) -> bool:
@@ -248,8 +266,11 @@ class Ledger:
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
                 rkeys.reservation(release_id), rkeys.PENDING,
                 replay_key or f"{rkeys.P}replay:none", rkeys.lease(release_id),
+                rkeys.OUTBOX, rkeys.dataset_pending(dataset_id), rkeys.FAILED,
+                rkeys.dataset_failed(dataset_id),
             ],
-            args=[release_id, action, payload, actor, now_iso(), holder, table_version],
+            args=[release_id, action, payload, actor, now_iso(), holder, table_version,
+                  f"{time.time():.3f}"],
         )
         outcomes: dict[int, Settled] = {1: "settled", 0: "ended", -1: "running", -2: "lost"}
         return outcomes[int(reply)]

@@ -40,7 +40,7 @@ class ReleaseIdConverter(BaseConverter):
 def _register_converter(state: BlueprintSetupState) -> None:
     state.app.url_map.converters["release_id"] = ReleaseIdConverter
 
-TASK = "privrelease.run_release"
+TASK = releases.TASK
 LIST_PAGE = 200
 
 
@@ -127,19 +127,28 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         raise APIError(409, "dataset is retired", code="dataset_retired")
     if res.outcome == "idem_mismatch":
         raise inputs.idempotency_mismatch()
+    send = current_app.extensions["celery"].send_task
+    if res.outcome in {"replay", "idempotent"} and ledger.unsent(res.release_id,
+                                                                 releases.OUTBOX_GRACE):
+        # the first request's API died between reserve and enqueue: send it now, so the
+        # release this retry is answered with runs (a second message would be harmless)
+        releases.enqueue(send, ledger, res.release_id)
+        log.warning("sent a release left in the outbox", extra={"release_id": res.release_id})
     if res.outcome == "replay":
         return {**_document(res.release_id), "replayed": True}, 200
     if res.outcome == "reserved":
         try:
-            current_app.extensions["celery"].send_task(TASK, args=[res.release_id],
-                                                      task_id=res.release_id)
+            releases.enqueue(send, ledger, res.release_id)
         except Exception:
             try:
                 ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
                              key.id)
-            except redis.RedisError:  # Valkey went away too: the sweeper refunds it
-                log.warning("reservation left to the sweeper",
+            except redis.RedisError:  # Valkey went away too: the outbox keeps it
+                log.warning("reservation left in the outbox",
                             extra={"release_id": res.release_id})
+                raise APIError(503, "service unavailable; the release may still run: retry"
+                               " with the same Idempotency-Key to learn its state",
+                               code="unavailable") from None
             raise APIError(503, "job queue unavailable; nothing was spent",
                            code="unavailable") from None
         # no round trip: the document of a just-queued release is known here

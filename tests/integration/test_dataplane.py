@@ -7,15 +7,18 @@ import io
 import json
 import os
 import socket
+import time
 from typing import Any
 
 import pytest
 from flask import Flask
 
+from service import apikeys, inputs, releases, rkeys
 from service.app import create_app
 from service.config import Config
 from service.observability import log_handler
-from tests.integration.conftest import TOKEN
+from tests.integration.conftest import TOKEN, Api
+from workers import sweeper
 
 SECRET = "31337.25"  # a data value an exception message quotes; it must reach no log
 
@@ -95,3 +98,74 @@ def test_503_is_logged_as_json_with_request_id(
     assert warnings[0]["error_type"] == "ConnectionError"
     assert "traceback" not in warnings[0]
     assert "valkey unavailable" not in capsys.readouterr().err
+
+
+# --- item 12: the enqueue outbox -----------------------------------------------------
+
+def _body(ds: str, value: int) -> dict[str, Any]:
+    return {"dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": 0.1},
+            "params": {"statistic": "count",
+                       "condition": {"column": "age", "op": "ge", "value": value}}}
+
+
+def _reserve_and_die(app: Flask, body: dict[str, Any], idem: str | None = None) -> str:
+    """What an API process that died between reserve and enqueue leaves behind: the very
+    steps of ``POST /v1/releases`` up to and including the reservation, and no task."""
+    headers = {"Idempotency-Key": idem} if idem else {}
+    with app.test_request_context(headers=headers):
+        r, ledger = app.extensions["redis"], app.extensions["ledger"]
+        key = apikeys.lookup(r, TOKEN)
+        assert key is not None
+        prepared = releases.prepare(r, ledger, body, allow_seeds=True)
+        res = ledger.reserve(
+            body["dataset_id"], releases.new_id(), prepared.cost_units, actor=key.id,
+            fingerprint=prepared.fingerprint, request_json=prepared.request_json(),
+            idempotency_key=inputs.idempotency_key(key.id))
+    assert res.outcome == "reserved"
+    return res.release_id
+
+
+def _charges(api: Api, ds: str, rid: str) -> list[str]:
+    return [e["kind"] for e in api.get(f"/v1/datasets/{ds}/ledger").get_json()
+            if e["release_id"] == rid]
+
+
+def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
+                                                  dataset: dict[str, Any],
+                                                  worker: Any) -> None:
+    """Item 12: on main a retry with the same Idempotency-Key was answered with the
+    release a dead API reserved but never enqueued; it never ran and the sweeper refunded
+    it. Now the retry, or the sweeper, sends it from the outbox: it runs, charged once."""
+    ds, r = dataset["id"], app.extensions["redis"]
+    by_retry = _reserve_and_die(app, _body(ds, 30), idem="outbox-retry-1")
+    by_sweeper = _reserve_and_die(app, _body(ds, 31))
+    fresh = _reserve_and_die(app, _body(ds, 32), idem="outbox-retry-2")
+    assert {by_retry, by_sweeper, fresh} <= set(r.zrange(rkeys.OUTBOX, 0, -1))
+    time.sleep(releases.OUTBOX_GRACE + 0.2)
+    # the API that is not dead: a release reserved just now is not sent by the sweeper
+    fresh_score = time.time() - 1.0
+    r.zadd(rkeys.OUTBOX, {fresh: fresh_score})
+    retry = api.post("/v1/releases", _body(ds, 30), headers={"Idempotency-Key":
+                                                              "outbox-retry-1"})
+    assert retry.status_code == 202 and retry.get_json()["id"] == by_retry
+    assert api.wait(by_retry)["status"] == "succeeded"
+
+    send = app.extensions["celery"].send_task
+    # the refund pass is made to consider every reservation (min_age 0): still none is
+    # refunded, since each is either sent or still in the outbox
+    swept = sweeper.sweep(r, app.extensions["ledger"], min_age=0, send=send)
+    assert not {by_retry, by_sweeper, fresh} & set(swept)
+    assert r.zscore(rkeys.OUTBOX, fresh) == pytest.approx(fresh_score, abs=1e-3)
+    assert api.wait(by_sweeper)["status"] == "succeeded"
+    assert r.zscore(rkeys.OUTBOX, by_sweeper) is None
+    for rid in (by_retry, by_sweeper):
+        assert _charges(api, ds, rid) == ["reserve", "commit"]
+    assert api.get(f"/v1/releases/{fresh}").get_json()["status"] == "queued"
+    # the last one's retry, once past its grace, runs it as well
+    r.zadd(rkeys.OUTBOX, {fresh: time.time() - releases.OUTBOX_GRACE - 1})
+    retry = api.post("/v1/releases", _body(ds, 32), headers={"Idempotency-Key":
+                                                              "outbox-retry-2"})
+    assert retry.get_json()["id"] == fresh
+    assert api.wait(fresh)["status"] == "succeeded"
+    assert _charges(api, ds, fresh) == ["reserve", "commit"]
+    assert r.zscore(rkeys.OUTBOX, fresh) is None
