@@ -209,6 +209,15 @@ def document(client: redis.Redis, release_id: str) -> dict[str, Any] | None:
     return render(release_id, raw)
 
 
+def documents(client: redis.Redis, ids: list[str]) -> list[dict[str, Any]]:
+    """The documents of ``ids`` in one round trip, in order (ids without one left out)."""
+    pipe = client.pipeline(transaction=False)
+    for release_id in ids:
+        pipe.hgetall(rkeys.release(release_id))
+    return [render(release_id, raw)
+            for release_id, raw in zip(ids, pipe.execute(), strict=True) if raw]
+
+
 def table_attempt(client: redis.Redis, release_id: str) -> int:
     """Which run's table is the release's, as its commit recorded (release tables live
     per run, ``service.outputs``); releases committed before runs were numbered kept

@@ -17,7 +17,7 @@ from service import apikeys, inputs, releases, rkeys
 from service.app import create_app
 from service.config import Config
 from service.observability import log_handler
-from tests.integration.conftest import TOKEN, Api
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from workers import sweeper
 
 SECRET = "31337.25"  # a data value an exception message quotes; it must reach no log
@@ -26,12 +26,16 @@ SECRET = "31337.25"  # a data value an exception message quotes; it must reach n
 def _fresh_app(env: dict[str, str], **overrides: str) -> Flask:
     """An app of its own (routes may still be added to it), built from ``env``."""
     saved = dict(os.environ)
+    handler = log_handler()
+    stream = handler.stream if handler is not None else None
     os.environ.update({**env, **overrides})
     try:
         return create_app(Config.from_env())
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        if stream is not None:  # not this test's captured stderr, closed after it
+            _swap(stream)
 
 
 def _swap(buf: io.StringIO) -> Any:
@@ -169,3 +173,112 @@ def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
     assert api.wait(fresh)["status"] == "succeeded"
     assert _charges(api, ds, fresh) == ["reserve", "commit"]
     assert r.zscore(rkeys.OUTBOX, fresh) is None
+
+
+# --- item 9: indexed, paged lists ----------------------------------------------------
+
+def _pages(api: Api, path: str) -> list[list[str]]:
+    """Every page of a list, following X-Next-Cursor (and checking Link agrees)."""
+    pages, url = [], path
+    for _ in range(100):
+        resp = api.get(url)
+        assert resp.status_code == 200, resp.get_json()
+        pages.append([doc["id"] for doc in resp.get_json()])
+        token = resp.headers.get("X-Next-Cursor")
+        if token is None:
+            assert "Link" not in resp.headers
+            return pages
+        assert resp.headers["Link"].endswith(f'cursor={token}>; rel="next"')
+        url = f"{path}{'&' if '?' in path else '?'}cursor={token}"
+    raise AssertionError("the cursor never ended")
+
+
+def _flat(pages: list[list[str]]) -> list[str]:
+    return [item for page in pages for item in page]
+
+
+def _hgetalls(r: Any) -> int:
+    return int(r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
+        app: Flask, api: Api, dataset: dict[str, Any], worker: Any) -> None:
+    """Item 9: main read every release in the system for any list (a key limited to one
+    dataset scanned them all) and had no cursor. Now pages come from the dataset indexes,
+    chained by X-Next-Cursor, and a limited key's listing reads its datasets' releases
+    only (counted with Valkey's own command statistics)."""
+    ds, r = dataset["id"], app.extensions["redis"]
+    other = api.upload(people_csv(20), PEOPLE_META).get_json()["id"]
+    mine = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(7)]
+    theirs = [api.post("/v1/releases", _body(other, v)).get_json()["id"] for v in range(2)]
+    _, token = apikeys.create(r, "consumer", datasets=(ds,))
+    limited = Api(api.client, token)
+
+    pages = _pages(limited, "/v1/releases?limit=3")
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert _flat(pages) == mine[::-1]  # newest first, each once
+    assert _flat(_pages(api, f"/v1/releases?dataset_id={other}&limit=1")) == theirs[::-1]
+    assert _pages(limited, f"/v1/releases?dataset_id={other}") == [[]]  # not its dataset
+    mine_pages = _pages(api, "/v1/releases?mine=true&limit=4")
+    assert set(mine + theirs) <= set(_flat(mine_pages))
+    assert _pages(limited, "/v1/releases?mine=true") == [[]]  # it requested none
+
+    noise = {f"rel_{i:024x}": time.time() + 3600 for i in range(2000)}  # newer than all
+    r.zadd(rkeys.RELEASES, noise)  # releases of other datasets, as far as a list can tell
+    try:
+        before = _hgetalls(r)
+        first = limited.get("/v1/releases?limit=3")
+        read = _hgetalls(r) - before
+    finally:
+        r.zrem(rkeys.RELEASES, *noise)
+    assert [d["id"] for d in first.get_json()] == mine[::-1][:3]
+    assert read <= 20, read  # main: one per release in the system (> 2000)
+
+    bad = limited.get("/v1/releases?cursor=not-a-cursor")
+    assert bad.status_code == 422 and bad.get_json()["field"] == "cursor"
+
+
+def test_releases_made_before_the_indexes_are_listed(app: Flask, api: Api,
+                                                     dataset: dict[str, Any],
+                                                     worker: Any) -> None:
+    """Item 9: releases created before the per-dataset indexes existed are indexed once,
+    at the first list request (on main there were no indexes; here they are removed)."""
+    ds, r = dataset["id"], app.extensions["redis"]
+    made = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(3)]
+    api.wait(made[-1])
+    r.delete(rkeys.INDEXED, rkeys.dataset_releases(ds))  # as a server upgraded from main
+    assert _flat(_pages(api, f"/v1/releases?dataset_id={ds}&limit=2")) == made[::-1]
+    assert r.get(rkeys.INDEXED) == "1"
+    assert r.zcard(rkeys.dataset_releases(ds)) == 3
+
+
+def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
+                                            dataset: dict[str, Any]) -> None:
+    """Item 9 for ``GET /v1/jobs``: main read the pending set whole and the 1000 newest
+    releases of the whole system; now the pending and failed indexes (per dataset for a
+    limited key), paged: queued/running oldest first, then failed newest first."""
+    ds, r, ledger = dataset["id"], app.extensions["redis"], app.extensions["ledger"]
+    with app.test_request_context():
+        prepared = releases.prepare(r, ledger, _body(ds, 40), allow_seeds=True)
+    ids = []
+    for i in range(7):
+        res = ledger.reserve(ds, releases.new_id(), prepared.cost_units, actor="key_jobs",
+                             fingerprint=f"jobs-{ds}-{i}", request_json=prepared.request_json())
+        ids.append(res.release_id)
+    queued, failed = ids[:3], ids[3:]
+    for rid in failed:
+        ledger.abort(ds, rid, '{"message": "test"}', "test")
+    _, token = apikeys.create(r, "operator", datasets=(ds,))
+    try:
+        pages = _pages(Api(api.client, token), "/v1/jobs?limit=2")
+        by_score = sorted(queued, key=lambda i: (r.zscore(rkeys.PENDING, i), i))
+        newest_failed = sorted(failed, key=lambda i: (r.zscore(rkeys.FAILED, i), i),
+                               reverse=True)
+        assert _flat(pages) == by_score + newest_failed
+        assert all(len(p) <= 2 for p in pages)
+        only_failed = _pages(Api(api.client, token), "/v1/jobs?status=failed&limit=3")
+        assert _flat(only_failed) == newest_failed
+    finally:
+        for rid in queued:
+            ledger.cancel(ds, rid, "test")
+    assert _pages(Api(api.client, token), "/v1/jobs") == [newest_failed]
