@@ -3,10 +3,14 @@ error-path logs, storage errors at upload, indexed and paged lists, the enqueue 
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
+import resource
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -17,6 +21,7 @@ from service import apikeys, inputs, releases, rkeys
 from service.app import create_app
 from service.config import Config
 from service.observability import log_handler
+from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from workers import sweeper
 
@@ -282,3 +287,86 @@ def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
         for rid in queued:
             ledger.cancel(ds, rid, "test")
     assert _pages(Api(api.client, token), "/v1/jobs") == [newest_failed]
+
+
+# --- item 10: a full data directory --------------------------------------------------
+
+SMALL_FS = "64k"
+#: rows of the upload: each column file (8 bytes a row) fits in the file object's buffer,
+#: so the full disk is met when the staged files are flushed at commit
+ROWS = 400
+#: the fallback's file size limit (bytes): smaller than one column file
+FSIZE_LIMIT = 1024
+
+
+def _fill(path: str) -> None:
+    """Write a file under ``path`` until its file system is full."""
+    with open(os.path.join(path, "filler"), "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+
+
+def full_disk_upload(data_dir: str, env: dict[str, str], mode: str) -> dict[str, Any]:
+    """Upload a dataset to a full ``data_dir``, then free room and upload it again; what
+    the API answered and what the failed upload left in ``datasets/.tmp``.
+
+    ``mode`` "tmpfs": ``data_dir`` is a small file system, filled up first; "rlimit" (in
+    a subprocess, where mounting is not allowed): a file size limit stands in for it."""
+    fresh = _fresh_app(env, PRIVRELEASE_DATA_DIR=data_dir)
+    api = Api(fresh.test_client())
+    if mode == "tmpfs":
+        _fill(data_dir)
+    else:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, resource.RLIM_INFINITY))
+    failed = api.upload(people_csv(ROWS), PEOPLE_META)
+    tmp = os.path.join(data_dir, "datasets", ".tmp")
+    left = sorted(os.listdir(tmp)) if os.path.isdir(tmp) else []
+    if mode == "tmpfs":
+        os.remove(os.path.join(data_dir, "filler"))
+    else:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+    again = api.upload(people_csv(ROWS), PEOPLE_META)
+    return {"status": failed.status_code, "body": failed.get_json(), "left": left,
+            "again": again.status_code}
+
+
+def _mounted_small_fs(path: str) -> bool:
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_FS}", "tmpfs", path],
+                          capture_output=True, check=False)
+    return done.returncode == 0
+
+
+_RLIMITED = """
+import json, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+from tests.integration.test_dataplane import full_disk_upload
+print(json.dumps(full_disk_upload(sys.argv[1], json.loads(sys.argv[2]), "rlimit")))
+"""
+
+
+def test_full_data_directory_is_507_and_leaves_nothing(
+        app: Flask, service_env: dict[str, str], tmp_path: Any) -> None:
+    """Item 10: on main an upload to a full disk answered 500 and left its partial
+    staging folder in ``datasets/.tmp`` (closing the staged files re-raised ENOSPC and
+    stopped the removal). Now 507 insufficient_storage, nothing left, and the same upload
+    succeeds once there is room. A small tmpfs where mounting is allowed (we run as
+    root), else a subprocess with a file size limit."""
+    data_dir = tmp_path / "small"
+    data_dir.mkdir()
+    if _mounted_small_fs(str(data_dir)):
+        try:
+            seen = full_disk_upload(str(data_dir), service_env, "tmpfs")
+        finally:
+            subprocess.run(["umount", str(data_dir)], check=True)
+    else:
+        done = subprocess.run([sys.executable, "-c", _RLIMITED, str(data_dir),
+                               json.dumps(service_env)], capture_output=True, text=True,
+                              cwd=ROOT, check=True)
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["status"] == 507, seen["body"]
+    assert seen["body"]["code"] == "insufficient_storage"
+    assert seen["left"] == []
+    assert seen["again"] == 201
