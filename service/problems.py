@@ -109,7 +109,8 @@ def _from_unavailable(err: Exception) -> Response:
     Logged as a warning with the error type only (the message names hosts). Nothing
     is half-written: every ledger step is one Lua script that ran whole or not at
     all, an upload removes its files when its registration fails, and a reservation
-    whose job could not be queued is refunded (at once, or by the sweeper).
+    whose job could not be queued is refunded at once, or, when Valkey went away
+    before the refund, stays in the outbox and runs (``workers.sweeper``).
     """
     log.warning("valkey unavailable", extra={"error_type": type(err).__name__})
     return _retry_later(problem(503, "unavailable",

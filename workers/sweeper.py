@@ -2,8 +2,9 @@
 
 A job is gone when its release has not ended and nobody holds its lease,
 and either it was running (its worker died or lost Valkey) and its message
-is not back in the queue, or it was queued and its message is in neither
-the queue nor the broker's unacked set (lost between reserve and enqueue). A
+is not back in the queue, or it was queued, its task was sent (it left the
+outbox) and its message is in neither the queue nor the broker's unacked set
+(the broker lost it). A
 message back in the queue (a worker killed with -9 rejects it) is left to
 the redelivery, which re-runs the job. A running job's message left in the
 unacked set (its worker lost Valkey before it could acknowledge) would only
