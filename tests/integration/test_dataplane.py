@@ -14,10 +14,12 @@ import sys
 import time
 from typing import Any
 
+import hypothesis
 import pytest
 from flask import Flask
+from hypothesis import strategies as st
 
-from service import apikeys, inputs, releases, rkeys
+from service import apikeys, index, inputs, releases, rkeys
 from service.app import create_app
 from service.config import Config
 from service.observability import log_handler
@@ -370,3 +372,41 @@ def test_full_data_directory_is_507_and_leaves_nothing(
     assert seen["body"]["code"] == "insufficient_storage"
     assert seen["left"] == []
     assert seen["again"] == 201
+
+
+# --- the index helper: paging invariants ---------------------------------------------
+
+_entries = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 5),
+                              st.text("abcdef", min_size=1, max_size=3)),
+                    max_size=25, unique_by=lambda e: e[2])
+
+
+@hypothesis.settings(max_examples=40, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(entries=_entries, limit=st.integers(1, 6), newest=st.booleans(),
+                  drop=st.booleans())
+def test_pages_walk_the_union_once_in_order(r: Any, entries: list[tuple[int, int, str]],
+                                            limit: int, newest: bool, drop: bool) -> None:
+    """``index.page`` over several sorted sets with many equal scores: following the
+    cursors yields every member once, in (score, member) order, even when the member a
+    cursor names leaves its set between pages (``drop``: as a job leaves the pending
+    index when it ends)."""
+    keys = [f"pr:test:page:{i}" for i in range(3)]
+    r.delete(*keys)
+    for which, score, member in entries:
+        r.zadd(keys[which], {member: score})
+    expected = [m for _, m in sorted(((s, m) for _, s, m in entries), reverse=newest)]
+    seen: list[str] = []
+    after: index.Cursor | None = None
+    for _ in range(len(entries) + 2):
+        ids, after = index.page(r, keys, limit, after, newest_first=newest)
+        assert len(ids) <= limit
+        seen += ids
+        if after is None:
+            break
+        assert after.encode() and index.Cursor.decode(after.encode()) == after
+        if drop:
+            for key in keys:
+                r.zrem(key, after.member)
+    r.delete(*keys)
+    assert seen == expected
