@@ -68,11 +68,13 @@ class Run:
 
 
 class CapError(ValueError):
-    """A cap change the ledger refused; ``reason`` is below_spent or above_dataset."""
+    """A cap change the ledger refused; ``reason`` is below_spent or above_dataset,
+    ``key_id`` the allocation refused (None: the dataset's cap)."""
 
-    def __init__(self, reason: str, measure: str, units: int) -> None:
+    def __init__(self, reason: str, measure: str, units: int,
+                 key_id: str | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.measure, self.units = reason, measure, units
+        self.reason, self.measure, self.units, self.key_id = reason, measure, units, key_id
 
 
 class Ledger:
@@ -113,14 +115,25 @@ class Ledger:
     def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
                  key_id: str | None = None) -> None:
         """Change the dataset's caps, or ``key_id``'s allocation; CapError if refused."""
-        argv: list[Any] = ["allocation" if key_id else "cap", actor, now_iso(), key_id or "",
-                           len(caps)]
-        for measure, units in sorted(caps.items()):
-            argv += [measure, str(int(units))]
+        self.change_caps(dataset_id, [(key_id, caps)], actor)
+
+    def change_caps(self, dataset_id: str, changes: list[tuple[str | None, dict[str, int]]],
+                    actor: str) -> None:
+        """Apply every (key id or None for the dataset, caps) change, or none of them.
+
+        One script: an allocation is checked against the dataset's cap as this same
+        call sets it, and a refused change (CapError) leaves every cap as it was and
+        records nothing, so an answered 409 never changed a cap.
+        """
+        argv: list[Any] = [actor, now_iso(), len(changes)]
+        for key_id, caps in changes:
+            argv += ["allocation" if key_id else "cap", key_id or "", len(caps)]
+            for measure, units in sorted(caps.items()):
+                argv += [measure, str(int(units))]
         reply = self._admin(keys=[rkeys.ledger(dataset_id), rkeys.events(dataset_id)],
                             args=argv)
         if reply[0] != "ok":
-            raise CapError(reply[0], reply[1], int(reply[2]))
+            raise CapError(reply[0], reply[1], int(reply[2]), reply[3] or None)
 
     def retire(self, dataset_id: str, actor: str) -> None:
         """Refuse every new reservation on the dataset from now on; record it."""
@@ -156,6 +169,8 @@ class Ledger:
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
                 rkeys.reservation(release_id), rkeys.replay(fingerprint),
                 idempotency_key or f"{rkeys.P}idem:none", rkeys.PENDING, rkeys.RELEASES,
+                rkeys.OUTBOX, rkeys.dataset_releases(dataset_id), rkeys.key_releases(actor),
+                rkeys.dataset_pending(dataset_id),
             ],
             args=argv,
         )
@@ -164,11 +179,27 @@ class Ledger:
                                  reply[4])
         return ReserveResult(reply[0], reply[1])
 
+    def enqueued(self, release_id: str) -> None:
+        """The release's task is published: take it out of the outbox."""
+        self.r.zrem(rkeys.OUTBOX, release_id)
+
+    def unsent(self, release_id: str, older_than: float) -> bool:
+        """Whether the release waits in the outbox since more than ``older_than`` s ago."""
+        score = self.r.zscore(rkeys.OUTBOX, release_id)
+        return score is not None and score <= time.time() - older_than
+
+    def outbox(self, older_than: float, limit: int = 1000) -> list[str]:
+        """Releases reserved over ``older_than`` s ago whose task may never have been sent."""
+        return list(self.r.zrangebyscore(rkeys.OUTBOX, 0, time.time() - older_than,
+                                         start=0, num=limit))
+
     def mark_running(self, release_id: str, worker: str) -> Run | None:
         """Start a run of the job and take its lease; None if it ended or a live run has it."""
         token = f"{worker}#{secrets.token_hex(8)}"
-        attempt = int(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id)],
-                                  args=[now_iso(), worker, self.lease_seconds, token]))
+        attempt = int(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id),
+                                        rkeys.OUTBOX],
+                                  args=[now_iso(), worker, self.lease_seconds, token,
+                                        release_id]))
         return Run(release_id, token, attempt) if attempt else None
 
     def renew_lease(self, run: Run) -> bool:
@@ -235,8 +266,11 @@ class Ledger:
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
                 rkeys.reservation(release_id), rkeys.PENDING,
                 replay_key or f"{rkeys.P}replay:none", rkeys.lease(release_id),
+                rkeys.OUTBOX, rkeys.dataset_pending(dataset_id), rkeys.FAILED,
+                rkeys.dataset_failed(dataset_id),
             ],
-            args=[release_id, action, payload, actor, now_iso(), holder, table_version],
+            args=[release_id, action, payload, actor, now_iso(), holder, table_version,
+                  f"{time.time():.3f}"],
         )
         outcomes: dict[int, Settled] = {1: "settled", 0: "ended", -1: "running", -2: "lost"}
         return outcomes[int(reply)]

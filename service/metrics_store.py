@@ -16,7 +16,7 @@ import redis
 
 from service import rkeys
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("privrelease.metrics")  # the JSON log setup
 
 #: count per ``<mechanism>|<outcome>``
 RELEASES = f"{rkeys.P}stats:releases"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
@@ -10,7 +11,9 @@ from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
-log = logging.getLogger(__name__)
+#: under ``privrelease``, so error-path records go through the JSON handler with the
+#: request id (``observability.configure_logging``), never a plain-text root handler
+log = logging.getLogger("privrelease.errors")
 
 PROBLEM_TYPE = "application/problem+json"
 
@@ -40,7 +43,14 @@ _CODES = {
     429: "rate_limited",
     500: "internal_error",
     503: "unavailable",
+    507: "insufficient_storage",
 }
+
+#: file-system errors that mean the data directory cannot take more now, not a bug:
+#: full (or over quota, or a file-size limit) is 507; read-only, refused or failing
+#: storage is 503 ``storage_unavailable``, for an operator to fix and a client to retry
+STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+STORAGE_DOWN = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
 
 
 class APIError(Exception):
@@ -99,11 +109,36 @@ def _from_unavailable(err: Exception) -> Response:
     Logged as a warning with the error type only (the message names hosts). Nothing
     is half-written: every ledger step is one Lua script that ran whole or not at
     all, an upload removes its files when its registration fails, and a reservation
-    whose job could not be queued is refunded (at once, or by the sweeper).
+    whose job could not be queued is refunded at once, or, when Valkey went away
+    before the refund, stays in the outbox and runs (``workers.sweeper``).
     """
     log.warning("valkey unavailable", extra={"error_type": type(err).__name__})
     return _retry_later(problem(503, "unavailable",
                                 "the service's data store is unavailable; retry later"))
+
+
+def _from_os_error(err: OSError) -> Response:
+    """A full or unwritable data directory: 507 or 503 with a code, not a 500.
+
+    The writer already removed what it staged (``store.StagedVersion.discard``).
+    Logged with the error type and errno name only (the message names paths).
+    """
+    if err.errno not in STORAGE_FULL | STORAGE_DOWN:
+        return _unhandled(err)
+    name = errno.errorcode.get(err.errno or 0, "")
+    log.error("storage error", extra={"error_type": type(err).__name__, "errno": name})
+    if err.errno in STORAGE_FULL:
+        return problem(507, "insufficient_storage",
+                       "the server has no room to store this now; nothing was stored")
+    return _retry_later(problem(503, "storage_unavailable",
+                                "the server's storage is unavailable; nothing was stored"))
+
+
+def _unhandled(err: Exception) -> Response:
+    # the JSON formatter keeps the exception's type and stack frames, never its
+    # message: a message may quote a data value
+    log.error("unhandled error", exc_info=err, extra={"error_type": type(err).__name__})
+    return problem(500, "internal_error", "internal server error")
 
 
 def _from_http_exception(err: HTTPException) -> Response:
@@ -172,8 +207,5 @@ def register(app: Flask) -> None:
     app.register_error_handler(HTTPException, _from_http_exception)
     for error in UNAVAILABLE:
         app.register_error_handler(error, _from_unavailable)
-
-    @app.errorhandler(Exception)
-    def _unhandled(err: Exception) -> Response:  # pragma: no cover - defensive
-        log.exception("unhandled error", extra={"error_type": type(err).__name__})
-        return problem(500, "internal_error", "internal server error")
+    app.register_error_handler(OSError, _from_os_error)
+    app.register_error_handler(Exception, _unhandled)

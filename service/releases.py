@@ -11,7 +11,7 @@ import json
 import secrets
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 import marshmallow
 import redis
@@ -74,6 +74,27 @@ class Prepared:
 #: the error of every release that failed after its job read the data (charged): the
 #: same whatever went wrong, since a message the data decides would be a side channel
 FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
+
+
+#: the worker task that runs a release
+TASK = "privrelease.run_release"
+#: seconds a reservation may wait in the outbox before a retry or the sweeper sends its
+#: task: longer than a live API takes between reserve and publish (a slow broker), and a
+#: task sent twice is harmless anyway (start.lua runs a release once)
+OUTBOX_GRACE = 5.0
+
+
+class Sender(Protocol):
+    """What publishes a task: a Celery app's ``send_task``."""
+
+    def __call__(self, name: str, args: list[Any], task_id: str) -> Any: ...
+
+
+def enqueue(send: Sender, ledger: Ledger, release_id: str) -> None:
+    """Publish the release's task, then take it out of the outbox (an error leaves it
+    there, for the sweeper or a retry to send)."""
+    send(TASK, args=[release_id], task_id=release_id)
+    ledger.enqueued(release_id)
 
 
 def no_such_dataset() -> APIError:
@@ -186,6 +207,15 @@ def document(client: redis.Redis, release_id: str) -> dict[str, Any] | None:
     if not raw:
         return None
     return render(release_id, raw)
+
+
+def documents(client: redis.Redis, ids: list[str]) -> list[dict[str, Any]]:
+    """The documents of ``ids`` in one round trip, in order (ids without one left out)."""
+    pipe = client.pipeline(transaction=False)
+    for release_id in ids:
+        pipe.hgetall(rkeys.release(release_id))
+    return [render(release_id, raw)
+            for release_id, raw in zip(ids, pipe.execute(), strict=True) if raw]
 
 
 def table_attempt(client: redis.Redis, release_id: str) -> int:

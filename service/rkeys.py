@@ -28,6 +28,34 @@ RELEASES = f"{P}releases"
 PENDING = f"{P}pending"
 API_KEYS = f"{P}apikeys"
 WORKERS = f"{P}workers:"
+#: releases reserved whose job message is not yet known to be published (the outbox):
+#: score = reservation time; the API removes its entry once the task is sent, and the
+#: sweeper or a retry sends whatever a dead API left behind (never refunds it)
+OUTBOX = f"{P}outbox"
+#: failed releases (score: when they failed), for the jobs list
+FAILED = f"{P}failed"
+#: set once every release made before the per-dataset indexes existed is indexed
+INDEXED = f"{P}indexed:v1"
+
+
+def dataset_releases(dataset_id: str) -> str:
+    """The dataset's releases, score = creation time (epoch s)."""
+    return f"{P}ds:{dataset_id}:releases"
+
+
+def dataset_pending(dataset_id: str) -> str:
+    """The dataset's queued and running releases, score = creation time."""
+    return f"{P}ds:{dataset_id}:pending"
+
+
+def dataset_failed(dataset_id: str) -> str:
+    """The dataset's failed releases, score = when they failed."""
+    return f"{P}ds:{dataset_id}:failed"
+
+
+def key_releases(key_id: str) -> str:
+    """The releases one API key requested, score = creation time."""
+    return f"{P}keyrel:{key_id}"
 
 
 def release(release_id: str) -> str:

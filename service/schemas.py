@@ -132,10 +132,25 @@ class ReleaseRequestSchema(StrictSchema):
     )
 
 
+CURSOR_DESCRIPTION = ("the X-Next-Cursor header of the previous page (opaque); a page may "
+                     "hold fewer than limit items: the list ends when no cursor comes back")
+#: the paging headers of a list response (a list body keeps its schema)
+PAGE_HEADERS = {
+    "X-Next-Cursor": {"description": "pass as ?cursor= for the next page; absent on the last",
+                      "schema": {"type": "string"}},
+    "Link": {"description": 'rel="next": the next page\'s URL; absent on the last',
+             "schema": {"type": "string"}},
+}
+
+
 class ReleaseListQuerySchema(StrictSchema):
     dataset_id = fields.String(validate=validate.Length(1, 100))
     limit = fields.Integer(load_default=100,
                            metadata={"description": "how many, newest first; 1..1000 (clamped)"})
+    cursor = fields.String(validate=validate.Length(1, 1000),
+                           metadata={"description": CURSOR_DESCRIPTION})
+    mine = fields.Boolean(load_default=False,
+                          metadata={"description": "only releases this key requested"})
 
 
 class ReleaseSchema(Schema):
@@ -198,6 +213,10 @@ class KeySchema(Schema):
 
 class JobListQuerySchema(StrictSchema):
     status = fields.String(validate=validate.OneOf(["queued", "running", "failed"]))
+    limit = fields.Integer(load_default=100,
+                           metadata={"description": "how many; 1..1000 (clamped)"})
+    cursor = fields.String(validate=validate.Length(1, 1000),
+                           metadata={"description": CURSOR_DESCRIPTION})
 
 
 class JobSchema(Schema):

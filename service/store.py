@@ -315,9 +315,15 @@ class StagedVersion:
         return final
 
     def discard(self) -> None:
-        """Remove the staged files (a no-op after a commit)."""
+        """Remove the staged files (a no-op after a commit).
+
+        Closing flushes what is buffered, which fails on a full or read-only disk: that
+        error is the one already being raised, and must not stop the removal (main left
+        the partial folder in ``.tmp`` behind it).
+        """
         for fh in self._files.values():
-            fh.close()
+            with contextlib.suppress(OSError):
+                fh.close()
         if not self._done:
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._done = True

@@ -2,8 +2,9 @@
 
 A job is gone when its release has not ended and nobody holds its lease,
 and either it was running (its worker died or lost Valkey) and its message
-is not back in the queue, or it was queued and its message is in neither
-the queue nor the broker's unacked set (lost between reserve and enqueue). A
+is not back in the queue, or it was queued, its task was sent (it left the
+outbox) and its message is in neither the queue nor the broker's unacked set
+(the broker lost it). A
 message back in the queue (a worker killed with -9 rejects it) is left to
 the redelivery, which re-runs the job. A running job's message left in the
 unacked set (its worker lost Valkey before it could acknowledge) would only
@@ -16,6 +17,10 @@ is loaded) is charged and fails with the one message of every failure after
 the data was read: why a worker died (a crash, memory) may depend on the data,
 so a refund could tell it. Either settles only while no run holds a lease (in
 the settling script), so a run that started meanwhile is never settled here.
+
+A reservation still in the outbox (its API died between reserve and enqueue)
+is not gone but unsent: after ``releases.OUTBOX_GRACE`` seconds the sweeper
+publishes its task instead of refunding it, so an accepted release always runs.
 
 Hourly it also removes dataset files that no registration refers to: an
 upload that could not learn whether Valkey stored its registration keeps
@@ -50,17 +55,53 @@ def _in_broker(client: redis.Redis) -> tuple[str, str]:
     return "\n".join(client.lrange(QUEUE, 0, -1)), "\n".join(client.hvals(UNACKED))
 
 
+def _default_sender() -> releases.Sender:
+    """The worker's own Celery app (configured by ``privrelease worker``)."""
+    from workers.celery_app import app
+
+    send: releases.Sender = app.send_task
+    return send
+
+
+def send_outbox(client: redis.Redis, ledger: Ledger, send: releases.Sender | None = None,
+                grace: float = releases.OUTBOX_GRACE) -> list[str]:
+    """Publish the task of every release left in the outbox over ``grace`` s ago whose
+    release is still queued (``send``: by default the worker's Celery app); returns their
+    ids. One whose send fails stays for the next pass; one that ended (or vanished) only
+    leaves the outbox."""
+    sent = []
+    for release_id in ledger.outbox(grace):
+        if client.hget(rkeys.release(release_id), "status") != "queued":
+            ledger.enqueued(release_id)
+            continue
+        send = send or _default_sender()
+        try:
+            releases.enqueue(send, ledger, release_id)
+        except Exception as err:  # the broker is down: the outbox keeps it
+            log.warning("outbox send failed", extra={"release_id": release_id,
+                                                      "error_type": type(err).__name__})
+            continue
+        log.warning("sent a release left in the outbox", extra={"release_id": release_id})
+        sent.append(release_id)
+    return sent
+
+
 def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
-          outputs: OutputStore | None = None) -> list[str]:
+          outputs: OutputStore | None = None, send: releases.Sender | None = None,
+          grace: float = releases.OUTBOX_GRACE) -> list[str]:
     """One pass; returns the ids it settled (refunded, or charged if the data was read).
 
-    Only reservations older than ``min_age``; ``outputs``: remove the tables runs of a
-    settled job stored before they died.
+    First sends the outbox's tasks (``send``, by default the worker's Celery app), then
+    settles reservations older than ``min_age`` whose job is gone, never one still in
+    the outbox; ``outputs``: remove the tables runs of a settled job stored before they
+    died.
     """
+    send_outbox(client, ledger, send, grace)
     stale = client.zrangebyscore(rkeys.PENDING, 0, time.time() - min_age)
     if not stale:
         return []
     queued, unacked = _in_broker(client)
+    unsent = set(client.zrange(rkeys.OUTBOX, 0, -1))
     aborted = []
     for release_id in stale:
         status, raw, data_read = client.hmget(rkeys.release(release_id), "status",
@@ -72,6 +113,8 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
             continue
         if status == "queued" and release_id in unacked:
             continue  # prefetched by a worker that may still start it
+        if status == "queued" and release_id in unsent:
+            continue  # accepted, its task not yet sent: a pass after its grace sends it
         if status in {"queued", "running"}:
             reason = "worker died" if status == "running" else "job message lost"
             dataset_id = json.loads(raw)["dataset_id"]
@@ -94,11 +137,13 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
 
 
 def sweep_if_due(client: redis.Redis, ledger: Ledger, interval: float,
-                 outputs: OutputStore | None = None) -> list[str]:
+                 outputs: OutputStore | None = None, send: releases.Sender | None = None,
+                 ) -> list[str]:
     """Sweep unless another worker swept within ``interval`` (a Redis lock)."""
     if not client.set(LOCK, "1", nx=True, px=max(int(interval * 1000), 1)):
         return []
-    return sweep(client, ledger, min_age=max(2 * ledger.lease_seconds, 1), outputs=outputs)
+    return sweep(client, ledger, min_age=max(2 * ledger.lease_seconds, 1), outputs=outputs,
+                 send=send)
 
 
 def sweep_orphans_if_due(client: redis.Redis, store: DatasetStore) -> list[str]:

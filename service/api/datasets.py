@@ -193,18 +193,18 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
             changes.append((key_id, budget.parse_caps(caps, columns, [], where=where)))
     except budget.AmountError as err:
         raise _invalid(err.field, err.message) from None
-    for key_id, caps in changes:
-        try:
-            ledger.set_caps(dataset_id, caps, current_key().id, key_id=key_id)
-        except CapError as err:
-            limit = budget.display(err.measure, err.units)
-            if err.reason == "below_spent":
-                raise APIError(409, f"{err.measure} cap below committed + reserved ({limit})",
-                               code="cap_below_spent", measure=err.measure,
-                               held=limit) from None
-            raise APIError(409, f"allocation above the dataset's {err.measure} cap ({limit})",
-                           code="allocation_above_cap", measure=err.measure,
-                           cap=limit) from None
+    try:  # all or nothing: a refused allocation leaves the caps as they were
+        ledger.change_caps(dataset_id, changes, current_key().id)
+    except CapError as err:
+        limit = budget.display(err.measure, err.units)
+        where = f"allocations.{err.key_id}" if err.key_id else "caps"
+        if err.reason == "below_spent":
+            raise APIError(409, f"{err.measure} cap below committed + reserved ({limit})",
+                           code="cap_below_spent", measure=err.measure, held=limit,
+                           field=f"{where}.{err.measure}") from None
+        raise APIError(409, f"allocation above the dataset's {err.measure} cap ({limit})",
+                       code="allocation_above_cap", measure=err.measure, cap=limit,
+                       field=f"{where}.{err.measure}") from None
     return budget_doc(dataset_id)
 
 

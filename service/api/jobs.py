@@ -8,17 +8,17 @@ from typing import Any
 from flask import current_app
 from flask_smorest import Blueprint
 
-from service import releases, rkeys
+from service import index, releases, rkeys
 from service.api.responses import AUTH, problems
 from service.apikeys import parse_time
 from service.auth import current_key, may_use, require
 from service.problems import APIError
-from service.schemas import JobListQuerySchema, JobSchema, ReleaseSchema
+from service.schemas import PAGE_HEADERS, JobListQuerySchema, JobSchema, ReleaseSchema
 
 blp = Blueprint("jobs", __name__, url_prefix="/v1/jobs", description="Jobs")
 
-#: how many recent releases are scanned for failed jobs
-FAILED_WINDOW = 1000
+#: the jobs list's phases: pending (queued and running, oldest first), then failed
+PENDING, FAILED = "p", "f"
 
 
 def _job(doc: dict[str, Any]) -> dict[str, Any]:
@@ -35,24 +35,57 @@ def _job(doc: dict[str, Any]) -> dict[str, Any]:
 @require("operator")
 @problems(blp, *AUTH, 403, 422)
 @blp.arguments(JobListQuerySchema(), location="query", as_kwargs=True)
-@blp.response(200, JobSchema(many=True))
-def list_jobs(status: str | None = None) -> list[dict[str, Any]]:
-    """Queued and running jobs (oldest first), then recently failed ones."""
+@blp.response(200, JobSchema(many=True), headers=PAGE_HEADERS)
+def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = None,
+              ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Queued and running jobs (oldest first), then failed ones (newest first), a page at
+    a time (``X-Next-Cursor``, as ``GET /v1/releases``).
+
+    Read from the pending and failed indexes (per dataset for a key limited to some),
+    never from every release; a page may hold fewer than ``limit`` jobs.
+    """
     client = current_app.extensions["redis"]
-    ids = list(client.zrange(rkeys.PENDING, 0, -1))
-    pending = set(ids)
-    ids += [i for i in client.zrevrange(rkeys.RELEASES, 0, FAILED_WINDOW - 1)
-            if i not in pending]
-    jobs = []
-    for release_id in ids:
-        doc = releases.document(client, release_id)
-        if doc is None or doc["status"] not in {"queued", "running", "failed"}:
-            continue
-        if not may_use(doc["dataset_id"]):  # an operator key limited to some datasets
-            continue
-        if status is None or doc["status"] == status:
-            jobs.append(_job(doc))
-    return jobs
+    limit = min(max(limit, 1), 1000)
+    after = index.Cursor.decode(cursor)
+    if after is not None and after.phase not in {PENDING, FAILED}:
+        raise APIError(422, "not a cursor this server returned", code="validation_error",
+                       field="cursor")
+    if after is not None and after.phase == FAILED and not after.member:
+        after = None  # the failed phase from its start
+        phases = [FAILED]
+    elif after is not None and after.phase == FAILED:
+        phases = [FAILED]
+    else:
+        phases = ([PENDING] if status in {"queued", "running"} else [FAILED] if status
+                  else [PENDING, FAILED])
+    index.ensure_release_indexes(client)
+    key = current_key()
+    jobs: list[dict[str, Any]] = []
+    left, nxt = limit, None
+    for phase in phases:
+        if key.datasets is None:
+            keys = [rkeys.PENDING if phase == PENDING else rkeys.FAILED]
+        else:
+            per = rkeys.dataset_pending if phase == PENDING else rkeys.dataset_failed
+            keys = [per(d) for d in sorted(key.datasets)]
+        here = after if after is not None and after.phase == phase else None
+        ids, nxt = index.page(client, keys, left, here, newest_first=phase == FAILED,
+                              phase=phase)
+        left -= len(ids)  # a page reads at most ``limit`` ids, however many are shown
+        for doc in releases.documents(client, ids):
+            if phase == PENDING and doc["status"] not in {"queued", "running"}:
+                # ended while the one-time backfill indexed it: drop the stale entry
+                client.zrem(rkeys.dataset_pending(doc["dataset_id"]), doc["id"])
+                continue
+            if may_use(doc["dataset_id"]) and (status is None or doc["status"] == status):
+                jobs.append(_job(doc))
+        if nxt is not None:
+            break
+        if left == 0:
+            if phase == PENDING and FAILED in phases:
+                nxt = index.Cursor(0.0, "", FAILED)  # the failed jobs, from the newest
+            break
+    return jobs, index.page_headers(nxt)
 
 
 @blp.route("/<release_id>/cancel", methods=["POST"])

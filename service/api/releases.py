@@ -12,12 +12,13 @@ from flask.blueprints import BlueprintSetupState
 from flask_smorest import Blueprint
 from werkzeug.routing import BaseConverter
 
-from service import budget, inputs, notify, releases, rkeys
+from service import budget, index, inputs, notify, releases, rkeys
 from service.api.responses import AUTH, BODY, problems
-from service.auth import check_dataset_grant, current_key, require
+from service.auth import check_dataset_grant, current_key, may_use, require
 from service.ledger import now_iso
 from service.problems import APIError
 from service.schemas import (
+    PAGE_HEADERS,
     EstimateSchema,
     ReleaseListQuerySchema,
     ReleaseRequestSchema,
@@ -40,8 +41,7 @@ class ReleaseIdConverter(BaseConverter):
 def _register_converter(state: BlueprintSetupState) -> None:
     state.app.url_map.converters["release_id"] = ReleaseIdConverter
 
-TASK = "privrelease.run_release"
-LIST_PAGE = 200
+TASK = releases.TASK
 
 
 def _prepare(body: dict[str, Any]) -> releases.Prepared:
@@ -127,19 +127,28 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         raise APIError(409, "dataset is retired", code="dataset_retired")
     if res.outcome == "idem_mismatch":
         raise inputs.idempotency_mismatch()
+    send = current_app.extensions["celery"].send_task
+    if res.outcome in {"replay", "idempotent"} and ledger.unsent(res.release_id,
+                                                                 releases.OUTBOX_GRACE):
+        # the first request's API died between reserve and enqueue: send it now, so the
+        # release this retry is answered with runs (a second message would be harmless)
+        releases.enqueue(send, ledger, res.release_id)
+        log.warning("sent a release left in the outbox", extra={"release_id": res.release_id})
     if res.outcome == "replay":
         return {**_document(res.release_id), "replayed": True}, 200
     if res.outcome == "reserved":
         try:
-            current_app.extensions["celery"].send_task(TASK, args=[res.release_id],
-                                                      task_id=res.release_id)
+            releases.enqueue(send, ledger, res.release_id)
         except Exception:
             try:
                 ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
                              key.id)
-            except redis.RedisError:  # Valkey went away too: the sweeper refunds it
-                log.warning("reservation left to the sweeper",
+            except redis.RedisError:  # Valkey went away too: the outbox keeps it
+                log.warning("reservation left in the outbox",
                             extra={"release_id": res.release_id})
+                raise APIError(503, "service unavailable; the release may still run: retry"
+                               " with the same Idempotency-Key to learn its state",
+                               code="unavailable") from None
             raise APIError(503, "job queue unavailable; nothing was spent",
                            code="unavailable") from None
         # no round trip: the document of a just-queued release is known here
@@ -152,29 +161,37 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
 @require("consumer")
 @problems(blp, *AUTH, 422)
 @blp.arguments(ReleaseListQuerySchema(), location="query", as_kwargs=True)
-@blp.response(200, ReleaseSchema(many=True))
-def list_releases(limit: int, dataset_id: str | None = None) -> list[dict[str, Any]]:
-    """The most recent releases (newest first), optionally of one dataset."""
+@blp.response(200, ReleaseSchema(many=True), headers=PAGE_HEADERS)
+def list_releases(limit: int, dataset_id: str | None = None, cursor: str | None = None,
+                  mine: bool = False) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The most recent releases (newest first), optionally of one dataset, a page at a time.
+
+    Read from indexes (a dataset's releases, a key's), never by scanning every release:
+    a key limited to some datasets pages through those datasets' releases only. The next
+    page's cursor is in ``X-Next-Cursor`` (and ``Link``); a page may hold fewer than
+    ``limit`` releases, and the list ends when no cursor comes back.
+    """
     client = current_app.extensions["redis"]
     limit = min(max(limit, 1), 1000)
+    after = index.Cursor.decode(cursor)
     key = current_key()
-    out: list[dict[str, Any]] = []
-    start = 0
-    while len(out) < limit:  # newest first, a page of ids at a time, until enough match
-        page = client.zrevrange(rkeys.RELEASES, start, start + LIST_PAGE - 1)
-        if not page:
-            break
-        start += LIST_PAGE
-        for release_id in page:
-            doc = releases.document(client, release_id)
-            if doc is None or (dataset_id and doc["dataset_id"] != dataset_id):
-                continue
-            if key.datasets is not None and doc["dataset_id"] not in key.datasets:
-                continue
+    index.ensure_release_indexes(client)
+    if mine:
+        keys = [rkeys.key_releases(key.id)]
+    elif dataset_id is not None:
+        keys = [rkeys.dataset_releases(dataset_id)] if may_use(dataset_id) else []
+    elif key.datasets is None:
+        keys = [rkeys.RELEASES]
+    else:
+        keys = [rkeys.dataset_releases(d) for d in sorted(key.datasets)]
+    ids, nxt = index.page(client, keys, limit, after)
+    out = []
+    for doc in releases.documents(client, ids):
+        if dataset_id and doc["dataset_id"] != dataset_id:
+            continue
+        if may_use(doc["dataset_id"]):  # a grant narrowed after the release was made
             out.append(doc)
-            if len(out) >= limit:
-                break
-    return out
+    return out, index.page_headers(nxt)
 
 
 @blp.route("/<release_id:release_id>")

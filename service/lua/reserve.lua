@@ -2,7 +2,12 @@
 -- stored release, or check every measure's cap (and the actor's allocation,
 -- if it has one) and hold the cost.
 -- KEYS: 1 ledger hash, 2 events stream, 3 release hash, 4 reservation hash,
---       5 replay key, 6 idempotency hash, 7 pending zset, 8 all-releases zset
+--       5 replay key, 6 idempotency hash, 7 pending zset, 8 all-releases zset,
+--       9 outbox zset, 10 dataset's releases zset, 11 actor's releases zset,
+--       12 dataset's pending zset
+-- A new release enters every list index here, and the outbox: it stays there until
+-- its task is published, so a release whose API died before enqueueing is enqueued
+-- by the sweeper or the next retry instead of being refunded (an accepted release runs).
 -- ARGV: 1 release id, 2 fingerprint, 3 actor key id, 4 now (iso), 5 now (epoch s),
 --       6 request json, 7 idempotency ttl, 8 use idem (0/1), 9 use replay (0/1),
 --       10 n measures, then n pairs (measure, units as integer string)
@@ -58,6 +63,10 @@ redis.call('HSET', KEYS[3], 'status', 'queued', 'request', ARGV[6], 'created_at'
            'replay_key', KEYS[5], 'actor', actor)
 redis.call('ZADD', KEYS[7], ARGV[5], rid)
 redis.call('ZADD', KEYS[8], ARGV[5], rid)
+redis.call('ZADD', KEYS[9], ARGV[5], rid)
+redis.call('ZADD', KEYS[10], ARGV[5], rid)
+redis.call('ZADD', KEYS[11], ARGV[5], rid)
+redis.call('ZADD', KEYS[12], ARGV[5], rid)
 if ARGV[9] == '1' then redis.call('SET', KEYS[5], rid) end
 if ARGV[8] == '1' then
   redis.call('HSET', KEYS[6], 'id', rid, 'fp', fp)

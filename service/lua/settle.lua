@@ -11,9 +11,11 @@
 -- lease while another took the job over commits nothing, and refunds nothing.
 -- The sweeper passes '!' (only if no run holds a lease), the API '' (no check).
 -- KEYS: 1 ledger hash, 2 events stream, 3 release hash, 4 reservation hash,
---       5 pending zset, 6 replay key, 7 lease key
+--       5 pending zset, 6 replay key, 7 lease key, 8 outbox zset, 9 dataset's pending
+--       zset, 10 failed zset, 11 dataset's failed zset
 -- ARGV: 1 release id, 2 action, 3 payload json (output or error), 4 actor, 5 now (iso),
---       6 lease holder ('' | '!' | run token), 7 output table version ('' for none)
+--       6 lease holder ('' | '!' | run token), 7 output table version ('' for none),
+--       8 now (epoch s)
 -- Returns 1 if settled, 0 if it had already ended, -1 if running (cancel only),
 -- -2 if the lease condition failed (nothing changed).
 local rid, action, holder = ARGV[1], ARGV[2], ARGV[6]
@@ -54,12 +56,18 @@ for i = 1, #held, 2 do
 end
 redis.call('DEL', KEYS[4], KEYS[7])
 redis.call('ZREM', KEYS[5], rid)
+redis.call('ZREM', KEYS[8], rid)
+redis.call('ZREM', KEYS[9], rid)
 if action == 'commit' then
   redis.call('HSET', KEYS[3], 'status', 'succeeded', 'output', ARGV[3], 'finished_at', ARGV[5])
   if ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'table', ARGV[7]) end
 else
   local final = (action == 'cancel') and 'cancelled' or 'failed'
   redis.call('HSET', KEYS[3], 'status', final, 'error', ARGV[3], 'finished_at', ARGV[5])
+  if final == 'failed' then
+    redis.call('ZADD', KEYS[10], ARGV[8], rid)
+    redis.call('ZADD', KEYS[11], ARGV[8], rid)
+  end
   -- a refunded request may be asked again; a charged one stays its answer
   if not charge and redis.call('GET', KEYS[6]) == rid then redis.call('DEL', KEYS[6]) end
 end

@@ -217,3 +217,28 @@ def test_callback_is_signed_retried_and_allow_listed(app: Flask, api: Api,
                 "http://user:pw@127.0.0.1/x"):
         resp = api.post("/v1/releases", {**_body(dataset["id"], 31), "callback_url": url})
         assert resp.status_code == 422 and resp.get_json()["field"] == "callback_url", url
+
+
+def test_refused_patch_changes_nothing(app: Flask, api: Api, dataset: dict[str, Any]) -> None:
+    """Issue 15 item 8: a PATCH with a valid cap and an invalid allocation is refused whole.
+    Main applied the cap (5 -> 50) and audited it, then answered 409 allocation_above_cap."""
+    ds, r = dataset["id"], app.extensions["redis"]
+    key, _ = apikeys.create(r, "analyst", datasets=(ds,))
+    before = api.get(f"/v1/datasets/{ds}/budget").get_json()
+    events = len(api.get(f"/v1/datasets/{ds}/ledger").get_json())
+    patch = {"caps": {"epsilon": 50}, "allocations": {key.id: {"epsilon": 60}}}
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget", json=patch, headers=api._h())
+    assert resp.status_code == 409, resp.get_json()
+    assert resp.get_json()["code"] == "allocation_above_cap"
+    assert resp.get_json()["cap"] == 50.0  # checked against the cap this PATCH sets
+    assert resp.get_json()["field"] == f"allocations.{key.id}.epsilon"
+    assert api.get(f"/v1/datasets/{ds}/budget").get_json() == before
+    assert len(api.get(f"/v1/datasets/{ds}/ledger").get_json()) == events
+    # the same PATCH with an allocation inside the new cap applies both, audited as two
+    patch["allocations"] = {key.id: {"epsilon": 40}}
+    resp = api.client.patch(f"/v1/datasets/{ds}/budget", json=patch, headers=api._h())
+    assert resp.status_code == 200, resp.get_json()
+    assert resp.get_json()["measures"]["epsilon"]["cap"] == 50.0
+    assert resp.get_json()["allocations"][key.id]["epsilon"]["cap"] == 40.0
+    kinds = [e["kind"] for e in api.get(f"/v1/datasets/{ds}/ledger").get_json()[events:]]
+    assert kinds == ["cap", "allocation"]

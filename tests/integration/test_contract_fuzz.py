@@ -99,7 +99,7 @@ def _release(api: Api, body: dict[str, Any]) -> str:
 def _unlist_ledger_only_releases(r: Any) -> None:
     """Ledger tests reserve straight through ``Ledger`` with a stub request ("{}"), which
     the API never writes; unlist them so the listings show only what the API can make."""
-    for index in (rkeys.RELEASES, rkeys.PENDING):
+    for index in (rkeys.RELEASES, rkeys.PENDING, rkeys.FAILED):
         for release_id in r.zrange(index, 0, -1):
             request = r.hget(rkeys.release(release_id), "request")
             if request is None or "dataset_version" not in json.loads(request):
@@ -248,6 +248,9 @@ def test_stateful_workflows(api_schema: schemathesis.BaseSchema, world: World) -
                 # the inferred links reach a release read only by chance (the derandomized
                 # run changes with every schema change): read the one made last
                 case.path_parameters["release_id"] = released[-1]
+            # a generated cursor is always refused (422): lists are walked from their start
+            if isinstance(case.query, dict):
+                case.query.pop("cursor", None)
             # a listing links every key and dataset to DELETE: spare the ones the tests use
             if case.method.upper() == "DELETE":
                 for name, spare in (("key_id", world.ids["key_id"][0]),

@@ -1,0 +1,412 @@
+"""The data plane's edges (issue 15 items 8-12), against real Valkey and a real worker:
+error-path logs, storage errors at upload, indexed and paged lists, the enqueue outbox."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import hypothesis
+import pytest
+from flask import Flask
+from hypothesis import strategies as st
+
+from service import apikeys, index, inputs, releases, rkeys
+from service.app import create_app
+from service.config import Config
+from service.observability import log_handler
+from tests.conftest import ROOT
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from workers import sweeper
+
+SECRET = "31337.25"  # a data value an exception message quotes; it must reach no log
+
+
+def _fresh_app(env: dict[str, str], **overrides: str) -> Flask:
+    """An app of its own (routes may still be added to it), built from ``env``."""
+    saved = dict(os.environ)
+    handler = log_handler()
+    stream = handler.stream if handler is not None else None
+    os.environ.update({**env, **overrides})
+    try:
+        return create_app(Config.from_env())
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        if stream is not None:  # not this test's captured stderr, closed after it
+            _swap(stream)
+
+
+def _swap(buf: io.StringIO) -> Any:
+    """Point the service's JSON log handler at ``buf``; returns (handler, old stream)."""
+    handler = log_handler()
+    assert handler is not None
+    return handler, handler.setStream(buf)
+
+
+def _records(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# --- item 11: error-path logs --------------------------------------------------------
+
+def test_500_is_logged_as_json_with_request_id_and_type_only(
+        app: Flask, service_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 11: main logged a 500 through ``service.problems``, a logger outside the JSON
+    setup: plain text on stderr, no request id, the exception's message (a data value)
+    and its full traceback. Now one JSON record: request id, exception type, frames."""
+    fresh = _fresh_app(service_env)
+
+    @fresh.route("/boom")
+    def boom() -> str:
+        raise ValueError(f"could not convert {SECRET!r}")
+
+    buf = io.StringIO()
+    handler, old = _swap(buf)
+    try:
+        resp = fresh.test_client().get("/boom", headers={"X-Request-ID": "err-500-check"})
+    finally:
+        handler.setStream(old)
+    assert resp.status_code == 500 and resp.get_json()["code"] == "internal_error"
+    out = buf.getvalue()
+    errors = [r for r in _records(out) if r["logger"] == "privrelease.errors"]
+    assert len(errors) == 1, out
+    assert errors[0]["request_id"] == "err-500-check"
+    assert errors[0]["exc_type"] == "ValueError" and errors[0]["level"] == "ERROR"
+    assert "boom" in errors[0]["traceback"]  # where it happened, for the operator
+    std = capsys.readouterr()
+    assert SECRET not in out + std.err + std.out
+
+
+def test_503_is_logged_as_json_with_request_id(
+        service_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 11: the 503 handler's warning went to the plain-text last-resort handler without
+    the request id on main; now a JSON record with it and the error type."""
+    with socket.socket() as sock:  # a port nothing listens on: Valkey unreachable
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    fresh = _fresh_app(service_env, PRIVRELEASE_REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    buf = io.StringIO()
+    handler, old = _swap(buf)
+    try:
+        resp = fresh.test_client().get("/v1/datasets", headers={
+            "Authorization": f"Bearer {TOKEN}", "X-Request-ID": "err-503-check"})
+    finally:
+        handler.setStream(old)
+    assert resp.status_code == 503, resp.get_json()
+    out = buf.getvalue()
+    warnings = [r for r in _records(out) if r["logger"] == "privrelease.errors"]
+    assert len(warnings) == 1, out
+    assert warnings[0]["request_id"] == "err-503-check"
+    assert warnings[0]["error_type"] == "ConnectionError"
+    assert "traceback" not in warnings[0]
+    assert "valkey unavailable" not in capsys.readouterr().err
+
+
+# --- item 12: the enqueue outbox -----------------------------------------------------
+
+def _body(ds: str, value: int) -> dict[str, Any]:
+    return {"dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": 0.1},
+            "params": {"statistic": "count",
+                       "condition": {"column": "age", "op": "ge", "value": value}}}
+
+
+def _reserve_and_die(app: Flask, body: dict[str, Any], idem: str | None = None) -> str:
+    """What an API process that died between reserve and enqueue leaves behind: the very
+    steps of ``POST /v1/releases`` up to and including the reservation, and no task."""
+    headers = {"Idempotency-Key": idem} if idem else {}
+    with app.test_request_context(headers=headers):
+        r, ledger = app.extensions["redis"], app.extensions["ledger"]
+        key = apikeys.lookup(r, TOKEN)
+        assert key is not None
+        prepared = releases.prepare(r, ledger, body, allow_seeds=True)
+        res = ledger.reserve(
+            body["dataset_id"], releases.new_id(), prepared.cost_units, actor=key.id,
+            fingerprint=prepared.fingerprint, request_json=prepared.request_json(),
+            idempotency_key=inputs.idempotency_key(key.id))
+    assert res.outcome == "reserved"
+    return res.release_id
+
+
+def _charges(api: Api, ds: str, rid: str) -> list[str]:
+    return [e["kind"] for e in api.get(f"/v1/datasets/{ds}/ledger").get_json()
+            if e["release_id"] == rid]
+
+
+def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
+                                                  dataset: dict[str, Any],
+                                                  worker: Any) -> None:
+    """Item 12: on main a retry with the same Idempotency-Key was answered with the
+    release a dead API reserved but never enqueued; it never ran and the sweeper refunded
+    it. Now the retry, or the sweeper, sends it from the outbox: it runs, charged once."""
+    ds, r = dataset["id"], app.extensions["redis"]
+    by_retry = _reserve_and_die(app, _body(ds, 30), idem="outbox-retry-1")
+    by_sweeper = _reserve_and_die(app, _body(ds, 31))
+    fresh = _reserve_and_die(app, _body(ds, 32), idem="outbox-retry-2")
+    assert {by_retry, by_sweeper, fresh} <= set(r.zrange(rkeys.OUTBOX, 0, -1))
+    time.sleep(releases.OUTBOX_GRACE + 0.2)
+    # the API that is not dead: a release reserved just now is not sent by the sweeper
+    fresh_score = time.time() - 1.0
+    r.zadd(rkeys.OUTBOX, {fresh: fresh_score})
+    retry = api.post("/v1/releases", _body(ds, 30), headers={"Idempotency-Key":
+                                                              "outbox-retry-1"})
+    assert retry.status_code == 202 and retry.get_json()["id"] == by_retry
+    assert api.wait(by_retry)["status"] == "succeeded"
+
+    send = app.extensions["celery"].send_task
+    # the refund pass is made to consider every reservation (min_age 0): still none is
+    # refunded, since each is either sent or still in the outbox
+    swept = sweeper.sweep(r, app.extensions["ledger"], min_age=0, send=send)
+    assert not {by_retry, by_sweeper, fresh} & set(swept)
+    assert r.zscore(rkeys.OUTBOX, fresh) == pytest.approx(fresh_score, abs=1e-3)
+    assert api.wait(by_sweeper)["status"] == "succeeded"
+    assert r.zscore(rkeys.OUTBOX, by_sweeper) is None
+    for rid in (by_retry, by_sweeper):
+        assert _charges(api, ds, rid) == ["reserve", "commit"]
+    assert api.get(f"/v1/releases/{fresh}").get_json()["status"] == "queued"
+    # the last one's retry, once past its grace, runs it as well
+    r.zadd(rkeys.OUTBOX, {fresh: time.time() - releases.OUTBOX_GRACE - 1})
+    retry = api.post("/v1/releases", _body(ds, 32), headers={"Idempotency-Key":
+                                                              "outbox-retry-2"})
+    assert retry.get_json()["id"] == fresh
+    assert api.wait(fresh)["status"] == "succeeded"
+    assert _charges(api, ds, fresh) == ["reserve", "commit"]
+    assert r.zscore(rkeys.OUTBOX, fresh) is None
+
+
+# --- item 9: indexed, paged lists ----------------------------------------------------
+
+def _pages(api: Api, path: str) -> list[list[str]]:
+    """Every page of a list, following X-Next-Cursor (and checking Link agrees)."""
+    pages, url = [], path
+    for _ in range(100):
+        resp = api.get(url)
+        assert resp.status_code == 200, resp.get_json()
+        pages.append([doc["id"] for doc in resp.get_json()])
+        token = resp.headers.get("X-Next-Cursor")
+        if token is None:
+            assert "Link" not in resp.headers
+            return pages
+        assert resp.headers["Link"].endswith(f'cursor={token}>; rel="next"')
+        url = f"{path}{'&' if '?' in path else '?'}cursor={token}"
+    raise AssertionError("the cursor never ended")
+
+
+def _flat(pages: list[list[str]]) -> list[str]:
+    return [item for page in pages for item in page]
+
+
+def _hgetalls(r: Any) -> int:
+    return int(r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
+        app: Flask, api: Api, dataset: dict[str, Any], worker: Any) -> None:
+    """Item 9: main read every release in the system for any list (a key limited to one
+    dataset scanned them all) and had no cursor. Now pages come from the dataset indexes,
+    chained by X-Next-Cursor, and a limited key's listing reads its datasets' releases
+    only (counted with Valkey's own command statistics)."""
+    ds, r = dataset["id"], app.extensions["redis"]
+    other = api.upload(people_csv(20), PEOPLE_META).get_json()["id"]
+    mine = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(7)]
+    theirs = [api.post("/v1/releases", _body(other, v)).get_json()["id"] for v in range(2)]
+    _, token = apikeys.create(r, "consumer", datasets=(ds,))
+    limited = Api(api.client, token)
+
+    pages = _pages(limited, "/v1/releases?limit=3")
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert _flat(pages) == mine[::-1]  # newest first, each once
+    assert _flat(_pages(api, f"/v1/releases?dataset_id={other}&limit=1")) == theirs[::-1]
+    assert _pages(limited, f"/v1/releases?dataset_id={other}") == [[]]  # not its dataset
+    mine_pages = _pages(api, "/v1/releases?mine=true&limit=4")
+    assert set(mine + theirs) <= set(_flat(mine_pages))
+    assert _pages(limited, "/v1/releases?mine=true") == [[]]  # it requested none
+
+    noise = {f"rel_{i:024x}": time.time() + 3600 for i in range(2000)}  # newer than all
+    r.zadd(rkeys.RELEASES, noise)  # releases of other datasets, as far as a list can tell
+    try:
+        before = _hgetalls(r)
+        first = limited.get("/v1/releases?limit=3")
+        read = _hgetalls(r) - before
+    finally:
+        r.zrem(rkeys.RELEASES, *noise)
+    assert [d["id"] for d in first.get_json()] == mine[::-1][:3]
+    assert read <= 20, read  # main: one per release in the system (> 2000)
+
+    bad = limited.get("/v1/releases?cursor=not-a-cursor")
+    assert bad.status_code == 422 and bad.get_json()["field"] == "cursor"
+
+
+def test_releases_made_before_the_indexes_are_listed(app: Flask, api: Api,
+                                                     dataset: dict[str, Any],
+                                                     worker: Any) -> None:
+    """Item 9: releases created before the per-dataset indexes existed are indexed once,
+    at the first list request (on main there were no indexes; here they are removed)."""
+    ds, r = dataset["id"], app.extensions["redis"]
+    made = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(3)]
+    api.wait(made[-1])
+    r.delete(rkeys.INDEXED, rkeys.dataset_releases(ds))  # as a server upgraded from main
+    assert _flat(_pages(api, f"/v1/releases?dataset_id={ds}&limit=2")) == made[::-1]
+    assert r.get(rkeys.INDEXED) == "1"
+    assert r.zcard(rkeys.dataset_releases(ds)) == 3
+
+
+def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
+                                            dataset: dict[str, Any]) -> None:
+    """Item 9 for ``GET /v1/jobs``: main read the pending set whole and the 1000 newest
+    releases of the whole system; now the pending and failed indexes (per dataset for a
+    limited key), paged: queued/running oldest first, then failed newest first."""
+    ds, r, ledger = dataset["id"], app.extensions["redis"], app.extensions["ledger"]
+    with app.test_request_context():
+        prepared = releases.prepare(r, ledger, _body(ds, 40), allow_seeds=True)
+    ids = []
+    for i in range(7):
+        res = ledger.reserve(ds, releases.new_id(), prepared.cost_units, actor="key_jobs",
+                             fingerprint=f"jobs-{ds}-{i}", request_json=prepared.request_json())
+        ids.append(res.release_id)
+    queued, failed = ids[:3], ids[3:]
+    for rid in failed:
+        ledger.abort(ds, rid, '{"message": "test"}', "test")
+    _, token = apikeys.create(r, "operator", datasets=(ds,))
+    try:
+        pages = _pages(Api(api.client, token), "/v1/jobs?limit=2")
+        by_score = sorted(queued, key=lambda i: (r.zscore(rkeys.PENDING, i), i))
+        newest_failed = sorted(failed, key=lambda i: (r.zscore(rkeys.FAILED, i), i),
+                               reverse=True)
+        assert _flat(pages) == by_score + newest_failed
+        assert all(len(p) <= 2 for p in pages)
+        only_failed = _pages(Api(api.client, token), "/v1/jobs?status=failed&limit=3")
+        assert _flat(only_failed) == newest_failed
+    finally:
+        for rid in queued:
+            ledger.cancel(ds, rid, "test")
+    assert _pages(Api(api.client, token), "/v1/jobs") == [newest_failed]
+
+
+# --- item 10: a full data directory --------------------------------------------------
+
+SMALL_FS = "64k"
+#: rows of the upload: each column file (8 bytes a row) fits in the file object's buffer,
+#: so the full disk is met when the staged files are flushed at commit
+ROWS = 400
+#: the fallback's file size limit (bytes): smaller than one column file
+FSIZE_LIMIT = 1024
+
+
+def _fill(path: str) -> None:
+    """Write a file under ``path`` until its file system is full."""
+    with open(os.path.join(path, "filler"), "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+
+
+def full_disk_upload(data_dir: str, env: dict[str, str], mode: str) -> dict[str, Any]:
+    """Upload a dataset to a full ``data_dir``, then free room and upload it again; what
+    the API answered and what the failed upload left in ``datasets/.tmp``.
+
+    ``mode`` "tmpfs": ``data_dir`` is a small file system, filled up first; "rlimit" (in
+    a subprocess, where mounting is not allowed): a file size limit stands in for it."""
+    fresh = _fresh_app(env, PRIVRELEASE_DATA_DIR=data_dir)
+    api = Api(fresh.test_client())
+    if mode == "tmpfs":
+        _fill(data_dir)
+    else:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, resource.RLIM_INFINITY))
+    failed = api.upload(people_csv(ROWS), PEOPLE_META)
+    tmp = os.path.join(data_dir, "datasets", ".tmp")
+    left = sorted(os.listdir(tmp)) if os.path.isdir(tmp) else []
+    if mode == "tmpfs":
+        os.remove(os.path.join(data_dir, "filler"))
+    else:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+    again = api.upload(people_csv(ROWS), PEOPLE_META)
+    return {"status": failed.status_code, "body": failed.get_json(), "left": left,
+            "again": again.status_code}
+
+
+def _mounted_small_fs(path: str) -> bool:
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_FS}", "tmpfs", path],
+                          capture_output=True, check=False)
+    return done.returncode == 0
+
+
+_RLIMITED = """
+import json, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+from tests.integration.test_dataplane import full_disk_upload
+print(json.dumps(full_disk_upload(sys.argv[1], json.loads(sys.argv[2]), "rlimit")))
+"""
+
+
+def test_full_data_directory_is_507_and_leaves_nothing(
+        app: Flask, service_env: dict[str, str], tmp_path: Any) -> None:
+    """Item 10: on main an upload to a full disk answered 500 and left its partial
+    staging folder in ``datasets/.tmp`` (closing the staged files re-raised ENOSPC and
+    stopped the removal). Now 507 insufficient_storage, nothing left, and the same upload
+    succeeds once there is room. A small tmpfs where mounting is allowed (we run as
+    root), else a subprocess with a file size limit."""
+    data_dir = tmp_path / "small"
+    data_dir.mkdir()
+    if _mounted_small_fs(str(data_dir)):
+        try:
+            seen = full_disk_upload(str(data_dir), service_env, "tmpfs")
+        finally:
+            subprocess.run(["umount", str(data_dir)], check=True)
+    else:
+        done = subprocess.run([sys.executable, "-c", _RLIMITED, str(data_dir),
+                               json.dumps(service_env)], capture_output=True, text=True,
+                              cwd=ROOT, check=True)
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["status"] == 507, seen["body"]
+    assert seen["body"]["code"] == "insufficient_storage"
+    assert seen["left"] == []
+    assert seen["again"] == 201
+
+
+# --- the index helper: paging invariants ---------------------------------------------
+
+_entries = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 5),
+                              st.text("abcdef", min_size=1, max_size=3)),
+                    max_size=25, unique_by=lambda e: e[2])
+
+
+@hypothesis.settings(max_examples=40, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(entries=_entries, limit=st.integers(1, 6), newest=st.booleans(),
+                  drop=st.booleans())
+def test_pages_walk_the_union_once_in_order(r: Any, entries: list[tuple[int, int, str]],
+                                            limit: int, newest: bool, drop: bool) -> None:
+    """``index.page`` over several sorted sets with many equal scores: following the
+    cursors yields every member once, in (score, member) order, even when the member a
+    cursor names leaves its set between pages (``drop``: as a job leaves the pending
+    index when it ends)."""
+    keys = [f"pr:test:page:{i}" for i in range(3)]
+    r.delete(*keys)
+    for which, score, member in entries:
+        r.zadd(keys[which], {member: score})
+    expected = [m for _, m in sorted(((s, m) for _, s, m in entries), reverse=newest)]
+    seen: list[str] = []
+    after: index.Cursor | None = None
+    for _ in range(len(entries) + 2):
+        ids, after = index.page(r, keys, limit, after, newest_first=newest)
+        assert len(ids) <= limit
+        seen += ids
+        if after is None:
+            break
+        assert after.encode() and index.Cursor.decode(after.encode()) == after
+        if drop:
+            for key in keys:
+                r.zrem(key, after.member)
+    r.delete(*keys)
+    assert seen == expected
