@@ -1,0 +1,158 @@
+"""gunicorn's threaded worker, with request heads read by its event loop under a deadline.
+
+gunicorn's ``gthread`` worker hands a connection to a thread as soon as its first
+byte arrives, and the thread then reads the request head with blocking reads: a
+client that dribbles header bytes holds a thread for as long as it likes, and a
+few dozen of them hold every thread (``/healthz`` stops answering). Here the
+worker's main loop (one ``selectors`` poller, non-blocking reads) collects each
+request head itself, new connections and kept-alive ones alike, and passes the
+connection to a thread only once the head is complete, with the bytes read so
+far given back to gunicorn's own parser. A head still incomplete after
+``PRIVRELEASE_HEADER_TIMEOUT`` seconds (counted from the first moment we wait
+for it, not from the last byte: trickling does not extend it) is answered
+``408 Request Timeout`` and closed. Waiting heads cost a socket each, not a
+thread; gunicorn's ``worker_connections`` bounds them per worker.
+
+A body is still read by the thread (uploads stream to disk, up to 1 GiB): a
+client that trickles its body holds a thread while it does. A buffering proxy in
+front (nginx, HAProxy) is what stops that, as the README says. TLS and HTTP/2
+prior-knowledge connections keep gunicorn's own handling (we serve neither; the
+proxy in front terminates TLS).
+"""
+
+from __future__ import annotations
+
+import errno
+import selectors
+import socket
+import time
+from collections import deque
+from functools import partial
+from gunicorn import http
+from gunicorn.http2 import negotiation
+from gunicorn.workers.gthread import TConn, ThreadWorker
+
+from service.config import Config
+
+#: what a client that did not finish its head in time gets (then the socket closes)
+TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
+                    b"Content-Type: text/plain\r\nContent-Length: 0\r\n\r\n")
+_READ = 65536
+
+
+class HeaderTimeoutWorker(ThreadWorker):  # type: ignore[misc]
+    """``gthread`` whose threads only ever see complete request heads."""
+
+    header_timeout: float
+
+    def init_process(self) -> None:
+        config = Config.from_env()
+        self.header_timeout = config.header_timeout
+        # connections whose head we are reading, oldest deadline first (one timeout for
+        # all, so arrival order is deadline order)
+        self.heading: deque[TConn] = deque()
+        # the longest head gunicorn's parser accepts; more than that goes to the parser
+        # at once, which answers it with its own 4xx
+        cfg = self.cfg
+        self.max_head = (cfg.limit_request_line + 2
+                         + cfg.limit_request_fields * (cfg.limit_request_field_size + 2) + 2)
+        super().init_process()
+
+    # -- where connections enter ------------------------------------------------------
+
+    def _ours(self, conn: TConn) -> bool:
+        """Plain HTTP/1.x, which is all we serve; anything else keeps gunicorn's path."""
+        return not self.cfg.is_ssl and not negotiation.prior_knowledge_allowed(
+            self.cfg, conn.client)
+
+    def accept(self, listener: socket.socket) -> None:
+        try:
+            client_sock, client_addr = listener.accept()
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        self.nr_conns += 1
+        conn = TConn(self.cfg, client_sock, client_addr, listener.getsockname())
+        if self._ours(conn):
+            self._await_head(conn)
+        else:
+            client_sock.setblocking(True)
+            self.enqueue_req(conn)
+
+    def on_client_socket_readable(self, conn: TConn, client: socket.socket) -> None:
+        """A kept-alive connection's next request: its head too is read here."""
+        self.poller.unregister(client)
+        self.keepalived_conns.remove(conn)
+        if self._ours(conn):
+            self._await_head(conn)
+        else:
+            self.enqueue_req(conn)
+
+    # -- reading heads ----------------------------------------------------------------
+
+    def _await_head(self, conn: TConn) -> None:
+        conn.sock.setblocking(False)
+        conn.head = bytearray()
+        conn.head_deadline = time.monotonic() + self.header_timeout
+        self.heading.append(conn)
+        self.poller.register(conn.sock, selectors.EVENT_READ,
+                             partial(self._on_head_readable, conn))
+
+    def _drop_heading(self, conn: TConn) -> None:
+        self.heading.remove(conn)
+        try:
+            self.poller.unregister(conn.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _on_head_readable(self, conn: TConn, client: socket.socket) -> None:
+        try:
+            data = conn.sock.recv(_READ)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client left before finishing its head
+            self._drop_heading(conn)
+            self.nr_conns -= 1
+            conn.close()
+            return
+        before = len(conn.head)
+        conn.head += data
+        complete = (conn.head.find(b"\r\n\r\n", max(0, before - 3)) >= 0
+                    or conn.head.find(b"\n\n", max(0, before - 1)) >= 0)
+        if not complete and len(conn.head) <= self.max_head:
+            return
+        self._drop_heading(conn)
+        self._hand_off(conn)
+
+    def _hand_off(self, conn: TConn) -> None:
+        """Give the head to gunicorn's parser and the connection to a thread."""
+        conn.sock.setblocking(True)
+        if conn.parser is None:  # a new connection: what conn.init() would build
+            conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
+        conn.parser.unreader.unread(bytes(conn.head))
+        del conn.head
+        conn.data_ready = True
+        self.enqueue_req(conn)
+
+    def murder_pending(self) -> None:
+        """gunicorn's expiry of idle connections, and ours of unfinished heads."""
+        super().murder_pending()
+        now = time.monotonic()
+        while self.heading and self.heading[0].head_deadline <= now:
+            conn = self.heading[0]
+            self._drop_heading(conn)
+            self.nr_conns -= 1
+            try:
+                conn.sock.send(TIMEOUT_RESPONSE)
+            except OSError:
+                pass
+            conn.close()
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        # wake up for the next head deadline rather than up to a second after it
+        if self.heading:
+            timeout = min(timeout, max(self.heading[0].head_deadline - time.monotonic(), 0.0))
+        super().wait_for_and_dispatch_events(timeout)
