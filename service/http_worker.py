@@ -22,12 +22,14 @@ proxy in front terminates TLS).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import selectors
 import socket
 import time
 from collections import deque
 from functools import partial
+
 from gunicorn import http
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import TConn, ThreadWorker
@@ -40,7 +42,7 @@ TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
 _READ = 65536
 
 
-class HeaderTimeoutWorker(ThreadWorker):  # type: ignore[misc]
+class HeaderTimeoutWorker(ThreadWorker):
     """``gthread`` whose threads only ever see complete request heads."""
 
     header_timeout: float
@@ -101,10 +103,8 @@ class HeaderTimeoutWorker(ThreadWorker):  # type: ignore[misc]
 
     def _drop_heading(self, conn: TConn) -> None:
         self.heading.remove(conn)
-        try:
+        with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(conn.sock)
-        except (KeyError, ValueError, OSError):
-            pass
 
     def _on_head_readable(self, conn: TConn, client: socket.socket) -> None:
         try:
@@ -145,10 +145,8 @@ class HeaderTimeoutWorker(ThreadWorker):  # type: ignore[misc]
             conn = self.heading[0]
             self._drop_heading(conn)
             self.nr_conns -= 1
-            try:
+            with contextlib.suppress(OSError):
                 conn.sock.send(TIMEOUT_RESPONSE)
-            except OSError:
-                pass
             conn.close()
 
     def wait_for_and_dispatch_events(self, timeout: float) -> None:

@@ -98,3 +98,30 @@ class Service:
                          data={"metadata": json.dumps(meta)})
         assert resp.status_code == 201, resp.text
         return str(resp.json()["id"])
+
+
+def child_pids(pid: int, *needles: str) -> list[int]:
+    """Direct children of ``pid`` whose command line contains every one of ``needles``
+    (arguments joined by spaces), e.g. ``child_pids(standalone, "valkey-server")``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return []
+    out = []
+    for child in map(int, children):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except FileNotFoundError:
+            continue
+        if all(n in cmdline for n in needles):
+            out.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"

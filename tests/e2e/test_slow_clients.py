@@ -7,6 +7,7 @@ passed, however steadily it trickles.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -68,10 +69,8 @@ def test_twenty_slow_header_clients_block_nothing_and_are_cut_off(service: Servi
         i = 0
         while not stop.wait(0.2):
             for s, _ in socks:
-                try:
+                with contextlib.suppress(OSError):
                     s.send(header[i % len(header):][:1])
-                except OSError:
-                    pass
             i += 1
 
     dribbler = threading.Thread(target=trickle, daemon=True)
