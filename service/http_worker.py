@@ -94,19 +94,33 @@ class HeaderTimeoutWorker(ThreadWorker):
     # -- reading heads ----------------------------------------------------------------
 
     def _await_head(self, conn: TConn) -> None:
+        """Read what is there already (usually the whole head: then no poller round
+        trip), and wait in the poller for the rest under the head deadline."""
         conn.sock.setblocking(False)
         conn.head = bytearray()
         conn.head_deadline = time.monotonic() + self.header_timeout
-        self.heading.append(conn)
-        self.poller.register(conn.sock, selectors.EVENT_READ,
-                             partial(self._on_head_readable, conn))
-
-    def _drop_heading(self, conn: TConn) -> None:
-        self.heading.remove(conn)
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self.poller.unregister(conn.sock)
+        conn.polled = False
+        self._read_head(conn)
+        if conn.head is not None:
+            conn.polled = True
+            self.heading.append(conn)
+            self.poller.register(conn.sock, selectors.EVENT_READ,
+                                 partial(self._on_head_readable, conn))
 
     def _on_head_readable(self, conn: TConn, client: socket.socket) -> None:
+        self._read_head(conn)
+
+    def _forget(self, conn: TConn) -> None:
+        """Out of the poller and the deadline queue (before a close or a hand-off)."""
+        conn.head = None
+        if conn.polled:
+            conn.polled = False
+            self.heading.remove(conn)
+            self.poller.unregister(conn.sock)
+
+    def _read_head(self, conn: TConn) -> None:
+        """One non-blocking read. A complete head goes to a thread, a connection the
+        client closed is closed; otherwise it waits for more."""
         try:
             data = conn.sock.recv(_READ)
         except (BlockingIOError, InterruptedError):
@@ -114,36 +128,36 @@ class HeaderTimeoutWorker(ThreadWorker):
         except OSError:
             data = b""
         if not data:  # the client left before finishing its head
-            self._drop_heading(conn)
+            self._forget(conn)
             self.nr_conns -= 1
             conn.close()
             return
-        before = len(conn.head)
-        conn.head += data
-        complete = (conn.head.find(b"\r\n\r\n", max(0, before - 3)) >= 0
-                    or conn.head.find(b"\n\n", max(0, before - 1)) >= 0)
-        if not complete and len(conn.head) <= self.max_head:
-            return
-        self._drop_heading(conn)
-        self._hand_off(conn)
+        head = conn.head
+        before = len(head)
+        head += data
+        complete = (head.find(b"\r\n\r\n", max(0, before - 3)) >= 0
+                    or head.find(b"\n\n", max(0, before - 1)) >= 0)
+        if complete or len(head) > self.max_head:
+            self._forget(conn)
+            self._hand_off(conn, bytes(head))
 
-    def _hand_off(self, conn: TConn) -> None:
+    def _hand_off(self, conn: TConn, head: bytes) -> None:
         """Give the head to gunicorn's parser and the connection to a thread."""
         conn.sock.setblocking(True)
         if conn.parser is None:  # a new connection: what conn.init() would build
             conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
-        conn.parser.unreader.unread(bytes(conn.head))
-        del conn.head
+        conn.parser.unreader.unread(head)
         conn.data_ready = True
         self.enqueue_req(conn)
 
     def murder_pending(self) -> None:
-        """gunicorn's expiry of idle connections, and ours of unfinished heads."""
+        """gunicorn's expiry of idle connections, and ours of unfinished heads (all of
+        them once the worker stops: they would hold its graceful exit to its end)."""
         super().murder_pending()
         now = time.monotonic()
-        while self.heading and self.heading[0].head_deadline <= now:
+        while self.heading and (self.heading[0].head_deadline <= now or not self.alive):
             conn = self.heading[0]
-            self._drop_heading(conn)
+            self._forget(conn)
             self.nr_conns -= 1
             with contextlib.suppress(OSError):
                 conn.sock.send(TIMEOUT_RESPONSE)

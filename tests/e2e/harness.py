@@ -125,3 +125,26 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+def wait_until(url: str, timeout: float = 120.0, method: str = "GET",
+               **kw: Any) -> requests.Response:
+    """The first answer from ``url`` that is not a 5xx, retried until ``timeout``.
+
+    A server still starting refuses connections, or accepts them and answers only
+    once its workers have imported the application (over a second for ours, which
+    imports every mechanism family): both are retried, never raised, until the
+    deadline; then TimeoutError says what was last seen.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            resp = requests.request(method, url, timeout=5, **kw)
+            if resp.status_code < 500:
+                return resp
+            last = resp.status_code
+        except requests.RequestException as err:
+            last = type(err).__name__
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready within {timeout:g} s (last: {last})")
