@@ -57,11 +57,10 @@ class Service:
             raise TimeoutError(self.banner)
         # keep draining the shared stdout (JSON logs): a full pipe would block the service
         threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
-        while time.monotonic() < deadline:  # wait until a worker is serving too
-            if requests.get(self.url + "/readyz", timeout=5).status_code == 200:
-                return
-            time.sleep(0.2)
-        raise TimeoutError("worker never ready")
+        # wait until a worker is serving too (/readyz answers 503 until its first beat)
+        ready = wait_until(self.url + "/readyz", timeout=max(deadline - time.monotonic(), 1))
+        if ready.status_code != 200:
+            raise TimeoutError(f"worker never ready ({ready.status_code})")
 
     def _drain(self, stream: Any) -> None:
         for line in stream:
