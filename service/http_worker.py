@@ -10,8 +10,9 @@ connection to a thread only once the head is complete, with the bytes read so
 far given back to gunicorn's own parser. A head still incomplete after
 ``PRIVRELEASE_HEADER_TIMEOUT`` seconds (counted from the first moment we wait
 for it, not from the last byte: trickling does not extend it) is answered
-``408 Request Timeout`` and closed. Waiting heads cost a socket each, not a
-thread; gunicorn's ``worker_connections`` bounds them per worker.
+``408 Request Timeout`` and closed; one longer than ``MAX_HEAD`` (64 KiB) is
+answered 431 and closed. Waiting heads cost a socket and at most 64 KiB each,
+not a thread; gunicorn's ``worker_connections`` bounds them per worker.
 
 A body is still read by the thread (uploads stream to disk, up to 1 GiB): a
 client that trickles its body holds a thread while it does. A buffering proxy in
@@ -29,6 +30,7 @@ import socket
 import time
 from collections import deque
 from functools import partial
+from typing import Any
 
 from gunicorn import http
 from gunicorn.http2 import negotiation
@@ -39,7 +41,19 @@ from service.config import Config
 #: what a client that did not finish its head in time gets (then the socket closes)
 TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
                     b"Content-Type: text/plain\r\nContent-Length: 0\r\n\r\n")
+TOO_LARGE_RESPONSE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                      b"Connection: close\r\nContent-Length: 0\r\n\r\n")
+#: the longest head we collect (nginx's default buffers hold 32 KiB); a longer one is
+#: answered 431 here, so no client makes us hold more than this per connection
+MAX_HEAD = 64 * 1024
 _READ = 65536
+
+
+def _complete(head: bytes | bytearray, start: int = 0) -> bool:
+    """Whether ``head`` holds the blank line that ends a request head (searching from
+    a little before ``start``, where the bytes before it were already searched)."""
+    return (head.find(b"\r\n\r\n", max(0, start - 3)) >= 0
+            or head.find(b"\n\n", max(0, start - 1)) >= 0)
 
 
 class HeaderTimeoutWorker(ThreadWorker):
@@ -53,11 +67,6 @@ class HeaderTimeoutWorker(ThreadWorker):
         # connections whose head we are reading, oldest deadline first (one timeout for
         # all, so arrival order is deadline order)
         self.heading: deque[TConn] = deque()
-        # the longest head gunicorn's parser accepts; more than that goes to the parser
-        # at once, which answers it with its own 4xx
-        cfg = self.cfg
-        self.max_head = (cfg.limit_request_line + 2
-                         + cfg.limit_request_fields * (cfg.limit_request_field_size + 2) + 2)
         super().init_process()
 
     # -- where connections enter ------------------------------------------------------
@@ -93,11 +102,25 @@ class HeaderTimeoutWorker(ThreadWorker):
 
     # -- reading heads ----------------------------------------------------------------
 
-    def _await_head(self, conn: TConn) -> None:
+    def finish_request(self, conn: TConn, fs: Any) -> None:
+        """A kept-alive connection whose client sent part of its next head along with
+        the last request (pipelining): that part is in the parser's buffer, and
+        gunicorn would give the connection straight back to a thread, to block on the
+        rest. Its head is collected here too."""
+        if (self._ours(conn) and conn.parser is not None and not fs.cancelled()
+                and fs.exception() is None and fs.result() is True and self.alive):
+            pending = conn.parser.unreader.buf.getvalue()
+            if pending and not _complete(pending):
+                conn.parser.unreader.take_buffered()
+                self._await_head(conn, pending)
+                return
+        super().finish_request(conn, fs)
+
+    def _await_head(self, conn: TConn, pending: bytes = b"") -> None:
         """Read what is there already (usually the whole head: then no poller round
         trip), and wait in the poller for the rest under the head deadline."""
         conn.sock.setblocking(False)
-        conn.head = bytearray()
+        conn.head = bytearray(pending)
         conn.head_deadline = time.monotonic() + self.header_timeout
         conn.polled = False
         self._read_head(conn)
@@ -135,11 +158,12 @@ class HeaderTimeoutWorker(ThreadWorker):
         head = conn.head
         before = len(head)
         head += data
-        complete = (head.find(b"\r\n\r\n", max(0, before - 3)) >= 0
-                    or head.find(b"\n\n", max(0, before - 1)) >= 0)
-        if complete or len(head) > self.max_head:
+        if _complete(head, before):
             self._forget(conn)
             self._hand_off(conn, bytes(head))
+        elif len(head) > MAX_HEAD:
+            self._forget(conn)
+            self._refuse(conn, TOO_LARGE_RESPONSE)
 
     def _hand_off(self, conn: TConn, head: bytes) -> None:
         """Give the head to gunicorn's parser and the connection to a thread."""
@@ -158,10 +182,14 @@ class HeaderTimeoutWorker(ThreadWorker):
         while self.heading and (self.heading[0].head_deadline <= now or not self.alive):
             conn = self.heading[0]
             self._forget(conn)
-            self.nr_conns -= 1
-            with contextlib.suppress(OSError):
-                conn.sock.send(TIMEOUT_RESPONSE)
-            conn.close()
+            self._refuse(conn, TIMEOUT_RESPONSE)
+
+    def _refuse(self, conn: TConn, answer: bytes) -> None:
+        """Answer without a thread (best effort: the socket is non-blocking) and close."""
+        self.nr_conns -= 1
+        with contextlib.suppress(OSError):
+            conn.sock.send(answer)
+        conn.close()
 
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         # wake up for the next head deadline rather than up to a second after it

@@ -118,3 +118,37 @@ def test_head_in_pieces_is_served(service: Service) -> None:
     # the body was read and judged: a release request without its fields
     assert answer.startswith(b"HTTP/1.1 422 "), answer[:60]
     assert b"dataset_id" in answer
+
+
+def test_pipelined_partial_head_holds_no_thread(service: Service) -> None:
+    """Catches the kept-alive path: a client that sends a whole request plus the start
+    of the next one got its connection handed straight back to a thread after the
+    answer (gunicorn saw buffered bytes), where it blocked on the rest of the head."""
+    first = b"GET /healthz HTTP/1.1\r\nHost: slow\r\n\r\n"
+    socks = []
+    for _ in range(SLOW):
+        s = socket.create_connection(("127.0.0.1", service.port))
+        s.sendall(first + b"GET /healthz HTTP/1.1\r\nHost: slow\r\nX-Slow: ")
+        socks.append((s, time.monotonic()))
+    try:
+        time.sleep(1.0)
+        for _ in range(3):
+            start = time.monotonic()
+            assert requests.get(service.url + "/healthz", timeout=2).status_code == 200
+            assert time.monotonic() - start < 2
+        for s, connected in socks:
+            got, _ = _outcome(s, connected + HEADER_TIMEOUT + 3)
+            assert got is not None, "a pipelining slow client was never cut off"
+            assert got.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 408 " in got, got[:80]
+    finally:
+        for s, _ in socks:
+            s.close()
+
+
+def test_oversized_head_is_refused_without_a_thread(service: Service) -> None:
+    """A head past 64 KiB is answered 431 by the event loop (the old worker handed
+    it to a thread, which a client could then hold by trickling the rest)."""
+    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 70_000)
+        got, _ = _outcome(s, time.monotonic() + 5)
+    assert got is not None and got.startswith(b"HTTP/1.1 431 "), (got or b"")[:60]
