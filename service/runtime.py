@@ -169,6 +169,8 @@ class Standalone:
             self._spawn("worker")
             self._spawn("api")
             if not self._wait_http():
+                if self._stopping:  # Ctrl-C while starting
+                    return 0
                 _say("a process failed to start")
                 return 1
             print(f"privrelease API on http://{self.host}:{self.port}", flush=True)
