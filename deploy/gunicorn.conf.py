@@ -7,11 +7,12 @@ import os
 import shutil
 
 from service.config import Config
-from service.server import child_exit, prepare_metrics_dir
+from service.server import WORKER_CLASS, child_exit, prepare_metrics_dir
 
 bind = os.environ.get("PRIVRELEASE_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("PRIVRELEASE_WEB_WORKERS", "2"))
-worker_class = "gthread"
+# gthread whose request heads must arrive within PRIVRELEASE_HEADER_TIMEOUT (else 408)
+worker_class = WORKER_CLASS
 threads = 8
 timeout = 60
 graceful_timeout = 10

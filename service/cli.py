@@ -19,7 +19,8 @@ def _standalone(args: argparse.Namespace) -> int:
 def _api(args: argparse.Namespace) -> int:
     from service.server import serve
 
-    serve(Config.from_env(), host=args.host, port=args.port, workers=args.workers)
+    serve(Config.from_env(), host=args.host, port=args.port, workers=args.workers,
+          fd=args.fd)
     return 0
 
 
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=2)
+    # a listening socket inherited from `standalone` (which binds the port itself)
+    p.add_argument("--fd", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=_api)
 
     p = sub.add_parser("worker", help="run a Celery worker")

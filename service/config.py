@@ -27,6 +27,20 @@ def _int(name: str, default: int) -> int:
         raise SystemExit(f"{ENV_PREFIX}{name} must be an integer") from None
 
 
+def _positive(name: str, default: float) -> float:
+    """A number of seconds > 0 (0 or less would disable a protection silently)."""
+    raw = _env(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise SystemExit(f"{ENV_PREFIX}{name} must be a positive number of seconds")
+    return value
+
+
 def _bool(name: str) -> bool:
     return (_env(name) or "").lower() in {"1", "true", "yes", "on"}
 
@@ -98,6 +112,16 @@ class Config:
     #: PRIVRELEASE_TRUSTED_PROXIES: reverse proxies in front of the API whose
     #: X-Forwarded-For/-Proto are trusted (0: none), so limits see the client's address
     trusted_proxies: int = 0
+    #: PRIVRELEASE_HEADER_TIMEOUT: seconds a client has to send a request's complete
+    #: head (request line and headers) from the moment the server waits for it; later
+    #: it is answered 408 and closed (slow clients cost a socket, never a thread)
+    header_timeout: float = 10.0
+    #: PRIVRELEASE_RESTART_LIMIT: how many times ``standalone`` restarts one of its
+    #: processes (Valkey, worker, API) within PRIVRELEASE_RESTART_WINDOW seconds before
+    #: it stops everything and exits non-zero
+    restart_limit: int = 5
+    #: PRIVRELEASE_RESTART_WINDOW: the window, in seconds, of PRIVRELEASE_RESTART_LIMIT
+    restart_window: float = 300.0
 
     @classmethod
     def from_env(cls) -> Config:
@@ -122,6 +146,9 @@ class Config:
             metrics_max_datasets=_int("METRICS_MAX_DATASETS", cls.metrics_max_datasets),
             metrics_token=_env("METRICS_TOKEN") or None,
             trusted_proxies=_int("TRUSTED_PROXIES", cls.trusted_proxies),
+            header_timeout=_positive("HEADER_TIMEOUT", cls.header_timeout),
+            restart_limit=_int("RESTART_LIMIT", cls.restart_limit),
+            restart_window=_positive("RESTART_WINDOW", cls.restart_window),
         )
 
     @property

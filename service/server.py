@@ -63,12 +63,22 @@ def child_exit(server: Any, worker: Any) -> None:
         multiprocess.mark_process_dead(worker.pid)
 
 
-def options(host: str, port: int, workers: int) -> dict[str, Any]:
-    """The production settings (deploy/gunicorn.conf.py mirrors them)."""
+#: gthread, but request heads are read under PRIVRELEASE_HEADER_TIMEOUT by the
+#: worker's event loop, so slow clients cannot hold its threads (service/http_worker.py)
+WORKER_CLASS = "service.http_worker.HeaderTimeoutWorker"
+
+
+def options(host: str, port: int, workers: int, fd: int | None = None) -> dict[str, Any]:
+    """The production settings (deploy/gunicorn.conf.py mirrors them).
+
+    ``fd``: serve a socket the caller already bound and listens on (``standalone``
+    binds the port itself, so a port another server holds fails before anything
+    starts, and whatever answers on it is ours).
+    """
     return {
-        "bind": f"{host}:{port}",
+        "bind": f"fd://{fd}" if fd is not None else f"{host}:{port}",
         "workers": workers,
-        "worker_class": "gthread",
+        "worker_class": WORKER_CLASS,
         "threads": 8,
         "timeout": 60,
         "graceful_timeout": 10,
@@ -80,7 +90,7 @@ def options(host: str, port: int, workers: int) -> dict[str, Any]:
     }
 
 
-def serve(config: Config, host: str, port: int, workers: int) -> None:
+def serve(config: Config, host: str, port: int, workers: int, fd: int | None = None) -> None:
     url = config.require_redis_url()
     if config.bootstrap_key:  # registered once; a restart keeps the same record
         apikeys.create(rkeys.connect(url), "operator", label="bootstrap",
@@ -88,7 +98,7 @@ def serve(config: Config, host: str, port: int, workers: int) -> None:
     path, temporary = prepare_metrics_dir(config.metrics_dir)
     master = os.getpid()
     try:
-        _Gunicorn(options(host, port, workers)).run()
+        _Gunicorn(options(host, port, workers, fd)).run()
     finally:
         # forked workers leave run() by SystemExit through here too: only the master cleans up
         if temporary and os.getpid() == master:

@@ -26,7 +26,7 @@ from service import apikeys, rkeys
 from service.server import options
 from service.valkey import EmbeddedValkey
 from tests.conftest import ROOT
-from tests.e2e.harness import TOKEN, Service, _free_port
+from tests.e2e.harness import TOKEN, Service, _free_port, wait_until
 
 CLIENTS = 32
 SECONDS = 8.0
@@ -79,12 +79,8 @@ class Split:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api = self._spawn("api", "--port", str(self.port))
         self.worker: subprocess.Popen[bytes] | None = None
-        for _ in range(200):
-            try:
-                requests.get(self.url + "/healthz", timeout=1)
-                break
-            except requests.ConnectionError:
-                time.sleep(0.1)
+        # the first answer waits for gunicorn's workers to import every mechanism family
+        assert wait_until(self.url + "/healthz").status_code == 200
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-m", "service.cli", *args], cwd=ROOT,
@@ -93,8 +89,8 @@ class Split:
 
     def start_worker(self) -> None:
         self.worker = self._spawn("worker")
-        while requests.get(self.url + "/readyz", timeout=5).status_code != 200:
-            time.sleep(0.1)
+        # /readyz answers 503 until the worker's first heartbeat; wait_until retries it
+        assert wait_until(self.url + "/readyz").status_code == 200
 
     def call(self, method: str, path: str, **kw: Any) -> requests.Response:
         headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -127,12 +123,8 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "tests.bench.bare_app:app"]
     proc = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            requests.post(url + "/v1/releases", json={"dataset_id": "x"}, timeout=1)
-            break
-        except requests.ConnectionError:
-            time.sleep(0.1)
+    assert wait_until(url + "/v1/releases", method="POST",
+                      json={"dataset_id": "x"}).status_code == 202
     yield url
     proc.terminate()
     proc.wait(timeout=10)

@@ -57,11 +57,10 @@ class Service:
             raise TimeoutError(self.banner)
         # keep draining the shared stdout (JSON logs): a full pipe would block the service
         threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
-        while time.monotonic() < deadline:  # wait until a worker is serving too
-            if requests.get(self.url + "/readyz", timeout=5).status_code == 200:
-                return
-            time.sleep(0.2)
-        raise TimeoutError("worker never ready")
+        # wait until a worker is serving too (/readyz answers 503 until its first beat)
+        ready = wait_until(self.url + "/readyz", timeout=max(deadline - time.monotonic(), 1))
+        if ready.status_code != 200:
+            raise TimeoutError(f"worker never ready ({ready.status_code})")
 
     def _drain(self, stream: Any) -> None:
         for line in stream:
@@ -98,3 +97,53 @@ class Service:
                          data={"metadata": json.dumps(meta)})
         assert resp.status_code == 201, resp.text
         return str(resp.json()["id"])
+
+
+def child_pids(pid: int, *needles: str) -> list[int]:
+    """Direct children of ``pid`` whose command line contains every one of ``needles``
+    (arguments joined by spaces), e.g. ``child_pids(standalone, "valkey-server")``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return []
+    out = []
+    for child in map(int, children):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except FileNotFoundError:
+            continue
+        if all(n in cmdline for n in needles):
+            out.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_until(url: str, timeout: float = 120.0, method: str = "GET",
+               **kw: Any) -> requests.Response:
+    """The first answer from ``url`` that is not a 5xx, retried until ``timeout``.
+
+    A server still starting refuses connections, or accepts them and answers only
+    once its workers have imported the application (over a second for ours, which
+    imports every mechanism family): both are retried, never raised, until the
+    deadline; then TimeoutError says what was last seen.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            resp = requests.request(method, url, timeout=5, **kw)
+            if resp.status_code < 500:
+                return resp
+            last = resp.status_code
+        except requests.RequestException as err:
+            last = type(err).__name__
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready within {timeout:g} s (last: {last})")
