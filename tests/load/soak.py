@@ -92,6 +92,7 @@ class Shared:
     calls: list[Call] = field(default_factory=list)
     violations: collections.Counter[str] = field(default_factory=collections.Counter)
     examples: dict[str, str] = field(default_factory=dict)
+    turns: int = 0  # releases asked so far (``Client.body``)
 
     def violation(self, what: str, detail: str = "") -> None:
         with self.lock:
@@ -146,11 +147,18 @@ class Client(threading.Thread):
             pool = items[-recent:] if recent else items
             return self.rng.choice(pool) if pool else None
 
-    def body(self) -> dict[str, Any] | None:
+    def body(self, in_turn: bool = False) -> dict[str, Any] | None:
+        """A release request of a random dataset; ``in_turn``: releases ask the mechanisms
+        in turn, not at random, so a short or slow run still asks each of them."""
         dataset = self.pick(self.shared.datasets)
         if dataset is None:
             return None
-        return workload.release_body(self.rng, dataset, self.rng.choice(_MECHANISMS))
+        if not in_turn:
+            return workload.release_body(self.rng, dataset, self.rng.choice(_MECHANISMS))
+        with self.shared.lock:
+            mechanism = _MECHANISMS[self.shared.turns % len(_MECHANISMS)]
+            self.shared.turns += 1
+        return workload.release_body(self.rng, dataset, mechanism)
 
     # ---------------------------------------------------------------- operations
 
@@ -177,7 +185,7 @@ class Client(threading.Thread):
             self.call("estimate", "POST", "/v1/releases/estimate", json=body)
 
     def op_release(self) -> None:
-        body = self.body()
+        body = self.body(in_turn=True)
         if body is None:
             return
         key = uuid.uuid4().hex if self.rng.random() < 0.5 else None
