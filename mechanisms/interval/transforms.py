@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.base import MechanismInputError, bounds_problem
+from mechanisms.base import MAX_ABS_BOUND, MechanismInputError, bounds_problem
 from mechanisms.interval.ranges import FloatArray, Law, Pieces
 
 EPS = 2.0**-52
@@ -89,7 +89,13 @@ class Transform:
             return lo, hi
         with np.errstate(over="ignore", invalid="ignore"):
             image = self.image_support(lo, hi)
-        problem = bounds_problem(*image)
+            if math.isfinite(lo) and math.isfinite(hi):
+                problem = bounds_problem(*image)
+            else:  # a prior without bounds: its tails are fine, finite ends must stay so
+                ends = self.forward(np.array([x for x in (lo, hi) if math.isfinite(x)]))
+                problem = None if image[0] < image[1] else "the image is empty"
+                if not np.all(np.abs(ends) <= MAX_ABS_BOUND):
+                    problem = f"bounds must lie within [-{MAX_ABS_BOUND:g}, {MAX_ABS_BOUND:g}]"
         if problem is not None:
             raise MechanismInputError(
                 field, f"{self.name} maps the bounds of column {column!r} beyond what float64 "
