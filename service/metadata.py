@@ -246,6 +246,8 @@ class _NumericColumnSchema(_ColumnSchema):
     def _domain(self, data: dict[str, Any], **kwargs: Any) -> None:
         lo, hi = data["bounds"]
         integer = self.type_name == "integer"
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValidationError("bounds must be finite", "bounds")
         if integer and not all(isinstance(b, int) or float(b).is_integer() for b in (lo, hi)):
                 raise ValidationError("bounds of an integer column must be integers", "bounds")
         problem = bounds_problem(float(lo), float(hi), integer)
