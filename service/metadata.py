@@ -32,7 +32,7 @@ from marshmallow import (
     validates_schema,
 )
 
-from mechanisms.base import MechanismInputError, bounds_problem
+from mechanisms.base import MAX_ABS_BOUND, MechanismInputError, bounds_problem
 from mechanisms.interval.priors import FAMILIES, RANGES, make_prior
 
 MAX_NAME_LENGTH = 200
@@ -340,7 +340,8 @@ class FunctionalColumnSchema(_Strict):
         "type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": MAX_GRID,
         "description": "strictly increasing"})
     norm_bound = Number(required=True, validate=validate.Range(
-        0, None, min_inclusive=False, error="required: a finite number > 0"))
+        0, MAX_ABS_BOUND, min_inclusive=False,
+        error=f"required: a number > 0 and <= {MAX_ABS_BOUND:g}"))
 
     @validates_schema
     def _increasing(self, data: dict[str, Any], **kwargs: Any) -> None:

@@ -160,6 +160,14 @@ def test_unusable_bounds_are_refused_at_upload(column: dict[str, Any]) -> None:
     assert _refused(_meta(column)).field == "metadata.columns.x.bounds"
 
 
+def test_norm_bound_beyond_the_limit_is_refused() -> None:
+    """A 1e308 norm bound made the functional mechanisms' sensitivity infinite (a 422
+    naming budget.epsilon at POST); now the upload names the metadata field."""
+    column = {"type": "functional", "grid": [0, 0.5, 1], "norm_bound": 1e308}
+    assert _refused(_meta(column, "f")).field == "metadata.columns.f.norm_bound"
+    parse_metadata(_meta({**column, "norm_bound": 1e100}, "f"))
+
+
 def test_bounds_at_the_limits_are_accepted() -> None:
     for column in ({"type": "continuous", "bounds": [-1e100, 1e100]},
                    {"type": "continuous", "bounds": [1e6, 1e6 + 1e-3]},
