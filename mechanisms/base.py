@@ -92,7 +92,8 @@ class ColumnMeta:
     bounds: tuple[float, float] | None = None
     categories: tuple[str, ...] | None = None
     #: public prior of a continuous column, e.g. {"family": "normal", "loc": 0, "scale": 1};
-    #: None means uniform on ``bounds`` (interval privacy computes coverage from it)
+    #: None means uniform on ``bounds`` (interval privacy computes coverage from it). The
+    #: families and parameter ranges are ``mechanisms.interval.priors.FAMILIES``/``RANGES``
     prior: Mapping[str, Any] | None = None
     #: functional columns: the public evaluation grid (increasing) and L2 norm bound
     grid: tuple[float, ...] | None = None
