@@ -38,6 +38,51 @@ class MechanismInputError(ValueError):
         self.message = message
 
 
+#: public limits on a numeric column's declared bounds [lo, hi]: beyond them float64
+#: arithmetic on the domain (spans, squares, grids of up to a few thousand points,
+#: transforms) overflows, underflows or cannot tell grid points apart
+MAX_ABS_BOUND = 1e100
+#: the smallest span hi - lo, absolutely and relative to max(|lo|, |hi|)
+MIN_SPAN = 1e-100
+MIN_RELATIVE_SPAN = 1e-9
+#: integer bounds stay where every integer is exact in float64 (2**53)
+MAX_ABS_INTEGER_BOUND = 2**53
+
+
+def bounds_problem(lo: float, hi: float, integer: bool = False) -> str | None:
+    """Why ``[lo, hi]`` is not a usable numeric domain, or None if it is.
+
+    One rule for the upload (which refuses such metadata) and for the
+    mechanisms' cost checks (which see hand-built metadata in a notebook):
+    finite, ``lo < hi``, ``|lo|, |hi| <= MAX_ABS_BOUND`` (2**53 for integer
+    columns) and ``hi - lo >= max(MIN_SPAN, MIN_RELATIVE_SPAN * max(|lo|, |hi|))``.
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "bounds must be finite"
+    if not lo < hi:
+        return f"lower bound {lo} must be less than upper bound {hi}"
+    limit = MAX_ABS_INTEGER_BOUND if integer else MAX_ABS_BOUND
+    if max(abs(lo), abs(hi)) > limit:
+        return f"bounds must lie within [-{limit:g}, {limit:g}]"
+    if integer:
+        return None  # integers: the span is at least 1 and every value is exact
+    if hi - lo < max(MIN_SPAN, MIN_RELATIVE_SPAN * max(abs(lo), abs(hi))):
+        return (f"hi - lo must be at least {MIN_SPAN:g} and at least {MIN_RELATIVE_SPAN:g}"
+                " times max(|lo|, |hi|): a narrower domain has too few float64 values")
+    return None
+
+
+def check_numeric_column(column: ColumnMeta, field: str = "params.column") -> tuple[float, float]:
+    """The bounds of a numeric column, or MechanismInputError if they are unusable."""
+    if column.type not in ("continuous", "integer") or column.bounds is None:
+        raise MechanismInputError(field, f"column {column.name!r} needs numeric bounds")
+    lo, hi = float(column.bounds[0]), float(column.bounds[1])
+    problem = bounds_problem(lo, hi, column.type == "integer")
+    if problem is not None:
+        raise MechanismInputError(field, f"column {column.name!r}: {problem}")
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class ColumnMeta:
     """Public description of one column: its type and declared domain."""
@@ -47,7 +92,8 @@ class ColumnMeta:
     bounds: tuple[float, float] | None = None
     categories: tuple[str, ...] | None = None
     #: public prior of a continuous column, e.g. {"family": "normal", "loc": 0, "scale": 1};
-    #: None means uniform on ``bounds`` (interval privacy computes coverage from it)
+    #: None means uniform on ``bounds`` (interval privacy computes coverage from it). The
+    #: families and parameter ranges are ``mechanisms.interval.priors.FAMILIES``/``RANGES``
     prior: Mapping[str, Any] | None = None
     #: functional columns: the public evaluation grid (increasing) and L2 norm bound
     grid: tuple[float, ...] | None = None

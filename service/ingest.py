@@ -44,7 +44,6 @@ import csv
 import dataclasses
 import gc
 import io
-import itertools
 import math
 import re
 import threading
@@ -54,27 +53,20 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
-from typing import BinaryIO, Literal, cast
+from typing import Any, BinaryIO, Literal, cast
 
 import numpy as np
+from marshmallow import ValidationError
 
-from mechanisms.base import ColumnMeta, ColumnType, DatasetMeta
+from mechanisms.base import ColumnMeta, DatasetMeta
+from service.metadata import MAX_NAME_LENGTH, MetadataSchema, first_error
 
 BoundsPolicy = Literal["reject", "clip"]
 FillValue = float | int | str
 
-MAX_NAME_LENGTH = 200
-MAX_CATEGORIES = 10_000
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
-_TOP_KEYS = frozenset({"name", "columns", "budgets", "bounds_policy", "public", "allow_holdout"})
-_COLUMN_KEYS = frozenset(
-    {"type", "bounds", "categories", "allow_missing", "fill", "prior", "grid", "norm_bound"}
-)
-_TYPES: tuple[ColumnType, ...] = ("continuous", "integer", "categorical", "functional")
-MAX_GRID = 2000  # the functional mechanisms refuse larger grids
-_POLICIES: tuple[BoundsPolicy, ...] = ("reject", "clip")
 _MISSING_TOKENS = frozenset({"", "nan", "na", "n/a", "null", "none"})
 _INT_WITH_ZERO_FRACTION = re.compile(r"([+-]?[0-9]+)\.0*")
 
@@ -130,101 +122,21 @@ def _show(name: str) -> str:
     return repr(name if len(name) <= 80 else name[:77] + "...")
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_finite(value: object) -> bool:
-    return _is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
-
-
-def _parse_bounds(raw: object, kind: ColumnType, field: str) -> tuple[float, float]:
-    if not isinstance(raw, list | tuple) or len(raw) != 2:
-        raise IngestError(field, "must be a list [lo, hi] of two numbers")
-    lo, hi = raw
-    if not (_is_number(lo) and _is_number(hi)):
-        raise IngestError(field, "must be a list [lo, hi] of two numbers")
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise IngestError(field, "bounds must be finite")
-    if kind == "integer":
-        if not all(isinstance(b, int) or float(b).is_integer() for b in (lo, hi)):
-            raise IngestError(field, "bounds of an integer column must be integers")
-        lo, hi = int(lo), int(hi)
-        # strictly inside int64, so one past either bound is still an int64
-        if lo <= _INT64_MIN or hi >= _INT64_MAX:
-            raise IngestError(field, "bounds of an integer column must fit in 64 bits")
+def _column(name: str, loaded: dict[str, Any]) -> tuple[ColumnMeta, FillValue | None]:
+    """A loaded column object as the ColumnMeta mechanisms see, and its fill (if missing
+    cells are allowed; a numeric column's default fill is its lower bound)."""
+    kind = loaded["type"]
+    if kind == "functional":
+        return ColumnMeta(name, kind, grid=loaded["grid"],
+                          norm_bound=loaded["norm_bound"]), None
+    if kind == "categorical":
+        meta = ColumnMeta(name, kind, categories=loaded["categories"])
     else:
-        lo, hi = float(lo), float(hi)
-    if not lo < hi:
-        raise IngestError(field, f"lower bound {lo} must be less than upper bound {hi}")
-    return lo, hi
-
-
-def _parse_categories(raw: object, field: str) -> tuple[str, ...]:
-    if not isinstance(raw, list | tuple) or not raw:
-        raise IngestError(field, "must be a non-empty list of strings")
-    if len(raw) > MAX_CATEGORIES:
-        raise IngestError(field, f"at most {MAX_CATEGORIES} categories are allowed")
-    if not all(isinstance(c, str) for c in raw):
-        raise IngestError(field, "must be a non-empty list of strings")
-    seen: set[str] = set()
-    for cat in raw:
-        if cat in seen:
-            raise IngestError(field, f"category {_show(cat)} is listed more than once")
-        seen.add(cat)
-    return tuple(raw)
-
-
-def _parse_fill(raw: object, meta: ColumnMeta, field: str) -> FillValue:
-    if meta.type == "categorical":
-        assert meta.categories is not None
-        if not isinstance(raw, str) or raw not in meta.categories:
-            raise IngestError(field, "must be one of the column's categories")
-        return raw
-    assert meta.bounds is not None
-    lo, hi = meta.bounds
-    if not _is_number(raw) or not math.isfinite(cast(float, raw)):
-        raise IngestError(field, "must be a finite number")
-    value = cast(float, raw)
-    if meta.type == "integer":
-        if not (isinstance(value, int) or float(value).is_integer()):
-            raise IngestError(field, "must be an integer for an integer column")
-        value = int(value)
-    else:
-        value = float(value)
-    if not lo <= value <= hi:
-        raise IngestError(field, f"must lie within the column's bounds [{lo}, {hi}]")
-    return value
-
-
-def _parse_prior(raw: object, field: str) -> dict[str, object]:
-    """A public prior: a family name and numeric parameters (mechanisms check the family)."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("family"), str):
-        raise IngestError(field, 'must be an object with a "family" name and numeric parameters')
-    if not 0 < len(raw["family"]) <= 50:
-        raise IngestError(f"{field}.family", "must be 1 to 50 characters")
-    for key, value in raw.items():
-        if key != "family" and not _is_finite(value):
-            raise IngestError(f"{field}.{key}", "must be a finite number")
-    return dict(raw)
-
-
-def _parse_functional(name: str, raw: dict[str, object], field: str) -> ColumnMeta:
-    """A functional column: a public increasing grid and an L2 norm bound."""
-    for key in ("bounds", "categories", "allow_missing", "fill"):
-        if key in raw:
-            raise IngestError(f"{field}.{key}", "not allowed for a functional column")
-    raw_grid = raw.get("grid")
-    if (not isinstance(raw_grid, list) or not 2 <= len(raw_grid) <= MAX_GRID
-            or not all(map(_is_finite, raw_grid))):
-        raise IngestError(f"{field}.grid", f"required: a list of 2 to {MAX_GRID} finite numbers")
-    grid = tuple(float(g) for g in raw_grid)
-    if any(b <= a for a, b in itertools.pairwise(grid)):
-        raise IngestError(f"{field}.grid", "must be strictly increasing")
-    bound = raw.get("norm_bound")
-    if not _is_finite(bound) or float(bound) <= 0:  # type: ignore[arg-type]
-        raise IngestError(f"{field}.norm_bound", "required: a finite number > 0")
-    return ColumnMeta(name, "functional", grid=grid, norm_bound=float(bound))  # type: ignore[arg-type]
+        meta = ColumnMeta(name, kind, bounds=loaded["bounds"], prior=loaded.get("prior"))
+    if not loaded["allow_missing"]:
+        return meta, None
+    default = None if meta.bounds is None else meta.bounds[0]
+    return meta, loaded.get("fill", default)
 
 
 def functional_cells(column: ColumnMeta) -> list[str]:
@@ -251,132 +163,38 @@ def _csv_spec(spec: DatasetSpec) -> DatasetSpec:
     return dataclasses.replace(spec, columns=columns)
 
 
-def _parse_column(
-    name: str, raw: object, field: str
-) -> tuple[ColumnMeta, FillValue | None, bool]:
-    """One column's metadata, its fill and whether it allows missing cells."""
-    if not isinstance(raw, dict):
-        raise IngestError(field, "must be a JSON object")
-    for key in raw:
-        if key not in _COLUMN_KEYS:
-            raise IngestError(f"{field}.{key}", f"unknown key {_show(str(key))}")
-    kind = raw.get("type")
-    if kind not in _TYPES:
-        raise IngestError(f"{field}.type", f"must be one of {', '.join(map(repr, _TYPES))}")
-    kind = cast(ColumnType, kind)
-    for key in ("grid", "norm_bound"):
-        if key in raw and kind != "functional":
-            raise IngestError(f"{field}.{key}", f"not allowed for a {kind} column")
-    if "prior" in raw and kind != "continuous":
-        raise IngestError(f"{field}.prior", "only allowed for a continuous column")
-    if kind == "functional":
-        return _parse_functional(name, raw, field), None, False
-    if kind == "categorical":
-        if "bounds" in raw:
-            raise IngestError(f"{field}.bounds", "not allowed for a categorical column")
-        if "categories" not in raw:
-            raise IngestError(f"{field}.categories", "required for a categorical column")
-        meta = ColumnMeta(
-            name, kind, categories=_parse_categories(raw["categories"], f"{field}.categories")
-        )
-    else:
-        if "categories" in raw:
-            raise IngestError(f"{field}.categories", f"not allowed for a {kind} column")
-        if "bounds" not in raw:
-            raise IngestError(f"{field}.bounds", f"required for a {kind} column")
-        meta = ColumnMeta(name, kind, bounds=_parse_bounds(raw["bounds"], kind, f"{field}.bounds"),
-                          prior=_parse_prior(raw["prior"], f"{field}.prior")
-                          if "prior" in raw else None)
-    allow_missing = raw.get("allow_missing", False)
-    if not isinstance(allow_missing, bool):
-        raise IngestError(f"{field}.allow_missing", "must be true or false")
-    fill: FillValue | None = None
-    if "fill" in raw:
-        if not allow_missing:
-            raise IngestError(f"{field}.fill", "only allowed with allow_missing: true")
-        fill = _parse_fill(raw["fill"], meta, f"{field}.fill")
-    elif allow_missing:
-        if kind == "categorical":
-            raise IngestError(
-                f"{field}.fill", "required for a categorical column with allow_missing"
-            )
-        assert meta.bounds is not None
-        fill = meta.bounds[0]
-    return meta, fill, allow_missing
-
-
 def parse_metadata(raw: object, *, max_columns: int = 1000) -> DatasetSpec:
     """Validate the upload's metadata object (already JSON-decoded).
 
-    Unknown keys are errors at every level, so a typo ("bound") is reported
-    instead of silently meaning "no bounds". Integer bounds and fills may be
-    written as integral floats (17.0) and are stored as ``int``; continuous
-    ones are stored as ``float``. Column names are unique because they are
-    JSON object keys (a caller that must reject duplicate keys in the raw
-    JSON has to do so when decoding it).
+    The rules are the marshmallow schemas of ``service.metadata`` (also in the
+    OpenAPI document); the first error becomes ``IngestError`` naming its full
+    path (``metadata.columns.x.prior.scale``). Unknown keys are errors at every
+    level, so a typo ("bound") is reported instead of silently meaning "no
+    bounds". Integer bounds and fills may be written as integral floats (17.0)
+    and are stored as ``int``; continuous ones as ``float``. Column names are
+    unique because they are JSON object keys (a caller that must reject
+    duplicate keys in the raw JSON has to do so when decoding it).
     """
     if not isinstance(raw, dict):
         raise IngestError("metadata", "must be a JSON object")
-    for key in raw:
-        if key not in _TOP_KEYS:
-            raise IngestError(f"metadata.{key}", f"unknown key {_show(str(key))}")
-
-    name = raw.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise IngestError("metadata.name", "required, a non-empty string")
-    if len(name) > MAX_NAME_LENGTH:
-        raise IngestError("metadata.name", f"at most {MAX_NAME_LENGTH} characters")
-
-    raw_columns = raw.get("columns")
-    if not isinstance(raw_columns, dict) or not raw_columns:
-        raise IngestError("metadata.columns", "required, a non-empty JSON object")
-    if len(raw_columns) > max_columns:
-        raise IngestError("metadata.columns", f"at most {max_columns} columns are allowed")
+    try:
+        loaded = MetadataSchema(max_columns=max_columns).load(raw)
+    except ValidationError as err:
+        raise IngestError(*first_error(err.messages)) from None
     columns: dict[str, ColumnMeta] = {}
     fill: dict[str, FillValue] = {}
-    for col, col_raw in raw_columns.items():
-        if not isinstance(col, str) or not col:
-            raise IngestError("metadata.columns", "column names must be non-empty strings")
-        if len(col) > MAX_NAME_LENGTH:
-            raise IngestError(
-                "metadata.columns", f"column names must be at most {MAX_NAME_LENGTH} characters"
-            )
-        if any(unicodedata.category(ch) == "Cc" for ch in col):
-            # names appear in error fields, logs and CSV headers: no line breaks or tabs
-            raise IngestError(
-                "metadata.columns", "column names must not contain control characters"
-            )
-        meta, col_fill, allow_missing = _parse_column(col, col_raw, f"metadata.columns.{col}")
-        columns[col] = meta
-        if allow_missing:
-            assert col_fill is not None
-            fill[col] = col_fill
-
-    if "budgets" not in raw:
-        raise IngestError("metadata.budgets", "required")
-    budgets = raw["budgets"]
-    if not isinstance(budgets, dict):
-        raise IngestError("metadata.budgets", "must be a JSON object")
-
-    public = raw.get("public", False)
-    if not isinstance(public, bool):
-        raise IngestError("metadata.public", "must be true or false")
-    allow_holdout = raw.get("allow_holdout", False)
-    if not isinstance(allow_holdout, bool):
-        raise IngestError("metadata.allow_holdout", "must be true or false")
-
-    policy = raw.get("bounds_policy", "reject")
-    if policy not in _POLICIES:
-        raise IngestError("metadata.bounds_policy", "must be 'reject' or 'clip'")
-
+    for name, col in loaded["columns"].items():
+        columns[name], col_fill = _column(name, col)
+        if col_fill is not None:
+            fill[name] = col_fill
     return DatasetSpec(
-        name=name,
+        name=loaded["name"],
         columns=columns,
         fill=fill,
-        bounds_policy=cast(BoundsPolicy, policy),
-        budgets=budgets,
-        public=public,
-        allow_holdout=allow_holdout,
+        bounds_policy=cast(BoundsPolicy, loaded["bounds_policy"]),
+        budgets=loaded["budgets"],
+        public=loaded["public"],
+        allow_holdout=loaded["allow_holdout"],
     )
 
 
@@ -611,7 +429,7 @@ def _convert_numeric(
     assert meta.bounds is not None
     lo, hi = meta.bounds
     if meta.type == "integer":
-        below, above = int(lo) - 1, int(hi) + 1  # fit in int64: see _parse_bounds
+        below, above = int(lo) - 1, int(hi) + 1  # fit in int64: bounds are within 2**53
 
         def clamped(cell: str) -> int:
             # Beyond int64 is out of bounds anyway: keep just one past the bound.

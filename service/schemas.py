@@ -42,15 +42,12 @@ class ReadySchema(StrictSchema):
 
 
 class DatasetUploadSchema(StrictSchema):
-    metadata = fields.String(required=True, metadata={"description": "metadata JSON"})
+    metadata = fields.String(required=True, metadata={
+        "description": "metadata JSON (documented as the DatasetMetadata component)"})
 
 
 class DatasetFileSchema(StrictSchema):
     file = fields.Raw(required=True, metadata={"type": "string", "format": "binary"})
-
-
-class DatasetUploadDocSchema(DatasetUploadSchema, DatasetFileSchema):
-    """The whole multipart body of an upload, for the docs (parsed as form + files)."""
 
 
 class DatasetSchema(Schema):

@@ -52,6 +52,7 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    bounds_problem,
     read_epsilon,
 )
 from mechanisms.dip import families
@@ -162,6 +163,11 @@ def continualizer_for(
             raise MechanismInputError(
                 field_name, f"column {column.name!r} has an empty declared range"
             )
+        if low is not None and high is not None:
+            # finite but beyond float64's working range (±1e308: hi - lo overflows)
+            problem = bounds_problem(low, high)
+            if problem is not None:
+                raise MechanismInputError(field_name, f"column {column.name!r}: {problem}")
         if atoms:
             try:
                 return Mixed(sorted(set(atoms)), low, high)

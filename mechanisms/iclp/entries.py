@@ -22,6 +22,7 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    check_numeric_column,
     read_epsilon,
 )
 from mechanisms.iclp import bernstein, domain, kde, mean, noise, params
@@ -236,7 +237,8 @@ def _density_column(meta: DatasetMeta, name: str, mechanism: str) -> tuple[float
         raise MechanismInputError(
             "params.column", f"column {name!r} has no finite, non-empty declared bounds"
         )
-    return float(bounds[0]), float(bounds[1])
+    # finite is not enough: on ±1e308 hi - lo overflows and the density comes out all zero
+    return check_numeric_column(column)
 
 
 def _noise_kernel(spec: Mapping[str, Any]) -> Kernel:

@@ -236,6 +236,9 @@ def calibrate_scale(
     result a fixed point: calibrating again to the leakage it charges returns
     the same scale, so a worker that only knows the charge rebuilds the design.
     """
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0.0 < lo < hi):
+        # a degenerate or overflowing scale range (prior SD 0 or inf): no scale to search
+        raise CalibrationError("the column's prior has no usable spread to calibrate against")
     steps = math.ceil(math.log(hi / lo) / resolution)
 
     def scale(i: int) -> float:

@@ -21,7 +21,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
-from mechanisms.base import ColumnMeta, MechanismInputError
+from mechanisms.base import (
+    MAX_ABS_BOUND,
+    MIN_RELATIVE_SPAN,
+    MIN_SPAN,
+    ColumnMeta,
+    MechanismInputError,
+    bounds_problem,
+)
 
 FloatArray = NDArray[np.float64]
 
@@ -36,8 +43,20 @@ FAMILIES: dict[str, tuple[tuple[str, ...], dict[str, float]]] = {
     "lognormal": (("mu", "sigma"), {}),
     "gamma": (("shape", "scale"), {}),
 }
-#: parameters that must be strictly positive
-_POSITIVE = frozenset({"scale", "df", "a", "b", "sigma", "shape"})
+#: the closed range each parameter must lie in, where scipy's cdf/ppf stay accurate
+#: and the truncated law is not numerically a point (the README's prior table)
+_LOCATION = (-MAX_ABS_BOUND, MAX_ABS_BOUND)
+_SCALE = (1e-100, 1e100)
+RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "normal": {"loc": _LOCATION, "scale": _SCALE},
+    "logistic": {"loc": _LOCATION, "scale": _SCALE},
+    "laplace": {"loc": _LOCATION, "scale": _SCALE},
+    "t": {"df": (1e-2, 1e8), "loc": _LOCATION, "scale": _SCALE},
+    "uniform": {"low": _LOCATION, "high": _LOCATION},
+    "beta": {"a": (1e-3, 1e6), "b": (1e-3, 1e6), "low": _LOCATION, "high": _LOCATION},
+    "lognormal": {"mu": (-200.0, 200.0), "sigma": (1e-3, 50.0)},
+    "gamma": {"shape": (1e-3, 1e8), "scale": _SCALE},
+}
 #: a prior must give the declared bounds at least this much mass
 MIN_MASS = 1e-9
 
@@ -81,12 +100,31 @@ def _parse(spec: Mapping[str, Any], field: str) -> tuple[str, dict[str, float]]:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise MechanismInputError(field, f"{family} prior needs a number {name!r}")
         value = float(value)
-        if not math.isfinite(value) or (name in _POSITIVE and value <= 0):
-            raise MechanismInputError(field, f"{family} prior parameter {name!r} out of range")
+        low, high = RANGES[family][name]
+        if not low <= value <= high:  # NaN fails too
+            raise MechanismInputError(
+                field, f"{family} prior parameter {name!r} must be in [{low:g}, {high:g}]")
         params[name] = value
     if "low" in params and not params["low"] < params["high"]:
         raise MechanismInputError(field, f"{family} prior needs low < high")
     return family, params
+
+
+def concentration_problem(prior: Prior) -> str | None:
+    """Why a prior is numerically a point mass, or None.
+
+    Calibration scales anchors by the prior's SD and coverage integrates its
+    quantile function: an SD of 0 (ZeroDivisionError), NaN, or below float64's
+    resolution at the prior's location (every quantile the same float) makes
+    both meaningless, so such priors are refused.
+    """
+    sd, median = prior.sd, prior.median
+    if not (math.isfinite(sd) and math.isfinite(median)):
+        return "the declared prior's spread is not finite on the declared bounds"
+    if not sd >= max(MIN_SPAN, MIN_RELATIVE_SPAN * abs(median)):
+        return ("the declared prior is too concentrated on the declared bounds: its SD must be"
+                f" at least {MIN_SPAN:g} and {MIN_RELATIVE_SPAN:g} times |median|")
+    return None
 
 
 @dataclass(frozen=True)
@@ -196,8 +234,9 @@ def make_prior(
         lo, hi = float(bounds[0]), float(bounds[1])
         if integer:
             lo, hi = float(math.ceil(lo)), float(math.floor(hi))
-        if not (math.isfinite(lo) and math.isfinite(hi)) or not lo < hi:
-            raise MechanismInputError(field, "declared bounds must be finite with low < high")
+        problem = bounds_problem(lo, hi, integer)
+        if problem is not None:
+            raise MechanismInputError(field, f"declared {problem}")
     else:
         lo, hi = -math.inf, math.inf
     if spec is None:
@@ -215,6 +254,9 @@ def make_prior(
     prior = Prior(dist, (lo, hi), integer, description)
     if not prior.mass_on_bounds > MIN_MASS:
         raise MechanismInputError(field, "the declared prior puts no mass on the declared bounds")
+    problem = concentration_problem(prior)
+    if problem is not None:
+        raise MechanismInputError(field, problem)
     return prior
 
 

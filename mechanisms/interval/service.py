@@ -150,7 +150,8 @@ def _resolve(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
             "params.transform", f"log needs column {column.name!r} to have a positive lower bound")
     g_law: Any = prior
     if not transform.identity:
-        g_law = PushforwardLaw(prior, transform, transform.image_support(*support))
+        g_law = PushforwardLaw(prior, transform,
+                               transform.checked_image(*support, column.name))
     fill = support[0] if math.isfinite(support[0]) else prior.median
     calibrate = bool(params.get("calibrate"))
     if calibrate and target is None:

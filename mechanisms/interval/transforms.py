@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mechanisms.base import MAX_ABS_BOUND, MechanismInputError, bounds_problem
 from mechanisms.interval.ranges import FloatArray, Law, Pieces
 
 EPS = 2.0**-52
@@ -75,6 +76,31 @@ class Transform:
             return bottom, top
         a, b = self.forward(np.array([lo, hi]))
         return float(a), float(b)
+
+    def checked_image(self, lo: float, hi: float, column: str,
+                      field: str = "params.transform") -> tuple[float, float]:
+        """g([lo, hi]), refused unless it is itself a usable domain (``bounds_problem``).
+
+        The mechanism runs on g(Y): an image that overflows (exp beyond 709, square
+        beyond 1e50) or collapses to a point (exp far below 0) has no calibration or
+        coverage, so it is a 4xx at POST rather than a NaN in the integrator.
+        """
+        if self.identity:
+            return lo, hi
+        with np.errstate(over="ignore", invalid="ignore"):
+            image = self.image_support(lo, hi)
+            if math.isfinite(lo) and math.isfinite(hi):
+                problem = bounds_problem(*image)
+            else:  # a prior without bounds: its tails are fine, finite ends must stay so
+                ends = self.forward(np.array([x for x in (lo, hi) if math.isfinite(x)]))
+                problem = None if image[0] < image[1] else "the image is empty"
+                if not np.all(np.abs(ends) <= MAX_ABS_BOUND):
+                    problem = f"bounds must lie within [-{MAX_ABS_BOUND:g}, {MAX_ABS_BOUND:g}]"
+        if problem is not None:
+            raise MechanismInputError(
+                field, f"{self.name} maps the bounds of column {column!r} beyond what float64 "
+                       f"can work with ({problem}); declare narrower bounds or another transform")
+        return image
 
     def preimage(self, p: Pieces) -> Pieces:
         """g⁻¹ of every piece, on the data scale (square and abs double the width)."""

@@ -11,6 +11,7 @@ from flask import Response, current_app
 from flask_smorest import Blueprint
 
 from service import apikeys, budget, datasets, inputs
+from service import metadata as metadata_schemas
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.ingest import IngestError, iter_csv, parse_metadata
@@ -21,7 +22,6 @@ from service.schemas import (
     BudgetSchema,
     DatasetFileSchema,
     DatasetSchema,
-    DatasetUploadDocSchema,
     DatasetUploadSchema,
     LedgerEventSchema,
     LedgerQuerySchema,
@@ -59,11 +59,26 @@ def dataset_or_404(dataset_id: str) -> dict[str, Any]:
     return doc
 
 
+@blp.record_once
+def _document_metadata(state: Any) -> None:
+    """Register the metadata schemas (by column type, by prior family) as components."""
+    api = state.app.extensions["flask-smorest"]["blp_name_to_api"][blp.name]
+    metadata_schemas.register_components(api.spec)
+
+
+#: the multipart body; ``metadata`` is a JSON document (a form field holding JSON text)
+UPLOAD_BODY = {"required": True, "content": {"multipart/form-data": {
+    "schema": {"type": "object", "required": ["metadata", "file"], "properties": {
+        "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
+        "file": {"type": "string", "format": "binary",
+                 "description": "CSV, UTF-8, with a header row"}}},
+    "encoding": {"metadata": {"contentType": "application/json"}}}}}
+
+
 @blp.route("", methods=["POST"])
 @require("operator")
 @problems(blp, *AUTH, *BODY, 403)
-@blp.doc(requestBody={"required": True,
-                      "content": {"multipart/form-data": {"schema": DatasetUploadDocSchema}}})
+@blp.doc(requestBody=UPLOAD_BODY)
 # parsed from two webargs locations, documented as one multipart body: ``blp.arguments``
 # would document the form field as an (OpenAPI 2) ``formData`` parameter
 @blp.ARGUMENTS_PARSER.use_kwargs(DatasetUploadSchema, location="form")

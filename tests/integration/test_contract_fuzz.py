@@ -140,7 +140,8 @@ def world(app: Flask, worker: Any) -> World:
         ids={"dataset_id": [ds], "release_id": [scalar, records, curve],
              "analysis_id": [analysis.get_json()["id"]], "key_id": disposable,
              "victim_dataset_id": victims},
-        upload={"metadata": json.dumps(PEOPLE_META), "file": people_csv(20)},
+        # metadata is a JSON part (encoding: application/json): schemathesis sends the object
+        upload={"metadata": PEOPLE_META, "file": people_csv(20)},
         keep={operator_key.id, analyst_key.id, consumer_key.id, ds},
     )
 

@@ -319,6 +319,20 @@ CASES = [
                                  ' "columns": {"income": {"type": "continuous",'
                                  ' "bounds": [-1e309, 1e308]}}}'),
          422, "metadata.columns.income.bounds", "finite"),
+    Case("metadata: ±1e308 continuous bounds (finite, but hi - lo overflows)",
+         lambda w: _upload_bytes(w.api, GOOD, json.dumps(_meta(columns={
+             "income": {"type": "continuous", "bounds": [-1e308, 1e308]}}))),
+         422, "metadata.columns.income.bounds", "within"),
+    Case("metadata: a prior family name of 10^5 characters",
+         lambda w: _upload_bytes(w.api, GOOD, json.dumps(_meta(columns={
+             "income": {"type": "continuous", "bounds": [0, 1],
+                        "prior": {"family": "c" * 10**5, "loc": 0, "scale": 1}}}))),
+         422, "metadata.columns.income.prior.family", "unknown prior family", ["c" * 50]),
+    Case("metadata: scipy's lognormal parameter s",
+         lambda w: _upload_bytes(w.api, GOOD, json.dumps(_meta(columns={
+             "income": {"type": "continuous", "bounds": [0, 1],
+                        "prior": {"family": "lognormal", "s": 1, "scale": 1}}}))),
+         422, "metadata.columns.income.prior.s", "mu, sigma"),
     Case("metadata: cap 10**400",
          lambda w: _upload_bytes(w.api, GOOD, json.dumps(_meta(budgets={"epsilon": 10**400}))),
          422, "metadata.budgets.epsilon", "between 0 and"),

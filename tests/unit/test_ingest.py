@@ -643,7 +643,7 @@ def test_prior_only_on_continuous_columns() -> None:
         "x": {"type": "continuous", "bounds": [0, 1],
               "prior": {"family": "beta", "a": 2, "b": 3}}}}
     assert parse_metadata(meta).columns["x"].prior == {"family": "beta", "a": 2, "b": 3}
-    for bad, field in [({"a": 1}, "metadata.columns.x.prior"),
+    for bad, field in [({"a": 1}, "metadata.columns.x.prior.family"),
                        ({"family": "beta", "a": "2"}, "metadata.columns.x.prior.a")]:
         meta["columns"]["x"]["prior"] = bad  # type: ignore[index]
         with pytest.raises(IngestError) as info:
