@@ -27,6 +27,19 @@ def _int(name: str, default: int) -> int:
         raise SystemExit(f"{ENV_PREFIX}{name} must be an integer") from None
 
 
+def _float(name: str, default: float) -> float:
+    raw = _env(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"{ENV_PREFIX}{name} must be a number") from None
+    if not value > 0 or value == float("inf"):
+        raise SystemExit(f"{ENV_PREFIX}{name} must be a positive finite number")
+    return value
+
+
 def _bool(name: str) -> bool:
     return (_env(name) or "").lower() in {"1", "true", "yes", "on"}
 
@@ -95,6 +108,24 @@ class Config:
     #: PRIVRELEASE_METRICS_TOKEN: bearer token /metrics requires (the scraper's); unset:
     #: /metrics is open and exports no per-dataset series (no dataset ids, no budgets)
     metrics_token: str | None = None
+    #: PRIVRELEASE_MAX_ANALYSIS_WORK: ceiling on an analysis's work estimate (abstract
+    #: units, about one per array element an iteration touches: 5e9 is minutes of one
+    #: core); a request above it is refused at POST (422 ``work_limit``) naming the
+    #: parameter to lower. PRIVRELEASE_MAX_WORK sets this and the next when they are unset
+    max_analysis_work: float = 5e9
+    #: PRIVRELEASE_MAX_RELEASE_WORK: the same ceiling for a release (rows x grid, lattice,
+    #: bins, cells, rounds or components the params ask for)
+    max_release_work: float = 1e11
+    #: PRIVRELEASE_ANALYSIS_TIME_LIMIT: seconds an analysis may run (Celery soft limit);
+    #: then it ends ``failed`` with code ``time_limit``. With the grace it must stay below
+    #: the broker's visibility timeout (900 s): a redelivered analysis is never re-run
+    analysis_time_limit: float = 600.0
+    #: PRIVRELEASE_RELEASE_TIME_LIMIT: seconds a release may run (soft limit); then it
+    #: fails as any release does (charged, ``mechanism_failed``, once it read the data)
+    release_time_limit: float = 3600.0
+    #: PRIVRELEASE_TIME_LIMIT_GRACE: seconds after the soft limit before the worker
+    #: process running the task is killed (Celery hard limit)
+    time_limit_grace: float = 30.0
     #: PRIVRELEASE_TRUSTED_PROXIES: reverse proxies in front of the API whose
     #: X-Forwarded-For/-Proto are trusted (0: none), so limits see the client's address
     trusted_proxies: int = 0
@@ -122,6 +153,12 @@ class Config:
             metrics_max_datasets=_int("METRICS_MAX_DATASETS", cls.metrics_max_datasets),
             metrics_token=_env("METRICS_TOKEN") or None,
             trusted_proxies=_int("TRUSTED_PROXIES", cls.trusted_proxies),
+            max_analysis_work=_float("MAX_ANALYSIS_WORK",
+                                     _float("MAX_WORK", cls.max_analysis_work)),
+            max_release_work=_float("MAX_RELEASE_WORK", _float("MAX_WORK", cls.max_release_work)),
+            analysis_time_limit=_float("ANALYSIS_TIME_LIMIT", cls.analysis_time_limit),
+            release_time_limit=_float("RELEASE_TIME_LIMIT", cls.release_time_limit),
+            time_limit_grace=_float("TIME_LIMIT_GRACE", cls.time_limit_grace),
         )
 
     @property

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import redis
 from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
 
 import mechanisms
 from mechanisms.rng import secure_generator
@@ -269,36 +270,50 @@ def send_notification(self: Task, release_id: str) -> bool:
 def _view(client: redis.Redis, release_id: str) -> mechanisms.ReleaseView:
     """A succeeded release's public outputs, as analyses see them."""
     doc = releases.document(client, release_id)
-    dataset = datasets.get(client, doc["dataset_id"]) if doc else None
-    if doc is None or dataset is None:
-        raise LookupError("release or dataset missing")
-    return mechanisms.ReleaseView(
-        id=release_id, mechanism=doc["mechanism"], params=doc["params"],
-        result=doc["result"] or {},
-        table=_outputs().load(release_id, releases.table_attempt(client, release_id)),
-        meta=datasets.meta(dataset),
-    )
+    if doc is None:
+        raise LookupError("release missing")
+    return analyses.view(client, _outputs(), doc)
 
 
 @app.task(name="privrelease.run_analysis", bind=True, acks_late=True)
 def run_analysis(self: Task, analysis_id: str) -> str:
-    """Free post-processing of released outputs; no ledger involved."""
-    _, client, _, _ = _deps()
-    req = analyses.start(client, analysis_id)
+    """Free post-processing of released outputs; no ledger involved.
+
+    Runs at most once (a redelivered message of a started analysis fails it with
+    ``worker_lost``); past the soft time limit it ends ``failed`` with ``time_limit``;
+    a cancelled one stores nothing. Its error names a code and, for a bad input, the
+    field.
+    """
+    config, client, _, _ = _deps()
+    req = analyses.start(client, analysis_id,
+                         config.analysis_time_limit + config.time_limit_grace)
     if req is None:
         return "skipped"
     try:
         main = _view(client, req["release_id"])
         others = [_view(client, rid) for rid in json.loads(req["releases"])]
         analysis = mechanisms.get(main.mechanism).analyses[req["analysis"]]
+        if config.test_job_delay and config.allow_seeds:  # fault injection (tests only)
+            time.sleep(config.test_job_delay)
         result = analysis.run(main, json.loads(req["params"]), others, secure_generator())
         payload = to_json(result)
+    except SoftTimeLimitExceeded:
+        log.warning("analysis stopped at its time limit", extra={"analysis_id": analysis_id})
+        analyses.finish(client, analysis_id, error=dict(analyses.TIME_LIMIT))
+        return "failed"
     except Exception as err:
         log.error("analysis failed", extra={"analysis_id": analysis_id,
                                             "error_type": type(err).__name__})
-        message = err.message if isinstance(err, mechanisms.MechanismInputError) else (
-            f"analysis failed ({type(err).__name__})")
-        analyses.finish(client, analysis_id, error=message)
+        analyses.finish(client, analysis_id, error=_analysis_error(err))
         return "failed"
-    analyses.finish(client, analysis_id, result_json=payload)
+    if not analyses.finish(client, analysis_id, result_json=payload):
+        return "discarded"  # cancelled (or ended) while it ran: its result is not stored
     return "succeeded"
+
+
+def _analysis_error(err: Exception) -> dict[str, str]:
+    """A failed analysis's error: code and field for a bad input (its message names
+    public inputs only), a bare code otherwise."""
+    if isinstance(err, mechanisms.MechanismInputError):
+        return {"code": "invalid_input", "field": err.field, "message": err.message}
+    return {"code": "analysis_failed", "message": f"analysis failed ({type(err).__name__})"}
