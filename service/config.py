@@ -95,6 +95,9 @@ class Config:
     #: the mechanism runs (fault-injection tests only; honoured only together with
     #: PRIVRELEASE_ALLOW_SEEDS)
     test_job_delay: float = 0.0
+    #: PRIVRELEASE_TEST_ANALYSIS_DELAY: seconds an analysis sleeps before it runs (time
+    #: limit and cancel tests only; honoured only together with PRIVRELEASE_ALLOW_SEEDS)
+    test_analysis_delay: float = 0.0
     #: PRIVRELEASE_LOG_LEVEL: level of the ``privrelease`` loggers (JSON lines on stderr)
     log_level: str = "INFO"
     #: PRIVRELEASE_RATE_LIMIT: requests per API key (all endpoints), e.g. "600/minute"
@@ -147,6 +150,7 @@ class Config:
             callback_hosts=tuple(h.strip().lower() for h in (_env("CALLBACK_HOSTS") or "")
                                  .split(",") if h.strip()),
             test_job_delay=float(_env("TEST_JOB_DELAY") or 0.0),
+            test_analysis_delay=float(_env("TEST_ANALYSIS_DELAY") or 0.0),
             log_level=_log_level(_env("LOG_LEVEL") or cls.log_level),
             rate_limit=_rate_limit(_env("RATE_LIMIT"), cls.rate_limit),
             metrics_dir=_path(_env("METRICS_DIR")),

@@ -293,8 +293,8 @@ def run_analysis(self: Task, analysis_id: str) -> str:
         main = _view(client, req["release_id"])
         others = [_view(client, rid) for rid in json.loads(req["releases"])]
         analysis = mechanisms.get(main.mechanism).analyses[req["analysis"]]
-        if config.test_job_delay and config.allow_seeds:  # fault injection (tests only)
-            time.sleep(config.test_job_delay)
+        if config.test_analysis_delay and config.allow_seeds:  # time limit tests only
+            time.sleep(config.test_analysis_delay)
         result = analysis.run(main, json.loads(req["params"]), others, secure_generator())
         payload = to_json(result)
     except SoftTimeLimitExceeded:
