@@ -137,6 +137,11 @@ class Analysis(abc.ABC):
         loaded: dict[str, Any] = _schema(self.params_schema).load(raw or {})
         return loaded
 
+    def offered_by(self, mechanism: str) -> bool:
+        """Whether any release of ``mechanism`` can run this analysis (the catalog lists
+        only those); ``applies`` then decides per release."""
+        return True
+
     def applies(self, mechanism: str, params: Mapping[str, Any],
                 result: Mapping[str, Any]) -> bool:
         """Whether a succeeded release (its params and result, no table) can run this

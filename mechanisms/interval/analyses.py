@@ -244,10 +244,14 @@ class MeanAnalysis(Analysis):
     name = "mean"
     params_schema = schemas.MeanParams
 
+    def offered_by(self, mechanism: str) -> bool:
+        return mechanism in ("interval.case1", "interval.progressive")
+
     def applies(self, mechanism: str, params: Mapping[str, Any],
                 result: Mapping[str, Any]) -> bool:
         design = result.get("design")
-        return isinstance(design, Mapping) and _mean_refusal(design) is None
+        return (self.offered_by(mechanism) and isinstance(design, Mapping)
+                and _mean_refusal(design) is None)
 
     def check(self, release: ReleaseView, params: Mapping[str, Any],
               others: list[ReleaseView]) -> None:

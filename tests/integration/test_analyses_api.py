@@ -83,6 +83,10 @@ def test_mean_is_refused_at_post_on_case2_and_not_listed(api: Api,
     body = resp.get_json()
     assert body["field"] == "analysis" and "mean" not in body["detail"].split("[")[1]
     assert api.get(f"/v1/releases/{case2['id']}/analyses").get_json()["items"] == []
+    catalog = {m["name"]: m for m in api.get("/v1/mechanisms").get_json()}
+    offering = {name for name, m in catalog.items() if "mean" in m["analyses"]}
+    assert offering == {"interval.case1", "interval.progressive"}
+    assert {"npmle", "moments", "regression"} <= set(catalog["interval.case2"]["analyses"])
 
 
 def test_regression_with_the_wrong_number_of_rows_is_refused_at_post(
