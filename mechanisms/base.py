@@ -232,22 +232,20 @@ class Mechanism(abc.ABC):
     def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
         """Upper bound on the work of ``run`` from public inputs (see :class:`Work`).
 
-        The default counts the rows times every size parameter the mechanism's
-        params carry (grid, lattice, bins, cells, rounds, components) and the
-        evaluation grid of a functional column it names; a mechanism whose run
-        iterates otherwise overrides it.
+        The default: a pass over the rows per point of the largest size the params ask
+        for (grid, lattice, bins, cells, rounds, components) or of the evaluation grid
+        of a functional column they name; releases are vectorized passes over the data.
+        A mechanism whose run iterates otherwise overrides it.
         """
-        units = float(max(meta.n_rows, 1))
-        field = "dataset_id"
+        size, field = 1, "dataset_id"
         for name in SIZE_PARAMS:
             value = params.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-                units *= value
-                field = f"params.{name}"
+            if isinstance(value, int) and not isinstance(value, bool) and value > size:
+                size, field = value, f"params.{name}"
         column = meta.columns.get(str(params.get("column")))
-        if column is not None and column.grid:
-            units *= len(column.grid)
-        return Work(units, field)
+        if column is not None and column.grid and len(column.grid) > size:
+            size, field = len(column.grid), "params.column"
+        return Work(float(max(meta.n_rows, 1)) * size, field)
 
     def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:
         """Ids of public datasets a run reads as reference data (DIP's ``public``)."""
