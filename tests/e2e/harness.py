@@ -57,8 +57,10 @@ class Service:
             raise TimeoutError(self.banner)
         # keep draining the shared stdout (JSON logs): a full pipe would block the service
         threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
-        while time.monotonic() < deadline:  # wait until a worker is serving too
-            if requests.get(self.url + "/readyz", timeout=5).status_code == 200:
+        while time.monotonic() < deadline:  # wait until the workers are serving too
+            ready = requests.get(self.url + "/readyz", timeout=5)
+            # two: `privrelease worker` runs the analyses queue in a process of its own
+            if ready.status_code == 200 and ready.json()["workers"] >= 2:
                 return
             time.sleep(0.2)
         raise TimeoutError("worker never ready")
