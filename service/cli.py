@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queues", default="releases,analyses",
                    help="comma-separated: releases, analyses (default both: the analyses"
                         " then run in a second worker process of their own)")
-    p.add_argument("--analysis-concurrency", type=int, default=1,
+    p.add_argument("--analysis-concurrency", type=int, default=2,
                    help="processes of that analyses worker (with both queues)")
     p.add_argument("--one-process", action="store_true",
                    help="serve both queues from one pool (analyses may then hold every slot)")

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -290,6 +292,49 @@ def run_analysis(self: Task, analysis_id: str) -> str:
     if req is None:
         return "skipped"
     try:
+        with _stopped_when_cancelled(client, analysis_id):
+            return _run_analysis(config, client, analysis_id, req)
+    except SoftTimeLimitExceeded:  # the watcher's stop landed as the run was ending
+        return "cancelled"
+
+
+#: seconds between looks at a running analysis's status (a cancel stops it this soon)
+CANCEL_POLL = 0.5
+
+
+@contextmanager
+def _stopped_when_cancelled(client: redis.Redis, analysis_id: str) -> Iterator[None]:
+    """Stop the analysis once it is cancelled, without relying on the revoke broadcast
+    reaching this worker: a watcher raises billiard's soft-limit exception in the task
+    (the pool's SIGUSR1 handler), which ends it; its result is not stored anyway."""
+    handler = signal.getsignal(signal.SIGUSR1) if hasattr(signal, "SIGUSR1") else None
+    if not callable(handler):  # not in a prefork pool child: SIGUSR1 would kill us
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(CANCEL_POLL):
+            try:
+                status = client.hget(rkeys.analysis(analysis_id), "status")
+            except redis.RedisError:
+                continue
+            if status == "cancelled" and not stop.is_set():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+
+    thread = threading.Thread(target=watch, daemon=True, name="privrelease-cancel")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _run_analysis(config: Config, client: redis.Redis, analysis_id: str,
+                  req: dict[str, Any]) -> str:
+    try:
         main = _view(client, req["release_id"])
         others = [_view(client, rid) for rid in json.loads(req["releases"])]
         analysis = mechanisms.get(main.mechanism).analyses[req["analysis"]]
@@ -298,8 +343,10 @@ def run_analysis(self: Task, analysis_id: str) -> str:
         result = analysis.run(main, json.loads(req["params"]), others, secure_generator())
         payload = to_json(result)
     except SoftTimeLimitExceeded:
+        # the time limit, or the cancel watcher: finish stores nothing once cancelled
+        if not analyses.finish(client, analysis_id, error=dict(analyses.TIME_LIMIT)):
+            return "cancelled"
         log.warning("analysis stopped at its time limit", extra={"analysis_id": analysis_id})
-        analyses.finish(client, analysis_id, error=dict(analyses.TIME_LIMIT))
         return "failed"
     except Exception as err:
         log.error("analysis failed", extra={"analysis_id": analysis_id,

@@ -45,7 +45,8 @@ class Stack:
         self.log = tmp / "worker.log"
         with open(self.log, "wb") as fh:
             self.worker = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1"],
+                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1",
+                 "--analysis-concurrency", "1"],
                 env=self.env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         saved = dict(os.environ)
         os.environ.update(self.env)
