@@ -205,11 +205,11 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     if analyses.cancel(client, analysis_id) is None:
         raise APIError(409, f"the analysis is {found['status']}; nothing to cancel",
                        code="analysis_ended")
-    # best effort: a queued message is dropped and a running task is killed; a worker
-    # that misses the broadcast stores nothing anyway (the status is no longer running)
+    # a queued message is dropped by the workers (best effort: a worker that misses the
+    # broadcast skips it anyway, the status no longer being queued); a running analysis
+    # is stopped by its own worker, which watches the status (workers/tasks.py)
     with contextlib.suppress(Exception):
-        current_app.extensions["celery"].control.revoke(analysis_id, terminate=True,
-                                                        signal="SIGKILL")
+        current_app.extensions["celery"].control.revoke(analysis_id)
     ended = analyses.document(client, analysis_id)
     assert ended is not None
     return ended
