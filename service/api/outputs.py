@@ -194,8 +194,9 @@ def show(release_id: str, analysis_id: str) -> dict[str, Any]:
 @blp.response(200, AnalysisSchema())
 def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     """Cancel a queued or running analysis (its creator or an operator): it ends
-    ``cancelled``, its task is revoked (a running one is terminated) and a result it
-    still produces is discarded. 409 ``analysis_ended`` once it has ended."""
+    ``cancelled`` at once; a queued one never runs, a running one is stopped by its
+    worker within a second (or, stuck in native code, when that code returns) and
+    anything it still produces is discarded. 409 ``analysis_ended`` once it has ended."""
     found = _analysis(release_id, analysis_id)
     key = current_key()
     client = current_app.extensions["redis"]

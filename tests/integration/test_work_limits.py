@@ -171,8 +171,8 @@ def test_an_analysis_past_its_time_limit_fails_with_time_limit(
 def test_cancel_stops_a_running_analysis_and_frees_its_slot(
         stack: Stack, interval_release: str) -> None:
     """Catches: main had no way to cancel an analysis. The analyses worker has one slot;
-    a cancelled running analysis is terminated, so the next one starts well before the
-    cancelled one would have reached its time limit, and the cancelled one stays so."""
+    a cancelled running analysis is stopped by its worker, so the next one starts well
+    before the cancelled one would have reached its time limit, and it stays cancelled."""
     first = _analysis(stack.api, interval_release)
     running = _until(stack.api, interval_release, first,
                      lambda d: d["status"] == "running", 20)
