@@ -15,6 +15,7 @@ from mechanisms.base import (
     MechanismInputError,
     Output,
     ReleaseView,
+    Work,
 )
 from mechanisms.registry import get, names, register
 
@@ -26,6 +27,7 @@ __all__ = [
     "MechanismInputError",
     "Output",
     "ReleaseView",
+    "Work",
     "get",
     "names",
     "register",

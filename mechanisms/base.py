@@ -139,6 +139,22 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Work:
+    """An upper bound on a task's work, from public inputs only, and what drives it.
+
+    ``units`` are abstract: roughly one per array element an iteration touches
+    (iterations x records x cells), so that 10^9 is of the order of a CPU-minute.
+    ``field`` names the input a caller can lower (e.g. ``params.max_iter``); the
+    service refuses a task whose units exceed its ceiling, naming that field.
+    """
+
+    units: float
+    field: str
+    #: how to fit: e.g. "lower max_iter" (public words only)
+    hint: str = ""
+
+
+@dataclass(frozen=True)
 class ReleaseView:
     """A stored release as post-processing sees it: public outputs only, never data."""
 
@@ -167,11 +183,41 @@ class Analysis(abc.ABC):
         loaded: dict[str, Any] = _schema(self.params_schema).load(raw or {})
         return loaded
 
+    def offered_by(self, mechanism: str) -> bool:
+        """Whether any release of ``mechanism`` can run this analysis (the catalog lists
+        only those); ``applies`` then decides per release."""
+        return True
+
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        """Whether a succeeded release (its params and result, no table) can run this
+        analysis at all; releases list only those that can."""
+        return True
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        """Raise MechanismInputError (naming the field) for a request that ``run`` would
+        refuse, before it is queued: the release's design, the table's shape (public
+        outputs; tables are memory-mapped, so read only the columns needed)."""
+        if not self.applies(release.mechanism, release.params, release.result):
+            raise MechanismInputError("analysis", f"{self.name} does not apply to this"
+                                      " release's design")
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        """Upper bound on the work of ``run`` (see :class:`Work`); call after ``check``.
+        The default is one pass over the released records."""
+        return Work(float(release.meta.n_rows), "release")
+
     @abc.abstractmethod
     def run(self, release: ReleaseView, params: Mapping[str, Any],
             others: list[ReleaseView], rng: np.random.Generator) -> dict[str, Any]:
         """The analysis result as JSON-ready data (include diagnostics and warnings)."""
 
+
+#: params whose value multiplies a release's work (see ``Mechanism.work``)
+SIZE_PARAMS = ("grid_size", "lattice_size", "bins", "m", "rounds", "max_components",
+               "resolution")
 
 #: budgets above this are refused as absurd (the release would be essentially exact)
 MAX_EPSILON = Fraction(100)
@@ -228,6 +274,24 @@ class Mechanism(abc.ABC):
         privacy's composed design) reads it here.
         """
         return params
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        """Upper bound on the work of ``run`` from public inputs (see :class:`Work`).
+
+        The default: a pass over the rows per point of the largest size the params ask
+        for (grid, lattice, bins, cells, rounds, components) or of the evaluation grid
+        of a functional column they name; releases are vectorized passes over the data.
+        A mechanism whose run iterates otherwise overrides it.
+        """
+        size, field = 1, "dataset_id"
+        for name in SIZE_PARAMS:
+            value = params.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > size:
+                size, field = value, f"params.{name}"
+        column = meta.columns.get(str(params.get("column")))
+        if column is not None and column.grid and len(column.grid) > size:
+            size, field = len(column.grid), "params.column"
+        return Work(float(max(meta.n_rows, 1)) * size, field)
 
     def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:
         """Ids of public datasets a run reads as reference data (DIP's ``public``)."""

@@ -2,30 +2,101 @@
 
 They read only released outputs, so they touch no ledger: any number of
 analyses of a release spend nothing.
+
+An analysis runs at most once. Its states: ``queued`` -> ``running`` ->
+``succeeded`` | ``failed``, or ``cancelled`` from either of the first two.
+Every transition is one compare-and-set script, so a cancelled analysis
+never turns ``succeeded`` (a run that ends after the cancel stores nothing),
+and a redelivered message of an analysis that already started (its worker
+died) fails it with ``worker_lost`` instead of running it again. A running
+analysis past its hard deadline (its process was killed by the time limit)
+reads as ``failed`` with ``time_limit``.
+
+A failed analysis's ``error`` is ``{"code", "message"}`` and, when an input
+is to blame, ``field``; messages name inputs and limits, never values.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
 from typing import Any
 
 import redis
 
-from service import rkeys
+import mechanisms
+from service import datasets, releases, rkeys
 from service.ledger import now_iso
+from service.outputs import OutputStore
+
+#: statuses after which nothing changes
+ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
+# KEYS[1] the analysis; ARGV: started_at, deadline (unix seconds), lost error JSON.
+# Returns the stored request fields (flat) when this run may start, 'lost' when an
+# earlier run started it (the message was redelivered), nil otherwise.
+_START = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'deadline', ARGV[2])
+  return redis.call('HGETALL', KEYS[1])
+end
+if status == 'running' then
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[1], 'error', ARGV[3])
+  return 'lost'
+end
+return false
+"""
+
+# KEYS[1] the analysis; ARGV: expected statuses (comma-separated), then field/value pairs.
+# Sets the fields only while the status is one of the expected; returns the old status.
+_TRANSITION = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return false end
+for expected in string.gmatch(ARGV[1], '[^,]+') do
+  if status == expected then
+    redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+    return status
+  end
+end
+return false
+"""
+
+WORKER_LOST = {"code": "worker_lost",
+               "message": "the worker running this analysis stopped; it is not run again"}
+TIME_LIMIT = {"code": "time_limit", "message": "the analysis ran past its time limit"}
+
+
+def view(client: redis.Redis, outputs: OutputStore, doc: dict[str, Any]
+         ) -> mechanisms.ReleaseView:
+    """A succeeded release's public outputs as analyses see them (its table is
+    memory-mapped: checking an analysis reads only the columns it needs)."""
+    dataset = datasets.get(client, doc["dataset_id"])
+    if dataset is None:
+        raise LookupError("dataset missing")
+    return mechanisms.ReleaseView(
+        id=doc["id"], mechanism=doc["mechanism"], params=doc["params"],
+        result=doc["result"] or {},
+        table=outputs.load(doc["id"], releases.table_attempt(client, doc["id"])),
+        meta=datasets.meta(dataset),
+    )
 
 
 def create(client: redis.Redis, release_id: str, name: str, params: dict[str, Any],
-           others: list[str], actor: str) -> str:
+           others: list[str], actor: str, work: float | None = None) -> str:
     analysis_id = "ana_" + secrets.token_hex(10)
-    pipe = client.pipeline(transaction=True)
-    pipe.hset(rkeys.analysis(analysis_id), mapping={
+    fields: dict[str, Any] = {
         "release_id": release_id, "analysis": name, "params": json.dumps(params, default=str),
         "releases": json.dumps(others), "status": "queued", "created_at": now_iso(),
         "actor": actor,
-    })
-    pipe.zadd(rkeys.release_analyses(release_id), {analysis_id: 0})
+    }
+    if work is not None:
+        fields["work"] = repr(float(work))
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(rkeys.analysis(analysis_id), mapping=fields)
+    # newest first by creation time (microseconds; the id breaks ties)
+    pipe.zadd(rkeys.release_analyses(release_id), {analysis_id: time.time_ns() // 1000})
     pipe.execute()
     return analysis_id
 
@@ -38,35 +109,104 @@ def discard(client: redis.Redis, release_id: str, analysis_id: str) -> None:
     pipe.execute()
 
 
-def start(client: redis.Redis, analysis_id: str) -> dict[str, Any] | None:
-    """Mark running and return the stored request; None if it already ended."""
-    fields = client.hgetall(rkeys.analysis(analysis_id))
-    if not fields or fields["status"] in {"succeeded", "failed"}:
+def start(client: redis.Redis, analysis_id: str, hard_limit: float
+          ) -> dict[str, Any] | None:
+    """Mark running and return the stored request; None if this run must not run it
+    (ended, cancelled, or started before: then it is failed ``worker_lost``)."""
+    reply = client.eval(_START, 1, rkeys.analysis(analysis_id), now_iso(),
+                        repr(time.time() + hard_limit), json.dumps(WORKER_LOST))
+    if not isinstance(reply, list):
         return None
-    client.hset(rkeys.analysis(analysis_id), mapping={"status": "running",
-                                                      "started_at": now_iso()})
-    return dict(fields)
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+def _transition(client: redis.Redis, analysis_id: str, expected: tuple[str, ...],
+                mapping: dict[str, str]) -> str | None:
+    args: list[str] = [",".join(expected)]
+    for key, value in mapping.items():
+        args += [key, value]
+    old = client.eval(_TRANSITION, 1, rkeys.analysis(analysis_id), *args)
+    return str(old) if old else None
 
 
 def finish(client: redis.Redis, analysis_id: str, *, result_json: str | None = None,
-           error: str | None = None) -> None:
+           error: dict[str, str] | None = None) -> bool:
+    """Store the outcome of a running analysis; False (nothing stored) if it was
+    cancelled or otherwise ended meanwhile."""
     mapping = {"status": "failed" if error else "succeeded", "finished_at": now_iso()}
     if error:
-        mapping["error"] = json.dumps({"message": error})
+        mapping["error"] = json.dumps(error)
     else:
         mapping["result"] = result_json or "null"
-    client.hset(rkeys.analysis(analysis_id), mapping=mapping)
+    return _transition(client, analysis_id, ("running",), mapping) is not None
 
 
-def document(client: redis.Redis, analysis_id: str) -> dict[str, Any] | None:
-    h = client.hgetall(rkeys.analysis(analysis_id))
-    if not h:
-        return None
+def cancel(client: redis.Redis, analysis_id: str) -> str | None:
+    """Cancel a queued or running analysis; its status before, or None if it had ended."""
+    return _transition(client, analysis_id, ("queued", "running"),
+                       {"status": "cancelled", "finished_at": now_iso(),
+                        "error": json.dumps({"code": "cancelled",
+                                             "message": "cancelled on request"})})
+
+
+def _expire(client: redis.Redis, analysis_id: str, h: dict[str, str]) -> dict[str, str]:
+    """A running analysis past its hard deadline was killed by the time limit: say so."""
+    deadline = h.get("deadline")
+    if h.get("status") != "running" or deadline is None or float(deadline) > time.time():
+        return h
+    _transition(client, analysis_id, ("running",),
+                {"status": "failed", "finished_at": now_iso(),
+                 "error": json.dumps(TIME_LIMIT)})
+    return client.hgetall(rkeys.analysis(analysis_id))
+
+
+def render(analysis_id: str, h: dict[str, str]) -> dict[str, Any]:
     return {
         "id": analysis_id, "release_id": h["release_id"], "analysis": h["analysis"],
         "params": json.loads(h["params"]), "releases": json.loads(h["releases"]),
         "status": h["status"], "created_at": h["created_at"],
-        "finished_at": h.get("finished_at"),
+        "started_at": h.get("started_at"), "finished_at": h.get("finished_at"),
+        "work": float(h["work"]) if "work" in h else None,
         "result": json.loads(h["result"]) if "result" in h else None,
         "error": json.loads(h["error"]) if "error" in h else None,
     }
+
+
+def raw(client: redis.Redis, analysis_id: str) -> dict[str, str] | None:
+    """The stored fields (with an expired run read as failed), or None."""
+    h = client.hgetall(rkeys.analysis(analysis_id))
+    return _expire(client, analysis_id, h) if h else None
+
+
+def document(client: redis.Redis, analysis_id: str) -> dict[str, Any] | None:
+    h = raw(client, analysis_id)
+    return render(analysis_id, h) if h else None
+
+
+def page(client: redis.Redis, release_id: str, limit: int, cursor: str | None
+         ) -> tuple[list[dict[str, Any]], str | None]:
+    """A release's analyses, newest first: ``limit`` of them after ``cursor`` (the
+    previous page's ``next_cursor``), and the cursor of the next page (None: no more).
+
+    The order is (creation time, id) descending, as ZREVRANGE sorts; a cursor is the
+    last item's ``<time>:<id>``, so items created meanwhile never shift a page.
+    """
+    key = rkeys.release_analyses(release_id)
+    if cursor is None:
+        rows = client.zrevrange(key, 0, limit, withscores=True)
+    else:
+        score_text, _, after = cursor.partition(":")
+        score = int(score_text)
+        ties = int(client.zcount(key, score, score))
+        rows = [(m, s) for m, s in client.zrevrangebyscore(
+                    key, score, "-inf", start=0, num=limit + 1 + ties, withscores=True)
+                if s < score or m < after][:limit + 1]
+    items = []
+    for analysis_id, _ in rows[:limit]:
+        h = raw(client, analysis_id)
+        if h:
+            items.append(render(analysis_id, h))
+    if len(rows) <= limit:
+        return items, None
+    last, last_score = rows[limit - 1]
+    return items, f"{int(last_score)}:{last}"

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
 import sys
 
 from service import commands
@@ -24,18 +29,66 @@ def _api(args: argparse.Namespace) -> int:
     return 0
 
 
-def _worker(args: argparse.Namespace) -> int:
-    from service.observability import configure_logging
-    from workers.celery_app import app, configure
+def _queues(raw: str) -> list[str]:
+    from workers.celery_app import QUEUES
 
+    names = [q.strip() for q in raw.split(",") if q.strip()]
+    unknown = sorted(set(names) - set(QUEUES))
+    if not names or unknown:
+        raise SystemExit(f"--queues takes a comma-separated subset of {','.join(QUEUES)}")
+    return list(dict.fromkeys(names))
+
+
+def _die_with_parent() -> None:
+    """In a spawned worker: get SIGTERM if the parent dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _spawn_analyses_worker(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """The analyses queue's own worker process, beside this one's releases."""
+    cmd = [sys.executable, "-m", "service.cli", "worker", "--queues", "analyses",
+           "--concurrency", str(args.analysis_concurrency), "--loglevel", args.loglevel]
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from celery import signals
+
+    from service.observability import configure_logging
+    from workers.celery_app import QUEUES, RELEASES_QUEUE, app, configure
+
+    queues = _queues(args.queues)
     config = Config.from_env()
     configure_logging(config.log_level)  # before Celery redirects stderr
     configure(app, config)
+    child = None
+    if set(queues) == set(QUEUES) and not args.one_process:
+        # analyses get worker processes of their own: however many long analyses wait,
+        # the release slots stay free (one Celery worker serves its queues from one pool)
+        child = _spawn_analyses_worker(args)
+        queues = [RELEASES_QUEUE]
 
+        def stop_child(**_: object) -> None:
+            if child.poll() is None:
+                child.terminate()
+
+        signals.worker_shutting_down.connect(stop_child, weak=False)
     argv = ["--quiet", "worker", "--loglevel", args.loglevel,
             "--concurrency", str(args.concurrency),
-            "--queues", "privrelease", "--without-gossip", "--without-mingle"]
-    app.worker_main(argv)
+            "--queues", ",".join(queues), "--hostname", f"{'-'.join(queues)}-{os.getpid()}@%h",
+            "--without-gossip", "--without-mingle"]
+    try:
+        app.worker_main(argv)
+    finally:
+        if child is not None:
+            if child.poll() is None:
+                child.terminate()
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
     return 0
 
 
@@ -58,8 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_api)
 
     p = sub.add_parser("worker", help="run a Celery worker")
-    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=2,
+                   help="processes running tasks of the queues this process serves")
     p.add_argument("--loglevel", default="warning")
+    p.add_argument("--queues", default="releases,analyses",
+                   help="comma-separated: releases, analyses (default both: the analyses"
+                        " then run in a second worker process of their own)")
+    p.add_argument("--analysis-concurrency", type=int, default=2,
+                   help="processes of that analyses worker (with both queues)")
+    p.add_argument("--one-process", action="store_true",
+                   help="serve both queues from one pool (analyses may then hold every slot)")
     p.set_defaults(func=_worker)
     commands.register(sub)
     return parser

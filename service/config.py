@@ -28,16 +28,16 @@ def _int(name: str, default: int) -> int:
 
 
 def _positive(name: str, default: float) -> float:
-    """A number of seconds > 0 (0 or less would disable a protection silently)."""
+    """A finite number > 0 (0 or less would disable a protection silently)."""
     raw = _env(name)
     if raw is None or raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        value = float("nan")
+        raise SystemExit(f"{ENV_PREFIX}{name} must be a number") from None
     if not value > 0 or value == float("inf"):
-        raise SystemExit(f"{ENV_PREFIX}{name} must be a positive number of seconds")
+        raise SystemExit(f"{ENV_PREFIX}{name} must be a positive finite number")
     return value
 
 
@@ -96,6 +96,9 @@ class Config:
     #: the mechanism runs (fault-injection tests only; honoured only together with
     #: PRIVRELEASE_ALLOW_SEEDS)
     test_job_delay: float = 0.0
+    #: PRIVRELEASE_TEST_ANALYSIS_DELAY: seconds an analysis sleeps before it runs (time
+    #: limit and cancel tests only; honoured only together with PRIVRELEASE_ALLOW_SEEDS)
+    test_analysis_delay: float = 0.0
     #: PRIVRELEASE_LOG_LEVEL: level of the ``privrelease`` loggers (JSON lines on stderr)
     log_level: str = "INFO"
     #: PRIVRELEASE_RATE_LIMIT: requests per API key (all endpoints), e.g. "600/minute"
@@ -109,6 +112,24 @@ class Config:
     #: PRIVRELEASE_METRICS_TOKEN: bearer token /metrics requires (the scraper's); unset:
     #: /metrics is open and exports no per-dataset series (no dataset ids, no budgets)
     metrics_token: str | None = None
+    #: PRIVRELEASE_MAX_ANALYSIS_WORK: ceiling on an analysis's work estimate (abstract
+    #: units, about one per array element an iteration touches: 5e9 is minutes of one
+    #: core); a request above it is refused at POST (422 ``work_limit``) naming the
+    #: parameter to lower. PRIVRELEASE_MAX_WORK sets this and the next when they are unset
+    max_analysis_work: float = 5e9
+    #: PRIVRELEASE_MAX_RELEASE_WORK: the same ceiling for a release (rows x grid, lattice,
+    #: bins, cells, rounds or components the params ask for)
+    max_release_work: float = 1e11
+    #: PRIVRELEASE_ANALYSIS_TIME_LIMIT: seconds an analysis may run (Celery soft limit);
+    #: then it ends ``failed`` with code ``time_limit``. With the grace it must stay below
+    #: the broker's visibility timeout (900 s): a redelivered analysis is never re-run
+    analysis_time_limit: float = 600.0
+    #: PRIVRELEASE_RELEASE_TIME_LIMIT: seconds a release may run (soft limit); then it
+    #: fails as any release does (charged, ``mechanism_failed``, once it read the data)
+    release_time_limit: float = 3600.0
+    #: PRIVRELEASE_TIME_LIMIT_GRACE: seconds after the soft limit before the worker
+    #: process running the task is killed (Celery hard limit)
+    time_limit_grace: float = 30.0
     #: PRIVRELEASE_TRUSTED_PROXIES: reverse proxies in front of the API whose
     #: X-Forwarded-For/-Proto are trusted (0: none), so limits see the client's address
     trusted_proxies: int = 0
@@ -140,6 +161,7 @@ class Config:
             callback_hosts=tuple(h.strip().lower() for h in (_env("CALLBACK_HOSTS") or "")
                                  .split(",") if h.strip()),
             test_job_delay=float(_env("TEST_JOB_DELAY") or 0.0),
+            test_analysis_delay=float(_env("TEST_ANALYSIS_DELAY") or 0.0),
             log_level=_log_level(_env("LOG_LEVEL") or cls.log_level),
             rate_limit=_rate_limit(_env("RATE_LIMIT"), cls.rate_limit),
             metrics_dir=_path(_env("METRICS_DIR")),
@@ -149,6 +171,13 @@ class Config:
             header_timeout=_positive("HEADER_TIMEOUT", cls.header_timeout),
             restart_limit=_int("RESTART_LIMIT", cls.restart_limit),
             restart_window=_positive("RESTART_WINDOW", cls.restart_window),
+            max_analysis_work=_positive("MAX_ANALYSIS_WORK",
+                                        _positive("MAX_WORK", cls.max_analysis_work)),
+            max_release_work=_positive("MAX_RELEASE_WORK",
+                                       _positive("MAX_WORK", cls.max_release_work)),
+            analysis_time_limit=_positive("ANALYSIS_TIME_LIMIT", cls.analysis_time_limit),
+            release_time_limit=_positive("RELEASE_TIME_LIMIT", cls.release_time_limit),
+            time_limit_grace=_positive("TIME_LIMIT_GRACE", cls.time_limit_grace),
         )
 
     @property

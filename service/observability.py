@@ -188,8 +188,10 @@ class ClusterCollector(Collector):
     (the newest) are read, so a scrape stays cheap with many datasets.
     """
 
-    def __init__(self, client: redis.Redis, queue: str, max_datasets: int) -> None:
-        self.client, self.queue, self.max_datasets = client, queue, max(0, max_datasets)
+    def __init__(self, client: redis.Redis, queue: str | tuple[str, ...],
+                 max_datasets: int) -> None:
+        self.queues = (queue,) if isinstance(queue, str) else tuple(queue)
+        self.client, self.max_datasets = client, max(0, max_datasets)
 
     def describe(self) -> Iterable[Metric]:
         return []  # nothing to check at registration; no Redis call before a scrape
@@ -210,12 +212,13 @@ class ClusterCollector(Collector):
 
     def _read(self) -> list[Metric]:
         pipe = self.client.pipeline(transaction=False)
-        pipe.llen(self.queue)
+        for name in self.queues:
+            pipe.llen(name)
         pipe.zcard(rkeys.DATASETS)
         pipe.zrevrange(rkeys.DATASETS, 0, self.max_datasets - 1)
         pipe.hgetall(metrics_store.RELEASES)
         pipe.hgetall(metrics_store.RUNTIME)
-        depth, n_datasets, ids, releases, runtime = pipe.execute()
+        *depths, n_datasets, ids, releases, runtime = pipe.execute()
         if self.max_datasets == 0:
             ids = []
         pipe = self.client.pipeline(transaction=False)
@@ -225,7 +228,8 @@ class ClusterCollector(Collector):
 
         queue = GaugeMetricFamily("privrelease_queue_depth",
                                   "Jobs waiting in the Celery queue", labels=["queue"])
-        queue.add_metric([self.queue], int(depth))
+        for name, depth in zip(self.queues, depths, strict=True):
+            queue.add_metric([name], int(depth))
         datasets = GaugeMetricFamily("privrelease_datasets", "Registered datasets")
         datasets.add_metric([], int(n_datasets))
         remaining = GaugeMetricFamily(
@@ -291,10 +295,10 @@ def _registry(app: Flask, config: Config) -> CollectorRegistry:
     else:
         registry.register(REQUESTS)
         registry.register(LATENCY)
-    queue = str(app.extensions["celery"].conf.task_default_queue or "celery")
+    from workers.celery_app import QUEUES  # releases and analyses wait apart
     # dataset ids and budgets only go to an authenticated scraper
     per_dataset = config.metrics_max_datasets if config.metrics_token else 0
-    registry.register(ClusterCollector(app.extensions["redis"], queue, per_dataset))
+    registry.register(ClusterCollector(app.extensions["redis"], QUEUES, per_dataset))
     return registry
 
 

@@ -107,8 +107,18 @@ def new_id() -> str:
     return "rel_" + secrets.token_hex(12)
 
 
+def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
+    """Refuse a task whose work estimate (public inputs only) exceeds the ceiling: 422
+    ``work_limit`` naming the input that drives it and the limit."""
+    if work.units > limit:
+        hint = f"; {work.hint}" if work.hint else ""
+        raise APIError(422, f"{what} would need about {work.units:.3g} work units, above this"
+                       f" server's limit of {limit:.3g}{hint}", code="work_limit",
+                       field=work.field, work=work.units, limit=limit)
+
+
 def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
-            allow_seeds: bool) -> Prepared:
+            allow_seeds: bool, max_work: float | None = None) -> Prepared:
     """Validate a release request against its mechanism and dataset; compute the cost."""
     doc = datasets.get(client, body["dataset_id"])
     if doc is None:
@@ -146,6 +156,8 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                 raise APIError(422, "not a registered public reference dataset",
                                code="validation_error", field=f"params.reference.{i}")
             mech.check_reference(params, meta, datasets.meta(ref))
+        if max_work is not None:
+            check_work(mech.work(params, meta), max_work, "this release")
         cost = mech.cost(params, requested, meta)
         accuracy = mech.accuracy(params, cost, meta)
     except mechanisms.MechanismInputError as err:
@@ -251,4 +263,18 @@ def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
         doc["guarantee"] = out["guarantee"]
     if "error" in h:
         doc["error"] = json.loads(h["error"])
+    if doc["status"] == "succeeded":
+        doc["analyses"] = runnable_analyses(doc["mechanism"], doc["params"],
+                                            doc["result"] or {})
     return doc
+
+
+def runnable_analyses(mechanism: str, params: dict[str, Any],
+                      result: dict[str, Any]) -> list[str]:
+    """The analyses a succeeded release can run, judged from its design (public)."""
+    try:
+        mech = mechanisms.get(mechanism)
+    except KeyError:
+        return []
+    return sorted(name for name, analysis in mech.analyses.items()
+                  if analysis.applies(mechanism, params, result))

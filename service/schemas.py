@@ -167,6 +167,8 @@ class ReleaseSchema(Schema):
     created_at = fields.String(allow_none=True)
     started_at = fields.String(allow_none=True)
     finished_at = fields.String(allow_none=True)
+    analyses = fields.List(fields.String(), metadata={
+        "description": "analyses this succeeded release can run (POST .../analyses)"})
 
 
 class EstimateSchema(Schema):
@@ -234,14 +236,38 @@ class AnalysisRequestSchema(StrictSchema):
                            metadata={"description": "other releases the analysis combines"})
 
 
+class AnalysisErrorSchema(Schema):
+    code = fields.String(metadata={"description": "invalid_input, analysis_failed, "
+                                   "time_limit, worker_lost or cancelled"})
+    field = fields.String(metadata={"description": "the input to blame (invalid_input)"})
+    message = fields.String()
+
+
 class AnalysisSchema(Schema):
     id = fields.String()
     release_id = fields.String()
     analysis = fields.String()
     params = fields.Dict()
     releases = fields.List(fields.String())
-    status = fields.String()
+    status = fields.String(metadata={"description": "queued, running, succeeded, failed"
+                                     " or cancelled"})
+    work = fields.Float(allow_none=True, metadata={
+        "description": "the work estimate checked against the ceiling at POST"})
     result = fields.Raw(allow_none=True)
-    error = fields.Dict(allow_none=True)
+    error = fields.Nested(AnalysisErrorSchema, allow_none=True)
     created_at = fields.String()
+    started_at = fields.String(allow_none=True)
     finished_at = fields.String(allow_none=True)
+
+
+class AnalysisListQuerySchema(StrictSchema):
+    limit = fields.Integer(load_default=20, validate=validate.Range(1, 100),
+                           metadata={"description": "page size, newest first"})
+    cursor = fields.String(validate=validate.Regexp(r"^[0-9]{1,20}:[A-Za-z0-9_]{1,100}$"),
+                           metadata={"description": "next_cursor of the previous page"})
+
+
+class AnalysisPageSchema(Schema):
+    items = fields.List(fields.Nested(AnalysisSchema))
+    next_cursor = fields.String(allow_none=True, metadata={
+        "description": "pass as cursor for the next page; null: this was the last"})

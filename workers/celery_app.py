@@ -58,6 +58,33 @@ class BrokerTransport(kombu_redis.Transport):
 #: is still going waits for that run's lease. kombu's default is an hour.
 VISIBILITY_TIMEOUT = 900
 
+#: releases and analyses wait in queues of their own, so analyses (free, and possibly
+#: long) never hold the slots releases run in; ``privrelease worker --queues`` picks
+RELEASES_QUEUE = "releases"
+ANALYSES_QUEUE = "analyses"
+QUEUES = (RELEASES_QUEUE, ANALYSES_QUEUE)
+RUN_RELEASE = "privrelease.run_release"
+RUN_ANALYSIS = "privrelease.run_analysis"
+
+
+def time_limits(config: Config) -> dict[str, dict[str, float]]:
+    """Per task: the soft limit (the task's code is interrupted and ends the task as it
+    must) and the hard limit (the process running it is killed), from the config.
+
+    An analysis's hard limit must end before kombu redelivers its unacknowledged message
+    (``VISIBILITY_TIMEOUT``): a redelivered analysis that had started is failed as
+    ``worker_lost``, so a longer limit would fail analyses that are still running.
+    """
+    if config.analysis_time_limit + config.time_limit_grace >= VISIBILITY_TIMEOUT:
+        raise SystemExit(f"PRIVRELEASE_ANALYSIS_TIME_LIMIT + PRIVRELEASE_TIME_LIMIT_GRACE must"
+                         f" stay below {VISIBILITY_TIMEOUT} seconds")
+    return {
+        RUN_RELEASE: {"soft_time_limit": config.release_time_limit,
+                      "time_limit": config.release_time_limit + config.time_limit_grace},
+        RUN_ANALYSIS: {"soft_time_limit": config.analysis_time_limit,
+                       "time_limit": config.analysis_time_limit + config.time_limit_grace},
+    }
+
 
 def configure(app: Celery, config: Config) -> Celery:
     """Bind ``app`` to the configured broker; results live in our own keys."""
@@ -67,7 +94,9 @@ def configure(app: Celery, config: Config) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
-        task_default_queue="privrelease",
+        task_default_queue=RELEASES_QUEUE,
+        task_routes={RUN_ANALYSIS: {"queue": ANALYSES_QUEUE}},
+        task_annotations=time_limits(config),
         broker_connection_retry_on_startup=True,
         broker_transport=BrokerTransport,
         # timeouts as for our own clients: a hung Valkey fails a publish, not hangs it

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 import redis
 from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
 
 import mechanisms
 from mechanisms.rng import secure_generator
@@ -269,36 +272,95 @@ def send_notification(self: Task, release_id: str) -> bool:
 def _view(client: redis.Redis, release_id: str) -> mechanisms.ReleaseView:
     """A succeeded release's public outputs, as analyses see them."""
     doc = releases.document(client, release_id)
-    dataset = datasets.get(client, doc["dataset_id"]) if doc else None
-    if doc is None or dataset is None:
-        raise LookupError("release or dataset missing")
-    return mechanisms.ReleaseView(
-        id=release_id, mechanism=doc["mechanism"], params=doc["params"],
-        result=doc["result"] or {},
-        table=_outputs().load(release_id, releases.table_attempt(client, release_id)),
-        meta=datasets.meta(dataset),
-    )
+    if doc is None:
+        raise LookupError("release missing")
+    return analyses.view(client, _outputs(), doc)
 
 
 @app.task(name="privrelease.run_analysis", bind=True, acks_late=True)
 def run_analysis(self: Task, analysis_id: str) -> str:
-    """Free post-processing of released outputs; no ledger involved."""
-    _, client, _, _ = _deps()
-    req = analyses.start(client, analysis_id)
+    """Free post-processing of released outputs; no ledger involved.
+
+    Runs at most once (a redelivered message of a started analysis fails it with
+    ``worker_lost``); past the soft time limit it ends ``failed`` with ``time_limit``;
+    a cancelled one stores nothing. Its error names a code and, for a bad input, the
+    field.
+    """
+    config, client, _, _ = _deps()
+    req = analyses.start(client, analysis_id,
+                         config.analysis_time_limit + config.time_limit_grace)
     if req is None:
         return "skipped"
+    try:
+        with _stopped_when_cancelled(client, analysis_id):
+            return _run_analysis(config, client, analysis_id, req)
+    except SoftTimeLimitExceeded:  # the watcher's stop landed as the run was ending
+        return "cancelled"
+
+
+#: seconds between looks at a running analysis's status (a cancel stops it this soon)
+CANCEL_POLL = 0.5
+
+
+@contextmanager
+def _stopped_when_cancelled(client: redis.Redis, analysis_id: str) -> Iterator[None]:
+    """Stop the analysis once it is cancelled, without relying on the revoke broadcast
+    reaching this worker: a watcher raises billiard's soft-limit exception in the task
+    (the pool's SIGUSR1 handler), which ends it; its result is not stored anyway."""
+    handler = signal.getsignal(signal.SIGUSR1) if hasattr(signal, "SIGUSR1") else None
+    if not callable(handler):  # not in a prefork pool child: SIGUSR1 would kill us
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(CANCEL_POLL):
+            try:
+                status = client.hget(rkeys.analysis(analysis_id), "status")
+            except redis.RedisError:
+                continue
+            if status == "cancelled" and not stop.is_set():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+
+    thread = threading.Thread(target=watch, daemon=True, name="privrelease-cancel")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _run_analysis(config: Config, client: redis.Redis, analysis_id: str,
+                  req: dict[str, Any]) -> str:
     try:
         main = _view(client, req["release_id"])
         others = [_view(client, rid) for rid in json.loads(req["releases"])]
         analysis = mechanisms.get(main.mechanism).analyses[req["analysis"]]
+        if config.test_analysis_delay and config.allow_seeds:  # time limit tests only
+            time.sleep(config.test_analysis_delay)
         result = analysis.run(main, json.loads(req["params"]), others, secure_generator())
         payload = to_json(result)
+    except SoftTimeLimitExceeded:
+        # the time limit, or the cancel watcher: finish stores nothing once cancelled
+        if not analyses.finish(client, analysis_id, error=dict(analyses.TIME_LIMIT)):
+            return "cancelled"
+        log.warning("analysis stopped at its time limit", extra={"analysis_id": analysis_id})
+        return "failed"
     except Exception as err:
         log.error("analysis failed", extra={"analysis_id": analysis_id,
                                             "error_type": type(err).__name__})
-        message = err.message if isinstance(err, mechanisms.MechanismInputError) else (
-            f"analysis failed ({type(err).__name__})")
-        analyses.finish(client, analysis_id, error=message)
+        analyses.finish(client, analysis_id, error=_analysis_error(err))
         return "failed"
-    analyses.finish(client, analysis_id, result_json=payload)
+    if not analyses.finish(client, analysis_id, result_json=payload):
+        return "discarded"  # cancelled (or ended) while it ran: its result is not stored
     return "succeeded"
+
+
+def _analysis_error(err: Exception) -> dict[str, str]:
+    """A failed analysis's error: code and field for a bad input (its message names
+    public inputs only), a bare code otherwise."""
+    if isinstance(err, mechanisms.MechanismInputError):
+        return {"code": "invalid_input", "field": err.field, "message": err.message}
+    return {"code": "analysis_failed", "message": f"analysis failed ({type(err).__name__})"}

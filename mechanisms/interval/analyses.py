@@ -10,11 +10,16 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms.base import Analysis, MechanismInputError, ReleaseView
+from mechanisms.base import Analysis, MechanismInputError, ReleaseView, Work
 from mechanisms.interval import schemas
 from mechanisms.interval.designs import pieces_from_table
 from mechanisms.interval.estimators import example2_mean, moments
-from mechanisms.interval.npmle import NPMLEResult, npmle, npmle_case1, result_summary
+from mechanisms.interval.npmle import (
+    NPMLEResult,
+    npmle,
+    npmle_case1,
+    result_summary,
+)
 from mechanisms.interval.priors import column_prior
 from mechanisms.interval.ranges import FloatArray, Pieces, points
 from mechanisms.interval.regression import Learner, LeastSquares, algorithm1, sklearn_learner
@@ -50,6 +55,71 @@ def _ranges(release: ReleaseView) -> tuple[Pieces, NDArray[np.bool_], FloatArray
             pt = Pieces.concat([pt, blank])
         pieces = pt.where(is_exact, pieces)
     return pieces, released, exact
+
+
+def _rows(release: ReleaseView) -> int:
+    """Records in the released table (n is public; the table is released output)."""
+    return len(_column(release, "released"))
+
+
+def _width(release: ReleaseView) -> int:
+    """Pieces per released range (``left``, ``left_2``, ...)."""
+    table = release.table or {}
+    width = 0
+    while ("left" if width == 0 else f"left_{width + 1}") in table:
+        width += 1
+    if width == 0:
+        raise MechanismInputError("release", "the release table has no range columns")
+    return width
+
+
+#: default iteration caps of the NPMLE solvers (``npmle.npmle``) and the relative cost of
+#: a CNM iteration (gradient, Gram matrix of the support and a QP) to an EM iteration
+NPMLE_DEFAULT_ITER = {"cnm": 500, "em": 100_000}
+CNM_ITERATION_COST = 16
+
+
+def _npmle_work(release: ReleaseView, params: Mapping[str, Any]) -> Work:
+    """Iterations x records x pieces: the solver the request can reach at its cap."""
+    n, width = _rows(release), _width(release)
+    method = params["method"]
+    if method == "pava":
+        return Work(n * max(1.0, math.log2(max(n, 2))), "params.method")
+    if method == "auto" and _case1_ready(_design(release), _exact_used(release)):
+        return Work(n * max(1.0, math.log2(max(n, 2))), "params.method")
+    cap = params.get("max_iter")
+    bounds = []
+    if method in ("cnm", "auto"):
+        bounds.append((cap or NPMLE_DEFAULT_ITER["cnm"]) * CNM_ITERATION_COST)
+    if method in ("em", "auto"):
+        bounds.append(cap or NPMLE_DEFAULT_ITER["em"])
+    return Work(float(max(bounds)) * n * width, "params.max_iter",
+                "lower max_iter (the default is 500 CNM / 100000 EM iterations)")
+
+
+def _exact_used(release: ReleaseView) -> FloatArray:
+    """Exact reports of the released records (NaN where a range was released)."""
+    exact = _column(release, "exact").astype(np.float64)
+    return exact[_column(release, "released").astype(bool)]
+
+
+def _mean_refusal(design: Mapping[str, Any]) -> str | None:
+    """Why Example 2's mean does not apply to ``design`` (None: it does)."""
+    if design.get("partition") == "progressive":
+        return None
+    anchors = design.get("anchors")
+    if (design.get("partition") != "canonical" or design.get("m") != 2
+            or not isinstance(anchors, Mapping) or anchors.get("family") != "uniform"
+            or design.get("selective")):
+        return ("Example 2's mean needs Case-I ranges with uniform anchors"
+                " (interval.case1 with anchors.family = uniform, or progressive)")
+    if design.get("exact_cells") or design.get("exact_range"):
+        return "Example 2 needs ranges without exact reports"
+    return None
+
+
+def _has_design(result: Mapping[str, Any]) -> bool:
+    return isinstance(result.get("design"), Mapping)
 
 
 def _support(release: ReleaseView) -> tuple[float, float]:
@@ -120,11 +190,32 @@ def _fit_npmle(release: ReleaseView, params: Mapping[str, Any]) -> tuple[NPMLERe
     return res, warnings, int(pieces.n - np.count_nonzero(used))
 
 
+def _check_npmle(release: ReleaseView, params: Mapping[str, Any]) -> None:
+    """What ``_fit_npmle`` would refuse, from the design and the table's public columns."""
+    _width(release)
+    if params["method"] == "pava" and not _case1_ready(_design(release), _exact_used(release)):
+        raise MechanismInputError("params.method", "pava needs Case-I ranges on the raw"
+                                  " column without exact reports")
+
+
 class NPMLEAnalysis(Analysis):
     """Nonparametric MLE of the column's distribution from the released ranges."""
 
     name = "npmle"
     params_schema = schemas.NPMLEParams
+
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        return _has_design(result)
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        _check_npmle(release, params)
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        return _npmle_work(release, params)
 
     def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
             rng: np.random.Generator) -> dict[str, Any]:
@@ -136,37 +227,56 @@ class NPMLEAnalysis(Analysis):
         return out
 
 
+def _first_answers(release: ReleaseView) -> tuple[FloatArray, FloatArray]:
+    """A progressive release's first anchors and answers; every record must have one."""
+    rounds = _column(release, "rounds")
+    if np.any(rounds < 1):
+        raise MechanismInputError(
+            "release", "Example 2 needs every record's first answer; this release has"
+            " records without one (stopping selected them)")
+    return (_column(release, "anchor_1").astype(np.float64),
+            _column(release, "answer_1").astype(np.float64))
+
+
 class MeanAnalysis(Analysis):
     """Example 2: the unbiased mean from Case-I ranges with uniform anchors on [a, b]."""
 
     name = "mean"
     params_schema = schemas.MeanParams
 
+    def offered_by(self, mechanism: str) -> bool:
+        return mechanism in ("interval.case1", "interval.progressive")
+
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        design = result.get("design")
+        return (self.offered_by(mechanism) and isinstance(design, Mapping)
+                and _mean_refusal(design) is None)
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        refusal = _mean_refusal(_design(release))
+        if refusal is not None:
+            raise MechanismInputError("analysis", refusal)
+        if _design(release).get("partition") == "progressive":
+            _first_answers(release)
+        else:
+            _column(release, "anchor_1")
+            _column(release, "delta")
+
     def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
             rng: np.random.Generator) -> dict[str, Any]:
         design = _design(release)
         warnings: list[str] = []
         transform = design.get("transform", "identity")
+        refusal = _mean_refusal(design)
+        if refusal is not None:
+            raise MechanismInputError("analysis", refusal)
         if design.get("partition") == "progressive":
-            rounds = _column(release, "rounds")
-            if np.any(rounds < 1):
-                raise MechanismInputError(
-                    "release", "Example 2 needs every record's first answer; this release has"
-                    " records without one (stopping selected them)")
-            u = _column(release, "anchor_1").astype(np.float64)
-            delta = _column(release, "answer_1").astype(np.float64)
+            u, delta = _first_answers(release)
             a, b = (float(v) for v in design["support"])
         else:
-            anchors = design.get("anchors")
-            if (design.get("partition") != "canonical" or design.get("m") != 2
-                    or not isinstance(anchors, Mapping) or anchors.get("family") != "uniform"
-                    or design.get("selective")):
-                raise MechanismInputError(
-                    "release", "Example 2's mean needs Case-I ranges with uniform anchors"
-                    " (interval.case1 with anchors.family = uniform, or progressive)")
-            if design.get("exact_cells") or design.get("exact_range"):
-                raise MechanismInputError("release", "Example 2 needs ranges without exact"
-                                          " reports")
+            anchors = design["anchors"]
             u = _column(release, "anchor_1").astype(np.float64)
             delta = _column(release, "delta").astype(np.float64)
             a, b = float(anchors["low"]), float(anchors["high"])
@@ -192,6 +302,19 @@ class MomentsAnalysis(Analysis):
 
     name = "moments"
     params_schema = schemas.MomentsParams
+
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        return _has_design(result)
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        _check_npmle(release, params)
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        return _npmle_work(release, params)
 
     def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
             rng: np.random.Generator) -> dict[str, Any]:
@@ -226,14 +349,42 @@ def _learner(spec: Mapping[str, Any]) -> Learner:
         raise MechanismInputError("params.learner", str(err)) from None
 
 
-def _regress(release: ReleaseView, features: FloatArray, names: list[str],
-             params: Mapping[str, Any]) -> dict[str, Any]:
-    pieces, released, exact = _ranges(release)
-    if features.shape[0] != pieces.n:
-        raise MechanismInputError(
-            "params.features", f"need one feature row per record ({pieces.n} rows)")
+#: relative cost of one fit of a scikit-learn learner to a least-squares fit
+SKLEARN_FIT_COST = 100
+
+
+def _check_regression(release: ReleaseView, features: FloatArray, field: str,
+                      params: Mapping[str, Any]) -> None:
+    """What ``_regress`` refuses, before any iteration: one finite feature row per
+    released record (n is public), prediction rows as wide, a learner that exists."""
+    _width(release)
+    n = _rows(release)
+    if features.shape[0] != n:
+        raise MechanismInputError(field, f"need one feature row per record ({n} rows)")
     if not np.all(np.isfinite(features)):
-        raise MechanismInputError("params.features", "features must be finite numbers")
+        raise MechanismInputError(field, "features must be finite numbers")
+    if "predict" in params:
+        rows = np.asarray(params["predict"], dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[1] != features.shape[1]:
+            raise MechanismInputError("params.predict", f"rows need {features.shape[1]} numbers")
+    _learner(params["learner"])
+
+
+def _regression_work(release: ReleaseView, d: int, params: Mapping[str, Any]) -> Work:
+    """Iterations x records x (terms^2 + pieces): a least-squares refit per iteration."""
+    spec = params["learner"]
+    terms = d * (int(spec.get("degree", 1)) if spec["type"] == "polynomial" else 1) + 1
+    per_row = terms * terms + _width(release)
+    if spec["type"] == "sklearn":
+        per_row *= SKLEARN_FIT_COST
+    return Work(float(params["max_iter"]) * _rows(release) * per_row, "params.max_iter",
+                "lower max_iter")
+
+
+def _regress(release: ReleaseView, features: FloatArray, names: list[str],
+             params: Mapping[str, Any], field: str = "params.features") -> dict[str, Any]:
+    _check_regression(release, features, field, params)
+    pieces, released, exact = _ranges(release)
     design = _design(release)
     warnings = []
     if design.get("selective") or design.get("partition") == "progressive":
@@ -278,8 +429,6 @@ def _regress(release: ReleaseView, features: FloatArray, names: list[str],
                                        (float(c) for c in learner.coef), strict=True))
     if "predict" in params:
         rows = np.asarray(params["predict"], dtype=np.float64)
-        if rows.ndim != 2 or rows.shape[1] != features.shape[1]:
-            raise MechanismInputError("params.predict", f"rows need {features.shape[1]} numbers")
         out["predictions"] = [float(v) for v in learner.predict(rows)]
     return out
 
@@ -297,12 +446,30 @@ class RegressionAnalysis(Analysis):
     name = "regression"
     params_schema = schemas.RegressionParams
 
-    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
-            rng: np.random.Generator) -> dict[str, Any]:
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        return _has_design(result)
+
+    def _inputs(self, params: Mapping[str, Any]) -> tuple[FloatArray, list[str]]:
         x = _matrix(params["features"], "params.features")
         names = list(params.get("feature_names") or [f"x{i + 1}" for i in range(x.shape[1])])
         if len(names) != x.shape[1]:
             raise MechanismInputError("params.feature_names", "one name per feature column")
+        return x, names
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        x, _ = self._inputs(params)
+        _check_regression(release, x, "params.features", params)
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        return _regression_work(release, len(params["features"][0]), params)
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        x, names = self._inputs(params)
         return _regress(release, x, names, params)
 
 
@@ -313,10 +480,13 @@ class RegressionReleaseAnalysis(Analysis):
     params_schema = schemas.RegressionReleaseParams
     n_others: ClassVar[int] = 1
 
-    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
-            rng: np.random.Generator) -> dict[str, Any]:
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        return _has_design(result)
+
+    def _features(self, params: Mapping[str, Any], others: list[ReleaseView]) -> FloatArray:
         if len(others) != 1 or others[0].table is None:
-            raise MechanismInputError("params.releases", "name one release whose table holds"
+            raise MechanismInputError("releases", "name one release whose table holds"
                                       " the features")
         table = others[0].table
         cols = []
@@ -327,7 +497,21 @@ class RegressionReleaseAnalysis(Analysis):
             if col.dtype.kind not in "biuf":
                 raise MechanismInputError("params.columns", f"column {name!r} is not numeric")
             cols.append(col.astype(np.float64))
-        return _regress(release, np.column_stack(cols), list(params["columns"]), params)
+        return np.column_stack(cols)
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        _check_regression(release, self._features(params, others), "releases.0", params)
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        return _regression_work(release, len(params["columns"]), params)
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        return _regress(release, self._features(params, others), list(params["columns"]),
+                        params, "releases.0")
 
 
 ANALYSES: dict[str, Analysis] = {

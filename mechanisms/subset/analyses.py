@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 import marshmallow
 import numpy as np
 
-from mechanisms.base import Analysis, MechanismInputError, ReleaseView
-from mechanisms.subset import bitmask, estimation, independence, report, schemas
+from mechanisms.base import Analysis, MechanismInputError, ReleaseView, Work
+from mechanisms.subset import bitmask, estimation, independence, joint, report, schemas
 from mechanisms.subset.bitmask import Masks
 from mechanisms.subset.design import ENUMERATION_LIMIT, DesignError
 from mechanisms.subset.plan import Variable
@@ -64,6 +64,30 @@ def _masks(release: ReleaseView, variable: Variable, doc: Mapping[str, Any],
     raise MechanismInputError(field, "the release table lacks the variable's subsets")
 
 
+def _distinct(release: ReleaseView, variable: Variable, doc: Mapping[str, Any],
+              field: str) -> int:
+    """Distinct released subsets of a variable: a count of the released output (public),
+    as the release's summary states it, else counted from its table."""
+    counts = doc.get("counts")
+    if isinstance(counts, Mapping) and isinstance(counts.get("distinct_subsets"), int):
+        return int(counts["distinct_subsets"])
+    return len(np.unique(_masks(release, variable, doc, field)))
+
+
+def _has_table_column(release: ReleaseView, doc: Mapping[str, Any], field: str) -> None:
+    """The release's table holds the variable's subsets (names only; nothing is read)."""
+    where = doc.get("table") or {}
+    table = release.table or {}
+    if not any(where.get(k) is not None and where.get(k) in table
+               for k in ("bitmask", "categories")):
+        raise MechanismInputError(field, "the release table lacks the variable's subsets")
+
+
+def _is_subset_release(mechanism: str, result: Mapping[str, Any]) -> bool:
+    docs = result.get("variables")
+    return mechanism.startswith("subset.") and isinstance(docs, list) and bool(docs)
+
+
 def _alpha(variable: Variable, doc: Mapping[str, Any]) -> float:
     return float(doc["dummy"]["alpha_effective"]) if variable.augmentation else 0.0
 
@@ -73,6 +97,39 @@ class EstimateAnalysis(Analysis):
 
     name = "estimate"
     params_schema: ClassVar[type[marshmallow.Schema]] = schemas.EstimateParamsSchema
+
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        return _is_subset_release(mechanism, result)
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        variable, doc = _pick(release, params.get("column"), "params.column", "release")
+        _has_table_column(release, doc, "params.column")
+        method = params.get("method", "em")
+        if method == "mom_closed" and not variable.design.is_uniform:
+            raise MechanismInputError("params.method", "mom_closed is the uniform design's"
+                                      " closed form; this release's design is not uniform"
+                                      " (use mom, em or one_step)")
+        m = _distinct(release, variable, doc, "params.column")
+        if method in ("em", "one_step") and m * variable.p > MAX_INDICATOR_ENTRIES:
+            raise MechanismInputError(
+                "params.method", f"{m} distinct subsets of {variable.p} categories are"
+                " too many for the likelihood methods; use method 'mom'")
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        """EM: iterations x distinct subsets x categories (one-step may fall back to EM);
+        moments: one pass over the records and a p x p solve."""
+        variable, doc = _pick(release, params.get("column"), "params.column", "release")
+        m, p = _distinct(release, variable, doc, "params.column"), variable.p
+        method = params.get("method", "em")
+        if method in ("em", "one_step"):
+            units = float(params.get("max_iter", estimation.EM_MAX_ITER)) * m * p
+            if method == "one_step":
+                units += float(m) * p * p
+            return Work(units, "params.max_iter", "lower max_iter")
+        return Work(float(release.meta.n_rows) * p + float(p) ** 3, "params.method")
 
     def run(self, release: ReleaseView, params: Mapping[str, Any],
             others: list[ReleaseView], rng: np.random.Generator) -> dict[str, Any]:
@@ -114,6 +171,22 @@ class EstimateAnalysis(Analysis):
                 out["marginals"][factor.name] = marginal
         out["privacy"] = report.privacy_under(variable, fit.w, alpha) if obs.n else None
         return out
+
+
+def _test_work(pairs: list[tuple[Variable, int]], params: Mapping[str, Any]) -> Work:
+    """Marginal EMs, then per statistic a joint fit over the distinct subset pairs (EM
+    for lrt_mle), once and again per permutation table."""
+    (var_a, m_a), (var_b, m_b) = pairs
+    methods = list(params.get("methods", ["lrt_mom"]))
+    marginal = float(joint.JOINT_MAX_ITER) * (m_a * var_a.p + m_b * var_b.p)
+    per_table = float(m_a) * m_b * var_a.p * var_b.p
+    if "lrt_mle" in methods:
+        per_table *= joint.JOINT_MAX_ITER
+    tables = 1 + (int(params.get("n_perm", 999))
+                  if params.get("calibration") == "permutation" else 0)
+    field = "params.n_perm" if tables > 1 else "params.methods"
+    return Work(marginal + tables * per_table * len(methods), field,
+                "use fewer permutations, asymptotic calibration or lrt_mom")
 
 
 def _test(
@@ -162,6 +235,35 @@ class PairTest(Analysis):
     params_schema: ClassVar[type[marshmallow.Schema]] = schemas.PairTestParamsSchema
     n_others = 1
 
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        return _is_subset_release(mechanism, result)
+
+    def _picked(self, release: ReleaseView, params: Mapping[str, Any],
+                others: list[ReleaseView]) -> list[tuple[Variable, int]]:
+        if len(others) != 1:
+            raise MechanismInputError("releases", "give exactly one other subset release")
+        out = []
+        for view, name, field, release_field in (
+                (release, params.get("column"), "params.column", "release"),
+                (others[0], params.get("other_column"), "params.other_column", "releases.0")):
+            var, doc = _pick(view, name, field, release_field)
+            _has_table_column(view, doc, release_field)
+            if var.augmentation is not None:
+                raise MechanismInputError(release_field, "a dummy-augmented release adds"
+                                          " simulated records; it cannot be paired record by"
+                                          " record")
+            out.append((var, _distinct(view, var, doc, release_field)))
+        return out
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        self._picked(release, params, others)
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        return _test_work(self._picked(release, params, others), params)
+
     def run(self, release: ReleaseView, params: Mapping[str, Any],
             others: list[ReleaseView], rng: np.random.Generator) -> dict[str, Any]:
         if len(others) != 1:
@@ -180,6 +282,37 @@ class ProductTest(Analysis):
     name = "independence_test"
     params_schema: ClassVar[type[marshmallow.Schema]] = schemas.ProductTestParamsSchema
     n_others = 0
+
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        docs = result.get("variables")
+        return _is_subset_release(mechanism, result) and isinstance(docs, list) and (
+            len(docs) >= 2)
+
+    def _picked(self, release: ReleaseView, params: Mapping[str, Any]
+                ) -> list[tuple[Variable, int]]:
+        docs = _variables(release, "release")
+        names = params.get("columns") or [d["name"] for d in docs[:2]]
+        if len(names) != 2 or names[0] == names[1]:
+            raise MechanismInputError("params.columns", "name two different variables")
+        out = []
+        for name in names:
+            var, doc = _pick(release, name, "params.columns", "release")
+            _has_table_column(release, doc, "params.columns")
+            if var.augmentation is not None:
+                raise MechanismInputError("params.columns", "a dummy-augmented variable adds"
+                                          " simulated records; it cannot be paired record by"
+                                          " record")
+            out.append((var, _distinct(release, var, doc, "params.columns")))
+        return out
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        self._picked(release, params)
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        return _test_work(self._picked(release, params), params)
 
     def run(self, release: ReleaseView, params: Mapping[str, Any],
             others: list[ReleaseView], rng: np.random.Generator) -> dict[str, Any]:

@@ -48,6 +48,9 @@ def _catalog() -> list[dict[str, Any]]:
         out.append({"name": name, "measures": list(mech.measures),
                     "description": mech.description,
                     "params_schema": _json_schema(mech.params_schema),
+                    # only what some release of the mechanism can run; each succeeded
+                    # release lists those its own design admits (``analyses``)
                     "analyses": {a: _json_schema(an.params_schema)
-                                 for a, an in sorted(mech.analyses.items())}})
+                                 for a, an in sorted(mech.analyses.items())
+                                 if an.offered_by(name)}})
     return out

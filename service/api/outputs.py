@@ -10,18 +10,23 @@ from flask import Response, current_app
 from flask_smorest import Blueprint
 
 import mechanisms
-from service import analyses, releases
+from service import analyses, releases, rkeys
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
 from service.plotting import function_png
 from service.problems import UNAVAILABLE, APIError
-from service.schemas import AnalysisRequestSchema, AnalysisSchema
+from service.schemas import (
+    AnalysisListQuerySchema,
+    AnalysisPageSchema,
+    AnalysisRequestSchema,
+    AnalysisSchema,
+)
+from workers.celery_app import ANALYSES_QUEUE as QUEUE
+from workers.celery_app import RUN_ANALYSIS as TASK
 
 blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
                 description="Release data and analyses")
-
-TASK = "privrelease.run_analysis"
 
 
 def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
@@ -71,18 +76,28 @@ def plot(release_id: str) -> Response:
     return Response(function_png(grid, values, title), mimetype="image/png")
 
 
+def _input_error(err: mechanisms.MechanismInputError) -> APIError:
+    return APIError(422, err.message, code="validation_error", field=err.field)
+
+
 @blp.route("/<release_id>/analyses", methods=["POST"])
 @require("consumer")
 @problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.arguments(AnalysisRequestSchema())
 @blp.response(202, AnalysisSchema())
 def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
-    """Queue free post-processing of a succeeded release; spends no budget."""
+    """Queue free post-processing of a succeeded release; spends no budget.
+
+    Everything the analysis would refuse is checked here, from the release's design
+    and its table (public outputs), and its work is bounded: a request above the
+    server's ceiling is refused (422 ``work_limit``, naming the parameter).
+    """
     doc = _succeeded(release_id)
     mech = mechanisms.get(doc["mechanism"])
     analysis = mech.analyses.get(body["analysis"])
-    if analysis is None:
-        raise APIError(422, f"{doc['mechanism']} offers analyses {sorted(mech.analyses)}",
+    runnable = releases.runnable_analyses(doc["mechanism"], doc["params"], doc["result"] or {})
+    if analysis is None or body["analysis"] not in runnable:
+        raise APIError(422, f"this release can run analyses {runnable}",
                        code="validation_error", field="analysis")
     try:
         params = analysis.load_params(body.get("params"))
@@ -95,18 +110,32 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
     if len(others) != analysis.n_others:
         raise APIError(422, f"{analysis.name} takes {analysis.n_others} other release(s)",
                        code="validation_error", field="releases")
+    client = current_app.extensions["redis"]
+    config = current_app.config["PRIVRELEASE"]
+    outputs = OutputStore(config.releases_dir)
+    other_docs = []
     for i, other in enumerate(others):
         other_doc = _succeeded(other, field=f"releases.{i}")
         same = (other_doc["dataset_id"], other_doc["dataset_version"])
         if same != (doc["dataset_id"], doc["dataset_version"]):  # rows must pair up
             raise APIError(422, "releases must be of the same dataset version",
                            code="validation_error", field=f"releases.{i}")
-    client = current_app.extensions["redis"]
+        other_docs.append(other_doc)
+    try:
+        main = analyses.view(client, outputs, doc)
+        views = [analyses.view(client, outputs, d) for d in other_docs]
+        analysis.check(main, params, views)
+        work = analysis.work(main, params, views)
+    except mechanisms.MechanismInputError as err:
+        raise _input_error(err) from None
+    except LookupError:
+        raise APIError(404, "no such release", code="not_found", field="release_id") from None
+    releases.check_work(work, config.max_analysis_work, "this analysis")
     analysis_id = analyses.create(client, release_id, analysis.name, params, others,
-                                  current_key().id)
+                                  current_key().id, work.units)
     try:
         current_app.extensions["celery"].send_task(TASK, args=[analysis_id],
-                                                   task_id=analysis_id)
+                                                   task_id=analysis_id, queue=QUEUE)
     except UNAVAILABLE:
         # never queued: drop the record rather than leave it "queued" forever (the 503
         # tells the client to retry); if Valkey itself is gone the record is too stale
@@ -119,18 +148,69 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
     return created
 
 
+def _release(release_id: str) -> dict[str, Any]:
+    """The release (any status), answered as missing for a dataset the key may not use."""
+    doc = releases.document(current_app.extensions["redis"], release_id)
+    not_found = APIError(404, "no such release", code="not_found")
+    if doc is None:
+        raise not_found
+    check_dataset_grant(doc["dataset_id"], not_found)
+    return doc
+
+
+def _analysis(release_id: str, analysis_id: str) -> dict[str, Any]:
+    _release(release_id)
+    found = analyses.document(current_app.extensions["redis"], analysis_id)
+    if found is None or found["release_id"] != release_id:
+        raise APIError(404, "no such analysis", code="not_found")
+    return found
+
+
+@blp.route("/<release_id>/analyses")
+@require("consumer")
+@problems(blp, *AUTH, 403, 404, 422)
+@blp.arguments(AnalysisListQuerySchema(), location="query")
+@blp.response(200, AnalysisPageSchema())
+def list_analyses(query: dict[str, Any], release_id: str) -> dict[str, Any]:
+    """A release's analyses, newest first, a page at a time (``next_cursor``)."""
+    _release(release_id)
+    items, cursor = analyses.page(current_app.extensions["redis"], release_id,
+                                  query["limit"], query.get("cursor"))
+    return {"items": items, "next_cursor": cursor}
+
+
 @blp.route("/<release_id>/analyses/<analysis_id>")
 @require("consumer")
 @problems(blp, *AUTH, 403, 404)
 @blp.response(200, AnalysisSchema())
 def show(release_id: str, analysis_id: str) -> dict[str, Any]:
     """An analysis: status, and when done its result with diagnostics and warnings."""
-    doc = releases.document(current_app.extensions["redis"], release_id)
-    not_found = APIError(404, "no such release", code="not_found")
-    if doc is None:
-        raise not_found
-    check_dataset_grant(doc["dataset_id"], not_found)
-    found = analyses.document(current_app.extensions["redis"], analysis_id)
-    if found is None or found["release_id"] != release_id:
-        raise APIError(404, "no such analysis", code="not_found")
-    return found
+    return _analysis(release_id, analysis_id)
+
+
+@blp.route("/<release_id>/analyses/<analysis_id>/cancel", methods=["POST"])
+@require("consumer")
+@problems(blp, *AUTH, 403, 404, 409)
+@blp.response(200, AnalysisSchema())
+def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
+    """Cancel a queued or running analysis (its creator or an operator): it ends
+    ``cancelled`` at once; a queued one never runs, a running one is stopped by its
+    worker within a second (or, stuck in native code, when that code returns) and
+    anything it still produces is discarded. 409 ``analysis_ended`` once it has ended."""
+    found = _analysis(release_id, analysis_id)
+    key = current_key()
+    client = current_app.extensions["redis"]
+    if key.role != "operator" and client.hget(rkeys.analysis(analysis_id), "actor") != key.id:
+        raise APIError(403, "only the analysis's creator or an operator may cancel it",
+                       code="forbidden")
+    if analyses.cancel(client, analysis_id) is None:
+        raise APIError(409, f"the analysis is {found['status']}; nothing to cancel",
+                       code="analysis_ended")
+    # a queued message is dropped by the workers (best effort: a worker that misses the
+    # broadcast skips it anyway, the status no longer being queued); a running analysis
+    # is stopped by its own worker, which watches the status (workers/tasks.py)
+    with contextlib.suppress(Exception):
+        current_app.extensions["celery"].control.revoke(analysis_id)
+    ended = analyses.document(client, analysis_id)
+    assert ended is not None
+    return ended

@@ -55,7 +55,8 @@ def _prepare(body: dict[str, Any]) -> releases.Prepared:
                        field="callback_url")
     prepared = releases.prepare(current_app.extensions["redis"],
                                 current_app.extensions["ledger"], body,
-                                allow_seeds=config.allow_seeds)
+                                allow_seeds=config.allow_seeds,
+                                max_work=config.max_release_work)
     return prepared
 
 

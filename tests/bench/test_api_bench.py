@@ -27,6 +27,7 @@ from service.server import options
 from service.valkey import EmbeddedValkey
 from tests.conftest import ROOT
 from tests.e2e.harness import TOKEN, Service, _free_port, wait_until
+from workers.celery_app import RELEASES_QUEUE
 
 CLIENTS = 32
 SECONDS = 8.0
@@ -152,10 +153,10 @@ def test_release_post_throughput_vs_bare_flask(service: Split, bare: str,
 def test_worker_drain_and_latency(service: Split, record: Callable[[str, str], None]) -> None:
     """Start the worker on the queue the throughput test filled, then time one by one."""
     client = rkeys.connect(service.valkey.url)
-    queued = client.llen("privrelease")
+    queued = client.llen(RELEASES_QUEUE)
     start = time.monotonic()
     service.start_worker()
-    while client.llen("privrelease") or client.zcard(rkeys.PENDING):
+    while client.llen(RELEASES_QUEUE) or client.zcard(rkeys.PENDING):
         time.sleep(0.05)
     drain = queued / (time.monotonic() - start)
     record("worker drain rate (1 worker, 2 processes)", f"{drain:.0f} releases/s "

@@ -57,10 +57,15 @@ class Service:
             raise TimeoutError(self.banner)
         # keep draining the shared stdout (JSON logs): a full pipe would block the service
         threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
-        # wait until a worker is serving too (/readyz answers 503 until its first beat)
-        ready = wait_until(self.url + "/readyz", timeout=max(deadline - time.monotonic(), 1))
-        if ready.status_code != 200:
-            raise TimeoutError(f"worker never ready ({ready.status_code})")
+        # wait until the workers are serving too (/readyz answers 503 until their first
+        # beats); two: `privrelease worker` runs the analyses queue in a process of its own
+        while True:
+            ready = wait_until(self.url + "/readyz", timeout=max(deadline - time.monotonic(), 1))
+            if ready.status_code == 200 and ready.json()["workers"] >= 2:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"workers never ready ({ready.status_code})")
+            time.sleep(0.2)
 
     def _drain(self, stream: Any) -> None:
         for line in stream:

@@ -92,6 +92,11 @@ RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
     ("/v1/releases/<release_id>/analyses/<analysis_id>", "GET"): (
         lambda w: ("GET", f"/v1/releases/{w.release}/analyses/ana_none", {}),
         "consumer", 404, True),
+    ("/v1/releases/<release_id>/analyses", "GET"): (
+        lambda w: ("GET", f"/v1/releases/{w.release}/analyses", {}), "consumer", 200, True),
+    ("/v1/releases/<release_id>/analyses/<analysis_id>/cancel", "POST"): (
+        lambda w: ("POST", f"/v1/releases/{w.release}/analyses/ana_none/cancel", {}),
+        "consumer", 404, True),
     ("/v1/keys", "POST"): (
         lambda w: ("POST", "/v1/keys", {"json": {"role": "consumer"}}), "operator", 201, False),
     ("/v1/keys", "GET"): (lambda w: ("GET", "/v1/keys", {}), "operator", 200, False),

@@ -50,7 +50,8 @@ def slow(redis_url: str, service_env: dict[str, str], app: Flask,
         client.delete(*client.keys(rkeys.WORKERS + "*") or ["-"])
         with open(log, "ab") as fh:
             procs["worker"] = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1"],
+                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1",
+                 "--queues", "releases"],
                 env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         wait_for_worker(client)
         return procs["worker"]

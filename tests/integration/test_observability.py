@@ -185,7 +185,8 @@ def test_metrics_count_requests_by_route_and_status(app: Flask) -> None:
 
 def test_metrics_report_queue_depth_and_dataset_count(app: Flask, r: redis.Redis) -> None:
     samples = scrape(app.test_client())
-    assert ("privrelease_queue_depth", frozenset({("queue", "privrelease")})) in samples
+    for name in ("releases", "analyses"):  # each queue's depth (analyses wait apart)
+        assert ("privrelease_queue_depth", frozenset({("queue", name)})) in samples
     assert sample(samples, "privrelease_datasets") == r.zcard("pr:datasets")
 
     queue = f"pr:test:queue:{uuid.uuid4().hex}"

@@ -71,7 +71,8 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
         client.delete(*client.keys(rkeys.WORKERS + "*") or ["-"])
         with open(tmp_path / f"{name}.log", "wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1"],
+                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1",
+                 "--queues", "releases"],
                 env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         procs.append(proc)
         wait_for_worker(client)
