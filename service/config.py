@@ -98,6 +98,12 @@ class Config:
     #: PRIVRELEASE_TRUSTED_PROXIES: reverse proxies in front of the API whose
     #: X-Forwarded-For/-Proto are trusted (0: none), so limits see the client's address
     trusted_proxies: int = 0
+    #: PRIVRELEASE_PRECOMPUTE_CONCURRENCY: cold heavy cost computations (interval
+    #: calibration, ICLP eigen-systems) one API process runs at once; more answer 503 busy
+    precompute_concurrency: int = 2
+    #: PRIVRELEASE_ESTIMATE_RATE_LIMIT: estimates per API key (on top of RATE_LIMIT),
+    #: e.g. "30/minute"; "" or "off": no separate limit
+    estimate_rate_limit: str | None = "60/minute"
 
     @classmethod
     def from_env(cls) -> Config:
@@ -122,6 +128,9 @@ class Config:
             metrics_max_datasets=_int("METRICS_MAX_DATASETS", cls.metrics_max_datasets),
             metrics_token=_env("METRICS_TOKEN") or None,
             trusted_proxies=_int("TRUSTED_PROXIES", cls.trusted_proxies),
+            precompute_concurrency=_int("PRECOMPUTE_CONCURRENCY", cls.precompute_concurrency),
+            estimate_rate_limit=_rate_limit(_env("ESTIMATE_RATE_LIMIT"),
+                                            cls.estimate_rate_limit),
         )
 
     @property
