@@ -37,6 +37,8 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from mechanisms.base import MechanismInputError
+
 T = TypeVar("T")
 
 
@@ -81,10 +83,12 @@ STATS = Stats()
 
 @dataclass(frozen=True)
 class Context:
-    """Where values are shared, and what a cold computation must pass first."""
+    """Where values are shared, what a cold computation must pass first, and the most
+    work (in the mechanism's own estimate from public inputs) a request may ask for."""
 
     store: Store | None = None
     gate: Gate = _open_gate
+    max_work: float | None = None
 
 
 _CONTEXT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
@@ -93,9 +97,11 @@ _NO_SHARING = Context()
 
 
 @contextlib.contextmanager
-def use(store: Store | None, gate: Gate | None = None) -> Iterator[None]:
-    """Share results through ``store`` and gate cold work with ``gate`` inside the block."""
-    token = _CONTEXT.set(Context(store, gate or _open_gate))
+def use(store: Store | None, gate: Gate | None = None,
+        max_work: float | None = None) -> Iterator[None]:
+    """Share results through ``store``, gate cold work with ``gate`` and refuse requests
+    whose estimated work exceeds ``max_work`` (None: no limit) inside the block."""
+    token = _CONTEXT.set(Context(store, gate or _open_gate, max_work))
     try:
         yield
     finally:
@@ -133,6 +139,19 @@ class DirectoryStore:
                 raise
         except OSError:  # disk full or read-only: the value is recomputed next time
             return
+
+
+def check_work(field_name: str, work: float) -> None:
+    """Refuse a request whose precomputation would exceed the context's work limit.
+
+    Checked whether or not the result is cached, so the answer to a request depends on
+    its public inputs only, never on what other callers computed before.
+    """
+    ctx = _CONTEXT.get() or _NO_SHARING
+    if ctx.max_work is not None and work > ctx.max_work:
+        raise MechanismInputError(
+            field_name, f"computing this request's cost takes about {work:.3g} work units,"
+            f" more than this server's limit of {ctx.max_work:.3g}")
 
 
 def code_fingerprint(files: Iterable[str | Path]) -> str:

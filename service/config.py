@@ -104,6 +104,10 @@ class Config:
     #: PRIVRELEASE_ESTIMATE_RATE_LIMIT: estimates per API key (on top of RATE_LIMIT),
     #: e.g. "30/minute"; "" or "off": no separate limit
     estimate_rate_limit: str | None = "60/minute"
+    #: PRIVRELEASE_MAX_PRECOMPUTE_WORK: most work units a cost computation may take
+    #: (interval: coverage evaluations x integrand points x ranges); beyond it, 422 naming
+    #: the parameter. The default admits the largest design the schemas allow (~2.4e8)
+    max_precompute_work: float = 2.5e8
 
     @classmethod
     def from_env(cls) -> Config:
@@ -131,6 +135,7 @@ class Config:
             precompute_concurrency=_int("PRECOMPUTE_CONCURRENCY", cls.precompute_concurrency),
             estimate_rate_limit=_rate_limit(_env("ESTIMATE_RATE_LIMIT"),
                                             cls.estimate_rate_limit),
+            max_precompute_work=float(_env("MAX_PRECOMPUTE_WORK") or cls.max_precompute_work),
         )
 
     @property

@@ -60,7 +60,8 @@ def scope(app: Flask) -> Iterator[None]:
             slots.release()
 
     try:
-        with precompute.use(store(app.config["PRIVRELEASE"]), gate):
+        config: Config = app.config["PRIVRELEASE"]
+        with precompute.use(store(config), gate, config.max_precompute_work):
             yield
     except precompute.Busy:
         raise APIError(503, "the server is computing other costs; retry shortly",

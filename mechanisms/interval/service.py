@@ -26,7 +26,7 @@ import numpy as np
 from mechanisms import precompute
 from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output
 from mechanisms.interval import anchors as anchor_laws
-from mechanisms.interval import schemas
+from mechanisms.interval import coverage, schemas
 from mechanisms.interval.coverage import (
     CalibrationError,
     Estimate,
@@ -189,11 +189,38 @@ def _dec_account(raw: Any) -> SelectiveAccount:
         collect_floor=float(raw["collect_floor"]), null_ratio=float(raw["null_ratio"]))
 
 
+#: coverage integrand points per evaluation (coverage.REPLICATES scrambled nets)
+_POINTS = coverage.REPLICATES * 2**coverage.LOG2_POINTS
+#: coverage evaluations of a calibration: the scale's coarse grid and bisection on its
+#: log-grid; the ring's 2 ends and 16 bisection bits
+_SCALE_EVALS = 14 + math.ceil(math.log2(
+    math.log(SCALE_RANGE[1] / SCALE_RANGE[0]) / 1e-4 / 13))
+_RING_EVALS = 2 + 16
+
+
+def _work(kind: str, params: Mapping[str, Any]) -> tuple[str, float]:
+    """The parameter that drives the cost computation, and its work: coverage evaluations
+    × integrand points × ranges per point (public inputs only; see precompute.check_work).
+    The largest the schemas allow (selective, casek, m = 64, calibrated) is about 2.4e8."""
+    calibrate = bool(params.get("calibrate"))
+    if kind == "progressive":
+        evals = 1 + (schemas.MAX_ROUNDS if calibrate else 0)
+        return "params.rounds", float(evals * _POINTS * (int(params["rounds"]) + 1))
+    base = params["base"] if kind == "selective" else kind
+    m = {"case1": 2, "case2": 3, "ring": 2}.get(base, int(params.get("m", 2)))
+    evals = 1 + ((_RING_EVALS if base == "ring" else _SCALE_EVALS) if calibrate else 0)
+    if kind == "selective":
+        evals *= 2  # collection probability and the account, per evaluation
+    name = "params.m" if "m" in params else "params.calibrate" if calibrate else "params"
+    return name, float(evals * _POINTS * m)
+
+
 def _shared_resolve(kind: str, key: str, params: Mapping[str, Any], meta: DatasetMeta,
                     target: Fraction | None) -> Plan:
     """``_resolve`` through the precompute store: its heavy results (calibrated parameter,
     coverage estimates, and a refusal) are computed once by any process, behind the
     service's gate, and replayed by the others."""
+    precompute.check_work(*_work(kind, params))
     cold: list[Plan] = []
 
     def compute() -> dict[str, Any]:

@@ -120,3 +120,20 @@ def test_estimates_have_a_per_key_limit(app: Flask, heights: str) -> None:
     assert int(refused.headers["Retry-After"]) >= 1
     assert first.get(f"/v1/datasets/{heights}").status_code == 200
     assert other.post("/v1/releases/estimate", body).status_code == 200
+
+
+def test_work_beyond_the_ceiling_is_a_422_naming_the_parameter(app: Flask, heights: str) -> None:
+    """PRIVRELEASE_MAX_PRECOMPUTE_WORK: a calibrated design above it is refused with 422
+    naming the parameter (and nothing computed); a plain one below it is answered."""
+    low = create_app(dataclasses.replace(app.config["PRIVRELEASE"], max_precompute_work=1e6))
+    api = Api(low.test_client())
+    refused = api.post("/v1/releases/estimate", _calibrated(heights, 0.4567891))
+    assert refused.status_code == 422
+    assert refused.get_json()["field"] == "params.calibrate"
+    casek = {**_calibrated(heights, 0.4567891), "mechanism": "interval.casek"}
+    casek["params"] = {**casek["params"], "m": 8}
+    resp = api.post("/v1/releases", casek)
+    assert resp.status_code == 422 and resp.get_json()["field"] == "params.m"
+    plain = {**_calibrated(heights, 0.9), "params": {
+        "column": "h", "anchors": {"family": "logistic", "loc": 170, "scale": 10}}}
+    assert api.post("/v1/releases/estimate", plain).status_code == 200

@@ -179,3 +179,39 @@ def test_two_processes_share_the_work(tmp_path: Path) -> None:
     assert (first["hits"], first["misses"]) == (0, 2)
     assert (second["hits"], second["misses"]) == (2, 0)
     assert first["cost"] == second["cost"] and first["trace"] == second["trace"]
+
+
+def test_work_limit_refuses_before_any_work(tmp_path: Path) -> None:
+    """Beyond the context's work limit the request is refused naming the parameter that
+    drives the work, before anything is computed (no miss counted), cached or not."""
+    mech = registry.get("interval.selective")
+    params = mech.load_params({"column": "x", "tau": 0.6, "base": "casek", "m": 64,
+                               "calibrate": True})
+    field_name, work = service._work("selective", params)
+    assert field_name == "params.m"
+    misses = precompute.STATS.misses
+    with precompute.use(precompute.DirectoryStore(tmp_path), max_work=work / 2), \
+            pytest.raises(MechanismInputError) as err:
+        mech.cost(params, {"interval_leakage": 0.5}, META)
+    assert err.value.field == "params.m" and "limit" in err.value.message
+    assert precompute.STATS.misses == misses
+    assert not any(tmp_path.iterdir())
+
+
+def test_default_work_limit_admits_every_schema_valid_design() -> None:
+    """The default ceiling keeps every request the schemas accept (the largest: selective
+    Case-K with m = MAX_M, calibrated), and the estimate grows with what drives the work."""
+    from mechanisms.interval.schemas import MAX_M, MAX_ROUNDS
+    from service.config import Config
+
+    largest = [
+        service._work("selective", {"base": "casek", "m": MAX_M, "calibrate": True}),
+        service._work("casek", {"m": MAX_M, "calibrate": True}),
+        service._work("progressive", {"rounds": MAX_ROUNDS, "calibrate": True}),
+        service._work("selective", {"base": "ring", "calibrate": True}),
+    ]
+    assert max(w for _, w in largest) <= Config().max_precompute_work
+    assert (service._work("casek", {"m": 8, "calibrate": True})[1]
+            < service._work("casek", {"m": 16, "calibrate": True})[1]
+            < largest[1][1] < largest[0][1])
+    assert service._work("case1", {})[1] < service._work("case1", {"calibrate": True})[1]
