@@ -110,19 +110,50 @@ def use(store: Store | None, gate: Gate | None = None,
 
 class DirectoryStore:
     """One file per key under a directory; writes are atomic (temp file + rename),
-    so processes sharing the directory read a whole value or none."""
+    so processes sharing the directory read a whole value or none.
 
-    def __init__(self, root: Path) -> None:
+    At most about ``max_bytes`` are kept: whenever this object has written a tenth of
+    that since it last looked, it sums the directory and deletes the least recently
+    used files (reads touch their file) down to 80 %. Inputs are public and chosen by
+    callers (an eigen-system is megabytes), so an unbounded cache would be a way to fill
+    the disk.
+    """
+
+    def __init__(self, root: Path, max_bytes: int = 1 << 30) -> None:
         self.root = Path(root)
+        self.max_bytes = max_bytes
+        self._written = max_bytes  # look at the first write
+        self._lock = threading.Lock()
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / key
 
     def get(self, key: str) -> bytes | None:
+        path = self._path(key)
         try:
-            return self._path(key).read_bytes()
+            data = path.read_bytes()
         except OSError:  # absent, or the directory is unreadable: a miss
             return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: pruned last
+        return data
+
+    def prune(self) -> None:
+        """Delete least recently used entries until the directory holds <= 80 % of the cap."""
+        entries = []
+        for path in self.root.glob("*/*"):
+            with contextlib.suppress(OSError):
+                st = path.stat()
+                entries.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        if total <= self.max_bytes:
+            return
+        for _, size, path in sorted(entries, key=lambda e: e[0]):
+            if total <= 0.8 * self.max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                path.unlink()
+                total -= size
 
     def put(self, key: str, value: bytes) -> None:
         path = self._path(key)
@@ -139,6 +170,13 @@ class DirectoryStore:
                 raise
         except OSError:  # disk full or read-only: the value is recomputed next time
             return
+        with self._lock:
+            self._written += len(value)
+            due = self._written >= self.max_bytes // 10
+            if due:
+                self._written = 0
+        if due:
+            self.prune()
 
 
 def check_work(field_name: str, work: float) -> None:

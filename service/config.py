@@ -108,6 +108,9 @@ class Config:
     #: (interval: coverage evaluations x integrand points x ranges); beyond it, 422 naming
     #: the parameter. The default admits the largest design the schemas allow (~2.4e8)
     max_precompute_work: float = 2.5e8
+    #: PRIVRELEASE_PRECOMPUTE_MAX_BYTES: disk the shared precompute cache
+    #: (<data dir>/precompute) may use; least recently used entries go first
+    precompute_max_bytes: int = 1024 * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> Config:
@@ -136,6 +139,7 @@ class Config:
             estimate_rate_limit=_rate_limit(_env("ESTIMATE_RATE_LIMIT"),
                                             cls.estimate_rate_limit),
             max_precompute_work=float(_env("MAX_PRECOMPUTE_WORK") or cls.max_precompute_work),
+            precompute_max_bytes=_int("PRECOMPUTE_MAX_BYTES", cls.precompute_max_bytes),
         )
 
     @property

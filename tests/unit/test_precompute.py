@@ -215,3 +215,20 @@ def test_default_work_limit_admits_every_schema_valid_design() -> None:
             < service._work("casek", {"m": 16, "calibrate": True})[1]
             < largest[1][1] < largest[0][1])
     assert service._work("case1", {})[1] < service._work("case1", {"calibrate": True})[1]
+
+
+def test_directory_store_is_bounded_and_drops_least_recently_used(tmp_path: Path) -> None:
+    """Callers choose the (public) inputs, so they could fill the disk with distinct
+    entries: the store keeps about max_bytes, dropping the least recently used first."""
+    store = precompute.DirectoryStore(tmp_path, max_bytes=10_000)
+    keys = [precompute.key("t", "c", i) for i in range(30)]
+    for i, k in enumerate(keys):
+        store.put(k, bytes(1000))
+        os.utime(store._path(k), (1000.0 + i, 1000.0 + i))  # a clear order of use
+        if i == 5:
+            assert store.get(keys[0]) is not None  # read: now the most recently used
+            os.utime(store._path(keys[0]), (1e9, 1e9))
+    total = sum(p.stat().st_size for p in tmp_path.glob("*/*"))
+    assert total <= 10_000
+    assert store.get(keys[0]) is not None and store.get(keys[-1]) is not None
+    assert store.get(keys[1]) is None  # the oldest unused ones went first
