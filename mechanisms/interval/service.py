@@ -144,11 +144,10 @@ _PLAN_CACHE_SIZE = 256
 
 # ------------------------------------------------ heavy results shared across processes
 
-#: the code whose output the shared cache holds: any change to it is a new key space
+#: the code whose output the shared cache holds (this package, and the base classes):
+#: any change to it is a new key space
 _CODE = precompute.code_fingerprint(
-    Path(__file__).with_name(name) for name in (
-        "service.py", "coverage.py", "designs.py", "anchors.py", "priors.py", "ranges.py",
-        "transforms.py"))
+    [*Path(__file__).parent.glob("*.py"), Path(__file__).parents[1] / "base.py"])
 
 
 class _Memo:
