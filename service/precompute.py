@@ -32,6 +32,8 @@ from service.problems import APIError
 #: per app (one app per API process): the gate's slots and the store
 _GATE = "privrelease.precompute_gate"
 _STORE = "privrelease.precompute_store"
+#: whether this thread holds a slot already
+_HOLDING = threading.local()
 
 
 def store(config: Config) -> precompute.DirectoryStore:
@@ -59,11 +61,16 @@ def scope(app: Flask) -> Iterator[None]:
 
     @contextlib.contextmanager
     def gate() -> Iterator[None]:
+        if getattr(_HOLDING, "slot", False):  # a cold computation inside another: one slot
+            yield
+            return
         if not slots.acquire(blocking=False):
             raise precompute.Busy
+        _HOLDING.slot = True
         try:
             yield
         finally:
+            _HOLDING.slot = False
             slots.release()
 
     try:

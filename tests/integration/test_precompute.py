@@ -137,3 +137,18 @@ def test_work_beyond_the_ceiling_is_a_422_naming_the_parameter(app: Flask, heigh
     plain = {**_calibrated(heights, 0.9), "params": {
         "column": "h", "anchors": {"family": "logistic", "loc": 170, "scale": 10}}}
     assert api.post("/v1/releases/estimate", plain).status_code == 200
+
+
+def test_nested_cold_work_uses_the_slot_it_holds(app: Flask) -> None:
+    """A cold computation that needs another cold one (in the same thread) is not refused
+    by its own slot: with one slot, the nested one runs."""
+    one_slot = create_app(dataclasses.replace(app.config["PRIVRELEASE"],
+                                              precompute_concurrency=1))
+
+    def cold(tag: str, inner: Any) -> Any:
+        return precompute.cached(precompute.key("test.nested", "", [tag, uuid.uuid4().hex]),
+                                 inner, precompute.encode_json, precompute.decode_json)
+
+    with service_precompute.scope(one_slot):
+        assert cold("outer", lambda: cold("inner", lambda: 2.5) * 2) == 5.0
+        assert cold("again", lambda: 1.0) == 1.0  # the slot was given back
