@@ -95,7 +95,8 @@ def init_app(app: Flask) -> Limiter | None:
     if not config.rate_limit and not config.estimate_rate_limit:
         return None
     try:
-        parse_many(config.rate_limit or "1/second")
+        if config.rate_limit:
+            parse_many(config.rate_limit)
     except ValueError as err:
         raise SystemExit(f"{ENV_PREFIX}RATE_LIMIT: {err}") from None
     # registered before the limiter's own after_request, so it runs after it
@@ -135,8 +136,9 @@ def _limit_estimates(app: Flask, limiter: Limiter, config: Config) -> None:
     except ValueError as err:
         raise SystemExit(f"{ENV_PREFIX}ESTIMATE_RATE_LIMIT: {err}") from None
     rate = config.estimate_rate_limit
-    # flask-limiter checks a decorated limit when the decorated function runs; the
-    # route calls this one (count_estimate), so the window is per key and per app
+    # flask-limiter checks a decorated limit when the decorated function runs; the route
+    # calls this one (count_estimate). Counted per key in Valkey like the shared limit,
+    # so every API process and host counts against the same window
     app.extensions[_ESTIMATE] = limiter.limit(
         rate, error_message=f"estimate rate limit exceeded: {rate}")(_estimate_window)
 
