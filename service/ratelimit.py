@@ -9,6 +9,10 @@ shares one bucket instead of getting one each. Behind a reverse proxy set
 ``PRIVRELEASE_TRUSTED_PROXIES`` so the address is the client's, not the
 proxy's. A refused request is a 429 problem document (via the problem
 handlers, as for any HTTPException) with ``Retry-After``.
+
+Estimates (``POST /v1/releases/estimate``) also count against a window of their own,
+``PRIVRELEASE_ESTIMATE_RATE_LIMIT`` per key: they are free to the caller but a cold one
+costs seconds of CPU (see service/precompute.py).
 """
 
 from __future__ import annotations
