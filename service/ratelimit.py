@@ -9,6 +9,10 @@ shares one bucket instead of getting one each. Behind a reverse proxy set
 ``PRIVRELEASE_TRUSTED_PROXIES`` so the address is the client's, not the
 proxy's. A refused request is a 429 problem document (via the problem
 handlers, as for any HTTPException) with ``Retry-After``.
+
+Estimates (``POST /v1/releases/estimate``) also count against a window of their own,
+``PRIVRELEASE_ESTIMATE_RATE_LIMIT`` per key: they are free to the caller but a cold one
+costs seconds of CPU (see service/precompute.py).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, Response, request
+from flask import Flask, Response, current_app, request
 from flask_limiter import ApplicationLimit, Limiter
 from limits import parse_many
 
@@ -89,12 +93,14 @@ def _retry_after(response: Response) -> Response:
 
 
 def init_app(app: Flask) -> Limiter | None:
-    """Limit every request per key to ``config.rate_limit``; None when it is off."""
+    """Limit every request per key to ``config.rate_limit`` and estimates to
+    ``config.estimate_rate_limit``; None when both are off."""
     config: Config = app.config["PRIVRELEASE"]
-    if not config.rate_limit:
+    if not config.rate_limit and not config.estimate_rate_limit:
         return None
     try:
-        parse_many(config.rate_limit)
+        if config.rate_limit:
+            parse_many(config.rate_limit)
     except ValueError as err:
         raise SystemExit(f"{ENV_PREFIX}RATE_LIMIT: {err}") from None
     # registered before the limiter's own after_request, so it runs after it
@@ -106,7 +112,8 @@ def init_app(app: Flask) -> Limiter | None:
     limiter = Limiter(
         client_key,
         application_limits=[ApplicationLimit(limit_provider=config.rate_limit,
-                                             error_message=message)],
+                                             error_message=message)]
+        if config.rate_limit else [],
         storage_uri=_storage_uri(config.require_redis_url()),
         storage_options={"key_prefix": KEY_PREFIX},
         strategy="fixed-window",
@@ -119,4 +126,36 @@ def init_app(app: Flask) -> Limiter | None:
     limiter.logger = _LOG  # JSON lines, no messages
     limiter.request_filter(_exempt)
     limiter.init_app(app)
+    _limit_estimates(app, limiter, config)
     return limiter
+
+
+def _limit_estimates(app: Flask, limiter: Limiter, config: Config) -> None:
+    """Estimates get their own, tighter per-key window on top of the shared one: a cold
+    estimate can cost seconds of CPU while the other endpoints cost milliseconds."""
+    if not config.estimate_rate_limit:
+        return
+    try:
+        parse_many(config.estimate_rate_limit)
+    except ValueError as err:
+        raise SystemExit(f"{ENV_PREFIX}ESTIMATE_RATE_LIMIT: {err}") from None
+    rate = config.estimate_rate_limit
+    # flask-limiter checks a decorated limit when the decorated function runs; the route
+    # calls this one (count_estimate). Counted per key in Valkey like the shared limit,
+    # so every API process and host counts against the same window
+    app.extensions[_ESTIMATE] = limiter.limit(
+        rate, error_message=f"estimate rate limit exceeded: {rate}")(_estimate_window)
+
+
+_ESTIMATE = "privrelease.estimate_limit"
+
+
+def _estimate_window() -> None:
+    """The function the estimate limit is attached to (its name keys the window)."""
+
+
+def count_estimate() -> None:
+    """Count one estimate against the caller's estimate window; 429 when it is full."""
+    check = current_app.extensions.get(_ESTIMATE)
+    if check is not None:
+        check()

@@ -7,11 +7,13 @@ the grid are v_j = u_j / √w, orthonormal under the quadrature weights
 floor, and every consumer (summary projection, sensitivity, noise) uses the
 *same* truncated system, which is what keeps the release exactly ε-DP for the
 discrete problem (spec §2.5). The system depends only on public inputs, so it
-is cached per (kernel, grid, weights, floor, cap).
+is cached per (kernel, grid, weights, floor, cap): in memory, and through
+``mechanisms.precompute`` in the store the service shares between processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +22,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import linalg
 
+from mechanisms import precompute
+from mechanisms.iclp import kernels
 from mechanisms.iclp.kernels import Kernel
 
 #: keep λ_j > REL_FLOOR · λ_1 (spec §2.2)
@@ -111,6 +115,35 @@ def _cached(
     t = np.array(positions)
     m = t.size
     w = np.full(m, 1.0 / m) if weights is None else np.array(weights)
+    inputs = [dataclasses.asdict(kernel), positions, weights, rel_floor, max_components]
+    arrays = precompute.cached(
+        precompute.key("iclp.eigen_system", _CODE, inputs),
+        lambda: _decompose(kernel, t, w, rel_floor, max_components),
+        precompute.encode_arrays, precompute.decode_arrays)
+    lam, vectors = arrays["values"], arrays["vectors"]
+    for arr in (t, w, lam, vectors):
+        arr.setflags(write=False)
+    return EigenSystem(
+        kernel=kernel,
+        positions=t,
+        weights=w,
+        values=lam,
+        vectors=vectors,
+        dropped=m - lam.size,
+        rel_floor=rel_floor,
+        defect=float(arrays["defect"]),
+    )
+
+
+#: the code whose output the shared cache holds (a change is a new key space)
+_CODE = precompute.code_fingerprint([__file__, kernels.__file__])
+
+
+def _decompose(kernel: Kernel, t: NDArray[np.float64], w: NDArray[np.float64],
+               rel_floor: float, max_components: int | None) -> dict[str, NDArray[np.float64]]:
+    """The heavy part (O(M³)): eigenpairs and the defect bound, as plain arrays so the
+    precompute store can share them between processes."""
+    m = t.size
     root = np.sqrt(w)
     a = root[:, None] * kernel.matrix(t) * root[None, :]
     a = 0.5 * (a + a.T)  # exactly symmetric before eigh
@@ -130,18 +163,7 @@ def _cached(
     # Frobenius >= spectral norm; the second term bounds the rounding in forming UᵀU.
     defect = float(np.linalg.norm(gram)) + keep * (m + 2) * 2.0 * _UNIT
     vectors = u / root[:, None]
-    for arr in (t, w, lam, vectors):
-        arr.setflags(write=False)
-    return EigenSystem(
-        kernel=kernel,
-        positions=t,
-        weights=w,
-        values=lam,
-        vectors=vectors,
-        dropped=m - keep,
-        rel_floor=rel_floor,
-        defect=defect,
-    )
+    return {"values": lam, "vectors": vectors, "defect": np.array(defect)}
 
 
 def bessel_factor(eig: EigenSystem) -> float:

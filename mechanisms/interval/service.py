@@ -18,16 +18,19 @@ import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from mechanisms import precompute
 from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output
 from mechanisms.interval import anchors as anchor_laws
-from mechanisms.interval import schemas
+from mechanisms.interval import coverage, schemas
 from mechanisms.interval.coverage import (
     CalibrationError,
     Estimate,
+    SelectiveAccount,
     calibrate_increasing,
     calibrate_scale,
     expected_coverage,
@@ -122,7 +125,7 @@ def plan(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
     cache_key = (kind, key, None if target is None else str(target))
     hit = _PLANS.get(cache_key)
     if hit is None:
-        hit = _resolve(kind, params, meta, target)
+        hit = _shared_resolve(kind, key, params, meta, target)
         while len(_PLANS) >= _PLAN_CACHE_SIZE:
             _PLANS.pop(next(iter(_PLANS)))
         _PLANS[cache_key] = hit
@@ -139,8 +142,108 @@ _PLANS: dict[tuple[str, str, str | None], Plan] = {}
 _PLAN_CACHE_SIZE = 256
 
 
+# ------------------------------------------------ heavy results shared across processes
+
+#: the code whose output the shared cache holds (this package, and the base classes):
+#: any change to it is a new key space
+_CODE = precompute.code_fingerprint(
+    [*Path(__file__).parent.glob("*.py"), Path(__file__).parents[1] / "base.py"])
+
+
+class _Memo:
+    """The heavy intermediate results of one resolution, by label: recorded (JSON-able)
+    when the plan is computed cold, replayed when another process already computed it,
+    so a warm resolution only rebuilds the (cheap) design objects around them."""
+
+    def __init__(self, known: Mapping[str, Any] | None = None) -> None:
+        self.known = known or {}
+        self.record: dict[str, Any] = {}
+
+    def __call__(self, label: str, compute: Callable[[], Any],
+                 encode: Callable[[Any], Any] = float,
+                 decode: Callable[[Any], Any] = float) -> Any:
+        value = decode(self.known[label]) if label in self.known else compute()
+        self.record[label] = encode(value)
+        return value
+
+
+def _enc_estimate(e: Estimate) -> list[float]:
+    return [e.value, e.se]
+
+
+def _dec_estimate(raw: Any) -> Estimate:
+    return Estimate(float(raw[0]), float(raw[1]))
+
+
+def _enc_account(a: SelectiveAccount) -> dict[str, Any]:
+    return {"refined": _enc_estimate(a.refined), "per_output": _enc_estimate(a.per_output),
+            "null_probability": a.null_probability, "collect_floor": a.collect_floor,
+            "null_ratio": a.null_ratio}
+
+
+def _dec_account(raw: Any) -> SelectiveAccount:
+    return SelectiveAccount(
+        refined=_dec_estimate(raw["refined"]), per_output=_dec_estimate(raw["per_output"]),
+        null_probability=float(raw["null_probability"]),
+        collect_floor=float(raw["collect_floor"]), null_ratio=float(raw["null_ratio"]))
+
+
+#: coverage integrand points per evaluation (coverage.REPLICATES scrambled nets)
+_POINTS = coverage.REPLICATES * 2**coverage.LOG2_POINTS
+#: coverage evaluations of a calibration: the scale's coarse grid and bisection on its
+#: log-grid; the ring's 2 ends and 16 bisection bits
+_SCALE_EVALS = 14 + math.ceil(math.log2(
+    math.log(SCALE_RANGE[1] / SCALE_RANGE[0]) / 1e-4 / 13))
+_RING_EVALS = 2 + 16
+
+
+def _work(kind: str, params: Mapping[str, Any]) -> tuple[str, float]:
+    """The parameter that drives the cost computation, and its work: coverage evaluations
+    × integrand points × ranges per point (public inputs only; see precompute.check_work).
+    The largest the schemas allow (selective, casek, m = 64, calibrated) is about 2.4e8."""
+    calibrate = bool(params.get("calibrate"))
+    if kind == "progressive":
+        evals = 1 + (schemas.MAX_ROUNDS if calibrate else 0)
+        return "params.rounds", float(evals * _POINTS * (int(params["rounds"]) + 1))
+    base = params["base"] if kind == "selective" else kind
+    m = {"case1": 2, "case2": 3, "ring": 2}.get(base, int(params.get("m", 2)))
+    evals = 1 + ((_RING_EVALS if base == "ring" else _SCALE_EVALS) if calibrate else 0)
+    if kind == "selective":
+        evals *= 2  # collection probability and the account, per evaluation
+    name = "params.m" if "m" in params else "params.calibrate" if calibrate else "params"
+    return name, float(evals * _POINTS * m)
+
+
+def _shared_resolve(kind: str, key: str, params: Mapping[str, Any], meta: DatasetMeta,
+                    target: Fraction | None) -> Plan:
+    """``_resolve`` through the precompute store: its heavy results (calibrated parameter,
+    coverage estimates, and a refusal) are computed once by any process, behind the
+    service's gate, and replayed by the others."""
+    precompute.check_work(*_work(kind, params))
+    cold: list[Plan] = []
+
+    def compute() -> dict[str, Any]:
+        memo = _Memo()
+        try:
+            cold.append(_resolve(kind, params, meta, target, memo))
+        except MechanismInputError as err:  # a refusal costs the same work: keep it too
+            return {"error": [err.field, err.message]}
+        return {"memo": memo.record}
+
+    entry = precompute.cached(
+        precompute.key("interval.plan", _CODE, [kind, key, None if target is None
+                                                 else str(target)]),
+        compute, precompute.encode_json, precompute.decode_json)
+    if "error" in entry:
+        raise MechanismInputError(str(entry["error"][0]), str(entry["error"][1]))
+    if cold:
+        return cold[0]
+    return _resolve(kind, params, meta, target, _Memo(entry["memo"]))
+
+
 def _resolve(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
-             target: Fraction | None) -> Plan:
+             target: Fraction | None, memo: _Memo | None = None) -> Plan:
+    memo = memo or _Memo()
     column = meta.column(params["column"])
     prior = column_prior(column)
     support = prior.support
@@ -165,7 +268,7 @@ def _resolve(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
                     own if charge is None else max(own, charge), fill, m, calibrated, notes)
 
     if kind == "progressive":
-        return _progressive(params, prior, support, target, finish)
+        return _progressive(params, prior, support, target, finish, memo)
     if kind == "ring" or (kind == "selective" and params["base"] == "ring"):
         make: Callable[[float], IntervalMechanism] = lambda tau: IntervalMechanism(  # noqa: E731
             Ring(g_law, tau), transform, support)
@@ -186,7 +289,7 @@ def _resolve(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
         increasing = False
     if kind == "selective":
         return _selective(params, prior, make, free_name, free_default, increasing, target,
-                          g_law, m, finish)
+                          g_law, m, finish, memo)
 
     def leakage(x: float) -> float:
         return _charge_float(_coverage(make(x), prior))
@@ -195,10 +298,12 @@ def _resolve(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
     calibrated = None
     if calibrate:
         assert target is not None
-        free = _calibrate(leakage, float(target), free_name, increasing, g_law)
+        free = memo("free", lambda: _calibrate(leakage, float(target), free_name, increasing,
+                                                 g_law))
         calibrated = {free_name: free}
     design = make(free)
-    return finish(design, _coverage(design, prior), m, calibrated)
+    return finish(design, memo("estimate", lambda: _coverage(design, prior), _enc_estimate,
+                               _dec_estimate), m, calibrated)
 
 
 def _coverage(design: IntervalMechanism, prior: Prior) -> Estimate:
@@ -237,7 +342,7 @@ def _anchor_law(params: Mapping[str, Any], g_law: Any, column: str) -> anchor_la
 
 def _selective(params: Mapping[str, Any], prior: Prior, make: Callable[[float], Any],
                free_name: str, free_default: float, increasing: bool, target: Fraction | None,
-               g_law: Any, m: int, finish: Callable[..., Plan]) -> Plan:
+               g_law: Any, m: int, finish: Callable[..., Plan], memo: _Memo) -> Plan:
     tau = float(params["tau"])
 
     def build(x: float) -> tuple[Selective, float]:
@@ -258,16 +363,19 @@ def _selective(params: Mapping[str, Any], prior: Prior, make: Callable[[float], 
     free, calibrated = free_default, None
     if params.get("calibrate"):
         assert target is not None
-        free = _calibrate(leakage, float(target), free_name, increasing, g_law)
+        free = memo("free", lambda: _calibrate(leakage, float(target), free_name, increasing,
+                                                 g_law))
         calibrated = {free_name: free}
-    design, p_low = build(free)
+    p_low = memo("p_low", lambda: build(free)[1])
+    design = Selective(make(free), tau, params.get("rho", p_low), prior)  # = build(free)[0]
     if p_low <= 0:
         raise MechanismInputError("params.tau", "no range of this design reaches coverage tau")
     if design.rho > p_low:
         raise MechanismInputError(
             "params.rho", f"rho must be at most P(L >= tau) = {p_low:.6g} (Prop 2: otherwise a"
             " null reveals that the range was too narrow)")
-    account = selective_account(design, prior)
+    account = memo("account", lambda: selective_account(design, prior), _enc_account,
+                   _dec_account)
     return finish(design, account.charged, m, calibrated, collect_probability=p_low,
                   rho=design.rho, null_probability=account.null_probability,
                   null_posterior_ratio_bound=account.null_ratio,
@@ -277,7 +385,7 @@ def _selective(params: Mapping[str, Any], prior: Prior, make: Callable[[float], 
 
 
 def _progressive(params: Mapping[str, Any], prior: Prior, support: tuple[float, float],
-                 target: Fraction | None, finish: Callable[..., Plan]) -> Plan:
+                 target: Fraction | None, finish: Callable[..., Plan], memo: _Memo) -> Plan:
     if not all(math.isfinite(b) for b in support):
         raise MechanismInputError(
             "params.column", "progressive narrowing needs a column with finite bounds")
@@ -291,18 +399,25 @@ def _progressive(params: Mapping[str, Any], prior: Prior, support: tuple[float, 
         # Leakage grows with the rounds, but once stopping has ended every record the
         # estimates only differ by integration noise; charging the running maximum makes
         # the sequence monotone, so calibrating again to the charge returns the same rounds.
-        best, running = None, Fraction(0)
-        for r in range(1, schemas.MAX_ROUNDS + 1):
-            running = max(running, _charge(expected_coverage(make(r), prior)))
-            if running > target:
-                break
-            best, charge = r, running
-        if best is None:
+        def search() -> tuple[int, Fraction] | None:
+            best, running = None, Fraction(0)
+            for r in range(1, schemas.MAX_ROUNDS + 1):
+                running = max(running, _charge(expected_coverage(make(r), prior)))
+                if running > target:
+                    break
+                best = (r, running)
+            return best
+
+        found = memo("rounds", search, lambda b: None if b is None else [b[0], str(b[1])],
+                     lambda raw: None if raw is None else (int(raw[0]), Fraction(raw[1])))
+        if found is None:
             raise MechanismInputError(f"budget.{MEASURE}",
                                       "even one round leaks more than the budget")
-        rounds, calibrated = best, {"rounds": best}
+        rounds, charge = found
+        calibrated = {"rounds": rounds}
     design = make(rounds)
-    return finish(design, expected_coverage(design, prior), None, calibrated, charge)
+    return finish(design, memo("estimate", lambda: expected_coverage(design, prior),
+                               _enc_estimate, _dec_estimate), None, calibrated, charge)
 
 
 # --------------------------------------------------------------------------- statements

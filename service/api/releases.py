@@ -12,7 +12,7 @@ from flask.blueprints import BlueprintSetupState
 from flask_smorest import Blueprint
 from werkzeug.routing import BaseConverter
 
-from service import budget, index, inputs, notify, releases, rkeys
+from service import budget, index, inputs, notify, precompute, ratelimit, releases, rkeys
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, may_use, require
 from service.ledger import now_iso
@@ -53,10 +53,12 @@ def _prepare(body: dict[str, Any]) -> releases.Prepared:
     if callback is not None and (why := notify.check_url(callback, config.callback_hosts)):
         raise APIError(422, f"callback_url {why}", code="validation_error",
                        field="callback_url")
-    prepared = releases.prepare(current_app.extensions["redis"],
-                                current_app.extensions["ledger"], body,
-                                allow_seeds=config.allow_seeds,
-                                max_work=config.max_release_work)
+    # heavy cost parts shared across processes; a cold one beyond the gate is 503 busy
+    with precompute.scope(current_app):
+        prepared = releases.prepare(current_app.extensions["redis"],
+                                    current_app.extensions["ledger"], body,
+                                    allow_seeds=config.allow_seeds,
+                                    max_work=config.max_release_work)
     return prepared
 
 
@@ -77,6 +79,7 @@ def _document(release_id: str) -> dict[str, Any]:
 @blp.response(200, EstimateSchema())
 def estimate(body: dict[str, Any]) -> dict[str, Any]:
     """Cost and expected accuracy of a request; spends nothing."""
+    ratelimit.count_estimate()  # PRIVRELEASE_ESTIMATE_RATE_LIMIT, per key
     prepared = _prepare(body)
     balance = current_app.extensions["ledger"].balance(prepared.dataset["id"])
     return {

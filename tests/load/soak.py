@@ -547,8 +547,10 @@ class Report:
 def standalone(data_dir: Path | None = None) -> Iterator[Service]:
     """A `privrelease standalone` whose rate limit never refuses the load."""
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        svc = Service(data_dir or Path(tmp), env={"PRIVRELEASE_RATE_LIMIT": RATE_LIMIT,
-                                                  "PRIVRELEASE_LOG_LEVEL": "WARNING"})
+        svc = Service(data_dir or Path(tmp), env={
+            "PRIVRELEASE_RATE_LIMIT": RATE_LIMIT, "PRIVRELEASE_ESTIMATE_RATE_LIMIT": RATE_LIMIT,
+            # the soak checks the ledger under load, not the busy answer (tested on its own)
+            "PRIVRELEASE_PRECOMPUTE_CONCURRENCY": "64", "PRIVRELEASE_LOG_LEVEL": "WARNING"})
         svc.start()
         try:
             yield svc
