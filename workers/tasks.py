@@ -38,8 +38,9 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 import mechanisms
+import mechanisms.precompute
 from mechanisms.rng import secure_generator
-from service import analyses, datasets, metrics_store, notify, releases, rkeys
+from service import analyses, datasets, metrics_store, notify, precompute, releases, rkeys
 from service.config import Config
 from service.ledger import Ledger, Run, Settled
 from service.outputs import INLINE_ROWS, OutputStore, records
@@ -214,8 +215,11 @@ def _compute(config: Config, store: DatasetStore, job: _Job, run: Run) -> tuple[
     _, columns = store.load(job.dataset_id, job.version)
     if config.test_job_delay and config.allow_seeds:  # fault injection (tests only)
         time.sleep(config.test_job_delay)
-    output = job.mechanism.run(columns, job.params, job.cost, job.meta,
-                               secure_generator(job.seed))
+    # the plan's heavy public parts (calibration, eigen-systems) are in the store the
+    # API filled when it costed the request: the run reuses them instead of recomputing
+    with mechanisms.precompute.use(precompute.store(config)):
+        output = job.mechanism.run(columns, job.params, job.cost, job.meta,
+                                   secure_generator(job.seed))
     result = dict(output.result)
     table = None
     if output.table is not None:
