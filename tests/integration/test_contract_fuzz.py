@@ -242,8 +242,10 @@ def test_stateful_workflows(api_schema: schemathesis.BaseSchema, world: World) -
             op = f"{case.method.upper()} {case.path}"
             if op == "POST /v1/datasets":
                 case.body = dict(world.upload)
-            elif op == "POST /v1/releases" and created and isinstance(case.body, dict):
-                case.body = {**case.body, **WORKABLE_RELEASE, "dataset_id": created[-1]}
+            elif op == "POST /v1/releases" and created:
+                # whole, not merged: a fuzzed extra (callback_url, a non-object body) would
+                # make the chain hang on a 4xx, and bodies are fuzzed per operation above
+                case.body = {**WORKABLE_RELEASE, "dataset_id": created[-1]}
             elif (op.startswith("GET /v1/releases/{release_id}") and released
                   and case.path_parameters.get("release_id") not in released):
                 # the inferred links reach a release read only by chance (the derandomized
