@@ -198,11 +198,8 @@ def _check_npmle(release: ReleaseView, params: Mapping[str, Any]) -> None:
                                   " column without exact reports")
 
 
-class NPMLEAnalysis(Analysis):
-    """Nonparametric MLE of the column's distribution from the released ranges."""
-
-    name = "npmle"
-    params_schema = schemas.NPMLEParams
+class _FromNPMLE(Analysis):
+    """An analysis that fits the NPMLE first: it applies, is checked and costs as one."""
 
     def applies(self, mechanism: str, params: Mapping[str, Any],
                 result: Mapping[str, Any]) -> bool:
@@ -216,6 +213,13 @@ class NPMLEAnalysis(Analysis):
     def work(self, release: ReleaseView, params: Mapping[str, Any],
              others: list[ReleaseView]) -> Work:
         return _npmle_work(release, params)
+
+
+class NPMLEAnalysis(_FromNPMLE):
+    """Nonparametric MLE of the column's distribution from the released ranges."""
+
+    name = "npmle"
+    params_schema = schemas.NPMLEParams
 
     def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
             rng: np.random.Generator) -> dict[str, Any]:
@@ -297,24 +301,11 @@ class MeanAnalysis(Analysis):
                 "warnings": warnings}
 
 
-class MomentsAnalysis(Analysis):
+class MomentsAnalysis(_FromNPMLE):
     """Plug-in moments ∫ y^k dF̂ of the NPMLE under a stated mass-placement convention."""
 
     name = "moments"
     params_schema = schemas.MomentsParams
-
-    def applies(self, mechanism: str, params: Mapping[str, Any],
-                result: Mapping[str, Any]) -> bool:
-        return _has_design(result)
-
-    def check(self, release: ReleaseView, params: Mapping[str, Any],
-              others: list[ReleaseView]) -> None:
-        super().check(release, params, others)
-        _check_npmle(release, params)
-
-    def work(self, release: ReleaseView, params: Mapping[str, Any],
-             others: list[ReleaseView]) -> Work:
-        return _npmle_work(release, params)
 
     def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
             rng: np.random.Generator) -> dict[str, Any]:
