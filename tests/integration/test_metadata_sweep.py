@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from typing import Any
 
 import numpy as np
@@ -188,16 +187,6 @@ def _refusal(resp: Any, prefix: tuple[str, ...]) -> None:
         assert str(body.get("field", "")).startswith(prefix), body
 
 
-def _wait(api: Api, release_id: str, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        doc: dict[str, Any] = api.get(f"/v1/releases/{release_id}").get_json()
-        if doc["status"] in {"succeeded", "failed"}:
-            return doc
-        time.sleep(0.05)
-    raise TimeoutError(release_id)
-
-
 #: ~3 s per example that reaches the releases (about half do): ~35 s in CI
 SWEEP_EXAMPLES = int(os.environ.get("SWEEP_EXAMPLES", "12"))
 
@@ -227,7 +216,7 @@ def test_sweep_every_mechanism_on_extreme_metadata(
             _refusal(resp, ("params", "budget"))
     event(f"{len(accepted)} of {len(MENU)} releases accepted")
     for name, (release_id, params) in accepted.items():
-        doc = _wait(api, release_id)
+        doc = api.wait(release_id, timeout=60.0)
         context = json.dumps({"mechanism": name, "params": params,
                               "x": meta["columns"]["x"]})[:600]
         assert doc["status"] == "succeeded", (context, doc.get("error"))
