@@ -17,6 +17,17 @@ from service.schemas import KeyCreateSchema, KeySchema
 blp = Blueprint("keys", __name__, url_prefix="/v1/keys", description="API keys")
 
 
+def _manages(key: apikeys.ApiKey) -> bool:
+    """Whether the calling operator key may see and revoke ``key``.
+
+    An operator limited to some datasets manages only keys limited to a subset of
+    them: it must not list, nor revoke, unrestricted keys or keys of datasets it
+    cannot use (their existence would be answered like a missing key's).
+    """
+    mine = current_key().datasets
+    return mine is None or (key.datasets is not None and set(key.datasets) <= set(mine))
+
+
 @blp.route("", methods=["POST"])
 @require("operator")
 @problems(blp, *AUTH, *BODY, 403)
@@ -53,8 +64,10 @@ def create(body: dict[str, Any]) -> dict[str, Any]:
 @problems(blp, *AUTH, 403)
 @blp.response(200, KeySchema(many=True))
 def list_keys() -> list[dict[str, Any]]:
-    """Every key's public record; tokens are never stored, so never shown."""
-    return [k.public() for k in apikeys.list_all(current_app.extensions["redis"])]
+    """Every key's public record the caller manages; tokens are never stored, so never
+    shown."""
+    return [k.public() for k in apikeys.list_all(current_app.extensions["redis"])
+            if _manages(k)]
 
 
 @blp.route("/<key_id>", methods=["DELETE"])
@@ -63,5 +76,7 @@ def list_keys() -> list[dict[str, Any]]:
 @blp.response(204)
 def revoke(key_id: str) -> None:
     """Revoke a key; the next request with it gets 401."""
-    if not apikeys.revoke(current_app.extensions["redis"], key_id):
+    client = current_app.extensions["redis"]
+    key = apikeys.get(client, key_id)
+    if key is None or not _manages(key) or not apikeys.revoke(client, key_id):
         raise APIError(404, "no such key", code="not_found")

@@ -282,3 +282,33 @@ def test_ungranted_reads_answer_as_missing_ones(world: World) -> None:
     assert keys[0] == keys[1] and keys[0][0] == 422
     status, doc = _answer(world, operator_other, "POST", "/v1/keys", {"role": "analyst"})
     assert status == 422 and doc["field"] == "datasets"
+
+
+def test_dataset_limited_operator_manages_only_keys_within_its_grants(world: World) -> None:
+    """Catches the session-4 finding: an operator key limited to one dataset listed every
+    key (unrestricted operators' ids and labels included) and could revoke any of them."""
+    r = world.r
+    operator_other = apikeys.create(r, "operator", datasets=(world.other,))[1]
+    mine = apikeys.create(r, "consumer", datasets=(world.other,))[0]
+    theirs = apikeys.create(r, "consumer", datasets=(world.ds,))[0]
+    both = apikeys.create(r, "consumer", datasets=(world.ds, world.other))[0]
+    unrestricted = apikeys.create(r, "operator")[0]
+    status, listed = _answer(world, operator_other, "GET", "/v1/keys")
+    assert status == 200
+    ids = {k["id"] for k in listed}
+    assert mine.id in ids
+    assert not ids & {theirs.id, both.id, unrestricted.id}
+    assert all(k["datasets"] is not None and set(k["datasets"]) <= {world.other}
+               for k in listed)
+    for key in (theirs, both, unrestricted):
+        # answered exactly like a key that does not exist, and nothing is revoked
+        assert (_answer(world, operator_other, "DELETE", f"/v1/keys/{key.id}")
+                == _answer(world, operator_other, "DELETE", "/v1/keys/key_does_not_exist"))
+        assert apikeys.exists(r, key.id)
+    resp = world.client.delete(f"/v1/keys/{mine.id}",
+                               headers={"Authorization": f"Bearer {operator_other}"})
+    assert resp.status_code == 204
+    assert not apikeys.exists(r, mine.id)
+    # the unrestricted operator still sees and manages every key
+    status, listed = _answer(world, TOKEN, "GET", "/v1/keys")
+    assert {theirs.id, both.id, unrestricted.id} <= {k["id"] for k in listed}
