@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -138,3 +140,26 @@ def get(client: redis.Redis, key_id: str) -> ApiKey | None:
     """A key's public record by id, or None."""
     raw = _record(client, key_id)
     return _from_record(raw) if raw else None
+
+
+def data_dir_bootstrap(client: redis.Redis, path: Path) -> tuple[str, bool]:
+    """The operator key of a data directory, for ``standalone``: (token, newly made).
+
+    The token lives in ``path`` (mode 0600, next to the data it guards), so a restart
+    keeps the same key instead of minting another valid one each time. A key that is
+    no longer valid (revoked, expired, or a new store) is replaced by a new one: that
+    is how an operator rotates it (revoke, restart).
+    """
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if token and (key := lookup(client, token)) is not None and not key.expired():
+        return token, False
+    key, token = create(client, "operator", label="bootstrap")
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    os.replace(tmp, path)
+    return token, True

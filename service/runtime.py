@@ -41,6 +41,8 @@ BACKOFF = 0.5
 BACKOFF_MAX = 10.0
 #: gunicorn's own default listen backlog
 BACKLOG = 2048
+#: in the data directory: the operator key ``standalone`` keeps across restarts
+BOOTSTRAP_KEY_FILE = "bootstrap-key"
 
 
 class PortInUse(Exception):
@@ -161,8 +163,13 @@ class Standalone:
             DatasetStore(self.config.datasets_dir).sweep_tmp()
             url = self.config.redis_url or self._start_valkey()
             client = rkeys.connect(url)
-            _, token = apikeys.create(client, "operator", label="bootstrap",
-                                      token=self.config.bootstrap_key)
+            key_file = self.config.data_dir / BOOTSTRAP_KEY_FILE
+            made = False
+            if self.config.bootstrap_key:
+                apikeys.create(client, "operator", label="bootstrap",
+                               token=self.config.bootstrap_key)
+            else:
+                token, made = apikeys.data_dir_bootstrap(client, key_file)
             self.env = self._env(url)
             signal.signal(signal.SIGINT, self._signal)
             signal.signal(signal.SIGTERM, self._signal)
@@ -177,8 +184,11 @@ class Standalone:
             print(f"data directory: {self.config.data_dir}", flush=True)
             if self.config.bootstrap_key:
                 print("operator key: registered from PRIVRELEASE_BOOTSTRAP_KEY", flush=True)
+            elif made:
+                print(f"operator key (new, also in {key_file}): {token}", flush=True)
             else:
-                print(f"operator key (shown once): {token}", flush=True)
+                print(f"operator key: unchanged, in {key_file} (to rotate: revoke it, "
+                      "then restart)", flush=True)
             return self._supervise()
         finally:
             self.stop()

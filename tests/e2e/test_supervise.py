@@ -174,3 +174,28 @@ def test_second_standalone_on_a_held_port_fails_fast_without_a_key(tmp_path: Pat
     assert f"cannot listen on 127.0.0.1:{port}" in out
     assert "operator key" not in out and "pr_" not in out
     assert not (tmp_path / "data").exists()  # nothing was started
+
+
+def test_restart_without_a_bootstrap_key_keeps_the_data_dirs_key(tmp_path: Path) -> None:
+    """Catches issue #18's finding: every start without PRIVRELEASE_BOOTSTRAP_KEY printed
+    a new operator key, and every earlier one stayed valid."""
+    tokens = []
+    for start in range(2):
+        svc = Service(tmp_path, env={"PRIVRELEASE_BOOTSTRAP_KEY": ""})
+        svc.start()
+        try:
+            key_file = tmp_path / "bootstrap-key"
+            token = key_file.read_text().strip()
+            if start == 0:
+                assert f"operator key (new, also in {key_file}): {token}" in svc.banner
+            else:
+                assert f"operator key: unchanged, in {key_file}" in svc.banner
+                assert token not in svc.banner
+            resp = requests.get(svc.url + "/v1/keys",
+                                headers={"Authorization": f"Bearer {token}"}, timeout=10)
+            assert resp.status_code == 200
+            assert [k["label"] for k in resp.json()].count("bootstrap") == 1
+            tokens.append(token)
+        finally:
+            svc.stop()
+    assert tokens[0] == tokens[1]
