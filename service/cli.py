@@ -18,7 +18,7 @@ def _standalone(args: argparse.Namespace) -> int:
     from service.runtime import Standalone
 
     return Standalone(Config.from_env(), host=args.host, port=args.port,
-                      data_dir=args.data_dir).run()
+                      data_dir=args.data_dir, access_log=args.access_log).run()
 
 
 def _api(args: argparse.Namespace) -> int:
@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--data-dir", default=None, help="overrides PRIVRELEASE_DATA_DIR")
+    p.add_argument("--access-log", action="store_true",
+                   help="log one JSON line per request (off by default here)")
     p.set_defaults(func=_standalone)
 
     p = sub.add_parser("api", help="serve the HTTP API with gunicorn")

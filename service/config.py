@@ -41,8 +41,9 @@ def _positive(name: str, default: float) -> float:
     return value
 
 
-def _bool(name: str) -> bool:
-    return (_env(name) or "").lower() in {"1", "true", "yes", "on"}
+def _bool(name: str, default: bool = False) -> bool:
+    raw = _env(name)
+    return default if raw is None or raw == "" else raw.lower() in {"1", "true", "yes", "on"}
 
 
 def _rate_limit(raw: str | None, default: str | None) -> str | None:
@@ -112,6 +113,9 @@ class Config:
     #: PRIVRELEASE_METRICS_TOKEN: bearer token /metrics requires (the scraper's); unset:
     #: /metrics is open and exports no per-dataset series (no dataset ids, no budgets)
     metrics_token: str | None = None
+    #: PRIVRELEASE_ACCESS_LOG: one JSON line per request on the ``privrelease.access``
+    #: logger; ``privrelease standalone`` turns it off unless given ``--access-log``
+    access_log: bool = True
     #: PRIVRELEASE_MAX_ANALYSIS_WORK: ceiling on an analysis's work estimate (abstract
     #: units, about one per array element an iteration touches: 5e9 is minutes of one
     #: core); a request above it is refused at POST (422 ``work_limit``) naming the
@@ -180,6 +184,7 @@ class Config:
             metrics_dir=_path(_env("METRICS_DIR")),
             metrics_max_datasets=_int("METRICS_MAX_DATASETS", cls.metrics_max_datasets),
             metrics_token=_env("METRICS_TOKEN") or None,
+            access_log=_bool("ACCESS_LOG", default=True),
             trusted_proxies=_int("TRUSTED_PROXIES", cls.trusted_proxies),
             header_timeout=_positive("HEADER_TIMEOUT", cls.header_timeout),
             restart_limit=_int("RESTART_LIMIT", cls.restart_limit),

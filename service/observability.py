@@ -310,6 +310,7 @@ def init_app(app: Flask) -> None:
     """
     config: Config = app.config["PRIVRELEASE"]
     configure_logging(config.log_level)
+    access_log.disabled = not config.access_log
     registry = _registry(app, config)
     app.before_request(_before)
     app.after_request(_after)

@@ -94,9 +94,11 @@ def bind_listener(host: str, port: int) -> socket.socket:
 class Standalone:
     """Supervises the service's processes until a signal, or a child that keeps dying."""
 
-    def __init__(self, config: Config, host: str, port: int, data_dir: str | None) -> None:
+    def __init__(self, config: Config, host: str, port: int, data_dir: str | None,
+                 access_log: bool = False) -> None:
         if data_dir:
             config = dataclasses.replace(config, data_dir=Path(data_dir).resolve())
+        self.access_log = access_log
         self.config = config
         self.host, self.port = host, port
         #: worker and API by name, in start order (stopped in reverse)
@@ -117,6 +119,7 @@ class Standalone:
         env = dict(os.environ)
         env[ENV_PREFIX + "REDIS_URL"] = url
         env[ENV_PREFIX + "DATA_DIR"] = str(self.config.data_dir)
+        env[ENV_PREFIX + "ACCESS_LOG"] = "1" if self.access_log else "0"
         return env
 
     def _argv(self, name: str) -> list[str]:

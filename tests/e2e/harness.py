@@ -27,9 +27,12 @@ def _free_port() -> int:
 
 
 class Service:
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         self.extra_env = dict(env or {})  # PRIVRELEASE_* settings for this service only
+        self.args = args  # extra `standalone` flags
+        self.access_lines = 0  # JSON lines of the privrelease.access logger seen
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[str] | None = None
@@ -41,7 +44,7 @@ class Service:
         env.update(self.extra_env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "standalone", "--port", str(self.port),
-             "--data-dir", str(self.data_dir)],
+             "--data-dir", str(self.data_dir), *self.args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         assert self.proc.stdout is not None
@@ -69,6 +72,8 @@ class Service:
 
     def _drain(self, stream: Any) -> None:
         for line in stream:
+            if line.startswith("{") and '"logger":"privrelease.access"' in line:
+                self.access_lines += 1
             if "privrelease" in line and not line.startswith("{"):
                 self.banner += line  # the supervisor's own lines, not the access logs
 

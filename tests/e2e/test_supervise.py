@@ -199,3 +199,20 @@ def test_restart_without_a_bootstrap_key_keeps_the_data_dirs_key(tmp_path: Path)
         finally:
             svc.stop()
     assert tokens[0] == tokens[1]
+
+
+def test_access_log_is_off_by_default_and_on_with_the_flag(tmp_path: Path) -> None:
+    """Catches issue #18's finding: `standalone` printed a JSON access line per request
+    on the terminal, with no way to turn it off (now off unless `--access-log`)."""
+    seen = []
+    for args in ((), ("--access-log",)):
+        svc = Service(tmp_path / str(len(seen)), args=args)
+        svc.start()
+        try:
+            for _ in range(3):
+                assert requests.get(svc.url + "/healthz", timeout=10).status_code == 200
+            time.sleep(0.5)  # the drain thread reads the lines
+            seen.append(svc.access_lines)
+        finally:
+            svc.stop()
+    assert seen[0] == 0 and seen[1] >= 3
