@@ -150,9 +150,9 @@ def ensure_release_indexes(client: redis.Redis) -> None:
             write.zadd(rkeys.dataset_releases(dataset_id), {release_id: score})
             if actor:
                 write.zadd(rkeys.key_releases(actor), {release_id: score})
-            if status in {"queued", "running"}:
+            if status in {"pricing", "queued", "running"}:
                 write.zadd(rkeys.dataset_pending(dataset_id), {release_id: score})
-            elif status == "failed":
+            elif status in {"failed", "refused"}:
                 write.zadd(rkeys.FAILED, {release_id: score})
                 write.zadd(rkeys.dataset_failed(dataset_id), {release_id: score})
         write.execute()
