@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import redis
-from flask import Response, current_app, jsonify
+from flask import Response, current_app, g, jsonify
 from flask.blueprints import BlueprintSetupState
 from flask_smorest import Blueprint
 from werkzeug.routing import BaseConverter
@@ -122,6 +122,7 @@ def _estimate_pricing(cold: releases.Unpriced) -> Response:
                     "retry_after": releases.PRICING_RETRY_AFTER})
     resp.status_code = 202
     resp.headers["Retry-After"] = str(releases.PRICING_RETRY_AFTER)
+    g.retry_after = releases.PRICING_RETRY_AFTER  # kept by ratelimit's after_request
     return resp
 
 
