@@ -29,7 +29,9 @@ from mechanisms import precompute
 from mechanisms.interval import service as interval_service
 from service import apikeys, releases, rkeys
 from service.app import create_app
+from service.ledger import Ledger
 from workers import pricing as pricing_jobs
+from workers.celery_app import PRICING_QUEUE, RELEASES_QUEUE
 from workers.sweeper import send_outbox, sweep
 
 from ..conftest import ROOT
@@ -277,6 +279,37 @@ def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(app: Flask,
     assert (releases.PRICE_TASK, releases.pricing_task_id(release_id)) in sent.calls
     assert client.hget(rkeys.release(release_id), "status") == "pricing"
     ledger.cancel(heights, release_id, "test")
+
+
+def test_the_sweeper_sees_messages_waiting_in_the_release_and_pricing_queues(
+        redis_url: str) -> None:
+    """Catches the sweeper reading the queue's old name (``privrelease``): a queued
+    release whose message still waited in ``releases`` (workers busy for over a minute)
+    was refunded as "job message lost"; a pricing job waiting in ``pricing`` would be
+    sent again. On a database of its own, so no worker consumes the stand-in messages."""
+    client = rkeys.connect(redis_url.rsplit("/", 1)[0] + "/7")
+    client.flushdb()
+    ledger = Ledger(client)
+    ledger.open("ds_sweep", {"epsilon": 10**6}, actor="t")
+    queued = "rel_" + "a" * 24
+    assert ledger.reserve("ds_sweep", queued, {"epsilon": 10}, actor="t", fingerprint=queued,
+                          request_json=json.dumps({"dataset_id": "ds_sweep"})
+                          ).outcome == "reserved"
+    ledger.enqueued(queued)  # sent: its message waits in the queue
+    client.lpush(RELEASES_QUEUE, json.dumps({"headers": {"id": queued}}))
+    priced = "rel_" + "b" * 24
+    assert ledger.reserve("ds_sweep", priced, {}, actor="t", fingerprint=priced,
+                          request_json=json.dumps({"dataset_id": "ds_sweep"}), replay=False,
+                          mode="pricing").outcome == "pricing"
+    ledger.enqueued(priced)
+    client.lpush(PRICING_QUEUE, json.dumps({"headers": {"id": priced + ".pricing"}}))
+    sent = _Sent()
+    assert sweep(client, ledger, min_age=0.0, send=sent, grace=3600) == []
+    assert sent.calls == []
+    assert client.hget(rkeys.release(queued), "status") == "queued"
+    assert client.hget(rkeys.release(priced), "status") == "pricing"
+    assert ledger.balance("ds_sweep")["epsilon"]["reserved"] == 10
+    client.flushdb()
 
 
 def test_an_idempotency_key_replays_a_pricing_release(api: Api, heights: str,
