@@ -151,6 +151,8 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
     try:
         prepared: releases.Prepared | None = _prepare(body)
     except releases.Unpriced as cold:
+        # a pricing job is a cold estimate's work: counted against the same per-key limit
+        ratelimit.count_estimate()
         prepared, pricing = None, cold.request
     key = current_key()
     idem_key = inputs.idempotency_key(key.id)

@@ -349,6 +349,28 @@ def test_estimates_have_a_per_key_limit(app: Flask, heights: str) -> None:
     assert other.post("/v1/releases/estimate", body).status_code in {200, 202}
 
 
+def test_cold_release_requests_count_against_the_estimate_limit(app: Flask, api: Api,
+                                                                worker: Any) -> None:
+    """Each cold POST makes a pricing job (a cold estimate's work): with "2/minute" the
+    third cold one from a key is a 429 and creates nothing; warm ones are not counted."""
+    limited = create_app(dataclasses.replace(app.config["PRIVRELEASE"],
+                                             estimate_rate_limit="2/minute"))
+    client = limited.extensions["redis"]
+    key, token = apikeys.create(client, "analyst", "pricing-limit")
+    caller = Api(limited.test_client(), token)
+    ds = _upload(api)
+    cold = [_calibrated(ds, _fresh_budget()) for _ in range(3)]
+    assert [caller.post("/v1/releases", b).status_code for b in cold[:2]] == [202, 202]
+    refused = caller.post("/v1/releases", cold[2])
+    assert refused.status_code == 429 and refused.get_json()["code"] == "rate_limited"
+    assert client.zcard(rkeys.key_releases(key.id)) == 2
+    warm = {"dataset_id": _upload(api), "mechanism": "interval.case1", "params": {
+        "column": "h", "anchors": {"family": "logistic", "loc": 170, "scale": 10}},
+        "budget": {"interval_leakage": 0.5}}
+    assert api.estimate(warm).status_code == 200  # warm from now on (another key)
+    assert caller.post("/v1/releases", warm).status_code == 202
+
+
 def test_work_beyond_the_ceiling_is_a_422_naming_the_parameter(app: Flask, heights: str) -> None:
     """PRIVRELEASE_MAX_PRECOMPUTE_WORK: a calibrated design above it is refused with 422
     naming the parameter (and nothing computed, nothing created); a plain one below it
