@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, Response, current_app, g, request
+from flask import Flask, Response, current_app, g, has_app_context, request
 from flask_limiter import ApplicationLimit, Limiter
 from limits import parse_many
 
@@ -83,7 +83,7 @@ def _retry_after(response: Response) -> Response:
     the rate window. A view that set ``g.retry_after`` (a 202 ``pricing``) gets that
     value. Any other response loses the header: it means nothing there.
     """
-    own = g.get("retry_after")
+    own = g.get("retry_after") if has_app_context() else None
     if own is not None and response.status_code not in {429, 503}:
         response.headers["Retry-After"] = str(own)
     elif response.status_code == 429:

@@ -188,8 +188,15 @@ def test_a_priced_release_over_the_budget_is_refused_as_the_post_would_be(
     kinds = [e["kind"] for e in ledger.events(cold_ds)]
     assert kinds == ["cap", "refuse"]
     assert ledger.events(cold_ds, kinds={"refuse"})[0]["code"] == "budget_exhausted"
-    jobs = api.get("/v1/jobs?status=refused").get_json()
-    assert doc["id"] in {j["id"] for j in jobs}
+    jobs = _operator_of(app, cold_ds).get("/v1/jobs?status=refused").get_json()
+    assert [j["id"] for j in jobs] == [doc["id"]]
+
+
+def _operator_of(app: Flask, dataset_id: str) -> Api:
+    """An operator limited to one dataset: its jobs list reads that dataset's indexes."""
+    _, token = apikeys.create(app.extensions["redis"], "operator", "pricing-jobs",
+                              datasets=(dataset_id,))
+    return Api(app.test_client(), token)
 
 
 def _pricing_release(app: Flask, dataset_id: str, budget: float) -> str:
@@ -252,8 +259,8 @@ def test_cancelling_a_pricing_release_stops_its_reservation(app: Flask, api: Api
     config, client = app.config["PRIVRELEASE"], app.extensions["redis"]
     ledger = app.extensions["ledger"]
     release_id = _pricing_release(app, heights, _fresh_budget())
-    jobs = api.get("/v1/jobs?status=pricing").get_json()
-    assert release_id in {j["id"] for j in jobs}
+    jobs = _operator_of(app, heights).get("/v1/jobs?status=pricing").get_json()
+    assert [j["id"] for j in jobs] == [release_id]
     resp = api.post(f"/v1/jobs/{release_id}/cancel", {})
     assert resp.status_code == 200 and resp.get_json()["status"] == "cancelled"
     sent = _Sent()
@@ -264,12 +271,24 @@ def test_cancelling_a_pricing_release_stops_its_reservation(app: Flask, api: Api
     assert [e["kind"] for e in ledger.events(heights)] == ["cap", "cancel"]
 
 
-def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(app: Flask,
-                                                            heights: str) -> None:
+def _isolated(redis_url: str) -> tuple[Any, Ledger]:
+    """A Valkey database of its own: the sweeper passes over every release in it, and no
+    worker consumes what a test leaves in its queues."""
+    client = rkeys.connect(redis_url.rsplit("/", 1)[0] + "/7")
+    client.flushdb()
+    ledger = Ledger(client)
+    ledger.open("ds_sweep", {"epsilon": 10**6}, actor="t")
+    return client, ledger
+
+
+def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(redis_url: str) -> None:
     """In the outbox past its grace: its pricing job is sent; sent but its message lost
     (in no queue, not unacked): sent again; a run never refunds or charges it."""
-    client, ledger = app.extensions["redis"], app.extensions["ledger"]
-    release_id = _pricing_release(app, heights, _fresh_budget())
+    client, ledger = _isolated(redis_url)
+    release_id = "rel_" + "c" * 24
+    assert ledger.reserve("ds_sweep", release_id, {}, actor="t", fingerprint=release_id,
+                          request_json=json.dumps({"dataset_id": "ds_sweep"}), replay=False,
+                          mode="pricing").outcome == "pricing"
     sent = _Sent()
     assert send_outbox(client, ledger, sent, grace=0.0) == [release_id]
     assert (releases.PRICE_TASK, releases.pricing_task_id(release_id)) in sent.calls
@@ -278,7 +297,8 @@ def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(app: Flask,
     assert sweep(client, ledger, min_age=0.0, send=sent, grace=3600) == []
     assert (releases.PRICE_TASK, releases.pricing_task_id(release_id)) in sent.calls
     assert client.hget(rkeys.release(release_id), "status") == "pricing"
-    ledger.cancel(heights, release_id, "test")
+    assert ledger.balance("ds_sweep")["epsilon"]["reserved"] == 0
+    client.flushdb()
 
 
 def test_the_sweeper_sees_messages_waiting_in_the_release_and_pricing_queues(
@@ -287,10 +307,7 @@ def test_the_sweeper_sees_messages_waiting_in_the_release_and_pricing_queues(
     release whose message still waited in ``releases`` (workers busy for over a minute)
     was refunded as "job message lost"; a pricing job waiting in ``pricing`` would be
     sent again. On a database of its own, so no worker consumes the stand-in messages."""
-    client = rkeys.connect(redis_url.rsplit("/", 1)[0] + "/7")
-    client.flushdb()
-    ledger = Ledger(client)
-    ledger.open("ds_sweep", {"epsilon": 10**6}, actor="t")
+    client, ledger = _isolated(redis_url)
     queued = "rel_" + "a" * 24
     assert ledger.reserve("ds_sweep", queued, {"epsilon": 10}, actor="t", fingerprint=queued,
                           request_json=json.dumps({"dataset_id": "ds_sweep"})
