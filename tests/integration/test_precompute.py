@@ -252,6 +252,27 @@ def test_a_pricing_job_run_twice_reserves_once(app: Flask, heights: str) -> None
     ledger.abort(heights, release_id, "{}", "test")  # its run is not sent: refund
 
 
+def test_two_runs_of_a_pricing_job_at_once_reserve_once(app: Flask, heights: str) -> None:
+    """A message delivered twice and run by two workers at the same time: both compute,
+    the reserve script lets one reserve and send the run; the other changes nothing."""
+    config, client = app.config["PRIVRELEASE"], app.extensions["redis"]
+    ledger = app.extensions["ledger"]
+    release_id = _pricing_release(app, heights, _fresh_budget())
+    sent = _Sent()
+    outcomes: list[str] = []
+    runs = [threading.Thread(target=lambda: outcomes.append(
+        pricing_jobs.price(config, client, ledger, release_id, sent))) for _ in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert sorted(outcomes) == ["priced", "skipped"]
+    # the run is sent (twice only if the second found it reserved, not yet sent: harmless)
+    assert set(sent.calls) == {(releases.TASK, release_id)}
+    assert [e["release_id"] for e in ledger.events(heights, kinds={"reserve"})] == [release_id]
+    ledger.abort(heights, release_id, "{}", "test")  # its run is not sent: refund
+
+
 def test_cancelling_a_pricing_release_stops_its_reservation(app: Flask, api: Api,
                                                             heights: str) -> None:
     """An operator cancels a release still pricing: cancelled at once, and its job then
