@@ -56,18 +56,18 @@ def _worker(args: argparse.Namespace) -> int:
     from celery import signals
 
     from service.observability import configure_logging
-    from workers.celery_app import QUEUES, RELEASES_QUEUE, app, configure
+    from workers.celery_app import ANALYSES_QUEUE, app, configure
 
     queues = _queues(args.queues)
     config = Config.from_env()
     configure_logging(config.log_level)  # before Celery redirects stderr
     configure(app, config)
     child = None
-    if set(queues) == set(QUEUES) and not args.one_process:
+    if ANALYSES_QUEUE in queues and len(queues) > 1 and not args.one_process:
         # analyses get worker processes of their own: however many long analyses wait,
         # the release slots stay free (one Celery worker serves its queues from one pool)
         child = _spawn_analyses_worker(args)
-        queues = [RELEASES_QUEUE]
+        queues = [q for q in queues if q != ANALYSES_QUEUE]
 
         def stop_child(**_: object) -> None:
             if child.poll() is None:
@@ -116,13 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=2,
                    help="processes running tasks of the queues this process serves")
     p.add_argument("--loglevel", default="warning")
-    p.add_argument("--queues", default="releases,analyses",
-                   help="comma-separated: releases, analyses (default both: the analyses"
-                        " then run in a second worker process of their own)")
+    p.add_argument("--queues", default="releases,analyses,pricing",
+                   help="comma-separated: releases, analyses, pricing (default all: the"
+                        " analyses then run in a second worker process of their own, the"
+                        " pricing jobs beside the releases)")
     p.add_argument("--analysis-concurrency", type=int, default=2,
                    help="processes of that analyses worker (with both queues)")
     p.add_argument("--one-process", action="store_true",
-                   help="serve both queues from one pool (analyses may then hold every slot)")
+                   help="serve every queue from one pool (analyses may then hold every slot)")
     p.set_defaults(func=_worker)
     commands.register(sub)
     return parser

@@ -29,7 +29,7 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: after a read timeout the server may still be acting on the call: repeat reads, and
 #: POSTs, whose Idempotency-Key makes the server answer a repeat with the first result
 _SAFE = frozenset({"GET", "HEAD", "POST"})
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "refused"})
 
 _FALLBACK_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden",
                    404: "not_found", 405: "method_not_allowed", 409: "conflict",
@@ -303,6 +303,10 @@ class Client:
                        idempotency_key: str | None = None) -> dict[str, Any]:
         """Reserve and enqueue; an identical earlier request comes back ``replayed``.
 
+        The release is ``queued``, or ``pricing`` when a worker must first compute its
+        cost (it then reserves and runs it, or ends it ``refused`` with ``error`` the
+        problem this call would have raised); ``wait`` follows either.
+
         Pass your own ``idempotency_key`` to make a retry across process restarts safe.
         """
         doc: dict[str, Any] = self.request(
@@ -312,12 +316,25 @@ class Client:
 
     def estimate_release(self, dataset_id: str, mechanism: str,
                          params: Mapping[str, Any] | None,
-                         budget: Mapping[str, float]) -> dict[str, Any]:
-        """Cost, expected accuracy and remaining budget; spends nothing."""
-        doc: dict[str, Any] = self.request(
-            "POST", "/v1/releases/estimate",
-            json_body=self._release_body(dataset_id, mechanism, params, budget))
-        return doc
+                         budget: Mapping[str, float], *,
+                         timeout: float = 120.0) -> dict[str, Any]:
+        """Cost, expected accuracy and remaining budget; spends nothing.
+
+        A cost that needs a heavy precomputation nobody has computed yet is answered 202
+        ``pricing`` while a worker computes it: asked again after its ``retry_after``
+        seconds until answered, for at most ``timeout`` seconds (then TimeoutError).
+        """
+        body = self._release_body(dataset_id, mechanism, params, budget)
+        deadline = time.monotonic() + timeout
+        while True:
+            doc: dict[str, Any] = self.request("POST", "/v1/releases/estimate",
+                                               json_body=body)
+            if doc.get("status") != "pricing":
+                return doc
+            pause = float(doc.get("retry_after") or 1)
+            if time.monotonic() + pause > deadline:
+                raise TimeoutError(f"estimate still pricing after {timeout:g} s")
+            time.sleep(pause)
 
     def list_releases(self, *, dataset_id: str | None = None,
                       limit: int | None = None) -> list[dict[str, Any]]:
@@ -332,7 +349,8 @@ class Client:
     def wait(self, release_id: str, timeout: float, poll: float = 0.2,
              on_poll: Callable[[dict[str, Any], float], None] | None = None
              ) -> dict[str, Any]:
-        """Poll until the release is succeeded, failed or cancelled; its last document.
+        """Poll until the release is succeeded, failed, cancelled or refused; its last
+        document.
 
         ``on_poll(doc, elapsed_seconds)`` sees every poll (progress display). Raises
         ``TimeoutError`` after ``timeout`` seconds; the release goes on regardless.

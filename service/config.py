@@ -147,9 +147,6 @@ class Config:
     restart_limit: int = 5
     #: PRIVRELEASE_RESTART_WINDOW: the window, in seconds, of PRIVRELEASE_RESTART_LIMIT
     restart_window: float = 300.0
-    #: PRIVRELEASE_PRECOMPUTE_CONCURRENCY: cold heavy cost computations (interval
-    #: calibration, ICLP eigen-systems) one API process runs at once; more answer 503 busy
-    precompute_concurrency: int = 2
     #: PRIVRELEASE_ESTIMATE_RATE_LIMIT: estimates per API key (on top of RATE_LIMIT),
     #: e.g. "30/minute"; "" or "off": no separate limit
     estimate_rate_limit: str | None = "60/minute"
@@ -196,7 +193,6 @@ class Config:
             analysis_time_limit=_positive("ANALYSIS_TIME_LIMIT", cls.analysis_time_limit),
             release_time_limit=_positive("RELEASE_TIME_LIMIT", cls.release_time_limit),
             time_limit_grace=_positive("TIME_LIMIT_GRACE", cls.time_limit_grace),
-            precompute_concurrency=_int("PRECOMPUTE_CONCURRENCY", cls.precompute_concurrency),
             estimate_rate_limit=_rate_limit(_env("ESTIMATE_RATE_LIMIT"),
                                             cls.estimate_rate_limit),
             max_precompute_work=_positive("MAX_PRECOMPUTE_WORK", cls.max_precompute_work),

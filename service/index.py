@@ -144,15 +144,15 @@ def ensure_release_indexes(client: redis.Redis) -> None:
         write = client.pipeline(transaction=False)
         for (release_id, score), (raw, status, actor) in zip(rows, read.execute(),
                                                              strict=True):
-            if raw is None:
+            dataset_id = json.loads(raw).get("dataset_id") if raw is not None else None
+            if not dataset_id:  # gone, or a bare ledger reservation: no dataset to index
                 continue
-            dataset_id = json.loads(raw)["dataset_id"]
             write.zadd(rkeys.dataset_releases(dataset_id), {release_id: score})
             if actor:
                 write.zadd(rkeys.key_releases(actor), {release_id: score})
-            if status in {"queued", "running"}:
+            if status in {"pricing", "queued", "running"}:
                 write.zadd(rkeys.dataset_pending(dataset_id), {release_id: score})
-            elif status == "failed":
+            elif status in {"failed", "refused"}:
                 write.zadd(rkeys.FAILED, {release_id: score})
                 write.zadd(rkeys.dataset_failed(dataset_id), {release_id: score})
         write.execute()

@@ -24,7 +24,11 @@ import redis
 
 from service import rkeys
 
-Outcome = Literal["reserved", "replay", "idempotent", "idem_mismatch", "exhausted", "retired"]
+Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
+                  "retired", "ended"]
+#: how ``Ledger.reserve`` treats the release (reserve.lua): a new release with its cost, a
+#: release created to be priced by a job (nothing held), or that release being reserved
+Mode = Literal["new", "pricing", "priced"]
 Settled = Literal["settled", "ended", "running", "lost"]
 #: settle's lease condition for the sweeper: only if no run holds the job's lease
 NO_LEASE = "!"
@@ -43,7 +47,8 @@ class ReserveResult:
     """What ``reserve`` decided; ``release_id`` is the new or the earlier release.
 
     When exhausted, ``scope`` says whose cap was short: the dataset's or the
-    actor's allocation.
+    actor's allocation; when ``ended`` (a priced release that left ``pricing``),
+    ``status`` is the status it has.
     """
 
     outcome: Outcome
@@ -52,6 +57,7 @@ class ReserveResult:
     requested: int = 0
     remaining: int = 0
     scope: str = ""
+    status: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class Ledger:
         self._start = client.register_script(_script("start"))
         self._lease = client.register_script(_script("lease"))
         self._admin = client.register_script(_script("admin"))
+        self._refuse = client.register_script(_script("refuse"))
         self._open = client.register_script(_script("open"))
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
@@ -156,18 +163,27 @@ class Ledger:
         idempotency_key: str | None = None,
         idempotency_ttl: int = 86400,
         at: str | None = None,
+        mode: Mode = "new",
+        replay_fingerprint: str | None = None,
     ) -> ReserveResult:
-        """Hold ``cost`` for a new release unless it is a retry, a replay or over a cap."""
+        """Hold ``cost`` for a new release unless it is a retry, a replay or over a cap.
+
+        ``fingerprint`` is what the ``idempotency_key`` must match (the request), and names
+        the replay key unless ``replay_fingerprint`` does (the request with its cost).
+        ``mode="pricing"`` creates the release in status ``pricing`` holding nothing
+        (outcome ``pricing``); ``mode="priced"`` is its pricing job reserving it, at most
+        once per release id: a release no longer pricing answers ``ended`` (reserve.lua).
+        """
         argv: list[Any] = [
             release_id, fingerprint, actor, at or now_iso(), f"{time.time():.3f}", request_json,
-            idempotency_ttl, int(idempotency_key is not None), int(replay), len(cost),
+            idempotency_ttl, int(idempotency_key is not None), int(replay), mode, len(cost),
         ]
         for measure, units in sorted(cost.items()):
             argv += [measure, str(int(units))]
         reply = self._reserve(
             keys=[
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
-                rkeys.reservation(release_id), rkeys.replay(fingerprint),
+                rkeys.reservation(release_id), rkeys.replay(replay_fingerprint or fingerprint),
                 idempotency_key or f"{rkeys.P}idem:none", rkeys.PENDING, rkeys.RELEASES,
                 rkeys.OUTBOX, rkeys.dataset_releases(dataset_id), rkeys.key_releases(actor),
                 rkeys.dataset_pending(dataset_id),
@@ -177,7 +193,19 @@ class Ledger:
         if reply[0] == "exhausted":
             return ReserveResult("exhausted", "", reply[1], int(reply[2]), int(reply[3]),
                                  reply[4])
+        if reply[0] == "ended":
+            return ReserveResult("ended", reply[1], status=reply[2])
         return ReserveResult(reply[0], reply[1])
+
+    def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
+               actor: str) -> bool:
+        """End a release still ``pricing`` as ``refused`` (nothing was held, so nothing is
+        refunded), recorded in the audit stream; False if it was no longer pricing."""
+        return bool(self._refuse(
+            keys=[rkeys.release(release_id), rkeys.events(dataset_id), rkeys.PENDING,
+                  rkeys.dataset_pending(dataset_id), rkeys.OUTBOX, rkeys.FAILED,
+                  rkeys.dataset_failed(dataset_id)],
+            args=[release_id, error_json, actor, now_iso(), f"{time.time():.3f}", code]))
 
     def enqueued(self, release_id: str) -> None:
         """The release's task is published: take it out of the outbox."""

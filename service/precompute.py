@@ -1,39 +1,36 @@
-"""The service side of ``mechanisms.precompute``: where heavy results are shared, how many
-cold ones an API process computes at once, and the most work a request may ask for.
+"""The service side of ``mechanisms.precompute``: where heavy results are shared, the most
+work a request may ask for, and that no API thread ever computes a cold one.
 
-Cost and accuracy are answered in the request thread (``estimate`` and
-``POST /v1/releases`` need them before anything is reserved). Their heavy parts
+Cost and accuracy are answered before anything is reserved. Their heavy parts
 (interval calibration, ICLP eigen-systems) depend only on public inputs, so:
 
 * a request whose estimated work exceeds ``PRIVRELEASE_MAX_PRECOMPUTE_WORK`` is refused
   with 422 naming the parameter that drives it, before anything is computed;
 * results are stored under ``<data dir>/precompute`` (one file per input digest, at most
-  ``PRIVRELEASE_PRECOMPUTE_MAX_BYTES``), shared by every API process on the host, so each
-  is computed once per input;
-* a cold one passes a per-process gate of ``PRIVRELEASE_PRECOMPUTE_CONCURRENCY`` slots.
-  A request that finds every slot taken is answered at once with 503 ``busy`` and
-  ``Retry-After`` instead of queueing a thread behind the CPU, so the other threads keep
-  answering (health checks, reads). Nothing was reserved; a retry is warm or gets a slot.
+  ``PRIVRELEASE_PRECOMPUTE_MAX_BYTES``), shared by every API process and worker on the
+  host, so each is computed once per input;
+* in an API request (:func:`api_scope`) a result that is not in the store is never
+  computed: the gate raises ``mechanisms.precompute.Busy`` carrying the store key that
+  missed, and the release or estimate is handed to a worker (``service.releases.Unpriced``,
+  answered 202 ``pricing``). A worker (:func:`worker_scope`) computes it into the store,
+  so the retry, or the rest of the pricing job, is warm. The API's threads only ever read
+  files, so health checks and reads keep answering whatever the load of cold requests.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
 from flask import Flask
 
 from mechanisms import precompute
 from service.config import Config
-from service.problems import APIError
 
-#: per app (one app per API process): the gate's slots and the store
-_GATE = "privrelease.precompute_gate"
+#: per app (one app per API process): the store
 _STORE = "privrelease.precompute_store"
-#: whether this thread holds a slot already
-_HOLDING = threading.local()
 
 
 def store(config: Config) -> precompute.DirectoryStore:
@@ -42,40 +39,57 @@ def store(config: Config) -> precompute.DirectoryStore:
                                      max_bytes=config.precompute_max_bytes)
 
 
-def _per_app(app: Flask, name: str, make: Any) -> Any:
-    found = app.extensions.get(name)
-    if found is None:
-        # setdefault is atomic: two first requests racing end up with the same object
-        found = app.extensions.setdefault(name, make())
-    return found
+class _Recording:
+    """The shared store, remembering the first key this request missed (the job's key)."""
+
+    def __init__(self, inner: precompute.Store) -> None:
+        self.inner = inner
+        self.missed: str | None = None
+
+    def get(self, key: str) -> bytes | None:
+        value = self.inner.get(key)
+        if value is None and self.missed is None:
+            self.missed = key
+        return value
+
+    def put(self, key: str, value: bytes) -> None:
+        self.inner.put(key, value)
+
+
+class _RefuseCold(contextlib.AbstractContextManager[None]):
+    """The API's gate: a cold computation never starts in a request thread."""
+
+    def __init__(self, seen: _Recording) -> None:
+        self.seen = seen
+
+    def __enter__(self) -> None:
+        raise precompute.Busy(self.seen.missed)
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
+
+
+def cold_key(err: precompute.Busy) -> str | None:
+    """The store key whose miss refused the computation (None if unknown)."""
+    return str(err.args[0]) if err.args and err.args[0] else None
 
 
 @contextlib.contextmanager
-def scope(app: Flask) -> Iterator[None]:
-    """Within the block, heavy precomputations are shared, bounded and cold ones gated;
-    a refused one is a 503 ``busy`` (nothing was reserved: the cost comes first)."""
+def api_scope(app: Flask) -> Iterator[None]:
+    """Within the block, heavy results are read from the shared store, bounded by the work
+    limit, and a missing one raises ``mechanisms.precompute.Busy`` instead of computing."""
     config: Config = app.config["PRIVRELEASE"]
-    slots: threading.BoundedSemaphore = _per_app(
-        app, _GATE, lambda: threading.BoundedSemaphore(max(1, config.precompute_concurrency)))
-    shared: precompute.DirectoryStore = _per_app(app, _STORE, lambda: store(config))
+    shared: Any = app.extensions.get(_STORE)
+    if shared is None:  # setdefault is atomic: two first requests share one store
+        shared = app.extensions.setdefault(_STORE, store(config))
+    seen = _Recording(shared)
+    with precompute.use(seen, lambda: _RefuseCold(seen), config.max_precompute_work):
+        yield
 
-    @contextlib.contextmanager
-    def gate() -> Iterator[None]:
-        if getattr(_HOLDING, "slot", False):  # a cold computation inside another: one slot
-            yield
-            return
-        if not slots.acquire(blocking=False):
-            raise precompute.Busy
-        _HOLDING.slot = True
-        try:
-            yield
-        finally:
-            _HOLDING.slot = False
-            slots.release()
 
-    try:
-        with precompute.use(shared, gate, config.max_precompute_work):
-            yield
-    except precompute.Busy:
-        raise APIError(503, "the server is computing other costs; retry shortly",
-                       code="busy") from None
+@contextlib.contextmanager
+def worker_scope(config: Config) -> Iterator[None]:
+    """Within the block (a worker's job), cold results are computed and stored."""
+    with precompute.use(store(config), None, config.max_precompute_work):
+        yield

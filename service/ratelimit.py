@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, current_app, g, has_app_context, request
 from flask_limiter import ApplicationLimit, Limiter
 from limits import parse_many
 
@@ -80,9 +80,13 @@ def _retry_after(response: Response) -> Response:
     A 429 keeps the limiter's value, at least 1 s (it truncates to an int, which can
     be 0 in the window's last second, inviting an immediate retry). A 503 (Valkey or
     the broker unreachable) gets back the service's own short delay, not the end of
-    the rate window. Any other response loses the header: it means nothing there.
+    the rate window. A view that set ``g.retry_after`` (a 202 ``pricing``) gets that
+    value. Any other response loses the header: it means nothing there.
     """
-    if response.status_code == 429:
+    own = g.get("retry_after") if has_app_context() else None
+    if own is not None and response.status_code not in {429, 503}:
+        response.headers["Retry-After"] = str(own)
+    elif response.status_code == 429:
         if response.headers.get("Retry-After") == "0":
             response.headers["Retry-After"] = "1"
     elif response.status_code == 503:

@@ -2,6 +2,9 @@
 
 Everything here runs before the data is touched: the mechanism's schema and
 the dataset's public metadata decide the cost, which the ledger then holds.
+When the cost needs a heavy precomputation that is not stored yet, ``prepare``
+raises ``Unpriced`` after every cheap check: the release is created ``pricing``
+and a worker prepares it again (computing), reserves and enqueues it.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -17,9 +20,23 @@ import marshmallow
 import redis
 
 import mechanisms
+from mechanisms import precompute
 from service import budget, datasets, rkeys
-from service.ledger import Ledger
+from service.ledger import Ledger, ReserveResult
+from service.precompute import cold_key
 from service.problems import APIError
+
+
+def request_fingerprint(dataset: dict[str, Any], mechanism: str, params: dict[str, Any],
+                        requested: dict[str, Fraction], seed: int | None) -> str:
+    """Same dataset version, mechanism, params as written, requested budget and seed: the
+    same request. What an Idempotency-Key must match; known before the cost, so a key
+    first used while its release was being priced matches the same request later."""
+    body = {"dataset_id": dataset["id"], "version": dataset["version"],
+            "mechanism": mechanism, "params": params,
+            "budget": {m: str(v) for m, v in sorted(requested.items())}, "seed": seed}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(b"request\0" + canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,16 @@ class Prepared:
     #: params as the client wrote them (validated), before the mechanism completed them
     #: from the ledger's history; None when it completed nothing
     requested_params: dict[str, Any] | None = None
+    #: the budget the request agreed to (the cost is at most this, per measure)
+    requested_budget: dict[str, Fraction] = field(default_factory=dict)
+
+    @property
+    def request_fingerprint(self) -> str:
+        """What an Idempotency-Key must match (``request_fingerprint``)."""
+        return request_fingerprint(
+            self.dataset, self.mechanism.name,
+            self.params if self.requested_params is None else self.requested_params,
+            self.requested_budget, self.seed)
 
     @property
     def fingerprint(self) -> str:
@@ -71,6 +98,51 @@ class Prepared:
         }, default=str)
 
 
+@dataclass(frozen=True)
+class PricingRequest:
+    """A request that passed every cheap check (grant, dataset, params, work limit) but
+    whose cost needs a heavy precomputation missing from the shared store."""
+
+    dataset: dict[str, Any]
+    mechanism: str
+    params: dict[str, Any]
+    requested_budget: dict[str, Fraction]
+    seed: int | None
+    callback_url: str | None
+    #: the validated request body, which the pricing job prepares again in a worker
+    body: dict[str, Any]
+
+    @property
+    def fingerprint(self) -> str:
+        return request_fingerprint(self.dataset, self.mechanism, self.params,
+                                   self.requested_budget, self.seed)
+
+    def request_json(self) -> str:
+        """The release's request while it is priced: no cost or accuracy yet."""
+        return json.dumps({
+            "dataset_id": self.dataset["id"],
+            "dataset_version": self.dataset["version"],
+            "mechanism": self.mechanism,
+            "params": self.params,
+            "cost": {},
+            "cost_units": {},
+            "accuracy": None,
+            "seed": self.seed,
+            "callback_url": self.callback_url,
+            "body": self.body,
+        }, default=str)
+
+
+class Unpriced(Exception):
+    """The cost needs a cold heavy precomputation, which no API thread runs: the request
+    becomes a job (``key``: the store key that missed, for deduplicating jobs)."""
+
+    def __init__(self, request: PricingRequest, key: str | None) -> None:
+        super().__init__("cost not yet computed")
+        self.request = request
+        self.key = key
+
+
 #: the error of every release that failed after its job read the data (charged): the
 #: same whatever went wrong, since a message the data decides would be a side channel
 FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
@@ -78,6 +150,16 @@ FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mec
 
 #: the worker task that runs a release
 TASK = "privrelease.run_release"
+#: the worker task that prices a release created ``pricing``, reserves it, and enqueues TASK
+PRICE_TASK = "privrelease.price_release"
+#: the worker task that computes a cold estimate's heavy precomputation into the store
+ESTIMATE_TASK = "privrelease.precompute_estimate"
+#: Retry-After (s) of a 202 ``pricing`` answer to an estimate
+PRICING_RETRY_AFTER = 2
+#: seconds a cold estimate's job marker lives (the job removes it when done): while it
+#: lives, identical cold estimates enqueue nothing more; if the job was lost, the next
+#: estimate after it expires sends another
+ESTIMATE_JOB_TTL = 120
 #: seconds a reservation may wait in the outbox before a retry or the sweeper sends its
 #: task: longer than a live API takes between reserve and publish (a slow broker), and a
 #: task sent twice is harmless anyway (start.lua runs a release once)
@@ -90,11 +172,45 @@ class Sender(Protocol):
     def __call__(self, name: str, args: list[Any], task_id: str) -> Any: ...
 
 
-def enqueue(send: Sender, ledger: Ledger, release_id: str) -> None:
-    """Publish the release's task, then take it out of the outbox (an error leaves it
-    there, for the sweeper or a retry to send)."""
-    send(TASK, args=[release_id], task_id=release_id)
+def enqueue(send: Sender, ledger: Ledger, release_id: str, *, pricing: bool = False) -> None:
+    """Publish the release's task (its pricing job while it is ``pricing``), then take it
+    out of the outbox (an error leaves it there, for the sweeper or a retry to send)."""
+    if pricing:
+        send(PRICE_TASK, args=[release_id], task_id=pricing_task_id(release_id))
+    else:
+        send(TASK, args=[release_id], task_id=release_id)
     ledger.enqueued(release_id)
+
+
+def pricing_task_id(release_id: str) -> str:
+    """The Celery task id of a release's pricing job (the run's is the release id)."""
+    return f"{release_id}.pricing"
+
+
+def refusal(res: ReserveResult) -> APIError | None:
+    """The answer to a reservation the ledger refused (None if it was not refused); the
+    same for the API and for a pricing job (then the release ends ``refused`` with it)."""
+    if res.outcome == "exhausted":
+        whose = "your allocation of" if res.scope == "allocation" else "the dataset's"
+        return APIError(
+            409, f"not enough of {whose} {res.measure} budget left", code="budget_exhausted",
+            measure=res.measure, scope=res.scope,
+            requested=budget.display(res.measure, res.requested),
+            remaining=budget.display(res.measure, max(res.remaining, 0)),
+        )
+    if res.outcome == "retired":
+        return APIError(409, "dataset is retired", code="dataset_retired")
+    return None
+
+
+def error_doc(err: APIError) -> dict[str, Any]:
+    """A refused release's ``error``: the problem the synchronous POST would have answered
+    (code, message, HTTP status, field and extra fields)."""
+    doc: dict[str, Any] = {"code": err.code, "message": err.detail, "status": err.status}
+    if err.field is not None:
+        doc["field"] = err.field
+    doc.update(err.extra)
+    return doc
 
 
 def no_such_dataset() -> APIError:
@@ -162,6 +278,10 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         accuracy = mech.accuracy(params, cost, meta)
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code="validation_error", field=err.field) from None
+    except precompute.Busy as cold:  # every cheap check passed: a worker prices it
+        pricing = PricingRequest(doc, mech.name, as_written, requested, seed,
+                                 body.get("callback_url"), dict(body))
+        raise Unpriced(pricing, cold_key(cold)) from None
     for measure, amount in cost.items():
         # a per-column cost (interval_leakage:age) is agreed to as interval_leakage
         agreed = requested.get(measure, requested.get(budget.base_measure(measure)))
@@ -171,7 +291,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
             raise APIError(500, "mechanism cost exceeds the agreed budget")
     units = {m: budget.cost_units(m, a) for m, a in cost.items()}
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
-                    requested_params=as_written)
+                    requested_params=as_written, requested_budget=requested)
 
 
 def _budget(raw: Any) -> dict[str, Fraction]:

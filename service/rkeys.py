@@ -98,6 +98,11 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30, **kwargs)
 
 
+def pricing_job(job_key: str) -> str:
+    """Set (with expiry) while a cold estimate's job for this precomputation is under way."""
+    return f"{P}pricing:{job_key}"
+
+
 def lease(release_id: str) -> str:
     return f"{P}lease:{release_id}"
 

@@ -104,6 +104,8 @@ class LedgerEventSchema(Schema):
         "description": "commit events: succeeded, or failed after the job read the data "
                        "(charged all the same)"})
     release_id = fields.String()
+    code = fields.String(metadata={
+        "description": "refuse events: the code of the problem the priced release got"})
     actor = fields.String()
     key_id = fields.String()
     at = fields.String()
@@ -150,9 +152,20 @@ class ReleaseListQuerySchema(StrictSchema):
                           metadata={"description": "only releases this key requested"})
 
 
+#: a release's statuses: ``pricing`` (its cost is being computed by a worker; nothing
+#: held yet), ``queued``, ``running``, then ``succeeded``, ``failed``, ``cancelled``, or
+#: ``refused`` (priced, then refused as the POST would have been; nothing charged)
+RELEASE_STATUSES = ("pricing", "queued", "running", "succeeded", "failed", "cancelled",
+                    "refused")
+
+
 class ReleaseSchema(Schema):
     id = fields.String()
-    status = fields.String()
+    status = fields.String(validate=validate.OneOf(RELEASE_STATUSES), metadata={
+        "description": "pricing (a worker computes its cost; nothing held yet), queued,"
+                       " running, succeeded, failed, cancelled, or refused (its priced"
+                       " reservation was refused; error is the problem the POST would have"
+                       " answered, nothing charged)"})
     dataset_id = fields.String()
     dataset_version = fields.Integer()
     mechanism = fields.String()
@@ -176,6 +189,12 @@ class EstimateSchema(Schema):
     cost = fields.Dict()
     accuracy = fields.Dict()
     remaining = fields.Dict()
+
+
+class PricingSchema(Schema):
+    status = fields.String(metadata={"description": "pricing"})
+    mechanism = fields.String()
+    retry_after = fields.Integer(metadata={"description": "seconds, as Retry-After"})
 
 
 class MechanismSchema(Schema):
@@ -211,7 +230,8 @@ class KeySchema(Schema):
 
 
 class JobListQuerySchema(StrictSchema):
-    status = fields.String(validate=validate.OneOf(["queued", "running", "failed"]))
+    status = fields.String(validate=validate.OneOf(
+        ["pricing", "queued", "running", "failed", "refused"]))
     limit = fields.Integer(load_default=100,
                            metadata={"description": "how many; 1..1000 (clamped)"})
     cursor = fields.String(validate=validate.Length(1, 1000),

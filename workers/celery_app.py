@@ -59,12 +59,18 @@ class BrokerTransport(kombu_redis.Transport):
 VISIBILITY_TIMEOUT = 900
 
 #: releases and analyses wait in queues of their own, so analyses (free, and possibly
-#: long) never hold the slots releases run in; ``privrelease worker --queues`` picks
+#: long) never hold the slots releases run in; ``privrelease worker --queues`` picks.
+#: Pricing jobs (a cost's cold heavy precomputation, bounded by
+#: PRIVRELEASE_MAX_PRECOMPUTE_WORK) have a queue of their own too, served by default
+#: beside the releases, so pricing can be given hosts of its own
 RELEASES_QUEUE = "releases"
 ANALYSES_QUEUE = "analyses"
-QUEUES = (RELEASES_QUEUE, ANALYSES_QUEUE)
+PRICING_QUEUE = "pricing"
+QUEUES = (RELEASES_QUEUE, ANALYSES_QUEUE, PRICING_QUEUE)
 RUN_RELEASE = "privrelease.run_release"
 RUN_ANALYSIS = "privrelease.run_analysis"
+PRICE_RELEASE = "privrelease.price_release"
+PRECOMPUTE_ESTIMATE = "privrelease.precompute_estimate"
 
 
 def time_limits(config: Config) -> dict[str, dict[str, float]]:
@@ -83,6 +89,13 @@ def time_limits(config: Config) -> dict[str, dict[str, float]]:
                       "time_limit": config.release_time_limit + config.time_limit_grace},
         RUN_ANALYSIS: {"soft_time_limit": config.analysis_time_limit,
                        "time_limit": config.analysis_time_limit + config.time_limit_grace},
+        # a pricing job's work is bounded at the POST (PRIVRELEASE_MAX_PRECOMPUTE_WORK):
+        # the release's limits are its backstop
+        PRICE_RELEASE: {"soft_time_limit": config.release_time_limit,
+                        "time_limit": config.release_time_limit + config.time_limit_grace},
+        PRECOMPUTE_ESTIMATE: {"soft_time_limit": config.release_time_limit,
+                              "time_limit": config.release_time_limit
+                              + config.time_limit_grace},
     }
 
 
@@ -95,7 +108,9 @@ def configure(app: Celery, config: Config) -> Celery:
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
         task_default_queue=RELEASES_QUEUE,
-        task_routes={RUN_ANALYSIS: {"queue": ANALYSES_QUEUE}},
+        task_routes={RUN_ANALYSIS: {"queue": ANALYSES_QUEUE},
+                     PRICE_RELEASE: {"queue": PRICING_QUEUE},
+                     PRECOMPUTE_ESTIMATE: {"queue": PRICING_QUEUE}},
         task_annotations=time_limits(config),
         broker_connection_retry_on_startup=True,
         broker_transport=BrokerTransport,

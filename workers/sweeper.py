@@ -21,6 +21,8 @@ the settling script), so a run that started meanwhile is never settled here.
 A reservation still in the outbox (its API died between reserve and enqueue)
 is not gone but unsent: after ``releases.OUTBOX_GRACE`` seconds the sweeper
 publishes its task instead of refunding it, so an accepted release always runs.
+A release still ``pricing`` holds nothing: its pricing job is sent from the outbox
+the same way, and sent again if its message is in neither queue nor the unacked set.
 
 Hourly it also removes dataset files that no registration refers to: an
 upload that could not learn whether Valkey stored its registration keeps
@@ -39,10 +41,14 @@ from service import releases, rkeys
 from service.ledger import NO_LEASE, Ledger
 from service.outputs import OutputStore
 from service.store import DatasetStore
+from workers.celery_app import PRICING_QUEUE, RELEASES_QUEUE
 
 log = logging.getLogger("privrelease.sweeper")
 
-QUEUE = "privrelease"
+#: the broker lists a release's messages wait in: its run's, its pricing job's, and the
+#: release queue's name before the queues were split (kombu keeps a queue in a list of
+#: its name)
+QUEUES = (RELEASES_QUEUE, PRICING_QUEUE, "privrelease")
 UNACKED = "unacked"  # kombu's Redis transport keeps unacknowledged messages here
 LOCK = rkeys.P + "sweeper:lock"
 ORPHAN_LOCK = rkeys.P + "sweeper:orphans"
@@ -52,7 +58,8 @@ ORPHAN_INTERVAL = 3600.0
 
 def _in_broker(client: redis.Redis) -> tuple[str, str]:
     """The queued and the unacknowledged messages, each as one string to search for ids."""
-    return "\n".join(client.lrange(QUEUE, 0, -1)), "\n".join(client.hvals(UNACKED))
+    queued = "\n".join(m for q in QUEUES for m in client.lrange(q, 0, -1))
+    return queued, "\n".join(client.hvals(UNACKED))
 
 
 def _default_sender() -> releases.Sender:
@@ -71,12 +78,13 @@ def send_outbox(client: redis.Redis, ledger: Ledger, send: releases.Sender | Non
     leaves the outbox."""
     sent = []
     for release_id in ledger.outbox(grace):
-        if client.hget(rkeys.release(release_id), "status") != "queued":
+        status = client.hget(rkeys.release(release_id), "status")
+        if status not in {"queued", "pricing"}:
             ledger.enqueued(release_id)
             continue
         send = send or _default_sender()
         try:
-            releases.enqueue(send, ledger, release_id)
+            releases.enqueue(send, ledger, release_id, pricing=status == "pricing")
         except Exception as err:  # the broker is down: the outbox keeps it
             log.warning("outbox send failed", extra={"release_id": release_id,
                                                       "error_type": type(err).__name__})
@@ -113,8 +121,23 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
             continue
         if status == "queued" and release_id in unacked:
             continue  # prefetched by a worker that may still start it
-        if status == "queued" and release_id in unsent:
+        if status in {"queued", "pricing"} and release_id in unsent:
             continue  # accepted, its task not yet sent: a pass after its grace sends it
+        if status == "pricing":
+            # holds nothing, so nothing to settle: its pricing job's message was lost (the
+            # broker lost it, or a run failed on a Valkey error): send it again (pricing is
+            # idempotent: the release is reserved at most once)
+            if release_id not in unacked:
+                try:
+                    releases.enqueue(send or _default_sender(), ledger, release_id,
+                                     pricing=True)
+                except Exception as err:  # the broker is down: the next pass retries
+                    log.warning("pricing job resend failed",
+                                extra={"release_id": release_id,
+                                       "error_type": type(err).__name__})
+                else:
+                    log.warning("resent a lost pricing job", extra={"release_id": release_id})
+            continue
         if status in {"queued", "running"}:
             reason = "worker died" if status == "running" else "job message lost"
             dataset_id = json.loads(raw)["dataset_id"]

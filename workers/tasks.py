@@ -45,6 +45,7 @@ from service.config import Config
 from service.ledger import Ledger, Run, Settled
 from service.outputs import INLINE_ROWS, OutputStore, records
 from service.store import DatasetStore
+from workers import pricing
 from workers.celery_app import app
 
 log = logging.getLogger("privrelease.worker")
@@ -271,6 +272,24 @@ def send_notification(self: Task, release_id: str) -> bool:
     """POST the release document to its callback_url, signed; retried with backoff."""
     config, client, _, _ = _deps()
     return notify.deliver(client, config, release_id)
+
+
+@app.task(name="privrelease.price_release", bind=True, acks_late=True)
+def price_release(self: Task, release_id: str) -> str:
+    """Compute a ``pricing`` release's cost, reserve it (once), queue its run; or end it
+    ``refused`` and send its notification (``workers.pricing``)."""
+    config, client, ledger, _ = _deps()
+    status = pricing.price(config, client, ledger, release_id, app.send_task)
+    if status == "refused" and notify.wanted(client, release_id):
+        send_notification.delay(release_id)
+    return status
+
+
+@app.task(name="privrelease.precompute_estimate", bind=True, acks_late=True)
+def precompute_estimate(self: Task, body_json: str, marker: str) -> str:
+    """Compute a cold estimate's heavy precomputation into the shared store."""
+    config, client, ledger, _ = _deps()
+    return pricing.precompute_estimate(config, client, ledger, body_json, marker)
 
 
 def _view(client: redis.Redis, release_id: str) -> mechanisms.ReleaseView:

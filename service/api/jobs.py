@@ -17,8 +17,11 @@ from service.schemas import PAGE_HEADERS, JobListQuerySchema, JobSchema, Release
 
 blp = Blueprint("jobs", __name__, url_prefix="/v1/jobs", description="Jobs")
 
-#: the jobs list's phases: pending (queued and running, oldest first), then failed
+#: the jobs list's phases: pending (pricing, queued and running, oldest first), then
+#: failed (and refused)
 PENDING, FAILED = "p", "f"
+#: the statuses of the pending phase
+PENDING_STATUSES = frozenset({"pricing", "queued", "running"})
 
 
 def _job(doc: dict[str, Any]) -> dict[str, Any]:
@@ -38,8 +41,8 @@ def _job(doc: dict[str, Any]) -> dict[str, Any]:
 @blp.response(200, JobSchema(many=True), headers=PAGE_HEADERS)
 def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = None,
               ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Queued and running jobs (oldest first), then failed ones (newest first), a page at
-    a time (``X-Next-Cursor``, as ``GET /v1/releases``).
+    """Pricing, queued and running jobs (oldest first), then failed and refused ones
+    (newest first), a page at a time (``X-Next-Cursor``, as ``GET /v1/releases``).
 
     Read from the pending and failed indexes (per dataset for a key limited to some),
     never from every release; a page may hold fewer than ``limit`` jobs.
@@ -56,7 +59,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
     elif after is not None and after.phase == FAILED:
         phases = [FAILED]
     else:
-        phases = ([PENDING] if status in {"queued", "running"} else [FAILED] if status
+        phases = ([PENDING] if status in PENDING_STATUSES else [FAILED] if status
                   else [PENDING, FAILED])
     index.ensure_release_indexes(client)
     key = current_key()
@@ -73,7 +76,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
                               phase=phase)
         left -= len(ids)  # a page reads at most ``limit`` ids, however many are shown
         for doc in releases.documents(client, ids):
-            if phase == PENDING and doc["status"] not in {"queued", "running"}:
+            if phase == PENDING and doc["status"] not in PENDING_STATUSES:
                 # ended while the one-time backfill indexed it: drop the stale entry
                 client.zrem(rkeys.dataset_pending(doc["dataset_id"]), doc["id"])
                 continue
@@ -93,7 +96,9 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
 @problems(blp, *AUTH, 403, 404, 409)
 @blp.response(200, ReleaseSchema())
 def cancel(release_id: str) -> dict[str, Any]:
-    """Cancel a job that has not started and refund its reservation; 409 once running."""
+    """Cancel a job that has not started and refund its reservation (one still pricing
+    holds nothing: it is cancelled, and its pricing job then reserves nothing); 409 once
+    running."""
     client = current_app.extensions["redis"]
     doc = releases.document(client, release_id)
     if doc is None or not may_use(doc["dataset_id"]):
@@ -106,7 +111,8 @@ def cancel(release_id: str) -> dict[str, Any]:
     if outcome == "ended" and doc["status"] != "cancelled":  # a repeated cancel is a no-op
         raise APIError(409, f"the job already ended ({doc['status']})", code="job_finished")
     # the queued message is now harmless (the worker skips ended releases); drop it early
-    current_app.extensions["celery"].control.revoke(release_id)
+    current_app.extensions["celery"].control.revoke(
+        [release_id, releases.pricing_task_id(release_id)])
     cancelled = releases.document(client, release_id)
     assert cancelled is not None
     return cancelled

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Any
 
 import redis
-from flask import current_app
+from flask import Response, current_app, g, jsonify
 from flask.blueprints import BlueprintSetupState
 from flask_smorest import Blueprint
 from werkzeug.routing import BaseConverter
@@ -20,6 +21,7 @@ from service.problems import APIError
 from service.schemas import (
     PAGE_HEADERS,
     EstimateSchema,
+    PricingSchema,
     ReleaseListQuerySchema,
     ReleaseRequestSchema,
     ReleaseSchema,
@@ -45,6 +47,8 @@ TASK = releases.TASK
 
 
 def _prepare(body: dict[str, Any]) -> releases.Prepared:
+    """Every check and the cost; ``releases.Unpriced`` when the cost needs a heavy
+    precomputation the shared store lacks (never computed in this thread)."""
     # the grant first: for a dataset the key may not use, every body gets the answer of a
     # dataset that does not exist (no retirement, columns, bounds or params checked)
     check_dataset_grant(body["dataset_id"], releases.no_such_dataset())
@@ -53,13 +57,11 @@ def _prepare(body: dict[str, Any]) -> releases.Prepared:
     if callback is not None and (why := notify.check_url(callback, config.callback_hosts)):
         raise APIError(422, f"callback_url {why}", code="validation_error",
                        field="callback_url")
-    # heavy cost parts shared across processes; a cold one beyond the gate is 503 busy
-    with precompute.scope(current_app):
-        prepared = releases.prepare(current_app.extensions["redis"],
-                                    current_app.extensions["ledger"], body,
-                                    allow_seeds=config.allow_seeds,
-                                    max_work=config.max_release_work)
-    return prepared
+    with precompute.api_scope(current_app):
+        return releases.prepare(current_app.extensions["redis"],
+                                current_app.extensions["ledger"], body,
+                                allow_seeds=config.allow_seeds,
+                                max_work=config.max_release_work)
 
 
 def _document(release_id: str) -> dict[str, Any]:
@@ -77,10 +79,21 @@ def _document(release_id: str) -> dict[str, Any]:
 @problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.arguments(ReleaseRequestSchema())
 @blp.response(200, EstimateSchema())
-def estimate(body: dict[str, Any]) -> dict[str, Any]:
-    """Cost and expected accuracy of a request; spends nothing."""
+@blp.alt_response(202, schema=PricingSchema(), description=(
+    "the cost needs a heavy precomputation not computed yet: a worker computes it;"
+    " retry after Retry-After seconds (the retry is warm and answers 200)"))
+def estimate(body: dict[str, Any]) -> Any:
+    """Cost and expected accuracy of a request; spends nothing.
+
+    When the cost needs a heavy precomputation (interval calibration, an ICLP
+    eigen-system) that no process has computed yet, the answer is 202 ``pricing`` with
+    ``Retry-After``: one job per precomputation computes it, however many callers ask.
+    """
     ratelimit.count_estimate()  # PRIVRELEASE_ESTIMATE_RATE_LIMIT, per key
-    prepared = _prepare(body)
+    try:
+        prepared = _prepare(body)
+    except releases.Unpriced as cold:
+        return _estimate_pricing(cold)
     balance = current_app.extensions["ledger"].balance(prepared.dataset["id"])
     return {
         "mechanism": prepared.mechanism.name,
@@ -91,74 +104,123 @@ def estimate(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _estimate_pricing(cold: releases.Unpriced) -> Response:
+    """202 ``pricing``; enqueue the estimate's job unless one for the same precomputation
+    is under way (a Valkey SET NX with expiry: 16 identical cold estimates, one job)."""
+    client = current_app.extensions["redis"]
+    job_key = cold.key or cold.request.fingerprint
+    marker = rkeys.pricing_job(job_key)
+    if client.set(marker, "1", nx=True, ex=releases.ESTIMATE_JOB_TTL):
+        try:
+            current_app.extensions["celery"].send_task(
+                releases.ESTIMATE_TASK, args=[json.dumps(cold.request.body), marker])
+        except Exception:
+            client.delete(marker)
+            raise APIError(503, "job queue unavailable; retry shortly",
+                           code="unavailable") from None
+    resp = jsonify({"status": "pricing", "mechanism": cold.request.mechanism,
+                    "retry_after": releases.PRICING_RETRY_AFTER})
+    resp.status_code = 202
+    resp.headers["Retry-After"] = str(releases.PRICING_RETRY_AFTER)
+    g.retry_after = releases.PRICING_RETRY_AFTER  # kept by ratelimit's after_request
+    return resp
+
+
 @blp.route("", methods=["POST"])
 @require("analyst")
 @problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.arguments(ReleaseRequestSchema())
-@blp.response(202, ReleaseSchema())
+@blp.response(202, ReleaseSchema(), description=(
+    "accepted: ``queued``, or ``pricing`` when its cost needs a heavy precomputation (a"
+    " worker computes it, then reserves and runs the release, or ends it ``refused``)"))
 @blp.alt_response(200, schema=ReleaseSchema(), description="replay of an identical release")
-def create(body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+def create(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
     """Validate, reserve the cost atomically, enqueue; 202 with the release id.
 
     An ``Idempotency-Key`` header (1..255 characters) makes a retry safe: the same key
     gets the first answer back; with a different request it is 422 idempotency_mismatch.
+
+    A cost that needs a heavy precomputation nobody computed yet is never computed in the
+    request: the release is created ``pricing`` (after every other check) and a worker
+    computes the cost, reserves it through the same ledger script, and runs it; if the
+    reservation is refused the release ends ``refused``, its ``error`` the problem this
+    POST would have answered (nothing is charged).
     """
     config = current_app.config["PRIVRELEASE"]
-    prepared = _prepare(body)
+    pricing: releases.PricingRequest | None = None
+    try:
+        prepared: releases.Prepared | None = _prepare(body)
+    except releases.Unpriced as cold:
+        # a pricing job is a cold estimate's work: counted against the same per-key limit
+        ratelimit.count_estimate()
+        prepared, pricing = None, cold.request
     key = current_key()
     idem_key = inputs.idempotency_key(key.id)
     ledger = current_app.extensions["ledger"]
-    dataset_id = prepared.dataset["id"]
-    request_json, at, release_id = prepared.request_json(), now_iso(), releases.new_id()
-    res = ledger.reserve(
-        dataset_id, release_id, prepared.cost_units, actor=key.id,
-        fingerprint=prepared.fingerprint, request_json=request_json,
-        idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
-    )
+    at, release_id = now_iso(), releases.new_id()
+    if prepared is not None:
+        dataset_id, request_json = prepared.dataset["id"], prepared.request_json()
+        res = ledger.reserve(
+            dataset_id, release_id, prepared.cost_units, actor=key.id,
+            fingerprint=prepared.request_fingerprint,
+            replay_fingerprint=prepared.fingerprint, request_json=request_json,
+            idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
+        )
+        ours = "reserved"
+    else:
+        assert pricing is not None
+        dataset_id, request_json = pricing.dataset["id"], pricing.request_json()
+        res = ledger.reserve(
+            dataset_id, release_id, {}, actor=key.id, fingerprint=pricing.fingerprint,
+            request_json=request_json, replay=False, idempotency_key=idem_key,
+            idempotency_ttl=config.idempotency_ttl, at=at, mode="pricing",
+        )
+        ours = "pricing"
     if res.release_id == release_id and res.outcome in {"replay", "idempotent"}:
         # our own reservation: redis-py re-sent the script after a lost reply (Valkey
         # restarting); it must be enqueued, not answered as someone else's release
-        res = dataclasses.replace(res, outcome="reserved")
-    if res.outcome == "exhausted":
-        whose = "your allocation of" if res.scope == "allocation" else "the dataset's"
-        raise APIError(
-            409, f"not enough of {whose} {res.measure} budget left", code="budget_exhausted",
-            measure=res.measure, scope=res.scope,
-            requested=budget.display(res.measure, res.requested),
-            remaining=budget.display(res.measure, max(res.remaining, 0)),
-        )
-    if res.outcome == "retired":
-        raise APIError(409, "dataset is retired", code="dataset_retired")
+        res = dataclasses.replace(res, outcome=ours)
+    refused = releases.refusal(res)
+    if refused is not None:
+        raise refused
     if res.outcome == "idem_mismatch":
         raise inputs.idempotency_mismatch()
+    location = {"Location": f"/v1/releases/{res.release_id}"}
     send = current_app.extensions["celery"].send_task
-    if res.outcome in {"replay", "idempotent"} and ledger.unsent(res.release_id,
-                                                                 releases.OUTBOX_GRACE):
-        # the first request's API died between reserve and enqueue: send it now, so the
-        # release this retry is answered with runs (a second message would be harmless)
-        releases.enqueue(send, ledger, res.release_id)
-        log.warning("sent a release left in the outbox", extra={"release_id": res.release_id})
-    if res.outcome == "replay":
-        return {**_document(res.release_id), "replayed": True}, 200
-    if res.outcome == "reserved":
+    if res.outcome in {"replay", "idempotent"}:
+        doc = _document(res.release_id)
+        if ledger.unsent(res.release_id, releases.OUTBOX_GRACE):
+            # the first request's API died between reserve and enqueue: send it now, so the
+            # release this retry is answered with runs (a second message would be harmless)
+            releases.enqueue(send, ledger, res.release_id, pricing=doc["status"] == "pricing")
+            log.warning("sent a release left in the outbox",
+                        extra={"release_id": res.release_id})
+        if res.outcome == "replay":
+            return {**doc, "replayed": True}, 200, location
+        return doc, 202, location
+    try:
+        releases.enqueue(send, ledger, res.release_id, pricing=res.outcome == "pricing")
+    except Exception:
         try:
-            releases.enqueue(send, ledger, res.release_id)
-        except Exception:
-            try:
+            if res.outcome == "pricing":
+                err = APIError(503, "job queue unavailable; nothing was spent",
+                               code="unavailable")
+                ledger.refuse(dataset_id, res.release_id, json.dumps(releases.error_doc(err)),
+                              err.code, key.id)
+            else:
                 ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
                              key.id)
-            except redis.RedisError:  # Valkey went away too: the outbox keeps it
-                log.warning("reservation left in the outbox",
-                            extra={"release_id": res.release_id})
-                raise APIError(503, "service unavailable; the release may still run: retry"
-                               " with the same Idempotency-Key to learn its state",
-                               code="unavailable") from None
-            raise APIError(503, "job queue unavailable; nothing was spent",
+        except redis.RedisError:  # Valkey went away too: the outbox keeps it
+            log.warning("reservation left in the outbox", extra={"release_id": res.release_id})
+            raise APIError(503, "service unavailable; the release may still run: retry"
+                           " with the same Idempotency-Key to learn its state",
                            code="unavailable") from None
-        # no round trip: the document of a just-queued release is known here
-        fields = {"status": "queued", "request": request_json, "created_at": at}
-        return releases.render(res.release_id, fields), 202
-    return _document(res.release_id), 202
+        raise APIError(503, "job queue unavailable; nothing was spent",
+                       code="unavailable") from None
+    # no round trip: the document of a just-accepted release is known here
+    status = "pricing" if res.outcome == "pricing" else "queued"
+    fields = {"status": status, "request": request_json, "created_at": at}
+    return releases.render(res.release_id, fields), 202, location
 
 
 @blp.route("")

@@ -8,10 +8,26 @@
 -- A new release enters every list index here, and the outbox: it stays there until
 -- its task is published, so a release whose API died before enqueueing is enqueued
 -- by the sweeper or the next retry instead of being refunded (an accepted release runs).
--- ARGV: 1 release id, 2 fingerprint, 3 actor key id, 4 now (iso), 5 now (epoch s),
---       6 request json, 7 idempotency ttl, 8 use idem (0/1), 9 use replay (0/1),
---       10 n measures, then n pairs (measure, units as integer string)
-local rid, fp, actor = ARGV[1], ARGV[2], ARGV[3]
+-- ARGV: 1 release id, 2 fingerprint (of the request, for the idempotency hash),
+--       3 actor key id, 4 now (iso), 5 now (epoch s), 6 request json, 7 idempotency ttl,
+--       8 use idem (0/1), 9 use replay (0/1), 10 mode, 11 n measures, then n pairs
+--       (measure, units as integer string)
+-- Modes:
+--   'new'     a release whose cost the API computed: reserve it, status 'queued';
+--   'pricing' a release whose cost needs a cold heavy precomputation: hold nothing, create
+--             it in status 'pricing' (indexed, in the outbox: its pricing job is sent);
+--   'priced'  the pricing job reserves that release (its idempotency key was recorded at
+--             creation): once only, whatever the number of runs. A release no longer in
+--             'pricing' answers {'ended', id, status} and nothing changes, so a redelivered
+--             or doubled job never reserves twice.
+-- Indexes are added with NX: a priced release keeps its place (its creation time).
+local rid, fp, actor, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[10]
+-- a create re-sent by redis-py after a lost reply: it happened, change nothing
+if mode == 'pricing' and redis.call('EXISTS', KEYS[3]) == 1 then return {'pricing', rid} end
+if mode == 'priced' then
+  local status = redis.call('HGET', KEYS[3], 'status')
+  if status ~= 'pricing' then return {'ended', rid, status or ''} end
+end
 if ARGV[8] == '1' then
   local prev = redis.call('HGET', KEYS[6], 'id')
   if prev then
@@ -32,10 +48,10 @@ end
 if redis.call('HGET', KEYS[1], 'retired') == '1' then return {'retired', ''} end
 
 local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') end
-local n = tonumber(ARGV[10])
+local n = tonumber(ARGV[11])
 local scoped = {}
 for i = 0, n - 1 do
-  local m, c = ARGV[11 + 2 * i], tonumber(ARGV[12 + 2 * i])
+  local m, c = ARGV[12 + 2 * i], tonumber(ARGV[13 + 2 * i])
   local remaining = num('cap:' .. m) - num('committed:' .. m) - num('reserved:' .. m)
   if c > remaining then return {'exhausted', m, c, remaining, 'dataset'} end
   local a = 'alloc:' .. actor .. ':'
@@ -46,31 +62,38 @@ for i = 0, n - 1 do
   end
 end
 
-local event = {'kind', 'reserve', 'release_id', rid, 'actor', actor, 'at', ARGV[4]}
-redis.call('HSET', KEYS[4], 'actor', actor)
-for i = 0, n - 1 do
-  local m, u = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
-  redis.call('HINCRBY', KEYS[1], 'reserved:' .. m, u)
-  redis.call('HSET', KEYS[4], 'm:' .. m, u)
-  if scoped[m] then
-    redis.call('HINCRBY', KEYS[1], 'alloc:' .. actor .. ':reserved:' .. m, u)
-    redis.call('HSET', KEYS[4], 'a:' .. m, u)
+if mode == 'pricing' then
+  redis.call('HSET', KEYS[3], 'status', 'pricing', 'request', ARGV[6], 'created_at', ARGV[4],
+             'actor', actor)
+else
+  local event = {'kind', 'reserve', 'release_id', rid, 'actor', actor, 'at', ARGV[4]}
+  redis.call('HSET', KEYS[4], 'actor', actor)
+  for i = 0, n - 1 do
+    local m, u = ARGV[12 + 2 * i], ARGV[13 + 2 * i]
+    redis.call('HINCRBY', KEYS[1], 'reserved:' .. m, u)
+    redis.call('HSET', KEYS[4], 'm:' .. m, u)
+    if scoped[m] then
+      redis.call('HINCRBY', KEYS[1], 'alloc:' .. actor .. ':reserved:' .. m, u)
+      redis.call('HSET', KEYS[4], 'a:' .. m, u)
+    end
+    table.insert(event, 'm:' .. m)
+    table.insert(event, u)
   end
-  table.insert(event, 'm:' .. m)
-  table.insert(event, u)
+  redis.call('HSET', KEYS[3], 'status', 'queued', 'request', ARGV[6], 'replay_key', KEYS[5],
+             'actor', actor)
+  if mode == 'new' then redis.call('HSET', KEYS[3], 'created_at', ARGV[4]) end
+  if ARGV[9] == '1' then redis.call('SET', KEYS[5], rid) end
+  redis.call('XADD', KEYS[2], '*', unpack(event))
 end
-redis.call('HSET', KEYS[3], 'status', 'queued', 'request', ARGV[6], 'created_at', ARGV[4],
-           'replay_key', KEYS[5], 'actor', actor)
-redis.call('ZADD', KEYS[7], ARGV[5], rid)
-redis.call('ZADD', KEYS[8], ARGV[5], rid)
+redis.call('ZADD', KEYS[7], 'NX', ARGV[5], rid)
+redis.call('ZADD', KEYS[8], 'NX', ARGV[5], rid)
 redis.call('ZADD', KEYS[9], ARGV[5], rid)
-redis.call('ZADD', KEYS[10], ARGV[5], rid)
-redis.call('ZADD', KEYS[11], ARGV[5], rid)
-redis.call('ZADD', KEYS[12], ARGV[5], rid)
-if ARGV[9] == '1' then redis.call('SET', KEYS[5], rid) end
+redis.call('ZADD', KEYS[10], 'NX', ARGV[5], rid)
+redis.call('ZADD', KEYS[11], 'NX', ARGV[5], rid)
+redis.call('ZADD', KEYS[12], 'NX', ARGV[5], rid)
 if ARGV[8] == '1' then
   redis.call('HSET', KEYS[6], 'id', rid, 'fp', fp)
   redis.call('EXPIRE', KEYS[6], ARGV[7])
 end
-redis.call('XADD', KEYS[2], '*', unpack(event))
+if mode == 'pricing' then return {'pricing', rid} end
 return {'reserved', rid}

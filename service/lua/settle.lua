@@ -4,7 +4,8 @@
 --            failed (or its worker died) after it read the data, so it is charged;
 --   'abort'  refunds it and marks the release failed (failed before reading the data,
 --            or never started);
---   'cancel' refunds it and marks the release cancelled, only if not yet running.
+--   'cancel' refunds it and marks the release cancelled, only if not yet running (a
+--            release still 'pricing' holds nothing: it is cancelled, nothing refunded).
 -- A release that already ended is left alone, so a redelivered task can
 -- neither store a second result nor charge twice. A worker settles only while
 -- its run holds the lease (ARGV[6] is its run token): a run that stalled past its
@@ -20,7 +21,9 @@
 -- -2 if the lease condition failed (nothing changed).
 local rid, action, holder = ARGV[1], ARGV[2], ARGV[6]
 local status = redis.call('HGET', KEYS[3], 'status')
-if status ~= 'queued' and status ~= 'running' then return 0 end
+-- a release still being priced holds nothing yet: it can only be cancelled
+if status == 'pricing' and action ~= 'cancel' then return 0 end
+if status ~= 'queued' and status ~= 'running' and status ~= 'pricing' then return 0 end
 if action == 'cancel' and status == 'running' then return -1 end
 local lease = redis.call('GET', KEYS[7])
 if holder == '!' then

@@ -1,10 +1,10 @@
 """End to end under gunicorn: cold heavy estimates do not take the API down.
 
-On the old code every cold calibration ran in its request thread, as many at
-once as there were threads: 8 concurrent ones all ran (no ``busy``), and
-health checks queued behind them. Here at most PRIVRELEASE_PRECOMPUTE_CONCURRENCY
-per API process compute, the rest answer 503 ``busy`` at once, and /healthz and
-GET /v1/datasets answer within 2 s throughout.
+On the old code every cold calibration ran in a request thread (at most
+PRIVRELEASE_PRECOMPUTE_CONCURRENCY per process, the rest answered 503 ``busy``).
+Here no API thread computes one: each cold estimate is answered 202 ``pricing`` at
+once, a worker computes it, the retry answers 200, and /healthz and GET
+/v1/datasets answer within 2 s throughout.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def _heavy(dataset_id: str, i: int) -> dict[str, Any]:
 
 def test_cold_heavy_estimates_leave_the_api_responsive(service: Service) -> None:
     ds = service.upload({"interval_leakage": 0.9})
-    answers: list[tuple[requests.Response, float] | None] = [None] * CONCURRENT
     auth = {"Authorization": f"Bearer {TOKEN}"}
+    answers: list[tuple[requests.Response, float] | None] = [None] * CONCURRENT
 
     def estimate(i: int) -> None:
         t0 = time.monotonic()
@@ -45,29 +45,34 @@ def test_cold_heavy_estimates_leave_the_api_responsive(service: Service) -> None
     threads = [threading.Thread(target=estimate, args=(i,)) for i in range(CONCURRENT)]
     for t in threads:
         t.start()
+    for t in threads:
+        t.join()
+    assert all(a is not None for a in answers)
+    for resp, seconds in (a for a in answers if a is not None):
+        assert resp.status_code == 202, resp.text
+        assert resp.json()["status"] == "pricing" and int(resp.headers["Retry-After"]) >= 1
+        assert seconds < BOUND_SECONDS  # nothing computed in the request
     probes: list[tuple[str, int, float]] = []
-    while any(t.is_alive() for t in threads):
+    cold = set(range(CONCURRENT))
+    deadline = time.monotonic() + 240
+    next_retry = time.monotonic()
+    while cold and time.monotonic() < deadline:
         for path in ("/healthz", "/v1/datasets"):
             t0 = time.monotonic()
             resp = requests.get(service.url + path, headers=auth, timeout=30)
             probes.append((path, resp.status_code, time.monotonic() - t0))
-        time.sleep(0.1)
-    for t in threads:
-        t.join()
-    assert all(a is not None for a in answers)
-    done = [(r, s) for r, s in (a for a in answers if a is not None) if r.status_code == 200]
-    busy = [r for r, _ in (a for a in answers if a is not None) if r.status_code == 503]
-    assert len(done) + len(busy) == CONCURRENT, [a[0].text for a in answers if a]
-    # 2 API processes x 2 slots: at most 4 compute, the others are refused at once
-    assert 1 <= len(done) <= 4 and len(busy) >= CONCURRENT - 4
-    for r in busy:
-        assert r.json()["code"] == "busy" and int(r.headers["Retry-After"]) >= 1
-    assert max(seconds for _, seconds in done) > 1.0  # the load was real
-    assert len(probes) >= 6, probes
+        if time.monotonic() >= next_retry:  # as Retry-After says (estimates are rate limited)
+            while cold:
+                i = min(cold)
+                retry = requests.post(service.url + "/v1/releases/estimate",
+                                      json=_heavy(ds, i), headers=auth, timeout=30)
+                if retry.status_code != 200:
+                    assert retry.status_code == 202, retry.text
+                    next_retry = time.monotonic() + int(retry.headers["Retry-After"])
+                    break
+                cold.discard(i)
+        time.sleep(0.2)
+    assert not cold, cold
+    assert len(probes) >= 6, probes  # the workers computed for a while
     slow = [p for p in probes if p[1] != 200 or p[2] >= BOUND_SECONDS]
     assert not slow, slow
-    # a refused request is fine to retry: it computes now (or is warm) and succeeds
-    retry = service.call("POST", "/v1/releases/estimate",
-                         json=_heavy(ds, answers.index(next(a for a in answers if a and
-                                                            a[0].status_code == 503))))
-    assert retry.status_code == 200, retry.text

@@ -56,13 +56,25 @@ class Api:
                                 content_type="multipart/form-data")
 
     def wait(self, release_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The release once it ended (succeeded, failed, refused after pricing, cancelled)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             doc: dict[str, Any] = self.get(f"/v1/releases/{release_id}").get_json()
-            if doc["status"] in {"succeeded", "failed"}:
+            if doc["status"] in {"succeeded", "failed", "refused", "cancelled"}:
                 return doc
             time.sleep(0.05)
         raise TimeoutError(release_id)
+
+    def estimate(self, body: dict[str, Any], timeout: float = 60.0) -> Any:
+        """POST an estimate, retried while it is 202 pricing (a worker computes the cold
+        precomputation); the first other answer."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            resp = self.post("/v1/releases/estimate", body)
+            if resp.status_code != 202:
+                return resp
+            time.sleep(0.1)
+        raise TimeoutError("estimate stayed pricing")
 
 
 @pytest.fixture()

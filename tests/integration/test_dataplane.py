@@ -130,8 +130,8 @@ def _reserve_and_die(app: Flask, body: dict[str, Any], idem: str | None = None) 
         prepared = releases.prepare(r, ledger, body, allow_seeds=True)
         res = ledger.reserve(
             body["dataset_id"], releases.new_id(), prepared.cost_units, actor=key.id,
-            fingerprint=prepared.fingerprint, request_json=prepared.request_json(),
-            idempotency_key=inputs.idempotency_key(key.id))
+            fingerprint=prepared.request_fingerprint, replay_fingerprint=prepared.fingerprint,
+            request_json=prepared.request_json(), idempotency_key=inputs.idempotency_key(key.id))
     assert res.outcome == "reserved"
     return res.release_id
 

@@ -334,3 +334,19 @@ def test_a_read_timeout_repeats_reads_and_posts_but_not_patches(
         client(url, timeout=0.2).request("PATCH", "/v1/datasets/ds_1/budget",
                                          json_body={"caps": {"epsilon": 2}})
     assert len(script.seen) == 1
+
+
+def test_an_estimate_answered_pricing_is_asked_again_until_answered(
+        server: tuple[str, Script]) -> None:
+    """Catches a client that returned the 202 ``pricing`` body as if it were the estimate
+    (the cost needs a worker's precomputation): it waits ``retry_after`` and asks again."""
+    url, script = server
+    pricing = answer(202, {"status": "pricing", "mechanism": "m", "retry_after": 0.05},
+                     {"Retry-After": "1"})
+    done = {"mechanism": "m", "cost": {"epsilon": 1.0}, "accuracy": {}, "remaining": {}}
+    script.answers = [pricing, pricing, answer(200, done)]
+    assert client(url).estimate_release("ds_1", "m", {}, {"epsilon": 1}) == done
+    assert len(script.seen) == 3
+    script.answers = [pricing]
+    with pytest.raises(TimeoutError):
+        client(url).estimate_release("ds_1", "m", {}, {"epsilon": 1}, timeout=0.2)
