@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.client import ApiError, Client, ConnectionFailed
+from privrelease_client import ApiError, Client, ConnectionFailed
 
 DROP = "drop"  # a scripted answer that closes the connection without a response
 
