@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from privrelease_client import ApiError, Client
 
-from service.client import ApiError, Client
 from tests.conftest import ROOT
 from tests.e2e.harness import TOKEN, Service
 

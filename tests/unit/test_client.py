@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-
 from privrelease_client import ApiError, Client, ConnectionFailed
 
 DROP = "drop"  # a scripted answer that closes the connection without a response
