@@ -44,6 +44,25 @@ def _scalar_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, _SCALAR) for v in value)
 
 
+def _pair_list(value: Any) -> bool:
+    """``[[left, right], ...]``: cells or intervals, one pair per row."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, list) and len(v) == 2 and all(isinstance(e, _SCALAR) for e in v)
+        for v in value)
+
+
+def _lists(flat: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The non-empty lists of scalars, pairs split into ``name_left``/``name_right``."""
+    out: dict[str, list[Any]] = {}
+    for k, v in flat.items():
+        if _pair_list(v):
+            out[f"{k}_left"] = [p[0] for p in v]
+            out[f"{k}_right"] = [p[1] for p in v]
+        elif _scalar_list(v) and v:
+            out[k] = list(v)
+    return out
+
+
 def result_columns(result: Any) -> dict[str, list[Any]]:
     """Columns (name -> equally long lists) for a release's or analysis' result.
 
@@ -51,7 +70,8 @@ def result_columns(result: Any) -> dict[str, list[Any]]:
     - ``values`` with a label list (``grid``, ``categories``, ``bins``...): one row per
       value, the label first, every other list of that length beside it (bands such as
       ``lower``/``upper``); bin edges (one more than the values) become ``left``/``right``.
-    - otherwise the longest lists of scalars of one length are the columns; with no lists
+    - otherwise the longest lists of one length are the columns (lists of pairs, such
+      as the NPMLE's ``cells``, split into ``cells_left``/``cells_right``); with no lists
       at all, one row of every scalar (nested objects flattened to ``a.b``).
     """
     if not isinstance(result, Mapping):
@@ -61,7 +81,7 @@ def result_columns(result: Any) -> dict[str, list[Any]]:
         names = list(dict.fromkeys(k for r in records for k in r))
         return {k: [r.get(k) for r in records] for k in names}
     flat = _flat(result)
-    lists = {k: v for k, v in flat.items() if _scalar_list(v) and v}
+    lists = _lists(flat)
     values = lists.get("values")
     if values is None and lists:
         n = max(len(v) for v in lists.values())
@@ -119,10 +139,19 @@ def plot_result(result: Any, *, title: str | None = None, ax: Any = None) -> Any
     _module("matplotlib", "plot", "plot()")
     plt = importlib.import_module("matplotlib.pyplot")
     cols = result_columns(result)
-    if "values" not in cols:
+    if "values" not in cols and not ("cdf" in cols and "cells_right" in cols):
         raise ValueError("this result has no values to draw")
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
+    if "values" not in cols:  # an NPMLE: a step CDF jumping at the right end of each cell
+        ax.step(cols["cells_right"], cols["cdf"], where="post", color="C0", label="NPMLE")
+        ax.plot(cols["cells_right"], cols["cdf"], "o", color="C0", markersize=3)
+        ax.set_xlabel("support (right ends of the cells)")
+        ax.set_ylabel("CDF")
+        ax.set_ylim(0, 1.02)
+        if title:
+            ax.set_title(title)
+        return ax
     values = cols["values"]
     lower, upper = cols.get("lower"), cols.get("upper")
     label = next((k for k in ("grid", "support", "x") if k in cols), None)
