@@ -520,32 +520,32 @@ def cli() -> None:
 
 @cli.group("datasets")
 def datasets() -> None:
-    """Upload, inspect and retire datasets."""
+    """upload, inspect and retire datasets"""
 
 
 @cli.group("budget")
 def budget_group() -> None:
-    """Show and set a dataset's privacy budget."""
+    """show and set a dataset's privacy budget"""
 
 
 @cli.group("keys")
 def keys() -> None:
-    """Create, list and revoke API keys."""
+    """create, list and revoke API keys"""
 
 
 @cli.group("release")
 def release() -> None:
-    """Estimate, request and read releases."""
+    """estimate, request, read and cancel releases"""
 
 
 @cli.group("analyses")
 def analyses() -> None:
-    """Free post-processing of releases: run, list, show, cancel."""
+    """free post-processing of releases: run, list, show, cancel"""
 
 
 @cli.group("jobs")
 def jobs() -> None:
-    """The job queue (operators)."""
+    """the job queue (operators)"""
 
 
 # datasets ----------------------------------------------------------------------------
@@ -858,7 +858,7 @@ def _mechanisms(c: Client, name: str | None) -> Output:
 @cli.command("completion")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def _completion(shell: str) -> None:
-    """Print the shell completion script: eval "$(privrelease completion bash)"."""
+    """print the shell completion script, e.g. eval "$(privrelease completion bash)" """
     cls = get_completion_class(shell)
     assert cls is not None  # the Choice above lists only shells Click supports
     click.echo(cls(cli, {}, "privrelease", "_PRIVRELEASE_COMPLETE").source())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import re
 import socket
 import sys
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from privrelease_client import (
@@ -32,6 +34,8 @@ from privrelease_client import (
     frames,
     result_columns,
 )
+
+from service import commands
 
 DROP = "drop"  # a scripted answer that closes the connection without a response
 
@@ -595,3 +599,25 @@ def test_plot_result_draws_bands_bars_and_steps() -> None:
     assert steps.get_ylabel() == "CDF" and steps.lines[0].get_ydata().tolist() == [0.25, 1.0]
     with pytest.raises(ValueError, match="no values"):
         frames.plot_result({"value": 1})
+
+
+def test_cli_wait_reports_a_pricing_failure_with_its_amounts(
+        server: tuple[str, Script]) -> None:
+    """A release whose pricing job finds the cost too large ends ``failed`` with code
+    ``budget_exhausted``: the CLI must exit 1 and print the amounts, not just "failed"."""
+    url, script = server
+    error = {"code": "budget_exhausted", "message": "the computed cost exceeds what remains",
+             "measure": "interval_leakage", "scope": "dataset", "requested": 0.8,
+             "remaining": 0.3}
+    script.answers = [answer(202, {"id": "rel_1", "status": "pricing"}),
+                      answer(200, {"id": "rel_1", "status": "pricing"}),
+                      answer(200, {"id": "rel_1", "status": "failed", "error": error})]
+    result = CliRunner().invoke(commands.cli, [
+        "release", "create", "--dataset", "ds_1", "--mechanism", "interval.case1",
+        "--budget", "interval_leakage=0.8", "--wait", "--url", url, "--key", "pr_test_key"])
+    assert result.exit_code == 1
+    assert re.search(r"^status:\s+failed$", result.stdout, re.MULTILINE), result.stdout
+    assert result.stderr.splitlines() == [
+        "error: release_failed: budget_exhausted: the computed cost exceeds what remains",
+        "  requested: 0.8 interval_leakage, remaining: 0.3 interval_leakage (dataset budget)"]
+    assert [s.method for s in script.seen] == ["POST", "GET", "GET"]
