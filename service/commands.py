@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from click.shell_completion import get_completion_class
+from click.shell_completion import CompletionItem, get_completion_class
 from privrelease_client import ApiError, Client, Progress, ReleaseFailed
 from privrelease_client import __version__ as client_version
 from privrelease_client.client import DEFAULT_URL
@@ -607,12 +607,25 @@ def _budget_set(c: Client, dataset: str, cap: tuple[str, ...],
 
 
 _KINDS = ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire"]
+#: the server judges the filter (a newer server may know more statuses, e.g. pricing)
+_JOB_STATUSES = ["pricing", "queued", "running", "failed"]
+
+
+def _suggest(values: Sequence[str]) -> Callable[..., list[CompletionItem]]:
+    """Shell completion from a known list, without refusing other values locally: the
+    server validates (and a newer server may accept more)."""
+
+    def complete(ctx: click.Context, param: click.Parameter,
+                 incomplete: str) -> list[CompletionItem]:
+        return [CompletionItem(v) for v in values if v.startswith(incomplete)]
+
+    return complete
 
 
 @client_command(cli, "ledger", "export a dataset's audit events as JSONL")
 @click.argument("dataset", metavar="DATASET")
-@click.option("--kind", multiple=True, type=click.Choice(_KINDS),
-              help="only these event kinds (repeatable)")
+@click.option("--kind", multiple=True, shell_complete=_suggest(_KINDS),
+              help=f"only these event kinds (repeatable): {', '.join(_KINDS)}")
 @click.option("--since", metavar="ISO", help="events at or after this time")
 @click.option("--until", metavar="ISO", help="events before this time")
 @click.option("--output", "-o", metavar="FILE", help="write to FILE (default: stdout)")
@@ -831,7 +844,8 @@ def _analyses_cancel(c: Client, release_id: str, analysis_id: str) -> Output:
 # jobs and catalog ----------------------------------------------------------------------
 
 @client_command(jobs, "list", "queued and running jobs, then failed ones")
-@click.option("--status", type=click.Choice(["queued", "running", "failed"]))
+@click.option("--status", shell_complete=_suggest(_JOB_STATUSES),
+              help=f"only jobs in this status: {', '.join(_JOB_STATUSES)}")
 @click.option("--limit", type=int, metavar="N", help="page size")
 def _jobs_list(c: Client, status: str | None, limit: int | None) -> Output:
     return Output(list(c.iter_jobs(status=status, page_size=limit)), _render_jobs)

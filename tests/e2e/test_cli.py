@@ -335,6 +335,14 @@ def test_version_completion_and_every_page(service: Service, dataset: str) -> No
     done = subprocess.run([sys.executable, "-m", "service.cli"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["plain,release"], done.stdout + done.stderr
+    env.update(COMP_WORDS="privrelease jobs list --status q", COMP_CWORD="4")
+    done = subprocess.run([sys.executable, "-m", "service.cli"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["plain,queued"], done.stdout + done.stderr
+    # suggested, not enforced: the server judges the filter (a newer one may know more)
+    bogus = cli(service, "jobs", "list", "--status", "bogus", ok=False)
+    assert bogus.returncode == 1 and bogus.stderr.startswith("error: validation_error: ")
+    assert "(field: status)" in bogus.stderr
 
     for eps in ("0.1", "0.2", "0.3"):
         cli(service, "release", "create", "--dataset", dataset, "--mechanism", "laplace",
