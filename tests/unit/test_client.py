@@ -621,3 +621,26 @@ def test_cli_wait_reports_a_pricing_failure_with_its_amounts(
         "error: release_failed: budget_exhausted: the computed cost exceeds what remains",
         "  requested: 0.8 interval_leakage, remaining: 0.3 interval_leakage (dataset budget)"]
     assert [s.method for s in script.seen] == ["POST", "GET", "GET"]
+
+
+def test_the_client_distribution_stands_alone() -> None:
+    """The server may depend on the client, never the other way: the client's code
+    imports nothing of ours, and its only dependency is requests (the rest are extras)."""
+    import ast
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2] / "client"
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "privrelease-client"
+    assert project["dependencies"] == ["requests>=2.31"]
+    assert set(project["optional-dependencies"]) == {"pandas", "polars", "plot"}
+    imported: set[str] = set()
+    for path in (root / "src" / "privrelease_client").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    assert not imported & {"service", "workers", "mechanisms", "flask", "numpy", "click",
+                           "rich"}, imported
+    assert {"requests", "privrelease_client"} <= imported
