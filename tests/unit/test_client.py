@@ -644,3 +644,17 @@ def test_the_client_distribution_stands_alone() -> None:
     assert not imported & {"service", "workers", "mechanisms", "flask", "numpy", "click",
                            "rich"}, imported
     assert {"requests", "privrelease_client"} <= imported
+
+
+def test_a_notebook_shows_fields_and_result_rows_escaped() -> None:
+    """Catches markup from the server (a label) reaching the notebook unescaped."""
+    from privrelease_client import Release
+
+    doc = {"id": "rel_1", "status": "succeeded", "mechanism": "<script>x</script>",
+           "cost": {"epsilon": 0.5},
+           "result": {"values": list(range(25)), "grid": [i / 24 for i in range(25)]}}
+    page = Release(Client("http://127.0.0.1:1", "k"), doc)._repr_html_()
+    assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "<td style='text-align:left'>{&quot;epsilon&quot;: 0.5}</td>" in page
+    assert "<th>grid</th><th>values</th>" in page
+    assert page.count("<tr><td>") == 20 and "<p>5 more rows: to_pandas()</p>" in page

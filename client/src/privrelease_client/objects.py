@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import sys
 import time
@@ -131,6 +133,34 @@ class _Job:
 
     def _fetch(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    #: the document fields a notebook shows above the result table
+    _SHOWN: tuple[str, ...] = ("id", "status", "mechanism", "analysis", "dataset_id",
+                               "release_id", "cost", "guarantee", "accuracy", "error")
+    _ROWS = 20  # result rows shown in a notebook; to_pandas() has them all
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the main fields, then the result's first rows as a table.
+
+        Everything from the server is escaped: a label cannot inject markup.
+        """
+        def cell(value: Any) -> str:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            return html.escape(text if len(text) <= 200 else text[:199] + "…")
+
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{cell(self.doc[k])}</td></tr>"
+                       for k in self._SHOWN if self.doc.get(k) is not None)
+        out = f"<table>{rows}</table>"
+        if self.result is not None:
+            cols = frames.result_columns(self.result)
+            n = max((len(v) for v in cols.values()), default=0)
+            head = "".join(f"<th>{html.escape(k)}</th>" for k in cols)
+            body = "".join("<tr>" + "".join(f"<td>{cell(v[i])}</td>" for v in cols.values())
+                           + "</tr>" for i in range(min(n, self._ROWS)))
+            more = f"<p>{n - self._ROWS} more rows: to_pandas()</p>" if n > self._ROWS else ""
+            out += f"<table><tr>{head}</tr>{body}</table>{more}"
+        return out
 
     def refresh(self) -> _Job:
         self.doc = self._fetch()
