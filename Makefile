@@ -7,16 +7,18 @@ RUN_STAMP := $(VENV)/.installed-runtime
 
 .PHONY: run test bench soak fuzz large lint clean audit
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ./client
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 # the runtime alone (no test tools); a venv `make test` made already has it
-$(RUN_STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ./client
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(RUN_STAMP)
 
@@ -24,7 +26,7 @@ run: $(RUN_STAMP)
 	$(BIN)/privrelease standalone $(RUN_ARGS)
 
 test: $(STAMP)
-	$(BIN)/ruff check service workers mechanisms tests
+	$(BIN)/ruff check service workers mechanisms tests client examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 

@@ -1,4 +1,9 @@
-"""The ``privrelease`` command: run the service (standalone, api, worker)."""
+"""The ``privrelease`` command: run the service (standalone, api, worker) or use one.
+
+The server commands parse their arguments with argparse (as they always have); the
+client commands are Click commands in :mod:`service.commands`. One Click group holds
+both, so ``--help``, ``--version`` and shell completion see every command.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import os
 import signal
 import subprocess
 import sys
+
+import click
 
 from service import commands
 from service.config import Config
@@ -125,14 +132,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--one-process", action="store_true",
                    help="serve every queue from one pool (analyses may then hold every slot)")
     p.set_defaults(func=_worker)
-    commands.register(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+SERVER_COMMANDS = {"standalone": "embedded Valkey + worker + API in one command",
+                   "api": "serve the HTTP API with gunicorn",
+                   "worker": "run a Celery worker"}
+
+
+def _server(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     result: int = args.func(args)
     return result
+
+
+def _register_server_commands(group: click.Group) -> None:
+    """Entries for the server commands in the Click group; their arguments go to argparse
+    untouched (``privrelease standalone --help`` shows argparse's own help)."""
+    for name, help_text in SERVER_COMMANDS.items():
+        def run(args: tuple[str, ...], name: str = name) -> None:
+            sys.exit(_server([name, *args]))
+
+        group.add_command(click.Command(
+            name, callback=run, help=help_text, short_help=help_text,
+            params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+            add_help_option=False,
+            context_settings={"ignore_unknown_options": True, "allow_extra_args": True}))
+
+
+_register_server_commands(commands.cli)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``privrelease ARGS``; server commands return their status, the others exit."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SERVER_COMMANDS:
+        return _server(argv)
+    try:
+        commands.cli.main(args=argv, prog_name="privrelease",
+                          complete_var="_PRIVRELEASE_COMPLETE")
+    except SystemExit as done:
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from privrelease_client import ApiError, Client
 
-from service.client import ApiError, Client
 from tests.conftest import ROOT
 from tests.e2e.harness import TOKEN, Service
 
@@ -234,3 +234,136 @@ def test_errors_and_usage(service: Service, dataset: str) -> None:
     assert usage.returncode == 2 and "expected MEASURE=NUMBER" in usage.stderr
     missing = cli(service, "datasets", "show", "ds_nope", ok=False)
     assert missing.returncode == 1 and missing.stderr.startswith("error: not_found: ")
+
+
+# -- the commands issue #18 added: estimate, catalog, analyses, plot, ledger, retire -----
+
+
+def test_estimate_and_the_mechanism_catalog(service: Service, dataset: str) -> None:
+    args = ("--dataset", dataset, "--mechanism", "laplace", "--params", MEAN_X,
+            "--budget", "epsilon=0.5")
+    out = cli(service, "estimate", *args).stdout
+    assert field(out, "cost") == "epsilon=0.5" and field(out, "remaining") == "epsilon=2"
+    doc = cli_json(service, "release", "estimate", *args)
+    assert doc["cost"] == {"epsilon": 0.5} and doc["remaining"] == {"epsilon": 2}
+    assert cli_json(service, "budget", "show", dataset)["measures"]["epsilon"][
+        "reserved"] == 0  # an estimate spends nothing
+
+    listing = cli(service, "mechanisms").stdout
+    assert re.search(r"^laplace\s+epsilon\s+-?\s", listing, re.MULTILINE), listing
+    assert re.search(r"^interval\.case1\s+interval_leakage\s+.*npmle", listing,
+                     re.MULTILINE), listing
+    names = [m["name"] for m in cli_json(service, "mechanisms")]
+    assert "laplace" in names and "subset.uniform" in names
+    one = cli(service, "mechanisms", "laplace").stdout
+    assert field(one, "name") == "laplace"
+    assert re.search(r"^statistic\s+\S+\s+yes\b", one, re.MULTILINE), one
+    unknown = cli(service, "mechanisms", "nope", ok=False)
+    assert unknown.returncode == 2 and "no mechanism 'nope'" in unknown.stderr
+
+
+def test_budget_exhausted_prints_requested_and_remaining(service: Service,
+                                                         dataset: str) -> None:
+    """Catches a refusal that says only "not enough": the amounts the server sent
+    (requested, remaining, whose budget) must reach the user."""
+    proc = cli(service, "release", "create", "--dataset", dataset, "--mechanism", "laplace",
+               "--params", MEAN_X, "--budget", "epsilon=5", ok=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    first, second = proc.stderr.splitlines()
+    assert first.startswith("error: budget_exhausted: ")
+    assert second == "  requested: 5 epsilon, remaining: 2 epsilon (dataset budget)"
+
+
+def test_ledger_export_audit_alias_and_retire(service: Service, dataset: str,
+                                              tmp_path: Path) -> None:
+    rid = cli_json(service, "release", "create", "--dataset", dataset, "--mechanism",
+                   "laplace", "--params", MEAN_X, "--budget", "epsilon=0.5", "--wait")["id"]
+    out = tmp_path / "audit.jsonl"
+    said = cli(service, "ledger", dataset, "-o", str(out)).stdout.strip()
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    assert said == f"{len(events)} events -> {out}"
+    with Client(service.url, TOKEN) as c:
+        assert events == c.ledger(dataset)  # the same events as the JSON route
+    assert {"cap", "reserve", "commit"} <= {e["kind"] for e in events}
+    assert any(e.get("release_id") == rid for e in events)
+    commits = cli(service, "audit", dataset, "--kind", "commit").stdout.splitlines()
+    assert [json.loads(line)["kind"] for line in commits] == ["commit"]
+
+    retired = cli_json(service, "datasets", "retire", dataset)
+    assert retired["id"] == dataset and retired["status"] == "retired"
+    refused = cli(service, "release", "create", "--dataset", dataset, "--mechanism",
+                  "laplace", "--params", MEAN_X, "--budget", "epsilon=0.1", ok=False)
+    assert refused.returncode == 1 and refused.stderr.startswith("error: dataset_retired")
+
+
+def test_analyses_data_and_plot(service: Service, tmp_path: Path) -> None:
+    ds = service.upload({"epsilon": 2, "interval_leakage": 0.9})
+    rid = cli_json(service, "release", "create", "--dataset", ds, "--mechanism",
+                   "interval.case1", "--params", '{"column": "x", "calibrate": true}',
+                   "--budget", "interval_leakage=0.5", "--wait")["id"]
+    ran = cli(service, "analyses", "run", rid, "--analysis", "npmle", "--wait").stdout
+    aid = field(ran, "id")
+    assert field(ran, "status") == "succeeded" and field(ran, "release") == rid
+    assert field(ran, "result.converged") == "yes"
+    listed = cli(service, "analyses", "list", rid).stdout
+    assert re.search(rf"^{aid}\s+npmle\s+succeeded\s", listed, re.MULTILINE), listed
+    shown = cli_json(service, "analyses", "show", rid, aid)
+    assert shown["id"] == aid and abs(sum(shown["result"]["mass"]) - 1) < 1e-9
+
+    said = cli(service, "release", "data", rid, "-o", str(tmp_path / "d.csv")).stdout
+    assert said.strip() == f"100 rows -> {tmp_path / 'd.csv'}"
+
+    kde = cli_json(service, "release", "create", "--dataset", ds, "--mechanism",
+                   "bernstein.kde", "--params", '{"column": "x"}', "--budget",
+                   "epsilon=0.5", "--wait")["id"]
+    png = tmp_path / "kde.png"
+    said = cli(service, "release", "plot", kde, "-o", str(png)).stdout
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert said.strip() == f"{png.stat().st_size} bytes -> {png}"
+    none = cli(service, "release", "plot", rid, "-o", str(tmp_path / "x.png"), ok=False)
+    assert none.returncode == 1 and none.stderr.startswith("error: not_found: ")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_version_completion_and_every_page(service: Service, dataset: str) -> None:
+    version = cli(service, "--version", key=None).stdout
+    assert re.fullmatch(r"privrelease \S+ \(privrelease-client \d+\.\d+\.\d+\)\n", version)
+    script = cli(service, "completion", "bash", key=None).stdout
+    assert "_PRIVRELEASE_COMPLETE=bash_complete" in script
+    env = {**env_for(service), "_PRIVRELEASE_COMPLETE": "bash_complete",
+           "COMP_WORDS": "privrelease rel", "COMP_CWORD": "1"}
+    done = subprocess.run([sys.executable, "-m", "service.cli"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["plain,release"], done.stdout + done.stderr
+    env.update(COMP_WORDS="privrelease jobs list --status q", COMP_CWORD="4")
+    done = subprocess.run([sys.executable, "-m", "service.cli"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["plain,queued"], done.stdout + done.stderr
+    # suggested, not enforced: the server judges the filter (a newer one may know more)
+    bogus = cli(service, "jobs", "list", "--status", "bogus", ok=False)
+    assert bogus.returncode == 1 and bogus.stderr.startswith("error: validation_error: ")
+    assert "(field: status)" in bogus.stderr
+
+    for eps in ("0.1", "0.2", "0.3"):
+        cli(service, "release", "create", "--dataset", dataset, "--mechanism", "laplace",
+            "--params", MEAN_X, "--budget", f"epsilon={eps}")
+    one_page = cli_json(service, "release", "list", "--dataset", dataset, "--limit", "1")
+    every = cli_json(service, "release", "list", "--dataset", dataset, "--limit", "1",
+                     "--all")
+    assert len(one_page) == 1 and len(every) == 3
+    assert {r["cost"]["epsilon"] for r in every} == {0.1, 0.2, 0.3}
+
+
+def test_the_notebook_example_runs(service: Service) -> None:
+    """examples/notebook_client.py, as a user would run it against a live service."""
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "notebook_client.py")],
+                          cwd=ROOT, env=env_for(service), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no progress line when stderr is not a terminal
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(r"dataset ds_\w+ 400 rows", lines[0])
+    assert lines[1] == "estimate {'epsilon': 0.5} {'epsilon': 2.0}"
+    assert "refused: epsilon requested 5.0 remaining 1.0" in lines
+    assert "npmle succeeded" in lines
+    assert lines[-1] == "['interval.case1', 'laplace', 'laplace']"

@@ -1,21 +1,41 @@
-"""The client's retry, backoff and idempotency behaviour against a real local HTTP server."""
+"""privrelease-client against a real local HTTP server: retries, idempotency, paging,
+release and analysis objects, budget errors; and its tables and plots."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
+import re
 import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from privrelease_client import (
+    Analysis,
+    ApiError,
+    BudgetExhausted,
+    Client,
+    ConnectionFailed,
+    MissingExtra,
+    Progress,
+    ReleaseFailed,
+    frames,
+    result_columns,
+)
 
-from service.client import ApiError, Client, ConnectionFailed
+from service import commands
 
 DROP = "drop"  # a scripted answer that closes the connection without a response
 
@@ -350,3 +370,307 @@ def test_an_estimate_answered_pricing_is_asked_again_until_answered(
     script.answers = [pricing]
     with pytest.raises(TimeoutError):
         client(url).estimate_release("ds_1", "m", {}, {"epsilon": 1}, timeout=0.2)
+
+
+# -- the notebook surface: env, pages, objects, frames, plots ----------------------------
+
+
+def test_url_and_key_come_from_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                               server: tuple[str, Script]) -> None:
+    url, script = server
+    script.answers = [answer(200, [])]
+    monkeypatch.setenv("PRIVRELEASE_URL", url + "/")
+    monkeypatch.setenv("PRIVRELEASE_KEY", "pr_from_env")
+    c = Client()
+    assert c.url == url and "pr_from_env" not in repr(c)
+    c.list_datasets()
+    assert script.seen[0].headers["Authorization"] == "Bearer pr_from_env"
+    monkeypatch.delenv("PRIVRELEASE_KEY")
+    with pytest.raises(ValueError, match="PRIVRELEASE_KEY"):
+        Client()
+    with pytest.raises(ValueError, match="http"):
+        Client("ftp://x", "k")
+
+
+def test_iter_releases_follows_the_cursor_to_the_last_page(
+        server: tuple[str, Script]) -> None:
+    """Catches a list that stops after the first page (the server pages by X-Next-Cursor),
+    or one that reads the cursor only from X-Next-Cursor and not from Link."""
+    url, script = server
+    link = f'<{url}/v1/releases?limit=2&cursor=c%2B2>; rel="next"'
+    script.answers = [answer(200, [{"id": "r1"}, {"id": "r2"}], {"X-Next-Cursor": "c1"}),
+                      answer(200, [{"id": "r3"}], {"Link": link}),
+                      answer(200, [{"id": "r4"}])]
+    ids = [d["id"] for d in client(url).iter_releases(dataset_id="ds_1", page_size=2)]
+    assert ids == ["r1", "r2", "r3", "r4"]
+    assert [s.path for s in script.seen] == [
+        "/v1/releases?dataset_id=ds_1&limit=2",
+        "/v1/releases?dataset_id=ds_1&limit=2&cursor=c1",
+        "/v1/releases?dataset_id=ds_1&limit=2&cursor=c%2B2"]
+
+
+def test_a_repeated_cursor_ends_the_iteration(server: tuple[str, Script]) -> None:
+    """A server bug answering the same cursor again must not loop for ever."""
+    url, script = server
+    script.answers = [answer(200, [{"id": "j1"}], {"X-Next-Cursor": "same"})]
+    assert [d["id"] for d in client(url).iter_jobs(status="queued")] == ["j1", "j1"]
+    assert len(script.seen) == 2 and script.seen[1].path.endswith("cursor=same")
+
+
+def test_iter_analyses_follows_next_cursor(server: tuple[str, Script]) -> None:
+    url, script = server
+    script.answers = [answer(200, {"items": [{"id": "an_1"}], "next_cursor": "k"}),
+                      answer(200, {"items": [{"id": "an_2"}], "next_cursor": None})]
+    assert [a["id"] for a in client(url).iter_analyses("rel_1", page_size=1)] == [
+        "an_1", "an_2"]
+    assert script.seen[1].path == "/v1/releases/rel_1/analyses?limit=1&cursor=k"
+
+
+def test_budget_exhausted_is_its_own_class_with_the_amounts(
+        server: tuple[str, Script]) -> None:
+    url, script = server
+    script.answers = [problem(409, "budget_exhausted", "not enough", measure="epsilon",
+                              scope="dataset", requested=0.5, remaining=0.125)]
+    with pytest.raises(BudgetExhausted) as info:
+        client(url).submit("ds_1", "laplace", {}, {"epsilon": 0.5})
+    err = info.value
+    assert isinstance(err, ApiError) and err.status == 409
+    assert (err.measure, err.scope, err.requested, err.remaining) == (
+        "epsilon", "dataset", 0.5, 0.125)
+
+
+def test_release_wait_goes_through_pricing_and_returns_itself(
+        server: tuple[str, Script]) -> None:
+    url, script = server
+    script.answers = [answer(202, {"id": "rel_1", "status": "pricing"}),
+                      answer(200, {"id": "rel_1", "status": "pricing"}),
+                      answer(200, {"id": "rel_1", "status": "queued"}),
+                      answer(200, {"id": "rel_1", "status": "succeeded",
+                                   "result": {"value": 2.5}, "cost": {"epsilon": 1}})]
+    seen: list[str] = []
+    release = client(url).submit("ds_1", "laplace", {}, {"epsilon": 1})
+    assert release.status == "pricing" and not release.done
+    assert release.wait(timeout=10, poll=0.01,
+                        progress=lambda d, _t: seen.append(d["status"])) is release
+    assert seen == ["pricing", "queued", "succeeded"]
+    assert release.result == {"value": 2.5} and release.cost == {"epsilon": 1}
+
+
+def test_a_release_failed_in_pricing_raises_with_code_and_amounts(
+        server: tuple[str, Script]) -> None:
+    """Pricing ends in ``failed`` with the problem in ``error``; wait() must not report
+    success, and the exception carries the amounts the server computed."""
+    url, script = server
+    failed = {"id": "rel_1", "status": "failed", "error": {
+        "code": "budget_exhausted", "message": "the computed cost exceeds what remains",
+        "measure": "interval_leakage", "requested": 0.8, "remaining": 0.3}}
+    script.answers = [answer(200, {"id": "rel_1", "status": "pricing"}), answer(200, failed)]
+    release = client(url).release("rel_1")
+    with pytest.raises(ReleaseFailed) as info:
+        release.wait(timeout=10, poll=0.01, progress=False)
+    err = info.value
+    assert (err.code, err.requested, err.remaining, err.measure) == (
+        "budget_exhausted", 0.8, 0.3, "interval_leakage")
+    assert err.doc["status"] == "failed" and release.status == "failed"
+    assert release.wait(timeout=1, progress=False, check=False).status == "failed"
+    assert len(script.seen) == 2  # an ended release is not polled again
+
+
+def test_analysis_object_waits_and_cancels(server: tuple[str, Script]) -> None:
+    url, script = server
+    script.answers = [answer(202, {"id": "an_1", "release_id": "rel_1", "analysis": "npmle",
+                                   "status": "queued"}),
+                      answer(200, {"id": "an_1", "release_id": "rel_1", "status": "running"}),
+                      answer(200, {"id": "an_1", "release_id": "rel_1",
+                                   "status": "cancelled", "error": {"code": "cancelled"}})]
+    c = client(url)
+    a = Analysis(c, c.analyze("rel_1", "npmle"))
+    assert (a.id, a.release_id, a.name) == ("an_1", "rel_1", "npmle")
+    assert a.refresh().status == "running"
+    with pytest.raises(ReleaseFailed, match="cancelled"):
+        a.wait(timeout=5, poll=0.01, progress=False)
+    assert [s.path for s in script.seen] == [
+        "/v1/releases/rel_1/analyses", "/v1/releases/rel_1/analyses/an_1",
+        "/v1/releases/rel_1/analyses/an_1"]
+    script.answers = [answer(200, {"id": "an_1", "release_id": "rel_1",
+                                   "status": "cancelled"})]
+    a.cancel()
+    assert script.seen[-1].method == "POST" and script.seen[-1].path.endswith("/cancel")
+    assert "Idempotency-Key" in script.seen[-1].headers
+
+
+def test_plot_and_ledger_export_keep_the_bytes(server: tuple[str, Script],
+                                               tmp_path: Path) -> None:
+    url, script = server
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+    lines = b'{"kind": "cap"}\n{"kind": "reserve"}\n'
+    script.answers = [answer(200, png, content_type="image/png"),
+                      answer(200, lines, content_type="application/x-ndjson"),
+                      answer(200, {"id": "rel_1", "status": "succeeded"}),
+                      answer(200, png, content_type="image/png")]
+    c = client(url)
+    assert c.release_plot("rel_1") == png
+    assert c.export_ledger("ds_1", kind=["cap", "reserve"]) == lines.decode()
+    assert script.seen[1].path == "/v1/datasets/ds_1/ledger?kind=cap%2Creserve&format=jsonl"
+    assert c.release("rel_1").plot(tmp_path / "r.png") == tmp_path / "r.png"
+    assert (tmp_path / "r.png").read_bytes() == png
+    assert script.seen[0].headers["Accept"] == "image/png"
+
+
+def test_progress_is_one_carriage_return_line_on_a_tty_and_silent_otherwise() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, pipe = Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        p = Progress(stream)
+        p({"id": "rel_1", "status": "pricing"}, 0.25)
+        p({"id": "rel_1", "status": "running\x1b[31m"}, 1.5)
+        p.clear()
+    assert pipe.getvalue() == ""
+    assert tty.getvalue() == ("\r| rel_1 pricing  0.2s\x1b[K\r/ rel_1 running?[31m  1.5s"
+                              "\x1b[K\r\x1b[K")
+
+
+# -- results as tables -------------------------------------------------------------------
+
+def test_result_columns_shapes() -> None:
+    """Exact columns for each result shape the mechanisms produce."""
+    assert result_columns({"value": 0.5, "n": 3}) == {"value": [0.5], "n": [3]}
+    assert result_columns({"values": [1, 2], "categories": ["a", "b"], "total": 3}) == {
+        "categories": ["a", "b"], "values": [1, 2]}
+    assert result_columns({"values": [1, 2], "bins": [0, 0.5, 1]}) == {
+        "left": [0, 0.5], "right": [0.5, 1], "values": [1, 2]}
+    assert result_columns({"grid": [0, 1], "values": [3, 4], "lower": [2, 3],
+                           "upper": [4, 5], "coefficients": [9]}) == {
+        "grid": [0, 1], "values": [3, 4], "lower": [2, 3], "upper": [4, 5]}
+    assert result_columns({"cells": [[0, 1], [1, 2]], "mass": [0.25, 0.75],
+                           "tail_mass": {"below": 0.0}}) == {
+        "cells_left": [0, 1], "cells_right": [1, 2], "mass": [0.25, 0.75]}
+    assert result_columns({"records": [{"a": 1}, {"a": 2, "b": 3}]}) == {
+        "a": [1, 2], "b": [None, 3]}
+    assert result_columns({"ci": {"low": 1, "high": 2}}) == {"ci.low": [1], "ci.high": [2]}
+    assert result_columns(7) == {"value": [7]}
+
+
+@given(st.dictionaries(
+    st.text(min_size=1, max_size=5),
+    st.one_of(st.floats(allow_nan=False), st.text(max_size=3), st.none(),
+              st.lists(st.integers(), max_size=4),
+              st.lists(st.lists(st.integers(), min_size=2, max_size=2), max_size=3)),
+    max_size=6))
+@settings(max_examples=200, deadline=None)
+def test_result_columns_are_always_a_rectangle(result: dict[str, Any]) -> None:
+    cols = result_columns(result)
+    assert len({len(v) for v in cols.values()}) <= 1
+
+
+def test_to_pandas_and_to_polars_agree(server: tuple[str, Script]) -> None:
+    url, script = server
+    doc = {"id": "rel_1", "status": "succeeded",
+           "result": {"values": [1.5, 2.5], "categories": ["u", "v"]}}
+    script.answers = [answer(200, doc),
+                      answer(200, b"x,g\n0.5,u\n1.0,v\n", content_type="text/csv")]
+    release = client(url).release("rel_1")
+    frame = release.to_pandas()
+    assert list(frame.columns) == ["categories", "values"]
+    assert frame["values"].tolist() == [1.5, 2.5]
+    assert release.to_polars().to_dict(as_series=False) == {
+        "categories": ["u", "v"], "values": [1.5, 2.5]}
+    table = release.data()
+    assert table.rows == 2 and script.seen[-1].headers["Accept"] == "text/csv"
+    assert table.to_pandas()["g"].tolist() == ["u", "v"]
+    assert table.to_polars()["x"].to_list() == [0.5, 1.0]
+
+
+def test_a_missing_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "polars", None)  # as if it were not installed
+    with pytest.raises(MissingExtra, match=r"privrelease-client\[polars\]"):
+        frames.to_polars({"value": 1})
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(MissingExtra, match=r"privrelease-client\[plot\]"):
+        frames.plot_result({"values": [1], "grid": [0]})
+
+
+def test_plot_result_draws_bands_bars_and_steps() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = frames.plot_result({"grid": [0.0, 0.5, 1.0], "values": [1.0, 2.0, 1.0],
+                             "lower": [0.5, 1.5, 0.5], "upper": [1.5, 2.5, 1.5]},
+                            title="kde")
+    assert ax.lines[0].get_ydata().tolist() == [1.0, 2.0, 1.0]
+    assert len(ax.collections) == 1 and ax.get_title() == "kde"  # the 95 % band
+    bars = frames.plot_result({"values": [3, 5], "categories": ["a", "b"],
+                               "lower": [2, 4], "upper": [4, 7]})
+    assert [p.get_height() for p in bars.patches] == [3, 5]
+    from matplotlib.container import ErrorbarContainer
+
+    bar_errors = next(c for c in bars.containers if isinstance(c, ErrorbarContainer))
+    (segments,) = bar_errors.lines[2]  # each bar's error bar spans its band
+    assert [seg[:, 1].tolist() for seg in segments.get_segments()] == [[2, 4], [4, 7]]
+    steps = frames.plot_result({"cells": [[0, 1], [1, 2]], "cdf": [0.25, 1.0],
+                                "mass": [0.25, 0.75]})
+    assert steps.get_ylabel() == "CDF" and steps.lines[0].get_ydata().tolist() == [0.25, 1.0]
+    with pytest.raises(ValueError, match="no values"):
+        frames.plot_result({"value": 1})
+
+
+def test_cli_wait_reports_a_pricing_failure_with_its_amounts(
+        server: tuple[str, Script]) -> None:
+    """A release whose pricing job finds the cost too large ends ``failed`` with code
+    ``budget_exhausted``: the CLI must exit 1 and print the amounts, not just "failed"."""
+    url, script = server
+    error = {"code": "budget_exhausted", "message": "the computed cost exceeds what remains",
+             "measure": "interval_leakage", "scope": "dataset", "requested": 0.8,
+             "remaining": 0.3}
+    script.answers = [answer(202, {"id": "rel_1", "status": "pricing"}),
+                      answer(200, {"id": "rel_1", "status": "pricing"}),
+                      answer(200, {"id": "rel_1", "status": "failed", "error": error})]
+    result = CliRunner().invoke(commands.cli, [
+        "release", "create", "--dataset", "ds_1", "--mechanism", "interval.case1",
+        "--budget", "interval_leakage=0.8", "--wait", "--url", url, "--key", "pr_test_key"])
+    assert result.exit_code == 1
+    assert re.search(r"^status:\s+failed$", result.stdout, re.MULTILINE), result.stdout
+    assert result.stderr.splitlines() == [
+        "error: release_failed: budget_exhausted: the computed cost exceeds what remains",
+        "  requested: 0.8 interval_leakage, remaining: 0.3 interval_leakage (dataset budget)"]
+    assert [s.method for s in script.seen] == ["POST", "GET", "GET"]
+
+
+def test_the_client_distribution_stands_alone() -> None:
+    """The server may depend on the client, never the other way: the client's code
+    imports nothing of ours, and its only dependency is requests (the rest are extras)."""
+    import ast
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2] / "client"
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "privrelease-client"
+    assert project["dependencies"] == ["requests>=2.31"]
+    assert set(project["optional-dependencies"]) == {"pandas", "polars", "plot"}
+    imported: set[str] = set()
+    for path in (root / "src" / "privrelease_client").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    assert not imported & {"service", "workers", "mechanisms", "flask", "numpy", "click",
+                           "rich"}, imported
+    assert {"requests", "privrelease_client"} <= imported
+
+
+def test_a_notebook_shows_fields_and_result_rows_escaped() -> None:
+    """Catches markup from the server (a label) reaching the notebook unescaped."""
+    from privrelease_client import Release
+
+    doc = {"id": "rel_1", "status": "succeeded", "mechanism": "<script>x</script>",
+           "cost": {"epsilon": 0.5},
+           "result": {"values": list(range(25)), "grid": [i / 24 for i in range(25)]}}
+    page = Release(Client("http://127.0.0.1:1", "k"), doc)._repr_html_()
+    assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "<td style='text-align:left'>{&quot;epsilon&quot;: 0.5}</td>" in page
+    assert "<th>grid</th><th>values</th>" in page
+    assert page.count("<tr><td>") == 20 and "<p>5 more rows: to_pandas()</p>" in page

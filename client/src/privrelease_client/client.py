@@ -1,10 +1,11 @@
-"""A small typed client for the privrelease HTTP API (v1), used by the CLI and by services.
+"""The privrelease HTTP API (v1) for one server and one key: one method per route.
 
-Every method maps to one endpoint and returns the parsed JSON. Calls are retried only
-where that is safe: on connection errors, 502/503/504 and 429 (after ``Retry-After``),
-never on other 4xx, and every POST carries one ``Idempotency-Key`` for all its attempts
-so the server can answer a retry with the first result instead of acting twice (a
-release, or a dataset upload: a second copy would bring a second budget).
+Calls are retried only where that is safe: on connection errors, 502/503/504 and 429
+(after ``Retry-After``), never on other 4xx, and every POST carries one
+``Idempotency-Key`` for all its attempts so the server can answer a retry with the first
+result instead of acting twice (a release, or a dataset upload: a second copy would
+bring a second budget). Lists that the server pages (releases, jobs, analyses) come
+whole through the ``iter_*`` methods, which follow the cursor.
 """
 
 from __future__ import annotations
@@ -15,72 +16,29 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
 import requests
 
-__all__ = ["ApiError", "Client", "ConnectionFailed"]
+from privrelease_client._version import __version__
+from privrelease_client.errors import ApiError, ConnectionFailed
+from privrelease_client.objects import TERMINAL, Analysis, Release
 
+__all__ = ["DEFAULT_URL", "Client"]
+
+DEFAULT_URL = "http://127.0.0.1:8000"
 #: statuses worth another attempt: rate limited, overloaded, or a proxy lost the upstream
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: after a read timeout the server may still be acting on the call: repeat reads, and
 #: POSTs, whose Idempotency-Key makes the server answer a repeat with the first result
 _SAFE = frozenset({"GET", "HEAD", "POST"})
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "refused"})
-
-_FALLBACK_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden",
-                   404: "not_found", 405: "method_not_allowed", 409: "conflict",
-                   413: "payload_too_large", 415: "unsupported_media_type",
-                   422: "validation_error", 429: "rate_limited", 500: "internal_error",
-                   502: "bad_gateway", 503: "unavailable", 504: "gateway_timeout"}
+_ANALYSIS_TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 Json = Any
 FileArg = str | os.PathLike[str] | bytes | IO[bytes]
-
-
-class ApiError(Exception):
-    """An error answer of the API, built from its problem+json document.
-
-    ``code`` is the server's stable name (``budget_exhausted``, ``not_found``, ...) so
-    callers branch on it rather than on the human ``detail``; ``body`` keeps the whole
-    document for extra fields such as ``remaining``.
-    """
-
-    def __init__(self, status: int, code: str, detail: str, field: str | None = None,
-                 body: Mapping[str, Any] | None = None) -> None:
-        super().__init__(f"{status} {code}: {detail}" + (f" (field: {field})" if field else ""))
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.field = field
-        self.body: dict[str, Any] = dict(body or {})
-
-    @classmethod
-    def from_response(cls, resp: requests.Response) -> ApiError:
-        """Read a problem document; fall back to the status for proxies' HTML pages."""
-        body: Any = None
-        try:
-            body = resp.json()
-        except ValueError:
-            body = None
-        fallback = _FALLBACK_CODES.get(resp.status_code, f"http_{resp.status_code}")
-        if not isinstance(body, dict):
-            text = " ".join(resp.text.split())[:200] or resp.reason or "no detail"
-            return cls(resp.status_code, fallback, text, None, {})
-        field = body.get("field")
-        return cls(resp.status_code, str(body.get("code") or fallback),
-                   str(body.get("detail") or body.get("title") or resp.reason or ""),
-                   str(field) if field is not None else None, body)
-
-
-class ConnectionFailed(ApiError):
-    """The server could not be reached (after retries); status 0 as no answer came."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(0, "connection_error", detail)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -107,15 +65,23 @@ def _seg(value: str) -> str:
 class Client:
     """The privrelease API for one server and one key.
 
-    ``retries`` is the number of extra attempts after the first; waits grow as
-    ``backoff * 2**n`` (with jitter, at most ``max_backoff``) or follow ``Retry-After``
-    up to ``max_retry_after`` seconds; a longer ``Retry-After`` is raised at once
-    rather than blocking the caller for minutes.
+    ``url`` and ``key`` default to ``PRIVRELEASE_URL`` (else ``DEFAULT_URL``) and
+    ``PRIVRELEASE_KEY``. ``retries`` is the number of extra attempts after the first;
+    waits grow as ``backoff * 2**n`` (with jitter, at most ``max_backoff``) or follow
+    ``Retry-After`` up to ``max_retry_after`` seconds; a longer ``Retry-After`` is
+    raised at once rather than blocking the caller for minutes.
     """
 
-    def __init__(self, url: str, key: str, *, timeout: float = 30.0, retries: int = 3,
+    def __init__(self, url: str | None = None, key: str | None = None, *,
+                 timeout: float = 30.0, retries: int = 3,
                  session: requests.Session | None = None, backoff: float = 0.5,
                  max_backoff: float = 8.0, max_retry_after: float = 60.0) -> None:
+        url = url or os.environ.get("PRIVRELEASE_URL") or DEFAULT_URL
+        key = key or os.environ.get("PRIVRELEASE_KEY")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"server URL must start with http:// or https://, not {url!r}")
+        if not key:
+            raise ValueError("no API key: pass key= or set PRIVRELEASE_KEY")
         self.url = url.rstrip("/")
         self._key = key
         self.timeout = timeout
@@ -146,14 +112,15 @@ class Client:
         step: float = min(self.max_backoff, self.backoff * 2**attempt)
         return step / 2 + random.uniform(0, step / 2)
 
-    def request(self, method: str, path: str, *, json_body: Json = None,
-                params: Mapping[str, Any] | None = None,
-                files: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
-                idempotency_key: str | None = None, raw: bool = False) -> Any:
-        """Send one API call with retries; the parsed JSON (None for 204, text if ``raw``)."""
+    def send(self, method: str, path: str, *, json_body: Json = None,
+             params: Mapping[str, Any] | None = None,
+             files: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
+             idempotency_key: str | None = None,
+             accept: str = "application/json") -> requests.Response:
+        """One API call with retries; the successful (2xx) response, else ``ApiError``."""
         method = method.upper()
-        headers = {"Authorization": f"Bearer {self._key}", "Accept": "application/json",
-                   "User-Agent": "privrelease-client/1"}
+        headers = {"Authorization": f"Bearer {self._key}", "Accept": accept,
+                   "User-Agent": f"privrelease-client/{__version__}"}
         if method == "POST":
             headers["Idempotency-Key"] = idempotency_key or str(uuid.uuid4())
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -179,15 +146,7 @@ class Client:
             else:
                 status = resp.status_code
                 if 200 <= status < 300:
-                    if status == 204 or not resp.content:
-                        return None
-                    if raw:
-                        return resp.text
-                    try:
-                        return resp.json()
-                    except ValueError:  # e.g. a captive portal's HTML page
-                        raise ApiError(status, "invalid_response", "the answer is not JSON",
-                                       None, {}) from None
+                    return resp
                 after = _retry_after(resp.headers.get("Retry-After"))
                 if (status in RETRY_STATUSES and attempt < self.retries
                         and (after is None or after <= self.max_retry_after)):
@@ -197,8 +156,38 @@ class Client:
             time.sleep(wait)
             attempt += 1
 
+    def request(self, method: str, path: str, *, json_body: Json = None,
+                params: Mapping[str, Any] | None = None,
+                files: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
+                idempotency_key: str | None = None, raw: bool = False) -> Any:
+        """Send one API call with retries; the parsed JSON (None for 204, text if ``raw``)."""
+        resp = self.send(method, path, json_body=json_body, params=params, files=files,
+                         data=data, idempotency_key=idempotency_key)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        if raw:
+            return resp.text
+        try:
+            return resp.json()
+        except ValueError:  # e.g. a captive portal's HTML page
+            raise ApiError(resp.status_code, "invalid_response", "the answer is not JSON",
+                           None, {}) from None
+
     def _get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params)
+
+    def _pages(self, path: str, params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        """Every item of a list paged by ``X-Next-Cursor`` (the ``Link`` header's twin)."""
+        query = dict(params)
+        seen: set[str] = set()
+        while True:
+            resp = self.send("GET", path, params=query)
+            yield from resp.json()
+            cursor = resp.headers.get("X-Next-Cursor") or _link_cursor(resp)
+            if not cursor or cursor in seen:  # a repeated cursor would loop for ever
+                return
+            seen.add(cursor)
+            query["cursor"] = cursor
 
     # -- datasets --------------------------------------------------------------------
 
@@ -257,15 +246,29 @@ class Client:
             "PATCH", f"/v1/datasets/{_seg(dataset_id)}/budget", json_body=body)
         return doc
 
-    def ledger(self, dataset_id: str, *, kind: str | None = None, since: str | None = None,
-               until: str | None = None, jsonl: bool = False) -> Any:
+    @staticmethod
+    def _ledger_query(kind: str | Sequence[str] | None, since: str | None,
+                      until: str | None) -> dict[str, Any]:
+        kinds = kind if kind is None or isinstance(kind, str) else ",".join(kind)
+        return {"kind": kinds, "since": since, "until": until}
+
+    def ledger(self, dataset_id: str, *, kind: str | Sequence[str] | None = None,
+               since: str | None = None, until: str | None = None,
+               jsonl: bool = False) -> Any:
         """Audit events; with ``jsonl`` the server streams lines, parsed here into a list."""
-        path = f"/v1/datasets/{_seg(dataset_id)}/ledger"
         if not jsonl:
-            return self._get(path, kind=kind, since=since, until=until)
-        text: str = self.request("GET", path, raw=True, params={
-            "kind": kind, "since": since, "until": until, "format": "jsonl"}) or ""
+            return self._get(f"/v1/datasets/{_seg(dataset_id)}/ledger",
+                             **self._ledger_query(kind, since, until))
+        text = self.export_ledger(dataset_id, kind=kind, since=since, until=until)
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def export_ledger(self, dataset_id: str, *, kind: str | Sequence[str] | None = None,
+                      since: str | None = None, until: str | None = None) -> str:
+        """The audit stream as JSONL text, exactly as the server wrote it (for archives)."""
+        resp = self.send("GET", f"/v1/datasets/{_seg(dataset_id)}/ledger",
+                         params={**self._ledger_query(kind, since, until), "format": "jsonl"},
+                         accept="application/x-ndjson")
+        return resp.text
 
     # -- keys ------------------------------------------------------------------------
 
@@ -314,6 +317,13 @@ class Client:
                 dataset_id, mechanism, params, budget), idempotency_key=idempotency_key)
         return doc
 
+    def submit(self, dataset_id: str, mechanism: str, params: Mapping[str, Any] | None,
+               budget: Mapping[str, float], *,
+               idempotency_key: str | None = None) -> Release:
+        """``create_release`` as a :class:`Release` object (``.wait()``, ``.to_pandas()``)."""
+        return Release(self, self.create_release(dataset_id, mechanism, params, budget,
+                                                 idempotency_key=idempotency_key))
+
     def estimate_release(self, dataset_id: str, mechanism: str,
                          params: Mapping[str, Any] | None,
                          budget: Mapping[str, float], *,
@@ -336,15 +346,27 @@ class Client:
                 raise TimeoutError(f"estimate still pricing after {timeout:g} s")
             time.sleep(pause)
 
-    def list_releases(self, *, dataset_id: str | None = None,
-                      limit: int | None = None) -> list[dict[str, Any]]:
+    estimate = estimate_release
+
+    def list_releases(self, *, dataset_id: str | None = None, limit: int | None = None,
+                      cursor: str | None = None) -> list[dict[str, Any]]:
+        """One page, newest first; ``iter_releases`` follows the cursor to the end."""
         docs: list[dict[str, Any]] = self._get(
-            "/v1/releases", dataset_id=dataset_id, limit=limit)
+            "/v1/releases", dataset_id=dataset_id, limit=limit, cursor=cursor)
         return docs
+
+    def iter_releases(self, *, dataset_id: str | None = None,
+                      page_size: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every release this key may see, newest first, fetched a page at a time."""
+        return self._pages("/v1/releases", {"dataset_id": dataset_id, "limit": page_size})
 
     def get_release(self, release_id: str) -> dict[str, Any]:
         doc: dict[str, Any] = self._get(f"/v1/releases/{_seg(release_id)}")
         return doc
+
+    def release(self, release_id: str) -> Release:
+        """An existing release as a :class:`Release` object."""
+        return Release(self, self.get_release(release_id))
 
     def wait(self, release_id: str, timeout: float, poll: float = 0.2,
              on_poll: Callable[[dict[str, Any], float], None] | None = None
@@ -370,8 +392,16 @@ class Client:
 
     def release_data(self, release_id: str) -> str:
         """The release's privatized microdata as CSV text (one row per record)."""
-        text: str = self.request("GET", f"/v1/releases/{_seg(release_id)}/data", raw=True)
-        return text
+        resp = self.send("GET", f"/v1/releases/{_seg(release_id)}/data", accept="text/csv")
+        return resp.text
+
+    def release_plot(self, release_id: str) -> bytes:
+        """The server's PNG drawing of a released function."""
+        resp = self.send("GET", f"/v1/releases/{_seg(release_id)}/plot.png",
+                         accept="image/png")
+        return resp.content
+
+    # -- analyses --------------------------------------------------------------------
 
     def analyze(self, release_id: str, analysis: str, params: Mapping[str, Any] | None = None,
                 releases: Sequence[str] = ()) -> dict[str, Any]:
@@ -381,18 +411,47 @@ class Client:
             "POST", f"/v1/releases/{_seg(release_id)}/analyses", json_body=body)
         return doc
 
+    def list_analyses(self, release_id: str, *, limit: int | None = None,
+                      cursor: str | None = None) -> dict[str, Any]:
+        """One page: ``{"items": [...], "next_cursor": ...}``, newest first."""
+        doc: dict[str, Any] = self._get(f"/v1/releases/{_seg(release_id)}/analyses",
+                                        limit=limit, cursor=cursor)
+        return doc
+
+    def iter_analyses(self, release_id: str, *,
+                      page_size: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every analysis of a release, newest first, following ``next_cursor``."""
+        cursor: str | None = None
+        seen: set[str] = set()
+        while True:
+            page = self.list_analyses(release_id, limit=page_size, cursor=cursor)
+            yield from page.get("items") or []
+            cursor = page.get("next_cursor")
+            if not cursor or cursor in seen:
+                return
+            seen.add(cursor)
+
     def get_analysis(self, release_id: str, analysis_id: str) -> dict[str, Any]:
         doc: dict[str, Any] = self._get(
             f"/v1/releases/{_seg(release_id)}/analyses/{_seg(analysis_id)}")
         return doc
 
+    def analysis(self, release_id: str, analysis_id: str) -> Analysis:
+        """An existing analysis as an :class:`Analysis` object."""
+        return Analysis(self, self.get_analysis(release_id, analysis_id))
+
+    def cancel_analysis(self, release_id: str, analysis_id: str) -> dict[str, Any]:
+        doc: dict[str, Any] = self.request(
+            "POST", f"/v1/releases/{_seg(release_id)}/analyses/{_seg(analysis_id)}/cancel")
+        return doc
+
     def wait_analysis(self, release_id: str, analysis_id: str, timeout: float,
                       poll: float = 0.2) -> dict[str, Any]:
-        """Poll until the analysis succeeded or failed; TimeoutError after ``timeout`` s."""
+        """Poll until the analysis ended; TimeoutError after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while True:
             doc = self.get_analysis(release_id, analysis_id)
-            if doc.get("status") in {"succeeded", "failed"}:
+            if doc.get("status") in _ANALYSIS_TERMINAL:
                 return doc
             if time.monotonic() + poll > deadline:
                 raise TimeoutError(f"analysis {analysis_id} still {doc.get('status')}")
@@ -400,9 +459,16 @@ class Client:
 
     # -- jobs and catalog ------------------------------------------------------------
 
-    def list_jobs(self) -> list[dict[str, Any]]:
-        docs: list[dict[str, Any]] = self._get("/v1/jobs")
+    def list_jobs(self, *, status: str | None = None, limit: int | None = None,
+                  cursor: str | None = None) -> list[dict[str, Any]]:
+        """One page of the queue (operators); ``iter_jobs`` follows the cursor."""
+        docs: list[dict[str, Any]] = self._get("/v1/jobs", status=status, limit=limit,
+                                               cursor=cursor)
         return docs
+
+    def iter_jobs(self, *, status: str | None = None,
+                  page_size: int | None = None) -> Iterator[dict[str, Any]]:
+        return self._pages("/v1/jobs", {"status": status, "limit": page_size})
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         """Cancel a queued job (its reservation is refunded); 409 ``job_running``."""
@@ -412,3 +478,22 @@ class Client:
     def mechanisms(self) -> list[dict[str, Any]]:
         docs: list[dict[str, Any]] = self._get("/v1/mechanisms")
         return docs
+
+    def health(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self._get("/healthz")
+        return doc
+
+    def ready(self) -> dict[str, Any]:
+        doc: dict[str, Any] = self._get("/readyz")
+        return doc
+
+
+def _link_cursor(resp: requests.Response) -> str | None:
+    """The ``cursor`` of a ``Link: <...>; rel="next"`` header (requests parses it)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    nxt = resp.links.get("next")
+    if not nxt:
+        return None
+    values = parse_qs(urlsplit(nxt.get("url", "")).query).get("cursor")
+    return values[0] if values else None

@@ -1,0 +1,5 @@
+"""The distribution's version, in one place (the User-Agent and ``--version`` show it)."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,182 @@
+"""Results as tables and pictures; pandas, polars and matplotlib are imported lazily.
+
+A result document becomes columns in plain Python first (``result_columns``), so the
+shape rules are tested without any DataFrame library and both libraries agree.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from collections.abc import Mapping
+from typing import Any
+
+from privrelease_client.errors import MissingExtra
+
+__all__ = ["csv_to_pandas", "csv_to_polars", "plot_result", "result_columns",
+           "to_pandas", "to_polars"]
+
+#: the keys that label the points of ``values`` (one per value, or bin edges: one more)
+_LABELS = ("grid", "categories", "bins", "support", "x")
+_SCALAR = (int, float, str, bool, type(None))
+
+
+def _module(name: str, extra: str, what: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise MissingExtra(name, extra, what) from None
+
+
+def _flat(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Scalars of nested objects as ``a.b`` keys; lists of scalars kept as they are."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flat(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _scalar_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, _SCALAR) for v in value)
+
+
+def _pair_list(value: Any) -> bool:
+    """``[[left, right], ...]``: cells or intervals, one pair per row."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(v, list) and len(v) == 2 and all(isinstance(e, _SCALAR) for e in v)
+        for v in value)
+
+
+def _lists(flat: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The non-empty lists of scalars, pairs split into ``name_left``/``name_right``."""
+    out: dict[str, list[Any]] = {}
+    for k, v in flat.items():
+        if _pair_list(v):
+            out[f"{k}_left"] = [p[0] for p in v]
+            out[f"{k}_right"] = [p[1] for p in v]
+        elif _scalar_list(v) and v:
+            out[k] = list(v)
+    return out
+
+
+def result_columns(result: Any) -> dict[str, list[Any]]:
+    """Columns (name -> equally long lists) for a release's or analysis' result.
+
+    - ``records`` (a list of objects): one row per record.
+    - ``values`` with a label list (``grid``, ``categories``, ``bins``...): one row per
+      value, the label first, every other list of that length beside it (bands such as
+      ``lower``/``upper``); bin edges (one more than the values) become ``left``/``right``.
+    - otherwise the longest lists of one length are the columns (lists of pairs, such
+      as the NPMLE's ``cells``, split into ``cells_left``/``cells_right``); with no lists
+      at all, one row of every scalar (nested objects flattened to ``a.b``).
+    """
+    if not isinstance(result, Mapping):
+        return {"value": [result]}
+    records = result.get("records")
+    if isinstance(records, list) and records and all(isinstance(r, Mapping) for r in records):
+        names = list(dict.fromkeys(k for r in records for k in r))
+        return {k: [r.get(k) for r in records] for k in names}
+    flat = _flat(result)
+    lists = _lists(flat)
+    values = lists.get("values")
+    if values is None and lists:
+        n = max(len(v) for v in lists.values())
+        return {k: list(v) for k, v in lists.items() if len(v) == n}
+    if values is None:
+        return {k: [v] for k, v in flat.items() if isinstance(v, _SCALAR)}
+    n = len(values)
+    cols: dict[str, list[Any]] = {}
+    for label in _LABELS:
+        edges = lists.get(label)
+        if edges is None:
+            continue
+        if len(edges) == n:
+            cols[label] = list(edges)
+            break
+        if len(edges) == n + 1:
+            cols["left"], cols["right"] = list(edges[:-1]), list(edges[1:])
+            break
+    cols["values"] = list(values)
+    for k, v in lists.items():
+        if k not in cols and k not in _LABELS and len(v) == n:
+            cols[k] = list(v)
+    return cols
+
+
+def to_pandas(result: Any) -> Any:
+    """The result as a ``pandas.DataFrame`` (extra ``pandas``)."""
+    pd = _module("pandas", "pandas", "to_pandas()")
+    return pd.DataFrame(result_columns(result))
+
+
+def to_polars(result: Any) -> Any:
+    """The result as a ``polars.DataFrame`` (extra ``polars``)."""
+    pl = _module("polars", "polars", "to_polars()")
+    return pl.DataFrame(result_columns(result), strict=False)
+
+
+def csv_to_pandas(text: str) -> Any:
+    pd = _module("pandas", "pandas", "to_pandas()")
+    return pd.read_csv(io.StringIO(text))
+
+
+def csv_to_polars(text: str) -> Any:
+    pl = _module("polars", "polars", "to_polars()")
+    return pl.read_csv(io.BytesIO(text.encode("utf-8")))
+
+
+def plot_result(result: Any, *, title: str | None = None, ax: Any = None) -> Any:
+    """Draw a result on matplotlib axes (new ones unless ``ax``); returns the axes.
+
+    A function over a numeric grid is a line with its band (``lower``/``upper``) when
+    the result has one; labelled values (categories, bins) are bars with error bars
+    from a band; anything else is refused (``ValueError``): there is nothing to draw.
+    """
+    _module("matplotlib", "plot", "plot()")
+    plt = importlib.import_module("matplotlib.pyplot")
+    cols = result_columns(result)
+    if "values" not in cols and not ("cdf" in cols and "cells_right" in cols):
+        raise ValueError("this result has no values to draw")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    if "values" not in cols:  # an NPMLE: a step CDF jumping at the right end of each cell
+        ax.step(cols["cells_right"], cols["cdf"], where="post", color="C0", label="NPMLE")
+        ax.plot(cols["cells_right"], cols["cdf"], "o", color="C0", markersize=3)
+        ax.set_xlabel("support (right ends of the cells)")
+        ax.set_ylabel("CDF")
+        ax.set_ylim(0, 1.02)
+        if title:
+            ax.set_title(title)
+        return ax
+    values = cols["values"]
+    lower, upper = cols.get("lower"), cols.get("upper")
+    label = next((k for k in ("grid", "support", "x") if k in cols), None)
+    if label is not None and all(isinstance(v, int | float) for v in cols[label]):
+        xs = cols[label]
+        ax.plot(xs, values, color="C0", label="released")
+        if lower is not None and upper is not None:
+            ax.fill_between(xs, lower, upper, color="C0", alpha=0.25, label="band")
+            ax.legend()
+        ax.set_xlabel(label)
+    else:
+        if "left" in cols:
+            names = [f"[{a:g}, {b:g})" for a, b in zip(cols["left"], cols["right"],
+                                                       strict=True)]
+        else:
+            key = next((k for k in ("categories", "bins") if k in cols), None)
+            names = [str(v) for v in cols[key]] if key else [str(i) for i in
+                                                               range(len(values))]
+        err = None
+        if lower is not None and upper is not None:
+            err = [[v - lo for v, lo in zip(values, lower, strict=True)],
+                   [hi - v for v, hi in zip(values, upper, strict=True)]]
+        ax.bar(names, values, yerr=err, color="C0", capsize=3)
+        ax.tick_params(axis="x", labelrotation=45)
+    ax.set_ylabel("value")
+    if title:
+        ax.set_title(title)
+    return ax
