@@ -288,8 +288,12 @@ def l2ball_sample(v: np.ndarray, plan: BallPlan, rng: np.random.Generator) -> np
     q = min(1.0, 0.5 + norm / (2.0 * plan.radius))
     t = 1.0 if rng.random() < q else -1.0  # the Ṽ sign (any q keeps ε-DP)
     h = 1.0 if int(rng.integers(0, 1 << 64, dtype=np.uint64)) < plan.coin else -1.0
-    g = rng.standard_normal(d)
-    w = plan.big_b * (g / float(np.sqrt(np.dot(g, g))))
+    while True:  # a zero (or non-finite) Gaussian vector has no direction: redraw
+        g = rng.standard_normal(d)
+        size = float(np.sqrt(np.dot(g, g)))
+        if 0.0 < size < math.inf:
+            break
+    w = plan.big_b * (g / size)
     side = 1.0 if (norm > 0 and float(np.dot(g, v)) > 0) or (norm == 0 and g[0] > 0) else -1.0
     out: np.ndarray = w if h * t * side > 0 else -w  # negation is exact
     return out
