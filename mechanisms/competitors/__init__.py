@@ -18,10 +18,9 @@ from mechanisms.competitors.lrm import LrmMechanism
 from mechanisms.competitors.opm import OpmL2BallMechanism, OpmMeanMechanism
 from mechanisms.registry import register
 
-lrm = register(LrmMechanism())
-opm_mean = register(OpmMeanMechanism())
-opm_l2ball = register(OpmL2BallMechanism())
-exm = register(ExmMechanism())
+#: the registered instances (the submodules keep their names: ``competitors.lrm`` etc.)
+MECHANISMS = tuple(register(m) for m in (LrmMechanism(), OpmMeanMechanism(),
+                                         OpmL2BallMechanism(), ExmMechanism()))
 
-__all__ = ["ExmMechanism", "LrmMechanism", "OpmL2BallMechanism", "OpmMeanMechanism", "exm",
-           "lrm", "opm_l2ball", "opm_mean"]
+__all__ = ["MECHANISMS", "ExmMechanism", "LrmMechanism", "OpmL2BallMechanism",
+           "OpmMeanMechanism"]

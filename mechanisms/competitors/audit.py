@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -43,6 +43,8 @@ from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism
 from mechanisms.competitors.exm import ExmMechanism
 from mechanisms.competitors.lrm import LrmMechanism
 from mechanisms.competitors.opm import OpmL2BallMechanism, OpmMeanMechanism, l2ball_sample
+
+M = TypeVar("M", bound=Mechanism)
 
 
 def _cost(mech: Mechanism, params: dict[str, Any], budget: Mapping[str, Fraction],
@@ -197,13 +199,16 @@ def _two_columns(n: int) -> DatasetMeta:
                            "k": ColumnMeta("k", "integer", bounds=(0, 5))})
 
 
-def _get(name: str) -> Any:
-    return registry.get(name)
+def _get(name: str, cls: type[M]) -> tuple[M, M]:
+    """The registered mechanism and its overspending control (noise for 2 ε or 3 ε)."""
+    mech = registry.get(name)
+    over = controls.overspending(mech, 3 if cls is ExmMechanism else 2)
+    assert isinstance(mech, cls) and isinstance(over, cls)
+    return mech, over
 
 
 def _lrm_plan() -> Plan:
-    mech = _get("lrm")
-    over = controls.overspending(mech, 2)
+    mech, over = _get("lrm", LrmMechanism)
     x = {"columns": ["x"]}
     return Plan([
         lrm_scenario("one column eps=1", mech, x, eps(1), unit_meta(2)),
@@ -218,8 +223,7 @@ def _lrm_plan() -> Plan:
 
 
 def _opm_mean_plan() -> Plan:
-    mech = _get("opm.mean")
-    over = controls.overspending(mech, 2)
+    mech, over = _get("opm.mean", OpmMeanMechanism)
     x = {"columns": ["x"]}
     return Plan([
         opm_mean_scenario("k=inf eps=1", mech, x, eps(1), unit_meta(2)),
@@ -234,8 +238,7 @@ def _opm_mean_plan() -> Plan:
 
 
 def _l2ball_plan() -> Plan:
-    mech = _get("opm.l2ball")
-    over = controls.overspending(mech, 2)
+    mech, over = _get("opm.l2ball", OpmL2BallMechanism)
     mid = {"column": "x", "center": "midpoint"}
     return Plan([
         l2ball_scenario("d=1 midpoint eps=1", mech, mid, eps(1), unit_meta(1)),
@@ -245,8 +248,7 @@ def _l2ball_plan() -> Plan:
 
 
 def _exm_plan() -> Plan:
-    mech = _get("exm")
-    over = controls.overspending(mech, 3)
+    mech, over = _get("exm", ExmMechanism)
     one = {"column": "c"}
     return Plan([
         exm_scenario("one draw eps=1", mech, one, eps(1), category_meta(2)),

@@ -163,14 +163,15 @@ class OpmMeanMechanism(Mechanism):
             assert col.bounds is not None
             lo, hi = float(col.bounds[0]), float(col.bounds[1])
             c, radius = centre(col, params.get("center", "zero"))
-            t = radius if k is None else min(radius, truncation(r, k, meta.n_rows, float(per)))
+            t = radius if k is None or r is None else min(
+                radius, truncation(float(r), k, meta.n_rows, float(per)))
             a, b = max(lo, c - t), min(hi, c + t)
             if not a < b:
                 raise MechanismInputError("params.moment_bound",
                                           "[c - T, c + T] misses the declared bounds")
             integer = col.type == "integer" and a == math.ceil(a) and b == math.floor(b) \
                 and t == radius
-            bias = 0.0 if (k is None or t >= radius) else r**k / t ** (k - 1)
+            bias = 0.0 if (k is None or r is None or t >= radius) else r**k / t ** (k - 1)
             out[col.name] = MeanPlan(c, t, lattice(a, b, per, integer=integer), bias)
         return out
 
@@ -286,16 +287,17 @@ def l2ball_sample(v: np.ndarray, plan: BallPlan, rng: np.random.Generator) -> np
     d = v.shape[0]
     norm = float(np.sqrt(np.dot(v, v)))
     q = min(1.0, 0.5 + norm / (2.0 * plan.radius))
-    t = 1.0 if rng.random() < q else -1.0  # the Ṽ sign (any q keeps ε-DP)
+    sign = 1.0 if rng.random() < q else -1.0  # the Ṽ sign (any q keeps ε-DP)
     h = 1.0 if int(rng.integers(0, 1 << 64, dtype=np.uint64)) < plan.coin else -1.0
+    g: np.ndarray = np.zeros(d)
     while True:  # a zero (or non-finite) Gaussian vector has no direction: redraw
-        g = rng.standard_normal(d)
+        g = np.asarray(rng.standard_normal(d), dtype=np.float64)
         size = float(np.sqrt(np.dot(g, g)))
         if 0.0 < size < math.inf:
             break
     w = plan.big_b * (g / size)
     side = 1.0 if (norm > 0 and float(np.dot(g, v)) > 0) or (norm == 0 and g[0] > 0) else -1.0
-    out: np.ndarray = w if h * t * side > 0 else -w  # negation is exact
+    out: np.ndarray = w if h * sign * side > 0 else -w  # negation is exact
     return out
 
 
