@@ -10,7 +10,9 @@ r (``moment_bound``) and T = min(R, r (nε²)^(1/(2k))) (clipping beyond the bou
 is the identity). Values are first clipped to the bounds, then to [c - T, c + T];
 the noise is calibrated to the width of [a, b] = [c - T, c + T] ∩ [lo, hi], which
 is the paper's 2T/ε whenever [c - T, c + T] lies inside the bounds (e.g. the
-``midpoint`` centre with k = ∞) and smaller (still ε-DP) otherwise. Noise is
+``midpoint`` centre with k = ∞) and smaller (still ε-DP) otherwise;
+``paper_scale: true`` keeps the paper's 2T/ε there too (on data in [0, hi] with the
+zero centre the default is then exactly ``lrm``'s noise, the paper's twice it). Noise is
 exact discrete Laplace on a lattice (``common``). Several columns: ε/p each
 (the paper's NOPM).
 
@@ -112,6 +114,8 @@ class OpmMeanParamsSchema(ColumnsSchema):
                        validate=validate.Range(min=2, max=MAX_K))
     moment_bound = fields.Float(load_default=None, allow_none=True, allow_nan=False)
     center = fields.String(load_default="zero", validate=validate.OneOf(CENTRES))
+    #: calibrate the noise to the paper's 2T/ε even where [c - T, c + T] leaves the bounds
+    paper_scale = fields.Boolean(load_default=False)
 
     @validates_schema
     def _check_moment(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -169,8 +173,9 @@ class OpmMeanMechanism(Mechanism):
             if not a < b:
                 raise MechanismInputError("params.moment_bound",
                                           "[c - T, c + T] misses the declared bounds")
-            integer = col.type == "integer" and a == math.ceil(a) and b == math.floor(b) \
-                and t == radius
+            if params.get("paper_scale"):  # clipping to [c - T, c + T] is then the same
+                a, b = c - t, c + t
+            integer = col.type == "integer" and a == math.ceil(a) and b == math.floor(b)
             bias = 0.0 if (k is None or r is None or t >= radius) else r**k / t ** (k - 1)
             out[col.name] = MeanPlan(c, t, lattice(a, b, per, integer=integer), bias)
         return out

@@ -164,6 +164,11 @@ def test_opm_truncation_follows_duchi_et_al() -> None:
     assert (p.lattice.lo, p.lattice.hi) == (-t, t)
     assert p.bias_bound == pytest.approx(0.5**4 / t**3, rel=1e-12)
     assert opm.truncation(1.0, None, 10, 2.0) == 1.0
+    # paper_scale: noise for the whole [-T, T] = [-3, 3] (2T/ε = 6), not [-2, 3]
+    paper = mech._plan(mech.load_params({"columns": ["x"], "paper_scale": True}), Fraction(1), m)  # type: ignore[attr-defined]
+    assert (paper["x"].lattice.lo, paper["x"].lattice.hi) == (-3.0, 3.0)
+    assert 6.0 <= paper["x"].lattice.laplace_scale <= 6.0 * (1 + 2**-9)
+    assert 5.0 <= plans["x"].lattice.laplace_scale <= 5.0 * (1 + 2**-9)
 
 
 def test_opm_mean_is_unbiased_for_the_clipped_mean() -> None:
