@@ -5,9 +5,9 @@ bounds declared in the metadata (never the data's own range, unlike the paper):
 
 * §5.1 discrete, known F, private mean, n = 1000: |mean(release) - E F| for NP (the
   raw sample), DIP (parametric reference), LRM (geometric noise of scale
-  (hi - lo)/ε), OPM (``opm.mean``, k = ∞, zero centre, the paper's 2T/ε), EXM (``exm`` with n draws at
-  ε/n each: the honest cost) and EXM-paper (n draws at ε each through the same exact
-  sampler: what the paper ran, which really costs n·ε);
+  (hi - lo)/ε), OPM (``opm.mean``, k = ∞, zero centre, the paper's 2T/ε), EXM
+  (``exm`` with n draws at ε/n each: the honest cost) and EXM-paper (n draws at ε
+  each through the same exact sampler: what the paper ran, which really costs n·ε);
 * §5.2 continuous, known F, KS distance between F and the released sample, n = 1000:
   NP, DIP, LRM (``lrm``), OPM (``opm.l2ball``, zero centre, radius R √n).
 
