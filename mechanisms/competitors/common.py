@@ -30,6 +30,7 @@ from mechanisms.base import (
     ColumnMeta,
     DatasetMeta,
     MechanismInputError,
+    Work,
     check_numeric_column,
     read_epsilon,
 )
@@ -73,6 +74,12 @@ class ColumnsSchema(Schema):
             raise ValidationError("columns must be distinct", "columns")
         if ROW_COLUMN in names:
             raise ValidationError(f"{ROW_COLUMN!r} is reserved", "columns")
+
+
+def columns_work(params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+    """A pass over the rows per processed column."""
+    return Work(float(max(meta.n_rows, 1)) * max(len(params.get("columns") or ()), 1),
+                "params.columns", "fewer columns")
 
 
 def split_epsilon(budget: Budget, name: str, parts: int) -> tuple[Fraction, Fraction]:

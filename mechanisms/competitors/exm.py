@@ -20,6 +20,10 @@ with a margin, the rest go to ``sampling._exact_accept`` (decimal, refining V's
 bits; γ is rational and nonzero there, so exp(-γ) is never a cell edge). Expected
 proposals per draw: s / Σ_a exp(-γ_a) <= s (s = support size).
 
+Timing: the number of proposals (hence the run time) depends on the counts, as for
+any rejection or permute-and-flip sampler; the service exposes a job's duration
+only coarsely, and this is not covered by the DP statement.
+
 Output: the k draws (``draw`` index column and the column's values: integers or
 category names; synthetic rows, not linked to records) and their histogram.
 """

@@ -30,7 +30,7 @@ from marshmallow import ValidationError, fields, validates_schema
 from numpy.typing import NDArray
 
 from mechanisms import sampling
-from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output
+from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output, Work
 from mechanisms.competitors.common import (
     CI_LEVEL,
     PRIVACY_UNIT,
@@ -38,6 +38,7 @@ from mechanisms.competitors.common import (
     ColumnsSchema,
     Lattice,
     column_array,
+    columns_work,
     fmt,
     lattice,
     numeric_columns,
@@ -96,6 +97,9 @@ class LrmMechanism(Mechanism):
                 if (float(c.bounds[1]) - float(c.bounds[0])) / step > MAX_ROUND_POINTS:
                     raise MechanismInputError("params.round_to", "step too small for the range")
         return out
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        return columns_work(params, meta)
 
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
              ) -> dict[str, Fraction]:

@@ -75,6 +75,7 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    Work,
     check_numeric_column,
     read_epsilon,
 )
@@ -84,6 +85,7 @@ from mechanisms.competitors.common import (
     ColumnsSchema,
     Lattice,
     column_array,
+    columns_work,
     exact_sum,
     fmt,
     lattice,
@@ -179,6 +181,9 @@ class OpmMeanMechanism(Mechanism):
             bias = 0.0 if (k is None or r is None or t >= radius) else r**k / t ** (k - 1)
             out[col.name] = MeanPlan(c, t, lattice(a, b, per, integer=integer), bias)
         return out
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        return columns_work(params, meta)
 
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
              ) -> dict[str, Fraction]:
