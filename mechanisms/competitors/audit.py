@@ -180,10 +180,11 @@ def exm_scenario(label: str, mech: ExmMechanism, raw: Mapping[str, Any],
     plan = mech._plan(params, cost["epsilon"], meta)
     counts = [mech.counts(plan, d[name]) for d in pair]
 
-    def one(which: int, rng: np.random.Generator) -> FloatArray:
-        return mech.sample(plan, counts[which], rng, plan.draws).astype(np.float64)
-
-    scenario = _looped(label, mech, params, cost, meta, pair, one)
+    def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+        """Draws are i.i.d. given the counts: ``runs`` releases are runs·k draws at once
+        (for runs = 1 exactly ``run``'s call)."""
+        idx = mech.sample(plan, counts[which], rng, runs * plan.draws)
+        return idx.reshape(runs, plan.draws).astype(np.float64)
 
     def once(rng: np.random.Generator, which: int) -> FloatArray:
         table = mech.run(pair[which], params, cost, meta, rng).table
@@ -191,7 +192,7 @@ def exm_scenario(label: str, mech: ExmMechanism, raw: Mapping[str, Any],
         index = {c: i for i, c in enumerate(col.categories or ())}
         return np.array([index[str(v)] for v in table[name]], dtype=np.float64)
 
-    return Scenario(label, mech, params, cost, meta, pair, scenario.draw, once)
+    return Scenario(label, mech, params, cost, meta, pair, draw, once)
 
 
 def _two_columns(n: int) -> DatasetMeta:

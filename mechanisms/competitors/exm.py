@@ -156,13 +156,12 @@ class ExmMechanism(Mechanism):
                draws: int) -> NDArray[np.int64]:
         """``draws`` i.i.d. exact EM draws (support indices)."""
         top = int(counts.max())
+        by_value = [plan.per_draw * (top - int(c)) / 2 for c in counts]  # γ_a, exact
         out: list[int] = []
         batch = max(16, 2 * draws)
         while len(out) < draws:
             proposals = rng.integers(0, plan.support, size=min(batch, 1 << 20))
-            gaps = top - counts[proposals]
-            gamma = [plan.per_draw * int(gap) / 2 for gap in gaps]
-            keep = exact_bernoulli_exp(rng, gamma)
+            keep = exact_bernoulli_exp(rng, [by_value[int(a)] for a in proposals])
             out.extend(int(p) for p in proposals[keep][: draws - len(out)])
         return np.asarray(out, dtype=np.int64)
 
