@@ -26,6 +26,7 @@ BUILTIN = [
     "mechanisms.dip",
     "mechanisms.iclp",
     "mechanisms.noiseless",
+    "mechanisms.competitors",
 ]
 
 

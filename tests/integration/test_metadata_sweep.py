@@ -45,6 +45,11 @@ DRAW = {"subset_draws": 1}
 MENU: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
     "bernstein.kde": [({"column": "x"}, EPS), ({"column": "x", "grid_size": 64}, EPS)],
     "dip": [({"columns": ["x"]}, EPS), ({"columns": ["x", "k", "g"]}, EPS)],
+    "exm": [({"column": "h", "draws": 3}, EPS), ({"column": "k"}, EPS)],
+    "lrm": [({"columns": ["x"]}, EPS), ({"columns": ["x", "k"], "round_to": 1.0}, EPS)],
+    "opm.l2ball": [({"column": "x"}, EPS), ({"column": "k", "center": "midpoint"}, EPS)],
+    "opm.mean": [({"columns": ["x", "k"]}, EPS),
+                 ({"columns": ["x"], "k": 4, "moment_bound": 1.0}, EPS)],
     "frl.mean": [({"column": "f"}, EPS)],
     "gaussian": [({"statistic": "mean", "column": "x"}, {"epsilon": 1, "delta": 1e-6}),
                  ({"statistic": "histogram", "column": "x", "bins": 4},

@@ -140,11 +140,18 @@ REQUESTS: dict[str, Callable[[random.Random], Request]] = {
     "bernstein.kde": lambda r: ({"column": "income"}, {"epsilon": _eps(r)}),
     "dip": lambda r: ({"columns": r.choice([["income"], ["income", "group"]])},
                       {"epsilon": _eps(r)}),
+    "lrm": lambda r: ({"columns": r.choice([["income"], ["income", "age"]])},
+                      {"epsilon": _eps(r)}),
+    "opm.mean": lambda r: ({"columns": ["income"], "center": r.choice(["zero", "midpoint"])},
+                           {"epsilon": _eps(r)}),
+    "opm.l2ball": lambda r: ({"column": r.choice(["w", "income"])}, {"epsilon": _eps(r)}),
+    "exm": lambda r: ({"column": r.choice(["group", "race"]), "draws": r.choice([1, 5])},
+                      {"epsilon": _eps(r)}),
 }
 
 #: mechanisms whose releases carry record-level data (served at /data as CSV)
 WITH_DATA = frozenset(m for m in REQUESTS if m.startswith(("interval.", "subset."))
-                      or m in {"dip", "noiseless.local"})
+                      or m in {"dip", "noiseless.local", "lrm", "opm.l2ball", "exm"})
 
 #: an analysis: name, params, and whether it pairs with another subset.uniform release
 Analysis = tuple[str, dict[str, Any], bool]

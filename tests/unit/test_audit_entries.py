@@ -15,8 +15,11 @@ import pytest
 from mechanisms import registry
 from mechanisms.audit import dp
 from mechanisms.audit.entries import entries, run
+from mechanisms.competitors import audit as competitors_audit
 
-DP = sorted(dp.PLANS)
+#: every DP mechanism's audit plan: the shared module's and DIP's competitors'
+PLANS = {**dp.PLANS, **competitors_audit.PLANS}
+DP = sorted(PLANS)
 
 
 def test_every_registered_mechanism_has_an_audit_entry() -> None:
@@ -40,7 +43,7 @@ def test_dp_entry_passes_and_catches_its_controls(name: str) -> None:
     assert report.certified <= report.charged
 
 
-SCENARIOS = [(name, s) for name in DP for s in dp.PLANS[name]().honest]
+SCENARIOS = [(name, s) for name in DP for s in PLANS[name]().honest]
 
 
 @pytest.mark.parametrize("name,scenario", SCENARIOS,
