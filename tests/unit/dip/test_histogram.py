@@ -114,6 +114,7 @@ def test_heavy_tailed_mean_is_unbiased() -> None:
         x = np.minimum(rng.lognormal(mu, sigma, UC_N), 1e6)
         out = mech.run({"w": x}, params, {"epsilon": Fraction(1)}, meta,
                        np.random.default_rng(1000 + seed))
+        assert out.table is not None
         y = out.table["w"]
         stated = out.accuracy["histogram"]["columns"]["w"]
         sampling_se = 4 * x.std() / math.sqrt(UC_N)  # the release is a sample of n rows
