@@ -390,6 +390,12 @@ class DipMechanism(Mechanism):
         out["invariance"] = invariance
         if plan.kind == "holdout":
             out["holdout_rows"] = plan.holdout
+            out["holdout_ties"] = (
+                "repeated values of a continuous hold-out column are jittered uniformly"
+                " between the midpoints to their neighbouring distinct hold-out values"
+                " (declared atoms excepted), so released values never equal them; the hold-out"
+                " is not protected by DP"
+            )
             if plan.holdout < ROWS_PER_COLUMN * p:
                 out["warnings"].append(
                     f"hold-out of {plan.holdout} rows for {p} columns: the released rows are"
@@ -701,5 +707,8 @@ class DipMechanism(Mechanism):
             f" {PRIVACY_UNIT}. CAVEAT: the {plan.holdout} hold-out rows are NOT protected by"
             " differential privacy; they are protected only by not being released. They define"
             " the reference distribution: released values never leave the hold-out's range,"
-            " and released rows can closely reproduce hold-out rows."
+            " and released rows can closely reproduce hold-out rows. Repeated values of a"
+            " continuous hold-out column are jittered within the gap to their neighbouring"
+            " hold-out values (fresh per release) so that no released value equals one; the"
+            " operator's dataset view counts the rows that have served as hold-out."
         )

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from service import apikeys
 from tests.integration.conftest import Api
 
 
@@ -238,7 +239,19 @@ def test_dip_holdout_only_where_the_operator_allows_it(api: Api, worker: Any) ->
 
     consenting = api.upload(csv, {**meta, "allow_holdout": True}).get_json()
     assert consenting["allow_holdout"] is True
+    assert api.get(f"/v1/datasets/{consenting['id']}").get_json()["holdout_exposure"] == {
+        "rows": 0, "releases": 0}
     doc = _release(api, consenting["id"], "dip", params, {"epsilon": 1})
     assert doc["result"]["n_rows"] == n - 50 and "NOT protected" in doc["guarantee"]
+    # issue #16 item 9: the operator sees the hold-out's exposure (nested splits: the
+    # largest hold-out's rows); analysts never do; a non-hold-out release adds nothing
+    _release(api, consenting["id"], "dip", {**params, "reference": {
+        "kind": "holdout", "fraction": 0.1}}, {"epsilon": 0.5})
+    _release(api, consenting["id"], "dip", {"columns": ["x"]}, {"epsilon": 0.25})
+    seen = api.get(f"/v1/datasets/{consenting['id']}").get_json()
+    assert seen["holdout_exposure"] == {"rows": 50, "releases": 2}
+    _, token = apikeys.create(api.client.application.extensions["redis"], "analyst")
+    analyst = Api(api.client, token).get(f"/v1/datasets/{consenting['id']}").get_json()
+    assert "holdout_exposure" not in analyst and analyst["id"] == consenting["id"]
     bad = api.upload(csv, {**meta, "allow_holdout": "yes"})
     assert bad.status_code == 422 and bad.get_json()["field"] == "metadata.allow_holdout"
