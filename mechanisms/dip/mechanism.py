@@ -59,6 +59,12 @@ from mechanisms.dip import families
 from mechanisms.dip.accuracy import rank_correlation_at_scale
 from mechanisms.dip.chain import privatize
 from mechanisms.dip.continualize import Continualizer, Continuous, Lattice, Mixed
+from mechanisms.dip.copula import (
+    QUANTUM,
+    correlation_noise_scale,
+    correlation_noise_sd,
+    dp_copula,
+)
 from mechanisms.dip.empirical import Empirical, holdout_size, split_holdout
 from mechanisms.dip.histogram import (
     MAX_CELLS,
@@ -80,7 +86,9 @@ from mechanisms.dip.univariate import finite
 
 #: budgets above this are refused as absurd (as for the baselines)
 MAX_HOLDOUT = 0.9
+#: the joint-histogram model's most columns (B^p cells); more columns use the copula
 MAX_DP_COLUMNS = 4
+DEFAULT_CORRELATION_SHARE = 0.5
 MAX_BINS = 4096
 DEFAULT_SHARE = 0.5
 DEFAULT_FRACTION = 0.25
@@ -111,6 +119,15 @@ class Plan:
     fraction: float = 0.0
     share: float = 0.0
     dataset_id: str = ""
+    #: dp reference: "joint" (one histogram) or "copula" (marginals + correlations)
+    model: str = ""
+    correlation_share: float = 0.0
+    epsilon_corr: Fraction = Fraction(0)
+
+    @property
+    def epsilon_marginal(self) -> Fraction:
+        """The dp reference's ε for histograms (all columns together)."""
+        return self.epsilon_ref - self.epsilon_corr
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -306,9 +323,20 @@ class DipMechanism(Mechanism):
 
     @staticmethod
     def _plan_dp(plan: Plan, reference: Mapping[str, Any], meta: DatasetMeta) -> None:
-        if len(plan.columns) > MAX_DP_COLUMNS:
+        p = len(plan.columns)
+        model = reference.get("model") or ("joint" if p <= MAX_DP_COLUMNS else "copula")
+        if model == "joint" and p > MAX_DP_COLUMNS:
             raise MechanismInputError(
-                "params.columns", f"the dp reference takes at most {MAX_DP_COLUMNS} columns"
+                "params.reference.model", f"a joint histogram takes at most {MAX_DP_COLUMNS}"
+                " columns; use the copula model"
+            )
+        if model == "copula" and p < 2:
+            raise MechanismInputError(
+                "params.reference.model", "the copula model needs at least two columns"
+            )
+        if "correlation_share" in reference and model != "copula":
+            raise MechanismInputError(
+                "params.reference.correlation_share", "only the copula model has correlations"
             )
         for c in plan.columns:
             if c.type == "continuous" and _finite_bounds(c) is None:
@@ -316,10 +344,35 @@ class DipMechanism(Mechanism):
                     "params.columns", f"the dp reference needs finite declared bounds for"
                     f" column {c.name!r}"
                 )
+        plan.model = model
         conts = [plan.continualizers[n] for n in plan.names]
-        if noise_scale(plan.epsilon_ref) > sampling.MAX_SCALE:
+        if model == "copula":
+            share = reference.get("correlation_share", DEFAULT_CORRELATION_SHARE)
+            if not 0.0 < share < 1.0:
+                raise MechanismInputError(
+                    "params.reference.correlation_share", "must be in (0, 1)"
+                )
+            plan.correlation_share = share
+            plan.epsilon_corr = plan.epsilon_ref * _decimal(share)
+            if correlation_noise_scale(p, plan.epsilon_corr) > sampling.MAX_SCALE:
+                raise MechanismInputError(
+                    "budget.epsilon", "epsilon too small for the correlation noise"
+                )
+            histogram_epsilon = plan.epsilon_marginal / p
+            if meta.n_rows * (QUANTUM - 1) ** 2 >= 2**53:
+                raise MechanismInputError("params.reference.model", "too many rows for the"
+                                          " copula's exact correlation sums")
+        else:
+            histogram_epsilon = plan.epsilon_ref
+        if noise_scale(histogram_epsilon) > sampling.MAX_SCALE:
             raise MechanismInputError("budget.epsilon", "epsilon too small for the histogram")
-        auto = default_bins(meta.n_rows, float(plan.epsilon_ref), conts)
+        if model == "copula":
+            # one column each: the mean-bound minimiser (no one-bin-per-value rule; only
+            # categorical columns keep all their values, below)
+            one = default_bins(meta.n_rows, histogram_epsilon, [Continuous(0.0, 1.0)])[0]
+            auto = [min(one, c.max_bins() or one) for c in conts]
+        else:
+            auto = default_bins(meta.n_rows, histogram_epsilon, conts)
         raw = reference.get("bins")
         bins: dict[str, int] = {}
         for name, cont, default in zip(plan.names, conts, auto, strict=True):
@@ -336,8 +389,8 @@ class DipMechanism(Mechanism):
                     )
         if any(b > MAX_BINS for b in bins.values()):
             raise MechanismInputError("params.reference.bins", f"at most {MAX_BINS} per column")
-        cells = math.prod(len(cont.edges(bins[n])) - 1 for n, cont in zip(
-            plan.names, conts, strict=True))
+        sizes = [len(cont.edges(bins[n])) - 1 for n, cont in zip(plan.names, conts, strict=True)]
+        cells = sum(sizes) if model == "copula" else math.prod(sizes)
         if cells > MAX_CELLS:
             raise MechanismInputError(
                 "params.reference.bins", f"the joint histogram would have more than {MAX_CELLS}"
@@ -401,7 +454,9 @@ class DipMechanism(Mechanism):
                     f"hold-out of {plan.holdout} rows for {p} columns: the released rows are"
                     " effectively a resample of few hold-out rows (fewer than 5 per column)"
                 )
-        if plan.kind == "dp":
+        if plan.kind == "dp" and plan.model == "copula":
+            out["copula"] = self._copula_accuracy(plan, meta)
+        elif plan.kind == "dp":
             out["histogram"] = self._histogram_accuracy(plan, meta)
         out["statement"] = (
             f"Each record's {p} column(s) are perturbed with epsilon={float(plan.per_column):.4g}"
@@ -410,6 +465,35 @@ class DipMechanism(Mechanism):
             f" {invariance}."
         )
         return out
+
+    @classmethod
+    def _copula_accuracy(cls, plan: Plan, meta: DatasetMeta) -> dict[str, Any]:
+        """Each marginal's histogram bounds (one column, ε_marg/p) and the correlation noise."""
+        p = len(plan.columns)
+        per = plan.epsilon_marginal / p
+        marginals = {}
+        for c in plan.columns:
+            single = Plan((c,), plan.kind, plan.epsilon, per, plan.epsilon - per, plan.step,
+                          None, (c.name,), {c.name: plan.continualizers[c.name]},
+                          bins={c.name: plan.bins[c.name]})
+            marginals[c.name] = cls._histogram_accuracy(single, meta)
+        sd = correlation_noise_sd(p, plan.epsilon_corr, meta.n_rows)
+        return {
+            "model": "gaussian_copula",
+            "epsilon_per_marginal": float(per),
+            "epsilon_correlation": float(plan.epsilon_corr),
+            "marginals": marginals,
+            "correlation_noise_scale": correlation_noise_scale(p, plan.epsilon_corr),
+            "spearman_noise_sd": sd,
+            "correlation_noise_sd_max": math.pi / 3.0 * sd,
+            "statement": (
+                "marginals: each column's reference is its own noisy histogram (bounds as for a"
+                " one-column dp reference at epsilon_per_marginal); dependence: a Gaussian copula"
+                " whose correlations carry noise of standard deviation at most"
+                " correlation_noise_sd_max each (plus sampling error ~1/sqrt(n)) and keep only"
+                " pairwise monotone dependence; categorical codes enter in their declared order"
+            ),
+        }
 
     @staticmethod
     def _histogram_accuracy(plan: Plan, meta: DatasetMeta) -> dict[str, Any]:
@@ -561,6 +645,10 @@ class DipMechanism(Mechanism):
             sample = self._public_sample(params, plan, meta)
             reference = Empirical(sample, plan.continualizers, rng)
             private = columns
+        elif plan.model == "copula":
+            reference = dp_copula(columns, plan.continualizers, plan.bins,
+                                  plan.epsilon_marginal, plan.epsilon_corr, rng)
+            private = columns
         else:
             reference = dp_histogram(
                 columns, plan.continualizers, plan.bins, plan.epsilon_ref, rng
@@ -656,7 +744,9 @@ class DipMechanism(Mechanism):
         if plan.kind == "holdout":
             reference.update(fraction=plan.fraction, holdout_rows=plan.holdout)
         elif plan.kind == "dp":
-            reference.update(share=plan.share, bins=dict(plan.bins))
+            reference.update(share=plan.share, bins=dict(plan.bins), model=plan.model)
+            if plan.model == "copula":
+                reference.update(correlation_share=plan.correlation_share)
         elif plan.kind == "public":
             reference.update(dataset_id=plan.dataset_id)
         return {
@@ -686,6 +776,14 @@ class DipMechanism(Mechanism):
             f"; epsilon={_fmt(plan.per_column)} per column over {p} column(s), exact discrete"
             " Laplace noise"
         )
+        if plan.kind == "dp" and plan.model == "copula":
+            return (
+                f"{core}: {_fmt(plan.epsilon_ref)} for a Gaussian-copula estimate of the"
+                f" distribution ({_fmt(plan.epsilon_marginal / p)} for each of {p} marginal"
+                f" histograms and {_fmt(plan.epsilon_corr)} for the correlation matrix) and"
+                f" {_fmt(plan.epsilon_dip)} for DIP{split}), {PRIVACY_UNIT}; every row is"
+                " released and protected by DP"
+            )
         if plan.kind == "dp":
             return (
                 f"{core}: {_fmt(plan.epsilon_ref)} for a noisy-histogram estimate of the"

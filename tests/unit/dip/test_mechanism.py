@@ -244,15 +244,30 @@ def test_holdout_needs_the_operators_consent() -> None:
     assert MECH.cost(MECH.load_params({"columns": ["wage"]}), EPS, private) == EPS
 
 
-def test_dp_reference_takes_at_most_four_columns() -> None:
+def test_dp_reference_beyond_four_columns_uses_the_copula() -> None:
+    """Issue #16 item 6: five columns used to be refused; now the copula model takes them."""
     columns = {f"c{i}": ColumnMeta(f"c{i}", "continuous", (0.0, 1.0)) for i in range(5)}
     meta = DatasetMeta(N, columns, allow_holdout=True)
     four = MECH.load_params({"columns": list(columns)[:4]})
     assert MECH.cost(four, EPS, meta) == EPS
+    assert MECH.accuracy(four, EPS, meta)["histogram"]["cells"] > 0  # joint up to 4
     five = MECH.load_params({"columns": list(columns)})
+    assert MECH.cost(five, EPS, meta) == EPS
+    acc = MECH.accuracy(five, EPS, meta)["copula"]
+    assert acc["epsilon_per_marginal"] == pytest.approx(float(EPS["epsilon"]) / 4 / 5)
+    assert acc["epsilon_correlation"] == pytest.approx(float(EPS["epsilon"]) / 4)
+    joint = MECH.load_params({"columns": list(columns), "reference": {
+        "kind": "dp", "model": "joint"}})
     with pytest.raises(MechanismInputError) as info:
-        MECH.cost(five, EPS, meta)
-    assert info.value.field == "params.columns" and "at most 4" in info.value.message
+        MECH.cost(joint, EPS, meta)
+    assert info.value.field == "params.reference.model" and "at most 4" in info.value.message
+    for bad in ({"model": "copula", "correlation_share": 1.0},
+                {"model": "joint", "correlation_share": 0.5}):
+        params = MECH.load_params({"columns": list(columns)[:2], "reference": {
+            "kind": "dp", **bad}})
+        with pytest.raises(MechanismInputError) as info:
+            MECH.cost(params, EPS, meta)
+        assert info.value.field == "params.reference.correlation_share"
     holdout = MECH.load_params({"columns": list(columns), "reference": {"kind": "holdout"}})
     assert MECH.cost(holdout, EPS, meta) == EPS
 
