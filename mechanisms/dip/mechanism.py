@@ -52,6 +52,7 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    Work,
     bounds_problem,
     read_epsilon,
 )
@@ -60,6 +61,7 @@ from mechanisms.dip.accuracy import rank_correlation_at_scale
 from mechanisms.dip.chain import privatize
 from mechanisms.dip.continualize import Continualizer, Continuous, Lattice, Mixed
 from mechanisms.dip.copula import (
+    MAX_STEPS,
     QUANTUM,
     correlation_noise_scale,
     correlation_noise_sd,
@@ -88,6 +90,8 @@ from mechanisms.dip.univariate import finite
 MAX_HOLDOUT = 0.9
 #: the joint-histogram model's most columns (B^p cells); more columns use the copula
 MAX_DP_COLUMNS = 4
+#: vectorized passes over a record's value per column in the chain (work estimate)
+PASSES_PER_COLUMN = 64.0
 DEFAULT_CORRELATION_SHARE = 0.5
 MAX_BINS = 4096
 DEFAULT_SHARE = 0.5
@@ -405,6 +409,42 @@ class DipMechanism(Mechanism):
     ) -> dict[str, Fraction]:
         plan = self.plan(params, budget, meta)
         return {"epsilon": plan.epsilon}
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        """An upper bound on the run's work from public inputs (p, N, bins, reference).
+
+        The chain: about ``PASSES_PER_COLUMN`` vectorized passes per record and
+        column (noise, uniformization, the reference's maps), times p for the
+        copula's O(p) conditional mean per column; a hold-out or public sample
+        is sorted per column; the joint histogram touches its cells per column;
+        the copula fit adds the n·p² correlation sums and, per pair, Owen's T
+        on 25 latent nodes times the pair's threshold grid (~100 units each).
+        The planning needs a budget; this reads only shapes, so it plans at ε = 1.
+        """
+        n = float(max(meta.n_rows, 1))
+        p = len(params["columns"])
+        units = n * p * PASSES_PER_COLUMN
+        field = "params.columns"
+        kind = (params.get("reference") or {}).get("kind", "dp")
+        if kind == "public":
+            units += n * p * 64.0  # a public sample of unknown size: counted as n rows
+        if kind in ("holdout", "public") and p > 1:
+            units += n * p * 16.0  # the box chain's lookups
+        if kind == "dp":
+            try:
+                plan = self.plan(params, {"epsilon": Fraction(1)}, meta)
+            except MechanismInputError:
+                return Work(units, field)
+            sizes = [len(plan.continualizers[c].edges(plan.bins[c])) - 1 for c in plan.names]
+            if plan.model == "copula":
+                units *= p
+                steps = [min(s, MAX_STEPS) for s in sizes]
+                pairs = sum(a * b for i, a in enumerate(steps) for b in steps[i + 1:])
+                units += n * p * p + pairs * 25.0 * 100.0
+            else:
+                units += float(math.prod(sizes)) * p * 4.0
+                field = "params.reference.bins"
+        return Work(units, field, "use fewer columns or bins")
 
     def accuracy(
         self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta

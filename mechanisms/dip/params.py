@@ -36,7 +36,9 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "parametric": ("family",),
     "public": ("dataset_id",),
 }
-MAX_COLUMNS = 64
+#: columns a release may process; the run's work (``DipMechanism.work``, from p, n, bins
+#: and the reference kind) is what the service bounds (e.g. Table 1's p = 250)
+MAX_COLUMNS = 1000
 MAX_ATOMS = 1000
 
 

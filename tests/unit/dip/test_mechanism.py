@@ -322,3 +322,28 @@ def test_fresh_randomness_gives_fresh_noise() -> None:
     assert not np.array_equal(one["wage"], two["wage"])
     again = _release({"columns": ["wage"]}, seed=1).table
     assert again is not None and np.array_equal(one["wage"], again["wage"])
+
+
+def test_many_columns_are_planned_with_bounded_work() -> None:
+    """Issue #16 item 8: Table 1 has p = 250 columns; the schema stopped at 64.
+
+    The work estimate reads only public inputs and grows with p (chain),
+    p² (copula correlation sums) and the joint histogram's cells.
+    """
+    columns = {f"x{i}": ColumnMeta(f"x{i}", "continuous", (-10.0, 10.0)) for i in range(250)}
+    meta = DatasetMeta(200, columns, allow_holdout=True)
+    params = MECH.load_params({"columns": list(columns), "reference": {
+        "kind": "holdout", "fraction": 0.25}})
+    assert MECH.cost(params, EPS, meta) == EPS
+    work = MECH.work(params, meta)
+    assert work.units == 200 * 250 * (64 + 16) and work.field == "params.columns"
+    small = DatasetMeta(10_000, dict(list(columns.items())[:20]))
+    copula = MECH.work(MECH.load_params({"columns": list(small.columns)}), small)
+    wider = DatasetMeta(10_000, dict(list(columns.items())[:40]))
+    copula40 = MECH.work(MECH.load_params({"columns": list(wider.columns)}), wider)
+    assert copula40.units > 3.5 * copula.units  # ~p² growth
+    joint = MECH.work(MECH.load_params({"columns": ["x0", "x1"], "reference": {
+        "kind": "dp", "bins": 1000}}), small)
+    assert joint.field == "params.reference.bins" and joint.units >= 1000**2 * 2 * 4
+    with pytest.raises(marshmallow.ValidationError):
+        MECH.load_params({"columns": [f"c{i}" for i in range(1001)]})
