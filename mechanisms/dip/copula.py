@@ -88,7 +88,8 @@ def bivariate_normal_cdf(
     t_h = np.where(h == 0.0, np.sign(k - rho * h) * 0.25, special.owens_t(h, a_h))
     t_k = np.where(k == 0.0, np.sign(h - rho * k) * 0.25, special.owens_t(k, a_k))
     both_zero = (h == 0.0) & (k == 0.0)
-    beta = np.where((h * k > 0) | ((h * k == 0) & (h + k >= 0)), 0.0, 0.5)
+    sign = np.sign(h) * np.sign(k)  # not h·k, which underflows to 0 for tiny h, k
+    beta = np.where((sign > 0) | ((sign == 0) & (h + k >= 0)), 0.0, 0.5)
     out = 0.5 * special.ndtr(h) + 0.5 * special.ndtr(k) - t_h - t_k - beta
     out = np.where(both_zero, 0.25 + np.arcsin(rho) / (2.0 * np.pi), out)
     return np.clip(out, 0.0, 1.0)
