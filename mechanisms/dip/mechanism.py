@@ -2,8 +2,10 @@
 
 Cost is the whole budget ε (every processed column counts, released or
 not). With the default ``dp`` reference a stated share of ε buys a noisy
-histogram estimate of the data's distribution and the rest runs DIP, so the
-whole release is ε-DP with every row released; ``parametric`` and
+histogram estimate of the data's distribution (a joint histogram up to 4
+columns; beyond, a Gaussian copula of per-column DP histograms and a DP
+correlation matrix, ``copula.py``) and the rest runs DIP, so the whole
+release is ε-DP with every row released; ``parametric`` and
 ``public`` references are public, so all of ε goes to DIP; ``holdout``
 spends ε on the released rows and leaves the hold-out rows outside DP
 (they are only never released; the guarantee says so).
