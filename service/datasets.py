@@ -185,3 +185,35 @@ def set_status(client: redis.Redis, dataset_id: str, status: str) -> dict[str, A
                 return dict(doc)
             except redis.WatchError:
                 continue
+
+
+#: rows held out so far: the largest hold-out (DIP's default splits are nested, so the
+#: rows that have served are those of the largest one) and how many releases used one
+_HOLDOUT_MAX = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'rows') or '0')
+if tonumber(ARGV[1]) > cur then redis.call('HSET', KEYS[1], 'rows', ARGV[1]) end
+return redis.call('HINCRBY', KEYS[1], 'releases', 1)
+"""
+
+
+def _holdout_key(dataset_id: str) -> str:
+    return f"{rkeys.dataset(dataset_id)}:holdout"
+
+
+def record_holdout(client: redis.Redis, dataset_id: str, payload: str) -> None:
+    """Count hold-out exposure after a committed release that held rows out of DP.
+
+    The release's result says so (``reference.kind == "holdout"`` with its
+    ``holdout_rows``); those rows are not protected by DP, so the operator
+    sees how many have served (spec §8.4: ``holdout_exposures``).
+    """
+    reference = json.loads(payload).get("result", {}).get("reference")
+    if not isinstance(reference, dict) or reference.get("kind") != "holdout":
+        return
+    client.eval(_HOLDOUT_MAX, 1, _holdout_key(dataset_id), int(reference["holdout_rows"]))
+
+
+def holdout_exposure(client: redis.Redis, dataset_id: str) -> dict[str, int]:
+    """Rows that have served as a hold-out reference, and the releases that used one."""
+    rows, count = client.hmget(_holdout_key(dataset_id), "rows", "releases")
+    return {"rows": int(rows or 0), "releases": int(count or 0)}

@@ -61,6 +61,9 @@ class DatasetSchema(Schema):
     public = fields.Boolean(metadata={"description": "public reference data, not private"})
     allow_holdout = fields.Boolean(metadata={
         "description": "dip may hold out rows of it as a reference NOT protected by DP"})
+    holdout_exposure = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={
+        "description": "operators only: rows that have served as a DIP hold-out (not"
+        " protected by DP; splits are nested, so the largest hold-out) and releases using one"})
     status = fields.String()
     created_at = fields.String()
 

@@ -172,6 +172,11 @@ def execute(release_id: str, worker: str) -> str:
             return finish(ledger.fail(dataset_id, run, json.dumps(releases.FAILED_AFTER_READ)),
                           "failed")
     outcome = ledger.commit(dataset_id, run, payload, table)
+    if outcome == "settled":
+        try:
+            datasets.record_holdout(client, dataset_id, payload)
+        except redis.RedisError:  # the release stands; only the operator's count misses it
+            log.error("hold-out exposure not recorded", extra={"release_id": release_id})
     if outcome == "settled" and table is not None:
         _outputs().prune(release_id, keep=table)  # tables of earlier runs that died
     elif table is not None:

@@ -10,6 +10,18 @@ point's cell — so released rows are near-copies of sample rows (spec §3.7,
 §7.1). With a hold-out this is the paper's method and its caveat: hold-out
 rows are protected only by not being released, never by DP.
 
+Ties (spec §7.3): a continuous column of the sample with repeated values
+(rounded money, ages in whole years) would give zero-width cells, and the
+released values would then BE the repeated raw values (95 % of them on
+rounded data). Ties are therefore jittered before the knots are made: every
+copy of a repeated value spreads uniformly over its cell between the
+midpoints to the neighbouring distinct sample values (clipped to the
+declared bounds), with fresh uniforms per release. Declared atoms keep their
+ties (they are public values). The jitter reads the reference sample only,
+never the released rows, so the DP guarantee of the released rows
+(conditional on the reference) is unchanged; the hold-out itself stays
+outside DP.
+
 Typos fixed (spec §3.7): the last branch of (9) is "0 if x_l <= d_{j−1,l}".
 d_0, which the paper leaves open, is the declared lower bound when there is
 one and d_1 − (d_m − d_1)/(m − 1) otherwise (spec §3.5).
@@ -23,7 +35,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.dip.continualize import Continualizer
+from mechanisms.dip.continualize import MAX_FINITE, Continualizer, Continuous, Mixed
 from mechanisms.dip.reference import Reference
 from mechanisms.dip.univariate import PiecewiseLinear
 
@@ -51,6 +63,43 @@ def split_holdout(n_rows: int, fraction: float) -> NDArray[np.bool_]:
     mask = np.zeros(n_rows, dtype=bool)
     mask[order[:m]] = True
     return mask
+
+
+def spread_ties(
+    z: NDArray[np.generic], cont: Continualizer, rng: np.random.Generator
+) -> NDArray[np.generic]:
+    """Clean sample values with repeated continuous values jittered over their cells.
+
+    A value v with neighbours v⁻ < v < v⁺ among the distinct sample values
+    owns ((v⁻ + v)/2, (v + v⁺)/2]; the outermost values mirror their inner
+    half-gap; a single distinct value owns (v − 1/2, v + 1/2]; all cells are
+    clipped to the declared bounds. Only values occurring more than once and
+    not declared atoms move, each copy to an independent uniform point of its
+    cell. Discrete columns are untouched: their continualization already
+    spreads them.
+    """
+    if not isinstance(cont, Continuous | Mixed):
+        return z
+    x = np.asarray(z, dtype=np.float64)
+    values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    tied = counts[inverse] > 1
+    if isinstance(cont, Mixed):
+        tied &= ~np.isin(x, cont.atoms)
+    if not tied.any():
+        return z
+    base = cont.base if isinstance(cont, Mixed) else cont
+    lo_end, hi_end = max(base.lower, -MAX_FINITE), min(base.upper, MAX_FINITE)
+    if values.size == 1:
+        left, right = values - 0.5, values + 0.5
+    else:
+        mids = values[:-1] + (values[1:] - values[:-1]) / 2.0
+        left = np.concatenate([[values[0] - (mids[0] - values[0])], mids])
+        right = np.concatenate([mids, [values[-1] + (values[-1] - mids[-1])]])
+    left, right = np.maximum(left, lo_end), np.minimum(right, hi_end)
+    k = inverse[tied]
+    out = x.copy()
+    out[tied] = left[k] + rng.random(k.size) * (right[k] - left[k])
+    return out
 
 
 def lower_knot(sorted_v: FloatArray, lower: float) -> float:
@@ -88,7 +137,8 @@ class Empirical(Reference):
         heights = np.arange(m + 1, dtype=np.float64) / m
         for c in self.columns:
             cont = self.continualizers[c]
-            v = cont.forward(cont.clean(sample[c]), rng.random(m))  # fresh U per sample row
+            clean = spread_ties(cont.clean(sample[c]), cont, rng)  # spec §7.3: no tied knots
+            v = cont.forward(clean, rng.random(m))  # fresh U per sample row
             order = np.argsort(v, kind="stable")
             d = v[order]
             rank = np.empty(m, dtype=np.int64)

@@ -2,8 +2,10 @@
 
 Cost is the whole budget ε (every processed column counts, released or
 not). With the default ``dp`` reference a stated share of ε buys a noisy
-histogram estimate of the data's distribution and the rest runs DIP, so the
-whole release is ε-DP with every row released; ``parametric`` and
+histogram estimate of the data's distribution (a joint histogram up to 4
+columns; beyond, a Gaussian copula of per-column DP histograms and a DP
+correlation matrix, ``copula.py``) and the rest runs DIP, so the whole
+release is ε-DP with every row released; ``parametric`` and
 ``public`` references are public, so all of ε goes to DIP; ``holdout``
 spends ε on the released rows and leaves the hold-out rows outside DP
 (they are only never released; the guarantee says so).
@@ -52,6 +54,7 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    Work,
     bounds_problem,
     read_epsilon,
 )
@@ -59,11 +62,20 @@ from mechanisms.dip import families
 from mechanisms.dip.accuracy import rank_correlation_at_scale
 from mechanisms.dip.chain import privatize
 from mechanisms.dip.continualize import Continualizer, Continuous, Lattice, Mixed
+from mechanisms.dip.copula import (
+    MAX_STEPS,
+    QUANTUM,
+    correlation_noise_scale,
+    correlation_noise_sd,
+    dp_copula,
+)
 from mechanisms.dip.empirical import Empirical, holdout_size, split_holdout
 from mechanisms.dip.histogram import (
     MAX_CELLS,
+    abs_noise_bound,
     default_bins,
     dp_histogram,
+    mean_abs_noise,
     noise_scale,
 )
 from mechanisms.dip.noise import (
@@ -78,7 +90,11 @@ from mechanisms.dip.univariate import finite
 
 #: budgets above this are refused as absurd (as for the baselines)
 MAX_HOLDOUT = 0.9
+#: the joint-histogram model's most columns (B^p cells); more columns use the copula
 MAX_DP_COLUMNS = 4
+#: vectorized passes over a record's value per column in the chain (work estimate)
+PASSES_PER_COLUMN = 64.0
+DEFAULT_CORRELATION_SHARE = 0.5
 MAX_BINS = 4096
 DEFAULT_SHARE = 0.5
 DEFAULT_FRACTION = 0.25
@@ -109,6 +125,15 @@ class Plan:
     fraction: float = 0.0
     share: float = 0.0
     dataset_id: str = ""
+    #: dp reference: "joint" (one histogram) or "copula" (marginals + correlations)
+    model: str = ""
+    correlation_share: float = 0.0
+    epsilon_corr: Fraction = Fraction(0)
+
+    @property
+    def epsilon_marginal(self) -> Fraction:
+        """The dp reference's ε for histograms (all columns together)."""
+        return self.epsilon_ref - self.epsilon_corr
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -304,9 +329,20 @@ class DipMechanism(Mechanism):
 
     @staticmethod
     def _plan_dp(plan: Plan, reference: Mapping[str, Any], meta: DatasetMeta) -> None:
-        if len(plan.columns) > MAX_DP_COLUMNS:
+        p = len(plan.columns)
+        model = reference.get("model") or ("joint" if p <= MAX_DP_COLUMNS else "copula")
+        if model == "joint" and p > MAX_DP_COLUMNS:
             raise MechanismInputError(
-                "params.columns", f"the dp reference takes at most {MAX_DP_COLUMNS} columns"
+                "params.reference.model", f"a joint histogram takes at most {MAX_DP_COLUMNS}"
+                " columns; use the copula model"
+            )
+        if model == "copula" and p < 2:
+            raise MechanismInputError(
+                "params.reference.model", "the copula model needs at least two columns"
+            )
+        if "correlation_share" in reference and model != "copula":
+            raise MechanismInputError(
+                "params.reference.correlation_share", "only the copula model has correlations"
             )
         for c in plan.columns:
             if c.type == "continuous" and _finite_bounds(c) is None:
@@ -314,10 +350,35 @@ class DipMechanism(Mechanism):
                     "params.columns", f"the dp reference needs finite declared bounds for"
                     f" column {c.name!r}"
                 )
+        plan.model = model
         conts = [plan.continualizers[n] for n in plan.names]
-        if noise_scale(plan.epsilon_ref) > sampling.MAX_SCALE:
+        if model == "copula":
+            share = reference.get("correlation_share", DEFAULT_CORRELATION_SHARE)
+            if not 0.0 < share < 1.0:
+                raise MechanismInputError(
+                    "params.reference.correlation_share", "must be in (0, 1)"
+                )
+            plan.correlation_share = share
+            plan.epsilon_corr = plan.epsilon_ref * _decimal(share)
+            if correlation_noise_scale(p, plan.epsilon_corr) > sampling.MAX_SCALE:
+                raise MechanismInputError(
+                    "budget.epsilon", "epsilon too small for the correlation noise"
+                )
+            histogram_epsilon = plan.epsilon_marginal / p
+            if meta.n_rows * (QUANTUM - 1) ** 2 >= 2**53:
+                raise MechanismInputError("params.reference.model", "too many rows for the"
+                                          " copula's exact correlation sums")
+        else:
+            histogram_epsilon = plan.epsilon_ref
+        if noise_scale(histogram_epsilon) > sampling.MAX_SCALE:
             raise MechanismInputError("budget.epsilon", "epsilon too small for the histogram")
-        auto = default_bins(meta.n_rows, float(plan.epsilon_ref), conts)
+        if model == "copula":
+            # one column each: the mean-bound minimiser (no one-bin-per-value rule; only
+            # categorical columns keep all their values, below)
+            one = default_bins(meta.n_rows, histogram_epsilon, [Continuous(0.0, 1.0)])[0]
+            auto = [min(one, c.max_bins() or one) for c in conts]
+        else:
+            auto = default_bins(meta.n_rows, histogram_epsilon, conts)
         raw = reference.get("bins")
         bins: dict[str, int] = {}
         for name, cont, default in zip(plan.names, conts, auto, strict=True):
@@ -334,8 +395,8 @@ class DipMechanism(Mechanism):
                     )
         if any(b > MAX_BINS for b in bins.values()):
             raise MechanismInputError("params.reference.bins", f"at most {MAX_BINS} per column")
-        cells = math.prod(len(cont.edges(bins[n])) - 1 for n, cont in zip(
-            plan.names, conts, strict=True))
+        sizes = [len(cont.edges(bins[n])) - 1 for n, cont in zip(plan.names, conts, strict=True)]
+        cells = sum(sizes) if model == "copula" else math.prod(sizes)
         if cells > MAX_CELLS:
             raise MechanismInputError(
                 "params.reference.bins", f"the joint histogram would have more than {MAX_CELLS}"
@@ -350,6 +411,42 @@ class DipMechanism(Mechanism):
     ) -> dict[str, Fraction]:
         plan = self.plan(params, budget, meta)
         return {"epsilon": plan.epsilon}
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        """An upper bound on the run's work from public inputs (p, N, bins, reference).
+
+        The chain: about ``PASSES_PER_COLUMN`` vectorized passes per record and
+        column (noise, uniformization, the reference's maps), times p for the
+        copula's O(p) conditional mean per column; a hold-out or public sample
+        is sorted per column; the joint histogram touches its cells per column;
+        the copula fit adds the n·p² correlation sums and, per pair, Owen's T
+        on 25 latent nodes times the pair's threshold grid (~100 units each).
+        The planning needs a budget; this reads only shapes, so it plans at ε = 1.
+        """
+        n = float(max(meta.n_rows, 1))
+        p = len(params["columns"])
+        units = n * p * PASSES_PER_COLUMN
+        field = "params.columns"
+        kind = (params.get("reference") or {}).get("kind", "dp")
+        if kind == "public":
+            units += n * p * 64.0  # a public sample of unknown size: counted as n rows
+        if kind in ("holdout", "public") and p > 1:
+            units += n * p * 16.0  # the box chain's lookups
+        if kind == "dp":
+            try:
+                plan = self.plan(params, {"epsilon": Fraction(1)}, meta)
+            except MechanismInputError:
+                return Work(units, field)
+            sizes = [len(plan.continualizers[c].edges(plan.bins[c])) - 1 for c in plan.names]
+            if plan.model == "copula":
+                units *= p
+                steps = [min(s, MAX_STEPS) for s in sizes]
+                pairs = sum(a * b for i, a in enumerate(steps) for b in steps[i + 1:])
+                units += n * p * p + pairs * 25.0 * 100.0
+            else:
+                units += float(math.prod(sizes)) * p * 4.0
+                field = "params.reference.bins"
+        return Work(units, field, "use fewer columns or bins")
 
     def accuracy(
         self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
@@ -388,25 +485,21 @@ class DipMechanism(Mechanism):
         out["invariance"] = invariance
         if plan.kind == "holdout":
             out["holdout_rows"] = plan.holdout
+            out["holdout_ties"] = (
+                "repeated values of a continuous hold-out column are jittered uniformly"
+                " between the midpoints to their neighbouring distinct hold-out values"
+                " (declared atoms excepted), so released values never equal them; the hold-out"
+                " is not protected by DP"
+            )
             if plan.holdout < ROWS_PER_COLUMN * p:
                 out["warnings"].append(
                     f"hold-out of {plan.holdout} rows for {p} columns: the released rows are"
                     " effectively a resample of few hold-out rows (fewer than 5 per column)"
                 )
-        if plan.kind == "dp":
-            scale = noise_scale(plan.epsilon_ref)
-            alpha = math.exp(-1.0 / scale)
-            mean_abs = 2.0 * alpha / -math.expm1(-2.0 / scale)
-            cells = math.prod(
-                len(plan.continualizers[n].edges(plan.bins[n])) - 1 for n in plan.names
-            )
-            out["histogram"] = {
-                "bins": dict(plan.bins),
-                "cells": cells,
-                "noise_scale": scale,
-                "mean_abs_noise_per_cell": mean_abs,
-                "tv_noise_approx": min(1.0, cells * mean_abs / (2.0 * meta.n_rows)),
-            }
+        if plan.kind == "dp" and plan.model == "copula":
+            out["copula"] = self._copula_accuracy(plan, meta)
+        elif plan.kind == "dp":
+            out["histogram"] = self._histogram_accuracy(plan, meta)
         out["statement"] = (
             f"Each record's {p} column(s) are perturbed with epsilon={float(plan.per_column):.4g}"
             f" each: the expected rank correlation between a record's input and output in each"
@@ -414,6 +507,93 @@ class DipMechanism(Mechanism):
             f" {invariance}."
         )
         return out
+
+    @classmethod
+    def _copula_accuracy(cls, plan: Plan, meta: DatasetMeta) -> dict[str, Any]:
+        """Each marginal's histogram bounds (one column, ε_marg/p) and the correlation noise."""
+        p = len(plan.columns)
+        per = plan.epsilon_marginal / p
+        marginals = {}
+        for c in plan.columns:
+            single = Plan((c,), plan.kind, plan.epsilon, per, plan.epsilon - per, plan.step,
+                          None, (c.name,), {c.name: plan.continualizers[c.name]},
+                          bins={c.name: plan.bins[c.name]})
+            marginals[c.name] = cls._histogram_accuracy(single, meta)
+        sd = correlation_noise_sd(p, plan.epsilon_corr, meta.n_rows)
+        return {
+            "model": "gaussian_copula",
+            "epsilon_per_marginal": float(per),
+            "epsilon_correlation": float(plan.epsilon_corr),
+            "marginals": marginals,
+            "correlation_noise_scale": correlation_noise_scale(p, plan.epsilon_corr),
+            "spearman_noise_sd": sd,
+            "correlation_noise_sd_max": math.pi / 3.0 * sd,
+            "statement": (
+                "marginals: each column's reference is its own noisy histogram (bounds as for a"
+                " one-column dp reference at epsilon_per_marginal); dependence: a Gaussian copula"
+                " whose correlations carry noise of standard deviation at most"
+                " correlation_noise_sd_max each (plus sampling error ~1/sqrt(n)) and keep only"
+                " pairwise monotone dependence; categorical codes enter in their declared order"
+            ),
+        }
+
+    @staticmethod
+    def _histogram_accuracy(plan: Plan, meta: DatasetMeta) -> dict[str, Any]:
+        """What the noisy histogram does to the reference, from public inputs only.
+
+        Projection onto {c >= 0, Σc = N} moves at most 2·max(Ση⁺, Ση⁻) <= 2Σ|η|
+        of count (its shift τ has one sign), so TV(reference, exact binned
+        histogram) <= Σ|η|/N: in expectation C·E|η|/N, with 95 % probability
+        the Chernoff bound ``abs_noise_bound``/N. For a numeric column of range
+        R with bins at most w wide the reference's mean is then within
+        R·TV + w/2 of the data's mean, and its q-quantile lies between the
+        data's (q − TV)- and (q + TV)-quantiles widened by w.
+        """
+        scale = noise_scale(plan.epsilon_ref)
+        mean_abs = mean_abs_noise(scale)
+        n = meta.n_rows
+        cells = math.prod(
+            len(plan.continualizers[name].edges(plan.bins[name])) - 1 for name in plan.names
+        )
+        tv = min(1.0, cells * mean_abs / n)
+        tv95 = min(1.0, abs_noise_bound(scale, cells) / n)
+        columns: dict[str, Any] = {}
+        for c in plan.columns:
+            if c.type == "categorical":
+                continue
+            cont = plan.continualizers[c.name]
+            base = cont.base if isinstance(cont, Mixed) else cont
+            edges = base.edges(plan.bins[c.name])
+            width = float(np.max(np.diff(edges)))
+            lo, hi = (float(edges[0]), float(edges[-1]))
+            if isinstance(base, Lattice):
+                lo, width = lo + 1.0, width - 1.0  # integers lo..hi; a bin holds width of them
+            span = hi - lo
+            columns[c.name] = {
+                "bin_span": width,
+                "mean_error_bound": span * tv + width / 2.0,
+                "mean_error_bound_95": span * tv95 + width / 2.0,
+                "quantile_level_shift_95": tv95,
+                "quantile_value_slack": width,
+            }
+        return {
+            "bins": dict(plan.bins),
+            "cells": cells,
+            "noise_scale": scale,
+            "mean_abs_noise_per_cell": mean_abs,
+            "tv_noise_approx": min(1.0, cells * mean_abs / (2.0 * n)),
+            "tv_bound": tv,
+            "tv_bound_95": tv95,
+            "columns": columns,
+            "statement": (
+                "reference vs data: total variation at most tv_bound in expectation and"
+                " tv_bound_95 with probability 0.95; so each numeric column's reference mean is"
+                " within mean_error_bound(_95) of the data's mean, and its q-quantile lies between"
+                " the data's (q - tv_bound_95)- and (q + tv_bound_95)-quantiles, widened by one"
+                " bin width (quantile_value_slack). The released rows add sampling error of"
+                " about the column's standard deviation / sqrt(n)."
+            ),
+        }
 
     def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:
         reference = params.get("reference") or {}
@@ -506,6 +686,10 @@ class DipMechanism(Mechanism):
         elif plan.kind == "public":
             sample = self._public_sample(params, plan, meta)
             reference = Empirical(sample, plan.continualizers, rng)
+            private = columns
+        elif plan.model == "copula":
+            reference = dp_copula(columns, plan.continualizers, plan.bins,
+                                  plan.epsilon_marginal, plan.epsilon_corr, rng)
             private = columns
         else:
             reference = dp_histogram(
@@ -602,7 +786,9 @@ class DipMechanism(Mechanism):
         if plan.kind == "holdout":
             reference.update(fraction=plan.fraction, holdout_rows=plan.holdout)
         elif plan.kind == "dp":
-            reference.update(share=plan.share, bins=dict(plan.bins))
+            reference.update(share=plan.share, bins=dict(plan.bins), model=plan.model)
+            if plan.model == "copula":
+                reference.update(correlation_share=plan.correlation_share)
         elif plan.kind == "public":
             reference.update(dataset_id=plan.dataset_id)
         return {
@@ -632,6 +818,14 @@ class DipMechanism(Mechanism):
             f"; epsilon={_fmt(plan.per_column)} per column over {p} column(s), exact discrete"
             " Laplace noise"
         )
+        if plan.kind == "dp" and plan.model == "copula":
+            return (
+                f"{core}: {_fmt(plan.epsilon_ref)} for a Gaussian-copula estimate of the"
+                f" distribution ({_fmt(plan.epsilon_marginal / p)} for each of {p} marginal"
+                f" histograms and {_fmt(plan.epsilon_corr)} for the correlation matrix) and"
+                f" {_fmt(plan.epsilon_dip)} for DIP{split}), {PRIVACY_UNIT}; every row is"
+                " released and protected by DP"
+            )
         if plan.kind == "dp":
             return (
                 f"{core}: {_fmt(plan.epsilon_ref)} for a noisy-histogram estimate of the"
@@ -653,5 +847,8 @@ class DipMechanism(Mechanism):
             f" {PRIVACY_UNIT}. CAVEAT: the {plan.holdout} hold-out rows are NOT protected by"
             " differential privacy; they are protected only by not being released. They define"
             " the reference distribution: released values never leave the hold-out's range,"
-            " and released rows can closely reproduce hold-out rows."
+            " and released rows can closely reproduce hold-out rows. Repeated values of a"
+            " continuous hold-out column are jittered within the gap to their neighbouring"
+            " hold-out values (fresh per release) so that no released value equals one; the"
+            " operator's dataset view counts the rows that have served as hold-out."
         )

@@ -11,7 +11,8 @@
 
 Reference kinds: ``{"kind": "parametric", "family": ..., "params": {...}}``,
 ``{"kind": "holdout", "fraction": 0.25}``, ``{"kind": "public", "dataset_id": ...,
-"columns": {private: public}}``, ``{"kind": "dp", "share": 0.5, "bins": 32 | {column: n}}``.
+"columns": {private: public}}``, ``{"kind": "dp", "share": 0.5, "bins": 32 | {column: n},
+"model": "joint" | "copula", "correlation_share": 0.5}``.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "parametric": ("family", "params"),
     "holdout": ("fraction",),
     "public": ("dataset_id", "columns"),
-    "dp": ("share", "bins"),
+    "dp": ("share", "bins", "model", "correlation_share"),
 }
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "parametric": ("family",),
     "public": ("dataset_id",),
 }
-MAX_COLUMNS = 64
+#: columns a release may process; the run's work (``DipMechanism.work``, from p, n, bins
+#: and the reference kind) is what the service bounds (e.g. Table 1's p = 250)
+MAX_COLUMNS = 1000
 MAX_ATOMS = 1000
 
 
@@ -84,6 +87,12 @@ class ReferenceSchema(Schema):
         "description": "public: column of this dataset -> column of the public one"})
     share = fields.Float(allow_nan=False, metadata={
         "description": "dp: share of epsilon spent on the histogram, in (0, 1); default 0.5"})
+    model = fields.String(validate=validate.OneOf(("joint", "copula")), metadata={
+        "description": "dp: joint (one histogram, at most 4 columns; default up to 4) or"
+        " copula (a DP histogram per column and a DP correlation matrix; default beyond 4)"})
+    correlation_share = fields.Float(allow_nan=False, metadata={
+        "description": "dp copula: share of the reference's epsilon spent on the correlation"
+        " matrix, in (0, 1); default 0.5"})
     bins = _Bins(metadata={
         "description": "dp: bins per numeric column (an integer or column -> integer);"
         " default from n and epsilon"})

@@ -145,8 +145,12 @@ def list_datasets() -> list[dict[str, Any]]:
 @problems(blp, *AUTH, 403, 404)
 @blp.response(200, DatasetSchema)
 def show(dataset_id: str) -> dict[str, Any]:
-    """One dataset's public metadata."""
-    return dataset_or_404(dataset_id)
+    """One dataset's public metadata (operators also see its hold-out exposure)."""
+    doc = dataset_or_404(dataset_id)
+    if current_key().role == "operator":
+        redis_client = current_app.extensions["redis"]
+        doc = {**doc, "holdout_exposure": datasets.holdout_exposure(redis_client, dataset_id)}
+    return doc
 
 
 @blp.route("/<dataset_id>", methods=["DELETE"])

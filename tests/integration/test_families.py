@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from service import apikeys
 from tests.integration.conftest import Api
 
 
@@ -243,7 +244,42 @@ def test_dip_holdout_only_where_the_operator_allows_it(api: Api, worker: Any) ->
 
     consenting = api.upload(csv, {**meta, "allow_holdout": True}).get_json()
     assert consenting["allow_holdout"] is True
+    assert api.get(f"/v1/datasets/{consenting['id']}").get_json()["holdout_exposure"] == {
+        "rows": 0, "releases": 0}
     doc = _release(api, consenting["id"], "dip", params, {"epsilon": 1})
     assert doc["result"]["n_rows"] == n - 50 and "NOT protected" in doc["guarantee"]
+    # issue #16 item 9: the operator sees the hold-out's exposure (nested splits: the
+    # largest hold-out's rows); analysts never do; a non-hold-out release adds nothing
+    _release(api, consenting["id"], "dip", {**params, "reference": {
+        "kind": "holdout", "fraction": 0.1}}, {"epsilon": 0.5})
+    _release(api, consenting["id"], "dip", {"columns": ["x"]}, {"epsilon": 0.25})
+    seen = api.get(f"/v1/datasets/{consenting['id']}").get_json()
+    assert seen["holdout_exposure"] == {"rows": 50, "releases": 2}
+    _, token = apikeys.create(api.client.application.extensions["redis"], "analyst")
+    analyst = Api(api.client, token).get(f"/v1/datasets/{consenting['id']}").get_json()
+    assert "holdout_exposure" not in analyst and analyst["id"] == consenting["id"]
     bad = api.upload(csv, {**meta, "allow_holdout": "yes"})
     assert bad.status_code == 422 and bad.get_json()["field"] == "metadata.allow_holdout"
+
+
+def test_dip_takes_more_than_64_columns(api: Api, worker: Any) -> None:
+    """Issue #16 item 8: the graphical-lasso study (spec §5.3) needs p = 250 > 64 columns.
+
+    80 columns, 120 rows, a hold-out reference: accepted, run, every column
+    released; the dp reference's copula model takes them too.
+    """
+    n, p = 120, 80
+    rng = np.random.default_rng(5)
+    values = rng.normal(size=(n, p))
+    header = ",".join(f"x{j}" for j in range(p))
+    csv = header + "\n" + "".join(",".join(f"{v:.5f}" for v in row) + "\n" for row in values)
+    meta = {"name": "wide", "budgets": {"epsilon": 4}, "allow_holdout": True,
+            "columns": {f"x{j}": {"type": "continuous", "bounds": [-6, 6]} for j in range(p)}}
+    ds = api.upload(csv, meta).get_json()["id"]
+    columns = [f"x{j}" for j in range(p)]
+    doc = _release(api, ds, "dip", {"columns": columns, "reference": {
+        "kind": "holdout", "fraction": 0.25}}, {"epsilon": 1})
+    assert doc["result"]["n_rows"] == n - 30 and doc["result"]["columns"] == columns
+    doc = _release(api, ds, "dip", {"columns": columns}, {"epsilon": 2})
+    assert doc["result"]["reference"]["model"] == "copula"
+    assert doc["result"]["n_rows"] == n

@@ -20,10 +20,12 @@ from mechanisms.dip import (
     Continuous,
     Empirical,
     Lattice,
+    Mixed,
     holdout_size,
     privatize,
     split_holdout,
 )
+from mechanisms.dip.empirical import spread_ties
 
 
 def test_split_is_nested_data_independent_and_sized() -> None:
@@ -133,3 +135,54 @@ def test_table2_regression_error_within_15_percent(
     assert _table2_cell(n_total, p, fraction, reps, seed=p + int(fraction * 100)) == pytest.approx(
         paper, rel=0.15
     )
+
+
+def test_tied_holdout_values_are_jittered_not_released() -> None:
+    """Spec §7.3 ties: rounded continuous data must not come back as raw hold-out values.
+
+    Catches issue #16 item 9: with salaries rounded to $1,000 (and ages to
+    whole years) 88–95 % of released values equalled a raw hold-out value,
+    because tied knots made zero-width cells. Now none does, in one column
+    or in the box chain, and the release still tracks the private part
+    (KS within the hold-out's own distance plus a 1e-6-level fluctuation,
+    the rounding's half-step included).
+    """
+    rng = np.random.default_rng(5)
+    n_total = 8_000
+    wage = np.round(rng.lognormal(10.0, 1.0, n_total), -3)
+    age = np.round(rng.uniform(18.0, 90.0, n_total))
+    held = split_holdout(n_total, 0.25)
+    conts = {"wage": Continuous(0.0, 1e6), "age": Continuous(0.0, 100.0)}
+    for columns in (("wage",), ("wage", "age")):
+        data = {"wage": wage, "age": age}
+        ref = Empirical({c: data[c][held] for c in columns}, conts, rng)
+        out = privatize({c: data[c][~held] for c in columns}, ref, 1.0, rng)
+        for c in columns:
+            assert not np.isin(out[c], data[c][held]).any()
+            assert out[c].min() >= 0.0 and out[c].max() <= conts[c].upper
+    hold, private = wage[held], wage[~held]
+    ref = Empirical({"wage": hold}, conts, rng)
+    out = privatize({"wage": private}, ref, 1.0, rng)["wage"]
+    slack = float(stats.kstwobign.isf(1e-6)) * math.sqrt(1 / out.size + 1 / private.size)
+    # the jitter smooths each $1,000 step: compare with the data's own half-step blur
+    blurred = private + rng.uniform(-500.0, 500.0, private.size)
+    assert stats.ks_2samp(out, blurred).statistic <= 2 * stats.ks_2samp(hold, private).statistic \
+        + slack
+
+
+def test_spread_ties_exact_cells() -> None:
+    """Each tied copy stays in its midpoint cell (clipped to bounds); atoms and singletons stay."""
+    rng = np.random.default_rng(0)
+    z = np.array([0.0, 0.0, 1.0, 3.0, 3.0, 3.0, 7.0, 2.0])
+    out = spread_ties(z, Continuous(0.0, 10.0), rng)
+    assert out[2] == 1.0 and out[6] == 7.0 and out[7] == 2.0  # singletons are untouched
+    assert np.all((out[:2] > 0.0) & (out[:2] <= 0.5))  # (max(0 − 0.5, 0), 0.5]
+    assert np.all((out[3:6] > 2.5) & (out[3:6] <= 5.0))  # ((2 + 3)/2, (3 + 7)/2]
+    assert len(set(out.tolist())) == out.size  # no ties left
+    mixed = spread_ties(z, Mixed([0.0], 0.0, 10.0), rng)
+    assert np.all(mixed[:2] == 0.0)  # a declared atom keeps its ties
+    assert np.all((mixed[3:6] > 2.5) & (mixed[3:6] <= 5.0))
+    lattice = np.array([1, 1, 2])
+    assert spread_ties(lattice, Lattice(0, 5), rng) is lattice
+    single = spread_ties(np.array([4.0, 4.0]), Continuous(), rng)
+    assert np.all((single > 3.5) & (single <= 4.5)) and single[0] != single[1]

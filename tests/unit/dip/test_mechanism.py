@@ -244,15 +244,30 @@ def test_holdout_needs_the_operators_consent() -> None:
     assert MECH.cost(MECH.load_params({"columns": ["wage"]}), EPS, private) == EPS
 
 
-def test_dp_reference_takes_at_most_four_columns() -> None:
+def test_dp_reference_beyond_four_columns_uses_the_copula() -> None:
+    """Issue #16 item 6: five columns used to be refused; now the copula model takes them."""
     columns = {f"c{i}": ColumnMeta(f"c{i}", "continuous", (0.0, 1.0)) for i in range(5)}
     meta = DatasetMeta(N, columns, allow_holdout=True)
     four = MECH.load_params({"columns": list(columns)[:4]})
     assert MECH.cost(four, EPS, meta) == EPS
+    assert MECH.accuracy(four, EPS, meta)["histogram"]["cells"] > 0  # joint up to 4
     five = MECH.load_params({"columns": list(columns)})
+    assert MECH.cost(five, EPS, meta) == EPS
+    acc = MECH.accuracy(five, EPS, meta)["copula"]
+    assert acc["epsilon_per_marginal"] == pytest.approx(float(EPS["epsilon"]) / 4 / 5)
+    assert acc["epsilon_correlation"] == pytest.approx(float(EPS["epsilon"]) / 4)
+    joint = MECH.load_params({"columns": list(columns), "reference": {
+        "kind": "dp", "model": "joint"}})
     with pytest.raises(MechanismInputError) as info:
-        MECH.cost(five, EPS, meta)
-    assert info.value.field == "params.columns" and "at most 4" in info.value.message
+        MECH.cost(joint, EPS, meta)
+    assert info.value.field == "params.reference.model" and "at most 4" in info.value.message
+    for bad in ({"model": "copula", "correlation_share": 1.0},
+                {"model": "joint", "correlation_share": 0.5}):
+        params = MECH.load_params({"columns": list(columns)[:2], "reference": {
+            "kind": "dp", **bad}})
+        with pytest.raises(MechanismInputError) as info:
+            MECH.cost(params, EPS, meta)
+        assert info.value.field == "params.reference.correlation_share"
     holdout = MECH.load_params({"columns": list(columns), "reference": {"kind": "holdout"}})
     assert MECH.cost(holdout, EPS, meta) == EPS
 
@@ -307,3 +322,28 @@ def test_fresh_randomness_gives_fresh_noise() -> None:
     assert not np.array_equal(one["wage"], two["wage"])
     again = _release({"columns": ["wage"]}, seed=1).table
     assert again is not None and np.array_equal(one["wage"], again["wage"])
+
+
+def test_many_columns_are_planned_with_bounded_work() -> None:
+    """Issue #16 item 8: Table 1 has p = 250 columns; the schema stopped at 64.
+
+    The work estimate reads only public inputs and grows with p (chain),
+    p² (copula correlation sums) and the joint histogram's cells.
+    """
+    columns = {f"x{i}": ColumnMeta(f"x{i}", "continuous", (-10.0, 10.0)) for i in range(250)}
+    meta = DatasetMeta(200, columns, allow_holdout=True)
+    params = MECH.load_params({"columns": list(columns), "reference": {
+        "kind": "holdout", "fraction": 0.25}})
+    assert MECH.cost(params, EPS, meta) == EPS
+    work = MECH.work(params, meta)
+    assert work.units == 200 * 250 * (64 + 16) and work.field == "params.columns"
+    small = DatasetMeta(10_000, dict(list(columns.items())[:20]))
+    copula = MECH.work(MECH.load_params({"columns": list(small.columns)}), small)
+    wider = DatasetMeta(10_000, dict(list(columns.items())[:40]))
+    copula40 = MECH.work(MECH.load_params({"columns": list(wider.columns)}), wider)
+    assert copula40.units > 3.5 * copula.units  # ~p² growth
+    joint = MECH.work(MECH.load_params({"columns": ["x0", "x1"], "reference": {
+        "kind": "dp", "bins": 1000}}), small)
+    assert joint.field == "params.reference.bins" and joint.units >= 1000**2 * 2 * 4
+    with pytest.raises(marshmallow.ValidationError):
+        MECH.load_params({"columns": [f"c{i}" for i in range(1001)]})
