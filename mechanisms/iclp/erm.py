@@ -29,6 +29,7 @@ Newton steps until it holds).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
@@ -52,6 +53,16 @@ _MAX_REFINE = 8
 #: exact per-bin response sums (2^30 lattice units per B, 2^53 exact) and a certifiable solve
 MAX_ROWS = 2**22
 _U = 2.0**-53
+
+
+def proxy_psi(privacy_mse: Callable[[float], float], radius_sq: float) -> float:
+    """The ψ of ``PSI_GRID`` minimising privacy MSE(ψ) + ψ·R²/4: public inputs only.
+
+    ψR²/4 bounds the squared shrinkage bias of a ridge (QR) estimator whose target has
+    norm <= R in the penalised RKHS (xψ/(x + ψ)² <= 1/4 per eigen-direction); R is taken
+    from the public bounds (B for ERM, τ² for the second moment).
+    """
+    return min(PSI_GRID, key=lambda p: privacy_mse(p) + p * radius_sq / 4.0)
 
 
 class SolveError(ArithmeticError):
@@ -254,8 +265,7 @@ def plan_iclp_erm(
     rel_floor: float = spectral.REL_FLOOR,
 ) -> ErmPlan:
     """Calibrate an ERM release. Defaults: Matérn(3/2, 0.1), η = 1 + 2/β, M = 100, and ψ
-    minimising the public proxy privacy MSE(ψ) + ψ·B² over ``PSI_GRID`` (the ridge bias of
-    a target with ‖f‖_{H_{C^η}} <= B is at most ψB²; B = 1 for the logistic loss)."""
+    from ``proxy_psi`` with R = B (B = 1 for the logistic loss)."""
     lo, hi = (float(v) for v in covariate_bounds)
     ylo, yhi = (float(v) for v in response_bounds)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
@@ -289,11 +299,10 @@ def plan_iclp_erm(
         lip = lipschitz(loss, kappa, bound, p)
         return erm_sensitivity(eig.values, kappa, lip, n, eta, p)
 
-    psi_rule = "given" if psi is not None else "min privacy MSE + psi*B^2"
+    psi_rule = "given" if psi is not None else "min privacy MSE + psi*B^2/4"
     if psi is None:
-        trace = eig.trace
-        psi = min(PSI_GRID, key=lambda p: 2.0 * delta(p) ** 2 * trace / float(epsilon) ** 2
-                  + p * bound**2)
+        trace, eps2 = eig.trace, float(epsilon) ** 2
+        psi = proxy_psi(lambda p: 2.0 * delta(p) ** 2 * trace / eps2, bound**2)
     psi = float(psi)
     if not (math.isfinite(psi) and psi > 0):
         raise ValueError("psi must be a finite number > 0")
