@@ -144,7 +144,8 @@ class ErmPlan:
             resp = np.clip(np.rint((ys - self.centre) / step) * step, -self.bound, self.bound)
         m = self.eig.positions.size
         counts = np.bincount(index, minlength=m).astype(np.float64)
-        sums = np.bincount(index, weights=resp, minlength=m)
+        sums: NDArray[np.float64] = np.bincount(index, weights=resp, minlength=m).astype(
+            np.float64)
         return counts, sums
 
     def solve(self, counts: NDArray[np.float64], sums: NDArray[np.float64]) -> NDArray[
@@ -152,7 +153,7 @@ class ErmPlan:
     ]:
         """â, certified within SOLVE_TOLERANCE·Lκ/(nψ) of the exact minimiser (ℓ2)."""
         b = self.features
-        n, psi = float(self.n), self.psi
+        psi = self.psi
         a = np.zeros(b.shape[1])
         for _ in range(_MAX_REFINE):
             grad, slack, hess = self._gradient(b, counts, sums, a)
