@@ -49,6 +49,7 @@ ENTRY_MODULES = [
     "mechanisms.interval.audit",
     "mechanisms.subset.audit",
     "mechanisms.noiseless.audit",
+    "mechanisms.iclp.audit",
 ]
 
 _ENTRIES: dict[str, AuditFn] = {}

@@ -15,8 +15,10 @@ import pytest
 from mechanisms import registry
 from mechanisms.audit import dp
 from mechanisms.audit.entries import entries, run
+from mechanisms.iclp import audit as iclp_audit
 
-DP = sorted(dp.PLANS)
+PLANS = {**dp.PLANS, **iclp_audit.PLANS}
+DP = sorted(PLANS)
 
 
 def test_every_registered_mechanism_has_an_audit_entry() -> None:
@@ -40,7 +42,7 @@ def test_dp_entry_passes_and_catches_its_controls(name: str) -> None:
     assert report.certified <= report.charged
 
 
-SCENARIOS = [(name, s) for name in DP for s in dp.PLANS[name]().honest]
+SCENARIOS = [(name, s) for name in DP for s in PLANS[name]().honest]
 
 
 @pytest.mark.parametrize("name,scenario", SCENARIOS,
@@ -63,7 +65,7 @@ def test_neighbours_attain_the_claimed_loss() -> None:
     two lattice centres under the claimed noise is within 0.2% of ε (bernstein.kde's
     sup-norm calibration is loose by design: it reaches half)."""
     for name in ("iclp.mean", "frl.mean", "iclp.kde", "bernstein.kde"):
-        for s in dp.PLANS[name]().honest:
+        for s in PLANS[name]().honest:
             plan = s.mech._calibrated(s.params, s.cost["epsilon"], s.meta)  # type: ignore[attr-defined]
             col = s.params["column"]
             a, b = (plan.noise.centre(plan.summary(d[col])) for d in s.pair)
