@@ -219,9 +219,9 @@ def test_kde2d_sensitivity_bounds_the_exact_pairwise_maximum() -> None:
     m = 8
     rows = []
     for k in range(m):
-        for l in range(m):
+        for q in range(m):
             counts = np.zeros((m, m))
-            counts[k, l] = 1
+            counts[k, q] = 1
             inner = plan.axes[0].vectors.T @ counts @ plan.axes[1].vectors
             rows.append((plan.filter * inner).ravel())
     c = np.asarray(rows) / plan.noise.shape
