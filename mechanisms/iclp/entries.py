@@ -320,6 +320,14 @@ class _MultiColumn(_FunctionMechanism):
         return plan.summary(*columns)
 
 
+def _bounded(meta: DatasetMeta, name: str, field: str, mechanism: str) -> tuple[float, float]:
+    """A continuous column's finite declared bounds; errors name ``field``."""
+    try:
+        return _density_column(meta, name, mechanism)
+    except MechanismInputError as exc:
+        raise MechanismInputError(field, exc.message) from None
+
+
 def _smoothing(p: Mapping[str, Any]) -> tuple[float | None, float | None]:
     s = p.get("smoothing", {})
     return _auto(s.get("eta")), _auto(s.get("psi"))
@@ -343,7 +351,7 @@ class IclpErm(_MultiColumn):
         return [params["covariate"], params["response"]]
 
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
-        xb = _density_column(meta, p["covariate"], self.name)
+        xb = _bounded(meta, p["covariate"], "params.covariate", self.name)
         yb = check_numeric_column(meta.column(p["response"], "params.response"),
                                   "params.response")
         eta, psi = _smoothing(p)
@@ -415,7 +423,10 @@ class IclpFos(_MultiColumn):
         return Work(float(max(meta.n_rows, 1)) * m * (m + p), "params.response")
 
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
-        grid, tau = _functional_column(meta, p["response"], self.name)
+        try:
+            grid, tau = _functional_column(meta, p["response"], self.name)
+        except MechanismInputError as exc:
+            raise MechanismInputError("params.response", exc.message) from None
         bounds = []
         for i, name in enumerate(p["covariates"]):
             field = f"params.covariates.{i}"
@@ -441,7 +452,8 @@ class IclpKde2d(_MultiColumn):
         return list(params["columns"])
 
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
-        bounds = tuple(_density_column(meta, name, self.name) for name in p["columns"])
+        bounds = tuple(_bounded(meta, name, f"params.columns.{i}", self.name)
+                       for i, name in enumerate(p["columns"]))
         eta = _auto(p.get("eta"))
         if eta is not None and eta <= 1.0:
             raise MechanismInputError("params.eta", "eta must be > 1 for the KDE")

@@ -52,3 +52,61 @@ def test_largest_advertised_grid_uploads_and_releases(api: Api, worker: Any) -> 
     resp = api.upload(wide, meta)
     assert resp.status_code == 422
     assert f"more than {MAX_CSV_FIELDS} columns" in str(resp.get_json())
+
+
+def _release(api: Api, ds: str, mechanism: str, params: dict[str, Any],
+             epsilon: float) -> dict[str, Any]:
+    resp = api.post("/v1/releases", {"dataset_id": ds, "mechanism": mechanism,
+                                     "params": params, "budget": {"epsilon": epsilon},
+                                     "seed": 5})
+    assert resp.status_code == 202, resp.get_json()
+    doc = api.wait(resp.get_json()["id"], timeout=60)
+    assert doc["status"] == "succeeded", doc
+    png = api.get(f"/v1/releases/{doc['id']}/plot.png")
+    assert png.status_code == 200 and png.mimetype == "image/png"
+    return doc
+
+
+def test_functionals_release_and_plot(api: Api, worker: Any) -> None:
+    """iclp.erm, iclp.cov, iclp.fos and iclp.kde2d through HTTP: each charges exactly its
+    ε, returns its shape (curve / surface / curves) and draws a plot."""
+    rng = np.random.default_rng(11)
+    n, m = 300, 20
+    grid = np.linspace(0.0, 1.0, m)
+    x = rng.uniform(0, 1, n)
+    y = np.clip(2 * x - 1 + 0.2 * rng.normal(size=n), -1, 1)
+    z = rng.uniform(-1, 1, n)
+    curves = np.sin(np.pi * grid) + np.outer(z, grid) + 0.1 * rng.normal(size=(n, m))
+    header = ["x", "y", "z"] + [f"f.{i}" for i in range(m)]
+    lines = [",".join(header)] + [
+        ",".join([f"{x[i]:.5f}", f"{y[i]:.5f}", f"{z[i]:.5f}"] + [f"{v:.5f}" for v in curves[i]])
+        for i in range(n)]
+    meta = {"name": "functionals", "budgets": {"epsilon": 10}, "columns": {
+        "x": {"type": "continuous", "bounds": [0, 1]},
+        "y": {"type": "continuous", "bounds": [-1, 1]},
+        "z": {"type": "continuous", "bounds": [-1, 1]},
+        "f": {"type": "functional", "grid": grid.tolist(), "norm_bound": 3}}}
+    resp = api.upload("\n".join(lines) + "\n", meta)
+    assert resp.status_code == 201, resp.get_json()
+    ds = resp.get_json()["id"]
+
+    erm = _release(api, ds, "iclp.erm", {"covariate": "x", "response": "y"}, 2)
+    fit = np.array(erm["result"]["values"])
+    assert fit.shape == (100,) and erm["cost"]["epsilon"] in ("2", 2, 2.0)
+    assert np.corrcoef(fit, erm["result"]["grid"])[0, 1] > 0.5  # increasing in x
+    cov = _release(api, ds, "iclp.cov", {"column": "f"}, 2)
+    values = np.array(cov["result"]["values"])
+    assert values.shape == (m, m) and np.array_equal(values, values.T)
+    assert cov["accuracy"]["epsilon_split"] == {"second_moment": "3/2", "mean": "1/2"}
+    fos = _release(api, ds, "iclp.fos", {"response": "f", "covariates": ["z"]}, 2)
+    assert np.array(fos["result"]["values"]).shape == (2, m)
+    assert fos["result"]["names"] == ["(intercept)", "z"]
+    kde = _release(api, ds, "iclp.kde2d", {"columns": ["x", "z"], "grid_size": 16}, 1)
+    density = np.array(kde["result"]["values"])
+    assert density.shape == (16, 16) and np.all(density >= 0)
+    spent = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+    assert spent["committed"] == 7.0
+    bad = api.post("/v1/releases", {"dataset_id": ds, "mechanism": "iclp.erm",
+                                    "params": {"covariate": "f", "response": "y"},
+                                    "budget": {"epsilon": 1}})
+    assert bad.status_code == 422 and bad.get_json()["field"] == "params.covariate"

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mechanisms import registry
+from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.iclp import cov, erm, fos, kde2d, mean, spectral
 
 SEEDS = st.integers(0, 2**32 - 1)
@@ -248,3 +250,56 @@ def test_kde2d_normalised_density() -> None:
     assert v.shape == (24, 24) and np.all(v >= 0)
     assert float(np.sum(v)) * 4 / v.size == pytest.approx(1.0, rel=1e-12)
     assert np.abs(v - 0.25).mean() < 0.1  # uniform density 1/4 on the 2 x 2 box
+
+
+# --------------------------------------------------------------------------- registry entries
+
+
+def _meta() -> DatasetMeta:
+    grid = tuple(float(t) for t in np.linspace(0, 1, 10))
+    return DatasetMeta(50, {
+        "x": ColumnMeta("x", "continuous", bounds=(0.0, 1.0)),
+        "y": ColumnMeta("y", "continuous", bounds=(-1.0, 1.0)),
+        "b": ColumnMeta("b", "integer", bounds=(0, 1)),
+        "g": ColumnMeta("g", "categorical", categories=("a", "b")),
+        "f": ColumnMeta("f", "functional", grid=grid, norm_bound=1.0),
+        "wide": ColumnMeta("wide", "functional", grid=tuple(range(201)), norm_bound=1.0),
+    })
+
+
+@pytest.mark.parametrize(("name", "raw", "field"), [
+    ("iclp.erm", {"covariate": "f", "response": "y"}, "params.covariate"),
+    ("iclp.erm", {"covariate": "x", "response": "g"}, "params.response"),
+    ("iclp.erm", {"covariate": "x", "response": "y", "loss": "logistic"}, "params.response"),
+    ("iclp.erm", {"covariate": "x", "response": "b", "smoothing": {"eta": 1}},
+     "params.smoothing.eta"),
+    ("iclp.cov", {"column": "wide"}, "params.column"),
+    ("iclp.cov", {"column": "x"}, "params.column"),
+    ("iclp.fos", {"response": "x", "covariates": ["y"]}, "params.response"),
+    ("iclp.fos", {"response": "f", "covariates": ["g"]}, "params.covariates.0"),
+    ("iclp.kde2d", {"columns": ["x", "f"]}, "params.columns.1"),
+])
+def test_entries_name_the_field_that_does_not_fit(name: str, raw: dict[str, object],
+                                                  field: str) -> None:
+    mech = registry.get(name)
+    with pytest.raises(MechanismInputError) as info:
+        mech.cost(mech.load_params(raw), {"epsilon": Fraction(1)}, _meta())
+    assert info.value.field == field
+
+
+def test_entries_charge_exactly_their_epsilon() -> None:
+    meta = _meta()
+    for name, raw in (("iclp.erm", {"covariate": "x", "response": "b", "loss": "logistic"}),
+                      ("iclp.cov", {"column": "f", "mean_share": 0.1}),
+                      ("iclp.fos", {"response": "f", "covariates": ["x", "y"],
+                                    "gram_share": 0.3}),
+                      ("iclp.kde2d", {"columns": ["x", "y"]})):
+        mech = registry.get(name)
+        params = mech.load_params(raw)
+        assert mech.cost(params, {"epsilon": Fraction(7, 3)}, meta) == {
+            "epsilon": Fraction(7, 3)}
+        accuracy = mech.accuracy(params, {"epsilon": Fraction(7, 3)}, meta)
+        assert accuracy["statement"] and accuracy["rmse"] > 0
+        split = accuracy.get("epsilon_split")
+        if split:
+            assert sum(Fraction(v) for v in split.values()) == Fraction(7, 3)
