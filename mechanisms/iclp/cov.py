@@ -241,9 +241,10 @@ def plan_iclp_cov(
     tau_eff = tau * mean.TAU_SLACK
     psi_rule = "given" if psi is not None else "min privacy MSE + psi*tau^4/4"
     if psi is None:
+        # both terms scale as τ⁴: minimise at τ = 1 (no overflow for huge declared τ)
         trace, e2 = float(prod.sum()), float(eps_second) ** 2
         psi = erm.proxy_psi(lambda p: 2.0 * (second_moment_sensitivity(
-            lam, n, tau_eff, eta, p) * bessel) ** 2 * trace / e2, tau_eff**4)
+            lam, n, 1.0, eta, p) * bessel) ** 2 * trace / e2, 1.0)
     psi = float(psi)
     if not (math.isfinite(psi) and psi > 0):
         raise ValueError("psi must be a finite number > 0")

@@ -302,8 +302,14 @@ def plan_iclp_erm(
 
     psi_rule = "given" if psi is not None else "min privacy MSE + psi*B^2/4"
     if psi is None:
+        # both terms scale as B² (L is linear in B): minimise at B = 1 (no overflow)
         trace, eps2 = eig.trace, float(epsilon) ** 2
-        psi = proxy_psi(lambda p: 2.0 * delta(p) ** 2 * trace / eps2, bound**2)
+
+        def unit_delta(p: float) -> float:
+            lip = lipschitz(loss, kappa, 1.0, p)
+            return erm_sensitivity(eig.values, kappa, lip, n, eta, p)
+
+        psi = proxy_psi(lambda p: 2.0 * unit_delta(p) ** 2 * trace / eps2, 1.0)
     psi = float(psi)
     if not (math.isfinite(psi) and psi > 0):
         raise ValueError("psi must be a finite number > 0")

@@ -125,9 +125,10 @@ class FosPlan:
         beta = np.linalg.solve(projected, s)  # p × J
         curves = beta @ self.eig.vectors.T
         inverse = np.linalg.inv(projected)
-        var = self.mean_noise.variances().reshape(self.p, -1).sum(axis=1)  # per S_k, L2²
-        # an indication only: ignores G̃'s noise, holds given the released G̃
-        band = 1.96 * np.sqrt((inverse**2) @ var)
+        with np.errstate(over="ignore", invalid="ignore"):  # absurd bounds: inf -> null
+            var = self.mean_noise.variances().reshape(self.p, -1).sum(axis=1)  # per S_k
+            # an indication only: ignores G̃'s noise, holds given the released G̃
+            band = 1.96 * np.sqrt((inverse**2) @ var)
         return {
             "grid": self.grid,
             "values": curves,
@@ -231,9 +232,15 @@ def plan_iclp_fos(
 
     psi_rule = "given" if psi is not None else "min privacy MSE + psi*R^2/4"
     if psi is None:
+        # divide both terms by (τ·Σc)² (no overflow for huge bounds): Δ ∝ τΣc, R² = τ²Σc²
         trace, e2 = eig.trace * p, float(eps2) ** 2
-        radius_sq = tau_eff**2 * math.fsum(c * c for c in scale)
-        psi = erm.proxy_psi(lambda q: 2.0 * delta(q) ** 2 * trace / e2, radius_sq)
+        top = max(scale)
+        ratio = math.fsum((c / top) ** 2 for c in scale) / math.fsum(c / top for c in scale) ** 2
+
+        def unit_delta(q: float) -> float:
+            return mean.qr_sensitivity(eig.values, n, 1.0, eta, q) * math.sqrt(bessel)
+
+        psi = erm.proxy_psi(lambda q: 2.0 * unit_delta(q) ** 2 * trace / e2, ratio)
     psi = float(psi)
     if not (math.isfinite(psi) and psi > 0):
         raise ValueError("psi must be a finite number > 0")
