@@ -394,7 +394,7 @@ class Columns(fields.Field):
             try:
                 if not isinstance(raw, dict):
                     raise ValidationError("must be a JSON object")
-                if "type" not in raw or raw["type"] not in COLUMN_SCHEMAS:
+                if not isinstance(raw.get("type"), str) or raw["type"] not in COLUMN_SCHEMAS:
                     raise ValidationError(
                         {"type": [f"must be one of {', '.join(map(repr, COLUMN_TYPES))}"]})
                 out[name] = _one_of(COLUMN_SCHEMAS, raw, "type", "column type")
