@@ -49,7 +49,7 @@ SOLVE_TOLERANCE = 2.0**-14
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
 #: candidate ψ of the default rule: a log grid (public)
 PSI_GRID = tuple(10.0 ** (k / 4) for k in range(-40, 9))
-_MAX_REFINE = 8
+_MAX_REFINE = 100
 #: exact per-bin response sums (2^30 lattice units per B, 2^53 exact) and a certifiable solve
 MAX_ROWS = 2**22
 _U = 2.0**-53
@@ -162,8 +162,22 @@ class ErmPlan:
                 SOLVE_TOLERANCE * self.radius
             ):
                 return a
-            a = a - np.linalg.solve(hess, grad)
+            step = np.linalg.solve(hess, grad)
+            if self.loss == "logistic":  # damped Newton: halve until J decreases
+                base = self._objective(b, counts, sums, a)
+                t = 1.0
+                while t > 2.0**-30 and self._objective(b, counts, sums, a - t * step) > base:
+                    t *= 0.5
+                step = t * step
+            a = a - step
         raise SolveError("the ERM minimiser did not reach the certified tolerance")
+
+    def _objective(self, b: NDArray[np.float64], counts: NDArray[np.float64],
+                   sums: NDArray[np.float64], a: NDArray[np.float64]) -> float:
+        """J(a) of the logistic loss (for the line search only)."""
+        f = b @ a
+        terms = sums * np.logaddexp(0.0, -f) + (counts - sums) * np.logaddexp(0.0, f)
+        return float(terms.sum()) / self.n + self.psi * float(a @ a)
 
     def _gradient(self, b: NDArray[np.float64], counts: NDArray[np.float64],
                   sums: NDArray[np.float64], a: NDArray[np.float64]) -> tuple[

@@ -66,6 +66,21 @@ def test_erm_logistic_recovers_the_log_odds() -> None:
     assert np.sqrt(np.mean((fit - (4 * plan.grid - 2)) ** 2)) < 0.4
 
 
+@pytest.mark.parametrize("psi", [1e-12, 1e-8])
+def test_erm_logistic_certifies_at_tiny_psi(psi: float) -> None:
+    """Catches the SolveError of undamped Newton (it oscillated on nearly separable data
+    when ψ is tiny and the minimiser far from 0): the damped solve is certified."""
+    rng = np.random.default_rng(8)
+    x = rng.uniform(size=50)
+    y = (np.sin(6 * x) > 0).astype(float)
+    plan = erm.plan_iclp_erm("logistic", (0.0, 1.0), (0.0, 1.0), 50, 1.0, grid_size=16,
+                             psi=psi)
+    counts, sums = plan.bin_stats(x, y)
+    a = plan.solve(counts, sums)
+    grad, slack, _ = plan._gradient(plan.features, counts, sums, a)
+    assert float(np.linalg.norm(grad)) + slack <= 2 * psi * erm.SOLVE_TOLERANCE * plan.radius
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=SEEDS, n=st.integers(2, 25), logistic=st.booleans(),
        psi=st.sampled_from([1e-3, 0.03, 1.0]))
