@@ -138,6 +138,12 @@ REQUESTS: dict[str, Callable[[random.Random], Request]] = {
     "frl.mean": lambda r: ({"column": "f"}, {"epsilon": _eps(r)}),
     "iclp.kde": lambda r: ({"column": "income"}, {"epsilon": _eps(r)}),
     "bernstein.kde": lambda r: ({"column": "income"}, {"epsilon": _eps(r)}),
+    "iclp.erm": lambda r: (r.choice([{"covariate": "x", "response": "income"},
+                                     {"covariate": "income", "response": "w"}]),
+                           {"epsilon": _eps(r)}),
+    "iclp.cov": lambda r: ({"column": "f"}, {"epsilon": _eps(r)}),
+    "iclp.fos": lambda r: ({"response": "f", "covariates": ["x"]}, {"epsilon": _eps(r)}),
+    "iclp.kde2d": lambda r: ({"columns": ["x", "income"]}, {"epsilon": _eps(r)}),
     "dip": lambda r: ({"columns": r.choice([["income"], ["income", "group"]])},
                       {"epsilon": _eps(r)}),
 }
