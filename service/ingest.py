@@ -59,7 +59,13 @@ import numpy as np
 from marshmallow import ValidationError
 
 from mechanisms.base import ColumnMeta, DatasetMeta
-from service.metadata import MAX_NAME_LENGTH, MetadataSchema, first_error
+from service.metadata import (
+    MAX_COLUMNS,
+    MAX_CSV_FIELDS,
+    MAX_NAME_LENGTH,
+    MetadataSchema,
+    first_error,
+)
 
 BoundsPolicy = Literal["reject", "clip"]
 FillValue = float | int | str
@@ -163,7 +169,7 @@ def _csv_spec(spec: DatasetSpec) -> DatasetSpec:
     return dataclasses.replace(spec, columns=columns)
 
 
-def parse_metadata(raw: object, *, max_columns: int = 1000) -> DatasetSpec:
+def parse_metadata(raw: object, *, max_columns: int = MAX_COLUMNS) -> DatasetSpec:
     """Validate the upload's metadata object (already JSON-decoded).
 
     The rules are the marshmallow schemas of ``service.metadata`` (also in the
@@ -310,6 +316,9 @@ def _check_header(header: Sequence[str], spec: DatasetSpec) -> dict[str, int]:
 #: rows converted at a time: bounds the Python objects alive during a parse
 #: (a row list and its cell strings cost ~20x the row's final numpy size)
 CHUNK_ROWS = 65_536
+#: and at most this many cells (about 55 bytes of Python objects each while a chunk
+#: is alive): a 2,000-point functional column must not make chunks 30x larger
+CHUNK_CELLS = 1 << 22
 
 
 def _read_chunks(
@@ -318,7 +327,8 @@ def _read_chunks(
     """Yield (header positions of declared columns, records, each record's first line).
 
     The header is checked as soon as it is read, so a wrong file fails before
-    its data is parsed; records come in chunks of at most ``CHUNK_ROWS``.
+    its data is parsed; records come in chunks of at most ``CHUNK_ROWS`` rows and
+    ``CHUNK_CELLS`` cells (at least one row).
     """
     # Decoded as it is read: a decoded copy of the whole file would be up to 4x its size.
     binary = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
@@ -340,6 +350,7 @@ def _chunks_of(
     n_rows = 0
     previous_end = 0
     width = 0
+    chunk_rows = CHUNK_ROWS
     try:
         for row in reader:
             start, previous_end = previous_end + 1, reader.line_num
@@ -349,6 +360,7 @@ def _chunks_of(
                 if len(row) > max_columns:
                     raise IngestError("file", f"the header has more than {max_columns} columns")
                 positions, width = _check_header(row, spec), len(row)
+                chunk_rows = max(1, min(CHUNK_ROWS, CHUNK_CELLS // width))
                 continue
             if len(row) != width:
                 raise IngestError(
@@ -361,7 +373,7 @@ def _chunks_of(
             n_rows += 1
             rows.append(row)
             starts.append(start)
-            if len(rows) == CHUNK_ROWS:
+            if len(rows) == chunk_rows:
                 yield positions, rows, starts
                 rows, starts = [], array("q")
     except csv.Error as err:
@@ -486,7 +498,7 @@ def _convert_categorical(
 
 
 def iter_csv(
-    data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int, max_columns: int = 1000
+    data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int, max_columns: int = MAX_CSV_FIELDS
 ) -> Iterator[dict[str, np.ndarray]]:
     """Parse and validate the CSV against ``spec``, yielding arrays chunk by chunk.
 
@@ -516,7 +528,7 @@ def iter_csv(
 
 
 def parse_csv(
-    data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int, max_columns: int = 1000
+    data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int, max_columns: int = MAX_CSV_FIELDS
 ) -> tuple[int, dict[str, np.ndarray]]:
     """Parse and validate the uploaded CSV against ``spec``, in memory.
 

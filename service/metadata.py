@@ -38,6 +38,12 @@ from mechanisms.interval.priors import FAMILIES, RANGES, make_prior
 MAX_NAME_LENGTH = 200
 MAX_CATEGORIES = 10_000
 MAX_GRID = 2000  # the functional mechanisms refuse larger grids
+#: declared columns in an upload's metadata (a functional column counts once)
+MAX_COLUMNS = 1000
+#: fields in the CSV header: every declared scalar column alongside one full-size
+#: functional column (MAX_GRID cells), so the largest advertised grid can be uploaded;
+#: the byte limit (MAX_UPLOAD_BYTES) and ingest's cell-bounded chunks bound the rest
+MAX_CSV_FIELDS = MAX_COLUMNS + MAX_GRID
 COLUMN_TYPES = ("continuous", "integer", "categorical", "functional")
 
 
@@ -388,7 +394,7 @@ class Columns(fields.Field):
             try:
                 if not isinstance(raw, dict):
                     raise ValidationError("must be a JSON object")
-                if "type" not in raw or raw["type"] not in COLUMN_SCHEMAS:
+                if not isinstance(raw.get("type"), str) or raw["type"] not in COLUMN_SCHEMAS:
                     raise ValidationError(
                         {"type": [f"must be one of {', '.join(map(repr, COLUMN_TYPES))}"]})
                 out[name] = _one_of(COLUMN_SCHEMAS, raw, "type", "column type")
@@ -415,7 +421,7 @@ class MetadataSchema(_Strict):
     public = StrictBoolean(load_default=False)
     allow_holdout = StrictBoolean(load_default=False)
 
-    def __init__(self, *, max_columns: int = 1000, **kwargs: Any) -> None:
+    def __init__(self, *, max_columns: int = MAX_COLUMNS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.context_max_columns = max_columns
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 
+import numpy as np
+
+from mechanisms.iclp.plot import PlotSpec
+
 
 def function_png(grid: Sequence[float], values: Sequence[float], title: str) -> bytes:
     """A line plot of a released function on its grid, as PNG bytes."""
@@ -18,6 +22,47 @@ def function_png(grid: Sequence[float], values: Sequence[float], title: str) -> 
     axes.plot(list(grid), list(values), color="#1f5fa8", linewidth=1.8)
     axes.set_title(title, fontsize=10)
     axes.grid(alpha=0.3)
+    figure.tight_layout()
+    out = io.BytesIO()
+    figure.savefig(out, format="png")
+    return out.getvalue()
+
+
+def release_png(spec: PlotSpec) -> bytes:
+    """A release drawn from its ``PlotSpec``: a curve with its 95 % band, several curves
+    (each with its band), or a heat map of a surface; axis labels and ε in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 3.5), dpi=100)
+    axes = figure.add_subplot()
+    if spec.kind == "surface":
+        z = np.array(spec.values, dtype=np.float64).T  # rows over y, columns over x
+        image = axes.pcolormesh(spec.x, spec.y, np.ma.masked_invalid(z), shading="nearest",
+                                cmap="viridis")
+        figure.colorbar(image, ax=axes, label=spec.zlabel)
+    else:
+        colours = ["#1f5fa8", "#c0392b", "#27ae60", "#8e44ad", "#d35400", "#16a085",
+                   "#2c3e50", "#7f8c8d", "#f39c12", "#e84393"]
+        x = np.array(spec.x)
+        labels = spec.labels or [""] * len(spec.values)
+        bands = spec.bands or [None] * len(spec.values)
+        for i, (values, label, band) in enumerate(zip(spec.values, labels, bands,
+                                                      strict=True)):
+            colour = colours[i % len(colours)]
+            y = np.array(values, dtype=np.float64)
+            axes.plot(x, y, color=colour, linewidth=1.8, label=label or None)
+            if band is not None:
+                axes.fill_between(x, y - band, y + band, color=colour, alpha=0.18, linewidth=0,
+                                  label="95% band (accuracy)" if i == 0 and not label else None)
+        if any(labels) or any(b is not None for b in bands):
+            axes.legend(fontsize=7, loc="best")
+        axes.grid(alpha=0.3)
+    axes.set_xlabel(spec.xlabel, fontsize=9)
+    axes.set_ylabel(spec.ylabel, fontsize=9)
+    axes.set_title(spec.title, fontsize=10)
     figure.tight_layout()
     out = io.BytesIO()
     figure.savefig(out, format="png")

@@ -50,6 +50,7 @@ ENTRY_MODULES = [
     "mechanisms.subset.audit",
     "mechanisms.noiseless.audit",
     "mechanisms.competitors.audit",
+    "mechanisms.iclp.audit",
 ]
 
 _ENTRIES: dict[str, AuditFn] = {}

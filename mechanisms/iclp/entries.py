@@ -271,3 +271,200 @@ iclp_mean = register(IclpMean())
 frl_mean = register(FrlMean())
 iclp_kde = register(IclpKde())
 bernstein_kde = register(BernsteinKde())
+
+
+# --------------------------------------------------------------------------- functionals
+# ERM, covariance, function-on-scalar regression and the 2-D density (issue 16 item 2):
+# several columns each, so ``run`` hands the plan the columns it names.
+
+from mechanisms.base import Work  # noqa: E402
+from mechanisms.iclp import cov as _cov  # noqa: E402
+from mechanisms.iclp import erm as _erm  # noqa: E402
+from mechanisms.iclp import fos as _fos  # noqa: E402
+from mechanisms.iclp import kde2d as _kde2d  # noqa: E402
+from mechanisms.iclp import params_functionals as _fparams  # noqa: E402
+
+
+class _MultiColumn(_FunctionMechanism):
+    """A function release of several columns; the plan's ``release`` takes them in order."""
+
+    def columns(self, params: Mapping[str, Any]) -> list[str]:
+        raise NotImplementedError
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        epsilon = read_epsilon(cost, self.name)
+        plan: Any = self._calibrated(params, epsilon, meta)
+        released = self.release(plan, [data[c] for c in self.columns(params)], rng)
+        result = released.to_result() if isinstance(released, FunctionRelease) else jsonable(
+            released)
+        return Output(
+            result=result,
+            accuracy=jsonable(plan.accuracy()),
+            guarantee=(
+                f"pure epsilon-DP ({self.label}, epsilon={_fmt(epsilon)} nats), {PRIVACY_UNIT}"
+            ),
+        )
+
+    def release(self, plan: Any, columns: list[np.ndarray], rng: np.random.Generator) -> Any:
+        return plan.release(*columns, rng)
+
+    def summary(self, plan: Any, columns: list[np.ndarray]) -> Any:
+        """The plan's non-private coefficients (the audit's neighbour search)."""
+        return plan.summary(*columns)
+
+
+def _bounded(meta: DatasetMeta, name: str, field: str, mechanism: str) -> tuple[float, float]:
+    """A continuous column's finite declared bounds; errors name ``field``."""
+    try:
+        return _density_column(meta, name, mechanism)
+    except MechanismInputError as exc:
+        raise MechanismInputError(field, exc.message) from None
+
+
+def _smoothing(p: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    s = p.get("smoothing", {})
+    return _auto(s.get("eta")), _auto(s.get("psi"))
+
+
+def _share(value: Any, default: Fraction) -> Fraction:
+    """A decimal share read exactly (0.25 -> 1/4)."""
+    return default if value is None else Fraction(repr(float(value)))
+
+
+class IclpErm(_MultiColumn):
+    name = "iclp.erm"
+    label = "ICLP-QR regularised ERM"
+    params_schema = _fparams.IclpErmSchema
+    description = (
+        "Pure epsilon-DP function of a bounded covariate from regularised ERM (kernel ridge"
+        " for a bounded response, logistic for a 0/1 response) with ICLP noise."
+    )
+
+    def columns(self, params: Mapping[str, Any]) -> list[str]:
+        return [params["covariate"], params["response"]]
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        xb = _bounded(meta, p["covariate"], "params.covariate", self.name)
+        yb = check_numeric_column(meta.column(p["response"], "params.response"),
+                                  "params.response")
+        eta, psi = _smoothing(p)
+        if eta is not None and eta <= 1.0:
+            raise MechanismInputError("params.smoothing.eta", "eta must be > 1 for ERM")
+        loss = p.get("loss", "square")
+        if loss == "logistic" and not (yb[0] >= 0 and yb[1] <= 1):
+            raise MechanismInputError("params.response",
+                                      "the logistic loss needs a response bounded in [0, 1]")
+        plan: Any = _erm.plan_iclp_erm(
+            loss, xb, yb, meta.n_rows, epsilon, p.get("grid_size", _erm.DEFAULT_GRID_SIZE),
+            _noise_kernel(p.get("kernel", {})), eta, psi)
+        return plan
+
+
+class IclpCov(_MultiColumn):
+    name = "iclp.cov"
+    label = "ICLP-QR covariance function"
+    params_schema = _fparams.IclpCovSchema
+    description = (
+        "Pure epsilon-DP covariance function of a functional column: ICLP-QR second moment"
+        " on H x H and a separately released mean (epsilon split), symmetrised."
+    )
+
+    def columns(self, params: Mapping[str, Any]) -> list[str]:
+        return [params["column"]]
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        column = meta.columns.get(str(params.get("column")))
+        m = len(column.grid) if column is not None and column.grid else 1
+        return Work(float(max(meta.n_rows, 1)) * m * m, "params.column")
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        grid, tau = _functional_column(meta, p["column"], self.name)
+        if len(grid) > _cov.MAX_COV_GRID:
+            raise MechanismInputError(
+                "params.column", f"{self.name} supports grids of at most"
+                f" {_cov.MAX_COV_GRID} points (an M x M output)")
+        eta, psi = _smoothing(p)
+        plan: Any = _cov.plan_iclp_cov(
+            grid, tau, meta.n_rows, epsilon, _noise_kernel(p.get("kernel", {})), eta, psi,
+            p.get("max_components"), p.get("centred", True),
+            _share(p.get("mean_share"), _cov.DEFAULT_MEAN_SHARE))
+        return plan
+
+
+class IclpFos(_MultiColumn):
+    name = "iclp.fos"
+    label = "ICLP function-on-scalar regression"
+    params_schema = _fparams.IclpFosSchema
+    description = (
+        "Pure epsilon-DP function-on-scalar regression: Laplace Gram of bounded covariates"
+        " (epsilon1) and ICLP-QR means of x_k*Y (epsilon2), beta = G^-1 S; p functions."
+    )
+
+    def columns(self, params: Mapping[str, Any]) -> list[str]:
+        return [*params["covariates"], params["response"]]
+
+    def release(self, plan: Any, columns: list[np.ndarray], rng: np.random.Generator) -> Any:
+        return plan.release(columns[:-1], columns[-1], rng)
+
+    def summary(self, plan: Any, columns: list[np.ndarray]) -> Any:
+        return plan.summary(columns[:-1], columns[-1])
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        column = meta.columns.get(str(params.get("response")))
+        m = len(column.grid) if column is not None and column.grid else 1
+        p = len(params.get("covariates", [])) + 1
+        return Work(float(max(meta.n_rows, 1)) * m * (m + p), "params.response")
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        try:
+            grid, tau = _functional_column(meta, p["response"], self.name)
+        except MechanismInputError as exc:
+            raise MechanismInputError("params.response", exc.message) from None
+        bounds = []
+        for i, name in enumerate(p["covariates"]):
+            field = f"params.covariates.{i}"
+            bounds.append(check_numeric_column(meta.column(name, field), field))
+        eta, psi = _smoothing(p)
+        plan: Any = _fos.plan_iclp_fos(
+            p["covariates"], bounds, grid, tau, meta.n_rows, epsilon, p.get("intercept", True),
+            _noise_kernel(p.get("kernel", {})), eta, psi,
+            _share(p.get("gram_share"), _fos.DEFAULT_GRAM_SHARE))
+        return plan
+
+
+class IclpKde2d(_MultiColumn):
+    name = "iclp.kde2d"
+    label = "ICLP-QR 2-D kernel density estimate"
+    params_schema = _fparams.IclpKde2dSchema
+    description = (
+        "Pure epsilon-DP joint density of two bounded continuous columns on a product grid:"
+        " product exponential kernel, ICLP noise on its Kronecker eigenbasis (heat map)."
+    )
+
+    def columns(self, params: Mapping[str, Any]) -> list[str]:
+        return list(params["columns"])
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        bounds = tuple(_bounded(meta, name, f"params.columns.{i}", self.name)
+                       for i, name in enumerate(p["columns"]))
+        eta = _auto(p.get("eta"))
+        if eta is not None and eta <= 1.0:
+            raise MechanismInputError("params.eta", "eta must be > 1 for the KDE")
+        plan: Any = _kde2d.plan_iclp_kde2d(
+            (bounds[0], bounds[1]), meta.n_rows, epsilon,
+            p.get("grid_size", _kde2d.DEFAULT_GRID_SIZE), _auto(p.get("bandwidth")), eta,
+            p.get("normalize", True))
+        return plan
+
+
+iclp_erm = register(IclpErm())
+iclp_cov = register(IclpCov())
+iclp_fos = register(IclpFos())
+iclp_kde2d = register(IclpKde2d())

@@ -87,21 +87,31 @@ def eigen_system(
 
     ``weights`` default to 1/M. ``max_components`` caps J after the floor.
     """
-    pos = tuple(float(p) for p in np.asarray(positions, dtype=np.float64).ravel())
-    if len(pos) < 2:
+    pos = np.ascontiguousarray(positions, dtype=np.float64).ravel()
+    if pos.size < 2:
         raise ValueError("a grid needs at least 2 points")
-    w = (
-        None
-        if weights is None
-        else tuple(float(x) for x in np.asarray(weights, dtype=np.float64).ravel())
-    )
-    if w is not None and (len(w) != len(pos) or min(w) <= 0):
+    w = None if weights is None else np.ascontiguousarray(weights, dtype=np.float64).ravel()
+    if w is not None and (w.size != pos.size or not np.all(w > 0)):
         raise ValueError("weights must be positive, one per grid point")
     if not 0 <= rel_floor < 1:
         raise ValueError("rel_floor must be in [0, 1)")
     if max_components is not None and max_components < 1:
         raise ValueError("max_components must be at least 1")
-    return _cached(kernel, pos, w, float(rel_floor), max_components)
+    # The raw bytes are the memo key: hashing them is one pass in C, where the
+    # tuples of Python floats that ``_cached`` (and the shared store) key on cost
+    # ~M object allocations per lookup on every warm release.
+    return _memo(kernel, pos.tobytes(), None if w is None else w.tobytes(),
+                 float(rel_floor), max_components)
+
+
+@functools.lru_cache(maxsize=4 * CACHE_SIZE)
+def _memo(kernel: Kernel, positions: bytes, weights: bytes | None, rel_floor: float,
+          max_components: int | None) -> EigenSystem:
+    """Byte-keyed front of ``_cached`` (same eigen-system objects; -0.0 and 0.0 differ here,
+    which only costs a second lookup in ``_cached``)."""
+    pos = tuple(np.frombuffer(positions, dtype=np.float64).tolist())
+    w = None if weights is None else tuple(np.frombuffer(weights, dtype=np.float64).tolist())
+    return _cached(kernel, pos, w, rel_floor, max_components)
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
@@ -177,5 +187,6 @@ def bessel_factor(eig: EigenSystem) -> float:
 
 def cache_clear() -> None:
     """Forget cached eigen-systems (tests and memory pressure)."""
+    _memo.cache_clear()
     _cached.cache_clear()
 

@@ -10,11 +10,12 @@ from flask import Response, current_app
 from flask_smorest import Blueprint
 
 import mechanisms
+from mechanisms.iclp.plot import plot_spec
 from service import analyses, releases, rkeys
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
-from service.plotting import function_png
+from service.plotting import release_png
 from service.problems import UNAVAILABLE, APIError
 from service.schemas import (
     AnalysisListQuerySchema,
@@ -66,14 +67,15 @@ def data(release_id: str) -> Response:
 @blp.doc(responses={200: {"description": "the released function", "content": {
     "image/png": {}}}})
 def plot(release_id: str) -> Response:
-    """A drawing of a released function (values on its grid); nothing else is drawn."""
+    """A drawing of a released function (its 95 % band from the accuracy statement), curves
+    or surface (heat map), from the release's public document only."""
     doc = _succeeded(release_id)
-    result = doc["result"] or {}
-    grid, values = result.get("grid"), result.get("values")
-    if not isinstance(grid, list) or not isinstance(values, list) or len(grid) != len(values):
-        raise APIError(404, "this release has no function to draw", code="not_found")
-    title = f"{doc['mechanism']} · {release_id}"
-    return Response(function_png(grid, values, title), mimetype="image/png")
+    try:
+        spec = plot_spec(doc["mechanism"], doc.get("params") or {}, doc["result"] or {},
+                         doc.get("accuracy") or {}, doc.get("cost") or {})
+    except ValueError:
+        raise APIError(404, "this release has no function to draw", code="not_found") from None
+    return Response(release_png(spec), mimetype="image/png")
 
 
 def _input_error(err: mechanisms.MechanismInputError) -> APIError:

@@ -16,9 +16,11 @@ from mechanisms import registry
 from mechanisms.audit import dp
 from mechanisms.audit.entries import entries, run
 from mechanisms.competitors import audit as competitors_audit
+from mechanisms.iclp import audit as iclp_audit
 
-#: every DP mechanism's audit plan: the shared module's and DIP's competitors'
-PLANS = {**dp.PLANS, **competitors_audit.PLANS}
+#: every DP mechanism's audit plan: the shared module's, DIP's competitors' and the
+#: ICLP functionals'
+PLANS = {**dp.PLANS, **competitors_audit.PLANS, **iclp_audit.PLANS}
 DP = sorted(PLANS)
 
 
@@ -66,7 +68,7 @@ def test_neighbours_attain_the_claimed_loss() -> None:
     two lattice centres under the claimed noise is within 0.2% of ε (bernstein.kde's
     sup-norm calibration is loose by design: it reaches half)."""
     for name in ("iclp.mean", "frl.mean", "iclp.kde", "bernstein.kde"):
-        for s in dp.PLANS[name]().honest:
+        for s in PLANS[name]().honest:
             plan = s.mech._calibrated(s.params, s.cost["epsilon"], s.meta)  # type: ignore[attr-defined]
             col = s.params["column"]
             a, b = (plan.noise.centre(plan.summary(d[col])) for d in s.pair)

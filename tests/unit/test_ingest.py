@@ -752,3 +752,28 @@ def test_streamed_parse_memory_does_not_grow_with_the_file(
     in_memory = _traced_peak(lambda: whole(32_000))
     assert large < 1.25 * small, (small, large)
     assert in_memory > 2 * large, (large, in_memory)
+
+
+def test_wide_rows_make_smaller_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks are bounded in cells as well as rows, so a 2,000-point functional column
+    (now uploadable, issue 16 item 3) does not make a chunk 30x bigger; the parse is the
+    same whatever the chunking."""
+    monkeypatch.setattr(ingest, "CHUNK_CELLS", 7)  # 3 columns: 2 rows a chunk
+    sizes: list[int] = []
+    original = ingest._read_chunks
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        for chunk in original(*args, **kwargs):
+            sizes.append(len(chunk[1]))
+            yield chunk
+
+    monkeypatch.setattr(ingest, "_read_chunks", spy)
+    spec = parse_metadata(metadata(columns={
+        "age": {"type": "integer", "bounds": [17, 90]},
+        "race": {"type": "categorical", "categories": ["A", "B", "C"]},
+        "wage": {"type": "continuous", "bounds": [0, 200000]},
+    }))
+    rows = [[str(17 + i), "ABC"[i % 3], f"{i}.5"] for i in range(5)]
+    n, cols = parse_csv(to_csv(HEADER, rows), spec, max_rows=5)
+    assert n == 5 and sizes == [2, 2, 1]
+    assert cols["wage"].tolist() == [i + 0.5 for i in range(5)]

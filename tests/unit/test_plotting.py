@@ -1,10 +1,19 @@
-"""The function drawing is a real PNG of the given size."""
+"""Release drawings: real PNGs of the given size, with labels, ε and the accuracy band."""
 
 from __future__ import annotations
 
 import struct
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
 
-from service.plotting import function_png
+import numpy as np
+import pytest
+
+from mechanisms import registry
+from mechanisms.base import ColumnMeta, DatasetMeta
+from mechanisms.iclp.plot import plot_spec
+from service.plotting import function_png, release_png
 
 
 def test_png_has_the_expected_size() -> None:
@@ -12,3 +21,79 @@ def test_png_has_the_expected_size() -> None:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
     assert (width, height) == (600, 350)
+
+
+# --------------------------------------------------------------------------- release plots
+
+
+def release_docs() -> dict[str, dict[str, Any]]:
+    """One stored-release document per plot kind, made by the registered mechanisms."""
+    rng = np.random.default_rng(0)
+    n, m = 400, 30
+    grid = tuple(float(t) for t in np.linspace(0.0, 10.0, m))
+    t = np.asarray(grid) / 10
+    z = rng.normal(size=(n, 1))
+    curves = np.sin(2 * np.pi * t) + 0.5 * z * np.cos(np.pi * t) + 0.1 * rng.normal(size=(n, m))
+    age = rng.uniform(20, 70, n)
+    income = np.clip(10 + 0.5 * age + rng.normal(0, 5, n), 0, 60)
+    meta = DatasetMeta(n, {
+        "curve": ColumnMeta("curve", "functional", grid=grid, norm_bound=2.0),
+        "age": ColumnMeta("age", "continuous", bounds=(20.0, 70.0)),
+        "income": ColumnMeta("income", "continuous", bounds=(0.0, 60.0)),
+        "z": ColumnMeta("z", "continuous", bounds=(-3.0, 3.0)),
+    })
+    data = {"curve": curves, "age": age, "income": income, "z": np.clip(z[:, 0], -3, 3)}
+    requests = {
+        "mean": ("iclp.mean", {"column": "curve"}),
+        "kde": ("iclp.kde", {"column": "age"}),
+        "erm": ("iclp.erm", {"covariate": "age", "response": "income"}),
+        "cov": ("iclp.cov", {"column": "curve"}),
+        "fos": ("iclp.fos", {"response": "curve", "covariates": ["z"]}),
+        "kde2d": ("iclp.kde2d", {"columns": ["age", "income"]}),
+    }
+    docs = {}
+    for key, (name, raw) in requests.items():
+        mech = registry.get(name)
+        params = mech.load_params(raw)
+        cost = mech.cost(params, {"epsilon": Fraction(2)}, meta)
+        out = mech.run(data, params, cost, meta, np.random.default_rng(1))
+        docs[key] = {"mechanism": name, "params": raw, "result": out.result,
+                     "accuracy": out.accuracy, "cost": {k: str(v) for k, v in cost.items()}}
+    return docs
+
+
+def test_release_plots_have_labels_epsilon_and_bands(tmp_path: Path) -> None:
+    """Issue 16 item 4: every kind is drawn with axis labels naming the grid variable /
+    columns, ε in the title and (curves) the 95 % band of the accuracy statement."""
+    docs = release_docs()
+    specs = {k: plot_spec(d["mechanism"], d["params"], d["result"], d["accuracy"], d["cost"])
+             for k, d in docs.items()}
+    for key, spec in specs.items():
+        assert "epsilon = 2" in spec.title, key
+        png = release_png(spec)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert struct.unpack(">II", png[16:24]) == (600, 350)
+        (tmp_path / f"{key}.png").write_bytes(png)
+    assert (specs["mean"].xlabel, specs["mean"].ylabel) == ("t (grid of curve)", "mean of curve")
+    assert specs["mean"].bands == [pytest.approx(1.96 * docs["mean"]["accuracy"]["rmse"])]
+    assert (specs["kde"].xlabel, specs["kde"].ylabel) == ("age", "density")
+    # the KDE's error is integrated over the 50-year range: the per-point band is /√50
+    kde_mse = docs["kde"]["accuracy"]["expected_sq_l2_error"]
+    assert specs["kde"].bands == [pytest.approx(1.96 * (kde_mse / 50) ** 0.5)]
+    assert (specs["erm"].xlabel, specs["erm"].ylabel) == ("age", "E[income | age]")
+    assert specs["erm"].bands == [docs["erm"]["accuracy"]["band95"]]
+    assert specs["cov"].kind == "surface" and specs["cov"].zlabel == "covariance of curve"
+    assert len(specs["cov"].values) == 30 and len(specs["cov"].values[0]) == 30
+    assert specs["fos"].kind == "curves" and specs["fos"].labels == ["(intercept)", "z"]
+    assert all(b is not None and b > 0 for b in specs["fos"].bands)
+    assert (specs["kde2d"].xlabel, specs["kde2d"].ylabel) == ("age", "income")
+
+
+def test_plot_spec_refuses_what_it_cannot_draw() -> None:
+    with pytest.raises(ValueError):
+        plot_spec("laplace", {}, {"value": 3.0}, {}, {"epsilon": "1"})
+    with pytest.raises(ValueError):
+        plot_spec("iclp.cov", {}, {"kind": "surface", "grid": [0, 1], "values": [[1, 2]]}, {},
+                  {})
+    spec = plot_spec("iclp.mean", {}, {"grid": [0, 1], "values": [1, None]}, {}, {})
+    assert spec.title.endswith("epsilon = ?") and spec.bands == [None]

@@ -70,3 +70,23 @@ def test_clipped_curves_respect_the_bound(curves: np.ndarray, tau: float) -> Non
     finite = np.where(np.isfinite(curves), curves, 0.0)
     short = domain.curve_norms(finite, w) <= tau
     np.testing.assert_array_equal(clipped[short], finite[short])  # short curves untouched
+
+
+@pytest.mark.parametrize(("rows", "uniform"), [(1, True), (513, True), (1, False), (513, False)])
+def test_norms_and_mean_match_the_definition(rows: int, uniform: bool) -> None:
+    """The faster norm (issue 16 item 3: equal weights factored out of the sum) agrees
+    with Σ_k w_k X_ik² and (1/n)Σ_i f_i X_i computed in extended precision, on equally
+    and unequally spaced grids, for C- and Fortran-ordered input and a single curve."""
+    rng = np.random.default_rng(rows)
+    grid = np.linspace(0, 3, 37) if uniform else np.sort(rng.uniform(0, 3, size=37))
+    w = domain.quadrature_weights(grid)
+    x = rng.normal(size=(rows, grid.size)) * rng.uniform(0.1, 3, size=(rows, 1))
+    exact = np.sqrt(np.sum(x.astype(np.longdouble) ** 2 * w, axis=1)).astype(np.float64)
+    for form in (x, np.asfortranarray(x)):
+        np.testing.assert_allclose(domain.curve_norms(form, w), exact, rtol=1e-14)
+    assert domain.curve_norms(x[0], w) == pytest.approx(exact[0], rel=1e-14)
+    tau = float(np.median(exact))
+    factor = np.minimum(1.0, tau / exact.astype(np.longdouble))
+    want = (np.sum(factor[:, None] * x, axis=0) / rows).astype(np.float64)
+    scale = float(np.max(np.abs(x))) * 1e-14
+    np.testing.assert_allclose(domain.clipped_mean(x, w, tau), want, rtol=0, atol=scale)

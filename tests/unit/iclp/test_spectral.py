@@ -99,3 +99,17 @@ def test_bad_inputs() -> None:
         spectral.eigen_system(MATERN, [0.0, 1.0], [0.5, 0.0])
     with pytest.raises(ValueError, match="max_components"):
         spectral.eigen_system(MATERN, GRID, max_components=0)
+
+
+def test_warm_lookup_is_memoised_on_the_arrays_bytes() -> None:
+    """A warm lookup (issue 16 item 3) hits the byte-keyed memo and never rebuilds the
+    per-point float tuples of the slow key: ``_cached`` sees no call at all."""
+    spectral.cache_clear()
+    grid = np.linspace(0.0, 1.0, 300)
+    weights = np.full(300, 1.0 / 300)
+    first = spectral.eigen_system(MATERN, grid, weights)
+    slow = spectral._cached.cache_info()
+    again = spectral.eigen_system(MATERN, grid.copy(), list(weights))
+    assert again is first
+    assert spectral._cached.cache_info() == slow
+    assert spectral._memo.cache_info().hits >= 1

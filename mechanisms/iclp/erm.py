@@ -1,0 +1,355 @@
+"""Functionals from regularised ERM with ICLP-QR noise (spec §3.4, eq. 13, Thm 18).
+
+A bounded response y is regressed (square loss: kernel ridge) or classified
+(logistic loss, binary y) on one bounded scalar covariate x. Each record's x
+is binned to the nearest of M equally spaced points of its declared range (a
+per-record, data-independent map), and the estimator lives in the span of
+the retained discrete eigenfunctions v_j of the noise kernel C on that grid
+(coefficient space is the exact problem: no orthonormality is assumed):
+
+    f̂ = argmin_f (1/n)Σ_i ℓ(f(t_{k_i}), y_i) + ψ‖f‖²_{H_{C^η}},  ‖f‖²_{H_{C^η}} = Σ_j c_j²/λ_j^η.
+
+With a_j = c_j/λ_j^{η/2} the penalty is ψ‖a‖², the objective is 2ψ-strongly
+convex in a, and Thm 18's argument gives ‖â_D − â_D'‖₂ <= Lκ/(nψ) with
+κ² = max_k Σ_j λ_j^η v_j(t_k)² (the discrete sup of C^η(x, x)). By
+Cauchy–Schwarz the weighted-ℓ1 sensitivity of ĉ is
+
+    Δ = (Lκ/(nψ))·(Σ_j λ_j^{η−1})^{1/2}.
+
+Loss constants: logistic L = 1; square loss with |y − mid| <= B (y centred at
+the midpoint of its declared bounds, a public shift added back afterwards)
+has ‖â‖ <= B/√ψ, so |f̂| <= κB/√ψ and L = 2(B + κB/√ψ). The objective uses
+ψ‖f‖² (not ψ/2). The computed minimiser differs from the exact one; an a
+posteriori bound ‖a − a*‖₂ <= ‖∇J(a)‖₂/(2ψ) (strong convexity), with the
+gradient's own rounding bounded, is checked against a public tolerance
+``SOLVE_TOLERANCE``·Lκ/(nψ) that the lattice slack absorbs (refining with
+Newton steps until it holds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mechanisms.iclp import domain, noise, pss, spectral
+from mechanisms.iclp.kernels import Kernel, matern
+from mechanisms.iclp.release import FunctionRelease
+
+Loss = Literal["square", "logistic"]
+DEFAULT_GRID_SIZE = 100
+DEFAULT_KERNEL = matern(1.5, 0.1)
+#: the computed minimiser is within this fraction of Lκ/(nψ) of the exact one (checked)
+SOLVE_TOLERANCE = 2.0**-14
+SENSITIVITY_SAFETY = 1.0 + 2.0**-30
+#: candidate ψ of the default rule: a log grid (public)
+PSI_GRID = tuple(10.0 ** (k / 4) for k in range(-40, 9))
+_MAX_REFINE = 100
+#: exact per-bin response sums (2^30 lattice units per B, 2^53 exact) and a certifiable solve
+MAX_ROWS = 2**22
+_U = 2.0**-53
+
+
+def proxy_psi(privacy_mse: Callable[[float], float], radius_sq: float) -> float:
+    """The ψ of ``PSI_GRID`` minimising privacy MSE(ψ) + ψ·R²/4: public inputs only.
+
+    ψR²/4 bounds the squared shrinkage bias of a ridge (QR) estimator whose target has
+    norm <= R in the penalised RKHS (xψ/(x + ψ)² <= 1/4 per eigen-direction); R is taken
+    from the public bounds (B for ERM, τ² for the second moment).
+    """
+    return min(PSI_GRID, key=lambda p: privacy_mse(p) + p * radius_sq / 4.0)
+
+
+class SolveError(ArithmeticError):
+    """The minimiser could not be certified to the public tolerance (no noise was drawn)."""
+
+
+def bin_index(values: ArrayLike, bounds: tuple[float, float], grid_size: int) -> NDArray[
+    np.intp
+]:
+    """Nearest of ``grid_size`` equally spaced points of [lo, hi] per record (NaN -> lo)."""
+    lo, hi = bounds
+    x = np.asarray(values, dtype=np.float64)
+    x = np.where(np.isnan(x), lo, x)
+    u = (np.clip(x, lo, hi) - lo) * ((grid_size - 1) / (hi - lo))
+    out: NDArray[np.intp] = np.clip(np.rint(u).astype(np.intp), 0, grid_size - 1)
+    return out
+
+
+def lipschitz(loss: Loss, kappa: float, bound: float, psi: float) -> float:
+    """L of Thm 18: 1 (logistic) or 2(B + κB/√ψ) (square loss, |y| <= B)."""
+    return 1.0 if loss == "logistic" else 2.0 * (bound + kappa * bound / math.sqrt(psi))
+
+
+def erm_sensitivity(eigenvalues: ArrayLike, kappa: float, lip: float, n: int, eta: float,
+                    psi: float) -> float:
+    """Δ = (Lκ/(nψ))·(Σ_j λ_j^{η−1})^{1/2} (weighted ℓ1, shape √λ_j)."""
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    return lip * kappa / (n * psi) * math.sqrt(float(np.sum(lam ** (eta - 1.0))))
+
+
+@dataclass(frozen=True, eq=False)
+class ErmPlan:
+    """A calibrated ERM release; built by ``plan_iclp_erm``."""
+
+    loss: Loss
+    bounds: tuple[float, float]  # the covariate's declared range
+    centre: float  # public shift of the response (square loss), 0 for logistic
+    bound: float  # B (square loss) or 1
+    eig: spectral.EigenSystem
+    n: int
+    eta: float
+    psi: float
+    kappa: float
+    lip: float
+    noise: noise.CoefficientNoise
+    smoothing: dict[str, Any]
+
+    @property
+    def grid(self) -> NDArray[np.float64]:
+        lo, hi = self.bounds
+        return lo + (hi - lo) * self.eig.positions
+
+    @property
+    def features(self) -> NDArray[np.float64]:
+        """B_kj = v_j(t_k)·λ_j^{η/2}: f(t_k) = (B a)_k."""
+        out: NDArray[np.float64] = self.eig.vectors * self.eig.values ** (self.eta / 2.0)
+        return out
+
+    @property
+    def radius(self) -> float:
+        """Lκ/(nψ): the exact bound on ‖â_D − â_D'‖₂."""
+        return self.lip * self.kappa / (self.n * self.psi)
+
+    def bin_stats(self, x: ArrayLike, y: ArrayLike) -> tuple[NDArray[np.float64],
+                                                             NDArray[np.float64]]:
+        """Per grid point: (records, Σ response) — square loss: centred y clipped to ±B;
+        logistic: the count of y = 1 (y is 0/1 after clipping and rounding)."""
+        xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        if xs.shape != (self.n,) or ys.shape != (self.n,):
+            raise ValueError("covariate and response must have n_rows entries")
+        index = bin_index(xs, self.bounds, self.eig.positions.size)
+        ys = np.where(np.isnan(ys), self.centre, ys)
+        if self.loss == "logistic":
+            resp = (np.clip(ys, 0.0, 1.0) >= 0.5).astype(np.float64)
+        else:
+            # on the lattice g·ℤ (g a power of two <= B·2^-30): per-bin sums are exact
+            # in float64 up to n = 2^22, so the objective's data are exact
+            step = 2.0 ** (math.floor(math.log2(self.bound)) - 30)
+            resp = np.clip(np.rint((ys - self.centre) / step) * step, -self.bound, self.bound)
+        m = self.eig.positions.size
+        counts = np.bincount(index, minlength=m).astype(np.float64)
+        sums: NDArray[np.float64] = np.bincount(index, weights=resp, minlength=m).astype(
+            np.float64)
+        return counts, sums
+
+    def solve(self, counts: NDArray[np.float64], sums: NDArray[np.float64]) -> NDArray[
+        np.float64
+    ]:
+        """â, certified within SOLVE_TOLERANCE·Lκ/(nψ) of the exact minimiser (ℓ2)."""
+        b = self.features
+        psi = self.psi
+        a = np.zeros(b.shape[1])
+        for _ in range(_MAX_REFINE):
+            grad, slack, hess = self._gradient(b, counts, sums, a)
+            # ‖a − a*‖ <= ‖∇J(a)‖/(2ψ); the computed gradient errs by at most ``slack``
+            if (float(np.linalg.norm(grad)) + slack) / (2.0 * psi) * (1.0 + 1e-6) <= (
+                SOLVE_TOLERANCE * self.radius
+            ):
+                return a
+            step = np.linalg.solve(hess, grad)
+            if self.loss == "logistic":  # damped Newton: halve until J decreases
+                base = self._objective(b, counts, sums, a)
+                t = 1.0
+                while t > 2.0**-30 and self._objective(b, counts, sums, a - t * step) > base:
+                    t *= 0.5
+                step = t * step
+            a = a - step
+        raise SolveError("the ERM minimiser did not reach the certified tolerance")
+
+    def _objective(self, b: NDArray[np.float64], counts: NDArray[np.float64],
+                   sums: NDArray[np.float64], a: NDArray[np.float64]) -> float:
+        """J(a) of the logistic loss (for the line search only)."""
+        f = b @ a
+        terms = sums * np.logaddexp(0.0, -f) + (counts - sums) * np.logaddexp(0.0, f)
+        return float(terms.sum()) / self.n + self.psi * float(a @ a)
+
+    def _gradient(self, b: NDArray[np.float64], counts: NDArray[np.float64],
+                  sums: NDArray[np.float64], a: NDArray[np.float64]) -> tuple[
+        NDArray[np.float64], float, NDArray[np.float64]
+    ]:
+        """∇J(a), a bound on its rounding error (ℓ2), and the Hessian ∇²J(a).
+
+        J(a) = (1/n)Σ_k [loss terms at f_k = (Ba)_k] + ψ‖a‖². Each gradient entry
+        is a sum of at most M + J + 4 products of terms bounded entrywise by
+        |B|ᵀ(r_abs)/n + 2ψ|a|, so γ_{M+J+8} of that bounds its error (the
+        transcendental functions of the logistic loss err by a few ulps, folded
+        in as 8 more).
+        """
+        n, psi = float(self.n), self.psi
+        f = b @ a
+        if self.loss == "square":
+            r = 2.0 * (counts * f - sums) / n  # d/df_k of (1/n)Σ (f_k − y_i)²
+            r_abs = 2.0 * (counts * np.abs(f) + np.abs(sums)) / n
+            curv = 2.0 * counts / n
+        else:
+            p = 0.5 * (1.0 + np.tanh(0.5 * f))  # σ(f), no overflow
+            r = (counts * p - sums) / n
+            r_abs = (counts * p + sums) / n
+            curv = counts * p * (1.0 - p) / n
+        grad = b.T @ r + 2.0 * psi * a
+        scale = np.abs(b).T @ r_abs + 2.0 * psi * np.abs(a)
+        m, j = b.shape
+        gamma = (m + j + 16) * _U / (1.0 - (m + j + 16) * _U)
+        slack = gamma * float(np.linalg.norm(scale))
+        hess = (b.T * curv) @ b + 2.0 * psi * np.eye(j)
+        return grad, slack, hess
+
+    def summary(self, x: ArrayLike, y: ArrayLike) -> NDArray[np.float64]:
+        """Non-private coefficients ĉ_j = λ_j^{η/2}·â_j."""
+        a = self.solve(*self.bin_stats(x, y))
+        out: NDArray[np.float64] = a * self.eig.values ** (self.eta / 2.0)
+        return out
+
+    def release(self, x: ArrayLike, y: ArrayLike, rng: np.random.Generator) -> FunctionRelease:
+        coefficients = self.noise.release(self.summary(x, y), rng)
+        values = self.eig.synthesize(coefficients) + self.centre
+        return FunctionRelease(
+            grid=self.grid,
+            values=values,
+            coefficients=coefficients,
+            kernel=self.kernel_info(),
+            smoothing=self.smoothing,
+            extra={
+                "basis": {"eigenvalues": self.eig.values},
+                "response_shift": self.centre,
+                "scale": "log-odds of y = 1" if self.loss == "logistic" else "response units",
+            },
+        )
+
+    def kernel_info(self) -> dict[str, Any]:
+        return {
+            **self.eig.kernel.describe(),
+            "domain": list(self.bounds),
+            "length_units": "fraction of the covariate's declared range",
+        }
+
+    def accuracy(self) -> dict[str, Any]:
+        nz = self.noise
+        mse = nz.expected_sq_error()
+        return {
+            "noise": "ICLP-QR: discrete Laplace per eigen-coefficient on power-of-two lattices",
+            "laplace_scales": "Delta*sqrt(lambda_j)/epsilon",
+            "sensitivity": nz.sensitivity,
+            "sensitivity_lattice": nz.lattice_sensitivity,
+            "sensitivity_norm": "weighted_l1_K_C",
+            "lipschitz": self.lip,
+            "kappa": self.kappa,
+            "sigma": nz.sigma,
+            "expected_sq_l2_error": mse,
+            "rmse": math.sqrt(mse),
+            "band95": 1.96 * math.sqrt(mse),
+            "kernel": self.kernel_info(),
+            "smoothing": self.smoothing,
+            "truncation": {"components": self.eig.size,
+                           "grid_points": int(self.eig.positions.size)},
+            "statement": (
+                f"E||released - regularised ERM fit||^2 = {mse:.6g} (mean square over the"
+                f" covariate's range, {'log-odds' if self.loss == 'logistic' else 'response'}"
+                " units), the privacy error only; it excludes the ridge bias of psi and the"
+                " binning of the covariate to the grid. band95 is 1.96 x the RMS error."
+            ),
+        }
+
+
+def plan_iclp_erm(
+    loss: Loss,
+    covariate_bounds: tuple[float, float],
+    response_bounds: tuple[float, float],
+    n: int,
+    epsilon: float | Fraction,
+    grid_size: int = DEFAULT_GRID_SIZE,
+    kernel: Kernel = DEFAULT_KERNEL,
+    eta: float | None = None,
+    psi: float | None = None,
+    rel_floor: float = spectral.REL_FLOOR,
+) -> ErmPlan:
+    """Calibrate an ERM release. Defaults: Matérn(3/2, 0.1), η = 1 + 2/β, M = 100, and ψ
+    from ``proxy_psi`` with R = B (B = 1 for the logistic loss)."""
+    lo, hi = (float(v) for v in covariate_bounds)
+    ylo, yhi = (float(v) for v in response_bounds)
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError("covariate bounds must be finite with lower < upper")
+    if not (math.isfinite(ylo) and math.isfinite(yhi) and ylo <= yhi):
+        raise ValueError("response bounds must be finite with lower <= upper")
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+        raise ValueError("n must be a positive integer")
+    if not (math.isfinite(float(epsilon)) and float(epsilon) > 0):
+        raise ValueError("epsilon must be a finite number > 0")
+    if n > MAX_ROWS:
+        raise ValueError(f"ERM releases support at most {MAX_ROWS} rows")
+    if grid_size < 3:
+        raise ValueError("grid_size must be at least 3")
+    if loss == "logistic":
+        if not (ylo >= 0.0 and yhi <= 1.0):
+            raise ValueError("the logistic loss needs a 0/1 response (bounds within [0, 1])")
+        centre, bound = 0.0, 1.0
+    else:
+        centre, bound = 0.5 * (ylo + yhi), max(0.5 * (yhi - ylo), 2.0**-30)
+    eta_rule = "given" if eta is not None else "auto"
+    eta = pss.default_eta(kernel) if eta is None else float(eta)
+    if not (math.isfinite(eta) and eta > 1.0):
+        raise ValueError("eta must be > 1 for ERM functionals (spec §7.2)")
+    eig = spectral.eigen_system(kernel, domain.uniform_grid(grid_size), None, rel_floor, None)
+    # κ² = max_k Σ_j λ_j^η v_j(t_k)², rounded up (the sum errs by ≤ γ_J relatively)
+    kappa = math.sqrt(float(np.max((eig.vectors**2) @ eig.values**eta))
+                      * (1.0 + (eig.size + 4) * 2.0**-52)) * (1.0 + 2.0**-40)
+
+    def delta(p: float) -> float:
+        lip = lipschitz(loss, kappa, bound, p)
+        return erm_sensitivity(eig.values, kappa, lip, n, eta, p)
+
+    psi_rule = "given" if psi is not None else "min privacy MSE + psi*B^2/4"
+    if psi is None:
+        # both terms scale as B² (L is linear in B): minimise at B = 1 (no overflow)
+        trace, eps2 = eig.trace, float(epsilon) ** 2
+
+        def unit_delta(p: float) -> float:
+            lip = lipschitz(loss, kappa, 1.0, p)
+            return erm_sensitivity(eig.values, kappa, lip, n, eta, p)
+
+        psi = proxy_psi(lambda p: 2.0 * unit_delta(p) ** 2 * trace / eps2, 1.0)
+    psi = float(psi)
+    if not (math.isfinite(psi) and psi > 0):
+        raise ValueError("psi must be a finite number > 0")
+    lip = lipschitz(loss, kappa, bound, psi)
+    sens = delta(psi) * SENSITIVITY_SAFETY
+    root = np.sqrt(eig.values)
+    lam_half = eig.values ** (eta / 2.0)
+    radius = lip * kappa / (n * psi)
+    # |ĉ_j| <= λ_j^{η/2}·‖â‖ <= λ_j^{η/2}·√(J(0)/ψ); the certified solve adds ≤ tol·radius,
+    # and multiplying by λ_j^{η/2} one rounding
+    a_bound = (bound if loss == "square" else math.sqrt(math.log(2.0))) / math.sqrt(psi)
+    error = lam_half * (SOLVE_TOLERANCE * radius + 4 * _U * (a_bound + radius))
+    top = lam_half * (a_bound + radius)
+    calibrated = noise.calibrate(root, sens, epsilon, error, top)
+    smoothing = {
+        "method": "iclp-qr erm",
+        "loss": loss,
+        "eta": eta,
+        "eta_rule": eta_rule,
+        "psi": psi,
+        "psi_rule": psi_rule,
+        "penalty": "psi * ||f||^2 in H_{C^eta} (not psi/2)",
+        "beta": kernel.beta,
+        "components": eig.size,
+        "grid_size": grid_size,
+        "response_bound": bound,
+    }
+    return ErmPlan(loss, (lo, hi), centre, bound, eig, n, eta, psi, kappa, lip, calibrated,
+                   smoothing)

@@ -1,0 +1,259 @@
+"""Function-on-scalar regression with ICLP noise (spec §3.6, App. C.2).
+
+Model Y_i(t) = Σ_k x_ik β_k(t) + e_i(t) with p bounded scalar covariates
+(optionally an intercept column of ones). OLS is β̂ = G⁻¹S with
+G = (1/n)Σ_i x_i x_iᵀ (p × p) and S = (1/n)Σ_i x_i Y_i ∈ H^p. The release
+spends ε = ε₁ + ε₂ (default ε₁ = ε/4, exact Fractions):
+
+* ε₁: G's p(p+1)/2 upper-triangle entries with float-safe lattice Laplace
+  noise (``noise.calibrate`` with unit shape, the FRL core; never numpy's float
+  Laplace). ℓ1 sensitivity Σ_{j<=k} range(x_j x_k)/n, where range is max − min
+  of the product over the declared box (0 for the intercept's 1·1).
+* ε₂: the p mean functions S_k = (1/n)Σ_i x_ik Y_i with the ICLP-QR mean
+  machinery on one stacked coefficient vector (p·J entries, shapes √λ_j): the
+  weighted-ℓ1 sensitivity is *summed over the components*,
+  Δ₂ = Σ_k Δ_QR(c_k τ) = Δ_QR(τ)·Σ_k c_k with c_k = max|x_k| over its bounds,
+  since ‖x_ik Y_i − x'_ik Y'_i‖ <= 2c_kτ after clipping Y to τ.
+
+Post-processing: G̃ symmetrised, projected to the positive-definite cone
+with eigenvalues floored at the Laplace scale of its entries, and
+β̃ = G̃⁻¹S̃: p released functions on the response's grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mechanisms.iclp import cov, domain, erm, mean, noise, pss, spectral
+from mechanisms.iclp.kernels import Kernel
+
+DEFAULT_GRAM_SHARE = Fraction(1, 4)
+MAX_COVARIATES = 10
+_U = 2.0**-53
+
+
+def product_range(a: tuple[float, float], b: tuple[float, float], same: bool) -> float:
+    """max − min of x·y over x ∈ a, y ∈ b (x = y when ``same``: the square's range)."""
+    if same:
+        lo, hi = a
+        top = max(lo * lo, hi * hi)
+        bottom = 0.0 if lo <= 0.0 <= hi else min(lo * lo, hi * hi)
+        return top - bottom
+    corners = [x * y for x in a for y in b]
+    return max(corners) - min(corners)
+
+
+@dataclass(frozen=True, eq=False)
+class FosPlan:
+    """A calibrated function-on-scalar regression; built by ``plan_iclp_fos``."""
+
+    names: tuple[str, ...]  # the p covariates ("(intercept)" first when added)
+    bounds: tuple[tuple[float, float], ...]
+    grid: NDArray[np.float64]
+    eig: spectral.EigenSystem
+    n: int
+    tau: float
+    filter: NDArray[np.float64]  # QR filter of each component, J
+    gram_noise: noise.CoefficientNoise
+    mean_noise: noise.CoefficientNoise
+    epsilons: dict[str, Fraction]
+    smoothing: dict[str, Any]
+
+    @property
+    def p(self) -> int:
+        return len(self.names)
+
+    @property
+    def noise(self) -> cov.StackedNoise:
+        """G's upper triangle (row-major) then S's p·J coefficients, one vector."""
+        return cov.StackedNoise((self.gram_noise, self.mean_noise))
+
+    def design(self, covariates: Sequence[ArrayLike]) -> NDArray[np.float64]:
+        """n × p design: each column clipped to its bounds (NaN -> its lower bound)."""
+        cols = []
+        for (lo, hi), values in zip(self.bounds, self._with_intercept(covariates), strict=True):
+            v = np.asarray(values, dtype=np.float64)
+            if v.shape != (self.n,):
+                raise ValueError("covariates must have n_rows entries")
+            cols.append(np.clip(np.where(np.isnan(v), lo, v), lo, hi))
+        return np.column_stack(cols)
+
+    def _with_intercept(self, covariates: Sequence[ArrayLike]) -> list[ArrayLike]:
+        out = list(covariates)
+        if self.names and self.names[0] == "(intercept)":
+            out.insert(0, np.ones(self.n))
+        if len(out) != self.p:
+            raise ValueError(f"expected {self.p} covariate columns")
+        return out
+
+    def summary(self, covariates: Sequence[ArrayLike], curves: ArrayLike) -> NDArray[
+        np.float64
+    ]:
+        """Non-private (upper triangle of G, then the QR coefficients of S_1..S_p)."""
+        x = self.design(covariates)
+        y = np.asarray(curves, dtype=np.float64)
+        if y.shape != (self.n, self.grid.size):
+            raise ValueError(f"curves must have shape (n_rows, {self.grid.size})")
+        gram = (x.T @ x) / self.n
+        upper = gram[np.triu_indices(self.p)]
+        clipped = domain.clip_curves(y, self.eig.weights, self.tau)
+        xi = (clipped * self.eig.weights) @ self.eig.vectors  # n × J
+        s = (x.T @ xi) / self.n * self.filter  # p × J
+        return np.concatenate([upper, s.ravel()])
+
+    def release(self, covariates: Sequence[ArrayLike], curves: ArrayLike,
+                rng: np.random.Generator) -> dict[str, Any]:
+        return self.result(self.noise.release(self.summary(covariates, curves), rng))
+
+    def result(self, coefficients: NDArray[np.float64]) -> dict[str, Any]:
+        """β̃ = G̃⁻¹S̃ after the PD projection (post-processing of the noisy vector)."""
+        k = self.p * (self.p + 1) // 2
+        gram = np.zeros((self.p, self.p))
+        gram[np.triu_indices(self.p)] = coefficients[:k]
+        gram = gram + np.triu(gram, 1).T
+        floor = float(np.max(self.gram_noise.laplace_scales))
+        lam, vec = np.linalg.eigh(gram)
+        projected = (vec * np.maximum(lam, floor)) @ vec.T
+        s = coefficients[k:].reshape(self.p, -1)
+        beta = np.linalg.solve(projected, s)  # p × J
+        curves = beta @ self.eig.vectors.T
+        inverse = np.linalg.inv(projected)
+        with np.errstate(over="ignore", invalid="ignore"):  # absurd bounds: inf -> null
+            var = self.mean_noise.variances().reshape(self.p, -1).sum(axis=1)  # per S_k
+            # an indication only: ignores G̃'s noise, holds given the released G̃
+            band = 1.96 * np.sqrt((inverse**2) @ var)
+        return {
+            "grid": self.grid,
+            "values": curves,
+            "names": list(self.names),
+            "kind": "curves",
+            "coefficients": coefficients,
+            "gram": projected,
+            "band95": band,
+            "kernel": {**self.eig.kernel.describe(),
+                       "domain": [float(self.grid[0]), float(self.grid[-1])]},
+            "smoothing": self.smoothing,
+        }
+
+    def accuracy(self) -> dict[str, Any]:
+        s_mse = self.mean_noise.variances().reshape(self.p, -1).sum(axis=1)
+        return {
+            "noise": "Gram: discrete Laplace per upper-triangle entry; S: ICLP-QR per"
+                     " component, stacked",
+            "epsilon_split": {k: str(v) for k, v in self.epsilons.items()},
+            "gram_sensitivity_l1": self.gram_noise.sensitivity,
+            "gram_laplace_scale": float(np.max(self.gram_noise.laplace_scales)),
+            "gram_expected_sq_error": self.gram_noise.expected_sq_error(),
+            "s_sensitivity": self.mean_noise.sensitivity,
+            "s_sensitivity_norm": "weighted_l1_K_C summed over the p components",
+            "s_expected_sq_l2_error": s_mse,
+            "rmse": math.sqrt(float(s_mse.max())),
+            "smoothing": self.smoothing,
+            "statement": (
+                "Each released S_k = (1/n) sum_i x_ik Y_i has expected squared L2 privacy"
+                " error s_expected_sq_l2_error[k]; the Gram entries have Laplace scale"
+                " gram_laplace_scale. beta = G^-1 S amplifies both by ||G^-1||; the"
+                " result's band95 is 1.96 x the RMS of G~^-1 S~'s noise given the released"
+                " G~ (post-processing; it ignores the Gram's own noise)."
+            ),
+        }
+
+
+def plan_iclp_fos(
+    names: Sequence[str],
+    bounds: Sequence[tuple[float, float]],
+    grid: ArrayLike,
+    tau: float,
+    n: int,
+    epsilon: float | Fraction,
+    intercept: bool = True,
+    kernel: Kernel = mean.DEFAULT_KERNEL,
+    eta: float | None = None,
+    psi: float | None = None,
+    gram_share: Fraction = DEFAULT_GRAM_SHARE,
+) -> FosPlan:
+    """Calibrate a function-on-scalar regression; ε₁ = gram_share·ε exactly, ε₂ = ε − ε₁.
+
+    ψ defaults to ``erm.proxy_psi`` at ε₂ with R² = τ²Σ_k c_k² (the S_k's norm bounds),
+    η to 1 + 2/β.
+    """
+    points, tau = domain.validate_functional_meta(grid, tau)
+    if len(names) != len(bounds) or not names:
+        raise ValueError("one bounds pair per covariate, at least one covariate")
+    if len(names) + intercept > MAX_COVARIATES:
+        raise ValueError(f"at most {MAX_COVARIATES} covariates (with the intercept)")
+    box = [(float(lo), float(hi)) for lo, hi in bounds]
+    for lo, hi in box:
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError("covariate bounds must be finite with lower < upper")
+    if intercept:
+        box.insert(0, (1.0, 1.0))
+        names = ["(intercept)", *names]
+    eps = Fraction(epsilon)
+    if not eps > 0:
+        raise ValueError("epsilon must be > 0")
+    if not 0 < gram_share < 1:
+        raise ValueError("gram_share must be strictly between 0 and 1")
+    eps1 = eps * gram_share
+    eps2 = eps - eps1
+    p = len(box)
+    # --- ε₁: the Gram matrix
+    ranges = [product_range(box[j], box[k], j == k) for j in range(p) for k in range(j, p)]
+    magnitude = [max(abs(box[j][0]), abs(box[j][1])) * max(abs(box[k][0]), abs(box[k][1]))
+                 for j in range(p) for k in range(j, p)]
+    # the computed mean of products errs by ≤ γ_{n+2}·max|x_j x_k| (rounded up: γ <= 2(n+2)u)
+    gram_error = np.array(magnitude) * (n + 4) * 2.0 * _U
+    gram_delta = math.fsum(ranges) / n * (1.0 + 2.0**-40)
+    if gram_delta == 0.0:  # intercept only: G = 1 is public; noise it anyway (tiny)
+        gram_delta = 2.0**-40
+    gram_noise = noise.calibrate(np.ones(len(ranges)), gram_delta, eps1, gram_error,
+                                 np.array(magnitude))
+    # --- ε₂: the p mean functions, QR per component, sensitivity summed over components
+    eta_rule = "given" if eta is not None else "auto"
+    eta = pss.default_eta(kernel) if eta is None else float(eta)
+    if not (math.isfinite(eta) and eta > 0.5):
+        raise ValueError("eta must be > 1/2")
+    eig = spectral.eigen_system(kernel, domain.unit_positions(points),
+                                domain.quadrature_weights(points))
+    scale = [max(abs(lo), abs(hi)) for lo, hi in box]
+    tau_eff = tau * mean.TAU_SLACK
+    bessel = spectral.bessel_factor(eig)
+
+    def delta(q: float) -> float:
+        return (mean.qr_sensitivity(eig.values, n, tau_eff * math.fsum(scale), eta, q)
+                * math.sqrt(bessel) * mean.SENSITIVITY_SAFETY * (1.0 + 2.0**-40))
+
+    psi_rule = "given" if psi is not None else "min privacy MSE + psi*R^2/4"
+    if psi is None:
+        # divide both terms by (τ·Σc)² (no overflow for huge bounds): Δ ∝ τΣc, R² = τ²Σc²
+        trace, e2 = eig.trace * p, float(eps2) ** 2
+        top = max(scale)
+        ratio = math.fsum((c / top) ** 2 for c in scale) / math.fsum(c / top for c in scale) ** 2
+
+        def unit_delta(q: float) -> float:
+            return mean.qr_sensitivity(eig.values, n, 1.0, eta, q) * math.sqrt(bessel)
+
+        psi = erm.proxy_psi(lambda q: 2.0 * unit_delta(q) ** 2 * trace / e2, ratio)
+    psi = float(psi)
+    if not (math.isfinite(psi) and psi > 0):
+        raise ValueError("psi must be a finite number > 0")
+    filt = mean.qr_filter(eig.values, eta, psi)
+    delta2 = delta(psi)
+    size = math.sqrt(bessel) * tau_eff
+    bound = np.concatenate([filt * size * c for c in scale])
+    error = bound * (n + len(points) + p + 8) * 2.0**-52
+    mean_noise = noise.calibrate(np.tile(np.sqrt(eig.values), p), delta2, eps2, error, bound)
+    filt.setflags(write=False)
+    smoothing = {"method": "iclp-qr function-on-scalar", "eta": eta, "eta_rule": eta_rule,
+                 "psi": psi, "psi_rule": psi_rule, "beta": kernel.beta,
+                 "components": eig.size, "gram_share": str(gram_share),
+                 "pd_floor": "the Gram entries' Laplace scale"}
+    return FosPlan(tuple(names), tuple(box), np.array(points), eig, n, tau, filt, gram_noise,
+                   mean_noise, {"gram": eps1, "functions": eps2}, smoothing)
