@@ -555,10 +555,13 @@ def _function_plan(name: str, configs: Sequence[tuple[str, dict[str, Any], int]]
 
 
 def _pin_psi(raw: dict[str, Any], meta: DatasetMeta) -> dict[str, Any]:
-    """ICLP's default ψ depends on ε: pin it so the control differs in its noise only."""
+    """ICLP's default tuning (ρ, J, η, ψ) depends on ε: pin it so the control differs in
+    its noise only."""
     mech = registry.get("iclp.mean")
     plan: Any = mech._calibrated(mech.load_params(raw), Fraction(1), meta)  # type: ignore[attr-defined]
-    return {**raw, "smoothing": {"psi": plan.smoothing["psi"]}}
+    sm = plan.smoothing
+    return {**raw, "smoothing": {"psi": sm["psi"], "eta": sm["eta"]},
+            "kernel": {"rho": sm["rho"]}, "max_components": sm["components"]}
 
 
 NOTION = "epsilon-DP"

@@ -25,7 +25,7 @@ from mechanisms.base import (
     check_numeric_column,
     read_epsilon,
 )
-from mechanisms.iclp import bernstein, domain, kde, mean, noise, params
+from mechanisms.iclp import bernstein, domain, kde, mean, noise, params, pss
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease, jsonable
 from mechanisms.registry import register
@@ -111,15 +111,19 @@ class IclpMean(_FunctionMechanism):
 
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
         grid, tau = _functional_column(meta, p["column"], self.name)
-        kernel = _noise_kernel(p.get("kernel", {}))
+        spec = p.get("kernel", {})
+        base = _noise_kernel(spec)
+        kernel: Kernel | tuple[Kernel, ...] = base
+        if _auto(spec.get("rho")) is None:  # ρ left open: the tuning picks it
+            kernel = tuple(Kernel(base.family, rho, base.nu) for rho in pss.RHO_CANDIDATES)
         smoothing = p.get("smoothing", {})
         eta = _auto(smoothing.get("eta"))
         if eta is not None and eta <= 0.5:
             raise MechanismInputError("params.smoothing.eta", "eta must be > 1/2 for the mean")
         raw_psi = smoothing.get("psi", "auto")
         psi: float | mean.PsiRule = (
-            "free" if raw_psi == "free" else "balanced" if isinstance(raw_psi, str)
-            else float(raw_psi)
+            "free" if raw_psi == "free" else "balanced" if raw_psi == "balanced"
+            else "auto" if isinstance(raw_psi, str) else float(raw_psi)
         )
         return mean.plan_iclp_mean(
             grid, tau, meta.n_rows, epsilon, kernel, eta, psi, p.get("max_components")

@@ -1,0 +1,109 @@
+"""The default ICLP-QR tuning (issue 16 item 1): the data-free risk and what it buys.
+
+Expected errors here are exact (``sim.expected_sq_error``: lattice noise
+variance + bias + sampling variance), so the comparisons with FRL are
+deterministic, not Monte Carlo.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from mechanisms import iclp
+from mechanisms.iclp import noise, pss
+from tests.unit.iclp.sim import GRID, SCENARIO_TAU, SCENARIOS, expected_sq_error
+
+EPSILONS = (Fraction(1, 8), Fraction(1, 2), Fraction(1), Fraction(2), Fraction(4),
+            Fraction(8), Fraction(16))
+SIZES = (100, 500, 10_000)
+
+
+def _ratio(n: int, eps: Fraction) -> float:
+    """max over S1-S4 of RMSE(ICLP-QR default) / RMSE(FRL default)."""
+    qr = iclp.plan_iclp_mean(GRID, SCENARIO_TAU, n, eps)
+    frl = iclp.plan_frl_mean(GRID, SCENARIO_TAU, n, eps)
+    return max(math.sqrt(expected_sq_error(qr, mu) / expected_sq_error(frl, mu))
+               for mu in SCENARIOS.values())
+
+
+def test_risk_terms_are_the_plans_own_numbers() -> None:
+    plan = iclp.plan_iclp_mean(GRID, 2.0, 700, Fraction(3))
+    sm = plan.smoothing
+    exact = iclp.qr_sensitivity(plan.eig.values, 700, 2.0, sm["eta"], sm["psi"])
+    assert sm["risk"]["privacy"] == pytest.approx(
+        noise.privacy_mse(exact, 3.0, plan.eig.values), rel=1e-12)
+    # the lattice release's exact variance is the continuous one up to its ~0.1-0.2% slack
+    assert plan.noise.expected_sq_error() == pytest.approx(sm["risk"]["privacy"], rel=5e-3)
+    assert plan.components == sm["components"] == plan.noise.size
+
+
+def test_chosen_psi_minimises_the_risk() -> None:
+    """A local minimum in log ψ, and no worse than the paper's balanced ψ."""
+    n, eps, tau = 500, 2.0, 3.0
+    plan = iclp.plan_iclp_mean(GRID, tau, n, Fraction(eps))
+    sm = plan.smoothing
+    share = iclp.mean._prior_share(iclp.mean._eigen(plan.eig.kernel, tuple(GRID),
+                                                    plan.eig.rel_floor, None))
+    lam, p = plan.eig.values, share[: plan.components]
+
+    def risk(psi: float) -> float:
+        r = pss.qr_risk(lam, p, n, eps, tau, sm["eta"], psi)
+        assert isinstance(r, pss.QrRisk)
+        return r.total
+
+    best = risk(sm["psi"])
+    assert best == pytest.approx(sm["risk"]["total"], rel=1e-12)
+    for step in (0.9, 1.1, 0.5, 2.0):
+        assert risk(sm["psi"] * step) >= best * (1 - 1e-9)
+    assert risk(pss.balanced_psi(n, eps, sm["eta"], 4.0)) > best
+
+
+def test_prior_share_of_the_reference_kernel_is_its_spectrum() -> None:
+    eig = iclp.mean._eigen(iclp.matern(1.5, 0.1), tuple(GRID), 1e-10, None)
+    share = iclp.mean._prior_share(eig)
+    np.testing.assert_allclose(share, eig.values / eig.values.sum(), rtol=1e-12)
+    other = iclp.mean._prior_share(iclp.mean._eigen(iclp.matern(1.5, 0.02), tuple(GRID),
+                                                    1e-10, None))
+    assert other.sum() == pytest.approx(1.0, abs=1e-8) and np.all(other > -1e-12)
+
+
+def test_component_ladder() -> None:
+    assert pss.component_candidates(1) == [1]
+    assert pss.component_candidates(100) == [1, 2, 3, 5, 7, 11, 17, 27, 43, 69, 100]
+
+
+def test_default_privacy_error_falls_with_epsilon() -> None:
+    """Catches the flat privacy error of the balanced ψ (0.0126 at ε = 1/8, 0.0111 at 16).
+
+    Now 0.0084, 0.0025, 0.00014: the risk spends large budgets on less smoothing.
+    """
+    errs = [iclp.plan_iclp_mean(GRID, 1.0, 500, e).accuracy()["expected_sq_l2_error"]
+            for e in (Fraction(1, 8), Fraction(1), Fraction(16))]
+    assert errs[0] > 3 * errs[1] > 50 * errs[2]
+
+
+@pytest.mark.parametrize(("n", "eps"), [(10_000, Fraction(4)), (10_000, Fraction(2)),
+                                        (500, Fraction(8)), (500, Fraction(16)),
+                                        (100, Fraction(16))])
+def test_default_is_no_worse_than_frl_where_the_balanced_psi_lost(n: int, eps: Fraction) -> None:
+    """Cells where the old default had 1.3-3.3x FRL's RMSE on S1-S4 (issue 16 item 1)."""
+    assert _ratio(n, eps) <= 1.0
+
+
+def test_whole_grid_against_frl() -> None:
+    """All 21 (n, ε) cells x S1-S4: QR <= FRL except three corners, each within 1.35x.
+
+    The corners are structural, not the criterion's: an oracle search over
+    (ρ, J, η, ψ) on the true means still gives 1.09x at (10^4, 1/8) and 1.03x at
+    (10^4, 16). ICLP's noise shape a_j = √λ_j costs (Σ F_j²/λ_j)(Σ λ_j) >= (Σ F_j)²
+    (Cauchy–Schwarz), which FRL's flat shape attains when all its components
+    are kept. The balanced ψ reached 9.7x.
+    """
+    ratios = {(n, e): _ratio(n, e) for n in SIZES for e in EPSILONS}
+    losing = {cell for cell, r in ratios.items() if r > 1.0}
+    assert losing <= {(500, Fraction(1, 8)), (10_000, Fraction(1, 8)), (10_000, Fraction(16))}
+    assert max(ratios.values()) <= 1.35
