@@ -39,7 +39,8 @@ TAU_SLACK = 1.0 + 2.0**-30
 #: computed closed-form sensitivities are multiplied by this (their rounding is ≈ J·2^-53)
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
 DEFAULT_KERNEL = matern(1.5, 0.1)
-Method = Literal["iclp-qr", "frl"]
+Method = Literal["iclp-qr", "iclp-ar", "frl"]
+_LABELS = {"iclp-qr": "ICLP-QR", "iclp-ar": "ICLP-AR", "frl": "FRL"}
 PsiRule = Literal["auto", "balanced", "free"]
 
 
@@ -138,7 +139,7 @@ class MeanPlan:
         nz = self.noise
         mse = nz.expected_sq_error()
         rounding = float(np.sum(nz.steps**2)) / 4.0
-        label = "ICLP-QR" if self.method == "iclp-qr" else "FRL"
+        label = _LABELS[self.method]
         risk = self.smoothing.get("risk")
         tuning = "" if risk is None else (
             f" The tuning (rho={self.smoothing['rho']:g}, J={self.components},"
@@ -148,13 +149,14 @@ class MeanPlan:
             " Matern(1.5, 0.1) mean of energy"
             f" {risk['prior_energy']:g}*tau^2, sampling {risk['sampling']:.3g}); the actual"
             " bias depends on the true mean's smoothness.")
-        shape = "Delta*sqrt(lambda_j)/epsilon" if self.method == "iclp-qr" else "Delta/epsilon"
+        iclp = self.method != "frl"
+        shape = "Delta*sqrt(lambda_j)/epsilon" if iclp else "Delta/epsilon"
         return {
             "noise": f"{label}: discrete Laplace per eigen-coefficient on power-of-two lattices",
             "laplace_scales": shape,
             "sensitivity": nz.sensitivity,
             "sensitivity_lattice": nz.lattice_sensitivity,
-            "sensitivity_norm": "weighted_l1_K_C" if self.method == "iclp-qr" else "l1",
+            "sensitivity_norm": "weighted_l1_K_C" if iclp else "l1",
             "sigma": nz.sigma,
             "expected_sq_l2_error": mse,
             "rmse": math.sqrt(mse),
