@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.iclp import domain, mean, pss, spectral
+from mechanisms.iclp import domain, mean, noise, pss, spectral
 from mechanisms.iclp.kernels import Kernel
 from mechanisms.iclp.release import FunctionRelease
 
@@ -92,6 +92,9 @@ def plan_iclp_ar_mean(
         raise ValueError("psi must be a finite number > 0")
     full = mean._eigen(kernel, points, rel_floor, None)
     j = ar_components(full.values, tau, eta_value, psi_value)
+    if j < 1 and psi is None:  # the default ψ grows as ε shrinks
+        raise noise.CalibrationError("epsilon too small: the default psi thresholds every"
+                                     " coefficient to 0 (theta_1 >= tau)")
     if j < 1:
         raise ValueError("psi is so large that every coefficient is thresholded to 0"
                          " (theta_1 >= tau); lower psi or raise epsilon")

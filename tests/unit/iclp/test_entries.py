@@ -34,13 +34,14 @@ META = DatasetMeta(
 )
 SECRET = 987654.125
 EPS = {"epsilon": Fraction(1, 2)}
-MEANS = ("iclp.mean", "frl.mean")
-DENSITIES = ("iclp.kde", "bernstein.kde")
-COLUMN = {"iclp.mean": "load", "frl.mean": "load", "iclp.kde": "wage", "bernstein.kde": "wage"}
+MEANS = ("iclp.mean", "frl.mean", "iclp.ar", "bernstein.mean")
+DENSITIES = ("iclp.kde", "bernstein.kde", "frl.kde")
+COLUMN = {**dict.fromkeys(MEANS, "load"), **dict.fromkeys(DENSITIES, "wage")}
 #: the entries themselves (the registry also loads the other families; see test_registered)
 MECHANISMS: dict[str, Mechanism] = {
     m.name: m for m in (entries.iclp_mean, entries.frl_mean, entries.iclp_kde,
-                        entries.bernstein_kde)
+                        entries.bernstein_kde, entries.iclp_ar, entries.frl_kde,
+                        entries.bernstein_mean)
 }
 
 
