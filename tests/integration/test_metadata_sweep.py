@@ -54,6 +54,10 @@ MENU: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
                                                         "value": 0}}, EPS)],
     "iclp.kde": [({"column": "x"}, EPS)],
     "iclp.mean": [({"column": "f"}, EPS)],
+    "iclp.ar": [({"column": "f"}, EPS)],
+    "bernstein.mean": [({"column": "f"}, EPS)],
+    "gp.adp": [({"column": "f"}, {"epsilon": 1, "delta": 1e-6})],
+    "frl.kde": [({"column": "x"}, EPS)],
     "laplace": [({"statistic": "mean", "column": "x"}, EPS),
                 ({"statistic": "sum", "column": "x"}, EPS),
                 ({"statistic": "histogram", "column": "k", "bins": 3}, EPS)],
@@ -77,7 +81,7 @@ for _name, _extra in [("interval.case1", {}), ("interval.case2", {}),
                    for c, t in [("x", "identity"), ("x", "exp"), ("x", "square"),
                                 ("x", "log"), ("k", "identity"), ("k", "exp")]]
 
-DENSITIES = {"iclp.kde", "bernstein.kde"}
+DENSITIES = {"iclp.kde", "bernstein.kde", "frl.kde"}
 
 
 def test_menu_covers_every_registered_mechanism() -> None:
