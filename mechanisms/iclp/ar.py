@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.iclp import domain, mean, noise, pss, spectral
+from mechanisms.iclp import domain, mean, pss, spectral
 from mechanisms.iclp.kernels import Kernel
 from mechanisms.iclp.release import FunctionRelease
 
@@ -92,12 +92,10 @@ def plan_iclp_ar_mean(
         raise ValueError("psi must be a finite number > 0")
     full = mean._eigen(kernel, points, rel_floor, None)
     j = ar_components(full.values, tau, eta_value, psi_value)
-    if j < 1 and psi is None:  # the default ψ grows as ε shrinks
-        raise noise.CalibrationError("epsilon too small: the default psi thresholds every"
-                                     " coefficient to 0 (theta_1 >= tau)")
-    if j < 1:
-        raise ValueError("psi is so large that every coefficient is thresholded to 0"
-                         " (theta_1 >= tau); lower psi or raise epsilon")
+    # θ_1 >= τ: the estimator is 0 for every dataset; keep one (always-zero) coefficient
+    # so the release is well defined (pure noise around 0) instead of refusing
+    thresholded = j == 0
+    j = max(1, j)
     eig = mean._prefix(full, j)
     theta = ar_thresholds(eig.values, eta_value, psi_value)
     theta.setflags(write=False)
@@ -112,6 +110,7 @@ def plan_iclp_ar_mean(
         "beta": kernel.beta,
         "components": j,
         "components_rule": "theta_j < tau",
+        "all_thresholded": thresholded,
     }
     base = mean._plan("iclp-ar", points, eig, n, tau, np.ones(j), np.sqrt(eig.values),
                       delta * mean.SENSITIVITY_SAFETY, epsilon, smoothing)

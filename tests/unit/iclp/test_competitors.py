@@ -92,8 +92,10 @@ def test_ar_random_neighbours_lose_at_most_epsilon(data: np.ndarray, other: np.n
 def test_ar_refuses_bad_tuning() -> None:
     with pytest.raises(ValueError, match="eta must be >= 1"):
         ar.plan_iclp_ar_mean(GRID, 1.0, 100, EPS, eta=0.8)
-    with pytest.raises(ValueError, match="thresholded"):
-        ar.plan_iclp_ar_mean(GRID, 1.0, 100, EPS, psi=10.0)
+    # θ_1 >= τ: the estimator is 0 for every dataset; one always-zero coefficient is kept
+    zero = ar.plan_iclp_ar_mean(GRID, 1.0, 100, EPS, psi=10.0)
+    assert zero.components == 1 and zero.smoothing["all_thresholded"]
+    assert zero.summary(gp_curves(np.random.default_rng(9), 100)).tolist() == [0.0]
 
 
 # --------------------------------------------------------------------------- GP-ADP
