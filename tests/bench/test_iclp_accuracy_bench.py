@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
+from scipy import stats
 
-from mechanisms.iclp import ar, bernstein, gp, mean
+from mechanisms.iclp import ar, bernstein, gp, kde, mean
 from tests.unit.iclp.sim import GRID, SCENARIO_TAU, SCENARIOS, expected_sq_error, gp_curves
 
 pytestmark = pytest.mark.bench
@@ -114,5 +116,57 @@ def test_accuracy_table() -> None:
     assert over_frl >= 66
 
 
+DENSITY_SIZES = (100, 1000, 10_000)
+DENSITY_EPSILONS = (Fraction(1, 8), Fraction(1, 2), Fraction(1), Fraction(4), Fraction(16))
+DENSITIES: dict[str, Callable[[int, Fraction], Any]] = {
+    "ICLP-QR": lambda n, e: kde.plan_iclp_kde((0.0, 1.0), n, e),
+    "FRL": lambda n, e: kde.plan_frl_kde((0.0, 1.0), n, e),
+    "Bernstein K=20": lambda n, e: bernstein.plan_bernstein_kde((0.0, 1.0), n, e),
+}
+
+
+def _mixture(rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+    """0.4·TN(0.3, 0.08²) + 0.6·TN(0.7, 0.1²) truncated to [0, 1] (spec §5.2's d = 1 shape)."""
+    first = rng.random(n) < 0.4
+    out = np.empty(n)
+    for mask, (m, sd) in ((first, (0.3, 0.08)), (~first, (0.7, 0.1))):
+        k = int(mask.sum())
+        out[mask] = stats.truncnorm.rvs(-m / sd, (1 - m) / sd, loc=m, scale=sd, size=k,
+                                        random_state=rng)
+    return out
+
+
+def _mixture_pdf(t: NDArray[np.float64]) -> NDArray[np.float64]:
+    out: NDArray[np.float64] = (
+        0.4 * stats.truncnorm.pdf(t, -0.3 / 0.08, 0.7 / 0.08, loc=0.3, scale=0.08)
+        + 0.6 * stats.truncnorm.pdf(t, -0.7 / 0.1, 0.3 / 0.1, loc=0.7, scale=0.1))
+    return out
+
+
+def density_table(seeds: tuple[int, ...] = SEEDS) -> str:
+    """RMSE √(mean over seeds of ∫(f̃ − p)²) of the three density releases (normalised)."""
+    lines = ["| n | ε | " + " | ".join(DENSITIES) + " |", "|---|---|" + "---|" * len(DENSITIES)]
+    for n in DENSITY_SIZES:
+        for e in DENSITY_EPSILONS:
+            plans = {name: make(n, e) for name, make in DENSITIES.items()}
+            sq: dict[str, list[float]] = {name: [] for name in plans}
+            for seed in seeds:
+                rng = np.random.default_rng([seed, 99, n])
+                x = _mixture(rng, n)
+                for name, plan in plans.items():
+                    out = plan.release(x, rng)
+                    truth = _mixture_pdf(np.asarray(out.grid))
+                    sq[name].append(float(np.mean((out.values - truth) ** 2)))
+            cells = " | ".join(f"{math.sqrt(float(np.mean(v))):.3f}" for v in sq.values())
+            lines.append(f"| {n} | {_eps(e)} | {cells} |")
+    return "\n".join(lines)
+
+
+def test_density_table() -> None:
+    print(f"\nseeds {SEEDS}\n")
+    print(density_table())
+
+
 if __name__ == "__main__":
     test_accuracy_table()
+    test_density_table()
