@@ -662,6 +662,15 @@ def _gp_plan_audit() -> Plan:
                                 functional_meta()))])
 
 
+def _pin_kde(raw: dict[str, Any], meta: DatasetMeta) -> dict[str, Any]:
+    """The KDE's default (h, η) depends on ε: pin it so the control differs in its noise
+    only."""
+    mech = registry.get("iclp.kde")
+    plan: Any = mech._calibrated(mech.load_params(raw), Fraction(1), meta)  # type: ignore[attr-defined]
+    sm = plan.smoothing
+    return {**raw, "kernel": {"rho": sm["bandwidth_fraction"]}, "smoothing": {"eta": sm["eta"]}}
+
+
 NOTION = "epsilon-DP"
 PLANS: dict[str, Callable[[], Plan]] = {
     "laplace": _laplace_plan,
@@ -680,6 +689,7 @@ PLANS: dict[str, Callable[[], Plan]] = {
         (f"one component eps={TAIL_EPSILON}", {"column": "f", "components": 1}, TAIL_EPSILON),
     ], functional_meta(), 2, learned=False),
     "iclp.kde": lambda: _function_plan("iclp.kde", [
+        ("default (h, eta) at eps=1, pinned", _pin_kde({"column": "x"}, unit_meta(20)), 1),
         ("default eps=1", {"column": "x"}, 1)], unit_meta(20), 3, learned=True),
     "bernstein.kde": lambda: _function_plan("bernstein.kde", [
         ("default eps=1", {"column": "x"}, 1)], unit_meta(20), 8, learned=False),

@@ -169,3 +169,20 @@ def component_candidates(available: int) -> list[int]:
         out.add(j)
         k += 1
     return sorted(out)
+
+
+# --------------------------------------------------------------------------- ICLP-QR KDE risk
+
+#: bandwidth multipliers of ``kde_bandwidth`` tried by the KDE's default tuning
+KDE_BANDWIDTH_FACTORS = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
+#: η of the estimation kernel C_h^η tried by the KDE's default tuning
+KDE_ETA_CANDIDATES = (1.05, 1.2, 1.5, 2.0, 3.0)
+#: the reference density's roughness: a normal of this sd (fraction of the declared range)
+KDE_REFERENCE_SD = 0.1
+
+
+def kde_amise(n: int, bandwidth: float) -> float:
+    """AMISE of a Gaussian KDE of bandwidth b for the reference normal density:
+    b⁴·R(p'')/4 + R(K)/(n·b), R(p'') = 3/(8√π σ⁵), R(K) = 1/(2√π) (unit domain)."""
+    roughness = 3.0 / (8.0 * math.sqrt(math.pi) * KDE_REFERENCE_SD**5)
+    return bandwidth**4 * roughness / 4.0 + 1.0 / (2.0 * math.sqrt(math.pi) * n * bandwidth)
