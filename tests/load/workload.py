@@ -138,6 +138,10 @@ REQUESTS: dict[str, Callable[[random.Random], Request]] = {
     "frl.mean": lambda r: ({"column": "f"}, {"epsilon": _eps(r)}),
     "iclp.kde": lambda r: ({"column": "income"}, {"epsilon": _eps(r)}),
     "bernstein.kde": lambda r: ({"column": "income"}, {"epsilon": _eps(r)}),
+    "iclp.ar": lambda r: ({"column": "f"}, {"epsilon": _eps(r)}),
+    "bernstein.mean": lambda r: ({"column": "f"}, {"epsilon": _eps(r)}),
+    "gp.adp": lambda r: ({"column": "f"}, {"epsilon": _eps(r), "delta": 1e-7}),
+    "frl.kde": lambda r: ({"column": "income"}, {"epsilon": _eps(r)}),
     "dip": lambda r: ({"columns": r.choice([["income"], ["income", "group"]])},
                       {"epsilon": _eps(r)}),
 }
