@@ -204,6 +204,69 @@ def function_neighbours(plan: Any, column: str, meta: DatasetMeta) -> tuple[Data
     return {column: base}, {column: other}
 
 
+def sup_neighbours(plan: Any, column: str, meta: DatasetMeta) -> tuple[Data, Data]:
+    """Bernstein mean: record 0 at +τ_∞ vs −τ_∞ everywhere (others 0), which moves every
+    lattice value by 2τ_∞/n: the ℓ1 sensitivity (K + 1)·Δ_∞ exactly."""
+    base = np.zeros((meta.n_rows, plan.grid.size))
+    other = base.copy()
+    base[0], other[0] = plan.sup_bound, -plan.sup_bound
+    return {column: base}, {column: other}
+
+
+def ar_neighbours(plan: Any, column: str, meta: DatasetMeta) -> tuple[Data, Data]:
+    """ICLP-AR: every record τ·v_1, record 0 flipped to −τ·v_1 in D'. The mean's first
+    coefficient moves by 2τ/n and stays above θ_1 when θ_1 <= (1 − 2/n)τ, so nothing is
+    thresholded away: with J = 1 this attains Δ_AR = (2τ/n)/√λ_1."""
+    curve = plan.tau * plan.eig.vectors[:, 0] * (1 - 1e-12)
+    base = np.tile(curve, (meta.n_rows, 1))
+    other = base.copy()
+    other[0] = -curve
+    return {column: base}, {column: other}
+
+
+def gp_neighbours(plan: Any, column: str, meta: DatasetMeta) -> tuple[Data, Data]:
+    """GP-ADP: record 0 at ±τ·v_j* with j* = argmax_j F_j/√λ_j (others 0), which attains
+    the Cameron–Martin sensitivity (2τ/n)·max_j F_j/√λ_j."""
+    eig = plan.eig
+    j = int(np.argmax(plan.filter / np.sqrt(eig.values)))
+    curve = plan.tau * eig.vectors[:, j] * (1 - 1e-12)
+    base = np.zeros((meta.n_rows, curve.size))
+    other = base.copy()
+    base[0], other[0] = curve, -curve
+    return {column: base}, {column: other}
+
+
+def gp_scenario(label: str, mech: Mechanism, raw: Mapping[str, Any],
+                budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
+    """GP-ADP's lattice coefficients (centre + discrete Gaussian, ``runs`` at once), with the
+    Neyman–Pearson statistic of the claimed Gaussian noise between the two centres."""
+    params = mech.load_params(raw)
+    cost = _cost(mech, params, budget, meta)
+    plan: Any = mech._gp_plan(params, cost, meta)  # type: ignore[attr-defined]
+    column = params["column"]
+    pair = gp_neighbours(plan, column, meta)
+    nz = plan.gaussian
+    centres = [nz.centre(plan.summary(d[column])) for d in pair]
+    steps = nz.steps
+
+    def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+        out: FloatArray = (centres[which] + nz.sample(rng, runs)).astype(np.float64) * steps
+        return out
+
+    def once(rng: np.random.Generator, which: int) -> FloatArray:
+        result = mech.run(pair[which], params, cost, meta, rng).result
+        return np.asarray(result["coefficients"], dtype=np.float64)
+
+    def loss(v: FloatArray) -> FloatArray:
+        y = v / steps
+        a, b = centres[0].astype(np.float64), centres[1].astype(np.float64)
+        out: FloatArray = (((y - b) ** 2 - (y - a) ** 2) / (2.0 * nz.scales**2)).sum(axis=1)
+        return out
+
+    return Scenario(label, mech, params, cost, meta, pair, draw, once,
+                    statistics=(("privacy-loss statistic of the claimed noise", loss),))
+
+
 def density_neighbours(plan: Any, column: str, meta: DatasetMeta) -> tuple[Data, Data]:
     """Record 0 at the two output-grid points whose coefficients differ most in the claimed
     noise's loss Σ_j |c_p − c_q| / b_j (others at the middle point)."""
@@ -283,7 +346,11 @@ def function_scenario(label: str, mech: _FunctionMechanism, raw: Mapping[str, An
     cost = _cost(mech, params, budget, meta)
     plan: Any = mech._calibrated(params, cost["epsilon"], meta)
     column = params["column"]
-    if hasattr(plan, "eig") and hasattr(plan, "tau"):
+    if hasattr(plan, "sup_bound"):
+        pair = sup_neighbours(plan, column, meta)
+    elif hasattr(plan, "thresholds"):
+        pair = ar_neighbours(plan, column, meta)
+    elif hasattr(plan, "eig") and hasattr(plan, "tau"):
         pair = function_neighbours(plan, column, meta)
     else:
         pair = density_neighbours(plan, column, meta)
@@ -555,10 +622,53 @@ def _function_plan(name: str, configs: Sequence[tuple[str, dict[str, Any], int]]
 
 
 def _pin_psi(raw: dict[str, Any], meta: DatasetMeta) -> dict[str, Any]:
-    """ICLP's default ψ depends on ε: pin it so the control differs in its noise only."""
+    """ICLP's default tuning (ρ, J, η, ψ) depends on ε: pin it so the control differs in
+    its noise only."""
     mech = registry.get("iclp.mean")
     plan: Any = mech._calibrated(mech.load_params(raw), Fraction(1), meta)  # type: ignore[attr-defined]
-    return {**raw, "smoothing": {"psi": plan.smoothing["psi"]}}
+    sm = plan.smoothing
+    return {**raw, "smoothing": {"psi": sm["psi"], "eta": sm["eta"]},
+            "kernel": {"rho": sm["rho"]}, "max_components": sm["components"]}
+
+
+def _ar_one_component() -> dict[str, Any]:
+    """η = 10 and ψ with θ_1 = 0.7τ < τ < θ_2: J = 1, and ``ar_neighbours`` attains Δ."""
+    mech = registry.get("iclp.ar")
+    raw = {"column": "f", "smoothing": {"eta": 10.0, "psi": 1e-30}}
+    plan: Any = mech._calibrated(mech.load_params(raw), Fraction(1),  # type: ignore[attr-defined]
+                                 functional_meta())
+    lam1 = float(plan.eig.values[0])
+    return {"column": "f", "smoothing": {"eta": 10.0, "psi": 1.4 * lam1**5}}
+
+
+def _gp_plan_audit() -> Plan:
+    mech = registry.get("gp.adp")
+    cls = type(mech)
+
+    class Overspent(cls):  # type: ignore[valid-type,misc]
+        """Noise for 4ε while claiming and charging ε."""
+
+        def _gp_plan(self, params: Any, amounts: Any, meta: DatasetMeta) -> Any:
+            more = {**amounts, "epsilon": Fraction(amounts["epsilon"]) * 4}
+            return super()._gp_plan(params, more, meta)
+
+    pinned = {"column": "f", "smoothing": {"psi": 0.01}}
+    budget = eps(1, Fraction(1, 10**5))
+    return Plan([
+        gp_scenario("psi=0.01 eps=1 delta=1e-5", mech, pinned, budget, functional_meta()),
+        gp_scenario("default eps=1 delta=1e-5", mech, {"column": "f"}, budget,
+                    functional_meta()),
+    ], [("learned", gp_scenario("psi=0.01, noise for 4 eps", Overspent(), pinned, budget,
+                                functional_meta()))])
+
+
+def _pin_kde(raw: dict[str, Any], meta: DatasetMeta) -> dict[str, Any]:
+    """The KDE's default (h, η) depends on ε: pin it so the control differs in its noise
+    only."""
+    mech = registry.get("iclp.kde")
+    plan: Any = mech._calibrated(mech.load_params(raw), Fraction(1), meta)  # type: ignore[attr-defined]
+    sm = plan.smoothing
+    return {**raw, "kernel": {"rho": sm["bandwidth_fraction"]}, "smoothing": {"eta": sm["eta"]}}
 
 
 NOTION = "epsilon-DP"
@@ -579,14 +689,26 @@ PLANS: dict[str, Callable[[], Plan]] = {
         (f"one component eps={TAIL_EPSILON}", {"column": "f", "components": 1}, TAIL_EPSILON),
     ], functional_meta(), 2, learned=False),
     "iclp.kde": lambda: _function_plan("iclp.kde", [
+        ("default (h, eta) at eps=1, pinned", _pin_kde({"column": "x"}, unit_meta(20)), 1),
         ("default eps=1", {"column": "x"}, 1)], unit_meta(20), 3, learned=True),
     "bernstein.kde": lambda: _function_plan("bernstein.kde", [
         ("default eps=1", {"column": "x"}, 1)], unit_meta(20), 8, learned=False),
+    "iclp.ar": lambda: _function_plan("iclp.ar", [
+        ("one component (theta_1 = 0.7 tau) eps=1", _ar_one_component(), 1),
+        ("default eps=1", {"column": "f"}, 1),
+    ], functional_meta(), 4, learned=True),
+    "frl.kde": lambda: _function_plan("frl.kde", [
+        ("default eps=1", {"column": "x", "components": 8}, 1)], unit_meta(20), 3,
+        learned=True),
+    "bernstein.mean": lambda: _function_plan("bernstein.mean", [
+        ("lattice 4 eps=1", {"column": "f", "lattice_size": 4}, 1),
+        ("default eps=1", {"column": "f"}, 1)], functional_meta(), 3, learned=True),
+    "gp.adp": _gp_plan_audit,
 }
 
 
 @entry(*PLANS)
 def audit_dp(mechanism: str, size: AuditSize, seed: int) -> AuditReport:
     """The DP audit of ``mechanism`` (see the module doc)."""
-    notion = "(epsilon, delta)-DP" if mechanism == "gaussian" else NOTION
+    notion = "(epsilon, delta)-DP" if mechanism in ("gaussian", "gp.adp") else NOTION
     return audit_plan(PLANS[mechanism](), mechanism, notion, size, seed)

@@ -1,4 +1,5 @@
-"""Registry entries: ``iclp.mean``, ``iclp.kde`` and the baselines ``frl.mean``, ``bernstein.kde``.
+"""Registry entries: ``iclp.mean``, ``iclp.ar``, ``iclp.kde`` and the baselines ``frl.mean``,
+``frl.kde``, ``bernstein.kde``, ``bernstein.mean`` and ``gp.adp`` ((ε, δ), charged in both).
 
 Each entry maps validated params + public metadata + ε to a plan of the
 library (``mean``, ``kde``, ``bernstein``); cost and accuracy come from the
@@ -16,6 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from mechanisms import baselines
 from mechanisms.base import (
     Budget,
     DatasetMeta,
@@ -25,7 +27,7 @@ from mechanisms.base import (
     check_numeric_column,
     read_epsilon,
 )
-from mechanisms.iclp import bernstein, domain, kde, mean, noise, params
+from mechanisms.iclp import ar, bernstein, domain, gp, kde, mean, noise, params, pss
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease, jsonable
 from mechanisms.registry import register
@@ -44,7 +46,7 @@ class _Plan(Protocol):
 class _FunctionMechanism(Mechanism):
     """Pure ε-DP function release; subclasses build the plan."""
 
-    measures = ("epsilon",)
+    measures: ClassVar[tuple[str, ...]] = ("epsilon",)
     #: what the guarantee string calls the mechanism
     label: ClassVar[str]
 
@@ -111,15 +113,19 @@ class IclpMean(_FunctionMechanism):
 
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
         grid, tau = _functional_column(meta, p["column"], self.name)
-        kernel = _noise_kernel(p.get("kernel", {}))
+        spec = p.get("kernel", {})
+        base = _noise_kernel(spec)
+        kernel: Kernel | tuple[Kernel, ...] = base
+        if _auto(spec.get("rho")) is None:  # ρ left open: the tuning picks it
+            kernel = tuple(Kernel(base.family, rho, base.nu) for rho in pss.RHO_CANDIDATES)
         smoothing = p.get("smoothing", {})
         eta = _auto(smoothing.get("eta"))
         if eta is not None and eta <= 0.5:
             raise MechanismInputError("params.smoothing.eta", "eta must be > 1/2 for the mean")
         raw_psi = smoothing.get("psi", "auto")
         psi: float | mean.PsiRule = (
-            "free" if raw_psi == "free" else "balanced" if isinstance(raw_psi, str)
-            else float(raw_psi)
+            "free" if raw_psi == "free" else "balanced" if raw_psi == "balanced"
+            else "auto" if isinstance(raw_psi, str) else float(raw_psi)
         )
         return mean.plan_iclp_mean(
             grid, tau, meta.n_rows, epsilon, kernel, eta, psi, p.get("max_components")
@@ -468,3 +474,144 @@ iclp_erm = register(IclpErm())
 iclp_cov = register(IclpCov())
 iclp_fos = register(IclpFos())
 iclp_kde2d = register(IclpKde2d())
+
+
+# ----------------------------------------------------- ICLP-AR, GP-ADP, FRL-KDE, Bernstein mean
+
+
+class IclpArMean(_FunctionMechanism):
+    name = "iclp.ar"
+    label = "ICLP-AR mean"
+    params_schema = params.IclpArMeanSchema
+    description = (
+        "Pure epsilon-DP mean function of a functional column: soft-thresholded (ICLP-AR,"
+        " l1-penalised) eigen-coefficients with Independent Component Laplace Process noise."
+    )
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        grid, tau = _functional_column(meta, p["column"], self.name)
+        kernel = _noise_kernel(p.get("kernel", {}))
+        smoothing = p.get("smoothing", {})
+        eta = _auto(smoothing.get("eta"))
+        if eta is not None and eta < 1.0:
+            raise MechanismInputError("params.smoothing.eta", "eta must be >= 1 for ICLP-AR")
+        return ar.plan_iclp_ar_mean(grid, tau, meta.n_rows, epsilon, kernel, eta,
+                                    _auto(smoothing.get("psi")))
+
+
+class GpAdpMean(_FunctionMechanism):
+    name = "gp.adp"
+    label = "GP-ADP mean baseline"
+    measures: ClassVar[tuple[str, ...]] = ("epsilon", "delta")
+    params_schema = params.GpAdpMeanSchema
+    description = (
+        "Approximate (epsilon, delta)-DP mean function baseline (Mirshani et al. 2019):"
+        " ridge mean plus a Gaussian process with the kernel's covariance, as exact"
+        " discrete Gaussian noise on its eigen-coefficients."
+    )
+
+    def cost(
+        self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+    ) -> dict[str, Fraction]:
+        amounts = baselines._read_budget(budget, self.measures, self.name)
+        self._gp_plan(params, amounts, meta)
+        return amounts
+
+    def accuracy(
+        self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
+    ) -> dict[str, Any]:
+        amounts = baselines._read_budget(cost, self.measures, self.name)
+        out: dict[str, Any] = jsonable(self._gp_plan(params, amounts, meta).accuracy())
+        return out
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        amounts = baselines._read_budget(cost, self.measures, self.name)
+        plan = self._gp_plan(params, amounts, meta)
+        released = plan.release(data[params["column"]], rng)
+        return Output(
+            result=released.to_result(),
+            accuracy=jsonable(plan.accuracy()),
+            guarantee=(
+                f"approximate (epsilon, delta)-DP ({self.label},"
+                f" epsilon={_fmt(amounts['epsilon'])} nats, delta={_fmt(amounts['delta'])}),"
+                f" {PRIVACY_UNIT}"
+            ),
+        )
+
+    def _gp_plan(self, params: Mapping[str, Any], amounts: Mapping[str, Fraction],
+                 meta: DatasetMeta) -> gp.GpPlan:
+        if meta.n_rows < 1:
+            raise MechanismInputError("params.column", "the dataset has no rows")
+        grid, tau = _functional_column(meta, params["column"], self.name)
+        kernel = _noise_kernel(params.get("kernel", {}))
+        smoothing = params.get("smoothing", {})
+        eta = _auto(smoothing.get("eta"))
+        if eta is not None and eta < 0.5:
+            raise MechanismInputError("params.smoothing.eta", "eta must be >= 1/2 for GP-ADP")
+        try:
+            return gp.plan_gp_mean(grid, tau, meta.n_rows, amounts["epsilon"],
+                                   amounts["delta"], kernel, eta, _auto(smoothing.get("psi")))
+        except noise.CalibrationError as exc:
+            raise MechanismInputError("budget", str(exc)) from None
+        except ValueError as exc:
+            raise MechanismInputError("params", str(exc)) from None
+
+    def _plan(self, params: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        raise NotImplementedError("gp.adp is planned from (epsilon, delta) by _gp_plan")
+
+
+class FrlKde(_FunctionMechanism):
+    name = "frl.kde"
+    label = "FRL density baseline"
+    params_schema = params.FrlKdeSchema
+    description = (
+        "Pure epsilon-DP density baseline (FRL): the KDE's first M eigen-coefficients with"
+        " i.i.d. Laplace noise, M = floor(sqrt(n)*epsilon) by default."
+    )
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        bounds = _density_column(meta, p["column"], self.name)
+        family, nu, rho = _density_kernel(p.get("kernel", {}))
+        m = _auto(p.get("components"))
+        try:
+            return kde.plan_frl_kde(
+                bounds, meta.n_rows, epsilon,
+                grid_size=p.get("grid_size", kde.DEFAULT_GRID_SIZE), family=family, nu=nu,
+                bandwidth=rho, components=None if m is None else int(m),
+                normalize=p.get("normalize", True),
+            )
+        except ValueError as exc:
+            if isinstance(exc, noise.CalibrationError):
+                raise
+            raise MechanismInputError("params.components", str(exc)) from None
+
+
+class BernsteinMean(_FunctionMechanism):
+    name = "bernstein.mean"
+    label = "Bernstein mechanism mean baseline"
+    params_schema = params.BernsteinMeanSchema
+    description = (
+        "Pure epsilon-DP mean function baseline: the mean of pointwise-clipped curves on"
+        " K+1 lattice points with Laplace noise, released as a Bernstein polynomial."
+    )
+
+    def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
+        grid, tau = _functional_column(meta, p["column"], self.name)
+        sup = _auto(p.get("sup_bound"))
+        return bernstein.plan_bernstein_mean(
+            grid, tau if sup is None else sup, meta.n_rows, epsilon,
+            p.get("lattice_size", bernstein.DEFAULT_MEAN_LATTICE),
+        )
+
+
+iclp_ar = register(IclpArMean())
+gp_adp = register(GpAdpMean())
+frl_kde = register(FrlKde())
+bernstein_mean = register(BernsteinMean())

@@ -6,6 +6,10 @@ kernel C and add lattice Laplace noise to the coefficients:
 * ICLP-QR shrinks coefficient j by λ_j^η/(λ_j^η + ψ) (ridge in the RKHS of
   C^η) and adds noise of scale Δ·√λ_j/ε, with the weighted-ℓ1 sensitivity
   Δ = (2τ/n)·(Σ_j λ_j^(2η−1)/(λ_j^η + ψ)²)^½ (Cauchy–Schwarz; attained).
+  By default (ψ = "auto") the noise length-scale, η, the number of
+  components and ψ minimise the data-free risk of ``pss.qr_risk``: the
+  paper's balanced ψ keeps the privacy error flat in ε, so QR lost to FRL by
+  3-10x at large ε (issue 16).
 * FRL keeps the first M coefficients unshrunk and adds i.i.d. noise of scale
   Δ₁/ε with Δ₁ = 2τ√M/n.
 
@@ -15,6 +19,8 @@ A plan holds everything that follows from public inputs (n, τ, grid, kernel,
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,8 +39,9 @@ TAU_SLACK = 1.0 + 2.0**-30
 #: computed closed-form sensitivities are multiplied by this (their rounding is ≈ J·2^-53)
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
 DEFAULT_KERNEL = matern(1.5, 0.1)
-Method = Literal["iclp-qr", "frl"]
-PsiRule = Literal["balanced", "free"]
+Method = Literal["iclp-qr", "iclp-ar", "frl"]
+_LABELS = {"iclp-qr": "ICLP-QR", "iclp-ar": "ICLP-AR", "frl": "FRL"}
+PsiRule = Literal["auto", "balanced", "free"]
 
 
 def qr_filter(eigenvalues: ArrayLike, eta: float, psi: float) -> NDArray[np.float64]:
@@ -132,14 +139,24 @@ class MeanPlan:
         nz = self.noise
         mse = nz.expected_sq_error()
         rounding = float(np.sum(nz.steps**2)) / 4.0
-        label = "ICLP-QR" if self.method == "iclp-qr" else "FRL"
-        shape = "Delta*sqrt(lambda_j)/epsilon" if self.method == "iclp-qr" else "Delta/epsilon"
+        label = _LABELS[self.method]
+        risk = self.smoothing.get("risk")
+        tuning = "" if risk is None else (
+            f" The tuning (rho={self.smoothing['rho']:g}, J={self.components},"
+            f" eta={self.smoothing['eta']:g}, psi={self.smoothing['psi']:.3g}) minimises a"
+            f" data-free risk whose predicted E||released - mean||^2 is {risk['total']:.3g}"
+            f" (privacy {risk['privacy']:.3g}, bias {risk['bias']:.3g} for a reference"
+            " Matern(1.5, 0.1) mean of energy"
+            f" {risk['prior_energy']:g}*tau^2, sampling {risk['sampling']:.3g}); the actual"
+            " bias depends on the true mean's smoothness.")
+        iclp = self.method != "frl"
+        shape = "Delta*sqrt(lambda_j)/epsilon" if iclp else "Delta/epsilon"
         return {
             "noise": f"{label}: discrete Laplace per eigen-coefficient on power-of-two lattices",
             "laplace_scales": shape,
             "sensitivity": nz.sensitivity,
             "sensitivity_lattice": nz.lattice_sensitivity,
-            "sensitivity_norm": "weighted_l1_K_C" if self.method == "iclp-qr" else "l1",
+            "sensitivity_norm": "weighted_l1_K_C" if iclp else "l1",
             "sigma": nz.sigma,
             "expected_sq_l2_error": mse,
             "rmse": math.sqrt(mse),
@@ -157,6 +174,7 @@ class MeanPlan:
                 f"E||released - smoothed mean||^2 = {mse:.6g} (RMS over the domain, curve"
                 f" units), the privacy error only; it excludes the smoothing bias and the"
                 f" sampling error of the mean of curves clipped to norm {self.tau:g}."
+                + tuning
             ),
         }
 
@@ -166,47 +184,146 @@ def plan_iclp_mean(
     tau: float,
     n: int,
     epsilon: float | Fraction,
-    kernel: Kernel = DEFAULT_KERNEL,
+    kernel: Kernel | Sequence[Kernel] | None = None,
     eta: float | None = None,
     psi: float | PsiRule | None = None,
     max_components: int | None = None,
     rel_floor: float = spectral.REL_FLOOR,
 ) -> MeanPlan:
-    """Calibrate an ICLP-QR mean release; η, ψ default to the PSS rules (spec §3.2).
+    """Calibrate an ICLP-QR mean release (spec §3.2).
 
-    ``psi`` is a number > 0, ``"balanced"`` (default: (nε²)^(−ηβ/(β+1))) or
-    ``"free"`` (1/n).
+    ``psi`` is a number > 0, ``None``/``"auto"`` (default: minimise the data-free
+    risk of ``pss.qr_risk``), ``"balanced"`` ((nε²)^(−ηβ/(β+1)), the paper's PSS
+    order) or ``"free"`` (1/n). Under ``"auto"`` every knob the caller leaves open
+    is chosen jointly by the same criterion: the noise kernel among ``kernel`` when
+    it is a sequence (``None``: Matérn ν = 3/2 with ρ in ``pss.RHO_CANDIDATES``), η
+    among ``pss.ETA_CANDIDATES`` and the number of components J on a geometric
+    ladder (a prefix of one eigen-system, so projection, sensitivity and noise
+    still share it). Under the fixed rules η defaults to 1 + 2/β, J to all
+    retained components and the kernel to the first candidate.
     """
     points, tau = domain.validate_functional_meta(grid, tau)
     _check_n_eps(n, epsilon)
-    eta_rule = "given" if eta is not None else "auto"
-    eta = pss.default_eta(kernel) if eta is None else float(eta)
-    if not (math.isfinite(eta) and eta > 0.5):
+    if eta is not None and not (math.isfinite(eta) and eta > 0.5):
         raise ValueError("eta must be > 1/2 for the mean (spec §7.2)")
-    if psi is None or psi == "balanced":
-        psi_rule, psi_value = "balanced", pss.balanced_psi(n, epsilon, eta, kernel.beta)
-    elif psi == "free":
-        psi_rule, psi_value = "free", pss.free_psi(n)
+    if max_components is not None and max_components < 1:
+        raise ValueError("max_components must be at least 1")
+    candidates = _kernel_candidates(kernel)
+    eta_rule = "given" if eta is not None else "auto"
+    risk: pss.QrRisk | None = None
+    if psi is None or psi == "auto":
+        choice = _tune(candidates, points, rel_floor, max_components, n, float(epsilon),
+                       tau, None if eta is None else float(eta))
+        kern, components, eta_value, psi_value, risk = choice
+        psi_rule = "min-risk"
+        eig = _prefix(_eigen(kern, points, rel_floor, None), components)
     else:
-        psi_rule, psi_value = "given", float(psi)
+        kern = candidates[0]
+        eta_value = pss.default_eta(kern) if eta is None else float(eta)
+        if psi == "balanced":
+            psi_rule, psi_value = "balanced", pss.balanced_psi(n, epsilon, eta_value, kern.beta)
+        elif psi == "free":
+            psi_rule, psi_value = "free", pss.free_psi(n)
+        else:
+            psi_rule, psi_value = "given", float(psi)
+        eig = _eigen(kern, points, rel_floor, max_components)
     if not (math.isfinite(psi_value) and psi_value > 0):
         raise ValueError("psi must be a finite number > 0")
-    eig = _eigen(kernel, points, rel_floor, max_components)
-    filt = qr_filter(eig.values, eta, psi_value)
+    filt = qr_filter(eig.values, eta_value, psi_value)
     tau_eff = tau * TAU_SLACK
     bessel = spectral.bessel_factor(eig)
-    delta = qr_sensitivity(eig.values, n, tau_eff, eta, psi_value) * math.sqrt(bessel)
-    smoothing = {
+    delta = qr_sensitivity(eig.values, n, tau_eff, eta_value, psi_value) * math.sqrt(bessel)
+    smoothing: dict[str, Any] = {
         "method": "iclp-qr",
-        "eta": eta,
+        "eta": eta_value,
         "eta_rule": eta_rule,
         "psi": psi_value,
         "psi_rule": psi_rule,
-        "beta": kernel.beta,
+        "beta": kern.beta,
         "components": eig.size,
+        "components_rule": "given" if max_components is not None else (
+            "auto" if psi_rule == "min-risk" else "all"),
+        "rho": kern.rho,
+        "rho_rule": "auto" if len(candidates) > 1 and psi_rule == "min-risk" else "given",
     }
+    if risk is not None:
+        smoothing["risk"] = {
+            **risk.describe(),
+            "criterion": (
+                "min over (rho, J, eta, psi) of 2*Delta^2*trC/eps^2 + kappa*tau^2*"
+                "E||(I-F)mu||^2 + tau^2/n*E||F e||^2 with mu, e ~ GP(0, Matern(1.5, 0.1))"
+            ),
+            "prior_energy": pss.PRIOR_ENERGY,
+        }
     return _plan("iclp-qr", points, eig, n, tau, filt, np.sqrt(eig.values),
                  delta * SENSITIVITY_SAFETY, epsilon, smoothing)
+
+
+def _kernel_candidates(kernel: Kernel | Sequence[Kernel] | None) -> tuple[Kernel, ...]:
+    if kernel is None:
+        return tuple(matern(1.5, rho) for rho in pss.RHO_CANDIDATES)
+    if isinstance(kernel, Kernel):
+        return (kernel,)
+    out = tuple(kernel)
+    if not out or not all(isinstance(k, Kernel) for k in out):
+        raise ValueError("kernel must be a Kernel or a non-empty sequence of them")
+    return out
+
+
+Choice = tuple[Kernel, int, float, float, pss.QrRisk]
+
+
+@functools.lru_cache(maxsize=64)
+def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: float,
+          cap: int | None, n: int, epsilon: float, tau: float, eta: float | None) -> Choice:
+    """argmin of ``pss.qr_risk`` over the open knobs (public inputs only; memoised)."""
+    best: Choice | None = None
+    etas = pss.ETA_CANDIDATES if eta is None else (eta,)
+    for kern in kernels:
+        eig = _eigen(kern, points, rel_floor, None)
+        share = _prior_share(eig)
+        sizes = pss.component_candidates(eig.size) if cap is None else [min(cap, eig.size)]
+        for j in sizes:
+            for e in etas:
+                psi, risk = pss.minimise_qr_risk(eig.values[:j], share[:j], n, epsilon, tau, e)
+                if best is None or risk.total < best[4].total:
+                    best = (kern, j, e, psi, risk)
+    assert best is not None
+    return best
+
+
+@functools.lru_cache(maxsize=spectral.CACHE_SIZE)
+def _prior_share(eig: spectral.EigenSystem) -> NDArray[np.float64]:
+    """p_j = E⟨μ, v_j⟩²/E‖μ‖² for μ ~ GP(0, C_ref) (the reference class of ``pss``).
+
+    With A = W^½ K_ref W^½ and u_j = W^½ v_j, E⟨μ, v_j⟩² = u_jᵀ A u_j and
+    E‖μ‖² = tr A; for the reference kernel itself p_j = λ_j / tr A.
+    """
+    reference = matern(pss.PRIOR_NU, pss.PRIOR_RHO)
+    root = np.sqrt(eig.weights)
+    a = root[:, None] * reference.matrix(eig.positions) * root[None, :]
+    if eig.kernel == reference:
+        out = eig.values / float(np.trace(a))
+    else:
+        u = eig.vectors * root[:, None]
+        out = np.einsum("kj,kj->j", u, a @ u) / float(np.trace(a))
+    out.setflags(write=False)
+    return out
+
+
+def _prefix(eig: spectral.EigenSystem, components: int) -> spectral.EigenSystem:
+    """The first J eigenpairs of a system: the same basis, so DP is unchanged (spec §2.5).
+
+    The defect bound of the whole system also bounds its leading block's.
+    """
+    if components >= eig.size:
+        return eig
+    vectors = np.ascontiguousarray(eig.vectors[:, :components])
+    values = eig.values[:components].copy()
+    for arr in (vectors, values):
+        arr.setflags(write=False)
+    return dataclasses.replace(eig, values=values, vectors=vectors,
+                               dropped=eig.dropped + eig.size - components)
 
 
 def plan_frl_mean(

@@ -148,3 +148,66 @@ class BernsteinKdeSchema(_Strict):
     kernel = fields.Nested(DensityKernelSchema)
     lattice_size = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LATTICE))
     normalize = fields.Boolean(truthy={True}, falsy={False})
+
+
+# ------------------------------------------- ICLP-AR, GP-ADP, FRL-KDE, Bernstein mean
+
+
+class ArSmoothingSchema(_Strict):
+    """η (>= 1) and ψ of ICLP-AR; omitted: the PSS rules of ``ar``."""
+
+    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
+    psi = NumberOrChoice(0.0, MAX_PSI, ("auto",))
+
+
+class IclpArMeanSchema(_Strict):
+    """``iclp.ar``: the soft-thresholding (ℓ1-penalised) ICLP mean of a functional column."""
+
+    column = fields.String(required=True)
+    kernel = fields.Nested(KernelSchema)
+    smoothing = fields.Nested(ArSmoothingSchema)
+
+
+class GpSmoothingSchema(_Strict):
+    """η (default 1) and ψ (default: the risk minimiser) of GP-ADP's ridge mean."""
+
+    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
+    psi = NumberOrChoice(0.0, MAX_PSI, ("auto",))
+
+
+class GpAdpMeanSchema(_Strict):
+    """``gp.adp``: the Gaussian-process (ε, δ) mean of a functional column."""
+
+    column = fields.String(required=True)
+    kernel = fields.Nested(KernelSchema)
+    smoothing = fields.Nested(GpSmoothingSchema)
+
+
+class FrlKdeSchema(_Strict):
+    """``frl.kde``: FRL density (first M eigen-coefficients of the KDE, i.i.d. Laplace)."""
+
+    column = fields.String(required=True)
+    grid_size = fields.Integer(
+        strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID)
+    )
+    kernel = fields.Nested(DensityKernelSchema)
+    components = NumberOrChoice(0.0, float(MAX_KDE_GRID), ("auto",))
+    normalize = fields.Boolean(truthy={True}, falsy={False})
+
+    @validates_schema
+    def _check_components(self, data: dict[str, Any], **kwargs: Any) -> None:
+        m = data.get("components")
+        if isinstance(m, float) and not m.is_integer():
+            raise ValidationError("Must be a whole number or 'auto'.", "components")
+
+
+class BernsteinMeanSchema(_Strict):
+    """``bernstein.mean``: the Bernstein mechanism on the mean of a functional column.
+
+    ``sup_bound`` τ_∞ clips every curve value to [−τ_∞, τ_∞]; ``"auto"`` (default)
+    uses the column's declared norm bound.
+    """
+
+    column = fields.String(required=True)
+    lattice_size = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LATTICE))
+    sup_bound = NumberOrChoice(0.0, 1e12, ("auto",))

@@ -1,14 +1,22 @@
 """Privacy-safe selection (PSS) of the tuning parameters (spec §3.2, Sec. 4.4).
 
-Tuning may depend only on public quantities: n, ε and the noise kernel,
-never on the data (cross-validation would leak). These are the rate-optimal
-orders of Corollary 15 / Remark 17 with constant 1.
+Tuning may depend only on public quantities: n, ε, τ, the grid and the
+kernels, never on the data (cross-validation would leak). ``balanced_psi``
+and ``free_psi`` are the rate-optimal orders of Corollary 15 with constant 1;
+``qr_risk`` / ``minimise_qr_risk`` is the default for the ICLP-QR mean: the
+orders alone leave the privacy error flat in ε (issue 16), so the default
+minimises an explicit data-free risk instead.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import optimize
 
 from mechanisms.iclp.kernels import Kernel
 
@@ -46,3 +54,135 @@ def frl_components(n: int, epsilon: Fraction, available: int) -> int:
 def kde_bandwidth(n: int, grid_size: int) -> float:
     """h = 0.2·n^(−1/5) on [0, 1] (Remark 17's rate), at least two grid spacings."""
     return max(BANDWIDTH_CONSTANT * n ** (-0.2), MIN_BANDWIDTH_SPACINGS / (grid_size - 1))
+
+
+# --------------------------------------------------------------------------- ICLP-QR risk
+
+
+#: noise length-scales tried when the request leaves ``rho`` to the default ("auto")
+RHO_CANDIDATES = (0.1, 0.05, 0.03, 0.02, 0.01)
+#: powers η of the ridge kernel C^η tried when ``eta`` is left to the default
+ETA_CANDIDATES = (1.0, 1.5, 2.0, 3.0, 4.0)
+#: retained components J tried: ⌈GROWTH^k⌉ for k >= 0, and all of them
+COMPONENT_GROWTH = 1.6
+#: κ: the reference mean carries this fraction of τ² as energy (E‖μ‖² = κτ²)
+PRIOR_ENERGY = 0.05
+#: the reference smoothness class of the mean: a Gaussian process with this covariance
+PRIOR_NU, PRIOR_RHO = 1.5, 0.1
+#: log ψ grid step of the coarse scan before the bounded refinement
+_LOG_STEP = 0.25
+
+
+@dataclass(frozen=True)
+class QrRisk:
+    """The three terms of the data-free risk R(ψ) of an ICLP-QR mean (see ``qr_risk``)."""
+
+    privacy: float  # 2Δ²·tr C_J/ε², exact for the continuous ICLP
+    bias: float  # E‖(I − F)μ‖² for μ ~ GP(0, κτ²·C_ref) (incl. the energy outside span(v_≤J))
+    sampling: float  # (τ²/n)·Σ_j F_j²·p_j: variance of the filtered mean of curves
+
+    @property
+    def total(self) -> float:
+        return self.privacy + self.bias + self.sampling
+
+    def describe(self) -> dict[str, float]:
+        return {"privacy": self.privacy, "bias": self.bias, "sampling": self.sampling,
+                "total": self.total}
+
+
+def qr_risk(
+    eigenvalues: ArrayLike,
+    prior_share: ArrayLike,
+    n: int,
+    epsilon: float | Fraction,
+    tau: float,
+    eta: float,
+    psi: float | ArrayLike,
+) -> QrRisk | list[QrRisk]:
+    """R(ψ) = privacy MSE + reference bias + sampling variance of ICLP-QR (public inputs).
+
+    * privacy: 2Δ(ψ)²·Σλ_j/ε² with Δ(ψ) = (2τ/n)·(Σ_j λ_j^(2η−1)/(λ_j^η+ψ)²)^½ — the
+      exact expected squared L2 error the noise adds (spec Thm 14);
+    * bias: the worst case over the public ball ‖μ‖ <= τ is useless here — it is
+      τ²·max_j (ψ/(λ_j^η+ψ))² ≈ τ² for every ψ, because the smallest retained λ_j are
+      far below any useful ψ — so the bias is averaged over a reference smoothness
+      class instead: μ ~ GP(0, κτ²·C_ref), whose share of energy on v_j is p_j
+      (``prior_share``, Σ_all p = 1), giving κτ²·(Σ_{j<=J} (1 − F_j)²·p_j + 1 − Σ_{j<=J} p_j);
+    * sampling: (τ²/n)·Σ_j F_j²·p_j, the variance of the filtered mean of n curves whose
+      spread (E‖X − μ‖² <= τ²) is distributed like the reference class.
+
+    All three depend only on n, ε, τ, the grid and the kernels, so minimising R over the
+    tuning is privacy-safe (spec §4.4); it needs no data and no budget.
+    """
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    p = np.asarray(prior_share, dtype=np.float64)
+    psis = np.atleast_1d(np.asarray(psi, dtype=np.float64))[:, None]
+    lam_eta = lam**eta
+    filt = lam_eta / (lam_eta + psis)
+    s = np.sum(filt**2 / lam, axis=1)
+    privacy = 8.0 * tau**2 * s * float(lam.sum()) / (n**2 * float(epsilon) ** 2)
+    outside = max(0.0, 1.0 - float(p.sum()))
+    bias = PRIOR_ENERGY * tau**2 * (np.sum((1.0 - filt) ** 2 * p, axis=1) + outside)
+    sampling = tau**2 / n * np.sum(filt**2 * p, axis=1)
+    out = [QrRisk(float(a), float(b), float(c)) for a, b, c in
+           zip(privacy, bias, sampling, strict=True)]
+    return out if np.ndim(psi) else out[0]
+
+
+def minimise_qr_risk(
+    eigenvalues: ArrayLike,
+    prior_share: ArrayLike,
+    n: int,
+    epsilon: float | Fraction,
+    tau: float,
+    eta: float,
+) -> tuple[float, QrRisk]:
+    """argmin_ψ R(ψ): a scan of log ψ, then scipy's bounded Brent step around the best."""
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    lo = eta * math.log(float(lam[-1])) - 8.0
+    hi = eta * math.log(float(lam[0])) + 8.0
+    grid = np.arange(lo, hi + _LOG_STEP, _LOG_STEP)
+    scan = qr_risk(lam, prior_share, n, epsilon, tau, eta, np.exp(grid))
+    assert isinstance(scan, list)
+    k = int(np.argmin([r.total for r in scan]))
+
+    def total(log_psi: float) -> float:
+        risk = qr_risk(lam, prior_share, n, epsilon, tau, eta, math.exp(log_psi))
+        assert isinstance(risk, QrRisk)
+        return risk.total
+
+    found = optimize.minimize_scalar(
+        total, bounds=(grid[k] - _LOG_STEP, grid[k] + _LOG_STEP), method="bounded",
+        options={"xatol": 1e-3})
+    log_psi = float(found.x) if found.fun <= scan[k].total else float(grid[k])
+    psi = math.exp(log_psi)
+    best = qr_risk(lam, prior_share, n, epsilon, tau, eta, psi)
+    assert isinstance(best, QrRisk)
+    return psi, best
+
+
+def component_candidates(available: int) -> list[int]:
+    """J ∈ {⌈1.6^k⌉} ∪ {J_max}: a geometric ladder, so the search stays O(log J) fits."""
+    out = {available}
+    k = 0
+    while (j := math.ceil(COMPONENT_GROWTH**k)) < available:
+        out.add(j)
+        k += 1
+    return sorted(out)
+
+
+# --------------------------------------------------------------------------- ICLP-QR KDE risk
+
+#: bandwidth multipliers of ``kde_bandwidth`` tried by the KDE's default tuning
+KDE_BANDWIDTH_FACTORS = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
+#: η of the estimation kernel C_h^η tried by the KDE's default tuning
+KDE_ETA_CANDIDATES = (1.05, 1.2, 1.5, 2.0, 3.0)
+#: the reference density's roughness: a normal of this sd (fraction of the declared range)
+KDE_REFERENCE_SD = 0.1
+
+
+def kde_amise(n: int, bandwidth: float) -> float:
+    """AMISE of a Gaussian KDE of bandwidth b for the reference normal density:
+    b⁴·R(p'')/4 + R(K)/(n·b), R(p'') = 3/(8√π σ⁵), R(K) = 1/(2√π) (unit domain)."""
+    roughness = 3.0 / (8.0 * math.sqrt(math.pi) * KDE_REFERENCE_SD**5)
+    return bandwidth**4 * roughness / 4.0 + 1.0 / (2.0 * math.sqrt(math.pi) * n * bandwidth)

@@ -64,6 +64,46 @@ def test_iclp_mean_of_curves_with_plot(api: Api, worker: Any) -> None:
     assert spent["committed"] == 2.0
 
 
+def test_iclp_competitors_release_with_plots(api: Api, worker: Any) -> None:
+    """iclp.ar, bernstein.mean, gp.adp (charged in epsilon and delta) and frl.kde through
+    the API: each succeeds, tracks the truth, plots, and charges what it claims."""
+    grid = np.linspace(0, 1, 25)
+    rng = np.random.default_rng(4)
+    truth = np.sin(2 * math.pi * grid)
+    curves = truth + 0.1 * rng.normal(size=(400, grid.size))
+    header = ",".join(f"f.{i}" for i in range(grid.size))
+    csv = header + "\n" + "\n".join(",".join(f"{v:.6f}" for v in row) for row in curves)
+    meta = {"name": "curves", "budgets": {"epsilon": 30, "delta": 1e-5},
+            "columns": {"f": {"type": "functional", "grid": grid.tolist(), "norm_bound": 2}}}
+    resp = api.upload(csv + "\n", meta)
+    assert resp.status_code == 201, resp.get_json()
+    ds = resp.get_json()["id"]
+    for name, budget, tol in [("iclp.ar", {"epsilon": 8}, 0.6),
+                              ("bernstein.mean", {"epsilon": 8}, 0.6),
+                              ("gp.adp", {"epsilon": 8, "delta": 1e-6}, 0.3)]:
+        doc = _release(api, ds, name, {"column": "f"}, budget, seed=5)
+        values = np.array(doc["result"]["values"])
+        assert values.shape == (25,), name
+        assert np.sqrt(np.mean((values - truth) ** 2)) < tol, name
+        png = api.get(f"/v1/releases/{doc['id']}/plot.png")
+        assert png.status_code == 200 and png.mimetype == "image/png", name
+    spent = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]
+    assert spent["epsilon"]["committed"] == 24.0
+    assert spent["delta"]["committed"] == 1e-6
+
+    ages = np.clip(rng.normal(0.4, 0.1, size=500), 0, 1)
+    meta = {"name": "ages", "budgets": {"epsilon": 2},
+            "columns": {"x": {"type": "continuous", "bounds": [0, 1]}}}
+    resp = api.upload("x\n" + "\n".join(f"{a:.4f}" for a in ages) + "\n", meta)
+    assert resp.status_code == 201, resp.get_json()
+    doc = _release(api, resp.get_json()["id"], "frl.kde", {"column": "x"}, {"epsilon": 2},
+                   seed=6)
+    density = np.array(doc["result"]["values"])
+    grid_x = np.array(doc["result"]["grid"])
+    assert abs(float(grid_x[np.argmax(density)]) - 0.4) < 0.1
+    assert api.get(f"/v1/releases/{doc['id']}/plot.png").status_code == 200
+
+
 def test_interval_release_csv_and_free_npmle(api: Api, worker: Any) -> None:
     rng = np.random.default_rng(5)
     ages = np.clip(rng.normal(40, 10, size=400), 0, 100)

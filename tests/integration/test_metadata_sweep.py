@@ -64,6 +64,10 @@ MENU: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
     "iclp.cov": [({"column": "f"}, EPS), ({"column": "f", "centred": False}, EPS)],
     "iclp.fos": [({"response": "f", "covariates": ["x", "k"]}, EPS)],
     "iclp.kde2d": [({"columns": ["x", "k"]}, EPS)],
+    "iclp.ar": [({"column": "f"}, EPS)],
+    "bernstein.mean": [({"column": "f"}, EPS)],
+    "gp.adp": [({"column": "f"}, {"epsilon": 1, "delta": 1e-6})],
+    "frl.kde": [({"column": "x"}, EPS)],
     "laplace": [({"statistic": "mean", "column": "x"}, EPS),
                 ({"statistic": "sum", "column": "x"}, EPS),
                 ({"statistic": "histogram", "column": "k", "bins": 3}, EPS)],
@@ -87,7 +91,7 @@ for _name, _extra in [("interval.case1", {}), ("interval.case2", {}),
                    for c, t in [("x", "identity"), ("x", "exp"), ("x", "square"),
                                 ("x", "log"), ("k", "identity"), ("k", "exp")]]
 
-DENSITIES = {"iclp.kde", "bernstein.kde"}
+DENSITIES = {"iclp.kde", "bernstein.kde", "frl.kde"}
 
 
 def test_menu_covers_every_registered_mechanism() -> None:

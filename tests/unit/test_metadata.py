@@ -307,6 +307,7 @@ def test_calibrate_scale_refuses_a_degenerate_scale_range() -> None:
     ("dip", {"columns": ["x"]}),
     ("iclp.kde", {"column": "x"}),
     ("bernstein.kde", {"column": "x"}),
+    ("frl.kde", {"column": "x"}),
 ])
 def test_density_mechanisms_refuse_overflowing_bounds(name: str, params: dict[str, Any]) -> None:
     """Catches the DIP worker failure and the KDEs charging ε for an all-zero density on

@@ -14,7 +14,7 @@ import pytest
 
 from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism, MechanismInputError, Output
-from mechanisms.iclp import entries, plot_data
+from mechanisms.iclp import entries, plot_data, pss
 from tests.unit.iclp.sim import gp_curves
 
 N = 120
@@ -34,13 +34,14 @@ META = DatasetMeta(
 )
 SECRET = 987654.125
 EPS = {"epsilon": Fraction(1, 2)}
-MEANS = ("iclp.mean", "frl.mean")
-DENSITIES = ("iclp.kde", "bernstein.kde")
-COLUMN = {"iclp.mean": "load", "frl.mean": "load", "iclp.kde": "wage", "bernstein.kde": "wage"}
+MEANS = ("iclp.mean", "frl.mean", "iclp.ar", "bernstein.mean")
+DENSITIES = ("iclp.kde", "bernstein.kde", "frl.kde")
+COLUMN = {**dict.fromkeys(MEANS, "load"), **dict.fromkeys(DENSITIES, "wage")}
 #: the entries themselves (the registry also loads the other families; see test_registered)
 MECHANISMS: dict[str, Mechanism] = {
     m.name: m for m in (entries.iclp_mean, entries.frl_mean, entries.iclp_kde,
-                        entries.bernstein_kde)
+                        entries.bernstein_kde, entries.iclp_ar, entries.frl_kde,
+                        entries.bernstein_mean)
 }
 
 
@@ -102,7 +103,7 @@ def test_cost_is_the_budget_and_outputs_are_plain_json(name: str) -> None:
 
 
 def test_mean_result_shapes() -> None:
-    out = _run("iclp.mean", {"column": "load"}).result
+    out = _run("iclp.mean", {"column": "load", "smoothing": {"psi": "balanced"}}).result
     assert out["grid"] == list(GRID)
     assert len(out["coefficients"]) == len(out["basis"]["eigenvalues"]) == 49
     assert out["kernel"] == {"family": "matern", "rho": 0.1, "nu": 1.5, "variance": 1.0,
@@ -112,6 +113,24 @@ def test_mean_result_shapes() -> None:
     assert smoothing["psi"] == pytest.approx((N * 0.25) ** -1.2)
     frl = _run("frl.mean", {"column": "load"}).result
     assert len(frl["coefficients"]) == math.isqrt(N // 4) == frl["smoothing"]["components"]
+
+
+def test_mean_default_tuning_is_the_risk_minimiser() -> None:
+    """The default chooses ρ, J, η, ψ by ``pss.qr_risk`` and says so in the accuracy."""
+    out = _run("iclp.mean", {"column": "load"})
+    smoothing = out.result["smoothing"]
+    assert smoothing["psi_rule"] == "min-risk" and smoothing["rho_rule"] == "auto"
+    assert smoothing["rho"] in pss.RHO_CANDIDATES and smoothing["eta"] in pss.ETA_CANDIDATES
+    assert len(out.result["coefficients"]) == smoothing["components"]
+    assert smoothing["components"] in pss.component_candidates(49)
+    assert out.result["kernel"]["rho"] == smoothing["rho"]
+    assert "minimises a data-free risk" in out.accuracy["statement"]
+    assert out.accuracy["smoothing"]["risk"]["total"] == pytest.approx(
+        sum(smoothing["risk"][k] for k in ("privacy", "bias", "sampling")))
+    # a given rho or eta is kept; only the open knobs are tuned
+    fixed = _run("iclp.mean", {"column": "load", "kernel": {"rho": 0.07},
+                               "smoothing": {"eta": 2.5}}).result["smoothing"]
+    assert fixed["rho"] == 0.07 and fixed["rho_rule"] == "given" and fixed["eta"] == 2.5
 
 
 def test_mean_options_are_honoured() -> None:

@@ -70,7 +70,7 @@ def _weighted_l1(plan: iclp.MeanPlan, a: np.ndarray, b: np.ndarray) -> float:
 
 def test_worst_case_neighbours_attain_the_qr_sensitivity_and_stay_within_epsilon() -> None:
     n = 200
-    plan = iclp.plan_iclp_mean(GRID, 1.0, n, EPS)
+    plan = iclp.plan_iclp_mean(GRID, 1.0, n, EPS, psi="balanced")
     eta, psi = plan.smoothing["eta"], plan.smoothing["psi"]
     u = iclp.qr_worst_case(plan.eig, 1.0, eta, psi) * (1 - 1e-12)  # not clipped
     a, b = _neighbours(np.random.default_rng(0), u, -u, n)
@@ -147,8 +147,8 @@ def test_release_is_the_lattice_noise_on_the_smoothed_coefficients() -> None:
 
 
 def test_truncation_uses_one_eigen_system_everywhere() -> None:
-    full = iclp.plan_iclp_mean(GRID, 1.0, 100, EPS)
-    capped = iclp.plan_iclp_mean(GRID, 1.0, 100, EPS, max_components=10)
+    full = iclp.plan_iclp_mean(GRID, 1.0, 100, EPS, psi="balanced")
+    capped = iclp.plan_iclp_mean(GRID, 1.0, 100, EPS, psi="balanced", max_components=10)
     assert capped.components == 10 and capped.noise.size == 10
     assert capped.noise.sensitivity < full.noise.sensitivity
     np.testing.assert_array_equal(capped.eig.values, full.eig.values[:10])
@@ -161,7 +161,7 @@ def test_truncation_uses_one_eigen_system_everywhere() -> None:
     v10 = full.eig.vectors[:, :10]
     resid = out.values - v10 @ np.linalg.lstsq(v10, out.values, rcond=None)[0]
     assert np.max(np.abs(resid)) < 1e-12  # nothing outside span(v_1..v_10) is released
-    gauss = iclp.plan_iclp_mean(GRID, 1.0, 100, EPS, kernel=iclp.gaussian(0.1))
+    gauss = iclp.plan_iclp_mean(GRID, 1.0, 100, EPS, kernel=iclp.gaussian(0.1), psi="balanced")
     assert gauss.components == gauss.eig.size < 100
 
 
@@ -174,7 +174,7 @@ def test_clipping_bounds_every_record() -> None:
 
 
 def test_privacy_mse_matches_the_accuracy_statement() -> None:
-    plan = iclp.plan_iclp_mean(GRID, 1.0, 500, EPS)
+    plan = iclp.plan_iclp_mean(GRID, 1.0, 500, EPS, psi="balanced")
     noise = plan.noise.sample(np.random.default_rng(8), 4000) * plan.noise.steps
     sq = l2(noise @ plan.basis.T, plan.eig.weights)  # ‖f̃ − f̂‖² on the grid
     acc = plan.accuracy()
@@ -209,7 +209,7 @@ def _mc_error(plan: iclp.MeanPlan, seed: int, datasets: int = 20, releases: int 
 
 def test_error_decreases_with_epsilon() -> None:
     # spec §5.6 (n = 500, μ = sin 2πt): 0.156, 0.0183, 0.0132 at ε = 1/8, 1/2, 2
-    results = [_mc_error(iclp.plan_iclp_mean(GRID, 1.0, 500, e), seed=10)
+    results = [_mc_error(iclp.plan_iclp_mean(GRID, 1.0, 500, e, psi="balanced"), seed=10)
                for e in (Fraction(1, 8), Fraction(1, 2), Fraction(2))]
     for (hi, se_hi), (lo, se_lo) in itertools.pairwise(results):
         assert hi - lo > Z * math.hypot(se_hi, se_lo)
