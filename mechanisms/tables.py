@@ -402,11 +402,14 @@ def project_counts(values: NDArray[np.float64], total: float) -> NDArray[np.floa
     clipped = np.maximum(values, 0.0)
     if clipped.sum() <= total:
         return clipped
+    if total <= 0:
+        return np.zeros_like(clipped)
     # the sum constraint is active: project onto the simplex {c >= 0, Σc = total}
     u = np.sort(values)[::-1]
     cumulative = np.cumsum(u) - total
     k = np.arange(1, u.size + 1)
-    rho = int(np.nonzero(u - cumulative / k > 0)[0][-1])
+    positive = np.nonzero(u - cumulative / k > 0)[0]
+    rho = int(positive[-1]) if positive.size else 0  # index 0 always qualifies, bar rounding
     theta = cumulative[rho] / (rho + 1)
     return np.maximum(values - theta, 0.0)
 
