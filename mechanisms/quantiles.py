@@ -37,13 +37,28 @@ from mechanisms import baselines, sampling
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 
 DEFAULT_GRID_SIZE = 1001
+_LN_2_63 = 63 * math.log(2.0)
 
 
 def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
-    """Exactly Bernoulli(exp(−γ)) for a rational γ >= 0 (63-bit words, refined on demand)."""
+    """Exactly Bernoulli(exp(−γ)) for a rational γ >= 0 (63-bit words, refined on demand).
+
+    A float comparison decides unless V's cell [word, word + 1)·2^-63 lies within a
+    margin of exp(−γ); then the exact comparison with more words does (the same tiers as
+    the discrete Gaussian's acceptance).
+    """
     if gamma == 0:
         return True
-    return sampling._exact_accept(rng, sampling._word(rng) >> 1, gamma)
+    word = sampling._word(rng) >> 1  # V uniform in [word, word + 1)·2^-63
+    g = float(gamma)
+    margin = 1e-9 * (1.0 + g)  # far above the float errors of g and of the logs below
+    if word > 0:
+        # accept iff ln V < −γ: decide in floats when V's cell is clearly on one side
+        if math.log(word + 1) - _LN_2_63 < -g - margin:
+            return True
+        if math.log(word) - _LN_2_63 > -g + margin:
+            return False
+    return sampling._exact_accept(rng, word, gamma)
 
 
 @dataclass(frozen=True)
