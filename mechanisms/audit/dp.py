@@ -594,8 +594,8 @@ def _extended_neighbours(params: Mapping[str, Any], meta: DatasetMeta) -> tuple[
     """Worst cases from the sensitivity analyses in ``tables`` and ``moments``.
 
     Tables: record 0 moves from the first cell to the last one, at the end of largest
-    magnitude (the others in the first cell at lo); quantiles and moments: every column's
-    record 0 at lo vs hi (the others at lo).
+    magnitude (the others in the first cell at lo); moments: every column's record 0 at
+    lo vs hi (the others at lo); quantiles: the same, the others spread over [lo, hi].
     """
     numeric = [params["column"]] if "column" in params else list(params.get("columns", ()))
     base: Data = {}
@@ -615,7 +615,11 @@ def _extended_neighbours(params: Mapping[str, Any], meta: DatasetMeta) -> tuple[
             base[name][0] = other[name][0] = lo if abs(lo) >= abs(hi) else hi
     else:
         for name in numeric:
-            other[name][0] = (meta.columns[name].bounds or (0.0, 1.0))[1]
+            lo, hi = meta.columns[name].bounds or (0.0, 1.0)
+            if "quantiles" in params:  # spread: the move shifts every rank in between
+                base[name] = np.linspace(lo, hi, meta.n_rows)
+                other[name] = base[name].copy()
+            base[name][0], other[name][0] = lo, hi
     return base, other
 
 
