@@ -14,7 +14,7 @@ from service import analyses, releases, rkeys
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
-from service.plotting import function_png
+from service.plotting import bar_png, function_png
 from service.problems import UNAVAILABLE, APIError
 from service.schemas import (
     AnalysisListQuerySchema,
@@ -66,10 +66,16 @@ def data(release_id: str) -> Response:
 @blp.doc(responses={200: {"description": "the released function", "content": {
     "image/png": {}}}})
 def plot(release_id: str) -> Response:
-    """A drawing of a released function (values on its grid); nothing else is drawn."""
+    """A drawing of a released function (values on its grid) or table (bars with 95 %
+    error bars); nothing else is drawn."""
     doc = _succeeded(release_id)
     result = doc["result"] or {}
     grid, values = result.get("grid"), result.get("values")
+    labels, errors = result.get("categories"), result.get("errors")
+    if (isinstance(labels, list) and isinstance(values, list) and isinstance(errors, list)
+            and len(labels) == len(values) == len(errors)):  # a table: bars, 95 % error bars
+        title = f"{doc['mechanism']} · {release_id}"
+        return Response(bar_png(labels, values, errors, title), mimetype="image/png")
     if not isinstance(grid, list) or not isinstance(values, list) or len(grid) != len(values):
         raise APIError(404, "this release has no function to draw", code="not_found")
     title = f"{doc['mechanism']} · {release_id}"

@@ -29,6 +29,8 @@ def test_cross_tab_end_to_end(api: Api, dataset: dict[str, Any], worker: Any) ->
     counts = _release(api, dataset["id"], "laplace", {"statistic": "count",
                                                        "group_by": ["group"]}, {"epsilon": 1})
     assert len(counts["result"]["values"]) == 3 and counts["result"]["errors"][0] > 0
+    png = api.get(f"/v1/releases/{counts['id']}/plot.png")
+    assert png.status_code == 200 and png.data[:4] == b"\x89PNG"
 
 
 def test_quantiles_end_to_end(api: Api, dataset: dict[str, Any], worker: Any) -> None:
