@@ -62,6 +62,19 @@ def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
 
 
 @dataclass(frozen=True)
+class Gaps:
+    """Utility gaps u* − u(c) = numerators[c] / denominator (>= 0; 0 for the best)."""
+
+    numerators: list[int]
+    denominator: int
+
+    @staticmethod
+    def of(gaps: list[Fraction]) -> Gaps:
+        d = math.lcm(*(g.denominator for g in gaps))
+        return Gaps([int(g * d) for g in gaps], d)
+
+
+@dataclass(frozen=True)
 class QuantilePlan:
     column: ColumnMeta
     n: int
@@ -83,17 +96,21 @@ class QuantilePlan:
         values = np.sort(baselines._clean(x, float(self.bounds[0]), float(self.bounds[1])))
         return np.searchsorted(values, np.asarray(self.grid), side="right").astype(np.int64)
 
-    def gaps(self, ranks: NDArray[np.int64], q: float) -> list[Fraction]:
-        """u* − u(c) per candidate, exact."""
+    def gaps(self, ranks: NDArray[np.int64], q: float) -> Gaps:
+        """u* − u(c) per candidate, exact: integers over a common denominator."""
         target = Fraction(q) * self.n
-        loss = [abs(int(r) - target) for r in ranks]
+        a, b = target.numerator, target.denominator
+        loss = [abs(int(r) * b - a) for r in ranks]
         best = min(loss)
-        return [v - best for v in loss]
+        return Gaps([v - best for v in loss], b)
 
-    def choose(self, rng: np.random.Generator, gaps: list[Fraction]) -> int:
+    def choose(self, rng: np.random.Generator, gaps: Gaps | list[Fraction]) -> int:
         """Permute-and-flip with exact coins: the index of the released candidate."""
-        for j in rng.permutation(len(gaps)):
-            if bernoulli_exp(rng, self.epsilon * gaps[int(j)] / 2):
+        if not isinstance(gaps, Gaps):
+            gaps = Gaps.of(gaps)
+        scale = self.epsilon / (2 * gaps.denominator)
+        for j in rng.permutation(len(gaps.numerators)):
+            if bernoulli_exp(rng, scale * gaps.numerators[int(j)]):
                 return int(j)
         raise AssertionError("the best candidate's coin always accepts")
 
