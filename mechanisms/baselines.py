@@ -1,5 +1,9 @@
 """DP baselines: ``laplace``, ``geometric`` and ``gaussian`` on bounded columns.
 
+Cross-tabs (``group_by``), quantiles, variance/std and covariance are planned and
+released by ``tables``, ``quantiles`` and ``moments`` (``extended_plan``); this module
+validates their params and charges their budget like any other statistic.
+
 Statistics: ``count`` of rows meeting a condition, bounded ``sum`` and
 ``mean`` of a numeric column, and ``histogram`` of a categorical column or of
 a numeric column over public bins. Privacy unit (DESIGN §3): neighbouring
@@ -743,9 +747,10 @@ class _Baseline(Mechanism):
     ) -> Output:
         amounts = _read_budget(cost, self.measures, self.name)
         if extended(params):
+            planned = extended_plan(self.name, params, amounts, meta)
             return Output(
-                result=extended_plan(self.name, params, amounts, meta).run(data, rng),
-                accuracy=self.accuracy(params, cost, meta),
+                result=planned.run(data, rng),
+                accuracy=planned.accuracy(),
                 guarantee=self._guarantee(amounts),
             )
         plan = self._plan(params, amounts, meta)
@@ -838,8 +843,9 @@ class LaplaceMechanism(_Baseline):
     name = "laplace"
     measures = ("epsilon",)
     description = (
-        "Pure epsilon-DP count, sum, mean or histogram; discrete Laplace noise on a"
-        " power-of-two lattice (float-safe)."
+        "Pure epsilon-DP count, sum, mean or histogram, group_by cross-tabs, variance, std,"
+        " covariance (discrete Laplace noise on a power-of-two lattice, float-safe) and"
+        " quantiles (permute-and-flip with exact coins)."
     )
 
     def _plan(
@@ -855,7 +861,7 @@ class GeometricMechanism(_Baseline):
     measures = ("epsilon",)
     description = (
         "Pure epsilon-DP integer statistics (count, histogram, sum or mean of an integer"
-        " column); two-sided geometric noise, integer outputs."
+        " column, and their group_by cross-tabs); two-sided geometric noise, integer outputs."
     )
 
     def _plan(
@@ -884,8 +890,9 @@ class GaussianMechanism(_Baseline):
     name = "gaussian"
     measures = ("epsilon", "delta")
     description = (
-        "Approximate (epsilon, delta)-DP count, sum, mean or histogram; discrete Gaussian"
-        " noise on a power-of-two lattice, sigma calibrated to the exact privacy curve."
+        "Approximate (epsilon, delta)-DP count, sum, mean or histogram, group_by cross-tabs,"
+        " variance, std, covariance; discrete Gaussian noise on a power-of-two lattice, sigma"
+        " calibrated to the exact privacy curve (vectors: through zCDP)."
     )
 
     def _plan(

@@ -170,7 +170,13 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
         columns = [meta.column(name, "params.columns") for name in names]
     else:
         columns = [meta.column(params["column"])]
-    bounds = [baselines._bounds(c, statistic) for c in columns]
+    bounds = []
+    for c in columns:
+        try:
+            bounds.append(baselines._bounds(c, statistic))
+        except MechanismInputError as refused:
+            field = "params.columns" if statistic == "covariance" else refused.field
+            raise MechanismInputError(field, refused.message) from None
     n = meta.n_rows
     if n < 2:
         raise MechanismInputError("params.statistic", f"{statistic} needs at least 2 rows")

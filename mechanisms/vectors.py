@@ -18,6 +18,7 @@ baselines do, DESIGN §6) and independent integer noise is added per entry:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -74,6 +75,7 @@ def zcdp_log_delta(rho: float, epsilon: float) -> float:
     return float(min(log_delta(float(best.x)), 0.0))
 
 
+@functools.lru_cache(maxsize=256)
 def zcdp_rho(epsilon: float, delta: float) -> float:
     """Largest ρ (to 1e-9 relative, rounded down) whose Cor. 13 δ(ε) is <= δ."""
     target = math.log(delta)

@@ -184,6 +184,7 @@ def test_vector_gaussian_sigma_exceeds_the_continuous_one() -> None:
     ("laplace", {"statistic": "std", "column": "c"}, "params.column"),
     ("laplace", {"statistic": "covariance", "columns": ["x", "x"]}, "params.columns"),
     ("laplace", {"statistic": "covariance", "columns": ["x", "zz"]}, "params.columns"),
+    ("laplace", {"statistic": "covariance", "columns": ["x", "c"]}, "params.columns"),
 ])
 def test_moment_input_errors_name_the_field(name: str, raw: dict[str, Any], field: str) -> None:
     mech = registry.get(name)
