@@ -211,3 +211,15 @@ def test_schema_rejects_bad_moment_params(raw: dict[str, Any], key: str) -> None
     with pytest.raises(marshmallow.ValidationError) as err:
         registry.get("laplace").load_params(raw)
     assert key in err.value.messages
+
+
+@pytest.mark.parametrize(("sigma", "eps", "reference"), [
+    (1.0, 1.0, 0.24684633078294466),
+    (3.0, 2.0, 8.233344041022613e-10),
+    (10.0, 1.0, 1.1626191118257858e-24),
+])
+def test_zcdp_delta_matches_opendp(sigma: float, eps: float, reference: float) -> None:
+    """δ(ε) of ρ = 1/(2σ²), against OpenDP 0.16's ``make_zCDP_to_approxDP`` (values
+    recorded from it): an independent implementation of the same CKS conversion."""
+    delta = math.exp(vectors.zcdp_log_delta(1 / (2 * sigma**2), eps))
+    assert delta == pytest.approx(reference, rel=1e-9)
