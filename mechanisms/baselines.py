@@ -734,8 +734,15 @@ class _Baseline(Mechanism):
         if not extended(params):
             return super().work(params, meta)
         passes = len(params.get("group_by", ())) + len(params.get("columns", ())) ** 2 + 4
+        units = float(max(meta.n_rows, 1)) * passes
+        if params["statistic"] == "quantile":  # at most one exact coin per candidate
+            from mechanisms.quantiles import COIN_UNITS, DEFAULT_GRID_SIZE
+
+            coins = len(params["quantiles"]) * params.get("grid_size", DEFAULT_GRID_SIZE)
+            if coins * COIN_UNITS > units:
+                return Work(units + coins * COIN_UNITS, "params.grid_size")
         field = "params.columns" if "columns" in params else "dataset_id"
-        return Work(float(max(meta.n_rows, 1)) * passes, field)
+        return Work(units, field)
 
     def run(
         self,

@@ -37,6 +37,8 @@ from mechanisms import baselines, sampling
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 
 DEFAULT_GRID_SIZE = 1001
+#: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
+COIN_UNITS = 100
 _LN_2_63 = 63 * math.log(2.0)
 
 

@@ -151,3 +151,17 @@ def test_bernoulli_exp_fast_path_agrees_with_the_exact_comparison() -> None:
             rng = np.random.default_rng(seed)
             exact = sampling._exact_accept(rng, sampling._word(rng) >> 1, gamma)
             assert fast == exact
+
+
+def test_work_counts_the_coins_of_many_quantiles_on_a_fine_grid() -> None:
+    """Few rows but 99 quantiles on 10^4 candidates: the coins dominate, and the field a
+    caller can lower is grid_size (the default estimate would say 4 passes over 200 rows)."""
+    mech = registry.get("laplace")
+    params = mech.load_params({"statistic": "quantile", "column": "x", "grid_size": 10_000,
+                               "quantiles": [i / 100 for i in range(1, 100)]})
+    work = mech.work(params, META)
+    assert work.field == "params.grid_size"
+    assert work.units >= 99 * 10_000 * quantiles.COIN_UNITS
+    small = mech.work(mech.load_params({"statistic": "quantile", "column": "x",
+                                        "quantiles": [0.5], "grid_size": 5}), META)
+    assert small.units == 200 * 4 and small.field == "dataset_id"
