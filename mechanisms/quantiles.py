@@ -24,6 +24,7 @@ at most (2/ε)(ln m + ln 20) with probability >= 95 %.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ DEFAULT_GRID_SIZE = 1001
 #: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
 COIN_UNITS = 100
 _LN_2_63 = 63 * math.log(2.0)
+#: coins drawn at once by ``choose`` (unused words of a block are discarded)
+_BLOCK = 256
 
 
 def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
@@ -69,6 +72,11 @@ class Gaps:
 
     numerators: list[int]
     denominator: int
+
+    @functools.cached_property
+    def approx(self) -> NDArray[np.float64]:
+        """The numerators as doubles, for the float tier of the coins only."""
+        return np.asarray([float(v) for v in self.numerators])
 
     @staticmethod
     def of(gaps: list[Fraction]) -> Gaps:
@@ -111,9 +119,25 @@ class QuantilePlan:
         if not isinstance(gaps, Gaps):
             gaps = Gaps.of(gaps)
         scale = self.epsilon / (2 * gaps.denominator)
-        for j in rng.permutation(len(gaps.numerators)):
-            if bernoulli_exp(rng, scale * gaps.numerators[int(j)]):
-                return int(j)
+        numerators = gaps.approx
+        order = rng.permutation(numerators.size)
+        for start in range(0, order.size, _BLOCK):
+            block = order[start:start + _BLOCK]
+            # one 63-bit word per coin, decided in floats where V's cell is clearly on one
+            # side of exp(−γ) (as ``bernoulli_exp``), by the exact tier otherwise
+            words = sampling._words(rng, block.size) >> np.uint64(1)
+            g = float(scale) * numerators[block]
+            margin = 1e-9 * (1.0 + g)
+            w = words.astype(np.float64)
+            with np.errstate(divide="ignore"):
+                accept = np.log(w + 1.0) - _LN_2_63 < -g - margin
+                reject = (np.log(w) - _LN_2_63 > -g + margin) & (words > 0)
+            for i in np.flatnonzero(~reject):
+                j = int(block[i])
+                if accept[i] or gaps.numerators[j] == 0:
+                    return j
+                if sampling._exact_accept(rng, int(words[i]), scale * gaps.numerators[j]):
+                    return j
         raise AssertionError("the best candidate's coin always accepts")
 
     def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:

@@ -55,7 +55,9 @@ def test_choose_follows_the_permute_and_flip_law() -> None:
     expected = _pf_probabilities(gaps, plan.epsilon)
     rng = np.random.default_rng(7)
     runs = 20_000
-    counts = np.bincount([plan.choose(rng, gaps) for _ in range(runs)], minlength=4)
+    exact = quantiles.Gaps.of(gaps)
+    assert exact == quantiles.Gaps([0, 2, 5, 1], 2)
+    counts = np.bincount([plan.choose(rng, exact) for _ in range(runs)], minlength=4)
     for c, p in zip(counts, expected, strict=True):
         assert abs(c / runs - p) <= Z * math.sqrt(p * (1 - p) / runs)
 
@@ -165,3 +167,20 @@ def test_work_counts_the_coins_of_many_quantiles_on_a_fine_grid() -> None:
     small = mech.work(mech.load_params({"statistic": "quantile", "column": "x",
                                         "quantiles": [0.5], "grid_size": 5}), META)
     assert small.units == 200 * 4 and small.field == "dataset_id"
+
+
+def test_choose_law_across_blocks() -> None:
+    """One best candidate among 600 others whose coins accept with p = e^-6.2: PF outputs it
+    with probability (1/601) Σ_k (1 − p)^k, mostly after a block of 256 rejections; and a
+    lone winner among huge gaps is always found (rejections skip correctly past blocks)."""
+    plan = _plan({"quantiles": [0.5], "grid_size": 11}, Fraction(2))
+    m = 601
+    gaps = quantiles.Gaps([0] + [31] * (m - 1), 5)  # gap 31/5: γ = ε·gap/2 = 6.2
+    p = math.exp(-6.2)
+    expected = (1 - (1 - p) ** m) / (m * p)
+    rng = np.random.default_rng(3)
+    runs = 1500
+    hits = sum(plan.choose(rng, gaps) == 0 for _ in range(runs))
+    assert abs(hits / runs - expected) <= Z * math.sqrt(expected * (1 - expected) / runs)
+    lone = [Fraction(10**6)] * 999 + [Fraction(0)]
+    assert all(plan.choose(rng, lone) == 999 for _ in range(20))
