@@ -54,7 +54,7 @@ def test_choose_follows_the_permute_and_flip_law() -> None:
     gaps = [Fraction(0), Fraction(1), Fraction(5, 2), Fraction(1, 2)]
     expected = _pf_probabilities(gaps, plan.epsilon)
     rng = np.random.default_rng(7)
-    runs = 20_000
+    runs = 10_000
     exact = quantiles.Gaps.of(gaps)
     assert exact == quantiles.Gaps([0, 2, 5, 1], 2)
     counts = np.bincount([plan.choose(rng, exact) for _ in range(runs)], minlength=4)
