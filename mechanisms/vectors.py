@@ -11,8 +11,8 @@ baselines do, DESIGN §6) and independent integer noise is added per entry:
   ``baselines.discrete_gaussian_sigma(pair=True)``; a one-entry vector uses the
   scalar curve. Other vectors use ρ-zCDP: the discrete Gaussian with integer
   shift s is ``s²/(2σ²)``-zCDP (Canonne, Kamath & Steinke 2020, "The Discrete
-  Gaussian for Differential Privacy": the same Rényi divergences as the
-  continuous Gaussian) and coordinates compose, so a shift of squared L2 norm
+  Gaussian for Differential Privacy": its Rényi divergences are at most the
+  continuous Gaussian's, α s²/(2σ²)) and coordinates compose, so a shift of squared L2 norm
   ``L2²`` costs ``ρ = L2²/(2σ²)``; ρ converts to (ε, δ) by their conversion
   (Cor. 13 of the arXiv version):
   ``δ = inf_{α>1} exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α``, which OpenDP's
