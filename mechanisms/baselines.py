@@ -1,5 +1,9 @@
 """DP baselines: ``laplace``, ``geometric`` and ``gaussian`` on bounded columns.
 
+Cross-tabs (``group_by``), quantiles, variance/std and covariance are planned and
+released by ``tables``, ``quantiles`` and ``moments`` (``extended_plan``); this module
+validates their params and charges their budget like any other statistic.
+
 Statistics: ``count`` of rows meeting a condition, bounded ``sum`` and
 ``mean`` of a numeric column, and ``histogram`` of a categorical column or of
 a numeric column over public bins. Privacy unit (DESIGN §3): neighbouring
@@ -36,7 +40,7 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
@@ -52,10 +56,16 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    Work,
 )
 from mechanisms.registry import register
 
 STATISTICS = ("count", "sum", "mean", "histogram")
+#: statistics released by their own modules (``tables``, ``quantiles``, ``moments``)
+EXTENDED = ("quantile", "variance", "std", "covariance")
+MAX_QUANTILES = 99
+MAX_GRID_SIZE = 10_000
+MAX_COVARIANCE_COLUMNS = 10
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 ORDER_OPS = frozenset({"lt", "le", "gt", "ge"})
 #: smaller δ are refused: the δ(σ) computations lose their precision below it
@@ -147,11 +157,58 @@ class StatisticParamsSchema(Schema):
 class BaselineParamsSchema(StatisticParamsSchema):
     """Parameters shared by the three baselines."""
 
-    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
+    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS + EXTENDED))
     bins = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_BINS))
     edges = fields.List(
         fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_BINS + 1)
     )
+    #: cross-tab: count, sum or mean per cell of these categorical columns
+    group_by = fields.List(fields.String(), validate=validate.Length(min=1, max=4))
+    consistency = fields.Boolean()
+    quantiles = fields.List(
+        fields.Float(allow_nan=False, validate=validate.Range(min=0, max=1)),
+        validate=validate.Length(min=1, max=MAX_QUANTILES),
+    )
+    grid_size = fields.Integer(strict=True, validate=validate.Range(min=2, max=MAX_GRID_SIZE))
+    columns = fields.List(
+        fields.String(), validate=validate.Length(min=2, max=MAX_COVARIANCE_COLUMNS)
+    )
+    psd = fields.Boolean()
+
+    #: the parameters each statistic may take beyond statistic/column/condition
+    _ALLOWED: ClassVar[Mapping[str, frozenset[str]]] = {
+        "count": frozenset({"group_by", "consistency"}),
+        "sum": frozenset({"group_by", "consistency"}),
+        "mean": frozenset({"group_by", "consistency"}),
+        "histogram": frozenset({"bins", "edges"}),
+        "quantile": frozenset({"quantiles", "grid_size"}),
+        "variance": frozenset(),
+        "std": frozenset(),
+        "covariance": frozenset({"columns", "psd"}),
+    }
+
+    @validates_schema
+    def _check_combination(self, data: dict[str, Any], **kwargs: Any) -> None:
+        statistic = data["statistic"]
+        for name in ("group_by", "consistency", "quantiles", "grid_size", "columns", "psd"):
+            if name in data and name not in self._ALLOWED[statistic]:
+                raise ValidationError(f"{statistic} does not take {name}.", name)
+        if "consistency" in data and "group_by" not in data:
+            raise ValidationError("consistency applies to group_by tables.", "consistency")
+        if statistic == "count" and "group_by" in data:  # a condition filters, optionally
+            if "column" in data:
+                raise ValidationError("a count table counts rows; omit column.", "column")
+            return
+        if statistic == "quantile" and "quantiles" not in data:
+            raise ValidationError("quantile needs quantiles.", "quantiles")
+        if statistic == "covariance":
+            if "columns" not in data:
+                raise ValidationError("covariance needs columns.", "columns")
+            for name in ("column", "condition"):
+                if name in data:
+                    raise ValidationError(f"covariance reads columns; omit {name}.", name)
+            return
+        super()._check_combination(data, **kwargs)
 
     @validates_schema
     def _check_histogram(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -616,6 +673,35 @@ def discrete_gaussian_sigma(epsilon: float, delta: float, shift: int, pair: bool
     return sigma
 
 
+# --------------------------------------------------------------------------- extended statistics
+
+
+class ExtendedPlan(Protocol):
+    """A release planned by ``tables``, ``quantiles`` or ``moments`` from public inputs."""
+
+    def accuracy(self) -> dict[str, Any]: ...
+
+    def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
+        ...
+
+
+def extended(params: Mapping[str, Any]) -> bool:
+    """Whether another module releases this statistic (group-by tables included)."""
+    return params["statistic"] in EXTENDED or "group_by" in params
+
+
+def extended_plan(mechanism: str, params: Mapping[str, Any],
+                  amounts: Mapping[str, Fraction], meta: DatasetMeta) -> ExtendedPlan:
+    """Dispatch: those modules import this one, so they are imported here, late."""
+    from mechanisms import moments, quantiles, tables
+
+    if "group_by" in params:
+        return tables.plan(mechanism, params, amounts, meta)
+    if params["statistic"] == "quantile":
+        return quantiles.plan(mechanism, params, amounts, meta)
+    return moments.plan(mechanism, params, amounts, meta)
+
+
 # --------------------------------------------------------------------------- mechanisms
 
 
@@ -628,14 +714,35 @@ class _Baseline(Mechanism):
         self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
     ) -> dict[str, Fraction]:
         amounts = _read_budget(budget, self.measures, self.name)
-        self._plan(params, amounts, meta)  # fits the metadata and the sampler's range
+        if extended(params):
+            extended_plan(self.name, params, amounts, meta)
+        else:
+            self._plan(params, amounts, meta)  # fits the metadata and the sampler's range
         return amounts
 
     def accuracy(
         self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     ) -> dict[str, Any]:
         amounts = _read_budget(cost, self.measures, self.name)
+        if extended(params):
+            return extended_plan(self.name, params, amounts, meta).accuracy()
         return self._accuracy(self._plan(params, amounts, meta))
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        """Tables, quantiles and moments make a few passes over the rows (sorts included),
+        whatever their grid or cell count; the rest keeps the default."""
+        if not extended(params):
+            return super().work(params, meta)
+        passes = len(params.get("group_by", ())) + len(params.get("columns", ())) ** 2 + 4
+        units = float(max(meta.n_rows, 1)) * passes
+        if params["statistic"] == "quantile":  # at most one exact coin per candidate
+            from mechanisms.quantiles import COIN_UNITS, DEFAULT_GRID_SIZE
+
+            coins = len(params["quantiles"]) * params.get("grid_size", DEFAULT_GRID_SIZE)
+            if coins * COIN_UNITS > units:
+                return Work(units + coins * COIN_UNITS, "params.grid_size")
+        field = "params.columns" if "columns" in params else "dataset_id"
+        return Work(units, field)
 
     def run(
         self,
@@ -646,6 +753,13 @@ class _Baseline(Mechanism):
         rng: np.random.Generator,
     ) -> Output:
         amounts = _read_budget(cost, self.measures, self.name)
+        if extended(params):
+            planned = extended_plan(self.name, params, amounts, meta)
+            return Output(
+                result=planned.run(data, rng),
+                accuracy=planned.accuracy(),
+                guarantee=self._guarantee(amounts),
+            )
         plan = self._plan(params, amounts, meta)
         exact = _lattice_values(plan, data)
         noisy = exact + self._sample(rng, plan, exact.shape[0])
@@ -736,8 +850,9 @@ class LaplaceMechanism(_Baseline):
     name = "laplace"
     measures = ("epsilon",)
     description = (
-        "Pure epsilon-DP count, sum, mean or histogram; discrete Laplace noise on a"
-        " power-of-two lattice (float-safe)."
+        "Pure epsilon-DP count, sum, mean or histogram, group_by cross-tabs, variance, std,"
+        " covariance (discrete Laplace noise on a power-of-two lattice, float-safe) and"
+        " quantiles (permute-and-flip with exact coins)."
     )
 
     def _plan(
@@ -753,7 +868,7 @@ class GeometricMechanism(_Baseline):
     measures = ("epsilon",)
     description = (
         "Pure epsilon-DP integer statistics (count, histogram, sum or mean of an integer"
-        " column); two-sided geometric noise, integer outputs."
+        " column, and their group_by cross-tabs); two-sided geometric noise, integer outputs."
     )
 
     def _plan(
@@ -782,8 +897,9 @@ class GaussianMechanism(_Baseline):
     name = "gaussian"
     measures = ("epsilon", "delta")
     description = (
-        "Approximate (epsilon, delta)-DP count, sum, mean or histogram; discrete Gaussian"
-        " noise on a power-of-two lattice, sigma calibrated to the exact privacy curve."
+        "Approximate (epsilon, delta)-DP count, sum, mean or histogram, group_by cross-tabs,"
+        " variance, std, covariance; discrete Gaussian noise on a power-of-two lattice, sigma"
+        " calibrated to the exact privacy curve (vectors: through zCDP)."
     )
 
     def _plan(

@@ -707,6 +707,153 @@ PLANS: dict[str, Callable[[], Plan]] = {
 }
 
 
+# --------------------------------------------------------------------------- issue 20: tables,
+# quantiles and moments of the baselines (one block: each baseline's plan gains honest
+# scenarios; its controls stay those above)
+
+
+def _extended_neighbours(params: Mapping[str, Any], meta: DatasetMeta) -> tuple[Data, Data]:
+    """Worst cases from the sensitivity analyses in ``tables`` and ``moments``.
+
+    Tables: record 0 moves from the first cell to the last one, at the end of largest
+    magnitude (the others in the first cell at lo); moments: every column's record 0 at
+    lo vs hi (the others at lo); quantiles: the same, the others spread over [lo, hi].
+    """
+    numeric = [params["column"]] if "column" in params else list(params.get("columns", ()))
+    base: Data = {}
+    for name in numeric:
+        col = meta.columns[name]
+        lo, hi = col.bounds or (0.0, 1.0)
+        base[name] = _fill(col, meta.n_rows, lo)
+    other = {k: v.copy() for k, v in base.items()}
+    if "group_by" in params:
+        for name in params["group_by"]:
+            col = meta.columns[name]
+            base[name] = np.zeros(meta.n_rows, dtype=np.int64)
+            other[name] = base[name].copy()
+            other[name][0] = len(col.categories or ()) - 1
+        for name in numeric:
+            lo, hi = meta.columns[name].bounds or (0.0, 1.0)
+            base[name][0] = other[name][0] = lo if abs(lo) >= abs(hi) else hi
+    else:
+        for name in numeric:
+            lo, hi = meta.columns[name].bounds or (0.0, 1.0)
+            if "quantiles" in params:  # spread: the move shifts every rank in between
+                base[name] = np.linspace(lo, hi, meta.n_rows)
+                other[name] = base[name].copy()
+            base[name][0], other[name][0] = lo, hi
+    return base, other
+
+
+def extended_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, Any],
+                      budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
+    """A cross-tab (its counts and sums: the means are post-processing of them), a
+    covariance triangle or a variance, drawn vectorised; a quantile, by full runs."""
+    from mechanisms import moments, tables
+
+    params = mech.load_params(raw)
+    cost = _cost(mech, params, budget, meta)
+    pair = _extended_neighbours(params, meta)
+    plan = baselines.extended_plan(mech.name, params, cost, meta)
+
+    def once(rng: np.random.Generator, which: int) -> FloatArray:
+        result = mech.run(pair[which], params, cost, meta, rng).result
+        if "counts" in result:
+            return np.asarray(result["counts"] + result["sums"], dtype=np.float64)
+        if "matrix" in result:
+            m = np.asarray(result["matrix"], dtype=np.float64)
+            return m[np.triu_indices(m.shape[0])]
+        return np.asarray(result.get("values", [result.get("value")]), dtype=np.float64)
+
+    if isinstance(plan, tables.TablePlan):
+        table = plan
+        exact = [table.exact(d) for d in pair]
+
+        def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+            parts = []
+            for name, part in (("count", table.count), ("sum", table.sum)):
+                if part is not None:
+                    noise = part.noise.sample(rng, runs * table.cells).reshape(runs, -1)
+                    parts.append((exact[which][name][None, :] + noise) * part.grid)
+            return np.concatenate(parts, axis=1).astype(np.float64)
+    elif isinstance(plan, moments.MomentPlan):
+        moment = plan
+        lattice = [moment.exact(d) for d in pair]
+
+        def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+            d = lattice[which].size
+            noisy = lattice[which][None, :] + moment.noise.sample(rng, runs * d).reshape(runs, d)
+            if moment.statistic == "covariance":
+                return noisy.astype(np.float64) * moment.grid
+            values, inverse = np.unique(noisy[:, 0], return_inverse=True)
+            released = [moment.release(np.array([v]))["value"] for v in values]
+            return np.asarray(released, dtype=np.float64)[inverse.reshape(-1)][:, None]
+    else:
+        def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+            return np.stack([once(rng, which) for _ in range(runs)])
+
+        return Scenario(label, mech, params, cost, meta, pair, draw, once, slow=True)
+    return Scenario(label, mech, params, cost, meta, pair, draw, once)
+
+
+def _table_meta(n: int = 20) -> DatasetMeta:
+    return DatasetMeta(n, {
+        "a": ColumnMeta("a", "categorical", categories=("p", "q")),
+        "b": ColumnMeta("b", "categorical", categories=("r", "s")),
+        "v": ColumnMeta("v", "continuous", bounds=(-1.0, 2.0)),
+        "w": ColumnMeta("w", "continuous", bounds=(0.0, 1.0)),
+        "k": ColumnMeta("k", "integer", bounds=(-3, 5)),
+    })
+
+
+COUNT_TABLE = {"statistic": "count", "group_by": ["a", "b"]}
+COVARIANCE = {"statistic": "covariance", "columns": ["v", "w"]}
+
+
+def _extended(name: str) -> list[Scenario]:
+    mech = registry.get(name)
+    assert isinstance(mech, baselines._Baseline)
+    meta = _table_meta()
+    if name == "laplace":
+        return [
+            extended_scenario("count table 2x2 eps=1", mech, COUNT_TABLE, eps(1), meta),
+            extended_scenario("mean table eps=1", mech, {"statistic": "mean", "column": "v",
+                                                         "group_by": ["a"]}, eps(1), meta),
+            extended_scenario("median, grid 11, eps=1", mech,
+                              {"statistic": "quantile", "column": "w", "quantiles": [0.5],
+                               "grid_size": 11}, eps(1), meta),
+            extended_scenario("covariance eps=1", mech, COVARIANCE, eps(1), meta),
+            extended_scenario("variance eps=1", mech, {"statistic": "variance", "column": "v"},
+                              eps(1), meta),
+        ]
+    if name == "geometric":
+        return [
+            extended_scenario("sum table of an integer column eps=1", mech,
+                              {"statistic": "sum", "column": "k", "group_by": ["a", "b"]},
+                              eps(1), meta),
+        ]
+    small = eps(1, Fraction(1, 100))
+    return [
+        extended_scenario("count table 2x2 eps=1 delta=1e-2", mech, COUNT_TABLE, small, meta),
+        extended_scenario("sum table eps=1 delta=1e-2", mech,
+                          {"statistic": "sum", "column": "v", "group_by": ["b"]}, small, meta),
+        extended_scenario("covariance eps=1 delta=1e-2", mech, COVARIANCE, small, meta),
+    ]
+
+
+def _with_extended(name: str, base: Callable[[], Plan]) -> Callable[[], Plan]:
+    def plan() -> Plan:
+        out = base()
+        out.honest.extend(_extended(name))
+        return out
+
+    return plan
+
+
+for _name in ("laplace", "geometric", "gaussian"):
+    PLANS[_name] = _with_extended(_name, PLANS[_name])
+
+
 @entry(*PLANS)
 def audit_dp(mechanism: str, size: AuditSize, seed: int) -> AuditReport:
     """The DP audit of ``mechanism`` (see the module doc)."""

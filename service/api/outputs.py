@@ -15,7 +15,7 @@ from service import analyses, releases, rkeys
 from service.api.responses import AUTH, BODY, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
-from service.plotting import release_png
+from service.plotting import bar_png, release_png
 from service.problems import UNAVAILABLE, APIError
 from service.schemas import (
     AnalysisListQuerySchema,
@@ -68,10 +68,18 @@ def data(release_id: str) -> Response:
     "image/png": {}}}})
 def plot(release_id: str) -> Response:
     """A drawing of a released function (its 95 % band from the accuracy statement), curves
-    or surface (heat map), from the release's public document only."""
+    or surface (heat map), or of a table (bars with 95 % error bars), from the release's
+    public document only."""
     doc = _succeeded(release_id)
+    result = doc["result"] or {}
+    values, labels, errors = result.get("values"), result.get("categories"), result.get("errors")
+    if (isinstance(labels, list) and isinstance(values, list) and isinstance(errors, list)
+            and len(labels) == len(values) == len(errors)):  # a table: bars, 95 % error bars
+        spent = ", ".join(f"{m} = {v}" for m, v in (doc.get("cost") or {}).items())
+        title = f"{doc['mechanism']} · {release_id}" + (f" ({spent})" if spent else "")
+        return Response(bar_png(labels, values, errors, title), mimetype="image/png")
     try:
-        spec = plot_spec(doc["mechanism"], doc.get("params") or {}, doc["result"] or {},
+        spec = plot_spec(doc["mechanism"], doc.get("params") or {}, result,
                          doc.get("accuracy") or {}, doc.get("cost") or {})
     except ValueError:
         raise APIError(404, "this release has no function to draw", code="not_found") from None

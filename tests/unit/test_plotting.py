@@ -97,3 +97,14 @@ def test_plot_spec_refuses_what_it_cannot_draw() -> None:
                   {})
     spec = plot_spec("iclp.mean", {}, {"grid": [0, 1], "values": [1, None]}, {}, {})
     assert spec.title.endswith("epsilon = ?") and spec.bands == [None]
+
+
+def test_table_bars_with_error_bars_are_a_png() -> None:
+    """Symmetric half-widths, [below, above] pairs and missing cells (None) all draw."""
+    from service.plotting import bar_png
+
+    for values, errors in (([3.0, 5.0, 1.0], [1.5, 1.5, 1.5]),
+                           ([0.2, None, 0.7], [[0.1, 0.2], None, [0.3, 0.1]])):
+        png = bar_png(["a / x", "a / y", "b / x"], values, errors, "laplace · rel_x")
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert struct.unpack(">II", png[16:24]) == (600, 350)

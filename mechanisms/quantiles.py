@@ -1,0 +1,180 @@
+"""Quantiles of a bounded column: permute-and-flip over a public grid, sampled exactly.
+
+Candidates are ``grid_size`` evenly spaced points of the declared [lo, hi]
+(public). The utility of candidate c for quantile q is
+u(c) = −|#{x <= c} − q·n|: replacing one record changes #{x <= c} by at most
+1 and n is public, so the sensitivity is 1.
+
+Permute-and-flip (McKenna & Sheldon 2020) visits the candidates in a uniformly
+random order and stops at the first one whose coin Bernoulli(exp(ε(u(c) − u*)/2))
+comes up heads (u* the best utility, whose coin always does): ε-DP, and never
+worse than the exponential mechanism. The coins are EXACT: ε and q·n are
+rationals, so γ = ε(u* − u(c))/2 is a Fraction and the coin compares
+−ln V with γ for V uniform, refining V's bits until the comparison is decided
+(``sampling._exact_accept``); no float exponential of a utility is taken.
+
+Several quantiles split ε evenly (basic composition: k quantiles at ε/k).
+
+Accuracy, from public inputs: a candidate whose utility is T below the best is
+accepted at its visit with probability <= exp(−εT/2), so (union bound over
+the m candidates) P(u* − u(output) >= (2/ε)(ln m + t)) <= e^{−t}; at t = ln 20
+each quantile's rank error |#{x <= c} − q·n| exceeds the best grid point's by
+at most (2/ε)(ln m + ln 20) with probability >= 95 %.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mechanisms import baselines, sampling
+from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+
+DEFAULT_GRID_SIZE = 1001
+#: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
+COIN_UNITS = 100
+_LN_2_63 = 63 * math.log(2.0)
+#: coins drawn at once by ``choose`` (unused words of a block are discarded)
+_BLOCK = 256
+
+
+def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
+    """Exactly Bernoulli(exp(−γ)) for a rational γ >= 0 (63-bit words, refined on demand).
+
+    A float comparison decides unless V's cell [word, word + 1)·2^-63 lies within a
+    margin of exp(−γ); then the exact comparison with more words does (the same tiers as
+    the discrete Gaussian's acceptance).
+    """
+    if gamma == 0:
+        return True
+    word = sampling._word(rng) >> 1  # V uniform in [word, word + 1)·2^-63
+    g = float(gamma)
+    margin = 1e-9 * (1.0 + g)  # far above the float errors of g and of the logs below
+    if word > 0:
+        # accept iff ln V < −γ: decide in floats when V's cell is clearly on one side
+        if math.log(word + 1) - _LN_2_63 < -g - margin:
+            return True
+        if math.log(word) - _LN_2_63 > -g + margin:
+            return False
+    return sampling._exact_accept(rng, word, gamma)
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """Utility gaps u* − u(c) = numerators[c] / denominator (>= 0; 0 for the best)."""
+
+    numerators: list[int]
+    denominator: int
+
+    @functools.cached_property
+    def approx(self) -> NDArray[np.float64]:
+        """The numerators as doubles, for the float tier of the coins only."""
+        return np.asarray([float(v) for v in self.numerators])
+
+    @staticmethod
+    def of(gaps: list[Fraction]) -> Gaps:
+        d = math.lcm(*(g.denominator for g in gaps))
+        return Gaps([int(g * d) for g in gaps], d)
+
+
+@dataclass(frozen=True)
+class QuantilePlan:
+    column: ColumnMeta
+    n: int
+    bounds: tuple[Fraction, Fraction]
+    quantiles: tuple[float, ...]
+    grid: tuple[float, ...]
+    epsilon: Fraction  # per quantile
+
+    @property
+    def rank_error(self) -> float:
+        """The 95 % rank-error bound beyond the best candidate's (see the module doc)."""
+        return 2.0 / float(self.epsilon) * (math.log(len(self.grid)) + math.log(20.0))
+
+    def ranks(self, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
+        """#{x <= c} for each candidate c (missing values count as lo, as everywhere)."""
+        x = np.asarray(data[self.column.name])
+        if x.ndim != 1 or x.shape[0] != self.n:
+            raise ValueError(f"column {self.column.name!r} does not have n_rows entries")
+        values = np.sort(baselines._clean(x, float(self.bounds[0]), float(self.bounds[1])))
+        return np.searchsorted(values, np.asarray(self.grid), side="right").astype(np.int64)
+
+    def gaps(self, ranks: NDArray[np.int64], q: float) -> Gaps:
+        """u* − u(c) per candidate, exact: integers over a common denominator."""
+        target = Fraction(q) * self.n
+        a, b = target.numerator, target.denominator
+        loss = [abs(int(r) * b - a) for r in ranks]
+        best = min(loss)
+        return Gaps([v - best for v in loss], b)
+
+    def choose(self, rng: np.random.Generator, gaps: Gaps | list[Fraction]) -> int:
+        """Permute-and-flip with exact coins: the index of the released candidate."""
+        if not isinstance(gaps, Gaps):
+            gaps = Gaps.of(gaps)
+        scale = self.epsilon / (2 * gaps.denominator)
+        numerators = gaps.approx
+        order = rng.permutation(numerators.size)
+        for start in range(0, order.size, _BLOCK):
+            block = order[start:start + _BLOCK]
+            # one 63-bit word per coin, decided in floats where V's cell is clearly on one
+            # side of exp(−γ) (as ``bernoulli_exp``), by the exact tier otherwise
+            words = sampling._words(rng, block.size) >> np.uint64(1)
+            g = float(scale) * numerators[block]
+            margin = 1e-9 * (1.0 + g)
+            w = words.astype(np.float64)
+            with np.errstate(divide="ignore"):
+                accept = np.log(w + 1.0) - _LN_2_63 < -g - margin
+                reject = (np.log(w) - _LN_2_63 > -g + margin) & (words > 0)
+            for i in np.flatnonzero(~reject):
+                j = int(block[i])
+                if accept[i] or gaps.numerators[j] == 0:
+                    return j
+                if sampling._exact_accept(rng, int(words[i]), scale * gaps.numerators[j]):
+                    return j
+        raise AssertionError("the best candidate's coin always accepts")
+
+    def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
+        ranks = self.ranks(data)
+        chosen = [self.grid[self.choose(rng, self.gaps(ranks, q))] for q in self.quantiles]
+        return {"values": chosen, "quantiles": list(self.quantiles),
+                "grid_size": len(self.grid)}
+
+    def accuracy(self) -> dict[str, Any]:
+        k, m = len(self.quantiles), len(self.grid)
+        step = (float(self.bounds[1]) - float(self.bounds[0])) / (m - 1)
+        statement = (
+            f"Each of the {k} quantile(s) is chosen by permute-and-flip (epsilon/{k} each) among"
+            f" {m} public candidates {step:.6g} apart; with probability at least 95% the"
+            f" number of (clipped) records at or below it differs from q*n by at most"
+            f" {self.rank_error:.6g} more than the best candidate's does."
+        )
+        return {"noise": "permute_and_flip", "sensitivity": 1.0, "candidates": m,
+                "candidate_step": step, "epsilon_per_quantile": float(self.epsilon),
+                "ci95_rank_error": self.rank_error, "statement": statement}
+
+
+def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fraction],
+         meta: DatasetMeta) -> QuantilePlan:
+    if mechanism != "laplace":
+        raise MechanismInputError(
+            "params.statistic",
+            "quantile is released by the exponential mechanism (pure epsilon-DP): use laplace")
+    column = meta.column(params["column"])
+    lo, hi = baselines._bounds(column, "quantile")
+    if meta.n_rows < 1:
+        raise MechanismInputError("params.statistic", "quantile of an empty dataset")
+    m = params.get("grid_size", DEFAULT_GRID_SIZE)
+    grid = tuple(float(c) for c in np.linspace(float(lo), float(hi), m))
+    if len(set(grid)) != m:
+        raise MechanismInputError("params.grid_size", "grid_size exceeds the declared range's"
+                                  " distinct float values")
+    quantiles = tuple(float(q) for q in params["quantiles"])
+    return QuantilePlan(column, meta.n_rows, (lo, hi), quantiles, grid,
+                        amounts["epsilon"] / len(quantiles))
