@@ -843,7 +843,7 @@ def _analyses_cancel(c: Client, release_id: str, analysis_id: str) -> Output:
 
 # jobs and catalog ----------------------------------------------------------------------
 
-@client_command(jobs, "list", "queued and running jobs, then failed ones")
+@client_command(jobs, "list", "pricing, queued and running jobs, then failed and refused ones")
 @click.option("--status", shell_complete=_suggest(_JOB_STATUSES),
               help=f"only jobs in this status: {', '.join(_JOB_STATUSES)}")
 @click.option("--limit", type=int, metavar="N", help="page size")

@@ -295,7 +295,7 @@ def _registry(app: Flask, config: Config) -> CollectorRegistry:
     else:
         registry.register(REQUESTS)
         registry.register(LATENCY)
-    from workers.celery_app import QUEUES  # releases and analyses wait apart
+    from workers.celery_app import QUEUES  # releases, analyses and pricing jobs wait apart
     # dataset ids and budgets only go to an authenticated scraper
     per_dataset = config.metrics_max_datasets if config.metrics_token else 0
     registry.register(ClusterCollector(app.extensions["redis"], QUEUES, per_dataset))

@@ -191,7 +191,12 @@ class EstimateSchema(Schema):
     mechanism = fields.String()
     cost = fields.Dict()
     accuracy = fields.Dict()
-    remaining = fields.Dict()
+    remaining = fields.Dict(metadata={
+        "description": "per measure charged: what this key may still spend (the dataset's "
+                       "remainder, or its allocation's if smaller)"})
+    fits = fields.Boolean(metadata={"description": "whether the cost fits what remains"})
+    shortfall = fields.Dict(metadata={
+        "description": "per measure the cost exceeds what remains: by how much"})
 
 
 class PricingSchema(Schema):

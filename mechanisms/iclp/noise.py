@@ -149,7 +149,10 @@ def calibrate(
     if not (np.all(err >= 0) and np.all(top >= 0)):
         raise CalibrationError("error and bound must be non-negative")
     fine = sensitivity * min(1.0, 1.0 / eps) * a / (RESOLUTION * a.size)
-    coarse = top / CENTRE_LIMIT  # centres |ĉ_j|/g_j must stay below the limit
+    # centres |ĉ_j|/g_j must stay strictly below the limit, for every |ĉ_j| <= bound +
+    # error: with twice that over the limit, a bound that is a power of two (2^53 squared,
+    # say) no longer lands exactly on it
+    coarse = 2.0 * (top + err) / CENTRE_LIMIT
     steps = np.maximum(_pow2_floor(fine), _pow2_ceil(coarse))
     slack = float(np.sum((steps + 2.0 * err) / a))
     lattice = (sensitivity + slack) * _ROUND_UP

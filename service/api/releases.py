@@ -94,13 +94,21 @@ def estimate(body: dict[str, Any]) -> Any:
         prepared = _prepare(body)
     except releases.Unpriced as cold:
         return _estimate_pricing(cold)
-    balance = current_app.extensions["ledger"].balance(prepared.dataset["id"])
+    rows, allocations = current_app.extensions["ledger"].budget(prepared.dataset["id"])
+    mine = allocations.get(current_key().id, {})
+    # what this key may still spend: the dataset's remainder, or its allocation's if smaller
+    remaining = {m: min(rows.get(m, {}).get("remaining", 0),
+                        mine.get(m, {}).get("remaining", 1 << 62))
+                 for m in prepared.cost_units}
+    short = {m: units - remaining[m] for m, units in prepared.cost_units.items()
+             if units > remaining[m]}
     return {
         "mechanism": prepared.mechanism.name,
         "cost": releases.cost_doc(prepared.cost_units),
         "accuracy": prepared.accuracy,
-        "remaining": {m: budget.display(m, balance.get(m, {}).get("remaining", 0))
-                      for m in prepared.cost_units},
+        "remaining": {m: budget.display(m, max(r, 0)) for m, r in remaining.items()},
+        "fits": not short,
+        "shortfall": {m: budget.display(m, u) for m, u in short.items()},
     }
 
 

@@ -292,7 +292,11 @@ def test_estimate_spends_nothing(api: Api, dataset: dict[str, Any]) -> None:
     # mean of [0, 1000] over 200 rows: sensitivity 5, scale 20
     assert body["accuracy"]["scale"] == pytest.approx(20, rel=0.01)
     assert body["remaining"] == {"epsilon": 5.0}
+    assert body["fits"] is True and body["shortfall"] == {}
     assert _budget(api, dataset["id"])["epsilon"]["reserved"] == 0
+    # beyond what remains: still answered (spending nothing), with the shortfall
+    over = api.post("/v1/releases/estimate", {**req, "budget": {"epsilon": 7}}).get_json()
+    assert over["fits"] is False and over["shortfall"] == {"epsilon": 2.0}
 
 
 def test_budget_exhausted_is_409_with_amounts(api: Api, dataset: dict[str, Any]) -> None:

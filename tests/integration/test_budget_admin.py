@@ -89,6 +89,14 @@ def test_allocations_are_enforced_and_shown(app: Flask, api: Api, dataset: dict[
     assert resp.status_code == 422
 
     analyst = Api(api.client, token)
+    # issue #18: the estimate says whether the cost fits what this key may still spend
+    fits = analyst.post("/v1/releases/estimate", _body(ds, 0)).get_json()
+    assert fits["fits"] is True and fits["shortfall"] == {}
+    assert fits["remaining"]["epsilon"] == pytest.approx(0.3)
+    big = {**_body(ds, 0), "budget": {"epsilon": 0.5}}
+    short = analyst.post("/v1/releases/estimate", big).get_json()
+    assert short["fits"] is False and short["shortfall"]["epsilon"] == pytest.approx(0.2)
+    assert api.post("/v1/releases/estimate", big).get_json()["fits"] is True  # no allocation
     statuses = [analyst.post("/v1/releases", _body(ds, v)).status_code for v in range(5)]
     assert statuses == [202, 202, 202, 409, 409]
     refused = analyst.post("/v1/releases", _body(ds, 9)).get_json()

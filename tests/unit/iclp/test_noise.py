@@ -151,6 +151,17 @@ def test_coarse_lattice_when_coefficients_are_large() -> None:
     assert nz.lattice_sensitivity >= 1e-12 + float(np.sum(nz.steps))
 
 
+@pytest.mark.parametrize("top", [2.0**106, 2.0**60, 1e6, 3.0 * 2.0**70])
+def test_a_coefficient_at_its_bound_has_a_centre(top: float) -> None:
+    """Catches the sweep's iclp.fos failure: a Gram entry equal to its bound 2^106
+    (covariate bounds up to 2^53) landed exactly on CENTRE_LIMIT and the release failed
+    after reading the data (charged, no output)."""
+    error = top * 2.0**-40
+    nz = noise.calibrate(np.ones(2), 1e-3, 1.0, np.full(2, error), np.full(2, top))
+    centres = nz.centre(np.array([top + error, -(top + error)]))
+    assert np.all(np.abs(centres) < noise.CENTRE_LIMIT)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
