@@ -311,6 +311,7 @@ def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(redis_url: str) -> 
                           request_json=json.dumps({"dataset_id": "ds_sweep"}), replay=False,
                           mode="pricing").outcome == "pricing"
     sent = _Sent()
+    time.sleep(0.01)  # the outbox stamps milliseconds (rounded): be past the stamp
     assert send_outbox(client, ledger, sent, grace=0.0) == [release_id]
     assert (releases.PRICE_TASK, releases.pricing_task_id(release_id)) in sent.calls
     assert not ledger.unsent(release_id, 0.0)
