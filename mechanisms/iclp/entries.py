@@ -10,8 +10,9 @@ budget: the noise is calibrated to it.
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from fractions import Fraction
 from typing import Any, ClassVar, Protocol
 
@@ -132,6 +133,17 @@ class IclpMean(_FunctionMechanism):
         )
 
 
+@contextlib.contextmanager
+def _components_refused() -> Iterator[None]:
+    """An FRL plan's ValueError names ``params.components`` (a calibration error stays)."""
+    try:
+        yield
+    except ValueError as exc:
+        if isinstance(exc, noise.CalibrationError):
+            raise
+        raise MechanismInputError("params.components", str(exc)) from None
+
+
 class FrlMean(_FunctionMechanism):
     name = "frl.mean"
     label = "FRL mean baseline"
@@ -145,14 +157,10 @@ class FrlMean(_FunctionMechanism):
         grid, tau = _functional_column(meta, p["column"], self.name)
         kernel = _noise_kernel(p.get("kernel", {}))
         m = _auto(p.get("components"))
-        try:
+        with _components_refused():
             return mean.plan_frl_mean(
                 grid, tau, meta.n_rows, epsilon, kernel, None if m is None else int(m)
             )
-        except ValueError as exc:
-            if isinstance(exc, noise.CalibrationError):
-                raise
-            raise MechanismInputError("params.components", str(exc)) from None
 
 
 class IclpKde(_FunctionMechanism):
@@ -580,17 +588,13 @@ class FrlKde(_FunctionMechanism):
         bounds = _density_column(meta, p["column"], self.name)
         family, nu, rho = _density_kernel(p.get("kernel", {}))
         m = _auto(p.get("components"))
-        try:
+        with _components_refused():
             return kde.plan_frl_kde(
                 bounds, meta.n_rows, epsilon,
                 grid_size=p.get("grid_size", kde.DEFAULT_GRID_SIZE), family=family, nu=nu,
                 bandwidth=rho, components=None if m is None else int(m),
                 normalize=p.get("normalize", True),
             )
-        except ValueError as exc:
-            if isinstance(exc, noise.CalibrationError):
-                raise
-            raise MechanismInputError("params.components", str(exc)) from None
 
 
 class BernsteinMean(_FunctionMechanism):
