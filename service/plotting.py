@@ -11,18 +11,17 @@ import numpy as np
 from mechanisms.iclp.plot import PlotSpec
 
 
-def function_png(grid: Sequence[float], values: Sequence[float], title: str) -> bytes:
-    """A line plot of a released function on its grid, as PNG bytes."""
+def _figure(width: float = 6.0) -> Any:
+    """A headless matplotlib figure, 100 dpi, 3.5 inches high."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; safe in any worker thread
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(6, 3.5), dpi=100)
-    axes = figure.add_subplot()
-    axes.plot(list(grid), list(values), color="#1f5fa8", linewidth=1.8)
-    axes.set_title(title, fontsize=10)
-    axes.grid(alpha=0.3)
+    return Figure(figsize=(width, 3.5), dpi=100)
+
+
+def _png(figure: Any) -> bytes:
     figure.tight_layout()
     out = io.BytesIO()
     figure.savefig(out, format="png")
@@ -32,12 +31,7 @@ def function_png(grid: Sequence[float], values: Sequence[float], title: str) -> 
 def release_png(spec: PlotSpec) -> bytes:
     """A release drawn from its ``PlotSpec``: a curve with its 95 % band, several curves
     (each with its band), or a heat map of a surface; axis labels and ε in the title."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(6, 3.5), dpi=100)
+    figure = _figure()
     axes = figure.add_subplot()
     if spec.kind == "surface":
         z = np.array(spec.values, dtype=np.float64).T  # rows over y, columns over x
@@ -64,10 +58,7 @@ def release_png(spec: PlotSpec) -> bytes:
     axes.set_xlabel(spec.xlabel, fontsize=9)
     axes.set_ylabel(spec.ylabel, fontsize=9)
     axes.set_title(spec.title, fontsize=10)
-    figure.tight_layout()
-    out = io.BytesIO()
-    figure.savefig(out, format="png")
-    return out.getvalue()
+    return _png(figure)
 
 
 def bar_png(labels: Sequence[str], values: Sequence[float | None], errors: Sequence[Any],
@@ -77,11 +68,6 @@ def bar_png(labels: Sequence[str], values: Sequence[float | None], errors: Seque
     ``errors[i]`` is a half-width, a ``[below, above]`` pair, or None (no bar drawn,
     e.g. a mean whose noisy count is below 1).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     drawn = [i for i, v in enumerate(values) if v is not None]
     heights = [float(values[i]) for i in drawn]  # type: ignore[arg-type]
     below, above = [], []
@@ -90,7 +76,7 @@ def bar_png(labels: Sequence[str], values: Sequence[float | None], errors: Seque
         lo, hi = (e, e) if not isinstance(e, list | tuple) else (e[0], e[1])
         below.append(float(lo or 0.0))
         above.append(float(hi or 0.0))
-    figure = Figure(figsize=(max(6.0, 0.35 * len(labels)), 3.5), dpi=100)
+    figure = _figure(max(6.0, 0.35 * len(labels)))
     axes = figure.add_subplot()
     axes.bar(drawn, heights, yerr=[below, above], color="#1f5fa8", ecolor="#333333",
              capsize=3)
@@ -98,7 +84,4 @@ def bar_png(labels: Sequence[str], values: Sequence[float | None], errors: Seque
                     else 0, fontsize=8)
     axes.set_title(title, fontsize=10)
     axes.grid(alpha=0.3, axis="y")
-    figure.tight_layout()
-    out = io.BytesIO()
-    figure.savefig(out, format="png")
-    return out.getvalue()
+    return _png(figure)

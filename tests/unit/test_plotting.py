@@ -13,14 +13,16 @@ import pytest
 from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.iclp.plot import plot_spec
-from service.plotting import function_png, release_png
+from service.plotting import bar_png, release_png
 
 
-def test_png_has_the_expected_size() -> None:
-    png = function_png([0.0, 0.5, 1.0], [1.0, 0.2, 0.7], "iclp.mean · rel_x")
+@pytest.mark.parametrize(("cells", "width"), [(3, 600), (40, 1400)])
+def test_bar_png_has_the_expected_size(cells: int, width: int) -> None:
+    """Tables are bars, wider for many cells; a null cell (no noisy count) has no bar."""
+    values = [float(i) for i in range(cells - 1)] + [None]
+    png = bar_png([f"c{i}" for i in range(cells)], values, [0.5] * cells, "laplace · rel_x")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", png[16:24])
-    assert (width, height) == (600, 350)
+    assert struct.unpack(">II", png[16:24]) == (width, 350)
 
 
 # --------------------------------------------------------------------------- release plots
