@@ -29,6 +29,7 @@ from mechanisms.base import (
     Budget,
     ColumnMeta,
     DatasetMeta,
+    Mechanism,
     MechanismInputError,
     Work,
     check_numeric_column,
@@ -87,6 +88,26 @@ def split_epsilon(budget: Budget, name: str, parts: int) -> tuple[Fraction, Frac
     (sequential composition over the columns, the paper's NLRM/NOPM)."""
     epsilon = read_epsilon(budget, name)
     return epsilon, epsilon / parts
+
+
+class PerColumnMechanism(Mechanism):
+    """A mechanism run on each of ``params.columns`` at ε/p (the paper's naive
+    multivariate versions): one pass per column, the whole ε charged."""
+
+    measures = ("epsilon",)
+
+    def _plan(self, params: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta
+              ) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        return columns_work(params, meta)
+
+    def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+             ) -> dict[str, Fraction]:
+        epsilon, _ = split_epsilon(budget, self.name, len(params["columns"]))
+        self._plan(params, epsilon, meta)  # refuses what cannot run, before any charge
+        return {"epsilon": epsilon}
 
 
 def numeric_columns(params: Mapping[str, Any], meta: DatasetMeta) -> list[ColumnMeta]:

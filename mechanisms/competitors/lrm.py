@@ -30,15 +30,15 @@ from marshmallow import ValidationError, fields, validates_schema
 from numpy.typing import NDArray
 
 from mechanisms import sampling
-from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output, Work
+from mechanisms.base import Budget, DatasetMeta, MechanismInputError, Output
 from mechanisms.competitors.common import (
     CI_LEVEL,
     PRIVACY_UNIT,
     ROW_COLUMN,
     ColumnsSchema,
     Lattice,
+    PerColumnMechanism,
     column_array,
-    columns_work,
     fmt,
     lattice,
     numeric_columns,
@@ -68,11 +68,10 @@ def round_to_lattice(y: NDArray[np.float64], lo: float, hi: float, step: float
     return out
 
 
-class LrmMechanism(Mechanism):
+class LrmMechanism(PerColumnMechanism):
     """Laplace noise on each value of each chosen column, ε/p per column."""
 
     name = "lrm"
-    measures = ("epsilon",)
     params_schema = LrmParamsSchema
     description = (
         "DIP's LRM competitor: pure epsilon-DP microdata, exact discrete Laplace noise of"
@@ -97,15 +96,6 @@ class LrmMechanism(Mechanism):
                 if (float(c.bounds[1]) - float(c.bounds[0])) / step > MAX_ROUND_POINTS:
                     raise MechanismInputError("params.round_to", "step too small for the range")
         return out
-
-    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
-        return columns_work(params, meta)
-
-    def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
-             ) -> dict[str, Fraction]:
-        epsilon, _ = split_epsilon(budget, self.name, len(params["columns"]))
-        self._plan(params, epsilon, meta)
-        return {"epsilon": epsilon}
 
     def accuracy(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
                  ) -> dict[str, Any]:

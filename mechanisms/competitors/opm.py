@@ -75,7 +75,6 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
-    Work,
     check_numeric_column,
     read_epsilon,
 )
@@ -84,8 +83,8 @@ from mechanisms.competitors.common import (
     ROW_COLUMN,
     ColumnsSchema,
     Lattice,
+    PerColumnMechanism,
     column_array,
-    columns_work,
     exact_sum,
     fmt,
     lattice,
@@ -147,11 +146,10 @@ def truncation(r: float, k: int | None, n: int, epsilon: float) -> float:
     return r * math.exp(math.log(max(n, 1) * epsilon * epsilon) / (2 * k))
 
 
-class OpmMeanMechanism(Mechanism):
+class OpmMeanMechanism(PerColumnMechanism):
     """DJW's clipped-Laplace locally private mean, ε/p per column."""
 
     name = "opm.mean"
-    measures = ("epsilon",)
     params_schema = OpmMeanParamsSchema
     description = (
         "DIP's OPM competitor (Duchi, Jordan & Wainwright 2018, §3.2.1): pure epsilon-DP"
@@ -181,15 +179,6 @@ class OpmMeanMechanism(Mechanism):
             bias = 0.0 if (k is None or r is None or t >= radius) else r**k / t ** (k - 1)
             out[col.name] = MeanPlan(c, t, lattice(a, b, per, integer=integer), bias)
         return out
-
-    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
-        return columns_work(params, meta)
-
-    def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
-             ) -> dict[str, Fraction]:
-        epsilon, _ = split_epsilon(budget, self.name, len(params["columns"]))
-        self._plan(params, epsilon, meta)
-        return {"epsilon": epsilon}
 
     def accuracy(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
                  ) -> dict[str, Any]:
