@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import Any
 
+from apispec import BasePlugin
 from flask import Flask
 from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
@@ -15,6 +17,23 @@ from service.ledger import Ledger
 from service.schemas import ProblemSchema
 from service.store import DatasetStore
 from workers.celery_app import make_celery
+
+
+class OperationIds(BasePlugin):
+    """Every operation gets an ``operationId`` from its Flask endpoint
+    (``datasets.upload`` -> ``datasets_upload``), so generated clients have stable,
+    readable method names."""
+
+    def operation_helper(self, path: str | None = None,
+                         operations: dict[str, dict[str, Any]] | None = None,
+                         **kwargs: Any) -> None:
+        rule = kwargs.get("rule")
+        if rule is None or not operations:
+            return
+        base = rule.endpoint.replace(".", "_")
+        for method, operation in operations.items():
+            operation.setdefault("operationId",
+                                 base if len(operations) == 1 else f"{base}_{method}")
 
 
 class ProblemApi(Api):
@@ -67,6 +86,7 @@ def create_app(config: Config | None = None) -> Flask:
     api = ProblemApi(app, spec_kwargs={
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
+        "extra_plugins": [OperationIds()],
     })
     from service.api import catalog, datasets, health, jobs, keys, outputs, releases
 

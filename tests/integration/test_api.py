@@ -387,6 +387,13 @@ def test_openapi_docs_and_probes(api: Api, app: Flask, worker: Any) -> None:
     spec = client.get("/openapi.json").get_json()
     assert spec["openapi"].startswith("3.")
     assert {"/v1/datasets", "/v1/releases", "/v1/releases/estimate"} <= set(spec["paths"])
+    # issue #18: every operation has a unique operationId and a summary (generated clients)
+    operations = [op for item in spec["paths"].values() for method, op in item.items()
+                  if method in {"get", "post", "patch", "put", "delete"}]
+    ids = [op.get("operationId") for op in operations]
+    assert None not in ids and len(set(ids)) == len(ids), ids
+    assert all(op.get("summary") for op in operations)
+    assert spec["paths"]["/v1/releases"]["post"]["operationId"] == "releases_create"
     assert client.get("/docs").status_code == 200
     assert client.get("/healthz").get_json() == {"status": "ok"}
     ready = client.get("/readyz")
