@@ -381,6 +381,13 @@ class IclpErm(_MultiColumn):
         return plan
 
 
+def _grid_points(meta: DatasetMeta, name: Any) -> int:
+    """Grid size of a functional column for a work bound (1 if it is not one: the
+    plan refuses it with a proper message)."""
+    column = meta.columns.get(str(name))
+    return len(column.grid) if column is not None and column.grid else 1
+
+
 class IclpCov(_MultiColumn):
     name = "iclp.cov"
     label = "ICLP-QR covariance function"
@@ -394,8 +401,7 @@ class IclpCov(_MultiColumn):
         return [params["column"]]
 
     def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
-        column = meta.columns.get(str(params.get("column")))
-        m = len(column.grid) if column is not None and column.grid else 1
+        m = _grid_points(meta, params.get("column"))
         return Work(float(max(meta.n_rows, 1)) * m * m, "params.column")
 
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
@@ -431,8 +437,7 @@ class IclpFos(_MultiColumn):
         return plan.summary(columns[:-1], columns[-1])
 
     def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
-        column = meta.columns.get(str(params.get("response")))
-        m = len(column.grid) if column is not None and column.grid else 1
+        m = _grid_points(meta, params.get("response"))
         p = len(params.get("covariates", [])) + 1
         return Work(float(max(meta.n_rows, 1)) * m * (m + p), "params.response")
 
