@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -59,12 +60,35 @@ def _spawn_analyses_worker(args: argparse.Namespace) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
 
+def _worker_healthcheck() -> int:
+    """0 when a worker on this host beats to the configured Valkey (container probes)."""
+    import redis
+
+    from service import rkeys
+    from workers.celery_app import live_workers
+
+    config = Config.from_env()
+    try:
+        client = rkeys.connect(config.require_redis_url(), socket_timeout=2)
+        alive = live_workers(client, host_suffix="@" + socket.gethostname())
+    except redis.RedisError as err:
+        print(f"unhealthy: Valkey/Redis is not reachable ({type(err).__name__})", file=sys.stderr)
+        return 1
+    if not alive:
+        print("unhealthy: no worker on this host sends heartbeats", file=sys.stderr)
+        return 1
+    print(f"healthy: {alive} worker process(es)")
+    return 0
+
+
 def _worker(args: argparse.Namespace) -> int:
     from celery import signals
 
     from service.observability import configure_logging
     from workers.celery_app import ANALYSES_QUEUE, app, configure
 
+    if args.healthcheck:
+        return _worker_healthcheck()
     queues = _queues(args.queues)
     config = Config.from_env()
     configure_logging(config.log_level)  # before Celery redirects stderr
@@ -131,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes of that analyses worker (with both queues)")
     p.add_argument("--one-process", action="store_true",
                    help="serve every queue from one pool (analyses may then hold every slot)")
+    p.add_argument("--healthcheck", action="store_true",
+                   help="exit 0 if a worker on this host is alive, else 1 (container probes)")
     p.set_defaults(func=_worker)
     return parser
 

@@ -129,6 +129,18 @@ def make_celery(config: Config) -> Celery:
     return configure(Celery("privrelease"), config)
 
 
+def live_workers(client: redis.Redis, host_suffix: str = "") -> int:
+    """Workers whose heartbeat names this Valkey run (and, if given, ends in ``host_suffix``).
+
+    A heartbeat restored from the AOF after a restart names the previous run id, so it
+    does not count until its worker has reconnected and beaten again.
+    """
+    run_id = client.info("server")["run_id"]
+    keys = [k for k in client.scan_iter(rkeys.WORKERS + "*", count=100)
+            if k.endswith(host_suffix)]
+    return sum(1 for beat in (client.mget(keys) if keys else []) if beat == run_id)
+
+
 def _beat(config: Config, name: str, stop: threading.Event) -> None:
     """Heartbeat for /readyz, and the sweeper when it is due (one worker at a time)."""
     from workers.sweeper import sweep_if_due, sweep_orphans_if_due

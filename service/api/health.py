@@ -8,10 +8,10 @@ import redis
 from flask import current_app
 from flask_smorest import Blueprint
 
-from service import rkeys
 from service.api.responses import problems
 from service.problems import APIError
 from service.schemas import HealthSchema, ReadySchema
+from workers.celery_app import live_workers
 
 blp = Blueprint("health", __name__, description="Liveness and readiness")
 
@@ -31,15 +31,12 @@ def healthz() -> dict[str, Any]:
 def readyz() -> dict[str, Any]:
     """Valkey answers and at least one worker sent a heartbeat to this Valkey run.
 
-    A heartbeat carries the run id of the server it reached: one restored
-    from the AOF after a restart names the previous run, so it does not count
-    until its worker has reconnected and beaten again.
+    A heartbeat restored from the AOF after a restart does not count
+    (:func:`workers.celery_app.live_workers`).
     """
     client: redis.Redis = current_app.extensions["redis"]
     try:
-        run_id = client.info("server")["run_id"]
-        keys = list(client.scan_iter(rkeys.WORKERS + "*", count=100))
-        workers = sum(1 for beat in (client.mget(keys) if keys else []) if beat == run_id)
+        workers = live_workers(client)
     except redis.RedisError:
         raise APIError(503, "Valkey/Redis is not reachable", code="unavailable") from None
     if workers == 0:

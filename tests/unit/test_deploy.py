@@ -1,0 +1,91 @@
+"""The deployment files say what production needs: checked without a Docker engine (none
+runs here), by reading them as the engine would."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+import yaml
+
+from tests.conftest import ROOT
+
+DEPLOY = ROOT / "deploy"
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """(instruction, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            rows.append((word.upper(), rest.strip()))
+    return rows
+
+
+def test_image_installs_the_client_distribution_it_depends_on() -> None:
+    """Caught: the image copied neither client/ nor installed it, and privrelease-client is not
+    on a registry, so `pip install .` in the build failed."""
+    rows = _dockerfile()
+    copied = [shlex.split(args)[0] for word, args in rows if word == "COPY"]
+    for source in copied:
+        assert (ROOT / source).exists(), source
+    assert "client" in copied
+    install = next(args for word, args in rows if word == "RUN" and "pip install" in args)
+    words = shlex.split(install.split("&&")[0])
+    assert words.index("./client") < words.index(".")
+
+
+def test_data_volume_is_writable_by_the_service_user() -> None:
+    """Caught: the data directory did not exist in the image, so the volume mounted there was
+    root-owned and every upload answered 500 PermissionError."""
+    rows = _dockerfile()
+    user = next(args for word, args in rows if word == "USER")
+    env = " ".join(args for word, args in rows if word == "ENV")
+    data_dir = re.search(r"PRIVRELEASE_DATA_DIR=(\S+)", env)
+    assert data_dir is not None
+    made = [args for word, args in rows if word == "RUN" and "install -d" in args]
+    assert made and f"-o {user}" in made[0] and data_dir.group(1) in made[0]
+    assert [w for w, _ in rows].index("USER") > [w for w, _ in rows].index("RUN")
+
+
+def _compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    return doc
+
+
+def test_compose_services_restart_and_report_health() -> None:
+    services = _compose()["services"]
+    assert set(services) == {"valkey", "api", "worker"}
+    for name, svc in services.items():
+        assert svc["restart"] == "unless-stopped", name
+        assert svc["healthcheck"]["test"], name
+    for name in ("api", "worker"):
+        assert services[name]["depends_on"]["valkey"]["condition"] == "service_healthy"
+    assert services["worker"]["healthcheck"]["test"][-1] == "--healthcheck"
+
+
+def test_compose_valkey_requires_the_service_password() -> None:
+    services = _compose()["services"]
+    assert "./users.acl:/etc/valkey/users.acl:ro" in services["valkey"]["volumes"]
+    url = services["api"]["environment"]["PRIVRELEASE_REDIS_URL"]
+    assert url.startswith("redis://privrelease:${VALKEY_PASSWORD:?")
+    conf = (DEPLOY / "valkey.conf").read_text().splitlines()
+    assert "protected-mode yes" in conf and "aclfile /etc/valkey/users.acl" in conf
+    assert (DEPLOY / "users.acl.example").read_text().startswith("user default off\n")
+    assert "deploy/users.acl" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_valkey_conf_has_no_inline_comments() -> None:
+    """Valkey rejects `directive value # comment` (a crash loop at start): caught once here."""
+    for line in (DEPLOY / "valkey.conf").read_text().splitlines():
+        assert line.startswith("#") or "#" not in line, line
+
+
+def test_every_path_in_the_deploy_folder_is_documented() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name in ("compose.yaml", "valkey.conf", "users.acl.example", "Dockerfile"):
+        assert f"deploy/{name}" in readme or f"`{name}`" in readme, name
