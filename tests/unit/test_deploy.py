@@ -48,7 +48,8 @@ def test_data_volume_is_writable_by_the_service_user() -> None:
     data_dir = re.search(r"PRIVRELEASE_DATA_DIR=(\S+)", env)
     assert data_dir is not None
     made = [args for word, args in rows if word == "RUN" and "install -d" in args]
-    assert made and f"-o {user}" in made[0] and data_dir.group(1) in made[0]
+    assert made and f"--uid {user} " in made[0]
+    assert f"install -d -o privrelease -g privrelease -m 0750 {data_dir.group(1)}" in made[0]
     assert [w for w, _ in rows].index("USER") > [w for w, _ in rows].index("RUN")
 
 
@@ -89,3 +90,32 @@ def test_every_path_in_the_deploy_folder_is_documented() -> None:
     readme = (ROOT / "README.md").read_text()
     for name in ("compose.yaml", "valkey.conf", "users.acl.example", "Dockerfile"):
         assert f"deploy/{name}" in readme or f"`{name}`" in readme, name
+
+
+def test_kubernetes_manifests_validate() -> None:
+    """Every manifest against the Kubernetes schemas (strict: unknown fields fail)."""
+    import kubernetes_validate
+
+    k8s = DEPLOY / "k8s"
+    listed = yaml.safe_load((k8s / "kustomization.yaml").read_text())["resources"]
+    manifests = sorted(p.name for p in k8s.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted([*listed, "secret.example.yaml"]) == manifests
+    kinds = set()
+    for name in manifests:
+        for doc in yaml.safe_load_all((k8s / name).read_text()):
+            kubernetes_validate.validate(doc, "1.30", strict=True)
+            kinds.add((doc["kind"], doc["metadata"]["name"]))
+    assert {("Deployment", "privrelease-api"), ("Deployment", "privrelease-worker"),
+            ("StatefulSet", "valkey"), ("PersistentVolumeClaim", "datasets")} <= kinds
+
+
+def test_kubernetes_pods_run_as_the_image_user_on_the_shared_volume() -> None:
+    user = next(args for word, args in _dockerfile() if word == "USER")
+    for name in ("api.yaml", "worker.yaml"):
+        docs = list(yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()))
+        pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+        assert pod["securityContext"] == {"runAsNonRoot": True, "fsGroup": int(user)}
+        claim = pod["volumes"][0]["persistentVolumeClaim"]["claimName"]
+        assert claim == "datasets"
+    pvc = yaml.safe_load((DEPLOY / "k8s" / "datasets-pvc.yaml").read_text())
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
