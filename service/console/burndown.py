@@ -1,8 +1,8 @@
 """A dataset's budget over time, replayed from its audit stream.
 
 The ledger keeps only the current balance; the stream records every change to it
-(``service/lua``): ``cap`` sets a dataset cap (an event with a ``key_id`` is an
-allocation's and is skipped here), ``reserve`` holds a cost, ``commit`` moves what was
+(``service/lua``): ``cap`` sets a dataset cap (``allocation`` events, a key's cap, are
+skipped here), ``reserve`` holds a cost, ``commit`` moves what was
 held to committed (a failed job that read the data is charged too), ``abort`` and
 ``cancel`` refund what was held. Replaying them in order gives, after each event, the
 same cap, committed and reserved the ledger had then, in exact integer units.
@@ -39,8 +39,6 @@ def replay(events: Iterable[Mapping[str, Any]]) -> dict[str, Series]:
     for event in events:
         kind = event.get("kind")
         units: Mapping[str, int] = event.get("units") or {}
-        if kind == "cap" and event.get("key_id"):
-            continue  # an allocation's cap, not the dataset's
         if kind not in {"cap", "reserve", "commit", "abort", "cancel"}:
             continue
         for measure, u in units.items():

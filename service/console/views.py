@@ -98,7 +98,7 @@ def _context() -> dict[str, Any]:
     return {"csrf_token": generate_csrf, "key": g.get("api_key"), "allowed": ops.allowed,
             "api": {"upload": datasets_api.upload, "retire": datasets_api.retire,
                     "budget": datasets_api.show_budget, "audit": datasets_api.audit,
-                    "keys": keys_api.list_keys, "jobs": jobs_api.list_jobs,
+                    "list_keys": keys_api.list_keys, "list_jobs": jobs_api.list_jobs,
                     "request": releases_api.create, "estimate": releases_api.estimate,
                     "analyses": outputs_api.create},
             "pretty": lambda v: json.dumps(v, indent=2, sort_keys=True)}
@@ -175,6 +175,7 @@ def datasets() -> Any:
     error, metadata, status = None, json.dumps(EXAMPLE_METADATA, indent=2), 200
     if request.method == "POST":
         metadata = request.form.get("metadata", "")
+        ops.check(datasets_api.upload)  # as the API: the role before anything of the body
         try:
             form = ops.load(DatasetUploadSchema(), {"metadata": metadata})
             files = ops.load(DatasetFileSchema(), dict(request.files))
@@ -376,6 +377,7 @@ def mechanism(name: str) -> Any:
     form = request.form if request.method == "POST" else request.args
     if request.method == "POST":
         action = request.form.get("action", "estimate")
+        ops.check(releases_api.create if action == "request" else releases_api.estimate)
         try:
             amounts: dict[str, Any] = {}
             for measure in mech["measures"]:
