@@ -210,8 +210,11 @@ def budget_chart(dataset_id: str) -> Response:
     events = ops.call(datasets_api.audit, dataset_id)
     series = {}
     for measure, steps in burndown.replay(events).items():
-        times = [apikeys.parse_time(t) for t in steps.times]
-        series[measure] = (times, steps.display(measure))
+        # the last state holds until now: without this point its step has no width
+        times = [apikeys.parse_time(t) for t in steps.times] + [datetime.now(UTC)]
+        rows = {name: [*values, values[-1]]
+                for name, values in steps.display(measure).items()}
+        series[measure] = (times, rows)
     return Response(budget_png(series, f"budget of {dataset_id}"), mimetype="image/png")
 
 
