@@ -95,4 +95,7 @@ def create_app(config: Config | None = None) -> Flask:
     # import every mechanism family (scipy, matplotlib: ~2 s) while the worker boots, not
     # in the first request that names a mechanism (a 2 s outlier per worker under load)
     mechanisms.names()
+    from service import console
+
+    console.init_app(app)  # the web console at /console (same keys, same checks)
     return app

@@ -57,7 +57,15 @@ def _refusal(role: str) -> APIError | None:
     """Why the request's key may not call a view that needs ``role`` (None: it may)."""
     if bearer_token() is None:
         return APIError(401, "missing bearer token", code="unauthorized")
-    key = request_key()
+    return key_refusal(request_key(), role)
+
+
+def key_refusal(key: apikeys.ApiKey | None, role: str) -> APIError | None:
+    """Why ``key`` may not do what needs ``role`` (None: it may).
+
+    The one role check: the API's bearer tokens and the web console's sessions
+    (``service.console``) both come here, so a page allows exactly what its route does.
+    """
     if key is None:
         return APIError(401, "unknown or revoked API key", code="unauthorized")
     if key.expired():

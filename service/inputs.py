@@ -31,6 +31,9 @@ MAX_JSON_DEPTH = 32
 MULTIPART = "multipart/form-data"
 #: endpoints whose body is a multipart form; every other body is JSON
 MULTIPART_ENDPOINTS = frozenset({"datasets.upload"})
+#: blueprints of HTML forms (urlencoded or multipart) that their own views read: the web
+#: console, whose pages reach the API's operations in-process (``service.console``)
+FORM_BLUEPRINTS = frozenset({"console"})
 
 # A JSON string, or an unterminated one running to the end: possessive, so every
 # attempt succeeds at once and the scan stays linear whatever the body holds.
@@ -99,6 +102,8 @@ def check_body() -> None:
     if not request.content_length and "Transfer-Encoding" not in request.headers:
         return
     if not auth.admitted():  # the view refuses it before any body is read
+        return
+    if request.blueprint in FORM_BLUEPRINTS:
         return
     if request.endpoint in MULTIPART_ENDPOINTS:
         if request.mimetype != MULTIPART:

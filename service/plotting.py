@@ -85,3 +85,33 @@ def bar_png(labels: Sequence[str], values: Sequence[float | None], errors: Seque
     axes.set_title(title, fontsize=10)
     axes.grid(alpha=0.3, axis="y")
     return _png(figure)
+
+
+def budget_png(series: dict[str, tuple[list[Any], dict[str, list[float]]]],
+               title: str) -> bytes:
+    """A dataset's budget over time, one panel per measure: committed and reserved
+    stacked as steps under the cap (``service.console.burndown``)."""
+    figure = _figure()
+    if not series:
+        axes = figure.add_subplot()
+        axes.text(0.5, 0.5, "no budget events yet", ha="center", va="center")
+        axes.set_axis_off()
+        return _png(figure)
+    for i, (measure, (times, rows)) in enumerate(sorted(series.items())):
+        axes = figure.add_subplot(len(series), 1, i + 1)
+        committed = np.array(rows["committed"])
+        held = committed + np.array(rows["reserved"])
+        axes.fill_between(times, 0, committed, step="post", color="#1f5fa8", alpha=0.8,
+                          label="committed")
+        axes.fill_between(times, committed, held, step="post", color="#f39c12", alpha=0.6,
+                          label="reserved")
+        axes.step(times, rows["cap"], where="post", color="#c0392b", label="cap")
+        axes.set_ylabel(measure, fontsize=9)
+        axes.set_ylim(bottom=0)
+        axes.grid(alpha=0.3)
+        axes.tick_params(labelsize=7)
+        if i == 0:
+            axes.set_title(title, fontsize=10)
+            axes.legend(fontsize=7, loc="upper left")
+    figure.autofmt_xdate()
+    return _png(figure)

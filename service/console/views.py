@@ -1,0 +1,477 @@
+"""Console pages: each one runs the API operation it shows (``ops``) for the session's key."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    g,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
+from werkzeug.wrappers import Response as BaseResponse
+from wtforms import ValidationError
+
+from service import apikeys, auth, problems
+from service.api import catalog as catalog_api
+from service.api import datasets as datasets_api
+from service.api import jobs as jobs_api
+from service.api import keys as keys_api
+from service.api import outputs as outputs_api
+from service.api import releases as releases_api
+from service.console import burndown, ops, session
+from service.plotting import budget_png
+from service.problems import APIError
+from service.schemas import (
+    AnalysisListQuerySchema,
+    AnalysisRequestSchema,
+    DatasetFileSchema,
+    DatasetUploadSchema,
+    KeyCreateSchema,
+    LedgerQuerySchema,
+    ReleaseRequestSchema,
+)
+
+bp = Blueprint("console", __name__, url_prefix=session.PREFIX, template_folder="templates",
+               static_folder="static")
+
+#: pages reachable without a session
+PUBLIC = frozenset({"console.signin", "console.static"})
+EVENT_KINDS = ("cap", "allocation", "reserve", "commit", "abort", "cancel", "refuse", "retire")
+#: what the upload form starts with: a valid metadata document to edit
+EXAMPLE_METADATA = {
+    "name": "people",
+    "columns": {"age": {"type": "integer", "bounds": [0, 100]},
+                "income": {"type": "continuous", "bounds": [0, 1000]},
+                "group": {"type": "categorical", "categories": ["a", "b", "c"]}},
+    "budgets": {"epsilon": 5, "delta": 1e-5},
+}
+
+Page = Callable[..., Any]
+
+
+@bp.before_request
+def _guard() -> BaseResponse | None:
+    """Valkey reachable, the CSRF token on every POST, then a live session."""
+    if request.environ.get(session.UNAVAILABLE_FLAG):
+        raise problems.UNAVAILABLE[0]("console session store unavailable")
+    if request.method == "POST":
+        try:
+            validate_csrf(request.form.get("csrf_token"))
+        except ValidationError as err:
+            raise CSRFError(str(err)) from None
+    if request.endpoint in PUBLIC:
+        return None
+    key = session.signed_in()
+    if auth.key_refusal(key, "consumer") is not None:
+        session.sign_out()
+        return redirect(url_for("console.signin", next=request.path))
+    g.api_key = key
+    return None
+
+
+@bp.after_request
+def _headers(resp: BaseResponse) -> BaseResponse:
+    """Pages show secrets once and data: never cached, never framed, no foreign assets."""
+    resp.headers["Cache-Control"] = "no-store"
+    resp.headers["X-Frame-Options"] = "DENY"
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Content-Security-Policy"] = (
+        "default-src 'self'; img-src 'self'; style-src 'self'; script-src 'none';"
+        " form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+    resp.headers["Referrer-Policy"] = "same-origin"
+    return resp
+
+
+@bp.context_processor
+def _context() -> dict[str, Any]:
+    return {"csrf_token": generate_csrf, "key": g.get("api_key"), "allowed": ops.allowed,
+            "api": {"upload": datasets_api.upload, "retire": datasets_api.retire,
+                    "budget": datasets_api.show_budget, "audit": datasets_api.audit,
+                    "list_keys": keys_api.list_keys, "list_jobs": jobs_api.list_jobs,
+                    "request": releases_api.create, "estimate": releases_api.estimate,
+                    "analyses": outputs_api.create},
+            "pretty": lambda v: json.dumps(v, indent=2, sort_keys=True)}
+
+
+@bp.errorhandler(APIError)
+def _api_error(err: APIError) -> tuple[str, int]:
+    return render_template("error.html", error=err), err.status
+
+
+@bp.errorhandler(CSRFError)
+def _csrf_error(err: CSRFError) -> tuple[str, int]:
+    error = APIError(400, "the form's CSRF token is missing or invalid: reload the page",
+                     code="csrf")
+    return render_template("error.html", error=error), 400
+
+
+def page(view: Callable[..., Any]) -> Callable[[Page], Page]:
+    """A page needing what the API route ``view`` needs (its role, checked the API's way)."""
+
+    def decorator(fn: Page) -> Page:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ops.check(view)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def _form_error(err: APIError) -> dict[str, Any]:
+    return {"detail": err.detail, "field": err.field, "status": err.status}
+
+
+# -- sign in / out ---------------------------------------------------------------------
+
+@bp.route("/signin", methods=["GET", "POST"])
+def signin() -> Any:
+    error = None
+    if request.method == "POST":
+        client = current_app.extensions["redis"]
+        token = request.form.get("token", "").strip()
+        key = apikeys.lookup(client, token) if token else None
+        refusal = auth.key_refusal(key, "consumer")
+        if refusal is None and key is not None:
+            session.sign_in(key)
+            target = request.args.get("next", "")
+            # only a console path: never an open redirect
+            if not target.startswith(session.PREFIX + "/") or target.startswith("//"):
+                target = url_for("console.home")
+            return redirect(target)
+        error = {"detail": refusal.detail if refusal else "no key given", "field": "token"}
+    status = 401 if error else 200
+    return render_template("signin.html", error=error), status
+
+
+@bp.route("/signout", methods=["POST"])
+def signout() -> BaseResponse:
+    session.sign_out()
+    return redirect(url_for("console.signin"))
+
+
+@bp.route("/")
+def home() -> BaseResponse:
+    return redirect(url_for("console.datasets"))
+
+
+# -- datasets --------------------------------------------------------------------------
+
+@bp.route("/datasets", methods=["GET", "POST"])
+@page(datasets_api.list_datasets)
+def datasets() -> Any:
+    error, metadata, status = None, json.dumps(EXAMPLE_METADATA, indent=2), 200
+    if request.method == "POST":
+        metadata = request.form.get("metadata", "")
+        ops.check(datasets_api.upload)  # as the API: the role before anything of the body
+        try:
+            form = ops.load(DatasetUploadSchema(), {"metadata": metadata})
+            files = ops.load(DatasetFileSchema(), dict(request.files))
+            doc = ops.call(datasets_api.upload, form["metadata"], files["file"])
+            return redirect(url_for("console.dataset", dataset_id=doc["id"]))
+        except APIError as err:
+            error, status = _form_error(err), err.status
+    docs = ops.call(datasets_api.list_datasets)
+    return render_template("datasets.html", datasets=docs, error=error,
+                           metadata=metadata), status
+
+
+@bp.route("/datasets/<dataset_id>")
+@page(datasets_api.show)
+def dataset(dataset_id: str) -> str:
+    doc = ops.call(datasets_api.show, dataset_id)
+    budget = (ops.call(datasets_api.show_budget, dataset_id)
+              if ops.allowed(datasets_api.show_budget) else None)
+    return render_template("dataset.html", dataset=doc, budget=budget)
+
+
+@bp.route("/datasets/<dataset_id>/retire", methods=["POST"])
+def retire(dataset_id: str) -> BaseResponse:
+    ops.call(datasets_api.retire, dataset_id)
+    return redirect(url_for("console.dataset", dataset_id=dataset_id))
+
+
+@bp.route("/datasets/<dataset_id>/budget.png")
+@page(datasets_api.audit)
+def budget_chart(dataset_id: str) -> Response:
+    """Committed and reserved over time, from the audit stream the ledger page reads."""
+    events = ops.call(datasets_api.audit, dataset_id)
+    series = {}
+    for measure, steps in burndown.replay(events).items():
+        # the last state holds until now: without this point its step has no width
+        times = [apikeys.parse_time(t) for t in steps.times] + [datetime.now(UTC)]
+        rows = {name: [*values, values[-1]]
+                for name, values in steps.display(measure).items()}
+        series[measure] = (times, rows)
+    return Response(budget_png(series, f"budget of {dataset_id}"), mimetype="image/png")
+
+
+def _when(name: str) -> str | None:
+    """A datetime-local form value (naive: UTC) as ISO 8601, or None when empty."""
+    raw = request.args.get(name, "").strip()
+    return raw + ("" if raw.endswith("Z") or "+" in raw[10:] else "Z") if raw else None
+
+
+@bp.route("/datasets/<dataset_id>/audit")
+@page(datasets_api.audit)
+def audit(dataset_id: str) -> Any:
+    query: dict[str, Any] = {"format": request.args.get("format", "json")}
+    kinds = [k for k in request.args.getlist("kind") if k]
+    if kinds:
+        query["kind"] = ",".join(kinds)
+    for name in ("since", "until"):
+        if (value := _when(name)) is not None:
+            query[name] = value
+    error, events = None, []
+    try:
+        loaded = ops.load(LedgerQuerySchema(), query)
+        result = ops.call(datasets_api.audit, dataset_id, **loaded)
+        if isinstance(result, Response):  # format=jsonl: the export, as the API streams it
+            result.headers["Content-Disposition"] = (
+                f'attachment; filename="{dataset_id}-audit.jsonl"')
+            return result
+        events = result
+    except APIError as err:
+        if err.status in {401, 403, 404}:
+            raise
+        error = _form_error(err)
+    doc = ops.call(datasets_api.show, dataset_id)
+    return render_template("audit.html", dataset=doc, events=events, error=error,
+                           kinds=EVENT_KINDS, chosen=set(kinds), args=request.args)
+
+
+# -- keys ------------------------------------------------------------------------------
+
+@bp.route("/keys", methods=["GET", "POST"])
+@page(keys_api.list_keys)
+def keys() -> Any:
+    error, created, status = None, None, 200
+    if request.method == "POST":
+        body: dict[str, Any] = {"role": request.form.get("role", ""),
+                                "label": request.form.get("label", "")}
+        grants = [d for d in request.form.getlist("datasets") if d]
+        if grants:
+            body["datasets"] = grants
+        expires = request.form.get("expires_at", "").strip()
+        if expires:
+            body["expires_at"] = expires
+        try:
+            created = ops.call(keys_api.create, ops.load(KeyCreateSchema(), body))
+            status = 201
+        except APIError as err:
+            error, status = _form_error(err), err.status
+    docs = ops.call(keys_api.list_keys)
+    grantable = ops.call(datasets_api.list_datasets)
+    return render_template("keys.html", keys=docs, created=created, error=error,
+                           datasets=grantable, now=datetime.now(UTC)), status
+
+
+@bp.route("/keys/<key_id>/revoke", methods=["POST"])
+def revoke(key_id: str) -> BaseResponse:
+    ops.call(keys_api.revoke, key_id)
+    return redirect(url_for("console.keys"))
+
+
+# -- jobs ------------------------------------------------------------------------------
+
+@bp.route("/jobs")
+@page(jobs_api.list_jobs)
+def jobs() -> str:
+    status = request.args.get("status") or None
+    if status is not None and status not in {"pricing", "queued", "running", "failed",
+                                             "refused"}:
+        raise APIError(422, "unknown job status", code="validation_error", field="status")
+    docs, _headers = ops.call(jobs_api.list_jobs, status=status, limit=200)
+    return render_template("jobs.html", jobs=docs, status=status)
+
+
+@bp.route("/jobs/<release_id>/cancel", methods=["POST"])
+def cancel_job(release_id: str) -> BaseResponse:
+    ops.call(jobs_api.cancel, release_id)
+    return redirect(url_for("console.jobs"))
+
+
+# -- mechanisms, estimates and requests ------------------------------------------------
+
+def _field_kind(prop: dict[str, Any]) -> str:
+    """How the form asks for a parameter, from its JSON schema."""
+    if "enum" in prop:
+        return "enum"
+    kind = prop.get("type")
+    if kind in {"boolean", "integer", "number", "string"}:
+        return str(kind)
+    if kind == "array" and (prop.get("items") or {}).get("type") == "string":
+        return "strings"
+    return "json"
+
+
+def _fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    required = set(schema.get("required") or [])
+    out = []
+    for name, prop in (schema.get("properties") or {}).items():
+        default = prop.get("default")
+        out.append({"name": name, "kind": _field_kind(prop), "required": name in required,
+                    "enum": prop.get("enum") or [], "description": prop.get("description", ""),
+                    "default": "" if default is None else
+                    (json.dumps(default) if isinstance(default, dict | list) else
+                     str(default).lower() if isinstance(default, bool) else str(default))})
+    return out
+
+
+def _params(fields: list[dict[str, Any]]) -> dict[str, Any]:
+    """The form's parameter fields as the request's ``params`` (empty fields left out)."""
+    params: dict[str, Any] = {}
+    for spec in fields:
+        raw = request.form.get("p." + spec["name"], "").strip()
+        if not raw:
+            continue
+        where = f"params.{spec['name']}"
+        try:
+            if spec["kind"] == "boolean":
+                params[spec["name"]] = raw == "true"
+            elif spec["kind"] in {"integer", "number"}:
+                number = float(raw)
+                params[spec["name"]] = int(number) if number.is_integer() and \
+                    spec["kind"] == "integer" else number
+            elif spec["kind"] == "strings":
+                params[spec["name"]] = [s.strip() for s in raw.split(",") if s.strip()]
+            elif spec["kind"] == "json":
+                params[spec["name"]] = json.loads(raw)
+            else:
+                params[spec["name"]] = raw
+        except ValueError:
+            raise APIError(422, "not a valid value for this field", code="validation_error",
+                           field=where) from None
+    return params
+
+
+def _mechanism(name: str) -> dict[str, Any]:
+    for mech in ops.call(catalog_api.list_mechanisms):
+        if mech["name"] == name:
+            return dict(mech)
+    raise APIError(404, "no such mechanism", code="not_found")
+
+
+@bp.route("/mechanisms")
+@page(catalog_api.list_mechanisms)
+def mechanisms() -> str:
+    return render_template("mechanisms.html", mechanisms=ops.call(catalog_api.list_mechanisms))
+
+
+@bp.route("/mechanisms/<name>", methods=["GET", "POST"])
+@page(catalog_api.list_mechanisms)
+def mechanism(name: str) -> Any:
+    mech = _mechanism(name)
+    fields = _fields(mech["params_schema"])
+    datasets = ops.call(datasets_api.list_datasets)
+    error, estimate, status = None, None, 200
+    form = request.form if request.method == "POST" else request.args
+    if request.method == "POST":
+        action = request.form.get("action", "estimate")
+        ops.check(releases_api.create if action == "request" else releases_api.estimate)
+        try:
+            amounts: dict[str, Any] = {}
+            for measure in mech["measures"]:
+                raw = request.form.get("b." + measure, "").strip()
+                if raw:
+                    try:
+                        amounts[measure] = float(raw)
+                    except ValueError:
+                        raise APIError(422, "not a number", code="validation_error",
+                                       field=f"budget.{measure}") from None
+            body = ops.load(ReleaseRequestSchema(), {
+                "dataset_id": request.form.get("dataset_id", ""), "mechanism": name,
+                "params": _params(fields), "budget": amounts})
+            if action == "request":
+                doc, _status, _location = ops.call(releases_api.create, body)
+                return redirect(url_for("console.release", release_id=doc["id"]))
+            estimate = ops.call(releases_api.estimate, body)
+            if isinstance(estimate, Response):  # 202 pricing: a worker prices it
+                estimate = estimate.get_json()
+        except APIError as err:
+            error, status = _form_error(err), err.status
+    return render_template("mechanism.html", mechanism=mech, fields=fields, form=form,
+                           datasets=datasets, error=error, estimate=estimate), status
+
+
+# -- releases and analyses -------------------------------------------------------------
+
+@bp.route("/releases")
+@page(releases_api.list_releases)
+def releases() -> str:
+    dataset_id = request.args.get("dataset_id") or None
+    docs, _headers = ops.call(releases_api.list_releases, limit=100, dataset_id=dataset_id)
+    return render_template("releases.html", releases=docs)
+
+
+@bp.route("/releases/<release_id>", methods=["GET", "POST"])
+@page(releases_api.show)
+def release(release_id: str) -> Any:
+    doc = ops.call(releases_api.show, release_id)
+    error, status = None, 200
+    if request.method == "POST":  # run an analysis
+        try:
+            raw = request.form.get("params", "").strip() or "{}"
+            try:
+                params = json.loads(raw)
+            except ValueError:
+                raise APIError(422, "params is not valid JSON", code="validation_error",
+                               field="params") from None
+            others = [r.strip() for r in request.form.get("releases", "").split(",")
+                      if r.strip()]
+            body = ops.load(AnalysisRequestSchema(), {
+                "analysis": request.form.get("analysis", ""), "params": params,
+                "releases": others})
+            created = ops.call(outputs_api.create, body, release_id)
+            return redirect(url_for("console.analysis", release_id=release_id,
+                                    analysis_id=created["id"]))
+        except APIError as err:
+            error, status = _form_error(err), err.status
+    analyses = []
+    if doc["status"] == "succeeded":
+        query = ops.load(AnalysisListQuerySchema(), {"limit": 50})
+        analyses = ops.call(outputs_api.list_analyses, query, release_id)["items"]
+    has_plot = doc["status"] == "succeeded" and _drawable(release_id)
+    return render_template("release.html", release=doc, analyses=analyses, error=error,
+                           has_plot=has_plot), status
+
+
+def _drawable(release_id: str) -> bool:
+    try:
+        ops.call(outputs_api.plot, release_id)
+    except APIError:
+        return False
+    return True
+
+
+@bp.route("/releases/<release_id>/plot.png")
+@page(outputs_api.plot)
+def plot(release_id: str) -> Response:
+    resp: Response = ops.call(outputs_api.plot, release_id)
+    return resp
+
+
+@bp.route("/releases/<release_id>/data")
+@page(outputs_api.data)
+def data(release_id: str) -> Response:
+    resp: Response = ops.call(outputs_api.data, release_id)
+    return resp
+
+
+@bp.route("/releases/<release_id>/analyses/<analysis_id>")
+@page(outputs_api.show)
+def analysis(release_id: str, analysis_id: str) -> str:
+    doc = ops.call(outputs_api.show, release_id, analysis_id)
+    return render_template("analysis.html", analysis=doc, release_id=release_id)

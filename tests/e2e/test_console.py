@@ -1,0 +1,167 @@
+"""The web console driven in a real headless Chromium (Debian's chromium + chromedriver)
+against a live `privrelease standalone`: every role signs in, an operator uploads through
+the form and manages keys, an analyst estimates and requests a release and sees its plot,
+a consumer sees no operator page.
+
+Set PRIVRELEASE_CONSOLE_SCREENSHOTS=docs/console to also write the README's screenshots.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service as DriverService
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from tests.e2e.harness import TOKEN, Service
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+SHOTS = os.environ.get("PRIVRELEASE_CONSOLE_SCREENSHOTS")
+#: matches the upload form's pre-filled example metadata (age, income, group)
+CSV = "age,income,group\n" + "".join(
+    f"{20 + i % 50},{(i * 37) % 1000}.5,{'abc'[i % 3]}\n" for i in range(300))
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--window-size=1280,1000",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=DriverService(CHROMEDRIVER))
+    driver.implicitly_wait(5)
+    yield driver
+    driver.quit()
+
+
+def _shot(driver: WebDriver, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
+
+
+def _sign_in(driver: WebDriver, service: Service, token: str) -> None:
+    driver.delete_all_cookies()
+    driver.get(service.url + "/console/signin")
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.ID, "signin").click()
+    assert driver.find_element(By.ID, "who")
+
+
+def _session(driver: WebDriver) -> requests.Session:
+    http = requests.Session()
+    for c in driver.get_cookies():
+        http.cookies.set(c["name"], c["value"], path=c.get("path", "/"))
+    return http
+
+
+def _until(driver: WebDriver, element_id: str, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        elements = driver.find_elements(By.ID, element_id)
+        if elements and elements[0].text == text:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"#{element_id} never read {text!r}: {driver.page_source[:2000]}")
+
+
+def test_console_roles_in_chromium(service: Service, browser: WebDriver,
+                                   tmp_path: Path) -> None:
+    d = browser
+    # operator: cookie flags
+    _sign_in(d, service, TOKEN)
+    cookie = {c["name"]: c for c in d.get_cookies()}["privrelease_console"]
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+    assert cookie["path"] == "/console" and TOKEN not in cookie["value"]
+
+    # operator: a bad upload shows the API's problem detail and field, a good one lands
+    csv = tmp_path / "people.csv"
+    csv.write_text(CSV)
+    d.get(service.url + "/console/datasets")
+    d.find_element(By.ID, "upload").click()  # no file chosen
+    assert d.find_element(By.ID, "problem-field").text == "file"
+    d.find_element(By.ID, "file").send_keys(str(csv))
+    d.find_element(By.ID, "upload").click()
+    rows = d.find_elements(By.CSS_SELECTOR, "#columns tbody tr")
+    assert [r.find_element(By.TAG_NAME, "td").text for r in rows] == ["age", "income", "group"]
+    dataset_id = d.current_url.rsplit("/", 1)[1]
+    _shot(d, "dataset")
+
+    # operator: keys for an analyst and a consumer, tokens shown once
+    tokens = {}
+    for role in ("analyst", "consumer"):
+        d.get(service.url + "/console/keys")
+        Select(d.find_element(By.ID, "role")).select_by_visible_text(role)
+        d.find_element(By.ID, "label").send_keys(f"browser {role}")
+        d.find_element(By.ID, "create-key").click()
+        tokens[role] = d.find_element(By.ID, "new-token").text
+        assert tokens[role].startswith("pr_")
+    _shot(d, "keys")
+    d.get(service.url + "/console/keys")
+    assert tokens["analyst"] not in d.page_source  # shown once only
+
+    # analyst: estimate, then request a count table, and see its plot
+    _sign_in(d, service, tokens["analyst"])
+    d.get(service.url + "/console/mechanisms/laplace")
+    Select(d.find_element(By.ID, "dataset_id")).select_by_value(dataset_id)
+    Select(d.find_element(By.ID, "p.statistic")).select_by_visible_text("count")
+    d.find_element(By.ID, "p.group_by").send_keys("group")  # a table: bars with error bars
+    d.find_element(By.ID, "b.epsilon").send_keys("0.5")
+    d.find_element(By.ID, "estimate-button").click()
+    assert "Fits" in d.find_element(By.ID, "estimate").text
+    _shot(d, "estimate")
+    d.find_element(By.ID, "request-button").click()
+    _until(d, "status", "succeeded")
+    plot = d.find_element(By.ID, "plot")
+    assert d.execute_script("return arguments[0].complete && arguments[0].naturalWidth",
+                            plot) > 100
+    png = _session(d).get(plot.get_attribute("src"), timeout=30)
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+    assert len(png.content) > 2000
+    _shot(d, "release")
+
+    # consumer: no operator links, operator pages refused
+    _sign_in(d, service, tokens["consumer"])
+    d.get(service.url + "/console/datasets")
+    assert not d.find_elements(By.ID, "nav-keys") and not d.find_elements(By.ID, "nav-jobs")
+    assert not d.find_elements(By.ID, "upload-form")
+    d.get(service.url + "/console/keys")
+    assert d.find_element(By.TAG_NAME, "h1").text.startswith("403")
+
+    # operator: budget chart, CSRF refusal, and revoking the analyst key
+    _sign_in(d, service, TOKEN)
+    d.get(f"{service.url}/console/datasets/{dataset_id}")
+    chart = d.find_element(By.ID, "budget-chart")
+    assert d.execute_script("return arguments[0].naturalWidth", chart) > 100
+    _shot(d, "budget")
+    analyst_id = next(k["id"] for k in service.call("GET", "/v1/keys").json()
+                      if k["label"] == "browser analyst")
+    http = _session(d)
+    forged = http.post(f"{service.url}/console/keys/{analyst_id}/revoke", timeout=30)
+    assert forged.status_code == 400  # no CSRF token: refused, key still valid
+    assert requests.get(service.url + "/v1/datasets", timeout=30, headers={
+        "Authorization": f"Bearer {tokens['analyst']}"}).status_code == 200
+    d.get(service.url + "/console/keys")
+    button = d.find_element(By.ID, f"revoke-{analyst_id}")
+    button.click()
+    WebDriverWait(d, 10).until(expected_conditions.staleness_of(button))  # page reloaded
+    d.implicitly_wait(0)
+    assert not d.find_elements(By.ID, f"row-{analyst_id}")
+    d.implicitly_wait(5)
+    assert requests.get(service.url + "/v1/datasets", timeout=30, headers={
+        "Authorization": f"Bearer {tokens['analyst']}"}).status_code == 401
+    d.get(f"{service.url}/console/datasets/{dataset_id}/audit")
+    assert d.find_elements(By.CSS_SELECTOR, "#events tbody tr")
+    _shot(d, "audit")
