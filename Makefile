@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-runtime
 
-.PHONY: run test bench soak fuzz large lint clean audit
+.PHONY: run test bench soak fuzz large lint clean audit browser
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,12 @@ $(RUN_STAMP): pyproject.toml client/pyproject.toml
 run: $(RUN_STAMP)
 	$(BIN)/privrelease standalone $(RUN_ARGS)
 
-test: $(STAMP)
+# the console and /docs are tested in Debian's Chromium (never a downloaded browser)
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+test: $(STAMP) browser
 	$(BIN)/ruff check service workers mechanisms tests client examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
