@@ -11,7 +11,7 @@ from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
-from service import inputs, observability, problems, ratelimit, rkeys
+from service import apidocs, inputs, observability, problems, ratelimit, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.schemas import ProblemSchema
@@ -66,7 +66,7 @@ def create_app(config: Config | None = None) -> Flask:
         OPENAPI_URL_PREFIX="/",
         OPENAPI_JSON_PATH="openapi.json",
         OPENAPI_SWAGGER_UI_PATH="/docs",
-        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        OPENAPI_SWAGGER_UI_URL=apidocs.ASSETS_URL,  # served here: /docs works offline
         MAX_CONTENT_LENGTH=config.max_upload_bytes,
         PRIVRELEASE=config,
     )
@@ -82,6 +82,7 @@ def create_app(config: Config | None = None) -> Flask:
     observability.init_app(app)  # first: its request id and timer precede the limiter
     ratelimit.init_app(app)
     inputs.init_app(app)  # after the limiter: hostile bodies count against the key
+    apidocs.init_app(app)
 
     api = ProblemApi(app, spec_kwargs={
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
