@@ -11,7 +11,7 @@ from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
-from service import apidocs, inputs, observability, problems, ratelimit, rkeys
+from service import apidocs, inputs, observability, openapi, problems, ratelimit, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.schemas import ProblemSchema
@@ -87,12 +87,13 @@ def create_app(config: Config | None = None) -> Flask:
     api = ProblemApi(app, spec_kwargs={
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
-        "extra_plugins": [OperationIds()],
+        "extra_plugins": [OperationIds(), openapi.Documentation()],
     })
     from service.api import catalog, datasets, health, jobs, keys, outputs, releases
 
     for module in (health, datasets, releases, outputs, catalog, keys, jobs):
         api.register_blueprint(module.blp)
+    openapi.register_components(api.spec)
     # import every mechanism family (scipy, matplotlib: ~2 s) while the worker boots, not
     # in the first request that names a mechanism (a 2 s outlier per worker under load)
     mechanisms.names()
