@@ -153,7 +153,8 @@ def release_request_schemas() -> dict[str, dict[str, Any]]:
 class Documentation(BasePlugin):
     """Per operation: 415 on every body-taking method, ``Idempotency-Key`` where it is
     honoured, ``Location`` on every 201/202 (``Retry-After`` on a priced estimate's 202),
-    and runnable request examples for releases and uploads."""
+    a schema for CSV and PNG answers, and runnable request examples for releases and
+    uploads."""
 
     def operation_helper(self, path: str | None = None,
                          operations: dict[str, dict[str, Any]] | None = None,
@@ -169,6 +170,8 @@ class Documentation(BasePlugin):
             if endpoint in IDEMPOTENT:
                 operation.setdefault("parameters", []).append(dict(IDEMPOTENCY_KEY))
             for status, response in responses.items():
+                if isinstance(response, dict):
+                    _type_media(response)
                 if str(status) in {"201", "202"} and isinstance(response, dict):
                     header = RETRY_AFTER if endpoint in NO_LOCATION else LOCATION
                     name = "Retry-After" if endpoint in NO_LOCATION else "Location"
@@ -182,6 +185,15 @@ class Documentation(BasePlugin):
             if endpoint == "datasets.upload":
                 body["multipart/form-data"]["example"] = {"metadata": EXAMPLE_METADATA,
                                                           "file": EXAMPLE_CSV}
+
+
+def _type_media(response: dict[str, Any]) -> None:
+    """A CSV or PNG answer documented without a schema is typed as text or bytes, so a
+    generated client returns its body (it drops an untyped one)."""
+    for media, spec in response.get("content", {}).items():
+        if not spec.get("schema"):
+            binary = not media.startswith("text/")
+            spec["schema"] = {"type": "string", **({"format": "binary"} if binary else {})}
 
 
 def register_components(spec: APISpec) -> None:

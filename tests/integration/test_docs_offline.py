@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -25,9 +24,9 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
-from werkzeug.serving import BaseWSGIServer, make_server
 
 from service import apidocs
+from tests.integration.liveserver import serve
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -82,13 +81,8 @@ def test_docs_page_names_only_local_assets_and_each_is_served(app: Flask) -> Non
 
 @pytest.fixture(scope="module")
 def live_url(app: Flask) -> Iterator[str]:
-    """The app on a real socket of this machine (a browser cannot use the test client)."""
-    server: BaseWSGIServer = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(timeout=10)
+    with serve(app) as url:
+        yield url
 
 
 def offline_chromium() -> webdriver.Chrome:
