@@ -15,9 +15,11 @@ from pathlib import Path
 
 from flask import Blueprint, Flask, Response, send_from_directory
 
+from service.problems import APIError
+
 #: where the page finds Swagger UI's files (flask-smorest appends the file names)
 ASSETS_URL = "/docs/assets/"
-#: the files of Swagger UI's ``dist`` the page and its browsers may ask for
+#: the files of Swagger UI's ``dist`` the page and its browsers may ask for (no other)
 ASSETS = frozenset({"swagger-ui.css", "swagger-ui-bundle.js", "swagger-ui-standalone-preset.js",
                     "swagger-ui.js", "index.css", "favicon-16x16.png", "favicon-32x32.png"})
 
@@ -32,8 +34,10 @@ def init_app(app: Flask) -> None:
     blp = Blueprint("apidocs", __name__)
     directory = assets_dir()
 
-    @blp.route(ASSETS_URL + "<any(" + ", ".join(f'"{a}"' for a in sorted(ASSETS)) + "):name>")
+    @blp.route(ASSETS_URL + "<name>")
     def asset(name: str) -> Response:
+        if name not in ASSETS:
+            raise APIError(404, "no such file", code="not_found")
         return send_from_directory(directory, name, max_age=86400)
 
     app.register_blueprint(blp)
