@@ -67,6 +67,7 @@ def create_app(config: Config | None = None) -> Flask:
         OPENAPI_JSON_PATH="openapi.json",
         OPENAPI_SWAGGER_UI_PATH="/docs",
         OPENAPI_SWAGGER_UI_URL=apidocs.ASSETS_URL,  # served here: /docs works offline
+        OPENAPI_SWAGGER_UI_CONFIG={"deepLinking": True},  # /docs#/releases/releases_create
         MAX_CONTENT_LENGTH=config.max_upload_bytes,
         PRIVRELEASE=config,
     )
