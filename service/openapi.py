@@ -17,7 +17,7 @@ from typing import Any
 from apispec import APISpec, BasePlugin
 
 import mechanisms
-from service import budget
+from service import budget, inputs
 from service.api.catalog import _json_schema as json_schema
 from service.schemas import ReleaseRequestSchema
 
@@ -26,8 +26,6 @@ IDEMPOTENT = frozenset({"datasets.upload", "releases.create"})
 #: endpoints whose 202 creates nothing (an estimate being priced): ``Retry-After``, no
 #: ``Location``
 NO_LOCATION = frozenset({"releases.estimate"})
-#: media types ``inputs.check_body`` answers 415 for: any body on these methods
-BODY_METHODS = frozenset({"post", "put", "patch"})
 
 IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key", "in": "header", "required": False,
@@ -165,7 +163,7 @@ class Documentation(BasePlugin):
         endpoint = rule.endpoint
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
-            if method in BODY_METHODS:
+            if method.upper() in inputs.BODY_METHODS:  # any body of the wrong media type
                 responses.setdefault(415, "UNSUPPORTED_MEDIA_TYPE")
             if endpoint in IDEMPOTENT:
                 operation.setdefault("parameters", []).append(dict(IDEMPOTENCY_KEY))
@@ -173,8 +171,8 @@ class Documentation(BasePlugin):
                 if isinstance(response, dict):
                     _type_media(response)
                 if str(status) in {"201", "202"} and isinstance(response, dict):
-                    header = RETRY_AFTER if endpoint in NO_LOCATION else LOCATION
-                    name = "Retry-After" if endpoint in NO_LOCATION else "Location"
+                    name, header = (("Retry-After", RETRY_AFTER) if endpoint in NO_LOCATION
+                                    else ("Location", LOCATION))
                     response.setdefault("headers", {})[name] = dict(header)
             replay = responses.get(200, responses.get("200"))
             if endpoint == "releases.create" and isinstance(replay, dict):
@@ -197,6 +195,10 @@ def _type_media(response: dict[str, Any]) -> None:
 
 
 def register_components(spec: APISpec) -> None:
-    """Replace the loose ``ReleaseRequest`` (params: any object) by the typed one."""
+    """Replace the loose ``ReleaseRequest`` (params: any object) by the typed one.
+
+    Called once every blueprint is registered: the operations already refer to
+    ``ReleaseRequest`` by name, so overwriting the component retypes every one of them.
+    """
     for name, schema in release_request_schemas().items():
         spec.components.schemas[name] = schema

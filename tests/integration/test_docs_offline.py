@@ -74,6 +74,8 @@ def test_docs_page_names_only_local_assets_and_each_is_served(app: Flask) -> Non
         assert resp.status_code == 200, url
         assert resp.mimetype in CONTENT_TYPES[Path(url).suffix], (url, resp.mimetype)
         assert len(resp.get_data()) > 100, url
+    for name in apidocs.ASSETS:  # every file the route offers is in the package
+        assert client.get(apidocs.ASSETS_URL + name).status_code == 200, name
     # only Swagger UI's files: no path outside the package directory
     assert client.get(apidocs.ASSETS_URL + "..%2FLICENSE").status_code == 404
     assert client.get(apidocs.ASSETS_URL + "VERSION").status_code == 404
