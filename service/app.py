@@ -11,7 +11,7 @@ from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
-from service import inputs, observability, problems, ratelimit, rkeys
+from service import apidocs, inputs, observability, openapi, problems, ratelimit, rkeys
 from service.config import Config
 from service.ledger import Ledger
 from service.schemas import ProblemSchema
@@ -66,7 +66,8 @@ def create_app(config: Config | None = None) -> Flask:
         OPENAPI_URL_PREFIX="/",
         OPENAPI_JSON_PATH="openapi.json",
         OPENAPI_SWAGGER_UI_PATH="/docs",
-        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        OPENAPI_SWAGGER_UI_URL=apidocs.ASSETS_URL,  # served here: /docs works offline
+        OPENAPI_SWAGGER_UI_CONFIG={"deepLinking": True},  # /docs#/releases/releases_create
         MAX_CONTENT_LENGTH=config.max_upload_bytes,
         PRIVRELEASE=config,
     )
@@ -82,16 +83,18 @@ def create_app(config: Config | None = None) -> Flask:
     observability.init_app(app)  # first: its request id and timer precede the limiter
     ratelimit.init_app(app)
     inputs.init_app(app)  # after the limiter: hostile bodies count against the key
+    apidocs.init_app(app)
 
     api = ProblemApi(app, spec_kwargs={
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
-        "extra_plugins": [OperationIds()],
+        "extra_plugins": [OperationIds(), openapi.Documentation()],
     })
     from service.api import catalog, datasets, health, jobs, keys, outputs, releases
 
     for module in (health, datasets, releases, outputs, catalog, keys, jobs):
         api.register_blueprint(module.blp)
+    openapi.register_components(api.spec)
     # import every mechanism family (scipy, matplotlib: ~2 s) while the worker boots, not
     # in the first request that names a mechanism (a 2 s outlier per worker under load)
     mechanisms.names()

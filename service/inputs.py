@@ -29,6 +29,8 @@ from service.problems import APIError
 #: deepest JSON nesting accepted (release requests need about 6 levels)
 MAX_JSON_DEPTH = 32
 MULTIPART = "multipart/form-data"
+#: methods whose body ``check_body`` judges (415 for the wrong media type)
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: endpoints whose body is a multipart form; every other body is JSON
 MULTIPART_ENDPOINTS = frozenset({"datasets.upload"})
 #: blueprints of HTML forms (urlencoded or multipart) that their own views read: the web
@@ -97,7 +99,7 @@ def idempotency_mismatch() -> APIError:
 
 def check_body() -> None:
     """Before a view: a body must have the endpoint's media type and sane JSON nesting."""
-    if request.method not in ("POST", "PUT", "PATCH") or request.endpoint is None:
+    if request.method not in BODY_METHODS or request.endpoint is None:
         return
     if not request.content_length and "Transfer-Encoding" not in request.headers:
         return

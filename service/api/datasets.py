@@ -12,7 +12,7 @@ from flask_smorest import Blueprint
 
 from service import apikeys, budget, datasets, inputs
 from service import metadata as metadata_schemas
-from service.api.responses import AUTH, BODY, problems
+from service.api.responses import AUTH, BODY, located, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.ingest import IngestError, iter_csv, parse_metadata
 from service.ledger import CapError
@@ -84,6 +84,7 @@ UPLOAD_BODY = {"required": True, "content": {"multipart/form-data": {
 @blp.ARGUMENTS_PARSER.use_kwargs(DatasetUploadSchema, location="form")
 @blp.ARGUMENTS_PARSER.use_kwargs(DatasetFileSchema, location="files")
 @blp.response(201, DatasetSchema)
+@located("/v1/datasets/{id}")
 def upload(metadata: str, file: Any) -> dict[str, Any]:
     """Register a dataset: CSV with a header row + metadata JSON. Nothing is kept on error.
 

@@ -9,7 +9,7 @@ from flask import current_app
 from flask_smorest import Blueprint
 
 from service import apikeys, datasets
-from service.api.responses import AUTH, BODY, problems
+from service.api.responses import AUTH, BODY, located, problems
 from service.auth import current_key, may_use, require
 from service.problems import APIError
 from service.schemas import KeyCreateSchema, KeySchema
@@ -33,6 +33,7 @@ def _manages(key: apikeys.ApiKey) -> bool:
 @problems(blp, *AUTH, *BODY, 403)
 @blp.arguments(KeyCreateSchema())
 @blp.response(201, KeySchema())
+@located("/v1/keys/{id}")
 def create(body: dict[str, Any]) -> dict[str, Any]:
     """A new key with a role, optional dataset grants and expiry; the token is shown once."""
     client = current_app.extensions["redis"]

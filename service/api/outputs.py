@@ -12,7 +12,7 @@ from flask_smorest import Blueprint
 import mechanisms
 from mechanisms.iclp.plot import plot_spec
 from service import analyses, releases, rkeys
-from service.api.responses import AUTH, BODY, problems
+from service.api.responses import AUTH, BODY, located, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
 from service.plotting import bar_png, release_png
@@ -95,6 +95,7 @@ def _input_error(err: mechanisms.MechanismInputError) -> APIError:
 @problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.arguments(AnalysisRequestSchema())
 @blp.response(202, AnalysisSchema())
+@located("/v1/releases/{release_id}/analyses/{id}")
 def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
     """Queue free post-processing of a succeeded release; spends no budget.
 

@@ -8,9 +8,10 @@ service to exactly the statuses it documents.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from flask_smorest import Blueprint
 
@@ -29,5 +30,21 @@ def problems(blp: Blueprint, *statuses: int) -> Callable[[F], F]:
         for status in sorted(set(statuses), reverse=True):
             view = blp.alt_response(status, response=HTTPStatus(status).name)(view)
         return view
+
+    return decorator
+
+
+def located(template: str) -> Callable[[F], F]:
+    """Answer with a ``Location`` header naming what the view created: ``template``
+    formatted with the route's arguments and the created document's fields (``{id}``).
+    Put it below ``blp.response``, which takes the (document, headers) pair."""
+
+    def decorator(view: F) -> F:
+        @functools.wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> tuple[Any, dict[str, str]]:
+            doc = view(*args, **kwargs)
+            return doc, {"Location": template.format(**{**kwargs, **doc})}
+
+        return cast(F, wrapper)
 
     return decorator

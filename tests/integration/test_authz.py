@@ -22,7 +22,8 @@ from flask.testing import FlaskClient
 from service import apikeys, rkeys
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>"}
+PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
+          "/docs/assets/<name>"}
 _counter = itertools.count()
 
 

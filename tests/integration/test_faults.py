@@ -41,7 +41,7 @@ from workers.celery_app import make_celery
 
 #: answered without Valkey: liveness, the scrape (reports redis_up 0) and the docs
 NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
-             "/static/<path:filename>"}
+             "/docs/assets/<name>", "/static/<path:filename>"}
 
 
 @pytest.fixture(scope="module")
