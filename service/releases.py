@@ -20,7 +20,7 @@ import marshmallow
 import redis
 
 import mechanisms
-from mechanisms import precompute
+from mechanisms import precompute, zcdp
 from service import budget, datasets, rkeys
 from service.ledger import Ledger, ReserveResult
 from service.precompute import cold_key
@@ -56,6 +56,8 @@ class Prepared:
     requested_params: dict[str, Any] | None = None
     #: the budget the request agreed to (the cost is at most this, per measure)
     requested_budget: dict[str, Fraction] = field(default_factory=dict)
+    #: the exclusive notion this release locks its dataset to ('' for none; budget.notion_lock)
+    notion_lock: str = ""
 
     @property
     def request_fingerprint(self) -> str:
@@ -200,6 +202,11 @@ def refusal(res: ReserveResult) -> APIError | None:
         )
     if res.outcome == "retired":
         return APIError(409, "dataset is retired", code="dataset_retired")
+    if res.outcome == "notion_locked":
+        return APIError(
+            409, f"this dataset has had {res.notion} releases and admits one notion at a time"
+            " (noiseless and DP outputs together have no finite guarantee in either); nothing"
+            " was spent", code="notion_locked", notion=res.notion)
     return None
 
 
@@ -259,6 +266,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                        code="validation_error", field="seed")
     requested = _budget(body.get("budget"))
     meta = datasets.meta(doc)
+    check_notions(doc, mech.measures)
     as_written = params
     # what earlier releases hold: committed, and reserved by jobs still in the queue (they
     # will run first); a refunded one only makes the reported design more cautious
@@ -276,6 +284,8 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
             check_work(mech.work(params, meta), max_work, "this release")
         cost = mech.cost(params, requested, meta)
         accuracy = mech.accuracy(params, cost, meta)
+        if meta.gaussian_accounting == "zcdp":
+            cost = zcdp.charge(cost, mech.name)
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code="validation_error", field=err.field) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
@@ -283,15 +293,45 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                                  body.get("callback_url"), dict(body))
         raise Unpriced(pricing, cold_key(cold)) from None
     for measure, amount in cost.items():
-        # a per-column cost (interval_leakage:age) is agreed to as interval_leakage
+        # a per-column cost (interval_leakage:age) is agreed to as interval_leakage; a pure
+        # release's ρ on a zcdp dataset as its ε (ε²/2, mechanisms.zcdp)
         agreed = requested.get(measure, requested.get(budget.base_measure(measure)))
+        if measure == "rho" and agreed is None and "epsilon" in requested:
+            agreed = zcdp.pure_to_rho(requested["epsilon"])
         if budget.base_measure(measure) not in budget.MEASURES or agreed is None:
             raise APIError(500, "mechanism charged a measure the request did not name")
         if amount > agreed:
             raise APIError(500, "mechanism cost exceeds the agreed budget")
     units = {m: budget.cost_units(m, a) for m, a in cost.items()}
+    if meta.gaussian_accounting == "zcdp" and "rho" in units:
+        accuracy = {**accuracy, "zcdp": zcdp_statement(doc, cost["rho"])}
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
-                    requested_params=as_written, requested_budget=requested)
+                    requested_params=as_written, requested_budget=requested,
+                    notion_lock=budget.notion_lock(cost, doc))
+
+
+def check_notions(doc: dict[str, Any], measures: Any) -> None:
+    """Refuse (422 ``notion_not_admitted``) a mechanism whose privacy notion the dataset's
+    metadata does not admit: public metadata and the mechanism's name decide, nothing else."""
+    admitted = set(doc.get("notions", budget.NOTIONS))
+    refused = sorted(budget.notions_of(measures) - admitted)
+    if refused:
+        raise APIError(422, f"this dataset does not admit {', '.join(refused)} releases;"
+                       f" it admits: {', '.join(sorted(admitted))}",
+                       code="notion_not_admitted", field="mechanism", notions=sorted(admitted))
+
+
+def zcdp_delta(doc: dict[str, Any]) -> Fraction:
+    """The public δ a zcdp dataset's ρ amounts are converted at (metadata ``zcdp_delta``)."""
+    raw = doc.get("zcdp_delta")
+    return zcdp.DEFAULT_DELTA if raw is None else budget.to_fraction(raw, "zcdp_delta")
+
+
+def zcdp_statement(doc: dict[str, Any], rho: Fraction) -> dict[str, Any]:
+    """A ρ cost and the (ε, δ)-DP it implies alone (BS16 Prop 1.3), for estimates."""
+    return {"rho": float(rho), "approx_dp": zcdp.conversion(rho, zcdp_delta(doc)),
+            "conversion": "epsilon = rho + 2 sqrt(rho log(1/delta)) (Bun & Steinke 2016,"
+                          " Prop. 1.3)"}
 
 
 def _budget(raw: Any) -> dict[str, Fraction]:
