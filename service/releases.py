@@ -58,6 +58,8 @@ class Prepared:
     requested_budget: dict[str, Fraction] = field(default_factory=dict)
     #: the exclusive notion this release locks its dataset to ('' for none; budget.notion_lock)
     notion_lock: str = ""
+    #: the release document's ``privacy`` block (``privacy_block``)
+    privacy: dict[str, Any] | None = None
 
     @property
     def request_fingerprint(self) -> str:
@@ -97,6 +99,7 @@ class Prepared:
             "accuracy": self.accuracy,
             "seed": self.seed,
             "callback_url": self.callback_url,
+            "privacy": self.privacy,
         }, default=str)
 
 
@@ -284,15 +287,16 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
             check_work(mech.work(params, meta), max_work, "this release")
         cost = mech.cost(params, requested, meta)
         accuracy = mech.accuracy(params, cost, meta)
-        if meta.gaussian_accounting == "zcdp":
-            cost = zcdp.charge(cost, mech.name)
+        # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
+        # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
+        charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code="validation_error", field=err.field) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
         pricing = PricingRequest(doc, mech.name, as_written, requested, seed,
                                  body.get("callback_url"), dict(body))
         raise Unpriced(pricing, cold_key(cold)) from None
-    for measure, amount in cost.items():
+    for measure, amount in charged.items():
         # a per-column cost (interval_leakage:age) is agreed to as interval_leakage; a pure
         # release's ρ on a zcdp dataset as its ε (ε²/2, mechanisms.zcdp)
         agreed = requested.get(measure, requested.get(budget.base_measure(measure)))
@@ -302,12 +306,37 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
             raise APIError(500, "mechanism charged a measure the request did not name")
         if amount > agreed:
             raise APIError(500, "mechanism cost exceeds the agreed budget")
-    units = {m: budget.cost_units(m, a) for m, a in cost.items()}
-    if meta.gaussian_accounting == "zcdp" and "rho" in units:
-        accuracy = {**accuracy, "zcdp": zcdp_statement(doc, cost["rho"])}
+    units = {m: budget.cost_units(m, a) for m, a in charged.items()}
+    privacy = privacy_block(doc, units)
+    if "zcdp" in privacy:
+        accuracy = {**accuracy, "zcdp": privacy["zcdp"]}
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
                     requested_params=as_written, requested_budget=requested,
-                    notion_lock=budget.notion_lock(cost, doc))
+                    notion_lock=budget.notion_lock(charged, doc), privacy=privacy)
+
+
+#: what a release on a dataset that allows both noiseless and DP releases says of the pair
+MIXED_STATEMENT = (
+    "This dataset allows both noiseless and DP releases. A DP output and a noiseless output"
+    " of the same data together have no finite guarantee in either notion (continuous-noise"
+    " DP has noiseless epsilon = infinity; a deterministic quantizer is not epsilon-DP for"
+    " any finite epsilon); this release's guarantee holds only together with releases of"
+    " its own notion.")
+
+
+def privacy_block(doc: dict[str, Any], units: dict[str, int]) -> dict[str, Any]:
+    """The release's ``privacy`` block from public inputs: its notions; its ρ and (ε, δ) on
+    a zcdp dataset; and, where the operator allowed noiseless and DP releases together,
+    that the pair has no finite guarantee in either notion (noiseless spec §11.3)."""
+    notions = budget.notions_of(units)
+    out: dict[str, Any] = {"notions": sorted(notions)}
+    if "rho" in units:
+        out["zcdp"] = zcdp_statement(doc, budget.from_units("rho", units["rho"]))
+    admitted = set(doc.get("notions", budget.NOTIONS))
+    if (doc.get("allow_mixed_noiseless_dp", False) and admitted >= budget.EXCLUSIVE
+            and notions & budget.EXCLUSIVE):
+        out["mixed_noiseless_dp"] = {"pair_guarantee": None, "statement": MIXED_STATEMENT}
+    return out
 
 
 def check_notions(doc: dict[str, Any], measures: Any) -> None:
@@ -415,6 +444,7 @@ def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
         "result": None,
         "accuracy": req["accuracy"],
         "guarantee": None,
+        "privacy": req.get("privacy"),
     }
     if "output" in h:
         out = json.loads(h["output"])

@@ -188,6 +188,10 @@ class ReleaseSchema(Schema):
                        " answered, nothing charged)"})
     dataset_id = fields.String()
     dataset_version = fields.Integer()
+    privacy = fields.Dict(allow_none=True, metadata={
+        "description": "the notions the release uses; on a zcdp dataset its rho and the"
+        " (epsilon, delta) it implies; on a dataset allowing both noiseless and DP releases,"
+        " that the pair has no finite guarantee in either notion"})
     mechanism = fields.String()
     params = fields.Dict()
     cost = fields.Dict()
