@@ -261,6 +261,9 @@ class Mechanism(abc.ABC):
     description: ClassVar[str] = ""
     #: free post-processing available on this mechanism's releases, by name
     analyses: ClassVar[Mapping[str, Analysis]] = {}
+    #: whether its cost reads a ρ budget on a zcdp dataset (``mechanisms.zcdp``); a
+    #: mechanism charging δ without it is refused there (pure-ε ones charge ε²/2)
+    zcdp_native: ClassVar[bool] = False
 
     def load_params(self, raw: Any) -> dict[str, Any]:
         """Validate ``params`` against the schema (raises marshmallow.ValidationError)."""

@@ -900,6 +900,7 @@ class GaussianMechanism(_Baseline):
 
     name = "gaussian"
     measures = ("epsilon", "delta")
+    zcdp_native = True
     description = (
         "Approximate (epsilon, delta)-DP count, sum, mean or histogram, group_by cross-tabs,"
         " variance, std, covariance; discrete Gaussian noise on a power-of-two lattice, sigma"

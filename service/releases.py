@@ -256,6 +256,11 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     except KeyError:
         raise APIError(422, f"unknown mechanism; known: {mechanisms.names()}",
                        code="validation_error", field="mechanism") from None
+    if (doc.get("gaussian_accounting") == "zcdp" and "delta" in mech.measures
+            and not mech.zcdp_native):
+        raise APIError(422, f"{mech.name} is accounted in (epsilon, delta); this dataset"
+                       " accounts Gaussian noise in zCDP (rho)", code="validation_error",
+                       field="mechanism")
     try:
         params = mech.load_params(body.get("params"))
     except marshmallow.ValidationError as err:

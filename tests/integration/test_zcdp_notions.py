@@ -77,6 +77,9 @@ def test_zcdp_dataset_over_http(api: Api, worker: Any) -> None:
     # an (ε, δ) Gaussian budget on a zcdp dataset is a mistake the API names
     bad = _post(api, ds, "gaussian", COUNT, {"epsilon": 1, "delta": 1e-6})
     assert bad.status_code == 422 and bad.get_json()["field"] == "budget"
+    # gp.adp calibrates its own (ε, δ): refused here, before its params are even read
+    gp = _post(api, ds, "gp.adp", {}, {"epsilon": 1, "delta": 1e-6})
+    assert gp.status_code == 422 and gp.get_json()["field"] == "mechanism"
     refused = api.upload("k\n1\n", {"name": "z", "columns": {"k": {"type": "integer",
                                                                   "bounds": [0, 9]}},
                                     "budgets": {"epsilon": 1}, "gaussian_accounting": "zcdp"})
