@@ -904,7 +904,8 @@ class GaussianMechanism(_Baseline):
     description = (
         "Approximate (epsilon, delta)-DP count, sum, mean or histogram, group_by cross-tabs,"
         " variance, std, covariance; discrete Gaussian noise on a power-of-two lattice, sigma"
-        " calibrated to the exact privacy curve (vectors: through zCDP)."
+        " calibrated to the exact privacy curve (vectors: through zCDP). On a dataset with"
+        " gaussian_accounting zcdp it spends rho instead: sigma with Delta^2/(2 sigma^2) <= rho."
     )
 
     def _plan(

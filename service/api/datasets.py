@@ -231,6 +231,13 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
             changes.append((key_id, budget.parse_caps(caps, columns, [], where=where)))
     except budget.AmountError as err:
         raise _invalid(err.field, err.message) from None
+    if doc.get("gaussian_accounting") == "zcdp":  # as the upload: such a cap is never spent
+        for key_id, caps in changes:
+            for measure in caps:
+                if budget.base_measure(measure) in ("epsilon", "delta"):
+                    where = f"allocations.{key_id}" if key_id else "caps"
+                    raise _invalid(f"{where}.{measure}", "a zcdp dataset charges DP releases"
+                                   " in rho: set rho")
     try:  # all or nothing: a refused allocation leaves the caps as they were
         ledger.change_caps(dataset_id, changes, current_key().id)
     except CapError as err:

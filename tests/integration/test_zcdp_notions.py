@@ -77,6 +77,9 @@ def test_zcdp_dataset_over_http(api: Api, worker: Any) -> None:
     # an (ε, δ) Gaussian budget on a zcdp dataset is a mistake the API names
     bad = _post(api, ds, "gaussian", COUNT, {"epsilon": 1, "delta": 1e-6})
     assert bad.status_code == 422 and bad.get_json()["field"] == "budget"
+    patch = api.client.patch(f"/v1/datasets/{ds}/budget", json={"caps": {"epsilon": 2}},
+                             headers=api._h())
+    assert patch.status_code == 422 and patch.get_json()["field"] == "caps.epsilon"
     # gp.adp calibrates its own (ε, δ): refused here, before its params are even read
     gp = _post(api, ds, "gp.adp", {}, {"epsilon": 1, "delta": 1e-6})
     assert gp.status_code == 422 and gp.get_json()["field"] == "mechanism"
