@@ -46,7 +46,9 @@ class Prepared:
     dataset: dict[str, Any]
     mechanism: mechanisms.Mechanism
     params: dict[str, Any]
+    #: the mechanism's own cost, what its run calibrates to (ε for laplace on any dataset)
     cost: dict[str, Fraction]
+    #: what the ledger holds, in units: the cost, or on a zcdp dataset its ρ (ε²/2 for ε)
     cost_units: dict[str, int]
     accuracy: dict[str, Any]
     seed: int | None
