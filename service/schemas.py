@@ -126,6 +126,9 @@ class LedgerEventSchema(Schema):
     release_id = fields.String()
     code = fields.String(metadata={
         "description": "refuse events: the code of the problem the priced release got"})
+    notion_lock = fields.String(metadata={
+        "description": "reserve events: the notion (dp or noiseless) this first release"
+                       " locked the dataset to"})
     actor = fields.String()
     key_id = fields.String()
     at = fields.String()

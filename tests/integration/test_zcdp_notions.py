@@ -110,6 +110,8 @@ def test_notion_lock_and_notions_over_http(api: Api, worker: Any) -> None:
     after = api.get(f"/v1/datasets/{ds}/budget").get_json()
     assert after == before and after["notion_lock"] == "noiseless"
     assert api.get(f"/v1/datasets/{ds}").get_json()["notion_lock"] == "noiseless"
+    reserves = api.get(f"/v1/datasets/{ds}/ledger?kind=reserve").get_json()
+    assert [e.get("notion_lock") for e in reserves] == ["noiseless"]  # the audit records it
     _run(api, ds, "noiseless.aggregate", {"statistic": "mean", "column": "w"},
          {"noiseless_bits": 3})  # the locked notion goes on
 
