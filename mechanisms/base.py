@@ -109,6 +109,9 @@ class DatasetMeta:
     #: the operator accepts that some rows serve as a reference that DP does not protect
     #: (DIP's ``holdout``, spec §7.1(b)); off unless the metadata says ``allow_holdout``
     allow_holdout: bool = False
+    #: how Gaussian-noise releases are accounted: "approx_dp" (ε, δ) or "zcdp" (ρ, one
+    #: budget that pure-ε releases also charge, as ε²/2); see ``mechanisms.zcdp``
+    gaussian_accounting: str = "approx_dp"
 
     def column(self, name: str, field: str = "params.column") -> ColumnMeta:
         """Look up a column or raise an input error naming the field."""
@@ -258,6 +261,9 @@ class Mechanism(abc.ABC):
     description: ClassVar[str] = ""
     #: free post-processing available on this mechanism's releases, by name
     analyses: ClassVar[Mapping[str, Analysis]] = {}
+    #: whether its cost reads a ρ budget on a zcdp dataset (``mechanisms.zcdp``); a
+    #: mechanism charging δ without it is refused there (pure-ε ones charge ε²/2)
+    zcdp_native: ClassVar[bool] = False
 
     def load_params(self, raw: Any) -> dict[str, Any]:
         """Validate ``params`` against the schema (raises marshmallow.ValidationError)."""

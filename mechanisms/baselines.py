@@ -47,7 +47,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 from numpy.typing import NDArray
 from scipy import optimize, special
 
-from mechanisms import sampling
+from mechanisms import sampling, zcdp
 from mechanisms.base import (
     MAX_EPSILON,
     Budget,
@@ -713,7 +713,7 @@ class _Baseline(Mechanism):
     def cost(
         self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
     ) -> dict[str, Fraction]:
-        amounts = _read_budget(budget, self.measures, self.name)
+        amounts = self._amounts(budget, meta)
         if extended(params):
             extended_plan(self.name, params, amounts, meta)
         else:
@@ -723,7 +723,7 @@ class _Baseline(Mechanism):
     def accuracy(
         self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     ) -> dict[str, Any]:
-        amounts = _read_budget(cost, self.measures, self.name)
+        amounts = self._amounts(cost, meta)
         if extended(params):
             return extended_plan(self.name, params, amounts, meta).accuracy()
         return self._accuracy(self._plan(params, amounts, meta))
@@ -752,7 +752,7 @@ class _Baseline(Mechanism):
         meta: DatasetMeta,
         rng: np.random.Generator,
     ) -> Output:
-        amounts = _read_budget(cost, self.measures, self.name)
+        amounts = self._amounts(cost, meta)
         if extended(params):
             planned = extended_plan(self.name, params, amounts, meta)
             return Output(
@@ -770,6 +770,10 @@ class _Baseline(Mechanism):
         )
 
     # -- pieces the subclasses specialise
+
+    def _amounts(self, budget: Budget, meta: DatasetMeta) -> dict[str, Fraction]:
+        """The budget as exact fractions (the Gaussian reads ρ on a zcdp dataset)."""
+        return _read_budget(budget, self.measures, self.name)
 
     @abc.abstractmethod
     def _plan(
@@ -896,16 +900,20 @@ class GaussianMechanism(_Baseline):
 
     name = "gaussian"
     measures = ("epsilon", "delta")
+    zcdp_native = True
     description = (
         "Approximate (epsilon, delta)-DP count, sum, mean or histogram, group_by cross-tabs,"
         " variance, std, covariance; discrete Gaussian noise on a power-of-two lattice, sigma"
-        " calibrated to the exact privacy curve (vectors: through zCDP)."
+        " calibrated to the exact privacy curve (vectors: through zCDP). On a dataset with"
+        " gaussian_accounting zcdp it spends rho instead: sigma with Delta^2/(2 sigma^2) <= rho."
     )
 
     def _plan(
         self, params: Mapping[str, Any], amounts: Mapping[str, Fraction], meta: DatasetMeta
     ) -> _Plan:
         query = _resolve(params, meta)
+        if "rho" in amounts:
+            return self._zcdp_plan(query, amounts["rho"])
         epsilon, delta = _float_down(amounts["epsilon"]), _float_down(amounts["delta"])
         sigma_real = analytic_gaussian_sigma(epsilon, delta, query.l2_sensitivity)
         grid, center, units = _lattice(query, sigma_real)
@@ -929,10 +937,31 @@ class GaussianMechanism(_Baseline):
             label=query.statistic,
         )
 
+    def _zcdp_plan(self, query: _Query, rho: Fraction) -> _Plan:
+        """σ for ρ-zCDP: the lattice shift Δ (units; a histogram moves Δ out of one bin into
+        another, so Δ² twice) gives σ with Δ²/(2σ²) <= ρ exactly (CKS 2020 Thm 14)."""
+        grid, center, units = _lattice(query, zcdp.sigma_real(query.l2_sensitivity, rho))
+        l2sq = units * units * (2 if query.histogram else 1)
+        sigma = zcdp.sigma_for_rho(l2sq, rho)
+        if sigma > sampling.MAX_SIGMA:
+            raise MechanismInputError(
+                "budget.rho", "rho too small: the noise would exceed the sampler's range")
+        return _Plan(query, grid, center, units, "discrete_gaussian", sigma,
+                     sampling.discrete_gaussian_halfwidth(sigma, CI_LEVEL), l2=True,
+                     label=query.statistic)
+
+    def _amounts(self, budget: Budget, meta: DatasetMeta) -> dict[str, Fraction]:
+        if meta.gaussian_accounting == "zcdp":
+            return {"rho": zcdp.read_rho(budget, self.name)}
+        return _read_budget(budget, self.measures, self.name)
+
     def _sample(self, rng: np.random.Generator, plan: _Plan, size: int) -> NDArray[np.int64]:
         return sampling.discrete_gaussian(rng, plan.noise_scale, size)
 
     def _guarantee(self, amounts: Mapping[str, Fraction]) -> str:
+        if "rho" in amounts:
+            return (f"rho-zCDP (rho={_fmt(amounts['rho'])}; discrete Gaussian, Canonne, Kamath"
+                    f" & Steinke 2020 Thm 14), {PRIVACY_UNIT}")
         return (
             f"approximate (epsilon, delta)-DP (epsilon={_fmt(amounts['epsilon'])} nats,"
             f" delta={_fmt(amounts['delta'])}), {PRIVACY_UNIT}"

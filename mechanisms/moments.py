@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, vectors
+from mechanisms import baselines, vectors, zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.vectors import VectorNoise
 
@@ -185,13 +185,16 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
     k = len(columns)
     spread = [w * (1 + Fraction(1, 2**50)) for w in widths]
     err = [spread[j] * spread[i] * ENTRY_ERROR for j in range(k) for i in range(j, k)]
-    epsilon, delta = amounts["epsilon"], amounts.get("delta")
+    epsilon, delta, rho = amounts.get("epsilon"), amounts.get("delta"), amounts.get("rho")
     l2_exact = math.nextafter(math.sqrt(sum(float(s) ** 2 for s in sens)), math.inf)
-    if mechanism == "gaussian":
-        assert delta is not None
+    if rho is not None:  # a zcdp dataset (mechanisms.zcdp)
+        scale = zcdp.sigma_real(l2_exact, rho)
+    elif mechanism == "gaussian":
+        assert epsilon is not None and delta is not None
         scale = baselines.analytic_gaussian_sigma(
             vectors._float_down(epsilon), vectors._float_down(delta), l2_exact)
     else:
+        assert epsilon is not None
         scale = vectors._float_down(sum(sens, Fraction(0)) / epsilon)
     grid = vectors.grid_for(vectors._float_down(min(sens)), scale)
     units = [vectors.units(s, e, grid) for s, e in zip(sens, err, strict=True)]
@@ -199,10 +202,10 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
     if top / Fraction(grid) >= baselines.LATTICE_LIMIT:
         raise MechanismInputError("params.column", "too many rows for exact lattice arithmetic")
     if mechanism == "gaussian":
-        assert delta is not None
         noise = vectors.gaussian_noise(epsilon, delta, sum(u * u for u in units),
-                                       scalar_units=units[0] if k == 1 else None)
+                                       scalar_units=units[0] if k == 1 else None, rho=rho)
     else:
+        assert epsilon is not None
         noise = vectors.laplace_noise(epsilon, sum(units))
     return MomentPlan(statistic, tuple(columns), tuple(bounds), n, grid, tuple(units),
                       tuple(sens), tuple(err), noise, bool(params.get("psd", False)))

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, vectors
+from mechanisms import baselines, vectors, zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.vectors import VectorNoise
 
@@ -73,8 +73,10 @@ class Part:
     sensitivity_l2: float  # statistic units, rounded up
     err: Fraction  # public bound on each cell's floating-point error (statistic units)
     noise: VectorNoise
-    epsilon: Fraction
+    epsilon: Fraction | None
     delta: Fraction | None
+    #: this part's ρ on a zcdp dataset (then epsilon and delta are None)
+    rho: Fraction | None = None
 
     def halfwidth(self, level: float = vectors.CI_LEVEL) -> float:
         """Half-width, statistic units, of the per-cell interval at ``level``."""
@@ -90,11 +92,14 @@ class Part:
             "sensitivity_norm": "l2" if l2 else "l1",
             "grid": self.grid,
             "grid_sensitivity": self.l2sq if l2 else self.l1,
-            "epsilon": float(self.epsilon),
             "ci95_halfwidth": self.halfwidth(),
         }
+        if self.epsilon is not None:
+            out["epsilon"] = float(self.epsilon)
         if self.delta is not None:
             out["delta"] = float(self.delta)
+        if self.rho is not None:
+            out["rho"] = float(self.rho)
         return out
 
 
@@ -319,14 +324,14 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
         raise MechanismInputError(
             "params.group_by", f"the table would have {cells} cells; at most {MAX_CELLS}")
     n = meta.n_rows
-    epsilon, delta = amounts["epsilon"], amounts.get("delta")
+    epsilon, delta, rho = amounts.get("epsilon"), amounts.get("delta"), amounts.get("rho")
     condition = column = bounds = count = total = None
     if statistic == "count":
         if "condition" in params:
             spec = params["condition"]
             condition = baselines.resolve_condition(
                 spec, meta.column(spec["column"], "params.condition.column"))
-        count = _count_part(mechanism, epsilon, delta)
+        count = _count_part(mechanism, epsilon, delta, rho)
     else:
         column = meta.column(params["column"])
         bounds = baselines._bounds(column, statistic)
@@ -337,26 +342,29 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
         if statistic == "mean":
             if n < 1:
                 raise MechanismInputError("params.statistic", "mean of an empty dataset")
-            epsilon /= 2
+            # two releases compose: ε and δ add (approx DP), or ρ adds (zCDP)
+            epsilon = None if epsilon is None else epsilon / 2
             delta = None if delta is None else delta / 2
-            count = _count_part(mechanism, epsilon, delta)
-        total = _sum_part(mechanism, column, bounds, n, epsilon, delta)
+            rho = None if rho is None else rho / 2
+            count = _count_part(mechanism, epsilon, delta, rho)
+        total = _sum_part(mechanism, column, bounds, n, epsilon, delta, rho)
     return TablePlan(statistic, tuple(group_by), shape, n, condition, column, bounds,
                      bool(params.get("consistency", False)), count, total)
 
 
-def _noise(mechanism: str, epsilon: Fraction, delta: Fraction | None, l1: int, l2sq: int,
-           count_table: bool = False) -> VectorNoise:
+def _noise(mechanism: str, epsilon: Fraction | None, delta: Fraction | None, l1: int,
+           l2sq: int, count_table: bool = False, rho: Fraction | None = None) -> VectorNoise:
     if mechanism == "gaussian":
-        assert delta is not None
-        return vectors.gaussian_noise(epsilon, delta, l2sq, count_table=count_table)
+        return vectors.gaussian_noise(epsilon, delta, l2sq, count_table=count_table, rho=rho)
+    assert epsilon is not None
     return vectors.laplace_noise(epsilon, l1)
 
 
-def _count_part(mechanism: str, epsilon: Fraction, delta: Fraction | None) -> Part:
-    noise = _noise(mechanism, epsilon, delta, 2, 2, count_table=True)
+def _count_part(mechanism: str, epsilon: Fraction | None, delta: Fraction | None,
+                rho: Fraction | None = None) -> Part:
+    noise = _noise(mechanism, epsilon, delta, 2, 2, count_table=True, rho=rho)
     return Part("count", 1.0, True, 2, 2, Fraction(2), math.nextafter(math.sqrt(2), 3.0),
-                Fraction(0), noise, epsilon, delta)
+                Fraction(0), noise, epsilon, delta, rho)
 
 
 def sum_sensitivity(lo: Fraction, hi: Fraction) -> tuple[Fraction, Fraction]:
@@ -366,7 +374,8 @@ def sum_sensitivity(lo: Fraction, hi: Fraction) -> tuple[Fraction, Fraction]:
 
 
 def _sum_part(mechanism: str, column: ColumnMeta, bounds: tuple[Fraction, Fraction], n: int,
-              epsilon: Fraction, delta: Fraction | None) -> Part:
+              epsilon: Fraction | None, delta: Fraction | None,
+              rho: Fraction | None = None) -> Part:
     lo, hi = bounds
     m, w = max(abs(lo), abs(hi)), hi - lo
     l1_exact, l2sq_exact = sum_sensitivity(lo, hi)
@@ -376,11 +385,14 @@ def _sum_part(mechanism: str, column: ColumnMeta, bounds: tuple[Fraction, Fracti
             raise MechanismInputError("params.column", "declared bounds too wide for an exact sum")
         grid, err, um, uw = 1.0, Fraction(0), int(m), int(w)
     else:
-        if mechanism == "gaussian":
-            assert delta is not None
+        if rho is not None:  # a zcdp dataset (mechanisms.zcdp)
+            scale = zcdp.sigma_real(l2_exact, rho)
+        elif mechanism == "gaussian":
+            assert epsilon is not None and delta is not None
             scale = baselines.analytic_gaussian_sigma(
                 vectors._float_down(epsilon), vectors._float_down(delta), l2_exact)
         else:
+            assert epsilon is not None
             scale = vectors._float_down(l1_exact / epsilon)
         grid = vectors.grid_for(vectors._float_down(w), scale)
         err = n * m * SUM_ERROR
@@ -389,9 +401,9 @@ def _sum_part(mechanism: str, column: ColumnMeta, bounds: tuple[Fraction, Fracti
                                       "too many rows for exact lattice arithmetic")
         um, uw = vectors.units(m, err, grid), vectors.units(w, err, grid)
     l1, l2sq = max(2 * um, uw), max(2 * um * um, uw * uw)
-    noise = _noise(mechanism, epsilon, delta, l1, l2sq)
+    noise = _noise(mechanism, epsilon, delta, l1, l2sq, rho=rho)
     return Part("sum", grid, column.type == "integer", l1, l2sq, l1_exact, l2_exact, err,
-                noise, epsilon, delta)
+                noise, epsilon, delta, rho)
 
 
 # --------------------------------------------------------------------------- post-processing

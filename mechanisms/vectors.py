@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize
 
-from mechanisms import sampling
+from mechanisms import sampling, zcdp
 from mechanisms.base import MechanismInputError
 
 CI_LEVEL = 0.95
@@ -106,20 +106,28 @@ def laplace_noise(epsilon: Fraction, l1_units: int) -> VectorNoise:
     return VectorNoise("discrete_laplace", scale)
 
 
-def gaussian_noise(epsilon: Fraction, delta: Fraction, l2sq_units: int, *,
-                   count_table: bool = False, scalar_units: int | None = None) -> VectorNoise:
-    """Discrete Gaussian σ for an (ε, δ) budget (see the module doc for the three cases)."""
+def gaussian_noise(epsilon: Fraction | None, delta: Fraction | None, l2sq_units: int, *,
+                   count_table: bool = False, scalar_units: int | None = None,
+                   rho: Fraction | None = None) -> VectorNoise:
+    """Discrete Gaussian σ for an (ε, δ) budget (see the module doc for the three cases),
+    or, given ``rho`` (a zcdp dataset), the σ with L2²/(2σ²) <= ρ (CKS 2020 Thm 14; a
+    count table's shift is one unit out of a cell and one into another: L2² = 2)."""
     from mechanisms import baselines  # baselines dispatches here; import late
 
-    eps_f, delta_f = _float_down(epsilon), _float_down(delta)
+    eps_f = delta_f = 0.0
+    if rho is None:
+        assert epsilon is not None and delta is not None
+        eps_f, delta_f = _float_down(epsilon), _float_down(delta)
     try:
-        if count_table:
+        if rho is not None:
+            sigma = zcdp.sigma_for_rho(2 if count_table else l2sq_units, rho)
+        elif count_table:
             sigma = baselines.discrete_gaussian_sigma(eps_f, delta_f, 1, True)
         elif scalar_units is not None:
             sigma = baselines.discrete_gaussian_sigma(eps_f, delta_f, scalar_units, False)
         else:
-            rho = zcdp_rho(eps_f, delta_f)
-            sigma = math.nextafter(math.sqrt(l2sq_units / (2.0 * rho)) * (1.0 + 1e-12),
+            rho_f = zcdp_rho(eps_f, delta_f)
+            sigma = math.nextafter(math.sqrt(l2sq_units / (2.0 * rho_f)) * (1.0 + 1e-12),
                                    math.inf)
     except ValueError:
         sigma = math.inf

@@ -19,12 +19,41 @@ from typing import Any
 MEASURES: dict[str, tuple[int, Fraction]] = {
     "epsilon": (10**9, Fraction(10**6)),
     "delta": (10**15, Fraction(1)),
+    # ρ-zCDP (mechanisms.zcdp): a zcdp dataset's one DP budget; a quantum of 1e-12 keeps
+    # a small Gaussian release's ρ (ε²/2 of a pure release: 5e-9 at ε = 1e-4) exact enough
+    "rho": (10**12, Fraction(10**3)),
     "noiseless_bits": (10**9, Fraction(10**6)),
     "interval_leakage": (10**12, Fraction(1)),
     "subset_draws": (1, Fraction(10**6)),
 }
 #: measures charged per column, written ``measure:<column>``
 PER_COLUMN = frozenset({"interval_leakage", "subset_draws"})
+#: the privacy notion each measure accounts (a dataset's metadata ``notions`` admits some)
+NOTION_OF: dict[str, str] = {
+    "epsilon": "dp", "delta": "dp", "rho": "dp", "noiseless_bits": "noiseless",
+    "interval_leakage": "interval", "subset_draws": "subset",
+}
+NOTIONS = ("dp", "noiseless", "interval", "subset")
+#: notions that exclude each other on one dataset unless the operator allows both
+#: (noiseless spec §11.3: the pair has no finite guarantee in either notion)
+EXCLUSIVE = frozenset({"dp", "noiseless"})
+
+
+def notions_of(measures: Any) -> set[str]:
+    """The notions a release charging ``measures`` (``interval_leakage:age`` too) uses."""
+    return {NOTION_OF[base_measure(m)] for m in measures}
+
+
+def notion_lock(measures: Any, dataset: dict[str, Any]) -> str:
+    """Which exclusive notion a release locks the dataset to ('' for none): 'dp' or
+    'noiseless' when the dataset admits both but not mixed (``allow_mixed_noiseless_dp``)."""
+    if dataset.get("allow_mixed_noiseless_dp", False):
+        return ""
+    admitted = set(dataset.get("notions", NOTIONS))
+    if not admitted >= EXCLUSIVE:
+        return ""  # only one of them is admitted at all: nothing to lock
+    used = notions_of(measures) & EXCLUSIVE
+    return next(iter(used)) if len(used) == 1 else ""
 
 
 class AmountError(ValueError):

@@ -75,6 +75,7 @@ def register(
             "public": spec.public,
             "allow_holdout": spec.allow_holdout,
             "budgets": {m: budget.display(m, u) for m, u in sorted(caps.items())},
+            **spec.accounting,
             "status": "active",
             "created_at": now_iso(),
             "created_by": actor,
@@ -168,7 +169,8 @@ def meta(doc: dict[str, Any]) -> DatasetMeta:
         for name, c in doc["columns"].items()
     }
     return DatasetMeta(n_rows=int(doc["n_rows"]), columns=cols,
-                       allow_holdout=bool(doc.get("allow_holdout", False)))
+                       allow_holdout=bool(doc.get("allow_holdout", False)),
+                       gaussian_accounting=str(doc.get("gaussian_accounting", "approx_dp")))
 
 
 def set_status(client: redis.Redis, dataset_id: str, status: str) -> dict[str, Any]:

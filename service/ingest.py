@@ -64,6 +64,7 @@ from service.metadata import (
     MAX_CSV_FIELDS,
     MAX_NAME_LENGTH,
     MetadataSchema,
+    accounting_fields,
     first_error,
 )
 
@@ -109,6 +110,8 @@ class DatasetSpec:
     public: bool = False
     #: DIP may use a hold-out of these rows, unprotected by DP, as its reference
     allow_holdout: bool = False
+    #: gaussian_accounting, zcdp_delta, notions, allow_mixed_noiseless_dp (stored as given)
+    accounting: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def allows_missing(self, column: str) -> bool:
         """Whether empty/NaN cells of ``column`` are replaced by its fill."""
@@ -117,7 +120,9 @@ class DatasetSpec:
     def meta(self, n_rows: int) -> DatasetMeta:
         """The public metadata mechanisms see, once the row count is known."""
         return DatasetMeta(n_rows=n_rows, columns=dict(self.columns),
-                           allow_holdout=self.allow_holdout)
+                           allow_holdout=self.allow_holdout,
+                           gaussian_accounting=self.accounting.get("gaussian_accounting",
+                                                                   "approx_dp"))
 
 
 # --------------------------------------------------------------------------- metadata
@@ -201,6 +206,7 @@ def parse_metadata(raw: object, *, max_columns: int = MAX_COLUMNS) -> DatasetSpe
         budgets=loaded["budgets"],
         public=loaded["public"],
         allow_holdout=loaded["allow_holdout"],
+        accounting=accounting_fields(loaded),
     )
 
 

@@ -25,7 +25,7 @@ import redis
 from service import rkeys
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
-                  "retired", "ended"]
+                  "retired", "ended", "notion_locked"]
 #: how ``Ledger.reserve`` treats the release (reserve.lua): a new release with its cost, a
 #: release created to be priced by a job (nothing held), or that release being reserved
 Mode = Literal["new", "pricing", "priced"]
@@ -48,7 +48,8 @@ class ReserveResult:
 
     When exhausted, ``scope`` says whose cap was short: the dataset's or the
     actor's allocation; when ``ended`` (a priced release that left ``pricing``),
-    ``status`` is the status it has.
+    ``status`` is the status it has; when ``notion_locked``, ``notion`` is the
+    notion the dataset is locked to.
     """
 
     outcome: Outcome
@@ -58,6 +59,7 @@ class ReserveResult:
     remaining: int = 0
     scope: str = ""
     status: str = ""
+    notion: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,7 @@ class Ledger:
         at: str | None = None,
         mode: Mode = "new",
         replay_fingerprint: str | None = None,
+        notion_lock: str = "",
     ) -> ReserveResult:
         """Hold ``cost`` for a new release unless it is a retry, a replay or over a cap.
 
@@ -173,6 +176,9 @@ class Ledger:
         ``mode="pricing"`` creates the release in status ``pricing`` holding nothing
         (outcome ``pricing``); ``mode="priced"`` is its pricing job reserving it, at most
         once per release id: a release no longer pricing answers ``ended`` (reserve.lua).
+        ``notion_lock`` ('dp' or 'noiseless', ``budget.notion_lock``) locks the dataset to
+        that notion with the reservation, or answers ``notion_locked`` if it is locked to
+        the other one; a release created ``pricing`` is checked but locks nothing yet.
         """
         argv: list[Any] = [
             release_id, fingerprint, actor, at or now_iso(), f"{time.time():.3f}", request_json,
@@ -180,6 +186,7 @@ class Ledger:
         ]
         for measure, units in sorted(cost.items()):
             argv += [measure, str(int(units))]
+        argv.append(notion_lock)
         reply = self._reserve(
             keys=[
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
@@ -195,6 +202,8 @@ class Ledger:
                                  reply[4])
         if reply[0] == "ended":
             return ReserveResult("ended", reply[1], status=reply[2])
+        if reply[0] == "notion_locked":
+            return ReserveResult("notion_locked", notion=reply[1])
         return ReserveResult(reply[0], reply[1])
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
@@ -327,6 +336,11 @@ class Ledger:
             for row in table.values():
                 row["remaining"] = row["cap"] - row["committed"] - row["reserved"]
         return dataset, allocations
+
+    def notion_lock(self, dataset_id: str) -> str | None:
+        """The notion ('dp' or 'noiseless') the dataset is locked to, or None."""
+        lock = self.r.hget(rkeys.ledger(dataset_id), "notion_lock")
+        return str(lock) if lock else None
 
     def events(self, dataset_id: str, start: str = "-", end: str = "+",
                kinds: set[str] | None = None) -> list[dict[str, Any]]:

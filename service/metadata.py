@@ -34,6 +34,8 @@ from marshmallow import (
 
 from mechanisms.base import MAX_ABS_BOUND, MechanismInputError, bounds_problem
 from mechanisms.interval.priors import FAMILIES, RANGES, make_prior
+from mechanisms.zcdp import ACCOUNTINGS, DEFAULT_DELTA
+from service.budget import NOTIONS
 
 MAX_NAME_LENGTH = 200
 MAX_CATEGORIES = 10_000
@@ -425,6 +427,47 @@ class MetadataSchema(_Strict):
         super().__init__(**kwargs)
         self.context_max_columns = max_columns
 
+    # -- accounting: how DP releases are charged, and which privacy notions are admitted
+    gaussian_accounting = fields.String(
+        load_default="approx_dp", validate=validate.OneOf(ACCOUNTINGS), metadata={
+            "description": "approx_dp: Gaussian releases charge (epsilon, delta); zcdp: every"
+            " DP release charges rho (Gaussian: Delta^2/(2 sigma^2); pure epsilon:"
+            " epsilon^2/2) against one rho cap"})
+    zcdp_delta = Number(load_default=float(DEFAULT_DELTA), validate=validate.Range(
+        min=0, max=1, min_inclusive=False, max_inclusive=False, error="must be in (0, 1)"),
+        metadata={"description": "public delta at which rho amounts are shown as"
+                  " (epsilon, delta)-DP"})
+    notions = fields.List(
+        fields.String(validate=validate.OneOf(NOTIONS)), load_default=list(NOTIONS),
+        validate=validate.Length(min=1, error="name at least one notion"), metadata={
+            "description": "privacy notions releases may use: dp, noiseless, interval,"
+            " subset"})
+    allow_mixed_noiseless_dp = StrictBoolean(load_default=False, metadata={
+        "description": "allow both noiseless and DP releases (then neither has a finite"
+        " guarantee); by default the first one locks the dataset to its notion"})
+
+    @validates_schema
+    def _accounting(self, data: dict[str, Any], **kwargs: Any) -> None:
+        """A zcdp dataset charges every DP release in rho: an epsilon or delta cap there
+        would never be spent, so it is a mistake to report, not to keep."""
+        notions = data.get("notions", [])
+        if len(set(notions)) != len(notions):
+            raise ValidationError("names a notion twice", field_name="notions")
+        if data.get("gaussian_accounting") == "zcdp":
+            for name in data.get("budgets", {}):
+                if str(name).partition(":")[0] in ("epsilon", "delta"):
+                    raise ValidationError(
+                        "a zcdp dataset charges DP releases in rho: give budgets.rho",
+                        field_name=f"budgets.{name}")
+
+
+def accounting_fields(loaded: Mapping[str, Any]) -> dict[str, Any]:
+    """The accounting part of loaded metadata, as the dataset document stores it."""
+    return {name: loaded[name] for name in ACCOUNTING_FIELDS}
+
+
+ACCOUNTING_FIELDS = ("gaussian_accounting", "zcdp_delta", "notions", "allow_mixed_noiseless_dp")
+
 
 def first_error(messages: Any, prefix: str = "metadata") -> tuple[str, str]:
     """The first (field path, message) of marshmallow's nested error dict."""
@@ -454,5 +497,5 @@ def register_components(spec: APISpec) -> None:
         spec.components.schema("DatasetMetadata", schema=MetadataSchema)
 
 
-__all__ = ["COLUMN_SCHEMAS", "PRIOR_SCHEMAS", "MetadataSchema", "first_error",
-           "register_components"]
+__all__ = ["ACCOUNTING_FIELDS", "COLUMN_SCHEMAS", "PRIOR_SCHEMAS", "MetadataSchema",
+           "accounting_fields", "first_error", "register_components"]

@@ -20,7 +20,7 @@ import marshmallow
 import redis
 
 import mechanisms
-from mechanisms import precompute
+from mechanisms import precompute, zcdp
 from service import budget, datasets, rkeys
 from service.ledger import Ledger, ReserveResult
 from service.precompute import cold_key
@@ -46,7 +46,9 @@ class Prepared:
     dataset: dict[str, Any]
     mechanism: mechanisms.Mechanism
     params: dict[str, Any]
+    #: the mechanism's own cost, what its run calibrates to (ε for laplace on any dataset)
     cost: dict[str, Fraction]
+    #: what the ledger holds, in units: the cost, or on a zcdp dataset its ρ (ε²/2 for ε)
     cost_units: dict[str, int]
     accuracy: dict[str, Any]
     seed: int | None
@@ -56,6 +58,10 @@ class Prepared:
     requested_params: dict[str, Any] | None = None
     #: the budget the request agreed to (the cost is at most this, per measure)
     requested_budget: dict[str, Fraction] = field(default_factory=dict)
+    #: the exclusive notion this release locks its dataset to ('' for none; budget.notion_lock)
+    notion_lock: str = ""
+    #: the release document's ``privacy`` block (``privacy_block``)
+    privacy: dict[str, Any] | None = None
 
     @property
     def request_fingerprint(self) -> str:
@@ -95,6 +101,7 @@ class Prepared:
             "accuracy": self.accuracy,
             "seed": self.seed,
             "callback_url": self.callback_url,
+            "privacy": self.privacy,
         }, default=str)
 
 
@@ -200,6 +207,11 @@ def refusal(res: ReserveResult) -> APIError | None:
         )
     if res.outcome == "retired":
         return APIError(409, "dataset is retired", code="dataset_retired")
+    if res.outcome == "notion_locked":
+        return APIError(
+            409, f"this dataset has had {res.notion} releases and admits one notion at a time"
+            " (noiseless and DP outputs together have no finite guarantee in either); nothing"
+            " was spent", code="notion_locked", notion=res.notion)
     return None
 
 
@@ -246,6 +258,11 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     except KeyError:
         raise APIError(422, f"unknown mechanism; known: {mechanisms.names()}",
                        code="validation_error", field="mechanism") from None
+    if (doc.get("gaussian_accounting") == "zcdp" and "delta" in mech.measures
+            and not mech.zcdp_native):
+        raise APIError(422, f"{mech.name} is accounted in (epsilon, delta); this dataset"
+                       " accounts Gaussian noise in zCDP (rho)", code="validation_error",
+                       field="mechanism")
     try:
         params = mech.load_params(body.get("params"))
     except marshmallow.ValidationError as err:
@@ -259,6 +276,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                        code="validation_error", field="seed")
     requested = _budget(body.get("budget"))
     meta = datasets.meta(doc)
+    check_notions(doc, mech.measures)
     as_written = params
     # what earlier releases hold: committed, and reserved by jobs still in the queue (they
     # will run first); a refunded one only makes the reported design more cautious
@@ -276,22 +294,80 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
             check_work(mech.work(params, meta), max_work, "this release")
         cost = mech.cost(params, requested, meta)
         accuracy = mech.accuracy(params, cost, meta)
+        # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
+        # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
+        charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code="validation_error", field=err.field) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
         pricing = PricingRequest(doc, mech.name, as_written, requested, seed,
                                  body.get("callback_url"), dict(body))
         raise Unpriced(pricing, cold_key(cold)) from None
-    for measure, amount in cost.items():
-        # a per-column cost (interval_leakage:age) is agreed to as interval_leakage
+    for measure, amount in charged.items():
+        # a per-column cost (interval_leakage:age) is agreed to as interval_leakage; a pure
+        # release's ρ on a zcdp dataset as its ε (ε²/2, mechanisms.zcdp)
         agreed = requested.get(measure, requested.get(budget.base_measure(measure)))
+        if measure == "rho" and agreed is None and "epsilon" in requested:
+            agreed = zcdp.pure_to_rho(requested["epsilon"])
         if budget.base_measure(measure) not in budget.MEASURES or agreed is None:
             raise APIError(500, "mechanism charged a measure the request did not name")
         if amount > agreed:
             raise APIError(500, "mechanism cost exceeds the agreed budget")
-    units = {m: budget.cost_units(m, a) for m, a in cost.items()}
+    units = {m: budget.cost_units(m, a) for m, a in charged.items()}
+    privacy = privacy_block(doc, units)
+    if "zcdp" in privacy:
+        accuracy = {**accuracy, "zcdp": privacy["zcdp"]}
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
-                    requested_params=as_written, requested_budget=requested)
+                    requested_params=as_written, requested_budget=requested,
+                    notion_lock=budget.notion_lock(charged, doc), privacy=privacy)
+
+
+#: what a release on a dataset that allows both noiseless and DP releases says of the pair
+MIXED_STATEMENT = (
+    "This dataset allows both noiseless and DP releases. A DP output and a noiseless output"
+    " of the same data together have no finite guarantee in either notion (continuous-noise"
+    " DP has noiseless epsilon = infinity; a deterministic quantizer is not epsilon-DP for"
+    " any finite epsilon); this release's guarantee holds only together with releases of"
+    " its own notion.")
+
+
+def privacy_block(doc: dict[str, Any], units: dict[str, int]) -> dict[str, Any]:
+    """The release's ``privacy`` block from public inputs: its notions; its ρ and (ε, δ) on
+    a zcdp dataset; and, where the operator allowed noiseless and DP releases together,
+    that the pair has no finite guarantee in either notion (noiseless spec §11.3)."""
+    notions = budget.notions_of(units)
+    out: dict[str, Any] = {"notions": sorted(notions)}
+    if "rho" in units:
+        out["zcdp"] = zcdp_statement(doc, budget.from_units("rho", units["rho"]))
+    admitted = set(doc.get("notions", budget.NOTIONS))
+    if (doc.get("allow_mixed_noiseless_dp", False) and admitted >= budget.EXCLUSIVE
+            and notions & budget.EXCLUSIVE):
+        out["mixed_noiseless_dp"] = {"pair_guarantee": None, "statement": MIXED_STATEMENT}
+    return out
+
+
+def check_notions(doc: dict[str, Any], measures: Any) -> None:
+    """Refuse (422 ``notion_not_admitted``) a mechanism whose privacy notion the dataset's
+    metadata does not admit: public metadata and the mechanism's name decide, nothing else."""
+    admitted = set(doc.get("notions", budget.NOTIONS))
+    refused = sorted(budget.notions_of(measures) - admitted)
+    if refused:
+        raise APIError(422, f"this dataset does not admit {', '.join(refused)} releases;"
+                       f" it admits: {', '.join(sorted(admitted))}",
+                       code="notion_not_admitted", field="mechanism", notions=sorted(admitted))
+
+
+def zcdp_delta(doc: dict[str, Any]) -> Fraction:
+    """The public δ a zcdp dataset's ρ amounts are converted at (metadata ``zcdp_delta``)."""
+    raw = doc.get("zcdp_delta")
+    return zcdp.DEFAULT_DELTA if raw is None else budget.to_fraction(raw, "zcdp_delta")
+
+
+def zcdp_statement(doc: dict[str, Any], rho: Fraction) -> dict[str, Any]:
+    """A ρ cost and the (ε, δ)-DP it implies alone (BS16 Prop 1.3), for estimates."""
+    return {"rho": float(rho), "approx_dp": zcdp.conversion(rho, zcdp_delta(doc)),
+            "conversion": "epsilon = rho + 2 sqrt(rho log(1/delta)) (Bun & Steinke 2016,"
+                          " Prop. 1.3)"}
 
 
 def _budget(raw: Any) -> dict[str, Fraction]:
@@ -375,6 +451,7 @@ def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
         "result": None,
         "accuracy": req["accuracy"],
         "guarantee": None,
+        "privacy": req.get("privacy"),
     }
     if "output" in h:
         out = json.loads(h["output"])

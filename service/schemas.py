@@ -66,6 +66,17 @@ class DatasetSchema(Schema):
         " protected by DP; splits are nested, so the largest hold-out) and releases using one"})
     status = fields.String()
     created_at = fields.String()
+    gaussian_accounting = fields.String(metadata={
+        "description": "approx_dp: Gaussian releases charge (epsilon, delta); zcdp: every DP"
+        " release charges rho"})
+    zcdp_delta = fields.Float(metadata={"description": "delta of the shown (epsilon, delta)"
+                                        " conversion of rho"})
+    notions = fields.List(fields.String(), metadata={
+        "description": "privacy notions this dataset admits"})
+    allow_mixed_noiseless_dp = fields.Boolean()
+    notion_lock = fields.String(allow_none=True, metadata={
+        "description": "dp or noiseless: the notion the first release locked this dataset"
+        " to (null: none yet, or mixed allowed)"})
 
 
 class BudgetRowSchema(Schema):
@@ -73,10 +84,16 @@ class BudgetRowSchema(Schema):
     committed = fields.Float()
     reserved = fields.Float()
     remaining = fields.Float()
+    approx_dp = fields.Dict(metadata={
+        "description": "rho only: the (epsilon, delta)-DP that cap, committed (+ reserved)"
+        " and remaining rho imply, epsilon = rho + 2 sqrt(rho log(1/delta)) (Bun & Steinke"
+        " 2016, Prop. 1.3)"})
 
 
 class BudgetSchema(Schema):
     dataset_id = fields.String()
+    gaussian_accounting = fields.String()
+    notion_lock = fields.String(allow_none=True)
     measures = fields.Dict(keys=fields.String(), values=fields.Nested(BudgetRowSchema))
     allocations = fields.Dict(
         keys=fields.String(),
@@ -109,6 +126,9 @@ class LedgerEventSchema(Schema):
     release_id = fields.String()
     code = fields.String(metadata={
         "description": "refuse events: the code of the problem the priced release got"})
+    notion_lock = fields.String(metadata={
+        "description": "reserve events: the notion (dp or noiseless) this first release"
+                       " locked the dataset to"})
     actor = fields.String()
     key_id = fields.String()
     at = fields.String()
@@ -171,6 +191,10 @@ class ReleaseSchema(Schema):
                        " answered, nothing charged)"})
     dataset_id = fields.String()
     dataset_version = fields.Integer()
+    privacy = fields.Dict(allow_none=True, metadata={
+        "description": "the notions the release uses; on a zcdp dataset its rho and the"
+        " (epsilon, delta) it implies; on a dataset allowing both noiseless and DP releases,"
+        " that the pair has no finite guarantee in either notion"})
     mechanism = fields.String()
     params = fields.Dict()
     cost = fields.Dict()

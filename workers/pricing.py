@@ -63,7 +63,8 @@ def price(config: Config, client: redis.Redis, ledger: Ledger, release_id: str,
         res = ledger.reserve(
             dataset_id, release_id, prepared.cost_units, actor=actor or "",
             fingerprint=prepared.request_fingerprint, replay_fingerprint=prepared.fingerprint,
-            request_json=prepared.request_json(), mode="priced")
+            request_json=prepared.request_json(), mode="priced",
+            notion_lock=prepared.notion_lock)
         problem = releases.refusal(res)
         if res.outcome == "replay":  # the synchronous POST answers with that release
             problem = APIError(409, "an identical request was released before (release_id);"

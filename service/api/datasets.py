@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from flask import Response, current_app
 from flask_smorest import Blueprint
 
-from service import apikeys, budget, datasets, inputs
+from mechanisms import zcdp
+from service import apikeys, budget, datasets, inputs, releases
 from service import metadata as metadata_schemas
 from service.api.responses import AUTH, BODY, located, problems
 from service.auth import check_dataset_grant, current_key, require
@@ -148,6 +150,7 @@ def list_datasets() -> list[dict[str, Any]]:
 def show(dataset_id: str) -> dict[str, Any]:
     """One dataset's public metadata (operators also see its hold-out exposure)."""
     doc = dataset_or_404(dataset_id)
+    doc = {**doc, "notion_lock": current_app.extensions["ledger"].notion_lock(dataset_id)}
     if current_key().role == "operator":
         redis_client = current_app.extensions["redis"]
         doc = {**doc, "holdout_exposure": datasets.holdout_exposure(redis_client, dataset_id)}
@@ -171,14 +174,31 @@ def _rows(table: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
             for m, row in sorted(table.items())}
 
 
-def budget_doc(dataset_id: str) -> dict[str, Any]:
-    """The dataset's balance and its allocations (an analyst sees only its own)."""
-    rows, allocations = current_app.extensions["ledger"].budget(dataset_id)
+def budget_doc(dataset_id: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """The dataset's balance and its allocations (an analyst sees only its own); a ρ row
+    also as the (ε, δ)-DP it implies, and the notion lock (public release history)."""
+    ledger = current_app.extensions["ledger"]
+    rows, allocations = ledger.budget(dataset_id)
     key = current_key()
     if key.role != "operator":
         allocations = {k: v for k, v in allocations.items() if k == key.id}
-    return {"dataset_id": dataset_id, "measures": _rows(rows),
+    delta = releases.zcdp_delta(doc)
+    measures: dict[str, dict[str, Any]] = dict(_rows(rows))
+    if "rho" in rows:
+        measures["rho"]["approx_dp"] = _rho_conversion(rows["rho"], delta)
+    return {"dataset_id": dataset_id,
+            "gaussian_accounting": doc.get("gaussian_accounting", "approx_dp"),
+            "notion_lock": ledger.notion_lock(dataset_id), "measures": measures,
             "allocations": {k: _rows(v) for k, v in sorted(allocations.items())}}
+
+
+def _rho_conversion(row: dict[str, int], delta: Fraction) -> dict[str, float]:
+    """ε at ``delta`` of the cap, of what is committed or held, and of what remains."""
+    def eps(units: int) -> float:
+        return zcdp.epsilon_for(budget.from_units("rho", max(units, 0)), delta)
+    return {"delta": float(delta), "cap_epsilon": eps(row["cap"]),
+            "committed_epsilon": eps(row["committed"] + row["reserved"]),
+            "remaining_epsilon": eps(row["remaining"])}
 
 
 @blp.route("/<dataset_id>/budget")
@@ -187,8 +207,7 @@ def budget_doc(dataset_id: str) -> dict[str, Any]:
 @blp.response(200, BudgetSchema)
 def show_budget(dataset_id: str) -> dict[str, Any]:
     """Cap, committed, reserved and remaining for each measure, and allocations."""
-    dataset_or_404(dataset_id)
-    return budget_doc(dataset_id)
+    return budget_doc(dataset_id, dataset_or_404(dataset_id))
 
 
 @blp.route("/<dataset_id>/budget", methods=["PATCH"])
@@ -213,6 +232,13 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
             changes.append((key_id, budget.parse_caps(caps, columns, [], where=where)))
     except budget.AmountError as err:
         raise _invalid(err.field, err.message) from None
+    if doc.get("gaussian_accounting") == "zcdp":  # as the upload: such a cap is never spent
+        for key_id, caps in changes:
+            for measure in caps:
+                if budget.base_measure(measure) in ("epsilon", "delta"):
+                    where = f"allocations.{key_id}" if key_id else "caps"
+                    raise _invalid(f"{where}.{measure}", "a zcdp dataset charges DP releases"
+                                   " in rho: set rho")
     try:  # all or nothing: a refused allocation leaves the caps as they were
         ledger.change_caps(dataset_id, changes, current_key().id)
     except CapError as err:
@@ -225,7 +251,7 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
         raise APIError(409, f"allocation above the dataset's {err.measure} cap ({limit})",
                        code="allocation_above_cap", measure=err.measure, cap=limit,
                        field=f"{where}.{err.measure}") from None
-    return budget_doc(dataset_id)
+    return budget_doc(dataset_id, doc)
 
 
 @blp.route("/<dataset_id>/ledger")

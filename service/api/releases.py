@@ -173,6 +173,7 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
             fingerprint=prepared.request_fingerprint,
             replay_fingerprint=prepared.fingerprint, request_json=request_json,
             idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
+            notion_lock=prepared.notion_lock,
         )
         ours = "reserved"
     else:

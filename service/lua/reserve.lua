@@ -11,7 +11,12 @@
 -- ARGV: 1 release id, 2 fingerprint (of the request, for the idempotency hash),
 --       3 actor key id, 4 now (iso), 5 now (epoch s), 6 request json, 7 idempotency ttl,
 --       8 use idem (0/1), 9 use replay (0/1), 10 mode, 11 n measures, then n pairs
---       (measure, units as integer string)
+--       (measure, units as integer string), then the notion lock ('' | 'dp' | 'noiseless')
+-- Notion lock (noiseless spec §11.3): a dataset admitting both DP and noiseless releases,
+-- without the operator's allow_mixed_noiseless_dp, is locked to the notion of its first
+-- reserved release, here in the same script that checks the caps, so two concurrent
+-- first releases of either kind can never both be held: the loser is {'notion_locked',
+-- lock} and nothing changes. The lock is the ledger hash's 'notion_lock' field.
 -- Modes:
 --   'new'     a release whose cost the API computed: reserve it, status 'queued';
 --   'pricing' a release whose cost needs a cold heavy precomputation: hold nothing, create
@@ -49,6 +54,11 @@ if redis.call('HGET', KEYS[1], 'retired') == '1' then return {'retired', ''} end
 
 local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') end
 local n = tonumber(ARGV[11])
+local lock = ARGV[12 + 2 * n] or ''
+if lock ~= '' then
+  local held = redis.call('HGET', KEYS[1], 'notion_lock')
+  if held and held ~= lock then return {'notion_locked', held} end
+end
 local scoped = {}
 for i = 0, n - 1 do
   local m, c = ARGV[12 + 2 * i], tonumber(ARGV[13 + 2 * i])
@@ -83,6 +93,10 @@ else
              'actor', actor)
   if mode == 'new' then redis.call('HSET', KEYS[3], 'created_at', ARGV[4]) end
   if ARGV[9] == '1' then redis.call('SET', KEYS[5], rid) end
+  if lock ~= '' and redis.call('HSETNX', KEYS[1], 'notion_lock', lock) == 1 then
+    table.insert(event, 'notion_lock')
+    table.insert(event, lock)
+  end
   redis.call('XADD', KEYS[2], '*', unpack(event))
 end
 redis.call('ZADD', KEYS[7], 'NX', ARGV[5], rid)

@@ -66,7 +66,7 @@ BAD_UPLOADS = [
     ("out of bounds", "age,income,group\n101,2,a\n", PEOPLE_META, "age"),
     ("unknown category", "age,income,group\n1,2,zz\n", PEOPLE_META, "group"),
     ("metadata not JSON", "age,income,group\n1,2,a\n", "{nope", "metadata"),
-    ("unknown measure", "age,income,group\n1,2,a\n", _meta(budgets={"rho": 1}), "budgets"),
+    ("unknown measure", "age,income,group\n1,2,a\n", _meta(budgets={"zeta": 1}), "budgets"),
     ("duplicate column", "age,income,group\n1,2,a\n",
      '{"name": "d", "budgets": {}, "columns": {"age": {"type": "integer", "bounds": [0, 9]},'
      ' "age": {"type": "integer", "bounds": [0, 9]}}}', "metadata"),
@@ -315,7 +315,7 @@ BAD_RELEASES = [
     ({"params": {"statistic": "median", "column": "age"}}, "params.statistic"),
     ({"budget": {"epsilon": -1}}, "budget.epsilon"),
     ({"budget": {"epsilon": "NaN"}}, "budget.epsilon"),
-    ({"budget": {"rho": 1}}, "budget.rho"),
+    ({"budget": {"zeta": 1}}, "budget.zeta"),
     ({"budget": {"epsilon": 1, "delta": 1e-6}}, "budget"),
     ({"budget": {"epsilon": 1e9}}, "budget.epsilon"),
 ]

@@ -44,9 +44,9 @@ def test_caps_raise_lower_and_never_below_spent(api: Api, dataset: dict[str, Any
                             headers=api._h())
     assert resp.get_json()["measures"]["epsilon"] == {"cap": 7.0, "committed": 2.0,
                                                       "reserved": 0.0, "remaining": 5.0}
-    bad = api.client.patch(f"/v1/datasets/{ds}/budget", json={"caps": {"rho": 1}},
+    bad = api.client.patch(f"/v1/datasets/{ds}/budget", json={"caps": {"zeta": 1}},
                            headers=api._h())
-    assert bad.status_code == 422 and bad.get_json()["field"] == "caps.rho"
+    assert bad.status_code == 422 and bad.get_json()["field"] == "caps.zeta"
     caps = [e for e in api.get(f"/v1/datasets/{ds}/ledger?kind=cap").get_json()]
     assert [e["amounts"].get("epsilon") for e in caps] == [5.0, 2.0, 7.0]
 

@@ -27,6 +27,9 @@ ALLOCATION_SHARE = 0.5
 METADATA: dict[str, Any] = {
     "name": "soak",
     "budgets": CAPS,
+    # every mechanism runs on every dataset: noiseless and DP releases together (by
+    # default the first of either kind would lock the dataset to its notion)
+    "allow_mixed_noiseless_dp": True,
     "columns": {
         "x": {"type": "continuous", "bounds": [-5, 5],
               "prior": {"family": "normal", "loc": 0, "scale": 1}},

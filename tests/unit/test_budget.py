@@ -40,7 +40,7 @@ def test_caps_expand_per_column_measures() -> None:
 
 
 @pytest.mark.parametrize(("raw", "field"), [
-    ({"rho": 1}, "metadata.budgets.rho"),
+    ({"zeta": 1}, "metadata.budgets.zeta"),
     ({"epsilon:a": 1}, "metadata.budgets.epsilon:a"),
     ({"interval_leakage:zz": 1}, "metadata.budgets.interval_leakage:zz"),
     ({"epsilon": 10**7}, "metadata.budgets.epsilon"),
