@@ -42,6 +42,7 @@ DEFAULT_KERNEL = matern(1.5, 0.1)
 Method = Literal["iclp-qr", "iclp-ar", "frl"]
 _LABELS = {"iclp-qr": "ICLP-QR", "iclp-ar": "ICLP-AR", "frl": "FRL"}
 PsiRule = Literal["auto", "balanced", "free"]
+ProfileRule = Literal["auto", "matched", "kernel"]
 
 
 def qr_filter(eigenvalues: ArrayLike, eta: float, psi: float) -> NDArray[np.float64]:
@@ -58,11 +59,22 @@ def qr_sensitivity(eigenvalues: ArrayLike, n: int, tau: float, eta: float, psi: 
     return 2.0 * tau / n * math.sqrt(float(weights.sum()))
 
 
-def qr_worst_case(eig: spectral.EigenSystem, tau: float, eta: float, psi: float) -> NDArray[
-    np.float64
-]:
-    """Curve x with ‖x‖ = τ such that replacing τu by −τu attains Δ_QR (spec §3.2)."""
-    direction = qr_filter(eig.values, eta, psi) / np.sqrt(eig.values)
+def weighted_l1_sensitivity(filt: ArrayLike, shape: ArrayLike, n: int, tau: float) -> float:
+    """Δ = (2τ/n)·(Σ_j F_j²/a_j²)^½: sup of Σ_j F_j|d_j|/a_j over ‖d‖ <= 2τ/n (attained).
+
+    With a_j = √λ_j this is ``qr_sensitivity``; with the matched a_j = √F_j it is
+    (2τ/n)·(Σ_j F_j)^½, and with F = a = 1 on M components it is FRL's Δ₁ = 2τ√M/n.
+    """
+    ratio = np.asarray(filt, dtype=np.float64) / np.asarray(shape, dtype=np.float64)
+    return 2.0 * tau / n * math.sqrt(float(np.sum(ratio * ratio)))
+
+
+def qr_worst_case(eig: spectral.EigenSystem, tau: float, eta: float, psi: float,
+                  profile: pss.NoiseProfile = "kernel") -> NDArray[np.float64]:
+    """Curve x with ‖x‖ = τ such that replacing τu by −τu attains Δ (spec §3.2):
+    u ∝ Σ_j (F_j/a_j)·v_j for the noise shape a of ``profile``."""
+    filt = qr_filter(eig.values, eta, psi)
+    direction = filt / pss.noise_shape(eig.values, filt, profile)
     curve = eig.synthesize(direction)
     return tau * curve / float(np.sqrt(np.sum(eig.weights * curve * curve)))
 
@@ -189,18 +201,24 @@ def plan_iclp_mean(
     psi: float | PsiRule | None = None,
     max_components: int | None = None,
     rel_floor: float = spectral.REL_FLOOR,
+    noise_profile: ProfileRule = "auto",
 ) -> MeanPlan:
     """Calibrate an ICLP-QR mean release (spec §3.2).
 
-    ``psi`` is a number > 0, ``None``/``"auto"`` (default: minimise the data-free
-    risk of ``pss.qr_risk``), ``"balanced"`` ((nε²)^(−ηβ/(β+1)), the paper's PSS
-    order) or ``"free"`` (1/n). Under ``"auto"`` every knob the caller leaves open
-    is chosen jointly by the same criterion: the noise kernel among ``kernel`` when
-    it is a sequence (``None``: Matérn ν = 3/2 with ρ in ``pss.RHO_CANDIDATES``), η
-    among ``pss.ETA_CANDIDATES`` and the number of components J on a geometric
-    ladder (a prefix of one eigen-system, so projection, sensitivity and noise
-    still share it). Under the fixed rules η defaults to 1 + 2/β, J to all
-    retained components and the kernel to the first candidate.
+    ``psi`` is a number >= 0 (0: no ridge, the plain projection on J components),
+    ``None``/``"auto"`` (default: ``_tune``), ``"balanced"`` ((nε²)^(−ηβ/(β+1)), the
+    paper's PSS order) or ``"free"`` (1/n). Under ``"auto"`` every knob the caller leaves
+    open is chosen jointly: the noise kernel among ``kernel`` when it is a sequence
+    (``None``: Matérn ν = 3/2 with ρ in ``pss.RHO_CANDIDATES``), η among
+    ``pss.ETA_CANDIDATES``, the number of components J on a geometric ladder plus FRL's M
+    (a prefix of one eigen-system, so projection, sensitivity and noise still share it),
+    and ψ (including 0). Under the fixed rules η defaults to 1 + 2/β, J to all retained
+    components and the kernel to the first candidate.
+
+    ``noise_profile``: the ICLP noise covariance, with the kernel's eigenfunctions and
+    eigenvalues a_j². "matched" (a_j² = F_j, the filter: the least privacy error for the
+    estimator, ``pss.noise_shape``), "kernel" (a_j² = λ_j, the paper's), or "auto":
+    "kernel" under the paper's rules "balanced"/"free", otherwise "matched".
     """
     points, tau = domain.validate_functional_meta(grid, tau)
     _check_n_eps(n, epsilon)
@@ -208,15 +226,20 @@ def plan_iclp_mean(
         raise ValueError("eta must be > 1/2 for the mean (spec §7.2)")
     if max_components is not None and max_components < 1:
         raise ValueError("max_components must be at least 1")
+    if noise_profile not in ("auto", "matched", "kernel"):
+        raise ValueError("noise_profile must be 'auto', 'matched' or 'kernel'")
+    profile: pss.NoiseProfile = (
+        noise_profile if noise_profile != "auto"
+        else "kernel" if psi in ("balanced", "free") else "matched")
     candidates = _kernel_candidates(kernel)
     eta_rule = "given" if eta is not None else "auto"
-    risk: pss.QrRisk | None = None
+    tuned: Tuned | None = None
     if psi is None or psi == "auto":
-        choice = _tune(candidates, points, rel_floor, max_components, n, float(epsilon),
-                       tau, None if eta is None else float(eta))
-        kern, components, eta_value, psi_value, risk = choice
+        tuned = _tune(candidates, points, rel_floor, max_components, n, float(epsilon),
+                      tau, None if eta is None else float(eta), profile)
+        kern, eta_value, psi_value = tuned.kernel, tuned.eta, tuned.psi
         psi_rule = "min-risk"
-        eig = _prefix(_eigen(kern, points, rel_floor, None), components)
+        eig = _prefix(_eigen(kern, points, rel_floor, None), tuned.components)
     else:
         kern = candidates[0]
         eta_value = pss.default_eta(kern) if eta is None else float(eta)
@@ -227,12 +250,18 @@ def plan_iclp_mean(
         else:
             psi_rule, psi_value = "given", float(psi)
         eig = _eigen(kern, points, rel_floor, max_components)
-    if not (math.isfinite(psi_value) and psi_value > 0):
-        raise ValueError("psi must be a finite number > 0")
+    if not (math.isfinite(psi_value) and psi_value >= 0):
+        raise ValueError("psi must be a finite number >= 0")
     filt = qr_filter(eig.values, eta_value, psi_value)
+    kept = int(np.count_nonzero(filt > 0))  # F underflows to 0 only at the tail: a prefix
+    if kept < eig.size:
+        if kept == 0:
+            raise ValueError("psi is so large that every coefficient is shrunk to 0")
+        eig, filt = _prefix(eig, kept), filt[:kept].copy()
+    shape = pss.noise_shape(eig.values, filt, profile)
     tau_eff = tau * TAU_SLACK
     bessel = spectral.bessel_factor(eig)
-    delta = qr_sensitivity(eig.values, n, tau_eff, eta_value, psi_value) * math.sqrt(bessel)
+    delta = weighted_l1_sensitivity(filt, shape, n, tau_eff) * math.sqrt(bessel)
     smoothing: dict[str, Any] = {
         "method": "iclp-qr",
         "eta": eta_value,
@@ -245,17 +274,23 @@ def plan_iclp_mean(
             "auto" if psi_rule == "min-risk" else "all"),
         "rho": kern.rho,
         "rho_rule": "auto" if len(candidates) > 1 and psi_rule == "min-risk" else "given",
+        "noise_profile": profile,
     }
-    if risk is not None:
+    if tuned is not None:
         smoothing["risk"] = {
-            **risk.describe(),
+            **tuned.risk.describe(),
             "criterion": (
-                "min over (rho, J, eta, psi) of 2*Delta^2*trC/eps^2 + kappa*tau^2*"
-                "E||(I-F)mu||^2 + tau^2/n*E||F e||^2 with mu, e ~ GP(0, Matern(1.5, 0.1))"
+                "min over (rho, J, eta, psi) of 2*Delta^2*sum(a^2)/eps^2 + kappa*tau^2*"
+                "E||(I-F)mu||^2 + tau^2/n*E||F e||^2 with mu, e ~ GP(0, Matern(1.5, 0.1)),"
+                " subject to the same risk with mu, e spread evenly over FRL's M components"
+                " being at most FRL's; FRL (psi=0, J=M, flat noise) is a candidate"
             ),
             "prior_energy": pss.PRIOR_ENERGY,
+            "frl": {"components": tuned.frl_components, "total": tuned.frl_risk,
+                    "guard_total": tuned.frl_guard},
+            "guard_total": tuned.guard,
         }
-    return _plan("iclp-qr", points, eig, n, tau, filt, np.sqrt(eig.values),
+    return _plan("iclp-qr", points, eig, n, tau, filt, shape,
                  delta * SENSITIVITY_SAFETY, epsilon, smoothing)
 
 
@@ -270,26 +305,76 @@ def _kernel_candidates(kernel: Kernel | Sequence[Kernel] | None) -> tuple[Kernel
     return out
 
 
-Choice = tuple[Kernel, int, float, float, pss.QrRisk]
+@dataclass(frozen=True)
+class Tuned:
+    """The default's choice and its data-free risks (``_tune``)."""
+
+    kernel: Kernel
+    components: int
+    eta: float
+    psi: float
+    risk: pss.QrRisk  # under the smooth reference class
+    guard: float  # total risk under FRL's band class
+    frl_components: int
+    frl_risk: float  # FRL's total risk under the smooth class
+    frl_guard: float  # FRL's total risk under its band class
 
 
 @functools.lru_cache(maxsize=64)
 def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: float,
-          cap: int | None, n: int, epsilon: float, tau: float, eta: float | None) -> Choice:
-    """argmin of ``pss.qr_risk`` over the open knobs (public inputs only; memoised)."""
-    best: Choice | None = None
+          cap: int | None, n: int, epsilon: float, tau: float, eta: float | None,
+          profile: pss.NoiseProfile = "matched") -> Tuned:
+    """argmin of ``pss.qr_risk`` over the open knobs, guarded by FRL (public inputs only).
+
+    Two reference classes of means (and of the curves' spread): the smooth one of
+    ``_prior_share`` and FRL's own, energy spread evenly over the first M eigenfunctions
+    of ``kernels[0]`` (M = FRL's default ``pss.frl_components``; on that class FRL's
+    projection has no bias). The choice minimises the smooth-class risk among the
+    candidates whose band-class risk is at most FRL's. With the matched profile FRL's
+    release itself is a candidate (kernel 0, J = M, ψ = 0: F = a = 1, Δ = 2τ√M/n), so the
+    default is never worse than FRL under either class, by construction. If no candidate
+    is feasible (a cap below M, or the kernel profile) the guard is dropped.
+    """
     etas = pss.ETA_CANDIDATES if eta is None else (eta,)
-    for kern in kernels:
-        eig = _eigen(kern, points, rel_floor, None)
-        share = _prior_share(eig)
-        sizes = pss.component_candidates(eig.size) if cap is None else [min(cap, eig.size)]
-        for j in sizes:
-            for e in etas:
-                psi, risk = pss.minimise_qr_risk(eig.values[:j], share[:j], n, epsilon, tau, e)
-                if best is None or risk.total < best[4].total:
-                    best = (kern, j, e, psi, risk)
-    assert best is not None
-    return best
+    base = _eigen(kernels[0], points, rel_floor, None)
+    m = pss.frl_components(n, Fraction(epsilon), base.size)
+    frl_risk, frl_guard = (
+        _total(pss.qr_risk(base.values[:m], share[:m], n, epsilon, tau, 1.0, 0.0, "matched"))
+        for share in (_prior_share(base), _band_share(base, base, m)))
+    for limit in (frl_guard, math.inf):
+        best: Tuned | None = None
+        for kern in kernels:
+            eig = _eigen(kern, points, rel_floor, None)
+            share, guard = _prior_share(eig), _band_share(eig, base, m)
+            sizes = (sorted({*pss.component_candidates(eig.size), min(m, eig.size)})
+                     if cap is None else [min(cap, eig.size)])
+            for j in sizes:
+                for e in etas:
+                    found = pss.minimise_qr_risk(eig.values[:j], share[:j], n, epsilon, tau,
+                                                 e, profile, guard[:j], limit)
+                    if found is None:
+                        continue
+                    psi, risk, guarded = found
+                    if best is None or risk.total < best.risk.total:
+                        best = Tuned(kern, j, e, psi, risk, guarded, m, frl_risk, frl_guard)
+        if best is not None:
+            return best
+    raise AssertionError("the unconstrained search always has a candidate")
+
+
+def _total(risk: pss.QrRisk | list[pss.QrRisk]) -> float:
+    assert isinstance(risk, pss.QrRisk)
+    return risk.total
+
+
+@functools.lru_cache(maxsize=spectral.CACHE_SIZE)
+def _band_share(eig: spectral.EigenSystem, base: spectral.EigenSystem, m: int
+                ) -> NDArray[np.float64]:
+    """p_j = (1/M)·Σ_{i<=M} ⟨v_j, b_i⟩²: FRL's class, energy even over b_1..b_M of ``base``."""
+    cross = (eig.vectors * eig.weights[:, None]).T @ base.vectors[:, :m]
+    out: NDArray[np.float64] = np.sum(cross * cross, axis=1) / m
+    out.setflags(write=False)
+    return out
 
 
 @functools.lru_cache(maxsize=spectral.CACHE_SIZE)
