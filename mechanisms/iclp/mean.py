@@ -3,13 +3,18 @@
 Both project the mean of the clipped curves on the eigenbasis of the noise
 kernel C and add lattice Laplace noise to the coefficients:
 
-* ICLP-QR shrinks coefficient j by λ_j^η/(λ_j^η + ψ) (ridge in the RKHS of
-  C^η) and adds noise of scale Δ·√λ_j/ε, with the weighted-ℓ1 sensitivity
-  Δ = (2τ/n)·(Σ_j λ_j^(2η−1)/(λ_j^η + ψ)²)^½ (Cauchy–Schwarz; attained).
-  By default (ψ = "auto") the noise length-scale, η, the number of
-  components and ψ minimise the data-free risk of ``pss.qr_risk``: the
-  paper's balanced ψ keeps the privacy error flat in ε, so QR lost to FRL by
-  3-10x at large ε (issue 16).
+* ICLP-QR shrinks coefficient j by F_j = λ_j^η/(λ_j^η + ψ) (ridge in the
+  RKHS of C^η) and adds ICLP noise of scale Δ·a_j/ε, with the weighted-ℓ1
+  sensitivity Δ = (2τ/n)·(Σ_j F_j²/a_j²)^½ (Cauchy–Schwarz; attained). The
+  paper's noise covariance is C (a_j = √λ_j); by default it is the smoother
+  itself (a_j = √F_j, "matched"), which by Cauchy–Schwarz gives the least
+  privacy error (8τ²/(nε)²)·(Σ F_j)² for the same estimator, hence a smaller
+  expected error for every mean and data distribution. By default (ψ =
+  "auto") the noise length-scale, η, the number of components and ψ minimise
+  the data-free risk of ``pss.qr_risk``, guarded so it is no worse than FRL's
+  (``_tune``; FRL is ψ = 0, J = M in this family): the paper's balanced ψ
+  keeps the privacy error flat in ε, so QR lost to FRL by 3-10x at large ε
+  (issue 16).
 * FRL keeps the first M coefficients unshrunk and adds i.i.d. noise of scale
   Δ₁/ε with Δ₁ = 2τ√M/n.
 
@@ -36,6 +41,9 @@ from mechanisms.iclp.release import FunctionRelease
 
 #: τ_eff = τ·TAU_SLACK bounds the computed norm of a clipped curve (rounding ≈ M·2^-53)
 TAU_SLACK = 1.0 + 2.0**-30
+#: relative slack of the FRL guard: FRL's own candidate meets it up to the rounding of
+#: its basis' orthonormality (≈ 1e-14)
+GUARD_SLACK = 1e-9
 #: computed closed-form sensitivities are multiplied by this (their rounding is ≈ J·2^-53)
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
 DEFAULT_KERNEL = matern(1.5, 0.1)
@@ -159,10 +167,15 @@ class MeanPlan:
             f" data-free risk whose predicted E||released - mean||^2 is {risk['total']:.3g}"
             f" (privacy {risk['privacy']:.3g}, bias {risk['bias']:.3g} for a reference"
             " Matern(1.5, 0.1) mean of energy"
-            f" {risk['prior_energy']:g}*tau^2, sampling {risk['sampling']:.3g}); the actual"
-            " bias depends on the true mean's smoothness.")
+            f" {risk['prior_energy']:g}*tau^2, sampling {risk['sampling']:.3g}); FRL's"
+            f" default (M={risk['frl']['components']}) has {risk['frl']['total']:.3g} there"
+            + (" and the choice is no worse than FRL's for a mean along any of FRL's basis"
+               " functions" if risk["frl_guard_met"] else "")
+            + "; the actual bias depends on the true mean's smoothness.")
         iclp = self.method != "frl"
-        shape = "Delta*sqrt(lambda_j)/epsilon" if iclp else "Delta/epsilon"
+        profile = self.smoothing.get("noise_profile", "kernel")
+        shape = ("Delta/epsilon" if not iclp else "Delta*sqrt(F_j)/epsilon, F_j the smoother"
+                 if profile == "matched" else "Delta*sqrt(lambda_j)/epsilon")
         return {
             "noise": f"{label}: discrete Laplace per eigen-coefficient on power-of-two lattices",
             "laplace_scales": shape,
@@ -282,13 +295,15 @@ def plan_iclp_mean(
             "criterion": (
                 "min over (rho, J, eta, psi) of 2*Delta^2*sum(a^2)/eps^2 + kappa*tau^2*"
                 "E||(I-F)mu||^2 + tau^2/n*E||F e||^2 with mu, e ~ GP(0, Matern(1.5, 0.1)),"
-                " subject to the same risk with mu, e spread evenly over FRL's M components"
-                " being at most FRL's; FRL (psi=0, J=M, flat noise) is a candidate"
+                " subject to: for each of FRL's M basis functions b_i, the same risk with mu"
+                " and e along b_i is at most FRL's; FRL (psi=0, J=M, flat noise) is a"
+                " candidate, so the minimum is never above FRL's"
             ),
             "prior_energy": pss.PRIOR_ENERGY,
             "frl": {"components": tuned.frl_components, "total": tuned.frl_risk,
-                    "guard_total": tuned.frl_guard},
-            "guard_total": tuned.guard,
+                    "worst_on_frl_basis": tuned.frl_guard},
+            "worst_on_frl_basis": tuned.guard,
+            "frl_guard_met": tuned.guarded,
         }
     return _plan("iclp-qr", points, eig, n, tau, filt, shape,
                  delta * SENSITIVITY_SAFETY, epsilon, smoothing)
@@ -314,10 +329,11 @@ class Tuned:
     eta: float
     psi: float
     risk: pss.QrRisk  # under the smooth reference class
-    guard: float  # total risk under FRL's band class
+    guard: float  # the worst risk over FRL's basis functions b_i
     frl_components: int
     frl_risk: float  # FRL's total risk under the smooth class
-    frl_guard: float  # FRL's total risk under its band class
+    frl_guard: float  # FRL's risk on each of its basis functions b_i
+    guarded: bool  # False if no candidate met the guard and it was dropped
 
 
 @functools.lru_cache(maxsize=64)
@@ -326,22 +342,24 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
           profile: pss.NoiseProfile = "matched") -> Tuned:
     """argmin of ``pss.qr_risk`` over the open knobs, guarded by FRL (public inputs only).
 
-    Two reference classes of means (and of the curves' spread): the smooth one of
-    ``_prior_share`` and FRL's own, energy spread evenly over the first M eigenfunctions
-    of ``kernels[0]`` (M = FRL's default ``pss.frl_components``; on that class FRL's
-    projection has no bias). The choice minimises the smooth-class risk among the
-    candidates whose band-class risk is at most FRL's. With the matched profile FRL's
-    release itself is a candidate (kernel 0, J = M, ψ = 0: F = a = 1, Δ = 2τ√M/n), so the
-    default is never worse than FRL under either class, by construction. If no candidate
-    is feasible (a cap below M, or the kernel profile) the guard is dropped.
+    Objective: the risk under the smooth reference class of ``_prior_share``. Guard: for
+    each of FRL's basis functions b_i (i <= M, the eigenfunctions of ``kernels[0]``, M =
+    FRL's default ``pss.frl_components``), the same risk with all the mean's energy κτ²
+    and all the curves' spread on b_i must be at most FRL's there, 8τ²M²/(nε)² + τ²/n
+    (FRL has no bias on b_i). With the matched profile FRL's release itself is a
+    candidate (kernel 0, J = M, ψ = 0: F = a = 1, Δ = 2τ√M/n) and meets the guard, so the
+    default's risk is never above FRL's under the smooth class, nor under any b_i, by
+    construction. If no candidate is feasible (a cap below M, or the kernel profile) the
+    guard is dropped.
     """
     etas = pss.ETA_CANDIDATES if eta is None else (eta,)
     base = _eigen(kernels[0], points, rel_floor, None)
     m = pss.frl_components(n, Fraction(epsilon), base.size)
-    frl_risk, frl_guard = (
-        _total(pss.qr_risk(base.values[:m], share[:m], n, epsilon, tau, 1.0, 0.0, "matched"))
-        for share in (_prior_share(base), _band_share(base, base, m)))
-    for limit in (frl_guard, math.inf):
+    frl_risk = _total(pss.qr_risk(base.values[:m], _prior_share(base)[:m], n, epsilon, tau,
+                                  1.0, 0.0, "matched"))
+    # FRL on the mean √κτ·b_i (i <= M): no bias, privacy 8τ²M²/(nε)², sampling τ²/n
+    frl_guard = 8.0 * tau**2 * m**2 / (n**2 * epsilon**2) + tau**2 / n
+    for limit in (frl_guard * (1.0 + GUARD_SLACK), math.inf):
         best: Tuned | None = None
         for kern in kernels:
             eig = _eigen(kern, points, rel_floor, None)
@@ -350,13 +368,15 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
                      if cap is None else [min(cap, eig.size)])
             for j in sizes:
                 for e in etas:
-                    found = pss.minimise_qr_risk(eig.values[:j], share[:j], n, epsilon, tau,
-                                                 e, profile, guard[:j], limit)
+                    found = pss.minimise_qr_risk(
+                        eig.values[:j], share[:j], n, epsilon, tau, e, profile, guard[:j],
+                        limit, math.inf if best is None else best.risk.total)
                     if found is None:
                         continue
                     psi, risk, guarded = found
                     if best is None or risk.total < best.risk.total:
-                        best = Tuned(kern, j, e, psi, risk, guarded, m, frl_risk, frl_guard)
+                        best = Tuned(kern, j, e, psi, risk, guarded, m, frl_risk, frl_guard,
+                                     math.isfinite(limit))
         if best is not None:
             return best
     raise AssertionError("the unconstrained search always has a candidate")
@@ -370,9 +390,9 @@ def _total(risk: pss.QrRisk | list[pss.QrRisk]) -> float:
 @functools.lru_cache(maxsize=spectral.CACHE_SIZE)
 def _band_share(eig: spectral.EigenSystem, base: spectral.EigenSystem, m: int
                 ) -> NDArray[np.float64]:
-    """p_j = (1/M)·Σ_{i<=M} ⟨v_j, b_i⟩²: FRL's class, energy even over b_1..b_M of ``base``."""
+    """P_ji = ⟨v_j, b_i⟩², i <= M: column i is the share of a mean along FRL's b_i."""
     cross = (eig.vectors * eig.weights[:, None]).T @ base.vectors[:, :m]
-    out: NDArray[np.float64] = np.sum(cross * cross, axis=1) / m
+    out: NDArray[np.float64] = cross * cross
     out.setflags(write=False)
     return out
 

@@ -5,7 +5,8 @@ kernels, never on the data (cross-validation would leak). ``balanced_psi``
 and ``free_psi`` are the rate-optimal orders of Corollary 15 with constant 1;
 ``qr_risk`` / ``minimise_qr_risk`` is the default for the ICLP-QR mean: the
 orders alone leave the privacy error flat in ε (issue 16), so the default
-minimises an explicit data-free risk instead.
+minimises an explicit data-free risk instead, with the noise covariance matched
+to the smoother (``noise_shape``) and a guard that keeps it no worse than FRL.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ PRIOR_ENERGY = 0.05
 PRIOR_NU, PRIOR_RHO = 1.5, 0.1
 #: log ψ grid step of the coarse scan before the bounded refinement
 _LOG_STEP = 0.25
+#: ψ values whose guard is evaluated at a time (in order of the objective)
+_GUARD_BLOCK = 16
 
 
 #: noise covariance of ICLP-QR: "matched" (eigenvalues F_j, the smoother itself; the
@@ -121,6 +124,10 @@ def _terms(lam: NDArray[np.float64], p: NDArray[np.float64], n: int, epsilon: fl
     else:
         s = np.sum(filt**2 / lam, axis=1) * float(lam.sum())
     privacy = 8.0 * tau**2 * s / (n**2 * epsilon**2)
+    if p.ndim == 2:  # one reference class per column: (ψ, class) arrays
+        outside2 = np.maximum(0.0, 1.0 - p.sum(axis=0))
+        bias2 = PRIOR_ENERGY * tau**2 * ((1.0 - filt) ** 2 @ p + outside2)
+        return privacy[:, None], bias2, tau**2 / n * (filt**2 @ p)
     outside = max(0.0, 1.0 - float(p.sum()))
     bias = PRIOR_ENERGY * tau**2 * (np.sum((1.0 - filt) ** 2 * p, axis=1) + outside)
     sampling = tau**2 / n * np.sum(filt**2 * p, axis=1)
@@ -171,13 +178,16 @@ def minimise_qr_risk(
     profile: NoiseProfile = "kernel",
     guard_share: ArrayLike | None = None,
     guard_limit: float = math.inf,
+    cutoff: float = math.inf,
 ) -> tuple[float, QrRisk, float] | None:
     """argmin_ψ R(ψ) subject to R_guard(ψ) <= guard_limit; None if no ψ is feasible.
 
-    R_guard is the same risk with the reference share ``guard_share`` (FRL's own class,
-    see ``mean._tune``). Candidates: ψ = 0 and a scan of log ψ, then scipy's bounded Brent
+    R_guard is the same risk with the reference share ``guard_share``: shape (J,) for one
+    class, or (J, K) for K classes, one per column, of which the worst counts (FRL's
+    basis functions, see ``mean._tune``). Candidates: ψ = 0 and a scan of log ψ, then scipy's bounded Brent
     step on R around the best feasible scan point (kept only if still feasible). Returns
-    (ψ, R(ψ), R_guard(ψ)).
+    (ψ, R(ψ), R_guard(ψ)), or None also when no feasible ψ has R below ``cutoff`` (the
+    caller's best so far: this only saves work).
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     p = np.asarray(prior_share, dtype=np.float64)
@@ -188,30 +198,40 @@ def minimise_qr_risk(
     logs = np.arange(lo, hi + _LOG_STEP, _LOG_STEP)
     psis = np.concatenate([[0.0], np.exp(logs)])
 
-    def both(values: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        main = sum(_terms(lam, p, n, eps, tau, eta, values, profile))
-        other = sum(_terms(lam, guard, n, eps, tau, eta, values, profile))
-        return np.asarray(main), np.asarray(other)
+    def main(values: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.asarray(sum(_terms(lam, p, n, eps, tau, eta, values, profile)))
 
-    total, guarded = both(psis)
-    feasible = guarded <= guard_limit
-    if not feasible.any():
+    def guarded(values: NDArray[np.float64]) -> NDArray[np.float64]:
+        out = np.asarray(sum(_terms(lam, guard, n, eps, tau, eta, values, profile)))
+        return np.max(out, axis=1) if out.ndim == 2 else out  # the worst class counts
+
+    total = main(psis)
+    # the best feasible ψ is the first feasible one in order of R: check the guard (the
+    # costly part, J x K per ψ) in that order, a block at a time, stopping at R >= cutoff
+    order = np.argsort(total, kind="stable")
+    order = order[total[order] < cutoff]
+    k = -1
+    for start in range(0, order.size, _GUARD_BLOCK):
+        block = order[start:start + _GUARD_BLOCK]
+        ok = np.flatnonzero(guarded(psis[block]) <= guard_limit)
+        if ok.size:
+            k = int(block[ok[0]])
+            break
+    if k < 0:
         return None
-    k = int(np.argmin(np.where(feasible, total, np.inf)))
     psi = float(psis[k])
     if k > 0:
         found = optimize.minimize_scalar(
-            lambda x: float(both(np.array([math.exp(x)]))[0][0]),
+            lambda x: float(sum(_terms(lam, p, n, eps, tau, eta, np.array([math.exp(x)]),
+                                       profile))[0]),
             bounds=(logs[k - 1] - _LOG_STEP, logs[k - 1] + _LOG_STEP), method="bounded",
             options={"xatol": 1e-3})
-        cand = math.exp(float(found.x))
-        t, g = both(np.array([cand]))
-        if t[0] < total[k] and g[0] <= guard_limit:
-            psi = cand
+        cand = np.array([math.exp(float(found.x))])
+        if main(cand)[0] < total[k] and guarded(cand)[0] <= guard_limit:
+            psi = float(cand[0])
     best = qr_risk(lam, p, n, eps, tau, eta, psi, profile)
     assert isinstance(best, QrRisk)
-    guard_value = float(both(np.array([psi]))[1][0])
-    return psi, best, guard_value
+    return psi, best, float(guarded(np.array([psi]))[0])
 
 
 def component_candidates(available: int) -> list[int]:
