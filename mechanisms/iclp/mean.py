@@ -44,6 +44,9 @@ TAU_SLACK = 1.0 + 2.0**-30
 #: relative slack of the FRL guard: FRL's own candidate meets it up to the rounding of
 #: its basis' orthonormality (≈ 1e-14)
 GUARD_SLACK = 1e-9
+#: a later candidate must beat the incumbent by this factor: rounding-level ties go to the
+#: earlier one (kernel 0, FRL's basis, comes first)
+_TIE = 1.0 - 1e-12
 #: computed closed-form sensitivities are multiplied by this (their rounding is ≈ J·2^-53)
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
 DEFAULT_KERNEL = matern(1.5, 0.1)
@@ -74,7 +77,8 @@ def weighted_l1_sensitivity(filt: ArrayLike, shape: ArrayLike, n: int, tau: floa
     (2τ/n)·(Σ_j F_j)^½, and with F = a = 1 on M components it is FRL's Δ₁ = 2τ√M/n.
     """
     ratio = np.asarray(filt, dtype=np.float64) / np.asarray(shape, dtype=np.float64)
-    return 2.0 * tau / n * math.sqrt(float(np.sum(ratio * ratio)))
+    # the operation order of ``frl_sensitivity``, so FRL's point gives FRL's Δ bit for bit
+    return 2.0 * tau * math.sqrt(float(np.sum(ratio * ratio))) / n
 
 
 def qr_worst_case(eig: spectral.EigenSystem, tau: float, eta: float, psi: float,
@@ -262,7 +266,9 @@ def plan_iclp_mean(
             psi_rule, psi_value = "free", pss.free_psi(n)
         else:
             psi_rule, psi_value = "given", float(psi)
-        eig = _eigen(kern, points, rel_floor, max_components)
+        eig = _eigen(kern, points, rel_floor, None)  # a cap takes a prefix, as ``_tune`` does
+        if max_components is not None:
+            eig = _prefix(eig, max_components)
     if not (math.isfinite(psi_value) and psi_value >= 0):
         raise ValueError("psi must be a finite number >= 0")
     filt = qr_filter(eig.values, eta_value, psi_value)
@@ -295,9 +301,9 @@ def plan_iclp_mean(
             "criterion": (
                 "min over (rho, J, eta, psi) of 2*Delta^2*sum(a^2)/eps^2 + kappa*tau^2*"
                 "E||(I-F)mu||^2 + tau^2/n*E||F e||^2 with mu, e ~ GP(0, Matern(1.5, 0.1)),"
-                " subject to: for each of FRL's M basis functions b_i, the same risk with mu"
-                " and e along b_i is at most FRL's; FRL (psi=0, J=M, flat noise) is a"
-                " candidate, so the minimum is never above FRL's"
+                " subject to: for each of FRL's M basis functions b_i, the error for the mean"
+                " sqrt(kappa)*tau*b_i (no spread) is at most FRL's; FRL (psi=0, J=M, flat"
+                " noise) is a candidate, so the minimum is never above FRL's"
             ),
             "prior_energy": pss.PRIOR_ENERGY,
             "frl": {"components": tuned.frl_components, "total": tuned.frl_risk,
@@ -332,7 +338,7 @@ class Tuned:
     guard: float  # the worst risk over FRL's basis functions b_i
     frl_components: int
     frl_risk: float  # FRL's total risk under the smooth class
-    frl_guard: float  # FRL's risk on each of its basis functions b_i
+    frl_guard: float  # FRL's risk for the mean √κτ·b_i, no spread (any i <= M)
     guarded: bool  # False if no candidate met the guard and it was dropped
 
 
@@ -344,21 +350,23 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
 
     Objective: the risk under the smooth reference class of ``_prior_share``. Guard: for
     each of FRL's basis functions b_i (i <= M, the eigenfunctions of ``kernels[0]``, M =
-    FRL's default ``pss.frl_components``), the same risk with all the mean's energy κτ²
-    and all the curves' spread on b_i must be at most FRL's there, 8τ²M²/(nε)² + τ²/n
-    (FRL has no bias on b_i). With the matched profile FRL's release itself is a
-    candidate (kernel 0, J = M, ψ = 0: F = a = 1, Δ = 2τ√M/n) and meets the guard, so the
-    default's risk is never above FRL's under the smooth class, nor under any b_i, by
-    construction. If no candidate is feasible (a cap below M, or the kernel profile) the
-    guard is dropped.
+    FRL's default ``pss.frl_components``), data whose mean is √κ·τ·b_i and whose curves
+    do not spread must cost at most what FRL costs there, 8τ²M²/(nε)² (FRL has no bias
+    on b_i). No spread is the guard's worst case: shrinking only ever lowers the
+    sampling variance of a spread along b_i (F_j <= 1, Σ_j ⟨v_j, b_i⟩² <= 1), so the
+    guard also holds with any spread up to τ² along b_i. With the matched profile FRL's
+    release itself is a candidate (kernel 0, J = M, ψ = 0: F = a = 1, Δ = 2τ√M/n) and
+    meets the guard with equality, so the default's risk is never above FRL's under the
+    smooth class, nor on any b_i, by construction. If no candidate is feasible (a cap
+    below M, or the kernel profile) the guard is dropped.
     """
     etas = pss.ETA_CANDIDATES if eta is None else (eta,)
     base = _eigen(kernels[0], points, rel_floor, None)
     m = pss.frl_components(n, Fraction(epsilon), base.size)
     frl_risk = _total(pss.qr_risk(base.values[:m], _prior_share(base)[:m], n, epsilon, tau,
                                   1.0, 0.0, "matched"))
-    # FRL on the mean √κτ·b_i (i <= M): no bias, privacy 8τ²M²/(nε)², sampling τ²/n
-    frl_guard = 8.0 * tau**2 * m**2 / (n**2 * epsilon**2) + tau**2 / n
+    # FRL on the mean √κτ·b_i (i <= M) with no spread: no bias, privacy 8τ²M²/(nε)²
+    frl_guard = 8.0 * tau**2 * m**2 / (n**2 * epsilon**2)
     for limit in (frl_guard * (1.0 + GUARD_SLACK), math.inf):
         best: Tuned | None = None
         for kern in kernels:
@@ -370,11 +378,12 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
                 for e in etas:
                     found = pss.minimise_qr_risk(
                         eig.values[:j], share[:j], n, epsilon, tau, e, profile, guard[:j],
-                        limit, math.inf if best is None else best.risk.total)
+                        limit, math.inf if best is None else best.risk.total * _TIE,
+                        np.zeros_like(guard[:j]))
                     if found is None:
                         continue
                     psi, risk, guarded = found
-                    if best is None or risk.total < best.risk.total:
+                    if best is None or risk.total < best.risk.total * _TIE:
                         best = Tuned(kern, j, e, psi, risk, guarded, m, frl_risk, frl_guard,
                                      math.isfinite(limit))
         if best is not None:

@@ -75,6 +75,8 @@ PRIOR_NU, PRIOR_RHO = 1.5, 0.1
 _LOG_STEP = 0.25
 #: ψ values whose guard is evaluated at a time (in order of the objective)
 _GUARD_BLOCK = 16
+#: bisection steps towards the guard's boundary (log ψ to ~0.25·2^-20)
+_BISECTIONS = 20
 
 
 #: noise covariance of ICLP-QR: "matched" (eigenvalues F_j, the smoother itself; the
@@ -114,9 +116,12 @@ def noise_shape(eigenvalues: ArrayLike, filt: ArrayLike, profile: NoiseProfile
 
 
 def _terms(lam: NDArray[np.float64], p: NDArray[np.float64], n: int, epsilon: float,
-           tau: float, eta: float, psis: NDArray[np.float64], profile: NoiseProfile
+           tau: float, eta: float, psis: NDArray[np.float64], profile: NoiseProfile,
+           spread: NDArray[np.float64] | None = None,
            ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    """(privacy, bias, sampling) for each ψ in ``psis`` (vectorised ``qr_risk``)."""
+    """(privacy, bias, sampling) for each ψ in ``psis`` (vectorised ``qr_risk``); the
+    curves' spread is shared like the mean (``p``) unless ``spread`` says otherwise."""
+    spread = p if spread is None else spread
     lam_eta = lam**eta
     filt = lam_eta / (lam_eta + psis[:, None])
     if profile == "matched":
@@ -127,10 +132,10 @@ def _terms(lam: NDArray[np.float64], p: NDArray[np.float64], n: int, epsilon: fl
     if p.ndim == 2:  # one reference class per column: (ψ, class) arrays
         outside2 = np.maximum(0.0, 1.0 - p.sum(axis=0))
         bias2 = PRIOR_ENERGY * tau**2 * ((1.0 - filt) ** 2 @ p + outside2)
-        return privacy[:, None], bias2, tau**2 / n * (filt**2 @ p)
+        return privacy[:, None], bias2, tau**2 / n * (filt**2 @ spread)
     outside = max(0.0, 1.0 - float(p.sum()))
     bias = PRIOR_ENERGY * tau**2 * (np.sum((1.0 - filt) ** 2 * p, axis=1) + outside)
-    sampling = tau**2 / n * np.sum(filt**2 * p, axis=1)
+    sampling = tau**2 / n * np.sum(filt**2 * spread, axis=1)
     return privacy, bias, sampling
 
 
@@ -179,6 +184,7 @@ def minimise_qr_risk(
     guard_share: ArrayLike | None = None,
     guard_limit: float = math.inf,
     cutoff: float = math.inf,
+    guard_spread: ArrayLike | None = None,
 ) -> tuple[float, QrRisk, float] | None:
     """argmin_ψ R(ψ) subject to R_guard(ψ) <= guard_limit; None if no ψ is feasible.
 
@@ -187,11 +193,13 @@ def minimise_qr_risk(
     basis functions, see ``mean._tune``). Candidates: ψ = 0 and a scan of log ψ, then scipy's bounded Brent
     step on R around the best feasible scan point (kept only if still feasible). Returns
     (ψ, R(ψ), R_guard(ψ)), or None also when no feasible ψ has R below ``cutoff`` (the
-    caller's best so far: this only saves work).
+    caller's best so far: this only saves work). ``guard_spread`` is the guard classes'
+    share of the curves' spread (default: ``guard_share``).
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     p = np.asarray(prior_share, dtype=np.float64)
     guard = p if guard_share is None else np.asarray(guard_share, dtype=np.float64)
+    spread = None if guard_spread is None else np.asarray(guard_spread, dtype=np.float64)
     eps = float(epsilon)
     lo = eta * math.log(float(lam[-1])) - 8.0
     hi = eta * math.log(float(lam[0])) + 8.0
@@ -202,7 +210,7 @@ def minimise_qr_risk(
         return np.asarray(sum(_terms(lam, p, n, eps, tau, eta, values, profile)))
 
     def guarded(values: NDArray[np.float64]) -> NDArray[np.float64]:
-        out = np.asarray(sum(_terms(lam, guard, n, eps, tau, eta, values, profile)))
+        out = np.asarray(sum(_terms(lam, guard, n, eps, tau, eta, values, profile, spread)))
         return np.max(out, axis=1) if out.ndim == 2 else out  # the worst class counts
 
     total = main(psis)
@@ -226,9 +234,21 @@ def minimise_qr_risk(
                                        profile))[0]),
             bounds=(logs[k - 1] - _LOG_STEP, logs[k - 1] + _LOG_STEP), method="bounded",
             options={"xatol": 1e-3})
-        cand = np.array([math.exp(float(found.x))])
-        if main(cand)[0] < total[k] and guarded(cand)[0] <= guard_limit:
-            psi = float(cand[0])
+        if float(found.fun) < total[k]:
+            # R falls from the scan point to Brent's; if the guard fails there, the best
+            # feasible point of that segment is on the guard's boundary: bisect log ψ
+            good, bad = math.log(psi), float(found.x)
+            if guarded(np.array([math.exp(bad)]))[0] <= guard_limit:
+                good = bad
+            else:
+                for _ in range(_BISECTIONS):
+                    mid = 0.5 * (good + bad)
+                    if guarded(np.array([math.exp(mid)]))[0] <= guard_limit:
+                        good = mid
+                    else:
+                        bad = mid
+            if main(np.array([math.exp(good)]))[0] < total[k]:
+                psi = math.exp(good)
     best = qr_risk(lam, p, n, eps, tau, eta, psi, profile)
     assert isinstance(best, QrRisk)
     return psi, best, float(guarded(np.array([psi]))[0])
