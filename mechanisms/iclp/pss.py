@@ -190,8 +190,9 @@ def minimise_qr_risk(
 
     R_guard is the same risk with the reference share ``guard_share``: shape (J,) for one
     class, or (J, K) for K classes, one per column, of which the worst counts (FRL's
-    basis functions, see ``mean._tune``). Candidates: ψ = 0 and a scan of log ψ, then scipy's bounded Brent
-    step on R around the best feasible scan point (kept only if still feasible). Returns
+    basis functions, see ``mean._tune``). Candidates: ψ = 0 and a scan of log ψ, then
+    scipy's bounded Brent step on R around the best feasible scan point; if the guard
+    fails at Brent's point, bisection towards it finds the guard's boundary. Returns
     (ψ, R(ψ), R_guard(ψ)), or None also when no feasible ψ has R below ``cutoff`` (the
     caller's best so far: this only saves work). ``guard_spread`` is the guard classes'
     share of the curves' spread (default: ``guard_share``).
@@ -230,8 +231,7 @@ def minimise_qr_risk(
     psi = float(psis[k])
     if k > 0:
         found = optimize.minimize_scalar(
-            lambda x: float(sum(_terms(lam, p, n, eps, tau, eta, np.array([math.exp(x)]),
-                                       profile))[0]),
+            lambda x: float(main(np.array([math.exp(x)]))[0]),
             bounds=(logs[k - 1] - _LOG_STEP, logs[k - 1] + _LOG_STEP), method="bounded",
             options={"xatol": 1e-3})
         if float(found.fun) < total[k]:
