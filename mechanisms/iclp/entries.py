@@ -131,6 +131,7 @@ class IclpMean(_FunctionMechanism):
         return mean.plan_iclp_mean(
             grid, tau, meta.n_rows, epsilon, kernel, eta, psi, p.get("max_components"),
             noise_profile=smoothing.get("noise_profile", "auto"),
+            frl_guard=smoothing.get("frl_guard", True),
         )
 
 

@@ -219,6 +219,7 @@ def plan_iclp_mean(
     max_components: int | None = None,
     rel_floor: float = spectral.REL_FLOOR,
     noise_profile: ProfileRule = "auto",
+    frl_guard: bool = True,
 ) -> MeanPlan:
     """Calibrate an ICLP-QR mean release (spec §3.2).
 
@@ -236,6 +237,8 @@ def plan_iclp_mean(
     eigenvalues a_j². "matched" (a_j² = F_j, the filter: the least privacy error for the
     estimator, ``pss.noise_shape``), "kernel" (a_j² = λ_j, the paper's), or "auto":
     "kernel" under the paper's rules "balanced"/"free", otherwise "matched".
+    ``frl_guard=False`` drops the FRL guard of ``_tune`` (larger gains on smooth means,
+    losses to FRL on others).
     """
     points, tau = domain.validate_functional_meta(grid, tau)
     _check_n_eps(n, epsilon)
@@ -253,7 +256,7 @@ def plan_iclp_mean(
     tuned: Tuned | None = None
     if psi is None or psi == "auto":
         tuned = _tune(candidates, points, rel_floor, max_components, n, float(epsilon),
-                      tau, None if eta is None else float(eta), profile)
+                      tau, None if eta is None else float(eta), profile, frl_guard)
         kern, eta_value, psi_value = tuned.kernel, tuned.eta, tuned.psi
         psi_rule = "min-risk"
         eig = _prefix(_eigen(kern, points, rel_floor, None), tuned.components)
@@ -345,7 +348,7 @@ class Tuned:
 @functools.lru_cache(maxsize=64)
 def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: float,
           cap: int | None, n: int, epsilon: float, tau: float, eta: float | None,
-          profile: pss.NoiseProfile = "matched") -> Tuned:
+          profile: pss.NoiseProfile = "matched", guarded: bool = True) -> Tuned:
     """argmin of ``pss.qr_risk`` over the open knobs, guarded by FRL (public inputs only).
 
     Objective: the risk under the smooth reference class of ``_prior_share``. Guard: for
@@ -358,7 +361,7 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
     release itself is a candidate (kernel 0, J = M, ψ = 0: F = a = 1, Δ = 2τ√M/n) and
     meets the guard with equality, so the default's risk is never above FRL's under the
     smooth class, nor on any b_i, by construction. If no candidate is feasible (a cap
-    below M, or the kernel profile) the guard is dropped.
+    below M, or the kernel profile) or ``guarded`` is False, the guard is dropped.
     """
     etas = pss.ETA_CANDIDATES if eta is None else (eta,)
     base = _eigen(kernels[0], points, rel_floor, None)
@@ -367,7 +370,8 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
                                   1.0, 0.0, "matched"))
     # FRL on the mean √κτ·b_i (i <= M) with no spread: no bias, privacy 8τ²M²/(nε)²
     frl_guard = 8.0 * tau**2 * m**2 / (n**2 * epsilon**2)
-    for limit in (frl_guard * (1.0 + GUARD_SLACK), math.inf):
+    limits = (frl_guard * (1.0 + GUARD_SLACK), math.inf) if guarded else (math.inf,)
+    for limit in limits:
         best: Tuned | None = None
         for kern in kernels:
             eig = _eigen(kern, points, rel_floor, None)
@@ -382,9 +386,9 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
                         np.zeros_like(guard[:j]))
                     if found is None:
                         continue
-                    psi, risk, guarded = found
+                    psi, risk, worst = found
                     if best is None or risk.total < best.risk.total * _TIE:
-                        best = Tuned(kern, j, e, psi, risk, guarded, m, frl_risk, frl_guard,
+                        best = Tuned(kern, j, e, psi, risk, worst, m, frl_risk, frl_guard,
                                      math.isfinite(limit))
         if best is not None:
             return best

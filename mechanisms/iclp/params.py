@@ -95,11 +95,13 @@ class DensityKernelSchema(KernelSchema):
 class MeanSmoothingSchema(_Strict):
     """η (power of the kernel) and ψ (ridge penalty; 0 = plain projection): numbers or
     privacy-safe rules; the noise covariance profile ("matched": the smoother, "kernel":
-    C as in the paper, "auto": "kernel" under the paper's rules, else "matched")."""
+    C as in the paper, "auto": "kernel" under the paper's rules, else "matched"); and
+    whether the default tuning keeps its FRL guard (``frl_guard``, default true)."""
 
     eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
     psi = NumberOrChoice(0.0, MAX_PSI, ("auto", "balanced", "free"), closed=True)
     noise_profile = fields.String(validate=validate.OneOf(("auto", "matched", "kernel")))
+    frl_guard = fields.Boolean(truthy={True}, falsy={False})
 
 
 class KdeSmoothingSchema(_Strict):

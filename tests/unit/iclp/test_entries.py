@@ -165,7 +165,10 @@ def test_mean_noise_profile_and_plain_projection() -> None:
     assert kernel["noise_profile"] == "kernel" and "lambda_j" in kernel["scales"]
     flat = smoothing({"psi": 0})
     assert flat["psi"] == 0.0 and flat["psi_rule"] == "given"
-    for bad in ({"psi": -1}, {"noise_profile": "flat"}):
+    free = _run("iclp.mean", {"column": "load", "smoothing": {"frl_guard": False}})
+    assert not free.result["smoothing"]["risk"]["frl_guard_met"]
+    assert "no worse than FRL's" not in free.accuracy["statement"]
+    for bad in ({"psi": -1}, {"noise_profile": "flat"}, {"frl_guard": "no"}):
         with pytest.raises(marshmallow.ValidationError):
             MECHANISMS["iclp.mean"].load_params({"column": "load", "smoothing": bad})
 

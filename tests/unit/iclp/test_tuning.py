@@ -171,6 +171,18 @@ def test_whole_grid_against_frl() -> None:
     assert ratios[(100, Fraction(8))] < 0.3  # and it still gains where FRL's M is large
 
 
+def test_the_guard_is_what_keeps_the_default_under_frl() -> None:
+    """Without the FRL guard the smooth-class risk is lower, but S3 (content at the 9th-12th
+    eigenfunctions, which FRL's M = 12 keeps whole) loses 1.2x at n = 10^4, ε = 1/8."""
+    n, eps, mu = 10_000, Fraction(1, 8), SCENARIOS["S3"]
+    frl = expected_sq_error(iclp.plan_frl_mean(GRID, SCENARIO_TAU, n, eps), mu)
+    guarded = iclp.plan_iclp_mean(GRID, SCENARIO_TAU, n, eps)
+    free = iclp.plan_iclp_mean(GRID, SCENARIO_TAU, n, eps, frl_guard=False)
+    assert free.smoothing["risk"]["total"] < guarded.smoothing["risk"]["total"]
+    assert expected_sq_error(free, mu) > 1.2**2 * frl
+    assert expected_sq_error(guarded, mu) <= frl
+
+
 @pytest.mark.parametrize("eps", [Fraction(1), Fraction(8)])
 def test_headline_qr_no_worse_than_frl_on_s2(eps: Fraction) -> None:
     """S2, n = 500, 20 seeds (one dataset and one release each, paired): QR's mean
