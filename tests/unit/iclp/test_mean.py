@@ -84,6 +84,25 @@ def test_worst_case_neighbours_attain_the_qr_sensitivity_and_stay_within_epsilon
     assert loss >= Fraction(plan.noise.epsilon) * (1 - Fraction(1, 2**9))
 
 
+@pytest.mark.parametrize("n", [200, 5000])
+def test_matched_default_worst_case_attains_its_sensitivity(n: int) -> None:
+    """The default's noise covariance is the smoother F (a_j = √F_j), so Δ = (2τ/n)(Σ F_j)^½;
+    the pair ±τu with u ∝ Σ F_j/a_j·v_j attains it, and its lattice privacy loss is ε
+    (within the lattice slack): the calibration is exact for the matched profile."""
+    plan = iclp.plan_iclp_mean(GRID, 1.0, n, EPS)
+    eta, psi = plan.smoothing["eta"], plan.smoothing["psi"]
+    assert plan.smoothing["noise_profile"] == "matched"
+    u = iclp.qr_worst_case(plan.eig, 1.0, eta, psi, "matched") * (1 - 1e-12)
+    a, b = _neighbours(np.random.default_rng(0), u, -u, n)
+    exact = 2.0 / n * math.sqrt(float(plan.filter.sum()))
+    assert _weighted_l1(plan, a, b) == pytest.approx(exact, rel=1e-9)
+    assert plan.noise.sensitivity >= exact
+    loss = plan.noise.max_privacy_loss(plan.noise.centre(plan.summary(a)),
+                                       plan.noise.centre(plan.summary(b)))
+    assert Fraction(plan.noise.epsilon) * (1 - Fraction(1, 2**9)) <= loss
+    assert loss <= Fraction(plan.noise.epsilon)
+
+
 def test_frl_worst_case_attains_its_sensitivity() -> None:
     n = 300
     plan = iclp.plan_frl_mean(GRID, 2.0, n, EPS)
@@ -122,7 +141,8 @@ def test_random_neighbours_lose_at_most_epsilon(data: np.ndarray, other: np.ndar
 def test_released_privacy_loss_over_many_releases() -> None:
     n = 200
     plan = iclp.plan_iclp_mean(GRID, 1.0, n, EPS)
-    u = iclp.qr_worst_case(plan.eig, 1.0, plan.smoothing["eta"], plan.smoothing["psi"])
+    u = iclp.qr_worst_case(plan.eig, 1.0, plan.smoothing["eta"], plan.smoothing["psi"],
+                           plan.smoothing["noise_profile"])
     a, b = _neighbours(np.random.default_rng(2), u, -u, n)
     ka, kb = plan.noise.centre(plan.summary(a)), plan.noise.centre(plan.summary(b))
     y = ka + plan.noise.sample(np.random.default_rng(3), 10_000)
