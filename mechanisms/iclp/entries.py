@@ -129,7 +129,9 @@ class IclpMean(_FunctionMechanism):
             else "auto" if isinstance(raw_psi, str) else float(raw_psi)
         )
         return mean.plan_iclp_mean(
-            grid, tau, meta.n_rows, epsilon, kernel, eta, psi, p.get("max_components")
+            grid, tau, meta.n_rows, epsilon, kernel, eta, psi, p.get("max_components"),
+            noise_profile=smoothing.get("noise_profile", "auto"),
+            frl_guard=smoothing.get("frl_guard", True),
         )
 
 

@@ -3,13 +3,18 @@
 Both project the mean of the clipped curves on the eigenbasis of the noise
 kernel C and add lattice Laplace noise to the coefficients:
 
-* ICLP-QR shrinks coefficient j by λ_j^η/(λ_j^η + ψ) (ridge in the RKHS of
-  C^η) and adds noise of scale Δ·√λ_j/ε, with the weighted-ℓ1 sensitivity
-  Δ = (2τ/n)·(Σ_j λ_j^(2η−1)/(λ_j^η + ψ)²)^½ (Cauchy–Schwarz; attained).
-  By default (ψ = "auto") the noise length-scale, η, the number of
-  components and ψ minimise the data-free risk of ``pss.qr_risk``: the
-  paper's balanced ψ keeps the privacy error flat in ε, so QR lost to FRL by
-  3-10x at large ε (issue 16).
+* ICLP-QR shrinks coefficient j by F_j = λ_j^η/(λ_j^η + ψ) (ridge in the
+  RKHS of C^η) and adds ICLP noise of scale Δ·a_j/ε, with the weighted-ℓ1
+  sensitivity Δ = (2τ/n)·(Σ_j F_j²/a_j²)^½ (Cauchy–Schwarz; attained). The
+  paper's noise covariance is C (a_j = √λ_j); by default it is the smoother
+  itself (a_j = √F_j, "matched"), which by Cauchy–Schwarz gives the least
+  privacy error (8τ²/(nε)²)·(Σ F_j)² for the same estimator, hence a smaller
+  expected error for every mean and data distribution. By default (ψ =
+  "auto") the noise length-scale, η, the number of components and ψ minimise
+  the data-free risk of ``pss.qr_risk``, guarded so it is no worse than FRL's
+  (``_tune``; FRL is ψ = 0, J = M in this family): the paper's balanced ψ
+  keeps the privacy error flat in ε, so QR lost to FRL by 3-10x at large ε
+  (issue 16).
 * FRL keeps the first M coefficients unshrunk and adds i.i.d. noise of scale
   Δ₁/ε with Δ₁ = 2τ√M/n.
 
@@ -36,12 +41,19 @@ from mechanisms.iclp.release import FunctionRelease
 
 #: τ_eff = τ·TAU_SLACK bounds the computed norm of a clipped curve (rounding ≈ M·2^-53)
 TAU_SLACK = 1.0 + 2.0**-30
+#: relative slack of the FRL guard: FRL's own candidate meets it up to the rounding of
+#: its basis' orthonormality (≈ 1e-14)
+GUARD_SLACK = 1e-9
+#: a later candidate must beat the incumbent by this factor: rounding-level ties go to the
+#: earlier one (kernel 0, FRL's basis, comes first)
+_TIE = 1.0 - 1e-12
 #: computed closed-form sensitivities are multiplied by this (their rounding is ≈ J·2^-53)
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
 DEFAULT_KERNEL = matern(1.5, 0.1)
 Method = Literal["iclp-qr", "iclp-ar", "frl"]
 _LABELS = {"iclp-qr": "ICLP-QR", "iclp-ar": "ICLP-AR", "frl": "FRL"}
 PsiRule = Literal["auto", "balanced", "free"]
+ProfileRule = Literal["auto", "matched", "kernel"]
 
 
 def qr_filter(eigenvalues: ArrayLike, eta: float, psi: float) -> NDArray[np.float64]:
@@ -58,11 +70,23 @@ def qr_sensitivity(eigenvalues: ArrayLike, n: int, tau: float, eta: float, psi: 
     return 2.0 * tau / n * math.sqrt(float(weights.sum()))
 
 
-def qr_worst_case(eig: spectral.EigenSystem, tau: float, eta: float, psi: float) -> NDArray[
-    np.float64
-]:
-    """Curve x with ‖x‖ = τ such that replacing τu by −τu attains Δ_QR (spec §3.2)."""
-    direction = qr_filter(eig.values, eta, psi) / np.sqrt(eig.values)
+def weighted_l1_sensitivity(filt: ArrayLike, shape: ArrayLike, n: int, tau: float) -> float:
+    """Δ = (2τ/n)·(Σ_j F_j²/a_j²)^½: sup of Σ_j F_j|d_j|/a_j over ‖d‖ <= 2τ/n (attained).
+
+    With a_j = √λ_j this is ``qr_sensitivity``; with the matched a_j = √F_j it is
+    (2τ/n)·(Σ_j F_j)^½, and with F = a = 1 on M components it is FRL's Δ₁ = 2τ√M/n.
+    """
+    ratio = np.asarray(filt, dtype=np.float64) / np.asarray(shape, dtype=np.float64)
+    # the operation order of ``frl_sensitivity``, so FRL's point gives FRL's Δ bit for bit
+    return 2.0 * tau * math.sqrt(float(np.sum(ratio * ratio))) / n
+
+
+def qr_worst_case(eig: spectral.EigenSystem, tau: float, eta: float, psi: float,
+                  profile: pss.NoiseProfile = "kernel") -> NDArray[np.float64]:
+    """Curve x with ‖x‖ = τ such that replacing τu by −τu attains Δ (spec §3.2):
+    u ∝ Σ_j (F_j/a_j)·v_j for the noise shape a of ``profile``."""
+    filt = qr_filter(eig.values, eta, psi)
+    direction = filt / pss.noise_shape(eig.values, filt, profile)
     curve = eig.synthesize(direction)
     return tau * curve / float(np.sqrt(np.sum(eig.weights * curve * curve)))
 
@@ -147,10 +171,15 @@ class MeanPlan:
             f" data-free risk whose predicted E||released - mean||^2 is {risk['total']:.3g}"
             f" (privacy {risk['privacy']:.3g}, bias {risk['bias']:.3g} for a reference"
             " Matern(1.5, 0.1) mean of energy"
-            f" {risk['prior_energy']:g}*tau^2, sampling {risk['sampling']:.3g}); the actual"
-            " bias depends on the true mean's smoothness.")
+            f" {risk['prior_energy']:g}*tau^2, sampling {risk['sampling']:.3g}); FRL's"
+            f" default (M={risk['frl']['components']}) has {risk['frl']['total']:.3g} there"
+            + (" and the choice is no worse than FRL's for a mean along any of FRL's basis"
+               " functions" if risk["frl_guard_met"] else "")
+            + "; the actual bias depends on the true mean's smoothness.")
         iclp = self.method != "frl"
-        shape = "Delta*sqrt(lambda_j)/epsilon" if iclp else "Delta/epsilon"
+        profile = self.smoothing.get("noise_profile", "kernel")
+        shape = ("Delta/epsilon" if not iclp else "Delta*sqrt(F_j)/epsilon, F_j the smoother"
+                 if profile == "matched" else "Delta*sqrt(lambda_j)/epsilon")
         return {
             "noise": f"{label}: discrete Laplace per eigen-coefficient on power-of-two lattices",
             "laplace_scales": shape,
@@ -189,18 +218,27 @@ def plan_iclp_mean(
     psi: float | PsiRule | None = None,
     max_components: int | None = None,
     rel_floor: float = spectral.REL_FLOOR,
+    noise_profile: ProfileRule = "auto",
+    frl_guard: bool = True,
 ) -> MeanPlan:
     """Calibrate an ICLP-QR mean release (spec §3.2).
 
-    ``psi`` is a number > 0, ``None``/``"auto"`` (default: minimise the data-free
-    risk of ``pss.qr_risk``), ``"balanced"`` ((nε²)^(−ηβ/(β+1)), the paper's PSS
-    order) or ``"free"`` (1/n). Under ``"auto"`` every knob the caller leaves open
-    is chosen jointly by the same criterion: the noise kernel among ``kernel`` when
-    it is a sequence (``None``: Matérn ν = 3/2 with ρ in ``pss.RHO_CANDIDATES``), η
-    among ``pss.ETA_CANDIDATES`` and the number of components J on a geometric
-    ladder (a prefix of one eigen-system, so projection, sensitivity and noise
-    still share it). Under the fixed rules η defaults to 1 + 2/β, J to all
-    retained components and the kernel to the first candidate.
+    ``psi`` is a number >= 0 (0: no ridge, the plain projection on J components),
+    ``None``/``"auto"`` (default: ``_tune``), ``"balanced"`` ((nε²)^(−ηβ/(β+1)), the
+    paper's PSS order) or ``"free"`` (1/n). Under ``"auto"`` every knob the caller leaves
+    open is chosen jointly: the noise kernel among ``kernel`` when it is a sequence
+    (``None``: Matérn ν = 3/2 with ρ in ``pss.RHO_CANDIDATES``), η among
+    ``pss.ETA_CANDIDATES``, the number of components J on a geometric ladder plus FRL's M
+    (a prefix of one eigen-system, so projection, sensitivity and noise still share it),
+    and ψ (including 0). Under the fixed rules η defaults to 1 + 2/β, J to all retained
+    components and the kernel to the first candidate.
+
+    ``noise_profile``: the ICLP noise covariance, with the kernel's eigenfunctions and
+    eigenvalues a_j². "matched" (a_j² = F_j, the filter: the least privacy error for the
+    estimator, ``pss.noise_shape``), "kernel" (a_j² = λ_j, the paper's), or "auto":
+    "kernel" under the paper's rules "balanced"/"free", otherwise "matched".
+    ``frl_guard=False`` drops the FRL guard of ``_tune`` (larger gains on smooth means,
+    losses to FRL on others).
     """
     points, tau = domain.validate_functional_meta(grid, tau)
     _check_n_eps(n, epsilon)
@@ -208,15 +246,20 @@ def plan_iclp_mean(
         raise ValueError("eta must be > 1/2 for the mean (spec §7.2)")
     if max_components is not None and max_components < 1:
         raise ValueError("max_components must be at least 1")
+    if noise_profile not in ("auto", "matched", "kernel"):
+        raise ValueError("noise_profile must be 'auto', 'matched' or 'kernel'")
+    profile: pss.NoiseProfile = (
+        noise_profile if noise_profile != "auto"
+        else "kernel" if psi in ("balanced", "free") else "matched")
     candidates = _kernel_candidates(kernel)
     eta_rule = "given" if eta is not None else "auto"
-    risk: pss.QrRisk | None = None
+    tuned: Tuned | None = None
     if psi is None or psi == "auto":
-        choice = _tune(candidates, points, rel_floor, max_components, n, float(epsilon),
-                       tau, None if eta is None else float(eta))
-        kern, components, eta_value, psi_value, risk = choice
+        tuned = _tune(candidates, points, rel_floor, max_components, n, float(epsilon),
+                      tau, None if eta is None else float(eta), profile, frl_guard)
+        kern, eta_value, psi_value = tuned.kernel, tuned.eta, tuned.psi
         psi_rule = "min-risk"
-        eig = _prefix(_eigen(kern, points, rel_floor, None), components)
+        eig = _prefix(_eigen(kern, points, rel_floor, None), tuned.components)
     else:
         kern = candidates[0]
         eta_value = pss.default_eta(kern) if eta is None else float(eta)
@@ -226,13 +269,21 @@ def plan_iclp_mean(
             psi_rule, psi_value = "free", pss.free_psi(n)
         else:
             psi_rule, psi_value = "given", float(psi)
-        eig = _eigen(kern, points, rel_floor, max_components)
-    if not (math.isfinite(psi_value) and psi_value > 0):
-        raise ValueError("psi must be a finite number > 0")
+        eig = _eigen(kern, points, rel_floor, None)  # a cap takes a prefix, as ``_tune`` does
+        if max_components is not None:
+            eig = _prefix(eig, max_components)
+    if not (math.isfinite(psi_value) and psi_value >= 0):
+        raise ValueError("psi must be a finite number >= 0")
     filt = qr_filter(eig.values, eta_value, psi_value)
+    kept = int(np.count_nonzero(filt > 0))  # F underflows to 0 only at the tail: a prefix
+    if kept < eig.size:
+        if kept == 0:
+            raise ValueError("psi is so large that every coefficient is shrunk to 0")
+        eig, filt = _prefix(eig, kept), filt[:kept].copy()
+    shape = pss.noise_shape(eig.values, filt, profile)
     tau_eff = tau * TAU_SLACK
     bessel = spectral.bessel_factor(eig)
-    delta = qr_sensitivity(eig.values, n, tau_eff, eta_value, psi_value) * math.sqrt(bessel)
+    delta = weighted_l1_sensitivity(filt, shape, n, tau_eff) * math.sqrt(bessel)
     smoothing: dict[str, Any] = {
         "method": "iclp-qr",
         "eta": eta_value,
@@ -245,17 +296,25 @@ def plan_iclp_mean(
             "auto" if psi_rule == "min-risk" else "all"),
         "rho": kern.rho,
         "rho_rule": "auto" if len(candidates) > 1 and psi_rule == "min-risk" else "given",
+        "noise_profile": profile,
     }
-    if risk is not None:
+    if tuned is not None:
         smoothing["risk"] = {
-            **risk.describe(),
+            **tuned.risk.describe(),
             "criterion": (
-                "min over (rho, J, eta, psi) of 2*Delta^2*trC/eps^2 + kappa*tau^2*"
-                "E||(I-F)mu||^2 + tau^2/n*E||F e||^2 with mu, e ~ GP(0, Matern(1.5, 0.1))"
+                "min over (rho, J, eta, psi) of 2*Delta^2*sum(a^2)/eps^2 + kappa*tau^2*"
+                "E||(I-F)mu||^2 + tau^2/n*E||F e||^2 with mu, e ~ GP(0, Matern(1.5, 0.1)),"
+                " subject to: for each of FRL's M basis functions b_i, the error for the mean"
+                " sqrt(kappa)*tau*b_i (no spread) is at most FRL's; FRL (psi=0, J=M, flat"
+                " noise) is a candidate, so the minimum is never above FRL's"
             ),
             "prior_energy": pss.PRIOR_ENERGY,
+            "frl": {"components": tuned.frl_components, "total": tuned.frl_risk,
+                    "worst_on_frl_basis": tuned.frl_guard},
+            "worst_on_frl_basis": tuned.guard,
+            "frl_guard_met": tuned.guarded,
         }
-    return _plan("iclp-qr", points, eig, n, tau, filt, np.sqrt(eig.values),
+    return _plan("iclp-qr", points, eig, n, tau, filt, shape,
                  delta * SENSITIVITY_SAFETY, epsilon, smoothing)
 
 
@@ -270,26 +329,85 @@ def _kernel_candidates(kernel: Kernel | Sequence[Kernel] | None) -> tuple[Kernel
     return out
 
 
-Choice = tuple[Kernel, int, float, float, pss.QrRisk]
+@dataclass(frozen=True)
+class Tuned:
+    """The default's choice and its data-free risks (``_tune``)."""
+
+    kernel: Kernel
+    components: int
+    eta: float
+    psi: float
+    risk: pss.QrRisk  # under the smooth reference class
+    guard: float  # the worst risk over FRL's basis functions b_i
+    frl_components: int
+    frl_risk: float  # FRL's total risk under the smooth class
+    frl_guard: float  # FRL's risk for the mean √κτ·b_i, no spread (any i <= M)
+    guarded: bool  # False if no candidate met the guard and it was dropped
 
 
 @functools.lru_cache(maxsize=64)
 def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: float,
-          cap: int | None, n: int, epsilon: float, tau: float, eta: float | None) -> Choice:
-    """argmin of ``pss.qr_risk`` over the open knobs (public inputs only; memoised)."""
-    best: Choice | None = None
+          cap: int | None, n: int, epsilon: float, tau: float, eta: float | None,
+          profile: pss.NoiseProfile = "matched", guarded: bool = True) -> Tuned:
+    """argmin of ``pss.qr_risk`` over the open knobs, guarded by FRL (public inputs only).
+
+    Objective: the risk under the smooth reference class of ``_prior_share``. Guard: for
+    each of FRL's basis functions b_i (i <= M, the eigenfunctions of ``kernels[0]``, M =
+    FRL's default ``pss.frl_components``), data whose mean is √κ·τ·b_i and whose curves
+    do not spread must cost at most what FRL costs there, 8τ²M²/(nε)² (FRL has no bias
+    on b_i). No spread is the guard's worst case: shrinking only ever lowers the
+    sampling variance of a spread along b_i (F_j <= 1, Σ_j ⟨v_j, b_i⟩² <= 1), so the
+    guard also holds with any spread up to τ² along b_i. With the matched profile FRL's
+    release itself is a candidate (kernel 0, J = M, ψ = 0: F = a = 1, Δ = 2τ√M/n) and
+    meets the guard with equality, so the default's risk is never above FRL's under the
+    smooth class, nor on any b_i, by construction. If no candidate is feasible (a cap
+    below M, or the kernel profile) or ``guarded`` is False, the guard is dropped.
+    """
     etas = pss.ETA_CANDIDATES if eta is None else (eta,)
-    for kern in kernels:
-        eig = _eigen(kern, points, rel_floor, None)
-        share = _prior_share(eig)
-        sizes = pss.component_candidates(eig.size) if cap is None else [min(cap, eig.size)]
-        for j in sizes:
-            for e in etas:
-                psi, risk = pss.minimise_qr_risk(eig.values[:j], share[:j], n, epsilon, tau, e)
-                if best is None or risk.total < best[4].total:
-                    best = (kern, j, e, psi, risk)
-    assert best is not None
-    return best
+    base = _eigen(kernels[0], points, rel_floor, None)
+    m = pss.frl_components(n, Fraction(epsilon), base.size)
+    frl_risk = _total(pss.qr_risk(base.values[:m], _prior_share(base)[:m], n, epsilon, tau,
+                                  1.0, 0.0, "matched"))
+    # FRL on the mean √κτ·b_i (i <= M) with no spread: no bias, privacy 8τ²M²/(nε)²
+    frl_guard = 8.0 * tau**2 * m**2 / (n**2 * epsilon**2)
+    limits = (frl_guard * (1.0 + GUARD_SLACK), math.inf) if guarded else (math.inf,)
+    for limit in limits:
+        best: Tuned | None = None
+        for kern in kernels:
+            eig = _eigen(kern, points, rel_floor, None)
+            share, guard = _prior_share(eig), _band_share(eig, base, m)
+            sizes = (sorted({*pss.component_candidates(eig.size), min(m, eig.size)})
+                     if cap is None else [min(cap, eig.size)])
+            for j in sizes:
+                for e in etas:
+                    found = pss.minimise_qr_risk(
+                        eig.values[:j], share[:j], n, epsilon, tau, e, profile, guard[:j],
+                        limit, math.inf if best is None else best.risk.total * _TIE,
+                        np.zeros_like(guard[:j]))
+                    if found is None:
+                        continue
+                    psi, risk, worst = found
+                    if best is None or risk.total < best.risk.total * _TIE:
+                        best = Tuned(kern, j, e, psi, risk, worst, m, frl_risk, frl_guard,
+                                     math.isfinite(limit))
+        if best is not None:
+            return best
+    raise AssertionError("the unconstrained search always has a candidate")
+
+
+def _total(risk: pss.QrRisk | list[pss.QrRisk]) -> float:
+    assert isinstance(risk, pss.QrRisk)
+    return risk.total
+
+
+@functools.lru_cache(maxsize=spectral.CACHE_SIZE)
+def _band_share(eig: spectral.EigenSystem, base: spectral.EigenSystem, m: int
+                ) -> NDArray[np.float64]:
+    """P_ji = ⟨v_j, b_i⟩², i <= M: column i is the share of a mean along FRL's b_i."""
+    cross = (eig.vectors * eig.weights[:, None]).T @ base.vectors[:, :m]
+    out: NDArray[np.float64] = cross * cross
+    out.setflags(write=False)
+    return out
 
 
 @functools.lru_cache(maxsize=spectral.CACHE_SIZE)

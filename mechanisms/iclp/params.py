@@ -28,15 +28,17 @@ MAX_PSI = 1e6
 
 
 class NumberOrChoice(fields.Field):
-    """A finite number in (low, high], or one of a few keywords (e.g. ``"auto"``)."""
+    """A finite number in (low, high] ([low, high] if ``closed``), or one of a few
+    keywords (e.g. ``"auto"``)."""
 
     default_error_messages = {  # noqa: RUF012 - marshmallow's own convention
-        "invalid": "Must be a number in ({low:g}, {high:g}] or one of: {choices}.",
+        "invalid": "Must be a number in {left}{low:g}, {high:g}] or one of: {choices}.",
     }
 
-    def __init__(self, low: float, high: float, choices: tuple[str, ...], **kwargs: Any) -> None:
+    def __init__(self, low: float, high: float, choices: tuple[str, ...],
+                 closed: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.low, self.high, self.choices = low, high, choices
+        self.low, self.high, self.choices, self.closed = low, high, choices, closed
 
     def _deserialize(
         self, value: Any, attr: str | None, data: Mapping[str, Any] | None, **kwargs: Any
@@ -47,11 +49,13 @@ class NumberOrChoice(fields.Field):
             isinstance(value, int | float)
             and not isinstance(value, bool)
             and math.isfinite(value)
-            and self.low < value <= self.high
+            and (self.low <= value if self.closed else self.low < value)
+            and value <= self.high
         ):
             return float(value)
         raise self.make_error(
-            "invalid", low=self.low, high=self.high, choices=", ".join(self.choices)
+            "invalid", left="[" if self.closed else "(", low=self.low, high=self.high,
+            choices=", ".join(self.choices)
         )
 
 
@@ -89,10 +93,15 @@ class DensityKernelSchema(KernelSchema):
 
 
 class MeanSmoothingSchema(_Strict):
-    """η (power of the kernel) and ψ (ridge penalty): numbers or privacy-safe rules."""
+    """η (power of the kernel) and ψ (ridge penalty; 0 = plain projection): numbers or
+    privacy-safe rules; the noise covariance profile ("matched": the smoother, "kernel":
+    C as in the paper, "auto": "kernel" under the paper's rules, else "matched"); and
+    whether the default tuning keeps its FRL guard (``frl_guard``, default true)."""
 
     eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
-    psi = NumberOrChoice(0.0, MAX_PSI, ("auto", "balanced", "free"))
+    psi = NumberOrChoice(0.0, MAX_PSI, ("auto", "balanced", "free"), closed=True)
+    noise_profile = fields.String(validate=validate.OneOf(("auto", "matched", "kernel")))
+    frl_guard = fields.Boolean(truthy={True}, falsy={False})
 
 
 class KdeSmoothingSchema(_Strict):

@@ -5,7 +5,8 @@ kernels, never on the data (cross-validation would leak). ``balanced_psi``
 and ``free_psi`` are the rate-optimal orders of Corollary 15 with constant 1;
 ``qr_risk`` / ``minimise_qr_risk`` is the default for the ICLP-QR mean: the
 orders alone leave the privacy error flat in ε (issue 16), so the default
-minimises an explicit data-free risk instead.
+minimises an explicit data-free risk instead, with the noise covariance matched
+to the smoother (``noise_shape``) and a guard that keeps it no worse than FRL.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Literal
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 from scipy import optimize
 
 from mechanisms.iclp.kernels import Kernel
@@ -71,13 +73,22 @@ PRIOR_ENERGY = 0.05
 PRIOR_NU, PRIOR_RHO = 1.5, 0.1
 #: log ψ grid step of the coarse scan before the bounded refinement
 _LOG_STEP = 0.25
+#: ψ values whose guard is evaluated at a time (in order of the objective)
+_GUARD_BLOCK = 16
+#: bisection steps towards the guard's boundary (log ψ to ~0.25·2^-20)
+_BISECTIONS = 20
+
+
+#: noise covariance of ICLP-QR: "matched" (eigenvalues F_j, the smoother itself; the
+#: default) or "kernel" (eigenvalues λ_j of C, the paper's ICLP)
+NoiseProfile = Literal["matched", "kernel"]
 
 
 @dataclass(frozen=True)
 class QrRisk:
     """The three terms of the data-free risk R(ψ) of an ICLP-QR mean (see ``qr_risk``)."""
 
-    privacy: float  # 2Δ²·tr C_J/ε², exact for the continuous ICLP
+    privacy: float  # 2Δ²·Σ_j a_j²/ε², exact for the continuous ICLP with shape a
     bias: float  # E‖(I − F)μ‖² for μ ~ GP(0, κτ²·C_ref) (incl. the energy outside span(v_≤J))
     sampling: float  # (τ²/n)·Σ_j F_j²·p_j: variance of the filtered mean of curves
 
@@ -90,6 +101,44 @@ class QrRisk:
                 "total": self.total}
 
 
+def noise_shape(eigenvalues: ArrayLike, filt: ArrayLike, profile: NoiseProfile
+                ) -> NDArray[np.float64]:
+    """a_j: coefficient j gets Laplace noise of scale Δ·a_j/ε (ICLP with covariance Σa_j²v_j⊗v_j).
+
+    For a fixed filter F the privacy error 2Δ²Σa_j²/ε² with Δ = (2τ/n)(Σ F_j²/a_j²)^½ is
+    (8τ²/(nε)²)·(Σ F_j²/a_j²)(Σ a_j²) >= (8τ²/(nε)²)·(Σ F_j)² (Cauchy–Schwarz), with
+    equality iff a_j² ∝ F_j: the "matched" profile, i.e. the noise covariance is the
+    smoother C^η(C^η + ψI)^(−1) itself. "kernel" is the paper's a_j = √λ_j.
+    """
+    base = filt if profile == "matched" else eigenvalues
+    out: NDArray[np.float64] = np.sqrt(np.asarray(base, dtype=np.float64))
+    return out
+
+
+def _terms(lam: NDArray[np.float64], p: NDArray[np.float64], n: int, epsilon: float,
+           tau: float, eta: float, psis: NDArray[np.float64], profile: NoiseProfile,
+           spread: NDArray[np.float64] | None = None,
+           ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """(privacy, bias, sampling) for each ψ in ``psis`` (vectorised ``qr_risk``); the
+    curves' spread is shared like the mean (``p``) unless ``spread`` says otherwise."""
+    spread = p if spread is None else spread
+    lam_eta = lam**eta
+    filt = lam_eta / (lam_eta + psis[:, None])
+    if profile == "matched":
+        s = np.sum(filt, axis=1) ** 2  # (Σ F²/F)·(Σ F)
+    else:
+        s = np.sum(filt**2 / lam, axis=1) * float(lam.sum())
+    privacy = 8.0 * tau**2 * s / (n**2 * epsilon**2)
+    if p.ndim == 2:  # one reference class per column: (ψ, class) arrays
+        outside2 = np.maximum(0.0, 1.0 - p.sum(axis=0))
+        bias2 = PRIOR_ENERGY * tau**2 * ((1.0 - filt) ** 2 @ p + outside2)
+        return privacy[:, None], bias2, tau**2 / n * (filt**2 @ spread)
+    outside = max(0.0, 1.0 - float(p.sum()))
+    bias = PRIOR_ENERGY * tau**2 * (np.sum((1.0 - filt) ** 2 * p, axis=1) + outside)
+    sampling = tau**2 / n * np.sum(filt**2 * spread, axis=1)
+    return privacy, bias, sampling
+
+
 def qr_risk(
     eigenvalues: ArrayLike,
     prior_share: ArrayLike,
@@ -98,16 +147,18 @@ def qr_risk(
     tau: float,
     eta: float,
     psi: float | ArrayLike,
+    profile: NoiseProfile = "kernel",
 ) -> QrRisk | list[QrRisk]:
     """R(ψ) = privacy MSE + reference bias + sampling variance of ICLP-QR (public inputs).
 
-    * privacy: 2Δ(ψ)²·Σλ_j/ε² with Δ(ψ) = (2τ/n)·(Σ_j λ_j^(2η−1)/(λ_j^η+ψ)²)^½ — the
-      exact expected squared L2 error the noise adds (spec Thm 14);
+    * privacy: 2Δ(ψ)²·Σa_j²/ε² with Δ(ψ) = (2τ/n)·(Σ_j F_j²/a_j²)^½ and a the noise
+      shape of ``profile`` (``noise_shape``) — the exact expected squared L2 error the
+      noise adds (spec Thm 14); ψ = 0 is the unshrunk projection (F = 1);
     * bias: the worst case over the public ball ‖μ‖ <= τ is useless here — it is
       τ²·max_j (ψ/(λ_j^η+ψ))² ≈ τ² for every ψ, because the smallest retained λ_j are
-      far below any useful ψ — so the bias is averaged over a reference smoothness
-      class instead: μ ~ GP(0, κτ²·C_ref), whose share of energy on v_j is p_j
-      (``prior_share``, Σ_all p = 1), giving κτ²·(Σ_{j<=J} (1 − F_j)²·p_j + 1 − Σ_{j<=J} p_j);
+      far below any useful ψ — so the bias is averaged over a reference class instead:
+      μ with E μ⊗μ = κτ²·Σ_ref, whose share of energy on v_j is p_j (``prior_share``,
+      Σ_all p = 1), giving κτ²·(Σ_{j<=J} (1 − F_j)²·p_j + 1 − Σ_{j<=J} p_j);
     * sampling: (τ²/n)·Σ_j F_j²·p_j, the variance of the filtered mean of n curves whose
       spread (E‖X − μ‖² <= τ²) is distributed like the reference class.
 
@@ -116,16 +167,9 @@ def qr_risk(
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
     p = np.asarray(prior_share, dtype=np.float64)
-    psis = np.atleast_1d(np.asarray(psi, dtype=np.float64))[:, None]
-    lam_eta = lam**eta
-    filt = lam_eta / (lam_eta + psis)
-    s = np.sum(filt**2 / lam, axis=1)
-    privacy = 8.0 * tau**2 * s * float(lam.sum()) / (n**2 * float(epsilon) ** 2)
-    outside = max(0.0, 1.0 - float(p.sum()))
-    bias = PRIOR_ENERGY * tau**2 * (np.sum((1.0 - filt) ** 2 * p, axis=1) + outside)
-    sampling = tau**2 / n * np.sum(filt**2 * p, axis=1)
-    out = [QrRisk(float(a), float(b), float(c)) for a, b, c in
-           zip(privacy, bias, sampling, strict=True)]
+    psis = np.atleast_1d(np.asarray(psi, dtype=np.float64))
+    terms = _terms(lam, p, n, float(epsilon), tau, eta, psis, profile)
+    out = [QrRisk(float(a), float(b), float(c)) for a, b, c in zip(*terms, strict=True)]
     return out if np.ndim(psi) else out[0]
 
 
@@ -136,29 +180,78 @@ def minimise_qr_risk(
     epsilon: float | Fraction,
     tau: float,
     eta: float,
-) -> tuple[float, QrRisk]:
-    """argmin_ψ R(ψ): a scan of log ψ, then scipy's bounded Brent step around the best."""
+    profile: NoiseProfile = "kernel",
+    guard_share: ArrayLike | None = None,
+    guard_limit: float = math.inf,
+    cutoff: float = math.inf,
+    guard_spread: ArrayLike | None = None,
+) -> tuple[float, QrRisk, float] | None:
+    """argmin_ψ R(ψ) subject to R_guard(ψ) <= guard_limit; None if no ψ is feasible.
+
+    R_guard is the same risk with the reference share ``guard_share``: shape (J,) for one
+    class, or (J, K) for K classes, one per column, of which the worst counts (FRL's
+    basis functions, see ``mean._tune``). Candidates: ψ = 0 and a scan of log ψ, then
+    scipy's bounded Brent step on R around the best feasible scan point; if the guard
+    fails at Brent's point, bisection towards it finds the guard's boundary. Returns
+    (ψ, R(ψ), R_guard(ψ)), or None also when no feasible ψ has R below ``cutoff`` (the
+    caller's best so far: this only saves work). ``guard_spread`` is the guard classes'
+    share of the curves' spread (default: ``guard_share``).
+    """
     lam = np.asarray(eigenvalues, dtype=np.float64)
+    p = np.asarray(prior_share, dtype=np.float64)
+    guard = p if guard_share is None else np.asarray(guard_share, dtype=np.float64)
+    spread = None if guard_spread is None else np.asarray(guard_spread, dtype=np.float64)
+    eps = float(epsilon)
     lo = eta * math.log(float(lam[-1])) - 8.0
     hi = eta * math.log(float(lam[0])) + 8.0
-    grid = np.arange(lo, hi + _LOG_STEP, _LOG_STEP)
-    scan = qr_risk(lam, prior_share, n, epsilon, tau, eta, np.exp(grid))
-    assert isinstance(scan, list)
-    k = int(np.argmin([r.total for r in scan]))
+    logs = np.arange(lo, hi + _LOG_STEP, _LOG_STEP)
+    psis = np.concatenate([[0.0], np.exp(logs)])
 
-    def total(log_psi: float) -> float:
-        risk = qr_risk(lam, prior_share, n, epsilon, tau, eta, math.exp(log_psi))
-        assert isinstance(risk, QrRisk)
-        return risk.total
+    def main(values: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.asarray(sum(_terms(lam, p, n, eps, tau, eta, values, profile)))
 
-    found = optimize.minimize_scalar(
-        total, bounds=(grid[k] - _LOG_STEP, grid[k] + _LOG_STEP), method="bounded",
-        options={"xatol": 1e-3})
-    log_psi = float(found.x) if found.fun <= scan[k].total else float(grid[k])
-    psi = math.exp(log_psi)
-    best = qr_risk(lam, prior_share, n, epsilon, tau, eta, psi)
+    def guarded(values: NDArray[np.float64]) -> NDArray[np.float64]:
+        out = np.asarray(sum(_terms(lam, guard, n, eps, tau, eta, values, profile, spread)))
+        return np.max(out, axis=1) if out.ndim == 2 else out  # the worst class counts
+
+    total = main(psis)
+    # the best feasible ψ is the first feasible one in order of R: check the guard (the
+    # costly part, J x K per ψ) in that order, a block at a time, stopping at R >= cutoff
+    order = np.argsort(total, kind="stable")
+    order = order[total[order] < cutoff]
+    k = -1
+    for start in range(0, order.size, _GUARD_BLOCK):
+        block = order[start:start + _GUARD_BLOCK]
+        ok = np.flatnonzero(guarded(psis[block]) <= guard_limit)
+        if ok.size:
+            k = int(block[ok[0]])
+            break
+    if k < 0:
+        return None
+    psi = float(psis[k])
+    if k > 0:
+        found = optimize.minimize_scalar(
+            lambda x: float(main(np.array([math.exp(x)]))[0]),
+            bounds=(logs[k - 1] - _LOG_STEP, logs[k - 1] + _LOG_STEP), method="bounded",
+            options={"xatol": 1e-3})
+        if float(found.fun) < total[k]:
+            # R falls from the scan point to Brent's; if the guard fails there, the best
+            # feasible point of that segment is on the guard's boundary: bisect log ψ
+            good, bad = math.log(psi), float(found.x)
+            if guarded(np.array([math.exp(bad)]))[0] <= guard_limit:
+                good = bad
+            else:
+                for _ in range(_BISECTIONS):
+                    mid = 0.5 * (good + bad)
+                    if guarded(np.array([math.exp(mid)]))[0] <= guard_limit:
+                        good = mid
+                    else:
+                        bad = mid
+            if main(np.array([math.exp(good)]))[0] < total[k]:
+                psi = math.exp(good)
+    best = qr_risk(lam, p, n, eps, tau, eta, psi, profile)
     assert isinstance(best, QrRisk)
-    return psi, best
+    return psi, best, float(guarded(np.array([psi]))[0])
 
 
 def component_candidates(available: int) -> list[int]:

@@ -78,17 +78,24 @@ def markdown(rmse: dict[tuple[str, int, Fraction, str], float]) -> str:
     return "\n".join(lines)
 
 
-def exact_ratios() -> str:
-    """Exact E‖f̃ − μ‖² ratio √(QR/FRL), max over S1–S4, per (n, ε)."""
-    lines = ["| n | " + " | ".join(_eps(e) for e in EPSILONS) + " |",
-             "|---|" + "---|" * len(EPSILONS)]
+def exact_ratio_table() -> dict[tuple[int, Fraction], list[float]]:
+    """Exact √(E‖f̃_QR − μ‖² / E‖f̃_FRL − μ‖²) per (n, ε), one entry per S1–S4."""
+    out = {}
     for n in SIZES:
-        cells = []
         for e in EPSILONS:
             qr = mean.plan_iclp_mean(GRID, SCENARIO_TAU, n, e)
             frl = mean.plan_frl_mean(GRID, SCENARIO_TAU, n, e)
-            cells.append(max(math.sqrt(expected_sq_error(qr, mu) / expected_sq_error(frl, mu))
-                             for mu in SCENARIOS.values()))
+            out[(n, e)] = [math.sqrt(expected_sq_error(qr, mu) / expected_sq_error(frl, mu))
+                           for mu in SCENARIOS.values()]
+    return out
+
+
+def exact_ratios(ratios: dict[tuple[int, Fraction], list[float]]) -> str:
+    """Markdown: the worst (max over S1–S4) exact RMSE ratio QR/FRL per (n, ε)."""
+    lines = ["| n | " + " | ".join(_eps(e) for e in EPSILONS) + " |",
+             "|---|" + "---|" * len(EPSILONS)]
+    for n in SIZES:
+        cells = [max(ratios[(n, e)]) for e in EPSILONS]
         lines.append(f"| {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     return "\n".join(lines)
 
@@ -102,8 +109,12 @@ def test_accuracy_table() -> None:
     rmse = table()
     print(f"\nseeds {SEEDS}; {time.perf_counter() - start:.0f} s\n")
     print(markdown(rmse))
+    ratios = exact_ratio_table()
+    flat = [r for rs in ratios.values() for r in rs]
     print("\nexact RMSE ratio ICLP-QR / FRL, max over S1-S4\n")
-    print(exact_ratios())
+    print(exact_ratios(ratios))
+    print(f"\nexact: max {max(flat):.6f}, geometric mean"
+          f" {math.exp(float(np.mean(np.log(flat)))):.3f} over the 84 (S, n, ε)")
     cells = [(s, n, e) for s in SCENARIOS for n in SIZES for e in EPSILONS]
     over_frl = sum(rmse[(*c, "ICLP-QR")] <= rmse[(*c, "FRL")] for c in cells)
     best = sum(rmse[(*c, "ICLP-QR")] <= min(rmse[(*c, m)] for m in ("FRL", "ICLP-AR",
@@ -111,9 +122,9 @@ def test_accuracy_table() -> None:
                for c in cells)
     print(f"\nICLP-QR <= FRL in {over_frl} of {len(cells)} cells; best pure-DP mechanism"
           f" in {best}")
-    # the exact expectations lose in 3 (n, ε) corners only (tests/unit/iclp/test_tuning.py);
-    # 10 seeds of one dataset each leave Monte Carlo noise at small n·ε²
-    assert over_frl >= 66
+    # exact expectations: never worse than FRL (tests/unit/iclp/test_tuning.py); the
+    # Monte Carlo count above is noisy where the two are close (n = 10^4)
+    assert max(flat) <= 1.0
 
 
 DENSITY_SIZES = (100, 1000, 10_000)

@@ -122,7 +122,10 @@ def test_mean_default_tuning_is_the_risk_minimiser() -> None:
     assert smoothing["psi_rule"] == "min-risk" and smoothing["rho_rule"] == "auto"
     assert smoothing["rho"] in pss.RHO_CANDIDATES and smoothing["eta"] in pss.ETA_CANDIDATES
     assert len(out.result["coefficients"]) == smoothing["components"]
-    assert smoothing["components"] in pss.component_candidates(49)
+    assert smoothing["components"] in {*pss.component_candidates(49),
+                                       smoothing["risk"]["frl"]["components"]}
+    assert smoothing["noise_profile"] == "matched"
+    assert out.accuracy["laplace_scales"].startswith("Delta*sqrt(F_j)")
     assert out.result["kernel"]["rho"] == smoothing["rho"]
     assert "minimises a data-free risk" in out.accuracy["statement"]
     assert out.accuracy["smoothing"]["risk"]["total"] == pytest.approx(
@@ -146,6 +149,28 @@ def test_mean_options_are_honoured() -> None:
     assert _run("iclp.mean", {"column": "load", "smoothing": {"psi": 0.01}}).result[
         "smoothing"]["psi"] == 0.01
     assert len(_run("frl.mean", {"column": "load", "components": 3}).result["coefficients"]) == 3
+
+
+def test_mean_noise_profile_and_plain_projection() -> None:
+    """``noise_profile`` picks the ICLP covariance (matched by default, the paper's C under
+    its own ψ rules or on request); ψ = 0 (the unshrunk projection, FRL's estimator) is
+    accepted; bad values are refused by the schema."""
+    def smoothing(extra: dict[str, Any]) -> dict[str, Any]:
+        out = _run("iclp.mean", {"column": "load", "smoothing": extra})
+        return {**out.result["smoothing"], "scales": out.accuracy["laplace_scales"]}
+
+    assert smoothing({"psi": "balanced"})["noise_profile"] == "kernel"
+    assert smoothing({"psi": 0.01})["noise_profile"] == "matched"
+    kernel = smoothing({"psi": 0.01, "noise_profile": "kernel"})
+    assert kernel["noise_profile"] == "kernel" and "lambda_j" in kernel["scales"]
+    flat = smoothing({"psi": 0})
+    assert flat["psi"] == 0.0 and flat["psi_rule"] == "given"
+    free = _run("iclp.mean", {"column": "load", "smoothing": {"frl_guard": False}})
+    assert not free.result["smoothing"]["risk"]["frl_guard_met"]
+    assert "no worse than FRL's" not in free.accuracy["statement"]
+    for bad in ({"psi": -1}, {"noise_profile": "flat"}, {"frl_guard": "no"}):
+        with pytest.raises(marshmallow.ValidationError):
+            MECHANISMS["iclp.mean"].load_params({"column": "load", "smoothing": bad})
 
 
 def test_density_result_shapes() -> None:
