@@ -33,6 +33,8 @@ def column_doc(col: ColumnMeta, fill: Any) -> dict[str, Any]:
         doc["bounds"] = list(col.bounds)
     if col.categories is not None:
         doc["categories"] = list(col.categories)
+    if col.subset_policy is not None:
+        doc["subset_policy"] = dict(col.subset_policy)
     if col.prior is not None:
         doc["prior"] = dict(col.prior)
     if col.grid is not None:
@@ -74,6 +76,8 @@ def register(
             "bounds_policy": spec.bounds_policy,
             "public": spec.public,
             "allow_holdout": spec.allow_holdout,
+            "keep_row_order": spec.keep_row_order,
+            **({"subset_policy": spec.subset_policy} if spec.subset_policy else {}),
             "budgets": {m: budget.display(m, u) for m, u in sorted(caps.items())},
             "status": "active",
             "created_at": now_iso(),
@@ -164,11 +168,14 @@ def meta(doc: dict[str, Any]) -> DatasetMeta:
             prior=c.get("prior"),
             grid=tuple(c["grid"]) if "grid" in c else None,
             norm_bound=c.get("norm_bound"),
+            subset_policy=c.get("subset_policy"),
         )
         for name, c in doc["columns"].items()
     }
     return DatasetMeta(n_rows=int(doc["n_rows"]), columns=cols,
-                       allow_holdout=bool(doc.get("allow_holdout", False)))
+                       allow_holdout=bool(doc.get("allow_holdout", False)),
+                       subset_policy=doc.get("subset_policy"),
+                       keep_row_order=bool(doc.get("keep_row_order", False)))
 
 
 def set_status(client: redis.Redis, dataset_id: str, status: str) -> dict[str, Any]:

@@ -109,6 +109,9 @@ class DatasetSpec:
     public: bool = False
     #: DIP may use a hold-out of these rows, unprotected by DP, as its reference
     allow_holdout: bool = False
+    #: dataset-wide subset-design thresholds; microdata in the dataset's own row order
+    subset_policy: dict[str, float] | None = None
+    keep_row_order: bool = False
 
     def allows_missing(self, column: str) -> bool:
         """Whether empty/NaN cells of ``column`` are replaced by its fill."""
@@ -117,7 +120,8 @@ class DatasetSpec:
     def meta(self, n_rows: int) -> DatasetMeta:
         """The public metadata mechanisms see, once the row count is known."""
         return DatasetMeta(n_rows=n_rows, columns=dict(self.columns),
-                           allow_holdout=self.allow_holdout)
+                           allow_holdout=self.allow_holdout, subset_policy=self.subset_policy,
+                           keep_row_order=self.keep_row_order)
 
 
 # --------------------------------------------------------------------------- metadata
@@ -136,7 +140,8 @@ def _column(name: str, loaded: dict[str, Any]) -> tuple[ColumnMeta, FillValue | 
         return ColumnMeta(name, kind, grid=loaded["grid"],
                           norm_bound=loaded["norm_bound"]), None
     if kind == "categorical":
-        meta = ColumnMeta(name, kind, categories=loaded["categories"])
+        meta = ColumnMeta(name, kind, categories=loaded["categories"],
+                          subset_policy=loaded.get("subset_policy"))
     else:
         meta = ColumnMeta(name, kind, bounds=loaded["bounds"], prior=loaded.get("prior"))
     if not loaded["allow_missing"]:
@@ -201,6 +206,8 @@ def parse_metadata(raw: object, *, max_columns: int = MAX_COLUMNS) -> DatasetSpe
         budgets=loaded["budgets"],
         public=loaded["public"],
         allow_holdout=loaded["allow_holdout"],
+        subset_policy=loaded.get("subset_policy"),
+        keep_row_order=loaded["keep_row_order"],
     )
 
 

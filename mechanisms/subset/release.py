@@ -19,7 +19,7 @@ import numpy as np
 
 from mechanisms.base import Analysis, Budget, DatasetMeta, Mechanism, Output
 from mechanisms.registry import register
-from mechanisms.subset import analyses, bitmask, report, sampler, schemas
+from mechanisms.subset import analyses, bitmask, policy, report, sampler, schemas
 from mechanisms.subset.bitmask import Masks
 from mechanisms.subset.dummy import privatize_with_dummies
 from mechanisms.subset.plan import Plan, Variable, charge, resolve
@@ -51,11 +51,14 @@ class _Subset(Mechanism):
 
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
              ) -> dict[str, Fraction]:
-        return charge(self.plan(params, meta), budget)
+        plan = self.plan(params, meta)
+        cost = charge(plan, budget)
+        policy.check(plan, meta)  # operator thresholds: refused before anything is reserved
+        return cost
 
     def accuracy(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
                  ) -> dict[str, Any]:
-        return report.accuracy(self.plan(params, meta))
+        return _accuracy(self.plan(params, meta), meta)
 
     def run(
         self,
@@ -86,8 +89,17 @@ class _Subset(Mechanism):
                           " positions" if interleaved else "dataset row order"),
             "variables": summaries,
         }
-        return Output(result=result, accuracy=report.accuracy(plan),
+        return Output(result=result, accuracy=_accuracy(plan, meta),
                       guarantee=guarantee(plan), table=table)
+
+
+def _accuracy(plan: Plan, meta: DatasetMeta) -> dict[str, Any]:
+    """The accuracy statement, with the operator thresholds and the values checked."""
+    doc = report.accuracy(plan)
+    block = policy.describe(policy.check(plan, meta))
+    if block is not None:
+        doc["policy"] = block
+    return doc
 
 
 def _privatize(variable: Variable, data: Mapping[str, np.ndarray], rng: np.random.Generator
