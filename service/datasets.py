@@ -20,11 +20,19 @@ from typing import Any
 import numpy as np
 import redis
 
-from mechanisms import ColumnMeta, DatasetMeta
+from mechanisms import ColumnMeta, DatasetMeta, rows
 from service import budget, rkeys
 from service.ingest import DatasetSpec
 from service.ledger import Ledger, now_iso
 from service.store import DatasetStore
+
+#: the version's private file holding its row-order key (``mechanisms.rows``)
+ROW_KEY = "row_key"
+
+
+def row_key(store: DatasetStore, dataset_id: str, version: int) -> bytes:
+    """The dataset's secret row-order key (made now for a dataset stored before keys)."""
+    return store.private_file(dataset_id, version, ROW_KEY, rows.new_key)
 
 
 def column_doc(col: ColumnMeta, fill: Any) -> dict[str, Any]:
@@ -67,6 +75,8 @@ def register(
     with store.staging() as staged:
         for chunk in chunks:
             staged.append(chunk)
+        # the secret row order of its microdata releases: private, beside the columns
+        staged.write_private(ROW_KEY, rows.new_key())
         doc = {
             "id": dataset_id,
             "version": 1,

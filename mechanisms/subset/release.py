@@ -5,7 +5,9 @@ Thin wrappers: ``plan.resolve`` checks parameters against the metadata,
 summarizes, and the library privatizes. The output table holds one row per
 released record in the dataset's row order (``subset.dummy`` interleaves its
 simulated records at random positions): a bitmask column (int64, bit j =
-category j) and/or the category names joined by "|".
+category j) and/or the category names joined by "|". The service releases
+the records in the dataset's secret order (``mechanisms.rows``): the threat
+model (spec §1.3) assumes nobody knows which record is whose.
 """
 
 from __future__ import annotations
@@ -85,10 +87,12 @@ class _Subset(Mechanism):
             "n_records": records,
             "format": plan.format,
             "encoding": "bitmask int64: bit j set = category j of the variable's categories",
-            "row_order": ("dataset row order, with the simulated dummy records at random"
-                          " positions" if interleaved else "dataset row order"),
+            # the service replaces this by the dataset's secret order (mechanisms.rows)
+            "row_order": "dataset row order",
             "variables": summaries,
         }
+        if interleaved:
+            result["dummy_records"] = "simulated records at random positions among the real ones"
         return Output(result=result, accuracy=_accuracy(plan, meta),
                       guarantee=guarantee(plan), table=table)
 
