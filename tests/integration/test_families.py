@@ -193,6 +193,8 @@ def test_subset_release_estimate_and_independence(api: Api, worker: Any) -> None
     second = _release(api, ds, "subset.uniform", {"column": "x"}, {"subset_draws": 1}, seed=4)
     assert second["params"]["prior_draws"] == 1
     assert "composed" in json.dumps(second["accuracy"])
+    composed = second["result"]["variables"][0]["privacy"]["composed"]  # item 8
+    assert composed["draws"] == 2 and composed["disclosure_probability_under_estimate"] > 0
 
     est = _analysis(api, rel_x["id"], "estimate", {"method": "em"})["result"]
     w = np.array(est["w"])

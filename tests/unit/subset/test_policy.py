@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError, PolicyViolation
-from mechanisms.subset import policy, release
+from mechanisms.subset import composition, design, policy, release
 from service.ingest import IngestError, parse_metadata
 
 DRAW = {"subset_draws": Fraction(1)}
@@ -207,3 +207,28 @@ def test_policy_threshold_dataclass_tolerance() -> None:
     meta = dataclasses.replace(meta, subset_policy={"min_size_coverage": 0.5201})
     with pytest.raises(PolicyViolation):
         _cost(release.uniform, {"column": "race"}, meta)
+
+
+def test_result_privacy_reports_the_composed_design() -> None:
+    """Item 8: a release after earlier draws (prior_draws, from the ledger) reports the
+    composed design's risk in the result's ``privacy`` block, for the same ŵ the single-draw
+    metrics use. p = 4 uniform, two draws: P(|A*| = 1 | X = j) = 2/3 for every j, so the
+    disclosure probability is exactly 2/3 whatever ŵ. Old code: no ``composed`` there."""
+    meta = _meta()
+    rng = np.random.default_rng(8)
+    data = {"c4": rng.choice(4, meta.n_rows, p=[0.1, 0.2, 0.3, 0.4]),
+            "race": np.zeros(meta.n_rows, np.int64), "sex": np.zeros(meta.n_rows, np.int64),
+            "wide": np.zeros(meta.n_rows, np.int64)}
+    params = release.uniform.load_params({"column": "c4", "prior_draws": 1})
+    out = release.uniform.run(data, params, DRAW, meta, np.random.default_rng(9))
+    var = out.result["variables"][0]
+    composed = var["privacy"]["composed"]
+    w_hat = np.array(var["estimate"]["w"])
+    exact = composition.compose([design.uniform(4)] * 2).report(w_hat).to_json()
+    assert composed["draws"] == 2
+    assert composed["privacy_under_estimate"] == pytest.approx(exact, abs=1e-12)
+    assert composed["disclosure_probability_under_estimate"] == pytest.approx(2 / 3, abs=1e-12)
+    assert exact["prediction_risk"] > var["privacy"]["prediction_risk"]
+    single = release.uniform.load_params({"column": "c4"})
+    out1 = release.uniform.run(data, single, DRAW, meta, np.random.default_rng(9))
+    assert "composed" not in out1.result["variables"][0]["privacy"]
