@@ -32,10 +32,22 @@ class MechanismInputError(ValueError):
     must never contain data values, only public names and parameters.
     """
 
-    def __init__(self, field: str, message: str) -> None:
+    #: the problem code the API answers with (an operator policy refusal has its own)
+    code: str = "validation_error"
+
+    def __init__(self, field: str, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.field = field
         self.message = message
+        #: public values merged into the problem document (thresholds, design metrics)
+        self.extra = extra
+
+
+class PolicyViolation(MechanismInputError):
+    """A request the operator's metadata policy refuses (e.g. a subset design whose
+    public risk exceeds a ``subset_policy`` threshold); answered 422 ``policy_violation``."""
+
+    code = "policy_violation"
 
 
 #: public limits on a numeric column's declared bounds [lo, hi]: beyond them float64
@@ -98,6 +110,9 @@ class ColumnMeta:
     #: functional columns: the public evaluation grid (increasing) and L2 norm bound
     grid: tuple[float, ...] | None = None
     norm_bound: float | None = None
+    #: operator thresholds on subset designs for this column (``min_size_coverage``,
+    #: ``max_mi_bits``, ``max_prediction_risk``); overrides the dataset's default per key
+    subset_policy: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,11 @@ class DatasetMeta:
 
     n_rows: int
     columns: Mapping[str, ColumnMeta]
+    #: dataset-wide default subset-design thresholds (see ``ColumnMeta.subset_policy``)
+    subset_policy: Mapping[str, float] | None = None
+    #: microdata keeps the dataset's row order (collection is local by design); by default
+    #: the service releases records in a secret per-dataset order (``mechanisms.rows``)
+    keep_row_order: bool = False
     #: the operator accepts that some rows serve as a reference that DP does not protect
     #: (DIP's ``holdout``, spec §7.1(b)); off unless the metadata says ``allow_holdout``
     allow_holdout: bool = False
@@ -135,10 +155,18 @@ class Output:
     guarantee: str
     extra: dict[str, Any] = field(default_factory=dict)
     #: privatized microdata, columnar (name -> 1-D array, one entry per released record,
-    #: in the dataset's row order). The service stores it beside the release, serves it
-    #: as CSV at GET /v1/releases/{id}/data, hands it to analyses, and copies it into
+    #: in the dataset's row order). The service puts the records into the dataset's secret
+    #: order (``mechanisms.rows``), stores the table beside the release, serves it as CSV
+    #: at GET /v1/releases/{id}/data, hands it to analyses, and copies it into
     #: ``result["records"]`` only when small. Keep ``result`` itself small (summaries).
     table: Mapping[str, np.ndarray] | None = None
+    #: the table column holding dataset row indices (a subset of the rows, e.g. DIP's
+    #: hold-out); the service replaces them by the rows' secret pseudonyms. None: the
+    #: table's i-th record is the i-th row (or a record the mechanism added)
+    row_column: str | None = None
+    #: False for a table whose entries are not the dataset's records (exm's draws from a
+    #: DP distribution): it is released as it is
+    per_record: bool = True
 
 
 @dataclass(frozen=True)

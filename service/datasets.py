@@ -20,11 +20,19 @@ from typing import Any
 import numpy as np
 import redis
 
-from mechanisms import ColumnMeta, DatasetMeta
+from mechanisms import ColumnMeta, DatasetMeta, rows
 from service import budget, rkeys
 from service.ingest import DatasetSpec
 from service.ledger import Ledger, now_iso
 from service.store import DatasetStore
+
+#: the version's private file holding its row-order key (``mechanisms.rows``)
+ROW_KEY = "row_key"
+
+
+def row_key(store: DatasetStore, dataset_id: str, version: int) -> bytes:
+    """The dataset's secret row-order key (made now for a dataset stored before keys)."""
+    return store.private_file(dataset_id, version, ROW_KEY, rows.new_key)
 
 
 def column_doc(col: ColumnMeta, fill: Any) -> dict[str, Any]:
@@ -33,6 +41,8 @@ def column_doc(col: ColumnMeta, fill: Any) -> dict[str, Any]:
         doc["bounds"] = list(col.bounds)
     if col.categories is not None:
         doc["categories"] = list(col.categories)
+    if col.subset_policy is not None:
+        doc["subset_policy"] = dict(col.subset_policy)
     if col.prior is not None:
         doc["prior"] = dict(col.prior)
     if col.grid is not None:
@@ -65,6 +75,8 @@ def register(
     with store.staging() as staged:
         for chunk in chunks:
             staged.append(chunk)
+        # the secret row order of its microdata releases: private, beside the columns
+        staged.write_private(ROW_KEY, rows.new_key())
         doc = {
             "id": dataset_id,
             "version": 1,
@@ -74,6 +86,8 @@ def register(
             "bounds_policy": spec.bounds_policy,
             "public": spec.public,
             "allow_holdout": spec.allow_holdout,
+            "keep_row_order": spec.keep_row_order,
+            **({"subset_policy": spec.subset_policy} if spec.subset_policy else {}),
             "budgets": {m: budget.display(m, u) for m, u in sorted(caps.items())},
             **spec.accounting,
             "status": "active",
@@ -165,12 +179,15 @@ def meta(doc: dict[str, Any]) -> DatasetMeta:
             prior=c.get("prior"),
             grid=tuple(c["grid"]) if "grid" in c else None,
             norm_bound=c.get("norm_bound"),
+            subset_policy=c.get("subset_policy"),
         )
         for name, c in doc["columns"].items()
     }
     return DatasetMeta(n_rows=int(doc["n_rows"]), columns=cols,
                        allow_holdout=bool(doc.get("allow_holdout", False)),
-                       gaussian_accounting=str(doc.get("gaussian_accounting", "approx_dp")))
+                       gaussian_accounting=str(doc.get("gaussian_accounting", "approx_dp")),
+                       subset_policy=doc.get("subset_policy"),
+                       keep_row_order=bool(doc.get("keep_row_order", False)))
 
 
 def set_status(client: redis.Redis, dataset_id: str, status: str) -> dict[str, Any]:

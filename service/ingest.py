@@ -112,6 +112,9 @@ class DatasetSpec:
     allow_holdout: bool = False
     #: gaussian_accounting, zcdp_delta, notions, allow_mixed_noiseless_dp (stored as given)
     accounting: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: dataset-wide subset-design thresholds; microdata in the dataset's own row order
+    subset_policy: dict[str, float] | None = None
+    keep_row_order: bool = False
 
     def allows_missing(self, column: str) -> bool:
         """Whether empty/NaN cells of ``column`` are replaced by its fill."""
@@ -122,7 +125,8 @@ class DatasetSpec:
         return DatasetMeta(n_rows=n_rows, columns=dict(self.columns),
                            allow_holdout=self.allow_holdout,
                            gaussian_accounting=self.accounting.get("gaussian_accounting",
-                                                                   "approx_dp"))
+                                                                   "approx_dp"),
+                           subset_policy=self.subset_policy, keep_row_order=self.keep_row_order)
 
 
 # --------------------------------------------------------------------------- metadata
@@ -141,7 +145,8 @@ def _column(name: str, loaded: dict[str, Any]) -> tuple[ColumnMeta, FillValue | 
         return ColumnMeta(name, kind, grid=loaded["grid"],
                           norm_bound=loaded["norm_bound"]), None
     if kind == "categorical":
-        meta = ColumnMeta(name, kind, categories=loaded["categories"])
+        meta = ColumnMeta(name, kind, categories=loaded["categories"],
+                          subset_policy=loaded.get("subset_policy"))
     else:
         meta = ColumnMeta(name, kind, bounds=loaded["bounds"], prior=loaded.get("prior"))
     if not loaded["allow_missing"]:
@@ -207,6 +212,8 @@ def parse_metadata(raw: object, *, max_columns: int = MAX_COLUMNS) -> DatasetSpe
         public=loaded["public"],
         allow_holdout=loaded["allow_holdout"],
         accounting=accounting_fields(loaded),
+        subset_policy=loaded.get("subset_policy"),
+        keep_row_order=loaded["keep_row_order"],
     )
 
 

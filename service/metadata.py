@@ -303,9 +303,28 @@ class IntegerColumnSchema(_NumericColumnSchema):
     type = _tag("integer")
 
 
+class SubsetPolicySchema(_Strict):
+    """Operator thresholds on subset-privacy designs (spec §9.4), checked before a release
+    is charged against the design's metrics under a uniform prior (public inputs only)."""
+
+    min_size_coverage = Number(validate=validate.Range(0, 1, error="must be in [0, 1]"),
+                               metadata={"description": "lowest allowed size coverage E[L(A)]"})
+    max_mi_bits = Number(validate=validate.Range(0, 64, error="must be in [0, 64]"),
+                         metadata={"description": "highest allowed I(X;A) in bits"})
+    max_prediction_risk = Number(validate=validate.Range(0, 1, error="must be in [0, 1]"),
+                                 metadata={"description": "highest allowed probability that"
+                                           " the best guess of a record's category is right"})
+
+
+def _subset_policy(where: str) -> fields.Nested:
+    return fields.Nested(SubsetPolicySchema, metadata={
+        "description": f"subset-privacy thresholds for {where}"})
+
+
 class CategoricalColumnSchema(_ColumnSchema):
     type_name = "categorical"
     type = _tag("categorical")
+    subset_policy = _subset_policy("this column (each key overrides the dataset's default)")
     categories = fields.Raw(required=True, metadata={
         "type": "array", "items": {"type": "string"}, "minItems": 1,
         "maxItems": MAX_CATEGORIES, "uniqueItems": True})
@@ -418,6 +437,10 @@ class MetadataSchema(_Strict):
             _ref(cls) for cls in COLUMN_SCHEMAS.values()]}})
     budgets = fields.Dict(required=True, metadata={
         "description": "measure -> cap (see README: budgets)"})
+    subset_policy = _subset_policy("every categorical column (the default)")
+    keep_row_order = StrictBoolean(load_default=False, metadata={
+        "description": "release microdata in the dataset's row order (collection is local by"
+                       " design); by default records come in a secret per-dataset order"})
     bounds_policy = fields.String(load_default="reject",
                                   validate=validate.OneOf(("reject", "clip")))
     public = StrictBoolean(load_default=False)
@@ -489,7 +512,9 @@ def first_error(messages: Any, prefix: str = "metadata") -> tuple[str, str]:
 
 def register_components(spec: APISpec) -> None:
     """Put the metadata schemas into the OpenAPI document (``components.schemas``)."""
-    for cls in (*PRIOR_SCHEMAS.values(), *COLUMN_SCHEMAS.values()):
+    schemas: list[type[Schema]] = [*PRIOR_SCHEMAS.values(), *COLUMN_SCHEMAS.values(),
+                                   SubsetPolicySchema]
+    for cls in schemas:
         name = cls.__name__.removesuffix("Schema")
         if name not in spec.components.schemas:
             spec.components.schema(name, schema=cls)

@@ -298,7 +298,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
     except mechanisms.MechanismInputError as err:
-        raise APIError(422, err.message, code="validation_error", field=err.field) from None
+        raise APIError(422, err.message, code=err.code, field=err.field, **err.extra) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
         pricing = PricingRequest(doc, mech.name, as_written, requested, seed,
                                  body.get("callback_url"), dict(body))

@@ -61,6 +61,11 @@ class DatasetSchema(Schema):
     public = fields.Boolean(metadata={"description": "public reference data, not private"})
     allow_holdout = fields.Boolean(metadata={
         "description": "dip may hold out rows of it as a reference NOT protected by DP"})
+    subset_policy = fields.Dict(metadata={
+        "description": "default subset-design thresholds for every categorical column"})
+    keep_row_order = fields.Boolean(metadata={
+        "description": "microdata keeps the dataset's row order (otherwise a secret"
+        " per-dataset order)"})
     holdout_exposure = fields.Dict(keys=fields.String(), values=fields.Integer(), metadata={
         "description": "operators only: rows that have served as a DIP hold-out (not"
         " protected by DP; splits are nested, so the largest hold-out) and releases using one"})

@@ -4,6 +4,7 @@ Layout (DESIGN §2)::
 
     <root>/<dataset_id>/v<version>/manifest.json
     <root>/<dataset_id>/v<version>/c0.npy, c1.npy, ...
+    <root>/<dataset_id>/v<version>/row_key     secret (mechanisms.rows), never served
     <root>/.tmp/                      versions being written or removed
 
 Workers memory-map the columns, so a version folder must never be seen half
@@ -21,7 +22,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,12 +32,21 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FILE = re.compile(r"c[0-9]+\.npy")
+#: secret files of a version (the row-order key): not columns, not in the manifest
+_PRIVATE = re.compile(r"[a-z]+_[a-z]+")
 
 
 def _check_id(dataset_id: object) -> str:
     if not isinstance(dataset_id, str) or _ID.fullmatch(dataset_id) is None:
         raise ValueError("dataset id must match ^[A-Za-z0-9_-]{1,64}$")
     return dataset_id
+
+
+def _check_private(name: str) -> str:
+    """A private file's name: plain, and never one a column or the manifest could take."""
+    if _PRIVATE.fullmatch(name) is None:
+        raise ValueError("private file names are lower-case words")
+    return name
 
 
 def _check_version(version: object) -> int:
@@ -180,6 +190,32 @@ class DatasetStore:
         manifest: dict[str, Any] = document["manifest"]
         return manifest, columns
 
+    def private_file(self, dataset_id: str, version: int, name: str,
+                     make: Callable[[], bytes]) -> bytes:
+        """A secret file of a version (``row_key``), created by ``make`` if absent.
+
+        Uploads write it with the columns (``StagedVersion.write_private``); a version
+        stored before that gets it on first use. Creation is atomic (written under
+        ``.tmp``, then hard-linked into place), so concurrent workers read one value.
+        """
+        path = self.path(dataset_id, version) / _check_private(name)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            pass
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="key-", dir=self.tmp_dir)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(make())
+                fh.flush()
+                os.fsync(fh.fileno())
+            with contextlib.suppress(FileExistsError):  # another worker was first
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+        return path.read_bytes()
+
     def remove(self, dataset_id: str, version: int) -> bool:
         """Delete a version (rollback of a failed registration); False if absent.
 
@@ -253,6 +289,17 @@ class StagedVersion:
                 raise ValueError("a chunk's dtype or shape differs from the first chunk's")
             self._files[name].write(array.reshape(-1).view(np.uint8).data)
             self._lengths[name] += len(array)
+
+    def write_private(self, name: str, data: bytes) -> None:
+        """A secret file beside the columns (owner-only; never in the manifest)."""
+        if self._done:
+            raise RuntimeError("version already committed or discarded")
+        path = self._tmp / _check_private(name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def commit(self, dataset_id: str, version: int, manifest: dict[str, Any]) -> Path:
         """Finish the column files and move the version into place; returns its folder.

@@ -25,7 +25,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -39,6 +39,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 import mechanisms
 import mechanisms.precompute
+import mechanisms.rows
 from mechanisms.rng import secure_generator
 from service import analyses, datasets, metrics_store, notify, precompute, releases, rkeys
 from service.config import Config
@@ -227,15 +228,38 @@ def _compute(config: Config, store: DatasetStore, job: _Job, run: Run) -> tuple[
         output = job.mechanism.run(columns, job.params, job.cost, job.meta,
                                    secure_generator(job.seed))
     result = dict(output.result)
+    guarantee = output.guarantee
     table = None
     if output.table is not None:
-        rows = _outputs().save(run.release_id, run.attempt, output.table)
+        released = output.table
+        if output.per_record:
+            released, said = _row_order(store, job, output)
+            result["row_order"] = said
+            guarantee = f"{guarantee}; {said}"
+        rows = _outputs().save(run.release_id, run.attempt, released)
         table = run.attempt
         result["n_records"] = rows
         if rows <= INLINE_ROWS:
-            result["records"] = records(output.table)
+            result["records"] = records(released)
     return to_json({"result": result, "accuracy": output.accuracy,
-                    "guarantee": output.guarantee}), table
+                    "guarantee": guarantee}), table
+
+
+def _row_order(store: DatasetStore, job: _Job, output: mechanisms.Output
+               ) -> tuple[Mapping[str, np.ndarray], str]:
+    """A record-level table in the dataset's secret order, and what to say about it.
+
+    The one place every mechanism's table passes before it is stored, served or
+    analysed, and the only process that reads the dataset's private folder: the key
+    never reaches a mechanism, a result or a log. ``keep_row_order`` (operator
+    metadata) leaves the dataset's order.
+    """
+    assert output.table is not None
+    if job.meta.keep_row_order:
+        return output.table, mechanisms.rows.statement(False)
+    key = datasets.row_key(store, job.dataset_id, job.version)
+    table = mechanisms.rows.permute(output.table, key, job.meta.n_rows, output.row_column)
+    return table, mechanisms.rows.statement(True, output.row_column)
 
 
 def _plain(obj: Any) -> Any:

@@ -189,6 +189,7 @@ class ExmMechanism(Mechanism):
                        f" sensitivity 1 over the declared support), {PRIVACY_UNIT}"),
             table={DRAW_COLUMN: np.arange(plan.draws, dtype=np.int64),
                    plan.column.name: values},
+            per_record=False,  # draws from a DP distribution, not the dataset's records
         )
 
     @staticmethod

@@ -125,6 +125,7 @@ class LrmMechanism(PerColumnMechanism):
                        f" Laplace noise on each value, declared bounds), {PRIVACY_UNIT};"
                        " each record is privatized on its own (epsilon-local DP)"),
             table=table,
+            row_column=ROW_COLUMN,
         )
 
     @staticmethod

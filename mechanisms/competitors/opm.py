@@ -356,6 +356,7 @@ class OpmL2BallMechanism(Mechanism):
                        " column is one epsilon-locally-private point; exact hemisphere coin),"
                        f" {PRIVACY_UNIT}"),
             table={ROW_COLUMN: np.arange(n, dtype=np.int64), name: z},
+            row_column=ROW_COLUMN,
         )
 
     @staticmethod

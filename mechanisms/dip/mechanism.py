@@ -708,6 +708,7 @@ class DipMechanism(Mechanism):
             accuracy=self._accuracy(plan, meta),
             guarantee=self._guarantee(plan),
             table=table,
+            row_column=ROW_COLUMN,
         )
 
     @staticmethod

@@ -5,7 +5,9 @@ Thin wrappers: ``plan.resolve`` checks parameters against the metadata,
 summarizes, and the library privatizes. The output table holds one row per
 released record in the dataset's row order (``subset.dummy`` interleaves its
 simulated records at random positions): a bitmask column (int64, bit j =
-category j) and/or the category names joined by "|".
+category j) and/or the category names joined by "|". The service releases
+the records in the dataset's secret order (``mechanisms.rows``): the threat
+model (spec §1.3) assumes nobody knows which record is whose.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from mechanisms.base import Analysis, Budget, DatasetMeta, Mechanism, Output
 from mechanisms.registry import register
-from mechanisms.subset import analyses, bitmask, report, sampler, schemas
+from mechanisms.subset import analyses, bitmask, policy, report, sampler, schemas
 from mechanisms.subset.bitmask import Masks
 from mechanisms.subset.dummy import privatize_with_dummies
 from mechanisms.subset.plan import Plan, Variable, charge, resolve
@@ -51,11 +53,14 @@ class _Subset(Mechanism):
 
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
              ) -> dict[str, Fraction]:
-        return charge(self.plan(params, meta), budget)
+        plan = self.plan(params, meta)
+        cost = charge(plan, budget)
+        policy.check(plan, meta)  # operator thresholds: refused before anything is reserved
+        return cost
 
     def accuracy(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
                  ) -> dict[str, Any]:
-        return report.accuracy(self.plan(params, meta))
+        return _accuracy(self.plan(params, meta), meta)
 
     def run(
         self,
@@ -82,12 +87,23 @@ class _Subset(Mechanism):
             "n_records": records,
             "format": plan.format,
             "encoding": "bitmask int64: bit j set = category j of the variable's categories",
-            "row_order": ("dataset row order, with the simulated dummy records at random"
-                          " positions" if interleaved else "dataset row order"),
+            # the service replaces this by the dataset's secret order (mechanisms.rows)
+            "row_order": "dataset row order",
             "variables": summaries,
         }
-        return Output(result=result, accuracy=report.accuracy(plan),
+        if interleaved:
+            result["dummy_records"] = "simulated records at random positions among the real ones"
+        return Output(result=result, accuracy=_accuracy(plan, meta),
                       guarantee=guarantee(plan), table=table)
+
+
+def _accuracy(plan: Plan, meta: DatasetMeta) -> dict[str, Any]:
+    """The accuracy statement, with the operator thresholds and the values checked."""
+    doc = report.accuracy(plan)
+    block = policy.describe(policy.check(plan, meta))
+    if block is not None:
+        doc["policy"] = block
+    return doc
 
 
 def _privatize(variable: Variable, data: Mapping[str, np.ndarray], rng: np.random.Generator

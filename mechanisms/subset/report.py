@@ -100,15 +100,17 @@ def _standard_errors(covariances: dict[str, Any], n: int) -> dict[str, Any]:
     return out
 
 
-def _composed(chosen: Design, draws: int, w: NDArray[np.float64]) -> dict[str, Any]:
-    """Metrics of the intersection of ``draws`` independent draws (what a re-draw would cost)."""
+def _composed(chosen: Design, draws: int, w: NDArray[np.float64],
+              under: str = "under_uniform_prior") -> dict[str, Any]:
+    """Metrics of the intersection of ``draws`` independent draws (what a re-draw would cost),
+    for the population ``w``; keys end in ``under`` (which population it is)."""
     doc: dict[str, Any] = {"draws": draws}
     if not chosen.enumerable or (1 << chosen.p) * chosen.support_size > MAX_COMPOSE_PAIRS:
         doc["note"] = "not computed: the design has too many subsets to compose exactly"
         return doc
     composed = composition.compose([chosen] * draws)
-    doc["disclosure_probability_under_uniform_prior"] = composed.disclosure_probability(w)
-    doc["privacy_under_uniform_prior"] = composed.report(w).to_json()
+    doc[f"disclosure_probability_{under}"] = composed.disclosure_probability(w)
+    doc[f"privacy_{under}"] = composed.report(w).to_json()
     doc["note"] = ("the intersection of independent draws is what an observer of all of them"
                    " learns; a singleton intersection discloses the category exactly")
     return doc
@@ -168,6 +170,11 @@ def summarize(variable: Variable, masks: Masks, plan: Plan,
     doc["estimate"] = {"method": how, "w": [float(v) for v in w_hat],
                        "categories": list(variable.domain.labels)}
     doc["privacy"] = privacy_under(variable, w_hat, alpha)
+    if plan.prior_draws and variable.augmentation is None:
+        # earlier draws of these columns exist: what an observer of all of them learns is
+        # the composed design's risk, for the same estimated population (issue #17 item 8)
+        doc["privacy"]["composed"] = _composed(variable.design, plan.prior_draws + 1, w_hat,
+                                               under="under_estimate")
     return doc
 
 

@@ -50,7 +50,8 @@ def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
 @blp.doc(responses={200: {"description": "one CSV row per released record",
                           "content": {"text/csv": {}}}})
 def data(release_id: str) -> Response:
-    """The privatized microdata as CSV, one row per released record, in row order."""
+    """The privatized microdata as CSV, one row per released record, in the dataset's secret
+    row order (the same for every release of the dataset; see mechanisms.rows)."""
     _succeeded(release_id)
     config = current_app.config["PRIVRELEASE"]
     attempt = releases.table_attempt(current_app.extensions["redis"], release_id)

@@ -9,9 +9,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from numpy.typing import NDArray
 
 from service.config import Config
 
@@ -54,6 +56,15 @@ class Api:
         data = {"metadata": meta, "file": (io.BytesIO(csv.encode()), "data.csv")}
         return self.client.post("/v1/datasets", data=data, headers=self._h(),
                                 content_type="multipart/form-data")
+
+    def released_rows(self, dataset_id: str, n: int) -> NDArray[np.intp]:
+        """The dataset rows in the order its microdata releases list them: position j is
+        row ``order[j]`` (the test reads the private key the worker uses)."""
+        from mechanisms import rows
+        from service import datasets
+
+        store = self.client.application.extensions["store"]
+        return rows.order(datasets.row_key(store, dataset_id, 1), n)
 
     def wait(self, release_id: str, timeout: float = 30.0) -> dict[str, Any]:
         """The release once it ended (succeeded, failed, refused after pricing, cancelled)."""

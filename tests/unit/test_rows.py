@@ -1,0 +1,118 @@
+"""The secret per-dataset row order (mechanisms.rows) and its private key file (#17 item 7)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mechanisms import rows
+from service import datasets
+from service.store import DatasetStore
+
+KEY_A = bytes(range(32))
+KEY_B = bytes(range(1, 33))
+
+
+def test_order_is_a_keyed_prf_of_the_index() -> None:
+    """Exact: the sort keys are SHAKE-256(domain ‖ key) read as little-endian uint64."""
+    stream = hashlib.shake_256(rows.DOMAIN + KEY_A).digest(8 * 5)
+    expected = [int.from_bytes(stream[8 * i:8 * i + 8], "little") for i in range(5)]
+    assert rows.sort_keys(KEY_A, 5).tolist() == expected
+    assert rows.order(KEY_A, 5).tolist() == sorted(range(5), key=expected.__getitem__)
+
+
+@given(st.binary(min_size=32, max_size=32), st.integers(0, 300))
+@settings(max_examples=60, deadline=None)
+def test_order_is_a_permutation_and_pseudonyms_invert_it(key: bytes, n: int) -> None:
+    order = rows.order(key, n)
+    assert sorted(order.tolist()) == list(range(n))
+    assert np.array_equal(rows.pseudonyms(key, n)[order], np.arange(n))
+
+
+def test_same_key_same_order_prefix_consistent() -> None:
+    """Deterministic for a key; the first n of m > n rows keep their relative order."""
+    assert np.array_equal(rows.order(KEY_A, 1000), rows.order(KEY_A, 1000))
+    long = rows.order(KEY_A, 1200)
+    assert np.array_equal(long[long < 1000], rows.order(KEY_A, 1000))
+
+
+def test_orders_differ_across_keys_and_from_the_input_order() -> None:
+    """Two keys agree on a position with probability 1/n each: for n = 1000, a uniform pair
+    of permutations shares about 1 fixed point (Poisson(1)); 20 or more has probability
+    below 1e-18. Likewise for the identity (the dataset's own order)."""
+    n = 1000
+    a, b = rows.order(KEY_A, n), rows.order(KEY_B, n)
+    assert np.count_nonzero(a == b) < 20
+    assert np.count_nonzero(a == np.arange(n)) < 20
+    assert np.count_nonzero(b == np.arange(n)) < 20
+
+
+def test_permute_plain_table_pairs_records_across_tables() -> None:
+    """Two tables of the same rows come out aligned, and the i-th record is row order[i]."""
+    n = 50
+    first = {"x": np.arange(n) * 10, "label": np.array([f"r{i}" for i in range(n)])}
+    second = {"y": np.arange(n) + 0.5}
+    p1, p2 = rows.permute(first, KEY_A, n), rows.permute(second, KEY_A, n)
+    order = rows.order(KEY_A, n)
+    assert np.array_equal(p1["x"], order * 10) and np.array_equal(p2["y"], order + 0.5)
+    assert p1["label"].tolist() == [f"r{i}" for i in order]
+
+
+def test_permute_with_row_column_uses_pseudonyms() -> None:
+    """A table of some rows (a hold-out left out) gets pseudonyms, sorted, aligned with a
+    full table's positions; the original indices are gone."""
+    n = 40
+    kept = np.arange(n)[np.arange(n) % 3 != 0]
+    table = {"_row": kept, "v": kept * 2.0}
+    out = rows.permute(table, KEY_A, n, row_column="_row")
+    full = rows.permute({"v": np.arange(n) * 2.0}, KEY_A, n)
+    assert np.all(np.diff(out["_row"]) > 0)
+    assert np.array_equal(full["v"][out["_row"]], out["v"])  # same record at that position
+    assert np.array_equal(np.sort(out["v"]), np.sort(kept * 2.0))
+    with pytest.raises(ValueError, match="outside"):
+        rows.permute({"_row": np.array([n]), "v": np.zeros(1)}, KEY_A, n, row_column="_row")
+
+
+def test_bad_keys_are_refused() -> None:
+    with pytest.raises(ValueError):
+        rows.order(b"short", 3)
+
+
+def test_statement_says_which_order() -> None:
+    assert "secret per-dataset order" in rows.statement(True)
+    assert "'_row'" in rows.statement(True, "_row")
+    assert "dataset's row order" in rows.statement(False)
+
+
+def test_private_key_file_created_once_owner_only(tmp_path: Path) -> None:
+    """The upload writes 32 random bytes (0600) beside the columns; a stored version without
+    one gets it on first use, and later reads return the same bytes."""
+    store = DatasetStore(tmp_path)
+    with store.staging() as staged:
+        staged.append({"x": np.arange(3)})
+        staged.write_private(datasets.ROW_KEY, b"k" * 32)
+        folder = staged.commit("ds_a", 1, {"n": 3})
+    assert stat.S_IMODE(os.stat(folder / datasets.ROW_KEY).st_mode) == 0o600
+    assert datasets.row_key(store, "ds_a", 1) == b"k" * 32
+    assert store.files_present("ds_a", 1)  # the key is no column
+    assert set(store.load("ds_a", 1)[1]) == {"x"}
+
+    store.write("ds_b", 1, {"n": 3}, {"x": np.arange(3)})
+    made = datasets.row_key(store, "ds_b", 1)
+    assert len(made) == rows.KEY_BYTES and datasets.row_key(store, "ds_b", 1) == made
+    assert not any(store.tmp_dir.iterdir())  # the temporary file is gone
+    with pytest.raises(ValueError):
+        store.private_file("ds_b", 1, "../x", rows.new_key)
+
+
+def test_new_keys_are_independent() -> None:
+    """os.urandom: two keys collide with probability 2**-256."""
+    assert rows.new_key() != rows.new_key() and len(rows.new_key()) == 32
+    assert len({rows.new_key() for _ in range(50)}) == 50
