@@ -44,7 +44,7 @@ import dataclasses
 import itertools
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -107,8 +107,10 @@ class MaxChargeVector(NoiselessVector):
 
 def control(mechanism: str) -> Mechanism:
     """The negative control of a noiseless mechanism."""
-    return {"noiseless.aggregate": PaperAggregate, "noiseless.local": ExtraLevelLocal,
-            "noiseless.vector": MaxChargeVector}[mechanism]()
+    controls: dict[str, Callable[[], Mechanism]] = {
+        "noiseless.aggregate": PaperAggregate, "noiseless.local": ExtraLevelLocal,
+        "noiseless.vector": MaxChargeVector}
+    return controls[mechanism]()
 
 
 # --------------------------------------------------------------------------- cases

@@ -10,11 +10,13 @@ fixes the query's range [ymin, ymax] and its global sensitivity S:
     mean              lo     hi     (hi−lo)/n  hi−lo+1 (integer), else ∞
     sum               n·lo   n·hi   hi−lo      hi−lo+1 (integer), else ∞
     count             0      n      1          2 (meets the condition or not)
-    median, min, max  lo     hi     hi−lo      hi−lo+1 (integer), else ∞
+    min, max, median  lo     hi     hi−lo      hi−lo+1 (integer), else ∞
+    median (n even)   lo     hi     (hi−lo)/2  hi−lo+1 (integer), else ∞
     ================  =====  =====  =========  ===========================
 
 (R/S = n for the first three, 1 for the order statistics: with the others
-at lo and hi one record moves a median, min or max across the whole range).
+at lo and hi one record moves a min, max or odd-n median across the whole
+range; an even-n median, the mean of the two middle records, half of it).
 A budget of ε bits buys K = ⌊2^ε⌋ outputs (capped at D, where more would buy
 nothing, and at 2^40). The query is evaluated *exactly* (fractions of the
 clipped records) and indexed exactly, so the slice image really lies in an
@@ -109,9 +111,13 @@ def bounded_query(
         step = Fraction(1, n) if integer else None
         return Query("mean", lo, hi, (hi - lo) / n, size, n, (lo, hi), integer, step)
     if statistic in ORDER_STATISTICS:
-        # an even-n median is the average of the two middle records: half-integers
-        step = Fraction(1, 2) if integer and statistic == "median" and n % 2 == 0 else whole
-        return Query(statistic, lo, hi, hi - lo, size, n, (lo, hi), integer, step)
+        # an even-n median is the mean of the two middle records (half-integers), and one
+        # record moves it only between (o_{m-1} + o_m)/2 and (o_m + o_{m+1})/2 (the others
+        # sorted, m = n/2): S = (hi − lo)/2
+        even = statistic == "median" and n % 2 == 0
+        step = Fraction(1, 2) if integer and even else whole
+        s_ = (hi - lo) / 2 if even else hi - lo
+        return Query(statistic, lo, hi, s_, size, n, (lo, hi), integer, step)
     if not (_finite(n * lo) and _finite(n * hi)):
         raise ValueError("n times the bounds overflows a double")
     return Query("sum", n * lo, n * hi, hi - lo, size, n, (lo, hi), integer, whole)
