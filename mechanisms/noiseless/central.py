@@ -209,7 +209,8 @@ class ScalarPlan:
         return size is not None and self.count >= size
 
 
-def _capped(allowed: int, query: Query) -> int:
+def capped_count(allowed: int, query: Query) -> int:
+    """K capped at the number of values one record can contribute (more buys nothing)."""
     return allowed if query.domain_size is None else min(allowed, query.domain_size)
 
 
@@ -224,7 +225,7 @@ def plan(query: Query, bits: Bits, *, max_count: int = MAX_COUNT) -> ScalarPlan:
     """
     budget = as_bits(bits)
     allowed = levels_for_bits(budget, cap=max_count)
-    count = _capped(allowed, query)
+    count = capped_count(allowed, query)
     lattice = query.step is not None and count == query.domain_size
     if lattice:
         quantizer = lattice_quantizer(query)

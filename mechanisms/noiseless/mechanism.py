@@ -307,7 +307,7 @@ def _paper(plan: ScalarPlan) -> dict[str, Any] | None:
     query = plan.query
     allowed = central.levels_for_bits(plan.paper_bits)
     corrected = 1 if allowed < 2 else exact_levels(
-        central._capped(allowed, query), query.sensitivity, query.span)
+        central.capped_count(allowed, query), query.sensitivity, query.span)
     return {
         "nominal_bits": float(plan.paper_bits),
         "true_bits": math.log2(plan.count),
