@@ -145,7 +145,7 @@ def aggregate_cases(size: AuditSize) -> list[Case]:
     full = size == "full"
     mean_hi, mean_n = (5, 4) if full else (4, 4)
     sum_hi, sum_n = (9, 3) if full else (7, 3)
-    order_hi, order_n = (6, 4) if full else (4, 3)
+    order_hi, order_n = (5, 4) if full else (4, 3)
     real = ColumnMeta("r", "continuous", bounds=(-3.7, 12.1))
     small = ColumnMeta("k", "integer", bounds=(0, order_hi))
     order = [
