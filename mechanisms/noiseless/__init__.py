@@ -7,6 +7,7 @@ post-processing is free. Notebook use::
 
     from mechanisms import noiseless
     plan, out = noiseless.aggregate(x, "mean", bits=2, bounds=(0, 100))
+    plan, out = noiseless.aggregate(x, "median", bits=3, bounds=(0, 100))
     plan, column = noiseless.local_release(x, bits=3, bounds=(0, 100))
 
 Importing the package registers ``noiseless.aggregate`` and ``noiseless.local``.
@@ -24,6 +25,7 @@ from mechanisms.noiseless.bits import (
 )
 from mechanisms.noiseless.central import (
     MAX_COUNT,
+    ORDER_STATISTICS,
     STATISTICS,
     Query,
     ScalarPlan,
@@ -31,8 +33,12 @@ from mechanisms.noiseless.central import (
     VectorPlan,
     aggregate,
     bounded_query,
+    certify_scalar,
     evaluate,
+    lattice_quantizer,
     plan,
+    plan_edges,
+    plan_paper,
     plan_vector,
     release,
     release_vector,
@@ -50,14 +56,16 @@ from mechanisms.noiseless.certify import (
 from mechanisms.noiseless.exact import exact_float_sum, exact_int_sum
 from mechanisms.noiseless.local import LocalPlan, local_release, plan_local, quantize
 from mechanisms.noiseless.mechanism import NoiselessAggregate, NoiselessLocal, certify
-from mechanisms.noiseless.quantizer import EdgeQuantizer, UniformQuantizer
+from mechanisms.noiseless.quantizer import EdgeQuantizer, ExactEdgeQuantizer, UniformQuantizer
 
 __all__ = [
     "CHARGE_DENOMINATOR",
     "MAX_COUNT",
+    "ORDER_STATISTICS",
     "STATISTICS",
     "TAU",
     "EdgeQuantizer",
+    "ExactEdgeQuantizer",
     "LocalPlan",
     "NoiselessAggregate",
     "NoiselessLocal",
@@ -74,17 +82,21 @@ __all__ = [
     "certified_count_edges",
     "certified_count_uniform",
     "certify",
+    "certify_scalar",
     "charge",
     "evaluate",
     "exact_float_sum",
     "exact_int_sum",
     "exact_levels",
+    "lattice_quantizer",
     "levels_for_bits",
     "local_release",
     "max_outputs_uniform",
     "paper_levels",
     "plan",
+    "plan_edges",
     "plan_local",
+    "plan_paper",
     "plan_vector",
     "quantize",
     "release",

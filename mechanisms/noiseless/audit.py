@@ -27,10 +27,15 @@ replay with another generator gives the identical result (deterministic).
 excess over its charge), ``charged`` that case's charge: passing means
 count <= 2^charged exactly, in every case.
 
+Vector releases are audited like aggregates on finite domains, counting the
+joint result (all coordinates at once) per slice.
+
 Negative controls: ``PaperAggregate`` sizes its quantizer by the paper's
 Theorem 8 as printed, q = ⌊2^ε·R/S⌋ (off by one bin: an interval of length S
 meets ⌈qS/R⌉ + 1 bins), and ``ExtraLevelLocal`` quantizes with one more level
-than it charges for; both keep the honest charge.
+than it charges for; both keep the honest charge. ``MaxChargeVector`` charges a
+vector the largest coordinate's bits instead of their sum (composition is a
+sum: two grids on the same record multiply, not max, their outputs).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import dataclasses
 import itertools
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -49,12 +54,18 @@ from numpy.typing import NDArray
 
 from mechanisms import registry
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
-from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism, Output
+from mechanisms.base import Budget, ColumnMeta, DatasetMeta, Mechanism, Output
 from mechanisms.noiseless.bits import at_most_power
 from mechanisms.noiseless.central import ScalarPlan
 from mechanisms.noiseless.certify import paper_levels
 from mechanisms.noiseless.local import LocalPlan
-from mechanisms.noiseless.mechanism import MEASURE, NoiselessAggregate, NoiselessLocal
+from mechanisms.noiseless.mechanism import (
+    MEASURE,
+    NoiselessAggregate,
+    NoiselessLocal,
+    NoiselessVector,
+    read_bits,
+)
 from mechanisms.noiseless.quantizer import EdgeQuantizer, UniformQuantizer
 
 #: relative slack (of the query's range) on the stated maximum error: float rounding of
@@ -85,10 +96,21 @@ class ExtraLevelLocal(NoiselessLocal):
         return dataclasses.replace(plan, quantizer=EdgeQuantizer.uniform(lo, hi, plan.count + 1))
 
 
+class MaxChargeVector(NoiselessVector):
+    """Broken on purpose: charges the largest coordinate's bits, not their sum."""
+
+    def cost(self, params: Mapping[str, Any], budget: Budget,
+             meta: DatasetMeta) -> dict[str, Fraction]:
+        read_bits(budget)
+        return {MEASURE: max(p.bits for p in self._plans(params, meta))}
+
+
 def control(mechanism: str) -> Mechanism:
     """The negative control of a noiseless mechanism."""
-    return {"noiseless.aggregate": PaperAggregate, "noiseless.local": ExtraLevelLocal}[
-        mechanism]()
+    controls: dict[str, Callable[[], Mechanism]] = {
+        "noiseless.aggregate": PaperAggregate, "noiseless.local": ExtraLevelLocal,
+        "noiseless.vector": MaxChargeVector}
+    return controls[mechanism]()
 
 
 # --------------------------------------------------------------------------- cases
@@ -119,11 +141,19 @@ def _integers(lo: int, hi: int) -> tuple[float, ...]:
 
 
 def aggregate_cases(size: AuditSize) -> list[Case]:
-    """Mean, sum and count on finite domains, and a mean on a non-dyadic real range."""
+    """Every statistic on finite domains (one released exactly), real ranges, given edges."""
     full = size == "full"
     mean_hi, mean_n = (5, 4) if full else (4, 4)
     sum_hi, sum_n = (9, 3) if full else (7, 3)
+    order_hi, order_n = (5, 4) if full else (4, 3)
     real = ColumnMeta("r", "continuous", bounds=(-3.7, 12.1))
+    small = ColumnMeta("k", "integer", bounds=(0, order_hi))
+    order = [
+        Case(f"{stat} integer [0, {order_hi}] n={order_n} {label} bits",
+             {"statistic": stat, "column": "k"}, small, order_n, bits, _integers(0, order_hi))
+        for stat, bits, label in (("median", Fraction(1), "1"), ("min", Fraction(2), "2"),
+                                  ("max", Fraction(1585, 1000), "1.585"))
+    ]
     return [
         Case(f"mean integer [0, {mean_hi}] n={mean_n} 1 bit", {"statistic": "mean", "column": "k"},
              ColumnMeta("k", "integer", bounds=(0, mean_hi)), mean_n, Fraction(1),
@@ -140,6 +170,35 @@ def aggregate_cases(size: AuditSize) -> list[Case]:
              real, 3, Fraction(2)),
         Case("sum real [-3.7, 12.1] n=2 5/2 bits", {"statistic": "sum", "column": "r"},
              real, 2, Fraction(5, 2)),
+        Case("mean integer [0, 2] n=3 2 bits (exact)", {"statistic": "mean", "column": "k"},
+             ColumnMeta("k", "integer", bounds=(0, 2)), 3, Fraction(2), _integers(0, 2)),
+        *order,
+        Case("median integer [0, 2] n=4 2 bits (exact, half-integers)",
+             {"statistic": "median", "column": "k"}, ColumnMeta("k", "integer", bounds=(0, 2)),
+             4, Fraction(2), _integers(0, 2)),
+        Case("median integer [0, 4] n=4 2 bits (S = R/2)",
+             {"statistic": "median", "column": "k"}, ColumnMeta("k", "integer", bounds=(0, 4)),
+             4, Fraction(2), _integers(0, 4)),
+        Case("mean real [-3.7, 12.1] n=3 edges 2 bits",
+             {"statistic": "mean", "column": "r", "edges": [-3.7, -1.0, 2.5, 3.0, 9.0, 12.1]},
+             real, 3, Fraction(2)),
+    ]
+
+
+def vector_cases(size: AuditSize) -> list[Case]:
+    """Two and three statistics of one integer column, each with its own bits."""
+    hi, n = (5, 3) if size == "full" else (4, 3)
+    column = ColumnMeta("k", "integer", bounds=(0, hi))
+    return [
+        Case(f"vector mean+median integer [0, {hi}] n={n} 1+1 bits",
+             {"queries": [{"statistic": "mean", "column": "k", "bits": 1},
+                          {"statistic": "median", "column": "k", "bits": 1}]},
+             column, n, Fraction(2), _integers(0, hi)),
+        Case(f"vector min+max+sum integer [0, {hi}] n={n} 1+1+1.585 bits",
+             {"queries": [{"statistic": "min", "column": "k", "bits": 1},
+                          {"statistic": "max", "column": "k", "bits": 1},
+                          {"statistic": "sum", "column": "k", "bits": 1.585}]},
+             column, n, Fraction(4), _integers(0, hi)),
     ]
 
 
@@ -224,7 +283,9 @@ class Runner:
 
 
 def _edges(runner: Runner) -> list[Fraction]:
-    """The quantizer's exact edges, from the public accuracy statement."""
+    """The quantizer's exact edges: given in the params, or from the accuracy statement."""
+    if "edges" in runner.params:
+        return [Fraction(e) for e in runner.params["edges"]]
     lo, hi = (Fraction(v) for v in runner.accuracy["range"])
     q = int(runner.accuracy["levels"])
     return [lo + (hi - lo) * k / q for k in range(q + 1)]
@@ -236,9 +297,11 @@ def _near(x: Fraction) -> list[float]:
     return [float(np.nextafter(v, -math.inf)), v, float(np.nextafter(v, math.inf))]
 
 
-def _exact(case: Case, values: Sequence[float]) -> Fraction:
+def _exact(case: Case, values: Sequence[float], params: Mapping[str, Any] | None = None,
+           ) -> Fraction:
     """The query's exact value on clipped records, computed independently of the mechanism."""
-    if case.params["statistic"] == "count":
+    statistic = (case.params if params is None else params)["statistic"]
+    if statistic == "count":
         return Fraction(sum(1 for v in values if v in (0.0, 1.0)))
     assert case.column.bounds is not None
     lo, hi = case.column.bounds
@@ -247,8 +310,15 @@ def _exact(case: Case, values: Sequence[float]) -> Fraction:
         v = lo if math.isnan(v) else v
         v = float(np.rint(v)) if case.finite else v
         clipped.append(Fraction(min(max(v, lo), hi)))
+    ordered = sorted(clipped)
+    if statistic == "min":
+        return ordered[0]
+    if statistic == "max":
+        return ordered[-1]
+    if statistic == "median":
+        return (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2
     total = sum(clipped, Fraction(0))
-    return total / len(values) if case.params["statistic"] == "mean" else total
+    return total / len(values) if statistic == "mean" else total
 
 
 def aggregate_slices(case: Case, runner: Runner) -> Iterator[tuple[int, list[float], list[float]]]:
@@ -300,6 +370,33 @@ def audit_aggregate_with(mechanism: Mechanism, case: Case) -> Tally:
             outputs.add(_key(out))
             if abs(Fraction(out.result["value"]) - _exact(case, values)) > allowed:
                 tally.error_violations += 1
+            if k == 0 and _key(runner.run(values, seed=1)) != _key(out):
+                tally.replay_violations += 1
+        tally.slices += 1
+        tally.worst = max(tally.worst, len(outputs))
+    return tally
+
+
+# --------------------------------------------------------------------------- vector
+
+
+def audit_vector_with(mechanism: Mechanism, case: Case) -> Tally:
+    """Worst joint count over every slice of a finite domain, and each coordinate's error."""
+    runner = Runner(mechanism, case)
+    tally = Tally(case.label, runner.charged)
+    items = runner.params["queries"]
+    slack = [ERROR_SLACK * (Fraction(a["range"][1]) - Fraction(a["range"][0]))
+             for a in runner.accuracy["coordinates"]]
+    for i, others, sweep in aggregate_slices(case, runner):
+        outputs = set()
+        for k, x in enumerate(sweep):
+            values = [*others[:i], x, *others[i:]]
+            out = runner.run(values)
+            outputs.add(_key(out))
+            for item, got, allowed, extra in zip(items, out.result["values"],
+                                                 out.accuracy["max_error"], slack, strict=True):
+                if abs(Fraction(got) - _exact(case, values, item)) > Fraction(allowed) + extra:
+                    tally.error_violations += 1
             if k == 0 and _key(runner.run(values, seed=1)) != _key(out):
                 tally.replay_violations += 1
         tally.slices += 1
@@ -385,17 +482,20 @@ def _report(mechanism: str, honest: Sequence[Tally], broken: Sequence[Tally]) ->
 
 
 def _cases(mechanism: str, size: AuditSize) -> list[Case]:
-    return aggregate_cases(size) if mechanism == "noiseless.aggregate" else local_cases(size)
+    return {"noiseless.aggregate": aggregate_cases, "noiseless.local": local_cases,
+            "noiseless.vector": vector_cases}[mechanism](size)
 
 
 def audit_with(mechanism: Mechanism, cases: Iterable[Case], seed: int) -> list[Tally]:
     """Every case of a noiseless mechanism (the registered one or a control)."""
     if isinstance(mechanism, NoiselessLocal):
         return [audit_local_with(mechanism, c, seed) for c in cases]
+    if isinstance(mechanism, NoiselessVector):
+        return [audit_vector_with(mechanism, c) for c in cases]
     return [audit_aggregate_with(mechanism, c) for c in cases]
 
 
-@entry("noiseless.aggregate", "noiseless.local")
+@entry("noiseless.aggregate", "noiseless.local", "noiseless.vector")
 def audit_noiseless(mechanism: str, size: AuditSize, seed: int) -> AuditReport:
     """Exhaustive distinct-output counts of the registered mechanism and its control."""
     chosen = _cases(mechanism, size)

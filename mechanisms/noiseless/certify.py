@@ -12,9 +12,11 @@ log2 of these counts, never of what one dataset happens to show.
 
 Choosing the number of levels: the paper's Theorem 8, q <= 2^ε·R/S, is off
 by one (an interval of length S meets up to ⌈qS/R⌉ + 1 bins, not qS/R);
-``paper_levels`` keeps it only to reproduce and refute it. The service uses
-``safe_levels`` (spec §6.3), whose 1e-9 margin on S leaves room for one
-more unit of error than exact evaluation needs.
+``paper_levels`` keeps it only to reproduce and refute it. The service
+evaluates every query exactly (fractions) and indexes it exactly, so it uses
+the exact corrected rule ``exact_levels`` with the exact certificate
+``max_outputs_uniform``. ``safe_levels`` (spec §6.3), whose 1e-9 margin on S
+costs one level, is kept for callers that evaluate f in floating point.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Registry entries ``noiseless.aggregate`` and ``noiseless.local`` (DESIGN §5).
+"""Registry entries ``noiseless.aggregate``, ``noiseless.vector`` and ``noiseless.local``.
 
 Both spend the ``noiseless_bits`` measure: bits of output count, composed by
 plain addition (Theorem 6), never mixed with DP's nats. The charge is log2 of
@@ -6,7 +6,9 @@ the certified count, rounded up to a multiple of 2^-40 and never above the
 request (``bits.charge``); handed back to ``accuracy``/``run`` as the budget,
 it re-plans to the very same quantizer. Costs and accuracy read public
 inputs only; ``run`` is deterministic (its ``rng`` is unused), so a replay
-reproduces the release exactly.
+reproduces the release exactly. Every result carries ``guarantees_bits``: the
+paper's information-theoretic bounds (Theorems 1, 2, 3, 5), each at most the
+charged ε.
 """
 
 from __future__ import annotations
@@ -29,21 +31,28 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    Work,
 )
 
 # ConditionSchema is the shared shape of "rows meeting a condition"; resolve_condition resolves it
 # against the metadata exactly as the DP baselines do, so a count means the same everywhere.
 from mechanisms.baselines import StatisticParamsSchema, resolve_condition
 from mechanisms.noiseless import central, local
-from mechanisms.noiseless.central import STATISTICS, ScalarPlan
+from mechanisms.noiseless.central import STATISTICS, ScalarPlan, ScalarRelease
+from mechanisms.noiseless.certify import exact_levels
 from mechanisms.noiseless.local import LocalPlan
+from mechanisms.noiseless.quantizer import ExactEdgeQuantizer
 from mechanisms.registry import register
 
 MEASURE = "noiseless_bits"
 #: budgets above this are refused as absurd (aggregates certify at most 2^40 outputs anyway)
 MAX_BITS = Fraction(1024)
-#: bins of a custom local quantizer
+#: bins of a custom quantizer (local or aggregate)
 MAX_EDGES = 4096
+#: coordinates of one vector release
+MAX_COORDINATES = 32
+#: the nominal budget of paper mode (the paper's q = ⌊2^ε·R/S⌋ must stay below 2^50)
+MAX_PAPER_BITS = 40
 #: quantizers with at most this many bins list their edges in the result
 LIST_LIMIT = 256
 PRIVACY_UNIT = (
@@ -55,10 +64,69 @@ PRIVACY_UNIT = (
 # --------------------------------------------------------------------------- params
 
 
+def _strictly_increasing(data: Mapping[str, Any]) -> None:
+    edges = data.get("edges")
+    if edges is not None and any(b <= a for a, b in itertools.pairwise(edges)):
+        raise ValidationError("edges must be strictly increasing.", "edges")
+
+
+def _edges_field() -> fields.List:
+    return fields.List(
+        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_EDGES + 1)
+    )
+
+
 class AggregateParamsSchema(StatisticParamsSchema):
-    """``statistic`` mean | sum (of ``column``) | count (rows meeting ``condition``)."""
+    """``statistic`` mean | sum | median | min | max (of ``column``) | count (rows meeting
+    ``condition``); optional public ``edges`` (non-uniform bins inside the query's range),
+    or ``paper_mode`` with ``paper_bits`` (the paper's Theorem 8 as printed, charged at
+    its true level)."""
 
     statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
+    edges = _edges_field()
+    paper_mode = fields.Boolean()
+    paper_bits = fields.Float(
+        allow_nan=False, validate=validate.Range(min=0, max=MAX_PAPER_BITS)
+    )
+
+    @validates_schema
+    def _check_quantizer(self, data: dict[str, Any], **kwargs: Any) -> None:
+        _strictly_increasing(data)
+        paper = data.get("paper_mode", False)
+        if paper and "paper_bits" not in data:
+            raise ValidationError("paper_mode needs paper_bits, the paper's nominal ε.",
+                                  "paper_bits")
+        if not paper and "paper_bits" in data:
+            raise ValidationError("paper_bits is read only with paper_mode: true.", "paper_bits")
+        if paper and "edges" in data:
+            raise ValidationError("paper_mode uses the paper's uniform bins; omit edges.",
+                                  "edges")
+
+
+class VectorItemSchema(StatisticParamsSchema):
+    """One coordinate of a vector release: a statistic, its own ``bits``, optional edges."""
+
+    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
+    edges = _edges_field()
+    bits = fields.Float(
+        required=True, allow_nan=False, validate=validate.Range(min=1, max=float(MAX_BITS))
+    )
+
+    @validates_schema
+    def _check_edges(self, data: dict[str, Any], **kwargs: Any) -> None:
+        _strictly_increasing(data)
+
+
+class VectorParamsSchema(Schema):
+    """``queries``: the coordinates, each with its own budget; their charges add."""
+
+    class Meta:
+        unknown = RAISE
+
+    queries = fields.List(
+        fields.Nested(VectorItemSchema), required=True,
+        validate=validate.Length(min=1, max=MAX_COORDINATES),
+    )
 
 
 class LocalParamsSchema(Schema):
@@ -68,15 +136,11 @@ class LocalParamsSchema(Schema):
         unknown = RAISE
 
     column = fields.String(required=True)
-    edges = fields.List(
-        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_EDGES + 1)
-    )
+    edges = _edges_field()
 
     @validates_schema
     def _check_edges(self, data: dict[str, Any], **kwargs: Any) -> None:
-        edges = data.get("edges")
-        if edges is not None and any(b <= a for a, b in itertools.pairwise(edges)):
-            raise ValidationError("edges must be strictly increasing.", "edges")
+        _strictly_increasing(data)
 
 
 # --------------------------------------------------------------------------- shared
@@ -134,14 +198,34 @@ def _fmt(bits: Fraction) -> str:
     return str(bits.numerator) if bits.denominator == 1 else f"{float(bits):.12g}"
 
 
-def _guarantee(count: int, bits: Fraction, local_release: bool) -> str:
+def _guarantee(count: int, bits: Fraction, local_release: bool, note: str = "") -> str:
     kind = "local noiseless privacy" if local_release else "noiseless privacy"
     scope = " for the whole released column" if local_release else ""
     return (
         f"{kind}: at most {count} distinct outputs per record{scope} (ε = {_fmt(bits)} bits,"
-        f" log2 of the count); not epsilon-DP; {PRIVACY_UNIT}; deterministic, so a replay"
-        " reveals nothing new"
+        f" log2 of the count{note}); not epsilon-DP; {PRIVACY_UNIT}; deterministic, so a"
+        " replay reveals nothing new"
     )
+
+
+def guarantees_bits(bits: Fraction) -> dict[str, float]:
+    """The paper's guarantees for a release charged ``bits``: each is at most ε (bits).
+
+    Theorem 1: maximin information I_⋆ <= symmetrized leakage L0^s <= leakage
+    L0(Y; X_i) <= ε, whatever the other records are set to; Theorem 2: zero-error
+    capacity of a stream of such releases <= ε; Theorem 3: performance of any
+    non-stochastic hypothesis test on one record <= ε; Theorem 5: maximal
+    leakage <= ε. All are upper bounds, in bits (log2).
+    """
+    value = float(bits)
+    return {
+        "nonstochastic_leakage_L0": value,
+        "symmetrized_leakage_L0s": value,
+        "maximin_information": value,
+        "zero_error_capacity": value,
+        "hypothesis_test_performance": value,
+        "maximal_leakage": value,
+    }
 
 
 def _column(data: Mapping[str, np.ndarray], name: str, n: int) -> NDArray[Any]:
@@ -160,16 +244,154 @@ VACUOUS = (
 # --------------------------------------------------------------------------- aggregate
 
 
+def _query(params: Mapping[str, Any], meta: DatasetMeta) -> central.Query:
+    """The public query of one statistic (count: of the rows meeting a condition)."""
+    statistic = params["statistic"]
+    n = meta.n_rows
+    if n < 1:
+        raise MechanismInputError("params.statistic", "the dataset has no rows")
+    if statistic == "count":
+        spec = params["condition"]
+        resolve_condition(spec, meta.column(spec["column"], "params.condition.column"))
+        return central.bounded_query("count", (0, 1), n)
+    column = meta.column(params["column"])
+    bounds, integer = _numeric(column, statistic)
+    try:
+        return central.bounded_query(statistic, bounds, n, integer=integer)
+    except ValueError:
+        raise MechanismInputError(
+            "params.column",
+            f"n_rows times the declared bounds of {column.name!r} overflows a double",
+        ) from None
+
+
+def scalar_plan(
+    params: Mapping[str, Any], bits: Fraction, meta: DatasetMeta, prefix: str = "params"
+) -> ScalarPlan:
+    """The plan of one statistic: corrected uniform rule, given edges, or paper mode."""
+    query = _query(params, meta)
+    edges = params.get("edges")
+    if edges is not None:
+        try:
+            return central.plan_edges(query, bits, edges)
+        except ValueError as exc:  # outside the range, too many outputs, or a constant
+            raise MechanismInputError(f"{prefix}.edges", str(exc)) from None
+    if params.get("paper_mode", False):
+        try:
+            return central.plan_paper(query, params["paper_bits"], bits)
+        except ValueError as exc:
+            field = "budget.noiseless_bits" if "true level" in str(exc) else f"{prefix}.paper_bits"
+            raise MechanismInputError(field, str(exc)) from None
+    return central.plan(query, bits)
+
+
+def _describe_quantizer(plan: ScalarPlan) -> dict[str, Any]:
+    q = plan.quantizer
+    kind = "exact" if plan.exact else "edges" if isinstance(q, ExactEdgeQuantizer) else "uniform"
+    doc: dict[str, Any] = {
+        "kind": kind,
+        "levels": q.levels,
+        "lower": float(q.lower),
+        "upper": float(q.upper),
+        "width": float(q.width),
+    }
+    if q.levels <= LIST_LIMIT:
+        doc["edges"] = [float(e) for e in q.edges]
+    return doc
+
+
+def _paper(plan: ScalarPlan) -> dict[str, Any] | None:
+    """Paper mode's labels: the nominal ε, the true one, and what the corrected rule gives."""
+    if plan.paper_bits is None:
+        return None
+    query = plan.query
+    allowed = central.levels_for_bits(plan.paper_bits)
+    corrected = 1 if allowed < 2 else exact_levels(
+        central.capped_count(allowed, query), query.sensitivity, query.span)
+    return {
+        "nominal_bits": float(plan.paper_bits),
+        "true_bits": math.log2(plan.count),
+        "true_count": plan.count,
+        "nominal_count": allowed,
+        "corrected_levels": corrected,
+    }
+
+
+def _scalar_result(
+    params: Mapping[str, Any], plan: ScalarPlan, released: ScalarRelease
+) -> dict[str, Any]:
+    result = {
+        "statistic": params["statistic"],
+        "column": params.get("column", params.get("condition", {}).get("column")),
+        **released.as_dict(),
+        "quantizer": _describe_quantizer(plan),
+        "certified_count": plan.count,
+        "bits": float(plan.bits),
+        "bits_exact": str(plan.bits),
+        "guarantees_bits": guarantees_bits(plan.bits),
+    }
+    paper = _paper(plan)
+    if paper is not None:
+        result["paper_mode"] = paper
+    return result
+
+
+def _scalar_accuracy(params: Mapping[str, Any], plan: ScalarPlan) -> dict[str, Any]:
+    q = plan.quantizer
+    error = float(plan.max_error)
+    exact = (
+        "number of rows meeting the condition"
+        if params["statistic"] == "count"
+        else f"{params['statistic']} of the data clipped to the declared bounds"
+    )
+    if plan.exact:
+        statement = (
+            f"The released value is the exact {exact}: the budget already allows as many"
+            " outputs as one record can cause, so no bin is wider than one possible value."
+        )
+    else:
+        shape = (f"one of {q.levels} of width {float(q.width):.6g}"
+                 if isinstance(q, central.UniformQuantizer)
+                 else f"one of {q.levels} given bins, the widest {float(q.width):.6g}")
+        statement = (
+            f"The released value is the midpoint of the bin ({shape}) holding the exact"
+            f" {exact}, so it is always within ±{error:.6g} of it (no randomness)."
+        )
+    warnings = [VACUOUS] if plan.vacuous else []
+    paper = _paper(plan)
+    if paper is not None:
+        warnings.append(
+            f"paper mode: Theorem 8 as printed sizes {q.levels} bins for"
+            f" {paper['nominal_bits']:.6g} bits, but one record can cause {plan.count}"
+            f" outputs (true ε = {paper['true_bits']:.6g} bits, charged); the corrected rule"
+            f" uses {paper['corrected_levels']} bins for {paper['nominal_count']} outputs"
+        )
+    return {
+        "deterministic": True,
+        "exact": plan.exact,
+        "levels": q.levels,
+        "bin_width": float(q.width),
+        "max_error": error,
+        "range": [float(q.lower), float(q.upper)],
+        "sensitivity": float(plan.query.sensitivity),
+        "certified_count": plan.count,
+        "bits": float(plan.bits),
+        "statement": statement,
+        "warnings": warnings,
+    }
+
+
 class NoiselessAggregate(Mechanism):
-    """Mean, sum or count, exactly evaluated and uniformly quantized (corrected Theorem 8)."""
+    """A bounded statistic, exactly evaluated and quantized (corrected Theorem 8, exact)."""
 
     name = "noiseless.aggregate"
     measures = (MEASURE,)
     params_schema = AggregateParamsSchema
     description = (
-        "Noiseless privacy (bits of output count, not DP): a bounded mean, sum or count,"
-        " computed exactly and released as the midpoint of one of q uniform bins, q from the"
-        " corrected, floating-point-safe Theorem 8 rule."
+        "Noiseless privacy (bits of output count, not DP): a bounded mean, sum, median, min,"
+        " max or count, computed exactly and released as the midpoint of one of q uniform"
+        " bins (q from the exact corrected Theorem 8 rule; exactly when the budget allows as"
+        " many outputs as one record can cause), or of given public edges."
     )
 
     def cost(
@@ -180,7 +402,7 @@ class NoiselessAggregate(Mechanism):
     def accuracy(
         self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     ) -> dict[str, Any]:
-        return self._accuracy(params, self._plan(params, read_bits(cost), meta))
+        return _scalar_accuracy(params, self._plan(params, read_bits(cost), meta))
 
     def run(
         self,
@@ -191,84 +413,121 @@ class NoiselessAggregate(Mechanism):
         rng: np.random.Generator,
     ) -> Output:
         plan = self._plan(params, read_bits(cost), meta)
-        if params["statistic"] == "count":
-            spec = params["condition"]
-            column = meta.column(spec["column"], "params.condition.column")
-            condition = resolve_condition(spec, column)
-            values = condition.mask(_column(data, spec["column"], meta.n_rows))
-        else:
-            values = _column(data, params["column"], meta.n_rows)
+        values = _records(data, params, meta)
         released = central.release(central.evaluate(plan.query, values), plan)
-        q = plan.quantizer
-        quantizer: dict[str, Any] = {
-            "kind": "uniform",
-            "levels": q.levels,
-            "lower": float(q.lower),
-            "upper": float(q.upper),
-            "width": float(q.width),
-        }
-        if q.levels <= LIST_LIMIT:
-            quantizer["edges"] = [float(q.lower + q.width * k) for k in range(q.levels + 1)]
-        result = {
-            "statistic": params["statistic"],
-            "column": params.get("column", params.get("condition", {}).get("column")),
-            **released.as_dict(),
-            "quantizer": quantizer,
-            "certified_count": plan.count,
-            "bits": float(plan.bits),
-            "bits_exact": str(plan.bits),
-        }
+        note = ""
+        if plan.paper_bits is not None:
+            note = f"; paper mode, nominal {_fmt(plan.paper_bits)} bits, true level charged"
         return Output(
-            result=result,
-            accuracy=self._accuracy(params, plan),
-            guarantee=_guarantee(plan.count, plan.bits, local_release=False),
+            result=_scalar_result(params, plan, released),
+            accuracy=_scalar_accuracy(params, plan),
+            guarantee=_guarantee(plan.count, plan.bits, local_release=False, note=note),
         )
 
     def _plan(self, params: Mapping[str, Any], bits: Fraction, meta: DatasetMeta) -> ScalarPlan:
-        statistic = params["statistic"]
-        n = meta.n_rows
-        if n < 1:
-            raise MechanismInputError("params.statistic", "the dataset has no rows")
-        if statistic == "count":
-            spec = params["condition"]
-            resolve_condition(spec, meta.column(spec["column"], "params.condition.column"))
-            query = central.bounded_query("count", (0, 1), n)
-        else:
-            column = meta.column(params["column"])
-            bounds, integer = _numeric(column, statistic)
-            try:
-                query = central.bounded_query(statistic, bounds, n, integer=integer)
-            except ValueError:
-                raise MechanismInputError(
-                    "params.column",
-                    f"n_rows times the declared bounds of {column.name!r} overflows a double",
-                ) from None
-        return central.plan(query, bits)
+        return scalar_plan(params, bits, meta)
 
-    def _accuracy(self, params: Mapping[str, Any], plan: ScalarPlan) -> dict[str, Any]:
-        q = plan.quantizer
-        error = float(plan.max_error)
-        exact = (
-            "number of rows meeting the condition"
-            if params["statistic"] == "count"
-            else f"{params['statistic']} of the data clipped to the declared bounds"
+
+def _records(
+    data: Mapping[str, np.ndarray], params: Mapping[str, Any], meta: DatasetMeta
+) -> NDArray[Any]:
+    """The records a statistic reads: its column, or the condition's mask for a count."""
+    if params["statistic"] == "count":
+        spec = params["condition"]
+        column = meta.column(spec["column"], "params.condition.column")
+        condition = resolve_condition(spec, column)
+        mask: NDArray[Any] = condition.mask(_column(data, spec["column"], meta.n_rows))
+        return mask
+    return _column(data, params["column"], meta.n_rows)
+
+
+# --------------------------------------------------------------------------- vector
+
+
+class NoiselessVector(Mechanism):
+    """Several statistics in one release, each quantized with its own bits; charges add."""
+
+    name = "noiseless.vector"
+    measures = (MEASURE,)
+    params_schema = VectorParamsSchema
+    description = (
+        "Noiseless privacy (bits of output count, not DP): several bounded statistics in"
+        " one release, each planned as noiseless.aggregate with its own bits; the charge is"
+        " the sum of the coordinates' charges (composition, Theorem 6)."
+    )
+
+    def cost(
+        self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+    ) -> dict[str, Fraction]:
+        total = read_bits(budget)
+        charged = sum((p.bits for p in self._plans(params, meta)), Fraction(0))
+        if charged > total:
+            raise MechanismInputError(
+                f"budget.{MEASURE}",
+                f"the coordinates' charges add up to {float(charged):.6g} bits, above the budget",
+            )
+        return {MEASURE: charged}
+
+    def accuracy(
+        self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
+    ) -> dict[str, Any]:
+        self.cost(params, cost, meta)
+        return self._accuracy(params, self._plans(params, meta))
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        bits = self.cost(params, cost, meta)[MEASURE]
+        plans = self._plans(params, meta)
+        coordinates = []
+        for item, plan in zip(params["queries"], plans, strict=True):
+            released = central.release(
+                central.evaluate(plan.query, _records(data, item, meta)), plan)
+            coordinates.append(_scalar_result(item, plan, released))
+        count = math.prod(p.count for p in plans)
+        result = {
+            "values": [c["value"] for c in coordinates],
+            "coordinates": coordinates,
+            "certified_count": count,
+            "bits": float(bits),
+            "bits_exact": str(bits),
+            "guarantees_bits": guarantees_bits(bits),
+        }
+        return Output(
+            result=result,
+            accuracy=self._accuracy(params, plans),
+            guarantee=_guarantee(count, bits, local_release=False,
+                                 note=", the coordinates' charges added (Theorem 6)"),
         )
-        statement = (
-            f"The released value is the midpoint of the bin (one of {q.levels} of width"
-            f" {float(q.width):.6g}) holding the exact {exact}, so it is always within"
-            f" ±{error:.6g} of it (no randomness)."
-        )
+
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        return Work(float(max(meta.n_rows, 1)) * len(params["queries"]), "params.queries")
+
+    def _plans(self, params: Mapping[str, Any], meta: DatasetMeta) -> list[ScalarPlan]:
+        return [scalar_plan(item, Fraction(item["bits"]), meta, f"params.queries.{j}")
+                for j, item in enumerate(params["queries"])]
+
+    def _accuracy(self, params: Mapping[str, Any], plans: list[ScalarPlan]) -> dict[str, Any]:
+        parts = [_scalar_accuracy(item, p) for item, p in zip(params["queries"], plans,
+                                                              strict=True)]
+        warnings = sorted({w for part in parts for w in part["warnings"]})
         return {
             "deterministic": True,
-            "levels": q.levels,
-            "bin_width": float(q.width),
-            "max_error": error,
-            "range": [float(q.lower), float(q.upper)],
-            "sensitivity": float(plan.query.sensitivity),
-            "certified_count": plan.count,
-            "bits": float(plan.bits),
-            "statement": statement,
-            "warnings": [VACUOUS] if plan.vacuous else [],
+            "max_error": [part["max_error"] for part in parts],
+            "coordinates": parts,
+            "certified_count": math.prod(p.count for p in plans),
+            "bits": float(sum((p.bits for p in plans), Fraction(0))),
+            "statement": (
+                f"{len(plans)} statistics, each the midpoint of the bin holding its exact value"
+                " (see coordinates); the joint release has at most the product of their"
+                " counts per record"
+            ),
+            "warnings": warnings,
         }
 
 
@@ -314,6 +573,7 @@ class NoiselessLocal(Mechanism):
             "certified_count": plan.count,
             "bits": float(plan.bits),
             "bits_exact": str(plan.bits),
+            "guarantees_bits": guarantees_bits(plan.bits),
         }
         return Output(
             result=result,
@@ -373,15 +633,20 @@ def certify(
     """Distinct outputs one record can cause through this release, from public inputs only.
 
     It is the count whose log2 ``cost`` charges: for an aggregate, the
-    certificate of ``central.plan`` (proof in ``certify.max_outputs_uniform``
-    and ``certify.safe_levels``); for a local release, the reachable bins of
-    the record quantizer (exact: the released column changes only in the
-    replaced record's row, ``local``).
+    certificate of ``central.certify_scalar`` (proofs in
+    ``certify.max_outputs_uniform`` and ``certify.certified_count_edges``);
+    for a vector, the product of its coordinates' (Theorem 6); for a local
+    release, the reachable bins of the record quantizer (exact: the released
+    column changes only in the replaced record's row, ``local``).
     """
+    if isinstance(mechanism, NoiselessVector):
+        mechanism.cost(params, budget, meta)
+        return math.prod(p.count for p in mechanism._plans(params, meta))
     if not isinstance(mechanism, NoiselessAggregate | NoiselessLocal):
         raise TypeError(f"{mechanism.name} is not a noiseless mechanism")
     return mechanism._plan(params, read_bits(budget), meta).count
 
 
 aggregate_mechanism = register(NoiselessAggregate())
+vector_mechanism = register(NoiselessVector())
 local_mechanism = register(NoiselessLocal())

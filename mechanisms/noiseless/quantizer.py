@@ -12,6 +12,8 @@ its bins *are* the float intervals, so there is nothing to round.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -48,6 +50,11 @@ class UniformQuantizer:
     @property
     def width(self) -> Fraction:
         return (self.upper - self.lower) / self.levels
+
+    @property
+    def edges(self) -> tuple[Fraction, ...]:
+        """The ``levels + 1`` exact edges (a tuple of fractions: keep ``levels`` small)."""
+        return tuple(self.lower + self.width * k for k in range(self.levels + 1))
 
     def index(self, y: Number) -> int:
         """0-based bin of ``y`` after clipping to [lower, upper]; exact."""
@@ -86,6 +93,58 @@ class UniformQuantizer:
         edges = np.clip(edges, lo, hi)
         edges[0], edges[-1] = lo, hi
         return np.maximum.accumulate(edges)
+
+
+@dataclass(frozen=True, init=False)
+class ExactEdgeQuantizer:
+    """Bins between strictly increasing exact edges; indexes one scalar exactly.
+
+    The non-uniform counterpart of ``UniformQuantizer`` for an aggregate: the
+    query value is a fraction, the edges are fractions, so the bin is decided
+    by exact comparisons (half-open bins, the last one closed, values clipped
+    to [edges[0], edges[-1]]).
+    """
+
+    edges: tuple[Fraction, ...]
+
+    def __init__(self, edges: tuple[Number, ...] | list[Number]) -> None:
+        exact = tuple(_exact(e, "edges") for e in edges)
+        if len(exact) < 2 or any(b <= a for a, b in itertools.pairwise(exact)):
+            raise ValueError("edges must be strictly increasing, at least two")
+        object.__setattr__(self, "edges", exact)
+
+    @property
+    def levels(self) -> int:
+        return len(self.edges) - 1
+
+    @property
+    def lower(self) -> Fraction:
+        return self.edges[0]
+
+    @property
+    def upper(self) -> Fraction:
+        return self.edges[-1]
+
+    @property
+    def width(self) -> Fraction:
+        """The widest bin."""
+        return max(b - a for a, b in itertools.pairwise(self.edges))
+
+    def index(self, y: Number) -> int:
+        """0-based bin of ``y`` after clipping to [lower, upper]; exact."""
+        v = min(max(_exact(y, "y"), self.lower), self.upper)
+        return min(self.levels - 1, bisect.bisect_right(self.edges, v) - 1)
+
+    def bin(self, k: int) -> tuple[Fraction, Fraction]:
+        """[left, right) of bin k (closed on the right for the last bin)."""
+        if not 0 <= k < self.levels:
+            raise IndexError("bin index out of range")
+        return self.edges[k], self.edges[k + 1]
+
+    def representative(self, k: int) -> Fraction:
+        """The value released for bin k: its midpoint."""
+        left, right = self.bin(k)
+        return (left + right) / 2
 
 
 def _midpoints(edges: NDArray[np.float64]) -> NDArray[np.float64]:

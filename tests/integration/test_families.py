@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from service import apikeys
 from tests.integration.conftest import Api
@@ -232,6 +233,51 @@ def test_noiseless_local_release_is_deterministic_and_composes(api: Api, worker:
                                       "params": {"column": "wage"},
                                       "budget": {"noiseless_bits": 0.5}})
     assert small.status_code == 422 and small.get_json()["field"] == "budget.noiseless_bits"
+
+
+def test_noiseless_queries_vector_edges_and_paper_mode(api: Api, worker: Any) -> None:
+    """Issue #17 items 10-12 over HTTP: exact counts, a median, a vector whose charges add,
+    given edges, paper mode charged its true level, ``guarantees_bits`` in each payload."""
+    ages = [20, 30, 40, 50, 60, 70, 35, 45]
+    meta = {"name": "ages", "budgets": {"noiseless_bits": 20},
+            "columns": {"age": {"type": "integer", "bounds": [0, 100]},
+                        "g": {"type": "categorical", "categories": ["a", "b"]}}}
+    csv = "age,g\n" + "".join(f"{a},{'ab'[a % 20 == 0]}\n" for a in ages)
+    resp = api.upload(csv, meta)
+    assert resp.status_code == 201, resp.get_json()
+    ds = resp.get_json()["id"]
+    count = _release(api, ds, "noiseless.aggregate",
+                     {"statistic": "count", "condition": {"column": "g", "op": "eq",
+                                                          "value": "b"}},
+                     {"noiseless_bits": 1})
+    assert count["result"]["value"] == 3 and count["cost"]["noiseless_bits"] == 1  # exact
+    median = _release(api, ds, "noiseless.aggregate", {"statistic": "median", "column": "age"},
+                      {"noiseless_bits": 2})
+    assert median["result"]["quantizer"]["levels"] == 6  # n = 8 even: S = R/2, q = 2(K − 1)
+    assert abs(median["result"]["value"] - 42.5) <= median["accuracy"]["max_error"]
+    assert median["result"]["guarantees_bits"]["maximal_leakage"] == 2
+    vector = _release(api, ds, "noiseless.vector",
+                      {"queries": [{"statistic": "min", "column": "age", "bits": 1},
+                                   {"statistic": "max", "column": "age", "bits": 2}]},
+                      {"noiseless_bits": 3})
+    assert vector["cost"]["noiseless_bits"] == 3 and vector["result"]["certified_count"] == 8
+    assert len(vector["result"]["values"]) == 2
+    edges = _release(api, ds, "noiseless.aggregate",
+                     {"statistic": "mean", "column": "age", "edges": [0, 30, 45, 100]},
+                     {"noiseless_bits": 2})
+    assert edges["result"]["bin"] == [30, 45] and edges["result"]["value"] == 37.5
+    est = api.post("/v1/releases/estimate", {
+        "dataset_id": ds, "mechanism": "noiseless.aggregate",
+        "params": {"statistic": "mean", "column": "age", "paper_mode": True, "paper_bits": 1},
+        "budget": {"noiseless_bits": 2}})
+    assert est.status_code == 200, est.get_json()
+    assert est.get_json()["cost"]["noiseless_bits"] == pytest.approx(math.log2(3), abs=1e-8)
+    refused = api.post("/v1/releases", {
+        "dataset_id": ds, "mechanism": "noiseless.aggregate",
+        "params": {"statistic": "mean", "column": "age", "paper_mode": True, "paper_bits": 1},
+        "budget": {"noiseless_bits": 1}})
+    assert refused.status_code == 422
+    assert refused.get_json()["field"] == "budget.noiseless_bits"
 
 
 def test_dip_microdata_default_and_public_reference(api: Api, worker: Any) -> None:

@@ -72,7 +72,10 @@ MENU: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
                 ({"statistic": "sum", "column": "x"}, EPS),
                 ({"statistic": "histogram", "column": "k", "bins": 3}, EPS)],
     "noiseless.aggregate": [({"statistic": "mean", "column": "x"}, BITS),
-                            ({"statistic": "sum", "column": "k"}, BITS)],
+                            ({"statistic": "sum", "column": "k"}, BITS),
+                            ({"statistic": "median", "column": "x"}, BITS)],
+    "noiseless.vector": [({"queries": [{"statistic": "mean", "column": "x", "bits": 1},
+                                       {"statistic": "max", "column": "k", "bits": 2}]}, BITS)],
     "noiseless.local": [({"column": "x"}, BITS), ({"column": "k"}, BITS)],
     "subset.custom": [({"column": "g", "design": {
         "type": "mu", "subsets": PAIRS6,

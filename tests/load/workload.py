@@ -137,6 +137,10 @@ REQUESTS: dict[str, Callable[[random.Random], Request]] = {
                                       {"noiseless_bits": r.choice([1, 2, 3])}),
     "noiseless.local": lambda r: ({"column": r.choice(["income", "w"])},
                                   {"noiseless_bits": r.choice([1, 2, 3])}),
+    "noiseless.vector": lambda r: ({"queries": [
+        {"statistic": r.choice(["median", "min"]), "column": "income", "bits": 1},
+        {"statistic": "max", "column": r.choice(["w", "age"]), "bits": 1}]},
+        {"noiseless_bits": 2}),
     "iclp.mean": lambda r: ({"column": "f"}, {"epsilon": _eps(r)}),
     "frl.mean": lambda r: ({"column": "f"}, {"epsilon": _eps(r)}),
     "iclp.kde": lambda r: ({"column": "income"}, {"epsilon": _eps(r)}),

@@ -1,7 +1,8 @@
 """The noiseless audit entries (``mechanisms.noiseless.audit``): exhaustive counts pass the
 registered mechanisms, reach their certificates, and refute the controls.
 
-About 12 s: the aggregate entry enumerates ~7 000 datasets for the mechanism and its control.
+About 25 s: the aggregate entry enumerates ~12 000 datasets for the mechanism and its control,
+the vector entry ~2 000.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from mechanisms.noiseless.mechanism import certify
 SEED = 14
 
 
-@pytest.mark.parametrize("name", ["noiseless.aggregate", "noiseless.local"])
+@pytest.mark.parametrize("name", ["noiseless.aggregate", "noiseless.local", "noiseless.vector"])
 def test_entry_passes_the_mechanism_and_catches_its_control(name: str) -> None:
     assert entries.entries()[name] is audit.audit_noiseless
     report = entries.entries()[name](name, "ci", SEED)
@@ -49,12 +50,13 @@ def test_search_reaches_every_certificate(name: str) -> None:
 
 def test_paper_control_is_off_by_one_bin_and_keeps_the_charge() -> None:
     """Theorem 8 as printed: mean of n = 4 records on [0, 4], 1 bit. The honest quantizer
-    has 3 levels; the paper's has ⌊2·4⌋ = 8, charged the same 1 bit, and with the others at
-    0 the slice {0, 1/4, …, 1} meets bins 0, 1 and 2: 3 outputs > 2^1."""
+    has the exact corrected q* = (2 − 1)·4 = 4 levels; the paper's has ⌊2·4⌋ = 8, charged
+    the same 1 bit, and with the others at 0 the slice {0, 1/4, …, 1} meets bins 0, 1 and
+    2: 3 outputs > 2^1."""
     case = audit.aggregate_cases("ci")[0]
     honest = audit.Runner(registry.get("noiseless.aggregate"), case)
     broken = audit.Runner(audit.control("noiseless.aggregate"), case)
-    assert honest.accuracy["levels"] == 3 and broken.accuracy["levels"] == 8
+    assert honest.accuracy["levels"] == 4 and broken.accuracy["levels"] == 8
     assert honest.charged == broken.charged == 1
     outputs = {broken.run([0, 0, 0, x]).result["bin_index"] for x in range(5)}
     assert outputs == {0, 1, 2}
@@ -119,3 +121,36 @@ def test_honest_aggregate_never_exceeds_its_charge(hi: int, n: int, bits: Fracti
     assert tally.passed, tally.text()
     runner = audit.Runner(registry.get("noiseless.aggregate"), case)
     assert tally.worst <= runner.accuracy["certified_count"]
+
+
+def test_vector_joint_count_between_max_and_product_and_max_charge_is_caught() -> None:
+    """Composition is a sum of bits (a product of counts): the joint worst count of two
+    coordinates exceeds the larger coordinate's count, so charging the max (the control)
+    is refuted, while the honest sum is never exceeded."""
+    cases = audit.vector_cases("ci")
+    name = "noiseless.vector"
+    honest = audit.audit_with(registry.get(name), cases, SEED)
+    broken = audit.audit_with(audit.control(name), cases, SEED)
+    for case, good, bad in zip(cases, honest, broken, strict=True):
+        runner = audit.Runner(registry.get(name), case)
+        parts = [c["certified_count"] for c in runner.accuracy["coordinates"]]
+        assert max(parts) < good.worst <= certify(registry.get(name), runner.params,
+                                                  {"noiseless_bits": case.bits}, runner.meta)
+        assert good.passed, good.text()
+        assert not bad.passed and bad.charged == max(
+            Fraction(c["bits"]) for c in runner.accuracy["coordinates"])
+
+
+def test_order_statistics_and_exact_cases_reach_their_certificates() -> None:
+    """Median, min and max (S = R, q = K; S = R/2 for an even-n median) and the exactly
+    released mean and even-n median attain, and never exceed, the certified count on every
+    dataset of their domains."""
+    cases = [c for c in audit.aggregate_cases("ci")
+             if c.params["statistic"] in ("median", "min", "max") or "exact" in c.label]
+    assert len(cases) == 6
+    mech = registry.get("noiseless.aggregate")
+    for case, tally in zip(cases, audit.audit_with(mech, cases, SEED), strict=True):
+        runner = audit.Runner(mech, case)
+        assert tally.worst == runner.accuracy["certified_count"] and tally.passed, tally.text()
+        if "exact" in case.label:
+            assert runner.accuracy["exact"] and runner.accuracy["max_error"] == 0

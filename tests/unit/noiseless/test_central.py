@@ -69,14 +69,14 @@ def test_sumset_shortcut_agrees_with_literal_definition() -> None:
 
 
 def test_values_exactly_on_bin_edges_production_path() -> None:
-    """Integer records 0..11, n = 4, ε = 2: q = 11 puts every edge on an integer mean."""
-    query = nl.bounded_query("mean", (0, 11), 4, integer=True)
+    """Integer records 0..12, n = 4, ε = 2: q* = 3·4 = 12 puts every edge on an integer mean."""
+    query = nl.bounded_query("mean", (0, 12), 4, integer=True)
     plan = nl.plan(query, 2)
-    assert plan.quantizer.levels == 11 and plan.quantizer.width == 1
+    assert plan.quantizer.levels == 12 and plan.quantizer.width == 1
     worst, on_edge = 0, 0
-    for rest in itertools.product(range(12), repeat=3):
+    for rest in itertools.product(range(13), repeat=3):
         outs = set()
-        for v in range(12):
+        for v in range(13):
             value = central.evaluate(query, np.array((v, *rest), dtype=np.int64))
             on_edge += value.denominator == 1
             outs.add(central.release(value, plan).index)
@@ -220,7 +220,7 @@ def test_clipping_and_missing_values() -> None:
 def test_aggregate_notebook_entry_point() -> None:
     x = np.random.default_rng(5).uniform(0, 100, 300)
     plan, out = nl.aggregate(x, "mean", 2, (0, 100))
-    assert plan.quantizer.levels == 899 and plan.count == 4 and plan.bits == 2
+    assert plan.quantizer.levels == 900 and plan.count == 4 and plan.bits == 2  # (K − 1)·n
     exact = nl.exact_float_sum(x) / 300
     assert abs(F(out.value) - exact) <= plan.max_error * (1 + F(1, 10**12))
     assert out.bin[0] <= float(exact) <= out.bin[1]
@@ -237,7 +237,7 @@ def test_bounded_query_table_and_refusals() -> None:
     with pytest.raises(ValueError):
         nl.bounded_query("sum", (0, 1e308), 10)  # n·hi overflows the output's double
     with pytest.raises(ValueError):
-        nl.bounded_query("median", (0, 1), 3)
+        nl.bounded_query("mode", (0, 1), 3)
     with pytest.raises(ValueError):
         nl.bounded_query("mean", (1, 1), 3)
     with pytest.raises(ValueError):

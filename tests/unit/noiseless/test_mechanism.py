@@ -98,7 +98,7 @@ def test_registered_with_the_bits_measure() -> None:
 @pytest.mark.parametrize(
     ("name", "params"),
     [
-        ("noiseless.aggregate", {"statistic": "median", "column": "age"}),
+        ("noiseless.aggregate", {"statistic": "mode", "column": "age"}),
         ("noiseless.aggregate", {"statistic": "mean"}),
         ("noiseless.aggregate", {"statistic": "count"}),
         (
@@ -268,8 +268,8 @@ def test_aggregate_output_shape_and_accuracy() -> None:
     assert out.table is None
     assert r["statistic"] == "mean" and r["column"] == "wage"
     assert (
-        r["quantizer"]["kind"] == "uniform" and r["quantizer"]["levels"] == (4 - 1) * N_ROWS - 1
-    )  # safe rule
+        r["quantizer"]["kind"] == "uniform" and r["quantizer"]["levels"] == (4 - 1) * N_ROWS
+    )  # the exact corrected rule q* = (K − 1)·R/S
     assert r["bin"][0] <= r["value"] <= r["bin"][1]
     clipped = np.clip(np.nan_to_num(DATA["wage"], nan=0.0), 0.0, 200_000.0)
     exact = nl.exact_float_sum(clipped) / N_ROWS
@@ -281,22 +281,26 @@ def test_aggregate_output_shape_and_accuracy() -> None:
     )
 
 
-def test_count_output_and_vacuity_warning() -> None:
+def test_count_is_released_exactly_for_one_bit() -> None:
+    """A count's slice image is two points, so 1 bit certifies any quantizer: the count is
+    released exactly (one bin per value). Catches the old n − 1 bins of width n/(n − 1)."""
     _, out = _release("noiseless.aggregate", COUNT, F(3))
     truth = int(np.count_nonzero(np.isin(DATA["race"], [0, 2])))
-    assert abs(out.result["value"] - truth) <= out.accuracy["max_error"] + 1e-9
-    assert out.result["column"] == "race"
+    assert out.result["value"] == truth and out.accuracy["max_error"] == 0
+    assert out.result["column"] == "race" and out.result["certified_count"] == 2
     assert out.accuracy["warnings"] and "exactly" in out.accuracy["warnings"][0]
     q = out.result["quantizer"]
-    assert q["levels"] == N_ROWS - 1 and "edges" not in q  # long grids: lower, upper, width
-    assert q["upper"] - q["lower"] == pytest.approx(q["width"] * q["levels"])
+    assert q["kind"] == "exact" and q["levels"] == N_ROWS + 1 and "edges" not in q
+    assert (q["lower"], q["upper"], q["width"]) == (-0.5, N_ROWS + 0.5, 1.0)
     small = DatasetMeta(n_rows=10, columns=META.columns)
     mech = _mech("noiseless.aggregate")
     loaded = mech.load_params(COUNT)
-    cost = mech.cost(loaded, _budget(3), small)
-    edges = mech.run({"race": DATA["race"][:10]}, loaded, cost, small, np.random.default_rng(0))
-    listed = edges.result["quantizer"]["edges"]
-    assert len(listed) == 10 and listed[0] == 0 and listed[-1] == 10  # 9 bins on [0, 10]
+    cost = mech.cost(loaded, _budget(1), small)
+    assert cost == {"noiseless_bits": 1}
+    run = mech.run({"race": DATA["race"][:10]}, loaded, cost, small, np.random.default_rng(0))
+    listed = run.result["quantizer"]["edges"]
+    assert listed == [k - 0.5 for k in range(12)]  # 11 unit bins centred on 0..10
+    assert run.result["value"] == int(np.count_nonzero(np.isin(DATA["race"][:10], [0, 2])))
 
 
 def test_local_output_table_in_row_order() -> None:
