@@ -9,6 +9,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from mechanisms.interval.anchors import FAMILIES, FUNCTIONALS, LOCATION_SCALE
+from mechanisms.interval.parametric import FAMILIES as FAMILY_NAMES
 from mechanisms.interval.transforms import NAMES
 
 MAX_M = 64
@@ -215,6 +216,17 @@ class MomentsParams(NPMLEParams):
                          load_default=lambda: [1, 2], validate=validate.Length(min=1, max=8))
     convention = fields.String(load_default="right",
                                validate=validate.OneOf(("right", "left", "midpoint")))
+
+
+class MLEParams(Schema):
+    """Parametric MLE (spec §3.2): ``family`` among parametric.FAMILIES."""
+
+    class Meta:
+        unknown = RAISE
+
+    family = fields.String(load_default="normal", validate=validate.OneOf(FAMILY_NAMES))
+    max_iter = fields.Integer(strict=True, load_default=200, validate=validate.Range(1, 10_000))
+    tol = fields.Float(load_default=1e-8, validate=validate.Range(1e-12, 1e-2))
 
 
 class _ScaleField(fields.Field):

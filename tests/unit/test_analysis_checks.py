@@ -64,6 +64,8 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("npmle", {"method": "pava"}),
     ("npmle", {"method": "cnm", "max_iter": 30}),
     ("moments", {"method": "pava"}),
+    ("mle", {"family": "normal"}),
+    ("mle", {"family": "lognormal", "max_iter": 20}),
     ("regression", {"features": FEATURES, "max_iter": 5}),
     ("regression", {"features": FEATURES[:-1], "max_iter": 5}),
     ("regression", {"features": FEATURES, "max_iter": 5, "predict": [[1.0, 2.0]]}),

@@ -325,3 +325,22 @@ def test_calibration_is_a_fixed_point(name: str, raw: dict[str, Any], lam: Fract
     again = service.plan(mech.kind, params, META, next(iter(cost.values())))
     assert again.calibrated == chosen
     assert again.charge == next(iter(cost.values()))
+
+
+def test_mle_analysis() -> None:
+    """The ``mle`` analysis over a Case-II release of N(0, 1) data (one outlier at the
+    secret): within 4 SE of (0, 1) for loc, the SE of order 1/sqrt(n), deterministic, and
+    lognormal on a column that may be negative is refused naming the field."""
+    view = _view("interval.case2", {"column": "x", "anchors": {"family": "logistic",
+                                                                "scale": 1}})
+    fit = _analyse(view, "mle", {"family": "normal"})
+    assert fit["converged"] and fit["post_processing"]
+    assert abs(fit["params"]["loc"]) < 4 * fit["se"]["loc"] < 0.2
+    assert abs(fit["params"]["scale"] - 1) < 4 * fit["se"]["scale"]
+    assert _analyse(view, "mle", {"family": "normal"}) == fit
+    a = registry.get("interval.case2").analyses["mle"]
+    with pytest.raises(MechanismInputError) as err:
+        a.check(view, a.load_params({"family": "lognormal"}), [])
+    assert err.value.field == "params.family"
+    with pytest.raises(marshmallow.ValidationError):
+        a.load_params({"family": "cauchy"})
