@@ -4,14 +4,14 @@ Algorithm-1 regression. They read only the released table and public metadata.""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from mechanisms.base import Analysis, MechanismInputError, ReleaseView, Work
-from mechanisms.interval import schemas
+from mechanisms.interval import functionals, schemas
 from mechanisms.interval.designs import pieces_from_table
 from mechanisms.interval.estimators import example2_mean, moments
 from mechanisms.interval.npmle import (
@@ -162,8 +162,10 @@ def _identifiability_warnings(design: Mapping[str, Any], support: tuple[float, f
     return warnings
 
 
-def _fit_npmle(release: ReleaseView, params: Mapping[str, Any]) -> tuple[NPMLEResult,
-                                                                         list[str], int]:
+def _npmle_fitter(release: ReleaseView, params: Mapping[str, Any]
+                  ) -> tuple[Callable[[NDArray[np.int64] | None], NPMLEResult], int, int]:
+    """A refit of the NPMLE on rows (indices into the used records; None: all of them),
+    the number of used records and of skipped (null) ones."""
     design = _design(release)
     pieces, released, exact = _ranges(release)
     used = released & ~pieces.empty().all(axis=1)
@@ -173,22 +175,46 @@ def _fit_npmle(release: ReleaseView, params: Mapping[str, Any]) -> tuple[NPMLERe
     if method == "auto":
         method = "pava" if _case1_ready(design, exact[used]) else "auto"
     kwargs: dict[str, Any] = {"tol": params["tol"]}
+    n_used = int(np.count_nonzero(used))
+    skipped = int(pieces.n - n_used)
     if method == "pava":
         if not _case1_ready(design, exact[used]):
             raise MechanismInputError("params.method", "pava needs Case-I ranges on the raw"
                                       " column without exact reports")
         u = _column(release, "anchor_1").astype(np.float64)[used]
         delta = _column(release, "delta").astype(np.float64)[used]
-        res = npmle_case1(u, delta, **kwargs)
-    else:
-        if "max_iter" in params:
-            kwargs["max_iter"] = params["max_iter"]
-        res = npmle(pieces.take(used), method, **kwargs)
-    warnings = _identifiability_warnings(design, _support(release))
+
+        def fit_pava(rows: NDArray[np.int64] | None) -> NPMLEResult:
+            if rows is None:
+                return npmle_case1(u, delta, **kwargs)
+            return npmle_case1(u[rows], delta[rows], **kwargs)
+
+        return fit_pava, n_used, skipped
+    if "max_iter" in params:
+        kwargs["max_iter"] = params["max_iter"]
+    ranges = pieces.take(used)
+
+    def fit_general(rows: NDArray[np.int64] | None) -> NPMLEResult:
+        if rows is None:
+            return npmle(ranges, method, **kwargs)
+        # a resample as distinct rows weighted by their multiplicity
+        counts = np.bincount(rows, minlength=ranges.n)
+        keep = np.nonzero(counts)[0]
+        return npmle(ranges.take(keep), method, weights=counts[keep].astype(np.float64),
+                     **kwargs)
+
+    return fit_general, n_used, skipped
+
+
+def _fit_npmle(release: ReleaseView, params: Mapping[str, Any]) -> tuple[NPMLEResult,
+                                                                         list[str], int]:
+    fit, _, skipped = _npmle_fitter(release, params)
+    res = fit(None)
+    warnings = _identifiability_warnings(_design(release), _support(release))
     if not res.converged:
         warnings.append(f"not converged: KKT gap {res.kkt_gap:.3g} after {res.iterations}"
                         " iterations; raise max_iter")
-    return res, warnings, int(pieces.n - np.count_nonzero(used))
+    return res, warnings, skipped
 
 
 def _check_npmle(release: ReleaseView, params: Mapping[str, Any]) -> None:
@@ -382,6 +408,94 @@ class MLEAnalysis(Analysis):
         return out
 
 
+#: bootstrap refits only on releases up to this many records (each refit is an NPMLE)
+MAX_BOOTSTRAP_RECORDS = 1_000_000
+
+
+class FunctionalsAnalysis(_FromNPMLE):
+    """Functionals of F from the NPMLE (spec §3.5, Example 1): P(Y <= t), P(a < Y <= b),
+    E[Y | a < Y <= b] and quantiles, with a percentile bootstrap over released records.
+    Post-processing (Thm 6): free; the bootstrap's randomness touches no data."""
+
+    name = "functionals"
+    params_schema = schemas.FunctionalsParams
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        if params["bootstrap"] and _rows(release) > MAX_BOOTSTRAP_RECORDS:
+            raise MechanismInputError(
+                "params.bootstrap", f"the bootstrap refits at most {MAX_BOOTSTRAP_RECORDS}"
+                " records; set bootstrap to 0 for point estimates")
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        one = _npmle_work(release, params)
+        if not params["bootstrap"]:
+            return one
+        return Work(one.units * (1 + params["bootstrap"]), "params.bootstrap",
+                    "fewer bootstrap replicates (each refits the NPMLE)")
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        fit, n_used, skipped = _npmle_fitter(release, params)
+        res = fit(None)
+        warnings = _identifiability_warnings(_design(release), _support(release))
+        if not res.converged:
+            warnings.append(f"not converged: KKT gap {res.kkt_gap:.3g} after"
+                            f" {res.iterations} iterations; raise max_iter")
+        support = _support(release)
+        specs = params["functionals"]
+        convention = params["convention"]
+        point = functionals.values(res, specs, convention, support)
+        _, placed = res.atoms(convention, support)
+        warnings += placed
+        replicates = params["bootstrap"]
+        intervals: list[tuple[float, float] | None] = [None] * len(specs)
+        ses: list[float | None] = [None] * len(specs)
+        failed = 0
+        if replicates:
+            draws, failed = functionals.bootstrap(fit, n_used, specs, replicates, rng,
+                                                  convention, support)
+            intervals = functionals.percentile_interval(draws, params["level"])
+            ses = [float(np.nanstd(c, ddof=1)) if np.sum(np.isfinite(c)) > 1 else None
+                   for c in draws.T]
+            if failed:
+                warnings.append(f"{failed} of {replicates} bootstrap refits did not certify"
+                                " and were dropped; raise max_iter")
+            if any(s["type"] in functionals.NONSMOOTH for s in specs):
+                warnings.append(
+                    "bootstrap intervals of pointwise F(t) and quantiles are approximate:"
+                    " the NPMLE converges at a cube-root rate there, where the percentile"
+                    " bootstrap is not guaranteed to cover")
+
+        def j(x: float | None) -> float | None:
+            return float(x) if x is not None and math.isfinite(x) else None
+
+        items = []
+        for spec, value, ci, se in zip(specs, point, intervals, ses, strict=True):
+            bounds = functionals.identified_range(res, spec, support)
+            items.append({
+                **spec, "estimate": j(float(value)),
+                "ci": None if ci is None else [j(ci[0]), j(ci[1])],
+                "se": j(se),
+                "identified_range": None if bounds is None else [j(bounds[0]), j(bounds[1])],
+            })
+        return {
+            "functionals": items,
+            "convention": convention,
+            "support": [j(s) for s in support],
+            "bootstrap": {"replicates": replicates, "level": params["level"],
+                          "method": "percentile, records resampled with replacement",
+                          "failed": failed},
+            "npmle": {"iterations": res.iterations, "kkt_gap": res.kkt_gap,
+                      "converged": res.converged, "method": res.method, "n_used": res.n},
+            "n_null": skipped,
+            "post_processing": True,
+            "warnings": warnings,
+        }
+
+
 def _learner(spec: Mapping[str, Any]) -> Learner:
     kind = spec["type"]
     if kind == "linear":
@@ -561,7 +675,8 @@ class RegressionReleaseAnalysis(Analysis):
 
 ANALYSES: dict[str, Analysis] = {
     a.name: a for a in (NPMLEAnalysis(), MeanAnalysis(), MomentsAnalysis(),
-                        RegressionAnalysis(), RegressionReleaseAnalysis(), MLEAnalysis())
+                        RegressionAnalysis(), RegressionReleaseAnalysis(), MLEAnalysis(),
+                        FunctionalsAnalysis())
 }
 
 __all__ = ["ANALYSES"]

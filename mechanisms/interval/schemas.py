@@ -9,6 +9,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from mechanisms.interval.anchors import FAMILIES, FUNCTIONALS, LOCATION_SCALE
+from mechanisms.interval.functionals import KINDS as FUNCTIONAL_KINDS
 from mechanisms.interval.parametric import FAMILIES as FAMILY_NAMES
 from mechanisms.interval.transforms import NAMES
 
@@ -216,6 +217,45 @@ class MomentsParams(NPMLEParams):
                          load_default=lambda: [1, 2], validate=validate.Length(min=1, max=8))
     convention = fields.String(load_default="right",
                                validate=validate.OneOf(("right", "left", "midpoint")))
+
+
+class FunctionalSpec(Schema):
+    """One functional: ``{"type": "cdf", "t": 1.5}``, ``{"type": "probability",
+    "low": a, "high": b}``, ``{"type": "truncated_mean", "low": a, "high": b}`` (either
+    end may be omitted: unbounded) or ``{"type": "quantile", "p": 0.5}``."""
+
+    class Meta:
+        unknown = RAISE
+
+    type = fields.String(required=True, validate=validate.OneOf(FUNCTIONAL_KINDS))
+    t = _finite()
+    low = _finite()
+    high = _finite()
+    p = fields.Float(validate=validate.Range(0, 1, min_inclusive=False, max_inclusive=False))
+
+    @validates_schema
+    def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
+        kind = data["type"]
+        needs = {"cdf": {"t"}, "quantile": {"p"}}.get(kind, set())
+        allowed = needs | ({"low", "high"} if kind in ("probability", "truncated_mean")
+                           else set())
+        missing = sorted(needs - set(data))
+        if missing:
+            raise ValidationError(f"{kind} needs {missing[0]}.", missing[0])
+        extra = sorted(set(data) - allowed - {"type"})
+        if extra:
+            raise ValidationError(f"{kind} takes no {extra[0]}.", extra[0])
+        if "low" in data and "high" in data and not data["low"] < data["high"]:
+            raise ValidationError("low must be below high.", "high")
+
+
+class FunctionalsParams(NPMLEParams):
+    functionals = fields.List(fields.Nested(FunctionalSpec), required=True,
+                              validate=validate.Length(min=1, max=100))
+    convention = fields.String(load_default="right",
+                               validate=validate.OneOf(("right", "left", "midpoint")))
+    bootstrap = fields.Integer(strict=True, load_default=200, validate=validate.Range(0, 2000))
+    level = fields.Float(load_default=0.95, validate=validate.Range(0.5, 0.999))
 
 
 class MLEParams(Schema):
