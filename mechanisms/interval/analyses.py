@@ -408,6 +408,119 @@ class MLEAnalysis(Analysis):
         return out
 
 
+def _ed_fit(release: ReleaseView, params: Mapping[str, Any], field: str = "params.source"
+            ) -> tuple[NPMLEResult, list[str]]:
+    """The NPMLE an ED compares: of the final ranges, or of a progressive release's first
+    answers only (Table III's Round-1: Case-I data, so PAVA)."""
+    if params["source"] == "final":
+        res, warnings, _ = _fit_npmle(release, params)
+        return res, warnings
+    if _design(release).get("partition") != "progressive":
+        raise MechanismInputError(field, "first_round needs a progressive release")
+    rounds = _column(release, "rounds")
+    asked = rounds >= 1
+    if not np.any(asked):
+        raise MechanismInputError("release", "no record answered a first round")
+    u = _column(release, "anchor_1").astype(np.float64)[asked]
+    delta = _column(release, "answer_1").astype(np.float64)[asked]
+    res = npmle_case1(u, delta, tol=params["tol"])
+    warnings = [] if res.converged else [f"KKT gap {res.kkt_gap:.3g}"]
+    return res, warnings
+
+
+def _ed_domain(release: ReleaseView, params: Mapping[str, Any]) -> tuple[float, float]:
+    if "domain" in params:
+        return float(params["domain"][0]), float(params["domain"][1])
+    lo, hi = _support(release)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise MechanismInputError("params.domain", "the column has no finite bounds: give"
+                                  " the domain to integrate over")
+    return lo, hi
+
+
+class _ED(_FromNPMLE):
+    """Shared checks of the ED analyses."""
+
+    params_schema = schemas.EDParams
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        if params["source"] == "first_round" and (
+                _design(release).get("partition") != "progressive"):
+            raise MechanismInputError("params.source", "first_round needs a progressive"
+                                      " release")
+        _ed_domain(release, params)
+
+    def _answer(self, res: NPMLEResult, warnings: list[str], release: ReleaseView,
+                params: Mapping[str, Any], other: Callable[[FloatArray], FloatArray],
+                other_steps: FloatArray | None, reference: str) -> dict[str, Any]:
+        lo, hi = _ed_domain(release, params)
+        x, f = functionals.step_cdf(res)
+        ed = functionals.cramer_distance(x, f, other, lo, hi, other_steps,
+                                         params["integer_grid"])
+        return {"ed": ed, "domain": [lo, hi], "source": params["source"],
+                "reference": reference, "integer_grid": params["integer_grid"],
+                "definition": "ED = integral over the domain of (F_hat(y) - F(y))^2 dy, F_hat"
+                              " the NPMLE with mass at cell right ends (Table III; the Cramer"
+                              " distance, half the energy distance)",
+                "npmle": {"kkt_gap": res.kkt_gap, "converged": res.converged,
+                          "method": res.method, "n_used": res.n},
+                "post_processing": True, "warnings": warnings}
+
+
+class EDAnalysis(_ED):
+    """Table III's ED between the NPMLE and the column's declared prior CDF."""
+
+    name = "ed"
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        res, warnings = _ed_fit(release, params)
+        column = release.result.get("column") or release.params.get("column")
+        prior = column_prior(release.meta.column(str(column)), "release")
+        return self._answer(res, warnings, release, params,
+                            lambda y: np.asarray(prior.cdf(y), dtype=np.float64), None,
+                            "declared prior")
+
+
+class EDReleaseAnalysis(_ED):
+    """Table III's ED between this release's NPMLE and another release's (its final
+    ranges, fitted the same way): e.g. Round-1 against Round-X, or two designs."""
+
+    name = "ed_release"
+    n_others = 1
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        if len(others) != 1 or not _has_design(others[0].result):
+            raise MechanismInputError("releases", "name one interval release to compare with")
+        _check_npmle(others[0], {**params, "method": "auto"})
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        mine = _npmle_work(release, params)
+        theirs = _npmle_work(others[0], {**params, "method": "auto"}) if others else mine
+        return Work(mine.units + theirs.units, mine.field, mine.hint)
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        if len(others) != 1 or not _has_design(others[0].result):
+            raise MechanismInputError("releases", "name one interval release to compare with")
+        res, warnings = _ed_fit(release, params)
+        ref, ref_warnings, _ = _fit_npmle(others[0], {**params, "method": "auto"})
+        rx, rf = functionals.step_cdf(ref)
+
+        def ref_cdf(y: FloatArray) -> FloatArray:
+            idx = np.searchsorted(rx, y, side="right") - 1
+            out: FloatArray = np.where(idx >= 0, rf[np.clip(idx, 0, None)], 0.0)
+            return out
+
+        return self._answer(res, warnings + [f"reference: {w}" for w in ref_warnings],
+                            release, params, ref_cdf, rx, f"NPMLE of release {others[0].id}")
+
+
 #: bootstrap refits only on releases up to this many records (each refit is an NPMLE)
 MAX_BOOTSTRAP_RECORDS = 1_000_000
 
@@ -676,7 +789,7 @@ class RegressionReleaseAnalysis(Analysis):
 ANALYSES: dict[str, Analysis] = {
     a.name: a for a in (NPMLEAnalysis(), MeanAnalysis(), MomentsAnalysis(),
                         RegressionAnalysis(), RegressionReleaseAnalysis(), MLEAnalysis(),
-                        FunctionalsAnalysis())
+                        FunctionalsAnalysis(), EDAnalysis(), EDReleaseAnalysis())
 }
 
 __all__ = ["ANALYSES"]

@@ -192,6 +192,16 @@ class ProgressiveSchema(_Common):
             raise ValidationError("progressive narrowing runs on the raw column.", "transform")
 
 
+class ProgressiveCategoricalSchema(Schema):
+    """Progressive questions on a categorical column: random halving of the options."""
+
+    class Meta:
+        unknown = RAISE
+
+    column = fields.String(required=True, validate=validate.Length(min=1, max=256))
+    rounds = fields.Integer(strict=True, load_default=3, validate=validate.Range(1, MAX_ROUNDS))
+
+
 # --------------------------------------------------------------------------- analyses
 
 
@@ -256,6 +266,32 @@ class FunctionalsParams(NPMLEParams):
                                validate=validate.OneOf(("right", "left", "midpoint")))
     bootstrap = fields.Integer(strict=True, load_default=200, validate=validate.Range(0, 2000))
     level = fields.Float(load_default=0.95, validate=validate.Range(0.5, 0.999))
+
+
+class CategoriesParams(Schema):
+    """NPMLE of the category probabilities from released sets (EM with a certificate)."""
+
+    class Meta:
+        unknown = RAISE
+
+    tol = fields.Float(load_default=1e-9, validate=validate.Range(1e-12, 1e-2))
+    max_iter = fields.Integer(strict=True, load_default=100_000,
+                              validate=validate.Range(1, 1_000_000))
+
+
+class EDParams(NPMLEParams):
+    """Table III's ED = ∫ (F̂ − F)² dy over ``domain`` (default: the column's bounds)."""
+
+    source = fields.String(load_default="final",
+                           validate=validate.OneOf(("final", "first_round")))
+    domain = fields.List(_finite(), validate=validate.Length(equal=2))
+    integer_grid = fields.Boolean(load_default=False)
+
+    @validates_schema
+    def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if "domain" in data and not data["domain"][0] < data["domain"][1]:
+            raise ValidationError("the domain's low end must be below its high end.",
+                                  "domain")
 
 
 class MLEParams(Schema):

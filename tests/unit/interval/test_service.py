@@ -379,3 +379,26 @@ def test_functionals_analysis() -> None:
         a.load_params({"functionals": [{"type": "cdf"}]})
     with pytest.raises(marshmallow.ValidationError):
         a.load_params({**raw, "bootstrap": 5000})
+
+
+def test_ed_analyses() -> None:
+    """Table III's ED over the service path on a progressive release of U[0, 1] (the
+    column's declared prior is uniform on its bounds): the final ranges' NPMLE is closer
+    than the first answers'; a release against itself is exactly 0; first_round on a
+    non-progressive release and an unbounded column without a domain are refused."""
+    view = _view("interval.progressive", {"column": "w", "rounds": 3}, Fraction(9, 10))
+    final = _analyse(view, "ed")
+    first = _analyse(view, "ed", {"source": "first_round"})
+    assert 0 < final["ed"] < first["ed"] and final["domain"] == [0.0, 1.0]
+    assert _analyse(view, "ed_release", {}, [view])["ed"] == 0.0
+    grid = _analyse(view, "ed", {"integer_grid": True, "domain": [0, 1]})
+    assert grid["integer_grid"] and grid["ed"] >= 0
+    case2 = _view("interval.case2", {"column": "x", "anchors": {"family": "logistic",
+                                                                 "scale": 1}})
+    a = registry.get("interval.case2").analyses["ed"]
+    for raw, field in (({"source": "first_round", "domain": [-3, 3]}, "params.source"),
+                       ({}, "params.domain")):
+        with pytest.raises(MechanismInputError) as err:
+            a.check(case2, a.load_params(raw), [])
+        assert err.value.field == field
+    assert _analyse(case2, "ed", {"domain": [-3, 3]})["ed"] < 0.05
