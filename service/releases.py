@@ -276,6 +276,9 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
             check_work(mech.work(params, meta), max_work, "this release")
         cost = mech.cost(params, requested, meta)
         accuracy = mech.accuracy(params, cost, meta)
+        composed = mech.composition(params, cost, meta, lambda: earlier_releases(client, doc))
+        if composed is not None:
+            accuracy = {**accuracy, "composition": composed}
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code="validation_error", field=err.field) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
@@ -292,6 +295,26 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     units = {m: budget.cost_units(m, a) for m, a in cost.items()}
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
                     requested_params=as_written, requested_budget=requested)
+
+
+def earlier_releases(client: redis.Redis, dataset: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dataset's releases (this version) as ``Mechanism.composition`` reads them:
+    mechanism, params, status and the exact cost per measure, oldest first."""
+    ids = client.zrange(rkeys.dataset_releases(dataset["id"]), 0, -1)
+    pipe = client.pipeline(transaction=False)
+    for release_id in ids:
+        pipe.hmget(rkeys.release(release_id), "request", "status")
+    out = []
+    for raw, status in pipe.execute():
+        if raw is None:
+            continue
+        req = json.loads(raw)
+        if req.get("dataset_version") != dataset.get("version"):
+            continue
+        out.append({"mechanism": req["mechanism"], "params": req["params"], "status": status,
+                    "cost": {m: budget.from_units(m, int(u))
+                             for m, u in req["cost_units"].items()}})
+    return out
 
 
 def _budget(raw: Any) -> dict[str, Fraction]:

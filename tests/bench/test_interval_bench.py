@@ -4,8 +4,8 @@ Targets: Case-II privatization of 10^6 records within 10x of numpy drawing the
 2·10^6 uniforms it needs (best of 5, same run); Case-I NPMLE (PAVA + KKT
 certificate) of n = 10^5 under 1 s; Case-II NPMLE (CNM) of n = 10^4 under 5 s;
 Case-II NPMLE of n = 10^6 under 5 s with a KKT certificate (issue #17), in a process
-with one BLAS thread as a worker has (the CNM's small dense factorizations are many
-times slower when BLAS threads oversubscribe a loaded machine); and, where
+with one BLAS thread (OPENBLAS_NUM_THREADS=1: the CNM's small dense factorizations are
+many times slower when BLAS threads oversubscribe a loaded machine); and, where
 lifelines is installed (``pip install '.[bench]'``), at least 100x
 faster than ``lifelines.fitters.npmle.npmle`` on the same Case-II data
 (n = 10^3) with a log-likelihood at least as high and a KKT certificate.
