@@ -297,14 +297,22 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                     requested_params=as_written, requested_budget=requested)
 
 
+#: ``earlier_releases`` reads at most this many of a dataset's newest releases (work per
+#: request); beyond, it ends with ``{"status": "truncated"}`` and nothing is composed
+MAX_EARLIER_RELEASES = 256
+
+
 def earlier_releases(client: redis.Redis, dataset: dict[str, Any]) -> list[dict[str, Any]]:
     """The dataset's releases (this version) as ``Mechanism.composition`` reads them:
     mechanism, params, status and the exact cost per measure, oldest first."""
-    ids = client.zrange(rkeys.dataset_releases(dataset["id"]), 0, -1)
+    key = rkeys.dataset_releases(dataset["id"])
+    ids = client.zrange(key, -MAX_EARLIER_RELEASES, -1)
     pipe = client.pipeline(transaction=False)
     for release_id in ids:
         pipe.hmget(rkeys.release(release_id), "request", "status")
-    out = []
+    out: list[dict[str, Any]] = []
+    if client.zcard(key) > MAX_EARLIER_RELEASES:
+        out.append({"status": "truncated"})
     for raw, status in pipe.execute():
         if raw is None:
             continue

@@ -541,7 +541,7 @@ class _Interval(Mechanism):
         (spec §1.7); see ``composition_report``."""
         try:
             return composition_report(self.kind, params, cost, meta, earlier())
-        except MechanismInputError:
+        except (MechanismInputError, precompute.Busy):  # display only: never refuse or wait
             return None
 
     def _plan(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta) -> Plan:
@@ -626,6 +626,11 @@ def composition_report(kind: str, params: Mapping[str, Any], cost: Budget, meta:
     same = [e for e in earlier if e.get("status") in _LIVE
             and str(e.get("mechanism", "")).startswith("interval.")
             and (e.get("params") or {}).get("column") == column]
+    if any(e.get("status") == "truncated" for e in earlier):
+        return {"column": column, "additive": {"charge": float(mine.charge)},
+                "charged": "additive",
+                "exact": {"available": False, "reason": "the dataset has too many releases"
+                          " to list them all"}}
     if not same:
         return None
     already = sum((Fraction(e["cost"].get(measure, 0)) for e in same), Fraction(0))
@@ -657,6 +662,8 @@ def composition_report(kind: str, params: Mapping[str, Any], cost: Budget, meta:
             designs.append(plan(name, earlier_params, meta, target).design)
         except (MechanismInputError, ValueError, ValidationError) as err:  # metadata changed?
             return unavailable(f"an earlier design no longer resolves ({type(err).__name__})")
+        except precompute.Busy:  # its coverage is not in the shared store (e.g. new code)
+            return unavailable("an earlier design's coverage is not precomputed")
     designs.append(mine.design)
     canonical = [d for d in designs if isinstance(d, IntervalMechanism)
                  and composition.eligible(d)]

@@ -99,3 +99,15 @@ def test_composition_report_shows_both() -> None:
     assert composition_report("case1", params, cost, META, [other]) is None
     shown = mech.composition(params, cost, META, lambda: [first])
     assert shown is not None and shown["exact"]["available"]
+
+
+def test_truncated_history_composes_nothing() -> None:
+    """When the service could not list every earlier release, exact is not claimed and
+    no column total is shown (it would miss charges)."""
+    mech = registry.get("interval.case1")
+    params = mech.load_params({"column": "x", "anchors": LOGIS})
+    cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
+    first = _earlier("interval.case1", {"column": "x", "anchors": LOGIS})
+    report = composition_report("case1", params, cost, META, [{"status": "truncated"}, first])
+    assert report is not None and not report["exact"]["available"]
+    assert "column_total" not in report["additive"]
