@@ -124,8 +124,8 @@ REQUESTS: dict[str, Callable[[random.Random], Request]] = {
     "interval.progressive": lambda r: ({"column": "w", "rounds": r.choice([2, 3])},
                                        {"interval_leakage": round(r.uniform(0.8, 0.95), 3)}),
     "interval.progressive_categorical": lambda r: ({"column": r.choice(["c4", "race"]),
-                                                    "rounds": r.choice([1, 2])},
-                                                   {"interval_leakage": 0.9}),
+                                                    "rounds": 1},
+                                                   {"interval_leakage": 0.5}),
     "subset.uniform": lambda r: ({"column": r.choice(["c4", "race"])},
                                  {"subset_draws": 1}),
     "subset.custom": lambda r: ({"column": "c4", "design": {
