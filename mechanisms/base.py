@@ -13,7 +13,7 @@ import abc
 import functools
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar, Literal
@@ -326,6 +326,14 @@ class Mechanism(abc.ABC):
         if column is not None and column.grid and len(column.grid) > size:
             size, field = len(column.grid), "params.column"
         return Work(float(max(meta.n_rows, 1)) * size, field)
+
+    def composition(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                    earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> dict[str, Any] | None:
+        """How this release composes with the dataset's earlier releases, for display in
+        its accuracy (``composition``); None: nothing to say. ``earlier()`` lists them
+        (``mechanism``, ``params``, ``status``, exact ``cost`` per measure). It never
+        changes the charge and never refuses."""
+        return None
 
     def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:
         """Ids of public datasets a run reads as reference data (DIP's ``public``)."""

@@ -297,6 +297,9 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
+        composed = mech.composition(params, cost, meta, lambda: earlier_releases(client, doc))
+        if composed is not None:
+            accuracy = {**accuracy, "composition": composed}
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code=err.code, field=err.field, **err.extra) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
@@ -368,6 +371,34 @@ def zcdp_statement(doc: dict[str, Any], rho: Fraction) -> dict[str, Any]:
     return {"rho": float(rho), "approx_dp": zcdp.conversion(rho, zcdp_delta(doc)),
             "conversion": "epsilon = rho + 2 sqrt(rho log(1/delta)) (Bun & Steinke 2016,"
                           " Prop. 1.3)"}
+
+
+#: ``earlier_releases`` reads at most this many of a dataset's newest releases (work per
+#: request); beyond, it ends with ``{"status": "truncated"}`` and nothing is composed
+MAX_EARLIER_RELEASES = 256
+
+
+def earlier_releases(client: redis.Redis, dataset: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dataset's releases (this version) as ``Mechanism.composition`` reads them:
+    mechanism, params, status and the exact cost per measure, oldest first."""
+    key = rkeys.dataset_releases(dataset["id"])
+    ids = client.zrange(key, -MAX_EARLIER_RELEASES, -1)
+    pipe = client.pipeline(transaction=False)
+    for release_id in ids:
+        pipe.hmget(rkeys.release(release_id), "request", "status")
+    out: list[dict[str, Any]] = []
+    if client.zcard(key) > MAX_EARLIER_RELEASES:
+        out.append({"status": "truncated"})
+    for raw, status in pipe.execute():
+        if raw is None:
+            continue
+        req = json.loads(raw)
+        if req.get("dataset_version") != dataset.get("version"):
+            continue
+        out.append({"mechanism": req["mechanism"], "params": req["params"], "status": status,
+                    "cost": {m: budget.from_units(m, int(u))
+                             for m, u in req["cost_units"].items()}})
+    return out
 
 
 def _budget(raw: Any) -> dict[str, Fraction]:

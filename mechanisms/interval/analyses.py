@@ -4,14 +4,14 @@ Algorithm-1 regression. They read only the released table and public metadata.""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from mechanisms.base import Analysis, MechanismInputError, ReleaseView, Work
-from mechanisms.interval import schemas
+from mechanisms.interval import functionals, schemas
 from mechanisms.interval.designs import pieces_from_table
 from mechanisms.interval.estimators import example2_mean, moments
 from mechanisms.interval.npmle import (
@@ -20,6 +20,7 @@ from mechanisms.interval.npmle import (
     npmle_case1,
     result_summary,
 )
+from mechanisms.interval.parametric import fit as parametric_fit
 from mechanisms.interval.priors import column_prior
 from mechanisms.interval.ranges import FloatArray, Pieces, points
 from mechanisms.interval.regression import Learner, LeastSquares, algorithm1, sklearn_learner
@@ -161,8 +162,10 @@ def _identifiability_warnings(design: Mapping[str, Any], support: tuple[float, f
     return warnings
 
 
-def _fit_npmle(release: ReleaseView, params: Mapping[str, Any]) -> tuple[NPMLEResult,
-                                                                         list[str], int]:
+def _npmle_fitter(release: ReleaseView, params: Mapping[str, Any]
+                  ) -> tuple[Callable[[NDArray[np.int64] | None], NPMLEResult], int, int]:
+    """A refit of the NPMLE on rows (indices into the used records; None: all of them),
+    the number of used records and of skipped (null) ones."""
     design = _design(release)
     pieces, released, exact = _ranges(release)
     used = released & ~pieces.empty().all(axis=1)
@@ -172,22 +175,46 @@ def _fit_npmle(release: ReleaseView, params: Mapping[str, Any]) -> tuple[NPMLERe
     if method == "auto":
         method = "pava" if _case1_ready(design, exact[used]) else "auto"
     kwargs: dict[str, Any] = {"tol": params["tol"]}
+    n_used = int(np.count_nonzero(used))
+    skipped = int(pieces.n - n_used)
     if method == "pava":
         if not _case1_ready(design, exact[used]):
             raise MechanismInputError("params.method", "pava needs Case-I ranges on the raw"
                                       " column without exact reports")
         u = _column(release, "anchor_1").astype(np.float64)[used]
         delta = _column(release, "delta").astype(np.float64)[used]
-        res = npmle_case1(u, delta, **kwargs)
-    else:
-        if "max_iter" in params:
-            kwargs["max_iter"] = params["max_iter"]
-        res = npmle(pieces.take(used), method, **kwargs)
-    warnings = _identifiability_warnings(design, _support(release))
+
+        def fit_pava(rows: NDArray[np.int64] | None) -> NPMLEResult:
+            if rows is None:
+                return npmle_case1(u, delta, **kwargs)
+            return npmle_case1(u[rows], delta[rows], **kwargs)
+
+        return fit_pava, n_used, skipped
+    if "max_iter" in params:
+        kwargs["max_iter"] = params["max_iter"]
+    ranges = pieces.take(used)
+
+    def fit_general(rows: NDArray[np.int64] | None) -> NPMLEResult:
+        if rows is None:
+            return npmle(ranges, method, **kwargs)
+        # a resample as distinct rows weighted by their multiplicity
+        counts = np.bincount(rows, minlength=ranges.n)
+        keep = np.nonzero(counts)[0]
+        return npmle(ranges.take(keep), method, weights=counts[keep].astype(np.float64),
+                     **kwargs)
+
+    return fit_general, n_used, skipped
+
+
+def _fit_npmle(release: ReleaseView, params: Mapping[str, Any]) -> tuple[NPMLEResult,
+                                                                         list[str], int]:
+    fit, _, skipped = _npmle_fitter(release, params)
+    res = fit(None)
+    warnings = _identifiability_warnings(_design(release), _support(release))
     if not res.converged:
         warnings.append(f"not converged: KKT gap {res.kkt_gap:.3g} after {res.iterations}"
                         " iterations; raise max_iter")
-    return res, warnings, int(pieces.n - np.count_nonzero(used))
+    return res, warnings, skipped
 
 
 def _check_npmle(release: ReleaseView, params: Mapping[str, Any]) -> None:
@@ -326,6 +353,260 @@ class MomentsAnalysis(_FromNPMLE):
         if 1 in values and 2 in values:
             out["variance"] = max(0.0, values[2] - values[1] ** 2)
         return out
+
+
+#: relative cost per record and piece of one likelihood-and-score evaluation (log-CDFs
+#: and log-densities), and evaluations per BFGS iteration (line search, Hessian)
+MLE_EVAL_COST = 20
+MLE_EVALS_PER_ITER = 4
+
+
+class MLEAnalysis(Analysis):
+    """Parametric MLE of the column's law from the released ranges (spec §3.2), with
+    standard errors from the observed information. Post-processing (Thm 6): free."""
+
+    name = "mle"
+    params_schema = schemas.MLEParams
+
+    def applies(self, mechanism: str, params: Mapping[str, Any],
+                result: Mapping[str, Any]) -> bool:
+        return _has_design(result)
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        _width(release)
+        if params["family"] == "lognormal" and _support(release)[0] < 0:
+            raise MechanismInputError("params.family", "lognormal needs a column whose"
+                                      " declared lower bound is at least 0")
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        units = (float(params["max_iter"] + 2) * MLE_EVALS_PER_ITER * MLE_EVAL_COST
+                 * _rows(release) * _width(release))
+        return Work(units, "params.max_iter", "lower max_iter (the default is 200)")
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        pieces, released, exact = _ranges(release)
+        used = released & ~pieces.empty().all(axis=1)
+        if not np.any(used):
+            raise MechanismInputError("release", "no released ranges to estimate from")
+        is_exact = ~np.isnan(exact)
+        ranges = used & ~is_exact
+        lo, hi = pieces.take(ranges).half_open()
+        try:
+            res = parametric_fit(lo, hi, exact[used & is_exact], params["family"],
+                                 _support(release), params["max_iter"], params["tol"])
+        except ValueError as err:
+            raise MechanismInputError("params.family", str(err)) from None
+        out = res.summary()
+        out["warnings"] = _identifiability_warnings(_design(release), _support(release)) + [
+            str(w) for w in res.warnings]
+        out["n_null"] = int(pieces.n - np.count_nonzero(used))
+        out["post_processing"] = True
+        return out
+
+
+def _ed_fit(release: ReleaseView, params: Mapping[str, Any], field: str = "params.source"
+            ) -> tuple[NPMLEResult, list[str]]:
+    """The NPMLE an ED compares: of the final ranges, or of a progressive release's first
+    answers only (Table III's Round-1: Case-I data, so PAVA)."""
+    if params["source"] == "final":
+        res, warnings, _ = _fit_npmle(release, params)
+        return res, warnings
+    if _design(release).get("partition") != "progressive":
+        raise MechanismInputError(field, "first_round needs a progressive release")
+    rounds = _column(release, "rounds")
+    asked = rounds >= 1
+    if not np.any(asked):
+        raise MechanismInputError("release", "no record answered a first round")
+    u = _column(release, "anchor_1").astype(np.float64)[asked]
+    delta = _column(release, "answer_1").astype(np.float64)[asked]
+    res = npmle_case1(u, delta, tol=params["tol"])
+    warnings = [] if res.converged else [f"KKT gap {res.kkt_gap:.3g}"]
+    return res, warnings
+
+
+def _ed_domain(release: ReleaseView, params: Mapping[str, Any]) -> tuple[float, float]:
+    if "domain" in params:
+        return float(params["domain"][0]), float(params["domain"][1])
+    lo, hi = _support(release)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise MechanismInputError("params.domain", "the column has no finite bounds: give"
+                                  " the domain to integrate over")
+    return lo, hi
+
+
+class _ED(_FromNPMLE):
+    """Shared checks of the ED analyses."""
+
+    params_schema = schemas.EDParams
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        if params["source"] == "first_round" and (
+                _design(release).get("partition") != "progressive"):
+            raise MechanismInputError("params.source", "first_round needs a progressive"
+                                      " release")
+        _ed_domain(release, params)
+
+    def _answer(self, res: NPMLEResult, warnings: list[str], release: ReleaseView,
+                params: Mapping[str, Any], other: Callable[[FloatArray], FloatArray],
+                other_steps: FloatArray | None, reference: str) -> dict[str, Any]:
+        lo, hi = _ed_domain(release, params)
+        x, f = functionals.step_cdf(res)
+        ed = functionals.cramer_distance(x, f, other, lo, hi, other_steps,
+                                         params["integer_grid"])
+        return {"ed": ed, "domain": [lo, hi], "source": params["source"],
+                "reference": reference, "integer_grid": params["integer_grid"],
+                "definition": "ED = integral over the domain of (F_hat(y) - F(y))^2 dy, F_hat"
+                              " the NPMLE with mass at cell right ends (Table III; the Cramer"
+                              " distance, half the energy distance)",
+                "npmle": {"kkt_gap": res.kkt_gap, "converged": res.converged,
+                          "method": res.method, "n_used": res.n},
+                "post_processing": True, "warnings": warnings}
+
+
+class EDAnalysis(_ED):
+    """Table III's ED between the NPMLE and the column's declared prior CDF."""
+
+    name = "ed"
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        res, warnings = _ed_fit(release, params)
+        column = release.result.get("column") or release.params.get("column")
+        prior = column_prior(release.meta.column(str(column)), "release")
+        return self._answer(res, warnings, release, params,
+                            lambda y: np.asarray(prior.cdf(y), dtype=np.float64), None,
+                            "declared prior")
+
+
+class EDReleaseAnalysis(_ED):
+    """Table III's ED between this release's NPMLE and another release's (its final
+    ranges, fitted the same way): e.g. Round-1 against Round-X, or two designs."""
+
+    name = "ed_release"
+    n_others = 1
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        if len(others) != 1 or not _has_design(others[0].result):
+            raise MechanismInputError("releases", "name one interval release to compare with")
+        _check_npmle(others[0], {**params, "method": "auto"})
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        mine = _npmle_work(release, params)
+        theirs = _npmle_work(others[0], {**params, "method": "auto"}) if others else mine
+        return Work(mine.units + theirs.units, mine.field, mine.hint)
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        if len(others) != 1 or not _has_design(others[0].result):
+            raise MechanismInputError("releases", "name one interval release to compare with")
+        res, warnings = _ed_fit(release, params)
+        ref, ref_warnings, _ = _fit_npmle(others[0], {**params, "method": "auto"})
+        rx, rf = functionals.step_cdf(ref)
+
+        def ref_cdf(y: FloatArray) -> FloatArray:
+            idx = np.searchsorted(rx, y, side="right") - 1
+            out: FloatArray = np.where(idx >= 0, rf[np.clip(idx, 0, None)], 0.0)
+            return out
+
+        return self._answer(res, warnings + [f"reference: {w}" for w in ref_warnings],
+                            release, params, ref_cdf, rx, f"NPMLE of release {others[0].id}")
+
+
+#: bootstrap refits only on releases up to this many records (each refit is an NPMLE)
+MAX_BOOTSTRAP_RECORDS = 1_000_000
+
+
+class FunctionalsAnalysis(_FromNPMLE):
+    """Functionals of F from the NPMLE (spec §3.5, Example 1): P(Y <= t), P(a < Y <= b),
+    E[Y | a < Y <= b] and quantiles, with a percentile bootstrap over released records.
+    Post-processing (Thm 6): free; the bootstrap's randomness touches no data."""
+
+    name = "functionals"
+    params_schema = schemas.FunctionalsParams
+
+    def check(self, release: ReleaseView, params: Mapping[str, Any],
+              others: list[ReleaseView]) -> None:
+        super().check(release, params, others)
+        if params["bootstrap"] and _rows(release) > MAX_BOOTSTRAP_RECORDS:
+            raise MechanismInputError(
+                "params.bootstrap", f"the bootstrap refits at most {MAX_BOOTSTRAP_RECORDS}"
+                " records; set bootstrap to 0 for point estimates")
+
+    def work(self, release: ReleaseView, params: Mapping[str, Any],
+             others: list[ReleaseView]) -> Work:
+        one = _npmle_work(release, params)
+        if not params["bootstrap"]:
+            return one
+        return Work(one.units * (1 + params["bootstrap"]), "params.bootstrap",
+                    "fewer bootstrap replicates (each refits the NPMLE)")
+
+    def run(self, release: ReleaseView, params: Mapping[str, Any], others: list[ReleaseView],
+            rng: np.random.Generator) -> dict[str, Any]:
+        fit, n_used, skipped = _npmle_fitter(release, params)
+        res = fit(None)
+        warnings = _identifiability_warnings(_design(release), _support(release))
+        if not res.converged:
+            warnings.append(f"not converged: KKT gap {res.kkt_gap:.3g} after"
+                            f" {res.iterations} iterations; raise max_iter")
+        support = _support(release)
+        specs = params["functionals"]
+        convention = params["convention"]
+        point = functionals.values(res, specs, convention, support)
+        _, placed = res.atoms(convention, support)
+        warnings += placed
+        replicates = params["bootstrap"]
+        intervals: list[tuple[float, float] | None] = [None] * len(specs)
+        ses: list[float | None] = [None] * len(specs)
+        failed = 0
+        if replicates:
+            draws, failed = functionals.bootstrap(fit, n_used, specs, replicates, rng,
+                                                  convention, support)
+            intervals = functionals.percentile_interval(draws, params["level"])
+            ses = [float(np.nanstd(c, ddof=1)) if np.sum(np.isfinite(c)) > 1 else None
+                   for c in draws.T]
+            if failed:
+                warnings.append(f"{failed} of {replicates} bootstrap refits did not certify"
+                                " and were dropped; raise max_iter")
+            if any(s["type"] in functionals.NONSMOOTH for s in specs):
+                warnings.append(
+                    "bootstrap intervals of pointwise F(t) and quantiles are approximate:"
+                    " the NPMLE converges at a cube-root rate there, where the percentile"
+                    " bootstrap is not guaranteed to cover")
+
+        def j(x: float | None) -> float | None:
+            return float(x) if x is not None and math.isfinite(x) else None
+
+        items = []
+        for spec, value, ci, se in zip(specs, point, intervals, ses, strict=True):
+            bounds = functionals.identified_range(res, spec, support)
+            items.append({
+                **spec, "estimate": j(float(value)),
+                "ci": None if ci is None else [j(ci[0]), j(ci[1])],
+                "se": j(se),
+                "identified_range": None if bounds is None else [j(bounds[0]), j(bounds[1])],
+            })
+        return {
+            "functionals": items,
+            "convention": convention,
+            "support": [j(s) for s in support],
+            "bootstrap": {"replicates": replicates, "level": params["level"],
+                          "method": "percentile, records resampled with replacement",
+                          "failed": failed},
+            "npmle": {"iterations": res.iterations, "kkt_gap": res.kkt_gap,
+                      "converged": res.converged, "method": res.method, "n_used": res.n},
+            "n_null": skipped,
+            "post_processing": True,
+            "warnings": warnings,
+        }
 
 
 def _learner(spec: Mapping[str, Any]) -> Learner:
@@ -507,7 +788,8 @@ class RegressionReleaseAnalysis(Analysis):
 
 ANALYSES: dict[str, Analysis] = {
     a.name: a for a in (NPMLEAnalysis(), MeanAnalysis(), MomentsAnalysis(),
-                        RegressionAnalysis(), RegressionReleaseAnalysis())
+                        RegressionAnalysis(), RegressionReleaseAnalysis(), MLEAnalysis(),
+                        FunctionalsAnalysis(), EDAnalysis(), EDReleaseAnalysis())
 }
 
 __all__ = ["ANALYSES"]

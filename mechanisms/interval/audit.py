@@ -275,3 +275,7 @@ def audit(mechanism: str, size: AuditSize, seed: int) -> AuditReport:
         mechanism=mechanism, notion="interval", events_tried=found.tried + control.tried,
         certified=found.certified, charged=charged, passed=passed,
         control_caught=control.flagged(control_charge), detail=detail)
+
+
+# the categorical progressive mechanism's entry registers on import of this module
+from mechanisms.interval import categorical_audit as _categorical_audit  # noqa: E402, F401

@@ -74,18 +74,24 @@ class IntervalData:
         left, right, rec = left[ok], right[ok], rec[ok]
         if n and not np.all(np.bincount(rec, minlength=n) > 0):
             raise ValueError("every record needs a non-empty range")
-        lefts = np.unique(left)
-        rights = np.unique(right)
-        bounds = np.union1d(lefts, rights)
+        # one sort of all ends gives the bounds and every end's index into them (no
+        # binary searches of 10^6 unsorted queries, no isin)
+        m = left.shape[0]
+        bounds, inverse = np.unique(np.concatenate([left, right]), return_inverse=True)
+        inverse = inverse.reshape(-1)
+        a, b = inverse[:m], inverse[m:]  # piece covers cells a .. b-1
         # cell k = (bounds[k], bounds[k+1]]; candidate iff left end is a piece start and
         # right end a piece end (Turnbull's innermost intervals)
-        is_start = np.isin(bounds[:-1], lefts)
-        is_end = np.isin(bounds[1:], rights)
-        cand = np.nonzero(is_start & is_end)[0]
-        a = np.searchsorted(bounds, left)  # piece covers cells a .. b-1
-        b = np.searchsorted(bounds, right)
-        start = np.searchsorted(cand, a).astype(np.int64)
-        stop = np.searchsorted(cand, b).astype(np.int64)
+        is_start = np.zeros(bounds.shape[0], bool)
+        is_start[a] = True
+        is_end = np.zeros(bounds.shape[0], bool)
+        is_end[b] = True
+        cand_mask = is_start[:-1] & is_end[1:]
+        cand = np.nonzero(cand_mask)[0]
+        # searchsorted(cand, x) = #candidates below x: a gather on a cumulative count
+        below = np.concatenate([[0], np.cumsum(cand_mask)])
+        start = below[a].astype(np.int64)
+        stop = below[b].astype(np.int64)
         w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
         return cls(bounds[cand], bounds[cand + 1], rec.astype(np.int64), start, stop, w,
                    bool(np.any(np.bincount(rec, minlength=n) > 1)))
@@ -119,8 +125,13 @@ class IntervalData:
         """G = Σ_j w_j s_j s_jᵀ with s_j = A_{j,S}/(A p)_j, for sorted support S."""
         k = support.shape[0]
         v = self.weights / (ap * ap)
-        alpha = np.searchsorted(support, self.start)
-        beta = np.searchsorted(support, self.stop)
+        # rank[x] = #support cells < x, so that alpha = searchsorted(support, start): a
+        # gather instead of n binary searches (the bulk of a CNM step at n = 10^6)
+        member = np.zeros(self.k, np.int64)
+        member[support] = 1
+        rank = np.concatenate([[0], np.cumsum(member)])
+        alpha = rank[self.start]
+        beta = rank[self.stop]
         if not self.multi:
             # record covers support indices alpha..beta-1: G[i, i'] = Σ v 1{alpha <= i, beta > i'}
             h = np.bincount(alpha * (k + 1) + beta, v[self.record],
@@ -228,10 +239,12 @@ def npmle(
     data = IntervalData.from_pieces(pieces, weights)
     if data.n == 0:
         raise ValueError("no ranges to estimate from")
+    support = None
     if method == "auto":
-        method = "cnm" if _initial_support(data).size <= AUTO_CNM_SUPPORT else "em"
+        support = _initial_support(data)
+        method = "cnm" if support.size <= AUTO_CNM_SUPPORT else "em"
     if method == "cnm":
-        return _cnm(data, tol, max_iter or 500)
+        return _cnm(data, tol, max_iter or 500, support)
     if method == "em":
         return _em(data, tol, max_iter or 100_000)
     raise ValueError(f"unknown method {method!r} (pava needs npmle_case1)")
@@ -247,6 +260,13 @@ def _result(data: IntervalData, p: FloatArray, iterations: int, method: str, tol
 
 def _initial_support(data: IntervalData) -> IntArray:
     """A small set of cells hitting every range (greedy stabbing by right end)."""
+    if not data.multi:
+        return _stab_single(data)
+    return _stab_general(data)
+
+
+def _stab_general(data: IntervalData) -> IntArray:
+    """Greedy stabbing by right end, one record at a time (multi-piece ranges)."""
     order = np.argsort(data.stop, kind="stable")
     hit = np.zeros(data.n, bool)
     chosen: list[int] = []
@@ -271,10 +291,32 @@ def _initial_support(data: IntervalData) -> IntArray:
     return support
 
 
-def _cnm(data: IntervalData, tol: float, max_iter: int) -> NPMLEResult:
+def _stab_single(data: IntervalData) -> IntArray:
+    """Greedy stabbing of one-piece ranges without a loop over records.
+
+    Sorted by right end, the greedy stabs the first range not hit at its last cell; a
+    range is hit by the previous stab c iff its first cell is <= c. So the next stab is
+    (the smallest stop among ranges starting after c) − 1: a suffix minimum over start
+    cells, and the loop runs once per stab, not once per record.
+    """
+    k = data.k
+    first_stop = np.full(k + 1, k + 1, np.int64)
+    np.minimum.at(first_stop, data.start, data.stop)
+    suffix = np.minimum.accumulate(first_stop[::-1])[::-1]
+    chosen: list[int] = []
+    last = -1
+    while last + 1 <= k and suffix[last + 1] <= k:
+        last = int(suffix[last + 1]) - 1
+        chosen.append(last)
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def _cnm(data: IntervalData, tol: float, max_iter: int,
+         support: IntArray | None = None) -> NPMLEResult:
     """Newton steps on L(p) = ψ(p) − W·Σp over p >= 0, whose maximiser has Σp = 1."""
     w_total = float(data.weights.sum())
-    support = _initial_support(data)
+    if support is None:
+        support = _initial_support(data)
     p = np.zeros(data.k)
     p[support] = 1.0 / support.size
     ap = data.mass(p)

@@ -9,6 +9,8 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from mechanisms.interval.anchors import FAMILIES, FUNCTIONALS, LOCATION_SCALE
+from mechanisms.interval.functionals import KINDS as FUNCTIONAL_KINDS
+from mechanisms.interval.parametric import FAMILIES as FAMILY_NAMES
 from mechanisms.interval.transforms import NAMES
 
 MAX_M = 64
@@ -190,6 +192,16 @@ class ProgressiveSchema(_Common):
             raise ValidationError("progressive narrowing runs on the raw column.", "transform")
 
 
+class ProgressiveCategoricalSchema(Schema):
+    """Progressive questions on a categorical column: random halving of the options."""
+
+    class Meta:
+        unknown = RAISE
+
+    column = fields.String(required=True, validate=validate.Length(min=1, max=256))
+    rounds = fields.Integer(strict=True, load_default=3, validate=validate.Range(1, MAX_ROUNDS))
+
+
 # --------------------------------------------------------------------------- analyses
 
 
@@ -215,6 +227,82 @@ class MomentsParams(NPMLEParams):
                          load_default=lambda: [1, 2], validate=validate.Length(min=1, max=8))
     convention = fields.String(load_default="right",
                                validate=validate.OneOf(("right", "left", "midpoint")))
+
+
+class FunctionalSpec(Schema):
+    """One functional: ``{"type": "cdf", "t": 1.5}``, ``{"type": "probability",
+    "low": a, "high": b}``, ``{"type": "truncated_mean", "low": a, "high": b}`` (either
+    end may be omitted: unbounded) or ``{"type": "quantile", "p": 0.5}``."""
+
+    class Meta:
+        unknown = RAISE
+
+    type = fields.String(required=True, validate=validate.OneOf(FUNCTIONAL_KINDS))
+    t = _finite()
+    low = _finite()
+    high = _finite()
+    p = fields.Float(validate=validate.Range(0, 1, min_inclusive=False, max_inclusive=False))
+
+    @validates_schema
+    def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
+        kind = data["type"]
+        needs = {"cdf": {"t"}, "quantile": {"p"}}.get(kind, set())
+        allowed = needs | ({"low", "high"} if kind in ("probability", "truncated_mean")
+                           else set())
+        missing = sorted(needs - set(data))
+        if missing:
+            raise ValidationError(f"{kind} needs {missing[0]}.", missing[0])
+        extra = sorted(set(data) - allowed - {"type"})
+        if extra:
+            raise ValidationError(f"{kind} takes no {extra[0]}.", extra[0])
+        if "low" in data and "high" in data and not data["low"] < data["high"]:
+            raise ValidationError("low must be below high.", "high")
+
+
+class FunctionalsParams(NPMLEParams):
+    functionals = fields.List(fields.Nested(FunctionalSpec), required=True,
+                              validate=validate.Length(min=1, max=100))
+    convention = fields.String(load_default="right",
+                               validate=validate.OneOf(("right", "left", "midpoint")))
+    bootstrap = fields.Integer(strict=True, load_default=200, validate=validate.Range(0, 2000))
+    level = fields.Float(load_default=0.95, validate=validate.Range(0.5, 0.999))
+
+
+class CategoriesParams(Schema):
+    """NPMLE of the category probabilities from released sets (EM with a certificate)."""
+
+    class Meta:
+        unknown = RAISE
+
+    tol = fields.Float(load_default=1e-9, validate=validate.Range(1e-12, 1e-2))
+    max_iter = fields.Integer(strict=True, load_default=100_000,
+                              validate=validate.Range(1, 1_000_000))
+
+
+class EDParams(NPMLEParams):
+    """Table III's ED = ∫ (F̂ − F)² dy over ``domain`` (default: the column's bounds)."""
+
+    source = fields.String(load_default="final",
+                           validate=validate.OneOf(("final", "first_round")))
+    domain = fields.List(_finite(), validate=validate.Length(equal=2))
+    integer_grid = fields.Boolean(load_default=False)
+
+    @validates_schema
+    def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if "domain" in data and not data["domain"][0] < data["domain"][1]:
+            raise ValidationError("the domain's low end must be below its high end.",
+                                  "domain")
+
+
+class MLEParams(Schema):
+    """Parametric MLE (spec §3.2): ``family`` among parametric.FAMILIES."""
+
+    class Meta:
+        unknown = RAISE
+
+    family = fields.String(load_default="normal", validate=validate.OneOf(FAMILY_NAMES))
+    max_iter = fields.Integer(strict=True, load_default=200, validate=validate.Range(1, 10_000))
+    tol = fields.Float(load_default=1e-8, validate=validate.Range(1e-12, 1e-2))
 
 
 class _ScaleField(fields.Field):

@@ -15,18 +15,19 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+from marshmallow import ValidationError
 
 from mechanisms import precompute
 from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output
 from mechanisms.interval import anchors as anchor_laws
-from mechanisms.interval import coverage, schemas
+from mechanisms.interval import composition, coverage, schemas
 from mechanisms.interval.coverage import (
     CalibrationError,
     Estimate,
@@ -534,6 +535,15 @@ class _Interval(Mechanism):
             )
         return {f"{MEASURE}:{p.column}": p.charge}
 
+    def composition(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                    earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> dict[str, Any] | None:
+        """Additive (charged) and exact joint leakage of the column after this release
+        (spec §1.7); see ``composition_report``."""
+        try:
+            return composition_report(self.kind, params, cost, meta, earlier())
+        except (MechanismInputError, precompute.Busy):  # display only: never refuse or wait
+            return None
+
     def _plan(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta) -> Plan:
         charged = _read_budget(cost, params["column"], self.name)
         p = plan(self.kind, params, meta, charged if params.get("calibrate") else None)
@@ -590,6 +600,97 @@ class _Interval(Mechanism):
                                                      ).tolist()
         return Output(result=result, accuracy=_accuracy(p), guarantee=_guarantee(p),
                       table=table)
+
+
+#: exact composition is shown for at most this many releases of a column and this many
+#: anchor dimensions in all (the joint QMC integral's size; bounded work per estimate)
+MAX_COMPOSED_RELEASES = 8
+MAX_COMPOSED_DIMS = 32
+_LIVE = ("queued", "running", "succeeded")
+
+
+def composition_report(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                       earlier: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """What the column's leakage is after this release, both ways (spec §1.7, §7.3).
+
+    ``additive`` is what the ledger charges (Thm 4: the column's earlier charges plus
+    this one). ``exact`` is the joint leakage of the ensemble of every live release of
+    the column with this one, when all of them are canonical designs on the raw column
+    (``composition.eligible``): its charge would be the joint bound minus what the
+    column was already charged. None when the column has no earlier release.
+    """
+    column = str(params["column"])
+    measure = f"{MEASURE}:{column}"
+    mine = plan(kind, params, meta, _read_budget(cost, column, kind)
+                if params.get("calibrate") else None)
+    same = [e for e in earlier if e.get("status") in _LIVE
+            and str(e.get("mechanism", "")).startswith("interval.")
+            and (e.get("params") or {}).get("column") == column]
+    if any(e.get("status") == "truncated" for e in earlier):
+        return {"column": column, "additive": {"charge": float(mine.charge)},
+                "charged": "additive",
+                "exact": {"available": False, "reason": "the dataset has too many releases"
+                          " to list them all"}}
+    if not same:
+        return None
+    already = sum((Fraction(e["cost"].get(measure, 0)) for e in same), Fraction(0))
+    out: dict[str, Any] = {
+        "column": column,
+        "earlier_releases": len(same),
+        "already_charged": float(already),
+        "additive": {"charge": float(mine.charge),
+                     "column_total": float(min(Fraction(1), already + mine.charge))},
+        "charged": "additive",
+    }
+
+    def unavailable(reason: str) -> dict[str, Any]:
+        out["exact"] = {"available": False, "reason": reason}
+        return out
+
+    if len(same) + 1 > MAX_COMPOSED_RELEASES:
+        return unavailable(f"more than {MAX_COMPOSED_RELEASES} releases of the column")
+    designs: list[Design] = []
+    for e in same:
+        name = str(e["mechanism"]).removeprefix("interval.")
+        if name not in ("case1", "case2", "casek"):
+            return unavailable(f"an earlier release is {e['mechanism']}: only canonical"
+                               " designs compose exactly")
+        try:
+            earlier_params = schemas_for(name)().load(e["params"])
+            target = Fraction(e["cost"].get(measure, 0)) if earlier_params.get(
+                "calibrate") else None
+            designs.append(plan(name, earlier_params, meta, target).design)
+        except (MechanismInputError, ValueError, ValidationError) as err:  # metadata changed?
+            return unavailable(f"an earlier design no longer resolves ({type(err).__name__})")
+        except precompute.Busy:  # its coverage is not in the shared store (e.g. new code)
+            return unavailable("an earlier design's coverage is not precomputed")
+    designs.append(mine.design)
+    canonical = [d for d in designs if isinstance(d, IntervalMechanism)
+                 and composition.eligible(d)]
+    if len(canonical) != len(designs):
+        return unavailable("a design has exact reports or a transform: only canonical"
+                           " designs on the raw column compose exactly")
+    if sum(d.partition.dims for d in canonical) > MAX_COMPOSED_DIMS:
+        return unavailable(f"more than {MAX_COMPOSED_DIMS} anchors in all")
+    joint = composition.joint_coverage(canonical, mine.prior)
+    increment = composition.exact_increment(joint, already, LEDGER_UNIT)
+    out["exact"] = {
+        "available": True,
+        "joint_coverage": joint.value,
+        "joint_leakage": joint.leakage,
+        "joint_leakage_bound": joint.leakage_bound,
+        "charge": float(increment),
+        "column_total": float(already + increment),
+        "saving": float(max(Fraction(0), mine.charge - increment)),
+        "note": ("expectation over every release's anchors (designs fixed in advance); the"
+                 " ledger charges the additive bound"),
+    }
+    return out
+
+
+def schemas_for(name: str) -> type[Any]:
+    return {"case1": schemas.Case1Schema, "case2": schemas.Case2Schema,
+            "casek": schemas.CaseKSchema}[name]
 
 
 class Case1(_Interval):

@@ -147,3 +147,54 @@ def test_a_release_lists_its_analyses_newest_first_in_pages(
     assert api.get(f"/v1/releases/{rid}/analyses?cursor=x").status_code == 422
     for aid in ids:
         assert _done(api, rid, aid)["status"] == "succeeded"
+
+
+def test_mle_and_functionals_over_http(api: Api, interval: dict[str, Any]) -> None:
+    """Issue #17 items 1-2 over HTTP: ``mle`` and ``functionals`` are listed for interval
+    releases, run on the worker, and absurd sizes are refused with 422 naming the field.
+    The column is N(40, 10) clipped to [0, 100] (n = 300, Case-I uniform anchors)."""
+    rid = interval["case1"]["id"]
+    assert {"mle", "functionals"} <= set(interval["case1"]["analyses"])
+    resp = _post(api, rid, "mle", {"family": "normal"})
+    assert resp.status_code == 202, resp.get_json()
+    mle = _done(api, rid, resp.get_json()["id"])
+    assert mle["status"] == "succeeded", mle
+    fit = mle["result"]
+    assert abs(fit["params"]["loc"] - 40) < 4 * fit["se"]["loc"]
+    assert fit["truncated_to"] == [0.0, 100.0]
+    spec = [{"type": "cdf", "t": 40}, {"type": "quantile", "p": 0.5}]
+    resp = _post(api, rid, "functionals", {"functionals": spec, "bootstrap": 30})
+    assert resp.status_code == 202, resp.get_json()
+    done = _done(api, rid, resp.get_json()["id"])
+    assert done["status"] == "succeeded", done
+    items = done["result"]["functionals"]
+    assert [i["type"] for i in items] == ["cdf", "quantile"]
+    for item in items:
+        assert item["ci"][0] <= item["estimate"] <= item["ci"][1]
+    too_many = _post(api, rid, "functionals", {"functionals": spec, "bootstrap": 5000})
+    assert too_many.status_code == 422
+    assert "bootstrap" in too_many.get_json()["field"]
+    wrong = _post(api, rid, "mle", {"family": "cauchy"})
+    assert wrong.status_code == 422 and "family" in wrong.get_json()["field"]
+
+
+def test_estimate_shows_additive_and_exact_composition(api: Api,
+                                                       interval: dict[str, Any]) -> None:
+    """Issue #17 item 3 over HTTP: a second Case-I estimate on a column that already has
+    one (uniform anchors on [0, 100], uniform prior) shows the additive charge 1/3
+    (column total 2/3) and the exact joint leakage: two uniform cuts leave three
+    spacings with E[Σ spacing²] = 1/2, so the exact total is 1/2 and its charge 1/6."""
+    first = interval["case1"]
+    body = {"dataset_id": first["dataset_id"], "mechanism": "interval.case1",
+            "params": {"column": "age", "anchors": {"family": "uniform", "low": 0,
+                                                    "high": 100}},
+            "budget": {"interval_leakage": 0.9}}
+    resp = api.post("/v1/releases/estimate", body)
+    assert resp.status_code == 200, resp.get_json()
+    comp = resp.get_json()["accuracy"]["composition"]
+    assert comp["earlier_releases"] == 1 and comp["charged"] == "additive"
+    assert comp["additive"]["charge"] == pytest.approx(1 / 3, abs=0.003)
+    assert comp["additive"]["column_total"] == pytest.approx(2 / 3, abs=0.006)
+    assert comp["exact"]["available"]
+    assert comp["exact"]["joint_leakage"] == pytest.approx(1 / 2, abs=0.003)
+    assert comp["exact"]["charge"] == pytest.approx(1 / 6, abs=0.006)

@@ -85,6 +85,10 @@ MENU: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
     "subset.uniform": [({"column": "h"}, DRAW)],
     "interval.progressive": [({"column": "x", "rounds": 2}, {"interval_leakage": 0.9}),
                              ({"column": "k", "rounds": 2}, {"interval_leakage": 0.9})],
+    "interval.progressive_categorical": [({"column": "g", "rounds": 1},
+                                          {"interval_leakage": 0.6}),
+                                         ({"column": "h", "rounds": 3},
+                                          {"interval_leakage": 0.9})],
     "interval.ring": [({"column": "x"}, LEAK),
                       ({"column": "x", "calibrate": True, "transform": "exp"}, LEAK)],
 }

@@ -126,6 +126,9 @@ REQUESTS: dict[str, Callable[[random.Random], Request]] = {
                                      {"interval_leakage": 0.5}),
     "interval.progressive": lambda r: ({"column": "w", "rounds": r.choice([2, 3])},
                                        {"interval_leakage": round(r.uniform(0.8, 0.95), 3)}),
+    "interval.progressive_categorical": lambda r: ({"column": r.choice(["c4", "race"]),
+                                                    "rounds": 1},
+                                                   {"interval_leakage": 0.5}),
     "subset.uniform": lambda r: ({"column": r.choice(["c4", "race"])},
                                  {"subset_draws": 1}),
     "subset.custom": lambda r: ({"column": "c4", "design": {
@@ -178,6 +181,8 @@ def analyses_of(mechanism: str) -> list[Analysis]:
     """The free analyses the soak runs on a release of ``mechanism`` (none for most)."""
     if mechanism in {"interval.case1", "interval.progressive"}:  # uniform anchors: Ex. 2
         return [("npmle", {}, False), ("mean", {}, False), ("moments", {}, False)]
+    if mechanism == "interval.progressive_categorical":
+        return [("categories", {}, False)]
     if mechanism.startswith("interval."):
         return [("npmle", {}, False), ("moments", {}, False)]
     if mechanism == "subset.product":

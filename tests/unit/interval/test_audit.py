@@ -7,7 +7,7 @@ import pytest
 
 from mechanisms import registry
 from mechanisms.audit import entries
-from mechanisms.interval import audit
+from mechanisms.interval import audit, categorical_audit
 from mechanisms.interval.ranges import Pieces
 
 from .conftest import NORMAL, case1, rng
@@ -16,9 +16,21 @@ from .conftest import NORMAL, case1, rng
 def test_every_interval_mechanism_has_this_entry() -> None:
     """A new interval.* mechanism cannot ship unaudited."""
     interval_names = {n for n in registry.names() if n.startswith("interval.")}
-    assert interval_names == set(audit.NAMES) == set(audit.REQUESTS)
-    for name in interval_names:
+    categorical = categorical_audit.NAME
+    assert interval_names - {categorical} == set(audit.NAMES) == set(audit.REQUESTS)
+    for name in interval_names - {categorical}:
         assert entries.entries()[name] is audit.audit
+    assert entries.entries()[categorical] is categorical_audit.audit
+
+
+def test_categorical_passes_and_control_is_caught() -> None:
+    """Def 1 in every output class of the categorical progressive release (chi-square per
+    set, Bonferroni), certified leakage below the worst-case charge; a stop rule that
+    reads the value is flagged. Fixed seed; ~0.1 s."""
+    report = categorical_audit.audit(categorical_audit.NAME, "ci", 0)
+    assert report.passed, report.detail
+    assert report.certified <= report.charged
+    assert report.control_caught, report.detail
 
 
 @pytest.mark.parametrize("name", audit.NAMES)

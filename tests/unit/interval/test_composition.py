@@ -1,0 +1,113 @@
+"""Exact per-record composition on a column (spec §1.7; issue #17 item 3)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from mechanisms import interval, registry
+from mechanisms.base import ColumnMeta, DatasetMeta
+from mechanisms.interval import composition
+from mechanisms.interval.service import LEDGER_UNIT, composition_report
+
+from .conftest import LOGIS1, NORMAL, case1, rng
+
+
+def test_two_logistic_case1_releases_match_the_spec() -> None:
+    """Spec §1.7/§7.5.5: two independent Logis(1) Case-I releases on N(0, 1) have joint
+    coverage 0.608 ± 0.005, leakage 0.392 <= the additive 0.479, and at least either
+    release's own leakage."""
+    d = case1()
+    joint = composition.joint_coverage([d, d], NORMAL)
+    single = interval.expected_coverage(d, NORMAL)
+    assert joint.value == pytest.approx(0.608, abs=0.005)
+    assert single.leakage < joint.leakage < 2 * single.leakage
+    three = composition.joint_coverage([d, d, d], NORMAL)
+    assert three.leakage > joint.leakage  # more cuts, less coverage
+
+
+def test_realized_anchors_agree_and_repeats_add_nothing() -> None:
+    """Conditioning on realized earlier anchors (n = 20,000) agrees with the design-level
+    joint coverage within 4 SE; releasing the same anchors twice changes nothing (the
+    additive bound would charge it again: spec pitfall 10)."""
+    d = case1()
+    g = rng(21)
+    a = d.partition.sample(g, 20_000)
+    given = composition.joint_coverage_given([a], d, NORMAL, rng(22))
+    joint = composition.joint_coverage([d, d], NORMAL)
+    assert abs(given.value - joint.value) < 4 * (given.se + joint.se)
+    twice = composition.joint_coverage_given([a, a], d, NORMAL, rng(22))
+    assert twice.value == pytest.approx(given.value, abs=1e-12)
+
+
+def test_ineligible_designs_are_refused() -> None:
+    ring = interval.IntervalMechanism(interval.Ring(NORMAL, 0.3))
+    exact = interval.IntervalMechanism(interval.Canonical(LOGIS1, 3), exact_cells=(2,))
+    for d in (ring, exact):
+        assert not composition.eligible(d)
+        with pytest.raises(ValueError, match="canonical"):
+            composition.joint_coverage([case1(), d], NORMAL)
+
+
+def test_exact_increment() -> None:
+    """The joint bound rounded up to the unit, minus what was charged, never negative."""
+    est = interval.Estimate(0.6, 0.0)
+    bound = Fraction(est.leakage_bound).limit_denominator(10**15)
+    inc = composition.exact_increment(est, Fraction(1, 4), LEDGER_UNIT)
+    assert inc >= bound - Fraction(1, 4) and inc - (bound - Fraction(1, 4)) <= Fraction(
+        1, LEDGER_UNIT) + Fraction(1, 10**14)
+    assert composition.exact_increment(est, Fraction(1), LEDGER_UNIT) == 0
+
+
+META = DatasetMeta(1000, {"x": ColumnMeta("x", "continuous", prior={"family": "normal",
+                                                                    "loc": 0, "scale": 1}),
+                          "z": ColumnMeta("z", "continuous", prior={"family": "normal",
+                                                                    "loc": 0, "scale": 1})})
+LOGIS = {"family": "logistic", "scale": 1}
+
+
+def _earlier(name: str, raw: dict, status: str = "succeeded") -> dict:
+    mech = registry.get(name)
+    params = mech.load_params(raw)
+    cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
+    return {"mechanism": name, "params": params, "status": status, "cost": cost}
+
+
+def test_composition_report_shows_both() -> None:
+    """A second Logis(1) Case-I on the column: additive charge 0.24 (column total 0.48)
+    against the exact joint 0.392 (charge ≈ 0.153); a failed release does not count, a
+    release of another column does not count, a ring makes exact unavailable, and with
+    no earlier release there is nothing to show."""
+    mech = registry.get("interval.case1")
+    params = mech.load_params({"column": "x", "anchors": LOGIS})
+    cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
+    first = _earlier("interval.case1", {"column": "x", "anchors": LOGIS})
+    other = _earlier("interval.case1", {"column": "z", "anchors": LOGIS})
+    failed = _earlier("interval.case1", {"column": "x", "anchors": LOGIS}, "failed")
+    report = composition_report("case1", params, cost, META, [first, other, failed])
+    assert report is not None and report["earlier_releases"] == 1
+    assert report["additive"]["column_total"] == pytest.approx(2 * report["additive"]["charge"])
+    exact = report["exact"]
+    assert exact["available"] and exact["joint_coverage"] == pytest.approx(0.608, abs=0.005)
+    assert exact["column_total"] == pytest.approx(exact["joint_leakage_bound"], abs=1e-9)
+    assert exact["charge"] < report["additive"]["charge"] and exact["saving"] > 0.05
+    assert report["charged"] == "additive"
+    ring = _earlier("interval.ring", {"column": "x", "tau_floor": 0.3})
+    no = composition_report("case1", params, cost, META, [first, ring])
+    assert no is not None and not no["exact"]["available"] and "ring" in no["exact"]["reason"]
+    assert composition_report("case1", params, cost, META, [other]) is None
+    shown = mech.composition(params, cost, META, lambda: [first])
+    assert shown is not None and shown["exact"]["available"]
+
+
+def test_truncated_history_composes_nothing() -> None:
+    """When the service could not list every earlier release, exact is not claimed and
+    no column total is shown (it would miss charges)."""
+    mech = registry.get("interval.case1")
+    params = mech.load_params({"column": "x", "anchors": LOGIS})
+    cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
+    first = _earlier("interval.case1", {"column": "x", "anchors": LOGIS})
+    report = composition_report("case1", params, cost, META, [{"status": "truncated"}, first])
+    assert report is not None and not report["exact"]["available"]
+    assert "column_total" not in report["additive"]
