@@ -23,6 +23,7 @@ from typing import Any, Literal
 import redis
 
 from service import rkeys
+from service.durable import Replication, Step
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
                   "retired", "ended"]
@@ -86,16 +87,24 @@ class CapError(ValueError):
 class Ledger:
     """Budget accounting for every dataset, backed by one Redis server."""
 
-    def __init__(self, client: redis.Redis, lease_seconds: int = 30) -> None:
+    def __init__(self, client: redis.Redis, lease_seconds: int = 30,
+                 replication: Replication | None = None,
+                 settle_retry_seconds: float = 0.0) -> None:
+        """Every script is a ``durable.Step``: acknowledged by ``replication``'s replicas
+        (WAIT), and settles re-sent for ``settle_retry_seconds`` across a failover
+        (workers; the API answers 503 at once). See ``service.durable`` for why that is
+        safe and what an unacknowledged step means."""
         self.r = client
         self.lease_seconds = lease_seconds
-        self._reserve = client.register_script(_script("reserve"))
-        self._settle = client.register_script(_script("settle"))
-        self._start = client.register_script(_script("start"))
-        self._lease = client.register_script(_script("lease"))
-        self._admin = client.register_script(_script("admin"))
-        self._refuse = client.register_script(_script("refuse"))
-        self._open = client.register_script(_script("open"))
+        repl = replication or Replication()
+        self._reserve = Step(client, _script("reserve"), repl)
+        self._settle = Step(client, _script("settle"), repl, nonce=True,
+                            retry_seconds=settle_retry_seconds)
+        self._start = Step(client, _script("start"), repl)
+        self._lease = Step(client, _script("lease"), repl)
+        self._admin = Step(client, _script("admin"), repl)
+        self._refuse = Step(client, _script("refuse"), repl)
+        self._open = Step(client, _script("open"), repl)
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
              document: str | None = None, *, idempotency_key: str | None = None,
