@@ -69,6 +69,8 @@ class Replication:
 
 #: pause between re-sends of a settle while the primary fails over
 RETRY_PAUSE = 0.25
+#: times a step loads its script again after NOSCRIPT (a failover can race one load)
+MAX_RELOADS = 3
 
 
 class Step:
@@ -91,9 +93,18 @@ class Step:
     def __call__(self, keys: list[str], args: list[Any]) -> Any:
         argv = [*args, secrets.token_hex(12)] if self.nonce else list(args)
         deadline = time.monotonic() + self.retry_seconds
+        reloads = 0
         while True:
             try:
                 return self._once(keys, argv)
+            except redis.exceptions.NoScriptError:
+                # a promoted replica (a restarted node) has no script cache: the script did
+                # not run; load it and send it again (a pipeline does not reload by itself
+                # when it loaded the script through another connection, to the old primary)
+                if reloads >= MAX_RELOADS:
+                    raise
+                reloads += 1
+                self.client.script_load(self.script.script)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                 if time.monotonic() + RETRY_PAUSE > deadline:
                     raise
@@ -108,7 +119,15 @@ class Step:
         pipe = self.client.pipeline(transaction=False)
         self.script(keys=keys, args=argv, client=pipe)
         pipe.wait(want, self.replication.wait_ms)
-        reply, acked = pipe.execute()
+        try:
+            reply, acked = pipe.execute()
+        except redis.exceptions.ResponseError as err:
+            if "replica" not in str(err):
+                raise
+            # a node demoted in a failover (or one a lagging sentinel still names): the
+            # script wrote nothing there (a write is READONLY on a replica); connect anew
+            self.client.connection_pool.disconnect()
+            raise NotReplicated("the connection reached a replica, not the primary") from err
         if int(acked) < want:
             raise NotReplicated(f"{acked} of {want} replicas acknowledged a ledger step"
                                 f" within {self.replication.wait_ms} ms")

@@ -89,19 +89,19 @@ class Ledger:
 
     def __init__(self, client: redis.Redis, lease_seconds: int = 30,
                  replication: Replication | None = None,
-                 settle_retry_seconds: float = 0.0) -> None:
+                 run_retry_seconds: float = 0.0) -> None:
         """Every script is a ``durable.Step``: acknowledged by ``replication``'s replicas
-        (WAIT), and settles re-sent for ``settle_retry_seconds`` across a failover
-        (workers; the API answers 503 at once). See ``service.durable`` for why that is
-        safe and what an unacknowledged step means."""
+        (WAIT). A run's steps (start, lease, settle) are re-sent for ``run_retry_seconds``
+        across a failover (workers; the API answers 503 at once). See ``service.durable``
+        for why that is safe and what an unacknowledged step means."""
         self.r = client
         self.lease_seconds = lease_seconds
         repl = replication or Replication()
         self._reserve = Step(client, _script("reserve"), repl)
         self._settle = Step(client, _script("settle"), repl, nonce=True,
-                            retry_seconds=settle_retry_seconds)
-        self._start = Step(client, _script("start"), repl)
-        self._lease = Step(client, _script("lease"), repl)
+                            retry_seconds=run_retry_seconds)
+        self._start = Step(client, _script("start"), repl, retry_seconds=run_retry_seconds)
+        self._lease = Step(client, _script("lease"), repl, retry_seconds=run_retry_seconds)
         self._admin = Step(client, _script("admin"), repl)
         self._refuse = Step(client, _script("refuse"), repl)
         self._open = Step(client, _script("open"), repl)

@@ -162,6 +162,19 @@ def parse_sentinel(url: str) -> SentinelURL | None:
 SENTINEL_PORT = 26379
 
 
+def failover_retry(seconds: float) -> Retry:
+    """Re-send a command after a connection error for about ``seconds`` (a failover:
+    the sentinels' master is unreachable until they promote its replica, ~2-5 s).
+
+    Only for clients whose every command is safe to re-send -- the workers': reads, the
+    ledger's scripts (idempotent, ``service.durable``), the hold-out maximum, and
+    metrics counters (a re-sent increment after a lost reply counts once more: a metric,
+    never a budget). The API keeps one quick retry and answers 503 instead.
+    """
+    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5),
+                 max(RETRIES, int(seconds / 0.5) + 1))
+
+
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A client that speaks str (decode_responses): the one way we open Redis.
 

@@ -150,12 +150,20 @@ def configure(app: Celery, config: Config) -> Celery:
     return app
 
 
+def worker_client(config: Config) -> redis.Redis:
+    """The workers' client: it rides over a failover (re-sending for half a lease) rather
+    than fail a job's read, which would refund an accepted release for nothing."""
+    return rkeys.connect(config.require_redis_url(),
+                         retry=rkeys.failover_retry(config.lease_seconds / 2))
+
+
 def worker_ledger(client: redis.Redis, config: Config) -> Ledger:
-    """The workers' ledger: its settles are re-sent across a failover for up to half a
-    lease (the run's lease, renewed until the compute ended, outlives that), so a commit
-    the old primary took with it is applied again, once (``service.durable``)."""
+    """The workers' ledger: a run's steps (start, lease, settle) are re-sent across a
+    failover for up to half a lease (the run's lease, renewed until the compute ended,
+    outlives that), so a commit the old primary took with it is applied again, once, and
+    a run waits for its data-read marker to be replicated (``service.durable``)."""
     return Ledger(client, config.lease_seconds, Replication.from_config(config),
-                  settle_retry_seconds=config.lease_seconds / 2)
+                  run_retry_seconds=config.lease_seconds / 2)
 
 
 def make_celery(config: Config) -> Celery:

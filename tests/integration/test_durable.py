@@ -114,3 +114,34 @@ def test_steps_wait_for_replicas(replicated: tuple[ValkeyServer, ValkeyServer]) 
     assert isinstance(err.value, redis.exceptions.ConnectionError)
     assert time.monotonic() - started < 1.5, "WAIT honours LEDGER_WAIT_MS"
     assert ledger.balance(ds)["epsilon"]["reserved"] == 200, "it ran on the primary"
+
+
+def test_a_start_resent_after_a_lost_reply_is_the_same_run(r: redis.Redis) -> None:
+    """Catches a re-sent start answering 0 (its own first send had taken the lease):
+    the worker took its job for another run's and retried it a lease later, as attempt
+    2. Now the re-send finds its own token and answers the same attempt."""
+    ledger, ds = Ledger(r), _ds()
+    ledger.open(ds, {"epsilon": 1000}, "op")
+    rid = "rel_" + secrets.token_hex(8)
+    ledger.reserve(ds, rid, {"epsilon": 300}, actor="a", fingerprint=rid, request_json="{}")
+    flaky = LosesFirstReply(r, ledger._start.script.script, Replication(), retry_seconds=5)
+    ledger._start = flaky
+    run = ledger.mark_running(rid, "w")
+    assert flaky.lost == 1
+    assert run is not None and run.attempt == 1
+    assert r.get(rkeys.lease(rid)) == run.token
+    assert ledger.mark_data_read(run)
+    assert ledger.commit(ds, run, "{}") == "settled"
+
+
+
+def test_a_step_sent_to_a_replica_is_unavailable_not_an_error(
+        replicated: tuple[ValkeyServer, ValkeyServer]) -> None:
+    """Catches a 500 after a failover: a connection that reached a replica (a demoted
+    primary, or one a lagging sentinel still names) ran a script that wrote nothing,
+    then WAIT failed with a ResponseError. Now it is NotReplicated (503, retried)."""
+    _, replica = replicated
+    ledger = Ledger(rkeys.connect(replica.connection_url + "/0"),
+                    replication=Replication(1, 100))
+    with pytest.raises(NotReplicated, match="replica"):
+        ledger.mark_running("rel_" + secrets.token_hex(8), "w")  # writes nothing: no such job
