@@ -9,6 +9,12 @@ A worker runs a job under a lease named by a token of that run (``Run``), and
 settles it only while the lease is still that token's, in the same script that
 settles: a run that stalled past its lease while another run took the job over
 can neither store a second output nor refund the first.
+
+Each script runs as a ``durable.Step``: safe to re-send (after a lost reply, or
+across a Sentinel failover), and with PRIVRELEASE_LEDGER_REPLICAS > 0 answered only
+once that many replicas acknowledged it (WAIT), else 503: a reserve a failover
+loses held nothing and its job cannot run; a settle it loses is re-sent by the
+worker, or charged by the sweeper (``service.durable`` has the argument).
 """
 
 from __future__ import annotations
