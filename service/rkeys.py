@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 P = "pr:"
 
@@ -162,6 +162,23 @@ def parse_sentinel(url: str) -> SentinelURL | None:
 SENTINEL_PORT = 26379
 
 
+class SentinelConnection(SentinelManagedConnection):
+    """redis-py's connection to the master the sentinels name, asking them again on
+    every reconnect.
+
+    redis-py 8 asks the sentinels in ``connect()`` only, but a command re-sent after a
+    connection error reconnects through ``connect_check_health()`` to the address the
+    connection had: a re-send after a failover went back, for as long as it retried,
+    to the demoted primary (a replica once it is back: READONLY each time).
+    """
+
+    def connect_check_health(self, check_health: bool = True,
+                             retry_socket_connect: bool = True) -> None:
+        if not self._sock and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health, retry_socket_connect)
+
+
 def failover_retry(seconds: float) -> Retry:
     """Re-send a command after a connection error for about ``seconds`` (a failover:
     the sentinels' master is unreachable until they promote its replica, ~2-5 s).
@@ -198,7 +215,8 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
                          "socket_timeout": kwargs["socket_timeout"],
                          "socket_connect_timeout": kwargs["socket_connect_timeout"]})
     client: redis.Redis = sentinels.master_for(
-        sentinel.master, db=sentinel.db, username=sentinel.username,
+        sentinel.master, connection_class=SentinelConnection, db=sentinel.db,
+        username=sentinel.username,
         password=sentinel.password, decode_responses=True, health_check_interval=30, **kwargs)
     return client
 

@@ -106,15 +106,29 @@ def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int]) 
     ledger.open("ds_acl", {"epsilon": 100}, "op")  # acknowledged by the replica (WAIT)
     assert replica.hget(rkeys.ledger("ds_acl"), "cap:epsilon") == "100"
 
+    # a connection that was the primary's before the failover, re-sending after it
+    pool = ledger.r.connection_pool
+    held = pool.get_connection()
+    held.send_command("PING")
+    assert held.read_response() == "PONG" and held.port == group["primary"]
+
     sentinel = redis.Redis(port=group["sentinel"], decode_responses=True)
     _until(lambda: sentinel.sentinel_master("privrelease")["num-slaves"] >= 1, 20,
            "the sentinel sees the replica")
-    sentinel.execute_command("SENTINEL", "FAILOVER", "privrelease")
+    # NOGOODSLAVE until the sentinel has the replica's INFO: asked again until it starts
+    _until(lambda: sentinel.execute_command("SENTINEL", "FAILOVER", "privrelease"), 20,
+           "a failover started")
     _until(lambda: int(sentinel.sentinel_get_master_addr_by_name("privrelease")[1])
            == group["replica"], 30, "the replica promoted")
     _until(lambda: replica.info("replication")["role"] == "master", 10, "promoted")
     _until(lambda: primary.info("replication")["role"] == "slave", 20, "the old primary demoted")
     _until(lambda: replica.info("replication").get("slave0", {}).get("state") == "online",
            20, "the old primary in sync with the new one")
+    # Caught: redis-py reconnected a re-sent command to the connection's old address
+    # (the demoted primary), never asking the sentinels (rkeys.SentinelConnection)
+    held.disconnect()
+    held.send_command("PING")
+    assert held.read_response() == "PONG" and held.port == group["replica"]
+    pool.release(held)
     ledger.set_caps("ds_acl", {"epsilon": 200}, "op")  # the same URL, the new primary
     assert primary.hget(rkeys.ledger("ds_acl"), "cap:epsilon") == "200"

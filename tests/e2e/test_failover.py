@@ -239,6 +239,7 @@ class Load:
         for api in itertools.cycle(self.apis):
             if self.stop.is_set():
                 return
+            time.sleep(0.05)
             try:
                 resp = session.get(f"{api}/v1/datasets/{self.dataset}/budget", timeout=30)
             except requests.RequestException:
@@ -249,7 +250,6 @@ class Load:
             elif resp.status_code != 503:
                 with self.lock:
                     self.bad.append(f"budget {resp.status_code}")
-            time.sleep(0.05)
 
 
 def _upload(api: str) -> str:
