@@ -38,8 +38,9 @@ CSV rules, decided here once:
   that category, even if it looks like a missing marker.
 - Categorical cells must equal a declared category exactly; the column holds
   int64 codes, the index into ``categories``.
-- A field longer than 131,072 characters (Python's csv limit, kept) or a
-  record longer than ``BLOCK_SIZE`` bytes is malformed. Quoting follows
+- A field longer than 131,072 characters (Python's csv limit, kept) is
+  malformed; so is a record spanning more than two blocks (a record of up to
+  ``BLOCK_SIZE`` = 256 KiB is always read). Quoting follows
   pyarrow's reader, which is lenient where Python's strict csv module was not:
   text after a closing quote is appended to the field (``"a"b`` is ``ab``)
   and a quote left open at the very end of the file closes there.
@@ -246,9 +247,10 @@ _NAN_SPELLINGS = pa.array(["nan", "+nan", "-nan"], pa.string())
 _PLAIN_INT = r"^[+-]?[0-9]{1,18}(\.0*)?$"
 #: Python's csv field limit (characters), kept from the earlier parser
 FIELD_LIMIT = 131_072
-#: bytes pyarrow reads and parses at a time: the API's memory grows by a few blocks
-#: whatever the file size; a record longer than this is refused
-BLOCK_SIZE = 1 << 20
+#: bytes pyarrow reads and parses at a time; its streaming reader reads up to 32 blocks
+#: ahead, so an upload's memory is bounded by ~40 blocks whatever the file size (measured:
+#: ~24 MB growth at 256 KiB); a record spanning more than two blocks is refused
+BLOCK_SIZE = 1 << 18
 #: rows converted and handed on at a time (a block of narrow rows holds ~30,000)
 CHUNK_ROWS = 65_536
 #: and at most this many cells: a 2,000-point functional column must not make
@@ -408,7 +410,24 @@ def _to_int(cell: str) -> int:
 
 
 def _text_floats(text: pa.Array) -> tuple[np.ndarray, np.ndarray | None, int | None]:
-    """Continuous cells from text: Arrow's parser (as ``float()``), else Python's."""
+    """Continuous cells from text: Arrow's parser (as ``float()``), else Python's.
+
+    Missing cells (markers, and anything that parses to a non-finite float) are
+    marked in the mask, whichever path converted them.
+    """
+    bad = None
+    values = _arrow_floats(text)
+    if values is None:
+        values, missing, bad = _python_numbers(text.to_pylist(), float, float, np.float64)
+        if missing is not None:
+            values[missing] = np.nan
+    nonfinite = ~np.isfinite(values)
+    return values, (nonfinite if nonfinite.any() else None), bad
+
+
+def _arrow_floats(text: pa.Array) -> np.ndarray | None:
+    """Arrow's conversion of the cells (missing markers as NaN), or None where it might
+    not agree with ``float()``."""
     try:
         parsed, source = pc.cast(text, pa.float64()), text
     except pa.ArrowInvalid:  # whitespace or missing markers: trim and mark them, then retry
@@ -417,16 +436,15 @@ def _text_floats(text: pa.Array) -> tuple[np.ndarray, np.ndarray | None, int | N
         try:
             parsed = pc.cast(source, pa.float64())
         except pa.ArrowInvalid:
-            return _python_numbers(text.to_pylist(), float, float, np.float64)
+            return None
     values = np.array(parsed.to_numpy(zero_copy_only=False), dtype=np.float64)
     nan = np.isnan(values)
     if nan.any():  # Arrow reads "nan(123)", float() does not: NaN cells must be spelled as NaN
         spelled = pc.is_in(pc.utf8_lower(_trimmed(source.filter(pa.array(nan)))),
                            value_set=_NAN_SPELLINGS)
         if not pc.all(spelled).as_py():
-            return _python_numbers(text.to_pylist(), float, float, np.float64)
-    missing = ~np.isfinite(values)
-    return values, (missing if missing.any() else None), None
+            return None
+    return values
 
 
 def _has_x(text: pa.Array) -> bool:
@@ -684,6 +702,7 @@ def _records(source: BinaryIO, start: int) -> Generator[tuple[int, list[str]], N
     lines = io.TextIOWrapper(source, encoding="utf-8-sig", newline="")
     reader = csv.reader(lines, strict=True)
     previous_end = 0
+    error: IngestError | None = None
     try:
         for row in reader:
             first, previous_end = previous_end + 1, reader.line_num
@@ -691,13 +710,15 @@ def _records(source: BinaryIO, start: int) -> Generator[tuple[int, list[str]], N
                 yield first, row
     except csv.Error as err:
         line = reader.line_num
-        raise IngestError(f"file.line {line}", _csv_error_message(err), line=line) from None
+        error = IngestError(f"file.line {line}", _csv_error_message(err), line=line)
     except UnicodeDecodeError:
         # decoding runs ahead of the reader by a buffer, so no exact line can be named
-        raise IngestError("file", "not valid UTF-8") from None
+        error = IngestError("file", "not valid UTF-8")
     finally:
         with contextlib.suppress(ValueError):  # leave the caller's file open
             lines.detach()
+    if error is not None:  # raised outside the handler: no chained error quotes a byte
+        raise error
 
 
 def _header(source: BinaryIO, start: int) -> list[str] | None:
@@ -743,16 +764,23 @@ def _csv_batches(source: BinaryIO, start: int, header: list[str], spec: DatasetS
             convert_options=pa_csv.ConvertOptions(column_types=text, strings_can_be_null=False,
                                                   quoted_strings_can_be_null=False,
                                                   null_values=[]))
-        if reader.schema.names != header:
-            raise _explain(source, start, len(header))
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                return
-            yield batch
+        readable = reader.schema.names == header
     except pa.ArrowException:
-        raise _explain(source, start, len(header)) from None
+        readable = False
+    # Raised outside the handlers: Arrow's messages quote cells, so no error chains to one.
+    if not readable:
+        raise _explain(source, start, len(header))
+    while True:
+        failed = False
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except pa.ArrowException:
+            failed = True
+        if failed:
+            raise _explain(source, start, len(header))
+        yield batch
 
 
 def iter_csv(
@@ -833,12 +861,15 @@ def _parquet_batches(parquet: pq.ParquetFile, columns: list[str], rows: int
                      ) -> Iterator[pa.RecordBatch]:
     batches = parquet.iter_batches(batch_size=rows, columns=columns, use_threads=False)
     while True:
+        failed = False
         try:
             batch = next(batches)
         except StopIteration:
             return
         except (pa.ArrowException, OSError):  # their messages may quote data: never passed on
-            raise IngestError("file", "the Parquet file is corrupt or unreadable") from None
+            failed = True
+        if failed:
+            raise IngestError("file", "the Parquet file is corrupt or unreadable")
         yield batch
 
 
@@ -853,12 +884,15 @@ def iter_parquet(data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int,
     """
     declared, spec = spec, _csv_spec(spec)
     with _seekable(data) as source:
+        parquet: pq.ParquetFile | None = None
         try:
             parquet = pq.ParquetFile(source, buffer_size=BLOCK_SIZE, pre_buffer=False)
             names = parquet.schema_arrow.names
             n_rows = parquet.metadata.num_rows
         except (pa.ArrowException, OSError):
-            raise IngestError("file", "not a readable Parquet file") from None
+            parquet = None
+        if parquet is None:  # outside the handler: no chained error quotes the file
+            raise IngestError("file", "not a readable Parquet file")
         with contextlib.closing(parquet):
             if len(names) > max_columns:
                 raise IngestError("file", f"the file has more than {max_columns} columns")
