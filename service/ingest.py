@@ -448,11 +448,13 @@ def _arrow_floats(text: pa.Array) -> np.ndarray | None:
 
 
 def _has_x(text: pa.Array) -> bool:
-    """Whether any byte of the text buffer is 'x' or 'X' (Arrow casts "0x10" to 16)."""
+    """Whether the cells' bytes hold an 'x' or 'X' (Arrow casts "0x10" to 16)."""
     data = text.buffers()[2]
-    if data is None:
+    if data is None or len(text) == 0:
         return False
-    raw = np.frombuffer(data, dtype=np.uint8)
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32)
+    first, last = offsets[text.offset], offsets[text.offset + len(text)]
+    raw = np.frombuffer(data, dtype=np.uint8)[first:last]  # this slice's cells only
     return bool(np.any((raw == ord("x")) | (raw == ord("X"))))
 
 
@@ -483,6 +485,11 @@ def _text_ints(text: pa.Array, lo: int, hi: int
     return _python_numbers(text.to_pylist(), int, clamped, np.int64)
 
 
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_string_view(kind))
+
+
 def _typed_numbers(column: str, meta: ColumnMeta, values: pa.Array
                    ) -> tuple[np.ndarray, np.ndarray | None, int | None]:
     """Numeric cells of a typed (Parquet) column; nulls and non-finite floats are missing."""
@@ -490,7 +497,7 @@ def _typed_numbers(column: str, meta: ColumnMeta, values: pa.Array
     kind = values.type
     if pa.types.is_dictionary(kind):
         return _typed_numbers(column, meta, values.dictionary_decode())
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+    if _is_text(kind):
         text = pc.fill_null(values.cast(pa.string()), "")
         if meta.type == "integer":
             return _text_ints(text, int(meta.bounds[0]), int(meta.bounds[1]))
@@ -560,13 +567,12 @@ def _category_codes(column: str, meta: ColumnMeta, spec: DatasetSpec, cells: pa.
     kind = cells.type
     if pa.types.is_integer(kind):  # integer-typed Parquet categories: their decimal text
         cells = cells.cast(pa.string())
-    elif not (pa.types.is_dictionary(kind) or pa.types.is_string(kind)
-              or pa.types.is_large_string(kind)):
+    elif not (pa.types.is_dictionary(kind) or _is_text(kind)):
         raise IngestError(f"file.columns.{column}",
                           f"column {_show(column)} has type {kind}; a categorical column "
                           "needs text")
     if not pa.types.is_dictionary(cells.type):
-        cells = pc.dictionary_encode(cells)
+        cells = pc.dictionary_encode(cells.cast(pa.string()))
     dictionary = cells.dictionary.cast(pa.string())
     known = np.asarray(pc.fill_null(pc.index_in(
         dictionary, value_set=pa.array(meta.categories, pa.string())), -1)
@@ -896,7 +902,7 @@ def iter_parquet(data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int,
         with contextlib.closing(parquet):
             if len(names) > max_columns:
                 raise IngestError("file", f"the file has more than {max_columns} columns")
-            _check_header(names, spec, noun="file's columns")
+            _check_header(names, spec, noun="Parquet schema")
             if n_rows > max_rows:
                 raise IngestError("file", f"more than {max_rows} data rows")
             batches = _parquet_batches(parquet, list(spec.columns), _chunk_rows(len(spec.columns)))

@@ -838,6 +838,18 @@ def test_spellings_arrow_reads_but_python_does_not_are_refused(cell: str, messag
     assert message in err.message
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_hexadecimal_found_in_any_chunk_slice(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    """Chunks are slices of one Arrow batch: the scan for "0x" covers exactly the slice's
+    cells, the last one included (an off-by-one there would let 16 through)."""
+    monkeypatch.setattr(ingest, "CHUNK_ROWS", chunk)
+    spec = parse_metadata(metadata(columns={"age": {"type": "integer", "bounds": [0, 90]}}))
+    err = ingest_error(to_csv(["age"], [["1"], ["2"], ["3"], ["0x10"]]), spec)
+    assert (err.field, err.line) == ("file.columns.age", 5)
+    assert parse_csv(to_csv(["age"], [["1"], ["2"], ["3"], ["10"]]), spec,
+                     max_rows=9)[1]["age"].tolist() == [1, 2, 3, 10]
+
+
 def test_python_spellings_arrow_refuses_are_read() -> None:
     """The per-cell path keeps what int()/float() accept beyond Arrow's syntax."""
     spec = parse_metadata(metadata(columns={
