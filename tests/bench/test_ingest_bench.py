@@ -112,12 +112,19 @@ def _write_parquet(csv_path: Path, path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The table's files; kept in ``PRIVRELEASE_BENCH_INGEST_DIR`` (if set) for reruns."""
     from tests.large.large_data import write_csv
 
-    folder = tmp_path_factory.mktemp("ingest")
-    csv_path, parquet_path = folder / "table.csv", folder / "table.parquet"
-    write_csv(csv_path, ROWS)
-    _write_parquet(csv_path, parquet_path)
+    kept = os.environ.get("PRIVRELEASE_BENCH_INGEST_DIR")
+    folder = Path(kept) if kept else tmp_path_factory.mktemp("ingest")
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path, parquet_path = folder / f"{ROWS}.csv", folder / f"{ROWS}.parquet"
+    if not csv_path.exists():  # write_csv renames a finished file into place
+        write_csv(csv_path, ROWS)
+    if not parquet_path.exists():
+        partial = parquet_path.with_suffix(".partial")
+        _write_parquet(csv_path, partial)
+        partial.rename(parquet_path)
     return {"csv": csv_path, "parquet": parquet_path}
 
 
@@ -130,6 +137,7 @@ def _run(mode: str, path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.bench
+@pytest.mark.timeout(7200)
 def test_ingest_throughput_and_memory(files: dict[str, Path]) -> None:
     best: dict[str, dict[str, Any]] = {}
     for _ in range(REPEATS):
