@@ -40,10 +40,15 @@ CSV rules, decided here once:
   int64 codes, the index into ``categories``.
 - A field longer than 131,072 characters (Python's csv limit, kept) is
   malformed; so is a record spanning more than two blocks (a record of up to
-  ``BLOCK_SIZE`` = 256 KiB is always read). Quoting follows
-  pyarrow's reader, which is lenient where Python's strict csv module was not:
-  text after a closing quote is appended to the field (``"a"b`` is ``ab``)
-  and a quote left open at the very end of the file closes there.
+  ``BLOCK_SIZE`` = 256 KiB is always read), and a quoted field left open at
+  the end of the file (a cut upload). Quoting otherwise follows pyarrow's
+  reader, which is lenient where Python's strict csv module was not: text
+  after a closing quote is appended to the field (``"a"b`` is ``ab``) unless
+  that makes a cell invalid, when the line lookup reports the malformed CSV.
+  A file whose quotes all delimit fields holds an even number of them, so an
+  open quote at the end is looked for (by Python's csv) only in a file with
+  an odd count; one that also has a stray quote inside an unquoted field can
+  hide it, a file no CSV writer produces.
 
 How: pyarrow's streaming reader (``pyarrow.csv.open_csv``) reads blocks of
 ``BLOCK_SIZE`` bytes, every column as text (categorical ones
@@ -732,15 +737,55 @@ def _header(source: BinaryIO, start: int) -> list[str] | None:
         return next((row for _, row in records), None)
 
 
-def _explain(source: BinaryIO, start: int, width: int) -> IngestError:
-    """What Arrow refused, found by Python's csv module (Arrow's message quotes cells)."""
+def _structure_error(source: BinaryIO, start: int, width: int) -> IngestError | None:
+    """The first structure error Python's csv module finds (ragged record, open quote,
+    bad UTF-8...), or None."""
     with contextlib.closing(_records(source, start)) as records:
         for index, (line, row) in enumerate(records):
             if index and len(row) != width:
                 return IngestError(f"file.line {line}",
                                    f"line {line} has {len(row)} fields, the header has {width}",
                                    line=line)
+    return None
+
+
+def _explain(source: BinaryIO, start: int, width: int) -> IngestError:
+    """What Arrow refused, found by Python's csv module (Arrow's message quotes cells)."""
+    error = _structure_error(source, start, width)
+    if error is not None:
+        return error
     return IngestError("file", f"malformed CSV (or a record longer than {BLOCK_SIZE} bytes)")
+
+
+class _QuoteCounter(io.RawIOBase):
+    """The upload as Arrow reads it, counting quote characters on the way.
+
+    Arrow closes a quoted field left open at the end of the file (a cut upload
+    would pass); an even count of quotes rules that out for every file whose
+    quotes all delimit fields, so only an odd count costs a strict re-read.
+    ``bytes.count`` runs at memory speed, so the count is free beside parsing.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self._raw = raw
+        self.quotes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._raw.read(-1 if size is None else size)
+        self.quotes += data.count(b'"')
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:  # the caller's file stays open
+        super().close()
 
 
 def _line_of(source: BinaryIO, start: int, record: int) -> tuple[str, int | None]:
@@ -762,9 +807,10 @@ def _csv_batches(source: BinaryIO, start: int, header: list[str], spec: DatasetS
     text = {col: pa.dictionary(pa.int32(), pa.string()) if meta.type == "categorical"
             else pa.string() for col, meta in spec.columns.items()}
     source.seek(start)
+    counted = _QuoteCounter(source)
     try:
         reader = pa_csv.open_csv(
-            source,
+            counted,
             read_options=pa_csv.ReadOptions(block_size=BLOCK_SIZE),
             parse_options=pa_csv.ParseOptions(newlines_in_values=True, ignore_empty_lines=True),
             convert_options=pa_csv.ConvertOptions(column_types=text, strings_can_be_null=False,
@@ -781,12 +827,16 @@ def _csv_batches(source: BinaryIO, start: int, header: list[str], spec: DatasetS
         try:
             batch = reader.read_next_batch()
         except StopIteration:
-            return
+            break
         except pa.ArrowException:
             failed = True
         if failed:
             raise _explain(source, start, len(header))
         yield batch
+    if counted.quotes % 2:  # perhaps a quote left open at the end: Python's csv decides
+        error = _structure_error(source, start, len(header))
+        if error is not None:
+            raise error
 
 
 def iter_csv(

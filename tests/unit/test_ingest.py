@@ -887,6 +887,26 @@ def test_no_error_in_the_chain_quotes_a_cell(data: bytes) -> None:
         assert SECRET_NUM not in str(linked) and SECRET_STR not in str(linked)
 
 
+@pytest.mark.parametrize(("tail", "line"), [(b'33,A,"1', 4), (b'33,"A\n', 4),
+                                            (b'33,A,"1\n\n', 5)])
+def test_a_file_cut_inside_a_quoted_field_is_refused(tail: bytes, line: int) -> None:
+    """Arrow closes a quote left open at the end of the file; the quote count catches it,
+    so a truncated upload is not registered as data (issue: it was, with "A")."""
+    err = ingest_error(to_csv(HEADER, GOOD) + tail)  # Python's csv: the line it ended on
+    assert (err.field, err.line) == (f"file.line {line}", line)
+    assert "not closed" in err.message
+
+
+def test_an_odd_number_of_literal_quotes_is_read() -> None:
+    """A quote inside an unquoted field is text (Python's csv reads it so): an odd count
+    sends the file through the strict re-read, which finds nothing wrong."""
+    spec = parse_metadata(metadata(columns={
+        "size": {"type": "categorical", "categories": ['5"', '6"']},
+        "n": {"type": "integer", "bounds": [0, 9]}}))
+    n, cols = parse_csv(b'size,n\n5",1\n"6""",2\n', spec, max_rows=10)
+    assert n == 2 and cols["size"].tolist() == [0, 1]
+
+
 def test_a_record_longer_than_a_block_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Arrow refuses a record spanning more than two blocks; one within a block is read."""
     monkeypatch.setattr(ingest, "BLOCK_SIZE", 4096)
