@@ -6,8 +6,11 @@ is not back in the queue, or it was queued, its task was sent (it left the
 outbox) and its message is in neither the queue nor the broker's unacked set
 (the broker lost it: kombu's Redis transport pops a message and records it as
 unacknowledged in a second command, so a primary killed between the two loses
-it). A message back in the queue (a worker killed with -9 rejects it) is left
-to the redelivery, which re-runs the job.
+it), or only in the unacked set, delivered over ``min_age`` ago and never
+started (its worker died or lost its connection in a failover; kombu would put it
+back only after its 15-minute visibility timeout). A message back in the queue
+(a worker killed with -9 rejects it) is left to the redelivery, which re-runs
+the job.
 
 A gone job that had not read its data is sent again (its task, same release
 id), up to ``max_resends`` times (PRIVRELEASE_MAX_RESENDS, default 3), counted
@@ -64,6 +67,7 @@ log = logging.getLogger("privrelease.sweeper")
 #: its name)
 QUEUES = (RELEASES_QUEUE, PRICING_QUEUE, "privrelease")
 UNACKED = "unacked"  # kombu's Redis transport keeps unacknowledged messages here
+UNACKED_INDEX = "unacked_index"  # ... and when it delivered each (delivery tag: epoch s)
 LOCK = rkeys.P + "sweeper:lock"
 ORPHAN_LOCK = rkeys.P + "sweeper:orphans"
 #: seconds between sweeps for dataset files without metadata (one worker at a time)
@@ -73,10 +77,25 @@ MAX_RESENDS = 3
 _RESEND = resources.files("service").joinpath("lua/resend.lua").read_text()
 
 
-def _in_broker(client: redis.Redis) -> tuple[str, str]:
-    """The queued and the unacknowledged messages, each as one string to search for ids."""
+def _in_broker(client: redis.Redis) -> tuple[str, str, dict[str, float | None]]:
+    """The queued and the unacknowledged messages, each as one string to search for ids,
+    and each unacknowledged message's delivery time (epoch s; None if kombu's index has
+    none) by its content."""
     queued = "\n".join(m for q in QUEUES for m in client.lrange(q, 0, -1))
-    return queued, "\n".join(client.hvals(UNACKED))
+    held = client.hgetall(UNACKED)
+    at = dict(client.zrange(UNACKED_INDEX, 0, -1, withscores=True)) if held else {}
+    delivered = {message: at.get(tag) for tag, message in held.items()}
+    return queued, "\n".join(held.values()), delivered
+
+
+def _stranded(release_id: str, delivered: dict[str, float | None], before: float) -> bool:
+    """Whether every unacknowledged message of the release was delivered before
+    ``before``: with one task at a time per worker process (acks late, prefetch 1), a
+    queued release whose message a worker took that long ago and never started was
+    taken by a worker that died or lost its connection (a failover); kombu would put it
+    back only after its visibility timeout (15 min)."""
+    times = [t for message, t in delivered.items() if release_id in message]
+    return bool(times) and all(t is not None and t <= before for t in times)
 
 
 def _default_sender() -> releases.Sender:
@@ -127,7 +146,7 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
     stale = client.zrangebyscore(rkeys.PENDING, 0, now - min_age)
     if not stale:
         return []
-    queued, unacked = _in_broker(client)
+    queued, unacked, delivered = _in_broker(client)
     unsent = set(client.zrange(rkeys.OUTBOX, 0, -1))
     aborted = []
     for release_id in stale:
@@ -138,7 +157,8 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
             continue
         if client.exists(rkeys.lease(release_id)) or release_id in queued:
             continue
-        if status == "queued" and release_id in unacked:
+        if (status == "queued" and release_id in unacked
+                and not _stranded(release_id, delivered, now - min_age)):
             continue  # prefetched by a worker that may still start it
         if status in {"queued", "pricing"} and release_id in unsent:
             continue  # accepted, its task not yet sent: a pass after its grace sends it

@@ -213,3 +213,28 @@ def test_a_resend_is_claimed_only_for_a_gone_unread_job_and_paced(rig: dict[str,
     assert client.hget(rkeys.release(gone), "status") == "queued"
     assert ledger.abort("ds_resend", gone, "{}", "test")
     assert ledger.balance("ds_resend")["epsilon"]["reserved"] == 0
+
+
+def test_a_queued_job_whose_message_a_worker_took_long_ago_is_resent(
+        rig: dict[str, Any]) -> None:
+    """Catches a job stranded in kombu's unacked set for its 15-minute visibility timeout
+    (a worker took its message, then died or lost its connection in a failover, before
+    starting it): re-sent once the delivery is ``min_age`` old; one delivered lately, or
+    whose delivery time kombu did not record, is left to the worker that took it."""
+    client, ledger = rig["client"], rig["ledger"]
+    now = time.time()
+    stranded, fresh, unknown = (_reserved(ledger, "rel_" + c * 24) for c in "suk")
+    client.zadd(rkeys.PENDING, {rid: now - 100 for rid in (stranded, fresh, unknown)})
+    client.hset(sweeper.UNACKED, mapping={
+        f"t_{rid}": json.dumps([{"headers": {"id": rid}}, "", RELEASES_QUEUE])
+        for rid in (stranded, fresh, unknown)})
+    client.zadd(sweeper.UNACKED_INDEX, {f"t_{stranded}": now - 31, f"t_{fresh}": now - 29})
+    sent = _Sent()
+    try:
+        assert sweeper.sweep(client, ledger, min_age=30, send=sent) == []
+    finally:
+        client.delete(sweeper.UNACKED, sweeper.UNACKED_INDEX)
+    assert sent.calls == [(releases.TASK, stranded)]
+    for rid in (stranded, fresh, unknown):
+        assert client.hget(rkeys.release(rid), "status") == "queued"
+        assert ledger.abort("ds_resend", rid, "{}", "test")
