@@ -33,6 +33,9 @@ from workers.celery_app import RELEASES_QUEUE
 
 LEASE = 2
 DB = 6
+#: each job sleeps this long once it read its data, so two messages of one release
+#: are run at once by the worker's two processes (one waits for the other's lease)
+DELAY = 1.0
 EPSILON = 0.5
 
 
@@ -70,19 +73,19 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
     flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
                                                lease_seconds=LEASE))
     env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
-           "PRIVRELEASE_SWEEP_INTERVAL": "3600"}
+           "PRIVRELEASE_SWEEP_INTERVAL": "3600", "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY)}
     log = tmp_path_factory.mktemp("resend") / "worker.log"
     procs: list[subprocess.Popen[bytes]] = []
 
     def start() -> None:
         with open(log, "ab") as fh:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1",
-                 "--queues", RELEASES_QUEUE], env=env, cwd=ROOT, stdout=fh,
+                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "2",
+                 "--queues", RELEASES_QUEUE, "--loglevel", "info"], env=env, cwd=ROOT, stdout=fh,
                 stderr=subprocess.STDOUT))
         wait_for_worker(client)
 
-    yield {"api": Api(flask_app.test_client()), "client": client, "start": start,
+    yield {"api": Api(flask_app.test_client()), "client": client, "start": start, "log": log,
            "ledger": Ledger(client, lease_seconds=LEASE),
            "send": flask_app.extensions["celery"].send_task}
     for proc in procs:
@@ -151,8 +154,10 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     rig["start"]()
     for rid in (lost, dead, twice):
         assert api.wait(rid, timeout=60)["status"] == "succeeded", rid
-    # both of twice's messages consumed (the second waited for the lease or found the end)
+    # both of twice's messages consumed, at once: the second found the first's lease and
+    # waited (a retry), then found the release ended
     _until(lambda: _messages(client, twice) == 0)
+    assert f"run_release[{twice}] retry" in rig["log"].read_text()
     rig["send"](releases.TASK, args=[lost], task_id=lost)  # a late redelivery
     _until(lambda: _messages(client, lost) == 0)
     time.sleep(0.5)  # the late message's run, had it started, would have counted by now
