@@ -210,8 +210,8 @@ def _resend(client: redis.Redis, ledger: Ledger, release_id: str, max_resends: i
     re-send, atomically with the checks that it is still gone and unread); returns the
     re-send's number, 0 if it is no longer gone or the broker failed (the next pass looks
     again), None if the bound is reached (refund it)."""
-    claimed = int(client.eval(_RESEND, 2, rkeys.release(release_id), rkeys.lease(release_id),
-                              f"{time.time():.3f}", max_resends))
+    keys = (rkeys.release(release_id), rkeys.lease(release_id))
+    claimed = int(client.eval(_RESEND, 2, *keys, f"{time.time():.3f}", max_resends, "claim"))
     if claimed < 0:
         return None
     if claimed == 0:
@@ -219,8 +219,7 @@ def _resend(client: redis.Redis, ledger: Ledger, release_id: str, max_resends: i
     try:
         releases.enqueue(send or _default_sender(), ledger, release_id)
     except Exception as err:  # the broker is down: give the claim back for the next pass
-        client.hincrby(rkeys.release(release_id), "resends", -1)
-        client.hdel(rkeys.release(release_id), "resent_at")
+        client.eval(_RESEND, 2, *keys, "", max_resends, "undo")
         log.warning("job resend failed", extra={"release_id": release_id,
                                                  "error_type": type(err).__name__})
         return 0
