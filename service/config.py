@@ -104,6 +104,9 @@ class Config:
     lease_seconds: int = 30
     #: PRIVRELEASE_SWEEP_INTERVAL: seconds between sweeps for reservations whose job is gone
     sweep_interval: float = 15.0
+    #: PRIVRELEASE_MAX_RESENDS: times the sweeper re-sends a job lost before it read its
+    #: data (its message lost, or its worker gone) before refunding it instead
+    max_resends: int = 3
     #: PRIVRELEASE_CALLBACK_HOSTS: comma-separated host[:port] a callback_url may target
     callback_hosts: tuple[str, ...] = ()
     #: PRIVRELEASE_TEST_JOB_DELAY: seconds a job sleeps once it has read its data, before
@@ -188,6 +191,7 @@ class Config:
             idempotency_ttl=_int("IDEMPOTENCY_TTL", cls.idempotency_ttl),
             lease_seconds=_int("LEASE_SECONDS", cls.lease_seconds),
             sweep_interval=float(_env("SWEEP_INTERVAL") or cls.sweep_interval),
+            max_resends=_at_least("MAX_RESENDS", cls.max_resends, 0),
             callback_hosts=tuple(h.strip().lower() for h in (_env("CALLBACK_HOSTS") or "")
                                  .split(",") if h.strip()),
             test_job_delay=float(_env("TEST_JOB_DELAY") or 0.0),

@@ -198,7 +198,8 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
             client.set(rkeys.WORKERS + name, client.info("server")["run_id"], ex=HEARTBEAT_TTL)
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + config.sweep_interval
-                sweep_if_due(client, ledger, config.sweep_interval, outputs)
+                sweep_if_due(client, ledger, config.sweep_interval, outputs,
+                             max_resends=config.max_resends)
                 sweep_orphans_if_due(client, store)  # logs and survives file-system errors
         stop.wait(min(HEARTBEAT_SECONDS, config.sweep_interval))
     with contextlib.suppress(redis.RedisError):

@@ -1,22 +1,38 @@
-"""The sweeper: resolve reservations whose job is gone.
+"""The sweeper: re-send jobs that are gone, settle those that cannot be re-sent.
 
 A job is gone when its release has not ended and nobody holds its lease,
 and either it was running (its worker died or lost Valkey) and its message
 is not back in the queue, or it was queued, its task was sent (it left the
 outbox) and its message is in neither the queue nor the broker's unacked set
-(the broker lost it). A
-message back in the queue (a worker killed with -9 rejects it) is left to
-the redelivery, which re-runs the job. A running job's message left in the
-unacked set (its worker lost Valkey before it could acknowledge) would only
-come back after kombu's visibility timeout (15 min); the job is refunded
-instead, and the late redelivery finds it ended and does nothing. Outputs
-and commits are stored by one atomic script, so a gone job never stored a
-result. A gone job that had not read its data is aborted (refunded); one
-whose run had read it (``data_read`` in its state, set before the first byte
-is loaded) is charged and fails with the one message of every failure after
-the data was read: why a worker died (a crash, memory) may depend on the data,
-so a refund could tell it. Either settles only while no run holds a lease (in
-the settling script), so a run that started meanwhile is never settled here.
+(the broker lost it: kombu's Redis transport pops a message and records it as
+unacknowledged in a second command, so a primary killed between the two loses
+it), or only in the unacked set, delivered over ``min_age`` ago and never
+started (its worker died or lost its connection in a failover; kombu would put it
+back only after its 15-minute visibility timeout). A message back in the queue
+(a worker killed with -9 rejects it) is left to the redelivery, which re-runs
+the job.
+
+A gone job that had not read its data is sent again (its task, same release
+id), up to ``max_resends`` times (PRIVRELEASE_MAX_RESENDS, default 3), counted
+in its release hash (``resends``, ``resent_at``; service/lua/resend.lua); a job
+re-sent less than ``min_age`` ago is left to that message. Only past the bound
+is it aborted and refunded, with a message that says so. Re-sending is safe
+however many messages a release ends up with: its original may only have been
+delayed (a running job's message left in the unacked set comes back after
+kombu's visibility timeout), but start.lua runs a job once: a second message
+finds the lease (the task waits and looks again) or the ended status (it does
+nothing), and a run that lost its lease stores and settles nothing
+(lease.lua, settle.lua), so one release has one output and one charge.
+
+A gone job whose run had read the data (``data_read`` in its state, set
+before the first byte is loaded) is not re-sent: it is charged and fails with
+the one message of every failure after the data was read. Why a worker died
+(a crash, memory) may depend on the data, so a refund could tell it, and a
+re-run of the same data would likely die the same way (a redelivered message
+re-runs it at most ``workers.tasks.MAX_RUNS`` times). Either settles only
+while no run holds a lease (in the settling script), so a run that started
+meanwhile is never settled here. Outputs and commits are stored by one atomic
+script, so a gone job never stored a result.
 
 A reservation still in the outbox (its API died between reserve and enqueue)
 is not gone but unsent: after ``releases.OUTBOX_GRACE`` seconds the sweeper
@@ -34,6 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from importlib import resources
 
 import redis
 
@@ -50,16 +67,35 @@ log = logging.getLogger("privrelease.sweeper")
 #: its name)
 QUEUES = (RELEASES_QUEUE, PRICING_QUEUE, "privrelease")
 UNACKED = "unacked"  # kombu's Redis transport keeps unacknowledged messages here
+UNACKED_INDEX = "unacked_index"  # ... and when it delivered each (delivery tag: epoch s)
 LOCK = rkeys.P + "sweeper:lock"
 ORPHAN_LOCK = rkeys.P + "sweeper:orphans"
 #: seconds between sweeps for dataset files without metadata (one worker at a time)
 ORPHAN_INTERVAL = 3600.0
+#: times a gone job that had not read its data is re-sent before it is refunded
+MAX_RESENDS = 3
+_RESEND = resources.files("service").joinpath("lua/resend.lua").read_text()
 
 
-def _in_broker(client: redis.Redis) -> tuple[str, str]:
-    """The queued and the unacknowledged messages, each as one string to search for ids."""
+def _in_broker(client: redis.Redis) -> tuple[str, str, dict[str, float | None]]:
+    """The queued and the unacknowledged messages, each as one string to search for ids,
+    and each unacknowledged message's delivery time (epoch s; None if kombu's index has
+    none) by its content."""
     queued = "\n".join(m for q in QUEUES for m in client.lrange(q, 0, -1))
-    return queued, "\n".join(client.hvals(UNACKED))
+    held = client.hgetall(UNACKED)
+    at = dict(client.zrange(UNACKED_INDEX, 0, -1, withscores=True)) if held else {}
+    delivered = {message: at.get(tag) for tag, message in held.items()}
+    return queued, "\n".join(held.values()), delivered
+
+
+def _stranded(release_id: str, delivered: dict[str, float | None], before: float) -> bool:
+    """Whether every unacknowledged message of the release was delivered before
+    ``before``: with one task at a time per worker process (acks late, prefetch 1), a
+    queued release whose message a worker took that long ago and never started was
+    taken by a worker that died or lost its connection (a failover); kombu would put it
+    back only after its visibility timeout (15 min)."""
+    times = [t for message, t in delivered.items() if release_id in message]
+    return bool(times) and all(t is not None and t <= before for t in times)
 
 
 def _default_sender() -> releases.Sender:
@@ -96,30 +132,33 @@ def send_outbox(client: redis.Redis, ledger: Ledger, send: releases.Sender | Non
 
 def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
           outputs: OutputStore | None = None, send: releases.Sender | None = None,
-          grace: float = releases.OUTBOX_GRACE) -> list[str]:
+          grace: float = releases.OUTBOX_GRACE, max_resends: int = MAX_RESENDS) -> list[str]:
     """One pass; returns the ids it settled (refunded, or charged if the data was read).
 
     First sends the outbox's tasks (``send``, by default the worker's Celery app), then
-    settles reservations older than ``min_age`` whose job is gone, never one still in
-    the outbox; ``outputs``: remove the tables runs of a settled job stored before they
-    died.
+    deals with reservations older than ``min_age`` whose job is gone, never one still in
+    the outbox: re-sends one that did not read its data (at most ``max_resends`` times,
+    each at least ``min_age`` after the last), settles the rest; ``outputs``: remove the
+    tables runs of a settled job stored before they died.
     """
     send_outbox(client, ledger, send, grace)
-    stale = client.zrangebyscore(rkeys.PENDING, 0, time.time() - min_age)
+    now = time.time()
+    stale = client.zrangebyscore(rkeys.PENDING, 0, now - min_age)
     if not stale:
         return []
-    queued, unacked = _in_broker(client)
+    queued, unacked, delivered = _in_broker(client)
     unsent = set(client.zrange(rkeys.OUTBOX, 0, -1))
     aborted = []
     for release_id in stale:
-        status, raw, data_read = client.hmget(rkeys.release(release_id), "status",
-                                              "request", "data_read")
+        status, raw, data_read, resent_at = client.hmget(
+            rkeys.release(release_id), "status", "request", "data_read", "resent_at")
         if raw is None:
             client.zrem(rkeys.PENDING, release_id)
             continue
         if client.exists(rkeys.lease(release_id)) or release_id in queued:
             continue
-        if status == "queued" and release_id in unacked:
+        if (status == "queued" and release_id in unacked
+                and not _stranded(release_id, delivered, now - min_age)):
             continue  # prefetched by a worker that may still start it
         if status in {"queued", "pricing"} and release_id in unsent:
             continue  # accepted, its task not yet sent: a pass after its grace sends it
@@ -138,35 +177,65 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
                 else:
                     log.warning("resent a lost pricing job", extra={"release_id": release_id})
             continue
-        if status in {"queued", "running"}:
-            reason = "worker died" if status == "running" else "job message lost"
-            dataset_id = json.loads(raw)["dataset_id"]
-            if data_read:
-                settled = ledger.charge_gone(dataset_id, release_id,
-                                             json.dumps(releases.FAILED_AFTER_READ), "sweeper")
-            else:
-                error = json.dumps({"message": f"job gone ({reason}); reservation refunded"})
-                settled = ledger.abort(dataset_id, release_id, error, "sweeper",
-                                       holder=NO_LEASE)
-            if settled:
-                log.warning("swept job", extra={"release_id": release_id, "reason": reason,
-                                                "charged": bool(data_read)})
-                aborted.append(release_id)
-                if outputs is not None:
-                    outputs.prune(release_id, keep=None)
-        else:
+        if status not in {"queued", "running"}:
             client.zrem(rkeys.PENDING, release_id)
+            continue
+        if resent_at is not None and float(resent_at) > now - min_age:
+            continue  # re-sent lately: its message may be on its way to a worker
+        reason = "worker died" if status == "running" else "job message lost"
+        dataset_id = json.loads(raw)["dataset_id"]
+        if data_read:
+            settled = ledger.charge_gone(dataset_id, release_id,
+                                         json.dumps(releases.FAILED_AFTER_READ), "sweeper")
+        else:
+            sent = _resend(client, ledger, release_id, max_resends, send, reason)
+            if sent is not None:
+                continue
+            error = json.dumps({"message": f"job gone ({reason}) after {max_resends}"
+                                           " re-sends; reservation refunded"})
+            settled = ledger.abort(dataset_id, release_id, error, "sweeper",
+                                   holder=NO_LEASE)
+        if settled:
+            log.warning("swept job", extra={"release_id": release_id, "reason": reason,
+                                            "charged": bool(data_read)})
+            aborted.append(release_id)
+            if outputs is not None:
+                outputs.prune(release_id, keep=None)
     return aborted
+
+
+def _resend(client: redis.Redis, ledger: Ledger, release_id: str, max_resends: int,
+            send: releases.Sender | None, reason: str) -> int | None:
+    """Publish a gone job's task again if its bound allows (resend.lua claims the
+    re-send, atomically with the checks that it is still gone and unread); returns the
+    re-send's number, 0 if it is no longer gone or the broker failed (the next pass looks
+    again), None if the bound is reached (refund it)."""
+    keys = (rkeys.release(release_id), rkeys.lease(release_id))
+    claimed = int(client.eval(_RESEND, 2, *keys, f"{time.time():.3f}", max_resends, "claim"))
+    if claimed < 0:
+        return None
+    if claimed == 0:
+        return 0
+    try:
+        releases.enqueue(send or _default_sender(), ledger, release_id)
+    except Exception as err:  # the broker is down: give the claim back for the next pass
+        client.eval(_RESEND, 2, *keys, "", max_resends, "undo")
+        log.warning("job resend failed", extra={"release_id": release_id,
+                                                 "error_type": type(err).__name__})
+        return 0
+    log.warning("resent a gone job", extra={"release_id": release_id, "reason": reason,
+                                            "resend": claimed})
+    return claimed
 
 
 def sweep_if_due(client: redis.Redis, ledger: Ledger, interval: float,
                  outputs: OutputStore | None = None, send: releases.Sender | None = None,
-                 ) -> list[str]:
+                 max_resends: int = MAX_RESENDS) -> list[str]:
     """Sweep unless another worker swept within ``interval`` (a Redis lock)."""
     if not client.set(LOCK, "1", nx=True, px=max(int(interval * 1000), 1)):
         return []
     return sweep(client, ledger, min_age=max(2 * ledger.lease_seconds, 1), outputs=outputs,
-                 send=send)
+                 send=send, max_resends=max_resends)
 
 
 def sweep_orphans_if_due(client: redis.Redis, store: DatasetStore) -> list[str]:

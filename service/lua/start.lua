@@ -5,6 +5,10 @@
 -- the run, not the worker: two runs on one host never share it, and a stalled run
 -- that wakes up finds the lease is no longer its own (lease.lua, settle.lua).
 -- A started release leaves the outbox: its task was evidently sent.
+-- A release may have several messages (a redelivery, the sweeper's re-send of a job it
+-- found gone, its original arriving late from kombu's unacked set): the first to start it
+-- runs it; the others find the lease (their task waits and looks again) or the ended
+-- status (nothing to do), so it runs to one output.
 -- KEYS: 1 release hash, 2 lease key, 3 outbox zset. ARGV: 1 now (iso), 2 worker, 3 lease ttl (s),
 --       4 run token, 5 release id
 -- Returns the run's attempt number (1, 2, ...) if the caller should run it, else 0.

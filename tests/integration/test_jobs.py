@@ -146,6 +146,8 @@ def test_worker_killed_mid_task_ends_once_and_balances(slow: Any) -> None:
 
 
 def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
+    """Which jobs are gone, with re-sends off (PRIVRELEASE_MAX_RESENDS=0: these stand-in
+    releases cannot run; test_sweeper_resend.py re-sends real ones): each is refunded."""
     api, client, _ = slow
     ledger = Ledger(client, lease_seconds=LEASE)
     ds = _dataset(api)
@@ -168,7 +170,7 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     alive_run = ledger.mark_running(alive, "w")
     assert alive_run is not None
     # running, lease lapsed, its message stuck in kombu's unacked set (the worker lost
-    # Valkey before acknowledging): refunded now, not after the hour-long visibility timeout
+    # Valkey before acknowledging): gone now, not after the visibility timeout
     stuck = reserve("stuck")
     assert ledger.mark_running(stuck, "w")
     client.delete(rkeys.lease(stuck))
@@ -178,12 +180,15 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     client.hset("unacked", mapping={f"{tag}_1": json.dumps({"id": stuck}),
                                     f"{tag}_2": json.dumps({"id": prefetched})})
     try:
-        assert sorted(sweep(client, ledger, min_age=0, send=api.client.application
-                            .extensions["celery"].send_task)) == sorted([lost, dead, stuck])
+        assert sorted(sweep(client, ledger, min_age=0, max_resends=0,
+                            send=api.client.application.extensions["celery"].send_task)
+                      ) == sorted([lost, dead, stuck])
     finally:
         client.hdel("unacked", f"{tag}_1", f"{tag}_2")
     assert client.hget(rkeys.release(alive), "status") == "running"
     assert client.hget(rkeys.release(prefetched), "status") == "queued"
+    assert json.loads(client.hget(rkeys.release(lost), "error") or "") == {
+        "message": "job gone (job message lost) after 0 re-sends; reservation refunded"}
     assert ledger.abort(ds, prefetched, "{}", "test")
     assert _epsilon(api, ds)["reserved"] == 0.1 and _epsilon(api, ds)["committed"] == 0
     assert ledger.commit(ds, alive_run, "{}") == "settled"

@@ -1,0 +1,245 @@
+"""The sweeper re-sends lost jobs instead of refunding them (issue #19 §4: no release lost).
+
+A Valkey database of its own (so the session's worker never sees these jobs), an
+app on it, and a real worker started only once the losses are staged: a queued
+release whose message the broker lost, a running one whose worker died before
+reading its data, one re-sent past the bound, and one with two messages (its
+original only delayed). The claim script (service/lua/resend.lua) and the
+sweeper's pacing are tested against the same database with a recording sender.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+
+from service import apikeys, releases, rkeys
+from service.app import create_app
+from service.ledger import Ledger
+from tests.conftest import ROOT, wait_for_worker
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from workers import sweeper
+from workers.celery_app import RELEASES_QUEUE
+
+LEASE = 2
+DB = 6
+#: each job sleeps this long once it read its data, so two messages of one release
+#: are run at once by the worker's two processes (one waits for the other's lease)
+DELAY = 1.0
+EPSILON = 0.5
+
+
+class _Sent:
+    """Records what the sweeper publishes (Celery's send_task signature)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail = fail
+
+    def __call__(self, name: str, args: list[Any], task_id: str) -> None:
+        if self.fail:
+            raise ConnectionError("broker down")
+        self.calls.append((name, task_id))
+
+
+def _until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+@pytest.fixture(scope="module")
+def rig(redis_url: str, service_env: dict[str, str], app: Flask,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Its own database, an app on it, and a worker started on demand (its own sweeper
+    never runs during the test: the test sweeps)."""
+    url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    client = rkeys.connect(url)
+    client.flushdb()
+    apikeys.create(client, "operator", token=TOKEN)
+    flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
+                                               lease_seconds=LEASE))
+    env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
+           "PRIVRELEASE_SWEEP_INTERVAL": "3600", "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY)}
+    log = tmp_path_factory.mktemp("resend") / "worker.log"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        with open(log, "ab") as fh:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "2",
+                 "--queues", RELEASES_QUEUE, "--loglevel", "info"], env=env, cwd=ROOT, stdout=fh,
+                stderr=subprocess.STDOUT))
+        wait_for_worker(client)
+
+    yield {"api": Api(flask_app.test_client()), "client": client, "start": start, "log": log,
+           "ledger": Ledger(client, lease_seconds=LEASE),
+           "send": flask_app.extensions["celery"].send_task}
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=30)
+    client.flushdb()
+
+
+def _release(api: Api, ds: str, value: int) -> str:
+    resp = api.post("/v1/releases", {
+        "dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": EPSILON},
+        "params": {"statistic": "count",
+                   "condition": {"column": "age", "op": "ge", "value": value}}})
+    assert resp.status_code == 202, resp.get_json()
+    return str(resp.get_json()["id"])
+
+
+def _messages(client: redis.Redis, release_id: str) -> int:
+    """The release's messages waiting in its queue or fetched and not yet acknowledged."""
+    queued = sum(release_id in m for m in client.lrange(RELEASES_QUEUE, 0, -1))
+    return queued + sum(release_id in m for m in client.hvals(sweeper.UNACKED))
+
+
+def _lose(client: redis.Redis, release_id: str) -> None:
+    """The broker loses the release's waiting message(s)."""
+    lost = [m for m in client.lrange(RELEASES_QUEUE, 0, -1) if release_id in m]
+    assert lost, release_id
+    for message in lost:
+        client.lrem(RELEASES_QUEUE, 0, message)
+
+
+def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
+        rig: dict[str, Any]) -> None:
+    """Catches the sweeper refunding a job that could simply run (main refunded "job
+    message lost" and "worker died" at once: accepted releases lost), a re-send without
+    a bound, and a duplicate or late message running a job twice: every job here ran
+    once per charge (attempts, one commit event each), the one re-sent past the bound was
+    refunded, once."""
+    api, client, ledger = rig["api"], rig["client"], rig["ledger"]
+    resp = api.upload(people_csv(50), PEOPLE_META)
+    assert resp.status_code == 201
+    ds = str(resp.get_json()["id"])
+    lost, dead, twice, bounded = (_release(api, ds, v) for v in (30, 31, 32, 33))
+    _lose(client, lost)  # queued, sent, its message gone
+    _lose(client, dead)  # its worker started it, then died before reading the data
+    run = ledger.mark_running(dead, "w")
+    assert run is not None and run.attempt == 1
+    client.delete(rkeys.lease(dead))
+    _lose(client, bounded)
+    rig["send"](releases.TASK, args=[twice], task_id=twice)  # the original, delayed
+    assert _messages(client, twice) == 2
+
+    assert sweeper.sweep(client, ledger, min_age=0, send=rig["send"], max_resends=1) == []
+    for rid in (lost, dead, bounded):
+        assert client.hget(rkeys.release(rid), "resends") == "1"
+        assert _messages(client, rid) == 1
+    assert client.hget(rkeys.release(twice), "resends") is None  # its messages wait
+    _lose(client, bounded)  # lost again: past the bound of 1, refunded
+    assert sweeper.sweep(client, ledger, min_age=0, send=rig["send"], max_resends=1) == [
+        bounded]
+    doc = api.get(f"/v1/releases/{bounded}").get_json()
+    assert doc["status"] == "failed"
+    assert doc["error"]["message"] == ("job gone (job message lost) after 1 re-sends;"
+                                       " reservation refunded")
+
+    rig["start"]()
+    for rid in (lost, dead, twice):
+        assert api.wait(rid, timeout=60)["status"] == "succeeded", rid
+    # both of twice's messages consumed, at once: the second found the first's lease and
+    # waited (a retry), then found the release ended
+    _until(lambda: _messages(client, twice) == 0)
+    assert f"run_release[{twice}] retry" in rig["log"].read_text()
+    rig["send"](releases.TASK, args=[lost], task_id=lost)  # a late redelivery
+    _until(lambda: _messages(client, lost) == 0)
+    time.sleep(0.5)  # the late message's run, had it started, would have counted by now
+    attempts = {rid: client.hget(rkeys.release(rid), "attempts") for rid in (lost, dead, twice)}
+    assert attempts == {lost: "1", dead: "2", twice: "1"}
+    events = api.get(f"/v1/datasets/{ds}/ledger").get_json()
+    commits = Counter(e["release_id"] for e in events if e["kind"] == "commit")
+    aborts = Counter(e["release_id"] for e in events if e["kind"] == "abort")
+    assert commits == {lost: 1, dead: 1, twice: 1} and aborts == {bounded: 1}
+    row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+    assert row["committed"] == pytest.approx(3 * EPSILON, abs=1e-9)
+    assert row["reserved"] == 0
+
+
+def _reserved(ledger: Ledger, rid: str) -> str:
+    ledger.open("ds_resend", {"epsilon": 10**9}, actor="t")
+    assert ledger.reserve("ds_resend", rid, {"epsilon": 10}, actor="t", fingerprint=rid,
+                          request_json=json.dumps({"dataset_id": "ds_resend"})
+                          ).outcome == "reserved"
+    ledger.enqueued(rid)  # sent, and its message lost
+    return rid
+
+
+def test_a_resend_is_claimed_only_for_a_gone_unread_job_and_paced(rig: dict[str, Any]) -> None:
+    """Catches a re-send of a job a run holds or that read its data (a second run of
+    one that may have died because of its data), a claim lost when the broker is down
+    (the job would be refunded early), and re-sends every pass (a message on its way
+    to a worker would burn the bound: the sweeper waits ``min_age`` after a re-send)."""
+    client, ledger = rig["client"], rig["ledger"]
+    held = _reserved(ledger, "rel_" + "h" * 24)
+    assert ledger.mark_running(held, "w") is not None  # a run holds the lease
+    read = _reserved(ledger, "rel_" + "r" * 24)
+    run = ledger.mark_running(read, "w")
+    assert run is not None and ledger.mark_data_read(run)
+    for rid in (held, read):
+        assert sweeper._resend(client, ledger, rid, 3, _Sent(), "test") == 0
+        assert client.hget(rkeys.release(rid), "resends") is None
+    client.delete(rkeys.lease(read))  # its worker died after reading: charged, not re-sent
+    sent = _Sent()
+    assert sweeper.sweep(client, ledger, min_age=0, send=sent) == [read]
+    assert sent.calls == []
+    assert ledger.abort("ds_resend", held, "{}", "test")
+
+    gone = _reserved(ledger, "rel_" + "g" * 24)
+    down = _Sent(fail=True)
+    assert sweeper.sweep(client, ledger, min_age=0, send=down) == []
+    assert client.hmget(rkeys.release(gone), "resends", "resent_at") == ["0", None]
+    # reserved long ago, re-sent lately: left to that message until min_age has passed
+    client.zadd(rkeys.PENDING, {gone: time.time() - 100})
+    client.hset(rkeys.release(gone), "resent_at", f"{time.time() - 10:.3f}")
+    sent = _Sent()
+    assert sweeper.sweep(client, ledger, min_age=30, send=sent) == []
+    assert sent.calls == []
+    client.hset(rkeys.release(gone), "resent_at", f"{time.time() - 40:.3f}")
+    assert sweeper.sweep(client, ledger, min_age=30, send=sent) == []
+    assert sent.calls == [(releases.TASK, gone)]
+    assert client.hget(rkeys.release(gone), "resends") == "1"
+    assert client.hget(rkeys.release(gone), "status") == "queued"
+    assert ledger.abort("ds_resend", gone, "{}", "test")
+    assert ledger.balance("ds_resend")["epsilon"]["reserved"] == 0
+
+
+def test_a_queued_job_whose_message_a_worker_took_long_ago_is_resent(
+        rig: dict[str, Any]) -> None:
+    """Catches a job stranded in kombu's unacked set for its 15-minute visibility timeout
+    (a worker took its message, then died or lost its connection in a failover, before
+    starting it): re-sent once the delivery is ``min_age`` old; one delivered lately, or
+    whose delivery time kombu did not record, is left to the worker that took it."""
+    client, ledger = rig["client"], rig["ledger"]
+    now = time.time()
+    stranded, fresh, unknown = (_reserved(ledger, "rel_" + c * 24) for c in "suk")
+    client.zadd(rkeys.PENDING, {rid: now - 100 for rid in (stranded, fresh, unknown)})
+    client.hset(sweeper.UNACKED, mapping={
+        f"t_{rid}": json.dumps([{"headers": {"id": rid}}, "", RELEASES_QUEUE])
+        for rid in (stranded, fresh, unknown)})
+    client.zadd(sweeper.UNACKED_INDEX, {f"t_{stranded}": now - 31, f"t_{fresh}": now - 29})
+    sent = _Sent()
+    try:
+        assert sweeper.sweep(client, ledger, min_age=30, send=sent) == []
+    finally:
+        client.delete(sweeper.UNACKED, sweeper.UNACKED_INDEX)
+    assert sent.calls == [(releases.TASK, stranded)]
+    for rid in (stranded, fresh, unknown):
+        assert client.hget(rkeys.release(rid), "status") == "queued"
+        assert ledger.abort("ds_resend", rid, "{}", "test")
