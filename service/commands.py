@@ -550,7 +550,8 @@ def jobs() -> None:
 
 # datasets ----------------------------------------------------------------------------
 
-@client_command(datasets, "upload", "register a CSV with its public metadata")
+@client_command(datasets, "upload",
+                "register a CSV or Parquet file with its public metadata")
 @click.argument("file", metavar="FILE")
 @click.option("--metadata", metavar="JSONFILE", help="metadata JSON file")
 @click.option("--metadata-json", metavar="STR", help="metadata JSON text")
@@ -561,7 +562,7 @@ def _datasets_upload(c: Client, file: str, metadata: str | None,
     meta = metadata_json if metadata_json is not None else _read_text(str(metadata),
                                                                        "metadata")
     if not Path(file).is_file():
-        raise UsageError(f"cannot read CSV file {file}")
+        raise UsageError(f"cannot read data file {file}")
     return Output(c.upload_dataset(file, meta), _render_dataset)
 
 

@@ -27,6 +27,14 @@ def _int(name: str, default: int) -> int:
         raise SystemExit(f"{ENV_PREFIX}{name} must be an integer") from None
 
 
+def _at_least(name: str, default: int, minimum: int) -> int:
+    """An integer >= ``minimum``."""
+    value = _int(name, default)
+    if value < minimum:
+        raise SystemExit(f"{ENV_PREFIX}{name} must be an integer >= {minimum}")
+    return value
+
+
 def _positive(name: str, default: float) -> float:
     """A finite number > 0 (0 or less would disable a protection silently)."""
     raw = _env(name)
@@ -73,6 +81,11 @@ class Config:
     data_dir: Path = field(default_factory=lambda: Path("var").resolve())
     #: PRIVRELEASE_REDIS_URL: external Redis/Valkey; unset -> standalone embeds one
     redis_url: str | None = None
+    #: PRIVRELEASE_LEDGER_REPLICAS: replicas that must acknowledge every ledger step (WAIT)
+    #: before it is answered; fewer within LEDGER_WAIT_MS -> 503. 0: no wait (one node)
+    ledger_replicas: int = 0
+    #: PRIVRELEASE_LEDGER_WAIT_MS: how long a ledger step waits for those replicas
+    ledger_wait_ms: int = 1000
     #: PRIVRELEASE_MAX_UPLOAD_BYTES: largest accepted request body (CSV upload); uploads
     #: stream to disk, so this bounds disk use and request time, not memory. 1 GiB holds
     #: a max_rows dataset of a handful of columns
@@ -164,6 +177,9 @@ class Config:
         return cls(
             data_dir=Path(_env("DATA_DIR") or "var").resolve(),
             redis_url=_env("REDIS_URL") or None,
+            ledger_replicas=_at_least("LEDGER_REPLICAS", cls.ledger_replicas, 0),
+            # WAIT with a timeout of 0 would block forever
+            ledger_wait_ms=_at_least("LEDGER_WAIT_MS", cls.ledger_wait_ms, 1),
             max_upload_bytes=_int("MAX_UPLOAD_BYTES", cls.max_upload_bytes),
             max_json_bytes=_int("MAX_JSON_BYTES", cls.max_json_bytes),
             max_rows=_int("MAX_ROWS", cls.max_rows),

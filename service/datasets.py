@@ -66,7 +66,7 @@ def register(
 ) -> dict[str, Any]:
     """Store a new dataset (version 1) and open its ledger; returns its document.
 
-    ``chunks`` are consecutive row blocks of every column (``ingest.iter_csv``);
+    ``chunks`` are consecutive row blocks of every column (``ingest.iter_upload``);
     an error raised while iterating them leaves nothing behind. With an
     ``idempotency`` key that another upload registered first (concurrently),
     this upload's files go and that dataset's document is returned.

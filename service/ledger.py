@@ -9,6 +9,12 @@ A worker runs a job under a lease named by a token of that run (``Run``), and
 settles it only while the lease is still that token's, in the same script that
 settles: a run that stalled past its lease while another run took the job over
 can neither store a second output nor refund the first.
+
+Each script runs as a ``durable.Step``: safe to re-send (after a lost reply, or
+across a Sentinel failover), and with PRIVRELEASE_LEDGER_REPLICAS > 0 answered only
+once that many replicas acknowledged it (WAIT), else 503: a reserve a failover
+loses held nothing and its job cannot run; a settle it loses is re-sent by the
+worker, or charged by the sweeper (``service.durable`` has the argument).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any, Literal
 import redis
 
 from service import rkeys
+from service.durable import Replication, Step
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
                   "retired", "ended", "notion_locked"]
@@ -88,16 +95,24 @@ class CapError(ValueError):
 class Ledger:
     """Budget accounting for every dataset, backed by one Redis server."""
 
-    def __init__(self, client: redis.Redis, lease_seconds: int = 30) -> None:
+    def __init__(self, client: redis.Redis, lease_seconds: int = 30,
+                 replication: Replication | None = None,
+                 run_retry_seconds: float = 0.0) -> None:
+        """Every script is a ``durable.Step``: acknowledged by ``replication``'s replicas
+        (WAIT). A run's steps (start, lease, settle) are re-sent for ``run_retry_seconds``
+        across a failover (workers; the API answers 503 at once). See ``service.durable``
+        for why that is safe and what an unacknowledged step means."""
         self.r = client
         self.lease_seconds = lease_seconds
-        self._reserve = client.register_script(_script("reserve"))
-        self._settle = client.register_script(_script("settle"))
-        self._start = client.register_script(_script("start"))
-        self._lease = client.register_script(_script("lease"))
-        self._admin = client.register_script(_script("admin"))
-        self._refuse = client.register_script(_script("refuse"))
-        self._open = client.register_script(_script("open"))
+        repl = replication or Replication()
+        self._reserve = Step(client, _script("reserve"), repl)
+        self._settle = Step(client, _script("settle"), repl, nonce=True,
+                            retry_seconds=run_retry_seconds)
+        self._start = Step(client, _script("start"), repl, retry_seconds=run_retry_seconds)
+        self._lease = Step(client, _script("lease"), repl, retry_seconds=run_retry_seconds)
+        self._admin = Step(client, _script("admin"), repl)
+        self._refuse = Step(client, _script("refuse"), repl)
+        self._open = Step(client, _script("open"), repl)
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
              document: str | None = None, *, idempotency_key: str | None = None,

@@ -18,13 +18,14 @@ costs seconds of CPU (see service/precompute.py).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 from flask import Flask, Response, current_app, g, has_app_context, request
 from flask_limiter import ApplicationLimit, Limiter
 from limits import parse_many
 
-from service import auth
+from service import auth, rkeys
 from service.config import ENV_PREFIX, Config
 from service.problems import RETRY_AFTER_SECONDS
 
@@ -55,8 +56,18 @@ def _exempt() -> bool:
 
 
 def _storage_uri(redis_url: str) -> str:
-    """limits spells a Unix socket ``redis+unix://``; redis-py spells it ``unix://``."""
+    """limits spells a Unix socket ``redis+unix://`` (redis-py ``unix://``), and
+    Sentinel ``redis+sentinel://`` (see ``rkeys.SentinelURL.limits``)."""
+    sentinel = rkeys.parse_sentinel(redis_url)
+    if sentinel is not None:
+        return sentinel.limits()[0]
     return "redis+" + redis_url if redis_url.startswith("unix://") else redis_url
+
+
+def _storage_options(redis_url: str) -> dict[str, Any]:
+    """The storage's connection options beyond its URI (Sentinel's master db, auth)."""
+    sentinel = rkeys.parse_sentinel(redis_url)
+    return {} if sentinel is None else sentinel.limits()[1]
 
 
 def _one_line(record: logging.LogRecord) -> bool:
@@ -119,7 +130,8 @@ def init_app(app: Flask) -> Limiter | None:
                                              error_message=message)]
         if config.rate_limit else [],
         storage_uri=_storage_uri(config.require_redis_url()),
-        storage_options={"key_prefix": KEY_PREFIX},
+        storage_options={"key_prefix": KEY_PREFIX,
+                         **_storage_options(config.require_redis_url())},
         strategy="fixed-window",
         headers_enabled=True,
         # Valkey down: fail open. The limiter guards throughput, not privacy; the route

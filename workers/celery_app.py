@@ -18,6 +18,7 @@ from kombu.transport import redis as kombu_redis
 
 from service import rkeys
 from service.config import Config
+from service.durable import Replication
 from service.ledger import Ledger
 from service.outputs import OutputStore
 from service.store import DatasetStore
@@ -49,6 +50,30 @@ class BrokerTransport(kombu_redis.Transport):
     """The Redis transport with :class:`_Channel`."""
 
     Channel = _Channel
+
+
+class _SentinelChannel(_Channel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (the master the sentinels name), with :class:`_Channel`'s
+    survival of a close after the connection vanished (a failover is such a moment)."""
+
+
+class SentinelBrokerTransport(kombu_redis.SentinelTransport):
+    """The Sentinel transport with :class:`_SentinelChannel`."""
+
+    Channel = _SentinelChannel
+
+
+def broker(url: str) -> tuple[str, type[kombu_redis.Transport], dict[str, Any]]:
+    """The broker URL, transport and its extra options for PRIVRELEASE_REDIS_URL.
+
+    Our ``sentinel://h1,h2,h3/<master>/<db>`` becomes kombu's spelling (one
+    ``sentinel://`` URL per sentinel, joined by ``;``, and ``master_name``).
+    """
+    sentinel = rkeys.parse_sentinel(url)
+    if sentinel is None:
+        return url, BrokerTransport, {}
+    kombu_url, options = sentinel.kombu()
+    return kombu_url, SentinelBrokerTransport, options
 
 
 #: seconds before kombu redelivers a message that was fetched but never acknowledged
@@ -101,8 +126,9 @@ def time_limits(config: Config) -> dict[str, dict[str, float]]:
 
 def configure(app: Celery, config: Config) -> Celery:
     """Bind ``app`` to the configured broker; results live in our own keys."""
+    url, transport, options = broker(config.require_redis_url())
     app.conf.update(
-        broker_url=config.require_redis_url(),
+        broker_url=url,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -113,15 +139,31 @@ def configure(app: Celery, config: Config) -> Celery:
                      PRECOMPUTE_ESTIMATE: {"queue": PRICING_QUEUE}},
         task_annotations=time_limits(config),
         broker_connection_retry_on_startup=True,
-        broker_transport=BrokerTransport,
+        broker_transport=transport,
         # timeouts as for our own clients: a hung Valkey fails a publish, not hangs it
         broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT,
                                   "socket_timeout": rkeys.REPLY_TIMEOUT,
-                                  "socket_connect_timeout": rkeys.CONNECT_TIMEOUT},
+                                  "socket_connect_timeout": rkeys.CONNECT_TIMEOUT, **options},
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
     )
     return app
+
+
+def worker_client(config: Config) -> redis.Redis:
+    """The workers' client: it rides over a failover (re-sending for half a lease) rather
+    than fail a job's read, which would refund an accepted release for nothing."""
+    return rkeys.connect(config.require_redis_url(),
+                         retry=rkeys.failover_retry(config.lease_seconds / 2))
+
+
+def worker_ledger(client: redis.Redis, config: Config) -> Ledger:
+    """The workers' ledger: a run's steps (start, lease, settle) are re-sent across a
+    failover for up to half a lease (the run's lease, renewed until the compute ended,
+    outlives that), so a commit the old primary took with it is applied again, once, and
+    a run waits for its data-read marker to be replicated (``service.durable``)."""
+    return Ledger(client, config.lease_seconds, Replication.from_config(config),
+                  run_retry_seconds=config.lease_seconds / 2)
 
 
 def make_celery(config: Config) -> Celery:
@@ -146,7 +188,7 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
     from workers.sweeper import sweep_if_due, sweep_orphans_if_due
 
     client = rkeys.connect(config.require_redis_url())
-    ledger = Ledger(client, config.lease_seconds)
+    ledger = worker_ledger(client, config)
     store = DatasetStore(config.datasets_dir)
     outputs = OutputStore(config.releases_dir)
     next_sweep = time.monotonic() + config.sweep_interval

@@ -47,7 +47,7 @@ from service.ledger import Ledger, Run, Settled
 from service.outputs import INLINE_ROWS, OutputStore, records
 from service.store import DatasetStore
 from workers import pricing
-from workers.celery_app import app
+from workers.celery_app import app, worker_client, worker_ledger
 
 log = logging.getLogger("privrelease.worker")
 
@@ -60,8 +60,8 @@ mechanisms.names()
 def _deps() -> tuple[Config, redis.Redis, Ledger, DatasetStore]:
     """Per-process clients, created after fork (never shared with the parent)."""
     config = Config.from_env()
-    client = rkeys.connect(config.require_redis_url())
-    return (config, client, Ledger(client, config.lease_seconds),
+    client = worker_client(config)
+    return (config, client, worker_ledger(client, config),
             DatasetStore(config.datasets_dir))
 
 

@@ -16,7 +16,7 @@ from service import apikeys, budget, datasets, inputs, releases
 from service import metadata as metadata_schemas
 from service.api.responses import AUTH, BODY, located, problems
 from service.auth import check_dataset_grant, current_key, require
-from service.ingest import IngestError, iter_csv, parse_metadata
+from service.ingest import PARQUET_TYPE, IngestError, iter_upload, parse_metadata
 from service.ledger import CapError
 from service.problems import APIError
 from service.schemas import (
@@ -73,8 +73,11 @@ UPLOAD_BODY = {"required": True, "content": {"multipart/form-data": {
     "schema": {"type": "object", "required": ["metadata", "file"], "properties": {
         "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
         "file": {"type": "string", "format": "binary",
-                 "description": "CSV, UTF-8, with a header row"}}},
-    "encoding": {"metadata": {"contentType": "application/json"}}}}}
+                 "description": "CSV (UTF-8, with a header row) or Parquet; a file that "
+                                "begins and ends with Parquet's magic bytes is Parquet"}}},
+    "encoding": {"metadata": {"contentType": "application/json"},
+                 "file": {"contentType": f"text/csv, {PARQUET_TYPE}, "
+                                         "application/octet-stream"}}}}}
 
 
 @blp.route("", methods=["POST"])
@@ -88,7 +91,11 @@ UPLOAD_BODY = {"required": True, "content": {"multipart/form-data": {
 @blp.response(201, DatasetSchema)
 @located("/v1/datasets/{id}")
 def upload(metadata: str, file: Any) -> dict[str, Any]:
-    """Register a dataset: CSV with a header row + metadata JSON. Nothing is kept on error.
+    """Register a dataset: CSV with a header row or Parquet, + metadata JSON.
+
+    Nothing is kept on error. The file's format is read from its bytes (Parquet's magic
+    bytes), not from the part's content type, though a part declared Parquet that is
+    not Parquet is refused.
 
     With an ``Idempotency-Key`` header (1..255 characters), a retry (same key, same
     metadata) answers with the dataset the first attempt registered, without parsing the
@@ -121,10 +128,11 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
         categorical = [n for n, c in spec.columns.items() if c.type == "categorical"]
         caps = budget.parse_caps(spec.budgets, list(spec.columns), categorical)
         # parsed from werkzeug's spooled temp file as it is stored: never whole in memory
+        chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
+                             content_type=file.mimetype)
         return datasets.register(
             client, current_app.extensions["store"], current_app.extensions["ledger"],
-            spec, caps, iter_csv(file.stream, spec, max_rows=config.max_rows),
-            current_key().id, idem,
+            spec, caps, chunks, current_key().id, idem,
         )
     except (IngestError, budget.AmountError) as err:
         raise _invalid(err.field, err.message) from None

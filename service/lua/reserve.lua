@@ -27,8 +27,10 @@
 --             or doubled job never reserves twice.
 -- Indexes are added with NX: a priced release keeps its place (its creation time).
 local rid, fp, actor, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[10]
--- a create re-sent by redis-py after a lost reply: it happened, change nothing
+-- a create re-sent (by redis-py after a lost reply, or after a failover): it happened,
+-- change nothing (release ids are new per request, so the release is this call's)
 if mode == 'pricing' and redis.call('EXISTS', KEYS[3]) == 1 then return {'pricing', rid} end
+if mode == 'new' and redis.call('EXISTS', KEYS[3]) == 1 then return {'reserved', rid} end
 if mode == 'priced' then
   local status = redis.call('HGET', KEYS[3], 'status')
   if status ~= 'pricing' then return {'ended', rid, status or ''} end

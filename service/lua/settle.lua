@@ -17,9 +17,14 @@
 -- ARGV: 1 release id, 2 action, 3 payload json (output or error), 4 actor, 5 now (iso),
 --       6 lease holder ('' | '!' | run token), 7 output table version ('' for none),
 --       8 now (epoch s)
--- Returns 1 if settled, 0 if it had already ended, -1 if running (cancel only),
+--       last: this call's id (service.durable.Step adds it; the same on every re-send)
+-- Returns 1 if settled (by this call, or by this same call sent before: a re-send after
+-- a lost reply or a failover must not read as 'ended', or the worker would discard the
+-- output it committed), 0 if it had already ended, -1 if running (cancel only),
 -- -2 if the lease condition failed (nothing changed).
 local rid, action, holder = ARGV[1], ARGV[2], ARGV[6]
+local call_id = ARGV[#ARGV]
+if redis.call('HGET', KEYS[3], 'settled_by') == call_id then return 1 end
 local status = redis.call('HGET', KEYS[3], 'status')
 -- a release still being priced holds nothing yet: it can only be cancelled
 if status == 'pricing' and action ~= 'cancel' then return 0 end
@@ -74,5 +79,6 @@ else
   -- a refunded request may be asked again; a charged one stays its answer
   if not charge and redis.call('GET', KEYS[6]) == rid then redis.call('DEL', KEYS[6]) end
 end
+redis.call('HSET', KEYS[3], 'settled_by', call_id)
 redis.call('XADD', KEYS[2], '*', unpack(event))
 return 1

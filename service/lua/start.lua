@@ -8,6 +8,10 @@
 -- KEYS: 1 release hash, 2 lease key, 3 outbox zset. ARGV: 1 now (iso), 2 worker, 3 lease ttl (s),
 --       4 run token, 5 release id
 -- Returns the run's attempt number (1, 2, ...) if the caller should run it, else 0.
+-- the same call re-sent (after a lost reply or a failover) finds its own token: same answer
+if redis.call('GET', KEYS[2]) == ARGV[4] then
+  return tonumber(redis.call('HGET', KEYS[1], 'attempts'))
+end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'queued' or (status == 'running' and redis.call('EXISTS', KEYS[2]) == 0) then
   redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2])

@@ -4,7 +4,9 @@ and nobody without its password can read or spend anything."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,8 +83,9 @@ def test_service_runs_as_the_acl_user(acl_valkey: int, tmp_path: Path) -> None:
         assert service.call("GET", "/readyz").status_code == 200
         assert PASSWORD not in service.banner
         health = subprocess.run(
-            [str(ROOT / ".venv" / "bin" / "privrelease"), "worker", "--healthcheck"],
-            env={"PRIVRELEASE_REDIS_URL": url, "PATH": "/usr/bin:/bin"},
+            [sys.executable, "-m", "service.cli", "worker", "--healthcheck"], cwd=ROOT,
+            env={"PRIVRELEASE_REDIS_URL": url, "PATH": "/usr/bin:/bin",
+                 "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
             capture_output=True, text=True, timeout=60)
         assert health.returncode == 0, health.stderr
     finally:

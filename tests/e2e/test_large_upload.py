@@ -1,9 +1,9 @@
 """A 2*10^6-row CSV through gunicorn and the worker with bounded memory (CI-sized).
 
 The same path as ``make large`` (``tests/large/large_data.py``) at a fifth of
-the rows: the API process must not grow by more than one parse chunk while
-the file is uploaded, and the worker must not copy the stored columns for a
-mean. Reading the upload whole, building the columns in memory, or loading
+the rows: the API process must not grow by more than pyarrow's read-ahead
+and one parse chunk while the file is uploaded, and the worker must not copy
+the stored columns for a mean. Reading the upload whole, building the columns in memory, or loading
 them without ``mmap_mode`` each exceeds a bound here.
 """
 

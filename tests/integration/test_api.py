@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
 from flask import Flask
 
@@ -104,6 +106,76 @@ def test_upload_failing_after_stored_chunks_leaves_nothing(
     assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
     resp = api.upload(people_csv(9), PEOPLE_META)  # the same path, all chunks good
     assert resp.status_code == 201 and resp.get_json()["n_rows"] == 9
+
+
+def _upload_file(api: Api, content: bytes, meta: dict[str, Any], mimetype: str) -> Any:
+    data = {"metadata": json.dumps(meta),
+            "file": (io.BytesIO(content), "data.bin", mimetype)}
+    return api.client.post("/v1/datasets", data=data, content_type="multipart/form-data",
+                           headers={"Authorization": f"Bearer {api.token}"})
+
+
+def _people_parquet(n: int) -> bytes:
+    table = pa_csv.read_csv(io.BytesIO(people_csv(n).encode()))
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=max(n // 3, 1))
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize("mimetype", ["application/vnd.apache.parquet",
+                                      "application/octet-stream"])
+def test_parquet_upload_stores_what_the_csv_upload_stores(
+        api: Api, app: Flask, mimetype: str) -> None:
+    """Parquet is told by its magic bytes, whatever the part's type; the stored columns
+    are those of the same table uploaded as CSV."""
+    store = app.extensions["store"]
+    as_csv = api.upload(people_csv(3000), PEOPLE_META)
+    as_parquet = _upload_file(api, _people_parquet(3000), PEOPLE_META, mimetype)
+    assert as_csv.status_code == as_parquet.status_code == 201, as_parquet.get_json()
+    assert as_parquet.get_json()["n_rows"] == 3000
+    _, want = store.load(as_csv.get_json()["id"], 1)
+    _, got = store.load(as_parquet.get_json()["id"], 1)
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype
+        assert got[name].tolist() == want[name].tolist()
+
+
+SECRET = "4111111111111111"
+#: (file bytes, part type): each holds SECRET in a cell that the upload refuses
+LEAKY_UPLOADS = [
+    ((people_csv(10) + f"{SECRET},1.5,a\n").encode(), "text/csv"),  # out of bounds
+    ((people_csv(10) + f"20,{SECRET}x,a\n").encode(), "text/csv"),  # not a number
+    ((people_csv(10) + f"20,1.5,{SECRET}\n").encode(), "text/csv"),  # unknown category
+    ((people_csv(10) + f"20,1.5,a,{SECRET}\n").encode(), "text/csv"),  # ragged
+    ((people_csv(10) + f'20,1.5,"a{SECRET}\n').encode(), "text/csv"),  # unclosed quote
+    ((people_csv(10) + "20,1.5,").encode() + SECRET.encode() + b"\xff\n", "text/csv"),
+    ((people_csv(30_000) + f"20,0x{SECRET},a\n").encode(), "text/csv"),  # spooled to disk
+    (_people_parquet(10)[:-60] + SECRET.encode() * 3 + _people_parquet(10)[-12:],
+     "application/vnd.apache.parquet"),
+    (SECRET.encode() * 4, "application/vnd.apache.parquet"),
+]
+
+
+@pytest.mark.parametrize(("content", "mimetype"), LEAKY_UPLOADS)
+def test_refused_upload_never_shows_a_cell_in_the_answer_or_the_logs(
+        api: Api, data_dir: Path, caplog: pytest.LogCaptureFixture, content: bytes,
+        mimetype: str) -> None:
+    """pyarrow's error messages quote the offending cell; none reaches the problem
+    document or any log record (tracebacks included), and nothing is left on disk."""
+    before = _dataset_dirs(data_dir)
+    with caplog.at_level("DEBUG"):
+        resp = _upload_file(api, content, PEOPLE_META, mimetype)
+    assert resp.status_code == 422, resp.get_json()
+    assert resp.get_json()["code"] == "validation_error"
+    assert SECRET not in resp.get_data(as_text=True)
+    assert SECRET not in caplog.text
+    for record in caplog.records:
+        assert SECRET not in record.getMessage()
+        if record.exc_info:
+            assert SECRET not in "".join(map(str, record.exc_info[1:2]))
+    assert _dataset_dirs(data_dir) == before
+    assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
 
 
 def test_oversized_upload_is_413(api: Api, data_dir: Path) -> None:

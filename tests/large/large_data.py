@@ -51,9 +51,10 @@ METADATA: dict[str, Any] = {
 }
 #: every column is stored as 8-byte values (float64, int64, int64 codes)
 BYTES_PER_ROW = 8 * N_COLUMNS
-#: API growth allowed during an upload, whatever its size: one parse chunk
-#: (ingest.CHUNK_ROWS rows) of Python strings and allocator slack, measured at
-#: 36 MB for 2*10^6 and for 10^7 rows of this file
+#: API growth allowed during an upload, whatever its size: pyarrow's read-ahead (up to
+#: 32 blocks of ingest.BLOCK_SIZE), one chunk's arrays and allocator slack (ingest alone
+#: grows by ~11 MB at 10^7 rows, tests/bench/test_ingest_bench.py; the hand-written
+#: parser's Python strings made it 36 MB)
 API_BOUND = 56 * MB
 
 

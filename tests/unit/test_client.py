@@ -3,6 +3,7 @@ release and analysis objects, budget errors; and its tables and plots."""
 
 from __future__ import annotations
 
+import email
 import io
 import itertools
 import json
@@ -18,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
@@ -35,7 +37,7 @@ from privrelease_client import (
     result_columns,
 )
 
-from service import commands
+from service import commands, ingest
 
 DROP = "drop"  # a scripted answer that closes the connection without a response
 
@@ -307,6 +309,92 @@ def test_upload_sends_multipart_and_verbatim_metadata(server: tuple[str, Script]
     assert seen.headers["Content-Type"].startswith("multipart/form-data")
     assert meta.encode() in seen.body and b'filename="d.csv"' in seen.body
     assert b"x\n1\n" in seen.body
+
+
+def _file_part(seen: Seen) -> tuple[str, bytes]:
+    """The multipart body's file part: its content type and bytes."""
+    head = f"Content-Type: {seen.headers['Content-Type']}\r\n\r\n".encode()
+    message = email.message_from_bytes(head + seen.body)
+    for part in message.get_payload():  # type: ignore[union-attr]
+        if part.get_param("name", header="content-disposition") == "file":
+            return part.get_content_type(), part.get_payload(decode=True)
+    raise AssertionError("no file part")
+
+
+_UPLOAD_META = {"name": "t", "budgets": {}, "columns": {
+    "age": {"type": "integer", "bounds": [0, 120], "allow_missing": True},
+    "w": {"type": "continuous", "bounds": [0, 1]},
+    "g": {"type": "categorical", "categories": ["a", "b"]}}}
+
+
+def _stored(content: bytes) -> dict[str, list[Any]]:
+    """What the server's ingest makes of an uploaded file (the real code)."""
+    spec = ingest.parse_metadata(_UPLOAD_META)
+    parts = list(ingest.iter_upload(content, spec, max_rows=100))
+    return {name: np.concatenate([p[name] for p in parts]).tolist() for name in spec.columns}
+
+
+_WANT = {"age": [30, 0, 7], "w": [0.1, 1 / 3, 1.0], "g": [0, 1, 0]}
+
+
+def test_upload_sends_parquet_files_as_parquet(
+        server: tuple[str, Script], tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    url, script = server
+    script.answers = [answer(201, {"id": "ds_1"}), answer(201, {"id": "ds_2"})]
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"age": [30, None, 7], "w": _WANT["w"], "g": ["a", "b", "a"]}),
+                   path)
+    client(url).upload_dataset(path, _UPLOAD_META)
+    client(url).upload_dataset(b"age,w,g\n1,0.5,a\n", _UPLOAD_META)
+    kind, content = _file_part(script.seen[0])
+    assert (kind, content) == ("application/vnd.apache.parquet", path.read_bytes())
+    assert b'filename="t.parquet"' in script.seen[0].body
+    assert _stored(content) == _WANT
+    assert _file_part(script.seen[1])[0] == "text/csv"
+
+
+def test_upload_sends_pandas_and_polars_frames(
+        server: tuple[str, Script], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DataFrame goes as Parquet (pandas through pyarrow, polars by itself), or, for
+    pandas without pyarrow, as CSV; the server's ingest reads each back exactly."""
+    import pandas as pd
+    import polars as pl
+
+    url, script = server
+    script.answers = [answer(201, {"id": f"ds_{i}"}) for i in range(3)]
+    frame = pd.DataFrame({"age": pd.array([30, None, 7], dtype="Int64"), "w": _WANT["w"],
+                          "g": pd.Categorical(["a", "b", "a"])}, index=[5, 6, 7])
+    client(url).upload_dataset(frame, _UPLOAD_META)
+    client(url).upload_dataset(pl.from_pandas(frame), _UPLOAD_META)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    client(url).upload_dataset(frame, _UPLOAD_META)
+    monkeypatch.undo()
+    kinds = [_file_part(seen)[0] for seen in script.seen]
+    assert kinds == ["application/vnd.apache.parquet"] * 2 + ["text/csv"]
+    for seen in script.seen:
+        assert _stored(_file_part(seen)[1]) == _WANT
+    assert frames.frame_upload({"age": [1]}) is None
+
+
+def test_cli_uploads_a_parquet_file(server: tuple[str, Script], tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    url, script = server
+    script.answers = [answer(201, {"id": "ds_1", "name": "t", "n_rows": 3, "columns": {},
+                                   "budgets": {}, "status": "active", "version": 1})]
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"age": [30, None, 7], "w": _WANT["w"], "g": ["a", "b", "a"]}),
+                   path)
+    result = CliRunner().invoke(commands.cli, [
+        "datasets", "upload", str(path), "--metadata-json", json.dumps(_UPLOAD_META),
+        "--url", url, "--key", "pr_test_key"])
+    assert result.exit_code == 0, result.output
+    assert _file_part(script.seen[0]) == ("application/vnd.apache.parquet", path.read_bytes())
 
 
 def test_upload_is_resent_under_one_idempotency_key_after_a_lost_answer(
@@ -649,7 +737,7 @@ def test_the_client_distribution_stands_alone() -> None:
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     assert project["name"] == "privrelease-client"
     assert project["dependencies"] == ["requests>=2.31"]
-    assert set(project["optional-dependencies"]) == {"pandas", "polars", "plot"}
+    assert set(project["optional-dependencies"]) == {"pandas", "polars", "plot", "parquet"}
     imported: set[str] = set()
     for path in (root / "src" / "privrelease_client").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from service import rkeys
 from tests.conftest import ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -119,3 +120,82 @@ def test_kubernetes_pods_run_as_the_image_user_on_the_shared_volume() -> None:
         assert claim == "datasets"
     pvc = yaml.safe_load((DEPLOY / "k8s" / "datasets-pvc.yaml").read_text())
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_sentinel_compose_has_a_replicated_ledger_behind_three_sentinels() -> None:
+    doc = yaml.safe_load((DEPLOY / "compose.sentinel.yaml").read_text())
+    services = doc["services"]
+    nodes, sentinels = ["valkey-0", "valkey-1"], [f"sentinel-{i}" for i in range(3)]
+    assert set(services) == {*nodes, *sentinels, "api", "worker"}
+    for name, svc in services.items():
+        assert svc["restart"] == "unless-stopped", name
+        assert svc["healthcheck"]["test"], name
+    for name in nodes:
+        svc = services[name]
+        assert svc["environment"]["SELF"] == name == svc["hostname"]
+        assert "./sentinel/users.acl:/etc/valkey/users.acl:ro" in svc["volumes"]
+        assert svc["command"] == ["sh", "/etc/valkey/valkey-node.sh"]
+    for name in sentinels:
+        assert services[name]["environment"]["SELF"] == name
+        assert services[name]["environment"]["INITIAL_PRIMARY"] == "valkey-0"
+    env = services["api"]["environment"]
+    assert env == services["worker"]["environment"]
+    url = env["PRIVRELEASE_REDIS_URL"]
+    parsed = rkeys.parse_sentinel(url.replace("${VALKEY_PASSWORD:?set VALKEY_PASSWORD}", "pw"))
+    assert parsed is not None and parsed.master == "privrelease"
+    assert [h for h, _ in parsed.sentinels] == sentinels
+    assert env["PRIVRELEASE_LEDGER_REPLICAS"] == "1"
+    for name in ("api", "worker"):
+        needs = services[name]["depends_on"]
+        assert all(needs[s]["condition"] == "service_healthy" for s in ["valkey-1", *sentinels])
+    assert "deploy/sentinel/users.acl" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_sentinel_data_nodes_replicate_under_the_acl() -> None:
+    """The replication and sentinel users exist, the service's user can WAIT (not in
+    -@dangerous), and the config has no inline comments (Valkey would not start)."""
+    acl = (DEPLOY / "sentinel" / "users.acl.example").read_text().splitlines()
+    assert acl[0] == "user default off"
+    users = {line.split()[1]: line for line in acl}
+    assert set(users) == {"default", "privrelease", "replica", "sentinel"}
+    assert "+psync" in users["replica"] and "+replconf" in users["replica"]
+    assert "+slaveof" in users["sentinel"] and "+config|rewrite" in users["sentinel"]
+    conf = (DEPLOY / "sentinel" / "valkey.conf").read_text().splitlines()
+    for line in conf:
+        assert line.startswith("#") or "#" not in line, line
+    assert "appendfsync always" in conf and "aclfile /etc/valkey/users.acl" in conf
+    assert "repl-diskless-sync-delay 0" in conf
+    node = (DEPLOY / "sentinel" / "valkey-node.sh").read_text()
+    assert "--masteruser replica" in node and "get-master-addr-by-name" in node
+
+
+def test_kubernetes_sentinel_manifests_validate() -> None:
+    """deploy/k8s/sentinel/ against the Kubernetes schemas; its ConfigMap carries the very
+    scripts and config of deploy/sentinel/, and every secret key it reads is in the
+    example secret."""
+    import kubernetes_validate
+
+    k8s = DEPLOY / "k8s" / "sentinel"
+    listed = yaml.safe_load((k8s / "kustomization.yaml").read_text())["resources"]
+    assert sorted([*listed, "secret.example.yaml"]) == sorted(
+        p.name for p in k8s.glob("*.yaml") if p.name != "kustomization.yaml")
+    docs = [d for name in [*sorted(listed), "secret.example.yaml"]
+            for d in yaml.safe_load_all((k8s / name).read_text())]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    config = by[("ConfigMap", "valkey-sentinel")]["data"]
+    for name in ("valkey.conf", "valkey-node.sh", "sentinel.sh"):
+        assert config[name] == (DEPLOY / "sentinel" / name).read_text(), name
+    assert by[("StatefulSet", "valkey")]["spec"]["replicas"] == 2
+    assert by[("StatefulSet", "sentinel")]["spec"]["replicas"] == 3
+    assert by[("PodDisruptionBudget", "sentinel")]["spec"]["minAvailable"] == 2
+    secret = by[("Secret", "privrelease")]["stringData"]
+    assert rkeys.parse_sentinel(secret["redis-url"]) is not None
+    text = "\n".join((k8s / name).read_text() for name in listed)
+    for key in re.findall(r"key: ([\w.-]+)", text):
+        assert key in secret, key
+    # the base api and worker read ledger-replicas (optional: the single-node secret has none)
+    for name in ("api.yaml", "worker.yaml"):
+        base = (DEPLOY / "k8s" / name).read_text()
+        assert "key: ledger-replicas, optional: true" in base, name

@@ -13,8 +13,10 @@ from typing import Any
 
 from privrelease_client.errors import MissingExtra
 
-__all__ = ["csv_to_pandas", "csv_to_polars", "plot_result", "result_columns",
-           "to_pandas", "to_polars"]
+__all__ = ["csv_to_pandas", "csv_to_polars", "frame_upload", "plot_result",
+           "result_columns", "to_pandas", "to_polars"]
+
+PARQUET_TYPE = "application/vnd.apache.parquet"
 
 #: the keys that label the points of ``values`` (one per value, or bin edges: one more)
 _LABELS = ("grid", "categories", "bins", "support", "x")
@@ -180,3 +182,37 @@ def plot_result(result: Any, *, title: str | None = None, ax: Any = None) -> Any
     if title:
         ax.set_title(title)
     return ax
+
+
+def _kind(frame: object) -> str | None:
+    """"pandas" or "polars" for a DataFrame of either library, without importing them."""
+    module = type(frame).__module__.split(".", 1)[0]
+    if type(frame).__name__ == "DataFrame" and module in {"pandas", "polars"}:
+        return module
+    return None
+
+
+def frame_upload(frame: object) -> tuple[bytes, str, str] | None:
+    """A pandas or polars DataFrame as an upload: (content, file name, content type).
+
+    Parquet when a writer is at hand (polars writes it itself, pandas through
+    pyarrow): typed columns, so no number goes through text and categoricals stay
+    dictionary-encoded; otherwise CSV (pandas writes floats with full precision and
+    missing values as empty cells, both read back exactly by the server). The index of
+    a pandas frame is not a column and is left out. None for anything else.
+    """
+    kind = _kind(frame)
+    if kind is None:
+        return None
+    buffer = io.BytesIO()
+    if kind == "polars":
+        frame.write_parquet(buffer)  # type: ignore[attr-defined]
+        return buffer.getvalue(), "data.parquet", PARQUET_TYPE
+    try:
+        pa = importlib.import_module("pyarrow")
+        pq = importlib.import_module("pyarrow.parquet")
+    except ImportError:
+        text = frame.to_csv(index=False)  # type: ignore[attr-defined]
+        return text.encode("utf-8"), "data.csv", "text/csv"
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer)
+    return buffer.getvalue(), "data.parquet", PARQUET_TYPE

@@ -1,0 +1,77 @@
+"""PRIVRELEASE_REDIS_URL as a Sentinel URL: one spelling, read alike by our clients,
+the Celery broker and the rate limiter; and the ledger's replication settings."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+
+from service import ratelimit, rkeys
+from service.config import Config
+from service.durable import Replication
+from workers.celery_app import SentinelBrokerTransport, configure
+
+URL = "sentinel://privrelease:p%40ss@10.0.0.1:26379,10.0.0.2:26380,vk-2/ledger/3"
+
+
+def test_sentinel_url_parts() -> None:
+    s = rkeys.parse_sentinel(URL + "?sentinel_password=sp")
+    assert s == rkeys.SentinelURL(
+        (("10.0.0.1", 26379), ("10.0.0.2", 26380), ("vk-2", 26379)), "ledger", 3,
+        "privrelease", "p@ss", None, "sp")
+    bare = rkeys.parse_sentinel("sentinel://h/m")
+    assert bare == rkeys.SentinelURL((("h", 26379),), "m")
+    assert rkeys.parse_sentinel("redis://h:6379/0") is None
+    for bad in ("sentinel://h", "sentinel://h/m/0/x", "sentinel://:26379/m"):
+        with pytest.raises(ValueError, match="sentinel://"):
+            rkeys.parse_sentinel(bad)
+
+
+def test_celery_broker_speaks_kombus_sentinel_spelling() -> None:
+    """kombu wants one sentinel:// URL per sentinel joined by ';' and master_name; the
+    data nodes' password in the URL, none sent to sentinels that were not given one."""
+    app = configure(Celery("t"), Config(redis_url=URL))
+    assert app.conf.broker_url == ";".join(
+        f"sentinel://privrelease:p%40ss@{h}/3" for h in
+        ("10.0.0.1:26379", "10.0.0.2:26380", "vk-2:26379"))
+    assert app.conf.broker_transport is SentinelBrokerTransport
+    options = app.conf.broker_transport_options
+    assert options["master_name"] == "ledger"
+    assert "password" not in options["sentinel_kwargs"]
+    assert options["visibility_timeout"] > 0
+
+
+def test_rate_limiter_storage_for_sentinel() -> None:
+    uri = ratelimit._storage_uri(URL + "?sentinel_password=sp")
+    assert uri == "redis+sentinel://10.0.0.1:26379,10.0.0.2:26380,vk-2:26379/ledger"
+    options = ratelimit._storage_options(URL + "?sentinel_password=sp")
+    assert (options["db"], options["username"], options["password"]) == (3, "privrelease",
+                                                                         "p@ss")
+    # limits sends the URL's credentials to the sentinels unless told otherwise
+    assert options["sentinel_kwargs"] == {"username": None, "password": "sp"}
+    assert ratelimit._storage_options("redis://h:1/0") == {}
+
+
+def test_client_is_the_masters() -> None:
+    client = rkeys.connect(URL)
+    pool = client.connection_pool
+    assert pool.service_name == "ledger"
+    kwargs = pool.connection_kwargs
+    assert (kwargs["db"], kwargs["username"], kwargs["password"]) == (3, "privrelease", "p@ss")
+    assert kwargs["socket_timeout"] == rkeys.REPLY_TIMEOUT
+
+
+def test_ledger_replication_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PRIVRELEASE_LEDGER_REPLICAS", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_LEDGER_WAIT_MS", raising=False)
+    assert Replication.from_config(Config.from_env()) == Replication(0, 1000)
+    monkeypatch.setenv("PRIVRELEASE_LEDGER_REPLICAS", "1")
+    monkeypatch.setenv("PRIVRELEASE_LEDGER_WAIT_MS", "250")
+    assert Replication.from_config(Config.from_env()) == Replication(1, 250)
+    monkeypatch.setenv("PRIVRELEASE_LEDGER_WAIT_MS", "0")  # WAIT 0 would block forever
+    with pytest.raises(SystemExit, match="LEDGER_WAIT_MS"):
+        Config.from_env()
+    monkeypatch.setenv("PRIVRELEASE_LEDGER_WAIT_MS", "10")
+    monkeypatch.setenv("PRIVRELEASE_LEDGER_REPLICAS", "-1")
+    with pytest.raises(SystemExit, match="LEDGER_REPLICAS"):
+        Config.from_env()
