@@ -14,14 +14,14 @@ from mechanisms.analysis_plot import AnalysisPlot
 from mechanisms.iclp.plot import PlotSpec
 
 
-def _figure(width: float = 6.0) -> Any:
-    """A headless matplotlib figure, 100 dpi, 3.5 inches high."""
+def _figure(width: float = 6.0, height: float = 3.5) -> Any:
+    """A headless matplotlib figure, 100 dpi, 3.5 inches high unless told."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; safe in any worker thread
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, 3.5), dpi=100)
+    return Figure(figsize=(width, height), dpi=100)
 
 
 #: the formats a drawing is served in, and their media types
@@ -130,14 +130,18 @@ def budget_figure(series: dict[str, tuple[list[Any], dict[str, list[float]]]],
                   title: str) -> Any:
     """A dataset's budget over time, one panel per measure: committed and reserved
     stacked as steps under the cap (``service.console.burndown``)."""
-    figure = _figure()
+    # an inch per panel beyond three: names like interval_leakage:age stay apart
+    figure = _figure(height=max(3.5, 0.8 + 0.9 * len(series)))
     if not series:
         axes = figure.add_subplot()
         axes.text(0.5, 0.5, "no budget events yet", ha="center", va="center")
         axes.set_axis_off()
         return figure
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
     for i, (measure, (times, rows)) in enumerate(sorted(series.items())):
-        axes = figure.add_subplot(len(series), 1, i + 1)
+        axes = figure.add_subplot(len(series), 1, i + 1,
+                                  sharex=figure.axes[0] if i else None)
         committed = np.array(rows["committed"])
         held = committed + np.array(rows["reserved"])
         axes.fill_between(times, 0, committed, step="post", color="#1f5fa8", alpha=0.8,
@@ -145,10 +149,15 @@ def budget_figure(series: dict[str, tuple[list[Any], dict[str, list[float]]]],
         axes.fill_between(times, committed, held, step="post", color="#f39c12", alpha=0.6,
                           label="reserved")
         axes.step(times, rows["cap"], where="post", color="#c0392b", label="cap")
-        axes.set_ylabel(measure, fontsize=9)
+        axes.set_ylabel(measure, fontsize=8, rotation=0, ha="right", va="center")
         axes.set_ylim(bottom=0)
         axes.grid(alpha=0.3)
         axes.tick_params(labelsize=7)
+        locator = AutoDateLocator()  # readable ticks from seconds to years of events
+        axes.xaxis.set_major_locator(locator)
+        axes.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        axes.xaxis.get_offset_text().set_fontsize(7)
+        axes.xaxis.get_offset_text().set_visible(i == len(series) - 1)  # one date line
         if i == 0:
             axes.set_title(title, fontsize=10)
             axes.legend(fontsize=7, loc="upper left")

@@ -123,3 +123,31 @@ def test_every_route_has_a_cli_command(app: Flask) -> None:
     missing = sorted(_routes(app) - set(reached))
     assert not missing, f"routes without a CLI command: {missing}"
     assert reached[("GET", "/v1/releases/<>/analyses/<>/plot.svg")] == ["analyses plot"]
+
+
+#: API routes with no console page: probes, the OpenAPI description and its viewer,
+#: metrics, static files (the console links /docs in its navigation instead)
+NOT_CONSOLE_ENDPOINTS = {"health.healthz", "health.readyz", "api-docs.openapi_json",
+                         "api-docs.openapi_swagger_ui", "apidocs.asset", "metrics", "static"}
+
+
+def test_every_api_operation_has_a_console_way(app: Flask) -> None:
+    """Each API view is run by some console page (``ops.call``/``ops.check``/``page``,
+    always as ``<module>_api.<view>``): catches an operator or analyst action the HTTP
+    API allows but the console cannot do."""
+    from service.console import views
+
+    source = inspect.getsource(views)
+    aliases = {alias: module.__name__ for alias, module in vars(views).items()
+               if inspect.ismodule(module) and module.__name__.startswith("service.api.")}
+    used = {(aliases[a], name) for a, name in re.findall(r"\b(\w+_api)\.(\w+)\b", source)
+            if a in aliases}
+    missing = []
+    for endpoint, fn in app.view_functions.items():
+        if endpoint.startswith("console.") or endpoint in NOT_CONSOLE_ENDPOINTS:
+            continue
+        view = inspect.unwrap(fn)
+        if (view.__module__, view.__name__) not in used:
+            missing.append(endpoint)
+    assert not missing, f"API operations without a console page: {sorted(missing)}"
+    assert ("service.api.outputs", "cancel") in used  # the analysis cancel button
