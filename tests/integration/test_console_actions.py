@@ -183,3 +183,11 @@ def test_lists_page_forward_and_back(app: Flask, api: Api, interval: dict[str, A
     assert shown.findall(client.get(back).get_data(as_text=True)) == shown.findall(one)
     bad = client.get("/console/releases?cursor=not-a-cursor")
     assert bad.status_code == 422  # the API's own cursor validation
+    assert client.get("/console/jobs?status=bogus").status_code == 422  # the API's schema
+    mine = client.get("/console/releases?mine=true").get_data(as_text=True)
+    assert rid in shown.findall(mine)  # the operator's token requested the fixture's
+    other = _signed_in(app, apikeys.create(app.extensions["redis"], "analyst",
+                                           label="no-releases")[1])
+    page = other.get("/console/releases?mine=true").get_data(as_text=True)
+    assert "No releases yet." in page and shown.findall(other.get(
+        "/console/releases").get_data(as_text=True))
