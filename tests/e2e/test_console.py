@@ -1,7 +1,8 @@
 """The web console driven in a real headless Chromium (Debian's chromium + chromedriver)
 against a live `privrelease standalone`: every role signs in, an operator uploads through
 the form and manages keys, an analyst estimates and requests a release and sees its plot,
-a consumer sees no operator page.
+a consumer sees no operator page; an operator changes a cap with the budget form and an
+NPMLE analysis's page shows its drawing.
 
 Set PRIVRELEASE_CONSOLE_SCREENSHOTS=docs/console to also write the README's screenshots.
 """
