@@ -775,14 +775,25 @@ def _release_data(c: Client, release_id: str, output: str | None) -> Output:
     return Output(text, lambda t: t)
 
 
-@client_command(release, "plot", "download the server's PNG of a released function")
-@click.argument("release_id", metavar="ID")
-@click.option("--output", "-o", required=True, metavar="FILE", help="PNG file to write")
-def _release_plot(c: Client, release_id: str, output: str) -> Output:
-    png = c.release_plot(release_id)
-    _write(output, png)
-    return Output({"file": output, "bytes": len(png)},
+def _is_svg(path: str) -> bool:
+    """Whether a plot's output file asks for SVG (by its suffix; anything else is PNG)."""
+    return path.lower().endswith(".svg")
+
+
+def _written(output: str, content: bytes) -> Output:
+    _write(output, content)
+    return Output({"file": output, "bytes": len(content)},
                   lambda d: _plain(f"{d['bytes']} bytes -> {d['file']}"))
+
+
+@client_command(release, "plot", "download the server's drawing of a release (PNG, or SVG "
+                "for a .svg file)")
+@click.argument("release_id", metavar="ID")
+@click.option("--output", "-o", required=True, metavar="FILE",
+              help="file to write: SVG when it ends in .svg, else PNG")
+def _release_plot(c: Client, release_id: str, output: str) -> Output:
+    fetch = c.release_plot_svg if _is_svg(output) else c.release_plot
+    return _written(output, fetch(release_id))
 
 
 @client_command(release, "cancel", "cancel a queued release; its budget is refunded")
@@ -842,6 +853,17 @@ def _analyses_cancel(c: Client, release_id: str, analysis_id: str) -> Output:
     return Output(c.cancel_analysis(release_id, analysis_id), _render_analysis)
 
 
+@client_command(analyses, "plot", "download the server's drawing of an analysis (PNG, or "
+                "SVG for a .svg file)")
+@click.argument("release_id", metavar="RELEASE")
+@click.argument("analysis_id", metavar="ANALYSIS")
+@click.option("--output", "-o", required=True, metavar="FILE",
+              help="file to write: SVG when it ends in .svg, else PNG")
+def _analyses_plot(c: Client, release_id: str, analysis_id: str, output: str) -> Output:
+    fetch = c.analysis_plot_svg if _is_svg(output) else c.analysis_plot
+    return _written(output, fetch(release_id, analysis_id))
+
+
 # jobs and catalog ----------------------------------------------------------------------
 
 @client_command(jobs, "list", "pricing, queued and running jobs, then failed and refused ones")
@@ -868,6 +890,32 @@ def _mechanisms(c: Client, name: str | None) -> Output:
     if not found:
         raise UsageError(f"no mechanism {name!r} (see `privrelease mechanisms`)")
     return Output(found[0], _render_mechanism)
+
+
+@client_command(cli, "health", "whether the server is up (healthz) and ready (readyz)")
+def _health(c: Client) -> Output:
+    doc = {"healthz": c.health()}
+    try:
+        doc["readyz"] = c.ready()
+    except ApiError as err:  # 503 while Valkey or the workers are away: said, exit 1
+        doc["readyz"] = err.body
+        return Output(doc, _render_health, 1, f"not ready: {err.code}: {_clean(err.detail)}")
+    return Output(doc, _render_health)
+
+
+def _render_health(doc: Mapping[str, Any]) -> RenderableType:
+    return fields([(name, _compact(value)) for name, value in doc.items()])
+
+
+@client_command(cli, "openapi", "the server's OpenAPI document (e.g. to generate a client)")
+@click.option("--output", "-o", metavar="FILE", help="write to FILE (default: stdout)")
+def _openapi(c: Client, output: str | None) -> Output:
+    doc = c.openapi()
+    if output:
+        _write(output, json.dumps(doc, indent=2) + "\n")
+        return Output({"file": output, "paths": len(doc.get("paths") or {})},
+                      lambda d: _plain(f"{d['paths']} paths -> {d['file']}"))
+    return Output(doc, lambda d: json.dumps(d, indent=2))
 
 
 @cli.command("completion")

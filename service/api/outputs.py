@@ -10,12 +10,14 @@ from flask import Response, current_app
 from flask_smorest import Blueprint
 
 import mechanisms
+from mechanisms.analysis_plot import analysis_plot
 from mechanisms.iclp.plot import plot_spec
 from service import analyses, releases, rkeys
 from service.api.responses import AUTH, BODY, located, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
-from service.plotting import bar_png, release_png
+from service.plotting import FORMATS, analysis_figure, bar_figure, render
+from service.plotting import release_figure as release_figure_of
 from service.problems import UNAVAILABLE, APIError
 from service.schemas import (
     AnalysisListQuerySchema,
@@ -62,15 +64,9 @@ def data(release_id: str) -> Response:
     return Response(csv_chunks(table), mimetype="text/csv", headers=headers)
 
 
-@blp.route("/<release_id>/plot.png")
-@require("consumer")
-@problems(blp, *AUTH, 403, 404, 409)
-@blp.doc(responses={200: {"description": "the released function", "content": {
-    "image/png": {}}}})
-def plot(release_id: str) -> Response:
-    """A drawing of a released function (its 95 % band from the accuracy statement), curves
-    or surface (heat map), or of a table (bars with 95 % error bars), from the release's
-    public document only."""
+def release_figure(release_id: str) -> Any:
+    """The figure of a succeeded release the key may read (404 when it has nothing to
+    draw): a table as bars with 95 % error bars, or its ``PlotSpec``."""
     doc = _succeeded(release_id)
     result = doc["result"] or {}
     values, labels, errors = result.get("values"), result.get("categories"), result.get("errors")
@@ -78,13 +74,43 @@ def plot(release_id: str) -> Response:
             and len(labels) == len(values) == len(errors)):  # a table: bars, 95 % error bars
         spent = ", ".join(f"{m} = {v}" for m, v in (doc.get("cost") or {}).items())
         title = f"{doc['mechanism']} · {release_id}" + (f" ({spent})" if spent else "")
-        return Response(bar_png(labels, values, errors, title), mimetype="image/png")
+        return bar_figure(labels, values, errors, title)
     try:
         spec = plot_spec(doc["mechanism"], doc.get("params") or {}, result,
                          doc.get("accuracy") or {}, doc.get("cost") or {})
     except ValueError:
         raise APIError(404, "this release has no function to draw", code="not_found") from None
-    return Response(release_png(spec), mimetype="image/png")
+    return release_figure_of(spec)
+
+
+def _image(figure: Any, fmt: str) -> Response:
+    return Response(render(figure, fmt), mimetype=FORMATS[fmt],
+                    headers={"X-Content-Type-Options": "nosniff"})
+
+
+_PLOT_DOC = ("A drawing of a released function (its 95 % band from the accuracy statement),"
+             " curves or surface (heat map), or of a table (bars with 95 % error bars), from"
+             " the release's public document only.")
+
+
+@blp.route("/<release_id>/plot.png")
+@require("consumer")
+@problems(blp, *AUTH, 403, 404, 409)
+@blp.doc(description=_PLOT_DOC, responses={200: {"description": "the released function",
+                                                 "content": {"image/png": {}}}})
+def plot(release_id: str) -> Response:
+    """The release's drawing as PNG."""
+    return _image(release_figure(release_id), "png")
+
+
+@blp.route("/<release_id>/plot.svg")
+@require("consumer")
+@problems(blp, *AUTH, 403, 404, 409)
+@blp.doc(description=_PLOT_DOC, responses={200: {"description": "the released function",
+                                                 "content": {"image/svg+xml": {}}}})
+def plot_svg(release_id: str) -> Response:
+    """The release's drawing as SVG (the same figure as the PNG)."""
+    return _image(release_figure(release_id), "svg")
 
 
 def _input_error(err: mechanisms.MechanismInputError) -> APIError:
@@ -226,3 +252,46 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     ended = analyses.document(client, analysis_id)
     assert ended is not None
     return ended
+
+
+
+def analysis_figure_of(release_id: str, analysis_id: str) -> Any:
+    """The figure of a succeeded analysis the key may read (as ``show`` checks it); 409
+    while it has no result, 404 when its result has nothing to draw."""
+    found = _analysis(release_id, analysis_id)
+    if found["status"] != "succeeded":
+        raise APIError(409, f"the analysis is {found['status']}, not succeeded",
+                       code="analysis_not_ready")
+    try:
+        spec = analysis_plot(found["analysis"], found.get("result"),
+                             f"{found['analysis']} · {release_id}")
+    except ValueError:
+        raise APIError(404, "this analysis has nothing to draw", code="not_found") from None
+    return analysis_figure(spec)
+
+
+_ANALYSIS_PLOT_DOC = (
+    "A drawing of an analysis's result: the NPMLE's CDF as a step function with the cells"
+    " carrying its mass (npmle), the fitted CDF (mle), cdf and quantile functionals with"
+    " their bootstrap intervals (functionals), estimated shares with 95 % intervals"
+    " (estimate). 404 for analyses with nothing to draw.")
+
+
+@blp.route("/<release_id>/analyses/<analysis_id>/plot.png")
+@require("consumer")
+@problems(blp, *AUTH, 403, 404, 409)
+@blp.doc(description=_ANALYSIS_PLOT_DOC, responses={
+    200: {"description": "the analysis's result", "content": {"image/png": {}}}})
+def analysis_plot_png(release_id: str, analysis_id: str) -> Response:
+    """The analysis's drawing as PNG."""
+    return _image(analysis_figure_of(release_id, analysis_id), "png")
+
+
+@blp.route("/<release_id>/analyses/<analysis_id>/plot.svg")
+@require("consumer")
+@problems(blp, *AUTH, 403, 404, 409)
+@blp.doc(description=_ANALYSIS_PLOT_DOC, responses={
+    200: {"description": "the analysis's result", "content": {"image/svg+xml": {}}}})
+def analysis_plot_svg(release_id: str, analysis_id: str) -> Response:
+    """The analysis's drawing as SVG (the same figure as the PNG)."""
+    return _image(analysis_figure_of(release_id, analysis_id), "svg")

@@ -30,15 +30,18 @@ from service.api import keys as keys_api
 from service.api import outputs as outputs_api
 from service.api import releases as releases_api
 from service.console import burndown, ops, session
-from service.plotting import budget_png
+from service.plotting import FORMATS, budget_figure, render
 from service.problems import APIError
 from service.schemas import (
     AnalysisListQuerySchema,
     AnalysisRequestSchema,
+    BudgetPatchSchema,
     DatasetFileSchema,
     DatasetUploadSchema,
+    JobListQuerySchema,
     KeyCreateSchema,
     LedgerQuerySchema,
+    ReleaseListQuerySchema,
     ReleaseRequestSchema,
 )
 
@@ -98,9 +101,11 @@ def _context() -> dict[str, Any]:
     return {"csrf_token": generate_csrf, "key": g.get("api_key"), "allowed": ops.allowed,
             "api": {"upload": datasets_api.upload, "retire": datasets_api.retire,
                     "budget": datasets_api.show_budget, "audit": datasets_api.audit,
+                    "set_budget": datasets_api.set_budget,
                     "list_keys": keys_api.list_keys, "list_jobs": jobs_api.list_jobs,
                     "request": releases_api.create, "estimate": releases_api.estimate,
-                    "analyses": outputs_api.create},
+                    "analyses": outputs_api.create,
+                    "cancel_analysis": outputs_api.cancel},
             "pretty": lambda v: json.dumps(v, indent=2, sort_keys=True)}
 
 
@@ -132,6 +137,41 @@ def page(view: Callable[..., Any]) -> Callable[[Page], Page]:
 
 def _form_error(err: APIError) -> dict[str, Any]:
     return {"detail": err.detail, "field": err.field, "status": err.status}
+
+
+def _image(figure: Any, fmt: str) -> Response:
+    return Response(render(figure, fmt), mimetype=FORMATS[fmt])
+
+
+#: how many earlier cursors a page's "previous" trail keeps (the URL stays short)
+MAX_TRAIL = 50
+
+
+def _pages(next_cursor: str | None) -> dict[str, str | None]:
+    """Next and previous links of a list page over the API's forward-only cursors: the
+    links carry the trail of the cursors that led here (``back``; "" is the first page),
+    so "previous" is the page before, not a guess."""
+    trail = request.args.getlist("back")[-MAX_TRAIL:]
+    current = request.args.get("cursor", "")
+    view_args = dict(request.view_args or {})
+    kept = {k: v for k, v in request.args.items() if k not in {"cursor", "back"}}
+
+    def link(cursor: str, back: list[str]) -> str:
+        values: dict[str, Any] = {**view_args, **kept, "cursor": cursor or None,
+                                  "back": back or None}
+        return url_for(str(request.endpoint), **values)
+
+    return {"next": link(next_cursor, [*trail, current][-MAX_TRAIL:]) if next_cursor else None,
+            "previous": link(trail[-1], trail[:-1]) if trail else
+            link("", []) if current else None}
+
+
+def _query(schema: Any, names: tuple[str, ...], **defaults: Any) -> dict[str, Any]:
+    """The page's list query (its paging and filters) validated by the API route's own
+    query schema: a bad cursor or limit is the API's 422."""
+    raw = {**defaults, **{n: request.args[n] for n in names if request.args.get(n)}}
+    loaded: dict[str, Any] = ops.load(schema, raw)
+    return loaded
 
 
 # -- sign in / out ---------------------------------------------------------------------
@@ -191,10 +231,50 @@ def datasets() -> Any:
 @bp.route("/datasets/<dataset_id>")
 @page(datasets_api.show)
 def dataset(dataset_id: str) -> str:
+    return _dataset_page(dataset_id)
+
+
+def _dataset_page(dataset_id: str, error: dict[str, Any] | None = None,
+                  form: Any = None) -> str:
     doc = ops.call(datasets_api.show, dataset_id)
     budget = (ops.call(datasets_api.show_budget, dataset_id)
               if ops.allowed(datasets_api.show_budget) else None)
-    return render_template("dataset.html", dataset=doc, budget=budget)
+    analysts = ([k for k in ops.call(keys_api.list_keys) if k.get("role") == "analyst"
+                 and not k.get("revoked_at")]
+                if ops.allowed(datasets_api.set_budget) else [])
+    return render_template("dataset.html", dataset=doc, budget=budget, error=error,
+                           analysts=analysts, form=form or {})
+
+
+@bp.route("/datasets/<dataset_id>/budget", methods=["POST"])
+def set_budget(dataset_id: str) -> Any:
+    """Change caps or one analyst key's allocation through the API's PATCH route: the
+    empty fields are left out, the rest goes as typed (the route validates amounts)."""
+    ops.check(datasets_api.set_budget)  # the role before anything of the body
+    caps = {name[len("cap."):]: value.strip() for name, value in request.form.items()
+            if name.startswith("cap.") and value.strip()}
+    new_measure = request.form.get("new_measure", "").strip()
+    if new_measure and request.form.get("new_cap", "").strip():
+        caps[new_measure] = request.form["new_cap"].strip()
+    body: dict[str, Any] = {"caps": caps} if caps else {}
+    key_id = request.form.get("alloc_key", "").strip()
+    measure = request.form.get("alloc_measure", "").strip()
+    amount = request.form.get("alloc_cap", "").strip()
+    try:
+        if amount and not key_id:
+            raise APIError(422, "choose the analyst key the allocation is for",
+                           code="validation_error", field="alloc_key")
+        if key_id:
+            body["allocations"] = {key_id: {measure: amount}}
+        if not body:
+            raise APIError(422, "nothing to change: give a cap or an allocation",
+                           code="validation_error", field="body")
+        ops.call(datasets_api.set_budget, ops.load(BudgetPatchSchema(), body), dataset_id)
+    except APIError as err:
+        if err.status in {401, 403, 404}:
+            raise
+        return _dataset_page(dataset_id, _form_error(err), request.form), err.status
+    return redirect(url_for("console.dataset", dataset_id=dataset_id))
 
 
 @bp.route("/datasets/<dataset_id>/retire", methods=["POST"])
@@ -203,9 +283,9 @@ def retire(dataset_id: str) -> BaseResponse:
     return redirect(url_for("console.dataset", dataset_id=dataset_id))
 
 
-@bp.route("/datasets/<dataset_id>/budget.png")
+@bp.route("/datasets/<dataset_id>/budget.<any(png, svg):fmt>")
 @page(datasets_api.audit)
-def budget_chart(dataset_id: str) -> Response:
+def budget_chart(dataset_id: str, fmt: str = "png") -> Response:
     """Committed and reserved over time, from the audit stream the ledger page reads."""
     events = ops.call(datasets_api.audit, dataset_id)
     series = {}
@@ -215,7 +295,7 @@ def budget_chart(dataset_id: str) -> Response:
         rows = {name: [*values, values[-1]]
                 for name, values in steps.display(measure).items()}
         series[measure] = (times, rows)
-    return Response(budget_png(series, f"budget of {dataset_id}"), mimetype="image/png")
+    return _image(budget_figure(series, f"budget of {dataset_id}"), fmt)
 
 
 def _when(name: str) -> str | None:
@@ -289,12 +369,10 @@ def revoke(key_id: str) -> BaseResponse:
 @bp.route("/jobs")
 @page(jobs_api.list_jobs)
 def jobs() -> str:
-    status = request.args.get("status") or None
-    if status is not None and status not in {"pricing", "queued", "running", "failed",
-                                             "refused"}:
-        raise APIError(422, "unknown job status", code="validation_error", field="status")
-    docs, _headers = ops.call(jobs_api.list_jobs, status=status, limit=200)
-    return render_template("jobs.html", jobs=docs, status=status)
+    query = _query(JobListQuerySchema(), ("status", "limit", "cursor"), limit=200)
+    docs, headers = ops.call(jobs_api.list_jobs, **query)
+    return render_template("jobs.html", jobs=docs, status=query.get("status"),
+                           pages=_pages(headers.get("X-Next-Cursor")))
 
 
 @bp.route("/jobs/<release_id>/cancel", methods=["POST"])
@@ -411,9 +489,10 @@ def mechanism(name: str) -> Any:
 @bp.route("/releases")
 @page(releases_api.list_releases)
 def releases() -> str:
-    dataset_id = request.args.get("dataset_id") or None
-    docs, _headers = ops.call(releases_api.list_releases, limit=100, dataset_id=dataset_id)
-    return render_template("releases.html", releases=docs)
+    query = _query(ReleaseListQuerySchema(), ("dataset_id", "mine", "limit", "cursor"))
+    docs, headers = ops.call(releases_api.list_releases, **query)
+    return render_template("releases.html", releases=docs, query=query,
+                           pages=_pages(headers.get("X-Next-Cursor")))
 
 
 @bp.route("/releases/<release_id>", methods=["GET", "POST"])
@@ -439,27 +518,31 @@ def release(release_id: str) -> Any:
                                     analysis_id=created["id"]))
         except APIError as err:
             error, status = _form_error(err), err.status
-    analyses = []
+    analyses, pages = [], {}
     if doc["status"] == "succeeded":
-        query = ops.load(AnalysisListQuerySchema(), {"limit": 50})
-        analyses = ops.call(outputs_api.list_analyses, query, release_id)["items"]
-    has_plot = doc["status"] == "succeeded" and _drawable(release_id)
+        query = _query(AnalysisListQuerySchema(), ("limit", "cursor"), limit=50)
+        listed = ops.call(outputs_api.list_analyses, query, release_id)
+        analyses, pages = listed["items"], _pages(listed["next_cursor"])
+    has_plot = doc["status"] == "succeeded" and _drawable(outputs_api.release_figure,
+                                                          release_id)
     return render_template("release.html", release=doc, analyses=analyses, error=error,
-                           has_plot=has_plot), status
+                           has_plot=has_plot, pages=pages), status
 
 
-def _drawable(release_id: str) -> bool:
+def _drawable(figure_of: Callable[..., Any], *args: str) -> bool:
+    """Whether the API would draw it: the route's own checks and figure, not rendered."""
     try:
-        ops.call(outputs_api.plot, release_id)
+        figure_of(*args)
     except APIError:
         return False
     return True
 
 
-@bp.route("/releases/<release_id>/plot.png")
+@bp.route("/releases/<release_id>/plot.<any(png, svg):fmt>")
 @page(outputs_api.plot)
-def plot(release_id: str) -> Response:
-    resp: Response = ops.call(outputs_api.plot, release_id)
+def plot(release_id: str, fmt: str = "png") -> Response:
+    resp: Response = ops.call(outputs_api.plot if fmt == "png" else outputs_api.plot_svg,
+                              release_id)
     return resp
 
 
@@ -473,5 +556,35 @@ def data(release_id: str) -> Response:
 @bp.route("/releases/<release_id>/analyses/<analysis_id>")
 @page(outputs_api.show)
 def analysis(release_id: str, analysis_id: str) -> str:
+    return _analysis_page(release_id, analysis_id)
+
+
+def _analysis_page(release_id: str, analysis_id: str,
+                   error: dict[str, Any] | None = None) -> str:
     doc = ops.call(outputs_api.show, release_id, analysis_id)
-    return render_template("analysis.html", analysis=doc, release_id=release_id)
+    has_plot = doc["status"] == "succeeded" and _drawable(outputs_api.analysis_figure_of,
+                                                          release_id, analysis_id)
+    return render_template("analysis.html", analysis=doc, release_id=release_id,
+                           has_plot=has_plot, error=error)
+
+
+@bp.route("/releases/<release_id>/analyses/<analysis_id>/cancel", methods=["POST"])
+def cancel_analysis(release_id: str, analysis_id: str) -> Any:
+    """Cancel a queued or running analysis (its creator or an operator, as the API
+    decides); a refusal (409 ended, 403 not the creator) is shown on the analysis page."""
+    try:
+        ops.call(outputs_api.cancel, release_id, analysis_id)
+    except APIError as err:
+        if err.status in {401, 404}:
+            raise
+        return _analysis_page(release_id, analysis_id, _form_error(err)), err.status
+    return redirect(url_for("console.analysis", release_id=release_id,
+                            analysis_id=analysis_id))
+
+
+@bp.route("/releases/<release_id>/analyses/<analysis_id>/plot.<any(png, svg):fmt>")
+@page(outputs_api.analysis_plot_png)
+def analysis_plot(release_id: str, analysis_id: str, fmt: str = "png") -> Response:
+    view = outputs_api.analysis_plot_png if fmt == "png" else outputs_api.analysis_plot_svg
+    resp: Response = ops.call(view, release_id, analysis_id)
+    return resp

@@ -323,6 +323,10 @@ def test_analyses_data_and_plot(service: Service, tmp_path: Path) -> None:
     none = cli(service, "release", "plot", rid, "-o", str(tmp_path / "x.png"), ok=False)
     assert none.returncode == 1 and none.stderr.startswith("error: not_found: ")
     assert not (tmp_path / "x.png").exists()
+    svg = tmp_path / "npmle.svg"  # the analysis's drawing, SVG by the file's suffix
+    said = cli(service, "analyses", "plot", rid, aid, "-o", str(svg)).stdout
+    assert svg.read_bytes().startswith(b"<?xml") and b"<svg" in svg.read_bytes()[:2000]
+    assert said.strip() == f"{svg.stat().st_size} bytes -> {svg}"
 
 
 def test_version_completion_and_every_page(service: Service, dataset: str) -> None:

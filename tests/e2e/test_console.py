@@ -1,7 +1,8 @@
 """The web console driven in a real headless Chromium (Debian's chromium + chromedriver)
 against a live `privrelease standalone`: every role signs in, an operator uploads through
 the form and manages keys, an analyst estimates and requests a release and sees its plot,
-a consumer sees no operator page.
+a consumer sees no operator page; an operator changes a cap with the budget form and an
+NPMLE analysis's page shows its drawing.
 
 Set PRIVRELEASE_CONSOLE_SCREENSHOTS=docs/console to also write the README's screenshots.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -70,9 +72,12 @@ def _session(driver: WebDriver) -> requests.Session:
 def _until(driver: WebDriver, element_id: str, text: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        elements = driver.find_elements(By.ID, element_id)
-        if elements and elements[0].text == text:
-            return
+        try:
+            elements = driver.find_elements(By.ID, element_id)
+            if elements and elements[0].text == text:
+                return
+        except StaleElementReferenceException:  # the page's 1 s refresh replaced it
+            pass
         time.sleep(0.2)
     raise AssertionError(f"#{element_id} never read {text!r}: {driver.page_source[:2000]}")
 
@@ -145,6 +150,7 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     d.get(f"{service.url}/console/datasets/{dataset_id}")
     chart = d.find_element(By.ID, "budget-chart")
     assert d.execute_script("return arguments[0].naturalWidth", chart) > 100
+    d.execute_script("arguments[0].scrollIntoView()", d.find_element(By.ID, "budget"))
     _shot(d, "budget")
     analyst_id = next(k["id"] for k in service.call("GET", "/v1/keys").json()
                       if k["label"] == "browser analyst")
@@ -165,3 +171,44 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     d.get(f"{service.url}/console/datasets/{dataset_id}/audit")
     assert d.find_elements(By.CSS_SELECTOR, "#events tbody tr")
     _shot(d, "audit")
+
+
+def test_budget_form_and_analysis_plot_in_chromium(service: Service,
+                                                   browser: WebDriver) -> None:
+    """An operator adds an interval-leakage cap with the budget form, and an NPMLE run from
+    a release's page shows its drawing: the image loads (naturalWidth > 0) and its SVG
+    link answers SVG."""
+    d = browser
+    dataset_id = service.upload({"epsilon": 1})
+    _sign_in(d, service, TOKEN)
+    d.get(f"{service.url}/console/datasets/{dataset_id}")
+    d.find_element(By.ID, "new-measure").send_keys("interval_leakage")
+    d.find_element(By.ID, "new-cap").send_keys("1")
+    button = d.find_element(By.ID, "set-budget")
+    button.click()
+    WebDriverWait(d, 10).until(expected_conditions.staleness_of(button))  # page reloaded
+    cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")]
+             for r in d.find_elements(By.CSS_SELECTOR, "#budget tbody tr")]
+    measures = {row[0]: row[1] for row in cells}
+    assert measures["interval_leakage:x"] == "1.0" and measures["epsilon"] == "1.0"
+    d.execute_script("arguments[0].scrollIntoView()", d.find_element(By.ID, "budget-form"))
+    _shot(d, "budget-form")
+
+    body = {"dataset_id": dataset_id, "mechanism": "interval.case1",
+            "params": {"column": "x", "anchors": {"family": "uniform", "low": 0, "high": 1}},
+            "budget": {"interval_leakage": 0.9}}
+    created = service.call("POST", "/v1/releases", json=body)
+    assert created.status_code == 202, created.text
+    rid = created.json()["id"]
+    assert service.wait(rid)["status"] == "succeeded"
+    d.get(f"{service.url}/console/releases/{rid}")
+    Select(d.find_element(By.ID, "analysis")).select_by_visible_text("npmle")
+    d.find_element(By.ID, "run-analysis").click()
+    _until(d, "status", "succeeded")
+    plot = d.find_element(By.ID, "plot")
+    WebDriverWait(d, 30).until(lambda drv: drv.execute_script(
+        "return arguments[0].complete && arguments[0].naturalWidth", plot))
+    assert d.execute_script("return arguments[0].naturalWidth", plot) > 100
+    svg = _session(d).get(d.find_element(By.ID, "plot-svg").get_attribute("href"), timeout=30)
+    assert svg.status_code == 200 and svg.headers["Content-Type"].startswith("image/svg+xml")
+    _shot(d, "analysis")

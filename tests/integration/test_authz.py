@@ -87,11 +87,19 @@ RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
         lambda w: ("GET", f"/v1/releases/{w.release}/data", {}), "consumer", 404, True),
     ("/v1/releases/<release_id>/plot.png", "GET"): (  # nor a function to draw
         lambda w: ("GET", f"/v1/releases/{w.release}/plot.png", {}), "consumer", 404, True),
+    ("/v1/releases/<release_id>/plot.svg", "GET"): (
+        lambda w: ("GET", f"/v1/releases/{w.release}/plot.svg", {}), "consumer", 404, True),
     ("/v1/releases/<release_id>/analyses", "POST"): (  # nor analyses
         lambda w: ("POST", f"/v1/releases/{w.release}/analyses", {"json": {"analysis": "em"}}),
         "consumer", 422, True),
     ("/v1/releases/<release_id>/analyses/<analysis_id>", "GET"): (
         lambda w: ("GET", f"/v1/releases/{w.release}/analyses/ana_none", {}),
+        "consumer", 404, True),
+    ("/v1/releases/<release_id>/analyses/<analysis_id>/plot.png", "GET"): (
+        lambda w: ("GET", f"/v1/releases/{w.release}/analyses/ana_none/plot.png", {}),
+        "consumer", 404, True),
+    ("/v1/releases/<release_id>/analyses/<analysis_id>/plot.svg", "GET"): (
+        lambda w: ("GET", f"/v1/releases/{w.release}/analyses/ana_none/plot.svg", {}),
         "consumer", 404, True),
     ("/v1/releases/<release_id>/analyses", "GET"): (
         lambda w: ("GET", f"/v1/releases/{w.release}/analyses", {}), "consumer", 200, True),
@@ -263,6 +271,8 @@ def test_ungranted_reads_answer_as_missing_ones(world: World) -> None:
         assert granted_not[0] == 404
     rel_paths = [("GET", "/v1/releases/{}", None), ("GET", "/v1/releases/{}/data", None),
                  ("GET", "/v1/releases/{}/plot.png", None),
+                 ("GET", "/v1/releases/{}/plot.svg", None),
+                 ("GET", "/v1/releases/{}/analyses/ana_none/plot.svg", None),
                  ("POST", "/v1/releases/{}/analyses", {"analysis": "em"}),
                  ("POST", "/v1/releases/{}/analyses", {"analysis": "nope", "params": {}}),
                  ("GET", "/v1/releases/{}/analyses/ana_none", None)]

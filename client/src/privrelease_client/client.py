@@ -502,6 +502,35 @@ class Client:
         doc: dict[str, Any] = self._get("/readyz")
         return doc
 
+    # -- drawings and the API's description (every route has a method: see
+    # tests/unit/test_route_coverage.py) ---------------------------------------------
+
+    def release_plot_svg(self, release_id: str) -> bytes:
+        """The server's SVG drawing of a release (the same figure as ``release_plot``)."""
+        resp = self.send("GET", f"/v1/releases/{_seg(release_id)}/plot.svg",
+                         accept="image/svg+xml")
+        return resp.content
+
+    def analysis_plot(self, release_id: str, analysis_id: str) -> bytes:
+        """The server's PNG drawing of an analysis's result (NPMLE CDF, fitted CDF,
+        functionals with intervals, subset estimates); 404 when it has nothing to draw."""
+        resp = self.send(
+            "GET", f"/v1/releases/{_seg(release_id)}/analyses/{_seg(analysis_id)}/plot.png",
+            accept="image/png")
+        return resp.content
+
+    def analysis_plot_svg(self, release_id: str, analysis_id: str) -> bytes:
+        """The server's SVG drawing of an analysis (the same figure as the PNG)."""
+        resp = self.send(
+            "GET", f"/v1/releases/{_seg(release_id)}/analyses/{_seg(analysis_id)}/plot.svg",
+            accept="image/svg+xml")
+        return resp.content
+
+    def openapi(self) -> dict[str, Any]:
+        """The server's OpenAPI document (``/openapi.json``), e.g. to generate a client."""
+        doc: dict[str, Any] = self._get("/openapi.json")
+        return doc
+
 
 def _link_cursor(resp: requests.Response) -> str | None:
     """The ``cursor`` of a ``Link: <...>; rel="next"`` header (requests parses it)."""

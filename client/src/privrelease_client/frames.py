@@ -184,6 +184,20 @@ def plot_result(result: Any, *, title: str | None = None, ax: Any = None) -> Any
     return ax
 
 
+def show_png(png: bytes, *, ax: Any = None) -> Any:
+    """Show a server's PNG drawing on matplotlib axes (new ones, sized to the image at
+    100 dpi, unless ``ax``), without axis ticks; returns the axes."""
+    _module("matplotlib", "plot", "plot()")
+    plt = importlib.import_module("matplotlib.pyplot")
+    image = importlib.import_module("matplotlib.image").imread(io.BytesIO(png), format="png")
+    if ax is None:
+        height, width = image.shape[:2]
+        _, ax = plt.subplots(figsize=(width / 100, height / 100), dpi=100)
+    ax.imshow(image)
+    ax.set_axis_off()
+    return ax
+
+
 def _kind(frame: object) -> str | None:
     """"pandas" or "polars" for a DataFrame of either library, without importing them."""
     module = type(frame).__module__.split(".", 1)[0]

@@ -247,11 +247,14 @@ class Release(_Job):
         return Table(self.client.release_data(self.id), self.id)
 
     def plot(self, path: str | os.PathLike[str] | None = None, *, ax: Any = None) -> Any:
-        """With ``path``: save the server's PNG there (returns the path). Without: draw
+        """With ``path``: save the server's drawing there (SVG for a ``.svg`` name, else
+        PNG; returns the path). Without: draw
         the result locally with matplotlib (extra ``plot``) and return the axes."""
         if path is not None:
             out = Path(path)
-            out.write_bytes(self.client.release_plot(self.id))
+            svg = out.suffix.lower() == ".svg"
+            out.write_bytes(self.client.release_plot_svg(self.id) if svg
+                            else self.client.release_plot(self.id))
             return out
         return frames.plot_result(self.result, title=f"{self.doc.get('mechanism')} "
                                   f"· {self.id}", ax=ax)
@@ -299,6 +302,18 @@ class Analysis(_Job):
         self.doc = self.client.cancel_analysis(self.release_id, self.id)
         return self
 
-    def plot(self, *, ax: Any = None) -> Any:
-        """Draw the result with matplotlib (extra ``plot``); returns the axes."""
-        return frames.plot_result(self.result, title=f"{self.name} · {self.id}", ax=ax)
+    def plot(self, path: str | os.PathLike[str] | None = None, *, ax: Any = None,
+             local: bool = False) -> Any:
+        """The server's drawing of the result. With ``path``: saved there, as SVG when
+        the name ends in ``.svg``, else PNG (returns the path). Without: shown on
+        matplotlib axes (extra ``plot``; inline in notebooks) and the axes returned.
+        ``local=True`` draws the result's numbers locally instead (no request)."""
+        if local:
+            return frames.plot_result(self.result, title=f"{self.name} · {self.id}", ax=ax)
+        if path is not None:
+            out = Path(path)
+            svg = out.suffix.lower() == ".svg"
+            fetch = self.client.analysis_plot_svg if svg else self.client.analysis_plot
+            out.write_bytes(fetch(self.release_id, self.id))
+            return out
+        return frames.show_png(self.client.analysis_plot(self.release_id, self.id), ax=ax)

@@ -1,0 +1,193 @@
+"""Console actions added for issue #18 §1 (in-process, real worker): the budget form over
+the API's PATCH, plots of releases and analyses, cursor paging, cancelling an analysis.
+
+Each page calls the API's own view, so the checks compare the page with the API's answer
+for the same input (detail and field), never with a copy of its wording.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import redis
+from flask import Flask
+from flask.testing import FlaskClient
+from markupsafe import escape
+
+from service import apikeys
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from tests.integration.test_analyses_api import _post, interval
+from tests.integration.test_analysis_plots import _analysis
+from tests.integration.test_console import _csrf, _signed_in
+
+__all__ = ["interval"]  # a module-scoped fixture, used here
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _link(page: str, element_id: str) -> str | None:
+    """The href of the link with ``element_id`` (either attribute order), unescaped."""
+    found = re.search(rf'<a href="([^"]+)" id="{element_id}"', page)
+    return str(found.group(1)).replace("&amp;", "&") if found else None
+
+
+def _budget(api: Api, dataset_id: str) -> dict[str, Any]:
+    doc: dict[str, Any] = api.get(f"/v1/datasets/{dataset_id}/budget").get_json()
+    return doc
+
+
+def _form(client: FlaskClient, dataset_id: str, **fields: str) -> Any:
+    path = f"/console/datasets/{dataset_id}"
+    return client.post(f"{path}/budget", data={"csrf_token": _csrf(client, path), **fields})
+
+
+def test_budget_form_changes_caps_and_allocations(app: Flask, api: Api,
+                                                  r: redis.Redis) -> None:
+    """The form's cap and allocation land in the ledger through the PATCH route (catches a
+    form that drops the allocation or sends the cap under another measure)."""
+    ds = api.upload(people_csv(), PEOPLE_META).get_json()
+    analyst, _ = apikeys.create(r, "analyst", label="budgeted")
+    client = _signed_in(app, TOKEN)
+    page = client.get(f"/console/datasets/{ds['id']}").get_data(as_text=True)
+    assert 'id="budget-form"' in page and f'value="{analyst.id}"' in page
+    resp = _form(client, ds["id"], **{"cap.epsilon": "4", "alloc_key": analyst.id,
+                                      "alloc_measure": "epsilon", "alloc_cap": "1.5"})
+    assert resp.status_code == 302, resp.get_data(as_text=True)
+    budget = _budget(api, ds["id"])
+    assert budget["measures"]["epsilon"]["cap"] == 4.0
+    assert budget["allocations"][analyst.id]["epsilon"]["cap"] == 1.5
+    assert budget["measures"]["delta"]["cap"] == PEOPLE_META["budgets"]["delta"]  # kept
+
+
+def test_budget_form_errors_are_the_apis(app: Flask, api: Api, r: redis.Redis) -> None:
+    """An invalid cap (422) and an allocation above the cap (409) show the API's own detail
+    and field on the page, with the status, and change nothing (catches a form that
+    swallows errors or words them itself)."""
+    ds = api.upload(people_csv(), PEOPLE_META).get_json()
+    analyst, _ = apikeys.create(r, "analyst", label="over")
+    client = _signed_in(app, TOKEN)
+    before = _budget(api, ds["id"])
+    cases = [({"cap.epsilon": "lots"}, {"caps": {"epsilon": "lots"}}),
+             ({"alloc_key": analyst.id, "alloc_measure": "epsilon", "alloc_cap": "9"},
+              {"allocations": {analyst.id: {"epsilon": "9"}}})]
+    for form, body in cases:
+        expected = api.client.patch(f"/v1/datasets/{ds['id']}/budget", json=body,
+                                    headers={"Authorization": f"Bearer {TOKEN}"}).get_json()
+        resp = _form(client, ds["id"], **form)
+        page = resp.get_data(as_text=True)
+        assert resp.status_code == expected["status"], page
+        assert str(escape(expected["detail"])) in page
+        assert f'<code id="problem-field">{expected["field"]}</code>' in page
+    resp = _form(client, ds["id"], alloc_cap="1")  # an amount without a key
+    assert resp.status_code == 422 and 'id="problem-field">alloc_key<' in resp.get_data(True)
+    resp = _form(client, ds["id"])  # nothing to change
+    assert resp.status_code == 422 and "nothing to change" in resp.get_data(True)
+    assert _budget(api, ds["id"]) == before
+
+
+def test_budget_form_is_for_operators_only(app: Flask, api: Api, r: redis.Redis) -> None:
+    """Analysts and consumers see no budget form and a POST is the API's 403 (catches a
+    form shown, or a change accepted, for a role the PATCH route refuses)."""
+    ds = api.upload(people_csv(), PEOPLE_META).get_json()
+    before = _budget(api, ds["id"])
+    for role in ("analyst", "consumer"):
+        client = _signed_in(app, apikeys.create(r, role, label=f"no-{role}")[1])
+        page = client.get(f"/console/datasets/{ds['id']}").get_data(as_text=True)
+        assert 'id="budget-form"' not in page
+        resp = _form(client, ds["id"], **{"cap.epsilon": "100"})
+        assert resp.status_code == 403, role
+    assert _budget(api, ds["id"]) == before
+
+
+def test_release_page_shows_its_plot_as_png_and_svg(app: Flask, api: Api, worker: Any) -> None:
+    """A table release's page embeds the PNG and links the SVG, both served (catches a
+    page without the drawing or an SVG link to a missing route)."""
+    ds = api.upload(people_csv(), PEOPLE_META).get_json()
+    rel = api.post("/v1/releases", {"dataset_id": ds["id"], "mechanism": "laplace",
+                                    "budget": {"epsilon": 0.5},
+                                    "params": {"statistic": "count", "group_by": ["group"]}})
+    assert rel.status_code == 202, rel.get_json()
+    rid = rel.get_json()["id"]
+    assert api.wait(rid)["status"] == "succeeded"
+    client = _signed_in(app, TOKEN)
+    page = client.get(f"/console/releases/{rid}").get_data(as_text=True)
+    assert f'src="/console/releases/{rid}/plot.png"' in page
+    svg_link = _link(page, "plot-svg")
+    assert svg_link == f"/console/releases/{rid}/plot.svg"
+    png, svg = client.get(f"/console/releases/{rid}/plot.png"), client.get(svg_link)
+    assert png.status_code == 200 and png.data.startswith(PNG_MAGIC)
+    assert svg.status_code == 200 and svg.mimetype == "image/svg+xml" and b"<svg" in svg.data
+
+
+def test_analysis_page_shows_its_plot_and_cancel_refusals(app: Flask, api: Api, r: redis.Redis,
+                                                          interval: dict[str, Any]) -> None:
+    """An NPMLE analysis's page embeds its drawing (PNG served, SVG linked); a moments
+    analysis, with nothing to draw, has no image. Cancelling an ended analysis shows the
+    API's 409 on the page, and another consumer's try its 403 (catches a page without the
+    plot or a cancel that bypasses the API's creator check)."""
+    rid = interval["case1"]["id"]
+    aid = _analysis(api, rid, "npmle", {"method": "pava"})
+    client = _signed_in(app, TOKEN)
+    path = f"/console/releases/{rid}/analyses/{aid}"
+    page = client.get(path).get_data(as_text=True)
+    assert f'src="{path}/plot.png"' in page and _link(page, "plot-svg") == f"{path}/plot.svg"
+    png, svg = client.get(f"{path}/plot.png"), client.get(f"{path}/plot.svg")
+    assert png.status_code == 200 and png.data.startswith(PNG_MAGIC)
+    assert svg.status_code == 200 and b"<svg" in svg.data
+    moments = _analysis(api, rid, "moments", {})
+    page = client.get(f"/console/releases/{rid}/analyses/{moments}").get_data(as_text=True)
+    assert 'id="plot"' not in page and "cancel-analysis" not in page
+    resp = client.post(f"{path}/cancel", data={"csrf_token": _csrf(client, path)})
+    assert resp.status_code == 409 and "nothing to cancel" in resp.get_data(as_text=True)
+    other = _signed_in(app, apikeys.create(r, "consumer", label="not-creator")[1])
+    # the API checks who may cancel before whether anything is left to cancel
+    resp = other.post(f"{path}/cancel", data={"csrf_token": _csrf(other, path)})
+    assert resp.status_code == 403 and "creator" in resp.get_data(as_text=True)
+    assert api.get(f"/v1/releases/{rid}/analyses/{aid}").get_json()["status"] == "succeeded"
+
+
+def test_lists_page_forward_and_back(app: Flask, api: Api, interval: dict[str, Any]) -> None:
+    """Next and previous links walk the API's cursors: page 2 holds the next items and
+    "previous" returns exactly page 1, on the analyses of a release and on the releases
+    list (catches a previous link that restarts or repeats a page)."""
+    rid = interval["case1"]["id"]
+    for _ in range(3):
+        assert _post(api, rid, "moments").status_code == 202
+    expected = [a["id"] for a in api.get(f"/v1/releases/{rid}/analyses?limit=100")
+                .get_json()["items"]]
+    client = _signed_in(app, TOKEN)
+    row = re.compile(rf'href="/console/releases/{rid}/analyses/(ana_[A-Za-z0-9_]+)"')
+
+    def ids(page: str) -> list[str]:
+        return row.findall(page)
+
+    first = client.get(f"/console/releases/{rid}?limit=2").get_data(as_text=True)
+    assert ids(first) == expected[:2] and _link(first, "analyses-pager-previous") is None
+    nxt = _link(first, "analyses-pager-next")
+    assert nxt is not None
+    second = client.get(nxt).get_data(as_text=True)
+    assert ids(second) == expected[2:4]
+    prev = _link(second, "analyses-pager-previous")
+    assert prev is not None
+    assert ids(client.get(prev).get_data(as_text=True)) == expected[:2]
+
+    shown = re.compile(r'<tr><td><a href="/console/releases/(rel_[A-Za-z0-9_]+)">')
+    one = client.get("/console/releases?limit=1").get_data(as_text=True)
+    two_link = _link(one, "pager-next")
+    assert two_link is not None and "limit=1" in two_link
+    two = client.get(two_link).get_data(as_text=True)
+    assert shown.findall(two) and shown.findall(two) != shown.findall(one)
+    back = _link(two, "pager-previous")
+    assert back is not None
+    assert shown.findall(client.get(back).get_data(as_text=True)) == shown.findall(one)
+    bad = client.get("/console/releases?cursor=not-a-cursor")
+    assert bad.status_code == 422  # the API's own cursor validation
+    assert client.get("/console/jobs?status=bogus").status_code == 422  # the API's schema
+    mine = client.get("/console/releases?mine=true").get_data(as_text=True)
+    assert rid in shown.findall(mine)  # the operator's token requested the fixture's
+    other = _signed_in(app, apikeys.create(app.extensions["redis"], "analyst",
+                                           label="no-releases")[1])
+    page = other.get("/console/releases?mine=true").get_data(as_text=True)
+    assert "No releases yet." in page and shown.findall(other.get(
+        "/console/releases").get_data(as_text=True))
