@@ -44,10 +44,12 @@ def _ages(api: Api) -> str:
     return str(resp.get_json()["id"])
 
 
-def _body(ds: str, anchors: dict[str, Any] = UNIFORM) -> dict[str, Any]:
+def _body(ds: str, seed: int | None = None) -> dict[str, Any]:
+    """A uniform Case-I request; a seed makes two such requests distinct (an identical
+    request is answered with the first release: a replay, spending nothing)."""
     return {"dataset_id": ds, "mechanism": "interval.case1",
-            "params": {"column": "age", "anchors": anchors},
-            "budget": {"interval_leakage": 0.9}}
+            "params": {"column": "age", "anchors": UNIFORM},
+            "budget": {"interval_leakage": 0.9}, "seed": seed}
 
 
 def _release(api: Api, body: dict[str, Any]) -> dict[str, Any]:
@@ -70,19 +72,20 @@ def test_second_release_is_charged_the_exact_increment(api: Api, worker: Any,
     joint leakage is 1/2), not the additive 1/3; the budget view shows 1/2 committed and
     each release's privacy block says what it was charged and why."""
     ds = _ages(api)
-    first = _release(api, _body(ds))
+    first = _release(api, _body(ds, 1))
     assert first["privacy"]["charged"] == "additive"
     assert first["cost"][MEASURE] == pytest.approx(1 / 3, abs=0.003)
-    second = _release(api, _body(ds))
+    second = _release(api, _body(ds, 2))
     record = second["privacy"]["interval_composition"]
     assert second["privacy"]["charged"] == record["charged"] == "exact_increment"
     assert second["cost"][MEASURE] == pytest.approx(1 / 6, abs=0.004)
     assert record["standalone"] == pytest.approx(first["cost"][MEASURE], abs=1e-12)
     assert record["charge"] == pytest.approx(second["cost"][MEASURE], abs=1e-12)
     row = api.get(f"/v1/datasets/{ds}/budget").get_json()
-    shown = row["measures"][MEASURE] if "measures" in row else row[MEASURE]
+    shown = row["measures"][MEASURE]
     assert shown["committed"] == pytest.approx(1 / 2, abs=0.004)
     assert shown["committed"] < 2 * first["cost"][MEASURE] - 0.1
+    assert shown["remaining"] == pytest.approx(1 - shown["committed"], abs=1e-9)
     units = _units(r, ds)
     assert units["committed"] == budget.cost_units(MEASURE, Fraction(first["cost"][MEASURE])
                                                    ) + round(second["cost"][MEASURE] * 1e12)
