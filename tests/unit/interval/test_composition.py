@@ -191,3 +191,17 @@ def test_composed_charge_and_privacy_record() -> None:
     assert not mech.composed(params, cost, META, lambda: [failed]).exact  # type: ignore[union-attr]
     charged_fail = {**first, "status": "failed", "charged": True}
     assert mech.composed(params, cost, META, lambda: [charged_fail]).exact  # type: ignore[union-attr]
+
+
+def test_stale_reservation_is_a_conflict_with_retry_after() -> None:
+    """A reservation refused 'stale' (the column's history moved after pricing, retries
+    used up) is answered 409 ``conflict`` with a Retry-After, for the API and a pricing
+    job alike (``releases.refusal``)."""
+    from service import releases
+    from service.ledger import ReserveResult
+
+    err = releases.refusal(ReserveResult("stale", measure="history:1:interval_leakage:x",
+                                         remaining=3))
+    assert err is not None and (err.status, err.code) == (409, "conflict")
+    assert err.extra["retry_after"] == releases.CONFLICT_RETRY_AFTER
+    assert "nothing was spent" in err.detail
