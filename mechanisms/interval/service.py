@@ -493,8 +493,10 @@ def _guarantee(p: Plan) -> str:
         f"interval privacy (Ding & Ding 2022, Def. 1) on column {p.column!r}: each released"
         " range contains the true value, and the posterior of a record given its released"
         " range is the declared prior restricted to the range; expected coverage"
-        f" {p.estimate.value:.4f} under the declared prior, leakage {float(p.charge):.6g}"
-        f" charged to {MEASURE}:{p.column} (additive across releases, Thm 4); {PRIVACY_UNIT};"
+        f" {p.estimate.value:.4f} under the declared prior, leakage at most"
+        f" {float(p.charge):.6g} on {MEASURE}:{p.column} (additive across releases, Thm 4;"
+        " the ledger charges less, the exact joint increment over the column's committed"
+        f" releases, where the release's privacy block says so); {PRIVACY_UNIT};"
         " prior-relative, not epsilon-DP"
     )
     if isinstance(p.design, Selective):
