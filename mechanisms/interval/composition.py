@@ -17,10 +17,14 @@ different releases are independent draws). Two readings:
   over records: valid also when the new design was chosen after seeing the earlier
   output (adaptive), since it conditions on what was published.
 
-The exact charge of a new release is the joint leakage bound minus what the column
-was already charged (never negative): the column's total is then the joint bound.
-The refinement only lowers Σ P², so the joint leakage is never below any one
-release's, and never above the additive bound (Lemma 1).
+The ledger's charge (``price``): a new release pays the joint leakage bound of the
+column's *committed* releases with it, minus what they were charged (never negative),
+when every release of the column is eligible and no pending one was itself charged an
+increment; otherwise its standalone bound. ``price``'s docstring proves that the
+column's charges then always cover the joint leakage of what was committed, whatever
+the interleaving of reservations, commits and refunds. The refinement only lowers
+Σ P², so the joint leakage is never below any one release's, and never above the
+additive bound (Lemma 1).
 """
 
 from __future__ import annotations

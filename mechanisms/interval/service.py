@@ -5,9 +5,10 @@ column's declared prior (``ColumnMeta.prior``; None = uniform on the bounds),
 its bounds, and the anchor design. The charge is the upper confidence bound
 on leakage 1 − τ from the fixed-seed coverage integrator, rounded up to the
 ledger's unit (1e-12), per column (``interval_leakage:<column>``; additive,
-Thm 4). With ``calibrate: true`` the design's free parameter (anchor scale,
-ring floor, or number of rounds) is chosen so that the charge meets the
-agreed budget.
+Thm 4), or for a canonical design on a column with committed canonical releases the
+exact joint increment over them (``priced``, ``composition.price``). With
+``calibrate: true`` the design's free parameter (anchor scale, ring floor, or number
+of rounds) is chosen so that the standalone charge meets the agreed budget.
 """
 
 from __future__ import annotations
