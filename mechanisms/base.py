@@ -278,6 +278,25 @@ def _schema(cls: type[marshmallow.Schema]) -> marshmallow.Schema:
     return cls()
 
 
+@dataclass(frozen=True)
+class Composed:
+    """A release's ledger charge given the dataset's earlier releases (``Mechanism.composed``).
+
+    ``charge``: what the ledger holds per measure (at most the cost); ``exact``: whether
+    it rests on the history (then the ledger reserves it only if that column's history
+    did not move since it was read, else the service prices it again); ``column``: the
+    per-column measure whose history counter the release moves; ``report``: what
+    ``accuracy.composition`` shows (None: nothing); ``privacy``: what the release's
+    ``privacy`` block records about the charge.
+    """
+
+    charge: Mapping[str, Fraction]
+    exact: bool
+    column: str
+    report: dict[str, Any] | None
+    privacy: dict[str, Any]
+
+
 class Mechanism(abc.ABC):
     """One registry entry: schema, cost, accuracy and the randomized run."""
 
@@ -333,6 +352,14 @@ class Mechanism(abc.ABC):
         its accuracy (``composition``); None: nothing to say. ``earlier()`` lists them
         (``mechanism``, ``params``, ``status``, exact ``cost`` per measure). It never
         changes the charge and never refuses."""
+        return None
+
+    def composed(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> Composed | None:
+        """The ledger charge given the dataset's earlier releases (``earlier()`` as in
+        ``composition``, plus ``units``, ``charged`` and ``incremental``), when it can be
+        below the cost (interval exact composition); None: the cost is charged and
+        ``composition`` is shown."""
         return None
 
     def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:

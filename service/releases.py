@@ -62,6 +62,15 @@ class Prepared:
     notion_lock: str = ""
     #: the release document's ``privacy`` block (``privacy_block``)
     privacy: dict[str, Any] | None = None
+    #: the ledger field of the history counter this release moves (interval releases:
+    #: ``history_field``), '' for none
+    history_field: str = ""
+    #: the counter's value the charge was priced at when it rests on the history (an exact
+    #: increment): the ledger reserves it only while the counter still has it; None: no check
+    history_at: int | None = None
+    #: what the ledger would hold without composition (names the replay key: an identical
+    #: request finds the same release whatever the history did meanwhile); None: cost_units
+    standalone_units: dict[str, int] | None = None
 
     @property
     def request_fingerprint(self) -> str:
@@ -83,7 +92,7 @@ class Prepared:
             "version": self.dataset["version"],
             "mechanism": self.mechanism.name,
             "params": self.params if self.requested_params is None else self.requested_params,
-            "cost": self.cost_units,
+            "cost": self.cost_units if self.standalone_units is None else self.standalone_units,
             "seed": self.seed,
         }
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
@@ -194,6 +203,13 @@ def pricing_task_id(release_id: str) -> str:
     return f"{release_id}.pricing"
 
 
+#: times a request whose exact charge went stale (the column's history moved between its
+#: pricing and its reservation) is priced again before 409 ``conflict``
+STALE_RETRIES = 3
+#: Retry-After (s) of that 409
+CONFLICT_RETRY_AFTER = 1
+
+
 def refusal(res: ReserveResult) -> APIError | None:
     """The answer to a reservation the ledger refused (None if it was not refused); the
     same for the API and for a pricing job (then the release ends ``refused`` with it)."""
@@ -207,6 +223,10 @@ def refusal(res: ReserveResult) -> APIError | None:
         )
     if res.outcome == "retired":
         return APIError(409, "dataset is retired", code="dataset_retired")
+    if res.outcome == "stale":
+        return APIError(409, "other releases on this column were reserved or charged while"
+                        " this one was priced; nothing was spent: retry", code="conflict",
+                        retry_after=CONFLICT_RETRY_AFTER)
     if res.outcome == "notion_locked":
         return APIError(
             409, f"this dataset has had {res.notion} releases and admits one notion at a time"
@@ -297,9 +317,10 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
-        composed = mech.composition(params, cost, meta, lambda: earlier_releases(client, doc))
-        if composed is not None:
-            accuracy = {**accuracy, "composition": composed}
+        history = charge_on_history(client, doc, mech, params, cost, meta, charged)
+        report, charged = history.report, history.charged
+        if report is not None:
+            accuracy = {**accuracy, "composition": report}
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code=err.code, field=err.field, **err.extra) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
@@ -320,9 +341,81 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     privacy = privacy_block(doc, units)
     if "zcdp" in privacy:
         accuracy = {**accuracy, "zcdp": privacy["zcdp"]}
+    if history.privacy is not None:
+        privacy["interval_composition"] = history.privacy
+        privacy["charged"] = history.privacy["charged"]
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
                     requested_params=as_written, requested_budget=requested,
-                    notion_lock=budget.notion_lock(charged, doc), privacy=privacy)
+                    notion_lock=budget.notion_lock(charged, doc), privacy=privacy,
+                    history_field=history.field, history_at=history.at,
+                    standalone_units=history.standalone)
+
+
+@dataclass(frozen=True)
+class HistoryCharge:
+    """A release's charge given its dataset's history (``charge_on_history``)."""
+
+    #: what the ledger holds per measure (the cost, or an exact increment below it)
+    charged: dict[str, Fraction]
+    #: ``accuracy.composition`` (None: nothing to show)
+    report: dict[str, Any] | None
+    #: the history counter field the release moves ('' for none)
+    field: str = ""
+    #: the counter value an exact increment was priced at (None: no check at reserve)
+    at: int | None = None
+    #: the ledger units without composition (None: the mechanism does not compose)
+    standalone: dict[str, int] | None = None
+    #: the ``privacy`` block's ``interval_composition``: what was charged and why
+    privacy: dict[str, Any] | None = None
+
+
+def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms.Mechanism,
+                      params: dict[str, Any], cost: dict[str, Fraction],
+                      meta: mechanisms.DatasetMeta,
+                      charged: dict[str, Fraction]) -> HistoryCharge:
+    """The charge of a release given the dataset's earlier releases (this version): an
+    interval release is charged the exact increment over its column's committed releases
+    when safe and smaller (``mechanisms.interval.composition.price``), priced at the
+    column's history counter as read *before* the listing, which reserve.lua checks."""
+    counters: dict[str, int] = {}
+
+    def history() -> list[dict[str, Any]]:
+        # the counters first: a release reserved or charged after this read moves them,
+        # so a price resting on this listing is then refused 'stale' and priced again
+        counters.update(history_counters(client, doc, charged))
+        return earlier_releases(client, doc)
+
+    composed = mech.composed(params, cost, meta, history)
+    if composed is None:
+        return HistoryCharge(charged, mech.composition(params, cost, meta, history))
+    standalone = {m: budget.cost_units(m, a) for m, a in charged.items()}
+    field_ = history_field(doc, composed.column)
+    exact = composed.exact and composed.column in charged
+    privacy = dict(composed.privacy)
+    if exact:
+        # interval leakage is charged as it is on any dataset (zcdp.charge)
+        charged = {**charged, composed.column: composed.charge[composed.column]}
+    else:
+        privacy.update(charged="additive", charge=privacy["standalone"])
+    return HistoryCharge(charged, composed.report, field_,
+                         counters.get(field_, 0) if exact else None, standalone, privacy)
+
+
+def history_field(dataset: dict[str, Any], measure: str) -> str:
+    """The ledger-hash field counting a column's history on this dataset version (bumped
+    by reserve.lua and settle.lua; ``mechanisms.interval.composition.price``)."""
+    return f"history:{dataset['version']}:{measure}"
+
+
+def history_counters(client: redis.Redis, dataset: dict[str, Any],
+                     measures: Any) -> dict[str, int]:
+    """The history counters of the per-column ``measures``, by field."""
+    fields = [history_field(dataset, m) for m in sorted(measures)
+              if budget.base_measure(m) in budget.PER_COLUMN]
+    if not fields:
+        return {}
+    values = client.hmget(rkeys.ledger(dataset["id"]), fields)
+    return {f: int(v or 0) for f, v in zip(fields, values, strict=True)}
 
 
 #: what a release on a dataset that allows both noiseless and DP releases says of the pair
@@ -379,25 +472,33 @@ MAX_EARLIER_RELEASES = 256
 
 
 def earlier_releases(client: redis.Redis, dataset: dict[str, Any]) -> list[dict[str, Any]]:
-    """The dataset's releases (this version) as ``Mechanism.composition`` reads them:
-    mechanism, params, status and the exact cost per measure, oldest first."""
+    """The dataset's releases (this version) as ``Mechanism.composition`` reads them, oldest
+    first: mechanism, params, status, the mechanism's exact ``cost`` per measure, the ledger
+    ``units`` it holds, whether a failed one was ``charged`` (failed after reading the data)
+    and whether its charge was an exact ``incremental`` one. Public designs and statuses
+    only: nothing the data decides."""
     key = rkeys.dataset_releases(dataset["id"])
+    total = client.zcard(key)
     ids = client.zrange(key, -MAX_EARLIER_RELEASES, -1)
     pipe = client.pipeline(transaction=False)
     for release_id in ids:
-        pipe.hmget(rkeys.release(release_id), "request", "status")
+        pipe.hmget(rkeys.release(release_id), "request", "status", "charged")
     out: list[dict[str, Any]] = []
-    if client.zcard(key) > MAX_EARLIER_RELEASES:
+    if total > MAX_EARLIER_RELEASES:
         out.append({"status": "truncated"})
-    for raw, status in pipe.execute():
+    for raw, status, charged in pipe.execute():
         if raw is None:
             continue
         req = json.loads(raw)
         if req.get("dataset_version") != dataset.get("version"):
             continue
+        units = {m: int(u) for m, u in req["cost_units"].items()}
+        cost = ({m: Fraction(v) for m, v in req["cost"].items()} if req.get("cost")
+                else {m: budget.from_units(m, u) for m, u in units.items()})
+        privacy = req.get("privacy") or {}
         out.append({"mechanism": req["mechanism"], "params": req["params"], "status": status,
-                    "cost": {m: budget.from_units(m, int(u))
-                             for m, u in req["cost_units"].items()}})
+                    "cost": cost, "units": units, "charged": charged == "1",
+                    "incremental": privacy.get("charged") == "exact_increment"})
     return out
 
 

@@ -5,9 +5,10 @@ column's declared prior (``ColumnMeta.prior``; None = uniform on the bounds),
 its bounds, and the anchor design. The charge is the upper confidence bound
 on leakage 1 − τ from the fixed-seed coverage integrator, rounded up to the
 ledger's unit (1e-12), per column (``interval_leakage:<column>``; additive,
-Thm 4). With ``calibrate: true`` the design's free parameter (anchor scale,
-ring floor, or number of rounds) is chosen so that the charge meets the
-agreed budget.
+Thm 4), or for a canonical design on a column with committed canonical releases the
+exact joint increment over them (``priced``, ``composition.price``). With
+``calibrate: true`` the design's free parameter (anchor scale, ring floor, or number
+of rounds) is chosen so that the standalone charge meets the agreed budget.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ import numpy as np
 from marshmallow import ValidationError
 
 from mechanisms import precompute
-from mechanisms.base import Budget, DatasetMeta, Mechanism, MechanismInputError, Output
+from mechanisms.base import (
+    Budget,
+    Composed,
+    DatasetMeta,
+    Mechanism,
+    MechanismInputError,
+    Output,
+)
 from mechanisms.interval import anchors as anchor_laws
 from mechanisms.interval import composition, coverage, schemas
 from mechanisms.interval.coverage import (
@@ -486,8 +494,10 @@ def _guarantee(p: Plan) -> str:
         f"interval privacy (Ding & Ding 2022, Def. 1) on column {p.column!r}: each released"
         " range contains the true value, and the posterior of a record given its released"
         " range is the declared prior restricted to the range; expected coverage"
-        f" {p.estimate.value:.4f} under the declared prior, leakage {float(p.charge):.6g}"
-        f" charged to {MEASURE}:{p.column} (additive across releases, Thm 4); {PRIVACY_UNIT};"
+        f" {p.estimate.value:.4f} under the declared prior, leakage at most"
+        f" {float(p.charge):.6g} on {MEASURE}:{p.column} (additive across releases, Thm 4;"
+        " the ledger charges less, the exact joint increment over the column's committed"
+        f" releases, where the release's privacy block says so); {PRIVACY_UNIT};"
         " prior-relative, not epsilon-DP"
     )
     if isinstance(p.design, Selective):
@@ -537,12 +547,32 @@ class _Interval(Mechanism):
 
     def composition(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
                     earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> dict[str, Any] | None:
-        """Additive (charged) and exact joint leakage of the column after this release
-        (spec §1.7); see ``composition_report``."""
+        """Additive and exact joint leakage of the column after this release (spec §1.7);
+        see ``priced`` (the service charges through ``composed``)."""
         try:
             return composition_report(self.kind, params, cost, meta, earlier())
         except (MechanismInputError, precompute.Busy):  # display only: never refuse or wait
             return None
+
+    def composed(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> Composed:
+        """The charge on the column given its history (``priced``): the exact increment
+        over the committed releases when safe and smaller, else the standalone cost."""
+        column = str(params["column"])
+        measure = f"{MEASURE}:{column}"
+        pricing, report = priced(self.kind, params, cost, meta, earlier())
+        exact = pricing.charged == composition.EXACT_INCREMENT
+        charge = dict(cost)
+        if exact:
+            charge[measure] = Fraction(pricing.units, LEDGER_UNIT)
+        privacy: dict[str, Any] = {
+            "charged": pricing.charged, "measure": measure,
+            "standalone": float(cost.get(measure, 0)),
+            "charge": float(charge.get(measure, 0)), "reason": pricing.reason}
+        if exact and pricing.joint is not None:
+            privacy["joint_leakage_bound"] = pricing.joint.leakage_bound
+            privacy["committed_charged"] = pricing.already_units / LEDGER_UNIT
+        return Composed(charge, exact, measure, report, privacy)
 
     def _plan(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta) -> Plan:
         charged = _read_budget(cost, params["column"], self.name)
@@ -602,90 +632,117 @@ class _Interval(Mechanism):
                       table=table)
 
 
-#: exact composition is shown for at most this many releases of a column and this many
-#: anchor dimensions in all (the joint QMC integral's size; bounded work per estimate)
+#: exact composition is priced for at most this many releases of a column and this many
+#: anchor dimensions in all (the joint QMC integral's size; bounded work per request);
+#: beyond, the release is charged its standalone (additive) bound
 MAX_COMPOSED_RELEASES = 8
 MAX_COMPOSED_DIMS = 32
-_LIVE = ("queued", "running", "succeeded")
+#: statuses of a release holding a reservation (its charge is not final)
+_PENDING = ("queued", "running")
 
 
-def composition_report(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
-                       earlier: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """What the column's leakage is after this release, both ways (spec §1.7, §7.3).
+def _committed(e: Mapping[str, Any]) -> bool:
+    """Its charge is final: succeeded, or failed after reading the data (charged)."""
+    return e.get("status") == "succeeded" or (e.get("status") == "failed"
+                                              and bool(e.get("charged")))
 
-    ``additive`` is what the ledger charges (Thm 4: the column's earlier charges plus
-    this one). ``exact`` is the joint leakage of the ensemble of every live release of
-    the column with this one, when all of them are canonical designs on the raw column
-    (``composition.eligible``): its charge would be the joint bound minus what the
-    column was already charged. None when the column has no earlier release.
+
+def _units(e: Mapping[str, Any], measure: str) -> int:
+    """The ledger units the release holds on ``measure`` (its cost if units are absent)."""
+    units = e.get("units")
+    if units is not None:
+        return int(units.get(measure, 0))
+    return math.ceil(Fraction(e["cost"].get(measure, 0)) * LEDGER_UNIT)
+
+
+def _held(e: Mapping[str, Any], measure: str, meta: DatasetMeta) -> composition.Held:
+    """An earlier release as the pricing sees it; its design is None unless it resolves
+    to an eligible canonical design (``composition.eligible``)."""
+    design: Design | None = None
+    name = str(e["mechanism"]).removeprefix("interval.")
+    if name in ("case1", "case2", "casek"):
+        try:
+            earlier_params = schemas_for(name)().load(e["params"])
+            target = Fraction(e["cost"].get(measure, 0)) if earlier_params.get(
+                "calibrate") else None
+            design = plan(name, earlier_params, meta, target).design
+        except (MechanismInputError, ValueError, ValidationError):  # metadata changed?
+            design = None
+    return composition.Held(design if composition.eligible(design) else None,  # type: ignore[arg-type]
+                            _units(e, measure), bool(e.get("incremental")))
+
+
+def priced(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+           earlier: Sequence[Mapping[str, Any]]) -> tuple[composition.Pricing,
+                                                          dict[str, Any] | None]:
+    """The ledger charge of this release given the column's history, and the report
+    ``accuracy.composition`` shows (spec §1.7, §7.3; ``composition.price`` has the rule
+    and the proof that the column's charges cover its joint leakage).
+
+    ``additive`` is the standalone bound (Thm 4: the column's holdings plus this one);
+    ``exact`` the joint leakage of this release with the column's committed releases and
+    the increment over what they were charged; ``charged`` says which one the ledger
+    holds. The report is None when the column has no earlier release.
     """
     column = str(params["column"])
     measure = f"{MEASURE}:{column}"
     mine = plan(kind, params, meta, _read_budget(cost, column, kind)
                 if params.get("calibrate") else None)
-    same = [e for e in earlier if e.get("status") in _LIVE
-            and str(e.get("mechanism", "")).startswith("interval.")
+    standalone = math.ceil(mine.charge * LEDGER_UNIT)
+    same = [e for e in earlier if str(e.get("mechanism", "")).startswith("interval.")
             and (e.get("params") or {}).get("column") == column]
+    committed = [e for e in same if _committed(e)]
+    pending = [e for e in same if e.get("status") in _PENDING]
     if any(e.get("status") == "truncated" for e in earlier):
-        return {"column": column, "additive": {"charge": float(mine.charge)},
-                "charged": "additive",
-                "exact": {"available": False, "reason": "the dataset has too many releases"
-                          " to list them all"}}
-    if not same:
-        return None
-    already = sum((Fraction(e["cost"].get(measure, 0)) for e in same), Fraction(0))
+        reason = "the dataset has too many releases to list them all"
+        return (composition.Pricing(standalone, composition.ADDITIVE, reason),
+                {"column": column, "additive": {"charge": float(mine.charge)},
+                 "charged": composition.ADDITIVE, "charge": float(mine.charge),
+                 "exact": {"available": False, "reason": reason}})
+    pricing = composition.price(
+        mine.design, standalone, [_held(e, measure, meta) for e in committed],
+        [_held(e, measure, meta) for e in pending], mine.prior, LEDGER_UNIT,
+        max_releases=MAX_COMPOSED_RELEASES, max_dims=MAX_COMPOSED_DIMS)
+    if not committed and not pending:
+        return pricing, None
+    held = sum((_units(e, measure) for e in (*committed, *pending)), 0)
     out: dict[str, Any] = {
         "column": column,
-        "earlier_releases": len(same),
-        "already_charged": float(already),
+        "earlier_releases": len(committed) + len(pending),
+        "committed_releases": len(committed),
+        "pending_releases": len(pending),
+        "already_charged": held / LEDGER_UNIT,
         "additive": {"charge": float(mine.charge),
-                     "column_total": float(min(Fraction(1), already + mine.charge))},
-        "charged": "additive",
+                     "column_total": min(1.0, (held + standalone) / LEDGER_UNIT)},
+        "charged": pricing.charged,
+        "charge": pricing.units / LEDGER_UNIT,
+        "reason": pricing.reason,
     }
-
-    def unavailable(reason: str) -> dict[str, Any]:
-        out["exact"] = {"available": False, "reason": reason}
-        return out
-
-    if len(same) + 1 > MAX_COMPOSED_RELEASES:
-        return unavailable(f"more than {MAX_COMPOSED_RELEASES} releases of the column")
-    designs: list[Design] = []
-    for e in same:
-        name = str(e["mechanism"]).removeprefix("interval.")
-        if name not in ("case1", "case2", "casek"):
-            return unavailable(f"an earlier release is {e['mechanism']}: only canonical"
-                               " designs compose exactly")
-        try:
-            earlier_params = schemas_for(name)().load(e["params"])
-            target = Fraction(e["cost"].get(measure, 0)) if earlier_params.get(
-                "calibrate") else None
-            designs.append(plan(name, earlier_params, meta, target).design)
-        except (MechanismInputError, ValueError, ValidationError) as err:  # metadata changed?
-            return unavailable(f"an earlier design no longer resolves ({type(err).__name__})")
-        except precompute.Busy:  # its coverage is not in the shared store (e.g. new code)
-            return unavailable("an earlier design's coverage is not precomputed")
-    designs.append(mine.design)
-    canonical = [d for d in designs if isinstance(d, IntervalMechanism)
-                 and composition.eligible(d)]
-    if len(canonical) != len(designs):
-        return unavailable("a design has exact reports or a transform: only canonical"
-                           " designs on the raw column compose exactly")
-    if sum(d.partition.dims for d in canonical) > MAX_COMPOSED_DIMS:
-        return unavailable(f"more than {MAX_COMPOSED_DIMS} anchors in all")
-    joint = composition.joint_coverage(canonical, mine.prior)
-    increment = composition.exact_increment(joint, already, LEDGER_UNIT)
+    joint = pricing.joint
+    if joint is None:
+        out["exact"] = {"available": False, "reason": pricing.reason}
+        return pricing, out
+    increment = max(0, math.ceil(Fraction(joint.leakage_bound) * LEDGER_UNIT)
+                    - pricing.already_units)
     out["exact"] = {
         "available": True,
         "joint_coverage": joint.value,
         "joint_leakage": joint.leakage,
         "joint_leakage_bound": joint.leakage_bound,
-        "charge": float(increment),
-        "column_total": float(already + increment),
-        "saving": float(max(Fraction(0), mine.charge - increment)),
-        "note": ("expectation over every release's anchors (designs fixed in advance); the"
-                 " ledger charges the additive bound"),
+        "charge": increment / LEDGER_UNIT,
+        "column_total": (pricing.already_units + increment) / LEDGER_UNIT,
+        "saving": max(0, standalone - increment) / LEDGER_UNIT,
+        "note": ("joint leakage of this release with the column's committed releases"
+                 " (expectation over every release's anchors); pending releases count"
+                 " additively"),
     }
-    return out
+    return pricing, out
+
+
+def composition_report(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                       earlier: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The report of ``priced``: the column's leakage after this release, both ways."""
+    return priced(kind, params, cost, meta, earlier)[1]
 
 
 def schemas_for(name: str) -> type[Any]:

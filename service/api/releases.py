@@ -167,14 +167,25 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
     ledger = current_app.extensions["ledger"]
     at, release_id = now_iso(), releases.new_id()
     if prepared is not None:
-        dataset_id, request_json = prepared.dataset["id"], prepared.request_json()
-        res = ledger.reserve(
-            dataset_id, release_id, prepared.cost_units, actor=key.id,
-            fingerprint=prepared.request_fingerprint,
-            replay_fingerprint=prepared.fingerprint, request_json=request_json,
-            idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
-            notion_lock=prepared.notion_lock,
-        )
+        for attempt in range(releases.STALE_RETRIES + 1):
+            dataset_id, request_json = prepared.dataset["id"], prepared.request_json()
+            res = ledger.reserve(
+                dataset_id, release_id, prepared.cost_units, actor=key.id,
+                fingerprint=prepared.request_fingerprint,
+                replay_fingerprint=prepared.fingerprint, request_json=request_json,
+                idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
+                notion_lock=prepared.notion_lock, history_field=prepared.history_field,
+                history_at=prepared.history_at,
+            )
+            if res.outcome != "stale" or attempt == releases.STALE_RETRIES:
+                break
+            # the column's history moved since the exact charge was priced: price again
+            try:
+                prepared = _prepare(body)
+            except releases.Unpriced:
+                break  # answered 409 conflict: the retry finds it priced or pricing
+        if res.outcome == "stale":
+            g.retry_after = releases.CONFLICT_RETRY_AFTER  # kept by ratelimit's after_request
         ours = "reserved"
     else:
         assert pricing is not None

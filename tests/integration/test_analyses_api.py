@@ -192,7 +192,7 @@ def test_estimate_shows_additive_and_exact_composition(api: Api,
     resp = api.post("/v1/releases/estimate", body)
     assert resp.status_code == 200, resp.get_json()
     comp = resp.get_json()["accuracy"]["composition"]
-    assert comp["earlier_releases"] == 1 and comp["charged"] == "additive"
+    assert comp["earlier_releases"] == 1 and comp["charged"] == "exact_increment"
     assert comp["additive"]["charge"] == pytest.approx(1 / 3, abs=0.003)
     assert comp["additive"]["column_total"] == pytest.approx(2 / 3, abs=0.006)
     assert comp["exact"]["available"]

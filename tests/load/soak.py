@@ -62,8 +62,10 @@ EXPECTED: dict[str, set[int]] = {
 }
 TERMINAL = {"succeeded", "failed", "cancelled", "refused"}
 #: a cold release priced by a worker may end refused as the POST would have answered
-#: (409 budget_exhausted, or 200 replayed: the identical earlier release is named)
-REFUSALS = {"budget_exhausted", "replayed"}
+#: (409 budget_exhausted, or 200 replayed: the identical earlier release is named), or
+#: 409 conflict: an exact interval charge whose column history kept moving while it was
+#: priced (concurrent releases on one column; nothing spent)
+REFUSALS = {"budget_exhausted", "replayed", "conflict"}
 #: a high limit: the limiter still runs on every request, but never refuses one
 RATE_LIMIT = "10000000/minute"
 
@@ -196,7 +198,7 @@ class Client(threading.Thread):
         resp = self.call("release", "POST", "/v1/releases", json=body, headers=headers)
         if resp is None:
             return
-        if resp.status_code == 409 and _code(resp) != "budget_exhausted":
+        if resp.status_code == 409 and _code(resp) not in {"budget_exhausted", "conflict"}:
             self.shared.violation(f"release: 409 {_code(resp)}", resp.text)
         if resp.status_code not in {200, 202}:
             return

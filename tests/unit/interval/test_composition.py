@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import pytest
@@ -92,10 +93,11 @@ def test_composition_report_shows_both() -> None:
     assert exact["available"] and exact["joint_coverage"] == pytest.approx(0.608, abs=0.005)
     assert exact["column_total"] == pytest.approx(exact["joint_leakage_bound"], abs=1e-9)
     assert exact["charge"] < report["additive"]["charge"] and exact["saving"] > 0.05
-    assert report["charged"] == "additive"
+    assert report["charged"] == "exact_increment" and report["charge"] == exact["charge"]
     ring = _earlier("interval.ring", {"column": "x", "tau_floor": 0.3})
     no = composition_report("case1", params, cost, META, [first, ring])
-    assert no is not None and not no["exact"]["available"] and "ring" in no["exact"]["reason"]
+    assert no is not None and not no["exact"]["available"] and "canonical" in no["exact"]["reason"]
+    assert no["charged"] == "additive"
     assert composition_report("case1", params, cost, META, [other]) is None
     shown = mech.composition(params, cost, META, lambda: [first])
     assert shown is not None and shown["exact"]["available"]
@@ -111,3 +113,95 @@ def test_truncated_history_composes_nothing() -> None:
     report = composition_report("case1", params, cost, META, [{"status": "truncated"}, first])
     assert report is not None and not report["exact"]["available"]
     assert "column_total" not in report["additive"]
+
+
+# ----------------------------------------------------- the ledger's charge (composition.price)
+
+UNIT = LEDGER_UNIT
+
+
+def _standalone(d: interval.IntervalMechanism) -> int:
+    return math.ceil(Fraction(interval.expected_coverage(d, NORMAL).leakage_bound) * UNIT)
+
+
+def _price(new: object, committed: list, pending: list, **kw: int) -> composition.Pricing:
+    limits = {"max_releases": 8, "max_dims": 32, **kw}
+    return composition.price(new, _standalone(new), committed,  # type: ignore[arg-type]
+                             pending, NORMAL, UNIT, **limits)
+
+
+def test_price_second_release_is_the_exact_increment() -> None:
+    """Two Logis(1) Case-I releases: the second is charged ⌈J·unit⌉ − s₁ exactly (J the
+    joint bound, 0.392 + its margin), well below its standalone s₂ = s₁; with nothing
+    committed the charge is standalone."""
+    d = case1()
+    s = _standalone(d)
+    alone = _price(d, [], [])
+    assert (alone.units, alone.charged) == (s, composition.ADDITIVE)
+    p = _price(d, [composition.Held(d, s, False)], [])
+    joint = composition.joint_coverage([d, d], NORMAL)
+    assert p.charged == composition.EXACT_INCREMENT
+    assert p.units == math.ceil(Fraction(joint.leakage_bound) * UNIT) - s
+    assert p.units + s >= joint.leakage * UNIT and p.units < 0.7 * s
+    assert p.already_units == s and p.joint == joint
+
+
+def test_price_falls_back_to_additive_where_the_proof_needs_it() -> None:
+    """Catches the concurrent-pair underpayment: a pending release charged an increment
+    forces additive (two increments against one history would together pay less than the
+    joint leakage); a pending standalone release does not. Ineligible designs (ring, exact
+    reports), too many releases or anchors, and an increment not below standalone are
+    additive; so is a new design that is itself ineligible."""
+    d = case1()
+    s = _standalone(d)
+    done = composition.Held(d, s, False)
+    inc = _price(d, [done], [])
+    assert _price(d, [done], [composition.Held(d, inc.units, True)]).charged == "additive"
+    assert _price(d, [done], [composition.Held(d, s, False)]).charged == "exact_increment"
+    assert _price(d, [done, composition.Held(None, s, False)], []).charged == "additive"
+    assert _price(d, [done], [composition.Held(None, s, False)]).charged == "additive"
+    assert _price(d, [done, done], [], max_releases=2).charged == "additive"
+    assert _price(d, [done], [], max_dims=1).charged == "additive"
+    cheap = _price(d, [composition.Held(d, 0, False)], [])  # nothing charged before
+    assert (cheap.charged, cheap.units) == ("additive", s)
+    ring = interval.IntervalMechanism(interval.Ring(NORMAL, 0.3))
+    assert composition.price(ring, 5, [done], [], NORMAL, UNIT, max_releases=8,
+                             max_dims=32).charged == "additive"
+
+
+def test_composed_charge_and_privacy_record() -> None:
+    """``Mechanism.composed``: the charge on the column measure is the increment in exact
+    ledger units, and the privacy record says what was charged and why; a pending
+    increment makes it additive (the cost as is)."""
+    mech = registry.get("interval.case1")
+    params = mech.load_params({"column": "x", "anchors": LOGIS})
+    cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
+    first = _earlier("interval.case1", {"column": "x", "anchors": LOGIS})
+    got = mech.composed(params, cost, META, lambda: [first])
+    assert got is not None and got.exact and got.column == "interval_leakage:x"
+    charge = got.charge["interval_leakage:x"]
+    assert charge.denominator <= UNIT and charge < cost["interval_leakage:x"]
+    assert got.privacy["charged"] == "exact_increment" and got.report is not None
+    assert got.privacy["charge"] == float(charge)
+    busy = {**first, "status": "running", "incremental": True}
+    more = mech.composed(params, cost, META, lambda: [first, busy])
+    assert more is not None and not more.exact and more.charge == cost
+    assert more.privacy["charged"] == "additive" and "pending" in more.privacy["reason"]
+    failed = {**first, "status": "failed"}
+    assert not mech.composed(params, cost, META, lambda: [failed]).exact  # type: ignore[union-attr]
+    charged_fail = {**first, "status": "failed", "charged": True}
+    assert mech.composed(params, cost, META, lambda: [charged_fail]).exact  # type: ignore[union-attr]
+
+
+def test_stale_reservation_is_a_conflict_with_retry_after() -> None:
+    """A reservation refused 'stale' (the column's history moved after pricing, retries
+    used up) is answered 409 ``conflict`` with a Retry-After, for the API and a pricing
+    job alike (``releases.refusal``)."""
+    from service import releases
+    from service.ledger import ReserveResult
+
+    err = releases.refusal(ReserveResult("stale", measure="history:1:interval_leakage:x",
+                                         remaining=3))
+    assert err is not None and (err.status, err.code) == (409, "conflict")
+    assert err.extra["retry_after"] == releases.CONFLICT_RETRY_AFTER
+    assert "nothing was spent" in err.detail
