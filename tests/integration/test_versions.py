@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import threading
+import uuid
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 from flask import Flask
 
-from service import datasets, releases, rkeys
+from service import datasets, precompute, releases, rkeys
 from service.ingest import iter_upload
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
@@ -299,3 +300,51 @@ def test_reupload_as_a_new_dataset_is_warned(api: Api) -> None:
     different = api.upload(people_csv(n + 1), PEOPLE_META).get_json()
     assert all(w["dataset_id"] != first["id"] for w in different.get("warnings", []))
 
+
+
+HEIGHTS = {"name": "heights", "budgets": {"interval_leakage": 0.9},
+           "columns": {"h": {"type": "continuous", "bounds": [100, 220],
+                             "prior": {"family": "normal", "loc": 170, "scale": 10}}}}
+
+
+def test_a_priced_release_keeps_the_version_it_was_asked_on(api: Api, app: Flask) -> None:
+    """Catches a pricing job that prepares the request again on whatever version is
+    current by then: a release asked (without ``version``) while v1 was current must
+    run on v1 even if v2 became current before its cost was known."""
+    csv = "h\n" + "\n".join(str(150 + i % 40) for i in range(50)) + "\n"
+    resp = api.upload(csv, HEIGHTS)
+    assert resp.status_code == 201
+    ds = resp.get_json()["id"]
+    client, ledger = app.extensions["redis"], app.extensions["ledger"]
+    budget = 0.1 + (uuid.uuid4().int % 10**6) / 10**8  # fresh: its calibration is cold
+    body = {"dataset_id": ds, "mechanism": "interval.case1",
+            "params": {"column": "h", "calibrate": True},
+            "budget": {"interval_leakage": budget}}
+    with pytest.raises(releases.Unpriced) as cold, precompute.api_scope(app):
+        releases.prepare(client, ledger, body, allow_seeds=True)
+    assert cold.value.request.body["version"] == 1
+    assert json.loads(cold.value.request.request_json())["dataset_version"] == 1
+    assert _post_version(api, ds, csv, make_current="true").status_code == 201
+    with pytest.raises(releases.Unpriced) as again, precompute.api_scope(app):
+        # what the pricing job runs (it computes instead; the version is chosen first)
+        releases.prepare(client, ledger, cold.value.request.body, allow_seeds=True)
+    assert again.value.request.dataset["version"] == 1
+
+
+def test_a_document_from_before_versions_gets_its_next_version(
+        api: Api, app: Flask) -> None:
+    """Catches code that needs ``versions``/``current_version`` in the document: a
+    dataset stored before versions existed (only ``version: 1``) takes a version 2 and
+    lists both."""
+    ds = _upload(api, 12)
+    r = app.extensions["redis"]
+    doc = json.loads(r.get(rkeys.dataset(ds["id"])))
+    legacy = {k: v for k, v in doc.items()
+              if k not in {"versions", "current_version", "sha256"}}
+    r.set(rkeys.dataset(ds["id"]), json.dumps(legacy))
+    listed = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
+    assert [(v["version"], v["current"], v["n_rows"]) for v in listed] == [(1, True, 12)]
+    assert _post_version(api, ds["id"], people_csv(7), make_current="true").status_code == 201
+    listed = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
+    assert [(v["version"], v["current"], v["n_rows"]) for v in listed] == [
+        (1, False, 12), (2, True, 7)]
