@@ -439,11 +439,11 @@ def add_version(client: redis.Redis, store: DatasetStore, ledger: Ledger, datase
                 idempotency_key=idempotency.key if idempotency else None,
                 fingerprint=idempotency.fingerprint if idempotency else "",
                 idempotency_ttl=idempotency.ttl if idempotency else 0)
-            if outcome == "ok":
+            if outcome == "ok" or (outcome == "idempotent" and done == version):
                 return entry
             if outcome == "conflict":
                 continue
-            store.remove(dataset_id, version)
+            store.remove(dataset_id, version)  # the key's first upload stored another
             if outcome == "idem_mismatch":
                 raise IdempotencyMismatch
             return find_version(doc, done)

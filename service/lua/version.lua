@@ -11,6 +11,10 @@
 --       Idempotency-Key), 8 idempotency ttl (s)
 -- Returns {outcome, version}: 'ok' (this call), 'conflict' (the document changed),
 -- 'idempotent' (the version the key uploaded) or 'idem_mismatch'.
+-- a re-send of this very call (its document is stored) first: else its own key would
+-- read as another upload's
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[2] then return {'ok', ARGV[4]} end
 if ARGV[7] ~= '' then
   local prev = redis.call('HGET', KEYS[3], 'version')
   if prev then
@@ -18,8 +22,6 @@ if ARGV[7] ~= '' then
     return {'idempotent', prev}
   end
 end
-local current = redis.call('GET', KEYS[1])
-if current == ARGV[2] then return {'ok', ARGV[4]} end
 if current ~= ARGV[1] then return {'conflict', ''} end
 redis.call('SET', KEYS[1], ARGV[2])
 for action in string.gmatch(ARGV[3], '[^,]+') do

@@ -348,3 +348,24 @@ def test_a_document_from_before_versions_gets_its_next_version(
     listed = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
     assert [(v["version"], v["current"], v["n_rows"]) for v in listed] == [
         (1, False, 12), (2, True, 7)]
+
+
+def test_a_version_step_sent_twice_changes_the_document_once(app: Flask, api: Api) -> None:
+    """Catches a re-sent version step (a lost reply, a failover) that reads its own
+    Idempotency-Key as another upload's (the caller would then remove the files of the
+    version it had just stored), or records a second event."""
+    ds = _upload(api, 5)
+    r, ledger = app.extensions["redis"], app.extensions["ledger"]
+    raw = r.get(rkeys.dataset(ds["id"]))
+    doc = json.loads(raw)
+    entry = {**datasets.version_entry(doc), "version": 2}
+    new = json.dumps(datasets._version_doc(doc, entry, False))
+    idem = {"idempotency_key": f"{rkeys.P}idem:test:{ds['id']}", "fingerprint": "fp",
+            "idempotency_ttl": 60}
+    events = r.xlen(rkeys.events(ds["id"]))
+    first = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
+    again = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
+    assert first == again == ("ok", 2)
+    assert r.xlen(rkeys.events(ds["id"])) == events + 1
+    other = ledger.version_change(ds["id"], raw, new + " ", "uploaded", 3, "t", **idem)
+    assert other == ("idempotent", 2)
