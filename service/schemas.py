@@ -71,6 +71,14 @@ class VersionSchema(Schema):
     columns = fields.Dict()
 
 
+class UploadWarningSchema(Schema):
+    code = fields.String(metadata={"description": "possible_reupload"})
+    dataset_id = fields.String(metadata={"description": "the existing dataset"})
+    version = fields.Integer(metadata={"description": "its version that matches"})
+    same_file = fields.Boolean(metadata={"description": "the files' SHA-256 agree"})
+    message = fields.String()
+
+
 class VersionPatchSchema(StrictSchema):
     current = fields.Boolean(validate=validate.Equal(True), metadata={
         "description": "true: releases without a version use this one from now on"})
@@ -116,10 +124,10 @@ class DatasetSchema(Schema):
         " to (null: none yet, or mixed allowed)"})
     current_version = fields.Integer(metadata={
         "description": "the version releases without a version use (also `version`)"})
-    versions = fields.List(fields.Dict(), metadata={
-        "description": "every version: version, n_rows, status, created_at, sha256, columns"})
+    versions = fields.List(fields.Nested(VersionSchema), metadata={
+        "description": "every version, oldest first"})
     sha256 = fields.String(metadata={"description": "SHA-256 of the first upload's file"})
-    warnings = fields.List(fields.Dict(), metadata={
+    warnings = fields.List(fields.Nested(UploadWarningSchema), metadata={
         "description": "upload only: possible_reupload when an active dataset has the same"
                        " column set and row count (the same people must not get a second"
                        " budget: upload a version instead)"})
