@@ -137,6 +137,15 @@ def _render_dataset(doc: Mapping[str, Any]) -> RenderableType:
         ("budgets", doc.get("budgets")), ("created", doc.get("created_at")),
         ("retired", doc.get("retired_at")),
     ])
+    parts = [head, _render_columns(doc)]
+    for warning in doc.get("warnings") or ():  # a possible re-upload of the same people
+        if isinstance(warning, Mapping):
+            parts.append(Text(f"warning: {warning.get('code')}: "
+                              f"{warning.get('message', '')} ({warning.get('dataset_id')})"))
+    return _stack(*parts)
+
+
+def _render_columns(doc: Mapping[str, Any]) -> RenderableType:
     rows = []
     for name, col in (doc.get("columns") or {}).items():
         col = col if isinstance(col, Mapping) else {}
@@ -144,7 +153,25 @@ def _render_dataset(doc: Mapping[str, Any]) -> RenderableType:
         domain = (f"[{_compact(bounds[0])}, {_compact(bounds[1])}]"
                   if isinstance(bounds, list) and len(bounds) == 2 else col.get("categories"))
         rows.append((name, col.get("type"), domain))
-    return _stack(head, table(["COLUMN", "TYPE", "DOMAIN"], rows, empty="no columns"))
+    return table(["COLUMN", "TYPE", "DOMAIN"], rows, empty="no columns")
+
+
+def _render_version(doc: Mapping[str, Any]) -> RenderableType:
+    head = fields([
+        ("dataset", doc.get("dataset_id")), ("version", doc.get("version")),
+        ("current", doc.get("current")), ("status", doc.get("status")),
+        ("rows", doc.get("n_rows")), ("sha256", doc.get("sha256")),
+        ("created", doc.get("created_at")),
+    ])
+    return _stack(head, _render_columns(doc))
+
+
+def _render_versions(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
+    return table(
+        ["VERSION", "CURRENT", "STATUS", "ROWS", "CREATED", "SHA256"],
+        [(d.get("version"), "*" if d.get("current") else "", d.get("status"),
+          d.get("n_rows"), d.get("created_at"), str(d.get("sha256") or "")[:12])
+         for d in docs], empty="no versions")
 
 
 def _render_datasets(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
@@ -566,6 +593,68 @@ def _datasets_upload(c: Client, file: str, metadata: str | None,
     return Output(c.upload_dataset(file, meta), _render_dataset)
 
 
+@datasets.group("versions")
+def versions() -> None:
+    """versions of a dataset: the same people, one budget"""
+
+
+def _metadata_text(metadata: str | None, metadata_json: str | None) -> str | None:
+    if metadata is not None and metadata_json is not None:
+        raise UsageError("give at most one of --metadata and --metadata-json")
+    if metadata is not None:
+        return _read_text(metadata, "metadata")
+    return metadata_json
+
+
+@client_command(versions, "upload", "upload the next version (spends the dataset's "
+                "budget; not current unless --make-current)")
+@click.argument("dataset_id", metavar="ID")
+@click.argument("file", metavar="FILE")
+@click.option("--metadata", metavar="JSONFILE",
+              help="changed metadata JSON file (default: the dataset's)")
+@click.option("--metadata-json", metavar="STR", help="changed metadata JSON text")
+@click.option("--compatible", is_flag=True,
+              help="declare the changed metadata compatible (needed with --metadata)")
+@click.option("--make-current", is_flag=True, help="make it the current version at once")
+def _versions_upload(c: Client, dataset_id: str, file: str, metadata: str | None,
+                     metadata_json: str | None, compatible: bool,
+                     make_current: bool) -> Output:
+    meta = _metadata_text(metadata, metadata_json)
+    if not Path(file).is_file():
+        raise UsageError(f"cannot read data file {file}")
+    doc = c.upload_version(dataset_id, file, meta, compatible=compatible,
+                           make_current=make_current)
+    return Output(doc, _render_version)
+
+
+@client_command(versions, "list", "every version of a dataset, oldest first")
+@click.argument("dataset_id", metavar="ID")
+def _versions_list(c: Client, dataset_id: str) -> Output:
+    return Output(c.list_versions(dataset_id), _render_versions)
+
+
+@client_command(versions, "show", "one version of a dataset")
+@click.argument("dataset_id", metavar="ID")
+@click.argument("version", type=int, metavar="VERSION")
+def _versions_show(c: Client, dataset_id: str, version: int) -> Output:
+    return Output(c.get_version(dataset_id, version), _render_version)
+
+
+@client_command(versions, "current", "make a version current (releases default to it)")
+@click.argument("dataset_id", metavar="ID")
+@click.argument("version", type=int, metavar="VERSION")
+def _versions_current(c: Client, dataset_id: str, version: int) -> Output:
+    return Output(c.set_current_version(dataset_id, version), _render_version)
+
+
+@client_command(versions, "retire", "no new releases on a version (not the current one);"
+                " its releases stay readable")
+@click.argument("dataset_id", metavar="ID")
+@click.argument("version", type=int, metavar="VERSION")
+def _versions_retire(c: Client, dataset_id: str, version: int) -> Output:
+    return Output(c.retire_version(dataset_id, version), _render_version)
+
+
 @client_command(datasets, "list", "datasets this key may see")
 def _datasets_list(c: Client) -> Output:
     return Output(c.list_datasets(), _render_datasets)
@@ -607,7 +696,7 @@ def _budget_set(c: Client, dataset: str, cap: tuple[str, ...],
     return Output(doc, _render_budget)
 
 
-_KINDS = ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire"]
+_KINDS = ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version"]
 #: the server judges the filter (a newer server may know more statuses, e.g. pricing)
 _JOB_STATUSES = ["pricing", "queued", "running", "failed"]
 
@@ -687,6 +776,8 @@ def _request_options(fn: Callable[..., Output]) -> Callable[..., Output]:
                           '"column": "age"}\''),
         click.option("--budget", multiple=True, metavar="MEASURE=NUMBER",
                      help="what to spend, e.g. epsilon=0.5 (repeatable)"),
+        click.option("--dataset-version", type=int, metavar="N",
+                     help="the dataset version (default: its current one)"),
     ]):
         fn = opt(fn)
     return fn
@@ -707,9 +798,10 @@ def _request(params: str, budget: tuple[str, ...], what: str
 @click.option("--timeout", type=float, default=WAIT_TIMEOUT, metavar="S",
               help=f"seconds to --wait (default {WAIT_TIMEOUT:g})")
 def _release_create(c: Client, dataset: str, mechanism: str, params: str,
-                    budget: tuple[str, ...], wait: bool, timeout: float) -> Output:
+                    budget: tuple[str, ...], dataset_version: int | None, wait: bool,
+                    timeout: float) -> Output:
     body, amounts = _request(params, budget, "release create")
-    doc = c.create_release(dataset, mechanism, body, amounts)
+    doc = c.create_release(dataset, mechanism, body, amounts, version=dataset_version)
     if not wait:
         return Output(doc, _render_release)
     progress = Progress(sys.stderr, enabled=sys.stderr.isatty())
@@ -738,9 +830,10 @@ def _release_create(c: Client, dataset: str, mechanism: str, params: str,
                 "spends nothing", aliases=[cli])
 @_request_options
 def _release_estimate(c: Client, dataset: str, mechanism: str, params: str,
-                      budget: tuple[str, ...]) -> Output:
+                      budget: tuple[str, ...], dataset_version: int | None) -> Output:
     body, amounts = _request(params, budget, "estimate")
-    return Output(c.estimate_release(dataset, mechanism, body, amounts), _render_estimate)
+    return Output(c.estimate_release(dataset, mechanism, body, amounts,
+                                     version=dataset_version), _render_estimate)
 
 
 @client_command(release, "show", "status, result, cost, accuracy, provenance")

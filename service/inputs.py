@@ -32,7 +32,7 @@ MULTIPART = "multipart/form-data"
 #: methods whose body ``check_body`` judges (415 for the wrong media type)
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: endpoints whose body is a multipart form; every other body is JSON
-MULTIPART_ENDPOINTS = frozenset({"datasets.upload"})
+MULTIPART_ENDPOINTS = frozenset({"datasets.upload", "datasets.upload_version"})
 #: blueprints of HTML forms (urlencoded or multipart) that their own views read: the web
 #: console, whose pages reach the API's operations in-process (``service.console``)
 FORM_BLUEPRINTS = frozenset({"console"})

@@ -114,6 +114,7 @@ class Ledger:
         self._admin = Step(client, _script("admin"), repl)
         self._refuse = Step(client, _script("refuse"), repl)
         self._open = Step(client, _script("open"), repl)
+        self._version = Step(client, _script("version"), repl)
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
              document: str | None = None, *, idempotency_key: str | None = None,
@@ -136,6 +137,23 @@ class Ledger:
                 idempotency_key or f"{rkeys.P}idem:none"]
         outcome, registered = self._open(keys=keys, args=argv)
         return str(outcome), str(registered)
+
+    def version_change(self, dataset_id: str, read: str, document: str, action: str,
+                       version: int, actor: str, *, idempotency_key: str | None = None,
+                       fingerprint: str = "", idempotency_ttl: int = 86400) -> tuple[str, int]:
+        """Replace the dataset's document ``read`` by ``document`` for a version ``action``
+        (uploaded, current, retired), recorded as a ``version`` event (version.lua).
+
+        Returns (outcome, version): ``ok``; ``conflict`` when the document is no longer
+        ``read`` (read it again); with an ``idempotency_key``, ``idempotent`` and the
+        version the key uploaded first (``idem_mismatch`` if for another ``fingerprint``).
+        """
+        outcome, done = self._version(
+            keys=[rkeys.dataset(dataset_id), rkeys.events(dataset_id),
+                  idempotency_key or f"{rkeys.P}idem:none"],
+            args=[read, document, action, version, actor, now_iso(),
+                  fingerprint if idempotency_key else "", idempotency_ttl])
+        return str(outcome), int(done or 0)
 
     def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
                  key_id: str | None = None) -> None:
@@ -377,6 +395,8 @@ class Ledger:
             for key, val in fields.items():
                 if key.startswith("m:"):
                     units[key[2:]] = int(val)
+                elif key == "version":
+                    doc[key] = int(val)
                 else:
                     doc[key] = val
             doc["units"] = units

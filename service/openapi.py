@@ -22,7 +22,7 @@ from service.api.catalog import _json_schema as json_schema
 from service.schemas import ReleaseRequestSchema
 
 #: endpoints that honour an ``Idempotency-Key`` header (``inputs.idempotency_key``)
-IDEMPOTENT = frozenset({"datasets.upload", "releases.create"})
+IDEMPOTENT = frozenset({"datasets.upload", "datasets.upload_version", "releases.create"})
 #: endpoints whose 202 creates nothing (an estimate being priced): ``Retry-After``, no
 #: ``Location``
 NO_LOCATION = frozenset({"releases.estimate"})

@@ -273,6 +273,10 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         raise no_such_dataset()
     if doc.get("status") != "active":
         raise APIError(409, "dataset is retired", code="dataset_retired", field="dataset_id")
+    try:  # the asked version (default: the current one), as a release on it sees it
+        doc = datasets.at_version(doc, body.get("version"))
+    except datasets.VersionError as err:
+        raise APIError(err.status, err.message, code=err.code, field=err.field) from None
     try:
         mech = mechanisms.get(body["mechanism"])
     except KeyError:
@@ -324,8 +328,9 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     except mechanisms.MechanismInputError as err:
         raise APIError(422, err.message, code=err.code, field=err.field, **err.extra) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
+        # the version chosen now: its pricing job prepares the same one whatever is current
         pricing = PricingRequest(doc, mech.name, as_written, requested, seed,
-                                 body.get("callback_url"), dict(body))
+                                 body.get("callback_url"), {**body, "version": doc["version"]})
         raise Unpriced(pricing, cold_key(cold)) from None
     for measure, amount in charged.items():
         # a per-column cost (interval_leakage:age) is agreed to as interval_leakage; a pure

@@ -46,6 +46,46 @@ class DatasetUploadSchema(StrictSchema):
         "description": "metadata JSON (documented as the DatasetMetadata component)"})
 
 
+class VersionUploadSchema(StrictSchema):
+    metadata = fields.String(metadata={
+        "description": "omit to keep the dataset's metadata; a changed one needs"
+                       " compatible=true (same columns and kinds; budgets, notions and"
+                       " policies stay the dataset's)"})
+    compatible = fields.Boolean(load_default=False, metadata={
+        "description": "the operator declares the changed metadata compatible"})
+    make_current = fields.Boolean(load_default=False, metadata={
+        "description": "make the new version current at once (default false: releases"
+                       " keep using the current version until PATCH ... current=true)"})
+
+
+class VersionSchema(Schema):
+    dataset_id = fields.String()
+    version = fields.Integer()
+    n_rows = fields.Integer()
+    status = fields.String(validate=validate.OneOf(["active", "retired"]), metadata={
+        "description": "retired: no new releases; its releases stay readable"})
+    current = fields.Boolean()
+    created_at = fields.String()
+    created_by = fields.String()
+    sha256 = fields.String(metadata={"description": "SHA-256 of the uploaded file"})
+    columns = fields.Dict()
+
+
+class UploadWarningSchema(Schema):
+    code = fields.String(metadata={"description": "possible_reupload"})
+    dataset_id = fields.String(metadata={"description": "the existing dataset"})
+    version = fields.Integer(metadata={"description": "its version that matches"})
+    same_file = fields.Boolean(metadata={"description": "the files' SHA-256 agree"})
+    message = fields.String()
+
+
+class VersionPatchSchema(StrictSchema):
+    current = fields.Boolean(validate=validate.Equal(True), metadata={
+        "description": "true: releases without a version use this one from now on"})
+    status = fields.String(validate=validate.OneOf(["retired"]), metadata={
+        "description": "retired: no new releases on this version (not the current one)"})
+
+
 class DatasetFileSchema(StrictSchema):
     file = fields.Raw(required=True, metadata={"type": "string", "format": "binary"})
 
@@ -82,6 +122,15 @@ class DatasetSchema(Schema):
     notion_lock = fields.String(allow_none=True, metadata={
         "description": "dp or noiseless: the notion the first release locked this dataset"
         " to (null: none yet, or mixed allowed)"})
+    current_version = fields.Integer(metadata={
+        "description": "the version releases without a version use (also `version`)"})
+    versions = fields.List(fields.Nested(VersionSchema), metadata={
+        "description": "every version, oldest first"})
+    sha256 = fields.String(metadata={"description": "SHA-256 of the first upload's file"})
+    warnings = fields.List(fields.Nested(UploadWarningSchema), metadata={
+        "description": "upload only: possible_reupload when an active dataset has the same"
+                       " column set and row count (the same people must not get a second"
+                       " budget: upload a version instead)"})
 
 
 class BudgetRowSchema(Schema):
@@ -116,7 +165,7 @@ class BudgetPatchSchema(StrictSchema):
 
 class LedgerQuerySchema(StrictSchema):
     kind = DelimitedList(fields.String(validate=validate.OneOf(
-        ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire"])))
+        ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version"])))
     since = fields.AwareDateTime(default_timezone=UTC)
     until = fields.AwareDateTime(default_timezone=UTC)
     format = fields.String(load_default="json", validate=validate.OneOf(["json", "jsonl"]))
@@ -134,6 +183,11 @@ class LedgerEventSchema(Schema):
     notion_lock = fields.String(metadata={
         "description": "reserve events: the notion (dp or noiseless) this first release"
                        " locked the dataset to"})
+    version = fields.Integer(metadata={
+        "description": "the dataset version: of the release (reserve, commit, ...), or"
+                       " the one a version event is about"})
+    action = fields.String(metadata={
+        "description": "version events: uploaded, current or retired"})
     actor = fields.String()
     key_id = fields.String()
     at = fields.String()
@@ -144,6 +198,9 @@ class LedgerEventSchema(Schema):
 
 class ReleaseRequestSchema(StrictSchema):
     dataset_id = fields.String(required=True, validate=validate.Length(1, 100))
+    version = fields.Integer(validate=validate.Range(1, 2**31), metadata={
+        "description": "the dataset version (default: its current one); a retired"
+                       " version refuses (409 version_retired)"})
     mechanism = fields.String(required=True, validate=validate.OneOf(mechanisms.names()),
                               metadata={"description": "a name from /v1/mechanisms"})
     params = fields.Dict(load_default=dict,

@@ -253,6 +253,7 @@ class StagedVersion:
         self._files: dict[str, BinaryIO] = {}
         self._headers: dict[str, dict[str, Any]] = {}
         self._lengths: dict[str, int] = {}
+        self._entries: list[dict[str, Any]] | None = None
         self._done = False
 
     @property
@@ -304,8 +305,9 @@ class StagedVersion:
     def commit(self, dataset_id: str, version: int, manifest: dict[str, Any]) -> Path:
         """Finish the column files and move the version into place; returns its folder.
 
-        Raises FileExistsError if the version exists; on any failure the
-        staged files are discarded and nothing is left in place.
+        Raises FileExistsError if the version exists (the staged files stay: commit
+        again under another number, or leave the ``staging`` block to discard them);
+        on any other failure nothing is left in place.
         """
         store = self._store
         final = store.path(dataset_id, version)
@@ -313,20 +315,7 @@ class StagedVersion:
             raise RuntimeError("version already committed or discarded")
         if final.exists():
             raise FileExistsError(f"dataset {dataset_id} version {version} already exists")
-        entries = []
-        for name, fh in self._files.items():
-            header = {**self._headers[name]}
-            header["shape"] = (self._lengths[name], *header["shape"][1:])
-            data_start = fh.tell() - self._lengths[name] * _row_bytes(header)
-            fh.seek(0)
-            np.lib.format.write_array_header_1_0(fh, header)
-            if fh.tell() != data_start:  # a numpy without in-place header growth
-                raise RuntimeError("numpy changed the .npy header size; cannot finish in place")
-            fh.flush()
-            os.fsync(fh.fileno())
-            fh.close()
-            entries.append({"name": name, "file": Path(fh.name).name,
-                            "dtype": np.dtype(header["descr"]).str, "shape": header["shape"]})
+        entries = self._finish()
         document = {"format": FORMAT, "manifest": manifest, "columns": entries}
         text = json.dumps(document, allow_nan=False, ensure_ascii=False, indent=1)
         tmp = self._tmp
@@ -360,6 +349,31 @@ class StagedVersion:
                     parent.rmdir()
             raise
         return final
+
+    def _finish(self) -> list[dict[str, Any]]:
+        """Write each column's final header and close it, once; the manifest's entries.
+
+        Kept, so a commit that lost the race for its version number (FileExistsError)
+        can be committed again under the next number (``datasets.add_version``).
+        """
+        if self._entries is not None:
+            return self._entries
+        entries = []
+        for name, fh in self._files.items():
+            header = {**self._headers[name]}
+            header["shape"] = (self._lengths[name], *header["shape"][1:])
+            data_start = fh.tell() - self._lengths[name] * _row_bytes(header)
+            fh.seek(0)
+            np.lib.format.write_array_header_1_0(fh, header)
+            if fh.tell() != data_start:  # a numpy without in-place header growth
+                raise RuntimeError("numpy changed the .npy header size; cannot finish in place")
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+            entries.append({"name": name, "file": Path(fh.name).name,
+                            "dtype": np.dtype(header["descr"]).str, "shape": header["shape"]})
+        self._entries = entries
+        return entries
 
     def discard(self) -> None:
         """Remove the staged files (a no-op after a commit).

@@ -213,7 +213,10 @@ def _public_inputs(client: redis.Redis, store: DatasetStore, req: dict[str, Any]
     if not store.files_present(dataset_id, version):
         raise FileNotFoundError("dataset files missing")
     cost = {m: Fraction(v) for m, v in req["cost"].items()}
-    return _Job(dataset_id, version, mech, params, cost, datasets.meta(doc), req.get("seed"))
+    # the metadata (rows, bounds) of the version the release recorded, not the current one
+    view = {**doc, **{k: v for k, v in datasets.find_version(doc, version).items()
+                      if k in ("version", "n_rows", "columns")}}
+    return _Job(dataset_id, version, mech, params, cost, datasets.meta(view), req.get("seed"))
 
 
 def _compute(config: Config, store: DatasetStore, job: _Job, run: Run) -> tuple[str, int | None]:

@@ -27,6 +27,9 @@ from service.schemas import (
     DatasetUploadSchema,
     LedgerEventSchema,
     LedgerQuerySchema,
+    VersionPatchSchema,
+    VersionSchema,
+    VersionUploadSchema,
 )
 
 blp = Blueprint("datasets", __name__, url_prefix="/v1/datasets", description="Datasets")
@@ -68,16 +71,17 @@ def _document_metadata(state: Any) -> None:
     metadata_schemas.register_components(api.spec)
 
 
+#: the upload's file part, and its encoding
+FILE_PART = {"type": "string", "format": "binary",
+             "description": "CSV (UTF-8, with a header row) or Parquet; a file that "
+                            "begins and ends with Parquet's magic bytes is Parquet"}
+FILE_ENCODING = {"contentType": f"text/csv, {PARQUET_TYPE}, application/octet-stream"}
 #: the multipart body; ``metadata`` is a JSON document (a form field holding JSON text)
 UPLOAD_BODY = {"required": True, "content": {"multipart/form-data": {
     "schema": {"type": "object", "required": ["metadata", "file"], "properties": {
         "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
-        "file": {"type": "string", "format": "binary",
-                 "description": "CSV (UTF-8, with a header row) or Parquet; a file that "
-                                "begins and ends with Parquet's magic bytes is Parquet"}}},
-    "encoding": {"metadata": {"contentType": "application/json"},
-                 "file": {"contentType": f"text/csv, {PARQUET_TYPE}, "
-                                         "application/octet-stream"}}}}}
+        "file": FILE_PART}},
+    "encoding": {"metadata": {"contentType": "application/json"}, "file": FILE_ENCODING}}}}
 
 
 @blp.route("", methods=["POST"])
@@ -112,17 +116,10 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
             first = datasets.idempotent(client, idem)
         except datasets.IdempotencyMismatch:
             raise inputs.idempotency_mismatch() from None
-        if first is not None:
-            return first
-    if inputs.too_deep(metadata):
-        raise _invalid("metadata", f"metadata is nested more than {inputs.MAX_JSON_DEPTH}"
-                       " levels deep")
-    try:
-        raw_meta = json.loads(metadata, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as dup:
-        raise _invalid("metadata", f"duplicate key {dup.args[0]!r} in metadata") from None
-    except ValueError:
-        raise _invalid("metadata", "metadata is not valid JSON") from None
+        if first is not None:  # answered as the first time: with its warnings
+            return _with_warnings(client, first)
+    raw_meta = _decode_metadata(metadata)
+    sha256 = _file_sha256(file.stream)
     try:
         spec = parse_metadata(raw_meta)
         categorical = [n for n, c in spec.columns.items() if c.type == "categorical"]
@@ -130,14 +127,44 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
         # parsed from werkzeug's spooled temp file as it is stored: never whole in memory
         chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
                              content_type=file.mimetype)
-        return datasets.register(
+        doc = datasets.register(
             client, current_app.extensions["store"], current_app.extensions["ledger"],
-            spec, caps, chunks, current_key().id, idem,
+            spec, caps, chunks, current_key().id, idem, sha256=sha256,
         )
     except (IngestError, budget.AmountError) as err:
         raise _invalid(err.field, err.message) from None
     except datasets.IdempotencyMismatch:
         raise inputs.idempotency_mismatch() from None
+    return _with_warnings(client, doc)
+
+
+def _with_warnings(client: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """The upload's answer: the document, with ``warnings`` when it may be a re-upload."""
+    warnings = datasets.reupload_warnings(client, doc)
+    return {**doc, "warnings": warnings} if warnings else doc
+
+
+def _decode_metadata(metadata: str) -> Any:
+    """The metadata form field as JSON (422 naming ``metadata`` otherwise; no value)."""
+    if inputs.too_deep(metadata):
+        raise _invalid("metadata", f"metadata is nested more than {inputs.MAX_JSON_DEPTH}"
+                       " levels deep")
+    try:
+        return json.loads(metadata, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as dup:
+        raise _invalid("metadata", f"duplicate key {dup.args[0]!r} in metadata") from None
+    except ValueError:
+        raise _invalid("metadata", "metadata is not valid JSON") from None
+
+
+def _file_sha256(stream: Any) -> str:
+    """SHA-256 of the uploaded file (werkzeug's spooled copy, read once more in blocks
+    and rewound): recorded with the version, so an operator can tell a re-sent file."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: stream.read(1 << 20), b""):
+        digest.update(block)
+    stream.seek(0)
+    return digest.hexdigest()
 
 
 @blp.route("")
@@ -163,6 +190,139 @@ def show(dataset_id: str) -> dict[str, Any]:
         redis_client = current_app.extensions["redis"]
         doc = {**doc, "holdout_exposure": datasets.holdout_exposure(redis_client, dataset_id)}
     return doc
+
+
+#: the multipart body of a new version: the file, and optionally changed metadata
+VERSION_BODY = {"required": True, "content": {"multipart/form-data": {
+    "schema": {"type": "object", "required": ["file"], "properties": {
+        "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
+        "compatible": {"type": "boolean", "default": False},
+        "make_current": {"type": "boolean", "default": False},
+        "file": FILE_PART}},
+    "encoding": {"metadata": {"contentType": "application/json"}, "file": FILE_ENCODING}}}}
+
+
+def _version_error(err: datasets.VersionError) -> APIError:
+    return APIError(err.status, err.message, code=err.code, field=err.field)
+
+
+def version_doc(doc: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """A ``versions`` entry as the API shows it: with whether it is the current one."""
+    return {**entry, "dataset_id": doc["id"],
+            "current": entry["version"] == datasets.current_version(doc)}
+
+
+@blp.route("/<dataset_id>/versions", methods=["POST"])
+@require("operator")
+@problems(blp, *AUTH, *BODY, 403, 404, 409)
+@blp.doc(requestBody=VERSION_BODY)
+@blp.ARGUMENTS_PARSER.use_kwargs(VersionUploadSchema, location="form")
+@blp.ARGUMENTS_PARSER.use_kwargs(DatasetFileSchema, location="files")
+@blp.response(201, VersionSchema)
+@located("/v1/datasets/{dataset_id}/versions/{version}")
+def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
+                   compatible: bool = False, make_current: bool = False) -> dict[str, Any]:
+    """Upload the next version of a dataset (the same people, the dataset's budget).
+
+    Parsed and validated as an upload (same size limits; nothing kept on error).
+    Without ``metadata`` the dataset's schema is used; a changed one must be declared
+    ``compatible=true`` and be so: the same column names and kinds (bounds and
+    categories may change), the dataset's budgets, notions and policies. The new
+    version becomes current only with ``make_current=true``. ``Idempotency-Key`` as
+    for an upload. A retired dataset answers 409.
+    """
+    doc = dataset_or_404(dataset_id)
+    if doc.get("status") != "active":
+        raise APIError(409, "the dataset is retired: it takes no new version",
+                       code="dataset_retired", field="dataset_id")
+    config = current_app.config["PRIVRELEASE"]
+    client, ledger = current_app.extensions["redis"], current_app.extensions["ledger"]
+    idem_key = inputs.idempotency_key(current_key().id)
+    idem = None
+    if idem_key is not None:
+        flags = f"{int(compatible)}{int(make_current)}"
+        fingerprint = hashlib.sha256(f"version\0{dataset_id}\0{flags}\0".encode()
+                                     + (metadata or "").encode()).hexdigest()
+        idem = datasets.Idempotency(idem_key, fingerprint, config.idempotency_ttl)
+        try:
+            first = datasets.idempotent_version(client, idem)
+        except datasets.IdempotencyMismatch:
+            raise inputs.idempotency_mismatch() from None
+        if first is not None:
+            return version_doc(doc, datasets.find_version(doc, first))
+    try:
+        if metadata is None:
+            spec = datasets.spec_of(doc)
+        else:
+            if not compatible:
+                raise _invalid("compatible", "changed metadata needs compatible=true (or omit"
+                               " metadata to keep the dataset's)")
+            raw_meta = _decode_metadata(metadata)
+            if isinstance(raw_meta, dict):
+                raw_meta.setdefault("budgets", doc.get("budgets", {}))
+            spec = parse_metadata(raw_meta)
+            categorical = [n for n, c in spec.columns.items() if c.type == "categorical"]
+            caps = budget.parse_caps(spec.budgets, list(spec.columns), categorical)
+            datasets.check_compatible(doc, spec, caps)
+        sha256 = _file_sha256(file.stream)
+        chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
+                             content_type=file.mimetype)
+        entry = datasets.add_version(client, current_app.extensions["store"], ledger,
+                                     dataset_id, spec, chunks, current_key().id,
+                                     make_current=make_current, sha256=sha256,
+                                     idempotency=idem)
+    except (IngestError, budget.AmountError) as err:
+        raise _invalid(err.field, err.message) from None
+    except datasets.VersionError as err:
+        raise _version_error(err) from None
+    except datasets.IdempotencyMismatch:
+        raise inputs.idempotency_mismatch() from None
+    doc = datasets.get(client, dataset_id) or doc
+    return version_doc(doc, entry)
+
+
+@blp.route("/<dataset_id>/versions")
+@require("consumer")
+@problems(blp, *AUTH, 403, 404)
+@blp.response(200, VersionSchema(many=True))
+def list_versions(dataset_id: str) -> list[dict[str, Any]]:
+    """Every version of the dataset, oldest first, and which one is current."""
+    doc = dataset_or_404(dataset_id)
+    return [version_doc(doc, e) for e in datasets.versions_of(doc)]
+
+
+@blp.route("/<dataset_id>/versions/<int:version>")
+@require("consumer")
+@problems(blp, *AUTH, 403, 404)
+@blp.response(200, VersionSchema)
+def show_version(dataset_id: str, version: int) -> dict[str, Any]:
+    """One version of the dataset."""
+    doc = dataset_or_404(dataset_id)
+    try:
+        return version_doc(doc, datasets.find_version(doc, version))
+    except datasets.VersionError as err:
+        raise _version_error(err) from None
+
+
+@blp.route("/<dataset_id>/versions/<int:version>", methods=["PATCH"])
+@require("operator")
+@problems(blp, *AUTH, *BODY, 403, 404, 409)
+@blp.arguments(VersionPatchSchema())
+@blp.response(200, VersionSchema)
+def patch_version(body: dict[str, Any], dataset_id: str, version: int) -> dict[str, Any]:
+    """Make a version current (``{"current": true}``) or retire it
+    (``{"status": "retired"}``): a retired version takes no new release, its releases
+    stay readable and its files are kept; the current version can not be retired."""
+    dataset_or_404(dataset_id)
+    if ("current" in body) == ("status" in body):
+        raise _invalid("current", "give one of current=true or status=retired")
+    try:
+        doc = datasets.change_version(
+            current_app.extensions["redis"], current_app.extensions["ledger"], dataset_id,
+            version, current_key().id, current="current" in body, retire="status" in body)
+        return version_doc(doc, datasets.find_version(doc, version))
+    except datasets.VersionError as err:
+        raise _version_error(err) from None
 
 
 @blp.route("/<dataset_id>", methods=["DELETE"])

@@ -90,6 +90,14 @@ if mode == 'pricing' then
 else
   local event = {'kind', 'reserve', 'release_id', rid, 'actor', actor, 'at', ARGV[4]}
   redis.call('HSET', KEYS[4], 'actor', actor)
+  -- the audit stream says which dataset version the release uses (and settle.lua, from
+  -- the reservation, which one its commit or refund was of)
+  local version = cjson.decode(ARGV[6]).dataset_version
+  if type(version) == 'number' then
+    table.insert(event, 'version')
+    table.insert(event, string.format('%d', version))
+    redis.call('HSET', KEYS[4], 'version', string.format('%d', version))
+  end
   for i = 0, n - 1 do
     local m, u = ARGV[12 + 2 * i], ARGV[13 + 2 * i]
     redis.call('HINCRBY', KEYS[1], 'reserved:' .. m, u)

@@ -41,6 +41,11 @@ local owner = redis.call('HGET', KEYS[4], 'actor') or ''
 local kind = action
 if action == 'fail' then kind = 'commit' end
 local event = {'kind', kind, 'release_id', rid, 'actor', ARGV[4], 'at', ARGV[5]}
+local version = redis.call('HGET', KEYS[4], 'version')
+if version then
+  table.insert(event, 'version')
+  table.insert(event, version)
+end
 if charge then
   table.insert(event, 'outcome')
   table.insert(event, (action == 'commit') and 'succeeded' or 'failed')

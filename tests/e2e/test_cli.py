@@ -296,6 +296,35 @@ def test_ledger_export_audit_alias_and_retire(service: Service, dataset: str,
     assert refused.returncode == 1 and refused.stderr.startswith("error: dataset_retired")
 
 
+def test_dataset_versions_on_one_budget(service: Service, dataset: str,
+                                        tmp_path: Path) -> None:
+    """Catches a CLI version upload that becomes current by itself or gets its own
+    budget, a release flag that does not reach the server, and retirement of the
+    current version."""
+    csv = tmp_path / "v2.csv"
+    csv.write_text("x,g\n" + "".join(f"0.9,{'uv'[i % 2]}\n" for i in range(40)))
+    made = cli_json(service, "datasets", "versions", "upload", dataset, str(csv))
+    assert (made["version"], made["n_rows"], made["current"]) == (2, 40, False)
+    listed = cli(service, "datasets", "versions", "list", dataset).stdout
+    assert re.search(r"^1\s+\*\s+active\s+100\b", listed, re.MULTILINE), listed
+    assert cli_json(service, "datasets", "versions", "current", dataset, "2")["current"]
+    # the mean of x on v2 (every x is 0.9), with the dataset's budget of 2 - 1.5 spent
+    rel = cli_json(service, "release", "create", "--dataset", dataset, "--mechanism",
+                   "laplace", "--params", MEAN_X, "--budget", "epsilon=1.5", "--wait")
+    assert rel["dataset_version"] == 2
+    old = cli_json(service, "release", "create", "--dataset", dataset, "--mechanism",
+                   "laplace", "--params", MEAN_X, "--budget", "epsilon=0.5",
+                   "--dataset-version", "1", "--wait")
+    assert old["dataset_version"] == 1 and old["status"] == "succeeded"
+    spent = cli(service, "release", "create", "--dataset", dataset, "--mechanism",
+                "laplace", "--params", MEAN_X, "--budget", "epsilon=0.1", ok=False)
+    assert spent.stderr.startswith("error: budget_exhausted"), spent.stderr
+    refused = cli(service, "datasets", "versions", "retire", dataset, "2", ok=False)
+    assert refused.returncode == 1 and refused.stderr.startswith("error: version_current")
+    assert cli_json(service, "datasets", "versions", "retire", dataset, "1")["status"] == (
+        "retired")
+
+
 def test_analyses_data_and_plot(service: Service, tmp_path: Path) -> None:
     ds = service.upload({"epsilon": 2, "interval_leakage": 0.9})
     rid = cli_json(service, "release", "create", "--dataset", ds, "--mechanism",

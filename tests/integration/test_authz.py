@@ -74,6 +74,17 @@ RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
         "operator", 200, True),
     ("/v1/datasets/<dataset_id>/ledger", "GET"): (
         lambda w: ("GET", f"/v1/datasets/{w.ds}/ledger", {}), "operator", 200, True),
+    ("/v1/datasets/<dataset_id>/versions", "POST"): (
+        lambda w: ("POST", f"/v1/datasets/{w.ds}/versions", {
+            "data": {"file": (io.BytesIO(people_csv(5).encode()), "d.csv")},
+            "content_type": "multipart/form-data"}), "operator", 201, True),
+    ("/v1/datasets/<dataset_id>/versions", "GET"): (
+        lambda w: ("GET", f"/v1/datasets/{w.ds}/versions", {}), "consumer", 200, True),
+    ("/v1/datasets/<dataset_id>/versions/<int:version>", "GET"): (
+        lambda w: ("GET", f"/v1/datasets/{w.ds}/versions/1", {}), "consumer", 200, True),
+    ("/v1/datasets/<dataset_id>/versions/<int:version>", "PATCH"): (  # v1 is current: 200
+        lambda w: ("PATCH", f"/v1/datasets/{w.ds}/versions/1", {"json": {"current": True}}),
+        "operator", 200, True),
     ("/v1/mechanisms", "GET"): (lambda w: ("GET", "/v1/mechanisms", {}), "consumer", 200, False),
     ("/v1/releases/estimate", "POST"): (
         lambda w: ("POST", "/v1/releases/estimate", {"json": _release_body(w)}),

@@ -80,7 +80,7 @@ def _restart(rig: dict[str, Any]) -> None:
 
 def _path_for(rule: Any, dataset: str, release: str) -> str:
     """A concrete path for a URL rule: real ids where the rule takes them."""
-    values = {"dataset_id": dataset, "release_id": release}
+    values = {"dataset_id": dataset, "release_id": release, "version": "1"}
     path = str(rule.rule)
     for arg in rule.arguments:  # <arg> or <converter:arg>
         path = re.sub(rf"<(?:[^:>]+:)?{arg}>", values.get(arg, "x"), path)

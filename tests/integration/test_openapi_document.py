@@ -27,7 +27,7 @@ OPERATOR = {"Authorization": f"Bearer {TOKEN}"}
 METHODS = {"get", "post", "put", "patch", "delete"}
 #: path ids the routes' converters accept (the 415 check runs once a route matched)
 PLACEHOLDERS = {"release_id": "rel_" + "0" * 24, "dataset_id": "ds_" + "0" * 16,
-                "analysis_id": "an_" + "0" * 24, "key_id": "key_0"}
+                "analysis_id": "an_" + "0" * 24, "key_id": "key_0", "version": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,8 @@ def test_headers_and_statuses_are_declared(spec: dict[str, Any]) -> None:
         where = f"{method.upper()} {path}"
         assert ("415" in op["responses"]) == (method in {"post", "put", "patch"}), where
         params = {p["name"] for p in op.get("parameters", []) if p["in"] == "header"}
-        honours = where in {"POST /v1/datasets", "POST /v1/releases"}
+        honours = where in {"POST /v1/datasets", "POST /v1/datasets/{dataset_id}/versions",
+                            "POST /v1/releases"}
         assert ("Idempotency-Key" in params) == honours, where
         for status in ("201", "202"):
             if status in op["responses"]:

@@ -727,6 +727,88 @@ def test_cli_wait_reports_a_pricing_failure_with_its_amounts(
     assert [s.method for s in script.seen] == ["POST", "GET", "GET"]
 
 
+def _form_fields(seen: Seen) -> dict[str, str]:
+    """The multipart body's text fields (every part but the file)."""
+    head = f"Content-Type: {seen.headers['Content-Type']}\r\n\r\n".encode()
+    message = email.message_from_bytes(head + seen.body)
+    return {str(part.get_param("name", header="content-disposition")):
+            part.get_payload(decode=True).decode()
+            for part in message.get_payload()  # type: ignore[union-attr]
+            if part.get_param("name", header="content-disposition") != "file"}
+
+
+def test_version_calls_match_the_contract(server: tuple[str, Script]) -> None:
+    """Catches a version call on the wrong path or method, a form field the server does
+    not read (metadata omitted must stay omitted: the dataset's is then used), and a
+    release or estimate that drops ``version``."""
+    url, script = server
+    script.answers = [answer(201, {"version": 2}), answer(201, {"version": 3}),
+                      answer(200, []), answer(200, {}), answer(200, {}), answer(200, {}),
+                      answer(202, {"id": "rel_1"}), answer(200, {"cost": {}})]
+    c = client(url)
+    c.upload_version("ds/1", b"x\n1\n", filename="v.csv")
+    c.upload_version("ds_1", b"x\n2\n", {"name": "t"}, compatible=True, make_current=True,
+                     idempotency_key="k-1")
+    c.list_versions("ds_1")
+    c.get_version("ds_1", 2)
+    c.set_current_version("ds_1", 2)
+    c.retire_version("ds_1", 1)
+    c.create_release("ds_1", "laplace", {}, {"epsilon": 1}, version=2)
+    c.estimate_release("ds_1", "laplace", {}, {"epsilon": 1}, version=1)
+    up1, up2, lst, one, cur, ret, rel, est = script.seen
+    assert (up1.method, up1.path) == ("POST", "/v1/datasets/ds%2F1/versions")
+    assert _form_fields(up1) == {"compatible": "false", "make_current": "false"}
+    assert _file_part(up1) == ("text/csv", b"x\n1\n")
+    assert _form_fields(up2) == {"compatible": "true", "make_current": "true",
+                                 "metadata": '{"name": "t"}'}
+    assert up2.headers["Idempotency-Key"] == "k-1"
+    assert (lst.method, lst.path) == ("GET", "/v1/datasets/ds_1/versions")
+    assert (one.method, one.path) == ("GET", "/v1/datasets/ds_1/versions/2")
+    assert (cur.method, cur.path, json.loads(cur.body)) == (
+        "PATCH", "/v1/datasets/ds_1/versions/2", {"current": True})
+    assert (ret.method, ret.path, json.loads(ret.body)) == (
+        "PATCH", "/v1/datasets/ds_1/versions/1", {"status": "retired"})
+    assert json.loads(rel.body)["version"] == 2 and json.loads(est.body)["version"] == 1
+
+
+def test_cli_datasets_versions(server: tuple[str, Script], tmp_path: Path) -> None:
+    """Catches a ``datasets versions`` subcommand that calls the wrong route or drops a
+    flag, and ``--dataset-version`` not reaching the release request."""
+    url, script = server
+    version = {"dataset_id": "ds_1", "version": 2, "current": True, "status": "active",
+               "n_rows": 3, "sha256": "ab" * 32, "columns": {}}
+    script.answers = [answer(201, version), answer(200, [version]), answer(200, version),
+                      answer(200, {**version, "version": 1, "status": "retired"}),
+                      answer(202, {"id": "rel_1", "status": "queued"})]
+    data = tmp_path / "v.csv"
+    data.write_text("x\n1\n")
+    auth = ["--url", url, "--key", "pr_test_key"]
+    runs = [["datasets", "versions", "upload", "ds_1", str(data), "--make-current"],
+            ["datasets", "versions", "list", "ds_1"],
+            ["datasets", "versions", "current", "ds_1", "2"],
+            ["datasets", "versions", "retire", "ds_1", "1"],
+            ["release", "create", "--dataset", "ds_1", "--mechanism", "laplace",
+             "--budget", "epsilon=1", "--dataset-version", "2"]]
+    outputs = []
+    for args in runs:
+        result = CliRunner().invoke(commands.cli, [*args, *auth])
+        assert result.exit_code == 0, result.output
+        outputs.append(result.stdout)
+    upload, lst, cur, ret, rel = script.seen
+    assert _form_fields(upload) == {"compatible": "false", "make_current": "true"}
+    assert (lst.method, lst.path) == ("GET", "/v1/datasets/ds_1/versions")
+    assert (cur.method, json.loads(cur.body)) == ("PATCH", {"current": True})
+    assert (ret.path, json.loads(ret.body)) == ("/v1/datasets/ds_1/versions/1",
+                                                {"status": "retired"})
+    assert json.loads(rel.body)["version"] == 2
+    assert re.search(r"^version:\s+2$", outputs[0], re.MULTILINE), outputs[0]
+    assert "abababababab" in outputs[1]
+    result = CliRunner().invoke(commands.cli, [
+        "datasets", "versions", "upload", "ds_1", str(data), "--metadata-json", "{}",
+        "--metadata", str(data), *auth])
+    assert result.exit_code == 2 and len(script.seen) == 5
+
+
 def test_the_client_distribution_stands_alone() -> None:
     """The server may depend on the client, never the other way: the client's code
     imports nothing of ours, and its only dependency is requests (the rest are extras)."""

@@ -212,23 +212,57 @@ class Client:
         the server answers them with the dataset the first attempt registered. Pass
         your own key to make a retry across process restarts safe.
         """
-        framed = frames.frame_upload(file)
-        if framed is not None:
-            content, name, _ = framed
-            name = filename or name
-        elif isinstance(file, bytes):
-            content, name = file, filename or "data.csv"
-        elif isinstance(file, str | os.PathLike):
-            path = Path(file)
-            content, name = path.read_bytes(), filename or path.name
-        else:
-            content = file.read()  # bytes kept so every retry resends the whole body
-            name = filename or Path(getattr(file, "name", "data.csv")).name
-        kind = frames.PARQUET_TYPE if _is_parquet(content) else "text/csv"
         meta = metadata if isinstance(metadata, str) else json.dumps(metadata)
         doc: dict[str, Any] = self.request(
-            "POST", "/v1/datasets", files={"file": (name, content, kind)},
+            "POST", "/v1/datasets", files={"file": _file_part(file, filename)},
             data={"metadata": meta}, idempotency_key=idempotency_key)
+        return doc
+
+    def upload_version(self, dataset_id: str, file: FileArg,
+                       metadata: str | Mapping[str, Any] | None = None, *,
+                       compatible: bool = False, make_current: bool = False,
+                       filename: str | None = None,
+                       idempotency_key: str | None = None) -> dict[str, Any]:
+        """Upload the next version of a dataset: the same people, the dataset's budget.
+
+        ``file`` as for ``upload_dataset``. Without ``metadata`` the dataset's schema is
+        used; changed metadata needs ``compatible=True`` (same columns and kinds; bounds
+        and categories may change; budgets, notions and policies are the dataset's). The
+        version becomes current only with ``make_current=True``. Returns the version.
+        """
+        data = {"compatible": str(compatible).lower(),
+                "make_current": str(make_current).lower()}
+        if metadata is not None:
+            data["metadata"] = metadata if isinstance(metadata, str) else json.dumps(metadata)
+        doc: dict[str, Any] = self.request(
+            "POST", f"/v1/datasets/{_seg(dataset_id)}/versions",
+            files={"file": _file_part(file, filename)}, data=data,
+            idempotency_key=idempotency_key)
+        return doc
+
+    def list_versions(self, dataset_id: str) -> list[dict[str, Any]]:
+        """Every version of the dataset, oldest first (``current`` marks the current one)."""
+        docs: list[dict[str, Any]] = self._get(f"/v1/datasets/{_seg(dataset_id)}/versions")
+        return docs
+
+    def get_version(self, dataset_id: str, version: int) -> dict[str, Any]:
+        doc: dict[str, Any] = self._get(
+            f"/v1/datasets/{_seg(dataset_id)}/versions/{int(version)}")
+        return doc
+
+    def set_current_version(self, dataset_id: str, version: int) -> dict[str, Any]:
+        """Releases without a ``version`` use this one from now on."""
+        doc: dict[str, Any] = self.request(
+            "PATCH", f"/v1/datasets/{_seg(dataset_id)}/versions/{int(version)}",
+            json_body={"current": True})
+        return doc
+
+    def retire_version(self, dataset_id: str, version: int) -> dict[str, Any]:
+        """No new releases on this version (not the current one; 409 if it is); its
+        releases stay readable and its files are kept."""
+        doc: dict[str, Any] = self.request(
+            "PATCH", f"/v1/datasets/{_seg(dataset_id)}/versions/{int(version)}",
+            json_body={"status": "retired"})
         return doc
 
     def list_datasets(self) -> list[dict[str, Any]]:
@@ -312,13 +346,18 @@ class Client:
 
     @staticmethod
     def _release_body(dataset_id: str, mechanism: str, params: Mapping[str, Any] | None,
-                      budget: Mapping[str, float]) -> dict[str, Any]:
-        return {"dataset_id": dataset_id, "mechanism": mechanism,
-                "params": dict(params or {}), "budget": dict(budget)}
+                      budget: Mapping[str, float], version: int | None = None
+                      ) -> dict[str, Any]:
+        body: dict[str, Any] = {"dataset_id": dataset_id, "mechanism": mechanism,
+                                "params": dict(params or {}), "budget": dict(budget)}
+        if version is not None:
+            body["version"] = int(version)
+        return body
 
     def create_release(self, dataset_id: str, mechanism: str, params: Mapping[str, Any] | None,
                        budget: Mapping[str, float], *,
-                       idempotency_key: str | None = None) -> dict[str, Any]:
+                       idempotency_key: str | None = None,
+                       version: int | None = None) -> dict[str, Any]:
         """Reserve and enqueue; an identical earlier request comes back ``replayed``.
 
         The release is ``queued``, or ``pricing`` when a worker must first compute its
@@ -326,30 +365,33 @@ class Client:
         problem this call would have raised); ``wait`` follows either.
 
         Pass your own ``idempotency_key`` to make a retry across process restarts safe.
+        ``version``: the dataset version to release from (default: its current one).
         """
         doc: dict[str, Any] = self.request(
             "POST", "/v1/releases", json_body=self._release_body(
-                dataset_id, mechanism, params, budget), idempotency_key=idempotency_key)
+                dataset_id, mechanism, params, budget, version),
+            idempotency_key=idempotency_key)
         return doc
 
     def submit(self, dataset_id: str, mechanism: str, params: Mapping[str, Any] | None,
                budget: Mapping[str, float], *,
-               idempotency_key: str | None = None) -> Release:
+               idempotency_key: str | None = None, version: int | None = None) -> Release:
         """``create_release`` as a :class:`Release` object (``.wait()``, ``.to_pandas()``)."""
         return Release(self, self.create_release(dataset_id, mechanism, params, budget,
-                                                 idempotency_key=idempotency_key))
+                                                 idempotency_key=idempotency_key,
+                                                 version=version))
 
     def estimate_release(self, dataset_id: str, mechanism: str,
                          params: Mapping[str, Any] | None,
                          budget: Mapping[str, float], *,
-                         timeout: float = 120.0) -> dict[str, Any]:
+                         timeout: float = 120.0, version: int | None = None) -> dict[str, Any]:
         """Cost, expected accuracy and remaining budget; spends nothing.
 
         A cost that needs a heavy precomputation nobody has computed yet is answered 202
         ``pricing`` while a worker computes it: asked again after its ``retry_after``
         seconds until answered, for at most ``timeout`` seconds (then TimeoutError).
         """
-        body = self._release_body(dataset_id, mechanism, params, budget)
+        body = self._release_body(dataset_id, mechanism, params, budget, version)
         deadline = time.monotonic() + timeout
         while True:
             doc: dict[str, Any] = self.request("POST", "/v1/releases/estimate",
@@ -530,6 +572,25 @@ class Client:
         """The server's OpenAPI document (``/openapi.json``), e.g. to generate a client."""
         doc: dict[str, Any] = self._get("/openapi.json")
         return doc
+
+
+def _file_part(file: FileArg, filename: str | None) -> tuple[str, bytes, str]:
+    """An upload's ``file`` part: (name, bytes, media type). A DataFrame is framed as
+    Parquet (``frames.frame_upload``); the bytes are kept so every retry resends them."""
+    framed = frames.frame_upload(file)
+    if framed is not None:
+        content, name, _ = framed
+        name = filename or name
+    elif isinstance(file, bytes):
+        content, name = file, filename or "data.csv"
+    elif isinstance(file, str | os.PathLike):
+        path = Path(file)
+        content, name = path.read_bytes(), filename or path.name
+    else:
+        content = file.read()
+        name = filename or Path(getattr(file, "name", "data.csv")).name
+    kind = frames.PARQUET_TYPE if _is_parquet(content) else "text/csv"
+    return name, content, kind
 
 
 def _link_cursor(resp: requests.Response) -> str | None:

@@ -1,0 +1,371 @@
+"""Dataset versions on one budget (issue #19 §2): real Valkey, real worker.
+
+A version is a new table of the same people: it spends the dataset's caps, releases
+record it (and their replay keys and audit events name it), and composition reads the
+releases of the same version only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import uuid
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flask import Flask
+
+from service import datasets, precompute, releases, rkeys
+from service.ingest import iter_upload
+from tests.integration.conftest import PEOPLE_META, Api, people_csv
+
+PROBLEM = "application/problem+json"
+
+
+def _post_version(api: Api, dataset_id: str, csv: str, *, metadata: Any = None,
+                  headers: dict[str, str] | None = None, **form: str) -> Any:
+    data: dict[str, Any] = {"file": (io.BytesIO(csv.encode()), "v.csv"), **form}
+    if metadata is not None:
+        data["metadata"] = metadata if isinstance(metadata, str) else json.dumps(metadata)
+    return api.client.post(f"/v1/datasets/{dataset_id}/versions", data=data,
+                           content_type="multipart/form-data",
+                           headers={"Authorization": f"Bearer {api.token}", **(headers or {})})
+
+
+def _patch(api: Api, dataset_id: str, version: int, body: dict[str, Any]) -> Any:
+    return api.client.patch(f"/v1/datasets/{dataset_id}/versions/{version}", json=body,
+                            headers={"Authorization": f"Bearer {api.token}"})
+
+
+def _count_rows(dataset_id: str, epsilon: float, version: int | None = None,
+                value: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "dataset_id": dataset_id, "mechanism": "laplace", "seed": 11,
+        "params": {"statistic": "count", "condition": {"column": "age", "op": "ge",
+                                                       "value": value}},
+        "budget": {"epsilon": epsilon}}
+    if version is not None:
+        body["version"] = version
+    return body
+
+
+def _upload(api: Api, n: int, budgets: dict[str, float] | None = None) -> dict[str, Any]:
+    meta = {**PEOPLE_META, **({"budgets": budgets} if budgets else {})}
+    resp = api.upload(people_csv(n), meta)
+    assert resp.status_code == 201, resp.get_json()
+    doc: dict[str, Any] = resp.get_json()
+    return doc
+
+
+def _version_dirs(data_dir: Path, dataset_id: str) -> set[str]:
+    return {p.name for p in (data_dir / "datasets" / dataset_id).iterdir()}
+
+
+def test_upload_version_keeps_the_current_one_until_made_current(
+        api: Api, data_dir: Path) -> None:
+    """Catches a version that becomes current by itself, a wrong Location or sha256, and
+    a document whose top level does not follow the current version."""
+    ds = _upload(api, 200)
+    assert (ds["current_version"], [v["version"] for v in ds["versions"]]) == (1, [1])
+    assert ds["sha256"] == hashlib.sha256(people_csv(200).encode()).hexdigest()
+    csv = people_csv(150)
+    resp = _post_version(api, ds["id"], csv)
+    assert resp.status_code == 201, resp.get_json()
+    assert resp.headers["Location"] == f"/v1/datasets/{ds['id']}/versions/2"
+    made = resp.get_json()
+    assert (made["version"], made["n_rows"], made["current"], made["status"]) == (
+        2, 150, False, "active")
+    assert made["sha256"] == hashlib.sha256(csv.encode()).hexdigest()
+    assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2"}
+    doc = api.get(f"/v1/datasets/{ds['id']}").get_json()
+    assert (doc["version"], doc["current_version"], doc["n_rows"]) == (1, 1, 200)
+    listed = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
+    assert [(v["version"], v["current"]) for v in listed] == [(1, True), (2, False)]
+
+    resp = _patch(api, ds["id"], 2, {"current": True})
+    assert resp.status_code == 200 and resp.get_json()["current"] is True
+    doc = api.get(f"/v1/datasets/{ds['id']}").get_json()
+    assert (doc["version"], doc["current_version"], doc["n_rows"]) == (2, 2, 150)
+    assert api.get(f"/v1/datasets/{ds['id']}/versions/9").status_code == 404
+
+    resp = _post_version(api, ds["id"], people_csv(120), make_current="true")
+    assert resp.status_code == 201 and resp.get_json()["current"] is True
+    assert api.get(f"/v1/datasets/{ds['id']}").get_json()["n_rows"] == 120
+    events = api.get(f"/v1/datasets/{ds['id']}/ledger?kind=version").get_json()
+    assert [(e["action"], e["version"]) for e in events] == [
+        ("uploaded", 2), ("current", 2), ("uploaded", 3), ("current", 3)]
+
+
+def test_versions_spend_one_budget_and_replays_are_per_version(
+        api: Api, app: Flask, worker: Any) -> None:
+    """Catches a version with a fresh budget (the same people twice), a replay key without
+    the version (a v2 request answered by the v1 release), a worker that reads the
+    current version's files instead of the recorded one, and composition across
+    versions (different rows)."""
+    ds = _upload(api, 200, budgets={"epsilon": 1.5})
+    first = api.post("/v1/releases", _count_rows(ds["id"], 0.6))
+    assert first.status_code == 202, first.get_json()
+    assert api.wait(first.get_json()["id"])["status"] == "succeeded"
+    assert _post_version(api, ds["id"], people_csv(3000)).status_code == 201
+
+    # v2 sees the dataset's remainder: 0.9 of 1.5
+    refused = api.post("/v1/releases", _count_rows(ds["id"], 1.0, version=2))
+    assert refused.status_code == 409
+    assert (refused.get_json()["code"], refused.get_json()["remaining"]) == (
+        "budget_exhausted", pytest.approx(0.9))
+    second = api.post("/v1/releases", _count_rows(ds["id"], 0.3, version=2))
+    assert second.status_code == 202, second.get_json()
+    v2 = api.wait(second.get_json()["id"])
+    assert v2["status"] == "succeeded" and v2["dataset_version"] == 2
+    # Laplace(1/0.3): |noise| > 100 has probability exp(-30); v1 has 200 rows, v2 3000
+    assert abs(v2["result"]["value"] - 3000) < 100
+    # the same request on v1 is another release (its own replay key), not v2's
+    again_v1 = api.post("/v1/releases", _count_rows(ds["id"], 0.3, version=1))
+    assert again_v1.status_code == 202
+    assert again_v1.get_json()["id"] not in {first.get_json()["id"], v2["id"]}
+    v1 = api.wait(again_v1.get_json()["id"])
+    assert v1["dataset_version"] == 1 and abs(v1["result"]["value"] - 200) < 100
+    # while the same request on v2 replays v2's release and spends nothing
+    replay = api.post("/v1/releases", _count_rows(ds["id"], 0.3, version=2))
+    assert replay.status_code == 200 and replay.get_json()["id"] == v2["id"]
+    budget = api.get(f"/v1/datasets/{ds['id']}/budget").get_json()["measures"]["epsilon"]
+    assert (budget["committed"], budget["remaining"]) == (pytest.approx(1.2),
+                                                          pytest.approx(0.3))
+
+    client = app.extensions["redis"]
+    doc = datasets.get(client, ds["id"])
+    assert doc is not None
+    per_version = {v: releases.earlier_releases(client, datasets.at_version(doc, v))
+                   for v in (1, 2)}
+    assert [e["cost"]["epsilon"] for e in per_version[1]] == [Fraction("0.6"),
+                                                               Fraction("0.3")]
+    assert [e["cost"]["epsilon"] for e in per_version[2]] == [Fraction("0.3")]
+
+    events = api.get(f"/v1/datasets/{ds['id']}/ledger?kind=reserve,commit").get_json()
+    by_release = {(e["kind"], e["release_id"]): e.get("version") for e in events}
+    assert by_release == {(k, r): v for r, v in ((first.get_json()["id"], 1), (v2["id"], 2),
+                                                  (v1["id"], 1))
+                          for k in ("reserve", "commit")}
+
+
+def test_retired_version_refuses_new_releases_and_keeps_its_own(
+        api: Api, worker: Any, data_dir: Path) -> None:
+    """Catches a retired version that still takes releases, a current version that can be
+    retired (releases without a version would have none), a retired one made current,
+    and retirement that removes files or hides the version's releases."""
+    ds = _upload(api, 200)
+    done = api.post("/v1/releases", _count_rows(ds["id"], 0.1))
+    assert api.wait(done.get_json()["id"])["status"] == "succeeded"
+    assert _post_version(api, ds["id"], people_csv(100), make_current="true").status_code == 201
+    resp = _patch(api, ds["id"], 2, {"status": "retired"})
+    assert (resp.status_code, resp.get_json()["code"]) == (409, "version_current")
+    resp = _patch(api, ds["id"], 1, {"status": "retired"})
+    assert resp.status_code == 200 and resp.get_json()["status"] == "retired"
+    refused = api.post("/v1/releases", _count_rows(ds["id"], 0.1, version=1, value=1))
+    assert (refused.status_code, refused.get_json()["code"]) == (409, "version_retired")
+    estimate = api.post("/v1/releases/estimate", _count_rows(ds["id"], 0.1, version=1))
+    assert estimate.status_code == 409
+    resp = _patch(api, ds["id"], 1, {"current": True})
+    assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
+    assert _patch(api, ds["id"], 1, {"current": True, "status": "retired"}).status_code == 422
+    # its release stays readable, its files stay, the current version takes releases
+    assert api.get(f"/v1/releases/{done.get_json()['id']}").get_json()["status"] == "succeeded"
+    assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2"}
+    ok = api.post("/v1/releases", _count_rows(ds["id"], 0.1, value=2))
+    assert ok.status_code == 202 and ok.get_json()["dataset_version"] == 2
+    events = api.get(f"/v1/datasets/{ds['id']}/ledger?kind=version").get_json()
+    assert [(e["action"], e["version"]) for e in events][-1] == ("retired", 1)
+    # a retired dataset takes no version
+    api.client.delete(f"/v1/datasets/{ds['id']}", headers={"Authorization": f"Bearer {api.token}"})
+    resp = _post_version(api, ds["id"], people_csv(10))
+    assert (resp.status_code, resp.get_json()["code"]) == (409, "dataset_retired")
+
+
+INCOMPATIBLE = [
+    ({"budgets": {"epsilon": 50, "delta": 1e-5}}, "metadata.budgets"),
+    ({"notions": ["dp"]}, "metadata.notions"),
+    ({"bounds_policy": "clip"}, "metadata.bounds_policy"),
+    ({"keep_row_order": True}, "metadata.keep_row_order"),
+    ({"columns": {**PEOPLE_META["columns"],
+                  "age": {"type": "continuous", "bounds": [0, 100]}}}, "metadata.columns.age.type"),
+    ({"columns": {k: v for k, v in PEOPLE_META["columns"].items() if k != "group"}},
+     "metadata.columns.group"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), INCOMPATIBLE, ids=[c[1] for c in INCOMPATIBLE])
+def test_incompatible_metadata_is_422_naming_the_field_and_leaves_nothing(
+        api: Api, app: Flask, data_dir: Path, change: dict[str, Any], field: str) -> None:
+    """Catches a version that changes the dataset's budget, notions, policies or column
+    kinds (the same people under other rules), and a refusal that leaves files or a
+    Valkey change behind."""
+    ds = _upload(api, 30)
+    r = app.extensions["redis"]
+    before = (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"]),
+              r.xlen(rkeys.events(ds["id"])))
+    csv = people_csv(30) if "group" not in field else "age,income\n30,4.5\n"
+    resp = _post_version(api, ds["id"], csv, metadata={**PEOPLE_META, **change},
+                         compatible="true")
+    assert resp.status_code == 422 and resp.mimetype == PROBLEM, resp.get_json()
+    assert resp.get_json()["field"] == field
+    assert (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"]),
+            r.xlen(rkeys.events(ds["id"]))) == before
+    assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
+
+
+def test_compatible_change_needs_the_declaration_and_bad_cells_leave_nothing(
+        api: Api, app: Flask, data_dir: Path) -> None:
+    """Catches changed metadata taken without ``compatible=true``, bounds of the new
+    version not used for its validation, and a cell value in a version's error."""
+    ds = _upload(api, 30)
+    wider = {**PEOPLE_META, "columns": {**PEOPLE_META["columns"],
+                                        "age": {"type": "integer", "bounds": [0, 130]}}}
+    csv = people_csv(30) + "125,3.5,b\n"
+    resp = _post_version(api, ds["id"], csv, metadata=wider)
+    assert (resp.status_code, resp.get_json()["field"]) == (422, "compatible")
+    # the dataset's own bounds refuse 125 (no value in the answer), nothing is kept
+    r = app.extensions["redis"]
+    before = (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"]))
+    resp = _post_version(api, ds["id"], people_csv(30) + "12345,3.5,b\n")
+    assert resp.status_code == 422 and resp.get_json()["field"] == "file.columns.age"
+    assert "12345" not in resp.get_data(as_text=True)
+    assert (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"])) == before
+    assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
+    # declared compatible: accepted, with its own bounds (budgets omitted: the dataset's)
+    no_budgets = {k: v for k, v in wider.items() if k != "budgets"}
+    resp = _post_version(api, ds["id"], csv, metadata=no_budgets, compatible="true")
+    assert resp.status_code == 201, resp.get_json()
+    assert resp.get_json()["columns"]["age"]["bounds"] == [0, 130]
+    assert resp.get_json()["n_rows"] == 31
+
+
+def test_version_upload_with_an_idempotency_key_stores_once(
+        api: Api, data_dir: Path) -> None:
+    """Catches a retried version upload that stores a second version, and a key reused
+    for another request answered with the first one's version."""
+    ds = _upload(api, 20)
+    key = {"Idempotency-Key": f"v-{ds['id']}"}
+    first = _post_version(api, ds["id"], people_csv(20), headers=key)
+    again = _post_version(api, ds["id"], people_csv(20), headers=key)
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert first.get_json()["version"] == again.get_json()["version"] == 2
+    assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2"}
+    other = _post_version(api, ds["id"], people_csv(20), headers=key, make_current="true")
+    assert (other.status_code, other.get_json()["code"]) == (422, "idempotency_mismatch")
+
+
+def test_concurrent_version_uploads_each_get_a_number(app: Flask, data_dir: Path,
+                                                      api: Api) -> None:
+    """Catches lost updates of the document (two versions, one recorded) and two uploads
+    taking one number; a folder a crashed upload left (v2 here) is skipped, not reused."""
+    ds = _upload(api, 10)
+    store, r, ledger = (app.extensions[k] for k in ("store", "redis", "ledger"))
+    doc = datasets.get(r, ds["id"])
+    assert doc is not None
+    spec = datasets.spec_of(doc)
+    store.write(ds["id"], 2, {"orphan": True}, {"age": np.arange(3)})  # a kept orphan
+    made: list[int] = []
+
+    def one(n: int) -> None:
+        chunks = iter_upload(io.BytesIO(people_csv(n).encode()), spec, max_rows=100)
+        made.append(datasets.add_version(r, store, ledger, ds["id"], spec, chunks,
+                                         "tests")["version"])
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(1, 6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(made) == [3, 4, 5, 6, 7]
+    doc = datasets.get(r, ds["id"])
+    assert doc is not None
+    assert sorted(e["version"] for e in doc["versions"]) == [1, 3, 4, 5, 6, 7]
+    assert sorted(e["n_rows"] for e in doc["versions"]) == [1, 2, 3, 4, 5, 10]
+
+
+def test_reupload_as_a_new_dataset_is_warned(api: Api) -> None:
+    """Catches a silent second budget for the same people: a new dataset with an active
+    dataset's column set and row count names that dataset (same_file when identical)."""
+    n = 777
+    first = _upload(api, n)
+    second = _upload(api, n)
+    warnings = [w for w in second.get("warnings", []) if w["dataset_id"] == first["id"]]
+    assert warnings and warnings[0]["code"] == "possible_reupload"
+    assert warnings[0]["same_file"] is True
+    different = api.upload(people_csv(n + 1), PEOPLE_META).get_json()
+    assert all(w["dataset_id"] != first["id"] for w in different.get("warnings", []))
+
+
+
+HEIGHTS = {"name": "heights", "budgets": {"interval_leakage": 0.9},
+           "columns": {"h": {"type": "continuous", "bounds": [100, 220],
+                             "prior": {"family": "normal", "loc": 170, "scale": 10}}}}
+
+
+def test_a_priced_release_keeps_the_version_it_was_asked_on(api: Api, app: Flask) -> None:
+    """Catches a pricing job that prepares the request again on whatever version is
+    current by then: a release asked (without ``version``) while v1 was current must
+    run on v1 even if v2 became current before its cost was known."""
+    csv = "h\n" + "\n".join(str(150 + i % 40) for i in range(50)) + "\n"
+    resp = api.upload(csv, HEIGHTS)
+    assert resp.status_code == 201
+    ds = resp.get_json()["id"]
+    client, ledger = app.extensions["redis"], app.extensions["ledger"]
+    budget = 0.1 + (uuid.uuid4().int % 10**6) / 10**8  # fresh: its calibration is cold
+    body = {"dataset_id": ds, "mechanism": "interval.case1",
+            "params": {"column": "h", "calibrate": True},
+            "budget": {"interval_leakage": budget}}
+    with pytest.raises(releases.Unpriced) as cold, precompute.api_scope(app):
+        releases.prepare(client, ledger, body, allow_seeds=True)
+    assert cold.value.request.body["version"] == 1
+    assert json.loads(cold.value.request.request_json())["dataset_version"] == 1
+    assert _post_version(api, ds, csv, make_current="true").status_code == 201
+    with pytest.raises(releases.Unpriced) as again, precompute.api_scope(app):
+        # what the pricing job runs (it computes instead; the version is chosen first)
+        releases.prepare(client, ledger, cold.value.request.body, allow_seeds=True)
+    assert again.value.request.dataset["version"] == 1
+
+
+def test_a_document_from_before_versions_gets_its_next_version(
+        api: Api, app: Flask) -> None:
+    """Catches code that needs ``versions``/``current_version`` in the document: a
+    dataset stored before versions existed (only ``version: 1``) takes a version 2 and
+    lists both."""
+    ds = _upload(api, 12)
+    r = app.extensions["redis"]
+    doc = json.loads(r.get(rkeys.dataset(ds["id"])))
+    legacy = {k: v for k, v in doc.items()
+              if k not in {"versions", "current_version", "sha256"}}
+    r.set(rkeys.dataset(ds["id"]), json.dumps(legacy))
+    listed = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
+    assert [(v["version"], v["current"], v["n_rows"]) for v in listed] == [(1, True, 12)]
+    assert _post_version(api, ds["id"], people_csv(7), make_current="true").status_code == 201
+    listed = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
+    assert [(v["version"], v["current"], v["n_rows"]) for v in listed] == [
+        (1, False, 12), (2, True, 7)]
+
+
+def test_a_version_step_sent_twice_changes_the_document_once(app: Flask, api: Api) -> None:
+    """Catches a re-sent version step (a lost reply, a failover) that reads its own
+    Idempotency-Key as another upload's (the caller would then remove the files of the
+    version it had just stored), or records a second event."""
+    ds = _upload(api, 5)
+    r, ledger = app.extensions["redis"], app.extensions["ledger"]
+    raw = r.get(rkeys.dataset(ds["id"]))
+    doc = json.loads(raw)
+    entry = {**datasets.version_entry(doc), "version": 2}
+    new = json.dumps(datasets._version_doc(doc, entry, False))
+    idem = {"idempotency_key": f"{rkeys.P}idem:test:{ds['id']}", "fingerprint": "fp",
+            "idempotency_ttl": 60}
+    events = r.xlen(rkeys.events(ds["id"]))
+    first = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
+    again = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
+    assert first == again == ("ok", 2)
+    assert r.xlen(rkeys.events(ds["id"])) == events + 1
+    other = ledger.version_change(ds["id"], raw, new + " ", "uploaded", 3, "t", **idem)
+    assert other == ("idempotent", 2)
