@@ -43,6 +43,8 @@ from service.schemas import (
     LedgerQuerySchema,
     ReleaseListQuerySchema,
     ReleaseRequestSchema,
+    VersionPatchSchema,
+    VersionUploadSchema,
 )
 
 bp = Blueprint("console", __name__, url_prefix=session.PREFIX, template_folder="templates",
@@ -102,6 +104,8 @@ def _context() -> dict[str, Any]:
             "api": {"upload": datasets_api.upload, "retire": datasets_api.retire,
                     "budget": datasets_api.show_budget, "audit": datasets_api.audit,
                     "set_budget": datasets_api.set_budget,
+                    "upload_version": datasets_api.upload_version,
+                    "patch_version": datasets_api.patch_version,
                     "list_keys": keys_api.list_keys, "list_jobs": jobs_api.list_jobs,
                     "request": releases_api.create, "estimate": releases_api.estimate,
                     "analyses": outputs_api.create,
@@ -220,6 +224,8 @@ def datasets() -> Any:
             form = ops.load(DatasetUploadSchema(), {"metadata": metadata})
             files = ops.load(DatasetFileSchema(), dict(request.files))
             doc = ops.call(datasets_api.upload, form["metadata"], files["file"])
+            if doc.get("warnings"):  # shown once, with the new dataset (not in a redirect)
+                return _dataset_page(doc["id"], warnings=doc["warnings"]), 201
             return redirect(url_for("console.dataset", dataset_id=doc["id"]))
         except APIError as err:
             error, status = _form_error(err), err.status
@@ -235,15 +241,18 @@ def dataset(dataset_id: str) -> str:
 
 
 def _dataset_page(dataset_id: str, error: dict[str, Any] | None = None,
-                  form: Any = None) -> str:
+                  form: Any = None, warnings: list[dict[str, Any]] | None = None,
+                  version_error: dict[str, Any] | None = None) -> str:
     doc = ops.call(datasets_api.show, dataset_id)
+    versions = ops.call(datasets_api.list_versions, dataset_id)
     budget = (ops.call(datasets_api.show_budget, dataset_id)
               if ops.allowed(datasets_api.show_budget) else None)
     analysts = ([k for k in ops.call(keys_api.list_keys) if k.get("role") == "analyst"
                  and not k.get("revoked_at")]
                 if ops.allowed(datasets_api.set_budget) else [])
     return render_template("dataset.html", dataset=doc, budget=budget, error=error,
-                           analysts=analysts, form=form or {})
+                           analysts=analysts, form=form or {}, versions=versions,
+                           warnings=warnings or [], version_error=version_error)
 
 
 @bp.route("/datasets/<dataset_id>/budget", methods=["POST"])
@@ -275,6 +284,45 @@ def set_budget(dataset_id: str) -> Any:
             raise
         return _dataset_page(dataset_id, _form_error(err), request.form), err.status
     return redirect(url_for("console.dataset", dataset_id=dataset_id))
+
+
+@bp.route("/datasets/<dataset_id>/versions", methods=["POST"])
+def upload_version(dataset_id: str) -> Any:
+    """A new version through the API's own route: the same ingest, checks and errors."""
+    ops.check(datasets_api.upload_version)  # the role before anything of the body
+    fields = {"compatible": "compatible" in request.form,
+              "make_current": "make_current" in request.form}
+    metadata = request.form.get("metadata", "").strip()
+    if metadata:
+        fields["metadata"] = metadata
+    try:
+        form = ops.load(VersionUploadSchema(), fields)
+        files = ops.load(DatasetFileSchema(), dict(request.files))
+        ops.call(datasets_api.upload_version, dataset_id, files["file"], **form)
+    except APIError as err:
+        if err.status in {401, 403, 404}:
+            raise
+        return _dataset_page(dataset_id, version_error=_form_error(err)), err.status
+    return redirect(url_for("console.dataset", dataset_id=dataset_id))
+
+
+@bp.route("/datasets/<dataset_id>/versions/<int:version>", methods=["GET", "POST"])
+@page(datasets_api.show_version)
+def version(dataset_id: str, version: int) -> Any:
+    """One version (its columns); operators make it current or retire it (the API's PATCH)."""
+    if request.method == "POST":
+        body = ({"current": True} if request.form.get("action") == "current"
+                else {"status": "retired"})
+        try:
+            ops.call(datasets_api.patch_version, ops.load(VersionPatchSchema(), body),
+                     dataset_id, version)
+        except APIError as err:
+            if err.status in {401, 403, 404}:
+                raise
+            return _dataset_page(dataset_id, version_error=_form_error(err)), err.status
+        return redirect(url_for("console.dataset", dataset_id=dataset_id))
+    entry = ops.call(datasets_api.show_version, dataset_id, version)
+    return render_template("version.html", dataset_id=dataset_id, version=entry)
 
 
 @bp.route("/datasets/<dataset_id>/retire", methods=["POST"])

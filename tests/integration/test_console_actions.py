@@ -7,6 +7,8 @@ for the same input (detail and field), never with a copy of its wording.
 
 from __future__ import annotations
 
+import io
+import json
 import re
 from typing import Any
 
@@ -191,3 +193,81 @@ def test_lists_page_forward_and_back(app: Flask, api: Api, interval: dict[str, A
     page = other.get("/console/releases?mine=true").get_data(as_text=True)
     assert "No releases yet." in page and shown.findall(other.get(
         "/console/releases").get_data(as_text=True))
+
+
+def _upload_version(client: FlaskClient, dataset_id: str, csv: str, **fields: str) -> Any:
+    path = f"/console/datasets/{dataset_id}"
+    return client.post(f"{path}/versions", content_type="multipart/form-data", data={
+        "csrf_token": _csrf(client, path), "file": (io.BytesIO(csv.encode()), "v.csv"),
+        **fields})
+
+
+def test_versions_upload_current_and_retire_from_the_dataset_page(app: Flask, api: Api,
+                                                                  r: redis.Redis) -> None:
+    """An operator uploads v2, makes it current and retires v1 from the page, all through
+    the API's routes (catches a form that drops make_current or retires the wrong version),
+    and the API's refusals (retiring the current version: 409; changed metadata without
+    compatible: 422) are shown with their detail and field."""
+    ds = api.upload(people_csv(50), PEOPLE_META).get_json()
+    client = _signed_in(app, TOKEN)
+    path = f"/console/datasets/{ds['id']}"
+    page = client.get(path).get_data(as_text=True)
+    assert 'id="version-form"' in page and 'id="version-1"' in page
+    resp = _upload_version(client, ds["id"], people_csv(70))
+    assert resp.status_code == 302, resp.get_data(as_text=True)
+    versions = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
+    assert [(v["version"], v["n_rows"], v["current"]) for v in versions] == [
+        (1, 50, True), (2, 70, False)]
+    resp = client.post(f"{path}/versions/2", data={"csrf_token": _csrf(client, path),
+                                                   "action": "current"})
+    assert resp.status_code == 302
+    # retiring the current version: the API's 409, on the page
+    expected = api.client.patch(f"/v1/datasets/{ds['id']}/versions/2",
+                                json={"status": "retired"},
+                                headers={"Authorization": f"Bearer {TOKEN}"}).get_json()
+    resp = client.post(f"{path}/versions/2", data={"csrf_token": _csrf(client, path),
+                                                   "action": "retire"})
+    assert resp.status_code == expected["status"] == 409
+    assert str(escape(expected["detail"])) in resp.get_data(as_text=True)
+    resp = client.post(f"{path}/versions/1", data={"csrf_token": _csrf(client, path),
+                                                   "action": "retire"})
+    assert resp.status_code == 302
+    versions = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
+    assert [(v["version"], v["status"], v["current"]) for v in versions] == [
+        (1, "retired", False), (2, "active", True)]
+    resp = _upload_version(client, ds["id"], people_csv(10), metadata=json.dumps(PEOPLE_META))
+    page = resp.get_data(as_text=True)
+    assert resp.status_code == 422 and 'id="problem-field">compatible<' in page
+    shown = client.get(f"{path}/versions/2").get_data(as_text=True)
+    assert "70 rows" in shown and 'id="version-columns"' in shown
+    assert len(api.get(f"/v1/datasets/{ds['id']}/versions").get_json()) == 2  # nothing kept
+
+
+def test_versions_forms_are_for_operators_only(app: Flask, api: Api, r: redis.Redis) -> None:
+    """Analysts see the versions table but no form; their POSTs are the API's 403 and change
+    nothing (catches a version action allowed for a role the API refuses)."""
+    ds = api.upload(people_csv(30), PEOPLE_META).get_json()
+    client = _signed_in(app, apikeys.create(r, "analyst", label="no-versions")[1])
+    path = f"/console/datasets/{ds['id']}"
+    page = client.get(path).get_data(as_text=True)
+    assert 'id="version-1"' in page and 'id="version-form"' not in page
+    assert 'id="current-1"' not in page
+    assert _upload_version(client, ds["id"], people_csv(40)).status_code == 403
+    resp = client.post(f"{path}/versions/1", data={"csrf_token": _csrf(client, path),
+                                                   "action": "retire"})
+    assert resp.status_code == 403
+    versions = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
+    assert [(v["version"], v["status"]) for v in versions] == [(1, "active")]
+
+
+def test_reupload_warning_is_shown_after_the_upload_form(app: Flask, api: Api) -> None:
+    """A console upload matching an active dataset's columns and rows shows the API's
+    possible_reupload warning naming it (catches a warning lost in the redirect)."""
+    first = api.upload(people_csv(613), PEOPLE_META).get_json()
+    client = _signed_in(app, TOKEN)
+    resp = client.post("/console/datasets", content_type="multipart/form-data", data={
+        "csrf_token": _csrf(client, "/console/datasets"), "metadata": json.dumps(PEOPLE_META),
+        "file": (io.BytesIO(people_csv(613).encode()), "again.csv")})
+    page = resp.get_data(as_text=True)
+    assert resp.status_code == 201, page
+    assert 'id="reupload-warning"' in page and first["id"] in page and "the same file" in page
