@@ -290,7 +290,7 @@ def set_budget(dataset_id: str) -> Any:
 def upload_version(dataset_id: str) -> Any:
     """A new version through the API's own route: the same ingest, checks and errors."""
     ops.check(datasets_api.upload_version)  # the role before anything of the body
-    fields = {"compatible": "compatible" in request.form,
+    fields: dict[str, Any] = {"compatible": "compatible" in request.form,
               "make_current": "make_current" in request.form}
     metadata = request.form.get("metadata", "").strip()
     if metadata:
