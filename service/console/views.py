@@ -291,7 +291,7 @@ def upload_version(dataset_id: str) -> Any:
     """A new version through the API's own route: the same ingest, checks and errors."""
     ops.check(datasets_api.upload_version)  # the role before anything of the body
     fields: dict[str, Any] = {"compatible": "compatible" in request.form,
-              "make_current": "make_current" in request.form}
+                              "make_current": "make_current" in request.form}
     metadata = request.form.get("metadata", "").strip()
     if metadata:
         fields["metadata"] = metadata
