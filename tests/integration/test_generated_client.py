@@ -36,10 +36,11 @@ def generated(app: Flask, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     root = tmp_path_factory.mktemp("generated")
     spec = root / "openapi.json"
     spec.write_text(json.dumps(app.test_client().get("/openapi.json").get_json()))
-    # the generator knows no image/png: a plot is bytes (the one setting a user needs)
+    # the generator knows no image types: a plot is bytes (the one setting a user needs)
     config = root / "config.json"
     config.write_text(json.dumps({"content_type_overrides": {
-        "image/png": "application/octet-stream"}}))
+        "image/png": "application/octet-stream",
+        "image/svg+xml": "application/octet-stream"}}))
     done = subprocess.run(
         [sys.executable, "-m", "openapi_python_client", "generate", "--path", str(spec),
          "--output-path", str(root / PACKAGE), "--meta", "none", "--config", str(config)],
