@@ -140,11 +140,12 @@ def ensure_release_indexes(client: redis.Redis) -> None:
         start += BACKFILL_BATCH
         read = client.pipeline(transaction=False)
         for release_id, _ in rows:
-            read.hmget(rkeys.release(release_id), "request", "status", "actor")
+            read.hmget(rkeys.release(release_id), "request", "status", "actor", "dataset_id")
         write = client.pipeline(transaction=False)
-        for (release_id, score), (raw, status, actor) in zip(rows, read.execute(),
-                                                             strict=True):
-            dataset_id = json.loads(raw).get("dataset_id") if raw is not None else None
+        for (release_id, score), (raw, status, actor, moved) in zip(rows, read.execute(),
+                                                                    strict=True):
+            # a finished release whose request moved to disk keeps its dataset id
+            dataset_id = json.loads(raw).get("dataset_id") if raw is not None else moved
             if not dataset_id:  # gone, or a bare ledger reservation: no dataset to index
                 continue
             write.zadd(rkeys.dataset_releases(dataset_id), {release_id: score})

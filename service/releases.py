@@ -22,6 +22,7 @@ import redis
 import mechanisms
 from mechanisms import precompute, zcdp
 from service import budget, datasets, rkeys
+from service.documents import DocumentStore, fields, request_of
 from service.ledger import Ledger, ReserveResult
 from service.precompute import cold_key
 from service.problems import APIError
@@ -297,7 +298,8 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
-        composed = mech.composition(params, cost, meta, lambda: earlier_releases(client, doc))
+        composed = mech.composition(params, cost, meta,
+                                    lambda: earlier_releases(client, doc, ledger.documents))
         if composed is not None:
             accuracy = {**accuracy, "composition": composed}
     except mechanisms.MechanismInputError as err:
@@ -378,21 +380,24 @@ def zcdp_statement(doc: dict[str, Any], rho: Fraction) -> dict[str, Any]:
 MAX_EARLIER_RELEASES = 256
 
 
-def earlier_releases(client: redis.Redis, dataset: dict[str, Any]) -> list[dict[str, Any]]:
+def earlier_releases(client: redis.Redis, dataset: dict[str, Any],
+                     docs: DocumentStore | None = None) -> list[dict[str, Any]]:
     """The dataset's releases (this version) as ``Mechanism.composition`` reads them:
-    mechanism, params, status and the exact cost per measure, oldest first."""
+    mechanism, params, status and the exact cost per measure, oldest first (a finished
+    release's request is read from ``docs``, service.documents)."""
     key = rkeys.dataset_releases(dataset["id"])
     ids = client.zrange(key, -MAX_EARLIER_RELEASES, -1)
     pipe = client.pipeline(transaction=False)
     for release_id in ids:
-        pipe.hmget(rkeys.release(release_id), "request", "status")
+        pipe.hmget(rkeys.release(release_id), "request", "status", "doc")
     out: list[dict[str, Any]] = []
     if client.zcard(key) > MAX_EARLIER_RELEASES:
         out.append({"status": "truncated"})
-    for raw, status in pipe.execute():
-        if raw is None:
+    for release_id, (raw, status, sha) in zip(ids, pipe.execute(), strict=True):
+        h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
+        req = request_of(docs, release_id, h)
+        if req is None:
             continue
-        req = json.loads(raw)
         if req.get("dataset_version") != dataset.get("version"):
             continue
         out.append({"mechanism": req["mechanism"], "params": req["params"], "status": status,
@@ -440,20 +445,24 @@ def cost_doc(units: dict[str, int]) -> dict[str, float]:
     return {m: budget.display(m, u) for m, u in sorted(units.items())}
 
 
-def document(client: redis.Redis, release_id: str) -> dict[str, Any] | None:
-    """The public release document (DESIGN §4), or None."""
+def document(client: redis.Redis, release_id: str,
+             docs: DocumentStore | None) -> dict[str, Any] | None:
+    """The public release document (DESIGN §4), or None; a finished release's request and
+    result are read from ``docs`` (service.documents), older ones from the hash."""
     raw = client.hgetall(rkeys.release(release_id))
     if not raw:
         return None
-    return render(release_id, raw)
+    return render(release_id, raw, docs)
 
 
-def documents(client: redis.Redis, ids: list[str]) -> list[dict[str, Any]]:
-    """The documents of ``ids`` in one round trip, in order (ids without one left out)."""
+def documents(client: redis.Redis, ids: list[str],
+              docs: DocumentStore | None) -> list[dict[str, Any]]:
+    """The documents of ``ids`` in one round trip, in order (ids without one left out):
+    a page of N releases reads N hashes and at most 2 N small files, nothing else."""
     pipe = client.pipeline(transaction=False)
     for release_id in ids:
         pipe.hgetall(rkeys.release(release_id))
-    return [render(release_id, raw)
+    return [render(release_id, raw, docs)
             for release_id, raw in zip(ids, pipe.execute(), strict=True) if raw]
 
 
@@ -464,8 +473,11 @@ def table_attempt(client: redis.Redis, release_id: str) -> int:
     return int(client.hget(rkeys.release(release_id), "table") or 1)
 
 
-def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
-    """The document from the release's stored fields (status, request, output, ...)."""
+def render(release_id: str, h: dict[str, str],
+           docs: DocumentStore | None = None) -> dict[str, Any]:
+    """The document from the release's stored fields (status, request, output, ...), its
+    request and output read from ``docs`` where the hash points there."""
+    h = fields(docs, release_id, h)
     req = json.loads(h["request"])
     doc: dict[str, Any] = {
         "id": release_id,

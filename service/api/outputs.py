@@ -33,7 +33,8 @@ blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
 def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
     """The release, once succeeded; a release of a dataset the key may not use is
     answered as one that does not exist, before its status is looked at."""
-    doc = releases.document(current_app.extensions["redis"], release_id)
+    doc = releases.document(current_app.extensions["redis"], release_id,
+                            current_app.extensions["documents"])
     not_found = APIError(404, "no such release", code="not_found", field=field)
     if doc is None:
         raise not_found
@@ -162,7 +163,8 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
 
 def _release(release_id: str) -> dict[str, Any]:
     """The release (any status), answered as missing for a dataset the key may not use."""
-    doc = releases.document(current_app.extensions["redis"], release_id)
+    doc = releases.document(current_app.extensions["redis"], release_id,
+                            current_app.extensions["documents"])
     not_found = APIError(404, "no such release", code="not_found")
     if doc is None:
         raise not_found

@@ -1,0 +1,204 @@
+"""Release documents on disk, so Valkey holds per finished release only its index entries,
+status and ledger state (a few hundred bytes, not ~3 kB).
+
+Design (issue 19 §3). A release's request (params, the accuracy estimate, the privacy
+block) and its result (result, accuracy, guarantee) are JSON files beside its tables in
+the output store (``<releases_dir>/<release_id>/``, the same shared filesystem as the
+datasets: every API process and worker must see the same folder):
+
+- ``result.<attempt>.json``: run ``attempt``'s output, written by the worker (atomically:
+  temporary file, fsync, rename, then fsync of the folder) BEFORE it settles. The settle
+  script (settle.lua) records the attempt in the release hash (``result``) in the same
+  step that checks the run still holds the job's lease, so only the attempt recorded by
+  the winning settle is ever read; a run that lost its lease removes its own file, and the
+  winner removes the files of runs that died (``prune``). A file is never rewritten.
+- ``request.<sha1>.json``: the request as the release hash held it, named by its SHA-1
+  (content-addressed: any process may write it, the content never differs). Whoever
+  settles the release writes it first; settle.lua drops the hash's ``request`` field and
+  records the digest (``doc``) only if the hash's request still has that digest, so a
+  request rewritten meanwhile (a ``pricing`` release being priced) is never lost.
+
+Valkey keeps the request while the release is pending (the worker, the sweeper and the
+pricing job read it there) and, for releases finished before this store existed, until
+``privrelease migrate-outputs`` moves it; readers fall back to the hash's ``request`` and
+``output`` fields. Every remaining hash value is at most 64 bytes, so Valkey keeps the
+hash as a listpack (``hash-max-listpack-value``), the compact encoding.
+
+Retention: documents are kept forever (a consumer paid privacy budget for each result;
+deleting it would lose what was bought, and the audit stream refers to it). Analyses'
+results are free post-processing: they live here too (``analyses/<id>.json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: the release hash's fields that point at files here
+REQUEST_DIGEST = "doc"
+RESULT_ATTEMPT = "result"
+
+
+def digest(request_json: str) -> str:
+    """The request's SHA-1 as settle.lua computes it (``redis.sha1hex``) over the bytes."""
+    return hashlib.sha1(request_json.encode(), usedforsecurity=False).hexdigest()
+
+
+def _safe(name: str) -> str:
+    """A path component from an id we made (release/analysis ids): never a path."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError("not a document id")
+    return name
+
+
+class DocumentStore:
+    """JSON documents of releases under ``root`` (the output store's root)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def folder(self, release_id: str) -> Path:
+        return self.root / _safe(release_id)
+
+    def _write(self, path: Path, text: str, *, replace: bool) -> bool:
+        """Write atomically (tmp + fsync + rename + fsync of the folder); without
+        ``replace``, an existing file is kept (False)."""
+        if not replace and path.exists():
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            if replace:
+                os.replace(tmp, path)
+            else:
+                try:  # link fails if another writer got there first: never rewritten
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                finally:
+                    os.unlink(tmp)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        dirfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
+        return True
+
+    # -- requests ---------------------------------------------------------------------
+
+    def save_request(self, release_id: str, request_json: str) -> str:
+        """Store the request under its digest (idempotent: the same content whoever writes
+        it); returns the digest settle.lua checks against the hash's request."""
+        sha = digest(request_json)
+        self._write(self.folder(release_id) / f"request.{sha}.json", request_json,
+                    replace=False)
+        return sha
+
+    def load_request(self, release_id: str, sha: str) -> str | None:
+        path = self.folder(release_id) / f"request.{_safe(sha)}.json"
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    # -- results ----------------------------------------------------------------------
+
+    def save_result(self, release_id: str, attempt: int, output_json: str) -> None:
+        """Store run ``attempt``'s output; FileExistsError if that run already stored one
+        (a run's output is never replaced)."""
+        if not self._write(self._result(release_id, attempt), output_json, replace=False):
+            raise FileExistsError("this run already stored its output")
+
+    def load_result(self, release_id: str, attempt: int) -> str | None:
+        try:
+            return self._result(release_id, attempt).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def discard_result(self, release_id: str, attempt: int) -> None:
+        """Remove one run's output (a run that lost the job: its output is not the release's)."""
+        with contextlib.suppress(FileNotFoundError):
+            self._result(release_id, attempt).unlink()
+
+    def prune(self, release_id: str, keep_result: int | None, keep_request: str | None
+              ) -> list[str]:
+        """Remove every result file but ``keep_result``'s and every request file but
+        ``keep_request``'s (None: remove all of that kind); returns the names removed."""
+        folder = self.folder(release_id)
+        removed = []
+        keep = {f"result.{keep_result}.json" if keep_result is not None else "",
+                f"request.{keep_request}.json" if keep_request else ""}
+        for path in (folder.glob("*.json") if folder.is_dir() else []):
+            if path.name.startswith(("result.", "request.")) and path.name not in keep:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed.append(path.name)
+        return sorted(removed)
+
+    def _result(self, release_id: str, attempt: int) -> Path:
+        return self.folder(release_id) / f"result.{int(attempt)}.json"
+
+    # -- analyses ---------------------------------------------------------------------
+
+    def save_analysis(self, release_id: str, analysis_id: str, result_json: str) -> None:
+        """Store an analysis's result (an analysis runs once; a re-write is identical)."""
+        path = self.folder(release_id) / "analyses" / f"{_safe(analysis_id)}.json"
+        self._write(path, result_json, replace=True)
+
+    def load_analysis(self, release_id: str, analysis_id: str) -> str | None:
+        path = self.folder(release_id) / "analyses" / f"{_safe(analysis_id)}.json"
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def discard_analysis(self, release_id: str, analysis_id: str) -> None:
+        path = self.folder(release_id) / "analyses" / f"{_safe(analysis_id)}.json"
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def fields(docs: DocumentStore | None, release_id: str, h: dict[str, str]) -> dict[str, str]:
+    """The release hash with ``request`` and ``output`` filled in from disk where they
+    moved there (a hash still holding them, pending or not yet migrated, is as it is).
+
+    Raises LookupError if the hash points at a file that is missing (the shared folder is
+    not mounted, or was lost): never a document without its request or result.
+    """
+    out = dict(h)
+    if "request" not in out and REQUEST_DIGEST in out:
+        raw = docs.load_request(release_id, out[REQUEST_DIGEST]) if docs else None
+        if raw is None:
+            raise LookupError("release request missing from the output store")
+        out["request"] = raw
+    if "output" not in out and RESULT_ATTEMPT in out:
+        raw = docs.load_result(release_id, int(out[RESULT_ATTEMPT])) if docs else None
+        if raw is None:
+            raise LookupError("release result missing from the output store")
+        out["output"] = raw
+    return out
+
+
+def request_of(docs: DocumentStore | None, release_id: str,
+               h: dict[str, str]) -> dict[str, Any] | None:
+    """The release's request (from the hash or from disk), or None without one; reads
+    no result. ``h`` needs only the ``request`` and ``doc`` fields."""
+    raw = h.get("request")
+    if raw is None and h.get(REQUEST_DIGEST):
+        raw = docs.load_request(release_id, h[REQUEST_DIGEST]) if docs else None
+        if raw is None:
+            raise LookupError("release request missing from the output store")
+    return None if raw is None else dict(json.loads(raw))
