@@ -36,8 +36,11 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import redis
 
 #: the release hash's fields that point at files here
 REQUEST_DIGEST = "doc"
@@ -202,3 +205,105 @@ def request_of(docs: DocumentStore | None, release_id: str,
         if raw is None:
             raise LookupError("release request missing from the output store")
     return None if raw is None else dict(json.loads(raw))
+
+
+#: statuses after which a release's hash changes no more (its documents may move)
+FINISHED = frozenset({"succeeded", "failed", "cancelled", "refused"})
+
+# KEYS[1] the release hash. ARGV: 1 SHA-1 of the request moved ('' none), 2 SHA-1 of the
+# output moved ('' none), 3 dataset id, 4 attempt naming the moved output.
+# Drops what moved only if the hash still holds exactly that (compare-and-set): 1 if it did.
+_MOVE_RELEASE = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'succeeded' and status ~= 'failed' and status ~= 'cancelled'
+   and status ~= 'refused' then return 0 end
+local req = redis.call('HGET', KEYS[1], 'request')
+local out = redis.call('HGET', KEYS[1], 'output')
+if ARGV[1] ~= '' and not (req and redis.sha1hex(req) == ARGV[1]) then return 0 end
+if ARGV[2] ~= '' and not (out and redis.sha1hex(out) == ARGV[2]) then return 0 end
+if ARGV[1] ~= '' then
+  redis.call('HDEL', KEYS[1], 'request')
+  redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'dataset_id', ARGV[3])
+end
+if ARGV[2] ~= '' then
+  redis.call('HDEL', KEYS[1], 'output')
+  redis.call('HSET', KEYS[1], 'result', ARGV[4])
+end
+redis.call('HDEL', KEYS[1], 'replay_key')
+return 1
+"""
+
+# KEYS[1] the analysis hash. ARGV: 1 SHA-1 of the result moved. Compare-and-set as above.
+_MOVE_ANALYSIS = """
+local res = redis.call('HGET', KEYS[1], 'result')
+if redis.call('HGET', KEYS[1], 'status') ~= 'succeeded' or not res
+   or redis.sha1hex(res) ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'result')
+redis.call('HSET', KEYS[1], 'stored', '1')
+return 1
+"""
+
+#: the attempt number a migrated output is filed under (runs are numbered from 1)
+MIGRATED_ATTEMPT = 0
+
+
+@dataclass
+class Migration:
+    """What ``migrate`` moved: releases whose documents left Valkey, analyses likewise,
+    and releases left as they were (pending, or changed while being moved: run again)."""
+
+    releases: int = 0
+    analyses: int = 0
+    skipped: int = 0
+
+
+def migrate(client: redis.Redis, docs: DocumentStore, batch: int = 500) -> Migration:
+    """Move the request and output of every finished release, and the result of every
+    succeeded analysis, still held in Valkey into ``docs`` (``privrelease
+    migrate-outputs``). Files first (fsynced), then a compare-and-set that drops the
+    Valkey copy only if it is still what was written: safe while the service runs, and
+    to run again (a second run finds nothing to move)."""
+    from service import rkeys
+
+    done = Migration()
+    move_release = client.register_script(_MOVE_RELEASE)
+    move_analysis = client.register_script(_MOVE_ANALYSIS)
+    start = 0
+    while ids := client.zrange(rkeys.RELEASES, start, start + batch - 1):
+        start += batch
+        pipe = client.pipeline(transaction=False)
+        for release_id in ids:
+            pipe.hgetall(rkeys.release(release_id))
+        for release_id, h in zip(ids, pipe.execute(), strict=True):
+            if not h or ("request" not in h and "output" not in h):
+                continue
+            if h.get("status") not in FINISHED:
+                done.skipped += 1
+                continue
+            req_sha = out_sha = ""
+            dataset_id = h.get("dataset_id", "")
+            if "request" in h:
+                req_sha = docs.save_request(release_id, h["request"])
+                dataset_id = json.loads(h["request"]).get("dataset_id", "")
+            if "output" in h:
+                out_sha = digest(h["output"])
+                path = docs._result(release_id, MIGRATED_ATTEMPT)
+                if docs.load_result(release_id, MIGRATED_ATTEMPT) != h["output"]:
+                    docs._write(path, h["output"], replace=True)
+            moved = move_release(keys=[rkeys.release(release_id)],
+                                 args=[req_sha, out_sha, dataset_id, MIGRATED_ATTEMPT])
+            if int(moved):
+                done.releases += 1
+            else:
+                done.skipped += 1
+    for key in client.scan_iter(rkeys.analysis("*"), count=batch):
+        if key.count(":") != 2:  # pr:ana:<id> only
+            continue
+        h = client.hgetall(key)
+        if h.get("status") != "succeeded" or "result" not in h:
+            continue
+        analysis_id = key.rsplit(":", 1)[1]
+        docs.save_analysis(h["release_id"], analysis_id, h["result"])
+        if int(move_analysis(keys=[key], args=[digest(h["result"])])):
+            done.analyses += 1
+    return done

@@ -430,7 +430,8 @@ def _run_analysis(config: Config, client: redis.Redis, analysis_id: str,
                                             "error_type": type(err).__name__})
         analyses.finish(client, analysis_id, error=_analysis_error(err))
         return "failed"
-    if not analyses.finish(client, analysis_id, result_json=payload):
+    if not analyses.finish(client, analysis_id, result_json=payload, docs=_docs(),
+                           release_id=req["release_id"]):
         return "discarded"  # cancelled (or ended) while it ran: its result is not stored
     return "succeeded"
 

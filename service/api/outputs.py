@@ -156,7 +156,7 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
         with contextlib.suppress(*UNAVAILABLE):
             analyses.discard(client, release_id, analysis_id)
         raise
-    created = analyses.document(client, analysis_id)
+    created = analyses.document(client, analysis_id, current_app.extensions["documents"])
     assert created is not None
     return created
 
@@ -174,7 +174,8 @@ def _release(release_id: str) -> dict[str, Any]:
 
 def _analysis(release_id: str, analysis_id: str) -> dict[str, Any]:
     _release(release_id)
-    found = analyses.document(current_app.extensions["redis"], analysis_id)
+    found = analyses.document(current_app.extensions["redis"], analysis_id,
+                               current_app.extensions["documents"])
     if found is None or found["release_id"] != release_id:
         raise APIError(404, "no such analysis", code="not_found")
     return found
@@ -189,7 +190,8 @@ def list_analyses(query: dict[str, Any], release_id: str) -> dict[str, Any]:
     """A release's analyses, newest first, a page at a time (``next_cursor``)."""
     _release(release_id)
     items, cursor = analyses.page(current_app.extensions["redis"], release_id,
-                                  query["limit"], query.get("cursor"))
+                                  query["limit"], query.get("cursor"),
+                                  current_app.extensions["documents"])
     return {"items": items, "next_cursor": cursor}
 
 
@@ -225,6 +227,6 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     # is stopped by its own worker, which watches the status (workers/tasks.py)
     with contextlib.suppress(Exception):
         current_app.extensions["celery"].control.revoke(analysis_id)
-    ended = analyses.document(client, analysis_id)
+    ended = analyses.document(client, analysis_id, current_app.extensions["documents"])
     assert ended is not None
     return ended
