@@ -12,7 +12,7 @@ datasets: every API process and worker must see the same folder):
   step that checks the run still holds the job's lease, so only the attempt recorded by
   the winning settle is ever read; a run that lost its lease removes its own file, and the
   winner removes the files of runs that died (``prune``). A file is never rewritten.
-- ``request.<sha1>.json``: the request as the release hash held it, named by its SHA-1
+- ``request.<digest>.json``: the request as the release hash held it, named by its SHA-1
   (content-addressed: any process may write it, the content never differs). Whoever
   settles the release writes it first; settle.lua drops the hash's ``request`` field and
   records the digest (``doc``) only if the hash's request still has that digest, so a
@@ -47,9 +47,14 @@ REQUEST_DIGEST = "doc"
 RESULT_ATTEMPT = "result"
 
 
-def digest(request_json: str) -> str:
-    """The request's SHA-1 as settle.lua computes it (``redis.sha1hex``) over the bytes."""
-    return hashlib.sha1(request_json.encode(), usedforsecurity=False).hexdigest()
+#: hex digits of the SHA-1 a document is named by: it tells apart the versions of one
+#: release's request (a collision would need 2^32 versions), in a quarter of the bytes
+DIGEST_CHARS = 16
+
+
+def digest(text: str) -> str:
+    """The text's SHA-1 prefix as the scripts compute it (``redis.sha1hex``)."""
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:DIGEST_CHARS]
 
 
 def _safe(name: str) -> str:
@@ -210,8 +215,9 @@ def request_of(docs: DocumentStore | None, release_id: str,
 #: statuses after which a release's hash changes no more (its documents may move)
 FINISHED = frozenset({"succeeded", "failed", "cancelled", "refused"})
 
-# KEYS[1] the release hash. ARGV: 1 SHA-1 of the request moved ('' none), 2 SHA-1 of the
-# output moved ('' none), 3 dataset id, 4 attempt naming the moved output.
+# KEYS[1] the release hash. ARGV: 1 digest of the request moved ('' none), 2 of the output
+# moved ('' none), 3 attempt naming the moved output (digest: ``digest``).
+# (the dataset id is not kept: the release indexes, built before, are what need it)
 # Drops what moved only if the hash still holds exactly that (compare-and-set): 1 if it did.
 _MOVE_RELEASE = """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -219,17 +225,24 @@ if status ~= 'succeeded' and status ~= 'failed' and status ~= 'cancelled'
    and status ~= 'refused' then return 0 end
 local req = redis.call('HGET', KEYS[1], 'request')
 local out = redis.call('HGET', KEYS[1], 'output')
-if ARGV[1] ~= '' and not (req and redis.sha1hex(req) == ARGV[1]) then return 0 end
-if ARGV[2] ~= '' and not (out and redis.sha1hex(out) == ARGV[2]) then return 0 end
+local function d(text) return string.sub(redis.sha1hex(text), 1, 16) end
+if ARGV[1] ~= '' and not (req and d(req) == ARGV[1]) then return 0 end
+if ARGV[2] ~= '' and not (out and d(out) == ARGV[2]) then return 0 end
 if ARGV[1] ~= '' then
   redis.call('HDEL', KEYS[1], 'request')
-  redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'dataset_id', ARGV[3])
+  redis.call('HSET', KEYS[1], 'doc', ARGV[1])
 end
 if ARGV[2] ~= '' then
   redis.call('HDEL', KEYS[1], 'output')
-  redis.call('HSET', KEYS[1], 'result', ARGV[4])
+  redis.call('HSET', KEYS[1], 'result', ARGV[3])
 end
 redis.call('HDEL', KEYS[1], 'replay_key')
+if redis.call('HEXISTS', KEYS[1], 'request') == 0 and redis.call('HEXISTS', KEYS[1], 'output') == 0
+   then  -- written again: a listpack once every value is short (settle.lua does the same)
+  local all = redis.call('HGETALL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], unpack(all))
+end
 return 1
 """
 
@@ -237,7 +250,7 @@ return 1
 _MOVE_ANALYSIS = """
 local res = redis.call('HGET', KEYS[1], 'result')
 if redis.call('HGET', KEYS[1], 'status') ~= 'succeeded' or not res
-   or redis.sha1hex(res) ~= ARGV[1] then return 0 end
+   or string.sub(redis.sha1hex(res), 1, 16) ~= ARGV[1] then return 0 end
 redis.call('HDEL', KEYS[1], 'result')
 redis.call('HSET', KEYS[1], 'stored', '1')
 return 1
@@ -263,9 +276,12 @@ def migrate(client: redis.Redis, docs: DocumentStore, batch: int = 500) -> Migra
     migrate-outputs``). Files first (fsynced), then a compare-and-set that drops the
     Valkey copy only if it is still what was written: safe while the service runs, and
     to run again (a second run finds nothing to move)."""
-    from service import rkeys
+    from service import index, rkeys
 
     done = Migration()
+    # the list indexes first: releases made before them are found by the dataset id in
+    # their request, which is about to leave the hash
+    index.ensure_release_indexes(client)
     move_release = client.register_script(_MOVE_RELEASE)
     move_analysis = client.register_script(_MOVE_ANALYSIS)
     start = 0
@@ -281,17 +297,15 @@ def migrate(client: redis.Redis, docs: DocumentStore, batch: int = 500) -> Migra
                 done.skipped += 1
                 continue
             req_sha = out_sha = ""
-            dataset_id = h.get("dataset_id", "")
             if "request" in h:
                 req_sha = docs.save_request(release_id, h["request"])
-                dataset_id = json.loads(h["request"]).get("dataset_id", "")
             if "output" in h:
                 out_sha = digest(h["output"])
                 path = docs._result(release_id, MIGRATED_ATTEMPT)
                 if docs.load_result(release_id, MIGRATED_ATTEMPT) != h["output"]:
                     docs._write(path, h["output"], replace=True)
             moved = move_release(keys=[rkeys.release(release_id)],
-                                 args=[req_sha, out_sha, dataset_id, MIGRATED_ATTEMPT])
+                                 args=[req_sha, out_sha, MIGRATED_ATTEMPT])
             if int(moved):
                 done.releases += 1
             else:

@@ -140,12 +140,11 @@ def ensure_release_indexes(client: redis.Redis) -> None:
         start += BACKFILL_BATCH
         read = client.pipeline(transaction=False)
         for release_id, _ in rows:
-            read.hmget(rkeys.release(release_id), "request", "status", "actor", "dataset_id")
+            read.hmget(rkeys.release(release_id), "request", "status", "actor")
         write = client.pipeline(transaction=False)
-        for (release_id, score), (raw, status, actor, moved) in zip(rows, read.execute(),
-                                                                    strict=True):
-            # a finished release whose request moved to disk keeps its dataset id
-            dataset_id = json.loads(raw).get("dataset_id") if raw is not None else moved
+        for (release_id, score), (raw, status, actor) in zip(rows, read.execute(),
+                                                             strict=True):
+            dataset_id = json.loads(raw).get("dataset_id") if raw is not None else None
             if not dataset_id:  # gone, or a bare ledger reservation: no dataset to index
                 continue
             write.zadd(rkeys.dataset_releases(dataset_id), {release_id: score})

@@ -336,7 +336,7 @@ class Ledger:
                 rkeys.dataset_failed(dataset_id),
             ],
             args=[release_id, action, payload, actor, now_iso(), holder, table_version,
-                  f"{time.time():.3f}", sha, dataset_id, result_attempt],
+                  f"{time.time():.3f}", sha, result_attempt],
         )
         outcomes: dict[int, Settled] = {1: "settled", 0: "ended", -1: "running", -2: "lost"}
         return outcomes[int(reply)]
