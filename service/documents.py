@@ -179,6 +179,16 @@ class DocumentStore:
             path.unlink()
 
 
+def prune_swept(client: redis.Redis, docs: DocumentStore, release_id: str) -> list[str]:
+    """After the sweeper settled a job whose runs died: no run's result is the release's
+    (they never committed), and only the request copy the hash names stays. For
+    ``workers.sweeper.sweep``, beside its ``outputs.prune(release_id, keep=None)``."""
+    from service import rkeys
+
+    keep = client.hget(rkeys.release(release_id), REQUEST_DIGEST)
+    return docs.prune(release_id, keep_result=None, keep_request=keep)
+
+
 def fields(docs: DocumentStore | None, release_id: str, h: dict[str, str]) -> dict[str, str]:
     """The release hash with ``request`` and ``output`` filled in from disk where they
     moved there (a hash still holding them, pending or not yet migrated, is as it is).

@@ -131,8 +131,10 @@ def execute(release_id: str, worker: str) -> str:
     'skipped' when the job had ended, 'missing' when it does not exist.
     """
     config, client, ledger, store = _deps()
-    raw = client.hget(rkeys.release(release_id), "request")
+    raw, status = client.hmget(rkeys.release(release_id), "request", "status")
     if raw is None:
+        if status is not None:  # ended: its request moved to the document store
+            return "skipped"
         log.warning("release not found", extra={"release_id": release_id})
         return "missing"
     req = json.loads(raw)

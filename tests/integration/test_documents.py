@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from service import analyses, releases, rkeys
-from service.documents import DocumentStore, migrate
+from service.documents import DocumentStore, migrate, prune_swept
 from service.ledger import Ledger
 from service.outputs import OutputStore
 from tests.conftest import ROOT
@@ -195,3 +195,22 @@ def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, A
     items, cursor = analyses.page(r, ids[-1], 2, None, docs)
     assert [a["id"] for a in items] == made[:0:-1] and cursor is not None
     assert [a["result"] for a in items] == [{"n": aid} for aid in made[:0:-1]]
+
+
+def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
+                                               tmp_path: Path) -> None:
+    """A run wrote its result and died before committing; the sweeper charges the job
+    (``charge_gone``, which moves the request): no result file stays, the request does."""
+    _, r = own
+    docs = DocumentStore(tmp_path)
+    ledger = Ledger(r, documents=docs)
+    ds, rid = _reserved(ledger)
+    run = ledger.mark_running(rid, "host")
+    assert run is not None and ledger.mark_data_read(run)
+    docs.save_result(rid, run.attempt, _output(5.0))
+    r.delete(rkeys.lease(rid))  # the worker died
+    assert ledger.charge_gone(ds, rid, json.dumps(releases.FAILED_AFTER_READ), "sweeper")
+    assert prune_swept(r, docs, rid) == ["result.1.json"]
+    doc = releases.document(r, rid, docs)
+    assert doc is not None and doc["status"] == "failed" and doc["result"] is None
+    assert doc["params"] == json.loads(REQUEST)["params"]
