@@ -1,32 +1,41 @@
 """Release documents on disk, so Valkey holds per finished release only its index entries,
-status and ledger state (a few hundred bytes, not ~3 kB).
+status and ledger state (~800 B, not ~2.6 kB; the audit stream's ~290 B beside it).
 
 Design (issue 19 §3). A release's request (params, the accuracy estimate, the privacy
 block) and its result (result, accuracy, guarantee) are JSON files beside its tables in
-the output store (``<releases_dir>/<release_id>/``, the same shared filesystem as the
-datasets: every API process and worker must see the same folder):
+the output store (``<releases_dir>/<release_id>/``). Multi-host: that folder is on the
+shared filesystem the datasets are on, and every API process and worker mounts it at the
+same path (PRIVRELEASE_DATA_DIR); a reader that finds a file missing answers an error,
+never a document without its result.
 
 - ``result.<attempt>.json``: run ``attempt``'s output, written by the worker (atomically:
-  temporary file, fsync, rename, then fsync of the folder) BEFORE it settles. The settle
+  temporary file, fsync, link/rename, fsync of the folder) BEFORE it settles. The settle
   script (settle.lua) records the attempt in the release hash (``result``) in the same
   step that checks the run still holds the job's lease, so only the attempt recorded by
   the winning settle is ever read; a run that lost its lease removes its own file, and the
   winner removes the files of runs that died (``prune``). A file is never rewritten.
-- ``request.<digest>.json``: the request as the release hash held it, named by its SHA-1
-  (content-addressed: any process may write it, the content never differs). Whoever
-  settles the release writes it first; settle.lua drops the hash's ``request`` field and
-  records the digest (``doc``) only if the hash's request still has that digest, so a
-  request rewritten meanwhile (a ``pricing`` release being priced) is never lost.
+- ``request.<digest>.json``: the request as the release hash held it, named by (a prefix
+  of) its SHA-1: content-addressed, so any process may write it and its content never
+  differs. Whoever settles the release (worker, sweeper, API cancel) writes it first;
+  settle.lua drops the hash's ``request`` field and records the digest (``doc``) only if
+  the hash's request still has that digest, so a request rewritten meanwhile (a
+  ``pricing`` release being priced) is never lost.
+- ``analyses/<analysis id>.json``: a succeeded analysis's result (service.analyses).
 
 Valkey keeps the request while the release is pending (the worker, the sweeper and the
 pricing job read it there) and, for releases finished before this store existed, until
-``privrelease migrate-outputs`` moves it; readers fall back to the hash's ``request`` and
-``output`` fields. Every remaining hash value is at most 64 bytes, so Valkey keeps the
-hash as a listpack (``hash-max-listpack-value``), the compact encoding.
+``privrelease migrate-outputs`` (``migrate``) moves it; readers fall back to the hash's
+``request`` and ``output`` fields. Settle also drops the ``replay_key`` pointer (only it
+read it) and writes the hash again, so that, every value being at most 64 bytes, Valkey
+stores it as a listpack (``hash-max-listpack-value``) rather than a hashtable. Errors
+stay in the hash (short). Reading a page of N releases reads N hashes and at most 2 N
+files: nothing is loaded that the page does not show.
 
-Retention: documents are kept forever (a consumer paid privacy budget for each result;
-deleting it would lose what was bought, and the audit stream refers to it). Analyses'
-results are free post-processing: they live here too (``analyses/<id>.json``).
+Retention: documents are kept forever. A consumer paid privacy budget for each result
+(deleting it would lose what was bought, and re-asking would spend again), and the audit
+stream, never trimmed, refers to them. Per-run state goes at settle (lease and
+reservation keys deleted, the replay pointer dropped); idempotency keys expire
+(PRIVRELEASE_IDEMPOTENCY_TTL).
 """
 
 from __future__ import annotations

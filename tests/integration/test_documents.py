@@ -159,8 +159,8 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
 
 
 def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, Any],
-                                                  worker: Any, app: Any, r: redis.Redis
-                                                  ) -> None:
+                                                  worker: Any, app: Any, r: redis.Redis,
+                                                  tmp_path: Path) -> None:
     """A page of N releases reads N documents: with the files of every older release
     gone, the newest page of the dataset's list and of the key's own list still answers
     (any read of another document would fail), and so does a page of analyses."""
@@ -173,16 +173,24 @@ def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, A
         ids.append(resp.get_json()["id"])
         assert api.wait(ids[-1])["status"] == "succeeded"
     docs: DocumentStore = app.extensions["documents"]
-    for rid in ids[:2]:
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for rid in ids[:2]:  # moved away for the reads below, back after (the session's)
         assert r.hget(rkeys.release(rid), "result") == "1"
-        shutil.rmtree(docs.folder(rid))
-    resp = api.get(f"/v1/releases?dataset_id={dataset['id']}&limit=2")
-    assert resp.status_code == 200
-    assert [d["id"] for d in resp.get_json()] == ids[:1:-1]
-    assert "X-Next-Cursor" in resp.headers
-    resp = api.get("/v1/releases?mine=true&limit=2")
-    assert resp.status_code == 200
-    assert [d["id"] for d in resp.get_json()] == ids[:1:-1]
+        shutil.move(docs.folder(rid), aside / rid)
+    try:
+        resp = api.get(f"/v1/releases?dataset_id={dataset['id']}&limit=2")
+        assert resp.status_code == 200
+        assert [d["id"] for d in resp.get_json()] == ids[:1:-1]
+        assert "X-Next-Cursor" in resp.headers
+        resp = api.get("/v1/releases?mine=true&limit=2")
+        assert resp.status_code == 200
+        assert [d["id"] for d in resp.get_json()] == ids[:1:-1]
+    finally:
+        for rid in ids[:2]:
+            shutil.move(aside / rid, docs.folder(rid))
+    resp = api.get(f"/v1/releases?dataset_id={dataset['id']}&limit=10")
+    assert [d["id"] for d in resp.get_json()] == ids[::-1]  # all readable again
 
     made = []
     for _ in range(3):
@@ -195,6 +203,7 @@ def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, A
     items, cursor = analyses.page(r, ids[-1], 2, None, docs)
     assert [a["id"] for a in items] == made[:0:-1] and cursor is not None
     assert [a["result"] for a in items] == [{"n": aid} for aid in made[:0:-1]]
+    analyses.discard(r, ids[-1], made[0])  # leave the session's lists all readable
 
 
 def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
