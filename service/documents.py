@@ -41,6 +41,7 @@ reservation keys deleted, the replay pointer dropped); idempotency keys expire
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -50,6 +51,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
+
+#: errors of a shared filesystem that has no hard links (some FUSE and SMB mounts)
+NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
 
 #: the release hash's fields that point at files here
 REQUEST_DIGEST = "doc"
@@ -101,8 +105,15 @@ class DocumentStore:
                     os.link(tmp, path)
                 except FileExistsError:
                     return False
+                except OSError as err:
+                    if err.errno not in NO_HARD_LINKS:
+                        raise
+                    # a filesystem without hard links: checked above; the one writer of a
+                    # run's result, or identical content for a request, so no loss
+                    os.replace(tmp, path)
                 finally:
-                    os.unlink(tmp)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
