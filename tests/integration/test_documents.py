@@ -223,3 +223,25 @@ def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
     doc = releases.document(r, rid, docs)
     assert doc is not None and doc["status"] == "failed" and doc["result"] is None
     assert doc["params"] == json.loads(REQUEST)["params"]
+
+
+def test_a_redelivered_task_of_an_ended_release_is_skipped(
+        api: Api, dataset: dict[str, Any], worker: Any, service_env: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a redelivered run of a finished release read as 'missing' (and logged as
+    not found) once its request left the hash: it ended, so it is 'skipped'."""
+    from workers import tasks
+
+    resp = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
+                                     "params": {"statistic": "mean", "column": "age"},
+                                     "budget": {"epsilon": 0.01}})
+    rid = resp.get_json()["id"]
+    assert api.wait(rid)["status"] == "succeeded"
+    for name, value in service_env.items():
+        monkeypatch.setenv(name, value)
+    tasks._deps.cache_clear()
+    try:
+        assert tasks.execute(rid, "redelivered") == "skipped"
+        assert tasks.execute(releases.new_id(), "redelivered") == "missing"
+    finally:
+        tasks._deps.cache_clear()
