@@ -311,7 +311,7 @@ def migrate(client: redis.Redis, docs: DocumentStore, batch: int = 500) -> Migra
     done = Migration()
     # the list indexes first: releases made before them are found by the dataset id in
     # their request, which is about to leave the hash
-    index.ensure_release_indexes(client)
+    index.ensure_release_indexes(client, docs)
     move_release = client.register_script(_MOVE_RELEASE)
     move_analysis = client.register_script(_MOVE_ANALYSIS)
     start = 0

@@ -61,7 +61,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
     else:
         phases = ([PENDING] if status in PENDING_STATUSES else [FAILED] if status
                   else [PENDING, FAILED])
-    index.ensure_release_indexes(client)
+    index.ensure_release_indexes(client, current_app.extensions["documents"])
     key = current_key()
     jobs: list[dict[str, Any]] = []
     left, nxt = limit, None

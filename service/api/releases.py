@@ -251,7 +251,7 @@ def list_releases(limit: int, dataset_id: str | None = None, cursor: str | None 
     limit = min(max(limit, 1), 1000)
     after = index.Cursor.decode(cursor)
     key = current_key()
-    index.ensure_release_indexes(client)
+    index.ensure_release_indexes(client, current_app.extensions["documents"])
     if mine:
         keys = [rkeys.key_releases(key.id)]
     elif dataset_id is not None:
