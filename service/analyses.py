@@ -14,6 +14,12 @@ reads as ``failed`` with ``time_limit``.
 
 A failed analysis's ``error`` is ``{"code", "message"}`` and, when an input
 is to blame, ``field``; messages name inputs and limits, never values.
+
+A succeeded analysis's result is a file in the document store
+(``<release>/analyses/<id>.json``, service.documents), written before the status
+turns ``succeeded`` (the hash then holds ``stored``); a run that lost the
+transition (cancelled meanwhile) removes it. Results stored in the hash by
+earlier versions still read.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import redis
 
 import mechanisms
 from service import datasets, releases, rkeys
+from service.documents import DocumentStore
 from service.ledger import now_iso
 from service.outputs import OutputStore
 
@@ -130,15 +137,25 @@ def _transition(client: redis.Redis, analysis_id: str, expected: tuple[str, ...]
 
 
 def finish(client: redis.Redis, analysis_id: str, *, result_json: str | None = None,
-           error: dict[str, str] | None = None) -> bool:
+           error: dict[str, str] | None = None, docs: DocumentStore | None = None,
+           release_id: str = "") -> bool:
     """Store the outcome of a running analysis; False (nothing stored) if it was
-    cancelled or otherwise ended meanwhile."""
+    cancelled or otherwise ended meanwhile. With ``docs`` a result goes to its file
+    there (``release_id``'s folder), not into Valkey."""
     mapping = {"status": "failed" if error else "succeeded", "finished_at": now_iso()}
+    on_disk = docs is not None and not error
     if error:
         mapping["error"] = json.dumps(error)
+    elif docs is not None:
+        docs.save_analysis(release_id, analysis_id, result_json or "null")
+        mapping["stored"] = "1"
     else:
         mapping["result"] = result_json or "null"
-    return _transition(client, analysis_id, ("running",), mapping) is not None
+    done = _transition(client, analysis_id, ("running",), mapping) is not None
+    if on_disk and not done:
+        assert docs is not None
+        docs.discard_analysis(release_id, analysis_id)
+    return done
 
 
 def cancel(client: redis.Redis, analysis_id: str) -> str | None:
@@ -160,7 +177,14 @@ def _expire(client: redis.Redis, analysis_id: str, h: dict[str, str]) -> dict[st
     return client.hgetall(rkeys.analysis(analysis_id))
 
 
-def render(analysis_id: str, h: dict[str, str]) -> dict[str, Any]:
+def render(analysis_id: str, h: dict[str, str],
+           docs: DocumentStore | None = None) -> dict[str, Any]:
+    """The analysis document; a result stored on disk is read from ``docs``."""
+    if "result" not in h and h.get("stored"):
+        raw = docs.load_analysis(h["release_id"], analysis_id) if docs else None
+        if raw is None:
+            raise LookupError("analysis result missing from the output store")
+        h = {**h, "result": raw}
     return {
         "id": analysis_id, "release_id": h["release_id"], "analysis": h["analysis"],
         "params": json.loads(h["params"]), "releases": json.loads(h["releases"]),
@@ -178,13 +202,14 @@ def raw(client: redis.Redis, analysis_id: str) -> dict[str, str] | None:
     return _expire(client, analysis_id, h) if h else None
 
 
-def document(client: redis.Redis, analysis_id: str) -> dict[str, Any] | None:
+def document(client: redis.Redis, analysis_id: str,
+             docs: DocumentStore | None = None) -> dict[str, Any] | None:
     h = raw(client, analysis_id)
-    return render(analysis_id, h) if h else None
+    return render(analysis_id, h, docs) if h else None
 
 
-def page(client: redis.Redis, release_id: str, limit: int, cursor: str | None
-         ) -> tuple[list[dict[str, Any]], str | None]:
+def page(client: redis.Redis, release_id: str, limit: int, cursor: str | None,
+         docs: DocumentStore | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A release's analyses, newest first: ``limit`` of them after ``cursor`` (the
     previous page's ``next_cursor``), and the cursor of the next page (None: no more).
 
@@ -205,7 +230,7 @@ def page(client: redis.Redis, release_id: str, limit: int, cursor: str | None
     for analysis_id, _ in rows[:limit]:
         h = raw(client, analysis_id)
         if h:
-            items.append(render(analysis_id, h))
+            items.append(render(analysis_id, h, docs))
     if len(rows) <= limit:
         return items, None
     last, last_score = rows[limit - 1]

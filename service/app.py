@@ -13,6 +13,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 import mechanisms
 from service import apidocs, inputs, observability, openapi, problems, ratelimit, rkeys
 from service.config import Config
+from service.documents import DocumentStore
 from service.durable import Replication
 from service.ledger import Ledger
 from service.schemas import ProblemSchema
@@ -78,7 +79,10 @@ def create_app(config: Config | None = None) -> Flask:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n)  # type: ignore[method-assign]
     client = rkeys.connect(config.require_redis_url())
     app.extensions["redis"] = client
-    app.extensions["ledger"] = Ledger(client, replication=Replication.from_config(config))
+    # release documents live on the shared folder beside the release tables (service.documents)
+    app.extensions["documents"] = DocumentStore(config.releases_dir)
+    app.extensions["ledger"] = Ledger(client, replication=Replication.from_config(config),
+                                      documents=app.extensions["documents"])
     app.extensions["store"] = DatasetStore(config.datasets_dir)
     app.extensions["celery"] = make_celery(config)
     observability.init_app(app)  # first: its request id and timer precede the limiter

@@ -158,12 +158,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--healthcheck", action="store_true",
                    help="exit 0 if a worker on this host is alive, else 1 (container probes)")
     p.set_defaults(func=_worker)
+
+    p = sub.add_parser("migrate-outputs", help=MIGRATE_HELP, description=MIGRATE_HELP)
+    p.add_argument("--batch", type=int, default=500, help="releases read per round trip")
+    p.set_defaults(func=_migrate_outputs)
     return parser
+
+
+MIGRATE_HELP = ("move the documents of finished releases (request, result) and analyses'"
+                " results still held in Valkey to the output store on disk")
+
+
+def _migrate_outputs(args: argparse.Namespace) -> int:
+    """Run ``service.documents.migrate`` against PRIVRELEASE_REDIS_URL and the data folder
+    (the same shared folder the API and workers use); safe while the service runs."""
+    from service import rkeys
+    from service.config import Config
+    from service.documents import DocumentStore, migrate
+
+    config = Config.from_env()
+    client = rkeys.connect(config.require_redis_url())
+    done = migrate(client, DocumentStore(config.releases_dir), batch=max(args.batch, 1))
+    print(f"moved {done.releases} release(s) and {done.analyses} analysis result(s) to"
+          f" {config.releases_dir}; {done.skipped} release(s) left (not finished, or"
+          " changed meanwhile: run again)")
+    return 0
 
 
 SERVER_COMMANDS = {"standalone": "embedded Valkey + worker + API in one command",
                    "api": "serve the HTTP API with gunicorn",
-                   "worker": "run a Celery worker"}
+                   "worker": "run a Celery worker",
+                   "migrate-outputs": MIGRATE_HELP}
 
 
 def _server(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ import redis
 from flask import request
 
 from service import rkeys
+from service.documents import DocumentStore, request_of
 from service.problems import APIError
 
 #: members sharing the cursor's score read back when the cursor's member left the set
@@ -122,7 +123,7 @@ def page_headers(nxt: Cursor | None) -> dict[str, str]:
     return {"X-Next-Cursor": token, "Link": f'<{url}>; rel="next"'}
 
 
-def ensure_release_indexes(client: redis.Redis) -> None:
+def ensure_release_indexes(client: redis.Redis, docs: DocumentStore | None = None) -> None:
     """Index, once, the releases created before the per-dataset, per-key and failed
     indexes existed (the reserve and settle scripts maintain them from then on).
 
@@ -140,11 +141,17 @@ def ensure_release_indexes(client: redis.Redis) -> None:
         start += BACKFILL_BATCH
         read = client.pipeline(transaction=False)
         for release_id, _ in rows:
-            read.hmget(rkeys.release(release_id), "request", "status", "actor")
+            read.hmget(rkeys.release(release_id), "request", "status", "actor", "doc")
         write = client.pipeline(transaction=False)
-        for (release_id, score), (raw, status, actor) in zip(rows, read.execute(),
-                                                             strict=True):
-            dataset_id = json.loads(raw).get("dataset_id") if raw is not None else None
+        for (release_id, score), (raw, status, actor, sha) in zip(rows, read.execute(),
+                                                                  strict=True):
+            # a finished release's request is in ``docs`` (service.documents)
+            h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
+            try:
+                req = request_of(docs, release_id, h) if sha is None or docs else None
+            except LookupError:  # its file is missing: not indexed (the read says so)
+                req = None
+            dataset_id = req.get("dataset_id") if req is not None else None
             if not dataset_id:  # gone, or a bare ledger reservation: no dataset to index
                 continue
             write.zadd(rkeys.dataset_releases(dataset_id), {release_id: score})

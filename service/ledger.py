@@ -29,6 +29,7 @@ from typing import Any, Literal
 import redis
 
 from service import rkeys
+from service.documents import DocumentStore
 from service.durable import Replication, Step
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
@@ -98,13 +99,17 @@ class Ledger:
 
     def __init__(self, client: redis.Redis, lease_seconds: int = 30,
                  replication: Replication | None = None,
-                 run_retry_seconds: float = 0.0) -> None:
-        """Every script is a ``durable.Step``: acknowledged by ``replication``'s replicas
+                 run_retry_seconds: float = 0.0,
+                 documents: DocumentStore | None = None) -> None:
+        """With ``documents`` a settle moves the release's request out of Valkey into
+        that store (``service.documents``); without, the hash keeps it (ledger-only use).
+        Every script is a ``durable.Step``: acknowledged by ``replication``'s replicas
         (WAIT). A run's steps (start, lease, settle) are re-sent for ``run_retry_seconds``
         across a failover (workers; the API answers 503 at once). See ``service.durable``
         for why that is safe and what an unacknowledged step means."""
         self.r = client
         self.lease_seconds = lease_seconds
+        self.documents = documents
         repl = replication or Replication()
         self._reserve = Step(client, _script("reserve"), repl)
         self._settle = Step(client, _script("settle"), repl, nonce=True,
@@ -298,14 +303,19 @@ class Ledger:
                                 args=[run.token, self.lease_seconds, action]))
 
     def commit(self, dataset_id: str, run: Run, output_json: str,
-               table_version: int | None = None) -> Settled:
+               table_version: int | None = None, *, result_stored: bool = False) -> Settled:
         """Store the output (and which run's table is the release's) and charge, once.
 
-        Only while ``run`` holds the lease: 'settled', else 'ended' (already
-        ended) or 'lost' (another run holds the lease; nothing changed).
+        With ``result_stored`` the output is the run's file in the document store
+        (``DocumentStore.save_result``, written before): the release records the run's
+        attempt instead of the output. Only while ``run`` holds the lease: 'settled',
+        else 'ended' (already ended) or 'lost' (another run holds the lease; nothing
+        changed).
         """
-        return self._end(dataset_id, run.release_id, "commit", output_json, run.token,
-                         run.token, "" if table_version is None else str(table_version))
+        return self._end(dataset_id, run.release_id, "commit",
+                         "" if result_stored else output_json, run.token, run.token,
+                         "" if table_version is None else str(table_version),
+                         str(run.attempt) if result_stored else "")
 
     def fail(self, dataset_id: str, run: Run, error_json: str) -> Settled:
         """Charge the reservation and mark the release failed (it failed after reading
@@ -337,8 +347,12 @@ class Ledger:
                          '{"message": "cancelled by an operator"}', actor)
 
     def _end(self, dataset_id: str, release_id: str, action: str, payload: str,
-             actor: str, holder: str = "", table_version: str = "") -> Settled:
-        replay_key = self.r.hget(rkeys.release(release_id), "replay_key")
+             actor: str, holder: str = "", table_version: str = "",
+             result_attempt: str = "") -> Settled:
+        replay_key, request = self.r.hmget(rkeys.release(release_id), "replay_key", "request")
+        # the request to disk first: settle drops it from the hash only if it is this one
+        sha = (self.documents.save_request(release_id, request)
+               if self.documents is not None and request else "")
         reply = self._settle(
             keys=[
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
@@ -348,7 +362,7 @@ class Ledger:
                 rkeys.dataset_failed(dataset_id),
             ],
             args=[release_id, action, payload, actor, now_iso(), holder, table_version,
-                  f"{time.time():.3f}"],
+                  f"{time.time():.3f}", sha, result_attempt],
         )
         outcomes: dict[int, Settled] = {1: "settled", 0: "ended", -1: "running", -2: "lost"}
         return outcomes[int(reply)]

@@ -19,6 +19,7 @@ import requests
 
 from service import apikeys, releases, rkeys
 from service.config import Config
+from service.documents import DocumentStore, request_of
 
 log = logging.getLogger("privrelease.notify")
 
@@ -52,16 +53,25 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def wanted(client: redis.Redis, release_id: str) -> bool:
-    raw = client.hget(rkeys.release(release_id), "request")
-    return bool(raw and json.loads(raw).get("callback_url"))
+def _callback(client: redis.Redis, docs: DocumentStore, release_id: str
+              ) -> tuple[str | None, str | None]:
+    """The release's callback URL (its request: in the hash, or on disk once finished)
+    and the key that asked for it."""
+    raw, sha, actor = client.hmget(rkeys.release(release_id), "request", "doc", "actor")
+    h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
+    req = request_of(docs, release_id, h)
+    return (req or {}).get("callback_url"), actor
+
+
+def wanted(client: redis.Redis, docs: DocumentStore, release_id: str) -> bool:
+    return bool(_callback(client, docs, release_id)[0])
 
 
 def deliver(client: redis.Redis, config: Config, release_id: str) -> bool:
     """Send one notification; DeliveryError to be retried, False if it cannot be sent."""
-    raw, actor = client.hmget(rkeys.release(release_id), "request", "actor")
-    url = json.loads(raw).get("callback_url") if raw else None
-    doc = releases.document(client, release_id)
+    docs = DocumentStore(config.releases_dir)
+    url, actor = _callback(client, docs, release_id)
+    doc = releases.document(client, release_id, docs)
     if not url or doc is None:
         return False
     if check_url(url, config.callback_hosts) is not None:

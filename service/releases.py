@@ -22,6 +22,7 @@ import redis
 import mechanisms
 from mechanisms import precompute, zcdp
 from service import budget, datasets, rkeys
+from service.documents import DocumentStore, fields, request_of
 from service.ledger import Ledger, ReserveResult
 from service.precompute import cold_key
 from service.problems import APIError
@@ -321,7 +322,8 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
-        history = charge_on_history(client, doc, mech, params, cost, meta, charged)
+        history = charge_on_history(client, doc, mech, params, cost, meta, charged,
+                                    ledger.documents)
         report, charged = history.report, history.charged
         if report is not None:
             accuracy = {**accuracy, "composition": report}
@@ -377,7 +379,8 @@ class HistoryCharge:
 def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms.Mechanism,
                       params: dict[str, Any], cost: dict[str, Fraction],
                       meta: mechanisms.DatasetMeta,
-                      charged: dict[str, Fraction]) -> HistoryCharge:
+                      charged: dict[str, Fraction],
+                      docs: DocumentStore | None) -> HistoryCharge:
     """The charge of a release given the dataset's earlier releases (this version): an
     interval release is charged the exact increment over its column's committed releases
     when safe and smaller (``mechanisms.interval.composition.price``), priced at the
@@ -388,7 +391,7 @@ def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms
         # the counters first: a release reserved or charged after this read moves them,
         # so a price resting on this listing is then refused 'stale' and priced again
         counters.update(history_counters(client, doc, charged))
-        return earlier_releases(client, doc)
+        return earlier_releases(client, doc, docs)
 
     composed = mech.composed(params, cost, meta, history)
     if composed is None:
@@ -476,25 +479,28 @@ def zcdp_statement(doc: dict[str, Any], rho: Fraction) -> dict[str, Any]:
 MAX_EARLIER_RELEASES = 256
 
 
-def earlier_releases(client: redis.Redis, dataset: dict[str, Any]) -> list[dict[str, Any]]:
+def earlier_releases(client: redis.Redis, dataset: dict[str, Any],
+                     docs: DocumentStore | None) -> list[dict[str, Any]]:
     """The dataset's releases (this version) as ``Mechanism.composition`` reads them, oldest
     first: mechanism, params, status, the mechanism's exact ``cost`` per measure, the ledger
     ``units`` it holds, whether a failed one was ``charged`` (failed after reading the data)
     and whether its charge was an exact ``incremental`` one. Public designs and statuses
-    only: nothing the data decides."""
+    only: nothing the data decides (a finished release's request is read from ``docs``,
+    service.documents)."""
     key = rkeys.dataset_releases(dataset["id"])
     total = client.zcard(key)
     ids = client.zrange(key, -MAX_EARLIER_RELEASES, -1)
     pipe = client.pipeline(transaction=False)
     for release_id in ids:
-        pipe.hmget(rkeys.release(release_id), "request", "status", "charged")
+        pipe.hmget(rkeys.release(release_id), "request", "status", "charged", "doc")
     out: list[dict[str, Any]] = []
     if total > MAX_EARLIER_RELEASES:
         out.append({"status": "truncated"})
-    for raw, status, charged in pipe.execute():
-        if raw is None:
+    for release_id, (raw, status, charged, sha) in zip(ids, pipe.execute(), strict=True):
+        h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
+        req = request_of(docs, release_id, h)
+        if req is None:
             continue
-        req = json.loads(raw)
         if req.get("dataset_version") != dataset.get("version"):
             continue
         units = {m: int(u) for m, u in req["cost_units"].items()}
@@ -546,20 +552,24 @@ def cost_doc(units: dict[str, int]) -> dict[str, float]:
     return {m: budget.display(m, u) for m, u in sorted(units.items())}
 
 
-def document(client: redis.Redis, release_id: str) -> dict[str, Any] | None:
-    """The public release document (DESIGN §4), or None."""
+def document(client: redis.Redis, release_id: str,
+             docs: DocumentStore | None) -> dict[str, Any] | None:
+    """The public release document (DESIGN §4), or None; a finished release's request and
+    result are read from ``docs`` (service.documents), older ones from the hash."""
     raw = client.hgetall(rkeys.release(release_id))
     if not raw:
         return None
-    return render(release_id, raw)
+    return render(release_id, raw, docs)
 
 
-def documents(client: redis.Redis, ids: list[str]) -> list[dict[str, Any]]:
-    """The documents of ``ids`` in one round trip, in order (ids without one left out)."""
+def documents(client: redis.Redis, ids: list[str],
+              docs: DocumentStore | None) -> list[dict[str, Any]]:
+    """The documents of ``ids`` in one round trip, in order (ids without one left out):
+    a page of N releases reads N hashes and at most 2 N small files, nothing else."""
     pipe = client.pipeline(transaction=False)
     for release_id in ids:
         pipe.hgetall(rkeys.release(release_id))
-    return [render(release_id, raw)
+    return [render(release_id, raw, docs)
             for release_id, raw in zip(ids, pipe.execute(), strict=True) if raw]
 
 
@@ -570,8 +580,11 @@ def table_attempt(client: redis.Redis, release_id: str) -> int:
     return int(client.hget(rkeys.release(release_id), "table") or 1)
 
 
-def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
-    """The document from the release's stored fields (status, request, output, ...)."""
+def render(release_id: str, h: dict[str, str],
+           docs: DocumentStore | None = None) -> dict[str, Any]:
+    """The document from the release's stored fields (status, request, output, ...), its
+    request and output read from ``docs`` where the hash points there."""
+    h = fields(docs, release_id, h)
     req = json.loads(h["request"])
     doc: dict[str, Any] = {
         "id": release_id,

@@ -18,6 +18,7 @@ from kombu.transport import redis as kombu_redis
 
 from service import rkeys
 from service.config import Config
+from service.documents import DocumentStore
 from service.durable import Replication
 from service.ledger import Ledger
 from service.outputs import OutputStore
@@ -163,7 +164,8 @@ def worker_ledger(client: redis.Redis, config: Config) -> Ledger:
     outlives that), so a commit the old primary took with it is applied again, once, and
     a run waits for its data-read marker to be replicated (``service.durable``)."""
     return Ledger(client, config.lease_seconds, Replication.from_config(config),
-                  run_retry_seconds=config.lease_seconds / 2)
+                  run_retry_seconds=config.lease_seconds / 2,
+                  documents=DocumentStore(config.releases_dir))
 
 
 def make_celery(config: Config) -> Celery:

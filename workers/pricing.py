@@ -44,7 +44,7 @@ def price(config: Config, client: redis.Redis, ledger: Ledger, release_id: str,
     reserved in the outbox) for the sweeper to send again.
     """
     status, raw, actor = client.hmget(rkeys.release(release_id), "status", "request", "actor")
-    if raw is None:
+    if status is None:
         return "missing"
     if status != "pricing":
         if status == "queued" and ledger.unsent(release_id, 0.0):

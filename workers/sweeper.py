@@ -54,7 +54,7 @@ from importlib import resources
 
 import redis
 
-from service import releases, rkeys
+from service import documents, releases, rkeys
 from service.ledger import NO_LEASE, Ledger
 from service.outputs import OutputStore
 from service.store import DatasetStore
@@ -201,6 +201,8 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
             aborted.append(release_id)
             if outputs is not None:
                 outputs.prune(release_id, keep=None)
+            if ledger.documents is not None:  # result files of runs that died uncommitted
+                documents.prune_swept(client, ledger.documents, release_id)
     return aborted
 
 

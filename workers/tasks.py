@@ -43,6 +43,7 @@ import mechanisms.rows
 from mechanisms.rng import secure_generator
 from service import analyses, datasets, metrics_store, notify, precompute, releases, rkeys
 from service.config import Config
+from service.documents import DocumentStore
 from service.ledger import Ledger, Run, Settled
 from service.outputs import INLINE_ROWS, OutputStore, records
 from service.store import DatasetStore
@@ -68,6 +69,13 @@ def _deps() -> tuple[Config, redis.Redis, Ledger, DatasetStore]:
 @cache
 def _outputs() -> OutputStore:
     return OutputStore(_deps()[0].releases_dir)
+
+
+def _docs() -> DocumentStore:
+    """The release documents' store (the ledger's: its settle moves requests there)."""
+    docs = _deps()[2].documents
+    assert docs is not None
+    return docs
 
 
 @contextmanager
@@ -123,8 +131,10 @@ def execute(release_id: str, worker: str) -> str:
     'skipped' when the job had ended, 'missing' when it does not exist.
     """
     config, client, ledger, store = _deps()
-    raw = client.hget(rkeys.release(release_id), "request")
+    raw, status = client.hmget(rkeys.release(release_id), "request", "status")
     if raw is None:
+        if status is not None:  # ended: its request moved to the document store
+            return "skipped"
         log.warning("release not found", extra={"release_id": release_id})
         return "missing"
     req = json.loads(raw)
@@ -166,23 +176,40 @@ def execute(release_id: str, worker: str) -> str:
             return _lost(client, run, mechanism, "lost", started)
         try:
             payload, table = _compute(config, store, job, run)
+            # the result document on disk before the commit, which makes it the release's
+            _docs().save_result(release_id, run.attempt, payload)
         except Exception as err:  # after reading the data: charged, and the same message
             log.error("release failed after reading the data",
                       extra={"release_id": release_id, "error_type": type(err).__name__})
             _outputs().discard(release_id, run.attempt)
+            _docs().discard_result(release_id, run.attempt)
             return finish(ledger.fail(dataset_id, run, json.dumps(releases.FAILED_AFTER_READ)),
                           "failed")
-    outcome = ledger.commit(dataset_id, run, payload, table)
+    outcome = ledger.commit(dataset_id, run, payload, table, result_stored=True)
+    settle_files(client, _docs(), _outputs(), run, outcome, table)
     if outcome == "settled":
         try:
             datasets.record_holdout(client, dataset_id, payload)
         except redis.RedisError:  # the release stands; only the operator's count misses it
             log.error("hold-out exposure not recorded", extra={"release_id": release_id})
-    if outcome == "settled" and table is not None:
-        _outputs().prune(release_id, keep=table)  # tables of earlier runs that died
-    elif table is not None:
-        _outputs().discard(release_id, run.attempt)
     return finish(outcome, "succeeded")
+
+
+def settle_files(client: redis.Redis, docs: DocumentStore, outputs: OutputStore, run: Run,
+                 outcome: Settled, table: int | None) -> None:
+    """After a run's commit: the winner removes the files of runs that died (tables,
+    result documents, request copies the hash does not name); a run that did not settle
+    removes its own (its output is not the release's: only the attempt settle.lua recorded
+    is ever read)."""
+    if outcome == "settled":
+        if table is not None:
+            outputs.prune(run.release_id, keep=table)
+        keep = client.hget(rkeys.release(run.release_id), "doc")
+        docs.prune(run.release_id, keep_result=run.attempt, keep_request=keep)
+    else:
+        if table is not None:
+            outputs.discard(run.release_id, run.attempt)
+        docs.discard_result(run.release_id, run.attempt)
 
 
 def _lost(client: redis.Redis, run: Run, mechanism: str, outcome: Settled,
@@ -292,7 +319,7 @@ def run_release(self: Task, release_id: str) -> str:
     except LeaseHeld as held:
         config = _deps()[0]
         raise self.retry(countdown=config.lease_seconds, max_retries=None) from held
-    if status in {"succeeded", "failed"} and notify.wanted(_deps()[1], release_id):
+    if status in {"succeeded", "failed"} and notify.wanted(_deps()[1], _docs(), release_id):
         send_notification.delay(release_id)
     return status
 
@@ -312,7 +339,7 @@ def price_release(self: Task, release_id: str) -> str:
     ``refused`` and send its notification (``workers.pricing``)."""
     config, client, ledger, _ = _deps()
     status = pricing.price(config, client, ledger, release_id, app.send_task)
-    if status == "refused" and notify.wanted(client, release_id):
+    if status == "refused" and notify.wanted(client, _docs(), release_id):
         send_notification.delay(release_id)
     return status
 
@@ -326,7 +353,7 @@ def precompute_estimate(self: Task, body_json: str, marker: str) -> str:
 
 def _view(client: redis.Redis, release_id: str) -> mechanisms.ReleaseView:
     """A succeeded release's public outputs, as analyses see them."""
-    doc = releases.document(client, release_id)
+    doc = releases.document(client, release_id, _docs())
     if doc is None:
         raise LookupError("release missing")
     return analyses.view(client, _outputs(), doc)
@@ -408,7 +435,8 @@ def _run_analysis(config: Config, client: redis.Redis, analysis_id: str,
                                             "error_type": type(err).__name__})
         analyses.finish(client, analysis_id, error=_analysis_error(err))
         return "failed"
-    if not analyses.finish(client, analysis_id, result_json=payload):
+    if not analyses.finish(client, analysis_id, result_json=payload, docs=_docs(),
+                           release_id=req["release_id"]):
         return "discarded"  # cancelled (or ended) while it ran: its result is not stored
     return "succeeded"
 

@@ -61,7 +61,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
     else:
         phases = ([PENDING] if status in PENDING_STATUSES else [FAILED] if status
                   else [PENDING, FAILED])
-    index.ensure_release_indexes(client)
+    index.ensure_release_indexes(client, current_app.extensions["documents"])
     key = current_key()
     jobs: list[dict[str, Any]] = []
     left, nxt = limit, None
@@ -75,7 +75,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
         ids, nxt = index.page(client, keys, left, here, newest_first=phase == FAILED,
                               phase=phase)
         left -= len(ids)  # a page reads at most ``limit`` ids, however many are shown
-        for doc in releases.documents(client, ids):
+        for doc in releases.documents(client, ids, current_app.extensions["documents"]):
             if phase == PENDING and doc["status"] not in PENDING_STATUSES:
                 # ended while the one-time backfill indexed it: drop the stale entry
                 client.zrem(rkeys.dataset_pending(doc["dataset_id"]), doc["id"])
@@ -100,7 +100,7 @@ def cancel(release_id: str) -> dict[str, Any]:
     holds nothing: it is cancelled, and its pricing job then reserves nothing); 409 once
     running."""
     client = current_app.extensions["redis"]
-    doc = releases.document(client, release_id)
+    doc = releases.document(client, release_id, current_app.extensions["documents"])
     if doc is None or not may_use(doc["dataset_id"]):
         raise APIError(404, "no such job", code="not_found")
     outcome = current_app.extensions["ledger"].cancel(doc["dataset_id"], release_id,
@@ -113,6 +113,6 @@ def cancel(release_id: str) -> dict[str, Any]:
     # the queued message is now harmless (the worker skips ended releases); drop it early
     current_app.extensions["celery"].control.revoke(
         [release_id, releases.pricing_task_id(release_id)])
-    cancelled = releases.document(client, release_id)
+    cancelled = releases.document(client, release_id, current_app.extensions["documents"])
     assert cancelled is not None
     return cancelled

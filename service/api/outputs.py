@@ -35,7 +35,8 @@ blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
 def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
     """The release, once succeeded; a release of a dataset the key may not use is
     answered as one that does not exist, before its status is looked at."""
-    doc = releases.document(current_app.extensions["redis"], release_id)
+    doc = releases.document(current_app.extensions["redis"], release_id,
+                            current_app.extensions["documents"])
     not_found = APIError(404, "no such release", code="not_found", field=field)
     if doc is None:
         raise not_found
@@ -181,14 +182,15 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
         with contextlib.suppress(*UNAVAILABLE):
             analyses.discard(client, release_id, analysis_id)
         raise
-    created = analyses.document(client, analysis_id)
+    created = analyses.document(client, analysis_id, current_app.extensions["documents"])
     assert created is not None
     return created
 
 
 def _release(release_id: str) -> dict[str, Any]:
     """The release (any status), answered as missing for a dataset the key may not use."""
-    doc = releases.document(current_app.extensions["redis"], release_id)
+    doc = releases.document(current_app.extensions["redis"], release_id,
+                            current_app.extensions["documents"])
     not_found = APIError(404, "no such release", code="not_found")
     if doc is None:
         raise not_found
@@ -198,7 +200,8 @@ def _release(release_id: str) -> dict[str, Any]:
 
 def _analysis(release_id: str, analysis_id: str) -> dict[str, Any]:
     _release(release_id)
-    found = analyses.document(current_app.extensions["redis"], analysis_id)
+    found = analyses.document(current_app.extensions["redis"], analysis_id,
+                               current_app.extensions["documents"])
     if found is None or found["release_id"] != release_id:
         raise APIError(404, "no such analysis", code="not_found")
     return found
@@ -213,7 +216,8 @@ def list_analyses(query: dict[str, Any], release_id: str) -> dict[str, Any]:
     """A release's analyses, newest first, a page at a time (``next_cursor``)."""
     _release(release_id)
     items, cursor = analyses.page(current_app.extensions["redis"], release_id,
-                                  query["limit"], query.get("cursor"))
+                                  query["limit"], query.get("cursor"),
+                                  current_app.extensions["documents"])
     return {"items": items, "next_cursor": cursor}
 
 
@@ -249,7 +253,7 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     # is stopped by its own worker, which watches the status (workers/tasks.py)
     with contextlib.suppress(Exception):
         current_app.extensions["celery"].control.revoke(analysis_id)
-    ended = analyses.document(client, analysis_id)
+    ended = analyses.document(client, analysis_id, current_app.extensions["documents"])
     assert ended is not None
     return ended
 

@@ -66,7 +66,8 @@ def _prepare(body: dict[str, Any]) -> releases.Prepared:
 
 def _document(release_id: str) -> dict[str, Any]:
     """The release, if it exists and the key may see its dataset; else the same 404."""
-    doc = releases.document(current_app.extensions["redis"], release_id)
+    doc = releases.document(current_app.extensions["redis"], release_id,
+                            current_app.extensions["documents"])
     not_found = APIError(404, "no such release", code="not_found")
     if doc is None:
         raise not_found
@@ -261,7 +262,7 @@ def list_releases(limit: int, dataset_id: str | None = None, cursor: str | None 
     limit = min(max(limit, 1), 1000)
     after = index.Cursor.decode(cursor)
     key = current_key()
-    index.ensure_release_indexes(client)
+    index.ensure_release_indexes(client, current_app.extensions["documents"])
     if mine:
         keys = [rkeys.key_releases(key.id)]
     elif dataset_id is not None:
@@ -272,7 +273,7 @@ def list_releases(limit: int, dataset_id: str | None = None, cursor: str | None 
         keys = [rkeys.dataset_releases(d) for d in sorted(key.datasets)]
     ids, nxt = index.page(client, keys, limit, after)
     out = []
-    for doc in releases.documents(client, ids):
+    for doc in releases.documents(client, ids, current_app.extensions["documents"]):
         if dataset_id and doc["dataset_id"] != dataset_id:
             continue
         if may_use(doc["dataset_id"]):  # a grant narrowed after the release was made

@@ -16,7 +16,13 @@
 --       zset, 10 failed zset, 11 dataset's failed zset
 -- ARGV: 1 release id, 2 action, 3 payload json (output or error), 4 actor, 5 now (iso),
 --       6 lease holder ('' | '!' | run token), 7 output table version ('' for none),
---       8 now (epoch s)
+--       8 now (epoch s), 9 digest of the request the caller stored in the document store
+--       (the first 16 hex digits of its SHA-1; '' for none), 10 attempt whose result file
+--       is the output ('': the output is ARGV[3] itself, kept in the hash)
+-- With ARGV[9], the hash's 'request' is dropped for the digest ('doc') only if it still has
+-- that digest (a request rewritten meanwhile stays); its 'replay_key' pointer (only this
+-- script reads it, before this point) goes too: a finished release's hash keeps values of
+-- at most 64 bytes, the listpack encoding (service.documents).
 --       last: this call's id (service.durable.Step adds it; the same on every re-send)
 -- Returns 1 if settled (by this call, or by this same call sent before: a re-send after
 -- a lost reply or a failover must not read as 'ended', or the worker would discard the
@@ -79,7 +85,12 @@ redis.call('ZREM', KEYS[5], rid)
 redis.call('ZREM', KEYS[8], rid)
 redis.call('ZREM', KEYS[9], rid)
 if action == 'commit' then
-  redis.call('HSET', KEYS[3], 'status', 'succeeded', 'output', ARGV[3], 'finished_at', ARGV[5])
+  redis.call('HSET', KEYS[3], 'status', 'succeeded', 'finished_at', ARGV[5])
+  if ARGV[10] ~= '' then
+    redis.call('HSET', KEYS[3], 'result', ARGV[10])
+  else
+    redis.call('HSET', KEYS[3], 'output', ARGV[3])
+  end
   if ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'table', ARGV[7]) end
 else
   local final = (action == 'cancel') and 'cancelled' or 'failed'
@@ -91,6 +102,21 @@ else
   -- a refunded request may be asked again; a charged one stays its answer
   if not charge and redis.call('GET', KEYS[6]) == rid then redis.call('DEL', KEYS[6]) end
 end
+if ARGV[9] ~= '' then
+  local req = redis.call('HGET', KEYS[3], 'request')
+  if req and string.sub(redis.sha1hex(req), 1, 16) == ARGV[9] then
+    redis.call('HDEL', KEYS[3], 'request')
+    redis.call('HSET', KEYS[3], 'doc', ARGV[9])
+  end
+end
+redis.call('HDEL', KEYS[3], 'replay_key')
 redis.call('HSET', KEYS[3], 'settled_by', call_id)
+if ARGV[9] ~= '' and redis.call('HEXISTS', KEYS[3], 'request') == 0 then
+  -- a hash once holding a long value stays hashtable-encoded: written again, it is a
+  -- listpack (every value now <= 64 bytes), a third of the memory
+  local all = redis.call('HGETALL', KEYS[3])
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[3], unpack(all))
+end
 redis.call('XADD', KEYS[2], '*', unpack(event))
 return 1

@@ -200,7 +200,7 @@ def _price(r: redis.Redis, doc: dict[str, Any], k: int) -> tuple[int, releases.P
     mech = registry.get(name)
     params = mech.load_params(raw)
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
-    h = releases.charge_on_history(r, doc, mech, params, cost, META, dict(cost))
+    h = releases.charge_on_history(r, doc, mech, params, cost, META, dict(cost), None)
     units = {m: budget.cost_units(m, a) for m, a in h.charged.items()}
     privacy = {"charged": h.privacy["charged"]} if h.privacy else None
     return k, releases.Prepared(doc, mech, params, cost, units, {}, None, privacy=privacy,

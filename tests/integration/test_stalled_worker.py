@@ -172,5 +172,8 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
     assert client.hget(metrics_store.RELEASES, f"dip{metrics_store.SEP}succeeded") == "1"
     # B's table is the release's; A's never became visible and is gone
     assert client.hget(release, "table") == "2"
-    assert sorted(p.name for p in (rig["releases"] / rid).iterdir()) == ["v2"]
+    # so is A's result document: only B's (the attempt settle recorded) and the request
+    assert client.hget(release, "result") == "2"
+    assert sorted(p.name for p in (rig["releases"] / rid).iterdir()) == [
+        f"request.{client.hget(release, 'doc')}.json", "result.2.json", "v2"]
     assert "run lost its lease" in (rig["logs"] / "worker-a.log").read_text()

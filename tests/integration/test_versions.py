@@ -140,7 +140,8 @@ def test_versions_spend_one_budget_and_replays_are_per_version(
     client = app.extensions["redis"]
     doc = datasets.get(client, ds["id"])
     assert doc is not None
-    per_version = {v: releases.earlier_releases(client, datasets.at_version(doc, v))
+    per_version = {v: releases.earlier_releases(client, datasets.at_version(doc, v),
+                                                   app.extensions["documents"])
                    for v in (1, 2)}
     assert [e["cost"]["epsilon"] for e in per_version[1]] == [Fraction("0.6"),
                                                                Fraction("0.3")]

@@ -1,0 +1,247 @@
+"""Release documents on disk (service.documents): which run's files are visible, the
+request kept when it changed under a settle, migration of documents held in Valkey, and
+list pages that read only their own documents."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from service import analyses, releases, rkeys
+from service.documents import DocumentStore, migrate, prune_swept
+from service.ledger import Ledger
+from service.outputs import OutputStore
+from tests.conftest import ROOT
+from tests.integration.conftest import Api
+from workers.tasks import settle_files
+
+#: a Valkey database of this module's own: the migration walks every release in it
+DB = 12
+
+REQUEST = json.dumps({"dataset_id": "ds_0000000000000001", "dataset_version": 1,
+                      "mechanism": "laplace", "params": {"statistic": "mean", "column": "age"},
+                      "cost": {"epsilon": "1/2"}, "cost_units": {"epsilon": 500000000},
+                      "accuracy": {"ci95_halfwidth": 3.0, "statement": "s" * 200},
+                      "seed": None, "callback_url": None, "privacy": {"notions": ["dp"]}})
+
+
+def _output(value: float) -> str:
+    return json.dumps({"result": {"value": value}, "accuracy": {"ci95_halfwidth": 3.0},
+                       "guarantee": "pure epsilon-DP"})
+
+
+@pytest.fixture()
+def own(redis_url: str) -> Iterator[tuple[str, redis.Redis]]:
+    url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    client = rkeys.connect(url)
+    client.flushdb()
+    yield url, client
+    client.flushdb()
+
+
+def _reserved(ledger: Ledger, request: str = REQUEST, mode: Any = "new") -> tuple[str, str]:
+    ds = "ds_" + secrets.token_hex(6)
+    ledger.open(ds, {"epsilon": 10**10}, "op")
+    rid = releases.new_id()
+    res = ledger.reserve(ds, rid, {} if mode == "pricing" else {"epsilon": 500000000},
+                         actor="key_a", fingerprint=secrets.token_hex(8),
+                         request_json=request, mode=mode, replay=mode != "pricing")
+    assert res.outcome in {"reserved", "pricing"}
+    return ds, rid
+
+
+def test_only_the_run_settle_recorded_is_ever_read(own: tuple[str, redis.Redis],
+                                                   tmp_path: Path) -> None:
+    """A run that stalled past its lease wrote its result file; the run that took the job
+    over commits: the document is the second run's, the first run's file is removed by the
+    winner, and the stalled run's late commit changes nothing and keeps nothing."""
+    _, r = own
+    docs, outputs = DocumentStore(tmp_path), OutputStore(tmp_path)
+    ledger = Ledger(r, documents=docs)
+    ds, rid = _reserved(ledger)
+    stalled = ledger.mark_running(rid, "host")
+    assert stalled is not None and ledger.mark_data_read(stalled)
+    docs.save_result(rid, stalled.attempt, _output(1.0))
+    r.delete(rkeys.lease(rid))  # its lease lapsed
+    taken = ledger.mark_running(rid, "host")
+    assert taken is not None and taken.attempt == 2 and ledger.mark_data_read(taken)
+    docs.save_result(rid, taken.attempt, _output(2.0))
+    with pytest.raises(FileExistsError):  # a run's output is never replaced
+        docs.save_result(rid, taken.attempt, _output(3.0))
+    outcome = ledger.commit(ds, taken, "", None, result_stored=True)
+    settle_files(r, docs, outputs, taken, outcome, None)
+    assert outcome == "settled"
+    assert sorted(p.name for p in docs.folder(rid).iterdir()) == [
+        f"request.{r.hget(rkeys.release(rid), 'doc')}.json", "result.2.json"]
+    late = ledger.commit(ds, stalled, "", None, result_stored=True)
+    settle_files(r, docs, outputs, stalled, late, None)
+    assert late == "ended"
+    doc = releases.document(r, rid, docs)
+    assert doc is not None and doc["result"] == {"value": 2.0}
+    assert doc["accuracy"] == {"ci95_halfwidth": 3.0}  # the output's, not the estimate's
+    assert not (docs.folder(rid) / "result.1.json").exists()
+
+
+def test_a_request_rewritten_under_the_settle_stays_in_valkey(own: tuple[str, redis.Redis],
+                                                              tmp_path: Path) -> None:
+    """Catches a settle that drops the hash's request for a copy of another version: a
+    ``pricing`` release's request is rewritten when its pricing job reserves it; a cancel
+    that stored the old version must not replace the new one by it."""
+    _, r = own
+    rewritten = json.dumps({**json.loads(REQUEST), "params": {"statistic": "sum",
+                                                              "column": "age"}})
+
+    class Concurrent(DocumentStore):
+        """The pricing job's reserve lands between the store and the settle script."""
+
+        def save_request(self, release_id: str, request_json: str) -> str:
+            sha = super().save_request(release_id, request_json)
+            r.hset(rkeys.release(release_id), "request", rewritten)
+            return sha
+
+    docs = Concurrent(tmp_path)
+    ledger = Ledger(r, documents=docs)
+    ds, rid = _reserved(ledger)
+    assert ledger.cancel(ds, rid, "op") == "settled"
+    h = r.hgetall(rkeys.release(rid))
+    assert h["status"] == "cancelled" and h["request"] == rewritten and "doc" not in h
+    doc = releases.document(r, rid, docs)
+    assert doc is not None and doc["params"] == {"statistic": "sum", "column": "age"}
+
+
+def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Redis],
+                                                        tmp_path: Path) -> None:
+    """Releases finished before the document store (request and output in the hash) read
+    as before, and ``privrelease migrate-outputs`` moves them to disk: same documents, a
+    compact hash; pending releases stay; a second run moves nothing."""
+    url, r = own
+    legacy = Ledger(r)  # no document store: settles as the code before it did
+    ds, done_rid = _reserved(legacy)
+    run = legacy.mark_running(done_rid, "w")
+    assert run is not None and legacy.commit(ds, run, _output(4.0)) == "settled"
+    _, pending_rid = _reserved(legacy)
+    analysis_id = analyses.create(r, done_rid, "a", {}, [], "key_a")
+    assert analyses.start(r, analysis_id, 60) is not None
+    assert analyses.finish(r, analysis_id, result_json='{"estimate": 1.5}')
+    docs = DocumentStore(tmp_path / "releases")
+    before = releases.document(r, done_rid, docs)  # read from the hash (fallback)
+    assert before is not None and before["result"] == {"value": 4.0}
+    assert r.object("encoding", rkeys.release(done_rid)) == "hashtable"
+
+    env = {**os.environ, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_DATA_DIR": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "migrate-outputs"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "moved 1 release(s) and 1 analysis result(s)" in proc.stdout, proc.stdout
+
+    h = r.hgetall(rkeys.release(done_rid))
+    assert not {"request", "output", "replay_key"} & set(h) and h["result"] == "0"
+    assert r.object("encoding", rkeys.release(done_rid)) == "listpack"
+    assert releases.document(r, done_rid, docs) == before
+    assert r.hget(rkeys.release(pending_rid), "request") == REQUEST  # still pending: stays
+    moved = r.hgetall(rkeys.analysis(analysis_id))
+    assert "result" not in moved and moved["stored"] == "1"
+    ana = analyses.document(r, analysis_id, docs)
+    assert ana is not None and ana["result"] == {"estimate": 1.5}
+    again = migrate(r, docs)
+    assert (again.releases, again.analyses) == (0, 0)
+
+
+def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, Any],
+                                                  worker: Any, app: Any, r: redis.Redis,
+                                                  tmp_path: Path) -> None:
+    """A page of N releases reads N documents: with the files of every older release
+    gone, the newest page of the dataset's list and of the key's own list still answers
+    (any read of another document would fail), and so does a page of analyses."""
+    ids = []
+    for eps in (0.01, 0.02, 0.03, 0.04):
+        resp = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
+                                         "params": {"statistic": "mean", "column": "age"},
+                                         "budget": {"epsilon": eps}})
+        assert resp.status_code == 202, resp.get_json()
+        ids.append(resp.get_json()["id"])
+        assert api.wait(ids[-1])["status"] == "succeeded"
+    docs: DocumentStore = app.extensions["documents"]
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for rid in ids[:2]:  # moved away for the reads below, back after (the session's)
+        assert r.hget(rkeys.release(rid), "result") == "1"
+        shutil.move(docs.folder(rid), aside / rid)
+    try:
+        resp = api.get(f"/v1/releases?dataset_id={dataset['id']}&limit=2")
+        assert resp.status_code == 200
+        assert [d["id"] for d in resp.get_json()] == ids[:1:-1]
+        assert "X-Next-Cursor" in resp.headers
+        resp = api.get("/v1/releases?mine=true&limit=2")
+        assert resp.status_code == 200
+        assert [d["id"] for d in resp.get_json()] == ids[:1:-1]
+    finally:
+        for rid in ids[:2]:
+            shutil.move(aside / rid, docs.folder(rid))
+    resp = api.get(f"/v1/releases?dataset_id={dataset['id']}&limit=10")
+    assert [d["id"] for d in resp.get_json()] == ids[::-1]  # all readable again
+
+    made = []
+    for _ in range(3):
+        aid = analyses.create(r, ids[-1], "x", {}, [], "key_a")
+        assert analyses.start(r, aid, 60) is not None
+        assert analyses.finish(r, aid, result_json=json.dumps({"n": aid}), docs=docs,
+                               release_id=ids[-1])
+        made.append(aid)
+    docs.discard_analysis(ids[-1], made[0])
+    items, cursor = analyses.page(r, ids[-1], 2, None, docs)
+    assert [a["id"] for a in items] == made[:0:-1] and cursor is not None
+    assert [a["result"] for a in items] == [{"n": aid} for aid in made[:0:-1]]
+    analyses.discard(r, ids[-1], made[0])  # leave the session's lists all readable
+
+
+def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
+                                               tmp_path: Path) -> None:
+    """A run wrote its result and died before committing; the sweeper charges the job
+    (``charge_gone``, which moves the request): no result file stays, the request does."""
+    _, r = own
+    docs = DocumentStore(tmp_path)
+    ledger = Ledger(r, documents=docs)
+    ds, rid = _reserved(ledger)
+    run = ledger.mark_running(rid, "host")
+    assert run is not None and ledger.mark_data_read(run)
+    docs.save_result(rid, run.attempt, _output(5.0))
+    r.delete(rkeys.lease(rid))  # the worker died
+    assert ledger.charge_gone(ds, rid, json.dumps(releases.FAILED_AFTER_READ), "sweeper")
+    assert prune_swept(r, docs, rid) == ["result.1.json"]
+    doc = releases.document(r, rid, docs)
+    assert doc is not None and doc["status"] == "failed" and doc["result"] is None
+    assert doc["params"] == json.loads(REQUEST)["params"]
+
+
+def test_a_redelivered_task_of_an_ended_release_is_skipped(
+        api: Api, dataset: dict[str, Any], worker: Any, service_env: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a redelivered run of a finished release read as 'missing' (and logged as
+    not found) once its request left the hash: it ended, so it is 'skipped'."""
+    from workers import tasks
+
+    resp = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
+                                     "params": {"statistic": "mean", "column": "age"},
+                                     "budget": {"epsilon": 0.01}})
+    rid = resp.get_json()["id"]
+    assert api.wait(rid)["status"] == "succeeded"
+    for name, value in service_env.items():
+        monkeypatch.setenv(name, value)
+    tasks._deps.cache_clear()
+    try:
+        assert tasks.execute(rid, "redelivered") == "skipped"
+        assert tasks.execute(releases.new_id(), "redelivered") == "missing"
+    finally:
+        tasks._deps.cache_clear()
