@@ -208,18 +208,24 @@ def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, A
 
 def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
                                                tmp_path: Path) -> None:
-    """A run wrote its result and died before committing; the sweeper charges the job
-    (``charge_gone``, which moves the request): no result file stays, the request does."""
+    """A run wrote its result and died before committing; the sweeper's pass charges the
+    job (``charge_gone``, which moves the request) and prunes: no result file stays, the
+    request does (catches a sweeper that leaves dead runs' results on disk)."""
+    from workers import sweeper
+
     _, r = own
     docs = DocumentStore(tmp_path)
     ledger = Ledger(r, documents=docs)
     ds, rid = _reserved(ledger)
+    ledger.enqueued(rid)  # its task was sent
     run = ledger.mark_running(rid, "host")
     assert run is not None and ledger.mark_data_read(run)
     docs.save_result(rid, run.attempt, _output(5.0))
     r.delete(rkeys.lease(rid))  # the worker died
-    assert ledger.charge_gone(ds, rid, json.dumps(releases.FAILED_AFTER_READ), "sweeper")
-    assert prune_swept(r, docs, rid) == ["result.1.json"]
+    assert sweeper.sweep(r, ledger, min_age=0, send=lambda *a, **k: None) == [rid]
+    assert sorted(p.name for p in docs.folder(rid).iterdir()) == [
+        f"request.{r.hget(rkeys.release(rid), 'doc')}.json"]
+    assert prune_swept(r, docs, rid) == []  # idempotent: nothing left to remove
     doc = releases.document(r, rid, docs)
     assert doc is not None and doc["status"] == "failed" and doc["result"] is None
     assert doc["params"] == json.loads(REQUEST)["params"]
