@@ -216,7 +216,7 @@ def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
     _, r = own
     docs = DocumentStore(tmp_path)
     ledger = Ledger(r, documents=docs)
-    ds, rid = _reserved(ledger)
+    _, rid = _reserved(ledger)
     ledger.enqueued(rid)  # its task was sent
     run = ledger.mark_running(rid, "host")
     assert run is not None and ledger.mark_data_read(run)

@@ -28,6 +28,7 @@ from service.app import create_app
 from service.ledger import Ledger
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from tests.integration.test_precompute import _Sent
 from workers import sweeper
 from workers.celery_app import RELEASES_QUEUE
 
@@ -37,19 +38,6 @@ DB = 6
 #: are run at once by the worker's two processes (one waits for the other's lease)
 DELAY = 1.0
 EPSILON = 0.5
-
-
-class _Sent:
-    """Records what the sweeper publishes (Celery's send_task signature)."""
-
-    def __init__(self, fail: bool = False) -> None:
-        self.calls: list[tuple[str, str]] = []
-        self.fail = fail
-
-    def __call__(self, name: str, args: list[Any], task_id: str) -> None:
-        if self.fail:
-            raise ConnectionError("broker down")
-        self.calls.append((name, task_id))
 
 
 def _until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
