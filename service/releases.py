@@ -205,10 +205,14 @@ def pricing_task_id(release_id: str) -> str:
 
 
 #: times a request whose exact charge went stale (the column's history moved between its
-#: pricing and its reservation) is priced again before 409 ``conflict``
+#: pricing and its reservation) is priced again; the last price is the standalone bound,
+#: which reserve.lua never finds stale
 STALE_RETRIES = 3
 #: Retry-After (s) of that 409
 CONFLICT_RETRY_AFTER = 1
+#: why a release was charged its standalone bound after its exact prices went stale
+CONTENDED = ("other releases on this column were reserved or charged while this one was"
+             " priced, again and again: charged the standalone bound (always safe)")
 
 
 def refusal(res: ReserveResult) -> APIError | None:
@@ -267,8 +271,13 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
 
 
 def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
-            allow_seeds: bool, max_work: float | None = None) -> Prepared:
-    """Validate a release request against its mechanism and dataset; compute the cost."""
+            allow_seeds: bool, max_work: float | None = None,
+            exact_increment: bool = True) -> Prepared:
+    """Validate a release request against its mechanism and dataset; compute the cost.
+
+    ``exact_increment=False``: an interval release is charged its standalone bound even
+    where an exact increment would be smaller (after ``STALE_RETRIES`` stale prices: a
+    busy column still gets an answer, at the always-safe additive charge)."""
     doc = datasets.get(client, body["dataset_id"])
     if doc is None:
         raise no_such_dataset()
@@ -323,7 +332,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
         history = charge_on_history(client, doc, mech, params, cost, meta, charged,
-                                    ledger.documents)
+                                    ledger.documents, exact_increment)
         report, charged = history.report, history.charged
         if report is not None:
             accuracy = {**accuracy, "composition": report}
@@ -380,7 +389,8 @@ def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms
                       params: dict[str, Any], cost: dict[str, Fraction],
                       meta: mechanisms.DatasetMeta,
                       charged: dict[str, Fraction],
-                      docs: DocumentStore | None) -> HistoryCharge:
+                      docs: DocumentStore | None,
+                      exact_increment: bool = True) -> HistoryCharge:
     """The charge of a release given the dataset's earlier releases (this version): an
     interval release is charged the exact increment over its column's committed releases
     when safe and smaller (``mechanisms.interval.composition.price``), priced at the
@@ -399,13 +409,21 @@ def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms
     standalone = {m: budget.cost_units(m, a) for m, a in charged.items()}
     field_ = history_field(doc, composed.column)
     exact = composed.exact and composed.column in charged
-    privacy = dict(composed.privacy)
+    privacy, report = dict(composed.privacy), composed.report
+    if exact and not exact_increment:  # the column was busy: priced stale too often
+        exact = False
+        privacy = {k: v for k, v in privacy.items()
+                   if k not in {"joint_leakage_bound", "committed_charged"}}
+        privacy["reason"] = CONTENDED
+        if report is not None:
+            report = {**report, "charged": "additive", "charge": privacy["standalone"],
+                      "reason": CONTENDED}
     if exact:
         # interval leakage is charged as it is on any dataset (zcdp.charge)
         charged = {**charged, composed.column: composed.charge[composed.column]}
     else:
         privacy.update(charged="additive", charge=privacy["standalone"])
-    return HistoryCharge(charged, composed.report, field_,
+    return HistoryCharge(charged, report, field_,
                          counters.get(field_, 0) if exact else None, standalone, privacy)
 
 

@@ -56,13 +56,15 @@ def price(config: Config, client: redis.Redis, ledger: Ledger, release_id: str,
     res: ReserveResult | None = None
     problem: APIError | None
     try:
-        for _ in range(releases.STALE_RETRIES + 1):
+        for attempt in range(releases.STALE_RETRIES + 1):
             # an exact charge priced on a column history that moved before the reservation
-            # is 'stale': price it again here, as the API does, then refuse it (conflict)
+            # is 'stale': price it again here, as the API does; the last time at the
+            # standalone bound, which is never stale
             with precompute.worker_scope(config):
-                prepared = releases.prepare(client, ledger, req["body"],
-                                            allow_seeds=config.allow_seeds,
-                                            max_work=config.max_release_work)
+                prepared = releases.prepare(
+                    client, ledger, req["body"], allow_seeds=config.allow_seeds,
+                    max_work=config.max_release_work,
+                    exact_increment=attempt < releases.STALE_RETRIES)
             res = ledger.reserve(
                 dataset_id, release_id, prepared.cost_units, actor=actor or "",
                 fingerprint=prepared.request_fingerprint,

@@ -46,7 +46,7 @@ def _register_converter(state: BlueprintSetupState) -> None:
 TASK = releases.TASK
 
 
-def _prepare(body: dict[str, Any]) -> releases.Prepared:
+def _prepare(body: dict[str, Any], exact_increment: bool = True) -> releases.Prepared:
     """Every check and the cost; ``releases.Unpriced`` when the cost needs a heavy
     precomputation the shared store lacks (never computed in this thread)."""
     # the grant first: for a dataset the key may not use, every body gets the answer of a
@@ -61,7 +61,8 @@ def _prepare(body: dict[str, Any]) -> releases.Prepared:
         return releases.prepare(current_app.extensions["redis"],
                                 current_app.extensions["ledger"], body,
                                 allow_seeds=config.allow_seeds,
-                                max_work=config.max_release_work)
+                                max_work=config.max_release_work,
+                                exact_increment=exact_increment)
 
 
 def _document(release_id: str) -> dict[str, Any]:
@@ -180,9 +181,10 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
             )
             if res.outcome != "stale" or attempt == releases.STALE_RETRIES:
                 break
-            # the column's history moved since the exact charge was priced: price again
+            # the column's history moved since the exact charge was priced: price again,
+            # the last time at the standalone bound (never stale)
             try:
-                prepared = _prepare(body)
+                prepared = _prepare(body, exact_increment=attempt + 1 < releases.STALE_RETRIES)
             except releases.Unpriced:
                 break  # answered 409 conflict: the retry finds it priced or pricing
         if res.outcome == "stale":

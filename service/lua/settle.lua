@@ -68,7 +68,9 @@ for i = 1, #held, 2 do
   elseif scope == 'a:' then
     prefix = 'alloc:' .. owner .. ':'
   end
-  if prefix then
+  -- a hold of 0 units (an exact increment of 0) moves nothing; and '-0' is no integer
+  -- to HINCRBY, which would fail the whole settle
+  if prefix and u ~= '0' then
     redis.call('HINCRBY', KEYS[1], prefix .. 'reserved:' .. m, '-' .. u)
     if charge then redis.call('HINCRBY', KEYS[1], prefix .. 'committed:' .. m, u) end
   end

@@ -276,3 +276,29 @@ def test_interleavings_keep_committed_at_least_the_joint_leakage(r: redis.Redis,
         assert row["committed"] >= math.floor(_joint(tuple(sorted(committed))) * CAP)
         held = tuple(sorted([*committed, *pending.values()]))
         assert row["committed"] + row["reserved"] >= math.floor(_joint(held) * CAP)
+
+
+def test_a_busy_column_falls_back_to_the_standalone_charge(api: Api, app: Any, worker: Any,
+                                                          r: redis.Redis) -> None:
+    """Catches a release refused (409 conflict, or a pricing job ending 'refused') only
+    because other releases kept moving its column's history: the last price after
+    ``STALE_RETRIES`` is the standalone bound, which reserve.lua never finds stale, even
+    when the counter moved under it."""
+    ds = _ages(api)
+    first = _release(api, _body(ds))
+    exact = _prepare(app, _body(ds))
+    assert exact.privacy and exact.privacy["charged"] == "exact_increment"
+    config = app.config["PRIVRELEASE"]
+    from service import precompute
+    with app.app_context(), precompute.worker_scope(config):
+        busy = releases.prepare(r, app.extensions["ledger"], _body(ds), allow_seeds=True,
+                                exact_increment=False)
+    assert busy.privacy and busy.privacy["charged"] == "additive"
+    assert busy.privacy["interval_composition"]["reason"] == releases.CONTENDED
+    assert busy.accuracy["composition"]["charged"] == "additive"
+    assert busy.history_at is None
+    standalone = budget.cost_units(MEASURE, Fraction(first["cost"][MEASURE]))
+    assert busy.cost_units[MEASURE] == standalone
+    r.hincrby(rkeys.ledger(ds), busy.history_field, 5)  # the column moved meanwhile
+    _, res = _reserve(app, busy)
+    assert res.outcome == "reserved"

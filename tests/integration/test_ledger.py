@@ -55,6 +55,21 @@ def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
     assert kinds == ["cap", "reserve", "reserve", "commit", "abort"]
 
 
+def test_a_zero_unit_hold_commits_and_aborts(r: redis.Redis) -> None:
+    """An exact interval increment can be 0 units (the joint leakage already paid): its
+    settle must not fail. Catches settle.lua's HINCRBY of '-0' (no integer to Valkey),
+    which failed every commit of such a release and left it running until the sweeper."""
+    ledger, ds = Ledger(r), _ds()
+    ledger.open(ds, {"epsilon": 1000}, "op")
+    rid, res = _reserve(ledger, ds, 0)
+    assert res.outcome == "reserved"  # type: ignore[attr-defined]
+    assert _commit(ledger, ds, rid)
+    rid2, _ = _reserve(ledger, ds, 0)
+    assert ledger.abort(ds, rid2, '{"message": "x"}', "w")
+    assert ledger.balance(ds)["epsilon"] == {"cap": 1000, "committed": 0, "reserved": 0,
+                                             "remaining": 1000}
+
+
 def test_only_the_runs_lease_holder_settles(r: redis.Redis) -> None:
     """Catches issue #14 finding 6 at the ledger: main's settle script took a commit (or
     an abort) from any worker, so a run that stalled past its lease while another run
