@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import requests
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.remote.webdriver import WebDriver, WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.e2e.harness import TOKEN, Service
@@ -80,6 +79,22 @@ def _until(driver: WebDriver, element_id: str, text: str, timeout: float = 30.0)
             pass
         time.sleep(0.2)
     raise AssertionError(f"#{element_id} never read {text!r}: {driver.page_source[:2000]}")
+
+
+def _reloaded(driver: WebDriver, element: WebElement, timeout: float = 10.0) -> None:
+    """Wait until a click's navigation replaced ``element``. Chromium may answer a check
+    on a node of the page being replaced with an inspector error ("Node with given id
+    does not belong to the document") instead of a stale-element one: both mean it is
+    gone (``staleness_of`` let the first escape, failing the test at random)."""
+
+    def gone(_: WebDriver) -> bool:
+        try:
+            element.is_enabled()
+        except (StaleElementReferenceException, WebDriverException):
+            return True
+        return False
+
+    WebDriverWait(driver, timeout).until(gone)
 
 
 def test_console_roles_in_chromium(service: Service, browser: WebDriver,
@@ -162,7 +177,7 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     d.get(service.url + "/console/keys")
     button = d.find_element(By.ID, f"revoke-{analyst_id}")
     button.click()
-    WebDriverWait(d, 10).until(expected_conditions.staleness_of(button))  # page reloaded
+    _reloaded(d, button)
     d.implicitly_wait(0)
     assert not d.find_elements(By.ID, f"row-{analyst_id}")
     d.implicitly_wait(5)
@@ -186,7 +201,7 @@ def test_budget_form_and_analysis_plot_in_chromium(service: Service,
     d.find_element(By.ID, "new-cap").send_keys("1")
     button = d.find_element(By.ID, "set-budget")
     button.click()
-    WebDriverWait(d, 10).until(expected_conditions.staleness_of(button))  # page reloaded
+    _reloaded(d, button)
     cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")]
              for r in d.find_elements(By.CSS_SELECTOR, "#budget tbody tr")]
     measures = {row[0]: row[1] for row in cells}
