@@ -254,22 +254,30 @@ SIZE_PARAMS = ("grid_size", "lattice_size", "bins", "m", "rounds", "max_componen
 MAX_EPSILON = Fraction(100)
 
 
+def read_amount(budget: Mapping[str, object], measure: str, ceiling: Fraction,
+                missing: str) -> Fraction:
+    """The one amount a single-measure budget holds, exactly: a finite number in
+    (0, ``ceiling``] (``missing``: the message when it is absent)."""
+    field = f"budget.{measure}"
+    if measure not in budget:
+        raise MechanismInputError(field, missing)
+    value = budget[measure]
+    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
+        raise MechanismInputError(field, "must be a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MechanismInputError(field, "must be finite")
+    amount = Fraction(value)
+    if not 0 < amount <= ceiling:
+        raise MechanismInputError(field, f"{measure} must be in (0, {ceiling}]")
+    return amount
+
+
 def read_epsilon(budget: Budget, name: str) -> Fraction:
     """A pure-DP mechanism's budget: exactly ``{"epsilon": ε}`` with 0 < ε <= MAX_EPSILON."""
     extra = sorted(set(budget) - {"epsilon"})
     if extra:
         raise MechanismInputError("budget", f"{name} spends only epsilon; got {', '.join(extra)}")
-    if "epsilon" not in budget:
-        raise MechanismInputError("budget.epsilon", f"{name} needs an epsilon budget")
-    value = budget["epsilon"]
-    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
-        raise MechanismInputError("budget.epsilon", "must be a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise MechanismInputError("budget.epsilon", "must be finite")
-    epsilon = Fraction(value)
-    if not 0 < epsilon <= MAX_EPSILON:
-        raise MechanismInputError("budget.epsilon", f"epsilon must be in (0, {MAX_EPSILON}]")
-    return epsilon
+    return read_amount(budget, "epsilon", MAX_EPSILON, f"{name} needs an epsilon budget")
 
 
 @functools.cache

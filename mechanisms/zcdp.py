@@ -25,11 +25,10 @@ releases cost kρ, where (ε, δ) accounting would add k ε's and k δ's:
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from fractions import Fraction
 
-from mechanisms.base import MechanismInputError
+from mechanisms.base import MechanismInputError, read_amount
 
 #: a release's ρ above this is refused as absurd (the release would be essentially exact)
 MAX_RHO = Fraction(10**3)
@@ -47,17 +46,7 @@ def read_rho(budget: Mapping[str, object], name: str) -> Fraction:
     if extra:
         raise MechanismInputError(
             "budget", f"{name} on a zcdp dataset spends only rho; got {', '.join(extra)}")
-    if "rho" not in budget:
-        raise MechanismInputError("budget.rho", f"{name} on a zcdp dataset needs a rho budget")
-    value = budget["rho"]
-    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
-        raise MechanismInputError("budget.rho", "must be a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise MechanismInputError("budget.rho", "must be finite")
-    rho = Fraction(value)
-    if not 0 < rho <= MAX_RHO:
-        raise MechanismInputError("budget.rho", f"rho must be in (0, {MAX_RHO}]")
-    return rho
+    return read_amount(budget, "rho", MAX_RHO, f"{name} on a zcdp dataset needs a rho budget")
 
 
 def gaussian_rho(l2sq_units: int, sigma: float) -> Fraction:
