@@ -12,6 +12,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
 from service import apidocs, inputs, observability, openapi, problems, ratelimit, rkeys
+from service.audit import AuditArchive
 from service.config import Config
 from service.documents import DocumentStore
 from service.durable import Replication
@@ -82,7 +83,8 @@ def create_app(config: Config | None = None) -> Flask:
     # release documents live on the shared folder beside the release tables (service.documents)
     app.extensions["documents"] = DocumentStore(config.releases_dir)
     app.extensions["ledger"] = Ledger(client, replication=Replication.from_config(config),
-                                      documents=app.extensions["documents"])
+                                      documents=app.extensions["documents"],
+                                      audit=AuditArchive(config.audit_dir))
     app.extensions["store"] = DatasetStore(config.datasets_dir)
     app.extensions["celery"] = make_celery(config)
     observability.init_app(app)  # first: its request id and timer precede the limiter

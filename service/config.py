@@ -107,6 +107,9 @@ class Config:
     #: PRIVRELEASE_MAX_RESENDS: times the sweeper re-sends a job lost before it read its
     #: data (its message lost, or its worker gone) before refunding it instead
     max_resends: int = 3
+    #: PRIVRELEASE_AUDIT_HOT_SECONDS: age after which the sweeper moves audit events from
+    #: Valkey to ``<data dir>/audit/<dataset>.jsonl`` (service.audit)
+    audit_hot_seconds: float = 3600.0
     #: PRIVRELEASE_CALLBACK_HOSTS: comma-separated host[:port] a callback_url may target
     callback_hosts: tuple[str, ...] = ()
     #: PRIVRELEASE_TEST_JOB_DELAY: seconds a job sleeps once it has read its data, before
@@ -192,6 +195,7 @@ class Config:
             lease_seconds=_int("LEASE_SECONDS", cls.lease_seconds),
             sweep_interval=float(_env("SWEEP_INTERVAL") or cls.sweep_interval),
             max_resends=_at_least("MAX_RESENDS", cls.max_resends, 0),
+            audit_hot_seconds=_positive("AUDIT_HOT_SECONDS", cls.audit_hot_seconds),
             callback_hosts=tuple(h.strip().lower() for h in (_env("CALLBACK_HOSTS") or "")
                                  .split(",") if h.strip()),
             test_job_delay=float(_env("TEST_JOB_DELAY") or 0.0),
@@ -227,6 +231,11 @@ class Config:
     def releases_dir(self) -> Path:
         """Privatized microdata of releases (tables served as CSV)."""
         return self.data_dir / "releases"
+
+    @property
+    def audit_dir(self) -> Path:
+        """Audit events moved out of Valkey (service.audit)."""
+        return self.data_dir / "audit"
 
     @property
     def valkey_dir(self) -> Path:

@@ -1,5 +1,6 @@
 """Release documents on disk, so Valkey holds per finished release only its index entries,
-status and ledger state (~800 B, not ~2.6 kB; the audit stream's ~290 B beside it).
+status and ledger state (~820 B in all once its audit events moved to disk, service.audit;
+~2.9 kB before).
 
 Design (issue 19 §3). A release's request (params, the accuracy estimate, the privacy
 block) and its result (result, accuracy, guarantee) are JSON files beside its tables in
@@ -33,7 +34,7 @@ files: nothing is loaded that the page does not show.
 
 Retention: documents are kept forever. A consumer paid privacy budget for each result
 (deleting it would lose what was bought, and re-asking would spend again), and the audit
-stream, never trimmed, refers to them. Per-run state goes at settle (lease and
+events, kept forever too (service.audit), refer to them. Per-run state goes at settle (lease and
 reservation keys deleted, the replay pointer dropped); idempotency keys expire
 (PRIVRELEASE_IDEMPOTENCY_TTL).
 """

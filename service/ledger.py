@@ -29,6 +29,7 @@ from typing import Any, Literal
 import redis
 
 from service import rkeys
+from service.audit import AuditArchive
 from service.documents import DocumentStore
 from service.durable import Replication, Step
 
@@ -100,16 +101,19 @@ class Ledger:
     def __init__(self, client: redis.Redis, lease_seconds: int = 30,
                  replication: Replication | None = None,
                  run_retry_seconds: float = 0.0,
-                 documents: DocumentStore | None = None) -> None:
+                 documents: DocumentStore | None = None,
+                 audit: AuditArchive | None = None) -> None:
         """With ``documents`` a settle moves the release's request out of Valkey into
         that store (``service.documents``); without, the hash keeps it (ledger-only use).
         Every script is a ``durable.Step``: acknowledged by ``replication``'s replicas
         (WAIT). A run's steps (start, lease, settle) are re-sent for ``run_retry_seconds``
         across a failover (workers; the API answers 503 at once). See ``service.durable``
-        for why that is safe and what an unacknowledged step means."""
+        for why that is safe and what an unacknowledged step means. With ``audit`` the
+        audit stream's archived events are read too (``service.audit``)."""
         self.r = client
         self.lease_seconds = lease_seconds
         self.documents = documents
+        self.audit = audit
         repl = replication or Replication()
         self._reserve = Step(client, _script("reserve"), repl)
         self._settle = Step(client, _script("settle"), repl, nonce=True,
@@ -399,9 +403,12 @@ class Ledger:
 
     def events(self, dataset_id: str, start: str = "-", end: str = "+",
                kinds: set[str] | None = None) -> list[dict[str, Any]]:
-        """The dataset's audit stream between stream ids, oldest first."""
+        """The dataset's audit events between stream ids, oldest first: the archived ones
+        and those still in the stream."""
         out = []
-        for event_id, fields in self.r.xrange(rkeys.events(dataset_id), start, end):
+        source = (self.audit.merge(self.r, dataset_id, start, end) if self.audit
+                  else self.r.xrange(rkeys.events(dataset_id), start, end))
+        for event_id, fields in source:
             if kinds and fields.get("kind") not in kinds:
                 continue
             doc: dict[str, Any] = {"id": event_id}

@@ -17,6 +17,7 @@ from celery import Celery, signals
 from kombu.transport import redis as kombu_redis
 
 from service import rkeys
+from service.audit import AuditArchive, archive_if_due
 from service.config import Config
 from service.documents import DocumentStore
 from service.durable import Replication
@@ -165,7 +166,8 @@ def worker_ledger(client: redis.Redis, config: Config) -> Ledger:
     a run waits for its data-read marker to be replicated (``service.durable``)."""
     return Ledger(client, config.lease_seconds, Replication.from_config(config),
                   run_retry_seconds=config.lease_seconds / 2,
-                  documents=DocumentStore(config.releases_dir))
+                  documents=DocumentStore(config.releases_dir),
+                  audit=AuditArchive(config.audit_dir))
 
 
 def make_celery(config: Config) -> Celery:
@@ -203,6 +205,9 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
                 sweep_if_due(client, ledger, config.sweep_interval, outputs,
                              max_resends=config.max_resends)
                 sweep_orphans_if_due(client, store)  # logs and survives file-system errors
+                if ledger.audit:  # logs and survives file-system errors too
+                    archive_if_due(client, ledger.audit, config.sweep_interval,
+                                   config.audit_hot_seconds)
         stop.wait(min(HEARTBEAT_SECONDS, config.sweep_interval))
     with contextlib.suppress(redis.RedisError):
         client.delete(rkeys.WORKERS + name)
