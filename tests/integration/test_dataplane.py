@@ -152,10 +152,13 @@ def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
     by_sweeper = _reserve_and_die(app, _body(ds, 31))
     fresh = _reserve_and_die(app, _body(ds, 32), idem="outbox-retry-2")
     assert {by_retry, by_sweeper, fresh} <= set(r.zrange(rkeys.OUTBOX, 0, -1))
-    time.sleep(releases.OUTBOX_GRACE + 0.2)
-    # the API that is not dead: a release reserved just now is not sent by the sweeper
-    fresh_score = time.time() - 1.0
+    # the API that is not dead: a release still within its grace is not sent by the
+    # sweeper. Its score is set ahead, before the others' grace ends, so that no sweep
+    # (the session worker's own runs every 15 s) can find it past grace during the test,
+    # however slow a loaded machine makes the waits below (they were a flake)
+    fresh_score = time.time() + 600.0
     r.zadd(rkeys.OUTBOX, {fresh: fresh_score})
+    time.sleep(releases.OUTBOX_GRACE + 0.2)
     retry = api.post("/v1/releases", _body(ds, 30), headers={"Idempotency-Key":
                                                               "outbox-retry-1"})
     assert retry.status_code == 202 and retry.get_json()["id"] == by_retry
