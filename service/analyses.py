@@ -33,7 +33,7 @@ import redis
 
 import mechanisms
 from service import datasets, releases, rkeys
-from service.documents import DocumentStore
+from service.documents import DocumentMissing, DocumentStore
 from service.ledger import now_iso
 from service.outputs import OutputStore
 
@@ -183,7 +183,7 @@ def render(analysis_id: str, h: dict[str, str],
     if "result" not in h and h.get("stored"):
         raw = docs.load_analysis(h["release_id"], analysis_id) if docs else None
         if raw is None:
-            raise LookupError("analysis result missing from the output store")
+            raise DocumentMissing("analysis result missing from the output store")
         h = {**h, "result": raw}
     return {
         "id": analysis_id, "release_id": h["release_id"], "analysis": h["analysis"],

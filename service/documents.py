@@ -66,6 +66,13 @@ RESULT_ATTEMPT = "result"
 DIGEST_CHARS = 16
 
 
+class DocumentMissing(LookupError):
+    """A file a release (or analysis) names is not in the output store: the shared folder
+    is not mounted here, or was lost. The API answers 503 ``storage_unavailable``
+    (``service.problems``): the record exists, so 404 would lie and 500 would blame code;
+    an operator restores the mount and the client retries. Never a document without it."""
+
+
 def digest(text: str) -> str:
     """The text's SHA-1 prefix as the scripts compute it (``redis.sha1hex``)."""
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:DIGEST_CHARS]
@@ -214,19 +221,19 @@ def fields(docs: DocumentStore | None, release_id: str, h: dict[str, str]) -> di
     """The release hash with ``request`` and ``output`` filled in from disk where they
     moved there (a hash still holding them, pending or not yet migrated, is as it is).
 
-    Raises LookupError if the hash points at a file that is missing (the shared folder is
+    Raises DocumentMissing if the hash points at a file that is missing (the shared folder
     not mounted, or was lost): never a document without its request or result.
     """
     out = dict(h)
     if "request" not in out and REQUEST_DIGEST in out:
         raw = docs.load_request(release_id, out[REQUEST_DIGEST]) if docs else None
         if raw is None:
-            raise LookupError("release request missing from the output store")
+            raise DocumentMissing("release request missing from the output store")
         out["request"] = raw
     if "output" not in out and RESULT_ATTEMPT in out:
         raw = docs.load_result(release_id, int(out[RESULT_ATTEMPT])) if docs else None
         if raw is None:
-            raise LookupError("release result missing from the output store")
+            raise DocumentMissing("release result missing from the output store")
         out["output"] = raw
     return out
 
@@ -239,7 +246,7 @@ def request_of(docs: DocumentStore | None, release_id: str,
     if raw is None and h.get(REQUEST_DIGEST):
         raw = docs.load_request(release_id, h[REQUEST_DIGEST]) if docs else None
         if raw is None:
-            raise LookupError("release request missing from the output store")
+            raise DocumentMissing("release request missing from the output store")
     return None if raw is None else dict(json.loads(raw))
 
 

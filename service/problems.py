@@ -11,6 +11,8 @@ from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
+from service.documents import DocumentMissing
+
 #: under ``privrelease``, so error-path records go through the JSON handler with the
 #: request id (``observability.configure_logging``), never a plain-text root handler
 log = logging.getLogger("privrelease.errors")
@@ -134,6 +136,14 @@ def _from_os_error(err: OSError) -> Response:
                                 "the server's storage is unavailable; nothing was stored"))
 
 
+def _from_missing_document(err: DocumentMissing) -> Response:
+    """A release's stored document cannot be read (the shared folder is not mounted or
+    lost): 503 for an operator to fix and a client to retry; the record still exists."""
+    log.error("release document missing", extra={"error_type": type(err).__name__})
+    return _retry_later(problem(503, "storage_unavailable",
+                                "a stored release document cannot be read now; retry later"))
+
+
 def _unhandled(err: Exception) -> Response:
     # the JSON formatter keeps the exception's type and stack frames, never its
     # message: a message may quote a data value
@@ -208,4 +218,5 @@ def register(app: Flask) -> None:
     for error in UNAVAILABLE:
         app.register_error_handler(error, _from_unavailable)
     app.register_error_handler(OSError, _from_os_error)
+    app.register_error_handler(DocumentMissing, _from_missing_document)
     app.register_error_handler(Exception, _unhandled)

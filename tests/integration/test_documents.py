@@ -251,3 +251,33 @@ def test_a_redelivered_task_of_an_ended_release_is_skipped(
         assert tasks.execute(releases.new_id(), "redelivered") == "missing"
     finally:
         tasks._deps.cache_clear()
+
+
+def test_a_missing_document_answers_503_not_500_or_404(api: Api, dataset: dict[str, Any],
+                                                       worker: Any, app: Any,
+                                                       tmp_path: Path) -> None:
+    """Catches a release whose files are missing (the shared folder not mounted here)
+    answered 500 ``internal_error`` (an unhandled LookupError), or 404 (a lie: the release
+    exists and was paid for): 503 ``storage_unavailable`` with Retry-After, no path in the
+    body, for the release, a list page that holds it, and an analysis asked of it; the
+    same requests answer again once the files are back."""
+    resp = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
+                                     "params": {"statistic": "mean", "column": "age"},
+                                     "budget": {"epsilon": 0.01}})
+    assert resp.status_code == 202, resp.get_json()
+    rid = resp.get_json()["id"]
+    assert api.wait(rid)["status"] == "succeeded"
+    docs: DocumentStore = app.extensions["documents"]
+    shutil.move(docs.folder(rid), tmp_path / rid)
+    try:
+        for resp in (api.get(f"/v1/releases/{rid}"),
+                     api.get(f"/v1/releases?dataset_id={dataset['id']}&limit=1"),
+                     api.post(f"/v1/releases/{rid}/analyses",
+                              {"analysis": "confidence_interval", "params": {}})):
+            body = resp.get_json()
+            assert resp.status_code == 503, body
+            assert body["code"] == "storage_unavailable" and "Retry-After" in resp.headers
+            assert str(docs.root) not in json.dumps(body)
+    finally:
+        shutil.move(tmp_path / rid, docs.folder(rid))
+    assert api.get(f"/v1/releases/{rid}").get_json()["status"] == "succeeded"
