@@ -187,6 +187,89 @@ def test_retired_version_refuses_new_releases_and_keeps_its_own(
     assert (resp.status_code, resp.get_json()["code"]) == (409, "dataset_retired")
 
 
+def _reserve(app: Flask, prepared: releases.Prepared, release_id: str) -> Any:
+    """Reserve ``prepared`` as the API's POST does (same fingerprints and request)."""
+    return app.extensions["ledger"].reserve(
+        prepared.dataset["id"], release_id, prepared.cost_units, actor="t",
+        fingerprint=prepared.request_fingerprint, replay_fingerprint=prepared.fingerprint,
+        request_json=prepared.request_json(), replay=False)
+
+
+def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
+                                                                    api: Api) -> None:
+    """Catches a retirement checked only in ``prepare``: a version retired (by the real
+    version script) between prepare and reserve -- another API process's PATCH -- got a
+    release reserved and run on it. The ledger script refuses it, holds nothing, records
+    nothing; a release reserved before the retirement stays held (no new releases only)."""
+    ds = _upload(api, 50)
+    assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
+    client, ledger = app.extensions["redis"], app.extensions["ledger"]
+    before = releases.prepare(client, ledger, _count_rows(ds["id"], 0.2, version=2),
+                              allow_seeds=True)
+    late = releases.prepare(client, ledger, _count_rows(ds["id"], 0.3, version=2, value=1),
+                            allow_seeds=True)
+    held_id = releases.new_id()
+    assert _reserve(app, before, held_id).outcome == "reserved"
+    datasets.change_version(client, ledger, ds["id"], 2, "t", retire=True)
+
+    balance, events = ledger.balance(ds["id"]), client.xlen(rkeys.events(ds["id"]))
+    refused_id = releases.new_id()
+    res = _reserve(app, late, refused_id)
+    assert (res.outcome, res.release_id) == ("version_retired", "2")
+    problem = releases.refusal(res)
+    assert problem is not None
+    assert (problem.status, problem.code, problem.field) == (409, "version_retired", "version")
+    assert ledger.balance(ds["id"]) == balance
+    assert balance["epsilon"]["reserved"] == before.cost_units["epsilon"]
+    assert client.xlen(rkeys.events(ds["id"])) == events
+    assert not client.exists(rkeys.release(refused_id), rkeys.reservation(refused_id))
+    assert client.zscore(rkeys.dataset_pending(ds["id"]), refused_id) is None
+    assert client.zscore(rkeys.OUTBOX, refused_id) is None
+    assert client.hget(rkeys.ledger(ds["id"]), "retired:v2") == "1"
+    # the release reserved before the retirement is still held; v1 still takes releases
+    assert client.hget(rkeys.release(held_id), "status") == "queued"
+    assert ledger.cancel(ds["id"], held_id, "t") == "settled"
+    v1 = releases.prepare(client, ledger, _count_rows(ds["id"], 0.1, version=1),
+                          allow_seeds=True)
+    ok_id = releases.new_id()
+    assert _reserve(app, v1, ok_id).outcome == "reserved"
+    assert ledger.cancel(ds["id"], ok_id, "t") == "settled"
+
+
+def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
+        app: Flask, api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches the API path of the same race: the version is retired (the real PATCH
+    path, ``datasets.change_version``) after this POST's ``prepare`` read the document
+    and before its reservation; the answer is the retired version's 409 and the budget
+    and the dataset's releases are as before. Also: a retired version can not be made
+    current, so the ledger's field is never cleared for it."""
+    from service.api import releases as api_releases
+
+    ds = _upload(api, 50)
+    assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
+    client, ledger = app.extensions["redis"], app.extensions["ledger"]
+    real = api_releases._prepare
+
+    def prepare_then_retire(body: dict[str, Any], exact_increment: bool = True) -> Any:
+        prepared = real(body, exact_increment)
+        datasets.change_version(client, ledger, ds["id"], 2, "other", retire=True)
+        return prepared
+
+    monkeypatch.setattr(api_releases, "_prepare", prepare_then_retire)
+    budget = api.get(f"/v1/datasets/{ds['id']}/budget").get_json()
+    resp = api.post("/v1/releases", _count_rows(ds["id"], 0.2, version=2))
+    assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
+    monkeypatch.undo()
+    assert api.get(f"/v1/datasets/{ds['id']}/budget").get_json() == budget
+    assert client.zcard(rkeys.dataset_releases(ds["id"])) == 0
+    resp = _patch(api, ds["id"], 2, {"current": True})
+    assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
+    assert client.hget(rkeys.ledger(ds["id"]), "retired:v2") == "1"
+    # making an active version current keeps the field unset
+    assert _post_version(api, ds["id"], people_csv(30), make_current="true").status_code == 201
+    assert client.hget(rkeys.ledger(ds["id"]), "retired:v3") is None
+
+
 INCOMPATIBLE = [
     ({"budgets": {"epsilon": 50, "delta": 1e-5}}, "metadata.budgets"),
     ({"notions": ["dp"]}, "metadata.notions"),
