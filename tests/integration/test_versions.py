@@ -10,7 +10,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import os
+import shutil
 import threading
+import time
 import uuid
 from fractions import Fraction
 from pathlib import Path
@@ -268,6 +272,47 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
     # making an active version current keeps the field unset
     assert _post_version(api, ds["id"], people_csv(30), make_current="true").status_code == 201
     assert client.hget(rkeys.ledger(ds["id"]), "retired:v3") is None
+
+
+def test_the_orphan_sweep_removes_old_unregistered_version_folders(
+        api: Api, app: Flask, data_dir: Path, redis_url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Catches a version folder whose registration never landed (a stray ``v9`` under a
+    registered dataset) kept forever, and a sweep that removes a registered version (even
+    old), a fresh folder (an upload between commit and registration), or anything while
+    the registrations can not be read (a real Valkey refusing the read: an ACL user
+    without MGET)."""
+    from workers import sweeper
+
+    ds = _upload(api, 20)
+    assert _post_version(api, ds["id"], people_csv(15)).status_code == 201
+    folder = data_dir / "datasets" / ds["id"]
+    old = time.time() - 2 * sweeper.ORPHAN_INTERVAL
+    (folder / "v9").mkdir()
+    (folder / "v9" / "c0.npy").touch()
+    for name in ("v1", "v2", "v9"):
+        os.utime(folder / name, (old, old))
+    (folder / "v10").mkdir()  # fresh: an upload that is registering now
+    client, store = app.extensions["redis"], app.extensions["store"]
+    # the session worker's own hourly sweep must not take the folder first
+    client.set(sweeper.ORPHAN_LOCK, "test", px=600_000)
+    user = f"nomget{uuid.uuid4().hex[:8]}"
+    client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"],
+                       commands=["+@all", "-mget"])
+    try:
+        blind = rkeys.connect(redis_url.replace("redis://", f"redis://{user}:pw@"))
+        with caplog.at_level(logging.WARNING, "privrelease.sweeper"):
+            assert sweeper.sweep_orphans(blind, store) == []
+        assert [r.getMessage() for r in caplog.records
+                if r.name == "privrelease.sweeper"] == ["orphan version sweep failed"]
+        assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2", "v9", "v10"}
+    finally:
+        client.acl_deluser(user)
+    removed = sweeper.sweep_orphans(client, store)
+    assert [r for r in removed if r.startswith(ds["id"])] == [f"{ds['id']}/v9"]
+    assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2", "v10"}
+    assert store.exists(ds["id"], 1) and store.exists(ds["id"], 2)
+    shutil.rmtree(folder / "v10")
 
 
 INCOMPATIBLE = [
