@@ -261,6 +261,11 @@ VERSION_COLUMN_FIELDS = frozenset({"bounds", "categories", "allow_missing", "fil
                                    "prior", "norm_bound"})
 
 
+#: the answer to a release on a retired version (``at_version``, and reserve.lua's refusal)
+VERSION_RETIRED = ("this version of the dataset is retired: it takes no new releases (its"
+                   " releases stay readable)")
+
+
 class VersionError(Exception):
     """A version request refused: ``status`` (404, 409, 422), ``code``, ``field``."""
 
@@ -303,8 +308,7 @@ def at_version(doc: dict[str, Any], version: int | None = None) -> dict[str, Any
     A retired version is refused (409 version_retired): it takes no new release."""
     entry = find_version(doc, current_version(doc) if version is None else version)
     if entry["status"] != "active":
-        raise VersionError(409, "this version of the dataset is retired: it takes no new"
-                           " releases (its releases stay readable)", "version_retired")
+        raise VersionError(409, VERSION_RETIRED, "version_retired")
     return {**doc, "version": entry["version"], "n_rows": entry["n_rows"],
             "columns": entry["columns"]}
 
@@ -475,6 +479,11 @@ def change_version(client: redis.Redis, ledger: Ledger, dataset_id: str, version
     (409). Retiring keeps the files: the version's releases stay readable, its rows
     were already spent from the dataset's budget, and a release accepted just before
     the retirement still runs on them. Asking for what already holds changes nothing.
+    The retirement is enforced by the ledger too (version.lua sets ``retired:v<k>`` in
+    the ledger hash in the same step; reserve.lua refuses on it), so a release prepared
+    before it is never reserved after it. A version retired before that field existed
+    is refused by ``at_version`` alone (a retirement is never undone, so every request
+    prepared since reads it).
     """
     if current == retire:
         raise ValueError("either current or retire")

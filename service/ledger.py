@@ -34,7 +34,7 @@ from service.documents import DocumentStore
 from service.durable import Replication, Step
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
-                  "retired", "ended", "notion_locked", "stale"]
+                  "retired", "version_retired", "ended", "notion_locked", "stale"]
 #: how ``Ledger.reserve`` treats the release (reserve.lua): a new release with its cost, a
 #: release created to be priced by a job (nothing held), or that release being reserved
 Mode = Literal["new", "pricing", "priced"]
@@ -156,10 +156,14 @@ class Ledger:
         Returns (outcome, version): ``ok``; ``conflict`` when the document is no longer
         ``read`` (read it again); with an ``idempotency_key``, ``idempotent`` and the
         version the key uploaded first (``idem_mismatch`` if for another ``fingerprint``).
+
+        ``retired`` also sets the ledger hash's ``retired:v<version>`` in the same step
+        (``current`` clears it), the field ``reserve`` refuses on: a version retired
+        while a release on it was being prepared never has that release reserved.
         """
         outcome, done = self._version(
             keys=[rkeys.dataset(dataset_id), rkeys.events(dataset_id),
-                  idempotency_key or f"{rkeys.P}idem:none"],
+                  idempotency_key or f"{rkeys.P}idem:none", rkeys.ledger(dataset_id)],
             args=[read, document, action, version, actor, now_iso(),
                   fingerprint if idempotency_key else "", idempotency_ttl])
         return str(outcome), int(done or 0)
@@ -227,6 +231,11 @@ class Ledger:
         ``history_field`` names the column's history counter the release moves (bumped on
         reservation, and by settle when charged); with ``history_at`` (a charge priced on
         that history) the reservation is refused ``stale`` if the counter moved since.
+        A retired dataset is refused ``retired``; a request (``dataset_version`` in
+        ``request_json``) on a retired version ``version_retired``, checked here, in the
+        script, not only by the caller: a PATCH retiring it after the API read the
+        document still wins. Releases reserved before a retirement stay valid and run
+        (retirement means "no new releases").
         """
         argv: list[Any] = [
             release_id, fingerprint, actor, at or now_iso(), f"{time.time():.3f}", request_json,

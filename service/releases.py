@@ -228,6 +228,8 @@ def refusal(res: ReserveResult) -> APIError | None:
         )
     if res.outcome == "retired":
         return APIError(409, "dataset is retired", code="dataset_retired")
+    if res.outcome == "version_retired":  # retired after ``prepare`` read the document
+        return APIError(409, datasets.VERSION_RETIRED, code="version_retired", field="version")
     if res.outcome == "stale":
         return APIError(409, "other releases on this column were reserved or charged while"
                         " this one was priced; nothing was spent: retry", code="conflict",

@@ -36,6 +36,18 @@ _FILE = re.compile(r"c[0-9]+\.npy")
 _PRIVATE = re.compile(r"[a-z]+_[a-z]+")
 
 
+#: a version's folder name (``v1``, ``v2``, ...; never ``v0`` or ``v01``)
+_VERSION_DIR = re.compile(r"v([1-9][0-9]{0,17})")
+
+
+def _older(path: Path, cutoff: float) -> bool:
+    """Whether ``path`` was last modified before ``cutoff`` (False if it is gone)."""
+    try:
+        return path.stat().st_mtime < cutoff
+    except FileNotFoundError:
+        return False
+
+
 def _check_id(dataset_id: object) -> str:
     if not isinstance(dataset_id, str) or _ID.fullmatch(dataset_id) is None:
         raise ValueError("dataset id must match ^[A-Za-z0-9_-]{1,64}$")
@@ -109,6 +121,50 @@ class DatasetStore:
                 if version.name[1:].isdigit():
                     self.remove(folder.name, int(version.name[1:]))
             removed.append(folder.name)
+        return removed
+
+    def sweep_orphan_versions(
+            self, registered: Collection[str],
+            versions_of: Callable[[list[str]], Mapping[str, Collection[int]]],
+            older_than: float = 3600.0) -> list[tuple[str, int]]:
+        """Remove version folders of registered datasets whose number is not registered;
+        returns the (dataset id, version) pairs removed.
+
+        A version upload whose registration never landed (the API died, Valkey refused
+        or could not say) leaves ``v<k>`` under a registered dataset; ``sweep_orphans``
+        keeps the dataset's folder, so this removes the version. ``versions_of`` is asked,
+        after the folders' ages are read, for the registered versions of the datasets
+        that have an old folder; a dataset it leaves out (its registration could not be
+        read) keeps every folder, and an error it raises removes nothing. Only folders
+        untouched for ``older_than`` seconds, checked again just before removal, go: an
+        upload commits its folder a moment before its registration.
+        """
+        if not self.root.exists():
+            return []
+        cutoff = time.time() - older_than
+        candidates: dict[str, list[int]] = {}
+        for dataset_id in registered:
+            if _ID.fullmatch(dataset_id) is None:
+                continue
+            folder = self.root / dataset_id
+            if not folder.is_dir():
+                continue
+            for child in folder.iterdir():
+                match = _VERSION_DIR.fullmatch(child.name)
+                if match is not None and _older(child, cutoff):
+                    candidates.setdefault(dataset_id, []).append(int(match[1]))
+        if not candidates:
+            return []
+        known = versions_of(sorted(candidates))
+        removed = []
+        for dataset_id, versions in candidates.items():
+            if dataset_id not in known:
+                continue
+            keep = set(known[dataset_id])
+            for version in sorted(versions):
+                if (version not in keep and _older(self.path(dataset_id, version), cutoff)
+                        and self.remove(dataset_id, version)):
+                    removed.append((dataset_id, version))
         return removed
 
     def path(self, dataset_id: str, version: int) -> Path:

@@ -54,7 +54,7 @@ from importlib import resources
 
 import redis
 
-from service import documents, releases, rkeys
+from service import datasets, documents, releases, rkeys
 from service.ledger import NO_LEASE, Ledger
 from service.outputs import OutputStore
 from service.store import DatasetStore
@@ -241,14 +241,58 @@ def sweep_if_due(client: redis.Redis, ledger: Ledger, interval: float,
 
 
 def sweep_orphans_if_due(client: redis.Redis, store: DatasetStore) -> list[str]:
-    """Hourly, one worker at a time: remove dataset files no registration refers to."""
+    """Hourly, one worker at a time: remove dataset files no registration refers to
+    (``sweep_orphans``)."""
     if not client.set(ORPHAN_LOCK, "1", nx=True, px=int(ORPHAN_INTERVAL * 1000)):
         return []
+    return sweep_orphans(client, store)
+
+
+def sweep_orphans(client: redis.Redis, store: DatasetStore,
+                  older_than: float = ORPHAN_INTERVAL) -> list[str]:
+    """Remove the folders of unregistered datasets, then the version folders of
+    registered datasets whose version is not registered, both untouched for
+    ``older_than`` s; returns what went (``<id>`` for a dataset, ``<id>/v<k>`` for a
+    version). Files whose registration can not be read stay (a Valkey error: all of
+    them, until the next hour).
+    """
     try:
-        removed = store.sweep_orphans(set(client.zrange(rkeys.DATASETS, 0, -1)))
-    except OSError as err:  # a shared data directory that hiccups: try again next hour
+        registered = set(client.zrange(rkeys.DATASETS, 0, -1))
+        removed = store.sweep_orphans(registered, older_than)
+    except (OSError, redis.RedisError) as err:  # a hiccup: try again next hour
         log.warning("orphan sweep failed", extra={"error": type(err).__name__})
         return []
     for dataset_id in removed:
         log.warning("removed unregistered dataset files", extra={"dataset_id": dataset_id})
-    return removed
+    try:
+        versions = store.sweep_orphan_versions(
+            registered, lambda ids: registered_versions(client, ids), older_than)
+    except (OSError, redis.RedisError) as err:
+        log.warning("orphan version sweep failed", extra={"error": type(err).__name__})
+        return removed
+    for dataset_id, version in versions:
+        log.warning("removed unregistered version files",
+                    extra={"dataset_id": dataset_id, "version": version})
+    return [*removed, *(f"{d}/v{v}" for d, v in versions)]
+
+
+#: dataset documents read per round trip by ``registered_versions``
+DOC_BATCH = 200
+
+
+def registered_versions(client: redis.Redis, ids: list[str]) -> dict[str, set[int]]:
+    """Each dataset's registered version numbers, from its document (``datasets``); a
+    dataset whose document is missing or unreadable is left out (its files stay)."""
+    out: dict[str, set[int]] = {}
+    for start in range(0, len(ids), DOC_BATCH):
+        batch = ids[start:start + DOC_BATCH]
+        for dataset_id, raw in zip(batch, client.mget([rkeys.dataset(i) for i in batch]),
+                                   strict=True):
+            if raw is None:
+                continue
+            try:
+                out[dataset_id] = {int(e["version"])
+                                   for e in datasets.versions_of(json.loads(raw))}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return out

@@ -59,6 +59,14 @@ if ARGV[9] == '1' then
   end
 end
 if redis.call('HGET', KEYS[1], 'retired') == '1' then return {'retired', ''} end
+-- a retired version (version.lua sets 'retired:v<k>' in the same step that retires it in
+-- the dataset's document) takes no new release, whatever the API read before: refused
+-- {'version_retired', k} and nothing changes. Releases reserved before stay and run.
+local version = cjson.decode(ARGV[6]).dataset_version
+if type(version) == 'number' then version = string.format('%d', version) else version = nil end
+if version and redis.call('HGET', KEYS[1], 'retired:v' .. version) == '1' then
+  return {'version_retired', version}
+end
 
 local function num(field) return tonumber(redis.call('HGET', KEYS[1], field) or '0') end
 local n = tonumber(ARGV[11])
@@ -92,11 +100,10 @@ else
   redis.call('HSET', KEYS[4], 'actor', actor)
   -- the audit stream says which dataset version the release uses (and settle.lua, from
   -- the reservation, which one its commit or refund was of)
-  local version = cjson.decode(ARGV[6]).dataset_version
-  if type(version) == 'number' then
+  if version then
     table.insert(event, 'version')
-    table.insert(event, string.format('%d', version))
-    redis.call('HSET', KEYS[4], 'version', string.format('%d', version))
+    table.insert(event, version)
+    redis.call('HSET', KEYS[4], 'version', version)
   end
   for i = 0, n - 1 do
     local m, u = ARGV[12 + 2 * i], ARGV[13 + 2 * i]

@@ -4,7 +4,11 @@
 -- between answers 'conflict' and the caller reads again), so concurrent version
 -- changes never lose one another, and the event is written exactly when the document
 -- changes. A call re-sent after a lost reply finds its own document and answers 'ok'.
--- KEYS: 1 dataset document, 2 events stream, 3 idempotency hash
+-- The version's retirement is also the ledger hash's field 'retired:v<version>', set here
+-- in the same step as the document (and cleared when a version is made current, which
+-- the caller allows only for an active one): reserve.lua reads it, so a release reserved
+-- after the retirement is refused even if its API read the document before it.
+-- KEYS: 1 dataset document, 2 events stream, 3 idempotency hash, 4 ledger hash
 -- ARGV: 1 document as read, 2 new document, 3 actions, one event each, comma-separated
 --       (uploaded | current | retired: 'uploaded,current' for one uploaded current),
 --       4 version, 5 actor, 6 now (iso), 7 request fingerprint ('' without an
@@ -25,6 +29,8 @@ end
 if current ~= ARGV[1] then return {'conflict', ''} end
 redis.call('SET', KEYS[1], ARGV[2])
 for action in string.gmatch(ARGV[3], '[^,]+') do
+  if action == 'retired' then redis.call('HSET', KEYS[4], 'retired:v' .. ARGV[4], '1') end
+  if action == 'current' then redis.call('HDEL', KEYS[4], 'retired:v' .. ARGV[4]) end
   redis.call('XADD', KEYS[2], '*', 'kind', 'version', 'action', action, 'version', ARGV[4],
              'release_id', '', 'actor', ARGV[5], 'at', ARGV[6])
 end

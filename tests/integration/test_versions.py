@@ -10,7 +10,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
+import os
+import shutil
 import threading
+import time
 import uuid
 from fractions import Fraction
 from pathlib import Path
@@ -185,6 +189,130 @@ def test_retired_version_refuses_new_releases_and_keeps_its_own(
     api.client.delete(f"/v1/datasets/{ds['id']}", headers={"Authorization": f"Bearer {api.token}"})
     resp = _post_version(api, ds["id"], people_csv(10))
     assert (resp.status_code, resp.get_json()["code"]) == (409, "dataset_retired")
+
+
+def _reserve(app: Flask, prepared: releases.Prepared, release_id: str) -> Any:
+    """Reserve ``prepared`` as the API's POST does (same fingerprints and request)."""
+    return app.extensions["ledger"].reserve(
+        prepared.dataset["id"], release_id, prepared.cost_units, actor="t",
+        fingerprint=prepared.request_fingerprint, replay_fingerprint=prepared.fingerprint,
+        request_json=prepared.request_json(), replay=False)
+
+
+def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
+                                                                    api: Api) -> None:
+    """Catches a retirement checked only in ``prepare``: a version retired (by the real
+    version script) between prepare and reserve -- another API process's PATCH -- got a
+    release reserved and run on it. The ledger script refuses it, holds nothing, records
+    nothing; a release reserved before the retirement stays held (no new releases only)."""
+    ds = _upload(api, 50)
+    assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
+    client, ledger = app.extensions["redis"], app.extensions["ledger"]
+    before = releases.prepare(client, ledger, _count_rows(ds["id"], 0.2, version=2),
+                              allow_seeds=True)
+    late = releases.prepare(client, ledger, _count_rows(ds["id"], 0.3, version=2, value=1),
+                            allow_seeds=True)
+    held_id = releases.new_id()
+    assert _reserve(app, before, held_id).outcome == "reserved"
+    datasets.change_version(client, ledger, ds["id"], 2, "t", retire=True)
+
+    balance, events = ledger.balance(ds["id"]), client.xlen(rkeys.events(ds["id"]))
+    refused_id = releases.new_id()
+    res = _reserve(app, late, refused_id)
+    assert (res.outcome, res.release_id) == ("version_retired", "2")
+    problem = releases.refusal(res)
+    assert problem is not None
+    assert (problem.status, problem.code, problem.field) == (409, "version_retired", "version")
+    assert ledger.balance(ds["id"]) == balance
+    assert balance["epsilon"]["reserved"] == before.cost_units["epsilon"]
+    assert client.xlen(rkeys.events(ds["id"])) == events
+    assert not client.exists(rkeys.release(refused_id), rkeys.reservation(refused_id))
+    assert client.zscore(rkeys.dataset_pending(ds["id"]), refused_id) is None
+    assert client.zscore(rkeys.OUTBOX, refused_id) is None
+    assert client.hget(rkeys.ledger(ds["id"]), "retired:v2") == "1"
+    # the release reserved before the retirement is still held; v1 still takes releases
+    assert client.hget(rkeys.release(held_id), "status") == "queued"
+    assert ledger.cancel(ds["id"], held_id, "t") == "settled"
+    v1 = releases.prepare(client, ledger, _count_rows(ds["id"], 0.1, version=1),
+                          allow_seeds=True)
+    ok_id = releases.new_id()
+    assert _reserve(app, v1, ok_id).outcome == "reserved"
+    assert ledger.cancel(ds["id"], ok_id, "t") == "settled"
+
+
+def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
+        app: Flask, api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches the API path of the same race: the version is retired (the real PATCH
+    path, ``datasets.change_version``) after this POST's ``prepare`` read the document
+    and before its reservation; the answer is the retired version's 409 and the budget
+    and the dataset's releases are as before. Also: a retired version can not be made
+    current, so the ledger's field is never cleared for it."""
+    from service.api import releases as api_releases
+
+    ds = _upload(api, 50)
+    assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
+    client, ledger = app.extensions["redis"], app.extensions["ledger"]
+    real = api_releases._prepare
+
+    def prepare_then_retire(body: dict[str, Any], exact_increment: bool = True) -> Any:
+        prepared = real(body, exact_increment)
+        datasets.change_version(client, ledger, ds["id"], 2, "other", retire=True)
+        return prepared
+
+    monkeypatch.setattr(api_releases, "_prepare", prepare_then_retire)
+    budget = api.get(f"/v1/datasets/{ds['id']}/budget").get_json()
+    resp = api.post("/v1/releases", _count_rows(ds["id"], 0.2, version=2))
+    assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
+    monkeypatch.undo()
+    assert api.get(f"/v1/datasets/{ds['id']}/budget").get_json() == budget
+    assert client.zcard(rkeys.dataset_releases(ds["id"])) == 0
+    resp = _patch(api, ds["id"], 2, {"current": True})
+    assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
+    assert client.hget(rkeys.ledger(ds["id"]), "retired:v2") == "1"
+    # making an active version current keeps the field unset
+    assert _post_version(api, ds["id"], people_csv(30), make_current="true").status_code == 201
+    assert client.hget(rkeys.ledger(ds["id"]), "retired:v3") is None
+
+
+def test_the_orphan_sweep_removes_old_unregistered_version_folders(
+        api: Api, app: Flask, data_dir: Path, redis_url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Catches a version folder whose registration never landed (a stray ``v9`` under a
+    registered dataset) kept forever, and a sweep that removes a registered version (even
+    old), a fresh folder (an upload between commit and registration), or anything while
+    the registrations can not be read (a real Valkey refusing the read: an ACL user
+    without MGET)."""
+    from workers import sweeper
+
+    ds = _upload(api, 20)
+    assert _post_version(api, ds["id"], people_csv(15)).status_code == 201
+    folder = data_dir / "datasets" / ds["id"]
+    old = time.time() - 2 * sweeper.ORPHAN_INTERVAL
+    (folder / "v9").mkdir()
+    (folder / "v9" / "c0.npy").touch()
+    for name in ("v1", "v2", "v9"):
+        os.utime(folder / name, (old, old))
+    (folder / "v10").mkdir()  # fresh: an upload that is registering now
+    client, store = app.extensions["redis"], app.extensions["store"]
+    # the session worker's own hourly sweep must not take the folder first
+    client.set(sweeper.ORPHAN_LOCK, "test", px=600_000)
+    user = f"nomget{uuid.uuid4().hex[:8]}"
+    client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"],
+                       commands=["+@all", "-mget"])
+    try:
+        blind = rkeys.connect(redis_url.replace("redis://", f"redis://{user}:pw@"))
+        with caplog.at_level(logging.WARNING, "privrelease.sweeper"):
+            assert sweeper.sweep_orphans(blind, store) == []
+        assert [r.getMessage() for r in caplog.records
+                if r.name == "privrelease.sweeper"] == ["orphan version sweep failed"]
+        assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2", "v9", "v10"}
+    finally:
+        client.acl_deluser(user)
+    removed = sweeper.sweep_orphans(client, store)
+    assert [r for r in removed if r.startswith(ds["id"])] == [f"{ds['id']}/v9"]
+    assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2", "v10"}
+    assert store.exists(ds["id"], 1) and store.exists(ds["id"], 2)
+    shutil.rmtree(folder / "v10")
 
 
 INCOMPATIBLE = [

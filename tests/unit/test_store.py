@@ -273,6 +273,42 @@ def test_sweep_orphans_removes_only_old_unregistered_datasets(store: DatasetStor
     assert store.sweep_orphans({"ds_kept"}, older_than=0) == ["ds_fresh"]
 
 
+def test_sweep_orphan_versions_removes_only_old_unregistered_versions(
+        store: DatasetStore) -> None:
+    """Catches version folders of a registered dataset left forever (the dataset sweep
+    keeps the whole folder), and a version sweep that removes a registered version, a
+    fresh upload's folder, or anything of a dataset whose registration it could not read
+    (left out of ``versions_of``, or ``versions_of`` raising)."""
+    cols = {"x": np.arange(3.0)}
+    for dataset_id, version in (("ds_a", 1), ("ds_a", 2), ("ds_a", 7), ("ds_a", 8),
+                                ("ds_b", 1), ("ds_b", 5), ("ds_gone", 3)):
+        store.write(dataset_id, version, {"n": 3}, cols)
+    (store.root / "ds_a" / "v07").mkdir()  # not a version folder name
+    old = time.time() - 7200
+    for path in [*store.root.glob("ds_*/v*")]:
+        if path.name != "v8":  # ds_a v8: a fresh upload not yet registered
+            os.utime(path, (old, old))
+    asked: list[list[str]] = []
+
+    def versions_of(ids: list[str]) -> dict[str, set[int]]:
+        asked.append(ids)
+        return {"ds_a": {1, 2}}  # ds_b: its document could not be read
+
+    with pytest.raises(ConnectionError):  # a Valkey error: nothing goes
+        store.sweep_orphan_versions({"ds_a", "ds_b"}, _raise, older_than=3600)
+    assert store.exists("ds_a", 7)
+    assert store.sweep_orphan_versions({"ds_a", "ds_b", "..", "ds_none"}, versions_of,
+                                       older_than=3600) == [("ds_a", 7)]
+    assert asked == [["ds_a", "ds_b"]]  # only datasets with an old folder, after listing
+    assert {p.name for p in (store.root / "ds_a").iterdir()} == {"v1", "v2", "v8", "v07"}
+    assert store.exists("ds_b", 5) and store.exists("ds_gone", 3)  # unreadable / not ours
+    assert store.sweep_orphan_versions({"ds_a"}, versions_of, older_than=0) == [("ds_a", 8)]
+
+
+def _raise(ids: list[str]) -> dict[str, set[int]]:
+    raise ConnectionError("valkey is away")
+
+
 def test_staged_chunks_equal_one_write(store: DatasetStore) -> None:
     """Columns appended chunk by chunk land as the same memory-mapped .npy files."""
     rng = np.random.default_rng(3)
