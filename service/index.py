@@ -83,7 +83,10 @@ def stream_position(token: str | None) -> str | None:
     cursor = Cursor.decode(token)
     if cursor is None:
         return None
-    if cursor.phase != STREAM_PHASE or not _STREAM_ID.fullmatch(cursor.member):
+    # an id Valkey takes as an exclusive start: ms and seq in 64 bits, seq below the top
+    if (cursor.phase != STREAM_PHASE or not _STREAM_ID.fullmatch(cursor.member)
+            or int(cursor.member.partition("-")[0]) >= 2**64
+            or int(cursor.member.partition("-")[2]) >= 2**64 - 1):
         raise APIError(422, "not a cursor this server returned", code="validation_error",
                        field="cursor")
     return cursor.member
