@@ -171,7 +171,9 @@ class AuditArchive:
         """
         low, high = _bound(start, True), _bound(end, False)
         key = rkeys.events(dataset_id)
+        stalled = False
         while count is None or count > 0:
+            before = low
             for event_id, fields in self._read(dataset_id, low, high, count):
                 low = after(event_id)
                 count = None if count is None else count - 1
@@ -182,7 +184,14 @@ class AuditArchive:
             if last is not None and last >= high:
                 return  # everything up to end is archived
             if last is not None and last >= low:
-                continue  # appended since the read above: read it from the file
+                # appended since the read above: read it from the file. Twice in a row
+                # with nothing read, the file's ids are out of order (a damaged file):
+                # an error, not a request that loops for ever
+                if low == before and stalled:
+                    raise ValueError("audit archive out of order")
+                stalled = low == before
+                continue
+            stalled = False
             want = READ_BATCH if count is None else min(count, READ_BATCH)
             batch = client.xrange(key, _low_arg(low), end, count=want) if low <= high else []
             last = self.last_id(dataset_id)

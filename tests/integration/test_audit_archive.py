@@ -247,3 +247,15 @@ def test_bounds_as_pairs_exclusive_included(bound: str, low: bool,
     (an incomplete id filled with 0 as a start, the largest sequence as an end); catches
     an exclusive start read as inclusive, and ``(5-0`` as an end keeping ``5-0``."""
     assert audit._bound(bound, low) == pair
+
+
+def test_a_file_out_of_order_is_an_error_not_an_endless_read(client: redis.Redis,
+                                                              tmp_path: Path) -> None:
+    """Catches a merged read that loops for ever on a damaged file (its last id inside
+    the range, yet no line of the range readable before a later one): ValueError, which
+    the API answers as any damaged archive."""
+    archive = AuditArchive(tmp_path)
+    ds = "ds_" + secrets.token_hex(8)
+    archive._append(ds, [("100-0", {"kind": "cap"}), ("5-0", {"kind": "cap"})])
+    with pytest.raises(ValueError, match="out of order"):
+        list(archive.merge(client, ds, "-", "50"))
