@@ -47,6 +47,8 @@ log = logging.getLogger("privrelease.audit")
 HOT_SECONDS = 3600.0
 #: most events moved per dataset per run: each run's work is bounded, the next run goes on
 BATCH = 10_000
+#: most stream events one XRANGE of a read returns: a long read holds one batch at a time
+READ_BATCH = 1000
 LOCK = f"{rkeys.P}audit:archiving"
 
 StreamId = tuple[int, int]
@@ -60,11 +62,28 @@ def parse_id(stream_id: str) -> StreamId:
 
 
 def _bound(stream_id: str, low: bool) -> StreamId:
-    """XRANGE's bounds as pairs: ``-``/``+`` open, a bare ms the whole millisecond."""
+    """XRANGE's bounds as pairs: ``-``/``+`` open, a bare ms the whole millisecond, and a
+    leading ``(`` exclusive (as Valkey: the id with its missing sequence filled, then one
+    step inward; pairs compare as tuples, so ``(ms, seq ± 1)`` needs no carry)."""
     if stream_id in ("-", "+"):
         return (-1, -1) if stream_id == "-" else (2**63, 2**63)
-    ms, sep, seq = stream_id.partition("-")
-    return (int(ms), int(seq)) if sep else (int(ms), 0 if low else 2**63)
+    exclusive = stream_id.startswith("(")
+    ms, sep, seq = stream_id.removeprefix("(").partition("-")
+    pair = (int(ms), int(seq)) if sep else (int(ms), 0 if low else 2**63)
+    if exclusive:
+        return (pair[0], pair[1] + 1) if low else (pair[0], pair[1] - 1)
+    return pair
+
+
+def _low_arg(low: StreamId) -> str:
+    """An inclusive lower bound pair as XRANGE's argument."""
+    return "-" if low < (0, 0) else f"{low[0]}-{low[1]}"
+
+
+def after(stream_id: str) -> StreamId:
+    """The least id greater than ``stream_id``: where a read that ended there goes on."""
+    ms, seq = parse_id(stream_id)
+    return ms, seq + 1
 
 
 class AuditArchive:
@@ -80,9 +99,16 @@ class AuditArchive:
 
     # -- reading ------------------------------------------------------------------------
 
-    def read(self, dataset_id: str, start: str = "-", end: str = "+") -> Iterator[Event]:
-        """The archived events with ids in [start, end] (XRANGE's bounds), oldest first."""
-        low, high = _bound(start, True), _bound(end, False)
+    def read(self, dataset_id: str, start: str = "-", end: str = "+",
+             count: int | None = None) -> Iterator[Event]:
+        """The archived events with ids in [start, end] (XRANGE's bounds), oldest first;
+        at most ``count`` of them (None: all)."""
+        return self._read(dataset_id, _bound(start, True), _bound(end, False), count)
+
+    def _read(self, dataset_id: str, low: StreamId, high: StreamId,
+              count: int | None) -> Iterator[Event]:
+        if count is not None and count <= 0:
+            return
         try:
             f = self.path(dataset_id).open("rb")
         except FileNotFoundError:
@@ -98,6 +124,10 @@ class AuditArchive:
                     return
                 if key >= low:
                     yield item["id"], item["fields"]
+                    if count is not None:
+                        count -= 1
+                        if count == 0:
+                            return
 
     @staticmethod
     def _first_at_or_after(f: BinaryIO, low: StreamId) -> int:
@@ -128,19 +158,51 @@ class AuditArchive:
         return parse_id(json.loads(tail)["id"]) if tail else None
 
     def merge(self, client: redis.Redis, dataset_id: str, start: str = "-",
-              end: str = "+") -> Iterator[Event]:
-        """Archived then live events in [start, end], each once, oldest first.
+              end: str = "+", count: int | None = None) -> Iterator[Event]:
+        """Archived then live events in [start, end], each once, oldest first; at most
+        ``count`` (None: all). Work and memory are bounded by what is yielded: the file is
+        entered by bisection, the stream read ``READ_BATCH`` events at a time.
 
-        The stream is read after the file, so an event moved in between is in the file;
-        one in both (a crash between append and trim) is yielded from the file only.
+        The archive is a prefix of the stream's history (oldest first, appended before
+        trimmed), so: a file whose last id reaches ``end`` holds the whole range; an
+        event in both (a crash between append and trim) is taken from the file; and a
+        stream batch is kept only if the file did not grow past the read position while
+        it was read (else the archiver may have trimmed part of it: read the file again).
         """
-        last: StreamId = (-1, -1)
-        for event_id, fields in self.read(dataset_id, start, end):
-            last = parse_id(event_id)
-            yield event_id, fields
-        for event_id, fields in client.xrange(rkeys.events(dataset_id), start, end):
-            if parse_id(event_id) > last:
+        low, high = _bound(start, True), _bound(end, False)
+        key = rkeys.events(dataset_id)
+        stalled = False
+        while count is None or count > 0:
+            before = low
+            for event_id, fields in self._read(dataset_id, low, high, count):
+                low = after(event_id)
+                count = None if count is None else count - 1
                 yield event_id, fields
+            if count == 0:
+                return
+            last = self.last_id(dataset_id)
+            if last is not None and last >= high:
+                return  # everything up to end is archived
+            if last is not None and last >= low:
+                # appended since the read above: read it from the file. Twice in a row
+                # with nothing read, the file's ids are out of order (a damaged file):
+                # an error, not a request that loops for ever
+                if low == before and stalled:
+                    raise ValueError("audit archive out of order")
+                stalled = low == before
+                continue
+            stalled = False
+            want = READ_BATCH if count is None else min(count, READ_BATCH)
+            batch = client.xrange(key, _low_arg(low), end, count=want) if low <= high else []
+            last = self.last_id(dataset_id)
+            if last is not None and last >= low:
+                continue  # moved while the batch was read: the file has them now
+            for event_id, fields in batch:
+                low = after(event_id)
+                count = None if count is None else count - 1
+                yield event_id, fields
+            if len(batch) < want:
+                return
 
     # -- writing ------------------------------------------------------------------------
 

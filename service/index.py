@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -62,6 +63,33 @@ class Cursor:
             raise APIError(422, "not a cursor this server returned", code="validation_error",
                            field="cursor") from None
         return cls(float(score), member, phase)
+
+
+#: the phase of a cursor over a stream (the audit log): its member is a stream id
+STREAM_PHASE = "stream"
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+def stream_cursor(stream_id: str | None) -> Cursor | None:
+    """The cursor of a page of a stream that ended at ``stream_id`` (None: the last)."""
+    if stream_id is None:
+        return None
+    return Cursor(float(stream_id.partition("-")[0]), stream_id, STREAM_PHASE)
+
+
+def stream_position(token: str | None) -> str | None:
+    """The stream id a cursor from ``stream_cursor`` names; 422 naming ``cursor`` for
+    anything else (a list's cursor, a forged id)."""
+    cursor = Cursor.decode(token)
+    if cursor is None:
+        return None
+    # an id Valkey takes as an exclusive start: ms and seq in 64 bits, seq below the top
+    if (cursor.phase != STREAM_PHASE or not _STREAM_ID.fullmatch(cursor.member)
+            or int(cursor.member.partition("-")[0]) >= 2**64
+            or int(cursor.member.partition("-")[2]) >= 2**64 - 1):
+        raise APIError(422, "not a cursor this server returned", code="validation_error",
+                       field="cursor")
+    return cursor.member
 
 
 def page(client: redis.Redis, keys: Sequence[str], limit: int, after: Cursor | None = None,

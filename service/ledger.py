@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -29,7 +30,7 @@ from typing import Any, Literal
 import redis
 
 from service import rkeys
-from service.audit import AuditArchive
+from service.audit import READ_BATCH, AuditArchive
 from service.documents import DocumentStore
 from service.durable import Replication, Step
 
@@ -410,25 +411,65 @@ class Ledger:
         lock = self.r.hget(rkeys.ledger(dataset_id), "notion_lock")
         return str(lock) if lock else None
 
+    def read(self, dataset_id: str, start: str = "-", end: str = "+",
+             count: int | None = None) -> Iterator[tuple[str, dict[str, str]]]:
+        """The dataset's raw audit events (id, fields) between stream ids (XRANGE's
+        bounds, ``(`` exclusive), oldest first, at most ``count``: the archived ones and
+        those still in the stream, read in batches (memory bounded whatever the range)."""
+        if self.audit is not None:
+            return self.audit.merge(self.r, dataset_id, start, end, count)
+        return self._stream(dataset_id, start, end, count)
+
+    def _stream(self, dataset_id: str, start: str, end: str,
+                count: int | None) -> Iterator[tuple[str, dict[str, str]]]:
+        low = start
+        while count is None or count > 0:
+            want = READ_BATCH if count is None else min(count, READ_BATCH)
+            batch = self.r.xrange(rkeys.events(dataset_id), low, end, count=want)
+            yield from batch
+            if len(batch) < want:
+                return
+            low = f"({batch[-1][0]}"
+            count = None if count is None else count - len(batch)
+
+    def iter_events(self, dataset_id: str, start: str = "-", end: str = "+",
+                    kinds: set[str] | None = None) -> Iterator[dict[str, Any]]:
+        """``events`` one at a time (an export of any size in bounded memory)."""
+        for event_id, fields in self.read(dataset_id, start, end):
+            if not kinds or fields.get("kind") in kinds:
+                yield event_doc(event_id, fields)
+
     def events(self, dataset_id: str, start: str = "-", end: str = "+",
                kinds: set[str] | None = None) -> list[dict[str, Any]]:
         """The dataset's audit events between stream ids, oldest first: the archived ones
         and those still in the stream."""
-        out = []
-        source = (self.audit.merge(self.r, dataset_id, start, end) if self.audit
-                  else self.r.xrange(rkeys.events(dataset_id), start, end))
-        for event_id, fields in source:
-            if kinds and fields.get("kind") not in kinds:
-                continue
-            doc: dict[str, Any] = {"id": event_id}
-            units: dict[str, int] = {}
-            for key, val in fields.items():
-                if key.startswith("m:"):
-                    units[key[2:]] = int(val)
-                elif key == "version":
-                    doc[key] = int(val)
-                else:
-                    doc[key] = val
-            doc["units"] = units
-            out.append(doc)
-        return out
+        return list(self.iter_events(dataset_id, start, end, kinds))
+
+    def events_page(self, dataset_id: str, start: str, end: str, kinds: set[str] | None,
+                    limit: int) -> tuple[list[dict[str, Any]], str | None]:
+        """One page: of the next ``limit`` events from ``start``, those of ``kinds``; and
+        the id of the last event read when more follow (None: the range ends here).
+
+        The page is bounded by events read, not returned, so a filter that matches
+        nothing still reads at most ``limit + 1`` events (the one more says whether the
+        range goes on)."""
+        read = list(self.read(dataset_id, start, end, limit + 1))
+        more = len(read) > limit
+        docs = [event_doc(i, f) for i, f in read[:limit]
+                if not kinds or f.get("kind") in kinds]
+        return docs, read[limit - 1][0] if more else None
+
+
+def event_doc(event_id: str, fields: dict[str, str]) -> dict[str, Any]:
+    """An audit event as the API shows it: ``m:<measure>`` fields as integer ``units``."""
+    doc: dict[str, Any] = {"id": event_id}
+    units: dict[str, int] = {}
+    for key, val in fields.items():
+        if key.startswith("m:"):
+            units[key[2:]] = int(val)
+        elif key == "version":
+            doc[key] = int(val)
+        else:
+            doc[key] = val
+    doc["units"] = units
+    return doc

@@ -163,12 +163,30 @@ class BudgetPatchSchema(StrictSchema):
                               metadata={"description": "analyst key id -> measure -> cap"})
 
 
+CURSOR_DESCRIPTION = ("the X-Next-Cursor header of the previous page (opaque); a page may "
+                     "hold fewer than limit items: the list ends when no cursor comes back")
+#: the paging headers of a list response (a list body keeps its schema)
+PAGE_HEADERS = {
+    "X-Next-Cursor": {"description": "pass as ?cursor= for the next page; absent on the last",
+                      "schema": {"type": "string"}},
+    "Link": {"description": 'rel="next": the next page\'s URL; absent on the last',
+             "schema": {"type": "string"}},
+}
+
+
 class LedgerQuerySchema(StrictSchema):
     kind = DelimitedList(fields.String(validate=validate.OneOf(
         ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version"])))
     since = fields.AwareDateTime(default_timezone=UTC)
     until = fields.AwareDateTime(default_timezone=UTC)
-    format = fields.String(load_default="json", validate=validate.OneOf(["json", "jsonl"]))
+    format = fields.String(load_default="json", validate=validate.OneOf(["json", "jsonl"]),
+                           metadata={"description": "jsonl: the whole range (from the cursor"
+                                     " if given) streamed as JSON Lines; limit pages json only"})
+    limit = fields.Integer(load_default=1000, validate=validate.Range(1, 10_000), metadata={
+        "description": "events read per page, oldest first (1..10000): a kind filter keeps"
+                       " those that match, so a page may hold fewer"})
+    cursor = fields.String(validate=validate.Length(1, 1000),
+                           metadata={"description": CURSOR_DESCRIPTION})
 
 
 class LedgerEventSchema(Schema):
@@ -214,17 +232,6 @@ class ReleaseRequestSchema(StrictSchema):
         allow_none=True, validate=validate.Range(0, 2**63 - 1),
         metadata={"description": "only accepted when the server allows seeds (tests)"},
     )
-
-
-CURSOR_DESCRIPTION = ("the X-Next-Cursor header of the previous page (opaque); a page may "
-                     "hold fewer than limit items: the list ends when no cursor comes back")
-#: the paging headers of a list response (a list body keeps its schema)
-PAGE_HEADERS = {
-    "X-Next-Cursor": {"description": "pass as ?cursor= for the next page; absent on the last",
-                      "schema": {"type": "string"}},
-    "Link": {"description": 'rel="next": the next page\'s URL; absent on the last',
-             "schema": {"type": "string"}},
-}
 
 
 class ReleaseListQuerySchema(StrictSchema):

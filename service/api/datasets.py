@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from datetime import datetime
 from fractions import Fraction
@@ -12,14 +13,16 @@ from flask import Response, current_app
 from flask_smorest import Blueprint
 
 from mechanisms import zcdp
-from service import apikeys, budget, datasets, inputs, releases
+from service import apikeys, budget, datasets, index, inputs, releases
 from service import metadata as metadata_schemas
 from service.api.responses import AUTH, BODY, located, problems
+from service.audit import parse_id
 from service.auth import check_dataset_grant, current_key, require
 from service.ingest import PARQUET_TYPE, IngestError, iter_upload, parse_metadata
 from service.ledger import CapError
 from service.problems import APIError
 from service.schemas import (
+    PAGE_HEADERS,
     BudgetPatchSchema,
     BudgetSchema,
     DatasetFileSchema,
@@ -426,24 +429,45 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
 @require("operator")
 @problems(blp, *AUTH, 403, 404, 422)
 @blp.arguments(LedgerQuerySchema(), location="query", as_kwargs=True)
-@blp.response(200, LedgerEventSchema(many=True))
+@blp.response(200, LedgerEventSchema(many=True), headers=PAGE_HEADERS)
 @blp.doc(responses={200: {"content": {"application/x-ndjson": {
     "schema": {"type": "string", "description": "format=jsonl: one event per line"}}}}})
 def audit(dataset_id: str, kind: list[str] | None = None, since: datetime | None = None,
-          until: datetime | None = None, format: str = "json") -> Any:
-    """Every ledger event (reserve, commit, abort, cancel, cap, allocation, retire).
+          until: datetime | None = None, format: str = "json", limit: int = 1000,
+          cursor: str | None = None) -> Any:
+    """The ledger's events (reserve, commit, abort, cancel, cap, allocation, retire, ...),
+    oldest first, a page at a time.
 
-    ``format=jsonl`` streams JSON Lines for export.
+    A page reads ``limit`` events after the cursor and returns those of ``kind``: it may
+    hold fewer than ``limit`` (even none), and the list ends when no ``X-Next-Cursor``
+    (and ``Link``) comes back, so a request's work is bounded whatever the filter.
+    ``format=jsonl`` streams the whole range (after the cursor, if one is given) as JSON
+    Lines for export, read in batches.
     """
     dataset_or_404(dataset_id)
+    position = index.stream_position(cursor)
     # stream ids are milliseconds since the epoch and never negative: clamp earlier times
-    start = f"{max(0, int(since.timestamp() * 1000))}-0" if since else "-"
+    since_ms = max(0, int(since.timestamp() * 1000)) if since else -1
+    start = f"{since_ms}-0" if since else "-"
+    if position is not None and parse_id(position) >= (since_ms, 0):
+        start = f"({position}"
     end = str(max(0, int(until.timestamp() * 1000))) if until else "+"
-    events = current_app.extensions["ledger"].events(dataset_id, start, end,
-                                                     set(kind) if kind else None)
-    for event in events:
-        event["amounts"] = {m: budget.display(m, u) for m, u in event["units"].items()}
+    ledger = current_app.extensions["ledger"]
+    kinds = set(kind) if kind else None
     if format == "jsonl":
-        body = "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
+        lines = (json.dumps(_with_amounts(e), sort_keys=True) + "\n"
+                 for e in ledger.iter_events(dataset_id, start, end, kinds))
+        # the first line read now: a Valkey or archive error is a problem answer, not a
+        # body cut short (later ones can only cut the stream)
+        first = next(lines, None)
+        body = itertools.chain([] if first is None else [first], lines)
         return Response(body, mimetype="application/x-ndjson")
-    return events
+    events, last = ledger.events_page(dataset_id, start, end, kinds, limit)
+    return ([_with_amounts(e) for e in events],
+            index.page_headers(index.stream_cursor(last)))
+
+
+def _with_amounts(event: dict[str, Any]) -> dict[str, Any]:
+    """The event with its units as display ``amounts`` too."""
+    event["amounts"] = {m: budget.display(m, u) for m, u in event["units"].items()}
+    return event

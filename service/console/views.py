@@ -158,7 +158,8 @@ def _pages(next_cursor: str | None) -> dict[str, str | None]:
     trail = request.args.getlist("back")[-MAX_TRAIL:]
     current = request.args.get("cursor", "")
     view_args = dict(request.view_args or {})
-    kept = {k: v for k, v in request.args.items() if k not in {"cursor", "back"}}
+    # every value of a repeated filter (the audit page's kind checkboxes), not the first
+    kept = {k: v for k, v in request.args.lists() if k not in {"cursor", "back"}}
 
     def link(cursor: str, back: list[str]) -> str:
         values: dict[str, Any] = {**view_args, **kept, "cursor": cursor or None,
@@ -335,7 +336,11 @@ def retire(dataset_id: str) -> BaseResponse:
 @page(datasets_api.audit)
 def budget_chart(dataset_id: str, fmt: str = "png") -> Response:
     """Committed and reserved over time, from the audit stream the ledger page reads."""
-    events = ops.call(datasets_api.audit, dataset_id)
+    # the whole history, not a page: read in batches by the ledger (the route's own grant
+    # and dataset checks first)
+    ops.check(datasets_api.audit)
+    datasets_api.dataset_or_404(dataset_id)
+    events = current_app.extensions["ledger"].iter_events(dataset_id)
     series = {}
     for measure, steps in burndown.replay(events).items():
         # the last state holds until now: without this point its step has no width
@@ -352,6 +357,10 @@ def _when(name: str) -> str | None:
     return raw + ("" if raw.endswith("Z") or "+" in raw[10:] else "Z") if raw else None
 
 
+#: events the audit page reads per page (the API's ``limit``; oldest first)
+AUDIT_PAGE = 200
+
+
 @bp.route("/datasets/<dataset_id>/audit")
 @page(datasets_api.audit)
 def audit(dataset_id: str) -> Any:
@@ -362,7 +371,10 @@ def audit(dataset_id: str) -> Any:
     for name in ("since", "until"):
         if (value := _when(name)) is not None:
             query[name] = value
-    error, events = None, []
+    query["limit"] = AUDIT_PAGE
+    if request.args.get("cursor"):
+        query["cursor"] = request.args["cursor"]
+    error, events, pages = None, [], None
     try:
         loaded = ops.load(LedgerQuerySchema(), query)
         result = ops.call(datasets_api.audit, dataset_id, **loaded)
@@ -370,14 +382,16 @@ def audit(dataset_id: str) -> Any:
             result.headers["Content-Disposition"] = (
                 f'attachment; filename="{dataset_id}-audit.jsonl"')
             return result
-        events = result
+        events, headers = result
+        pages = _pages(headers.get("X-Next-Cursor"))
     except APIError as err:
         if err.status in {401, 403, 404}:
             raise
         error = _form_error(err)
     doc = ops.call(datasets_api.show, dataset_id)
     return render_template("audit.html", dataset=doc, events=events, error=error,
-                           kinds=EVENT_KINDS, chosen=set(kinds), args=request.args)
+                           kinds=EVENT_KINDS, chosen=set(kinds), args=request.args,
+                           pages=pages)
 
 
 # -- keys ------------------------------------------------------------------------------

@@ -86,8 +86,8 @@ def test_recent_events_stay_in_valkey(client: redis.Redis, tmp_path: Path) -> No
     only old, replicated events on disk): events of the last hour stay in the stream."""
     archive = AuditArchive(tmp_path)
     ds, copy = _stream(client, 10)
-    for key in (rkeys.events(ds), copy):
-        client.xadd(key, {"kind": "reserve"}, id="*")
+    fresh = client.xadd(rkeys.events(ds), {"kind": "reserve"}, id="*")
+    client.xadd(copy, {"kind": "reserve"}, id=fresh)  # the same id (two "*" may differ)
     assert archive.archive(client, ds) == 10
     assert client.xlen(rkeys.events(ds)) == 1
     assert list(archive.merge(client, ds)) == client.xrange(copy)
@@ -120,17 +120,21 @@ def test_a_torn_last_line_is_ignored_then_cut(client: redis.Redis, tmp_path: Pat
     assert [e["id"] for e in _lines(archive, ds)] == _ids(client, copy)
 
 
-ids_strategy = st.sampled_from(["-", "+", "id", "ms"])
+ids_strategy = st.sampled_from(["-", "+", "id", "ms", "(id", "(ms"])
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(0, 400), moved=st.integers(0, 400), data=st.data())
+@given(n=st.integers(0, 400), moved=st.integers(0, 400), data=st.data(),
+       count=st.none() | st.integers(1, 60))
 def test_any_range_reads_the_same_as_the_stream_before(client: redis.Redis, n: int,
                                                        moved: int, data: st.DataObject,
-                                                       ) -> None:
-    """Property: for any split between file and stream and any bounds the ``/ledger`` view
-    passes (open, an exact id, a whole millisecond), the merged read equals XRANGE on the
-    untouched stream. Files of up to ~60 kB make the byte bisection run."""
+                                                       count: int | None) -> None:
+    """Property: for any split between file and stream, any bounds the ``/ledger`` view
+    passes (open, an exact id, a whole millisecond, either exclusive as a page's cursor)
+    and any ``count``, the merged read equals XRANGE on the untouched stream. Files of up
+    to ~60 kB make the byte bisection run. Catches a count that overshoots at the
+    file/stream seam and an exclusive bound read as inclusive (a page repeating its
+    cursor's event)."""
     with tempfile.TemporaryDirectory() as tmp:  # one per example (tmp_path is per test)
         archive = AuditArchive(Path(tmp))
         ds, copy = _stream(client, n, gaps=[1, 0, 2])
@@ -141,10 +145,12 @@ def test_any_range_reads_the_same_as_the_stream_before(client: redis.Redis, n: i
             if kind in ("-", "+"):
                 return kind
             pick = data.draw(st.sampled_from(ids))
-            return pick if kind == "id" else pick.split("-")[0]
+            return kind.removesuffix("id").removesuffix("ms") + (
+                pick if kind.endswith("id") else pick.split("-")[0])
 
         start, end = bound(data.draw(ids_strategy)), bound(data.draw(ids_strategy))
-        assert list(archive.merge(client, ds, start, end)) == client.xrange(copy, start, end)
+        assert list(archive.merge(client, ds, start, end, count)) == client.xrange(
+            copy, start, end, count=count)
 
 
 def test_one_archiver_at_a_time_and_a_damaged_file_trims_nothing(
@@ -227,3 +233,29 @@ def test_the_workers_sweeper_archives_and_the_ledger_view_is_unchanged(
     assert len(path.read_text().splitlines()) == 5
     for view, body in before.items():
         assert api.get(f"/v1/datasets/{ds}/ledger{view}").get_data(as_text=True) == body
+
+
+@pytest.mark.parametrize("bound,low,pair", [
+    ("-", True, (-1, -1)), ("+", False, (2**63, 2**63)),
+    ("5-3", True, (5, 3)), ("5-3", False, (5, 3)), ("5", True, (5, 0)), ("5", False, (5, 2**63)),
+    ("(5-3", True, (5, 4)), ("(5-3", False, (5, 2)), ("(5-0", False, (5, -1)),
+    ("(5", True, (5, 1)), ("(5", False, (5, 2**63 - 1)),
+])
+def test_bounds_as_pairs_exclusive_included(bound: str, low: bool,
+                                            pair: tuple[int, int]) -> None:
+    """Exact: XRANGE's bounds as comparable pairs, ``(`` one step inward as Valkey does
+    (an incomplete id filled with 0 as a start, the largest sequence as an end); catches
+    an exclusive start read as inclusive, and ``(5-0`` as an end keeping ``5-0``."""
+    assert audit._bound(bound, low) == pair
+
+
+def test_a_file_out_of_order_is_an_error_not_an_endless_read(client: redis.Redis,
+                                                              tmp_path: Path) -> None:
+    """Catches a merged read that loops for ever on a damaged file (its last id inside
+    the range, yet no line of the range readable before a later one): ValueError, which
+    the API answers as any damaged archive."""
+    archive = AuditArchive(tmp_path)
+    ds = "ds_" + secrets.token_hex(8)
+    archive._append(ds, [("100-0", {"kind": "cap"}), ("5-0", {"kind": "cap"})])
+    with pytest.raises(ValueError, match="out of order"):
+        list(archive.merge(client, ds, "-", "50"))

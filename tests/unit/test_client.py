@@ -497,6 +497,29 @@ def test_iter_releases_follows_the_cursor_to_the_last_page(
         "/v1/releases?dataset_id=ds_1&limit=2&cursor=c%2B2"]
 
 
+def test_ledger_follows_the_cursor_and_returns_every_event(
+        server: tuple[str, Script]) -> None:
+    """Catches ``ledger()`` returning the first page only (the server pages the audit log
+    by X-Next-Cursor and Link since it is bounded per request): every event of every page,
+    oldest first, the filters kept on each request; ``ledger_page`` gives one page and
+    its cursor."""
+    url, script = server
+    link = f'<{url}/v1/datasets/ds_1/ledger?kind=commit&limit=2&cursor=c%2B2>; rel="next"'
+    script.answers = [answer(200, [{"id": "1-0"}, {"id": "2-0"}], {"X-Next-Cursor": "c1"}),
+                      answer(200, [], {"Link": link}),  # a page the filter emptied
+                      answer(200, [{"id": "5-0"}])]
+    events = client(url).ledger("ds_1", kind="commit", page_size=2)
+    assert [e["id"] for e in events] == ["1-0", "2-0", "5-0"]
+    assert [s.path for s in script.seen] == [
+        "/v1/datasets/ds_1/ledger?kind=commit&limit=2",
+        "/v1/datasets/ds_1/ledger?kind=commit&limit=2&cursor=c1",
+        "/v1/datasets/ds_1/ledger?kind=commit&limit=2&cursor=c%2B2"]
+    script.answers = [answer(200, [{"id": "9-0"}], {"X-Next-Cursor": "c9"})]
+    page, cursor = client(url).ledger_page("ds_1", limit=1, cursor="c8")
+    assert page == [{"id": "9-0"}] and cursor == "c9"
+    assert script.seen[-1].path == "/v1/datasets/ds_1/ledger?limit=1&cursor=c8"
+
+
 def test_a_repeated_cursor_ends_the_iteration(server: tuple[str, Script]) -> None:
     """A server bug answering the same cursor again must not loop for ever."""
     url, script = server

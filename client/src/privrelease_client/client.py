@@ -4,8 +4,8 @@ Calls are retried only where that is safe: on connection errors, 502/503/504 and
 (after ``Retry-After``), never on other 4xx, and every POST carries one
 ``Idempotency-Key`` for all its attempts so the server can answer a retry with the first
 result instead of acting twice (a release, or a dataset upload: a second copy would
-bring a second budget). Lists that the server pages (releases, jobs, analyses) come
-whole through the ``iter_*`` methods, which follow the cursor.
+bring a second budget). Lists that the server pages (releases, jobs, analyses, the
+ledger) come whole through the ``iter_*`` methods, which follow the cursor.
 """
 
 from __future__ import annotations
@@ -303,13 +303,33 @@ class Client:
 
     def ledger(self, dataset_id: str, *, kind: str | Sequence[str] | None = None,
                since: str | None = None, until: str | None = None,
-               jsonl: bool = False) -> Any:
-        """Audit events; with ``jsonl`` the server streams lines, parsed here into a list."""
+               jsonl: bool = False, page_size: int | None = None) -> Any:
+        """Every audit event, oldest first, following the cursor page by page; with
+        ``jsonl`` the server streams lines, parsed here into a list."""
         if not jsonl:
-            return self._get(f"/v1/datasets/{_seg(dataset_id)}/ledger",
-                             **self._ledger_query(kind, since, until))
+            return list(self.iter_ledger(dataset_id, kind=kind, since=since, until=until,
+                                         page_size=page_size))
         text = self.export_ledger(dataset_id, kind=kind, since=since, until=until)
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def ledger_page(self, dataset_id: str, *, kind: str | Sequence[str] | None = None,
+                    since: str | None = None, until: str | None = None,
+                    limit: int | None = None, cursor: str | None = None,
+                    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page (``limit`` events read, those of ``kind`` kept: maybe fewer) and the
+        next page's cursor (None: the last page)."""
+        resp = self.send("GET", f"/v1/datasets/{_seg(dataset_id)}/ledger",
+                         params={**self._ledger_query(kind, since, until), "limit": limit,
+                                 "cursor": cursor})
+        docs: list[dict[str, Any]] = resp.json()
+        return docs, resp.headers.get("X-Next-Cursor") or _link_cursor(resp)
+
+    def iter_ledger(self, dataset_id: str, *, kind: str | Sequence[str] | None = None,
+                    since: str | None = None, until: str | None = None,
+                    page_size: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every audit event, oldest first, fetched a page at a time."""
+        return self._pages(f"/v1/datasets/{_seg(dataset_id)}/ledger",
+                           {**self._ledger_query(kind, since, until), "limit": page_size})
 
     def export_ledger(self, dataset_id: str, *, kind: str | Sequence[str] | None = None,
                       since: str | None = None, until: str | None = None) -> str:

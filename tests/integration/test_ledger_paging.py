@@ -1,0 +1,318 @@
+"""``GET /v1/datasets/{id}/ledger`` a page at a time, and its JSON Lines export streamed.
+
+A dataset's stream is replaced by 2,500 events with explicit ids (several per
+millisecond, in 2001) of which 1,200 are moved to the archive file, so every read
+crosses the file/stream seam. An untouched copy of the stream under a key the archive
+never touches is the reference: each answer is compared with what the old unpaged view
+rendered from it (``_render``, written out here, not the service's code). A session
+worker's sweeper may archive more of the stream while the tests run; the answers must
+not change (that is the archive's contract), so nothing here depends on the split.
+"""
+
+from __future__ import annotations
+
+import base64
+import inspect
+import json
+import re
+import secrets
+from html import unescape
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import redis
+from flask import Flask, Response, g
+
+from service import apikeys, budget, rkeys
+from service.api import datasets as datasets_api
+from service.audit import READ_BATCH, AuditArchive
+from service.ledger import Ledger
+from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+
+N = 2500
+KINDS = ("cap", "reserve", "commit", "reserve", "abort", "allocation", "commit")
+START_MS = 978_307_200_000
+
+
+def _render(event_id: str, fields: dict[str, str]) -> dict[str, Any]:
+    """An event as the unpaged view rendered it (the reference, kept apart from the code)."""
+    doc: dict[str, Any] = {"id": event_id}
+    units = {k[2:]: int(v) for k, v in fields.items() if k.startswith("m:")}
+    doc.update({k: (int(v) if k == "version" else v) for k, v in fields.items()
+                if not k.startswith("m:")})
+    doc["units"] = units
+    doc["amounts"] = {m: budget.display(m, u) for m, u in units.items()}
+    return doc
+
+
+class Rig:
+    """A dataset whose ledger holds ``N`` events over file and stream, and its copy."""
+
+    def __init__(self, api: Api, client: redis.Redis, archive: AuditArchive) -> None:
+        resp = api.upload(people_csv(20), PEOPLE_META)
+        assert resp.status_code == 201, resp.get_json()
+        self.api, self.client, self.ds = api, client, resp.get_json()["id"]
+        self.copy = f"{rkeys.P}test:copy:{self.ds}"
+        client.delete(rkeys.events(self.ds))
+        pipe = client.pipeline(transaction=False)
+        ms, seq = START_MS, 0
+        for i in range(N):
+            ms, seq = (ms + 1, 0) if i % 3 == 0 else (ms, seq + 1)
+            fields = {"kind": KINDS[i % len(KINDS)], "release_id": f"rel_{i:024x}",
+                      "actor": "op", "at": "2001-01-01T00:00:00.000Z",
+                      "m:epsilon": str(1000 * i)}
+            if i % 5 == 0:
+                fields["version"] = "1"
+            for key in (rkeys.events(self.ds), self.copy):
+                pipe.xadd(key, fields, id=f"{ms}-{seq}")
+        pipe.execute()
+        assert archive.archive(client, self.ds, hot_seconds=0, batch=1200) == 1200
+        self.url = f"/v1/datasets/{self.ds}/ledger"
+
+    def expected(self, start: str = "-", end: str = "+",
+                 kinds: set[str] | None = None) -> list[dict[str, Any]]:
+        return [_render(i, f) for i, f in self.client.xrange(self.copy, start, end)
+                if not kinds or f["kind"] in kinds]
+
+    def clone(self, count: int | None = None) -> str:
+        """A new (unregistered) dataset id whose stream holds the first ``count`` events."""
+        ds = "ds_" + secrets.token_hex(8)
+        pipe = self.client.pipeline(transaction=False)
+        for i, fields in self.client.xrange(self.copy, count=count):
+            pipe.xadd(rkeys.events(ds), fields, id=i)
+        pipe.execute()
+        return ds
+
+    def pages(self, query: str) -> list[tuple[list[dict[str, Any]], str | None]]:
+        """Every page of ``query`` (its events and the cursor it sent), following Link."""
+        out: list[tuple[list[dict[str, Any]], str | None]] = []
+        url = f"{self.url}?{query}"
+        while True:
+            resp = self.api.get(url)
+            assert resp.status_code == 200, resp.get_json()
+            cursor = resp.headers.get("X-Next-Cursor")
+            out.append((resp.get_json(), cursor))
+            if cursor is None:
+                assert "Link" not in resp.headers
+                return out
+            link = resp.headers["Link"]
+            assert link.endswith('>; rel="next"')
+            target = urlsplit(link[1:link.index(">")])
+            assert parse_qs(target.query)["cursor"] == [cursor]
+            assert {k: v for k, v in parse_qs(target.query).items() if k != "cursor"} == {
+                k: v for k, v in parse_qs(query).items()}
+            url = f"{target.path}?{target.query}"
+            assert len(out) < 20, "the pages never end"
+
+
+@pytest.fixture(scope="module")
+def rig(app: Flask) -> Rig:
+    client: redis.Redis = app.extensions["redis"]
+    return Rig(Api(app.test_client()), client, app.extensions["ledger"].audit)
+
+
+def _token(parts: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(parts).encode()).decode().rstrip("=")
+
+
+def _cursor_id(token: str) -> str:
+    member: str = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))[1]
+    return member
+
+
+def test_pages_of_1000_concatenate_to_the_unpaged_list(rig: Rig) -> None:
+    """Catches a view that answers everything at once (no cursor after 1000), a page
+    that repeats or skips an event at its edge or at the file/stream seam, and a list
+    that does not end: 2,500 events come as 1000 + 1000 + 500, oldest first, and the
+    last page has no cursor (one more event is read to know)."""
+    pages = rig.pages("limit=1000")
+    assert [len(events) for events, _ in pages] == [1000, 1000, 500]
+    assert [e for events, _ in pages for e in events] == rig.expected()
+    ids = [i for i, _ in rig.client.xrange(rig.copy)]
+    assert [_cursor_id(c) for _, c in pages[:-1]] == [ids[999], ids[1999]]
+
+
+@pytest.mark.parametrize("query,start,end,kinds", [
+    ("kind=commit,abort&limit=700", "-", "+", {"commit", "abort"}),
+    ("since=2001-01-01T00:00:00.300Z&until=2001-01-01T00:00:00.700Z&limit=150",
+     f"{START_MS + 300}-0", str(START_MS + 700), None),
+    ("since=2001-01-01T00:00:00.350Z&kind=cap&limit=1000", f"{START_MS + 350}-0", "+",
+     {"cap"}),
+])
+def test_filtered_pages_concatenate_to_the_filtered_list(rig: Rig, query: str, start: str,
+                                                        end: str,
+                                                        kinds: set[str] | None) -> None:
+    """Catches a cursor that loses the filters (the next page unfiltered, or restarting
+    at ``since``), and a ``kind`` filter applied before the page's read count: each page
+    reads ``limit`` events and keeps those that match, so pages may be short."""
+    pages = rig.pages(query)
+    assert [e for events, _ in pages for e in events] == rig.expected(start, end, kinds)
+    limit = int(parse_qs(query)["limit"][0])
+    assert len(pages) == -(-len(rig.expected(start, end)) // limit)
+
+
+def test_a_filter_matching_nothing_reads_one_page(rig: Rig) -> None:
+    """Catches a page bounded by events returned instead of read: ``kind=retire`` matches
+    none of 2,500 events, yet the first page answers at once with no events and a cursor
+    at the 1000th event read, and the walk ends after three such pages."""
+    resp = rig.api.get(f"{rig.url}?kind=retire&limit=1000")
+    assert resp.status_code == 200 and resp.get_json() == []
+    ids = [i for i, _ in rig.client.xrange(rig.copy)]
+    assert _cursor_id(resp.headers["X-Next-Cursor"]) == ids[999]
+    assert [len(e) for e, _ in rig.pages("kind=retire&limit=1000")] == [0, 0, 0]
+
+
+class CountingRedis:
+    """The real client, counting the stream events its XRANGEs return."""
+
+    def __init__(self, real: redis.Redis) -> None:
+        self.real, self.returned, self.counts = real, 0, []
+
+    def xrange(self, *args: Any, **kwargs: Any) -> Any:
+        self.counts.append(kwargs.get("count"))
+        rows = self.real.xrange(*args, **kwargs)
+        self.returned += len(rows)
+        return rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_a_page_reads_at_most_limit_plus_one_stream_events(rig: Rig) -> None:
+    """Catches an unbounded XRANGE behind a page: a ledger on a wrapped (real) client
+    reads a filter-matching-nothing page of 10 from a 2,500-event stream with no
+    archive: 11 events come back from Valkey, not 2,500."""
+    ds = rig.clone()
+    counting = CountingRedis(rig.client)
+    ledger = Ledger(counting)  # type: ignore[arg-type]
+    events, last = ledger.events_page(ds, "-", "+", {"retire"}, 10)
+    assert events == [] and counting.returned == 11
+    assert last == rig.client.xrange(rig.copy, count=10)[-1][0]
+    counting.counts.clear()
+    assert len(list(ledger.iter_events(ds))) == N  # the export: batches, never all at once
+    assert counting.counts and all(c is not None and c <= READ_BATCH for c in counting.counts)
+    rig.client.delete(rkeys.events(ds))
+
+
+def test_jsonl_export_is_streamed_and_byte_identical(rig: Rig) -> None:
+    """Catches an export that changed bytes (order, key order, a missing event at the
+    seam) or is built whole in memory: the body is a streamed response equal byte for
+    byte to the reference lines and to the JSON pages' events, with and without a
+    filter."""
+    for query, kinds in (("", None), ("kind=reserve", {"reserve"})):
+        resp = rig.api.client.get(f"{rig.url}?format=jsonl&{query}",
+                                  headers=rig.api._h(), buffered=False)
+        assert resp.status_code == 200
+        assert resp.mimetype == "application/x-ndjson"
+        body = resp.get_data()
+        want = "".join(json.dumps(e, sort_keys=True) + "\n"
+                       for e in rig.expected(kinds=kinds)).encode()
+        assert body == want
+        paged = [e for events, _ in rig.pages(f"{query}&limit=900".lstrip("&"))
+                 for e in events]
+        assert body == "".join(json.dumps(e, sort_keys=True) + "\n" for e in paged).encode()
+
+
+def test_the_export_is_a_generator_not_a_built_body(rig: Rig, app: Flask) -> None:
+    """Catches an export built whole in memory (a body of every line): the route, called
+    as the console calls it, answers a streamed Response (an iterator, not a string)."""
+    with app.test_request_context(rig.url):
+        g.api_key = apikeys.lookup(rig.client, TOKEN)
+        resp = inspect.unwrap(datasets_api.audit)(rig.ds, format="jsonl")
+        assert isinstance(resp, Response) and resp.is_streamed
+        first = next(iter(resp.response))
+        assert json.loads(first)["id"] == rig.client.xrange(rig.copy, count=1)[0][0]
+
+
+def test_a_cursor_resumes_the_export(rig: Rig) -> None:
+    """The export after a cursor is the rest of the range (a resumed download)."""
+    cursor = rig.api.get(f"{rig.url}?limit=1000").headers["X-Next-Cursor"]
+    body = rig.api.get(f"{rig.url}?format=jsonl&cursor={cursor}").get_data()
+    assert body == "".join(json.dumps(e, sort_keys=True) + "\n"
+                           for e in rig.expected()[1000:]).encode()
+
+
+@pytest.mark.parametrize("query,field", [
+    ("limit=10001", "limit"), ("limit=0", "limit"), ("cursor=not-a-cursor!", "cursor"),
+    # a cursor of another list (score, member, phase ""): valid base64 JSON, not ours
+    ("cursor=" + _token([1.0, "rel_x", ""]), "cursor"),
+    # a stream cursor whose id is no stream id
+    ("cursor=" + _token([1.0, "1-x", "stream"]), "cursor"),
+    # ids past 64 bits (Valkey would refuse them: a 500 if passed on)
+    ("cursor=" + _token([1.0, f"{2**64}-0", "stream"]), "cursor"),
+    ("cursor=" + _token([1.0, f"1-{2**64 - 1}", "stream"]), "cursor"),
+])
+def test_bad_paging_arguments_are_422_naming_the_field(rig: Rig, query: str,
+                                                       field: str) -> None:
+    """Catches a limit without bounds (one request reading everything) and a cursor
+    that is not checked (a 500, or a read from a forged position)."""
+    resp = rig.api.get(f"{rig.url}?{query}")
+    assert resp.status_code == 422, resp.get_data()
+    assert resp.get_json()["field"] == field
+
+
+def test_a_merged_read_survives_the_archiver_moving_its_next_batch(
+        rig: Rig, tmp_path: Any) -> None:
+    """Catches a batched read that loses events the archiver moved between two of its
+    XRANGEs (file read, then the stream batch after it trimmed): a read of 2,500 stream
+    events is paused after its first batch, everything moves to disk, and the read goes
+    on from the file, each event once."""
+    archive = AuditArchive(tmp_path)
+    ds = rig.clone()
+    read = archive.merge(rig.client, ds)
+    head = [next(read) for _ in range(10)]
+    assert archive.archive(rig.client, ds, hot_seconds=0) == N
+    assert head + list(read) == rig.client.xrange(rig.copy)
+
+
+def test_a_merged_read_survives_a_trim_between_its_file_check_and_xrange(
+        rig: Rig, tmp_path: Any) -> None:
+    """Catches a stream batch kept although the archiver trimmed under it: the wrapped
+    client runs the archiver right before the first XRANGE (after the read looked at
+    the file), so that XRANGE sees none of the moved events; the read must take them
+    from the file."""
+    archive = AuditArchive(tmp_path)
+    ds = rig.clone(300)
+    archive.archive(rig.client, ds, hot_seconds=0, batch=100)
+
+    class ArchiveFirst(CountingRedis):
+        def xrange(self, *args: Any, **kwargs: Any) -> Any:
+            if not self.counts:
+                archive.archive(self.real, ds, hot_seconds=0)
+            return super().xrange(*args, **kwargs)
+
+    wrapped = ArchiveFirst(rig.client)
+    got = list(archive.merge(wrapped, ds))  # type: ignore[arg-type]
+    assert wrapped.counts, "the stream was never read"
+    assert got == rig.client.xrange(rig.copy, count=300)
+
+
+def test_console_audit_page_pages_with_its_filters(rig: Rig, app: Flask) -> None:
+    """Catches a console page that renders the whole ledger (or the API's first page
+    only, with no way on), and next/previous links that drop a repeated filter (two
+    ``kind`` boxes ticked): the pages' rows, followed by their "next" links, are the
+    filtered events in order, and "previous" goes back one page."""
+    from service.console.views import AUDIT_PAGE
+    from tests.integration.test_console import _signed_in
+
+    client = _signed_in(app, TOKEN)
+    url = f"/console/datasets/{rig.ds}/audit?kind=commit&kind=abort&format=json"
+    seen: list[str] = []
+    pages: list[str] = []
+    while url:
+        page = client.get(url)
+        assert page.status_code == 200, page.get_data(as_text=True)[:500]
+        html = page.get_data(as_text=True)
+        pages.append(url)
+        seen += re.findall(r">(rel_[0-9a-f]{24})</a>", html)
+        nxt = re.search(r'href="([^"]+)" id="pager-next"', html)
+        url = unescape(nxt.group(1)) if nxt else ""
+        assert len(pages) <= N // AUDIT_PAGE + 1
+    assert len(pages) == -(-N // AUDIT_PAGE)
+    assert seen == [e["release_id"] for e in rig.expected(kinds={"commit", "abort"})]
+    html = client.get(pages[2]).get_data(as_text=True)
+    back = re.search(r'href="([^"]+)" id="pager-previous"', html)
+    rows = re.compile(r">(rel_[0-9a-f]{24})</a>")
+    assert back and rows.findall(client.get(unescape(back.group(1))).get_data(as_text=True)
+                                 ) == rows.findall(client.get(pages[1]).get_data(as_text=True))
