@@ -96,6 +96,11 @@ class CapError(ValueError):
         self.reason, self.measure, self.units, self.key_id = reason, measure, units, key_id
 
 
+#: every kind of audit event the scripts write (the ledger view's ``kind`` filter)
+EVENT_KINDS = ("cap", "allocation", "reserve", "commit", "abort", "cancel", "refuse",
+               "retire", "version")
+
+
 class Ledger:
     """Budget accounting for every dataset, backed by one Redis server."""
 

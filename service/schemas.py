@@ -8,6 +8,7 @@ from marshmallow import INCLUDE, RAISE, Schema, fields, validate
 from webargs.fields import DelimitedList
 
 import mechanisms
+from service.ledger import EVENT_KINDS
 
 
 class StrictSchema(Schema):
@@ -175,8 +176,7 @@ PAGE_HEADERS = {
 
 
 class LedgerQuerySchema(StrictSchema):
-    kind = DelimitedList(fields.String(validate=validate.OneOf(
-        ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version"])))
+    kind = DelimitedList(fields.String(validate=validate.OneOf(EVENT_KINDS)))
     since = fields.AwareDateTime(default_timezone=UTC)
     until = fields.AwareDateTime(default_timezone=UTC)
     format = fields.String(load_default="json", validate=validate.OneOf(["json", "jsonl"]),

@@ -30,6 +30,7 @@ from service.api import keys as keys_api
 from service.api import outputs as outputs_api
 from service.api import releases as releases_api
 from service.console import burndown, ops, session
+from service.ledger import EVENT_KINDS
 from service.plotting import FORMATS, budget_figure, render
 from service.problems import APIError
 from service.schemas import (
@@ -52,7 +53,6 @@ bp = Blueprint("console", __name__, url_prefix=session.PREFIX, template_folder="
 
 #: pages reachable without a session
 PUBLIC = frozenset({"console.signin", "console.static"})
-EVENT_KINDS = ("cap", "allocation", "reserve", "commit", "abort", "cancel", "refuse", "retire")
 #: what the upload form starts with: a valid metadata document to edit
 EXAMPLE_METADATA = {
     "name": "people",
