@@ -93,6 +93,17 @@ def api(app: Flask) -> Api:
     return Api(app.test_client())
 
 
+#: the request a ledger-only test's reservation records: a whole one, as the API writes
+#: it, so the session's release lists (which render every release) can show the release
+LEDGER_REQUEST = json.dumps({
+    "dataset_id": "ds_0000000000000001", "dataset_version": 1, "mechanism": "laplace",
+    "params": {"statistic": "mean", "column": "age"}, "cost": {"epsilon": "1/2"},
+    "cost_units": {"epsilon": 500000000}, "accuracy": {"ci95_halfwidth": 3.0},
+    "seed": None, "callback_url": None, "privacy": {"notions": ["dp"]}})
+#: and the output its commit stores (a whole one, for the same reason)
+LEDGER_OUTPUT = json.dumps({"result": {"value": 0.0}, "accuracy": {"ci95_halfwidth": 3.0},
+                            "guarantee": "pure epsilon-DP"})
+
 PEOPLE_META: dict[str, Any] = {
     "name": "people",
     "columns": {

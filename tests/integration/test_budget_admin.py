@@ -17,7 +17,7 @@ from flask import Flask
 
 from service import apikeys
 from service.ledger import Ledger
-from tests.integration.conftest import PEOPLE_META, Api, people_csv
+from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, PEOPLE_META, Api, people_csv
 
 
 def _body(ds: str, value: float, eps: float = 0.1) -> dict[str, Any]:
@@ -121,10 +121,10 @@ def test_racing_analysts_respect_allocations_and_cap(r: redis.Redis, redis_url: 
         actor = "key_a" if i % 2 else "key_b"
         own = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
         res = own.reserve(ds, f"rel_race_{i}", {"epsilon": 1}, actor=actor,
-                          fingerprint=f"race-{i}", request_json="{}")
+                          fingerprint=f"race-{i}", request_json=LEDGER_REQUEST)
         if res.outcome == "reserved" and i % 3 == 0:
             run = own.mark_running(f"rel_race_{i}", "w")
-            assert run is not None and own.commit(ds, run, "{}") == "settled"
+            assert run is not None and own.commit(ds, run, LEDGER_OUTPUT) == "settled"
         return actor, res.outcome
 
     with ThreadPoolExecutor(16) as pool:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from service import rkeys
 from service.ledger import NO_LEASE, Ledger
+from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 
 
 def _ds() -> str:
@@ -22,7 +23,7 @@ def _ds() -> str:
 def _reserve(ledger: Ledger, ds: str, units: int, **kw: object) -> tuple[str, object]:
     rid = "rel_" + secrets.token_hex(8)
     res = ledger.reserve(ds, rid, {"epsilon": units}, actor="test",
-                         fingerprint=secrets.token_hex(8), request_json="{}", **kw)  # type: ignore[arg-type]
+                         fingerprint=secrets.token_hex(8), request_json=LEDGER_REQUEST, **kw)  # type: ignore[arg-type]
     return rid, res
 
 
@@ -30,7 +31,7 @@ def _commit(ledger: Ledger, ds: str, rid: str) -> bool:
     """Run the job as a worker does: take its lease, then commit as the lease holder."""
     run = ledger.mark_running(rid, "w")
     assert run is not None
-    return ledger.commit(ds, run, "{}") == "settled"
+    return ledger.commit(ds, run, LEDGER_OUTPUT) == "settled"
 
 
 def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
@@ -45,8 +46,8 @@ def test_reserve_commit_abort_balance(r: redis.Redis) -> None:
     assert (res3.outcome, res3.requested, res3.remaining) == ("exhausted", 201, 200)  # type: ignore[attr-defined]
     run1 = ledger.mark_running(rid1, "w")
     assert run1 is not None and run1.attempt == 1
-    assert ledger.commit(ds, run1, '{"result": {}}') == "settled"
-    assert ledger.commit(ds, run1, '{"result": {}}') == "ended", "a second commit charges nothing"
+    assert ledger.commit(ds, run1, LEDGER_OUTPUT) == "settled"
+    assert ledger.commit(ds, run1, LEDGER_OUTPUT) == "ended", "a second commit charges nothing"
     assert ledger.abort(ds, rid2, '{"message": "x"}', "w")
     assert not ledger.abort(ds, rid1, '{"message": "x"}', "w"), "a committed release stays"
     assert ledger.balance(ds)["epsilon"] == {"cap": 1000, "committed": 300, "reserved": 0,
@@ -84,7 +85,7 @@ def test_only_the_runs_lease_holder_settles(r: redis.Redis) -> None:
     taken = ledger.mark_running(rid, "host")  # the same host name: a different run
     assert taken is not None and taken.attempt == 2 and taken.token != stalled.token
     assert not ledger.renew_lease(stalled) and not ledger.mark_data_read(stalled)
-    assert ledger.commit(ds, stalled, '{"result": {}}', table_version=1) == "lost"
+    assert ledger.commit(ds, stalled, LEDGER_OUTPUT, table_version=1) == "lost"
     assert ledger.fail(ds, stalled, "{}") == "lost"
     assert ledger.abort_run(ds, stalled, "{}") == "lost"
     assert not ledger.abort(ds, rid, "{}", "sweeper", holder=NO_LEASE)  # a run holds it
@@ -93,8 +94,8 @@ def test_only_the_runs_lease_holder_settles(r: redis.Redis) -> None:
     assert r.hget(rkeys.release(rid), "data_read") is None
     assert ledger.renew_lease(taken) and ledger.mark_data_read(taken)
     assert r.hget(rkeys.release(rid), "data_read") == "1"
-    assert ledger.commit(ds, taken, '{"result": {}}', table_version=2) == "settled"
-    assert ledger.commit(ds, stalled, '{"result": {}}', table_version=1) == "ended"
+    assert ledger.commit(ds, taken, LEDGER_OUTPUT, table_version=2) == "settled"
+    assert ledger.commit(ds, stalled, LEDGER_OUTPUT, table_version=1) == "ended"
     assert r.hget(rkeys.release(rid), "table") == "2"
     assert ledger.balance(ds)["epsilon"] == {"cap": 1000, "committed": 300, "reserved": 0,
                                              "remaining": 700}
@@ -110,14 +111,14 @@ def test_failure_after_reading_is_charged_and_keeps_its_replay(r: redis.Redis) -
     fp = "fp_" + ds
     rid = "rel_f" + ds
     assert ledger.reserve(ds, rid, {"epsilon": 100}, actor="t", fingerprint=fp,
-                          request_json="{}").outcome == "reserved"
+                          request_json=LEDGER_REQUEST).outcome == "reserved"
     run = ledger.mark_running(rid, "w")
     assert run is not None and ledger.mark_data_read(run)
     assert ledger.fail(ds, run, '{"code": "mechanism_failed"}') == "settled"
     assert r.hget(rkeys.release(rid), "status") == "failed"
     assert ledger.balance(ds)["epsilon"]["committed"] == 100
     again = ledger.reserve(ds, "rel_g" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json="{}")
+                           request_json=LEDGER_REQUEST)
     assert (again.outcome, again.release_id) == ("replay", rid)
     events = ledger.events(ds)
     assert [(e["kind"], e.get("outcome")) for e in events] == [
@@ -146,13 +147,13 @@ def test_replay_and_idempotency(r: redis.Redis) -> None:
     ledger.open(ds, {"epsilon": 1000}, "op")
     fp = secrets.token_hex(8)
     first = ledger.reserve(ds, "rel_a" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json="{}", idempotency_key="pr:idem:t:" + ds)
+                           request_json=LEDGER_REQUEST, idempotency_key="pr:idem:t:" + ds)
     again = ledger.reserve(ds, "rel_b" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json="{}")
+                           request_json=LEDGER_REQUEST)
     retry = ledger.reserve(ds, "rel_c" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json="{}", idempotency_key="pr:idem:t:" + ds)
+                           request_json=LEDGER_REQUEST, idempotency_key="pr:idem:t:" + ds)
     other = ledger.reserve(ds, "rel_d" + ds, {"epsilon": 100}, actor="t",
-                           fingerprint=fp + "x", request_json="{}",
+                           fingerprint=fp + "x", request_json=LEDGER_REQUEST,
                            idempotency_key="pr:idem:t:" + ds)
     assert first.outcome == "reserved"
     assert (again.outcome, again.release_id) == ("replay", first.release_id)
@@ -162,7 +163,7 @@ def test_replay_and_idempotency(r: redis.Redis) -> None:
     # an aborted release is no longer a replay target: the retry runs afresh
     ledger.abort(ds, first.release_id, "{}", "w")
     fresh = ledger.reserve(ds, "rel_e" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json="{}")
+                           request_json=LEDGER_REQUEST)
     assert fresh.outcome == "reserved"
 
 
@@ -184,7 +185,7 @@ def test_concurrent_reservations_never_overspend(r: redis.Redis, redis_url: str)
         ledger = Ledger(rkeys.connect(redis_url))
         rid = f"rel_{ds}_{i}"
         res = ledger.reserve(ds, rid, {"epsilon": 7, "delta": 1}, actor="t",
-                             fingerprint=f"{ds}-{i}", request_json="{}")
+                             fingerprint=f"{ds}-{i}", request_json=LEDGER_REQUEST)
         if res.outcome == "reserved" and i % 2:
             _commit(ledger, ds, rid)
         return res.outcome

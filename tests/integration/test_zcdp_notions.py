@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mechanisms import zcdp
 from service import budget
 from service.ledger import Ledger
-from tests.integration.conftest import Api
+from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, Api
 
 COUNT = {"statistic": "count", "condition": {"column": "k", "op": "ge", "value": 0}}
 
@@ -141,7 +141,7 @@ def _race(ledger: Ledger, ds: str) -> dict[str, list[str]]:
         measure = "epsilon" if kind == "dp" else "noiseless_bits"
         barrier.wait()
         res = ledger.reserve(ds, "rel_" + secrets.token_hex(8), {measure: 1}, actor="a",
-                             fingerprint=secrets.token_hex(8), request_json="{}",
+                             fingerprint=secrets.token_hex(8), request_json=LEDGER_REQUEST,
                              notion_lock=kind)
         outcomes[kind].append(res.outcome)
 
@@ -191,11 +191,11 @@ def test_rho_charges_never_exceed_the_cap(r: redis.Redis, cap_millis: int,
         units = budget.cost_units("rho", c)
         rid = "rel_" + secrets.token_hex(8)
         res = ledger.reserve(ds, rid, {"rho": units}, actor="a",
-                             fingerprint=secrets.token_hex(8), request_json="{}")
+                             fingerprint=secrets.token_hex(8), request_json=LEDGER_REQUEST)
         assert res.outcome == ("reserved" if accepted + units <= cap else "exhausted")
         if res.outcome == "reserved":
             run = ledger.mark_running(rid, "w")
-            assert run is not None and ledger.commit(ds, run, "{}") == "settled"
+            assert run is not None and ledger.commit(ds, run, LEDGER_OUTPUT) == "settled"
             accepted += units
     row = ledger.balance(ds)["rho"]
     assert row["committed"] == accepted <= cap and row["reserved"] == 0
