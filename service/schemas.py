@@ -68,7 +68,9 @@ class VersionSchema(Schema):
     created_at = fields.String()
     created_by = fields.String()
     sha256 = fields.String(metadata={"description": "SHA-256 of the uploaded file"})
-    columns = fields.Dict()
+    columns = fields.Dict(metadata={
+        "description": "this version's column metadata; in a dataset's `versions` (GET"
+                       " /v1/datasets and /v1/datasets/{id}) only with expand=versions"})
 
 
 class UploadWarningSchema(Schema):
@@ -125,7 +127,10 @@ class DatasetSchema(Schema):
     current_version = fields.Integer(metadata={
         "description": "the version releases without a version use (also `version`)"})
     versions = fields.List(fields.Nested(VersionSchema), metadata={
-        "description": "every version, oldest first"})
+        "description": "every version, oldest first, as GET /v1/datasets/{id}/versions"
+                       " shows it; in GET /v1/datasets and /v1/datasets/{id} without"
+                       " `columns` unless expand=versions (the top-level `columns` are the"
+                       " current version's)"})
     sha256 = fields.String(metadata={"description": "SHA-256 of the first upload's file"})
     warnings = fields.List(fields.Nested(UploadWarningSchema), metadata={
         "description": "upload only: possible_reupload when an active dataset has the same"
@@ -161,6 +166,12 @@ class BudgetPatchSchema(StrictSchema):
                        metadata={"description": "measure -> new cap"})
     allocations = fields.Dict(keys=fields.String(), values=fields.Dict(),
                               metadata={"description": "analyst key id -> measure -> cap"})
+
+
+class DatasetQuerySchema(StrictSchema):
+    expand = DelimitedList(fields.String(validate=validate.OneOf(["versions"])), metadata={
+        "description": "versions: each `versions` entry with its `columns` (otherwise"
+                       " left out, so the answer does not grow with versions x columns)"})
 
 
 class LedgerQuerySchema(StrictSchema):
