@@ -69,7 +69,9 @@ class VersionSchema(Schema):
     created_at = fields.String()
     created_by = fields.String()
     sha256 = fields.String(metadata={"description": "SHA-256 of the uploaded file"})
-    columns = fields.Dict()
+    columns = fields.Dict(metadata={
+        "description": "this version's column metadata; in a dataset's `versions` (GET"
+                       " /v1/datasets and /v1/datasets/{id}) only with expand=versions"})
 
 
 class UploadWarningSchema(Schema):
@@ -126,7 +128,10 @@ class DatasetSchema(Schema):
     current_version = fields.Integer(metadata={
         "description": "the version releases without a version use (also `version`)"})
     versions = fields.List(fields.Nested(VersionSchema), metadata={
-        "description": "every version, oldest first"})
+        "description": "every version, oldest first, as GET /v1/datasets/{id}/versions"
+                       " shows it; in GET /v1/datasets and /v1/datasets/{id} without"
+                       " `columns` unless expand=versions (the top-level `columns` are the"
+                       " current version's)"})
     sha256 = fields.String(metadata={"description": "SHA-256 of the first upload's file"})
     warnings = fields.List(fields.Nested(UploadWarningSchema), metadata={
         "description": "upload only: possible_reupload when an active dataset has the same"
@@ -173,6 +178,12 @@ PAGE_HEADERS = {
     "Link": {"description": 'rel="next": the next page\'s URL; absent on the last',
              "schema": {"type": "string"}},
 }
+
+
+class DatasetQuerySchema(StrictSchema):
+    expand = DelimitedList(fields.String(validate=validate.OneOf(["versions"])), metadata={
+        "description": "versions: each `versions` entry with its `columns` (otherwise"
+                       " left out, so the answer does not grow with versions x columns)"})
 
 
 class LedgerQuerySchema(StrictSchema):

@@ -26,6 +26,7 @@ from service.schemas import (
     BudgetPatchSchema,
     BudgetSchema,
     DatasetFileSchema,
+    DatasetQuerySchema,
     DatasetSchema,
     DatasetUploadSchema,
     LedgerEventSchema,
@@ -173,21 +174,30 @@ def _file_sha256(stream: Any) -> str:
 @blp.route("")
 @require("consumer")
 @problems(blp, *AUTH)
+@blp.arguments(DatasetQuerySchema(), location="query", as_kwargs=True)
 @blp.response(200, DatasetSchema(many=True))
-def list_datasets() -> list[dict[str, Any]]:
-    """Metadata of every dataset this key may see (never values)."""
+def list_datasets(expand: list[str] | None = None) -> list[dict[str, Any]]:
+    """Metadata of every dataset this key may see (never values).
+
+    Each ``versions`` entry leaves out its ``columns`` unless ``expand=versions``
+    (``GET .../versions`` has them): the list stays small with many versions.
+    """
     key = current_key()
     docs = datasets.list_all(current_app.extensions["redis"])
-    return [d for d in docs if key.datasets is None or d["id"] in key.datasets]
+    return [listed(d, expand) for d in docs if key.datasets is None or d["id"] in key.datasets]
 
 
 @blp.route("/<dataset_id>")
 @require("consumer")
 @problems(blp, *AUTH, 403, 404)
+@blp.arguments(DatasetQuerySchema(), location="query", as_kwargs=True)
 @blp.response(200, DatasetSchema)
-def show(dataset_id: str) -> dict[str, Any]:
-    """One dataset's public metadata (operators also see its hold-out exposure)."""
-    doc = dataset_or_404(dataset_id)
+def show(dataset_id: str, expand: list[str] | None = None) -> dict[str, Any]:
+    """One dataset's public metadata (operators also see its hold-out exposure).
+
+    ``versions`` entries without their ``columns`` unless ``expand=versions``, as the list.
+    """
+    doc = listed(dataset_or_404(dataset_id), expand)
     doc = {**doc, "notion_lock": current_app.extensions["ledger"].notion_lock(dataset_id)}
     if current_key().role == "operator":
         redis_client = current_app.extensions["redis"]
@@ -213,6 +223,17 @@ def version_doc(doc: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
     """A ``versions`` entry as the API shows it: with whether it is the current one."""
     return {**entry, "dataset_id": doc["id"],
             "current": entry["version"] == datasets.current_version(doc)}
+
+
+def listed(doc: dict[str, Any], expand: list[str] | None = None) -> dict[str, Any]:
+    """The document as list and show answer it: each ``versions`` entry as
+    ``GET .../versions`` shows it, without its ``columns`` unless ``versions`` is in
+    ``expand``. Columns per version would make the answer grow with versions x columns;
+    the current version's stay at the top level."""
+    entries = [version_doc(doc, e) for e in datasets.versions_of(doc)]
+    if "versions" not in (expand or ()):
+        entries = [{k: v for k, v in e.items() if k != "columns"} for e in entries]
+    return {**doc, "versions": entries}
 
 
 @blp.route("/<dataset_id>/versions", methods=["POST"])

@@ -867,3 +867,19 @@ def test_a_notebook_shows_fields_and_result_rows_escaped() -> None:
     assert "<td style='text-align:left'>{&quot;epsilon&quot;: 0.5}</td>" in page
     assert "<th>grid</th><th>values</th>" in page
     assert page.count("<tr><td>") == 20 and "<p>5 more rows: to_pandas()</p>" in page
+
+
+def test_list_and_get_dataset_send_expand_only_when_asked(server: tuple[str, Script]) -> None:
+    """Catches ``expand`` not reaching the query (the server would answer versions
+    without their columns), or an ``expand=`` sent when none was asked."""
+    url, script = server
+    script.answers = [answer(200, []), answer(200, []), answer(200, {"id": "ds_1"}),
+                      answer(200, {"id": "ds_1"})]
+    c = client(url)
+    c.list_datasets()
+    c.list_datasets(expand="versions")
+    c.get_dataset("ds_1", expand=["versions"])
+    c.get_dataset("ds_1")
+    assert [s.path for s in script.seen] == [
+        "/v1/datasets", "/v1/datasets?expand=versions",
+        "/v1/datasets/ds_1?expand=versions", "/v1/datasets/ds_1"]

@@ -69,6 +69,11 @@ def _seg(value: str) -> str:
     return quote(str(value), safe="")
 
 
+def _expand(expand: str | Sequence[str] | None) -> str | None:
+    """``expand`` as the query's comma-separated list (None: left out)."""
+    return expand if expand is None or isinstance(expand, str) else ",".join(expand)
+
+
 class Client:
     """The privrelease API for one server and one key.
 
@@ -265,12 +270,19 @@ class Client:
             json_body={"status": "retired"})
         return doc
 
-    def list_datasets(self) -> list[dict[str, Any]]:
-        docs: list[dict[str, Any]] = self._get("/v1/datasets")
+    def list_datasets(self, *, expand: str | Sequence[str] | None = None
+                      ) -> list[dict[str, Any]]:
+        """Every dataset this key may see. Their ``versions`` entries come without
+        ``columns`` unless ``expand="versions"`` (``list_versions`` has them)."""
+        docs: list[dict[str, Any]] = self._get("/v1/datasets", expand=_expand(expand))
         return docs
 
-    def get_dataset(self, dataset_id: str) -> dict[str, Any]:
-        doc: dict[str, Any] = self._get(f"/v1/datasets/{_seg(dataset_id)}")
+    def get_dataset(self, dataset_id: str, *, expand: str | Sequence[str] | None = None
+                    ) -> dict[str, Any]:
+        """One dataset; ``versions`` entries with ``columns`` only if
+        ``expand="versions"``."""
+        doc: dict[str, Any] = self._get(f"/v1/datasets/{_seg(dataset_id)}",
+                                        expand=_expand(expand))
         return doc
 
     def retire_dataset(self, dataset_id: str) -> dict[str, Any]:
