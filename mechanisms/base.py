@@ -253,23 +253,49 @@ SIZE_PARAMS = ("grid_size", "lattice_size", "bins", "m", "rounds", "max_componen
 #: budgets above this are refused as absurd (the release would be essentially exact)
 MAX_EPSILON = Fraction(100)
 
+#: the ledger's quantum per measure (units per 1.0): an amount is held as a whole number
+#: of units, so one below a unit cannot be charged as written (it would be rounded up to a
+#: unit, more than the caller agreed to) and is refused; it also keeps 1/amount finite in
+#: float64 (a subnormal epsilon overflowed the exact rounding helpers)
+LEDGER_UNITS: dict[str, int] = {
+    "epsilon": 10**9, "delta": 10**15, "rho": 10**12, "noiseless_bits": 10**9,
+    "interval_leakage": 10**12, "subset_draws": 1,
+}
 
-def read_amount(budget: Mapping[str, object], measure: str, ceiling: Fraction,
-                missing: str) -> Fraction:
-    """The one amount a single-measure budget holds, exactly: a finite number in
-    (0, ``ceiling``] (``missing``: the message when it is absent)."""
-    field = f"budget.{measure}"
-    if measure not in budget:
-        raise MechanismInputError(field, missing)
-    value = budget[measure]
+
+def smallest(measure: str) -> Fraction:
+    """The smallest positive amount of ``measure`` (``interval_leakage:age`` too)."""
+    return Fraction(1, LEDGER_UNITS[measure.split(":", 1)[0]])
+
+
+def read_number(value: object, field: str) -> Fraction:
+    """A budget amount exactly as given: a finite int, Fraction or float (never a bool)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
         raise MechanismInputError(field, "must be a number")
     if isinstance(value, float) and not math.isfinite(value):
         raise MechanismInputError(field, "must be finite")
-    amount = Fraction(value)
+    return Fraction(value)
+
+
+def check_range(amount: Fraction, measure: str, ceiling: Fraction, field: str) -> Fraction:
+    """``amount`` if it lies in [smallest(measure), ceiling], else a 422 naming ``field``."""
     if not 0 < amount <= ceiling:
-        raise MechanismInputError(field, f"{measure} must be in (0, {ceiling}]")
+        raise MechanismInputError(field, f"{measure.split(':', 1)[0]} must be in (0, {ceiling}]")
+    floor = smallest(measure)
+    if amount < floor:
+        raise MechanismInputError(field, f"must be at least {float(floor):g}: the smallest"
+                                  " amount of this measure the ledger can charge")
     return amount
+
+
+def read_amount(budget: Mapping[str, object], measure: str, ceiling: Fraction,
+                missing: str) -> Fraction:
+    """The one amount a single-measure budget holds, exactly: a finite number in
+    [smallest(measure), ``ceiling``] (``missing``: the message when it is absent)."""
+    field = f"budget.{measure}"
+    if measure not in budget:
+        raise MechanismInputError(field, missing)
+    return check_range(read_number(budget[measure], field), measure, ceiling, field)
 
 
 def read_epsilon(budget: Budget, name: str) -> Fraction:

@@ -36,7 +36,6 @@ import abc
 import functools
 import itertools
 import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -57,6 +56,9 @@ from mechanisms.base import (
     MechanismInputError,
     Output,
     Work,
+    check_range,
+    read_number,
+    smallest,
 )
 from mechanisms.registry import register
 
@@ -68,8 +70,8 @@ MAX_GRID_SIZE = 10_000
 MAX_COVARIANCE_COLUMNS = 10
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 ORDER_OPS = frozenset({"lt", "le", "gt", "ge"})
-#: smaller δ are refused: the δ(σ) computations lose their precision below it
-MIN_DELTA = Fraction(1, 10**30)
+#: smaller δ are refused: below one ledger unit (1e-15) it can not be charged as written
+MIN_DELTA = smallest("delta")
 MAX_BINS = 10_000
 MAX_IN_VALUES = 10_000
 CI_LEVEL = 0.95
@@ -397,14 +399,6 @@ def resolve_condition(spec: Mapping[str, Any], column: ColumnMeta) -> _Condition
 # --------------------------------------------------------------------------- budget
 
 
-def _fraction(value: Any, field: str) -> Fraction:
-    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
-        raise MechanismInputError(field, "must be a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise MechanismInputError(field, "must be finite")
-    return Fraction(value)
-
-
 def _read_budget(budget: Budget, measures: tuple[str, ...], name: str) -> dict[str, Fraction]:
     """The budget as exact fractions; exactly ``measures``, each in range."""
     extra = sorted(set(budget) - set(measures))
@@ -416,10 +410,8 @@ def _read_budget(budget: Budget, measures: tuple[str, ...], name: str) -> dict[s
     for measure in measures:
         if measure not in budget:
             raise MechanismInputError(f"budget.{measure}", f"{name} needs a {measure} budget")
-        amounts[measure] = _fraction(budget[measure], f"budget.{measure}")
-    epsilon = amounts["epsilon"]
-    if not 0 < epsilon <= MAX_EPSILON:
-        raise MechanismInputError("budget.epsilon", f"epsilon must be in (0, {MAX_EPSILON}]")
+        amounts[measure] = read_number(budget[measure], f"budget.{measure}")
+    check_range(amounts["epsilon"], "epsilon", MAX_EPSILON, "budget.epsilon")
     if "delta" in amounts and not MIN_DELTA <= amounts["delta"] < 1:
         raise MechanismInputError("budget.delta", f"delta must be in [{float(MIN_DELTA)}, 1)")
     return amounts

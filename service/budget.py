@@ -13,18 +13,19 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
+from mechanisms.base import LEDGER_UNITS
+
 #: measure -> (units per 1.0, largest accepted cap). Every cap * 3 < 2**53.
 #: Interval leakage is capped at 1 per column: it is 1 - coverage, and Thm 4's
 #: additive bound on the composed leakage says nothing once the sum passes 1.
+#: The units are the mechanisms' (``mechanisms.base.LEDGER_UNITS``: a mechanism refuses an
+#: amount below one unit, as the API does). ρ's quantum of 1e-12 keeps a small Gaussian
+#: release's ρ (ε²/2 of a pure release: 5e-9 at ε = 1e-4) exact enough.
 MEASURES: dict[str, tuple[int, Fraction]] = {
-    "epsilon": (10**9, Fraction(10**6)),
-    "delta": (10**15, Fraction(1)),
-    # ρ-zCDP (mechanisms.zcdp): a zcdp dataset's one DP budget; a quantum of 1e-12 keeps
-    # a small Gaussian release's ρ (ε²/2 of a pure release: 5e-9 at ε = 1e-4) exact enough
-    "rho": (10**12, Fraction(10**3)),
-    "noiseless_bits": (10**9, Fraction(10**6)),
-    "interval_leakage": (10**12, Fraction(1)),
-    "subset_draws": (1, Fraction(10**6)),
+    measure: (LEDGER_UNITS[measure], ceiling) for measure, ceiling in (
+        ("epsilon", Fraction(10**6)), ("delta", Fraction(1)), ("rho", Fraction(10**3)),
+        ("noiseless_bits", Fraction(10**6)), ("interval_leakage", Fraction(1)),
+        ("subset_draws", Fraction(10**6)))
 }
 #: measures charged per column, written ``measure:<column>``
 PER_COLUMN = frozenset({"interval_leakage", "subset_draws"})
@@ -90,6 +91,13 @@ def to_fraction(value: Any, field: str) -> Fraction:
 def cost_units(measure: str, amount: Fraction) -> int:
     """A cost in integer units, rounded up so the ledger never undercharges."""
     return math.ceil(amount * unit(measure))
+
+
+def on_lattice(measure: str, amount: Fraction) -> Fraction:
+    """``amount`` rounded down to a whole number of ``measure``'s units: what a request
+    agrees to is read this way, so its cost (calibrated to it) is charged exactly and
+    never above what the caller wrote."""
+    return from_units(measure, cap_units(measure, amount))
 
 
 def cap_units(measure: str, amount: Fraction) -> int:

@@ -349,12 +349,18 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # a per-column cost (interval_leakage:age) is agreed to as interval_leakage; a pure
         # release's ρ on a zcdp dataset as its ε (ε²/2, mechanisms.zcdp)
         agreed = requested.get(measure, requested.get(budget.base_measure(measure)))
+        field = f"budget.{measure if measure in requested else budget.base_measure(measure)}"
         if measure == "rho" and agreed is None and "epsilon" in requested:
-            agreed = zcdp.pure_to_rho(requested["epsilon"])
+            agreed, field = zcdp.pure_to_rho(requested["epsilon"]), "budget.epsilon"
         if budget.base_measure(measure) not in budget.MEASURES or agreed is None:
             raise APIError(500, "mechanism charged a measure the request did not name")
         if amount > agreed:
             raise APIError(500, "mechanism cost exceeds the agreed budget")
+        unit = budget.from_units(measure, 1)
+        if 0 < amount < unit:  # charging a whole unit would take more than agreed
+            raise APIError(422, f"charges {measure} {float(amount):g}, below the smallest"
+                           f" amount the ledger can charge ({float(unit):g})",
+                           code="validation_error", field=field)
     units = {m: budget.cost_units(m, a) for m, a in charged.items()}
     privacy = privacy_block(doc, units)
     if "zcdp" in privacy:
@@ -553,7 +559,14 @@ def _budget(raw: Any) -> dict[str, Fraction]:
         if amount > ceiling:  # no cap is ever larger, so no cost could use more
             raise APIError(422, f"must be at most {ceiling}", code="validation_error",
                            field=field)
-        out[measure] = amount
+        # the ledger holds whole units, rounded up: an amount below one unit would be
+        # charged a unit (more than written), and off the lattice up to a unit more
+        smallest = budget.from_units(measure, 1)
+        if amount < smallest:
+            raise APIError(422, f"must be at least {float(smallest):g}, the smallest amount"
+                           " of this measure the ledger can charge", code="validation_error",
+                           field=field)
+        out[measure] = budget.on_lattice(measure, amount)
     return out
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -27,12 +26,15 @@ from marshmallow import ValidationError
 
 from mechanisms import precompute
 from mechanisms.base import (
+    LEDGER_UNITS,
     Budget,
     Composed,
     DatasetMeta,
     Mechanism,
     MechanismInputError,
     Output,
+    check_range,
+    read_number,
 )
 from mechanisms.interval import anchors as anchor_laws
 from mechanisms.interval import composition, coverage, schemas
@@ -61,7 +63,7 @@ from mechanisms.interval.transforms import PushforwardLaw, Transform
 
 MEASURE = "interval_leakage"
 #: ledger unit of the measure (service/budget.py): charges are rounded up to it
-LEDGER_UNIT = 10**12
+LEDGER_UNIT = LEDGER_UNITS[MEASURE]
 #: calibration searches anchor scales in this range, in units of the prior's SD
 SCALE_RANGE = (0.05, 1000.0)
 RING_FLOOR_MAX = 0.49
@@ -93,14 +95,7 @@ class Plan:
 
 
 def _amount(value: Any, field_name: str) -> Fraction:
-    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
-        raise MechanismInputError(field_name, "must be a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise MechanismInputError(field_name, "must be finite")
-    amount = Fraction(value)
-    if not 0 < amount <= 1:
-        raise MechanismInputError(field_name, "interval leakage must be in (0, 1]")
-    return amount
+    return check_range(read_number(value, field_name), MEASURE, Fraction(1), field_name)
 
 
 def _read_budget(budget: Budget, column: str, name: str) -> Fraction:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import numbers
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -32,6 +31,7 @@ from mechanisms.base import (
     MechanismInputError,
     Output,
     Work,
+    read_number,
 )
 
 # ConditionSchema is the shared shape of "rows meeting a condition"; resolve_condition resolves it
@@ -155,12 +155,7 @@ def read_bits(budget: Budget) -> Fraction:
         )
     if MEASURE not in budget:
         raise MechanismInputError(f"budget.{MEASURE}", f"needs a {MEASURE} budget")
-    value = budget[MEASURE]
-    if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
-        raise MechanismInputError(f"budget.{MEASURE}", "must be a number")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise MechanismInputError(f"budget.{MEASURE}", "must be finite")
-    bits = Fraction(value)
+    bits = read_number(budget[MEASURE], f"budget.{MEASURE}")
     if bits < 1:
         raise MechanismInputError(
             f"budget.{MEASURE}",
