@@ -488,6 +488,13 @@ def _lattice(query: _Query, noise_scale: float) -> tuple[float, float, int]:
     return grid, center, units
 
 
+def _per_bin(query: _Query, units: int) -> int:
+    """A histogram's lattice shift per moved bin (Gaussian noise is calibrated to one unit
+    out of one bin and into another, L2 √2); ``_lattice`` gives its L1 total, 2. Using the
+    total as the per-bin shift calibrated the Gaussian for L2 2√2: twice the noise needed."""
+    return units // 2 if query.histogram else units
+
+
 def _real_error(query: _Query, grid: float) -> Fraction:
     """Public bound on |computed − exact| for a real-valued sum or mean.
 
@@ -909,6 +916,7 @@ class GaussianMechanism(_Baseline):
         epsilon, delta = _float_down(amounts["epsilon"]), _float_down(amounts["delta"])
         sigma_real = analytic_gaussian_sigma(epsilon, delta, query.l2_sensitivity)
         grid, center, units = _lattice(query, sigma_real)
+        units = _per_bin(query, units)
         try:
             sigma = discrete_gaussian_sigma(epsilon, delta, units, query.histogram)
         except ValueError:
@@ -933,6 +941,7 @@ class GaussianMechanism(_Baseline):
         """σ for ρ-zCDP: the lattice shift Δ (units; a histogram moves Δ out of one bin into
         another, so Δ² twice) gives σ with Δ²/(2σ²) <= ρ exactly (CKS 2020 Thm 14)."""
         grid, center, units = _lattice(query, zcdp.sigma_real(query.l2_sensitivity, rho))
+        units = _per_bin(query, units)
         l2sq = units * units * (2 if query.histogram else 1)
         sigma = zcdp.sigma_for_rho(l2sq, rho)
         if sigma > sampling.MAX_SIGMA:

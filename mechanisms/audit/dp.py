@@ -304,6 +304,13 @@ def baseline_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, A
     pair = baseline_neighbours(mech, params, meta)
     plan = mech._plan(params, cost, meta)
     exact = [baselines._lattice_values(plan, d) for d in pair]
+    move = np.abs(exact[1] - exact[0]).astype(np.float64)
+    # Laplace is calibrated to the L1 total; the Gaussian to a shift per moved bin, and a
+    # histogram's record leaves one bin for another (√2 of it in L2)
+    bins = 2 if plan.query.histogram else 1
+    _check_attained(label, float(np.sqrt(np.sum(move**2)) if plan.l2 else np.sum(move)),
+                    plan.lattice_sensitivity * math.sqrt(bins) if plan.l2
+                    else plan.lattice_sensitivity)
 
     def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
         d = exact[which].size
@@ -584,6 +591,8 @@ def _gaussian_plan() -> Plan:
         baseline_scenario("count eps=1 delta=1e-2", mech, COUNT, small, int_meta()),
         baseline_scenario("mean eps=1 delta=1e-5", mech, MEAN, eps(1, Fraction(1, 10**5)),
                           unit_meta(20)),
+        baseline_scenario("histogram eps=1 delta=1e-2", mech,
+                          {"statistic": "histogram", "column": "c"}, small, category_meta()),
     ], [("interval", baseline_scenario("count, noise for 3 eps", over, COUNT, small,
                                        int_meta()))])
 
@@ -712,12 +721,16 @@ PLANS: dict[str, Callable[[], Plan]] = {
 # scenarios; its controls stay those above)
 
 
-def _extended_neighbours(params: Mapping[str, Any], meta: DatasetMeta) -> tuple[Data, Data]:
+def _extended_neighbours(params: Mapping[str, Any], meta: DatasetMeta,
+                         same_cell: bool = False) -> tuple[Data, Data]:
     """Worst cases from the sensitivity analyses in ``tables`` and ``moments``.
 
     Tables: record 0 moves from the first cell to the last one, at the end of largest
-    magnitude (the others in the first cell at lo); moments: every column's record 0 at
-    lo vs hi (the others at lo); quantiles: the same, the others spread over [lo, hi].
+    magnitude (the others in the first cell at lo), or with ``same_cell`` stays in the
+    first cell and moves from lo to hi (a sum's worst case in L2 when (hi − lo)² >
+    2·max(|lo|, |hi|)², e.g. 3² > 2·2² on [−1, 2]; ``extended_scenario`` takes whichever
+    attains the calibrated sensitivity); moments: every column's record 0 at lo vs hi (the
+    others at lo); quantiles: the same, the others spread over [lo, hi].
     """
     numeric = [params["column"]] if "column" in params else list(params.get("columns", ()))
     base: Data = {}
@@ -731,10 +744,13 @@ def _extended_neighbours(params: Mapping[str, Any], meta: DatasetMeta) -> tuple[
             col = meta.columns[name]
             base[name] = np.zeros(meta.n_rows, dtype=np.int64)
             other[name] = base[name].copy()
-            other[name][0] = len(col.categories or ()) - 1
+            other[name][0] = 0 if same_cell else len(col.categories or ()) - 1
         for name in numeric:
             lo, hi = meta.columns[name].bounds or (0.0, 1.0)
-            base[name][0] = other[name][0] = lo if abs(lo) >= abs(hi) else hi
+            if same_cell:
+                base[name][0], other[name][0] = lo, hi
+            else:
+                base[name][0] = other[name][0] = lo if abs(lo) >= abs(hi) else hi
     else:
         for name in numeric:
             lo, hi = meta.columns[name].bounds or (0.0, 1.0)
@@ -753,8 +769,13 @@ def extended_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, A
 
     params = mech.load_params(raw)
     cost = _cost(mech, params, budget, meta)
-    pair = _extended_neighbours(params, meta)
     plan = baselines.extended_plan(mech.name, params, cost, meta)
+    pair = _extended_neighbours(params, meta)
+    if isinstance(plan, tables.TablePlan):
+        pairs = [pair, _extended_neighbours(params, meta, same_cell=True)]
+        pair = max(pairs, key=lambda p: sum(a / c for a, c in _table_moves(plan, p)))
+        for attained, calibrated in _table_moves(plan, pair):
+            _check_attained(label, attained, calibrated)
 
     def once(rng: np.random.Generator, which: int) -> FloatArray:
         result = mech.run(pair[which], params, cost, meta, rng).result
@@ -794,6 +815,31 @@ def extended_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, A
 
         return Scenario(label, mech, params, cost, meta, pair, draw, once, slow=True)
     return Scenario(label, mech, params, cost, meta, pair, draw, once)
+
+
+def _check_attained(label: str, attained: float, calibrated: float) -> None:
+    """A scenario's neighbours must move the statistic by the sensitivity its noise is
+    calibrated for (up to the lattice's rounding allowance, below 2^-8 of it): a weaker
+    pair would let a miscalibration pass the audit."""
+    if not attained >= calibrated * (1 - 2**-8):
+        raise AssertionError(f"{label}: the neighbours move the statistic by {attained:.6g},"
+                             f" the noise is calibrated for {calibrated:.6g}")
+
+
+def _table_moves(plan: Any, pair: tuple[Data, Data]) -> list[tuple[float, float]]:
+    """Per part of a cross-tab: (how far ``pair`` moves it in its noise's norm, the
+    sensitivity that noise is calibrated for), in statistic units."""
+    exact = [plan.exact(d) for d in pair]
+    out = []
+    for part in (plan.count, plan.sum):
+        if part is None:
+            continue
+        move = (exact[1][part.name] - exact[0][part.name]).astype(np.float64) * part.grid
+        if part.noise.kind == "discrete_gaussian":
+            out.append((float(np.sqrt(np.sum(move**2))), float(part.sensitivity_l2)))
+        else:
+            out.append((float(np.sum(np.abs(move))), float(part.sensitivity_l1)))
+    return out
 
 
 def _table_meta(n: int = 20) -> DatasetMeta:

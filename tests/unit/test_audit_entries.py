@@ -9,12 +9,16 @@ the harness doing its job.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
-from mechanisms import registry
+from mechanisms import baselines, registry, zcdp
 from mechanisms.audit import dp
 from mechanisms.audit.entries import entries, run
+from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.competitors import audit as competitors_audit
 from mechanisms.iclp import audit as iclp_audit
 
@@ -75,3 +79,34 @@ def test_neighbours_attain_the_claimed_loss() -> None:
             loss = float(plan.noise.max_privacy_loss(a, b))
             floor = 0.5 if name == "bernstein.kde" else 0.998
             assert floor * s.charged <= loss <= s.charged
+
+
+def test_the_gaussian_sum_table_neighbours_attain_its_l2_sensitivity() -> None:
+    """Issue 27 §4: on v in [-1, 2] a record moved between cells at 2 moves the sums by
+    L2 2.83, while the noise is calibrated for the same cell's lo -> hi (L2 3): the entry
+    takes the pair that attains 3, and refuses a pair that does not."""
+    plan = PLANS["gaussian"]()
+    table = next(s for s in plan.honest if s.label.startswith("sum table"))
+    a, b = (d["v"][0] for d in table.pair)
+    assert (a, b) == (-1.0, 2.0) and table.pair[0]["b"][0] == table.pair[1]["b"][0]
+    tplan = baselines.extended_plan("gaussian", table.params, table.cost, table.meta)
+    (moved, calibrated), = dp._table_moves(tplan, table.pair)
+    assert moved == pytest.approx(3.0) and calibrated == pytest.approx(3.0)
+    between = dp._extended_neighbours(table.params, table.meta)
+    (moved, _), = dp._table_moves(tplan, between)
+    assert moved == pytest.approx(2 * math.sqrt(2))
+    with pytest.raises(AssertionError, match="calibrated for 3"):
+        dp._check_attained("between cells", moved, calibrated)
+
+
+def test_a_gaussian_histogram_is_calibrated_for_one_unit_per_moved_bin() -> None:
+    """A histogram's record moves one count out of one bin into another (L2 √2); the
+    Gaussian's σ was calibrated for a shift of 2 per bin (L2 2√2), twice the noise."""
+    mech = registry.get("gaussian")
+    assert isinstance(mech, baselines._Baseline)
+    meta = DatasetMeta(100, {"c": ColumnMeta("c", "categorical", categories=("a", "b", "c"))})
+    params = mech.load_params({"statistic": "histogram", "column": "c"})
+    plan = mech._plan(params, {"epsilon": Fraction(1), "delta": Fraction(1, 10**5)}, meta)
+    assert plan.noise_scale == baselines.discrete_gaussian_sigma(1.0, 1e-5, 1, True)
+    zplan = mech._zcdp_plan(baselines._resolve(params, meta), Fraction(1, 2))
+    assert zplan.noise_scale == zcdp.sigma_for_rho(2, Fraction(1, 2))
