@@ -801,12 +801,12 @@ def extended_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, A
         moment = plan
         lattice = [moment.exact(d) for d in pair]
         move = (lattice[1] - lattice[0]).astype(np.float64) * moment.grid
-        exact = [float(x) for x in moment.sensitivity]
+        deltas = [float(x) for x in moment.sensitivity]
         if moment.noise.kind == "discrete_gaussian":
             _check_attained(label, float(np.sqrt(np.sum(move**2))),
-                            math.sqrt(sum(x * x for x in exact)))
+                            math.sqrt(sum(x * x for x in deltas)))
         else:
-            _check_attained(label, float(np.sum(np.abs(move))), sum(exact))
+            _check_attained(label, float(np.sum(np.abs(move))), sum(deltas))
 
         def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
             d = lattice[which].size
