@@ -288,19 +288,13 @@ def _schema(cls: type[marshmallow.Schema]) -> marshmallow.Schema:
 
 @dataclass(frozen=True)
 class Composed:
-    """A release's ledger charge given the dataset's earlier releases (``Mechanism.composed``).
-
-    ``charge``: what the ledger holds per measure (at most the cost); ``exact``: whether
-    it rests on the history (then the ledger reserves it only if that column's history
-    did not move since it was read, else the service prices it again); ``column``: the
-    per-column measure whose history counter the release moves; ``report``: what
-    ``accuracy.composition`` shows (None: nothing); ``privacy``: what the release's
-    ``privacy`` block records about the charge.
+    """What a release records about its charge given the dataset's earlier releases
+    (``Mechanism.composed``); the ledger holds its cost either way (interval releases:
+    the standalone bound, Thm 4, sound for designs chosen after earlier outputs).
+    ``report``: what ``accuracy.composition`` shows (None: nothing); ``privacy``: what
+    the release's ``privacy`` block records about the charge.
     """
 
-    charge: Mapping[str, Fraction]
-    exact: bool
-    column: str
     report: dict[str, Any] | None
     privacy: dict[str, Any]
 
@@ -364,10 +358,10 @@ class Mechanism(abc.ABC):
 
     def composed(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
                  earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> Composed | None:
-        """The ledger charge given the dataset's earlier releases (``earlier()`` as in
-        ``composition``, plus ``units``, ``charged`` and ``incremental``), when it can be
-        below the cost (interval exact composition); None: the cost is charged and
-        ``composition`` is shown."""
+        """What the release records about its charge given the dataset's earlier releases
+        (``earlier()`` as in ``composition``, plus ``units`` and ``charged``): the
+        composition report and the ``privacy`` block's entry (interval releases); None:
+        ``composition`` is shown. The cost is charged either way."""
         return None
 
     def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:
