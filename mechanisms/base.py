@@ -288,13 +288,16 @@ def _schema(cls: type[marshmallow.Schema]) -> marshmallow.Schema:
 
 @dataclass(frozen=True)
 class Composed:
-    """What a release records about its charge given the dataset's earlier releases
-    (``Mechanism.composed``); the ledger holds its cost either way (interval releases:
-    the standalone bound, Thm 4, sound for designs chosen after earlier outputs).
+    """A release's ledger charge given the dataset's earlier releases
+    (``Mechanism.composed``), the one function the service and the audit price through.
+
+    ``charge``: what the ledger holds on the measures it names (interval releases: the
+    standalone cost, Thm 4, sound for designs chosen after earlier outputs);
     ``report``: what ``accuracy.composition`` shows (None: nothing); ``privacy``: what
     the release's ``privacy`` block records about the charge.
     """
 
+    charge: Mapping[str, Fraction]
     report: dict[str, Any] | None
     privacy: dict[str, Any]
 
@@ -358,10 +361,10 @@ class Mechanism(abc.ABC):
 
     def composed(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
                  earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> Composed | None:
-        """What the release records about its charge given the dataset's earlier releases
-        (``earlier()`` as in ``composition``, plus ``units`` and ``charged``): the
-        composition report and the ``privacy`` block's entry (interval releases); None:
-        ``composition`` is shown. The cost is charged either way."""
+        """The ledger charge given the dataset's earlier releases (``earlier()`` as in
+        ``composition``, plus ``units`` and ``charged``), with the composition report and
+        the ``privacy`` block's entry (interval releases); None: the cost is charged and
+        ``composition`` is shown."""
         return None
 
     def reference_datasets(self, params: Mapping[str, Any]) -> list[str]:

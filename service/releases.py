@@ -340,9 +340,9 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
 
 @dataclass(frozen=True)
 class HistoryCharge:
-    """What a release records given its dataset's history (``charge_on_history``)."""
+    """A release's charge given its dataset's history (``charge_on_history``)."""
 
-    #: what the ledger holds per measure: the cost (interval releases too: additive)
+    #: what the ledger holds per measure (interval releases: the standalone cost, additive)
     charged: dict[str, Fraction]
     #: ``accuracy.composition`` (None: nothing to show)
     report: dict[str, Any] | None
@@ -355,8 +355,8 @@ def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms
                       meta: mechanisms.DatasetMeta,
                       charged: dict[str, Fraction],
                       docs: DocumentStore | None) -> HistoryCharge:
-    """The charge of a release given the dataset's earlier releases (this version) and
-    what it records about them. The charge is ``charged`` whatever the history: an
+    """The charge of a release given the dataset's earlier releases (this version): the
+    mechanism's ``composed`` charge on the measures it names, else ``charged``. An
     interval release pays its standalone bound (Thm 4, additive), which holds for designs
     chosen after seeing earlier outputs (``mechanisms.interval.composition.price``); the
     exact joint leakage of its column is reported, not charged."""
@@ -366,6 +366,8 @@ def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms
     composed = mech.composed(params, cost, meta, history)
     if composed is None:
         return HistoryCharge(charged, mech.composition(params, cost, meta, history))
+    # interval leakage is charged as it is on any dataset (zcdp.charge)
+    charged = {**charged, **{m: a for m, a in composed.charge.items() if m in charged}}
     return HistoryCharge(charged, composed.report, dict(composed.privacy))
 
 

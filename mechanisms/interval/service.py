@@ -556,8 +556,8 @@ class _Interval(Mechanism):
 
     def composed(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
                  earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> Composed:
-        """What the release records about its charge on the column (``priced``): the
-        standalone cost, always; the exact joint figure as information."""
+        """The charge on the column given its history (``priced``): the standalone cost,
+        always (``composition.price``); the exact joint figure as information."""
         column = str(params["column"])
         measure = f"{MEASURE}:{column}"
         pricing, report = priced(self.kind, params, cost, meta, earlier())
@@ -568,7 +568,7 @@ class _Interval(Mechanism):
         if pricing.joint is not None:
             privacy["joint_leakage_bound"] = pricing.joint.leakage_bound
             privacy["note"] = composition.JOINT_NOTE
-        return Composed(report, privacy)
+        return Composed({measure: Fraction(pricing.units, LEDGER_UNIT)}, report, privacy)
 
     def _plan(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta) -> Plan:
         charged = _read_budget(cost, params["column"], self.name)
