@@ -46,11 +46,12 @@ def _ages(api: Api) -> str:
     return str(resp.get_json()["id"])
 
 
-def _body(ds: str, seed: int | None = None) -> dict[str, Any]:
+def _body(ds: str, seed: int | None = None,
+          anchors: dict[str, Any] = UNIFORM) -> dict[str, Any]:
     """A uniform Case-I request; a seed makes two such requests distinct (an identical
     request is answered with the first release: a replay, spending nothing)."""
     return {"dataset_id": ds, "mechanism": "interval.case1",
-            "params": {"column": "age", "anchors": UNIFORM},
+            "params": {"column": "age", "anchors": anchors},
             "budget": {"interval_leakage": 0.9}, "seed": seed}
 
 
@@ -115,17 +116,22 @@ def test_concurrent_pair_priced_at_one_history_both_pay_standalone(
         api: Api, app: Any, worker: Any, r: redis.Redis) -> None:
     """After one committed release, two requests priced at the same history both pay
     their standalone bound and both reserve: nothing rests on the history, so neither is
-    refused or priced again, and the column holds three standalone charges."""
+    refused or priced again, and the column holds the three standalone charges (the
+    pair's anchors on [0, 10]: about 0.09 each, so the cap of 1 is not what decides)."""
     ds = _ages(api)
     first = _release(api, _body(ds))
-    a, b = _prepare(app, _body(ds)), _prepare(app, _body(ds))
+    narrow = {"family": "uniform", "low": 0, "high": 10}
+    a, b = _prepare(app, _body(ds, 1, narrow)), _prepare(app, _body(ds, 2, narrow))
     assert a.privacy and b.privacy and a.privacy["charged"] == b.privacy["charged"] == (
         "additive")
-    standalone = budget.cost_units(MEASURE, Fraction(first["cost"][MEASURE]))
+    record = a.privacy["interval_composition"]
+    standalone = budget.cost_units(MEASURE, a.cost[MEASURE])
     assert a.cost_units[MEASURE] == b.cost_units[MEASURE] == standalone
+    assert record["standalone"] == record["charge"] == pytest.approx(0.093, abs=0.01)
     assert _reserve(app, a)[1].outcome == _reserve(app, b)[1].outcome == "reserved"
     assert _units(r, ds)["reserved"] == 2 * standalone
-    assert _units(r, ds)["committed"] == standalone
+    assert _units(r, ds)["committed"] == budget.cost_units(MEASURE,
+                                                           Fraction(first["cost"][MEASURE]))
 
 
 def test_refunded_pending_release_leaves_later_charges_covering(api: Api, app: Any,
