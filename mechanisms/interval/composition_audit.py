@@ -247,28 +247,34 @@ def run_scenario(scenario: Scenario, n: int, strata: int, rng: np.random.Generat
     anchors = first.design.partition.sample(rng, n)
     charge = np.full(n, float(first.charge))
     control = np.full(n, float(first.control))
-    # each record's history of priced releases (shared by every record with its view)
-    paths: list[tuple[Priced, ...]] = [(first,)] * n
+    # each record's history of priced releases, by index into ``paths`` (records with
+    # one view and history share it)
+    paths: list[tuple[Priced, ...]] = [(first,)]
+    path = np.zeros(n, np.int64)
     for aim in scenario.aims:
         lo, hi = _cell(y, anchors)
-        ends = np.stack([_coarse(law.cdf(lo), strata), _coarse(law.cdf(hi), strata)], axis=1)
-        cuts = np.sort(np.where(np.isfinite(anchors), _coarse(law.cdf(anchors), strata), np.nan),
-                       axis=1)
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for i, (row, cut) in enumerate(zip(ends.tolist(), cuts.tolist(), strict=True)):
-            seen = tuple(c for c in cut if not math.isnan(c))
-            groups.setdefault((tuple(id(p) for p in paths[i]), *row, seen), []).append(i)
+        cuts = np.sort(np.where(np.isfinite(anchors), _coarse(law.cdf(anchors), strata),
+                                np.nan), axis=1)
+        view = np.column_stack([path, _coarse(law.cdf(lo), strata),
+                                _coarse(law.cdf(hi), strata), np.nan_to_num(cuts, nan=-1.0)])
+        keys, group = np.unique(view, axis=0, return_inverse=True)
+        group = group.reshape(-1)
+        order = np.argsort(group, kind="stable")
+        bounds = np.searchsorted(group[order], np.arange(keys.shape[0] + 1))
         blocks: list[tuple[np.ndarray, FloatArray]] = []
-        for key, members in groups.items():
-            idx = np.asarray(members)
-            before = paths[members[0]]
-            name, raw = aim(*key[1:])
+        grown: list[tuple[Priced, ...]] = []
+        for g, key in enumerate(keys):
+            idx = order[bounds[g]:bounds[g + 1]]
+            before = paths[int(key[0])]
+            name, raw = aim(float(key[1]), float(key[2]),
+                            tuple(float(c) for c in key[3:] if c >= 0))
             p = _priced(name, raw, before, cache)
             charge[idx] += float(p.charge)
             control[idx] += float(p.control)
             blocks.append((idx, p.design.partition.sample(rng, idx.size)))
-            for i in members:
-                paths[i] = (*before, p)
+            grown.append((*before, p))
+            path[idx] = g
+        paths = grown
         width = max(b.shape[1] for _, b in blocks)
         drawn = np.full((n, width), np.inf)  # an infinite anchor cuts nothing
         for idx, b in blocks:
