@@ -1,4 +1,4 @@
-"""Exact per-record composition of interval releases on one column (spec §1.7, §7.3).
+"""Joint leakage of interval releases on one column (spec §1.7, §7.3), as information.
 
 Theorem 4 bounds the leakage of releases M_1..M_k of a column by the sum of their
 leakages. When every release is a canonical partition of the raw column (Case-I,
@@ -11,11 +11,12 @@ computed here by the same scrambled-QMC integrator as single designs (anchors of
 different releases are independent draws). Two readings:
 
 * ``joint_coverage(designs, law)``: the expectation over every release's anchors,
-  the charge of a set of designs fixed in advance;
+  the joint leakage of a set of designs fixed in advance;
 * ``joint_coverage_given(anchors, design, law, rng)``: earlier releases' *realized*
-  anchors (public, in their tables) and a fresh draw of the new design's, averaged
-  over records: valid also when the new design was chosen after seeing the earlier
-  output (adaptive), since it conditions on what was published.
+  anchors and a fresh draw of the new design's, averaged over records. It conditions
+  on the anchors, not on the published ranges (which depend on the values), and an
+  average over records is no per-record bound: a design aimed at one record's range
+  is not covered by it either.
 
 The ledger's charge (``price``) is always a release's standalone bound (Thm 4,
 additive): the joint figure assumes every design fixed in advance, and an analyst who

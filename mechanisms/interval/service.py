@@ -495,9 +495,10 @@ def _guarantee(p: Plan) -> str:
         " range contains the true value, and the posterior of a record given its released"
         " range is the declared prior restricted to the range; expected coverage"
         f" {p.estimate.value:.4f} under the declared prior, leakage at most"
-        f" {float(p.charge):.6g} on {MEASURE}:{p.column} (additive across releases, Thm 4;"
-        " the ledger charges less, the exact joint increment over the column's committed"
-        f" releases, where the release's privacy block says so); {PRIVACY_UNIT};"
+        f" {float(p.charge):.6g} on {MEASURE}:{p.column} (additive across releases, Thm 4,"
+        " also for designs chosen after earlier outputs: the ledger charges this; the"
+        " column's exact joint leakage in the privacy block is information only);"
+        f" {PRIVACY_UNIT};"
         " prior-relative, not epsilon-DP"
     )
     if isinstance(p.design, Selective):
