@@ -159,10 +159,15 @@ def price(new: object, standalone_units: int, committed: Sequence[Held], law: La
     every anchor draw the extra leakage is at most the standalone leakage of the anchors
     drawn, hence in expectation at most the design's standalone charge; summing over
     releases, a record's total leakage is at most the sum of the charges, for designs
-    chosen after every earlier output (the paper's Thm 4 claim for adaptive mechanisms,
-    for partition designs; exact reports are cells of mass 0, a transform pulls the
-    partition back to Y). ``tests/unit/interval/test_composition.py`` checks the
-    inequality on random partitions and ranges.
+    chosen after every earlier output (the paper's Thm 4 claim for adaptive mechanisms).
+    It covers every design whose output, given its random draws, is a partition of the
+    line: canonical and ring designs, progressive narrowing (its stops read the range and
+    the next anchor only, so the final ranges are the leaves of a tree), exact reports
+    (cells of mass 0) and transforms (the partition pulled back to Y). A selective null
+    is not Def. 1 (its posterior is a reweighted prior), so after one the record's value
+    does not follow a restricted prior and the argument does not apply as is: selective
+    releases rest on Thm 4 as the paper states it (not proved here). ``tests/unit/interval/test_composition.py`` checks the inequality
+    on random partitions and ranges.
     """
     def additive(reason: str, joint: Estimate | None = None, already: int = 0) -> Pricing:
         return Pricing(standalone_units, ADDITIVE, reason, joint, already)

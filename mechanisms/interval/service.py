@@ -691,7 +691,8 @@ def priced(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     committed = [e for e in same if _committed(e)]
     pending = [e for e in same if e.get("status") in _PENDING]
     if any(e.get("status") == "truncated" for e in earlier):
-        reason = "the dataset has too many releases to list them all"
+        reason = ("charged the standalone bound (Thm 4, additive); no exact joint figure:"
+                  " the dataset has too many releases to list them all")
         return (composition.Pricing(standalone, composition.ADDITIVE, reason),
                 {"column": column, "additive": {"charge": float(mine.charge)},
                  "charged": composition.ADDITIVE, "charge": float(mine.charge),
