@@ -141,7 +141,7 @@ def price(new: object, standalone_units: int, committed: Sequence[Held], law: La
     anchors of every release, but earlier releases' anchors and ranges are public, and the
     service cannot tell a design chosen after reading them from one fixed in advance. A
     design aimed at one record's published range leaks more than that increment (issue
-    #27; ``mechanisms.interval.audit``'s adaptive composition family).
+    #27; the adaptive composition audit, ``mechanisms.interval.composition_audit``).
 
     Why the additive charge holds for adaptive designs. Let r be a record's range after
     the earlier releases (the intersection of its published ranges, prior mass m > 0);
@@ -166,8 +166,9 @@ def price(new: object, standalone_units: int, committed: Sequence[Held], law: La
     (cells of mass 0) and transforms (the partition pulled back to Y). A selective null
     is not Def. 1 (its posterior is a reweighted prior), so after one the record's value
     does not follow a restricted prior and the argument does not apply as is: selective
-    releases rest on Thm 4 as the paper states it (not proved here). ``tests/unit/interval/test_composition.py`` checks the inequality
-    on random partitions and ranges.
+    releases rest on Thm 4 as the paper states it (not proved here).
+    ``tests/unit/interval/test_composition.py`` checks the inequality on random
+    partitions and ranges.
     """
     def additive(reason: str, joint: Estimate | None = None, already: int = 0) -> Pricing:
         return Pricing(standalone_units, ADDITIVE, reason, joint, already)
