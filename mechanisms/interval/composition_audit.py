@@ -8,16 +8,17 @@ registry entry's ``cost`` and ``composed`` (``composition.price``), exactly as
 releases — through adaptive scenarios, and checks that the column's charges cover the
 leakage the target record suffers.
 
-Scenario: prior N(0, 1); release 1 is Case-I with Logistic(1) anchors. The analyst reads
-the target's realised anchor U (its prior quantile u = Φ(U), coarsened to one of
-``STRATA`` bins so each aimed design is priced once) and aims release 2 — and in the
-three-release scenario release 3 — at a point of a side of it: Case-I anchors uniform on
-c ± 0.001 with c the prior median of the larger side of U (the issue's construction),
-other quantiles of that side, the median of the target's own range, Case-K cuts at the
-thirds of its range, or Case-II anchors spread over it. The target's leakage is
-1 − E[prior mass of the intersection of its released ranges], estimated by Monte Carlo
-over records (value, anchors); ``certified`` is a one-sided lower confidence bound on it,
-paired with each record's charge (Bonferroni over scenarios and the control).
+Scenarios: prior N(0, 1); release 1 is Case-I with Logistic(1) anchors. The analyst reads
+the target's realised anchors and range (prior quantiles, read to one of a few bins,
+``SIZES``, so each aimed design is priced once) and aims release 2 — and in the
+three-release scenarios release 3 — at it: Case-I anchors uniform on c ± 0.001 with c the
+prior median of the largest cell its anchors cut (after one Case-I release, the larger
+side of U: the issue's construction), other quantiles of that cell, the median of the
+target's own range, Case-K cuts at the thirds of its range, or Case-II anchors spread
+over it. The target's leakage is 1 − E[prior mass of the intersection of its released
+ranges], estimated by Monte Carlo over records (value, anchors); ``certified`` is a
+one-sided lower confidence bound on it, paired with each record's charge (Bonferroni
+over scenarios, for the real path and the control).
 
 Negative control: the pre-#27 exact-increment price (``old_exact_increment``, kept
 here, not in production), J(committed ∪ {new}) − Σ committed charges with J the joint
