@@ -314,19 +314,16 @@ def _schema(cls: type[marshmallow.Schema]) -> marshmallow.Schema:
 
 @dataclass(frozen=True)
 class Composed:
-    """A release's ledger charge given the dataset's earlier releases (``Mechanism.composed``).
+    """A release's ledger charge given the dataset's earlier releases
+    (``Mechanism.composed``), the one function the service and the audit price through.
 
-    ``charge``: what the ledger holds per measure (at most the cost); ``exact``: whether
-    it rests on the history (then the ledger reserves it only if that column's history
-    did not move since it was read, else the service prices it again); ``column``: the
-    per-column measure whose history counter the release moves; ``report``: what
-    ``accuracy.composition`` shows (None: nothing); ``privacy``: what the release's
-    ``privacy`` block records about the charge.
+    ``charge``: what the ledger holds on the measures it names (interval releases: the
+    standalone cost, Thm 4, sound for designs chosen after earlier outputs);
+    ``report``: what ``accuracy.composition`` shows (None: nothing); ``privacy``: what
+    the release's ``privacy`` block records about the charge.
     """
 
     charge: Mapping[str, Fraction]
-    exact: bool
-    column: str
     report: dict[str, Any] | None
     privacy: dict[str, Any]
 
@@ -391,8 +388,8 @@ class Mechanism(abc.ABC):
     def composed(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
                  earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> Composed | None:
         """The ledger charge given the dataset's earlier releases (``earlier()`` as in
-        ``composition``, plus ``units``, ``charged`` and ``incremental``), when it can be
-        below the cost (interval exact composition); None: the cost is charged and
+        ``composition``, plus ``units`` and ``charged``), with the composition report and
+        the ``privacy`` block's entry (interval releases); None: the cost is charged and
         ``composition`` is shown."""
         return None
 

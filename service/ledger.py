@@ -35,7 +35,7 @@ from service.documents import DocumentStore
 from service.durable import Replication, Step
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
-                  "retired", "version_retired", "ended", "notion_locked", "stale"]
+                  "retired", "version_retired", "ended", "notion_locked"]
 #: how ``Ledger.reserve`` treats the release (reserve.lua): a new release with its cost, a
 #: release created to be priced by a job (nothing held), or that release being reserved
 Mode = Literal["new", "pricing", "priced"]
@@ -59,8 +59,7 @@ class ReserveResult:
     When exhausted, ``scope`` says whose cap was short: the dataset's or the
     actor's allocation; when ``ended`` (a priced release that left ``pricing``),
     ``status`` is the status it has; when ``notion_locked``, ``notion`` is the
-    notion the dataset is locked to; when ``stale``, ``measure`` is the history field
-    that moved and ``remaining`` its value (the charge must be priced again).
+    notion the dataset is locked to.
     """
 
     outcome: Outcome
@@ -221,8 +220,6 @@ class Ledger:
         mode: Mode = "new",
         replay_fingerprint: str | None = None,
         notion_lock: str = "",
-        history_field: str = "",
-        history_at: int | None = None,
     ) -> ReserveResult:
         """Hold ``cost`` for a new release unless it is a retry, a replay or over a cap.
 
@@ -234,9 +231,6 @@ class Ledger:
         ``notion_lock`` ('dp' or 'noiseless', ``budget.notion_lock``) locks the dataset to
         that notion with the reservation, or answers ``notion_locked`` if it is locked to
         the other one; a release created ``pricing`` is checked but locks nothing yet.
-        ``history_field`` names the column's history counter the release moves (bumped on
-        reservation, and by settle when charged); with ``history_at`` (a charge priced on
-        that history) the reservation is refused ``stale`` if the counter moved since.
         A retired dataset is refused ``retired``; a request (``dataset_version`` in
         ``request_json``) on a retired version ``version_retired``, checked here, in the
         script, not only by the caller: a PATCH retiring it after the API read the
@@ -249,7 +243,7 @@ class Ledger:
         ]
         for measure, units in sorted(cost.items()):
             argv += [measure, str(int(units))]
-        argv += [notion_lock, history_field, "" if history_at is None else str(history_at)]
+        argv.append(notion_lock)
         reply = self._reserve(
             keys=[
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
@@ -267,8 +261,6 @@ class Ledger:
             return ReserveResult("ended", reply[1], status=reply[2])
         if reply[0] == "notion_locked":
             return ReserveResult("notion_locked", notion=reply[1])
-        if reply[0] == "stale":
-            return ReserveResult("stale", measure=reply[1], remaining=int(reply[2]))
         return ReserveResult(reply[0], reply[1])
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,

@@ -63,15 +63,6 @@ class Prepared:
     notion_lock: str = ""
     #: the release document's ``privacy`` block (``privacy_block``)
     privacy: dict[str, Any] | None = None
-    #: the ledger field of the history counter this release moves (interval releases:
-    #: ``history_field``), '' for none
-    history_field: str = ""
-    #: the counter's value the charge was priced at when it rests on the history (an exact
-    #: increment): the ledger reserves it only while the counter still has it; None: no check
-    history_at: int | None = None
-    #: what the ledger would hold without composition (names the replay key: an identical
-    #: request finds the same release whatever the history did meanwhile); None: cost_units
-    standalone_units: dict[str, int] | None = None
 
     @property
     def request_fingerprint(self) -> str:
@@ -93,7 +84,7 @@ class Prepared:
             "version": self.dataset["version"],
             "mechanism": self.mechanism.name,
             "params": self.params if self.requested_params is None else self.requested_params,
-            "cost": self.cost_units if self.standalone_units is None else self.standalone_units,
+            "cost": self.cost_units,
             "seed": self.seed,
         }
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
@@ -204,17 +195,6 @@ def pricing_task_id(release_id: str) -> str:
     return f"{release_id}.pricing"
 
 
-#: times a request whose exact charge went stale (the column's history moved between its
-#: pricing and its reservation) is priced again; the last price is the standalone bound,
-#: which reserve.lua never finds stale
-STALE_RETRIES = 3
-#: Retry-After (s) of that 409
-CONFLICT_RETRY_AFTER = 1
-#: why a release was charged its standalone bound after its exact prices went stale
-CONTENDED = ("other releases on this column were reserved or charged while this one was"
-             " priced, again and again: charged the standalone bound (always safe)")
-
-
 def refusal(res: ReserveResult) -> APIError | None:
     """The answer to a reservation the ledger refused (None if it was not refused); the
     same for the API and for a pricing job (then the release ends ``refused`` with it)."""
@@ -230,10 +210,6 @@ def refusal(res: ReserveResult) -> APIError | None:
         return APIError(409, "dataset is retired", code="dataset_retired")
     if res.outcome == "version_retired":  # retired after ``prepare`` read the document
         return APIError(409, datasets.VERSION_RETIRED, code="version_retired", field="version")
-    if res.outcome == "stale":
-        return APIError(409, "other releases on this column were reserved or charged while"
-                        " this one was priced; nothing was spent: retry", code="conflict",
-                        retry_after=CONFLICT_RETRY_AFTER)
     if res.outcome == "notion_locked":
         return APIError(
             409, f"this dataset has had {res.notion} releases and admits one notion at a time"
@@ -273,13 +249,8 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
 
 
 def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
-            allow_seeds: bool, max_work: float | None = None,
-            exact_increment: bool = True) -> Prepared:
-    """Validate a release request against its mechanism and dataset; compute the cost.
-
-    ``exact_increment=False``: an interval release is charged its standalone bound even
-    where an exact increment would be smaller (after ``STALE_RETRIES`` stale prices: a
-    busy column still gets an answer, at the always-safe additive charge)."""
+            allow_seeds: bool, max_work: float | None = None) -> Prepared:
+    """Validate a release request against its mechanism and dataset; compute the cost."""
     doc = datasets.get(client, body["dataset_id"])
     if doc is None:
         raise no_such_dataset()
@@ -334,8 +305,8 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
         history = charge_on_history(client, doc, mech, params, cost, meta, charged,
-                                    ledger.documents, exact_increment)
-        report, charged = history.report, history.charged
+                                    ledger.documents)
+        report = history.report
         if report is not None:
             accuracy = {**accuracy, "composition": report}
     except mechanisms.MechanismInputError as err:
@@ -370,25 +341,17 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         privacy["charged"] = history.privacy["charged"]
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
                     requested_params=as_written, requested_budget=requested,
-                    notion_lock=budget.notion_lock(charged, doc), privacy=privacy,
-                    history_field=history.field, history_at=history.at,
-                    standalone_units=history.standalone)
+                    notion_lock=budget.notion_lock(charged, doc), privacy=privacy)
 
 
 @dataclass(frozen=True)
 class HistoryCharge:
     """A release's charge given its dataset's history (``charge_on_history``)."""
 
-    #: what the ledger holds per measure (the cost, or an exact increment below it)
+    #: what the ledger holds per measure (interval releases: the standalone cost, additive)
     charged: dict[str, Fraction]
     #: ``accuracy.composition`` (None: nothing to show)
     report: dict[str, Any] | None
-    #: the history counter field the release moves ('' for none)
-    field: str = ""
-    #: the counter value an exact increment was priced at (None: no check at reserve)
-    at: int | None = None
-    #: the ledger units without composition (None: the mechanism does not compose)
-    standalone: dict[str, int] | None = None
     #: the ``privacy`` block's ``interval_composition``: what was charged and why
     privacy: dict[str, Any] | None = None
 
@@ -397,59 +360,21 @@ def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms
                       params: dict[str, Any], cost: dict[str, Fraction],
                       meta: mechanisms.DatasetMeta,
                       charged: dict[str, Fraction],
-                      docs: DocumentStore | None,
-                      exact_increment: bool = True) -> HistoryCharge:
-    """The charge of a release given the dataset's earlier releases (this version): an
-    interval release is charged the exact increment over its column's committed releases
-    when safe and smaller (``mechanisms.interval.composition.price``), priced at the
-    column's history counter as read *before* the listing, which reserve.lua checks."""
-    counters: dict[str, int] = {}
-
+                      docs: DocumentStore | None) -> HistoryCharge:
+    """The charge of a release given the dataset's earlier releases (this version): the
+    mechanism's ``composed`` charge on the measures it names, else ``charged``. An
+    interval release pays its standalone bound (Thm 4, additive), which holds for designs
+    chosen after seeing earlier outputs (``mechanisms.interval.composition.price``); the
+    exact joint leakage of its column is reported, not charged."""
     def history() -> list[dict[str, Any]]:
-        # the counters first: a release reserved or charged after this read moves them,
-        # so a price resting on this listing is then refused 'stale' and priced again
-        counters.update(history_counters(client, doc, charged))
         return earlier_releases(client, doc, docs)
 
     composed = mech.composed(params, cost, meta, history)
     if composed is None:
         return HistoryCharge(charged, mech.composition(params, cost, meta, history))
-    standalone = {m: budget.cost_units(m, a) for m, a in charged.items()}
-    field_ = history_field(doc, composed.column)
-    exact = composed.exact and composed.column in charged
-    privacy, report = dict(composed.privacy), composed.report
-    if exact and not exact_increment:  # the column was busy: priced stale too often
-        exact = False
-        privacy = {k: v for k, v in privacy.items()
-                   if k not in {"joint_leakage_bound", "committed_charged"}}
-        privacy["reason"] = CONTENDED
-        if report is not None:
-            report = {**report, "charged": "additive", "charge": privacy["standalone"],
-                      "reason": CONTENDED}
-    if exact:
-        # interval leakage is charged as it is on any dataset (zcdp.charge)
-        charged = {**charged, composed.column: composed.charge[composed.column]}
-    else:
-        privacy.update(charged="additive", charge=privacy["standalone"])
-    return HistoryCharge(charged, report, field_,
-                         counters.get(field_, 0) if exact else None, standalone, privacy)
-
-
-def history_field(dataset: dict[str, Any], measure: str) -> str:
-    """The ledger-hash field counting a column's history on this dataset version (bumped
-    by reserve.lua and settle.lua; ``mechanisms.interval.composition.price``)."""
-    return f"history:{dataset['version']}:{measure}"
-
-
-def history_counters(client: redis.Redis, dataset: dict[str, Any],
-                     measures: Any) -> dict[str, int]:
-    """The history counters of the per-column ``measures``, by field."""
-    fields = [history_field(dataset, m) for m in sorted(measures)
-              if budget.base_measure(m) in budget.PER_COLUMN]
-    if not fields:
-        return {}
-    values = client.hmget(rkeys.ledger(dataset["id"]), fields)
-    return {f: int(v or 0) for f, v in zip(fields, values, strict=True)}
+    # interval leakage is charged as it is on any dataset (zcdp.charge)
+    charged = {**charged, **{m: a for m, a in composed.charge.items() if m in charged}}
+    return HistoryCharge(charged, composed.report, dict(composed.privacy))
 
 
 #: what a release on a dataset that allows both noiseless and DP releases says of the pair
@@ -509,8 +434,8 @@ def earlier_releases(client: redis.Redis, dataset: dict[str, Any],
                      docs: DocumentStore | None) -> list[dict[str, Any]]:
     """The dataset's releases (this version) as ``Mechanism.composition`` reads them, oldest
     first: mechanism, params, status, the mechanism's exact ``cost`` per measure, the ledger
-    ``units`` it holds, whether a failed one was ``charged`` (failed after reading the data)
-    and whether its charge was an exact ``incremental`` one. Public designs and statuses
+    ``units`` it holds and whether a failed one was ``charged`` (failed after reading the
+    data). Public designs and statuses
     only: nothing the data decides (a finished release's request is read from ``docs``,
     service.documents)."""
     key = rkeys.dataset_releases(dataset["id"])
@@ -532,10 +457,8 @@ def earlier_releases(client: redis.Redis, dataset: dict[str, Any],
         units = {m: int(u) for m, u in req["cost_units"].items()}
         cost = ({m: Fraction(v) for m, v in req["cost"].items()} if req.get("cost")
                 else {m: budget.from_units(m, u) for m, u in units.items()})
-        privacy = req.get("privacy") or {}
         out.append({"mechanism": req["mechanism"], "params": req["params"], "status": status,
-                    "cost": cost, "units": units, "charged": charged == "1",
-                    "incremental": privacy.get("charged") == "exact_increment"})
+                    "cost": cost, "units": units, "charged": charged == "1"})
     return out
 
 

@@ -56,24 +56,16 @@ def price(config: Config, client: redis.Redis, ledger: Ledger, release_id: str,
     res: ReserveResult | None = None
     problem: APIError | None
     try:
-        for attempt in range(releases.STALE_RETRIES + 1):
-            # an exact charge priced on a column history that moved before the reservation
-            # is 'stale': price it again here, as the API does; the last time at the
-            # standalone bound, which is never stale
-            with precompute.worker_scope(config):
-                prepared = releases.prepare(
-                    client, ledger, req["body"], allow_seeds=config.allow_seeds,
-                    max_work=config.max_release_work,
-                    exact_increment=attempt < releases.STALE_RETRIES)
-            res = ledger.reserve(
-                dataset_id, release_id, prepared.cost_units, actor=actor or "",
-                fingerprint=prepared.request_fingerprint,
-                replay_fingerprint=prepared.fingerprint,
-                request_json=prepared.request_json(), mode="priced",
-                notion_lock=prepared.notion_lock, history_field=prepared.history_field,
-                history_at=prepared.history_at)
-            if res.outcome != "stale":
-                break
+        with precompute.worker_scope(config):
+            prepared = releases.prepare(
+                client, ledger, req["body"], allow_seeds=config.allow_seeds,
+                max_work=config.max_release_work)
+        res = ledger.reserve(
+            dataset_id, release_id, prepared.cost_units, actor=actor or "",
+            fingerprint=prepared.request_fingerprint,
+            replay_fingerprint=prepared.fingerprint,
+            request_json=prepared.request_json(), mode="priced",
+            notion_lock=prepared.notion_lock)
         assert res is not None
         problem = releases.refusal(res)
         if res.outcome == "replay":  # the synchronous POST answers with that release

@@ -277,5 +277,7 @@ def audit(mechanism: str, size: AuditSize, seed: int) -> AuditReport:
         control_caught=control.flagged(control_charge), detail=detail)
 
 
-# the categorical progressive mechanism's entry registers on import of this module
+# the categorical progressive mechanism's entry, and the adaptive composition family's,
+# register on import of this module
 from mechanisms.interval import categorical_audit as _categorical_audit  # noqa: E402, F401
+from mechanisms.interval import composition_audit as _composition_audit  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""Exact per-record composition of interval releases on one column (spec §1.7, §7.3).
+"""Joint leakage of interval releases on one column (spec §1.7, §7.3), as information.
 
 Theorem 4 bounds the leakage of releases M_1..M_k of a column by the sum of their
 leakages. When every release is a canonical partition of the raw column (Case-I,
@@ -11,20 +11,20 @@ computed here by the same scrambled-QMC integrator as single designs (anchors of
 different releases are independent draws). Two readings:
 
 * ``joint_coverage(designs, law)``: the expectation over every release's anchors,
-  the charge of a set of designs fixed in advance;
+  the joint leakage of a set of designs fixed in advance;
 * ``joint_coverage_given(anchors, design, law, rng)``: earlier releases' *realized*
-  anchors (public, in their tables) and a fresh draw of the new design's, averaged
-  over records: valid also when the new design was chosen after seeing the earlier
-  output (adaptive), since it conditions on what was published.
+  anchors and a fresh draw of the new design's, averaged over records. It conditions
+  on the anchors, not on the published ranges (which depend on the values), and an
+  average over records is no per-record bound: a design aimed at one record's range
+  is not covered by it either.
 
-The ledger's charge (``price``): a new release pays the joint leakage bound of the
-column's *committed* releases with it, minus what they were charged (never negative),
-when every release of the column is eligible and no pending one was itself charged an
-increment; otherwise its standalone bound. ``price``'s docstring proves that the
-column's charges then always cover the joint leakage of what was committed, whatever
-the interleaving of reservations, commits and refunds. The refinement only lowers
-Σ P², so the joint leakage is never below any one release's, and never above the
-additive bound (Lemma 1).
+The ledger's charge (``price``) is always a release's standalone bound (Thm 4,
+additive): the joint figure assumes every design fixed in advance, and an analyst who
+reads the earlier ranges can aim the next design at a record and leak more than the
+joint increment (issue #27: 0.592 leaked against 0.546). ``price``'s docstring proves the
+additive rule for designs chosen after every earlier output; the joint leakage is shown
+as information. The refinement only lowers Σ P², so the joint leakage is never below
+any one release's, and never above the additive bound (Lemma 1).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -100,34 +99,29 @@ def joint_coverage_given(previous: Sequence[ArrayLike], design: IntervalMechanis
     return Estimate(float(per_record.mean()), se)
 
 
-def exact_increment(joint: Estimate, already: Fraction, unit: int) -> Fraction:
-    """What a new release adds under exact accounting: the joint leakage bound (rounded
-    up to the ledger ``unit``) minus what the column was already charged, at least 0."""
-    bound = Fraction(math.ceil(Fraction(joint.leakage_bound) * unit), unit)
-    return max(Fraction(0), bound - already)
-
-
 # ------------------------------------------------------------------ the ledger's charge
 
-#: what a release on a column was charged: its standalone leakage bound (Thm 4, additive)
-#: or the exact increment over the column's committed releases
+#: what a release on a column is charged: its standalone leakage bound (Thm 4, additive)
 ADDITIVE = "additive"
-EXACT_INCREMENT = "exact_increment"
+#: why the exact joint figure is information only (``price``)
+JOINT_NOTE = ("exact joint leakage of this release with the column's committed releases,"
+              " as if every design had been fixed in advance; a design chosen after seeing"
+              " earlier ranges can leak more, so it is shown, not charged")
 
 
 @dataclass(frozen=True)
 class Held:
-    """A release of the column as the pricing sees it: its design (None when it is not
-    ``eligible``), the ledger units it holds, and whether those were an exact increment."""
+    """A committed release of the column as the pricing sees it: its design (None when it
+    is not ``eligible``) and the ledger units it holds."""
 
     design: IntervalMechanism | None
     units: int
-    incremental: bool
 
 
 @dataclass(frozen=True)
 class Pricing:
-    """The charge of a new release (``units``), how (``charged``) and why (``reason``)."""
+    """The charge of a new release (``units``), how (``charged``) and why (``reason``);
+    ``joint``: the exact joint leakage with the committed releases, information only."""
 
     units: int
     charged: str
@@ -136,77 +130,68 @@ class Pricing:
     already_units: int = 0
 
 
-def price(new: object, standalone_units: int, committed: Sequence[Held],
-          pending: Sequence[Held], law: Law, unit: int, *, max_releases: int,
-          max_dims: int) -> Pricing:
-    """What the ledger holds for a new release ``new`` on a column: the exact increment
-    over the column's *committed* releases when that is safe and smaller, else its
-    standalone bound ``standalone_units``.
+def price(new: object, standalone_units: int, committed: Sequence[Held], law: Law, *,
+          max_releases: int, max_dims: int) -> Pricing:
+    """What the ledger holds for a new release ``new`` on a column: always its standalone
+    bound ``standalone_units`` (Thm 4, additive); the exact joint leakage bound of the
+    column's ``committed`` releases with it (``joint_coverage``) comes along as
+    information when every one is ``eligible`` and the integral is small enough.
 
-    ``committed``: the column's releases whose charge is final (succeeded, or failed after
-    reading the data); ``pending``: those holding a reservation (queued or running).
-    Exact when ``new`` and every committed and pending release are ``eligible`` and no
-    pending one was itself charged an increment; then the charge is
-    ``max(0, ⌈J(C ∪ {new})·unit⌉ − Σ_C units)`` where J is the joint leakage bound of the
-    ensemble (``joint_coverage``), if that is below the standalone charge.
+    Why not charge the joint increment J(C ∪ {new}) − Σ_C charges: J averages over fresh
+    anchors of every release, but earlier releases' anchors and ranges are public, and the
+    service cannot tell a design chosen after reading them from one fixed in advance. A
+    design aimed at one record's published range leaks more than that increment (issue
+    #27; the adaptive composition audit, ``mechanisms.interval.composition_audit``).
 
-    Why the column's charges always cover its joint leakage. Let L(S) be the true
-    leakage of the ensemble of a set S of canonical releases. With Y, Y' two independent
-    prior draws and all anchors drawn independently of them, 1 − L(S) = E Σ_cells P(cell)²
-    = P(Y, Y' fall in one cell of every partition of S), so L(S) = P(∪_{j∈S} E_j) with
-    E_j = "partition j separates Y and Y'": L is monotone and subadditive (Lemma 1;
-    L(A ∪ B) ≤ L(A) + L(B)). Every charge satisfies s_j ≥ L({j}) (standalone bounds) or
-    was priced as above; J ≥ L (upper confidence bound, as every interval charge).
+    Why the additive charge holds for adaptive designs. Let r be a record's range after
+    the earlier releases (the intersection of its published ranges, prior mass m > 0);
+    given everything published, the record's value Y follows the prior restricted to r
+    (Def. 1: anchors are drawn independently of Y given what was published). A new
+    partition design, chosen from anything published, cuts the line into cells C with
+    prior mass y_C, x_C of it inside r (z_C = y_C − x_C, Σ x_C = m, Σ z_C = w = 1 − m).
+    The record's coverage drops from m to Σ x_C²/m, an extra leakage of
+    Σ x_C (m − x_C)/m, while the design's standalone leakage for those anchors is
+    1 − Σ y_C² = Σ y_C (1 − y_C). Their difference is, cell by cell,
 
-    The ledger (reserve.lua / settle.lua) keeps a per-(dataset, version, column) history
-    counter, bumped by every reservation of an interval release on the column and every
-    charged settle of one; an exact-increment charge is reserved only if the counter still
-    has the value read *before* the history was listed ('stale' otherwise: re-priced).
-    Invariant I: with C the committed set and P the pending set of the column, every T
-    with C ⊆ T ⊆ C ∪ P has Σ_T units ≥ L(T). It holds for the empty column, and:
+        (w/m) x_C² − 2 x_C z_C + z_C (1 − z_C) ≥ z_C (1 − z_C/w) ≥ 0
 
-    * reserving a standalone-charged j: a new T is T_old ∪ {j}, and
-      Σ_T_old + s_j ≥ L(T_old) + L({j}) ≥ L(T_old ∪ {j}) (subadditivity);
-    * reserving an increment-charged x priced at counter h: no reservation or charged
-      settle happened since the history was read, so C is the committed set the price
-      saw and P ⊆ the pending set it saw, all of them eligible and standalone-charged.
-      For T = C ∪ Q ∪ {x}, Q ⊆ P: Σ_T ≥ J(C ∪ {x}) + Σ_Q s_q ≥ L(C ∪ {x}) + L(Q) ≥ L(T);
-    * a commit (or a failure after reading the data, charged) moves a release from P to
-      C and a refund removes it from P: either way the new family of sets T is a
-      subfamily of the old one, so I still holds.
-
-    With T = C: the committed total on the column is at least the joint leakage of the
-    committed releases, refunds included (a price never rests on a pending release, so a
-    refund can leave no later release underpaid), and never above the cap (reserve.lua
-    checks the cap with the charge). The history is public designs, statuses and charges
-    only: nothing the data decides changes a price.
+    (the minimum over x_C, at x_C = z_C m/w; z_C ≤ w). So for every earlier outcome and
+    every anchor draw the extra leakage is at most the standalone leakage of the anchors
+    drawn, hence in expectation at most the design's standalone charge; summing over
+    releases, a record's total leakage is at most the sum of the charges, for designs
+    chosen after every earlier output (the paper's Thm 4 claim for adaptive mechanisms).
+    It covers every design whose output, given its random draws, is a partition of the
+    line: canonical and ring designs, progressive narrowing (its stops read the range and
+    the next anchor only, so the final ranges are the leaves of a tree), exact reports
+    (cells of mass 0) and transforms (the partition pulled back to Y). A selective null
+    is not Def. 1 (its posterior is a reweighted prior), so after one the record's value
+    does not follow a restricted prior and the argument does not apply as is: selective
+    releases rest on Thm 4 as the paper states it (not proved here).
+    ``tests/unit/interval/test_composition.py`` checks the inequality on random
+    partitions and ranges.
     """
-    def additive(reason: str) -> Pricing:
-        return Pricing(standalone_units, ADDITIVE, reason)
+    def additive(reason: str, joint: Estimate | None = None, already: int = 0) -> Pricing:
+        return Pricing(standalone_units, ADDITIVE, reason, joint, already)
 
+    charged = ("charged the standalone bound (Thm 4, additive), which holds for designs"
+               " chosen after seeing earlier outputs")
     if not eligible(new):
-        return additive("this design has exact reports, a transform or a non-canonical"
-                        " partition: only canonical designs compose exactly")
+        return additive(f"{charged}; no exact joint figure: this design has exact reports,"
+                        " a transform or a non-canonical partition")
     assert isinstance(new, IntervalMechanism)
     if not committed:
-        return additive("no committed release on the column")
-    if any(h.incremental for h in pending):
-        return additive("a release charged an exact increment is still pending on the"
-                        " column: prices rest on final charges only")
-    if any(h.design is None for h in (*committed, *pending)):
-        return additive("another release of the column is not a canonical design")
+        return additive(f"{charged}; no committed release on the column")
+    if any(h.design is None for h in committed):
+        return additive(f"{charged}; no exact joint figure: another release of the column"
+                        " is not a canonical design")
     if len(committed) + 1 > max_releases:
-        return additive(f"more than {max_releases} committed releases of the column")
+        return additive(f"{charged}; no exact joint figure: more than {max_releases}"
+                        " committed releases of the column")
     designs = [h.design for h in committed if h.design is not None]
     if sum(d.partition.dims for d in designs) + new.partition.dims > max_dims:
-        return additive(f"more than {max_dims} anchors in all")
+        return additive(f"{charged}; no exact joint figure: more than {max_dims} anchors"
+                        " in all")
     joint = joint_coverage([*designs, new], law)
-    already = sum(h.units for h in committed)
-    bound = math.ceil(Fraction(joint.leakage_bound) * unit)
-    increment = max(0, bound - already)
-    if increment >= standalone_units:
-        return Pricing(standalone_units, ADDITIVE, "the exact increment is not smaller",
-                       joint, already)
-    return Pricing(increment, EXACT_INCREMENT,
-                   "the joint leakage bound of the column's committed releases with this one,"
-                   " minus what they were charged", joint, already)
+    return additive(f"{charged}; the exact joint leakage is shown, not charged: it holds"
+                    " only for designs fixed in advance", joint,
+                    sum(h.units for h in committed))

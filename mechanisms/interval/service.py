@@ -5,8 +5,8 @@ column's declared prior (``ColumnMeta.prior``; None = uniform on the bounds),
 its bounds, and the anchor design. The charge is the upper confidence bound
 on leakage 1 − τ from the fixed-seed coverage integrator, rounded up to the
 ledger's unit (1e-12), per column (``interval_leakage:<column>``; additive,
-Thm 4), or for a canonical design on a column with committed canonical releases the
-exact joint increment over them (``priced``, ``composition.price``). With
+Thm 4, whatever the column's history: ``composition.price`` proves it for designs chosen
+after earlier outputs; the exact joint leakage is shown, not charged, ``priced``). With
 ``calibrate: true`` the design's free parameter (anchor scale, ring floor, or number
 of rounds) is chosen so that the standalone charge meets the agreed budget.
 """
@@ -490,9 +490,10 @@ def _guarantee(p: Plan) -> str:
         " range contains the true value, and the posterior of a record given its released"
         " range is the declared prior restricted to the range; expected coverage"
         f" {p.estimate.value:.4f} under the declared prior, leakage at most"
-        f" {float(p.charge):.6g} on {MEASURE}:{p.column} (additive across releases, Thm 4;"
-        " the ledger charges less, the exact joint increment over the column's committed"
-        f" releases, where the release's privacy block says so); {PRIVACY_UNIT};"
+        f" {float(p.charge):.6g} on {MEASURE}:{p.column} (additive across releases, Thm 4,"
+        " also for designs chosen after earlier outputs: the ledger charges this; the"
+        " column's exact joint leakage in the privacy block is information only);"
+        f" {PRIVACY_UNIT};"
         " prior-relative, not epsilon-DP"
     )
     if isinstance(p.design, Selective):
@@ -551,23 +552,19 @@ class _Interval(Mechanism):
 
     def composed(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
                  earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> Composed:
-        """The charge on the column given its history (``priced``): the exact increment
-        over the committed releases when safe and smaller, else the standalone cost."""
+        """The charge on the column given its history (``priced``): the standalone cost,
+        always (``composition.price``); the exact joint figure as information."""
         column = str(params["column"])
         measure = f"{MEASURE}:{column}"
         pricing, report = priced(self.kind, params, cost, meta, earlier())
-        exact = pricing.charged == composition.EXACT_INCREMENT
-        charge = dict(cost)
-        if exact:
-            charge[measure] = Fraction(pricing.units, LEDGER_UNIT)
+        standalone = float(cost.get(measure, 0))
         privacy: dict[str, Any] = {
-            "charged": pricing.charged, "measure": measure,
-            "standalone": float(cost.get(measure, 0)),
-            "charge": float(charge.get(measure, 0)), "reason": pricing.reason}
-        if exact and pricing.joint is not None:
+            "charged": pricing.charged, "measure": measure, "standalone": standalone,
+            "charge": standalone, "reason": pricing.reason}
+        if pricing.joint is not None:
             privacy["joint_leakage_bound"] = pricing.joint.leakage_bound
-            privacy["committed_charged"] = pricing.already_units / LEDGER_UNIT
-        return Composed(charge, exact, measure, report, privacy)
+            privacy["note"] = composition.JOINT_NOTE
+        return Composed({measure: Fraction(pricing.units, LEDGER_UNIT)}, report, privacy)
 
     def _plan(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta) -> Plan:
         charged = _read_budget(cost, params["column"], self.name)
@@ -627,9 +624,9 @@ class _Interval(Mechanism):
                       table=table)
 
 
-#: exact composition is priced for at most this many releases of a column and this many
-#: anchor dimensions in all (the joint QMC integral's size; bounded work per request);
-#: beyond, the release is charged its standalone (additive) bound
+#: the exact joint figure is computed for at most this many releases of a column and this
+#: many anchor dimensions in all (the joint QMC integral's size; bounded work per request);
+#: beyond, the report says it is not available
 MAX_COMPOSED_RELEASES = 8
 MAX_COMPOSED_DIMS = 32
 #: statuses of a release holding a reservation (its charge is not final)
@@ -664,7 +661,7 @@ def _held(e: Mapping[str, Any], measure: str, meta: DatasetMeta) -> composition.
         except (MechanismInputError, ValueError, ValidationError):  # metadata changed?
             design = None
     return composition.Held(design if composition.eligible(design) else None,  # type: ignore[arg-type]
-                            _units(e, measure), bool(e.get("incremental")))
+                            _units(e, measure))
 
 
 def priced(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
@@ -672,12 +669,12 @@ def priced(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
                                                           dict[str, Any] | None]:
     """The ledger charge of this release given the column's history, and the report
     ``accuracy.composition`` shows (spec §1.7, §7.3; ``composition.price`` has the rule
-    and the proof that the column's charges cover its joint leakage).
+    and the proof that it holds for adaptive designs).
 
-    ``additive`` is the standalone bound (Thm 4: the column's holdings plus this one);
-    ``exact`` the joint leakage of this release with the column's committed releases and
-    the increment over what they were charged; ``charged`` says which one the ledger
-    holds. The report is None when the column has no earlier release.
+    ``additive`` is the standalone bound (Thm 4: the column's holdings plus this one),
+    what the ledger holds; ``exact`` the joint leakage of this release with the column's
+    committed releases, information only (it holds for designs fixed in advance). The
+    report is None when the column has no earlier release.
     """
     column = str(params["column"])
     measure = f"{MEASURE}:{column}"
@@ -689,14 +686,14 @@ def priced(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     committed = [e for e in same if _committed(e)]
     pending = [e for e in same if e.get("status") in _PENDING]
     if any(e.get("status") == "truncated" for e in earlier):
-        reason = "the dataset has too many releases to list them all"
+        reason = ("charged the standalone bound (Thm 4, additive); no exact joint figure:"
+                  " the dataset has too many releases to list them all")
         return (composition.Pricing(standalone, composition.ADDITIVE, reason),
                 {"column": column, "additive": {"charge": float(mine.charge)},
                  "charged": composition.ADDITIVE, "charge": float(mine.charge),
                  "exact": {"available": False, "reason": reason}})
     pricing = composition.price(
-        mine.design, standalone, [_held(e, measure, meta) for e in committed],
-        [_held(e, measure, meta) for e in pending], mine.prior, LEDGER_UNIT,
+        mine.design, standalone, [_held(e, measure, meta) for e in committed], mine.prior,
         max_releases=MAX_COMPOSED_RELEASES, max_dims=MAX_COMPOSED_DIMS)
     if not committed and not pending:
         return pricing, None
@@ -717,19 +714,12 @@ def priced(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     if joint is None:
         out["exact"] = {"available": False, "reason": pricing.reason}
         return pricing, out
-    increment = max(0, math.ceil(Fraction(joint.leakage_bound) * LEDGER_UNIT)
-                    - pricing.already_units)
     out["exact"] = {
         "available": True,
         "joint_coverage": joint.value,
         "joint_leakage": joint.leakage,
         "joint_leakage_bound": joint.leakage_bound,
-        "charge": increment / LEDGER_UNIT,
-        "column_total": (pricing.already_units + increment) / LEDGER_UNIT,
-        "saving": max(0, standalone - increment) / LEDGER_UNIT,
-        "note": ("joint leakage of this release with the column's committed releases"
-                 " (expectation over every release's anchors); pending releases count"
-                 " additively"),
+        "note": composition.JOINT_NOTE + "; pending releases are not in it",
     }
     return pricing, out
 

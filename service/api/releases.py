@@ -46,7 +46,7 @@ def _register_converter(state: BlueprintSetupState) -> None:
 TASK = releases.TASK
 
 
-def _prepare(body: dict[str, Any], exact_increment: bool = True) -> releases.Prepared:
+def _prepare(body: dict[str, Any]) -> releases.Prepared:
     """Every check and the cost; ``releases.Unpriced`` when the cost needs a heavy
     precomputation the shared store lacks (never computed in this thread)."""
     # the grant first: for a dataset the key may not use, every body gets the answer of a
@@ -61,8 +61,7 @@ def _prepare(body: dict[str, Any], exact_increment: bool = True) -> releases.Pre
         return releases.prepare(current_app.extensions["redis"],
                                 current_app.extensions["ledger"], body,
                                 allow_seeds=config.allow_seeds,
-                                max_work=config.max_release_work,
-                                exact_increment=exact_increment)
+                                max_work=config.max_release_work)
 
 
 def _document(release_id: str) -> dict[str, Any]:
@@ -169,26 +168,14 @@ def create(body: dict[str, Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
     ledger = current_app.extensions["ledger"]
     at, release_id = now_iso(), releases.new_id()
     if prepared is not None:
-        for attempt in range(releases.STALE_RETRIES + 1):
-            dataset_id, request_json = prepared.dataset["id"], prepared.request_json()
-            res = ledger.reserve(
-                dataset_id, release_id, prepared.cost_units, actor=key.id,
-                fingerprint=prepared.request_fingerprint,
-                replay_fingerprint=prepared.fingerprint, request_json=request_json,
-                idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
-                notion_lock=prepared.notion_lock, history_field=prepared.history_field,
-                history_at=prepared.history_at,
-            )
-            if res.outcome != "stale" or attempt == releases.STALE_RETRIES:
-                break
-            # the column's history moved since the exact charge was priced: price again,
-            # the last time at the standalone bound (never stale)
-            try:
-                prepared = _prepare(body, exact_increment=attempt + 1 < releases.STALE_RETRIES)
-            except releases.Unpriced:
-                break  # answered 409 conflict: the retry finds it priced or pricing
-        if res.outcome == "stale":
-            g.retry_after = releases.CONFLICT_RETRY_AFTER  # kept by ratelimit's after_request
+        dataset_id, request_json = prepared.dataset["id"], prepared.request_json()
+        res = ledger.reserve(
+            dataset_id, release_id, prepared.cost_units, actor=key.id,
+            fingerprint=prepared.request_fingerprint,
+            replay_fingerprint=prepared.fingerprint, request_json=request_json,
+            idempotency_key=idem_key, idempotency_ttl=config.idempotency_ttl, at=at,
+            notion_lock=prepared.notion_lock,
+        )
         ours = "reserved"
     else:
         assert pricing is not None

@@ -11,13 +11,7 @@
 -- ARGV: 1 release id, 2 fingerprint (of the request, for the idempotency hash),
 --       3 actor key id, 4 now (iso), 5 now (epoch s), 6 request json, 7 idempotency ttl,
 --       8 use idem (0/1), 9 use replay (0/1), 10 mode, 11 n measures, then n pairs
---       (measure, units as integer string), then the notion lock ('' | 'dp' | 'noiseless'),
---       then the column's history counter field ('' for none) and the counter value an
---       exact-increment charge was priced at ('' for no check)
--- History (mechanisms.interval.composition.price has the proof): a release that moves a
--- column's history bumps its counter when reserved (and settle.lua when charged); one whose
--- charge rests on the history is refused {'stale', field, value} unless the counter still
--- has the value it was priced at, and nothing changes: the service prices it again.
+--       (measure, units as integer string), then the notion lock ('' | 'dp' | 'noiseless')
 -- Notion lock (noiseless spec §11.3): a dataset admitting both DP and noiseless releases,
 -- without the operator's allow_mixed_noiseless_dp, is locked to the notion of its first
 -- reserved release, here in the same script that checks the caps, so two concurrent
@@ -75,10 +69,6 @@ if lock ~= '' then
   local held = redis.call('HGET', KEYS[1], 'notion_lock')
   if held and held ~= lock then return {'notion_locked', held} end
 end
-local hist, at = ARGV[13 + 2 * n] or '', ARGV[14 + 2 * n] or ''
-if hist ~= '' and at ~= '' and mode ~= 'pricing' and num(hist) ~= tonumber(at) then
-  return {'stale', hist, num(hist)}
-end
 local scoped = {}
 for i = 0, n - 1 do
   local m, c = ARGV[12 + 2 * i], tonumber(ARGV[13 + 2 * i])
@@ -119,10 +109,6 @@ else
   redis.call('HSET', KEYS[3], 'status', 'queued', 'request', ARGV[6], 'replay_key', KEYS[5],
              'actor', actor)
   if mode == 'new' then redis.call('HSET', KEYS[3], 'created_at', ARGV[4]) end
-  if hist ~= '' then
-    redis.call('HINCRBY', KEYS[1], hist, 1)
-    redis.call('HSET', KEYS[3], 'history', hist)
-  end
   if ARGV[9] == '1' then redis.call('SET', KEYS[5], rid) end
   if lock ~= '' and redis.call('HSETNX', KEYS[1], 'notion_lock', lock) == 1 then
     table.insert(event, 'notion_lock')

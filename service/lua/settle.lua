@@ -68,20 +68,15 @@ for i = 1, #held, 2 do
   elseif scope == 'a:' then
     prefix = 'alloc:' .. owner .. ':'
   end
-  -- a hold of 0 units (an exact increment of 0) moves nothing; and '-0' is no integer
-  -- to HINCRBY, which would fail the whole settle
+  -- a hold of 0 units moves nothing; and '-0' is no integer to HINCRBY, which would fail
+  -- the whole settle
   if prefix and u ~= '0' then
     redis.call('HINCRBY', KEYS[1], prefix .. 'reserved:' .. m, '-' .. u)
     if charge then redis.call('HINCRBY', KEYS[1], prefix .. 'committed:' .. m, u) end
   end
 end
--- a charge is final: mark it (a failed release may be charged or refunded) and move the
--- column's history (reserve.lua; mechanisms.interval.composition.price)
-if charge then
-  redis.call('HSET', KEYS[3], 'charged', '1')
-  local hist = redis.call('HGET', KEYS[3], 'history')
-  if hist then redis.call('HINCRBY', KEYS[1], hist, 1) end
-end
+-- a charge is final: mark it (a failed release may be charged or refunded)
+if charge then redis.call('HSET', KEYS[3], 'charged', '1') end
 redis.call('DEL', KEYS[4], KEYS[7])
 redis.call('ZREM', KEYS[5], rid)
 redis.call('ZREM', KEYS[8], rid)

@@ -1,12 +1,14 @@
-"""Issue #17 item 3: the ledger charges a second interval release on a column its exact
-joint increment, and never less than the column's joint leakage.
+"""Issues #17 item 3 and #27 item 2: every interval release on a column is charged its
+standalone bound (Thm 4, additive: it holds for designs chosen after reading earlier
+outputs); the exact joint leakage of the column is shown, not charged.
 
 Against the session's real Valkey (and worker for the HTTP tests), through the real
-reserve.lua / settle.lua: sequential releases pay standalone then the exact increment;
-two requests priced at one history cannot both pay an increment (the second is 'stale'
-and re-priced); a refunded pending release leaves no later charge underpaid; and a
-hypothesis state machine of price / reserve / commit / fail / refund interleavings keeps
-"committed on the column ≥ exact joint leakage of the committed releases" and the cap.
+reserve.lua / settle.lua: sequential releases pay standalone each, with the joint figure
+in their privacy block; two requests priced at one history both reserve at standalone
+(there is no history counter to go stale); a refunded pending release leaves no later
+charge underpaid; and a hypothesis state machine of price / reserve / commit / fail /
+refund interleavings keeps "committed on the column ≥ Σ standalone bounds of the
+committed releases ≥ their joint leakage" and the cap.
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ def _ages(api: Api) -> str:
     return str(resp.get_json()["id"])
 
 
-def _body(ds: str, seed: int | None = None) -> dict[str, Any]:
+def _body(ds: str, seed: int | None = None,
+          anchors: dict[str, Any] = UNIFORM) -> dict[str, Any]:
     """A uniform Case-I request; a seed makes two such requests distinct (an identical
     request is answered with the first release: a replay, spending nothing)."""
     return {"dataset_id": ds, "mechanism": "interval.case1",
-            "params": {"column": "age", "anchors": UNIFORM},
+            "params": {"column": "age", "anchors": anchors},
             "budget": {"interval_leakage": 0.9}, "seed": seed}
 
 
@@ -65,30 +68,32 @@ def _units(r: redis.Redis, ds: str) -> dict[str, int]:
     return Ledger(r).balance(ds)[MEASURE]
 
 
-def test_second_release_is_charged_the_exact_increment(api: Api, worker: Any,
+def test_second_release_is_charged_its_standalone_bound(api: Api, worker: Any,
                                                        r: redis.Redis) -> None:
-    """Two uniform Case-I releases on a uniform column: the first pays its standalone 1/3,
-    the second the exact increment 1/6 (two uniform cuts: E Σ spacing² = 1/2, so the
-    joint leakage is 1/2), not the additive 1/3; the budget view shows 1/2 committed and
-    each release's privacy block says what it was charged and why."""
+    """Two uniform Case-I releases on a uniform column: each pays its standalone 1/3
+    (issue #27: not the exact increment 1/6, which a design aimed at the first release's
+    ranges can exceed); the column holds 2/3 and the second release's privacy block shows
+    the joint leakage 1/2 (two uniform cuts: E Σ spacing² = 1/2) as information."""
     ds = _ages(api)
     first = _release(api, _body(ds, 1))
     assert first["privacy"]["charged"] == "additive"
     assert first["cost"][MEASURE] == pytest.approx(1 / 3, abs=0.003)
     second = _release(api, _body(ds, 2))
     record = second["privacy"]["interval_composition"]
-    assert second["privacy"]["charged"] == record["charged"] == "exact_increment"
-    assert second["cost"][MEASURE] == pytest.approx(1 / 6, abs=0.004)
-    assert record["standalone"] == pytest.approx(first["cost"][MEASURE], abs=1e-12)
-    assert record["charge"] == pytest.approx(second["cost"][MEASURE], abs=1e-12)
+    assert second["privacy"]["charged"] == record["charged"] == "additive"
+    assert second["cost"][MEASURE] == first["cost"][MEASURE]
+    assert record["standalone"] == record["charge"] == pytest.approx(
+        second["cost"][MEASURE], abs=1e-12)
+    assert record["joint_leakage_bound"] == pytest.approx(1 / 2, abs=0.004)
+    assert "fixed in advance" in record["note"]
     row = api.get(f"/v1/datasets/{ds}/budget").get_json()
     shown = row["measures"][MEASURE]
-    assert shown["committed"] == pytest.approx(1 / 2, abs=0.004)
-    assert shown["committed"] < 2 * first["cost"][MEASURE] - 0.1
+    assert shown["committed"] == pytest.approx(2 * first["cost"][MEASURE], abs=1e-9)
     assert shown["remaining"] == pytest.approx(1 - shown["committed"], abs=1e-9)
     units = _units(r, ds)
-    assert units["committed"] == budget.cost_units(MEASURE, Fraction(first["cost"][MEASURE])
-                                                   ) + round(second["cost"][MEASURE] * 1e12)
+    assert units["committed"] == 2 * budget.cost_units(MEASURE,
+                                                       Fraction(first["cost"][MEASURE]))
+    assert not [f for f in r.hkeys(rkeys.ledger(ds)) if f.startswith("history:")]
 
 
 def _prepare(app: Any, body: dict[str, Any]) -> releases.Prepared:
@@ -103,38 +108,30 @@ def _reserve(app: Any, p: releases.Prepared) -> tuple[str, Any]:
     rid = releases.new_id()
     res = app.extensions["ledger"].reserve(
         p.dataset["id"], rid, p.cost_units, actor="test", fingerprint=secrets.token_hex(8),
-        request_json=p.request_json(), replay=False, history_field=p.history_field,
-        history_at=p.history_at)
+        request_json=p.request_json(), replay=False)
     return rid, res
 
 
-def test_concurrent_pair_priced_at_one_history_is_repriced(api: Api, app: Any, worker: Any,
-                                                           r: redis.Redis) -> None:
-    """Catches the concurrent-pair underpayment: after one committed release, two
-    requests priced at the same history both get the exact increment; the first reserves,
-    the second's reservation through reserve.lua is 'stale' and changes nothing, and
-    priced again it pays its standalone bound (the first is a pending increment)."""
+def test_concurrent_pair_priced_at_one_history_both_pay_standalone(
+        api: Api, app: Any, worker: Any, r: redis.Redis) -> None:
+    """After one committed release, two requests priced at the same history both pay
+    their standalone bound and both reserve: nothing rests on the history, so neither is
+    refused or priced again, and the column holds the three standalone charges (the
+    pair's anchors on [0, 10]: about 0.09 each, so the cap of 1 is not what decides)."""
     ds = _ages(api)
     first = _release(api, _body(ds))
-    a, b = _prepare(app, _body(ds)), _prepare(app, _body(ds))
+    narrow = {"family": "uniform", "low": 0, "high": 10}
+    a, b = _prepare(app, _body(ds, 1, narrow)), _prepare(app, _body(ds, 2, narrow))
     assert a.privacy and b.privacy and a.privacy["charged"] == b.privacy["charged"] == (
-        "exact_increment")
-    assert a.history_at == b.history_at is not None
-    _, res_a = _reserve(app, a)
-    assert res_a.outcome == "reserved"
-    before = _units(r, ds)
-    rid_b, res_b = _reserve(app, b)
-    assert res_b.outcome == "stale" and res_b.measure == b.history_field
-    assert _units(r, ds) == before and not r.exists(rkeys.release(rid_b))
-    assert r.zscore(rkeys.dataset_releases(ds), rid_b) is None
-    again = _prepare(app, _body(ds))
-    assert again.privacy and again.privacy["charged"] == "additive"
-    assert again.history_at is None
-    standalone = budget.cost_units(MEASURE, Fraction(first["cost"][MEASURE]))
-    assert again.cost_units[MEASURE] == standalone
-    _, res = _reserve(app, again)
-    assert res.outcome == "reserved"
-    assert _units(r, ds)["reserved"] == a.cost_units[MEASURE] + standalone
+        "additive")
+    record = a.privacy["interval_composition"]
+    standalone = budget.cost_units(MEASURE, a.cost[MEASURE])
+    assert a.cost_units[MEASURE] == b.cost_units[MEASURE] == standalone
+    assert record["standalone"] == record["charge"] == pytest.approx(0.093, abs=0.01)
+    assert _reserve(app, a)[1].outcome == _reserve(app, b)[1].outcome == "reserved"
+    assert _units(r, ds)["reserved"] == 2 * standalone
+    assert _units(r, ds)["committed"] == budget.cost_units(MEASURE,
+                                                           Fraction(first["cost"][MEASURE]))
 
 
 def test_refunded_pending_release_leaves_later_charges_covering(api: Api, app: Any,
@@ -202,9 +199,10 @@ def _price(r: redis.Redis, doc: dict[str, Any], k: int) -> tuple[int, releases.P
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
     h = releases.charge_on_history(r, doc, mech, params, cost, META, dict(cost), None)
     units = {m: budget.cost_units(m, a) for m, a in h.charged.items()}
-    privacy = {"charged": h.privacy["charged"]} if h.privacy else None
-    return k, releases.Prepared(doc, mech, params, cost, units, {}, None, privacy=privacy,
-                                history_field=h.field, history_at=h.at)
+    assert h.privacy is not None and h.privacy["charged"] == "additive"
+    assert units[COLUMN] == budget.cost_units(COLUMN, cost[COLUMN])
+    return k, releases.Prepared(doc, mech, params, cost, units, {}, None,
+                                privacy={"charged": h.privacy["charged"]})
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["price", "price", "reserve", "commit", "fail",
@@ -212,12 +210,20 @@ OPS = st.lists(st.tuples(st.sampled_from(["price", "price", "reserve", "commit",
                min_size=4, max_size=14)
 
 
-#: the concurrent pair on an overpaid history: A and B pay standalone (0.479 for a joint
-#: 0.392), then X and Y are both priced against {A, B}; were both reserved, each would pay
-#: J({A, B, X}) − 0.479 ≈ 0.018 and the four would hold 0.515 < J = 0.572
+#: the concurrent pair on an overpaid history (the exact-increment rule's worst case): A
+#: and B committed, then X and Y both priced against {A, B} and reserved
 PAIR = [("price", 0), ("price", 0), ("reserve", 0), ("reserve", 0), ("commit", 0),
         ("commit", 0), ("price", 0), ("price", 0), ("reserve", 0), ("reserve", 0),
         ("commit", 0), ("commit", 0)]
+
+
+@functools.cache
+def _standalone(k: int) -> int:
+    """Design k's standalone charge in ledger units."""
+    name, raw = DESIGNS[k]
+    mech = registry.get(name)
+    cost = mech.cost(mech.load_params(raw), {"interval_leakage": Fraction(1)}, META)
+    return budget.cost_units(COLUMN, cost[COLUMN])
 
 
 @settings(max_examples=25, deadline=None,
@@ -227,19 +233,17 @@ PAIR = [("price", 0), ("price", 0), ("reserve", 0), ("reserve", 0), ("commit", 0
 def test_interleavings_keep_committed_at_least_the_joint_leakage(r: redis.Redis,
                                                                  ops: list) -> None:
     """Random interleavings of price / reserve / commit / fail-after-read / refund on one
-    column, priced by ``charge_on_history`` and reserved and settled by the real scripts
-    (a stale price is re-priced on the next 'price'): after every step the committed
-    units on the column are at least the exact joint leakage of the committed releases,
-    committed + reserved at least that of committed ∪ pending, and never above the cap.
-    Catches the concurrent-pair and refund underpayments (an increment priced against a
-    pending release, or two increments on one history)."""
+    column, priced by ``charge_on_history`` and reserved and settled by the real scripts:
+    after every step the committed units on the column equal the sum of the committed
+    releases' standalone bounds, which is at least their exact joint leakage (Thm 4;
+    committed + reserved likewise for committed ∪ pending), and never above the cap; a
+    reservation is refused only when the cap is short, changing nothing."""
     ledger, ds = Ledger(r), "ds_" + secrets.token_hex(6)
     ledger.open(ds, {COLUMN: CAP}, "op")
     doc = {"id": ds, "version": 1}
     priced: list[tuple[int, releases.Prepared]] = []
     pending: dict[str, int] = {}
     committed: list[int] = []
-    stale = 0
     for op, i in ops:
         if op == "price":
             priced.append(_price(r, doc, i % len(DESIGNS)))
@@ -249,13 +253,12 @@ def test_interleavings_keep_committed_at_least_the_joint_leakage(r: redis.Redis,
             rid = releases.new_id()
             res = ledger.reserve(ds, rid, p.cost_units, actor="t",
                                  fingerprint=secrets.token_hex(8), request_json=p.request_json(),
-                                 replay=False, history_field=p.history_field,
-                                 history_at=p.history_at)
+                                 replay=False)
             if res.outcome == "reserved":
                 pending[rid] = k
             else:
-                assert res.outcome in {"stale", "exhausted"}
-                stale += res.outcome == "stale"
+                assert res.outcome == "exhausted"
+                assert before["committed"] + before["reserved"] + _standalone(k) > CAP
                 assert ledger.balance(ds)[COLUMN] == before, "a refusal changes nothing"
         elif op in {"commit", "fail", "refund"} and pending:
             rid = sorted(pending)[i % len(pending)]
@@ -273,32 +276,9 @@ def test_interleavings_keep_committed_at_least_the_joint_leakage(r: redis.Redis,
             committed.append(k)
         row = ledger.balance(ds)[COLUMN]
         assert row["committed"] + row["reserved"] <= CAP
+        assert row["committed"] == sum(_standalone(k) for k in committed)
         assert row["committed"] >= math.floor(_joint(tuple(sorted(committed))) * CAP)
-        held = tuple(sorted([*committed, *pending.values()]))
-        assert row["committed"] + row["reserved"] >= math.floor(_joint(held) * CAP)
-
-
-def test_a_busy_column_falls_back_to_the_standalone_charge(api: Api, app: Any, worker: Any,
-                                                          r: redis.Redis) -> None:
-    """Catches a release refused (409 conflict, or a pricing job ending 'refused') only
-    because other releases kept moving its column's history: the last price after
-    ``STALE_RETRIES`` is the standalone bound, which reserve.lua never finds stale, even
-    when the counter moved under it."""
-    ds = _ages(api)
-    first = _release(api, _body(ds))
-    exact = _prepare(app, _body(ds))
-    assert exact.privacy and exact.privacy["charged"] == "exact_increment"
-    config = app.config["PRIVRELEASE"]
-    from service import precompute
-    with app.app_context(), precompute.worker_scope(config):
-        busy = releases.prepare(r, app.extensions["ledger"], _body(ds), allow_seeds=True,
-                                exact_increment=False)
-    assert busy.privacy and busy.privacy["charged"] == "additive"
-    assert busy.privacy["interval_composition"]["reason"] == releases.CONTENDED
-    assert busy.accuracy["composition"]["charged"] == "additive"
-    assert busy.history_at is None
-    standalone = budget.cost_units(MEASURE, Fraction(first["cost"][MEASURE]))
-    assert busy.cost_units[MEASURE] == standalone
-    r.hincrby(rkeys.ledger(ds), busy.history_field, 5)  # the column moved meanwhile
-    _, res = _reserve(app, busy)
-    assert res.outcome == "reserved"
+        held = [*committed, *pending.values()]
+        assert row["committed"] + row["reserved"] == sum(_standalone(k) for k in held)
+        assert row["committed"] + row["reserved"] >= math.floor(
+            _joint(tuple(sorted(held))) * CAP)

@@ -254,8 +254,8 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
     client, ledger = app.extensions["redis"], app.extensions["ledger"]
     real = api_releases._prepare
 
-    def prepare_then_retire(body: dict[str, Any], exact_increment: bool = True) -> Any:
-        prepared = real(body, exact_increment)
+    def prepare_then_retire(body: dict[str, Any]) -> Any:
+        prepared = real(body)
         datasets.change_version(client, ledger, ds["id"], 2, "other", retire=True)
         return prepared
 

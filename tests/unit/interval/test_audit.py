@@ -75,3 +75,28 @@ def test_check_flags_a_value_centred_interval() -> None:
     broken = audit.check_release(y, centred, NORMAL, 10)
     assert broken.p_value < 1e-100 and broken.ratio > 3
     assert broken.flagged(1.0)  # caught even against the largest possible charge
+
+
+def test_adaptive_composition_passes_and_the_exact_increment_is_caught() -> None:
+    """Issue #27: designs aimed at a record after reading its published range, priced
+    through the registry entry's ``composed`` (the service's path), never leak more than
+    the column is charged; the pre-#27 exact-increment price, run through the same
+    scenarios, is flagged, first of all on the issue's construction (leaks 0.592 ± 0.003,
+    priced 0.546; three releases 0.690 against 0.657). Fixed seed; a few seconds."""
+    from mechanisms.interval import composition_audit
+
+    assert entries.entries()[composition_audit.NAME] is composition_audit.audit
+    outcomes = composition_audit.run_all("ci", 0)
+    report = composition_audit.summarize(composition_audit.NAME, "ci", outcomes)
+    assert report.passed, report.detail
+    assert report.certified <= report.charged
+    assert report.control_caught, report.detail
+    assert report.events_tried == len(composition_audit.SCENARIOS)
+    n = composition_audit.SIZES["ci"][0]
+    for got, leaked, control in ((outcomes[0], 0.592, 0.546), (outcomes[1], 0.690, 0.657)):
+        # sampling error of a mean of n leakages in [0, 1]: SE <= 0.5/sqrt(n) = 0.0035;
+        # the coarse view (1/8 of prior mass) costs the analyst under 0.002
+        assert got.leaked == pytest.approx(leaked, abs=5 * 0.5 / np.sqrt(n) + 0.002)
+        assert got.control_charged == pytest.approx(control, abs=0.003)
+        assert got.control_caught and got.passed
+        assert got.charged > got.leaked + 0.05  # additive: well above what leaks

@@ -1,11 +1,16 @@
-"""Exact per-record composition on a column (spec §1.7; issue #17 item 3)."""
+"""Composition on a column (spec §1.7; issues #17 item 3, #27 item 2): the ledger charges
+the additive standalone bound, which holds for adaptive designs; the exact joint leakage is
+shown as information."""
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mechanisms import interval, registry
 from mechanisms.base import ColumnMeta, DatasetMeta
@@ -51,14 +56,53 @@ def test_ineligible_designs_are_refused() -> None:
             composition.joint_coverage([case1(), d], NORMAL)
 
 
-def test_exact_increment() -> None:
-    """The joint bound rounded up to the unit, minus what was charged, never negative."""
-    est = interval.Estimate(0.6, 0.0)
-    bound = Fraction(est.leakage_bound).limit_denominator(10**15)
-    inc = composition.exact_increment(est, Fraction(1, 4), LEDGER_UNIT)
-    assert inc >= bound - Fraction(1, 4) and inc - (bound - Fraction(1, 4)) <= Fraction(
-        1, LEDGER_UNIT) + Fraction(1, 10**14)
-    assert composition.exact_increment(est, Fraction(1), LEDGER_UNIT) == 0
+def _extra_and_standalone(p: np.ndarray, inside: np.ndarray,
+                          cells: np.ndarray) -> tuple[float, float]:
+    """Atoms of prior mass ``p``; the record's range r = the atoms ``inside``; a new design
+    whose cells are the labels ``cells``. (expected extra leakage of a record whose value
+    is in r, Σ_C x_C (m − x_C)/m; the design's standalone leakage 1 − Σ_C y_C²)."""
+    m = float(p[inside].sum())
+    y = np.bincount(cells, weights=p)
+    x = np.bincount(cells, weights=np.where(inside, p, 0.0), minlength=y.size)
+    return float(np.sum(x * (m - x)) / m), float(1.0 - np.sum(y * y))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.integers(2, 40), st.integers(1, 12), st.integers(0, 2**32 - 1),
+       st.floats(0.05, 5.0))
+def test_adaptive_extra_leakage_is_at_most_the_standalone_bound(
+        atoms: int, labels: int, seed: int, concentration: float) -> None:
+    """``composition.price``'s argument for adaptive designs: whatever range r a record
+    was left with and whatever partition the analyst aims at it afterwards, the extra
+    leakage given r is at most the partition's standalone leakage, and the cell-by-cell
+    slack is at least z_C (1 − z_C/w). Random priors (Dirichlet), ranges (any set of
+    atoms, not only intervals) and partitions; hypothesis, derandomized."""
+    g = np.random.default_rng(seed)
+    p = g.dirichlet(np.full(atoms, concentration))
+    inside = g.random(atoms) < g.random()
+    inside[g.integers(atoms)] = True
+    cells = g.integers(0, labels, size=atoms)
+    extra, standalone = _extra_and_standalone(p, inside, cells)
+    assert extra <= standalone + 1e-12
+    m = float(p[inside].sum())
+    y = np.bincount(cells, weights=p)
+    x = np.bincount(cells, weights=np.where(inside, p, 0.0), minlength=y.size)
+    z, w = y - x, 1.0 - m
+    slack = np.where(w > 0, z * (1 - np.divide(z, w, out=np.zeros_like(z), where=w > 0)), 0)
+    assert standalone - extra >= float(slack.sum()) - 1e-12
+
+
+def test_adaptive_bound_is_tight_only_without_information() -> None:
+    """Equality needs every cell's share inside r proportional to its share outside
+    (x_C = z_C m/w) and z_C (1 − z_C/w) = 0: a design that cuts only inside r, when r
+    is the whole line. A cut at the middle of a range of mass 1/2 adds 1/4, half of its
+    standalone 1/2."""
+    p = np.full(4, 0.25)
+    extra, standalone = _extra_and_standalone(p, np.ones(4, bool), np.array([0, 0, 1, 1]))
+    assert extra == pytest.approx(standalone)
+    extra, standalone = _extra_and_standalone(p, np.array([1, 1, 0, 0], bool),
+                                              np.array([0, 1, 1, 1]))
+    assert (extra, standalone) == pytest.approx((0.25, 1 - 0.25**2 - 0.75**2))
 
 
 META = DatasetMeta(1000, {"x": ColumnMeta("x", "continuous", prior={"family": "normal",
@@ -76,10 +120,10 @@ def _earlier(name: str, raw: dict, status: str = "succeeded") -> dict:
 
 
 def test_composition_report_shows_both() -> None:
-    """A second Logis(1) Case-I on the column: additive charge 0.24 (column total 0.48)
-    against the exact joint 0.392 (charge ≈ 0.153); a failed release does not count, a
-    release of another column does not count, a ring makes exact unavailable, and with
-    no earlier release there is nothing to show."""
+    """A second Logis(1) Case-I on the column: charged its standalone 0.24 (column total
+    0.48), the exact joint 0.392 shown as information only; a failed release does not
+    count, a release of another column does not count, a ring makes exact unavailable,
+    and with no earlier release there is nothing to show."""
     mech = registry.get("interval.case1")
     params = mech.load_params({"column": "x", "anchors": LOGIS})
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
@@ -91,9 +135,11 @@ def test_composition_report_shows_both() -> None:
     assert report["additive"]["column_total"] == pytest.approx(2 * report["additive"]["charge"])
     exact = report["exact"]
     assert exact["available"] and exact["joint_coverage"] == pytest.approx(0.608, abs=0.005)
-    assert exact["column_total"] == pytest.approx(exact["joint_leakage_bound"], abs=1e-9)
-    assert exact["charge"] < report["additive"]["charge"] and exact["saving"] > 0.05
-    assert report["charged"] == "exact_increment" and report["charge"] == exact["charge"]
+    assert exact["joint_leakage_bound"] < report["additive"]["column_total"]
+    assert "fixed in advance" in exact["note"] and "charge" not in exact
+    assert report["charged"] == "additive"
+    assert report["charge"] == report["additive"]["charge"] == float(cost["interval_leakage:x"])
+    assert "fixed in advance" in report["reason"]
     ring = _earlier("interval.ring", {"column": "x", "tau_floor": 0.3})
     no = composition_report("case1", params, cost, META, [first, ring])
     assert no is not None and not no["exact"]["available"] and "canonical" in no["exact"]["reason"]
@@ -124,84 +170,66 @@ def _standalone(d: interval.IntervalMechanism) -> int:
     return math.ceil(Fraction(interval.expected_coverage(d, NORMAL).leakage_bound) * UNIT)
 
 
-def _price(new: object, committed: list, pending: list, **kw: int) -> composition.Pricing:
+def _price(new: object, committed: list, **kw: int) -> composition.Pricing:
     limits = {"max_releases": 8, "max_dims": 32, **kw}
     return composition.price(new, _standalone(new), committed,  # type: ignore[arg-type]
-                             pending, NORMAL, UNIT, **limits)
+                             NORMAL, **limits)
 
 
-def test_price_second_release_is_the_exact_increment() -> None:
-    """Two Logis(1) Case-I releases: the second is charged ⌈J·unit⌉ − s₁ exactly (J the
-    joint bound, 0.392 + its margin), well below its standalone s₂ = s₁; with nothing
-    committed the charge is standalone."""
+def test_price_is_always_the_standalone_bound() -> None:
+    """Issue #27: a second Logis(1) Case-I release is charged its standalone bound s₂ = s₁,
+    not the exact increment ⌈J·unit⌉ − s₁ (a design aimed after reading the first range
+    leaks more than that); the joint bound J comes along as information, between either
+    release's leakage and the additive total."""
     d = case1()
     s = _standalone(d)
-    alone = _price(d, [], [])
-    assert (alone.units, alone.charged) == (s, composition.ADDITIVE)
-    p = _price(d, [composition.Held(d, s, False)], [])
+    alone = _price(d, [])
+    assert (alone.units, alone.charged, alone.joint) == (s, composition.ADDITIVE, None)
+    p = _price(d, [composition.Held(d, s)])
     joint = composition.joint_coverage([d, d], NORMAL)
-    assert p.charged == composition.EXACT_INCREMENT
-    assert p.units == math.ceil(Fraction(joint.leakage_bound) * UNIT) - s
-    assert p.units + s >= joint.leakage * UNIT and p.units < 0.7 * s
-    assert p.already_units == s and p.joint == joint
+    assert (p.units, p.charged) == (s, composition.ADDITIVE)
+    assert p.joint == joint and p.already_units == s
+    assert s < joint.leakage_bound * UNIT < 2 * s
+    assert "fixed in advance" in p.reason
 
 
-def test_price_falls_back_to_additive_where_the_proof_needs_it() -> None:
-    """Catches the concurrent-pair underpayment: a pending release charged an increment
-    forces additive (two increments against one history would together pay less than the
-    joint leakage); a pending standalone release does not. Ineligible designs (ring, exact
-    reports), too many releases or anchors, and an increment not below standalone are
-    additive; so is a new design that is itself ineligible."""
+def test_price_shows_the_joint_figure_only_where_it_can() -> None:
+    """Ineligible designs (ring, exact reports), too many releases or anchors, or nothing
+    committed: no joint figure; the charge is the standalone bound every time."""
     d = case1()
     s = _standalone(d)
-    done = composition.Held(d, s, False)
-    inc = _price(d, [done], [])
-    assert _price(d, [done], [composition.Held(d, inc.units, True)]).charged == "additive"
-    assert _price(d, [done], [composition.Held(d, s, False)]).charged == "exact_increment"
-    assert _price(d, [done, composition.Held(None, s, False)], []).charged == "additive"
-    assert _price(d, [done], [composition.Held(None, s, False)]).charged == "additive"
-    assert _price(d, [done, done], [], max_releases=2).charged == "additive"
-    assert _price(d, [done], [], max_dims=1).charged == "additive"
-    cheap = _price(d, [composition.Held(d, 0, False)], [])  # nothing charged before
-    assert (cheap.charged, cheap.units) == ("additive", s)
+    done = composition.Held(d, s)
+    for p in (_price(d, [done, composition.Held(None, s)]),
+              _price(d, [done, done], max_releases=2), _price(d, [done], max_dims=1)):
+        assert (p.charged, p.units, p.joint) == ("additive", s, None)
+    assert _price(d, [composition.Held(d, 0)]).units == s  # nothing charged before
     ring = interval.IntervalMechanism(interval.Ring(NORMAL, 0.3))
-    assert composition.price(ring, 5, [done], [], NORMAL, UNIT, max_releases=8,
-                             max_dims=32).charged == "additive"
+    got = composition.price(ring, 5, [done], NORMAL, max_releases=8, max_dims=32)
+    assert (got.charged, got.units, got.joint) == ("additive", 5, None)
 
 
 def test_composed_charge_and_privacy_record() -> None:
-    """``Mechanism.composed``: the charge on the column measure is the increment in exact
-    ledger units, and the privacy record says what was charged and why; a pending
-    increment makes it additive (the cost as is)."""
+    """``Mechanism.composed``: the charge on the column measure is the cost, whatever the
+    column's history; the privacy record says so and why, with the joint bound as
+    information (committed releases only: a failed release that was refunded is not in
+    it, one charged after reading the data is)."""
     mech = registry.get("interval.case1")
     params = mech.load_params({"column": "x", "anchors": LOGIS})
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
     first = _earlier("interval.case1", {"column": "x", "anchors": LOGIS})
     got = mech.composed(params, cost, META, lambda: [first])
-    assert got is not None and got.exact and got.column == "interval_leakage:x"
-    charge = got.charge["interval_leakage:x"]
-    assert charge.denominator <= UNIT and charge < cost["interval_leakage:x"]
-    assert got.privacy["charged"] == "exact_increment" and got.report is not None
-    assert got.privacy["charge"] == float(charge)
-    busy = {**first, "status": "running", "incremental": True}
+    assert got is not None and got.charge == cost and got.report is not None
+    assert got.privacy["charged"] == "additive"
+    assert got.privacy["charge"] == got.privacy["standalone"] == float(cost["interval_leakage:x"])
+    assert got.privacy["joint_leakage_bound"] < 2 * got.privacy["standalone"]
+    assert "fixed in advance" in got.privacy["note"]
+    busy = {**first, "status": "running"}
     more = mech.composed(params, cost, META, lambda: [first, busy])
-    assert more is not None and not more.exact and more.charge == cost
-    assert more.privacy["charged"] == "additive" and "pending" in more.privacy["reason"]
+    assert more is not None and more.charge == cost and more.privacy["charged"] == "additive"
     failed = {**first, "status": "failed"}
-    assert not mech.composed(params, cost, META, lambda: [failed]).exact  # type: ignore[union-attr]
+    refunded = mech.composed(params, cost, META, lambda: [failed])
+    assert refunded is not None and refunded.charge == cost
+    assert "joint_leakage_bound" not in refunded.privacy
     charged_fail = {**first, "status": "failed", "charged": True}
-    assert mech.composed(params, cost, META, lambda: [charged_fail]).exact  # type: ignore[union-attr]
-
-
-def test_stale_reservation_is_a_conflict_with_retry_after() -> None:
-    """A reservation refused 'stale' (the column's history moved after pricing, retries
-    used up) is answered 409 ``conflict`` with a Retry-After, for the API and a pricing
-    job alike (``releases.refusal``)."""
-    from service import releases
-    from service.ledger import ReserveResult
-
-    err = releases.refusal(ReserveResult("stale", measure="history:1:interval_leakage:x",
-                                         remaining=3))
-    assert err is not None and (err.status, err.code) == (409, "conflict")
-    assert err.extra["retry_after"] == releases.CONFLICT_RETRY_AFTER
-    assert "nothing was spent" in err.detail
+    after = mech.composed(params, cost, META, lambda: [charged_fail])
+    assert after is not None and "joint_leakage_bound" in after.privacy
