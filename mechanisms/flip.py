@@ -81,9 +81,9 @@ class Coins:
         return len(self.gammas)
 
     def flip(self, rng: np.random.Generator, which: NDArray[np.int64]
-             ) -> tuple[NDArray[np.bool_], int]:
+             ) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
         """One exact coin for each entry of ``which`` (candidate indices, any shape):
-        heads, and how many coins needed the exact tier."""
+        heads, and the flat positions of the coins that needed the exact tier."""
         v = sampling._words(rng, which.size).reshape(which.shape) >> np.uint64(1)
         lo, hi = self.lo[which], self.hi[which]
         heads = v < lo
@@ -92,7 +92,7 @@ class Coins:
         for i in near:
             flat_heads[i] = sampling._exact_accept(rng, int(flat_v[i]),
                                                    self.gammas[int(flat_which[i])])
-        return heads, int(near.size)
+        return heads, near
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,9 @@ class Flips:
     chosen: NDArray[np.int64]
     #: coins evaluated: draws · m, a function of public inputs
     coins: int
-    #: coins that needed the exact tier (probability <= 2^-38 each, whatever the data)
-    refined: int
+    #: per draw, coins that needed the exact tier (probability <= 2^-38 each, whatever
+    #: the data): the only work that is not a function of public inputs
+    refined: NDArray[np.int64]
 
 
 def permute_and_flip(rng: np.random.Generator, coins: Coins, draws: int) -> Flips:
@@ -113,13 +114,13 @@ def permute_and_flip(rng: np.random.Generator, coins: Coins, draws: int) -> Flip
         raise ValueError("permute-and-flip needs a candidate with gamma = 0")
     block = max(1, BLOCK_COINS // m)
     out = np.empty(draws, dtype=np.int64)
-    refined = 0
+    refined = np.zeros(draws, dtype=np.int64)
     candidates = np.arange(m, dtype=np.int64)
     for start in range(0, draws, block):
         k = min(block, draws - start)
         order = rng.permuted(np.broadcast_to(candidates, (k, m)), axis=1)
-        heads, r = coins.flip(rng, order)
-        refined += r
+        heads, near = coins.flip(rng, order)
+        refined[start:start + k] = np.bincount(near // m, minlength=k)
         out[start:start + k] = order[np.arange(k), np.argmax(heads, axis=1)]
     return Flips(out, draws * m, refined)
 

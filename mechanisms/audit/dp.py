@@ -1,4 +1,4 @@
-"""The adversarial audit of every DP mechanism: worst-case neighbours, four event families.
+"""The adversarial audit of every DP mechanism: worst-case neighbours, five event families.
 
 For each registered DP mechanism, a few configurations (``Scenario``) are run
 many times on worst-case neighbours D, D' (one record replaced), drawn
@@ -14,8 +14,10 @@ along the direction that attains the weighted-ℓ1 sensitivity (its negative for
 D'), a density's record at the two grid points whose coefficient difference
 costs most under the claimed noise.
 
-Each scenario's runs go through four event families (``events``), each at
-level α/4, so the certified bound max_F ε_F holds with probability >= 1 − α.
+Each scenario's runs go through five event families (``events``), each at
+level α/5, so the certified bound max_F ε_F holds with probability >= 1 − α. The
+fifth, ``work``, sees each run's work counters next to its output (a scenario's
+``draw_work``; by default the mechanism's public work bound, the same on every run).
 A scenario fails when the bound exceeds the ε it charges (for ``gaussian``:
 bounds are computed at its δ) or the tail family finds a support gap. Each
 mechanism also runs negative controls (``controls``), each of which its
@@ -43,7 +45,9 @@ from mechanisms.iclp.entries import _FunctionMechanism
 
 FloatArray = NDArray[np.float64]
 Data = dict[str, np.ndarray]
-FAMILIES = ("interval", "representation", "learned", "tail")
+#: (rng, which, runs) -> (released values, work counters), as ``Scenario.draw_work``
+WorkDraw = Callable[[np.random.Generator, int, int], tuple[FloatArray, FloatArray]]
+FAMILIES = ("interval", "representation", "learned", "tail", "work")
 #: runs per neighbour (half select, half certify) of a vectorised scenario
 RUNS: dict[str, int] = {"ci": 20_000, "full": 200_000}
 #: runs per neighbour when every run is a full ``run`` (DIP with its dp reference)
@@ -74,6 +78,14 @@ class Scenario:
     slow: bool = False
     #: runs relative to the size's default (a weak effect needs more)
     scale_runs: int = 1
+    #: (rng, which, runs) -> (released values as ``draw``, work counters (runs, w)): each
+    #: run's proposals, coins, iterations or redraws next to its output. None: the work
+    #: is a function of public inputs only, and every run records ``public_work``.
+    draw_work: WorkDraw | None = None
+
+    def public_work(self) -> float:
+        """The mechanism's work bound from public inputs (``Mechanism.work``)."""
+        return float(self.mech.work(self.params, self.meta).units)
 
     @property
     def charged(self) -> float:
@@ -86,7 +98,7 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A scenario's four family results."""
+    """A scenario's family results (one per ``FAMILIES``)."""
 
     scenario: Scenario
     families: tuple[events.FamilyResult, ...]
@@ -114,11 +126,20 @@ class Outcome:
         return max(self.families, key=lambda f: (f.gap, f.certified))
 
 
+def _draw(s: Scenario, which: int, runs: int, seed: int) -> tuple[FloatArray, FloatArray]:
+    """Released values and work counters of ``runs`` runs on neighbour ``which``."""
+    rng = np.random.default_rng([seed, which])
+    if s.draw_work is not None:
+        return s.draw_work(rng, which, runs)
+    x = s.draw(rng, which, runs)
+    return x, np.full((x.shape[0], 1), s.public_work())
+
+
 def evaluate(s: Scenario, size: AuditSize, seed: int, alpha: float = ALPHA) -> Outcome:
-    """Draw the runs and extreme tapes of ``s`` and run every family at α/4."""
+    """Draw the runs and extreme tapes of ``s`` and run every family at α/F (F families)."""
     runs = (SLOW_RUNS if s.slow else RUNS)[size] * s.scale_runs
-    x = s.draw(np.random.default_rng([seed, 0]), 0, runs)
-    y = s.draw(np.random.default_rng([seed, 1]), 1, runs)
+    x, wx = _draw(s, 0, runs, seed)
+    y, wy = _draw(s, 1, runs, seed)
     probe_x = tapes.reach(lambda g: s.once(g, 0), TAPES[size], seed)
     probe_y = tapes.reach(lambda g: s.once(g, 1), TAPES[size], seed + 1)
     a = alpha / len(FAMILIES)
@@ -127,6 +148,7 @@ def evaluate(s: Scenario, size: AuditSize, seed: int, alpha: float = ALPHA) -> O
         events.representation_family(x, y, a, s.delta, s.extra_events),
         events.learned_family(x, y, a, s.delta),
         events.support_gap(x, y, probe_x, probe_y, a, s.delta),
+        events.work_family(x, y, wx, wy, a, s.delta),
     )
     return Outcome(s, families)
 
