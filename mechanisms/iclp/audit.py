@@ -64,8 +64,21 @@ def scenario(label: str, mech: _MultiColumn, raw: Mapping[str, Any],
         out: FloatArray = plan.noise.privacy_loss(v / steps, centres[0], centres[1])
         return out
 
+    draw_work = None
+    if hasattr(plan, "solve_traced"):  # iclp.erm: its solver's work on each neighbour
+        traces = [plan.solve_traced(*plan.bin_stats(*(d[c] for c in cols)))[1] for d in pair]
+
+        def draw_work(rng: np.random.Generator, which: int, runs: int
+                      ) -> tuple[FloatArray, FloatArray]:
+            """The solve runs once per release on the neighbour's data: every run records
+            its Newton steps and objective evaluations."""
+            t = traces[which]
+            return draw(rng, which, runs), np.tile([float(t.steps), float(t.evaluations)],
+                                                   (runs, 1))
+
     return Scenario(label, mech, params, cost, meta, pair, draw, once,
-                    statistics=(("privacy-loss statistic of the claimed noise", loss),))
+                    statistics=(("privacy-loss statistic of the claimed noise", loss),),
+                    draw_work=draw_work)
 
 
 def _plan(name: str, configs: Sequence[tuple[str, dict[str, Any], int]], meta: DatasetMeta,

@@ -75,6 +75,17 @@ def proxy_psi(privacy_mse: Callable[[float], float], radius_sq: float) -> float:
     return min(PSI_GRID, key=lambda p: privacy_mse(p) + p * radius_sq / 4.0)
 
 
+@dataclass(frozen=True)
+class SolveWork:
+    """What one solve computed: Newton steps and line-search objective evaluations (both
+    functions of the loss only), and the step at which the answer was certified (data-
+    dependent, never observable: the work after it is the same)."""
+
+    steps: int
+    evaluations: int
+    certified_at: int
+
+
 class SolveError(ArithmeticError):
     """The minimiser could not be certified to the public tolerance (no noise was drawn)."""
 
@@ -161,7 +172,12 @@ class ErmPlan:
     def solve(self, counts: NDArray[np.float64], sums: NDArray[np.float64]) -> NDArray[
         np.float64
     ]:
-        """â, certified within SOLVE_TOLERANCE·Lκ/(nψ) of the exact minimiser (ℓ2).
+        """â, certified within SOLVE_TOLERANCE·Lκ/(nψ) of the exact minimiser (ℓ2)."""
+        return self.solve_traced(counts, sums)[0]
+
+    def solve_traced(self, counts: NDArray[np.float64], sums: NDArray[np.float64]
+                     ) -> tuple[NDArray[np.float64], SolveWork]:
+        """``solve`` and its work.
 
         The work is a function of public inputs (issue #27): exactly ``iterations`` Newton
         steps, each with a full backtracking line search for the logistic loss (all
@@ -174,25 +190,27 @@ class ErmPlan:
         psi = self.psi
         a = np.zeros(b.shape[1])
         found: NDArray[np.float64] | None = None
-        for _ in range(self.iterations):
+        evaluations, certified_at = 0, -1
+        for k in range(self.iterations):
             grad, slack, hess = self._gradient(b, counts, sums, a)
             # ‖a − a*‖ <= ‖∇J(a)‖/(2ψ); the computed gradient errs by at most ``slack``
             certified = (float(np.linalg.norm(grad)) + slack) / (2.0 * psi) * (1.0 + 1e-6) <= (
                 SOLVE_TOLERANCE * self.radius)
             if certified and found is None:
-                found = a
+                found, certified_at = a, k
             step = np.linalg.solve(hess, grad)
             if self.loss == "logistic":  # damped Newton: the largest 2^-k with J decreasing
                 base = self._objective(b, counts, sums, a)
                 decreases = [self._objective(b, counts, sums, a - t * step) <= base
                              for t in LINE_SEARCH]
+                evaluations += 1 + len(LINE_SEARCH)
                 step = LINE_SEARCH[decreases.index(True)] * step if any(decreases) else (
                     LINE_SEARCH[-1] / 2.0 * step)
             if found is None:
                 a = a - step
         if found is None:
             raise SolveError("the ERM minimiser did not reach the certified tolerance")
-        return found
+        return found, SolveWork(self.iterations, evaluations, certified_at)
 
     @property
     def iterations(self) -> int:
