@@ -17,18 +17,23 @@ permute-and-flip's (the coins after the first head are simply not used).
 
 Exact coins: V's cell [v, v + 1)·2^-63 lies below exp(−γ) when v + 1 <= E and above
 it when v >= E, E = exp(−γ)·2^63. ``Coins`` holds integers lo <= E <= hi,
-lo = ⌊Ê(1 − 2^-40)⌋, hi = max(1, ⌈Ê(1 + 2^-40)⌉), Ê = exp(−ĝ)·2^63 in float64:
-ĝ = float(γ) is correctly rounded (error <= 2^-53 γ) and numpy's exp is within 4 ulp,
-so for γ <= 60 Ê is within 2^-46 of E relative, 64 times inside the margin; a
-larger ĝ means E < 1, so lo = 0 and hi = 1. v < lo accepts and v >= hi rejects with
-one integer comparison; lo <= v < hi goes to ``sampling._exact_accept`` (``decimal``,
+lo = ⌊Ê(1 − r)⌋, hi = max(1, ⌈Ê(1 + r)⌉), Ê = exp(−ĝ)·2^63 in long double (x87
+extended, u = 2^-64 per rounding; the margin r = 2^13·2u = 2^-50): ĝ = k·scale, the
+scale as its double plus the double of its remainder, is within 3 ulps of γ, and exp
+adds at most 4 ulps, so for γ <= 60 Ê is within 184 ulps of E relative, 44 times
+inside r; a larger ĝ
+means E < 1, so lo = 0 and hi = 1. v < lo accepts and v >= hi rejects with one
+integer comparison; lo <= v < hi goes to ``sampling._exact_accept`` (``decimal``,
 reading more of V's bits; for γ > 0 rational, E is transcendental, never a cell
 edge). γ = 0 always accepts.
 
 The only data-dependent work left is that exact tier: a coin needs it with
-probability (hi − lo)/2^63 <= 2^-39·e^−γ + 2^-62 <= 2^-38, whatever the data, and it
-costs about 60 µs. A release of N coins takes it at all with probability <= N·2^-38
-(3.6·10^-6 for a million coins); ``Flips.refined`` counts it for the audit.
+probability (hi − lo)/2^63 <= 2r + 2^-62 < 2^-48, whatever the data, and it costs
+about 60 µs. A release of N coins takes it at all with probability p <= N·2^-48
+(3.6·10^-9 for a million coins); ``Flips.refined`` counts it for the audit. Off that
+event the work is a fixed function of public inputs, so the pair (output, run time)
+is (ε, (1 + e^ε)·p)-DP: P_D(E) <= P_D(output ∈ E_0) + p <= e^ε P_D'(E) + (1 + e^ε) p,
+E_0 the outputs E holds with no exact-tier work.
 """
 
 from __future__ import annotations
@@ -45,40 +50,77 @@ from mechanisms import sampling
 
 #: coins evaluated per block: draws are processed in blocks of ⌊2^20 / m⌋ (memory bounded)
 BLOCK_COINS = 1 << 20
-#: relative margin of the integer thresholds (64 x the float error bound 2^-46)
-_REL = 2.0**-40
+_LD = np.longdouble
+#: relative margin of the integer thresholds: 2^13 ulps of the long double (x87: 2^-50),
+#: 44 times the error bound of Ê (γ within 3 ulps, times γ <= 60, plus exp's 4 ulps)
+_REL = _LD(2.0**13) * _LD(np.finfo(_LD).eps)
 #: above this float γ, E = exp(−γ)·2^63 < 1 (the thresholds are 0 and 1)
 _FAR = 60.0
 _TOP = np.uint64(1 << 63)
 
 
+def _thresholds(g: NDArray[np.longdouble], zero: NDArray[np.bool_]
+                ) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """lo <= exp(−γ)·2^63 <= hi from ĝ (see the module doc); where γ is exactly 0 (``zero``)
+    lo = hi = 2^63."""
+    far = ~(g <= _FAR)
+    e = np.exp(-np.where(far, _LD(0.0), g)) * _LD(2.0**63)
+    lo = np.floor(e * (_LD(1.0) - _REL))
+    hi = np.maximum(np.ceil(e * (_LD(1.0) + _REL)), _LD(1.0))
+    lo[far], hi[far] = 0.0, 1.0
+    lo_u, hi_u = lo.astype(np.uint64), hi.astype(np.uint64)
+    lo_u[zero], hi_u[zero] = _TOP, _TOP  # every v < 2^63: always heads
+    return lo_u, hi_u
+
+
+def _ld(x: Fraction) -> np.longdouble:
+    """x in long double within one ulp: its double plus the double of the remainder."""
+    head = float(x)
+    return _LD(head) + _LD(float(x - Fraction(head)))
+
+
 @dataclass(frozen=True)
 class Coins:
-    """Exact Bernoulli(exp(−γ_c)) coins for m candidates with rational γ_c >= 0."""
+    """Exact Bernoulli(exp(−γ_c)) coins for m candidates, γ_c = scale·k_c >= 0 rational."""
 
-    gammas: tuple[Fraction, ...]
+    scale: Fraction
+    numerators: tuple[int, ...]
     lo: NDArray[np.uint64]
     hi: NDArray[np.uint64]
 
     @staticmethod
     def of(gammas: Sequence[Fraction]) -> Coins:
-        if any(g < 0 for g in gammas):
+        """Coins for any rational γ_c >= 0 (kept over their common denominator; each ĝ is
+        γ_c's own long double, within one ulp)."""
+        gs = [Fraction(x) for x in gammas]
+        if any(x < 0 for x in gs):
             raise ValueError("a coin's gamma must be >= 0")
-        g = np.array([float(x) for x in gammas], dtype=np.float64)
-        far = ~(g <= _FAR)
-        with np.errstate(over="ignore"):
-            e = np.exp(-np.where(far, 0.0, g)) * 2.0**63
-        lo = np.floor(e * (1.0 - _REL))
-        hi = np.maximum(np.ceil(e * (1.0 + _REL)), 1.0)
-        lo[far], hi[far] = 0.0, 1.0
-        lo_u, hi_u = lo.astype(np.uint64), hi.astype(np.uint64)
-        zero = np.array([x == 0 for x in gammas], dtype=bool)
-        lo_u[zero], hi_u[zero] = _TOP, _TOP  # every v < 2^63: always heads
-        return Coins(tuple(Fraction(x) for x in gammas), lo_u, hi_u)
+        d = math.lcm(*(x.denominator for x in gs))
+        g = np.array([_ld(x) for x in gs], dtype=_LD)
+        zero = np.array([x == 0 for x in gs], dtype=bool)
+        return Coins(Fraction(1, d), tuple(int(x * d) for x in gs), *_thresholds(g, zero))
+
+    @staticmethod
+    def scaled(scale: Fraction, numerators: Sequence[int] | NDArray[np.int64]) -> Coins:
+        """Coins with γ_c = scale·k_c (k_c integers >= 0, scale > 0), vectorised: ``exm``'s
+        and the quantiles' γ are an exact fraction times integer gaps."""
+        scale = Fraction(scale)
+        ks = [int(k) for k in numerators]
+        if scale <= 0 or any(k < 0 for k in ks):
+            raise ValueError("a coin's gamma must be >= 0 (scale > 0, numerators >= 0)")
+        if max(ks, default=0) >= 2**63:
+            return Coins.of([scale * k for k in ks])
+        k = np.array(ks, dtype=np.int64)
+        g = k.astype(_LD) * _ld(scale)  # within 3 ulps of γ
+        return Coins(scale, tuple(ks), *_thresholds(g, k == 0))
+
+    def gamma(self, c: int) -> Fraction:
+        """Candidate c's γ, exactly (for the exact tier)."""
+        return self.scale * self.numerators[c]
 
     @property
     def size(self) -> int:
-        return len(self.gammas)
+        return len(self.numerators)
 
     def flip(self, rng: np.random.Generator, which: NDArray[np.int64]
              ) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
@@ -91,7 +133,7 @@ class Coins:
         flat_heads, flat_v, flat_which = heads.reshape(-1), v.reshape(-1), which.reshape(-1)
         for i in near:
             flat_heads[i] = sampling._exact_accept(rng, int(flat_v[i]),
-                                                   self.gammas[int(flat_which[i])])
+                                                   self.gamma(int(flat_which[i])))
         return heads, near
 
 
@@ -110,7 +152,7 @@ class Flips:
 def permute_and_flip(rng: np.random.Generator, coins: Coins, draws: int) -> Flips:
     """``draws`` i.i.d. permute-and-flip choices (candidate indices), every coin evaluated."""
     m = coins.size
-    if m < 1 or min(coins.gammas) != 0:
+    if m < 1 or min(coins.numerators) != 0:
         raise ValueError("permute-and-flip needs a candidate with gamma = 0")
     block = max(1, BLOCK_COINS // m)
     out = np.empty(draws, dtype=np.int64)

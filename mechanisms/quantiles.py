@@ -124,8 +124,7 @@ class QuantilePlan:
 
     def coins(self, gaps: Gaps) -> flip.Coins:
         """Candidate c's coin: Bernoulli(exp(−ε(u* − u(c))/2)), γ exact."""
-        scale = self.epsilon / (2 * gaps.denominator)
-        return flip.Coins.of([scale * v for v in gaps.numerators])
+        return flip.Coins.scaled(self.epsilon / (2 * gaps.denominator), gaps.numerators)
 
     def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
         ranks = self.ranks(data)

@@ -212,8 +212,7 @@ class RejectionExm(ExmMechanism):
         exactly as ``exact_bernoulli_exp`` does).
         """
         k = plan.draws
-        top = int(counts.max())
-        coins = flip.Coins.of([plan.per_draw * (top - int(c)) / 2 for c in counts])
+        coins = flip.Coins.scaled(plan.per_draw / 2, counts.max() - counts)
         batch = min(max(16, 2 * k), 1 << 20)
         out = np.zeros((runs, k), dtype=np.int64)
         have = np.zeros(runs, dtype=np.int64)

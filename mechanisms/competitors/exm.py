@@ -159,8 +159,7 @@ class ExmMechanism(Mechanism):
 
     def coins(self, plan: ExmPlan, counts: NDArray[np.int64]) -> flip.Coins:
         """Each value's coin: Bernoulli(exp(−γ_a)), γ_a = ε'(q* − q(a))/2 exactly."""
-        top = int(counts.max())
-        return flip.Coins.of([plan.per_draw * (top - int(c)) / 2 for c in counts])
+        return flip.Coins.scaled(plan.per_draw / 2, counts.max() - counts)
 
     def flips(self, plan: ExmPlan, counts: NDArray[np.int64], rng: np.random.Generator,
               draws: int) -> flip.Flips:
