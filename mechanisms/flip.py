@@ -144,7 +144,7 @@ class Flips:
     chosen: NDArray[np.int64]
     #: coins evaluated: draws · m, a function of public inputs
     coins: int
-    #: per draw, coins that needed the exact tier (probability <= 2^-38 each, whatever
+    #: per draw, coins that needed the exact tier (probability <= 2^-48 each, whatever
     #: the data): the only work that is not a function of public inputs
     refined: NDArray[np.int64]
 

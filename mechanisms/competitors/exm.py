@@ -21,7 +21,7 @@ work family certifies ε >= 1.3 against it at charged 1, ``audit.controls``).
 
 Timing: every draw evaluates all s coins (s = support size) and one permutation of
 the support, so the work is draws·s coins whatever the counts. The one exception is
-the coins' exact tier, taken with probability <= 2^-38 per coin whatever the data
+the coins' exact tier, taken with probability <= 2^-48 per coin whatever the data
 (about 60 µs each; ``mechanisms.flip``).
 
 Output: the k draws (``draw`` index column and the column's values: integers or
