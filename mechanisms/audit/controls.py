@@ -222,9 +222,11 @@ class RejectionExm(ExmMechanism):
             props = rng.integers(0, plan.support, size=(active.size, batch))
             heads = coins.flip(rng, props)[0]
             proposals[active] += batch
-            for row, run in enumerate(active):
-                taken = props[row][heads[row]][: k - have[run]]
-                out[run, have[run]:have[run] + taken.size] = taken
-                have[run] += taken.size
+            rank = np.cumsum(heads, axis=1)  # 1 + earlier heads in the batch, at a head
+            take = heads & (rank <= (k - have[active])[:, None])  # the first ones needed
+            rows, cols = np.nonzero(take)
+            run = active[rows]
+            out[run, have[run] + rank[rows, cols] - 1] = props[rows, cols]
+            have[active] += take.sum(axis=1)
             active = active[have[active] < k]
         return out, proposals

@@ -9,6 +9,7 @@ harness must pass (so its failures on the old code are not false alarms).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from numpy.typing import NDArray
 
 from mechanisms import baselines
 from mechanisms.audit import controls, dp, events, tapes
+from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.competitors import audit as competitors_audit
 from mechanisms.dip.noise import NoiseStep
 
@@ -180,3 +182,20 @@ def test_the_work_family_catches_the_old_exm_sampler_and_passes_exm() -> None:
     new = dp.evaluate(honest, "ci", 20)
     assert new.family("work").certified == -math.inf
     assert new.passed, new.families
+
+
+def test_the_old_exm_control_is_the_old_loop_vectorised() -> None:
+    """The work control draws many releases at once; with one release it reads the
+    generator exactly as the verbatim old loop (``RejectionExm.sample``) does and returns
+    the same draws, for one and for several draws per release."""
+    mech = controls.RejectionExm()
+    meta = DatasetMeta(12, {"g": ColumnMeta("g", "categorical", categories=("a", "b", "c"))})
+    codes = np.array([0] * 7 + [1] * 4 + [2])
+    for k in (1, 3):
+        plan = mech._plan(mech.load_params({"column": "g", "draws": k}), Fraction(k), meta)
+        counts = mech.counts(plan, codes)
+        for seed in range(10):
+            old = mech.sample(plan, counts, np.random.default_rng(seed), k)
+            drawn, proposals = mech.runs(plan, counts, np.random.default_rng(seed), 1)
+            assert drawn[0].tolist() == old.tolist()
+            assert proposals[0] % max(16, 2 * k) == 0
