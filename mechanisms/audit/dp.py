@@ -535,8 +535,10 @@ def audit_plan(plan: Plan, mechanism: str, notion: str, size: AuditSize, seed: i
     tried = sum(f.events_tried for o in outcomes for f in o.families)
     failing = [o.scenario.label for o in outcomes if not o.passed]
     w = worst.worst()
-    closest = {fam: max(outcomes, key=lambda o, f=fam: o.family(f).certified - o.scenario.charged)
-               for fam in FAMILIES}
+    def margin(fam: str) -> Callable[[Outcome], float]:
+        return lambda o: o.family(fam).certified - o.scenario.charged
+
+    closest = {fam: max(outcomes, key=margin(fam)) for fam in FAMILIES}
     by_family = ", ".join(f"{fam} {o.family(fam).certified:.3g}/{o.scenario.charged:.3g}"
                           for fam, o in closest.items())
     parts = [f"worst: {worst.scenario.label}: {w.family}: {w.what}",
