@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, registry
+from mechanisms import baselines, registry, sampling
 from mechanisms.audit import ALPHA, controls, events, tapes
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism
@@ -327,20 +327,35 @@ def baseline_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, A
     plan = mech._plan(params, cost, meta)
     exact = [baselines._lattice_values(plan, d) for d in pair]
 
-    def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+    def released(which: int, noise: NDArray[np.int64], runs: int) -> FloatArray:
         d = exact[which].size
-        noisy = exact[which][None, :] + mech._sample(rng, plan, runs * d).reshape(runs, d)
+        noisy = exact[which][None, :] + noise.reshape(runs, d)
         if plan.query.histogram:
             return noisy.astype(np.float64)
         values, inverse = np.unique(noisy[:, 0], return_inverse=True)
-        released = [mech._release(plan, np.array([v]))["value"] for v in values]
-        return np.asarray(released, dtype=np.float64)[inverse.reshape(-1)][:, None]
+        out = [mech._release(plan, np.array([v]))["value"] for v in values]
+        return np.asarray(out, dtype=np.float64)[inverse.reshape(-1)][:, None]
+
+    def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+        return released(which, mech._sample(rng, plan, runs * exact[which].size), runs)
 
     def once(rng: np.random.Generator, which: int) -> FloatArray:
         result = mech.run(pair[which], params, cost, meta, rng).result
         return np.asarray(result.get("values", [result.get("value")]), dtype=np.float64)
 
-    return Scenario(label, mech, params, cost, meta, pair, draw, once)
+    draw_work: WorkDraw | None = None
+    if type(mech) is baselines.GaussianMechanism:  # rejection sampling: record its trials
+
+        def draw_work(rng: np.random.Generator, which: int, runs: int
+                      ) -> tuple[FloatArray, FloatArray]:
+            """``draw``'s releases (the same generator calls as ``_sample``) and each
+            release's discrete Gaussian proposals."""
+            d = exact[which].size
+            noise, trials = sampling.discrete_gaussian_trials(rng, plan.noise_scale, runs * d)
+            work = trials.reshape(runs, d).sum(axis=1).astype(np.float64)[:, None]
+            return released(which, noise, runs), work
+
+    return Scenario(label, mech, params, cost, meta, pair, draw, once, draw_work=draw_work)
 
 
 def float_laplace_scenario(label: str, raw: Mapping[str, Any], budget: Mapping[str, Fraction],
