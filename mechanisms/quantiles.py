@@ -27,7 +27,6 @@ at most (2/ε)(ln m + ln 20) with probability >= 95 %.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,11 +72,6 @@ class Gaps:
 
     numerators: list[int]
     denominator: int
-
-    @functools.cached_property
-    def approx(self) -> NDArray[np.float64]:
-        """The numerators as doubles, for the float tier of the coins only."""
-        return np.asarray([float(v) for v in self.numerators])
 
     @staticmethod
     def of(gaps: list[Fraction]) -> Gaps:
