@@ -101,14 +101,16 @@ class Coins:
         return Coins(Fraction(1, d), tuple(int(x * d) for x in gs), *_thresholds(g, zero))
 
     @staticmethod
-    def scaled(scale: Fraction, numerators: Sequence[int] | NDArray[np.int64]) -> Coins:
-        """Coins with γ_c = scale·k_c (k_c integers >= 0, scale > 0), vectorised: ``exm``'s
-        and the quantiles' γ are an exact fraction times integer gaps."""
+    def scaled(scale: Fraction, numerators: Sequence[int] | NDArray[np.int64], bound: int
+               ) -> Coins:
+        """Coins with γ_c = scale·k_c (integers 0 <= k_c <= ``bound``, scale > 0), vectorised:
+        ``exm``'s and the quantiles' γ are an exact fraction times integer gaps. ``bound``
+        is public (from n and the params), so the path taken does not depend on the data."""
         scale = Fraction(scale)
         ks = [int(k) for k in numerators]
-        if scale <= 0 or any(k < 0 for k in ks):
-            raise ValueError("a coin's gamma must be >= 0 (scale > 0, numerators >= 0)")
-        if max(ks, default=0) >= 2**63:
+        if scale <= 0 or any(not 0 <= k <= bound for k in ks):
+            raise ValueError("coins need scale > 0 and numerators in [0, bound]")
+        if bound >= 2**63:  # beyond int64: one exact conversion per coin
             return Coins.of([scale * k for k in ks])
         k = np.array(ks, dtype=np.int64)
         g = k.astype(_LD) * _ld(scale)  # within 3 ulps of γ

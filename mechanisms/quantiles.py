@@ -118,7 +118,10 @@ class QuantilePlan:
 
     def coins(self, gaps: Gaps) -> flip.Coins:
         """Candidate c's coin: Bernoulli(exp(−ε(u* − u(c))/2)), γ exact."""
-        return flip.Coins.scaled(self.epsilon / (2 * gaps.denominator), gaps.numerators)
+        # gaps from ``gaps`` are |r·b − a| − best <= n·b (ranks 0 <= r <= n, q·n = a/b <= n),
+        # so the bound, and the coins' code path, is public; other callers' gaps may exceed it
+        bound = max(self.n * gaps.denominator, max(gaps.numerators))
+        return flip.Coins.scaled(self.epsilon / (2 * gaps.denominator), gaps.numerators, bound)
 
     def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
         ranks = self.ranks(data)

@@ -212,7 +212,7 @@ class RejectionExm(ExmMechanism):
         exactly as ``exact_bernoulli_exp`` does).
         """
         k = plan.draws
-        coins = flip.Coins.scaled(plan.per_draw / 2, counts.max() - counts)
+        coins = flip.Coins.scaled(plan.per_draw / 2, counts.max() - counts, plan.n)
         batch = min(max(16, 2 * k), 1 << 20)
         out = np.zeros((runs, k), dtype=np.int64)
         have = np.zeros(runs, dtype=np.int64)

@@ -57,7 +57,7 @@ from mechanisms.competitors.common import PRIVACY_UNIT, column_array, fmt
 MAX_SUPPORT = 100_000
 #: most draws one release may ask for
 MAX_DRAWS = 10_000_000
-#: work units charged per coin (a coin and its share of the permutation take ~40 ns, about
+#: work units charged per coin (a coin and its share of the permutation take ~30 ns, about
 #: one unit; the old rejection sampler's per-proposal figure is kept, so the work bound,
 #: draws·s coins, refuses exactly what it refused before)
 COIN_UNITS = 500
@@ -77,6 +77,7 @@ class ExmPlan:
     offset: int  # integer columns: value = offset + index
     per_draw: Fraction  # ε' = ε / draws
     draws: int
+    n: int  # public row count: every count lies in 0..n
 
 
 def exact_bernoulli_exp(rng: np.random.Generator, gamma: list[Fraction]) -> NDArray[np.bool_]:
@@ -128,7 +129,7 @@ class ExmMechanism(Mechanism):
             raise MechanismInputError("params.column", f"support must have 1 to {MAX_SUPPORT}"
                                       " values")
         draws = int(params.get("draws", 1))
-        return ExmPlan(col, support, offset, epsilon / draws, draws)
+        return ExmPlan(col, support, offset, epsilon / draws, draws, meta.n_rows)
 
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
              ) -> dict[str, Fraction]:
@@ -159,7 +160,7 @@ class ExmMechanism(Mechanism):
 
     def coins(self, plan: ExmPlan, counts: NDArray[np.int64]) -> flip.Coins:
         """Each value's coin: Bernoulli(exp(−γ_a)), γ_a = ε'(q* − q(a))/2 exactly."""
-        return flip.Coins.scaled(plan.per_draw / 2, counts.max() - counts)
+        return flip.Coins.scaled(plan.per_draw / 2, counts.max() - counts, plan.n)
 
     def flips(self, plan: ExmPlan, counts: NDArray[np.int64], rng: np.random.Generator,
               draws: int) -> flip.Flips:

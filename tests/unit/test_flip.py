@@ -81,3 +81,19 @@ def test_permute_and_flip_needs_a_sure_candidate() -> None:
         flip.permute_and_flip(np.random.default_rng(0), flip.Coins.of([Fraction(1)]), 1)
     with pytest.raises(ValueError):
         flip.Coins.of([Fraction(-1)])
+
+
+def test_the_code_path_follows_the_public_bound_only() -> None:
+    """``scaled`` picks the int64 or the exact-conversion path from the public bound, never
+    from the numerators; both give the same thresholds, and a numerator above the bound is
+    refused (it would mean the bound was not a bound)."""
+    scale = Fraction(3, 7)
+    ks = [0, 1, 5, 40, 150]
+    fast = flip.Coins.scaled(scale, ks, 200)
+    slow = flip.Coins.scaled(scale, ks, 2**64)
+    for a, b in ((fast.lo, slow.lo), (fast.hi, slow.hi)):  # equal up to ĝ's last ulps
+        assert all(abs(int(x) - int(y)) <= max(int(x), 1) * 2.0**-55 + 1
+                   for x, y in zip(a, b, strict=True))
+    assert slow.gamma(3) == fast.gamma(3) == Fraction(120, 7)
+    with pytest.raises(ValueError):
+        flip.Coins.scaled(scale, ks, 100)
