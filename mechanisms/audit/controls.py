@@ -18,7 +18,9 @@ does not remove the control:
   representation family);
 * ``RejectionExm``: ``exm``'s old exact rejection sampler of the exponential
   mechanism, whose number of proposals — the run time an analyst sees — is
-  geometric in the data's acceptance rate (issue #27; work family).
+  geometric in the data's acceptance rate (issue #27; work family);
+* ``old_erm_solve``: ``iclp.erm``'s old solve, which stopped at the first
+  certified Newton step (issue #27; work family).
 """
 
 from __future__ import annotations
@@ -230,3 +232,34 @@ class RejectionExm(ExmMechanism):
             have[active] += take.sum(axis=1)
             active = active[have[active] < k]
         return out, proposals
+
+
+def old_erm_solve(plan: Any, counts: FloatArray, sums: FloatArray
+                  ) -> tuple[FloatArray, int, int]:
+    """``iclp.erm``'s OLD solve, verbatim but for its counters: Newton steps until the first
+    certified iterate and a line search halving until the objective decreases, so the
+    (steps, objective evaluations) it returns depend on the data (work family)."""
+    from mechanisms.iclp import erm
+
+    b = plan.features
+    psi = plan.psi
+    a = np.zeros(b.shape[1])
+    evaluations = 0
+    for steps in range(100):
+        grad, slack, hess = plan._gradient(b, counts, sums, a)
+        if (float(np.linalg.norm(grad)) + slack) / (2.0 * psi) * (1.0 + 1e-6) <= (
+            erm.SOLVE_TOLERANCE * plan.radius
+        ):
+            return a, steps, evaluations
+        step = np.linalg.solve(hess, grad)
+        if plan.loss == "logistic":  # damped Newton: halve until J decreases
+            base = plan._objective(b, counts, sums, a)
+            evaluations += 1
+            t = 1.0
+            while t > 2.0**-30 and plan._objective(b, counts, sums, a - t * step) > base:
+                evaluations += 1
+                t *= 0.5
+            evaluations += 1 if t > 2.0**-30 else 0
+            step = t * step
+        a = a - step
+    raise erm.SolveError("the ERM minimiser did not reach the certified tolerance")

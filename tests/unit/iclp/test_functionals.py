@@ -356,3 +356,24 @@ def test_erm_solve_does_the_same_work_on_neighbours() -> None:
     assert (traces[0].steps, traces[0].evaluations) == (traces[1].steps,
                                                         traces[1].evaluations)
     assert traces[0].steps == erm.LOGISTIC_ITERATIONS
+
+
+def test_the_old_early_exit_solve_kept_as_a_control_gives_the_same_answer() -> None:
+    """The audit's work control (``controls.old_erm_solve``) is the old loop: the same
+    minimiser as today's fixed-step solve, found after a number of steps that differs
+    between the audit's neighbours (6 and 5) while today's is the same on both."""
+    from mechanisms.audit import controls
+    from mechanisms.iclp import audit as iclp_audit
+
+    meta, pair = iclp_audit.erm_work_pair()
+    mech = registry.get("iclp.erm")
+    plan = mech._calibrated(mech.load_params(iclp_audit.ERM_WORK), Fraction(1), meta)  # type: ignore[attr-defined]
+    steps, work = [], []
+    for d in pair:
+        counts, sums = plan.bin_stats(d["x"], d["b"])
+        old, n_steps, _ = controls.old_erm_solve(plan, counts, sums)
+        new, trace = plan.solve_traced(counts, sums)
+        assert np.array_equal(old, new) and trace.certified_at == n_steps
+        steps.append(n_steps)
+        work.append((trace.steps, trace.evaluations))
+    assert steps == [6, 5] and work[0] == work[1]
