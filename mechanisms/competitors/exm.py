@@ -193,8 +193,9 @@ class ExmMechanism(Mechanism):
             accuracy=self._accuracy(plan),
             guarantee=(f"pure epsilon-DP (permute-and-flip, epsilon={fmt(epsilon)} nats:"
                        f" {plan.draws} draw(s) at {fmt(plan.per_draw)} each, count quality of"
-                       f" sensitivity 1 over the declared support; run time a function of"
-                       f" the support and draws only), {PRIVACY_UNIT}"),
+                       f" sensitivity 1 over the declared support; its work is fixed by the"
+                       f" support and draws, but for an exact-arithmetic step taken with"
+                       f" probability below 2^-48 per coin), {PRIVACY_UNIT}"),
             table={DRAW_COLUMN: np.arange(plan.draws, dtype=np.int64),
                    plan.column.name: values},
             per_record=False,  # draws from a DP distribution, not the dataset's records
