@@ -6,12 +6,15 @@ u(c) = −|#{x <= c} − q·n|: replacing one record changes #{x <= c} by at mos
 1 and n is public, so the sensitivity is 1.
 
 Permute-and-flip (McKenna & Sheldon 2020) visits the candidates in a uniformly
-random order and stops at the first one whose coin Bernoulli(exp(ε(u(c) − u*)/2))
+random order and releases the first one whose coin Bernoulli(exp(ε(u(c) − u*)/2))
 comes up heads (u* the best utility, whose coin always does): ε-DP, and never
 worse than the exponential mechanism. The coins are EXACT: ε and q·n are
-rationals, so γ = ε(u* − u(c))/2 is a Fraction and the coin compares
-−ln V with γ for V uniform, refining V's bits until the comparison is decided
-(``sampling._exact_accept``); no float exponential of a utility is taken.
+rationals, so γ = ε(u* − u(c))/2 is a Fraction and the coin compares V with
+exp(−γ) for V uniform, refining V's bits until the comparison is decided
+(``mechanisms.flip``, ``sampling._exact_accept``); no float exponential of a
+utility decides the output. Every candidate's coin is flipped, not only those up
+to the first head, so the work (m coins per quantile) does not depend on the
+data: stopping early made the run time a function of the ranks (issue #27).
 
 Several quantiles split ε evenly (basic composition: k quantiles at ε/k).
 
@@ -24,7 +27,6 @@ at most (2/ε)(ln m + ln 20) with probability >= 95 %.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,15 +36,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, sampling
+from mechanisms import baselines, flip, sampling
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 
 DEFAULT_GRID_SIZE = 1001
 #: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
 COIN_UNITS = 100
 _LN_2_63 = 63 * math.log(2.0)
-#: coins drawn at once by ``choose`` (unused words of a block are discarded)
-_BLOCK = 256
 
 
 def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
@@ -72,11 +72,6 @@ class Gaps:
 
     numerators: list[int]
     denominator: int
-
-    @functools.cached_property
-    def approx(self) -> NDArray[np.float64]:
-        """The numerators as doubles, for the float tier of the coins only."""
-        return np.asarray([float(v) for v in self.numerators])
 
     @staticmethod
     def of(gaps: list[Fraction]) -> Gaps:
@@ -115,30 +110,18 @@ class QuantilePlan:
         return Gaps([v - best for v in loss], b)
 
     def choose(self, rng: np.random.Generator, gaps: Gaps | list[Fraction]) -> int:
-        """Permute-and-flip with exact coins: the index of the released candidate."""
+        """Permute-and-flip with exact coins, every candidate's coin flipped (fixed work:
+        ``mechanisms.flip``): the index of the released candidate."""
         if not isinstance(gaps, Gaps):
             gaps = Gaps.of(gaps)
-        scale = self.epsilon / (2 * gaps.denominator)
-        numerators = gaps.approx
-        order = rng.permutation(numerators.size)
-        for start in range(0, order.size, _BLOCK):
-            block = order[start:start + _BLOCK]
-            # one 63-bit word per coin, decided in floats where V's cell is clearly on one
-            # side of exp(−γ) (as ``bernoulli_exp``), by the exact tier otherwise
-            words = sampling._words(rng, block.size) >> np.uint64(1)
-            g = float(scale) * numerators[block]
-            margin = 1e-9 * (1.0 + g)
-            w = words.astype(np.float64)
-            with np.errstate(divide="ignore"):
-                accept = np.log(w + 1.0) - _LN_2_63 < -g - margin
-                reject = (np.log(w) - _LN_2_63 > -g + margin) & (words > 0)
-            for i in np.flatnonzero(~reject):
-                j = int(block[i])
-                if accept[i] or gaps.numerators[j] == 0:
-                    return j
-                if sampling._exact_accept(rng, int(words[i]), scale * gaps.numerators[j]):
-                    return j
-        raise AssertionError("the best candidate's coin always accepts")
+        return int(flip.permute_and_flip(rng, self.coins(gaps), 1).chosen[0])
+
+    def coins(self, gaps: Gaps) -> flip.Coins:
+        """Candidate c's coin: Bernoulli(exp(−ε(u* − u(c))/2)), γ exact."""
+        # gaps from ``gaps`` are |r·b − a| − best <= n·b (ranks 0 <= r <= n, q·n = a/b <= n),
+        # so the bound, and the coins' code path, is public; other callers' gaps may exceed it
+        bound = max(self.n * gaps.denominator, max(gaps.numerators))
+        return flip.Coins.scaled(self.epsilon / (2 * gaps.denominator), gaps.numerators, bound)
 
     def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
         ranks = self.ranks(data)

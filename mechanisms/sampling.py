@@ -467,6 +467,14 @@ def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDA
     and signed. Blocks are consecutive i.i.d. trials, so the first ``size``
     accepted ones, in order, are i.i.d. draws of the target.
     """
+    return discrete_gaussian_trials(rng, sigma, size)[0]
+
+
+def discrete_gaussian_trials(rng: np.random.Generator, sigma: float, size: Size
+                             ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``discrete_gaussian`` (same draws from the same generator) and, per draw, the
+    proposals it took (this one included): i.i.d. geometric in an acceptance rate fixed
+    by σ, whatever the value the noise is added to (the audit's work counter)."""
     sigma = _check_positive("sigma", sigma, MAX_SIGMA)
     shape = _shape(size)
     n = math.prod(shape)
@@ -474,7 +482,10 @@ def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDA
     accepts: _AcceptTable | _AcceptLog
     accepts = _AcceptTable(sigma, t) if sigma <= TABLE_SIGMA else _AcceptLog(sigma, t)
     out = np.empty(n, dtype=np.int64)
+    trials = np.empty(n, dtype=np.int64)
     filled = 0
+    proposed = 0  # proposals before the current block
+    last = -1  # index of the last accepted proposal
     rate = 0.7  # acceptance is about 0.76 for large σ, 0.52 at σ = 0.5 and above 0.4 below
     while filled < n:
         need = n - filled
@@ -486,8 +497,13 @@ def discrete_gaussian(rng: np.random.Generator, sigma: float, size: Size) -> NDA
         rate = max(accepted.size / batch, 0.2)
         accepted = accepted[:need]
         out[filled : filled + accepted.size] = _apply_sign(magnitude[accepted], sign[accepted])
+        at = proposed + accepted
+        trials[filled : filled + accepted.size] = np.diff(at, prepend=last)
+        if accepted.size:
+            last = int(at[-1])
+        proposed += batch
         filled += accepted.size
-    return out.reshape(shape)
+    return out.reshape(shape), trials.reshape(shape)
 
 
 class _AcceptTable:

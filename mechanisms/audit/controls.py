@@ -15,7 +15,12 @@ does not remove the control:
   coarser than otherwise and the released float shows it (issue #14,
   finding 1; representation family);
 * ``FloatLaplace``: Laplace noise added to a raw float (Mironov 2012;
-  representation family).
+  representation family);
+* ``RejectionExm``: ``exm``'s old exact rejection sampler of the exponential
+  mechanism, whose number of proposals — the run time an analyst sees — is
+  geometric in the data's acceptance rate (issue #27; work family);
+* ``old_erm_solve``: ``iclp.erm``'s old solve, which stopped at the first
+  certified Newton step (issue #27; work family).
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines
+from mechanisms import baselines, flip
 from mechanisms.base import Budget, DatasetMeta, Mechanism, Output
+from mechanisms.competitors.exm import ExmMechanism, ExmPlan, exact_bernoulli_exp
 from mechanisms.dip.mechanism import DipMechanism, Plan
 from mechanisms.dip.noise import NoiseStep
 from mechanisms.dip.reference import Reference
@@ -169,3 +175,91 @@ class FloatLaplace(baselines.LaplaceMechanism):
         scale = float(q.sensitivity / Fraction(cost["epsilon"]))
         out: FloatArray = exact + rng.laplace(0.0, scale, runs)
         return out
+
+
+# --------------------------------------------------------------------------- issue 27
+
+
+class RejectionExm(ExmMechanism):
+    """``exm`` before issue #27: exact draws of the exponential mechanism by rejection.
+
+    Propose a uniformly, accept with probability exp(−γ_a): the accepted value has
+    the exponential mechanism's law whatever the number of proposals, but that
+    number is geometric in Σ_a exp(−γ_a)/s, a function of the counts, and it is
+    what the release's run time shows.
+    """
+
+    def sample(self, plan: ExmPlan, counts: NDArray[np.int64], rng: np.random.Generator,
+               draws: int) -> NDArray[np.int64]:
+        """The old ``ExmMechanism.sample``, verbatim."""
+        top = int(counts.max())
+        by_value = [plan.per_draw * (top - int(c)) / 2 for c in counts]  # γ_a, exact
+        out: list[int] = []
+        batch = max(16, 2 * draws)
+        while len(out) < draws:
+            proposals = rng.integers(0, plan.support, size=min(batch, 1 << 20))
+            keep = exact_bernoulli_exp(rng, [by_value[int(a)] for a in proposals])
+            out.extend(int(p) for p in proposals[keep][: draws - len(out)])
+        return np.asarray(out, dtype=np.int64)
+
+    def runs(self, plan: ExmPlan, counts: NDArray[np.int64], rng: np.random.Generator,
+             runs: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """``runs`` independent releases of the old sampler, each of ``plan.draws`` draws,
+        and each release's proposals (its work), vectorised over the releases.
+
+        Every release runs the old loop (batches of max(16, 2k) proposals until k are
+        accepted, the first k accepted kept), so each one's (draws, proposals) has the
+        old law; with ``runs = 1`` the generator is read in the old order, and the
+        draws are ``sample``'s (the coins are ``flip.Coins``, which decide a coin
+        exactly as ``exact_bernoulli_exp`` does).
+        """
+        k = plan.draws
+        coins = flip.Coins.scaled(plan.per_draw / 2, counts.max() - counts, plan.n)
+        batch = min(max(16, 2 * k), 1 << 20)
+        out = np.zeros((runs, k), dtype=np.int64)
+        have = np.zeros(runs, dtype=np.int64)
+        proposals = np.zeros(runs, dtype=np.int64)
+        active = np.arange(runs)
+        while active.size:
+            props = rng.integers(0, plan.support, size=(active.size, batch))
+            heads = coins.flip(rng, props)[0]
+            proposals[active] += batch
+            rank = np.cumsum(heads, axis=1)  # 1 + earlier heads in the batch, at a head
+            take = heads & (rank <= (k - have[active])[:, None])  # the first ones needed
+            rows, cols = np.nonzero(take)
+            run = active[rows]
+            out[run, have[run] + rank[rows, cols] - 1] = props[rows, cols]
+            have[active] += take.sum(axis=1)
+            active = active[have[active] < k]
+        return out, proposals
+
+
+def old_erm_solve(plan: Any, counts: FloatArray, sums: FloatArray
+                  ) -> tuple[FloatArray, int, int]:
+    """``iclp.erm``'s OLD solve, verbatim but for its counters: Newton steps until the first
+    certified iterate and a line search halving until the objective decreases, so the
+    (steps, objective evaluations) it returns depend on the data (work family)."""
+    from mechanisms.iclp import erm
+
+    b = plan.features
+    psi = plan.psi
+    a = np.zeros(b.shape[1])
+    evaluations = 0
+    for steps in range(100):
+        grad, slack, hess = plan._gradient(b, counts, sums, a)
+        if (float(np.linalg.norm(grad)) + slack) / (2.0 * psi) * (1.0 + 1e-6) <= (
+            erm.SOLVE_TOLERANCE * plan.radius
+        ):
+            return a, steps, evaluations
+        step = np.linalg.solve(hess, grad)
+        if plan.loss == "logistic":  # damped Newton: halve until J decreases
+            base = plan._objective(b, counts, sums, a)
+            evaluations += 1
+            t = 1.0
+            while t > 2.0**-30 and plan._objective(b, counts, sums, a - t * step) > base:
+                evaluations += 1
+                t *= 0.5
+            evaluations += 1 if t > 2.0**-30 else 0
+            step = t * step
+        a = a - step
+    raise erm.SolveError("the ERM minimiser did not reach the certified tolerance")

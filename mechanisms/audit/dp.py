@@ -1,4 +1,4 @@
-"""The adversarial audit of every DP mechanism: worst-case neighbours, four event families.
+"""The adversarial audit of every DP mechanism: worst-case neighbours, five event families.
 
 For each registered DP mechanism, a few configurations (``Scenario``) are run
 many times on worst-case neighbours D, D' (one record replaced), drawn
@@ -14,8 +14,10 @@ along the direction that attains the weighted-ℓ1 sensitivity (its negative for
 D'), a density's record at the two grid points whose coefficient difference
 costs most under the claimed noise.
 
-Each scenario's runs go through four event families (``events``), each at
-level α/4, so the certified bound max_F ε_F holds with probability >= 1 − α.
+Each scenario's runs go through five event families (``events``), each at
+level α/5, so the certified bound max_F ε_F holds with probability >= 1 − α. The
+fifth, ``work``, sees each run's work counters next to its output (a scenario's
+``draw_work``; by default the mechanism's public work bound, the same on every run).
 A scenario fails when the bound exceeds the ε it charges (for ``gaussian``:
 bounds are computed at its δ) or the tail family finds a support gap. Each
 mechanism also runs negative controls (``controls``), each of which its
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, registry
+from mechanisms import baselines, registry, sampling
 from mechanisms.audit import ALPHA, controls, events, tapes
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism
@@ -43,7 +45,9 @@ from mechanisms.iclp.entries import _FunctionMechanism
 
 FloatArray = NDArray[np.float64]
 Data = dict[str, np.ndarray]
-FAMILIES = ("interval", "representation", "learned", "tail")
+#: (rng, which, runs) -> (released values, work counters), as ``Scenario.draw_work``
+WorkDraw = Callable[[np.random.Generator, int, int], tuple[FloatArray, FloatArray]]
+FAMILIES = ("interval", "representation", "learned", "tail", "work")
 #: runs per neighbour (half select, half certify) of a vectorised scenario
 RUNS: dict[str, int] = {"ci": 20_000, "full": 200_000}
 #: runs per neighbour when every run is a full ``run`` (DIP with its dp reference)
@@ -74,6 +78,14 @@ class Scenario:
     slow: bool = False
     #: runs relative to the size's default (a weak effect needs more)
     scale_runs: int = 1
+    #: (rng, which, runs) -> (released values as ``draw``, work counters (runs, w)): each
+    #: run's proposals, coins, iterations or redraws next to its output. None: the work
+    #: is a function of public inputs only, and every run records ``public_work``.
+    draw_work: WorkDraw | None = None
+
+    def public_work(self) -> float:
+        """The mechanism's work bound from public inputs (``Mechanism.work``)."""
+        return float(self.mech.work(self.params, self.meta).units)
 
     @property
     def charged(self) -> float:
@@ -86,7 +98,7 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A scenario's four family results."""
+    """A scenario's family results (one per ``FAMILIES``)."""
 
     scenario: Scenario
     families: tuple[events.FamilyResult, ...]
@@ -114,11 +126,20 @@ class Outcome:
         return max(self.families, key=lambda f: (f.gap, f.certified))
 
 
+def _draw(s: Scenario, which: int, runs: int, seed: int) -> tuple[FloatArray, FloatArray]:
+    """Released values and work counters of ``runs`` runs on neighbour ``which``."""
+    rng = np.random.default_rng([seed, which])
+    if s.draw_work is not None:
+        return s.draw_work(rng, which, runs)
+    x = s.draw(rng, which, runs)
+    return x, np.full((x.shape[0], 1), s.public_work())
+
+
 def evaluate(s: Scenario, size: AuditSize, seed: int, alpha: float = ALPHA) -> Outcome:
-    """Draw the runs and extreme tapes of ``s`` and run every family at α/4."""
+    """Draw the runs and extreme tapes of ``s`` and run every family at α/F (F families)."""
     runs = (SLOW_RUNS if s.slow else RUNS)[size] * s.scale_runs
-    x = s.draw(np.random.default_rng([seed, 0]), 0, runs)
-    y = s.draw(np.random.default_rng([seed, 1]), 1, runs)
+    x, wx = _draw(s, 0, runs, seed)
+    y, wy = _draw(s, 1, runs, seed)
     probe_x = tapes.reach(lambda g: s.once(g, 0), TAPES[size], seed)
     probe_y = tapes.reach(lambda g: s.once(g, 1), TAPES[size], seed + 1)
     a = alpha / len(FAMILIES)
@@ -127,6 +148,7 @@ def evaluate(s: Scenario, size: AuditSize, seed: int, alpha: float = ALPHA) -> O
         events.representation_family(x, y, a, s.delta, s.extra_events),
         events.learned_family(x, y, a, s.delta),
         events.support_gap(x, y, probe_x, probe_y, a, s.delta),
+        events.work_family(x, y, wx, wy, a, s.delta),
     )
     return Outcome(s, families)
 
@@ -312,20 +334,35 @@ def baseline_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, A
                     plan.lattice_sensitivity * math.sqrt(bins) if plan.l2
                     else plan.lattice_sensitivity)
 
-    def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+    def released(which: int, noise: NDArray[np.int64], runs: int) -> FloatArray:
         d = exact[which].size
-        noisy = exact[which][None, :] + mech._sample(rng, plan, runs * d).reshape(runs, d)
+        noisy = exact[which][None, :] + noise.reshape(runs, d)
         if plan.query.histogram:
             return noisy.astype(np.float64)
         values, inverse = np.unique(noisy[:, 0], return_inverse=True)
-        released = [mech._release(plan, np.array([v]))["value"] for v in values]
-        return np.asarray(released, dtype=np.float64)[inverse.reshape(-1)][:, None]
+        out = [mech._release(plan, np.array([v]))["value"] for v in values]
+        return np.asarray(out, dtype=np.float64)[inverse.reshape(-1)][:, None]
+
+    def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+        return released(which, mech._sample(rng, plan, runs * exact[which].size), runs)
 
     def once(rng: np.random.Generator, which: int) -> FloatArray:
         result = mech.run(pair[which], params, cost, meta, rng).result
         return np.asarray(result.get("values", [result.get("value")]), dtype=np.float64)
 
-    return Scenario(label, mech, params, cost, meta, pair, draw, once)
+    draw_work: WorkDraw | None = None
+    if type(mech) is baselines.GaussianMechanism:  # rejection sampling: record its trials
+
+        def draw_work(rng: np.random.Generator, which: int, runs: int
+                      ) -> tuple[FloatArray, FloatArray]:
+            """``draw``'s releases (the same generator calls as ``_sample``) and each
+            release's discrete Gaussian proposals."""
+            d = exact[which].size
+            noise, trials = sampling.discrete_gaussian_trials(rng, plan.noise_scale, runs * d)
+            work = trials.reshape(runs, d).sum(axis=1).astype(np.float64)[:, None]
+            return released(which, noise, runs), work
+
+    return Scenario(label, mech, params, cost, meta, pair, draw, once, draw_work=draw_work)
 
 
 def float_laplace_scenario(label: str, raw: Mapping[str, Any], budget: Mapping[str, Fraction],
@@ -520,7 +557,14 @@ def audit_plan(plan: Plan, mechanism: str, notion: str, size: AuditSize, seed: i
     tried = sum(f.events_tried for o in outcomes for f in o.families)
     failing = [o.scenario.label for o in outcomes if not o.passed]
     w = worst.worst()
-    parts = [f"worst: {worst.scenario.label}: {w.family}: {w.what}"]
+    def margin(fam: str) -> Callable[[Outcome], float]:
+        return lambda o: o.family(fam).certified - o.scenario.charged
+
+    closest = {fam: max(outcomes, key=margin(fam)) for fam in FAMILIES}
+    by_family = ", ".join(f"{fam} {o.family(fam).certified:.3g}/{o.scenario.charged:.3g}"
+                          for fam, o in closest.items())
+    parts = [f"worst: {worst.scenario.label}: {w.family}: {w.what}",
+             f"by family (certified/charged, closest scenario): {by_family}"]
     if failing:
         parts.append("FAILED: " + ", ".join(failing))
     for fam, o in checks:

@@ -23,6 +23,10 @@ Families:
   representation features, trained on the selection halves to tell D from D';
   its score is then audited like any scalar (DP-Sniper style).
 * ``tail``: see ``support_gap``.
+* ``work``: intervals of each run's work counters (proposals, coins, iterations,
+  redraws), alone and jointly with cells of the released values: the run time an
+  analyst sees through a release's timestamps and polling (issue #27; see
+  ``work_family``).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ CHUNK_ROWS = 20_000
 GAP_LEVEL = 0.01
 #: ... on an event whose certified loss is at least this (the other almost never goes there)
 GAP_LOSS = 5.0
+#: value cells per released coordinate in the work family's joint (value, work) events
+WORK_VALUE_CELLS = 16
 
 #: x, y (runs, d) -> (runs, k) boolean events, for both samples at once (same k)
 EventFn = Callable[[FloatArray], BoolArray]
@@ -336,3 +342,108 @@ def support_gap(x: FloatArray, y: FloatArray, probe_x: FloatArray, probe_y: Floa
     assert best is not None
     return FamilyResult("tail", tried, best.certified, best.what, best.hits, best.runs,
                         best.gap)
+
+
+# --------------------------------------------------------------------------- work
+
+
+def _cell_edges(v: FloatArray, cells: int = WORK_VALUE_CELLS) -> FloatArray:
+    """Edges of the value cells of one released coordinate (selection halves pooled):
+    its distinct values when there are at most ``cells``, else quantile bins."""
+    distinct = np.unique(v)
+    inner = distinct if distinct.size <= cells else np.unique(
+        np.quantile(v, np.linspace(0.0, 1.0, cells + 1)[1:-1]))
+    return np.concatenate([[-np.inf], inner[inner > -np.inf], [np.inf]])
+
+
+def _in_cells(v: FloatArray, edges: FloatArray) -> BoolArray:
+    """masks[c] = v in cell c = [edges[c], edges[c + 1]) (the last one also holds +inf)."""
+    cell = np.searchsorted(edges, v, side="right") - 1
+    cell = np.clip(cell, 0, edges.size - 2)
+    out: BoolArray = cell[None, :] == np.arange(edges.size - 1)[:, None]
+    return out
+
+
+@dataclass(frozen=True)
+class _WorkEvent:
+    """{released coordinate k in [vlo, vhi), work counter j in [lo, hi)}."""
+
+    k: int
+    vlo: float
+    vhi: float
+    j: int
+    lo: float
+    hi: float
+    forward: bool
+
+    def hits(self, v: FloatArray, w: FloatArray) -> int:
+        inside = (w[:, self.j] >= self.lo) & (w[:, self.j] < self.hi)
+        if self.k >= 0:
+            inside &= (v[:, self.k] >= self.vlo) & (v[:, self.k] < self.vhi)
+        return int(np.count_nonzero(inside))
+
+
+def work_family(x: FloatArray, y: FloatArray, wx: FloatArray, wy: FloatArray, alpha: float,
+                delta: float) -> FamilyResult:
+    """Events on (output, work): what an analyst who sees a release's run time can test.
+
+    ``wx``/``wy`` (runs, w) are the work counters (proposals, coins, iterations,
+    redraws) of each run whose released values are ``x``/``y``. Candidates: intervals
+    (thresholds included) of each counter, alone and within each value cell of each
+    released coordinate (``_cell_edges``: joint (value, work) events). The best on the
+    selection halves is certified on the test halves, as everywhere. When every run of
+    both neighbours did the same work (a function of public inputs), no event on work
+    adds anything to the value families: the family says so and certifies nothing.
+    """
+    if wx.size and wy.size and np.all(wx == wx[0]) and np.all(wy == wx[0]):
+        return FamilyResult("work", 1, -math.inf,
+                            "work identical on every run of D and D' (public inputs only)")
+    (sx, tx), (sy, ty) = halves(x), halves(y)
+    (swx, twx), (swy, twy) = halves(wx), halves(wy)
+    n_x, n_y = sx.shape[0], sy.shape[0]
+    best: tuple[float, _WorkEvent | None] = (-math.inf, None)
+    tried = 0
+    d = min(x.shape[1], MAX_COORDINATES)
+    cells: list[tuple[int, float, float, BoolArray, BoolArray]] = [
+        (-1, -math.inf, math.inf, np.ones(n_x, dtype=bool), np.ones(n_y, dtype=bool))]
+    for k in range(d):
+        edges = _cell_edges(np.concatenate([sx[:, k], sy[:, k]]))
+        mx, my = _in_cells(sx[:, k], edges), _in_cells(sy[:, k], edges)
+        cells += [(k, float(edges[c]), float(edges[c + 1]), mx[c], my[c])
+                  for c in range(edges.size - 1)]
+    for j in range(min(wx.shape[1], MAX_COORDINATES)):
+        for k, vlo, vhi, mx, my in cells:
+            a, b = swx[mx, j], swy[my, j]
+            if a.size + b.size == 0:
+                continue
+            edges = candidate_edges(a, b, LEVELS)
+            hx = _sorted_hits(a, edges)
+            hy = _sorted_hits(b, edges)
+            lo, hi = np.triu_indices(edges.size, k=1)
+            tried += 2 * lo.size
+            for forward, num, den, nn, nd in ((True, hx, hy, n_x, n_y),
+                                              (False, hy, hx, n_y, n_x)):
+                bounds = certified_epsilon(num[lo, hi], nn, den[lo, hi], nd, alpha, delta)
+                i = int(np.argmax(bounds))
+                if bounds[i] > best[0] or best[1] is None:
+                    best = (float(bounds[i]), _WorkEvent(k, vlo, vhi, j, float(edges[lo[i]]),
+                                                         float(edges[hi[i]]), forward))
+    event = best[1]
+    assert event is not None
+    kx, ky = event.hits(tx, twx), event.hits(ty, twy)
+    (kn, nn), (kd, nd) = ((kx, tx.shape[0]), (ky, ty.shape[0])) if event.forward else (
+        (ky, ty.shape[0]), (kx, tx.shape[0]))
+    bound = float(certified_epsilon(kn, nn, kd, nd, alpha, delta))
+    side = "D over D'" if event.forward else "D' over D"
+    cell = "" if event.k < 0 else (f", coordinate {event.k} in"
+                                   f" [{event.vlo:.6g}, {event.vhi:.6g})")
+    what = f"work counter {event.j} in [{event.lo:.6g}, {event.hi:.6g}){cell} ({side})"
+    return FamilyResult("work", tried, bound, what, (kn, kd), (nn, nd))
+
+
+def _sorted_hits(sample: FloatArray, edges: FloatArray) -> NDArray[np.int64]:
+    """hits[i, j] = #{edges[i] <= s < edges[j]} (as ``mechanisms.audit``'s interval hits)."""
+    below = np.searchsorted(np.sort(sample), edges, side="left").astype(np.int64)
+    below[-1] = sample.size
+    out: NDArray[np.int64] = below[None, :] - below[:, None]
+    return out

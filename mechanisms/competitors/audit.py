@@ -1,9 +1,11 @@
 """The adversarial audit of DIP's competitors (``lrm``, ``opm.mean``, ``opm.l2ball``, ``exm``).
 
 Same harness as ``mechanisms.audit.dp``: worst-case replace-one neighbours drawn
-through each mechanism's own code path, four event families at α/4, and a
+through each mechanism's own code path, five event families at α/5, and a
 negative control (noise calibrated for a multiple of ε while ε is charged) that
-the interval family must catch.
+the interval family must catch; ``exm`` also records each release's work (coins
+flipped, and coins that needed the exact tier) for the work family, whose control
+is the old rejection sampler on issue #27's pair.
 
 Neighbours:
 
@@ -14,12 +16,16 @@ Neighbours:
 * ``opm.l2ball``: n = 1 (d = 1: the release is ±B and the loss is exactly
   ln(π̂/(1-π̂)) <= ε, the tightest case) and n = 3 (record 0 moved, direction
   events in R^3);
-* ``exm``: n = 2 records of 3 categories, (a, a) vs (a, c), one and two draws.
+* ``exm``: n = 2 records of 3 categories, (a, a) vs (a, c), one and two draws; and
+  issue #27's pair on the support 0..1999 (D: value 0 at count 40, values 1..20 at
+  count 39; D': one record moved from 1 to 0), where the old sampler's run time
+  told D from D' at ε >= 1.3 while 1 was charged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any, TypeVar
 
@@ -166,33 +172,62 @@ def l2ball_scenario(label: str, mech: OpmL2BallMechanism, raw: Mapping[str, Any]
     return Scenario(label, mech, params, cost, meta, pair, scenario.draw, once)
 
 
+def exm_issue_pair(meta: DatasetMeta, name: str) -> tuple[Data, Data]:
+    """Issue #27's neighbours: value 0 at count 40 and values 1..20 at count 39 in D; D'
+    moves one record from 1 to 0 (acceptance rates 13.1/s and 8.2/s for the old sampler at
+    ε = 1). ``meta`` must have 820 rows and an integer column on 0..1999."""
+    base = np.concatenate([np.zeros(40, dtype=np.int64)]
+                          + [np.full(39, v, dtype=np.int64) for v in range(1, 21)])
+    assert base.size == meta.n_rows
+    other = base.copy()
+    other[40] = 0
+    return {name: base}, {name: other}
+
+
 def exm_scenario(label: str, mech: ExmMechanism, raw: Mapping[str, Any],
-                 budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
+                 budget: Mapping[str, Fraction], meta: DatasetMeta,
+                 pair: tuple[Data, Data] | None = None) -> Scenario:
+    """Default neighbours: (a, …, a) vs (c, a, …, a) on a categorical column. Work counters
+    per release: coins flipped (k·s, public) and coins decided by the exact tier; for the
+    old rejection sampler (``controls.RejectionExm``), its proposals."""
     params = mech.load_params(raw)
     cost = _cost(mech, params, budget, meta)
     name = params["column"]
     col = meta.column(name)
-    top = len(col.categories or ()) - 1
-    base = np.zeros(meta.n_rows, dtype=np.int64)
-    other = base.copy()
-    other[0] = top
-    pair: tuple[Data, Data] = ({name: base}, {name: other})
+    if pair is None:
+        top = len(col.categories or ()) - 1
+        base = np.zeros(meta.n_rows, dtype=np.int64)
+        other = base.copy()
+        other[0] = top
+        pair = ({name: base}, {name: other})
     plan = mech._plan(params, cost["epsilon"], meta)
     counts = [mech.counts(plan, d[name]) for d in pair]
+    k = plan.draws
 
-    def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+    def draw_work(rng: np.random.Generator, which: int, runs: int
+                  ) -> tuple[FloatArray, FloatArray]:
         """Draws are i.i.d. given the counts: ``runs`` releases are runs·k draws at once
         (for runs = 1 exactly ``run``'s call)."""
-        idx = mech.sample(plan, counts[which], rng, runs * plan.draws)
-        return idx.reshape(runs, plan.draws).astype(np.float64)
+        if isinstance(mech, controls.RejectionExm):
+            idx, proposals = mech.runs(plan, counts[which], rng, runs)
+            return idx.astype(np.float64), proposals.astype(np.float64)[:, None]
+        flips = mech.flips(plan, counts[which], rng, runs * k)
+        refined = flips.refined.reshape(runs, k).sum(axis=1)
+        work = np.stack([np.full(runs, flips.coins / runs), refined], axis=1)
+        return flips.chosen.reshape(runs, k).astype(np.float64), work.astype(np.float64)
+
+    def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
+        return draw_work(rng, which, runs)[0]
 
     def once(rng: np.random.Generator, which: int) -> FloatArray:
         table = mech.run(pair[which], params, cost, meta, rng).table
         assert table is not None
-        index = {c: i for i, c in enumerate(col.categories or ())}
-        return np.array([index[str(v)] for v in table[name]], dtype=np.float64)
+        if col.type == "categorical":
+            index = {c: i for i, c in enumerate(col.categories or ())}
+            return np.array([index[str(v)] for v in table[name]], dtype=np.float64)
+        return np.asarray(table[name], dtype=np.float64) - plan.offset
 
-    return Scenario(label, mech, params, cost, meta, pair, draw, once)
+    return Scenario(label, mech, params, cost, meta, pair, draw, once, draw_work=draw_work)
 
 
 def _two_columns(n: int) -> DatasetMeta:
@@ -251,12 +286,22 @@ def _l2ball_plan() -> Plan:
 def _exm_plan() -> Plan:
     mech, over = _get("exm", ExmMechanism)
     one = {"column": "c"}
+    issue = DatasetMeta(820, {"k": ColumnMeta("k", "integer", bounds=(0, 1999))})
+    pair = exm_issue_pair(issue, "k")
     return Plan([
         exm_scenario("one draw eps=1", mech, one, eps(1), category_meta(2)),
         exm_scenario("two draws eps=2", mech, {"column": "c", "draws": 2}, eps(2),
                      category_meta(2)),
-    ], [("interval", exm_scenario("one draw, weights for 3 eps", over, one, eps(1),
-                                  category_meta(2)))])
+        exm_scenario("issue #27 pair, support 0..1999, one draw eps=1", mech,
+                     {"column": "k"}, eps(1), issue, pair),
+    ], [
+        ("interval", exm_scenario("one draw, weights for 3 eps", over, one, eps(1),
+                                  category_meta(2))),
+        # twice the runs: a wide margin over charged (cheap: the control is vectorised)
+        ("work", replace(exm_scenario("issue #27 pair, old rejection sampler",
+                                      controls.RejectionExm(), {"column": "k"}, eps(1),
+                                      issue, pair), scale_runs=2)),
+    ])
 
 
 PLANS: dict[str, Callable[[], Plan]] = {

@@ -1,28 +1,28 @@
-"""``exm``: the exponential mechanism on a discrete column, as DIP's paper used it (EXM).
+"""``exm``: DIP's EXM competitor, k private draws of a discrete column's value.
 
 Quality q(a) = the count of value a, over a **public** support: an integer column's
 declared range lo..hi or a categorical column's categories (never values seen in
 the data). Under replace-one one record moves one unit of count from one value to
-another, so every q(a) changes by at most Δ = 1 and one draw with
-P(a) ∝ exp(ε' q(a) / 2) is ε'-DP (McSherry & Talwar 2007). The paper "replaced each
-record by a draw" with the sample maximum as Δ (not DP: it is data-dependent,
-and Δ = max Z is not the sensitivity of a count): here the release is ``draws``
-= k i.i.d. draws and costs the ε the caller gives, split as ε' = ε/k per draw
-(sequential composition; k = n reproduces the paper's n draws honestly, at
-ε/n each, i.e. nearly uniform draws).
+another, so every q(a) changes by at most Δ = 1. The paper "replaced each record by
+a draw" of the exponential mechanism with the sample maximum as Δ (not DP: it is
+data-dependent, and Δ = max Z is not the sensitivity of a count): here the release
+is ``draws`` = k i.i.d. draws and costs the ε the caller gives, split as ε' = ε/k
+per draw (sequential composition; k = n reproduces the paper's n draws honestly,
+at ε/n each, i.e. nearly uniform draws).
 
-Exact sampling (a Gumbel-max in floats is not exact): propose a uniformly (numpy's
-bounded ``integers`` is exact), accept with probability exp(-γ_a),
-γ_a = ε'(q* - q(a))/2 (q* = the largest count); accepted proposals are exactly
-distributed ∝ exp(ε' q(a)/2). The Bernoulli(exp(-γ)) reads a 63-bit word V as the
-leading bits of a uniform and accepts iff V < exp(-γ): a float64 test decides
-with a margin, the rest go to ``sampling._exact_accept`` (decimal, refining V's
-bits; γ is rational and nonzero there, so exp(-γ) is never a cell edge). Expected
-proposals per draw: s / Σ_a exp(-γ_a) <= s (s = support size).
+Each draw is **permute-and-flip** (McKenna & Sheldon 2020, ``mechanisms.flip``) with
+coin probabilities p_a = exp(−γ_a), γ_a = ε'(q* − q(a))/2 (q* the largest count):
+ε'-DP like the exponential mechanism P(a) ∝ exp(ε' q(a)/2) (McSherry & Talwar
+2007), whose quality it never falls below in expectation. It replaces the old
+exact rejection sampler of the exponential mechanism's own law, whose number of
+proposals was geometric in the data's acceptance rate Σ_a p_a / s: the run time,
+which an analyst sees, was a second output that is not ε-DP (issue #27; the audit's
+work family certifies ε >= 1.3 against it at charged 1, ``audit.controls``).
 
-Timing: the number of proposals (hence the run time) depends on the counts, as for
-any rejection or permute-and-flip sampler; the service exposes a job's duration
-only coarsely, and this is not covered by the DP statement.
+Timing: every draw evaluates all s coins (s = support size) and one permutation of
+the support, so the work is draws·s coins whatever the counts. The one exception is
+the coins' exact tier, taken with probability <= 2^-48 per coin whatever the data
+(about 60 µs each; ``mechanisms.flip``).
 
 Output: the k draws (``draw`` index column and the column's values: integers or
 category names; synthetic rows, not linked to records) and their histogram.
@@ -40,7 +40,7 @@ import numpy as np
 from marshmallow import Schema, fields, validate
 from numpy.typing import NDArray
 
-from mechanisms import sampling
+from mechanisms import flip, sampling
 from mechanisms.base import (
     Budget,
     ColumnMeta,
@@ -57,8 +57,10 @@ from mechanisms.competitors.common import PRIVACY_UNIT, column_array, fmt
 MAX_SUPPORT = 100_000
 #: most draws one release may ask for
 MAX_DRAWS = 10_000_000
-#: work units charged per proposal (an exact Bernoulli is a few hundred array elements)
-PROPOSAL_UNITS = 500
+#: work units charged per coin (a coin and its share of the permutation take ~30 ns, about
+#: one unit; the old rejection sampler's per-proposal figure is kept, so the work bound,
+#: draws·s coins, refuses exactly what it refused before)
+COIN_UNITS = 500
 DRAW_COLUMN = "_draw"
 _LN2_63 = 63 * math.log(2.0)
 
@@ -75,10 +77,13 @@ class ExmPlan:
     offset: int  # integer columns: value = offset + index
     per_draw: Fraction  # ε' = ε / draws
     draws: int
+    n: int  # public row count: every count lies in 0..n
 
 
 def exact_bernoulli_exp(rng: np.random.Generator, gamma: list[Fraction]) -> NDArray[np.bool_]:
-    """Independent Bernoulli(exp(-γ_i)) for rational γ_i >= 0, exactly."""
+    """Independent Bernoulli(exp(-γ_i)) for rational γ_i >= 0, exactly (one coin per γ, floats
+    and the exact tier; ``flip.Coins`` is the table form ``exm`` uses; this one is kept for
+    the audit's control, the old rejection sampler)."""
     m = len(gamma)
     words = rng.integers(0, 1 << 64, size=m, dtype=np.uint64) >> np.uint64(1)
     g = np.array([float(x) for x in gamma], dtype=np.float64)
@@ -98,15 +103,16 @@ def exact_bernoulli_exp(rng: np.random.Generator, gamma: list[Fraction]) -> NDAr
 
 
 class ExmMechanism(Mechanism):
-    """k exact exponential-mechanism draws of a discrete column's value (count as quality)."""
+    """k permute-and-flip draws of a discrete column's value (count as quality), fixed work."""
 
     name = "exm"
     measures = ("epsilon",)
     params_schema = ExmParamsSchema
     description = (
-        "DIP's EXM competitor: k independent exponential-mechanism draws of a value of a"
-        " discrete column (quality = count over the declared support), epsilon/k per draw,"
-        " sampled exactly."
+        "DIP's EXM competitor: k independent permute-and-flip draws (the exponential"
+        " mechanism's privacy, never worse in expected quality) of a value of a discrete"
+        " column (quality = count over the declared support), epsilon/k per draw, exact coins"
+        " and a fixed amount of work (every value's coin is flipped)."
     )
 
     def _plan(self, params: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> ExmPlan:
@@ -123,7 +129,7 @@ class ExmMechanism(Mechanism):
             raise MechanismInputError("params.column", f"support must have 1 to {MAX_SUPPORT}"
                                       " values")
         draws = int(params.get("draws", 1))
-        return ExmPlan(col, support, offset, epsilon / draws, draws)
+        return ExmPlan(col, support, offset, epsilon / draws, draws, meta.n_rows)
 
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
              ) -> dict[str, Fraction]:
@@ -137,7 +143,7 @@ class ExmMechanism(Mechanism):
         if col is not None and col.type == "integer" and col.bounds is not None:
             support = int(col.bounds[1]) - int(col.bounds[0]) + 1
         draws = int(params.get("draws", 1))
-        return Work(float(meta.n_rows) + float(draws) * support * PROPOSAL_UNITS,
+        return Work(float(meta.n_rows) + float(draws) * support * COIN_UNITS,
                     "params.draws", "lower draws")
 
     def accuracy(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
@@ -152,18 +158,19 @@ class ExmMechanism(Mechanism):
         idx = np.clip(codes.astype(np.int64) - plan.offset, 0, plan.support - 1)
         return np.bincount(idx, minlength=plan.support).astype(np.int64)
 
+    def coins(self, plan: ExmPlan, counts: NDArray[np.int64]) -> flip.Coins:
+        """Each value's coin: Bernoulli(exp(−γ_a)), γ_a = ε'(q* − q(a))/2 exactly."""
+        return flip.Coins.scaled(plan.per_draw / 2, counts.max() - counts, plan.n)
+
+    def flips(self, plan: ExmPlan, counts: NDArray[np.int64], rng: np.random.Generator,
+              draws: int) -> flip.Flips:
+        """``draws`` i.i.d. permute-and-flip draws and their work (draws·s coins)."""
+        return flip.permute_and_flip(rng, self.coins(plan, counts), draws)
+
     def sample(self, plan: ExmPlan, counts: NDArray[np.int64], rng: np.random.Generator,
                draws: int) -> NDArray[np.int64]:
-        """``draws`` i.i.d. exact EM draws (support indices)."""
-        top = int(counts.max())
-        by_value = [plan.per_draw * (top - int(c)) / 2 for c in counts]  # γ_a, exact
-        out: list[int] = []
-        batch = max(16, 2 * draws)
-        while len(out) < draws:
-            proposals = rng.integers(0, plan.support, size=min(batch, 1 << 20))
-            keep = exact_bernoulli_exp(rng, [by_value[int(a)] for a in proposals])
-            out.extend(int(p) for p in proposals[keep][: draws - len(out)])
-        return np.asarray(out, dtype=np.int64)
+        """``draws`` i.i.d. permute-and-flip draws (support indices)."""
+        return self.flips(plan, counts, rng, draws).chosen
 
     def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
             meta: DatasetMeta, rng: np.random.Generator) -> Output:
@@ -184,9 +191,11 @@ class ExmMechanism(Mechanism):
                     [int(v) for v in hist] if plan.support <= 1000 else None, **labels,
                     "epsilon": {"total": float(epsilon), "per_draw": float(plan.per_draw)}},
             accuracy=self._accuracy(plan),
-            guarantee=(f"pure epsilon-DP (exponential mechanism, epsilon={fmt(epsilon)} nats:"
+            guarantee=(f"pure epsilon-DP (permute-and-flip, epsilon={fmt(epsilon)} nats:"
                        f" {plan.draws} draw(s) at {fmt(plan.per_draw)} each, count quality of"
-                       f" sensitivity 1 over the declared support), {PRIVACY_UNIT}"),
+                       f" sensitivity 1 over the declared support; its work is fixed by the"
+                       f" support and draws, but for an exact-arithmetic step taken with"
+                       f" probability below 2^-48 per coin), {PRIVACY_UNIT}"),
             table={DRAW_COLUMN: np.arange(plan.draws, dtype=np.int64),
                    plan.column.name: values},
             per_record=False,  # draws from a DP distribution, not the dataset's records
@@ -201,11 +210,13 @@ class ExmMechanism(Mechanism):
             "support": plan.support,
             "count_shortfall_95": shortfall,
             "statement": (
-                "Each draw is value a with probability proportional to exp(epsilon' q(a)/2),"
-                " q(a) its count (epsilon' = epsilon/draws); with probability at least 95% a"
-                " draw's count is within count_shortfall_95 = (2/epsilon')(ln s + ln 20) of"
-                " the largest count. The draws are a synthetic sample from that law, not the"
-                " data's distribution: for small epsilon' they are nearly uniform on the"
-                " support."
+                "Each draw is permute-and-flip over the support: values visited in random"
+                " order, value a taken with probability exp(-epsilon' (q* - q(a))/2), q(a) its"
+                " count, q* the largest (epsilon' = epsilon/draws). A draw is a only if a's"
+                " own coin came up, so P(a) <= exp(-epsilon' (q* - q(a))/2), and with"
+                " probability at least 95% a draw's count is within count_shortfall_95 ="
+                " (2/epsilon')(ln s + ln 20) of the largest count (union bound over the s"
+                " values). The draws are a synthetic sample from that law, not the data's"
+                " distribution: for small epsilon' they are nearly uniform on the support."
             ),
         }

@@ -42,7 +42,9 @@ def worst_pair(mech: _MultiColumn, plan: Any, params: Mapping[str, Any],
 
 def scenario(label: str, mech: _MultiColumn, raw: Mapping[str, Any],
              budget: Mapping[str, Fraction], meta: DatasetMeta,
-             candidates: Sequence[Data]) -> Scenario:
+             candidates: Sequence[Data], old_solver: bool = False) -> Scenario:
+    """``old_solver`` (``iclp.erm``): record the work of the old early-exit solve
+    (``controls.old_erm_solve``), the work family's control."""
     params = mech.load_params(raw)
     cost = _cost(mech, params, budget, meta)
     plan: Any = mech._calibrated(params, cost["epsilon"], meta)
@@ -64,8 +66,25 @@ def scenario(label: str, mech: _MultiColumn, raw: Mapping[str, Any],
         out: FloatArray = plan.noise.privacy_loss(v / steps, centres[0], centres[1])
         return out
 
+    draw_work = None
+    if hasattr(plan, "solve_traced"):  # iclp.erm: its solver's work on each neighbour
+        stats = [plan.bin_stats(*(d[c] for c in cols)) for d in pair]
+        if old_solver:
+            works = [controls.old_erm_solve(plan, *st)[1:] for st in stats]
+        else:
+            works = [(t.steps, t.evaluations)
+                     for t in (plan.solve_traced(*st)[1] for st in stats)]
+
+        def draw_work(rng: np.random.Generator, which: int, runs: int
+                      ) -> tuple[FloatArray, FloatArray]:
+            """The solve runs once per release on the neighbour's data: every run records
+            its Newton steps and objective evaluations."""
+            return draw(rng, which, runs), np.tile(np.asarray(works[which], dtype=np.float64),
+                                                   (runs, 1))
+
     return Scenario(label, mech, params, cost, meta, pair, draw, once,
-                    statistics=(("privacy-loss statistic of the claimed noise", loss),))
+                    statistics=(("privacy-loss statistic of the claimed noise", loss),),
+                    draw_work=draw_work)
 
 
 def _plan(name: str, configs: Sequence[tuple[str, dict[str, Any], int]], meta: DatasetMeta,
@@ -147,12 +166,42 @@ def kde2d_candidates() -> list[Data]:
     return out
 
 
-PLANS: dict[str, Callable[[], Plan]] = {
-    "iclp.erm": lambda: _plan("iclp.erm", [
+def erm_work_pair() -> tuple[DatasetMeta, list[Data]]:
+    """n = 40 records with a logistic response; D' moves record 0 to x = 1 and flips its
+    response. At ψ = 10^-4 the old solve certified D at Newton step 6 and D' at 5."""
+    rng = np.random.default_rng(2)
+    n = 40
+    x = rng.uniform(size=n)
+    b = (rng.uniform(size=n) < x).astype(np.int64)
+    x2, b2 = x.copy(), b.copy()
+    x2[0], b2[0] = 1.0, 1 - b[0]
+    meta = DatasetMeta(n, {"x": ColumnMeta("x", "continuous", bounds=(0.0, 1.0)),
+                           "b": ColumnMeta("b", "integer", bounds=(0, 1))})
+    return meta, [{"x": x, "b": b}, {"x": x2, "b": b2}]
+
+
+ERM_WORK = {"covariate": "x", "response": "b", "loss": "logistic", "grid_size": 16,
+            "smoothing": {"psi": 1e-4}}
+
+
+def _erm_plan() -> Plan:
+    plan = _plan("iclp.erm", [
         ("square loss eps=1", {"covariate": "x", "response": "y", "grid_size": 16}, 1),
         ("logistic eps=1", {"covariate": "x", "response": "b", "loss": "logistic",
                             "grid_size": 16}, 1),
-    ], erm_meta(), erm_candidates, 8),
+    ], erm_meta(), erm_candidates, 8)
+    mech = registry.get("iclp.erm")
+    assert isinstance(mech, _MultiColumn)
+    meta, pair = erm_work_pair()
+    plan.honest.append(scenario("logistic, psi=1e-4, neighbours certified at different"
+                                " steps, eps=1", mech, ERM_WORK, eps(1), meta, pair))
+    plan.controls.append(("work", scenario("logistic, psi=1e-4, old early-exit solve", mech,
+                                           ERM_WORK, eps(1), meta, pair, old_solver=True)))
+    return plan
+
+
+PLANS: dict[str, Callable[[], Plan]] = {
+    "iclp.erm": _erm_plan,
     "iclp.cov": lambda: _plan("iclp.cov", [
         ("centred eps=1", {"column": "f", "max_components": 4}, 1),
         ("second moment only eps=1", {"column": "f", "max_components": 4,

@@ -366,6 +366,16 @@ class IclpErm(_MultiColumn):
     def columns(self, params: Mapping[str, Any]) -> list[str]:
         return [params["covariate"], params["response"]]
 
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        """A pass over the rows, plus the solve's fixed Newton steps (a function of the loss
+        and grid only): per step about 4 + |LINE_SEARCH| passes over the M x J features
+        (J <= M) and a J x J factorisation, counted at 1/64 unit per flop (BLAS)."""
+        m = int(params.get("grid_size", _erm.DEFAULT_GRID_SIZE))
+        steps = (_erm.LOGISTIC_ITERATIONS if params.get("loss") == "logistic"
+                 else _erm.SQUARE_ITERATIONS)
+        solve = steps * ((4 + len(_erm.LINE_SEARCH)) * m * m + m**3 / 64)
+        return Work(float(max(meta.n_rows, 1)) * m + solve, "params.grid_size")
+
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
         xb = _bounded(meta, p["covariate"], "params.covariate", self.name)
         yb = check_numeric_column(meta.column(p["response"], "params.response"),

@@ -22,8 +22,8 @@ has ‖â‖ <= B/√ψ, so |f̂| <= κB/√ψ and L = 2(B + κB/√ψ). The obj
 ψ‖f‖² (not ψ/2). The computed minimiser differs from the exact one; an a
 posteriori bound ‖a − a*‖₂ <= ‖∇J(a)‖₂/(2ψ) (strong convexity), with the
 gradient's own rounding bounded, is checked against a public tolerance
-``SOLVE_TOLERANCE``·Lκ/(nψ) that the lattice slack absorbs (refining with
-Newton steps until it holds).
+``SOLVE_TOLERANCE``·Lκ/(nψ) that the lattice slack absorbs (Newton steps; a fixed,
+public number of them, so that the run time does not depend on the data).
 """
 
 from __future__ import annotations
@@ -49,7 +49,17 @@ SOLVE_TOLERANCE = 2.0**-14
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
 #: candidate ψ of the default rule: a log grid (public)
 PSI_GRID = tuple(10.0 ** (k / 4) for k in range(-40, 9))
-_MAX_REFINE = 100
+#: Newton steps of every solve, whatever the data (issue #27: an early exit made the run
+#: time a function of the data). The square loss is quadratic: one step is exact up to
+#: rounding, certified at the second check (measured: always 2). The logistic loss took
+#: 3–6 steps on ordinary data (n up to 10^5, grid up to 500) and at most 19 on nearly
+#: separable data at ψ down to 10^-12; 50 leaves a margin, and a solve still uncertified
+#: after them fails as before (charged, the fixed message).
+SQUARE_ITERATIONS = 4
+LOGISTIC_ITERATIONS = 50
+#: step sizes of the damped Newton line search, all tried every step (the old loop halved
+#: from 1 while J did not decrease and stopped at 2^-30)
+LINE_SEARCH = tuple(2.0**-k for k in range(30))
 #: exact per-bin response sums (2^30 lattice units per B, 2^53 exact) and a certifiable solve
 MAX_ROWS = 2**22
 _U = 2.0**-53
@@ -63,6 +73,17 @@ def proxy_psi(privacy_mse: Callable[[float], float], radius_sq: float) -> float:
     from the public bounds (B for ERM, τ² for the second moment).
     """
     return min(PSI_GRID, key=lambda p: privacy_mse(p) + p * radius_sq / 4.0)
+
+
+@dataclass(frozen=True)
+class SolveWork:
+    """What one solve computed: Newton steps and line-search objective evaluations (both
+    functions of the loss only), and the step at which the answer was certified (data-
+    dependent, never observable: the work after it is the same)."""
+
+    steps: int
+    evaluations: int
+    certified_at: int
 
 
 class SolveError(ArithmeticError):
@@ -152,25 +173,49 @@ class ErmPlan:
         np.float64
     ]:
         """â, certified within SOLVE_TOLERANCE·Lκ/(nψ) of the exact minimiser (ℓ2)."""
+        return self.solve_traced(counts, sums)[0]
+
+    def solve_traced(self, counts: NDArray[np.float64], sums: NDArray[np.float64]
+                     ) -> tuple[NDArray[np.float64], SolveWork]:
+        """``solve`` and its work.
+
+        The work is a function of public inputs (issue #27): exactly ``iterations`` Newton
+        steps, each with a full backtracking line search for the logistic loss (all
+        ``LINE_SEARCH`` step sizes tried), whatever the data. The first certified iterate is
+        returned; the steps after it are computed on it and discarded, so the answer is
+        the one an early exit would give. Not certified after ``iterations`` steps: a
+        ``SolveError``, after the same work.
+        """
         b = self.features
         psi = self.psi
         a = np.zeros(b.shape[1])
-        for _ in range(_MAX_REFINE):
+        found: NDArray[np.float64] | None = None
+        evaluations, certified_at = 0, -1
+        for k in range(self.iterations):
             grad, slack, hess = self._gradient(b, counts, sums, a)
             # ‖a − a*‖ <= ‖∇J(a)‖/(2ψ); the computed gradient errs by at most ``slack``
-            if (float(np.linalg.norm(grad)) + slack) / (2.0 * psi) * (1.0 + 1e-6) <= (
-                SOLVE_TOLERANCE * self.radius
-            ):
-                return a
+            certified = (float(np.linalg.norm(grad)) + slack) / (2.0 * psi) * (1.0 + 1e-6) <= (
+                SOLVE_TOLERANCE * self.radius)
+            if certified and found is None:
+                found, certified_at = a, k
             step = np.linalg.solve(hess, grad)
-            if self.loss == "logistic":  # damped Newton: halve until J decreases
+            if self.loss == "logistic":  # damped Newton: the largest 2^-k with J decreasing
                 base = self._objective(b, counts, sums, a)
-                t = 1.0
-                while t > 2.0**-30 and self._objective(b, counts, sums, a - t * step) > base:
-                    t *= 0.5
-                step = t * step
-            a = a - step
-        raise SolveError("the ERM minimiser did not reach the certified tolerance")
+                decreases = [self._objective(b, counts, sums, a - t * step) <= base
+                             for t in LINE_SEARCH]
+                evaluations += 1 + len(LINE_SEARCH)
+                step = LINE_SEARCH[decreases.index(True)] * step if any(decreases) else (
+                    LINE_SEARCH[-1] / 2.0 * step)
+            if found is None:
+                a = a - step
+        if found is None:
+            raise SolveError("the ERM minimiser did not reach the certified tolerance")
+        return found, SolveWork(self.iterations, evaluations, certified_at)
+
+    @property
+    def iterations(self) -> int:
+        """Newton steps of every solve (public: the loss only)."""
+        return SQUARE_ITERATIONS if self.loss == "square" else LOGISTIC_ITERATIONS
 
     def _objective(self, b: NDArray[np.float64], counts: NDArray[np.float64],
                    sums: NDArray[np.float64], a: NDArray[np.float64]) -> float:

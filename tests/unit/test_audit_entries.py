@@ -65,6 +65,9 @@ def test_vectorised_draw_is_what_run_releases(name: str, scenario: dp.Scenario) 
             released = scenario.once(np.random.default_rng(seed), which)
             assert drawn.shape == (1, released.size)
             assert drawn[0].tolist() == released.tolist()
+            if scenario.draw_work is not None:  # the work family's runs are the same releases
+                with_work, work = scenario.draw_work(np.random.default_rng(seed), which, 1)
+                assert with_work.tolist() == drawn.tolist() and work.shape[0] == 1
 
 
 def test_neighbours_attain_the_claimed_loss() -> None:

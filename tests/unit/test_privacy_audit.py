@@ -9,6 +9,7 @@ harness must pass (so its failures on the old code are not false alarms).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,8 @@ from numpy.typing import NDArray
 
 from mechanisms import baselines
 from mechanisms.audit import controls, dp, events, tapes
+from mechanisms.base import ColumnMeta, DatasetMeta
+from mechanisms.competitors import audit as competitors_audit
 from mechanisms.dip.noise import NoiseStep
 
 
@@ -120,3 +123,79 @@ def test_dip_zero_noise_event_separates_the_old_step_and_not_the_fixed_one() -> 
     fixed = dp.evaluate(new, "ci", 4)
     assert fixed.passed, fixed.families
     assert fixed.certified > 0.8  # the audit still has power: the loss ε = 1 is nearly tight
+
+
+# --------------------------------------------------------------------------- work (issue 27)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_work_family_certifies_nothing_when_work_has_one_law(seed: int) -> None:
+    """Validity: values and work counters (geometric, correlated with the value) of one
+    law on both neighbours certify no loss, though thousands of joint events are tried."""
+    rng = np.random.default_rng(seed)
+
+    def sample() -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        v = rng.integers(0, 5, size=(8000, 1)).astype(np.float64)
+        w = rng.geometric(0.05 + 0.02 * v).astype(np.float64)
+        return v, w
+
+    (x, wx), (y, wy) = sample(), sample()
+    result = events.work_family(x, y, wx, wy, 1e-3, 0.0)
+    assert result.events_tried > 1000
+    assert result.certified <= 0.0, result
+
+
+def test_the_work_family_finds_a_leak_only_the_joint_law_shows() -> None:
+    """Same law of values (fair bits) and of work (10 or 100, even odds) on both neighbours,
+    but long runs come with value 1 on D and with value 0 on D' (9 : 1): only a joint
+    (value, work) cell sees it (loss ln 9), not the values, not the work alone."""
+    rng = np.random.default_rng(11)
+    runs = 20_000
+
+    def sample(long_value: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        v = rng.integers(0, 2, size=runs)
+        agree = rng.random(runs) < 0.9
+        long = np.where(v == long_value, agree, ~agree)
+        return v[:, None].astype(np.float64), np.where(long, 100.0, 10.0)[:, None]
+
+    (x, wx), (y, wy) = sample(1), sample(0)
+    result = events.work_family(x, y, wx, wy, 1e-3, 0.0)
+    assert result.certified > 1.5 and "coordinate 0" in result.what, result
+    assert events.interval_family(x, y, 1e-3, 0.0).certified < 0.1
+    assert events.interval_family(wx, wy, 1e-3, 0.0).certified < 0.1
+    same = np.full((runs, 1), 7.0)
+    constant = events.work_family(x, y, same, same, 1e-3, 0.0)
+    assert constant.certified == -math.inf and constant.events_tried == 1
+
+
+def test_the_work_family_catches_the_old_exm_sampler_and_passes_exm() -> None:
+    """Issue #27's pair (support 0..1999, one draw at ε = 1): the old rejection sampler's
+    proposal count certifies ε > 1 at charged 1 (the issue measured 1.33); ``exm``'s
+    permute-and-flip does the same work on D and D', so the family certifies nothing
+    and every family passes."""
+    plan = competitors_audit._exm_plan()
+    control = next(s for fam, s in plan.controls if fam == "work")
+    old = dp.evaluate(control, "ci", 1000)
+    assert old.caught_by("work") and old.family("work").certified > 1.0
+    assert old.family("interval").certified <= 1.0  # its values alone are ε-DP
+    honest = next(s for s in plan.honest if "issue #27" in s.label)
+    new = dp.evaluate(honest, "ci", 20)
+    assert new.family("work").certified == -math.inf
+    assert new.passed, new.families
+
+
+def test_the_old_exm_control_is_the_old_loop_vectorised() -> None:
+    """The work control draws many releases at once; with one release it reads the
+    generator exactly as the verbatim old loop (``RejectionExm.sample``) does and returns
+    the same draws, for one and for several draws per release."""
+    mech = controls.RejectionExm()
+    meta = DatasetMeta(12, {"g": ColumnMeta("g", "categorical", categories=("a", "b", "c"))})
+    codes = np.array([0] * 7 + [1] * 4 + [2])
+    for k in (1, 3):
+        plan = mech._plan(mech.load_params({"column": "g", "draws": k}), Fraction(k), meta)
+        counts = mech.counts(plan, codes)
+        for seed in range(10):
+            old = mech.sample(plan, counts, np.random.default_rng(seed), k)
+            drawn, proposals = mech.runs(plan, counts, np.random.default_rng(seed), 1)
+            assert drawn[0].tolist() == old.tolist()
+            assert proposals[0] % max(16, 2 * k) == 0

@@ -184,3 +184,24 @@ def test_choose_law_across_blocks() -> None:
     assert abs(hits / runs - expected) <= Z * math.sqrt(expected * (1 - expected) / runs)
     lone = [Fraction(10**6)] * 999 + [Fraction(0)]
     assert all(plan.choose(rng, lone) == 999 for _ in range(20))
+
+
+def test_choose_flips_every_coin_whatever_the_ranks() -> None:
+    """Issue #27: permute-and-flip stopping at the first head read as many random words as
+    coins it flipped, a number that depends on the ranks (the data), and so did its run
+    time. Now every candidate's coin is flipped: the same seed on neighbours (one record
+    moved from lo to hi) reads exactly the same words, whatever the release (at ε = 40 few
+    coins come up, so the old sampler's stopping block told the neighbours apart)."""
+    plan = _plan({"quantiles": [0.5, 0.9], "grid_size": 1001}, Fraction(80))
+    d = {"x": np.linspace(0.0, 10.0, META.n_rows)}
+    d2 = {"x": d["x"].copy()}
+    d2["x"][0] = 10.0
+    ranks = [plan.ranks(d), plan.ranks(d2)]
+    for seed in range(10):
+        states = []
+        for r in ranks:
+            rng = np.random.default_rng(seed)
+            for q in plan.quantiles:
+                plan.choose(rng, plan.gaps(r, q))
+            states.append(rng.bit_generator.state)
+        assert states[0] == states[1]

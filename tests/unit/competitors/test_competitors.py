@@ -7,6 +7,7 @@ parts (calibration, constants, costs, validation) are checked exactly.
 
 from __future__ import annotations
 
+import itertools
 import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -17,9 +18,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import special
+from scipy import special, stats
 
-from mechanisms import registry
+from mechanisms import flip, registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.competitors import common, exm, opm
 from mechanisms.competitors.lrm import round_to_lattice
@@ -307,27 +308,76 @@ def test_exact_bernoulli_exp_decides_undecided_words_exactly() -> None:
     assert not exm.exact_bernoulli_exp(Words(edge + 1), [gamma])[0]  # type: ignore[arg-type]
 
 
-def test_exm_draws_follow_the_exponential_mechanism() -> None:
-    """P(a) ∝ exp(ε' q(a)/2) with ε' = ε/k (chi-square-free check: each frequency at 4.5 SE)."""
+def _pf_law(gammas: list[float]) -> np.ndarray:
+    """Permute-and-flip's law by brute force over every order (independent of ``flip``)."""
+    p = [math.exp(-g) for g in gammas]
+    law = np.zeros(len(p))
+    orders = list(itertools.permutations(range(len(p))))
+    for order in orders:
+        alive = 1.0
+        for c in order:
+            law[c] += alive * p[c] / len(orders)
+            alive *= 1.0 - p[c]
+    return law
+
+
+def test_exm_draws_follow_permute_and_flip() -> None:
+    """Each draw has permute-and-flip's law with coins exp(−ε'(q* − q(a))/2), ε' = ε/k
+    (chi-square at a fixed seed, p > 10^-3); the exponential mechanism's law, which the
+    old sampler drew, is rejected on the same draws (the test has power)."""
     n = 12
-    m = DatasetMeta(n, {"g": ColumnMeta("g", "categorical", categories=("a", "b", "c"))})
-    codes = np.array([0] * 7 + [1] * 4 + [2] * 1)
-    draws = 200
+    m = DatasetMeta(n, {"g": ColumnMeta("g", "categorical", categories=("a", "b", "c", "d"))})
+    codes = np.array([0] * 6 + [1] * 4 + [2] * 2)
+    draws = 100
     out, cost = release("exm", {"column": "g", "draws": draws}, {"g": codes}, m,
                         budget={"epsilon": Fraction(100)})
     assert cost == {"epsilon": Fraction(100)}
-    assert out.result["epsilon"]["per_draw"] == 0.5
-    assert out.result["histogram"] == [int((out.table["g"] == c).sum()) for c in "abc"]
+    assert out.result["epsilon"]["per_draw"] == 1.0
+    assert out.result["histogram"] == [int((out.table["g"] == c).sum()) for c in "abcd"]
     assert out.table["_draw"].tolist() == list(range(draws))
-    # many more draws of the same law through the mechanism's sampler (ε' = 1/2)
+    # many more draws of the same law through the mechanism's sampler (ε' = 1)
     mech = registry.get("exm")
     plan = mech._plan(mech.load_params({"column": "g", "draws": draws}), Fraction(100), m)  # type: ignore[attr-defined]
-    many = 30_000
+    many = 40_000
     idx = mech.sample(plan, mech.counts(plan, codes), np.random.default_rng(8), many)  # type: ignore[attr-defined]
-    weights = np.exp(0.5 * np.array([7, 4, 1]) / 2)
-    p = weights / weights.sum()
-    freq = np.bincount(idx, minlength=3) / many
-    assert np.all(np.abs(freq - p) < Z * np.sqrt(p * (1 - p) / many))
+    observed = np.bincount(idx, minlength=4)
+    gammas = [(6 - c) / 2 for c in (6, 4, 2, 0)]
+    pf = _pf_law(gammas)
+    assert pf == pytest.approx(flip.probabilities(gammas), abs=1e-12)
+    assert stats.chisquare(observed, pf * many).pvalue > 1e-3
+    em = np.exp(-np.array(gammas))
+    assert stats.chisquare(observed, em / em.sum() * many).pvalue < 1e-12
+
+
+def _issue_pair() -> tuple[DatasetMeta, np.ndarray, np.ndarray]:
+    """Issue #27's neighbours on support 0..1999: D has value 0 at count 40 and values
+    1..20 at count 39; D' moves one record from 1 to 0."""
+    d = np.concatenate([np.zeros(40, dtype=np.int64)]
+                       + [np.full(39, v, dtype=np.int64) for v in range(1, 21)])
+    d2 = d.copy()
+    d2[40] = 0  # the first record of value 1
+    m = DatasetMeta(d.size, {"k": ColumnMeta("k", "integer", bounds=(0, 1999))})
+    return m, d, d2
+
+
+def test_exm_work_is_a_function_of_public_inputs() -> None:
+    """Issue #27: the same seed on D and D' reads exactly the same random words (hence
+    does the same work) and flips draws·s coins; only the released values may differ.
+    The old rejection sampler read a number of words geometric in the data's acceptance
+    rate: on this pair its generator ends in different states."""
+    m, d, d2 = _issue_pair()
+    mech = registry.get("exm")
+    params = mech.load_params({"column": "k", "draws": 3})
+    plan = mech._plan(params, Fraction(1), m)  # type: ignore[attr-defined]
+    for seed in range(5):
+        states = []
+        for data in (d, d2):
+            rng = np.random.default_rng(seed)
+            mech.sample(plan, mech.counts(plan, data), rng, 3)  # type: ignore[attr-defined]
+            states.append(rng.bit_generator.state)
+        assert states[0] == states[1]
+        flips = mech.flips(plan, mech.counts(plan, d), np.random.default_rng(seed), 3)  # type: ignore[attr-defined]
+        assert flips.coins == 3 * 2000 and flips.refined.tolist() == [0, 0, 0]
 
 
 def test_exm_integer_support_is_public_and_validated() -> None:

@@ -318,3 +318,62 @@ def test_entries_charge_exactly_their_epsilon() -> None:
         split = accuracy.get("epsilon_split")
         if split:
             assert sum(Fraction(v) for v in split.values()) == Fraction(7, 3)
+
+
+def test_erm_solve_does_the_same_work_on_neighbours() -> None:
+    """Issue #27: the solve stopped at the first certified Newton step, a data-dependent
+    count. On this pair (record 0 replaced) certification comes at different steps, yet
+    both solves compute the same public number of steps and line-search evaluations, and
+    each returns the first certified iterate (what the early exit returned)."""
+    rng = np.random.default_rng(10)
+    n = 200
+    x = rng.uniform(size=n)
+    y = (rng.uniform(size=n) < x).astype(float)
+    x2, y2 = x.copy(), y.copy()
+    x2[0], y2[0] = 1.0, 1.0 - y[0]
+    plan = erm.plan_iclp_erm("logistic", (0.0, 1.0), (0.0, 1.0), n, 1.0, grid_size=16,
+                             psi=1e-6)
+    traces = []
+    for xs, ys in ((x, y), (x2, y2)):
+        counts, sums = plan.bin_stats(xs, ys)
+        a, trace = plan.solve_traced(counts, sums)
+        traces.append(trace)
+        grad, slack, _ = plan._gradient(plan.features, counts, sums, a)
+        assert float(np.linalg.norm(grad)) + slack <= 2 * plan.psi * erm.SOLVE_TOLERANCE * (
+            plan.radius)
+        # the early exit's answer: Newton steps from 0 up to the certified one
+        b, early = plan.features, np.zeros(plan.features.shape[1])
+        for _ in range(trace.certified_at):
+            g, _, hess = plan._gradient(b, counts, sums, early)
+            step = np.linalg.solve(hess, g)
+            base = plan._objective(b, counts, sums, early)
+            t = 1.0
+            while t > 2.0**-30 and plan._objective(b, counts, sums, early - t * step) > base:
+                t *= 0.5
+            early = early - t * step
+        assert np.array_equal(a, early)
+    assert traces[0].certified_at != traces[1].certified_at
+    assert (traces[0].steps, traces[0].evaluations) == (traces[1].steps,
+                                                        traces[1].evaluations)
+    assert traces[0].steps == erm.LOGISTIC_ITERATIONS
+
+
+def test_the_old_early_exit_solve_kept_as_a_control_gives_the_same_answer() -> None:
+    """The audit's work control (``controls.old_erm_solve``) is the old loop: the same
+    minimiser as today's fixed-step solve, found after a number of steps that differs
+    between the audit's neighbours (6 and 5) while today's is the same on both."""
+    from mechanisms.audit import controls
+    from mechanisms.iclp import audit as iclp_audit
+
+    meta, pair = iclp_audit.erm_work_pair()
+    mech = registry.get("iclp.erm")
+    plan = mech._calibrated(mech.load_params(iclp_audit.ERM_WORK), Fraction(1), meta)  # type: ignore[attr-defined]
+    steps, work = [], []
+    for d in pair:
+        counts, sums = plan.bin_stats(d["x"], d["b"])
+        old, n_steps, _ = controls.old_erm_solve(plan, counts, sums)
+        new, trace = plan.solve_traced(counts, sums)
+        assert np.array_equal(old, new) and trace.certified_at == n_steps
+        steps.append(n_steps)
+        work.append((trace.steps, trace.evaluations))
+    assert steps == [6, 5] and work[0] == work[1]
