@@ -696,7 +696,8 @@ def _budget_set(c: Client, dataset: str, cap: tuple[str, ...],
     return Output(doc, _render_budget)
 
 
-_KINDS = ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version"]
+_KINDS = ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version",
+          "policy"]
 #: the server judges the filter (a newer server may know more statuses, e.g. pricing)
 _JOB_STATUSES = ["pricing", "queued", "running", "failed"]
 

@@ -70,6 +70,7 @@ def _statement(column: ColumnMeta, rounds: int) -> dict[str, Any]:
 
 
 class ProgressiveCategoricalMechanism(Mechanism):
+    record_level = True  # one output per record: the dataset's opt-in
     name = NAME
     measures = (MEASURE,)
     params_schema = schemas.ProgressiveCategoricalSchema

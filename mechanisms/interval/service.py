@@ -528,6 +528,8 @@ def _guarantee(p: Plan) -> str:
 class _Interval(Mechanism):
     """Shared cost/accuracy/run; subclasses name the kind and the schema."""
 
+    record_level = True  # one output per record: the dataset's opt-in
+
     measures = (MEASURE,)
     kind: ClassVar[str]
 
