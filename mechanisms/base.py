@@ -325,6 +325,12 @@ class Mechanism(abc.ABC):
     #: here, in its own class; the service keeps no list
     record_level: ClassVar[bool] = False
 
+    def charged_columns(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """The per-column ledger measures (``interval_leakage:age``) a release will charge,
+        known from ``params`` alone, so the service refuses one its dataset does not name
+        before any pricing; () when it charges none or knows them only once priced."""
+        return ()
+
     def load_params(self, raw: Any) -> dict[str, Any]:
         """Validate ``params`` against the schema (raises marshmallow.ValidationError)."""
         loaded: dict[str, Any] = _schema(self.params_schema).load(raw or {})

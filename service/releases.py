@@ -325,7 +325,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     check_notions(doc, mech.measures)
     check_record_level(doc, mech)
     named = ledger.named_measures(doc["id"])
-    check_measures(named, ledger_measures(mech.measures, doc))
+    check_measures(named, ledger_measures(mech.measures, doc) | set(mech.charged_columns(params)))
     as_written = params
     # what earlier releases hold: committed, and reserved by jobs still in the queue (they
     # will run first); a refunded one only makes the reported design more cautious

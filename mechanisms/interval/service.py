@@ -530,6 +530,10 @@ class _Interval(Mechanism):
 
     record_level = True  # one output per record: the dataset's opt-in
 
+    def charged_columns(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """Its one column's leakage: known before a (possibly cold) calibration."""
+        return (f"{MEASURE}:{params['column']}",)
+
     measures = (MEASURE,)
     kind: ClassVar[str]
 

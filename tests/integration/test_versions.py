@@ -431,7 +431,7 @@ def test_reupload_as_a_new_dataset_is_warned(api: Api) -> None:
 
 
 
-HEIGHTS = {"name": "heights", "budgets": {"interval_leakage": 0.9},
+HEIGHTS = {"name": "heights", "record_level": True, "budgets": {"interval_leakage": 0.9},
            "columns": {"h": {"type": "continuous", "bounds": [100, 220],
                              "prior": {"family": "normal", "loc": 170, "scale": 10}}}}
 
