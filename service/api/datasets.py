@@ -429,6 +429,7 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
             changes.append((key_id, budget.parse_caps(caps, columns, [], where=where)))
     except budget.AmountError as err:
         raise _invalid(err.field, err.message) from None
+    _check_notions_of_caps(doc, body)
     if doc.get("gaussian_accounting") == "zcdp":  # as the upload: such a cap is never spent
         for key_id, caps in changes:
             for measure in caps:
@@ -449,6 +450,22 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
                        code="allocation_above_cap", measure=err.measure, cap=limit,
                        field=f"{where}.{err.measure}") from None
     return budget_doc(dataset_id, doc)
+
+
+def _check_notions_of_caps(doc: dict[str, Any], body: dict[str, Any]) -> None:
+    """Refuse (422 naming it) a cap or allocation of a measure whose notion the dataset does
+    not admit: no release could spend it, and a cap must not read as an opt-in the
+    dataset's ``notions`` (its metadata, fixed at registration) do not make."""
+    admitted = budget.admitted_notions(doc)
+    named = [("caps", m) for m in body.get("caps") or {}]
+    named += [(f"allocations.{k}", m) for k, caps in (body.get("allocations") or {}).items()
+              for m in caps]
+    for where, measure in named:
+        notion = budget.NOTION_OF[budget.base_measure(str(measure))]
+        if notion not in admitted:
+            raise _invalid(f"{where}.{measure}", f"this dataset does not admit {notion}"
+                           f" releases (its notions: {', '.join(admitted) or 'none'}), so a"
+                           f" {measure} cap would never be spent")
 
 
 @blp.route("/<dataset_id>/ledger")

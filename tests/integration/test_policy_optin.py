@@ -94,6 +94,14 @@ def test_epsilon_delta_dataset_is_dp_only_and_refuses_record_level(
             assert resp.status_code == 422, (probe[0], path, problem)
             assert problem["code"] == code and problem["field"] == "mechanism", problem
     assert _ledger_state(r, ds) == before
+    # a cap cannot enable a notion the metadata does not admit: it would never be spent
+    for body, field in (({"caps": {"subset_draws": 5}}, "caps.subset_draws"),
+                        ({"caps": {"interval_leakage:age": 0.5}},
+                         "caps.interval_leakage:age")):
+        patch = api.client.patch(f"/v1/datasets/{ds}/budget", json=body,
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+        assert patch.status_code == 422 and patch.get_json()["field"] == field
+    assert _ledger_state(r, ds) == before
     # the dataset's own notion still works
     assert api.post("/v1/releases/estimate", _body(ds, LAPLACE)).get_json()["fits"]
 
