@@ -134,7 +134,12 @@ def _render_dataset(doc: Mapping[str, Any]) -> RenderableType:
     head = fields([
         ("id", doc.get("id")), ("name", doc.get("name")), ("version", doc.get("version")),
         ("status", doc.get("status")), ("rows", doc.get("n_rows")),
-        ("budgets", doc.get("budgets")), ("created", doc.get("created_at")),
+        ("budgets", doc.get("budgets")),
+        # what the operator enabled (#27.3): the notions and record-level releases
+        ("notions", (", ".join(doc["notions"]) or "none") if "notions" in doc else None),
+        ("record level", None if "record_level" not in doc
+         else "allowed" if doc["record_level"] else "refused"),
+        ("created", doc.get("created_at")),
         ("retired", doc.get("retired_at")),
     ])
     parts = [head, _render_columns(doc)]
