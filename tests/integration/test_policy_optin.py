@@ -70,9 +70,10 @@ def _ledger_state(r: redis.Redis, ds: str) -> tuple[dict[str, str], int, int]:
 
 
 def test_epsilon_delta_dataset_is_dp_only_and_refuses_record_level(
-        api: Api, r: redis.Redis) -> None:
+        api: Api, app: Flask, r: redis.Redis) -> None:
     """The issue's case: ``{"epsilon": 3, "delta": 1e-7}`` with a categorical diagnosis.
-    It stores notions ["dp"] and record_level false, has no subset_draws cap, and refuses
+    It stores notions ["dp"] and record_level false (the API and the console's dataset page
+    show them), has no subset_draws cap, and refuses
     every subset, interval and noiseless release (422 notion_not_admitted) and DIP, lrm
     and opm.l2ball (422 record_level_not_admitted), as releases and as estimates, with
     nothing reserved and no audit event (main: the subset release was 202)."""
@@ -82,6 +83,9 @@ def test_epsilon_delta_dataset_is_dp_only_and_refuses_record_level(
     assert not any(m.startswith("subset_draws") for m in doc["budgets"])
     shown = api.get(f"/v1/datasets/{ds}").get_json()
     assert shown["notions"] == ["dp"] and shown["record_level"] is False
+    page = _signed_in(app, TOKEN).get(f"/console/datasets/{ds}").get_data(as_text=True)
+    assert '<td id="policy-notions">dp</td>' in page
+    assert "refused (record_level: false)" in page
     before = _ledger_state(r, ds)
     expected = [(SUBSET, "notion_not_admitted"), (INTERVAL, "notion_not_admitted"),
                 (NOISELESS, "notion_not_admitted"), (NOISELESS_LOCAL, "notion_not_admitted"),
@@ -348,3 +352,39 @@ def test_record_level_refused_for_every_role(api: Api, app: Flask, r: redis.Redi
             resp = Api(app.test_client(), who).post(path, _body(ds, probe))
             assert resp.status_code == 422, resp.get_json()
             assert resp.get_json()["code"] == "record_level_not_admitted"
+
+
+# -- the ledger script alone -----------------------------------------------------------
+
+
+def test_reserve_script_enforces_the_rules_itself(r: redis.Redis) -> None:
+    """reserve.lua refuses, atomically and whatever the caller checked: a measure the
+    dataset's caps do not name (not_admitted), and a measure a listed allocation does not
+    list (exhausted, scope allocation, not listed); a legacy allocation limits only what it
+    lists. A refusal holds nothing."""
+    from service.ledger import Ledger
+    from tests.integration.conftest import LEDGER_REQUEST
+
+    ds = "ds_policy_script"
+    ledger = Ledger(r)
+    ledger.open(ds, {"epsilon": 10**10, "noiseless_bits": 10**10}, "op")
+    ledger.set_caps(ds, {"epsilon": 10**9}, "op", key_id="key_listed")
+    ledger.set_caps(ds, {"epsilon": 10**9}, "op", key_id="key_legacy")
+    r.hset(rkeys.ledger(ds), "alloc:key_legacy:scope", "legacy")
+    assert ledger.allocation_scopes(ds) == {"key_listed": "listed", "key_legacy": "legacy"}
+    assert ledger.named_measures(ds) == {"epsilon", "noiseless_bits"}
+
+    def reserve(rid: str, cost: dict[str, int], actor: str) -> Any:
+        return ledger.reserve(ds, rid, cost, actor=actor, fingerprint=rid,
+                              request_json=LEDGER_REQUEST)
+
+    before = r.hgetall(rkeys.ledger(ds))
+    res = reserve("rel_p1", {"delta": 1, "epsilon": 1}, "key_free")
+    assert (res.outcome, res.measure) == ("not_admitted", "delta")
+    res = reserve("rel_p2", {"noiseless_bits": 5}, "key_listed")
+    assert (res.outcome, res.scope, res.listed, res.remaining) == (
+        "exhausted", "allocation", False, 0)
+    assert r.hgetall(rkeys.ledger(ds)) == before  # nothing held
+    assert reserve("rel_p3", {"noiseless_bits": 5}, "key_legacy").outcome == "reserved"
+    assert reserve("rel_p4", {"noiseless_bits": 5}, "key_free").outcome == "reserved"
+    assert reserve("rel_p5", {"epsilon": 5}, "key_listed").outcome == "reserved"
