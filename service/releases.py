@@ -241,7 +241,7 @@ def refusal(res: ReserveResult) -> APIError | None:
                         " this one was priced; nothing was spent: retry", code="conflict",
                         retry_after=CONFLICT_RETRY_AFTER)
     if res.outcome == "not_admitted":  # ``prepare`` checked it too: the script again, atomically
-        return not_admitted(res.measure, set())
+        return not_admitted(res.measure)
     if res.outcome == "notion_locked":
         return APIError(
             409, f"this dataset has had {res.notion} releases and admits one notion at a time"
@@ -531,12 +531,14 @@ def check_measures(named: set[str], measures: Any) -> None:
             raise not_admitted(measure, named)
 
 
-def not_admitted(measure: str, named: set[str]) -> APIError:
-    """422 ``measure_not_admitted``: the dataset's budgets name no cap for ``measure``."""
+def not_admitted(measure: str, named: set[str] | None = None) -> APIError:
+    """422 ``measure_not_admitted``: the dataset's budgets name no cap for ``measure``
+    (``measures``: those they name, when known; caps are public, as the budget view)."""
+    extra = {} if named is None else {"measures": sorted(named)}
     return APIError(422, f"this dataset's budgets name no {measure} cap, so it admits no"
                     " release charging it (the operator names the measure in the budgets);"
                     " nothing was spent", code="measure_not_admitted", field="mechanism",
-                    measure=measure, measures=sorted(named))
+                    measure=measure, **extra)
 
 
 def zcdp_delta(doc: dict[str, Any]) -> Fraction:
