@@ -29,6 +29,9 @@ dataset = client.upload_dataset(csv.encode(), {
     "columns": {"income": {"type": "continuous", "bounds": [0, 1]},
                 "group": {"type": "categorical", "categories": ["a", "b", "c"]}},
     "budgets": {"epsilon": 2, "interval_leakage": 0.9},
+    # interval releases give one output per record: the operator opts in explicitly
+    # (the notions, dp and interval, follow from the budgets)
+    "record_level": True,
 })
 ds = dataset["id"]
 print("dataset", ds, dataset["n_rows"], "rows")

@@ -342,6 +342,17 @@ class Mechanism(abc.ABC):
     #: whether its cost reads a ρ budget on a zcdp dataset (``mechanisms.zcdp``); a
     #: mechanism charging δ without it is refused there (pure-ε ones charge ε²/2)
     zcdp_native: ClassVar[bool] = False
+    #: whether it releases one output per record (privatized microdata: subset and
+    #: interval releases, noiseless.local, DIP, ...): a dataset refuses it unless its
+    #: operator opted in with metadata ``record_level: true``. A new mechanism declares it
+    #: here, in its own class; the service keeps no list
+    record_level: ClassVar[bool] = False
+
+    def charged_columns(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """The per-column ledger measures (``interval_leakage:age``) a release will charge,
+        known from ``params`` alone, so the service refuses one its dataset does not name
+        before any pricing; () when it charges none or knows them only once priced."""
+        return ()
 
     def load_params(self, raw: Any) -> dict[str, Any]:
         """Validate ``params`` against the schema (raises marshmallow.ValidationError)."""

@@ -11,7 +11,16 @@ from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
-from service import apidocs, inputs, observability, openapi, problems, ratelimit, rkeys
+from service import (
+    apidocs,
+    inputs,
+    observability,
+    openapi,
+    policy,
+    problems,
+    ratelimit,
+    rkeys,
+)
 from service.audit import AuditArchive
 from service.config import Config
 from service.documents import DocumentStore
@@ -86,6 +95,9 @@ def create_app(config: Config | None = None) -> Flask:
                                       documents=app.extensions["documents"],
                                       audit=AuditArchive(config.audit_dir))
     app.extensions["store"] = DatasetStore(config.datasets_dir)
+    # datasets from before notions and record-level releases were opt-in: written down
+    # (idempotent, a compare-and-set per dataset, so every worker process may run it)
+    policy.migrate_at_startup(client, app.extensions["ledger"], "API")
     app.extensions["celery"] = make_celery(config)
     observability.init_app(app)  # first: its request id and timer precede the limiter
     ratelimit.init_app(app)

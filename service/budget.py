@@ -35,6 +35,10 @@ NOTION_OF: dict[str, str] = {
     "interval_leakage": "interval", "subset_draws": "subset",
 }
 NOTIONS = ("dp", "noiseless", "interval", "subset")
+#: what a dataset document written before notions and record-level releases were opt-in
+#: meant (every notion, record-level releases allowed): ``policy_of`` reads a document
+#: without the fields so, and ``service.policy.migrate`` records it explicitly
+LEGACY_POLICY: dict[str, Any] = {"notions": list(NOTIONS), "record_level": True}
 #: notions that exclude each other on one dataset unless the operator allows both
 #: (noiseless spec §11.3: the pair has no finite guarantee in either notion)
 EXCLUSIVE = frozenset({"dp", "noiseless"})
@@ -45,12 +49,32 @@ def notions_of(measures: Any) -> set[str]:
     return {NOTION_OF[base_measure(m)] for m in measures}
 
 
+def default_notions(caps: Any) -> list[str]:
+    """The notions a dataset admits when its metadata names none: those of the measures its
+    budgets name (``{"epsilon": 3, "delta": 1e-7}`` admits dp only), in ``NOTIONS`` order."""
+    named = notions_of(caps)
+    return [n for n in NOTIONS if n in named]
+
+
+def admitted_notions(dataset: dict[str, Any]) -> list[str]:
+    """The notions the dataset's document admits. Registration stores them; a document
+    without the field was written before they were (``LEGACY_POLICY``: all four)."""
+    return list(dataset.get("notions", LEGACY_POLICY["notions"]))
+
+
+def record_level(dataset: dict[str, Any]) -> bool:
+    """Whether the operator allowed record-level releases (one output per record) on the
+    dataset: metadata ``record_level`` (stored at registration, default false; a document
+    from before the field keeps what it allowed then, ``LEGACY_POLICY``)."""
+    return bool(dataset.get("record_level", LEGACY_POLICY["record_level"]))
+
+
 def notion_lock(measures: Any, dataset: dict[str, Any]) -> str:
     """Which exclusive notion a release locks the dataset to ('' for none): 'dp' or
     'noiseless' when the dataset admits both but not mixed (``allow_mixed_noiseless_dp``)."""
     if dataset.get("allow_mixed_noiseless_dp", False):
         return ""
-    admitted = set(dataset.get("notions", NOTIONS))
+    admitted = set(admitted_notions(dataset))
     if not admitted >= EXCLUSIVE:
         return ""  # only one of them is admitted at all: nothing to lock
     used = notions_of(measures) & EXCLUSIVE
@@ -114,18 +138,19 @@ def display(measure: str, units: int) -> float:
     return float(from_units(measure, units))
 
 
-def parse_caps(raw: Any, columns: list[str], categorical: list[str],
+def parse_caps(raw: Any, columns: list[str], categorical: list[str] | None = None,
                where: str = "metadata.budgets") -> dict[str, int]:
     """Validate a dataset's ``budgets`` into caps in units, one per ledger measure.
 
     Per-column measures given without a column apply to every column; an
-    explicit ``measure:column`` overrides. ``subset_draws`` defaults to 1 for
-    categorical columns (DESIGN §3); any measure not given has cap 0. Pass no
-    ``categorical`` columns to get exactly the measures named (a cap change).
+    explicit ``measure:column`` overrides. Only the measures named get a cap: a
+    dataset admits no measure its budgets do not name (DESIGN §3, no default caps).
+    ``categorical`` is ignored: it once seeded a ``subset_draws`` cap of 1 per
+    categorical column, which let an ε-only dataset release subsets.
     """
     if not isinstance(raw, dict):
         raise AmountError(where, "must be an object of measure -> cap")
-    caps: dict[str, int] = {f"subset_draws:{c}": 1 for c in categorical}
+    caps: dict[str, int] = {}
     explicit: dict[str, int] = {}
     for name, value in raw.items():
         field = f"{where}.{name}"

@@ -93,6 +93,7 @@ def _worker(args: argparse.Namespace) -> int:
     config = Config.from_env()
     configure_logging(config.log_level)  # before Celery redirects stderr
     configure(app, config)
+    _migrate_policy_at_startup(config, "worker")
     child = None
     if ANALYSES_QUEUE in queues and len(queues) > 1 and not args.one_process:
         # analyses get worker processes of their own: however many long analyses wait,
@@ -162,7 +163,40 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate-outputs", help=MIGRATE_HELP, description=MIGRATE_HELP)
     p.add_argument("--batch", type=int, default=500, help="releases read per round trip")
     p.set_defaults(func=_migrate_outputs)
+
+    p = sub.add_parser("migrate-policy", help=POLICY_HELP, description=POLICY_HELP)
+    p.set_defaults(func=_migrate_policy)
     return parser
+
+
+POLICY_HELP = ("record the implicit policy of datasets registered before notions and"
+               " record-level releases were opt-in (all notions, record-level releases,"
+               " legacy allocations), with a policy audit event each; idempotent (the API"
+               " and workers also run it at start-up)")
+
+
+def _migrate_policy_at_startup(config: Config, who: str) -> None:
+    """The policy migration as a worker starts (``service.policy``)."""
+    from service import policy
+    from workers.celery_app import worker_client, worker_ledger
+
+    client = worker_client(config)
+    policy.migrate_at_startup(client, worker_ledger(client, config), who)
+
+
+def _migrate_policy(args: argparse.Namespace) -> int:
+    """Run ``service.policy.migrate`` against PRIVRELEASE_REDIS_URL; safe while the
+    service runs (a compare-and-set per dataset)."""
+    from service import policy
+    from workers.celery_app import worker_client, worker_ledger
+
+    config = Config.from_env()
+    client = worker_client(config)
+    done = policy.migrate(client, worker_ledger(client, config))
+    print(f"recorded the legacy policy of {len(done.datasets)} dataset(s)"
+          + "".join(f"; {d}: allocations of {', '.join(k)} marked legacy"
+                    for d, k in sorted(done.legacy_allocations.items())))
+    return 0
 
 
 MIGRATE_HELP = ("move the documents of finished releases (request, result) and analyses'"
@@ -188,7 +222,8 @@ def _migrate_outputs(args: argparse.Namespace) -> int:
 SERVER_COMMANDS = {"standalone": "embedded Valkey + worker + API in one command",
                    "api": "serve the HTTP API with gunicorn",
                    "worker": "run a Celery worker",
-                   "migrate-outputs": MIGRATE_HELP}
+                   "migrate-outputs": MIGRATE_HELP,
+                   "migrate-policy": POLICY_HELP}
 
 
 def _server(argv: list[str]) -> int:

@@ -134,7 +134,12 @@ def _render_dataset(doc: Mapping[str, Any]) -> RenderableType:
     head = fields([
         ("id", doc.get("id")), ("name", doc.get("name")), ("version", doc.get("version")),
         ("status", doc.get("status")), ("rows", doc.get("n_rows")),
-        ("budgets", doc.get("budgets")), ("created", doc.get("created_at")),
+        ("budgets", doc.get("budgets")),
+        # what the operator enabled (#27.3): the notions and record-level releases
+        ("notions", (", ".join(doc["notions"]) or "none") if "notions" in doc else None),
+        ("record level", None if "record_level" not in doc
+         else "allowed" if doc["record_level"] else "refused"),
+        ("created", doc.get("created_at")),
         ("retired", doc.get("retired_at")),
     ])
     parts = [head, _render_columns(doc)]
@@ -696,7 +701,8 @@ def _budget_set(c: Client, dataset: str, cap: tuple[str, ...],
     return Output(doc, _render_budget)
 
 
-_KINDS = ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version"]
+_KINDS = ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version",
+          "policy"]
 #: the server judges the filter (a newer server may know more statuses, e.g. pricing)
 _JOB_STATUSES = ["pricing", "queued", "running", "failed"]
 

@@ -92,6 +92,10 @@ def register(
             **({"subset_policy": spec.subset_policy} if spec.subset_policy else {}),
             "budgets": {m: budget.display(m, u) for m, u in sorted(caps.items())},
             **spec.accounting,
+            # the policy stored resolved, so no reader defaults: the notions named, else
+            # those of the measures the budgets name; record-level releases only if opted in
+            "notions": list(spec.accounting.get("notions") or budget.default_notions(caps)),
+            "record_level": bool(spec.accounting.get("record_level", False)),
             "status": "active",
             "created_at": now_iso(),
             "created_by": actor,
@@ -254,7 +258,7 @@ def holdout_exposure(client: redis.Redis, dataset_id: str) -> dict[str, int]:
 #: policies): a version's metadata naming another value is refused, naming the field
 DATASET_FIELDS = ("name", "budgets", "bounds_policy", "public", "allow_holdout",
                   "keep_row_order", "subset_policy", "gaussian_accounting", "zcdp_delta",
-                  "notions", "allow_mixed_noiseless_dp")
+                  "notions", "allow_mixed_noiseless_dp", "record_level")
 #: column metadata a version may change (what the values are bounded by); the rest
 #: (type, grid: the column's kind and shape; subset_policy: a policy) is the dataset's
 VERSION_COLUMN_FIELDS = frozenset({"bounds", "categories", "allow_missing", "fill",

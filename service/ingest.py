@@ -145,7 +145,8 @@ class DatasetSpec:
     public: bool = False
     #: DIP may use a hold-out of these rows, unprotected by DP, as its reference
     allow_holdout: bool = False
-    #: gaussian_accounting, zcdp_delta, notions, allow_mixed_noiseless_dp (stored as given)
+    #: gaussian_accounting, zcdp_delta, notions (absent: registration resolves it),
+    #: allow_mixed_noiseless_dp, record_level (stored as given)
     accounting: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: dataset-wide subset-design thresholds; microdata in the dataset's own row order
     subset_policy: dict[str, float] | None = None

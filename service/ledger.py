@@ -35,7 +35,7 @@ from service.documents import DocumentStore
 from service.durable import Replication, Step
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
-                  "retired", "version_retired", "ended", "notion_locked"]
+                  "retired", "version_retired", "ended", "notion_locked", "not_admitted"]
 #: how ``Ledger.reserve`` treats the release (reserve.lua): a new release with its cost, a
 #: release created to be priced by a job (nothing held), or that release being reserved
 Mode = Literal["new", "pricing", "priced"]
@@ -70,6 +70,7 @@ class ReserveResult:
     scope: str = ""
     status: str = ""
     notion: str = ""
+    listed: bool = True
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,12 @@ class CapError(ValueError):
 
 #: every kind of audit event the scripts write (the ledger view's ``kind`` filter)
 EVENT_KINDS = ("cap", "allocation", "reserve", "commit", "abort", "cancel", "refuse",
-               "retire", "version")
+               "retire", "version", "policy")
+#: an allocation's rule, the ledger field ``alloc:<key>:scope``: ``listed`` (written by
+#: admin.lua with every allocation: the measures it lists, none of the others) or
+#: ``legacy`` (an allocation from before that rule, marked by ``service.policy.migrate``:
+#: unlisted measures unlimited, as they were); no field: no allocation
+ALLOCATION_SCOPES = ("listed", "legacy")
 
 
 class Ledger:
@@ -129,6 +135,7 @@ class Ledger:
         self._refuse = Step(client, _script("refuse"), repl)
         self._open = Step(client, _script("open"), repl)
         self._version = Step(client, _script("version"), repl)
+        self._policy = Step(client, _script("policy"), repl)
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
              document: str | None = None, *, idempotency_key: str | None = None,
@@ -172,6 +179,17 @@ class Ledger:
             args=[read, document, action, version, actor, now_iso(),
                   fingerprint if idempotency_key else "", idempotency_ttl])
         return str(outcome), int(done or 0)
+
+    def migrate_policy(self, dataset_id: str, read: str, document: str, actor: str,
+                       notions: list[str], record_level: bool) -> tuple[str, list[str]]:
+        """Replace the dataset's document ``read`` by ``document`` (its policy made explicit),
+        mark its allocations legacy and record a ``policy`` event, in one script
+        (policy.lua). Returns the outcome (``migrated``, ``conflict``: the document changed
+        since it was read; ``missing``) and the keys whose allocations were marked."""
+        outcome, keys = self._policy(
+            keys=[rkeys.dataset(dataset_id), rkeys.ledger(dataset_id), rkeys.events(dataset_id)],
+            args=[read, document, actor, now_iso(), ",".join(notions), int(record_level)])
+        return str(outcome), [k for k in str(keys).split(",") if k]
 
     def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
                  key_id: str | None = None) -> None:
@@ -256,7 +274,9 @@ class Ledger:
         )
         if reply[0] == "exhausted":
             return ReserveResult("exhausted", "", reply[1], int(reply[2]), int(reply[3]),
-                                 reply[4])
+                                 reply[4], listed=len(reply) < 6 or reply[5] != "unlisted")
+        if reply[0] == "not_admitted":
+            return ReserveResult("not_admitted", measure=reply[1])
         if reply[0] == "ended":
             return ReserveResult("ended", reply[1], status=reply[2])
         if reply[0] == "notion_locked":
@@ -402,6 +422,18 @@ class Ledger:
             for row in table.values():
                 row["remaining"] = row["cap"] - row["committed"] - row["reserved"]
         return dataset, allocations
+
+    def named_measures(self, dataset_id: str) -> set[str]:
+        """The measures the dataset's caps name (``cap:<measure>`` fields, 0 included): the
+        only ones it admits (DESIGN §3: no default caps)."""
+        return {f[4:] for f in self.r.hkeys(rkeys.ledger(dataset_id)) if f.startswith("cap:")}
+
+    def allocation_scopes(self, dataset_id: str) -> dict[str, str]:
+        """Each key's allocation rule (``ALLOCATION_SCOPES``), by key id."""
+        fields = self.r.hgetall(rkeys.ledger(dataset_id))
+        return {name.split(":")[1]: value for name, value in fields.items()
+                if name.startswith("alloc:") and name.count(":") == 2
+                and name.endswith(":scope")}
 
     def notion_lock(self, dataset_id: str) -> str | None:
         """The notion ('dp' or 'noiseless') the dataset is locked to, or None."""

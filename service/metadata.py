@@ -461,10 +461,17 @@ class MetadataSchema(_Strict):
         metadata={"description": "public delta at which rho amounts are shown as"
                   " (epsilon, delta)-DP"})
     notions = fields.List(
-        fields.String(validate=validate.OneOf(NOTIONS)), load_default=list(NOTIONS),
+        fields.String(validate=validate.OneOf(NOTIONS)),
         validate=validate.Length(min=1, error="name at least one notion"), metadata={
             "description": "privacy notions releases may use: dp, noiseless, interval,"
-            " subset"})
+            " subset. Default: the notions of the measures the budgets name (epsilon,"
+            " delta, rho: dp; noiseless_bits: noiseless; interval_leakage: interval;"
+            " subset_draws: subset); stored resolved"})
+    record_level = StrictBoolean(load_default=False, metadata={
+        "description": "allow record-level releases, one output per record (subset.*,"
+                       " interval.*, noiseless.local, dip, lrm, opm.l2ball): the operator's"
+                       " explicit opt-in; by default they are refused (422"
+                       " record_level_not_admitted)"})
     allow_mixed_noiseless_dp = StrictBoolean(load_default=False, metadata={
         "description": "allow both noiseless and DP releases (then neither has a finite"
         " guarantee); by default the first one locks the dataset to its notion"})
@@ -486,10 +493,13 @@ class MetadataSchema(_Strict):
 
 def accounting_fields(loaded: Mapping[str, Any]) -> dict[str, Any]:
     """The accounting part of loaded metadata, as the dataset document stores it."""
-    return {name: loaded[name] for name in ACCOUNTING_FIELDS}
+    return {name: loaded[name] for name in ACCOUNTING_FIELDS if name in loaded}
 
 
-ACCOUNTING_FIELDS = ("gaussian_accounting", "zcdp_delta", "notions", "allow_mixed_noiseless_dp")
+#: ``notions`` is absent when the metadata names none (registration resolves it from the
+#: budgets, ``budget.default_notions``); ``record_level`` is the record-level opt-in
+ACCOUNTING_FIELDS = ("gaussian_accounting", "zcdp_delta", "notions", "allow_mixed_noiseless_dp",
+                     "record_level")
 
 
 def first_error(messages: Any, prefix: str = "metadata") -> tuple[str, str]:

@@ -50,6 +50,9 @@ EXAMPLE_METADATA: dict[str, Any] = {
     },
     "budgets": {"epsilon": 10, "delta": 1e-5, "interval_leakage": 0.9, "subset_draws": 1,
                 "noiseless_bits": 8},
+    # the examples include subset and interval releases: one output per record, which a
+    # dataset admits only when its operator opts in (the notions follow from the budgets)
+    "record_level": True,
 }
 EXAMPLE_CSV = "age,income,group\n" + "".join(
     f"{20 + i % 50},{(i * 37) % 1000}.5,{'abcd'[i % 4]}\n" for i in range(60))

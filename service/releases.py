@@ -198,6 +198,12 @@ def pricing_task_id(release_id: str) -> str:
 def refusal(res: ReserveResult) -> APIError | None:
     """The answer to a reservation the ledger refused (None if it was not refused); the
     same for the API and for a pricing job (then the release ends ``refused`` with it)."""
+    if res.outcome == "exhausted" and not res.listed:
+        return APIError(
+            409, f"your allocation does not list {res.measure}: an allocation that lists some"
+            " measures allows none of the others; nothing was spent", code="budget_exhausted",
+            measure=res.measure, scope="allocation", listed=False,
+            requested=budget.display(res.measure, res.requested), remaining=0.0)
     if res.outcome == "exhausted":
         whose = "your allocation of" if res.scope == "allocation" else "the dataset's"
         return APIError(
@@ -210,6 +216,8 @@ def refusal(res: ReserveResult) -> APIError | None:
         return APIError(409, "dataset is retired", code="dataset_retired")
     if res.outcome == "version_retired":  # retired after ``prepare`` read the document
         return APIError(409, datasets.VERSION_RETIRED, code="version_retired", field="version")
+    if res.outcome == "not_admitted":  # ``prepare`` checked it too: the script again, atomically
+        return not_admitted(res.measure)
     if res.outcome == "notion_locked":
         return APIError(
             409, f"this dataset has had {res.notion} releases and admits one notion at a time"
@@ -283,7 +291,12 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                        code="validation_error", field="seed")
     requested = _budget(body.get("budget"))
     meta = datasets.meta(doc)
+    # the operator's policy, before anything is priced or reserved: the notion, the
+    # record-level opt-in, and measures the dataset's budgets name
     check_notions(doc, mech.measures)
+    check_record_level(doc, mech)
+    named = ledger.named_measures(doc["id"])
+    check_measures(named, ledger_measures(mech.measures, doc) | set(mech.charged_columns(params)))
     as_written = params
     # what earlier releases hold: committed, and reserved by jobs still in the queue (they
     # will run first); a refunded one only makes the reported design more cautious
@@ -332,6 +345,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
             raise APIError(422, f"charges {measure} {float(amount):g}, below the smallest"
                            f" amount the ledger can charge ({float(unit):g})",
                            code="validation_error", field=field)
+    check_measures(named, charged)  # per column: interval_leakage:age must be named itself
     units = {m: budget.cost_units(m, a) for m, a in charged.items()}
     privacy = privacy_block(doc, units)
     if "zcdp" in privacy:
@@ -394,7 +408,7 @@ def privacy_block(doc: dict[str, Any], units: dict[str, int]) -> dict[str, Any]:
     out: dict[str, Any] = {"notions": sorted(notions)}
     if "rho" in units:
         out["zcdp"] = zcdp_statement(doc, budget.from_units("rho", units["rho"]))
-    admitted = set(doc.get("notions", budget.NOTIONS))
+    admitted = set(budget.admitted_notions(doc))
     if (doc.get("allow_mixed_noiseless_dp", False) and admitted >= budget.EXCLUSIVE
             and notions & budget.EXCLUSIVE):
         out["mixed_noiseless_dp"] = {"pair_guarantee": None, "statement": MIXED_STATEMENT}
@@ -404,12 +418,58 @@ def privacy_block(doc: dict[str, Any], units: dict[str, int]) -> dict[str, Any]:
 def check_notions(doc: dict[str, Any], measures: Any) -> None:
     """Refuse (422 ``notion_not_admitted``) a mechanism whose privacy notion the dataset's
     metadata does not admit: public metadata and the mechanism's name decide, nothing else."""
-    admitted = set(doc.get("notions", budget.NOTIONS))
+    admitted = set(budget.admitted_notions(doc))
     refused = sorted(budget.notions_of(measures) - admitted)
     if refused:
         raise APIError(422, f"this dataset does not admit {', '.join(refused)} releases;"
-                       f" it admits: {', '.join(sorted(admitted))}",
+                       f" it admits: {', '.join(sorted(admitted)) or 'none'}",
                        code="notion_not_admitted", field="mechanism", notions=sorted(admitted))
+
+
+#: the answer to a record-level mechanism on a dataset whose operator did not opt in
+RECORD_LEVEL_REFUSED = (
+    "{name} releases one output per record, and this dataset's metadata does not allow"
+    " record-level releases (the operator opts in with record_level: true); nothing was"
+    " spent")
+
+
+def check_record_level(doc: dict[str, Any], mech: mechanisms.Mechanism) -> None:
+    """Refuse (422 ``record_level_not_admitted``) a mechanism that releases one output per
+    record (``Mechanism.record_level``) unless the operator opted the dataset in."""
+    if mech.record_level and not budget.record_level(doc):
+        raise APIError(422, RECORD_LEVEL_REFUSED.format(name=mech.name),
+                       code="record_level_not_admitted", field="mechanism")
+
+
+def ledger_measures(measures: Any, doc: dict[str, Any]) -> set[str]:
+    """The ledger measures (without columns) a mechanism charging ``measures`` spends on
+    this dataset: on a zcdp one every DP measure is charged as ρ (``zcdp.charge``)."""
+    out = set(measures)
+    if doc.get("gaussian_accounting") == "zcdp" and out & {"epsilon", "delta", "rho"}:
+        out = (out - {"epsilon", "delta"}) | {"rho"}
+    return out
+
+
+def check_measures(named: set[str], measures: Any) -> None:
+    """Refuse (422 ``measure_not_admitted``, naming it) a release charging a measure the
+    dataset's budgets do not name: no measure has a default cap (DESIGN §3). A measure
+    without a column (``interval_leakage``) is named when some column's cap is; one with a
+    column (``interval_leakage:age``) only by its own cap. The ledger checks it again,
+    atomically with the reservation (reserve.lua)."""
+    bases = {budget.base_measure(m) for m in named}
+    for measure in sorted(measures):
+        if measure not in (named if ":" in measure else bases):
+            raise not_admitted(measure, named)
+
+
+def not_admitted(measure: str, named: set[str] | None = None) -> APIError:
+    """422 ``measure_not_admitted``: the dataset's budgets name no cap for ``measure``
+    (``measures``: those they name, when known; caps are public, as the budget view)."""
+    extra = {} if named is None else {"measures": sorted(named)}
+    return APIError(422, f"this dataset's budgets name no {measure} cap, so it admits no"
+                    " release charging it (the operator names the measure in the budgets);"
+                    " nothing was spent", code="measure_not_admitted", field="mechanism",
+                    measure=measure, **extra)
 
 
 def zcdp_delta(doc: dict[str, Any]) -> Fraction:

@@ -120,7 +120,13 @@ class DatasetSchema(Schema):
     zcdp_delta = fields.Float(metadata={"description": "delta of the shown (epsilon, delta)"
                                         " conversion of rho"})
     notions = fields.List(fields.String(), metadata={
-        "description": "privacy notions this dataset admits"})
+        "description": "privacy notions this dataset admits (stored resolved at"
+        " registration: those the metadata named, else those of the measures its budgets"
+        " name)"})
+    record_level = fields.Boolean(metadata={
+        "description": "whether the operator allowed record-level releases (one output per"
+        " record: subset.*, interval.*, noiseless.local, dip, lrm, opm.l2ball); false:"
+        " they are refused, 422 record_level_not_admitted"})
     allow_mixed_noiseless_dp = fields.Boolean()
     notion_lock = fields.String(allow_none=True, metadata={
         "description": "dp or noiseless: the notion the first release locked this dataset"
@@ -160,6 +166,11 @@ class BudgetSchema(Schema):
         values=fields.Dict(keys=fields.String(), values=fields.Nested(BudgetRowSchema)),
         metadata={"description": "per analyst key id: its caps inside the dataset's"},
     )
+    allocation_rules = fields.Dict(keys=fields.String(), values=fields.String(), metadata={
+        "description": "per analyst key id: listed (the key may spend only the measures its"
+                       " allocation lists, none of the others) or legacy (an allocation from"
+                       " before that rule: unlisted measures limited by the dataset's caps"
+                       " only; any new allocation written for the key makes it listed)"})
 
 
 class BudgetPatchSchema(StrictSchema):
@@ -216,7 +227,15 @@ class LedgerEventSchema(Schema):
         "description": "the dataset version: of the release (reserve, commit, ...), or"
                        " the one a version event is about"})
     action = fields.String(metadata={
-        "description": "version events: uploaded, current or retired"})
+        "description": "version events: uploaded, current or retired; policy events:"
+                       " migrated"})
+    notions = fields.String(metadata={
+        "description": "policy events: the notions the dataset admits, comma-separated"})
+    record_level = fields.String(metadata={
+        "description": "policy events: whether record-level releases are allowed (1 or 0)"})
+    legacy_allocations = fields.String(metadata={
+        "description": "policy events: keys whose allocations were marked legacy (their"
+                       " unlisted measures stay unlimited), comma-separated"})
     actor = fields.String()
     key_id = fields.String()
     at = fields.String()

@@ -71,6 +71,8 @@ def round_to_lattice(y: NDArray[np.float64], lo: float, hi: float, step: float
 class LrmMechanism(PerColumnMechanism):
     """Laplace noise on each value of each chosen column, ε/p per column."""
 
+    record_level = True  # one output per record: the dataset's opt-in
+
     name = "lrm"
     params_schema = LrmParamsSchema
     description = (

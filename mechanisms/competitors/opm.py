@@ -303,6 +303,8 @@ def l2ball_sample(v: np.ndarray, plan: BallPlan, rng: np.random.Generator) -> np
 class OpmL2BallMechanism(Mechanism):
     """DJW's ℓ2-ball sampler on the whole column as one vector (DIP's OPM microdata)."""
 
+    record_level = True  # one output per record: the dataset's opt-in
+
     name = "opm.l2ball"
     measures = ("epsilon",)
     params_schema = OpmL2BallParamsSchema

@@ -208,6 +208,8 @@ def continualizer_for(
 class DipMechanism(Mechanism):
     """Distribution-invariant privatized microdata (Bi & Shen), pure ε-DP."""
 
+    record_level = True  # one output per record: the dataset's opt-in
+
     name = "dip"
     measures = ("epsilon",)
     params_schema = DipParamsSchema

@@ -70,6 +70,11 @@ def _statement(column: ColumnMeta, rounds: int) -> dict[str, Any]:
 
 
 class ProgressiveCategoricalMechanism(Mechanism):
+    record_level = True  # one output per record: the dataset's opt-in
+
+    def charged_columns(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """Its one column's leakage: known before a (possibly cold) calibration."""
+        return (f"{MEASURE}:{params['column']}",)
     name = NAME
     measures = (MEASURE,)
     params_schema = schemas.ProgressiveCategoricalSchema

@@ -524,6 +524,12 @@ def _guarantee(p: Plan) -> str:
 class _Interval(Mechanism):
     """Shared cost/accuracy/run; subclasses name the kind and the schema."""
 
+    record_level = True  # one output per record: the dataset's opt-in
+
+    def charged_columns(self, params: Mapping[str, Any]) -> tuple[str, ...]:
+        """Its one column's leakage: known before a (possibly cold) calibration."""
+        return (f"{MEASURE}:{params['column']}",)
+
     measures = (MEASURE,)
     kind: ClassVar[str]
 

@@ -532,6 +532,8 @@ class NoiselessVector(Mechanism):
 class NoiselessLocal(Mechanism):
     """Each record quantized to ⌊2^ε⌋ levels (or given edges); the column costs log2 q once."""
 
+    record_level = True  # one output per record: the dataset's opt-in
+
     name = "noiseless.local"
     measures = (MEASURE,)
     params_schema = LocalParamsSchema

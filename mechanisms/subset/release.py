@@ -31,6 +31,7 @@ PRIVACY_UNIT = "neighbouring datasets differ in one record replaced; n_rows publ
 
 
 class _Subset(Mechanism):
+    record_level = True  # one output per record: the dataset's opt-in
     measures = ("subset_draws",)
     analyses: ClassVar[Mapping[str, Analysis]] = {
         "estimate": analyses.ESTIMATE,

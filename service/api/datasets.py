@@ -126,8 +126,7 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
     sha256 = _file_sha256(file.stream)
     try:
         spec = parse_metadata(raw_meta)
-        categorical = [n for n, c in spec.columns.items() if c.type == "categorical"]
-        caps = budget.parse_caps(spec.budgets, list(spec.columns), categorical)
+        caps = budget.parse_caps(spec.budgets, list(spec.columns))
         # parsed from werkzeug's spooled temp file as it is stored: never whole in memory
         chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
                              content_type=file.mimetype)
@@ -284,9 +283,12 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
             raw_meta = _decode_metadata(metadata)
             if isinstance(raw_meta, dict):
                 raw_meta.setdefault("budgets", doc.get("budgets", {}))
+                # the dataset's policy, unless the version names one (then it must agree)
+                for name in ("notions", "record_level"):
+                    if name in doc:
+                        raw_meta.setdefault(name, doc[name])
             spec = parse_metadata(raw_meta)
-            categorical = [n for n, c in spec.columns.items() if c.type == "categorical"]
-            caps = budget.parse_caps(spec.budgets, list(spec.columns), categorical)
+            caps = budget.parse_caps(spec.budgets, list(spec.columns))
             datasets.check_compatible(doc, spec, caps)
         sha256 = _file_sha256(file.stream)
         chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
@@ -372,8 +374,10 @@ def budget_doc(dataset_id: str, doc: dict[str, Any]) -> dict[str, Any]:
     ledger = current_app.extensions["ledger"]
     rows, allocations = ledger.budget(dataset_id)
     key = current_key()
+    rules = ledger.allocation_scopes(dataset_id)
     if key.role != "operator":
         allocations = {k: v for k, v in allocations.items() if k == key.id}
+        rules = {k: v for k, v in rules.items() if k == key.id}
     delta = releases.zcdp_delta(doc)
     measures: dict[str, dict[str, Any]] = dict(_rows(rows))
     if "rho" in rows:
@@ -381,7 +385,8 @@ def budget_doc(dataset_id: str, doc: dict[str, Any]) -> dict[str, Any]:
     return {"dataset_id": dataset_id,
             "gaussian_accounting": doc.get("gaussian_accounting", "approx_dp"),
             "notion_lock": ledger.notion_lock(dataset_id), "measures": measures,
-            "allocations": {k: _rows(v) for k, v in sorted(allocations.items())}}
+            "allocations": {k: _rows(v) for k, v in sorted(allocations.items())},
+            "allocation_rules": dict(sorted(rules.items()))}
 
 
 def _rho_conversion(row: dict[str, int], delta: Fraction) -> dict[str, float]:
@@ -424,6 +429,7 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
             changes.append((key_id, budget.parse_caps(caps, columns, [], where=where)))
     except budget.AmountError as err:
         raise _invalid(err.field, err.message) from None
+    _check_notions_of_caps(doc, body)
     if doc.get("gaussian_accounting") == "zcdp":  # as the upload: such a cap is never spent
         for key_id, caps in changes:
             for measure in caps:
@@ -444,6 +450,22 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
                        code="allocation_above_cap", measure=err.measure, cap=limit,
                        field=f"{where}.{err.measure}") from None
     return budget_doc(dataset_id, doc)
+
+
+def _check_notions_of_caps(doc: dict[str, Any], body: dict[str, Any]) -> None:
+    """Refuse (422 naming it) a cap or allocation of a measure whose notion the dataset does
+    not admit: no release could spend it, and a cap must not read as an opt-in the
+    dataset's ``notions`` (its metadata, fixed at registration) do not make."""
+    admitted = budget.admitted_notions(doc)
+    named = [("caps", m) for m in body.get("caps") or {}]
+    named += [(f"allocations.{k}", m) for k, caps in (body.get("allocations") or {}).items()
+              for m in caps]
+    for where, measure in named:
+        notion = budget.NOTION_OF[budget.base_measure(str(measure))]
+        if notion not in admitted:
+            raise _invalid(f"{where}.{measure}", f"this dataset does not admit {notion}"
+                           f" releases (its notions: {', '.join(admitted) or 'none'}), so a"
+                           f" {measure} cap would never be spent")
 
 
 @blp.route("/<dataset_id>/ledger")

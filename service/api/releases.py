@@ -95,11 +95,15 @@ def estimate(body: dict[str, Any]) -> Any:
         prepared = _prepare(body)
     except releases.Unpriced as cold:
         return _estimate_pricing(cold)
-    rows, allocations = current_app.extensions["ledger"].budget(prepared.dataset["id"])
+    ledger = current_app.extensions["ledger"]
+    rows, allocations = ledger.budget(prepared.dataset["id"])
     mine = allocations.get(current_key().id, {})
-    # what this key may still spend: the dataset's remainder, or its allocation's if smaller
+    # what this key may still spend: the dataset's remainder, or its allocation's if smaller;
+    # a listed allocation allows none of a measure it does not list (reserve.lua)
+    rule = ledger.allocation_scopes(prepared.dataset["id"]).get(current_key().id)
+    unlisted = 0 if rule == "listed" else 1 << 62
     remaining = {m: min(rows.get(m, {}).get("remaining", 0),
-                        mine.get(m, {}).get("remaining", 1 << 62))
+                        mine.get(m, {}).get("remaining", unlisted))
                  for m in prepared.cost_units}
     short = {m: units - remaining[m] for m, units in prepared.cost_units.items()
              if units > remaining[m]}

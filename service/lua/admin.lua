@@ -3,6 +3,8 @@
 -- level; an allocation never above the dataset's cap, as this same call leaves it),
 -- and only if all pass is any written and recorded in the audit stream, one event
 -- per change. A PATCH refused for one allocation therefore changes no cap.
+-- An allocation written here is 'listed' (field alloc:<key>:scope): its key may spend the
+-- measures it lists and none of the others (reserve.lua), a legacy one included.
 -- KEYS: 1 ledger hash, 2 events stream
 -- ARGV: 1 actor, 2 now (iso), 3 number of changes, then per change:
 --       kind ('cap' | 'allocation'), key id ('' for cap), n, then n pairs (measure, units)
@@ -48,6 +50,9 @@ for _, change in ipairs(changes) do
     redis.call('HSET', KEYS[1], prefix .. 'cap:' .. p[1], p[2])
     table.insert(event, 'm:' .. p[1])
     table.insert(event, p[2])
+  end
+  if change.kind == 'allocation' and #change.pairs > 0 then
+    redis.call('HSET', KEYS[1], prefix .. 'scope', 'listed')
   end
   redis.call('XADD', KEYS[2], '*', unpack(event))
 end

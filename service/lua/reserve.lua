@@ -69,16 +69,25 @@ if lock ~= '' then
   local held = redis.call('HGET', KEYS[1], 'notion_lock')
   if held and held ~= lock then return {'notion_locked', held} end
 end
+-- A measure the dataset's caps do not name is not admitted (no default caps): refused
+-- {'not_admitted', m}. An actor whose allocation is 'listed' (admin.lua marks every
+-- allocation it writes) may spend only the measures it lists: any other is refused
+-- {'exhausted', m, c, 0, 'allocation', 'unlisted'}; a 'legacy' allocation (from before
+-- that rule, marked by the policy migration) limits only the measures it lists.
+local a = 'alloc:' .. actor .. ':'
+local rule = redis.call('HGET', KEYS[1], a .. 'scope')
 local scoped = {}
 for i = 0, n - 1 do
   local m, c = ARGV[12 + 2 * i], tonumber(ARGV[13 + 2 * i])
+  if redis.call('HEXISTS', KEYS[1], 'cap:' .. m) == 0 then return {'not_admitted', m} end
   local remaining = num('cap:' .. m) - num('committed:' .. m) - num('reserved:' .. m)
   if c > remaining then return {'exhausted', m, c, remaining, 'dataset'} end
-  local a = 'alloc:' .. actor .. ':'
   if redis.call('HEXISTS', KEYS[1], a .. 'cap:' .. m) == 1 then
     local left = num(a .. 'cap:' .. m) - num(a .. 'committed:' .. m) - num(a .. 'reserved:' .. m)
     if c > left then return {'exhausted', m, c, left, 'allocation'} end
     scoped[m] = true
+  elseif rule == 'listed' and c > 0 then
+    return {'exhausted', m, c, 0, 'allocation', 'unlisted'}
   end
 end
 

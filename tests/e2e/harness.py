@@ -97,9 +97,10 @@ class Service:
             time.sleep(0.05)
         raise TimeoutError(release_id)
 
-    def upload(self, budgets: dict[str, float], n: int = 100) -> str:
-        """A small two-column dataset; returns its id."""
-        meta = {"name": "e2e", "budgets": budgets,
+    def upload(self, budgets: dict[str, float], n: int = 100, **policy: Any) -> str:
+        """A small two-column dataset; returns its id. ``policy``: more metadata (notions,
+        record_level: what the operator opts in to)."""
+        meta = {"name": "e2e", "budgets": budgets, **policy,
                 "columns": {"x": {"type": "continuous", "bounds": [0, 1]},
                             "g": {"type": "categorical", "categories": ["u", "v"]}}}
         csv = "x,g\n" + "".join(f"{(i % 10) / 10},{'uv'[i % 2]}\n" for i in range(n))

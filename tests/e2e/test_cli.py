@@ -326,7 +326,7 @@ def test_dataset_versions_on_one_budget(service: Service, dataset: str,
 
 
 def test_analyses_data_and_plot(service: Service, tmp_path: Path) -> None:
-    ds = service.upload({"epsilon": 2, "interval_leakage": 0.9})
+    ds = service.upload({"epsilon": 2, "interval_leakage": 0.9}, record_level=True)
     rid = cli_json(service, "release", "create", "--dataset", ds, "--mechanism",
                    "interval.case1", "--params", '{"column": "x", "calibrate": true}',
                    "--budget", "interval_leakage=0.5", "--wait")["id"]

@@ -194,7 +194,8 @@ def test_budget_form_and_analysis_plot_in_chromium(service: Service,
     a release's page shows its drawing: the image loads (naturalWidth > 0) and its SVG
     link answers SVG."""
     d = browser
-    dataset_id = service.upload({"epsilon": 1})
+    # interval releases opted in (the notion and record-level ones); the cap comes later
+    dataset_id = service.upload({"epsilon": 1}, notions=["dp", "interval"], record_level=True)
     _sign_in(d, service, TOKEN)
     d.get(f"{service.url}/console/datasets/{dataset_id}")
     d.find_element(By.ID, "new-measure").send_keys("interval_leakage")

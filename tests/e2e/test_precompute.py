@@ -32,7 +32,7 @@ def _heavy(dataset_id: str, i: int) -> dict[str, Any]:
 
 
 def test_cold_heavy_estimates_leave_the_api_responsive(service: Service) -> None:
-    ds = service.upload({"interval_leakage": 0.9})
+    ds = service.upload({"interval_leakage": 0.9}, record_level=True)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     answers: list[tuple[requests.Response, float] | None] = [None] * CONCURRENT
 

@@ -111,7 +111,11 @@ PEOPLE_META: dict[str, Any] = {
         "income": {"type": "continuous", "bounds": [0, 1000]},
         "group": {"type": "categorical", "categories": ["a", "b", "c"]},
     },
-    "budgets": {"epsilon": 5, "delta": 1e-5},
+    # the operator's explicit opt-in to what this metadata once got by default (#27.3): a
+    # subset draw of the categorical column, every notion, record-level releases
+    "budgets": {"epsilon": 5, "delta": 1e-5, "subset_draws:group": 1},
+    "notions": ["dp", "noiseless", "interval", "subset"],
+    "record_level": True,
 }
 
 

@@ -34,7 +34,7 @@ def interval(app: Any, worker: Any) -> dict[str, Any]:
     """One case-1 (uniform anchors) and one case-2 release of a 300-row column."""
     api = Api(app.test_client())
     ages = np.clip(np.random.default_rng(5).normal(40, 10, size=N), 0, 100)
-    meta = {"name": "ages", "budgets": {"interval_leakage": 1.0},
+    meta = {"name": "ages", "record_level": True, "budgets": {"interval_leakage": 1.0},
             "columns": {"age": {"type": "continuous", "bounds": [0, 100]}}}
     csv = "age\n" + "\n".join(f"{a:.3f}" for a in ages) + "\n"
     uniform = {"family": "uniform", "low": 0, "high": 100}
@@ -53,7 +53,7 @@ def custom(app: Any, worker: Any) -> dict[str, Any]:
     """A subset.custom release (a non-uniform design) of a 4-category column."""
     api = Api(app.test_client())
     cats = ["a", "b", "c", "d"]
-    meta = {"name": "cats", "budgets": {"subset_draws": 1},
+    meta = {"name": "cats", "record_level": True, "budgets": {"subset_draws": 1},
             "columns": {"c": {"type": "categorical", "categories": cats}}}
     resp = api.upload("c\n" + "".join(f"{cats[i % 4]}\n" for i in range(200)), meta)
     assert resp.status_code == 201, resp.get_json()

@@ -313,7 +313,7 @@ def test_retry_after_commit_of_history_dependent_release(api: Api, worker: Any) 
     """subset.* completes params from the ledger (prior_draws): a retry or an identical
     request after the first committed must still find the first release (found by the soak:
     the retry was 422 idempotency_mismatch, the identical request a second paid draw)."""
-    meta = {"name": "cats", "budgets": {"subset_draws": 2},
+    meta = {"name": "cats", "record_level": True, "budgets": {"subset_draws": 2},
             "columns": {"c": {"type": "categorical", "categories": ["a", "b", "c", "d"]}}}
     ds = api.upload("c\n" + "".join(f"{'abcd'[i % 4]}\n" for i in range(40)), meta)
     req = {"dataset_id": ds.get_json()["id"], "mechanism": "subset.uniform",
@@ -333,7 +333,7 @@ def test_retry_after_commit_of_history_dependent_release(api: Api, worker: Any) 
 def test_queued_draw_counts_in_the_composed_design(api: Api, app: Flask) -> None:
     """A draw that is reserved but not yet committed is an earlier draw too: a request
     behind it in the queue must report the composed design, not a single draw."""
-    meta = {"name": "cats", "budgets": {"subset_draws": 2},
+    meta = {"name": "cats", "record_level": True, "budgets": {"subset_draws": 2},
             "columns": {"c": {"type": "categorical", "categories": ["a", "b", "c", "d"]}}}
     ds = api.upload("c\n" + "".join(f"{'abcd'[i % 4]}\n" for i in range(40)), meta)
     ds_id = ds.get_json()["id"]
@@ -478,7 +478,7 @@ def test_openapi_docs_and_probes(api: Api, app: Flask, worker: Any) -> None:
 
 
 def test_functional_and_prior_metadata_round_trip(api: Api, app: Flask) -> None:
-    meta = {"name": "curves", "budgets": {"epsilon": 1},
+    meta = {"name": "curves", "record_level": True, "budgets": {"epsilon": 1},
             "columns": {"f": {"type": "functional", "grid": [0, 0.5, 1], "norm_bound": 3},
                         "x": {"type": "continuous", "bounds": [0, 1],
                               "prior": {"family": "beta", "a": 2, "b": 2}}}}

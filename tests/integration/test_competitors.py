@@ -37,7 +37,7 @@ def test_competitors_release_through_the_api(api: Api, worker: Any) -> None:
     x = np.clip(rng.normal(5, 2, size=n), 0, 10)
     k = rng.binomial(5, 0.5, size=n)
     g = rng.choice(3, size=n, p=[0.6, 0.3, 0.1])
-    meta = {"name": "competitors", "budgets": {"epsilon": 10},
+    meta = {"name": "competitors", "record_level": True, "budgets": {"epsilon": 10},
             "columns": {"x": {"type": "continuous", "bounds": [0, 10]},
                         "k": {"type": "integer", "bounds": [0, 5]},
                         "g": {"type": "categorical", "categories": ["u", "v", "w"]}}}

@@ -46,7 +46,7 @@ def test_iclp_mean_of_curves_with_plot(api: Api, worker: Any) -> None:
     curves = np.sin(2 * math.pi * grid) + 0.1 * rng.normal(size=(300, grid.size))
     header = ",".join(f"f.{i}" for i in range(grid.size))
     csv = header + "\n" + "\n".join(",".join(f"{v:.6f}" for v in row) for row in curves)
-    meta = {"name": "curves", "budgets": {"epsilon": 4},
+    meta = {"name": "curves", "record_level": True, "budgets": {"epsilon": 4},
             "columns": {"f": {"type": "functional", "grid": grid.tolist(), "norm_bound": 2}}}
     resp = api.upload(csv + "\n", meta)
     assert resp.status_code == 201, resp.get_json()
@@ -74,7 +74,7 @@ def test_iclp_competitors_release_with_plots(api: Api, worker: Any) -> None:
     curves = truth + 0.1 * rng.normal(size=(400, grid.size))
     header = ",".join(f"f.{i}" for i in range(grid.size))
     csv = header + "\n" + "\n".join(",".join(f"{v:.6f}" for v in row) for row in curves)
-    meta = {"name": "curves", "budgets": {"epsilon": 30, "delta": 1e-5},
+    meta = {"name": "curves", "record_level": True, "budgets": {"epsilon": 30, "delta": 1e-5},
             "columns": {"f": {"type": "functional", "grid": grid.tolist(), "norm_bound": 2}}}
     resp = api.upload(csv + "\n", meta)
     assert resp.status_code == 201, resp.get_json()
@@ -93,7 +93,7 @@ def test_iclp_competitors_release_with_plots(api: Api, worker: Any) -> None:
     assert spent["delta"]["committed"] == 1e-6
 
     ages = np.clip(rng.normal(0.4, 0.1, size=500), 0, 1)
-    meta = {"name": "ages", "budgets": {"epsilon": 2},
+    meta = {"name": "ages", "record_level": True, "budgets": {"epsilon": 2},
             "columns": {"x": {"type": "continuous", "bounds": [0, 1]}}}
     resp = api.upload("x\n" + "\n".join(f"{a:.4f}" for a in ages) + "\n", meta)
     assert resp.status_code == 201, resp.get_json()
@@ -108,7 +108,7 @@ def test_iclp_competitors_release_with_plots(api: Api, worker: Any) -> None:
 def test_interval_release_csv_and_free_npmle(api: Api, worker: Any) -> None:
     rng = np.random.default_rng(5)
     ages = np.clip(rng.normal(40, 10, size=400), 0, 100)
-    meta = {"name": "ages", "budgets": {"interval_leakage": 0.9},
+    meta = {"name": "ages", "record_level": True, "budgets": {"interval_leakage": 0.9},
             "columns": {"age": {"type": "continuous", "bounds": [0, 100],
                                 "prior": {"family": "normal", "loc": 40, "scale": 10}}}}
     resp = api.upload("age\n" + "\n".join(f"{a:.3f}" for a in ages) + "\n", meta)
@@ -164,7 +164,7 @@ def test_subset_release_estimate_and_independence(api: Api, worker: Any) -> None
     x = rng.choice(5, size=600, p=[0.4, 0.3, 0.15, 0.1, 0.05])
     y = rng.choice(5, size=600)  # independent of x
     z = np.where(rng.random(600) < 0.8, x, y)  # mostly x: strongly dependent
-    meta = {"name": "survey", "budgets": {"subset_draws": 1},
+    meta = {"name": "survey", "record_level": True, "budgets": {"subset_draws": 1},
             "columns": {c: {"type": "categorical", "categories": cats} for c in "xyz"}}
     csv = "x,y,z\n" + "".join(f"{cats[a]},{cats[b]},{cats[c]}\n"
                                for a, b, c in zip(x, y, z, strict=True))
@@ -212,7 +212,7 @@ def test_subset_release_estimate_and_independence(api: Api, worker: Any) -> None
 
 def test_noiseless_local_release_is_deterministic_and_composes(api: Api, worker: Any) -> None:
     wages = np.linspace(0, 1000, 101)
-    meta = {"name": "wages", "budgets": {"noiseless_bits": 6},
+    meta = {"name": "wages", "record_level": True, "budgets": {"noiseless_bits": 6},
             "columns": {"wage": {"type": "continuous", "bounds": [0, 1000]}}}
     resp = api.upload("wage\n" + "\n".join(f"{w:g}" for w in wages) + "\n", meta)
     assert resp.status_code == 201
@@ -239,7 +239,7 @@ def test_noiseless_queries_vector_edges_and_paper_mode(api: Api, worker: Any) ->
     """Issue #17 items 10-12 over HTTP: exact counts, a median, a vector whose charges add,
     given edges, paper mode charged its true level, ``guarantees_bits`` in each payload."""
     ages = [20, 30, 40, 50, 60, 70, 35, 45]
-    meta = {"name": "ages", "budgets": {"noiseless_bits": 20},
+    meta = {"name": "ages", "record_level": True, "budgets": {"noiseless_bits": 20},
             "columns": {"age": {"type": "integer", "bounds": [0, 100]},
                         "g": {"type": "categorical", "categories": ["a", "b"]}}}
     csv = "age,g\n" + "".join(f"{a},{'ab'[a % 20 == 0]}\n" for a in ages)
@@ -285,7 +285,7 @@ def test_dip_microdata_default_and_public_reference(api: Api, worker: Any) -> No
     n = 400
     wage = np.clip(rng.gamma(4, 10, size=n), 0, 200)
     group = rng.choice(3, size=n, p=[0.5, 0.3, 0.2])
-    meta = {"name": "people", "budgets": {"epsilon": 4},
+    meta = {"name": "people", "record_level": True, "budgets": {"epsilon": 4},
             "columns": {"wage": {"type": "continuous", "bounds": [0, 200]},
                         "group": {"type": "categorical", "categories": ["u", "v", "w"]}}}
     csv = "wage,group\n" + "".join(f"{w:.4f},{'uvw'[g]}\n" for w, g in zip(wage, group,
@@ -321,7 +321,7 @@ def test_dip_holdout_only_where_the_operator_allows_it(api: Api, worker: Any) ->
     n = 200
     values = np.random.default_rng(22).uniform(0, 10, size=n)
     csv = "x\n" + "".join(f"{v:.4f}\n" for v in values)
-    meta = {"name": "plain", "budgets": {"epsilon": 2},
+    meta = {"name": "plain", "record_level": True, "budgets": {"epsilon": 2},
             "columns": {"x": {"type": "continuous", "bounds": [0, 10]}}}
     private = api.upload(csv, meta).get_json()
     assert private["allow_holdout"] is False
@@ -364,7 +364,7 @@ def test_dip_takes_more_than_64_columns(api: Api, worker: Any) -> None:
     values = rng.normal(size=(n, p))
     header = ",".join(f"x{j}" for j in range(p))
     csv = header + "\n" + "".join(",".join(f"{v:.5f}" for v in row) + "\n" for row in values)
-    meta = {"name": "wide", "budgets": {"epsilon": 4}, "allow_holdout": True,
+    meta = {"name": "wide", "record_level": True, "budgets": {"epsilon": 4}, "allow_holdout": True,
             "columns": {f"x{j}": {"type": "continuous", "bounds": [-6, 6]} for j in range(p)}}
     ds = api.upload(csv, meta).get_json()["id"]
     columns = [f"x{j}" for j in range(p)]

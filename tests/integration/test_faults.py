@@ -315,7 +315,7 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
     refunded at once and an analysis leaves no record stuck at "queued"."""
     flask_app: Flask = rig["app"]
     api = Api(flask_app.test_client())
-    meta = {"name": "ages", "budgets": {"interval_leakage": 1},
+    meta = {"name": "ages", "record_level": True, "budgets": {"interval_leakage": 1},
             "columns": {"age": {"type": "continuous", "bounds": [0, 100]}}}
     resp = api.upload("age\n" + "\n".join(str(20 + i % 50) for i in range(200)) + "\n", meta)
     assert resp.status_code == 201, resp.get_json()

@@ -78,12 +78,12 @@ def world(app: Flask, worker: Any, service_env: dict[str, str]) -> World:
     people = api.upload(people_csv(), PEOPLE_META)
     assert people.status_code == 201, people.get_json()
     cats = [f"k{i}" for i in range(64)]
-    wide_meta = {"name": "wide", "budgets": {"subset_draws": 1},
+    wide_meta = {"name": "wide", "record_level": True, "budgets": {"subset_draws": 1},
                  "columns": {"k": {"type": "categorical", "categories": cats}}}
     wide = api.upload("k\n" + "".join(f"{cats[i % 64]}\n" for i in range(256)), wide_meta)
     assert wide.status_code == 201, wide.get_json()
     grid = [i / 9 for i in range(10)]
-    curves_meta = {"name": "curves", "budgets": {"epsilon": 4},
+    curves_meta = {"name": "curves", "record_level": True, "budgets": {"epsilon": 4},
                    "columns": {"f": {"type": "functional", "grid": grid, "norm_bound": 2}}}
     header = ",".join(f"f.{i}" for i in range(10))
     rows = "".join(",".join(f"{(i * j) % 7 / 7:.3f}" for j in range(10)) + "\n"
@@ -208,7 +208,7 @@ def _wide_csv(n_columns: int) -> bytes:
 
 
 def _wide_meta(n_columns: int) -> dict[str, Any]:
-    return {"name": "wide", "budgets": {"epsilon": 1},
+    return {"name": "wide", "record_level": True, "budgets": {"epsilon": 1},
             "columns": {f"c{i}": {"type": "integer", "bounds": [0, 9]}
                         for i in range(n_columns)}}
 
@@ -618,7 +618,7 @@ def test_released_csv_neutralises_formula_cells(world: World) -> None:
     api = world.api
     cats = [*FORMULAS, "plain"]
     alt = [c for c in cats if "|" not in c]  # subset labels are joined with '|'
-    meta = {"name": "formulas", "budgets": {"epsilon": 4, "subset_draws": 1},
+    meta = {"name": "formulas", "record_level": True, "budgets": {"epsilon": 4, "subset_draws": 1},
             "columns": {"@kind": {"type": "categorical", "categories": cats},
                         "alt": {"type": "categorical", "categories": alt},
                         "x": {"type": "continuous", "bounds": [-10, 10]}}}

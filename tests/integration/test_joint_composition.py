@@ -35,7 +35,7 @@ from tests.integration.conftest import Api
 
 MEASURE = "interval_leakage:age"
 UNIFORM = {"family": "uniform", "low": 0, "high": 100}
-AGES_META = {"name": "ages", "budgets": {"interval_leakage": 1.0},
+AGES_META = {"name": "ages", "record_level": True, "budgets": {"interval_leakage": 1.0},
              "columns": {"age": {"type": "continuous", "bounds": [0, 100]}}}
 
 

@@ -167,7 +167,7 @@ def datasets(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
     prior = draw(priors(lo, hi))
     if prior is not None:
         column_x["prior"] = prior
-    meta = {"name": "sweep", "bounds_policy": "clip",
+    meta = {"name": "sweep", "bounds_policy": "clip", "record_level": True,
             "budgets": {"epsilon": 100, "delta": 1e-3, "noiseless_bits": 100,
                         "interval_leakage": 1, "subset_draws": 10},
             "columns": {"x": column_x, "k": {"type": "integer", "bounds": [k_lo, k_hi]},
@@ -266,7 +266,7 @@ ISSUE_UPLOADS = [
 @pytest.mark.parametrize(("prior", "field"), ISSUE_UPLOADS)
 def test_issue_priors_are_422_at_upload(api: Api, prior: dict[str, Any], field: str) -> None:
     """Catches the 201 these got (and the releases they broke later)."""
-    meta = {"name": "p", "budgets": {"interval_leakage": 1},
+    meta = {"name": "p", "record_level": True, "budgets": {"interval_leakage": 1},
             "columns": {"x": {"type": "continuous", "bounds": [0, 10], "prior": prior}}}
     resp = api.upload("x\n1\n2\n", meta)
     assert resp.status_code == 422, resp.get_json()
@@ -275,7 +275,7 @@ def test_issue_priors_are_422_at_upload(api: Api, prior: dict[str, Any], field: 
 
 def test_huge_bounds_are_422_at_upload(api: Api) -> None:
     """Catches ±1e308 bounds registering (dip then failed, the KDEs released zeros)."""
-    meta = {"name": "p", "budgets": {"epsilon": 1},
+    meta = {"name": "p", "record_level": True, "budgets": {"epsilon": 1},
             "columns": {"x": {"type": "continuous", "bounds": [-1e308, 1e308]}}}
     resp = api.upload("x\n1\n2\n", meta)
     assert resp.status_code == 422 and resp.get_json()["field"] == "metadata.columns.x.bounds"
@@ -286,7 +286,7 @@ def test_huge_bounds_are_422_at_upload(api: Api) -> None:
 def test_exp_transform_beyond_709_is_422_at_post(api: Api, worker: Any, name: str) -> None:
     """Catches the 500 (NaN in calibrate_scale); nothing is reserved. A cold request is
     refused after pricing with the same 422 (its error), a warm one at the POST."""
-    meta = {"name": "e", "budgets": {"interval_leakage": 1},
+    meta = {"name": "e", "record_level": True, "budgets": {"interval_leakage": 1},
             "columns": {"x": {"type": "continuous", "bounds": [-1000, 1000]}}}
     ds = api.upload("x\n1\n2\n", meta).get_json()["id"]
     params = {"column": "x", "calibrate": True, "transform": "exp",

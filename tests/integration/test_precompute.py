@@ -38,7 +38,7 @@ from ..conftest import ROOT
 from .conftest import TOKEN, Api
 
 META: dict[str, Any] = {
-    "name": "heights", "budgets": {"interval_leakage": 0.9},
+    "name": "heights", "budgets": {"interval_leakage": 0.9}, "record_level": True,
     "columns": {"h": {"type": "continuous", "bounds": [100, 220],
                       "prior": {"family": "normal", "loc": 170, "scale": 10}}}}
 CSV = "h\n" + "\n".join(str(150 + i % 40) for i in range(300)) + "\n"

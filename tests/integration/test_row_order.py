@@ -21,6 +21,7 @@ N = 200
 def _upload(api: Api, x: np.ndarray, **extra: Any) -> str:
     """Columns x and y hold the same categories row by row."""
     meta = {"name": "survey", "budgets": {"subset_draws": 1, "noiseless_bits": 8},
+            "record_level": True,
             "columns": {"x": {"type": "categorical", "categories": CATS},
                         "y": {"type": "categorical", "categories": CATS},
                         "v": {"type": "continuous", "bounds": [0, 4]}}, **extra}

@@ -10,7 +10,7 @@ CATS = ["a", "b", "c", "d", "e"]
 
 
 def _dataset(api: Api, **extra: Any) -> str:
-    meta = {"name": "survey", "budgets": {"subset_draws": 2},
+    meta = {"name": "survey", "record_level": True, "budgets": {"subset_draws": 2},
             "columns": {"x": {"type": "categorical", "categories": CATS,
                               "subset_policy": {"max_prediction_risk": 0.45}},
                         "y": {"type": "categorical", "categories": CATS}}, **extra}

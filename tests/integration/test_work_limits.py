@@ -90,7 +90,7 @@ N = 300
 def interval_release(stack: Stack) -> str:
     """A succeeded interval.case1 release of N rows (analyses apply to it)."""
     ages = np.clip(np.random.default_rng(5).normal(40, 10, size=N), 0, 100)
-    meta = {"name": "ages", "budgets": {"interval_leakage": 1.0},
+    meta = {"name": "ages", "record_level": True, "budgets": {"interval_leakage": 1.0},
             "columns": {"age": {"type": "continuous", "bounds": [0, 100]}}}
     resp = stack.api.upload("age\n" + "\n".join(f"{a:.3f}" for a in ages) + "\n", meta)
     assert resp.status_code == 201, resp.get_json()

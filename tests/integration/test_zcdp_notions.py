@@ -95,7 +95,8 @@ def test_notion_lock_and_notions_over_http(api: Api, worker: Any) -> None:
     other kind is 409 notion_locked before anything is spent, and both views show the
     lock. A notion the metadata does not admit is 422 notion_not_admitted. With
     allow_mixed_noiseless_dp both run and both say the pair has no finite guarantee."""
-    ds = _upload(api)
+    # both notions' measures named (a measure not named is refused before any lock)
+    ds = _upload(api, budgets={"rho": 1, "epsilon": 1, "noiseless_bits": 8})
     assert api.get(f"/v1/datasets/{ds}").get_json()["notion_lock"] is None
     noiseless = _run(api, ds, "noiseless.aggregate", {"statistic": "mean", "column": "w"},
                      {"noiseless_bits": 2})

@@ -41,6 +41,7 @@ CATEGORIES = ["alpha", "beta", "gamma", "delta", "epsilon"]
 METADATA: dict[str, Any] = {
     "name": "large",
     "budgets": {"epsilon": 10},
+    "record_level": True,  # dip releases one output per record: the operator's opt-in
     "columns": {
         "x": {"type": "continuous", "bounds": [0, 100]},
         "w": {"type": "continuous", "bounds": [-1000, 1000]},

@@ -30,6 +30,8 @@ METADATA: dict[str, Any] = {
     # every mechanism runs on every dataset: noiseless and DP releases together (by
     # default the first of either kind would lock the dataset to its notion)
     "allow_mixed_noiseless_dp": True,
+    # subset, interval, noiseless.local, dip...: one output per record, opted in
+    "record_level": True,
     "columns": {
         "x": {"type": "continuous", "bounds": [-5, 5],
               "prior": {"family": "normal", "loc": 0, "scale": 1}},

@@ -35,8 +35,42 @@ def test_caps_expand_per_column_measures() -> None:
         "interval_leakage:a": 5 * 10**11,
         "interval_leakage:b": 25 * 10**10,
         "interval_leakage:c": 5 * 10**11,
-        "subset_draws:c": 1,
     }
+
+
+def test_no_measure_has_a_default_cap() -> None:
+    """#27.3: an ε/δ dataset with a categorical column got subset_draws:<c> = 1 and so
+    admitted subset releases; only the measures the budgets name get a cap now."""
+    caps = budget.parse_caps({"epsilon": 3, "delta": 1e-7}, ["diagnosis", "age"],
+                             ["diagnosis"])
+    assert caps == {"epsilon": 3 * 10**9, "delta": 10**8}
+    assert budget.default_notions(caps) == ["dp"]
+    named = budget.parse_caps({"epsilon": 1, "subset_draws:diagnosis": 2,
+                               "noiseless_bits": 4}, ["diagnosis", "age"])
+    assert budget.default_notions(named) == ["dp", "noiseless", "subset"]
+    assert budget.default_notions({}) == []
+
+
+def test_policy_of_a_document() -> None:
+    """Registration stores notions and record_level; a document from before them reads as
+    the legacy policy the migration records (all notions, record-level allowed)."""
+    assert budget.admitted_notions({"notions": ["dp"]}) == ["dp"]
+    assert budget.record_level({"record_level": False}) is False
+    assert budget.admitted_notions({}) == list(budget.NOTIONS)
+    assert budget.record_level({}) is True
+
+
+def test_record_level_mechanisms_declare_it() -> None:
+    """Every mechanism that releases one output per record says so in its class (the
+    service keeps no list); aggregates and exm's draws from a DP distribution do not."""
+    import mechanisms
+
+    record_level = {n for n in mechanisms.names() if mechanisms.get(n).record_level}
+    assert record_level == {
+        "dip", "lrm", "noiseless.local", "opm.l2ball",
+        *(n for n in mechanisms.names() if n.startswith(("subset.", "interval.")))}
+    assert {"laplace", "gaussian", "exm", "noiseless.aggregate", "opm.mean"} \
+        .isdisjoint(record_level)
 
 
 @pytest.mark.parametrize(("raw", "field"), [

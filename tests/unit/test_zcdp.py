@@ -194,12 +194,13 @@ def _meta(**extra: object) -> dict[str, object]:
 
 
 def test_metadata_accounting_fields() -> None:
-    """Defaults keep today's behaviour; a zcdp dataset with an ε or δ cap is refused (it
-    would never be spent), as are unknown or repeated notions and a δ outside (0, 1)."""
+    """Defaults keep today's accounting; notions absent unless named (registration
+    resolves them from the budgets, #27.3) and record-level releases off; a zcdp dataset
+    with an ε or δ cap is refused (it would never be spent), as are unknown or repeated
+    notions, a δ outside (0, 1) and a record_level that is not a boolean."""
     spec = parse_metadata(_meta())
     assert spec.accounting == {"gaussian_accounting": "approx_dp", "zcdp_delta": 1e-6,
-                               "notions": ["dp", "noiseless", "interval", "subset"],
-                               "allow_mixed_noiseless_dp": False}
+                               "allow_mixed_noiseless_dp": False, "record_level": False}
     z = parse_metadata(_meta(gaussian_accounting="zcdp", zcdp_delta=1e-9))
     assert z.meta(10).gaussian_accounting == "zcdp" and z.accounting["zcdp_delta"] == 1e-9
     for bad, field in [
@@ -210,6 +211,8 @@ def test_metadata_accounting_fields() -> None:
         (_meta(notions=[]), "metadata.notions"),
         (_meta(zcdp_delta=1), "metadata.zcdp_delta"),
         (_meta(allow_mixed_noiseless_dp="yes"), "metadata.allow_mixed_noiseless_dp"),
+        (_meta(record_level="yes"), "metadata.record_level"),
+        (_meta(record_level=1), "metadata.record_level"),
     ]:
         with pytest.raises(IngestError) as info:
             parse_metadata(bad)

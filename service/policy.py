@@ -1,0 +1,90 @@
+"""The policy migration: datasets registered before notions and record-level releases were
+the operator's explicit opt-in keep what they admitted, written down.
+
+Before it, a dataset admitted all four notions unless its metadata named some, allowed
+record-level releases (subset, interval, noiseless.local, DIP, ...), got a ``subset_draws``
+cap of 1 per categorical column, and an analyst's allocation limited only the measures it
+listed. Now a dataset admits only what its metadata and budgets name, and an allocation
+allows none of the measures it does not list. So that a deployment's existing datasets
+keep working as their operators set them up, ``migrate`` records their implicit policy as
+explicit fields: ``notions`` (all four unless named), ``record_level: true``, the
+``subset_draws`` caps already in their ledger kept, and their allocations marked
+``legacy`` (unlisted measures unlimited; an allocation written later is ``listed``), with
+one ``policy`` audit event per dataset.
+
+It is idempotent (a document that has ``record_level`` was registered or migrated
+already) and safe to run from any number of processes at once (each dataset is one
+compare-and-set script), so the API and workers run it at start-up and
+``privrelease migrate-policy`` runs it by hand. Until it has run, a document without the
+fields is read as the legacy policy it records (``budget.LEGACY_POLICY``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import redis
+
+from service import budget, rkeys
+from service.ledger import Ledger
+
+log = logging.getLogger("privrelease.policy")
+
+#: the actor of the migration's audit events
+ACTOR = "system:policy-migration"
+
+
+@dataclass
+class Migrated:
+    """What ``migrate`` did: datasets migrated, and the keys whose allocations it marked
+    legacy, by dataset."""
+
+    datasets: list[str] = field(default_factory=list)
+    legacy_allocations: dict[str, list[str]] = field(default_factory=dict)
+
+
+def needs_migration(doc: dict[str, object]) -> bool:
+    """A document written before the policy fields (registration now always stores them)."""
+    return "record_level" not in doc
+
+
+def migrate(client: redis.Redis, ledger: Ledger, actor: str = ACTOR) -> Migrated:
+    """Record every legacy dataset's implicit policy (module docstring); returns what."""
+    done = Migrated()
+    for dataset_id in client.zrange(rkeys.DATASETS, 0, -1):
+        while True:
+            raw = client.get(rkeys.dataset(dataset_id))
+            if raw is None:
+                break
+            doc = json.loads(raw)
+            if not needs_migration(doc):
+                break
+            notions = budget.admitted_notions(doc)
+            new = {**doc, "notions": notions,
+                   "record_level": bool(budget.LEGACY_POLICY["record_level"])}
+            outcome, keys = ledger.migrate_policy(dataset_id, raw, json.dumps(new), actor,
+                                                  notions, new["record_level"])
+            if outcome == "conflict":
+                continue  # changed since read (a version, a retirement): read it again
+            if outcome == "migrated":
+                done.datasets.append(dataset_id)
+                if keys:
+                    done.legacy_allocations[dataset_id] = keys
+            break
+    return done
+
+
+def migrate_at_startup(client: redis.Redis, ledger: Ledger, who: str) -> None:
+    """``migrate`` as a process starts; Valkey unreachable leaves it to a later start (or
+    the CLI): a legacy document is read as its legacy policy meanwhile."""
+    try:
+        done = migrate(client, ledger)
+    except redis.RedisError as err:
+        log.warning("policy migration skipped at %s start-up (%s); it runs at the next"
+                    " start or with privrelease migrate-policy", who, type(err).__name__)
+        return
+    if done.datasets:
+        log.info("policy migration at %s start-up: %d dataset(s) recorded with their legacy"
+                 " policy", who, len(done.datasets))
