@@ -197,12 +197,36 @@ def _magnitude_and_sign(
     words &= _MASK
     if np.max(s) <= SPLIT_SCALE:
         magnitude, undecided = _fast_magnitude(words, s, _log1p_tanh(s))
-        if undecided.size:
-            scales = np.broadcast_to(s, shape).reshape(-1)[undecided]
-            flat = magnitude.reshape(-1)
-            flat[undecided] = _slow_magnitude(rng, words.reshape(-1)[undecided], scales)
+        flat = magnitude.reshape(-1)
+        flat[undecided] = _slow_magnitude(rng, *_tier2_inputs(
+            words.reshape(-1), np.broadcast_to(s, shape).reshape(-1), None, undecided, s))
         return magnitude, sign
     return _split_magnitude(rng, words, s), sign
+
+
+def tier2_slots(draws: int, s: float | NDArray[np.float64]) -> int:
+    """How many words every call runs through the long-double tier, padded with dummies:
+    a public function of the number of draws and the largest scale, far above the draws
+    tier 1 leaves undecided (U < 2^-20, i.e. the largest |X|, plus a margin band of about
+    s 2^-37 of them), so whether the drawn noise was extreme does not change the work.
+    More undecided draws than slots (probability below 2^-50 per call) run them all."""
+    expected = draws * (2.0**-20 + float(np.max(s)) * 2.0**-36)
+    return 8 + math.ceil(4.0 * expected)
+
+
+def _tier2_inputs(
+    words: NDArray[np.uint64], scales: NDArray[np.float64], units: NDArray[np.float64] | None,
+    undecided: NDArray[np.intp], s: float | NDArray[np.float64],
+) -> tuple[NDArray[np.uint64], NDArray[np.float64], NDArray[np.float64] | None, int]:
+    """The undecided draws' inputs to ``_slow_magnitude``, padded to ``tier2_slots`` with
+    dummy words (U = 1/2, never sent to the exact tier), and how many are real."""
+    real = undecided.size
+    pad = max(0, tier2_slots(words.size, s) - real)
+    w = np.concatenate([words[undecided], np.full(pad, 1 << 62, dtype=np.uint64)])
+    filler = scales[0] if scales.size else 1.0
+    sc = np.concatenate([scales[undecided], np.full(pad, filler)])
+    un = None if units is None else np.concatenate([units[undecided], np.ones(pad)])
+    return w, sc, un, real
 
 
 def _split_magnitude(
@@ -224,14 +248,10 @@ def _split_magnitude(
         mult = s / m
         const = np.where(big, _log_t1(s), _log1p_tanh(s))
     q, undecided = _fast_magnitude(words, mult, const)
-    if undecided.size:
-        flat = q.reshape(-1)
-        flat[undecided] = _slow_magnitude(
-            rng,
-            words.reshape(-1)[undecided],
-            np.broadcast_to(s, q.shape).reshape(-1)[undecided],
-            np.broadcast_to(m, q.shape).reshape(-1)[undecided],
-        )
+    flat = q.reshape(-1)
+    flat[undecided] = _slow_magnitude(rng, *_tier2_inputs(
+        words.reshape(-1), np.broadcast_to(s, q.shape).reshape(-1),
+        np.broadcast_to(m, q.shape).reshape(-1).astype(np.float64), undecided, mult))
     if isinstance(big, bool):
         r = _remainder(rng, q.size, s, m).reshape(q.shape)
         # Q' = -1 gives (1 - m) + ... masked to 0; else 1 + m Q' + R
@@ -394,12 +414,16 @@ def _slow_magnitude(
     words: NDArray[np.uint64],
     scales: NDArray[np.float64],
     units: NDArray[np.float64] | None = None,
+    real: int | None = None,
 ) -> NDArray[np.int64]:
-    """Tier 2 (long double) on what tier 1 left, then tier 3 (exact) on the rest.
+    """Tier 2 (long double) on what tier 1 left, then tier 3 (exact) on the rest, for the
+    first ``real`` words (default: all); the others are padding (``_tier2_inputs``), run
+    through tier 2 only and dropped.
 
     With ``units`` (m > 1: a split draw) the value is z = (s/m)(ln T_1 - ln U),
     which can be negative, so ⌊z⌋ = 0 is certified like any other integer.
     """
+    real = words.size if real is None else real
     r = words.astype(_LD)  # exact with a 64-bit mantissa; else rounded, which the bound covers
     s = scales.astype(_LD)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -415,10 +439,10 @@ def _slow_magnitude(
         err = (64.0 * _LD_EPS) * (11.0 * np.abs(y) + 2.0 * s) + s / r * _LD(1.001) + _LD_EPS
         ok = (1.0 - frac > err) & ((frac > err) | ((k == 0.0) & ~split)) & (words > 0)
         out = np.where(ok, k, 0.0).astype(np.int64)
-    for i in np.flatnonzero(~ok):
+    for i in np.flatnonzero(~ok[:real]):
         unit = 1 if units is None else int(units[i])
         out[i] = _exact_magnitude(rng, int(words[i]), float(scales[i]), unit)
-    return out
+    return out[:real]
 
 
 def _exact_magnitude(rng: np.random.Generator, word: int, scale: float, unit: int = 1) -> int:

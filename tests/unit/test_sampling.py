@@ -704,3 +704,31 @@ def test_discrete_gaussian_trials_are_the_same_draws_with_their_proposals() -> N
                         * np.exp(-((np.abs(y) - sigma**2 / t) ** 2) / (2 * sigma**2))))
     se = math.sqrt((1 - rate) / rate**2 / n)
     assert abs(trials.mean() - 1 / rate) <= 4.5 * se
+
+
+@pytest.mark.parametrize("scale", [1.0, 7.3, 2.0**40])
+def test_the_long_double_tier_does_the_same_work_whatever_the_noise(
+        monkeypatch: pytest.MonkeyPatch, scale: float) -> None:
+    """Issue 27: a draw whose U is below 2^-20 (the largest |X|) took the long-double tier
+    and the others skipped it, so the run time told an extreme noise draw apart. Every call
+    now runs that tier on ``tier2_slots`` words (the undecided ones, then padding): the
+    same count for four ordinary words as for three and one tiny one, and the same value
+    for the tiny one as the exact definition."""
+    seen: list[int] = []
+    slow = sampling._slow_magnitude
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(len(args[1]))  # type: ignore[arg-type]
+        return slow(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sampling, "_slow_magnitude", spy)
+    ordinary = [(1 << 62) + 12345 * i for i in range(1, 5)]
+    extreme = [*ordinary[:3], 1 << 30]  # U ~ 2^-33: tier 1 leaves it undecided
+    plain = sampling.discrete_laplace(_forced(ordinary + [7] * 8), scale, 4)
+    tail = sampling.discrete_laplace(_forced(extreme + [7] * 8), scale, 4)
+    assert seen[0] == seen[1] >= 8  # split draws size the band at s/m
+    if scale <= sampling.SPLIT_SCALE:
+        assert seen[0] == sampling.tier2_slots(4, scale)
+    assert plain[:3].tolist() == tail[:3].tolist()
+    if scale <= sampling.SPLIT_SCALE:
+        assert abs(int(tail[3])) == _reference_magnitude([1 << 30], scale)
