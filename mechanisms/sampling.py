@@ -39,6 +39,9 @@ The proofs, tier by tier (each tier passes what it cannot decide on):
    64 times that bound plus the cell.
 2. long double (x87 extended: 11 more bits, and r converts exactly), same
    argument with its epsilon, a 64-fold margin, and the exact cell width.
+   Every call runs it on ``tier2_slots`` words, what tier 1 left padded with
+   dummies: which draws tier 1 leaves (U < 2^-20: the largest |X|) would
+   otherwise show in the run time (issue #27).
 3. exact, per element: Python integers for the cell and ``decimal`` (whose
    exp and ln are correctly rounded) at a precision P that grows with every
    refinement; a bound S (6B + 9)·10^(1-P) on the absolute error of y over
