@@ -187,7 +187,7 @@ def _migrate_policy_at_startup(config: Config, who: str) -> None:
 def _migrate_policy(args: argparse.Namespace) -> int:
     """Run ``service.policy.migrate`` against PRIVRELEASE_REDIS_URL; safe while the
     service runs (a compare-and-set per dataset)."""
-    from service import policy
+    from service import budget, policy
     from workers.celery_app import worker_client, worker_ledger
 
     config = Config.from_env()
@@ -195,7 +195,10 @@ def _migrate_policy(args: argparse.Namespace) -> int:
     done = policy.migrate(client, worker_ledger(client, config))
     print(f"recorded the legacy policy of {len(done.datasets)} dataset(s)"
           + "".join(f"; {d}: allocations of {', '.join(k)} marked legacy"
-                    for d, k in sorted(done.legacy_allocations.items())))
+                    for d, k in sorted(done.legacy_allocations.items()))
+          + "".join(f"; {d}: interval charges raised to the additive rule by "
+                    + ", ".join(f"{m} {budget.display(m, n):g}" for m, n in sorted(added.items()))
+                    for d, added in sorted(done.recharged.items())))
     return 0
 
 

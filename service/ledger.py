@@ -136,6 +136,7 @@ class Ledger:
         self._open = Step(client, _script("open"), repl)
         self._version = Step(client, _script("version"), repl)
         self._policy = Step(client, _script("policy"), repl)
+        self._recharge = Step(client, _script("recharge"), repl)
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
              document: str | None = None, *, idempotency_key: str | None = None,
@@ -190,6 +191,17 @@ class Ledger:
             keys=[rkeys.dataset(dataset_id), rkeys.ledger(dataset_id), rkeys.events(dataset_id)],
             args=[read, document, actor, now_iso(), ",".join(notions), int(record_level)])
         return str(outcome), [k for k in str(keys).split(",") if k]
+
+    def recharge_interval(self, dataset_id: str, units: dict[str, int], actor: str) -> str:
+        """Add ``units`` (per interval measure) to the dataset's committed totals and record
+        one ``policy`` event, once per dataset (recharge.lua); returns ``recharged``,
+        ``nothing`` (no amount, marked done) or ``done`` (it ran before)."""
+        argv: list[Any] = [actor, now_iso(), len(units)]
+        for measure, amount in sorted(units.items()):
+            argv += [measure, int(amount)]
+        outcome, *_ = self._recharge(
+            keys=[rkeys.ledger(dataset_id), rkeys.events(dataset_id)], args=argv)
+        return str(outcome)
 
     def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
                  key_id: str | None = None) -> None:

@@ -24,10 +24,12 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import redis
 
 from service import budget, rkeys
+from service.documents import DocumentStore, request_of
 from service.ledger import Ledger
 
 log = logging.getLogger("privrelease.policy")
@@ -38,11 +40,17 @@ ACTOR = "system:policy-migration"
 
 @dataclass
 class Migrated:
-    """What ``migrate`` did: datasets migrated, and the keys whose allocations it marked
-    legacy, by dataset."""
+    """What ``migrate`` did: datasets migrated, the keys whose allocations it marked
+    legacy, by dataset, and the interval units it added to committed totals (``recharge``),
+    by dataset and measure."""
 
     datasets: list[str] = field(default_factory=list)
     legacy_allocations: dict[str, list[str]] = field(default_factory=dict)
+    recharged: dict[str, dict[str, int]] = field(default_factory=dict)
+
+#: statuses whose reservation holds or has spent its units (a refunded, refused or
+#: cancelled release spent nothing; a pricing one holds nothing yet)
+HOLDING = frozenset({"queued", "running", "succeeded", "failed"})
 
 
 def needs_migration(doc: dict[str, object]) -> bool:
@@ -73,7 +81,54 @@ def migrate(client: redis.Redis, ledger: Ledger, actor: str = ACTOR) -> Migrated
                 if keys:
                     done.legacy_allocations[dataset_id] = keys
             break
+    recharge(client, ledger, done, actor)
     return done
+
+
+def shortfall(client: redis.Redis, docs: DocumentStore | None,
+              dataset_id: str) -> dict[str, int]:
+    """Per interval measure, what the dataset's releases charged an exact increment (before
+    issue #27) paid below their standalone bound: ceil(cost) units minus the units held.
+    A failed release counts when it was charged; a pending one counts too (its commit
+    will charge its increment), so a later refund of it leaves the ledger over, never
+    under. The request documents hold both figures: ``cost`` (the mechanism's, standalone)
+    and ``cost_units`` (what the ledger held)."""
+    key = rkeys.dataset_releases(dataset_id)
+    out: dict[str, int] = {}
+    for start in range(0, client.zcard(key), 500):
+        ids = client.zrange(key, start, start + 499)
+        pipe = client.pipeline(transaction=False)
+        for release_id in ids:
+            pipe.hmget(rkeys.release(release_id), "request", "status", "charged", "doc")
+        for release_id, (raw, status, charged, sha) in zip(ids, pipe.execute(), strict=True):
+            if status not in HOLDING or (status == "failed" and charged != "1"):
+                continue
+            h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
+            req = request_of(docs, release_id, h)
+            if req is None or not req.get("cost"):
+                continue
+            for measure, held in req.get("cost_units", {}).items():
+                if budget.base_measure(measure) != "interval_leakage":
+                    continue
+                standalone = budget.cost_units(measure, Fraction(req["cost"][measure]))
+                if standalone > int(held):
+                    out[measure] = out.get(measure, 0) + standalone - int(held)
+    return out
+
+
+def recharge(client: redis.Redis, ledger: Ledger, done: Migrated,
+             actor: str = ACTOR) -> None:
+    """Charge every dataset's interval columns what their exact-increment releases paid
+    below the additive rule (``shortfall``), once per dataset (recharge.lua's marker): the
+    additive rule is the one that holds against adaptive designs, so a column's committed
+    total must be at least the sum of its releases' standalone bounds. A column may end
+    above its cap; it then refuses further interval releases, as it should."""
+    for dataset_id in client.zrange(rkeys.DATASETS, 0, -1):
+        if client.hexists(rkeys.ledger(dataset_id), "recharged:interval"):
+            continue
+        units = shortfall(client, ledger.documents, dataset_id)
+        if ledger.recharge_interval(dataset_id, units, actor) == "recharged":
+            done.recharged[dataset_id] = units
 
 
 def migrate_at_startup(client: redis.Redis, ledger: Ledger, who: str) -> None:
@@ -88,3 +143,6 @@ def migrate_at_startup(client: redis.Redis, ledger: Ledger, who: str) -> None:
     if done.datasets:
         log.info("policy migration at %s start-up: %d dataset(s) recorded with their legacy"
                  " policy", who, len(done.datasets))
+    if done.recharged:
+        log.info("policy migration at %s start-up: interval columns of %d dataset(s) charged"
+                 " up to the additive rule", who, len(done.recharged))

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from fractions import Fraction
 from typing import Any
 
 import redis
@@ -124,3 +125,37 @@ def test_migration_runs_from_the_cli_and_at_start_up(api: Api, r: redis.Redis,
         os.environ.update(saved)
     assert len(_policy_events(api, at_start)) == 1
     assert len(_policy_events(api, by_cli)) == 1
+
+
+def test_exact_increment_charges_are_raised_to_the_additive_rule(api: Api, app: Flask,
+                                                                 r: redis.Redis) -> None:
+    """#27.2 for existing deployments: a release charged an exact increment (0.2 of a
+    standalone 0.3) left its column 0.1 under the additive rule, the only one that holds
+    against adaptive designs. The migration adds the 0.1 to the column's committed total
+    once, with one ``policy`` event saying so; refunded releases and other measures are
+    left alone, and a second run changes nothing."""
+    meta = {"name": "old-interval", "notions": ["interval", "dp"], "record_level": True,
+            "columns": {"age": {"type": "integer", "bounds": [0, 100]}},
+            "budgets": {"interval_leakage": 1, "epsilon": 1}}
+    ds = api.upload("age\n" + "".join(f"{i % 90}\n" for i in range(60)), meta).get_json()["id"]
+    measure, unit = "interval_leakage:age", 10**12
+    for i, (status, held) in enumerate([("succeeded", "2/10"), ("cancelled", "1/10")]):
+        rid = f"rel_old_increment_{ds}_{i}"
+        request = {"dataset_id": ds, "dataset_version": 1, "mechanism": "interval.case1",
+                   "params": {"column": "age"}, "cost": {measure: "3/10"},
+                   "cost_units": {measure: int(Fraction(held) * unit)},
+                   "privacy": {"charged": "exact_increment"}}
+        r.hset(rkeys.release(rid), mapping={"status": status, "request": json.dumps(request)})
+        r.zadd(rkeys.dataset_releases(ds), {rid: 1.0 + i})
+    r.hset(rkeys.ledger(ds), f"committed:{measure}", int(Fraction(2, 10) * unit))
+    r.hdel(rkeys.ledger(ds), "recharged:interval")  # as before the migration existed
+
+    done = policy.migrate(r, app.extensions["ledger"])
+    assert done.recharged[ds] == {measure: unit // 10}
+    assert int(r.hget(rkeys.ledger(ds), f"committed:{measure}")) == 3 * unit // 10
+    (event,) = [e for e in _policy_events(api, ds) if e.get("action") == "recharged"]
+    assert event["actor"] == policy.ACTOR
+    assert policy.migrate(r, app.extensions["ledger"]).recharged == {}
+    assert int(r.hget(rkeys.ledger(ds), f"committed:{measure}")) == 3 * unit // 10
+    rows = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]
+    assert rows[measure]["committed"] == 0.3
