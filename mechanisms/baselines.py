@@ -60,6 +60,7 @@ from mechanisms.base import (
     read_number,
     smallest,
 )
+from mechanisms.exact import float_down, float_up, fmt
 from mechanisms.registry import register
 
 STATISTICS = ("count", "sum", "mean", "histogram")
@@ -275,7 +276,7 @@ class _Query:
         """Replace-one moves one unit between two bins: L2 √2 (rounded up)."""
         if self.histogram:
             return math.nextafter(math.sqrt(2.0), math.inf)
-        return _float_up(self.sensitivity)
+        return float_up(self.sensitivity)
 
     def labels(self) -> dict[str, Any]:
         if self.edges is None:
@@ -417,20 +418,6 @@ def _read_budget(budget: Budget, measures: tuple[str, ...], name: str) -> dict[s
     return amounts
 
 
-def _float_down(x: Fraction) -> float:
-    f = float(x)
-    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
-
-
-def _float_up(x: Fraction) -> float:
-    f = float(x)
-    return math.nextafter(f, math.inf) if Fraction(f) < x else f
-
-
-def _fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else repr(float(x))
-
-
 # --------------------------------------------------------------------------- lattice plan
 
 
@@ -470,7 +457,7 @@ def _lattice(query: _Query, noise_scale: float) -> tuple[float, float, int]:
         return 1.0, float(lo), int(query.sensitivity)
     assert query.bounds is not None
     try:
-        grid = sampling.grid_for(min(_float_down(query.sensitivity), noise_scale))
+        grid = sampling.grid_for(min(float_down(query.sensitivity), noise_scale))
     except ValueError:
         raise MechanismInputError(
             "params.column", f"declared range of {query.column.name!r} is too narrow for a grid"
@@ -784,7 +771,7 @@ class _Baseline(Mechanism):
         return sampling.discrete_laplace(rng, plan.noise_scale, size)
 
     def _guarantee(self, amounts: Mapping[str, Fraction]) -> str:
-        return f"pure epsilon-DP (epsilon={_fmt(amounts['epsilon'])} nats), {PRIVACY_UNIT}"
+        return f"pure epsilon-DP (epsilon={fmt(amounts['epsilon'])} nats), {PRIVACY_UNIT}"
 
     # -- shared
 
@@ -792,8 +779,8 @@ class _Baseline(Mechanism):
         self, query: _Query, epsilon: Fraction, *, divisor: int = 1, label: str = ""
     ) -> _Plan:
         scale = query.sensitivity / epsilon
-        grid, center, units = _lattice(query, _float_down(scale))
-        noise_scale = _float_up(Fraction(units) / epsilon)
+        grid, center, units = _lattice(query, float_down(scale))
+        noise_scale = float_up(Fraction(units) / epsilon)
         if noise_scale > sampling.MAX_SCALE:
             raise MechanismInputError(
                 "budget.epsilon", "epsilon too small: the noise would exceed the sampler's range"
@@ -913,7 +900,7 @@ class GaussianMechanism(_Baseline):
         query = _resolve(params, meta)
         if "rho" in amounts:
             return self._zcdp_plan(query, amounts["rho"])
-        epsilon, delta = _float_down(amounts["epsilon"]), _float_down(amounts["delta"])
+        epsilon, delta = float_down(amounts["epsilon"]), float_down(amounts["delta"])
         sigma_real = analytic_gaussian_sigma(epsilon, delta, query.l2_sensitivity)
         grid, center, units = _lattice(query, sigma_real)
         units = _per_bin(query, units)
@@ -961,11 +948,11 @@ class GaussianMechanism(_Baseline):
 
     def _guarantee(self, amounts: Mapping[str, Fraction]) -> str:
         if "rho" in amounts:
-            return (f"rho-zCDP (rho={_fmt(amounts['rho'])}; discrete Gaussian, Canonne, Kamath"
+            return (f"rho-zCDP (rho={fmt(amounts['rho'])}; discrete Gaussian, Canonne, Kamath"
                     f" & Steinke 2020 Thm 14), {PRIVACY_UNIT}")
         return (
-            f"approximate (epsilon, delta)-DP (epsilon={_fmt(amounts['epsilon'])} nats,"
-            f" delta={_fmt(amounts['delta'])}), {PRIVACY_UNIT}"
+            f"approximate (epsilon, delta)-DP (epsilon={fmt(amounts['epsilon'])} nats,"
+            f" delta={fmt(amounts['delta'])}), {PRIVACY_UNIT}"
         )
 
 

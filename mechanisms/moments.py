@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 
 from mechanisms import baselines, vectors, zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.exact import float_down
 from mechanisms.vectors import VectorNoise
 
 #: charged floating-point error per entry, in units of V_j V_k
@@ -192,11 +193,11 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
     elif mechanism == "gaussian":
         assert epsilon is not None and delta is not None
         scale = baselines.analytic_gaussian_sigma(
-            vectors._float_down(epsilon), vectors._float_down(delta), l2_exact)
+            float_down(epsilon), float_down(delta), l2_exact)
     else:
         assert epsilon is not None
-        scale = vectors._float_down(sum(sens, Fraction(0)) / epsilon)
-    grid = vectors.grid_for(vectors._float_down(min(sens)), scale)
+        scale = float_down(sum(sens, Fraction(0)) / epsilon)
+    grid = vectors.grid_for(float_down(min(sens)), scale)
     units = [vectors.units(s, e, grid) for s, e in zip(sens, err, strict=True)]
     top = max(s * s for s in spread) * Fraction(n, n - 1)
     if top / Fraction(grid) >= baselines.LATTICE_LIMIT:

@@ -52,6 +52,7 @@ from numpy.typing import NDArray
 
 from mechanisms import baselines, vectors, zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.exact import float_down
 from mechanisms.vectors import VectorNoise
 
 MAX_CELLS = 10_000
@@ -390,11 +391,11 @@ def _sum_part(mechanism: str, column: ColumnMeta, bounds: tuple[Fraction, Fracti
         elif mechanism == "gaussian":
             assert epsilon is not None and delta is not None
             scale = baselines.analytic_gaussian_sigma(
-                vectors._float_down(epsilon), vectors._float_down(delta), l2_exact)
+                float_down(epsilon), float_down(delta), l2_exact)
         else:
             assert epsilon is not None
-            scale = vectors._float_down(l1_exact / epsilon)
-        grid = vectors.grid_for(vectors._float_down(w), scale)
+            scale = float_down(l1_exact / epsilon)
+        grid = vectors.grid_for(float_down(w), scale)
         err = n * m * SUM_ERROR
         if n * m / Fraction(grid) >= baselines.LATTICE_LIMIT:
             raise MechanismInputError("params.column",

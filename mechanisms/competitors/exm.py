@@ -51,7 +51,8 @@ from mechanisms.base import (
     Work,
     read_epsilon,
 )
-from mechanisms.competitors.common import PRIVACY_UNIT, column_array, fmt
+from mechanisms.competitors.common import PRIVACY_UNIT, column_array
+from mechanisms.exact import fmt
 
 #: largest public support (integer range or categories)
 MAX_SUPPORT = 100_000

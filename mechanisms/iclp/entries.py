@@ -28,6 +28,7 @@ from mechanisms.base import (
     check_numeric_column,
     read_epsilon,
 )
+from mechanisms.exact import fmt
 from mechanisms.iclp import ar, bernstein, domain, gp, kde, mean, noise, params, pss
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease, jsonable
@@ -80,7 +81,7 @@ class _FunctionMechanism(Mechanism):
             result=released.to_result(),
             accuracy=jsonable(plan.accuracy()),
             guarantee=(
-                f"pure epsilon-DP ({self.label}, epsilon={_fmt(epsilon)} nats), {PRIVACY_UNIT}"
+                f"pure epsilon-DP ({self.label}, epsilon={fmt(epsilon)} nats), {PRIVACY_UNIT}"
             ),
         )
 
@@ -279,10 +280,6 @@ def _auto(value: Any) -> float | None:
     return None if value is None or isinstance(value, str) else float(value)
 
 
-def _fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else repr(float(x))
-
-
 iclp_mean = register(IclpMean())
 frl_mean = register(FrlMean())
 iclp_kde = register(IclpKde())
@@ -324,7 +321,7 @@ class _MultiColumn(_FunctionMechanism):
             result=result,
             accuracy=jsonable(plan.accuracy()),
             guarantee=(
-                f"pure epsilon-DP ({self.label}, epsilon={_fmt(epsilon)} nats), {PRIVACY_UNIT}"
+                f"pure epsilon-DP ({self.label}, epsilon={fmt(epsilon)} nats), {PRIVACY_UNIT}"
             ),
         )
 
@@ -565,7 +562,7 @@ class GpAdpMean(_FunctionMechanism):
             accuracy=jsonable(plan.accuracy()),
             guarantee=(
                 f"approximate (epsilon, delta)-DP ({self.label},"
-                f" epsilon={_fmt(amounts['epsilon'])} nats, delta={_fmt(amounts['delta'])}),"
+                f" epsilon={fmt(amounts['epsilon'])} nats, delta={fmt(amounts['delta'])}),"
                 f" {PRIVACY_UNIT}"
             ),
         )

@@ -39,6 +39,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import optimize
 
 from mechanisms import sampling
+from mechanisms.exact import float_down_any
 from mechanisms.iclp import domain, mean, noise, pss, spectral
 from mechanisms.iclp.kernels import Kernel
 from mechanisms.iclp.release import FunctionRelease
@@ -163,8 +164,8 @@ def calibrate_gaussian(shape: ArrayLike, sensitivity: float, epsilon: float | Fr
     a = np.asarray(shape, dtype=np.float64)
     err = np.broadcast_to(np.asarray(error, dtype=np.float64), a.shape)
     top = np.broadcast_to(np.asarray(bound, dtype=np.float64), a.shape)
-    eps = noise._float_down(epsilon)
-    dlt = noise._float_down(delta)
+    eps = float_down_any(epsilon)
+    dlt = float_down_any(delta)
     if not (math.isfinite(sensitivity) and sensitivity > 0):
         raise noise.CalibrationError("sensitivity must be a finite number > 0")
     if not (0 < dlt < 1 and math.isfinite(eps) and eps > 0):
@@ -278,7 +279,7 @@ def plan_gp_mean(
     if not (math.isfinite(eta_value) and eta_value >= 0.5):
         raise ValueError("eta must be >= 1/2 for GP-ADP (F_j/sqrt(lambda_j) bounded)")
     eig = mean._eigen(kernel, points, rel_floor, None)
-    c = zcdp_sigma(noise._float_down(epsilon), noise._float_down(delta))
+    c = zcdp_sigma(float_down_any(epsilon), float_down_any(delta))
     if psi is None:
         psi_rule, psi_value = "min-risk", _tune_psi(eig, n, c, tau, eta_value)
     else:

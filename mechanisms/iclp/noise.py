@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms import sampling
+from mechanisms.exact import float_down_any
 
 #: the lattice is this many times finer than Δ·a_j·min(1, 1/ε) / J
 RESOLUTION = 1024
@@ -139,7 +140,7 @@ def calibrate(
     a = np.asarray(shape, dtype=np.float64)
     err = np.broadcast_to(np.asarray(error, dtype=np.float64), a.shape)
     top = np.broadcast_to(np.asarray(bound, dtype=np.float64), a.shape)
-    eps = _float_down(epsilon)
+    eps = float_down_any(epsilon)
     if a.ndim != 1 or a.size == 0 or not np.all((a > 0) & np.isfinite(a)):
         raise CalibrationError("shape must be a non-empty vector of positive numbers")
     if not (math.isfinite(sensitivity) and sensitivity > 0):
@@ -200,11 +201,3 @@ def _pow2_ceil(x: NDArray[np.float64]) -> NDArray[np.float64]:
     mant, expo = np.frexp(x)
     out: NDArray[np.float64] = np.where(mant == 0.5, np.ldexp(1.0, expo - 1), np.ldexp(1.0, expo))
     return np.where(x > 0, out, 0.0)
-
-
-def _float_down(x: float | Fraction) -> float:
-    """A double <= x (Fractions round towards 0: the noise never shrinks)."""
-    if isinstance(x, Fraction):
-        f = float(x)
-        return math.nextafter(f, -math.inf) if Fraction(f) > x else f
-    return float(x)
