@@ -11,7 +11,7 @@ comes up heads (u* the best utility, whose coin always does): ε-DP, and never
 worse than the exponential mechanism. The coins are EXACT: ε and q·n are
 rationals, so γ = ε(u* − u(c))/2 is a Fraction and the coin compares V with
 exp(−γ) for V uniform, refining V's bits until the comparison is decided
-(``mechanisms.flip``, ``sampling._exact_accept``); no float exponential of a
+(``mechanisms.flip``, ``sampling.exact_accept``); no float exponential of a
 utility decides the output. Every candidate's coin is flipped, not only those up
 to the first head, so the work (m coins per quantile) does not depend on the
 data: stopping early made the run time a function of the ranks (issue #27).
@@ -54,7 +54,7 @@ def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
     """
     if gamma == 0:
         return True
-    word = sampling._word(rng) >> 1  # V uniform in [word, word + 1)·2^-63
+    word = sampling.raw_word(rng) >> 1  # V uniform in [word, word + 1)·2^-63
     g = float(gamma)
     margin = 1e-9 * (1.0 + g)  # far above the float errors of g and of the logs below
     if word > 0:
@@ -63,7 +63,7 @@ def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
             return True
         if math.log(word) - _LN_2_63 > -g + margin:
             return False
-    return sampling._exact_accept(rng, word, gamma)
+    return sampling.exact_accept(rng, word, gamma)
 
 
 @dataclass(frozen=True)

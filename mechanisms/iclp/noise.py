@@ -154,7 +154,7 @@ def calibrate(
     # error: with twice that over the limit, a bound that is a power of two (2^53 squared,
     # say) no longer lands exactly on it
     coarse = 2.0 * (top + err) / CENTRE_LIMIT
-    steps = np.maximum(_pow2_floor(fine), _pow2_ceil(coarse))
+    steps = np.maximum(pow2_floor(fine), pow2_ceil(coarse))
     slack = float(np.sum((steps + 2.0 * err) / a))
     lattice = (sensitivity + slack) * _ROUND_UP
     scales = lattice * a / (eps * steps) * _ROUND_UP
@@ -186,7 +186,7 @@ def privacy_mse(sensitivity: float, epsilon: float, eigenvalues: ArrayLike) -> f
     return 2.0 * sensitivity**2 * float(np.sum(eigenvalues)) / float(epsilon) ** 2
 
 
-def _pow2_floor(x: NDArray[np.float64]) -> NDArray[np.float64]:
+def pow2_floor(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """Largest power of two <= x (x > 0, normal)."""
     if np.any(x < np.finfo(np.float64).tiny) or not np.all(np.isfinite(x)):
         raise CalibrationError("sensitivity too small for a normal power-of-two lattice")
@@ -196,7 +196,7 @@ def _pow2_floor(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return out
 
 
-def _pow2_ceil(x: NDArray[np.float64]) -> NDArray[np.float64]:
+def pow2_ceil(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """Smallest power of two >= x (0 for x = 0)."""
     mant, expo = np.frexp(x)
     out: NDArray[np.float64] = np.where(mant == 0.5, np.ldexp(1.0, expo - 1), np.ldexp(1.0, expo))
