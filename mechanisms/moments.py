@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 
 from mechanisms import baselines, vectors, zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.columns import clean, declared_bounds
 from mechanisms.exact import float_down
 from mechanisms.vectors import VectorNoise
 
@@ -76,7 +77,7 @@ class MomentPlan:
             x = np.asarray(data[col.name])
             if x.ndim != 1 or x.shape[0] != self.n:
                 raise ValueError(f"column {col.name!r} does not have n_rows entries")
-            z = baselines._clean(x, float(lo), float(hi))
+            z = clean(x, float(lo), float(hi))
             z -= float(lo)
             z -= math.fsum(z) / self.n
             centred.append(z)
@@ -174,7 +175,7 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
     bounds = []
     for c in columns:
         try:
-            bounds.append(baselines._bounds(c, statistic))
+            bounds.append(declared_bounds(c, statistic))
         except MechanismInputError as refused:
             field = "params.columns" if statistic == "covariance" else refused.field
             raise MechanismInputError(field, refused.message) from None

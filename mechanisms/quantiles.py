@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, flip, sampling
+from mechanisms import flip, sampling
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.columns import clean, declared_bounds
 
 DEFAULT_GRID_SIZE = 1001
 #: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
@@ -98,7 +99,7 @@ class QuantilePlan:
         x = np.asarray(data[self.column.name])
         if x.ndim != 1 or x.shape[0] != self.n:
             raise ValueError(f"column {self.column.name!r} does not have n_rows entries")
-        values = np.sort(baselines._clean(x, float(self.bounds[0]), float(self.bounds[1])))
+        values = np.sort(clean(x, float(self.bounds[0]), float(self.bounds[1])))
         return np.searchsorted(values, np.asarray(self.grid), side="right").astype(np.int64)
 
     def gaps(self, ranks: NDArray[np.int64], q: float) -> Gaps:
@@ -150,7 +151,7 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
             "params.statistic",
             "quantile is released by the exponential mechanism (pure epsilon-DP): use laplace")
     column = meta.column(params["column"])
-    lo, hi = baselines._bounds(column, "quantile")
+    lo, hi = declared_bounds(column, "quantile")
     if meta.n_rows < 1:
         raise MechanismInputError("params.statistic", "quantile of an empty dataset")
     m = params.get("grid_size", DEFAULT_GRID_SIZE)

@@ -52,6 +52,7 @@ from numpy.typing import NDArray
 
 from mechanisms import baselines, vectors, zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.columns import Condition, clean, declared_bounds
 from mechanisms.exact import float_down
 from mechanisms.vectors import VectorNoise
 
@@ -112,7 +113,7 @@ class TablePlan:
     group_by: tuple[ColumnMeta, ...]
     shape: tuple[int, ...]
     n: int
-    condition: baselines._Condition | None
+    condition: Condition | None
     column: ColumnMeta | None
     bounds: tuple[Fraction, Fraction] | None
     consistency: bool
@@ -166,7 +167,7 @@ class TablePlan:
             sums = np.zeros(self.cells, dtype=np.int64)
             np.add.at(sums, index[keep], v)
             return sums
-        values = baselines._clean(x[keep], float(lo), float(hi))
+        values = clean(x[keep], float(lo), float(hi))
         cells = index[keep]
         order = np.argsort(cells, kind="stable")
         cells, values = cells[order], values[order]
@@ -335,7 +336,7 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
         count = _count_part(mechanism, epsilon, delta, rho)
     else:
         column = meta.column(params["column"])
-        bounds = baselines._bounds(column, statistic)
+        bounds = declared_bounds(column, statistic)
         if mechanism == "geometric" and column.type != "integer":
             raise MechanismInputError(
                 "params.column",
