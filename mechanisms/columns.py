@@ -2,8 +2,9 @@
 
 A statistic reads one numeric column between its *declared* bounds: ``declared_bounds``
 gives them exactly (integer columns rounded inwards), ``clean`` clips the data to them,
-and a ``Condition`` selects the rows a count counts. All three depend on public
-metadata only, so every family that uses them has the same sensitivity.
+and a ``Condition`` selects the rows a count counts. Bounds and conditions follow from
+public metadata only, so every family that uses them reads a column the same way and
+computes the same sensitivity.
 """
 
 from __future__ import annotations
