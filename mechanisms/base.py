@@ -268,6 +268,10 @@ def smallest(measure: str) -> Fraction:
     return Fraction(1, LEDGER_UNITS[measure.split(":", 1)[0]])
 
 
+#: smaller δ are refused: below one ledger unit (1e-15) it can not be charged as written
+MIN_DELTA = smallest("delta")
+
+
 def read_number(value: object, field: str) -> Fraction:
     """A budget amount exactly as given: a finite int, Fraction or float (never a bool)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Rational | float):
@@ -304,6 +308,24 @@ def read_epsilon(budget: Budget, name: str) -> Fraction:
     if extra:
         raise MechanismInputError("budget", f"{name} spends only epsilon; got {', '.join(extra)}")
     return read_amount(budget, "epsilon", MAX_EPSILON, f"{name} needs an epsilon budget")
+
+
+def read_budget(budget: Budget, measures: tuple[str, ...], name: str) -> dict[str, Fraction]:
+    """The budget as exact fractions; exactly ``measures``, each in range."""
+    extra = sorted(set(budget) - set(measures))
+    if extra:
+        raise MechanismInputError(
+            "budget", f"{name} spends only {', '.join(measures)}; got {', '.join(extra)}"
+        )
+    amounts: dict[str, Fraction] = {}
+    for measure in measures:
+        if measure not in budget:
+            raise MechanismInputError(f"budget.{measure}", f"{name} needs a {measure} budget")
+        amounts[measure] = read_number(budget[measure], f"budget.{measure}")
+    check_range(amounts["epsilon"], "epsilon", MAX_EPSILON, "budget.epsilon")
+    if "delta" in amounts and not MIN_DELTA <= amounts["delta"] < 1:
+        raise MechanismInputError("budget.delta", f"delta must be in [{float(MIN_DELTA)}, 1)")
+    return amounts
 
 
 @functools.cache

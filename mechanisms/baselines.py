@@ -47,8 +47,9 @@ from numpy.typing import NDArray
 from scipy import optimize, special
 
 from mechanisms import sampling, zcdp
+from mechanisms.base import MAX_EPSILON as MAX_EPSILON
+from mechanisms.base import MIN_DELTA as MIN_DELTA
 from mechanisms.base import (
-    MAX_EPSILON,
     Budget,
     ColumnMeta,
     DatasetMeta,
@@ -56,11 +57,15 @@ from mechanisms.base import (
     MechanismInputError,
     Output,
     Work,
-    check_range,
-    read_number,
-    smallest,
+    read_budget,
 )
+from mechanisms.columns import MAX_BOUND as MAX_BOUND
+from mechanisms.columns import Condition, clean, declared_bounds
+from mechanisms.exact import float_down, float_up, fmt
 from mechanisms.registry import register
+
+# MAX_EPSILON, MIN_DELTA (base) and MAX_BOUND (columns) are imported ``X as X`` above:
+# they live there now and are still importable from here
 
 STATISTICS = ("count", "sum", "mean", "histogram")
 #: statistics released by their own modules (``tables``, ``quantiles``, ``moments``)
@@ -70,8 +75,6 @@ MAX_GRID_SIZE = 10_000
 MAX_COVARIANCE_COLUMNS = 10
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 ORDER_OPS = frozenset({"lt", "le", "gt", "ge"})
-#: smaller δ are refused: below one ledger unit (1e-15) it can not be charged as written
-MIN_DELTA = smallest("delta")
 MAX_BINS = 10_000
 MAX_IN_VALUES = 10_000
 CI_LEVEL = 0.95
@@ -80,8 +83,6 @@ PRIVACY_UNIT = "neighbouring datasets differ in one record replaced; n_rows publ
 LATTICE_LIMIT = 2**52
 #: integer sums are computed in int64 and must stay below this
 INT_SUM_LIMIT = 2**62
-#: declared bounds beyond this are refused (int64 columns; sums of doubles must not overflow)
-MAX_BOUND = 2**62
 
 
 # --------------------------------------------------------------------------- params
@@ -228,30 +229,6 @@ class BaselineParamsSchema(StatisticParamsSchema):
 
 
 @dataclass(frozen=True)
-class _Condition:
-    column: str
-    op: str
-    values: tuple[float, ...]  # numbers, or category codes for categorical columns
-    clip: tuple[float, float] | None
-
-    def mask(self, x: NDArray[Any]) -> NDArray[np.bool_]:
-        if self.clip is not None:
-            x = _clean(x.astype(np.float64), *self.clip)
-        ops = {
-            "eq": np.equal,
-            "ne": np.not_equal,
-            "lt": np.less,
-            "le": np.less_equal,
-            "gt": np.greater,
-            "ge": np.greater_equal,
-        }
-        if self.op == "in":
-            return np.isin(x, np.asarray(self.values))
-        result: NDArray[np.bool_] = ops[self.op](x, self.values[0])
-        return result
-
-
-@dataclass(frozen=True)
 class _Query:
     """What is computed, described by public inputs only."""
 
@@ -263,7 +240,7 @@ class _Query:
     #: the statistic only takes integer values (so it already lies on grid 1)
     integer: bool
     bounds: tuple[Fraction, Fraction] | None = None  # effective clipping bounds
-    condition: _Condition | None = None
+    condition: Condition | None = None
     edges: tuple[float, ...] | None = None
 
     @property
@@ -275,7 +252,7 @@ class _Query:
         """Replace-one moves one unit between two bins: L2 √2 (rounded up)."""
         if self.histogram:
             return math.nextafter(math.sqrt(2.0), math.inf)
-        return _float_up(self.sensitivity)
+        return float_up(self.sensitivity)
 
     def labels(self) -> dict[str, Any]:
         if self.edges is None:
@@ -284,7 +261,7 @@ class _Query:
         return {"bins": [[a, b] for a, b in itertools.pairwise(self.edges)]}
 
 
-def _resolve(params: Mapping[str, Any], meta: DatasetMeta) -> _Query:
+def resolve_query(params: Mapping[str, Any], meta: DatasetMeta) -> _Query:
     """Check params against the metadata; raises MechanismInputError naming the field."""
     statistic = params["statistic"]
     n = meta.n_rows
@@ -298,7 +275,7 @@ def _resolve(params: Mapping[str, Any], meta: DatasetMeta) -> _Query:
     column = meta.column(params["column"])
     if statistic == "histogram":
         return _histogram_query(params, column, n)
-    lo, hi = _bounds(column, statistic)
+    lo, hi = declared_bounds(column, statistic)
     if statistic == "mean" and n < 1:
         raise MechanismInputError("params.statistic", "mean of an empty dataset")
     if column.type == "integer" and 2 * n * (hi - lo) >= INT_SUM_LIMIT:
@@ -307,30 +284,6 @@ def _resolve(params: Mapping[str, Any], meta: DatasetMeta) -> _Query:
     sensitivity = hi - lo if statistic == "sum" else (hi - lo) / n
     integer = statistic == "sum" and column.type == "integer"
     return _Query(statistic, column, n, sensitivity, integer=integer, bounds=(lo, hi))
-
-
-def _bounds(column: ColumnMeta, statistic: str) -> tuple[Fraction, Fraction]:
-    """Effective declared bounds, exact; integer columns round inwards to integers."""
-    if column.type == "categorical":
-        raise MechanismInputError(
-            "params.column", f"column {column.name!r} is categorical; {statistic} needs numbers"
-        )
-    if column.bounds is None or not all(math.isfinite(b) for b in column.bounds):
-        raise MechanismInputError(
-            "params.column", f"column {column.name!r} has no finite declared bounds"
-        )
-    lo, hi = (Fraction(b) for b in column.bounds)
-    if column.type == "integer":
-        lo, hi = Fraction(math.ceil(lo)), Fraction(math.floor(hi))
-    if not lo < hi:
-        raise MechanismInputError(
-            "params.column", f"column {column.name!r} has an empty or one-point declared range"
-        )
-    if max(abs(lo), abs(hi)) >= MAX_BOUND:
-        raise MechanismInputError(
-            "params.column", f"declared bounds of column {column.name!r} are too large"
-        )
-    return lo, hi
 
 
 def _histogram_query(params: Mapping[str, Any], column: ColumnMeta, n: int) -> _Query:
@@ -346,7 +299,7 @@ def _histogram_query(params: Mapping[str, Any], column: ColumnMeta, n: int) -> _
                 "params.column", f"column {column.name!r} declares no categories"
             )
         return _Query("histogram", column, n, Fraction(2), integer=True)
-    lo, hi = _bounds(column, "histogram")
+    lo, hi = declared_bounds(column, "histogram")
     if "edges" in params:
         edges = tuple(float(e) for e in params["edges"])
         if edges[0] < lo or edges[-1] > hi:
@@ -362,7 +315,7 @@ def _histogram_query(params: Mapping[str, Any], column: ColumnMeta, n: int) -> _
     return _Query("histogram", column, n, Fraction(2), integer=True, bounds=(lo, hi), edges=edges)
 
 
-def resolve_condition(spec: Mapping[str, Any], column: ColumnMeta) -> _Condition:
+def resolve_condition(spec: Mapping[str, Any], column: ColumnMeta) -> Condition:
     op, raw = spec["op"], spec["value"]
     values = raw if isinstance(raw, list) else [raw]
     if column.type == "categorical":
@@ -385,7 +338,7 @@ def resolve_condition(spec: Mapping[str, Any], column: ColumnMeta) -> _Condition
                     f"{value!r} is not a declared category of column {column.name!r}",
                 )
             codes.append(float(categories.index(value)))
-        return _Condition(column.name, op, tuple(codes), None)
+        return Condition(column.name, op, tuple(codes), None)
     if any(isinstance(value, str) for value in values):
         raise MechanismInputError(
             "params.condition.value", f"column {column.name!r} is numeric; compare with numbers"
@@ -393,42 +346,10 @@ def resolve_condition(spec: Mapping[str, Any], column: ColumnMeta) -> _Condition
     clip = None
     if column.bounds is not None and all(math.isfinite(b) for b in column.bounds):
         clip = (float(column.bounds[0]), float(column.bounds[1]))
-    return _Condition(column.name, op, tuple(float(v) for v in values), clip)
+    return Condition(column.name, op, tuple(float(v) for v in values), clip)
 
 
 # --------------------------------------------------------------------------- budget
-
-
-def _read_budget(budget: Budget, measures: tuple[str, ...], name: str) -> dict[str, Fraction]:
-    """The budget as exact fractions; exactly ``measures``, each in range."""
-    extra = sorted(set(budget) - set(measures))
-    if extra:
-        raise MechanismInputError(
-            "budget", f"{name} spends only {', '.join(measures)}; got {', '.join(extra)}"
-        )
-    amounts: dict[str, Fraction] = {}
-    for measure in measures:
-        if measure not in budget:
-            raise MechanismInputError(f"budget.{measure}", f"{name} needs a {measure} budget")
-        amounts[measure] = read_number(budget[measure], f"budget.{measure}")
-    check_range(amounts["epsilon"], "epsilon", MAX_EPSILON, "budget.epsilon")
-    if "delta" in amounts and not MIN_DELTA <= amounts["delta"] < 1:
-        raise MechanismInputError("budget.delta", f"delta must be in [{float(MIN_DELTA)}, 1)")
-    return amounts
-
-
-def _float_down(x: Fraction) -> float:
-    f = float(x)
-    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
-
-
-def _float_up(x: Fraction) -> float:
-    f = float(x)
-    return math.nextafter(f, math.inf) if Fraction(f) < x else f
-
-
-def _fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else repr(float(x))
 
 
 # --------------------------------------------------------------------------- lattice plan
@@ -470,7 +391,7 @@ def _lattice(query: _Query, noise_scale: float) -> tuple[float, float, int]:
         return 1.0, float(lo), int(query.sensitivity)
     assert query.bounds is not None
     try:
-        grid = sampling.grid_for(min(_float_down(query.sensitivity), noise_scale))
+        grid = sampling.grid_for(min(float_down(query.sensitivity), noise_scale))
     except ValueError:
         raise MechanismInputError(
             "params.column", f"declared range of {query.column.name!r} is too narrow for a grid"
@@ -520,18 +441,7 @@ def _column(data: Mapping[str, np.ndarray], query: _Query, name: str) -> NDArray
     return x
 
 
-def _clean(x: NDArray[Any], lo: float, hi: float) -> NDArray[np.float64]:
-    """Missing values count as the lower bound; everything is clipped to [lo, hi].
-
-    Makes one new array: ``x`` may be the worker's read-only memory map of a
-    stored column, and a 10^7-row column is 80 MB a copy.
-    """
-    out = np.clip(np.asarray(x), lo, hi, out=np.empty(np.shape(x), dtype=np.float64))
-    np.copyto(out, lo, where=np.isnan(out))  # clip keeps NaN
-    return out
-
-
-def _lattice_values(plan: _Plan, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
+def lattice_values(plan: _Plan, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
     """The exact statistic minus its public offset, in lattice units (a 1-D int array)."""
     q = plan.query
     if q.condition is not None:
@@ -551,7 +461,7 @@ def _lattice_values(plan: _Plan, data: Mapping[str, np.ndarray]) -> NDArray[np.i
             return np.array([total], dtype=np.int64)
         value = total if q.statistic == "sum" else total / q.n  # int / int rounds once
     else:
-        centered_f = _clean(x, float(lo), float(hi))
+        centered_f = clean(x, float(lo), float(hi))
         centered_f -= plan.center  # in place: one copy of the column in all
         total_f = math.fsum(centered_f)
         value = total_f if q.statistic == "sum" else total_f / q.n
@@ -566,7 +476,7 @@ def _histogram(q: _Query, x: NDArray[Any]) -> NDArray[np.int64]:
     assert q.bounds is not None
     edges = np.asarray(q.edges)
     nbins = len(edges) - 1
-    values = _clean(x, float(q.bounds[0]), float(q.bounds[1]))
+    values = clean(x, float(q.bounds[0]), float(q.bounds[1]))
     index = np.searchsorted(edges, values, side="right") - 1
     index[values == edges[-1]] = nbins - 1
     inside = (index >= 0) & (index < nbins)
@@ -704,7 +614,7 @@ def extended_plan(mechanism: str, params: Mapping[str, Any],
 # --------------------------------------------------------------------------- mechanisms
 
 
-class _Baseline(Mechanism):
+class Baseline(Mechanism):
     """Cost = budget; noise calibrated to it on a lattice; one class per noise."""
 
     params_schema = BaselineParamsSchema
@@ -760,7 +670,7 @@ class _Baseline(Mechanism):
                 guarantee=self._guarantee(amounts),
             )
         plan = self._plan(params, amounts, meta)
-        exact = _lattice_values(plan, data)
+        exact = lattice_values(plan, data)
         noisy = exact + self._sample(rng, plan, exact.shape[0])
         return Output(
             result=self._release(plan, noisy),
@@ -772,7 +682,7 @@ class _Baseline(Mechanism):
 
     def _amounts(self, budget: Budget, meta: DatasetMeta) -> dict[str, Fraction]:
         """The budget as exact fractions (the Gaussian reads ρ on a zcdp dataset)."""
-        return _read_budget(budget, self.measures, self.name)
+        return read_budget(budget, self.measures, self.name)
 
     @abc.abstractmethod
     def _plan(
@@ -784,7 +694,7 @@ class _Baseline(Mechanism):
         return sampling.discrete_laplace(rng, plan.noise_scale, size)
 
     def _guarantee(self, amounts: Mapping[str, Fraction]) -> str:
-        return f"pure epsilon-DP (epsilon={_fmt(amounts['epsilon'])} nats), {PRIVACY_UNIT}"
+        return f"pure epsilon-DP (epsilon={fmt(amounts['epsilon'])} nats), {PRIVACY_UNIT}"
 
     # -- shared
 
@@ -792,8 +702,8 @@ class _Baseline(Mechanism):
         self, query: _Query, epsilon: Fraction, *, divisor: int = 1, label: str = ""
     ) -> _Plan:
         scale = query.sensitivity / epsilon
-        grid, center, units = _lattice(query, _float_down(scale))
-        noise_scale = _float_up(Fraction(units) / epsilon)
+        grid, center, units = _lattice(query, float_down(scale))
+        noise_scale = float_up(Fraction(units) / epsilon)
         if noise_scale > sampling.MAX_SCALE:
             raise MechanismInputError(
                 "budget.epsilon", "epsilon too small: the noise would exceed the sampler's range"
@@ -847,7 +757,7 @@ class _Baseline(Mechanism):
         }
 
 
-class LaplaceMechanism(_Baseline):
+class LaplaceMechanism(Baseline):
     """Pure ε-DP: discrete Laplace noise on a power-of-two lattice."""
 
     name = "laplace"
@@ -861,10 +771,10 @@ class LaplaceMechanism(_Baseline):
     def _plan(
         self, params: Mapping[str, Any], amounts: Mapping[str, Fraction], meta: DatasetMeta
     ) -> _Plan:
-        return self._laplace_plan(_resolve(params, meta), amounts["epsilon"])
+        return self._laplace_plan(resolve_query(params, meta), amounts["epsilon"])
 
 
-class GeometricMechanism(_Baseline):
+class GeometricMechanism(Baseline):
     """Pure ε-DP on integer statistics: two-sided geometric noise, integer outputs."""
 
     name = "geometric"
@@ -877,7 +787,7 @@ class GeometricMechanism(_Baseline):
     def _plan(
         self, params: Mapping[str, Any], amounts: Mapping[str, Fraction], meta: DatasetMeta
     ) -> _Plan:
-        query = _resolve(params, meta)
+        query = resolve_query(params, meta)
         divisor = 1
         if query.statistic in ("sum", "mean"):
             if query.column.type != "integer":
@@ -887,14 +797,14 @@ class GeometricMechanism(_Baseline):
                     f" {query.column.type}",
                 )
             if query.statistic == "mean":  # release the noisy sum / n (post-processing)
-                query = _resolve({**params, "statistic": "sum"}, meta)
+                query = resolve_query({**params, "statistic": "sum"}, meta)
                 divisor = meta.n_rows
         return self._laplace_plan(
             query, amounts["epsilon"], divisor=divisor, label=params["statistic"]
         )
 
 
-class GaussianMechanism(_Baseline):
+class GaussianMechanism(Baseline):
     """(ε, δ)-DP: discrete Gaussian noise with exactly accounted δ."""
 
     name = "gaussian"
@@ -910,10 +820,10 @@ class GaussianMechanism(_Baseline):
     def _plan(
         self, params: Mapping[str, Any], amounts: Mapping[str, Fraction], meta: DatasetMeta
     ) -> _Plan:
-        query = _resolve(params, meta)
+        query = resolve_query(params, meta)
         if "rho" in amounts:
             return self._zcdp_plan(query, amounts["rho"])
-        epsilon, delta = _float_down(amounts["epsilon"]), _float_down(amounts["delta"])
+        epsilon, delta = float_down(amounts["epsilon"]), float_down(amounts["delta"])
         sigma_real = analytic_gaussian_sigma(epsilon, delta, query.l2_sensitivity)
         grid, center, units = _lattice(query, sigma_real)
         units = _per_bin(query, units)
@@ -954,18 +864,18 @@ class GaussianMechanism(_Baseline):
     def _amounts(self, budget: Budget, meta: DatasetMeta) -> dict[str, Fraction]:
         if meta.gaussian_accounting == "zcdp":
             return {"rho": zcdp.read_rho(budget, self.name)}
-        return _read_budget(budget, self.measures, self.name)
+        return read_budget(budget, self.measures, self.name)
 
     def _sample(self, rng: np.random.Generator, plan: _Plan, size: int) -> NDArray[np.int64]:
         return sampling.discrete_gaussian(rng, plan.noise_scale, size)
 
     def _guarantee(self, amounts: Mapping[str, Fraction]) -> str:
         if "rho" in amounts:
-            return (f"rho-zCDP (rho={_fmt(amounts['rho'])}; discrete Gaussian, Canonne, Kamath"
+            return (f"rho-zCDP (rho={fmt(amounts['rho'])}; discrete Gaussian, Canonne, Kamath"
                     f" & Steinke 2020 Thm 14), {PRIVACY_UNIT}")
         return (
-            f"approximate (epsilon, delta)-DP (epsilon={_fmt(amounts['epsilon'])} nats,"
-            f" delta={_fmt(amounts['delta'])}), {PRIVACY_UNIT}"
+            f"approximate (epsilon, delta)-DP (epsilon={fmt(amounts['epsilon'])} nats,"
+            f" delta={fmt(amounts['delta'])}), {PRIVACY_UNIT}"
         )
 
 

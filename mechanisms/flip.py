@@ -23,7 +23,7 @@ scale as its double plus the double of its remainder, is within 3 ulps of γ, an
 adds at most 4 ulps, so for γ <= 60 Ê is within 184 ulps of E relative, 44 times
 inside r; a larger ĝ
 means E < 1, so lo = 0 and hi = 1. v < lo accepts and v >= hi rejects with one
-integer comparison; lo <= v < hi goes to ``sampling._exact_accept`` (``decimal``,
+integer comparison; lo <= v < hi goes to ``sampling.exact_accept`` (``decimal``,
 reading more of V's bits; for γ > 0 rational, E is transcendental, never a cell
 edge). γ = 0 always accepts.
 
@@ -128,13 +128,13 @@ class Coins:
              ) -> tuple[NDArray[np.bool_], NDArray[np.intp]]:
         """One exact coin for each entry of ``which`` (candidate indices, any shape):
         heads, and the flat positions of the coins that needed the exact tier."""
-        v = sampling._words(rng, which.size).reshape(which.shape) >> np.uint64(1)
+        v = sampling.raw_words(rng, which.size).reshape(which.shape) >> np.uint64(1)
         lo, hi = self.lo[which], self.hi[which]
         heads = v < lo
         near = np.flatnonzero((v >= lo) & (v < hi))
         flat_heads, flat_v, flat_which = heads.reshape(-1), v.reshape(-1), which.reshape(-1)
         for i in near:
-            flat_heads[i] = sampling._exact_accept(rng, int(flat_v[i]),
+            flat_heads[i] = sampling.exact_accept(rng, int(flat_v[i]),
                                                    self.gamma(int(flat_which[i])))
         return heads, near
 

@@ -44,6 +44,8 @@ from numpy.typing import NDArray
 
 from mechanisms import baselines, vectors, zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.columns import clean, declared_bounds
+from mechanisms.exact import float_down
 from mechanisms.vectors import VectorNoise
 
 #: charged floating-point error per entry, in units of V_j V_k
@@ -75,7 +77,7 @@ class MomentPlan:
             x = np.asarray(data[col.name])
             if x.ndim != 1 or x.shape[0] != self.n:
                 raise ValueError(f"column {col.name!r} does not have n_rows entries")
-            z = baselines._clean(x, float(lo), float(hi))
+            z = clean(x, float(lo), float(hi))
             z -= float(lo)
             z -= math.fsum(z) / self.n
             centred.append(z)
@@ -173,7 +175,7 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
     bounds = []
     for c in columns:
         try:
-            bounds.append(baselines._bounds(c, statistic))
+            bounds.append(declared_bounds(c, statistic))
         except MechanismInputError as refused:
             field = "params.columns" if statistic == "covariance" else refused.field
             raise MechanismInputError(field, refused.message) from None
@@ -192,11 +194,11 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
     elif mechanism == "gaussian":
         assert epsilon is not None and delta is not None
         scale = baselines.analytic_gaussian_sigma(
-            vectors._float_down(epsilon), vectors._float_down(delta), l2_exact)
+            float_down(epsilon), float_down(delta), l2_exact)
     else:
         assert epsilon is not None
-        scale = vectors._float_down(sum(sens, Fraction(0)) / epsilon)
-    grid = vectors.grid_for(vectors._float_down(min(sens)), scale)
+        scale = float_down(sum(sens, Fraction(0)) / epsilon)
+    grid = vectors.grid_for(float_down(min(sens)), scale)
     units = [vectors.units(s, e, grid) for s, e in zip(sens, err, strict=True)]
     top = max(s * s for s in spread) * Fraction(n, n - 1)
     if top / Fraction(grid) >= baselines.LATTICE_LIMIT:

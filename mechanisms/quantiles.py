@@ -11,7 +11,7 @@ comes up heads (u* the best utility, whose coin always does): ε-DP, and never
 worse than the exponential mechanism. The coins are EXACT: ε and q·n are
 rationals, so γ = ε(u* − u(c))/2 is a Fraction and the coin compares V with
 exp(−γ) for V uniform, refining V's bits until the comparison is decided
-(``mechanisms.flip``, ``sampling._exact_accept``); no float exponential of a
+(``mechanisms.flip``, ``sampling.exact_accept``); no float exponential of a
 utility decides the output. Every candidate's coin is flipped, not only those up
 to the first head, so the work (m coins per quantile) does not depend on the
 data: stopping early made the run time a function of the ranks (issue #27).
@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, flip, sampling
+from mechanisms import flip, sampling
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.columns import clean, declared_bounds
 
 DEFAULT_GRID_SIZE = 1001
 #: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
@@ -54,7 +55,7 @@ def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
     """
     if gamma == 0:
         return True
-    word = sampling._word(rng) >> 1  # V uniform in [word, word + 1)·2^-63
+    word = sampling.raw_word(rng) >> 1  # V uniform in [word, word + 1)·2^-63
     g = float(gamma)
     margin = 1e-9 * (1.0 + g)  # far above the float errors of g and of the logs below
     if word > 0:
@@ -63,7 +64,7 @@ def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
             return True
         if math.log(word) - _LN_2_63 > -g + margin:
             return False
-    return sampling._exact_accept(rng, word, gamma)
+    return sampling.exact_accept(rng, word, gamma)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class QuantilePlan:
         x = np.asarray(data[self.column.name])
         if x.ndim != 1 or x.shape[0] != self.n:
             raise ValueError(f"column {self.column.name!r} does not have n_rows entries")
-        values = np.sort(baselines._clean(x, float(self.bounds[0]), float(self.bounds[1])))
+        values = np.sort(clean(x, float(self.bounds[0]), float(self.bounds[1])))
         return np.searchsorted(values, np.asarray(self.grid), side="right").astype(np.int64)
 
     def gaps(self, ranks: NDArray[np.int64], q: float) -> Gaps:
@@ -150,7 +151,7 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
             "params.statistic",
             "quantile is released by the exponential mechanism (pure epsilon-DP): use laplace")
     column = meta.column(params["column"])
-    lo, hi = baselines._bounds(column, "quantile")
+    lo, hi = declared_bounds(column, "quantile")
     if meta.n_rows < 1:
         raise MechanismInputError("params.statistic", "quantile of an empty dataset")
     m = params.get("grid_size", DEFAULT_GRID_SIZE)

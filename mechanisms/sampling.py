@@ -158,12 +158,12 @@ def _shape(size: Size) -> tuple[int, ...]:
     return (size,) if isinstance(size, int | np.integer) else tuple(int(s) for s in size)
 
 
-def _words(rng: np.random.Generator, n: int) -> NDArray[np.uint64]:
+def raw_words(rng: np.random.Generator, n: int) -> NDArray[np.uint64]:
     """n raw 64-bit words: the full-range ``integers`` call is the bit stream itself."""
     return rng.integers(0, 1 << 64, size=n, dtype=np.uint64)
 
 
-def _word(rng: np.random.Generator) -> int:
+def raw_word(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 1 << 64, dtype=np.uint64))
 
 
@@ -195,7 +195,7 @@ def _magnitude_and_sign(
     One word per draw, plus one for the remainder R of each draw whose scale
     exceeds ``SPLIT_SCALE`` (module docstring, "Large scales").
     """
-    words = _words(rng, math.prod(shape)).reshape(shape)
+    words = raw_words(rng, math.prod(shape)).reshape(shape)
     sign = words.view(np.int64) >> 63  # arithmetic shift: -1 where the top bit is set
     words &= _MASK
     if np.max(s) <= SPLIT_SCALE:
@@ -300,7 +300,7 @@ def _remainder(
     fraction keeps 2^-43 m (over 20 times both) from 0 and 1, else
     ``_exact_remainder`` decides it.
     """
-    w = _words(rng, n)
+    w = raw_words(rng, n)
     w >>= np.uint64(1)
     q = -np.expm1(-np.divide(m, s))
     y = w.view(np.int64).astype(np.float64)
@@ -346,7 +346,7 @@ def _exact_remainder(rng: np.random.Generator, word: int, scale: float, unit: in
             if k < low and high < k + 1:
                 return int(k)
         prec += 20
-        num, bits = (num << 64) | _word(rng), bits + 64
+        num, bits = (num << 64) | raw_word(rng), bits + 64
     raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 
@@ -481,7 +481,7 @@ def _exact_magnitude(rng: np.random.Generator, word: int, scale: float, unit: in
                     return int(k)
         # a zero prefix needs no more digits (only B ln 2 is compared), a straddle does
         prec += 20 if num else 0
-        num, bits = (num << 64) | _word(rng), bits + 64
+        num, bits = (num << 64) | raw_word(rng), bits + 64
     raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 
@@ -518,7 +518,7 @@ def discrete_gaussian_trials(rng: np.random.Generator, sigma: float, size: Size
         need = n - filled
         batch = min(int(need / rate * 1.05) + 64, _BLOCK)
         magnitude, sign = _magnitude_and_sign(rng, float(t), (batch,))
-        v = _words(rng, batch)
+        v = raw_words(rng, batch)
         v >>= np.uint64(1)  # V's cell [v, v + 1) 2^-63
         accepted = np.flatnonzero(accepts(rng, magnitude, v))
         rate = max(accepted.size / batch, 0.2)
@@ -579,7 +579,7 @@ class _AcceptTable:
                 k = min(int(magnitude[i]), self.lo.size - 1)
                 if v[i] >= self.hi[k]:
                     continue
-                accept[i] = _exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
+                accept[i] = exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
         return accept
 
 
@@ -619,7 +619,7 @@ class _AcceptLog:
         undecided |= v < np.uint64(_FAST_MIN_WORD)
         if undecided.any():
             for i in np.flatnonzero(undecided):
-                accept[i] = _exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
+                accept[i] = exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
         return accept
 
 
@@ -634,7 +634,7 @@ class _GaussianExponent:
         return (abs(y) * self.t - self.sigma2) ** 2 / (2 * self.sigma2 * self.t**2)
 
 
-def _exact_accept(rng: np.random.Generator, word: int, gamma: Fraction) -> bool:
+def exact_accept(rng: np.random.Generator, word: int, gamma: Fraction) -> bool:
     """Tier 3 of the acceptance: -ln V > γ for V in [word, word + 1)·2^-63, refined as needed.
 
     λ(N) = B ln 2 - ln N errs by at most (4B + 1)·10^(1-P) and γ by γ·10^(1-P);
@@ -654,7 +654,7 @@ def _exact_accept(rng: np.random.Generator, word: int, gamma: Fraction) -> bool:
                 return False
         # a zero prefix needs no more digits (only B ln 2 is compared), a straddle does
         prec += 20 if num else 0
-        num, bits = (num << 64) | _word(rng), bits + 64
+        num, bits = (num << 64) | raw_word(rng), bits + 64
     raise RuntimeError("the bit generator returned too many zero bits; is it broken?")
 
 

@@ -52,6 +52,8 @@ from numpy.typing import NDArray
 
 from mechanisms import baselines, vectors, zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.columns import Condition, clean, declared_bounds
+from mechanisms.exact import float_down
 from mechanisms.vectors import VectorNoise
 
 MAX_CELLS = 10_000
@@ -111,7 +113,7 @@ class TablePlan:
     group_by: tuple[ColumnMeta, ...]
     shape: tuple[int, ...]
     n: int
-    condition: baselines._Condition | None
+    condition: Condition | None
     column: ColumnMeta | None
     bounds: tuple[Fraction, Fraction] | None
     consistency: bool
@@ -165,7 +167,7 @@ class TablePlan:
             sums = np.zeros(self.cells, dtype=np.int64)
             np.add.at(sums, index[keep], v)
             return sums
-        values = baselines._clean(x[keep], float(lo), float(hi))
+        values = clean(x[keep], float(lo), float(hi))
         cells = index[keep]
         order = np.argsort(cells, kind="stable")
         cells, values = cells[order], values[order]
@@ -334,7 +336,7 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
         count = _count_part(mechanism, epsilon, delta, rho)
     else:
         column = meta.column(params["column"])
-        bounds = baselines._bounds(column, statistic)
+        bounds = declared_bounds(column, statistic)
         if mechanism == "geometric" and column.type != "integer":
             raise MechanismInputError(
                 "params.column",
@@ -390,11 +392,11 @@ def _sum_part(mechanism: str, column: ColumnMeta, bounds: tuple[Fraction, Fracti
         elif mechanism == "gaussian":
             assert epsilon is not None and delta is not None
             scale = baselines.analytic_gaussian_sigma(
-                vectors._float_down(epsilon), vectors._float_down(delta), l2_exact)
+                float_down(epsilon), float_down(delta), l2_exact)
         else:
             assert epsilon is not None
-            scale = vectors._float_down(l1_exact / epsilon)
-        grid = vectors.grid_for(vectors._float_down(w), scale)
+            scale = float_down(l1_exact / epsilon)
+        grid = vectors.grid_for(float_down(w), scale)
         err = n * m * SUM_ERROR
         if n * m / Fraction(grid) >= baselines.LATTICE_LIMIT:
             raise MechanismInputError("params.column",

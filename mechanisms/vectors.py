@@ -32,6 +32,7 @@ from scipy import optimize
 
 from mechanisms import sampling, zcdp
 from mechanisms.base import MechanismInputError
+from mechanisms.exact import float_down, float_up
 
 CI_LEVEL = 0.95
 
@@ -53,16 +54,6 @@ class VectorNoise:
         if self.kind == "discrete_laplace":
             return sampling.discrete_laplace_halfwidth(self.scale, level)
         return sampling.discrete_gaussian_halfwidth(self.scale, level)
-
-
-def _float_up(x: Fraction) -> float:
-    f = float(x)
-    return math.nextafter(f, math.inf) if Fraction(f) < x else f
-
-
-def _float_down(x: Fraction) -> float:
-    f = float(x)
-    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
 
 
 def zcdp_log_delta(rho: float, epsilon: float) -> float:
@@ -99,7 +90,7 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
 
 def laplace_noise(epsilon: Fraction, l1_units: int) -> VectorNoise:
     """Discrete Laplace of scale L1/ε (rounded up): pure ε-DP for the vector."""
-    scale = _float_up(Fraction(l1_units) / epsilon)
+    scale = float_up(Fraction(l1_units) / epsilon)
     if scale > sampling.MAX_SCALE:
         raise MechanismInputError(
             "budget.epsilon", "epsilon too small: the noise would exceed the sampler's range")
@@ -117,7 +108,7 @@ def gaussian_noise(epsilon: Fraction | None, delta: Fraction | None, l2sq_units:
     eps_f = delta_f = 0.0
     if rho is None:
         assert epsilon is not None and delta is not None
-        eps_f, delta_f = _float_down(epsilon), _float_down(delta)
+        eps_f, delta_f = float_down(epsilon), float_down(delta)
     try:
         if rho is not None:
             sigma = zcdp.sigma_for_rho(2 if count_table else l2sq_units, rho)

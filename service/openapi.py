@@ -18,7 +18,7 @@ from apispec import APISpec, BasePlugin
 
 import mechanisms
 from service import budget, inputs
-from service.api.catalog import _json_schema as json_schema
+from service.api.catalog import json_schema
 from service.schemas import ReleaseRequestSchema
 
 #: endpoints that honour an ``Idempotency-Key`` header (``inputs.idempotency_key``)

@@ -160,7 +160,7 @@ def _from_http_exception(err: HTTPException) -> Response:
     # webargs/flask-smorest put schema errors in data["messages"]
     messages = data.get("messages") if isinstance(data, dict) else None
     if messages:
-        errors = _flatten(messages)
+        errors = flatten_messages(messages)
         extra["errors"] = errors
         first = next(iter(errors))
         detail = f"invalid request: {first}: {errors[first]}"
@@ -193,7 +193,7 @@ def _too_large() -> str:
 _LOCATIONS = {"json", "form", "files", "query", "headers"}
 
 
-def _flatten(messages: Any, prefix: str = "") -> dict[str, str]:
+def flatten_messages(messages: Any, prefix: str = "") -> dict[str, str]:
     """Flatten webargs' nested {location: {field: [msgs]}} into "a.b": "msg"."""
     out: dict[str, str] = {}
     if isinstance(messages, dict):
@@ -202,7 +202,7 @@ def _flatten(messages: Any, prefix: str = "") -> dict[str, str]:
                 name = ""
             else:
                 name = f"{prefix}.{key}" if prefix else str(key)
-            out.update(_flatten(value, name))
+            out.update(flatten_messages(value, name))
     elif isinstance(messages, list) and all(isinstance(m, str) for m in messages):
         out[prefix or "body"] = "; ".join(messages)
     else:

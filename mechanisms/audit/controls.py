@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mechanisms import baselines, flip
-from mechanisms.base import Budget, DatasetMeta, Mechanism, Output
+from mechanisms.base import Budget, DatasetMeta, Mechanism, Output, read_budget
 from mechanisms.competitors.exm import ExmMechanism, ExmPlan, exact_bernoulli_exp
 from mechanisms.dip.mechanism import DipMechanism, Plan
 from mechanisms.dip.noise import NoiseStep
@@ -54,7 +54,7 @@ def _overspent(budget: Budget, factor: float) -> dict[str, Fraction]:
 def overspending(mech: Mechanism, factor: float) -> Mechanism:
     """``mech``'s class with noise for factor·ε; it still claims and costs ε."""
     cls = type(mech)
-    if isinstance(mech, baselines._Baseline):
+    if isinstance(mech, baselines.Baseline):
 
         class Baseline(cls):  # type: ignore[valid-type,misc]
             def _plan(self, params: Any, amounts: Any, meta: DatasetMeta) -> Any:
@@ -166,7 +166,7 @@ class FloatLaplace(baselines.LaplaceMechanism):
     def draw(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
              meta: DatasetMeta, rng: np.random.Generator, runs: int) -> FloatArray:
         """``runs`` releases at once (the vectorised form of ``run``)."""
-        plan = self._plan(params, baselines._read_budget(cost, self.measures, self.name), meta)
+        plan = self._plan(params, read_budget(cost, self.measures, self.name), meta)
         q = plan.query
         assert q.bounds is not None and q.statistic in ("sum", "mean")
         lo, hi = (float(b) for b in q.bounds)

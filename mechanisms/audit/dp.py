@@ -41,7 +41,7 @@ from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism
 from mechanisms.dip.mechanism import DipMechanism
 from mechanisms.dip.noise import NoiseStep
-from mechanisms.iclp.entries import _FunctionMechanism
+from mechanisms.iclp.entries import FunctionMechanism
 
 FloatArray = NDArray[np.float64]
 Data = dict[str, np.ndarray]
@@ -161,7 +161,7 @@ def _fill(meta: ColumnMeta, n: int, value: float) -> np.ndarray:
     return np.full(n, value, dtype=dtype)
 
 
-def baseline_neighbours(mech: baselines._Baseline, params: Mapping[str, Any],
+def baseline_neighbours(mech: baselines.Baseline, params: Mapping[str, Any],
                         meta: DatasetMeta) -> tuple[Data, Data]:
     """Record 0 moved so the statistic moves by its sensitivity (others at lo).
 
@@ -169,7 +169,7 @@ def baseline_neighbours(mech: baselines._Baseline, params: Mapping[str, Any],
     condition's values and the categories); sum/mean: lo vs hi; histogram:
     the first vs the last bin (categories 0 vs k − 1, or lo vs hi).
     """
-    q = baselines._resolve(params, meta)
+    q = baselines.resolve_query(params, meta)
     column = q.column
     if q.condition is not None:
         cond = q.condition
@@ -263,7 +263,7 @@ def gp_scenario(label: str, mech: Mechanism, raw: Mapping[str, Any],
     """GP-ADP's lattice coefficients (centre + discrete Gaussian, ``runs`` at once), with the
     Neyman–Pearson statistic of the claimed Gaussian noise between the two centres."""
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     plan: Any = mech._gp_plan(params, cost, meta)  # type: ignore[attr-defined]
     column = params["column"]
     pair = gp_neighbours(plan, column, meta)
@@ -311,21 +311,22 @@ def density_neighbours(plan: Any, column: str, meta: DatasetMeta) -> tuple[Data,
 # --------------------------------------------------------------------------- builders
 
 
-def _cost(mech: Mechanism, params: dict[str, Any], budget: Mapping[str, Fraction],
-          meta: DatasetMeta) -> dict[str, Fraction]:
+def checked_cost(mech: Mechanism, params: dict[str, Any], budget: Mapping[str, Fraction],
+                 meta: DatasetMeta) -> dict[str, Fraction]:
+    """``mech.cost``, checked to charge exactly the budget the scenario gives it."""
     cost = mech.cost(params, budget, meta)
     assert cost == dict(budget)  # controls charge what they claim, too
     return dict(cost)
 
 
-def baseline_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, Any],
+def baseline_scenario(label: str, mech: baselines.Baseline, raw: Mapping[str, Any],
                       budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
     """``run``'s steps with ``runs`` noise draws at once (released via ``_release``)."""
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     pair = baseline_neighbours(mech, params, meta)
     plan = mech._plan(params, cost, meta)
-    exact = [baselines._lattice_values(plan, d) for d in pair]
+    exact = [baselines.lattice_values(plan, d) for d in pair]
     move = np.abs(exact[1] - exact[0]).astype(np.float64)
     # Laplace is calibrated to the L1 total; the Gaussian to a shift per moved bin, and a
     # histogram's record leaves one bin for another (√2 of it in L2)
@@ -370,7 +371,7 @@ def float_laplace_scenario(label: str, raw: Mapping[str, Any], budget: Mapping[s
     """The Mironov control: ``laplace``'s neighbours, raw float Laplace noise."""
     mech = controls.FloatLaplace()
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     pair = baseline_neighbours(mech, params, meta)
 
     def draw(rng: np.random.Generator, which: int, runs: int) -> FloatArray:
@@ -382,12 +383,12 @@ def float_laplace_scenario(label: str, raw: Mapping[str, Any], budget: Mapping[s
     return Scenario(label, mech, params, cost, meta, pair, draw, once, scale_runs=5)
 
 
-def function_scenario(label: str, mech: _FunctionMechanism, raw: Mapping[str, Any],
+def function_scenario(label: str, mech: FunctionMechanism, raw: Mapping[str, Any],
                       budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
     """Released lattice coefficients (centre + noise, ``runs`` at once); the interval family
     also gets the Neyman–Pearson statistic of the claimed noise between the two centres."""
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     plan: Any = mech._calibrated(params, cost["epsilon"], meta)
     column = params["column"]
     if hasattr(plan, "sup_bound"):
@@ -432,7 +433,7 @@ def dip_scenario(label: str, mech: DipMechanism, raw: Mapping[str, Any],
     control), same pipeline.
     """
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     pair = dip_neighbours(params, meta)
     name = params["columns"][0]
     plan = mech.plan(params, cost, meta)
@@ -586,7 +587,7 @@ def audit_plan(plan: Plan, mechanism: str, notion: str, size: AuditSize, seed: i
 
 def _laplace_plan() -> Plan:
     mech = registry.get("laplace")
-    assert isinstance(mech, baselines._Baseline)
+    assert isinstance(mech, baselines.Baseline)
     meta = int_meta()
     hist = {"statistic": "histogram", "column": "c"}
     honest = [
@@ -599,7 +600,7 @@ def _laplace_plan() -> Plan:
                           unit_meta(20)),
     ]
     over = controls.overspending(mech, 2)
-    assert isinstance(over, baselines._Baseline)
+    assert isinstance(over, baselines.Baseline)
     return Plan(honest, [
         ("interval", baseline_scenario("count, noise for 2 eps", over, COUNT, eps(1), meta)),
         ("tail", baseline_scenario(f"mean eps={TAIL_EPSILON}, truncated sampler",
@@ -613,9 +614,9 @@ def _laplace_plan() -> Plan:
 
 def _geometric_plan() -> Plan:
     mech = registry.get("geometric")
-    assert isinstance(mech, baselines._Baseline)
+    assert isinstance(mech, baselines.Baseline)
     over = controls.overspending(mech, 2)
-    assert isinstance(over, baselines._Baseline)
+    assert isinstance(over, baselines.Baseline)
     return Plan([
         baseline_scenario("count eps=1", mech, COUNT, eps(1), int_meta()),
         baseline_scenario("mean eps=1", mech, MEAN, eps(1), int_meta()),
@@ -627,9 +628,9 @@ def _geometric_plan() -> Plan:
 
 def _gaussian_plan() -> Plan:
     mech = registry.get("gaussian")
-    assert isinstance(mech, baselines._Baseline)
+    assert isinstance(mech, baselines.Baseline)
     over = controls.overspending(mech, 3)
-    assert isinstance(over, baselines._Baseline)
+    assert isinstance(over, baselines.Baseline)
     small = eps(1, Fraction(1, 100))
     return Plan([
         baseline_scenario("count eps=1 delta=1e-2", mech, COUNT, small, int_meta()),
@@ -664,9 +665,9 @@ def _dip_plan() -> Plan:
 def _function_plan(name: str, configs: Sequence[tuple[str, dict[str, Any], int]],
                    meta: DatasetMeta, factor: float, learned: bool) -> Plan:
     mech = registry.get(name)
-    assert isinstance(mech, _FunctionMechanism)
+    assert isinstance(mech, FunctionMechanism)
     over = controls.overspending(mech, factor)
-    assert isinstance(over, _FunctionMechanism)
+    assert isinstance(over, FunctionMechanism)
     honest = [function_scenario(label, mech, raw, eps(e), meta) for label, raw, e in configs]
     label, raw, e = configs[0]
     family = "learned" if learned else "interval"
@@ -805,14 +806,14 @@ def _extended_neighbours(params: Mapping[str, Any], meta: DatasetMeta,
     return base, other
 
 
-def extended_scenario(label: str, mech: baselines._Baseline, raw: Mapping[str, Any],
+def extended_scenario(label: str, mech: baselines.Baseline, raw: Mapping[str, Any],
                       budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
     """A cross-tab (its counts and sums: the means are post-processing of them), a
     covariance triangle or a variance, drawn vectorised; a quantile, by full runs."""
     from mechanisms import moments, tables
 
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     plan = baselines.extended_plan(mech.name, params, cost, meta)
     pair = _extended_neighbours(params, meta)
     if isinstance(plan, tables.TablePlan):
@@ -909,7 +910,7 @@ COVARIANCE = {"statistic": "covariance", "columns": ["v", "w"]}
 
 def _extended(name: str) -> list[Scenario]:
     mech = registry.get(name)
-    assert isinstance(mech, baselines._Baseline)
+    assert isinstance(mech, baselines.Baseline)
     meta = _table_meta()
     if name == "laplace":
         return [

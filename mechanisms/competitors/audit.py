@@ -41,6 +41,7 @@ from mechanisms.audit.dp import (
     Scenario,
     audit_plan,
     category_meta,
+    checked_cost,
     eps,
     unit_meta,
 )
@@ -51,13 +52,6 @@ from mechanisms.competitors.lrm import LrmMechanism
 from mechanisms.competitors.opm import OpmL2BallMechanism, OpmMeanMechanism, l2ball_sample
 
 M = TypeVar("M", bound=Mechanism)
-
-
-def _cost(mech: Mechanism, params: dict[str, Any], budget: Mapping[str, Fraction],
-          meta: DatasetMeta) -> dict[str, Fraction]:
-    cost = mech.cost(params, budget, meta)
-    assert cost == dict(budget)
-    return dict(cost)
 
 
 def _ends(meta: DatasetMeta, names: list[str], n: int) -> tuple[Data, Data]:
@@ -78,7 +72,7 @@ def lrm_scenario(label: str, mech: LrmMechanism, raw: Mapping[str, Any],
                  budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
     """One ``run`` on ``runs`` copies of record 0: ``runs`` releases of that record."""
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     names = list(params["columns"])
     pair = _ends(meta, names, meta.n_rows)
 
@@ -102,7 +96,7 @@ def opm_mean_scenario(label: str, mech: OpmMeanMechanism, raw: Mapping[str, Any]
                       budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
     """``run``'s lattice sums with ``runs`` noise vectors at once (released via ``estimate``)."""
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     names = list(params["columns"])
     plans = mech._plan(params, cost["epsilon"], meta)
     n = meta.n_rows
@@ -152,7 +146,7 @@ def _looped(label: str, mech: Mechanism, params: dict[str, Any], cost: dict[str,
 def l2ball_scenario(label: str, mech: OpmL2BallMechanism, raw: Mapping[str, Any],
                     budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     pair = _ends(meta, [params["column"]], meta.n_rows)
     name = params["column"]
 
@@ -191,7 +185,7 @@ def exm_scenario(label: str, mech: ExmMechanism, raw: Mapping[str, Any],
     per release: coins flipped (k·s, public) and coins decided by the exact tier; for the
     old rejection sampler (``controls.RejectionExm``), its proposals."""
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     name = params["column"]
     col = meta.column(name)
     if pair is None:

@@ -35,6 +35,7 @@ from mechanisms.base import (
     check_numeric_column,
     read_epsilon,
 )
+from mechanisms.exact import float_down, float_up
 
 #: released microdata carry each record's dataset row index in this column (as ``dip``)
 ROW_COLUMN = "_row"
@@ -45,20 +46,6 @@ MAX_COLUMNS = 64
 CI_LEVEL = 0.95
 #: one lattice value, noise included, stays far inside int64 (see ``exact_sum``)
 LATTICE_LIMIT = 2**52
-
-
-def float_down(x: Fraction) -> float:
-    f = float(x)
-    return math.nextafter(f, -math.inf) if Fraction(f) > x else f
-
-
-def float_up(x: Fraction) -> float:
-    f = float(x)
-    return math.nextafter(f, math.inf) if Fraction(f) < x else f
-
-
-def fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else repr(float(x))
 
 
 class ColumnsSchema(Schema):

@@ -51,7 +51,8 @@ from mechanisms.base import (
     Work,
     read_epsilon,
 )
-from mechanisms.competitors.common import PRIVACY_UNIT, column_array, fmt
+from mechanisms.competitors.common import PRIVACY_UNIT, column_array
+from mechanisms.exact import fmt
 
 #: largest public support (integer range or categories)
 MAX_SUPPORT = 100_000
@@ -98,7 +99,7 @@ def exact_bernoulli_exp(rng: np.random.Generator, gamma: list[Fraction]) -> NDAr
     zero = np.array([x == 0 for x in gamma], dtype=bool)
     out |= zero
     for i in np.flatnonzero(~(accept | reject | zero)):
-        out[i] = sampling._exact_accept(rng, int(words[i]), gamma[i])
+        out[i] = sampling.exact_accept(rng, int(words[i]), gamma[i])
     return out
 
 

@@ -39,11 +39,11 @@ from mechanisms.competitors.common import (
     Lattice,
     PerColumnMechanism,
     column_array,
-    fmt,
     lattice,
     numeric_columns,
     split_epsilon,
 )
+from mechanisms.exact import fmt
 
 #: ``round_to`` lattices of more points than this are refused (a finer step is no rounding)
 MAX_ROUND_POINTS = 2**40

@@ -86,11 +86,11 @@ from mechanisms.competitors.common import (
     PerColumnMechanism,
     column_array,
     exact_sum,
-    fmt,
     lattice,
     numeric_columns,
     split_epsilon,
 )
+from mechanisms.exact import fmt
 
 CENTRES = ("zero", "midpoint")
 #: largest finite moment order k (the paper's UC-salary run used 20)

@@ -52,6 +52,7 @@ from mechanisms.dip.continualize import Continualizer, Continuous, Mixed
 from mechanisms.dip.histogram import dp_histogram
 from mechanisms.dip.reference import Reference
 from mechanisms.dip.univariate import TINY, PiecewiseLinear
+from mechanisms.exact import float_up
 
 FloatArray = NDArray[np.float64]
 #: quantization of the PITs in the correlation sums
@@ -175,9 +176,7 @@ def correlation_noise_scale(columns: int, epsilon_corr: Fraction | float) -> flo
     """Discrete Laplace scale (M − 1)²·p(p − 1)/ε_corr for the correlation sums, rounded up."""
     if columns < 2:
         raise ValueError("a correlation needs at least two columns")
-    exact = Fraction((QUANTUM - 1) ** 2 * columns * (columns - 1)) / Fraction(epsilon_corr)
-    scale = float(exact)
-    return math.nextafter(scale, math.inf) if Fraction(scale) < exact else scale
+    return float_up(Fraction((QUANTUM - 1) ** 2 * columns * (columns - 1)) / Fraction(epsilon_corr))
 
 
 def nearest_correlation(r: FloatArray, floor: float = EIGEN_FLOOR) -> FloatArray:

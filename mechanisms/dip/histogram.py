@@ -29,6 +29,7 @@ from mechanisms.dip.continualize import Continualizer
 from mechanisms.dip.reference import Reference
 from mechanisms.dip.search import Bins
 from mechanisms.dip.univariate import PiecewiseLinear
+from mechanisms.exact import float_up
 
 FloatArray = NDArray[np.float64]
 #: the most cells a joint histogram may have (memory: a few float64 arrays of this size)
@@ -289,9 +290,7 @@ def histogram_counts(
 
 def noise_scale(epsilon_ref: Fraction | float) -> float:
     """Discrete Laplace scale 2/ε_ref, rounded up (histogram L1 sensitivity 2)."""
-    exact = Fraction(2) / Fraction(epsilon_ref)
-    scale = float(exact)
-    return math.nextafter(scale, math.inf) if Fraction(scale) < exact else scale
+    return float_up(Fraction(2) / Fraction(epsilon_ref))
 
 
 def dp_histogram(

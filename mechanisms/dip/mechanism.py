@@ -87,6 +87,7 @@ from mechanisms.dip.noise import (
 from mechanisms.dip.params import DipParamsSchema
 from mechanisms.dip.reference import Reference
 from mechanisms.dip.univariate import finite
+from mechanisms.exact import fmt
 
 #: budgets above this are refused as absurd (as for the baselines)
 MAX_HOLDOUT = 0.9
@@ -142,10 +143,6 @@ class Plan:
     @property
     def per_column(self) -> Fraction:
         return self.epsilon_dip / len(self.columns)
-
-
-def _fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else repr(float(x))
 
 
 def _decimal(value: float) -> Fraction:
@@ -815,24 +812,24 @@ class DipMechanism(Mechanism):
     def _guarantee(plan: Plan) -> str:
         p = len(plan.columns)
         core = (
-            f"pure epsilon-DP (DIP, epsilon={_fmt(plan.epsilon)} nats"
+            f"pure epsilon-DP (DIP, epsilon={fmt(plan.epsilon)} nats"
         )
         split = (
-            f"; epsilon={_fmt(plan.per_column)} per column over {p} column(s), exact discrete"
+            f"; epsilon={fmt(plan.per_column)} per column over {p} column(s), exact discrete"
             " Laplace noise"
         )
         if plan.kind == "dp" and plan.model == "copula":
             return (
-                f"{core}: {_fmt(plan.epsilon_ref)} for a Gaussian-copula estimate of the"
-                f" distribution ({_fmt(plan.epsilon_marginal / p)} for each of {p} marginal"
-                f" histograms and {_fmt(plan.epsilon_corr)} for the correlation matrix) and"
-                f" {_fmt(plan.epsilon_dip)} for DIP{split}), {PRIVACY_UNIT}; every row is"
+                f"{core}: {fmt(plan.epsilon_ref)} for a Gaussian-copula estimate of the"
+                f" distribution ({fmt(plan.epsilon_marginal / p)} for each of {p} marginal"
+                f" histograms and {fmt(plan.epsilon_corr)} for the correlation matrix) and"
+                f" {fmt(plan.epsilon_dip)} for DIP{split}), {PRIVACY_UNIT}; every row is"
                 " released and protected by DP"
             )
         if plan.kind == "dp":
             return (
-                f"{core}: {_fmt(plan.epsilon_ref)} for a noisy-histogram estimate of the"
-                f" distribution and {_fmt(plan.epsilon_dip)} for DIP{split}), {PRIVACY_UNIT};"
+                f"{core}: {fmt(plan.epsilon_ref)} for a noisy-histogram estimate of the"
+                f" distribution and {fmt(plan.epsilon_dip)} for DIP{split}), {PRIVACY_UNIT};"
                 " every row is released and protected by DP"
             )
         if plan.kind == "parametric":

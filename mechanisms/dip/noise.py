@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mechanisms import sampling
+from mechanisms.exact import float_up
 
 FloatArray = NDArray[np.float64]
 
@@ -63,10 +64,7 @@ class NoiseStep:
         eps = Fraction(epsilon)
         if eps <= 0:
             raise ValueError("epsilon must be positive")
-        exact = Fraction(resolution - 1) / eps
-        scale = float(exact)
-        if Fraction(scale) < exact:
-            scale = math.nextafter(scale, math.inf)
+        scale = float_up(Fraction(resolution - 1) / eps)
         if not scale <= sampling.MAX_SCALE:
             raise ValueError("epsilon too small: the noise would exceed the sampler's range")
         return cls(resolution, scale)

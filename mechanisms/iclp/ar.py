@@ -81,7 +81,7 @@ def plan_iclp_ar_mean(
 ) -> ArPlan:
     """Calibrate an ICLP-AR mean release; η, ψ default to the PSS rules above."""
     points, tau = domain.validate_functional_meta(grid, tau)
-    mean._check_n_eps(n, epsilon)
+    mean.check_n_eps(n, epsilon)
     eta_rule = "given" if eta is not None else "auto"
     eta_value = pss.default_eta(kernel) if eta is None else float(eta)
     if not (math.isfinite(eta_value) and eta_value >= 1.0):
@@ -90,13 +90,13 @@ def plan_iclp_ar_mean(
     psi_value = ar_psi(n, epsilon, tau, eta_value, kernel.beta) if psi is None else float(psi)
     if not (math.isfinite(psi_value) and psi_value > 0):
         raise ValueError("psi must be a finite number > 0")
-    full = mean._eigen(kernel, points, rel_floor, None)
+    full = mean.eigen(kernel, points, rel_floor, None)
     j = ar_components(full.values, tau, eta_value, psi_value)
     # θ_1 >= τ: the estimator is 0 for every dataset; keep one (always-zero) coefficient
     # so the release is well defined (pure noise around 0) instead of refusing
     thresholded = j == 0
     j = max(1, j)
-    eig = mean._prefix(full, j)
+    eig = mean.prefix(full, j)
     theta = ar_thresholds(eig.values, eta_value, psi_value)
     theta.setflags(write=False)
     bessel = spectral.bessel_factor(eig)
@@ -112,7 +112,7 @@ def plan_iclp_ar_mean(
         "components_rule": "theta_j < tau",
         "all_thresholded": thresholded,
     }
-    base = mean._plan("iclp-ar", points, eig, n, tau, np.ones(j), np.sqrt(eig.values),
+    base = mean.make_plan("iclp-ar", points, eig, n, tau, np.ones(j), np.sqrt(eig.values),
                       delta * mean.SENSITIVITY_SAFETY, epsilon, smoothing)
     values = {f.name: getattr(base, f.name) for f in fields(mean.MeanPlan)}
     return ArPlan(**values, thresholds=theta)

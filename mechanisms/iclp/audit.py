@@ -20,15 +20,15 @@ import numpy as np
 
 from mechanisms import registry
 from mechanisms.audit import controls
-from mechanisms.audit.dp import Data, FloatArray, Plan, Scenario, _cost, audit_plan, eps
+from mechanisms.audit.dp import Data, FloatArray, Plan, Scenario, audit_plan, checked_cost, eps
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta
-from mechanisms.iclp.entries import _MultiColumn
+from mechanisms.iclp.entries import MultiColumn
 
 NOTION = "epsilon-DP"
 
 
-def worst_pair(mech: _MultiColumn, plan: Any, params: Mapping[str, Any],
+def worst_pair(mech: MultiColumn, plan: Any, params: Mapping[str, Any],
                candidates: Sequence[Data]) -> tuple[Data, Data]:
     """The two candidate datasets whose lattice centres cost most under the claimed noise."""
     cols = mech.columns(params)
@@ -40,13 +40,13 @@ def worst_pair(mech: _MultiColumn, plan: Any, params: Mapping[str, Any],
     return candidates[int(p)], candidates[int(q)]
 
 
-def scenario(label: str, mech: _MultiColumn, raw: Mapping[str, Any],
+def scenario(label: str, mech: MultiColumn, raw: Mapping[str, Any],
              budget: Mapping[str, Fraction], meta: DatasetMeta,
              candidates: Sequence[Data], old_solver: bool = False) -> Scenario:
     """``old_solver`` (``iclp.erm``): record the work of the old early-exit solve
     (``controls.old_erm_solve``), the work family's control."""
     params = mech.load_params(raw)
-    cost = _cost(mech, params, budget, meta)
+    cost = checked_cost(mech, params, budget, meta)
     plan: Any = mech._calibrated(params, cost["epsilon"], meta)
     pair = worst_pair(mech, plan, params, candidates)
     cols = mech.columns(params)
@@ -90,9 +90,9 @@ def scenario(label: str, mech: _MultiColumn, raw: Mapping[str, Any],
 def _plan(name: str, configs: Sequence[tuple[str, dict[str, Any], int]], meta: DatasetMeta,
           candidates: Callable[[], list[Data]], factor: float) -> Plan:
     mech = registry.get(name)
-    assert isinstance(mech, _MultiColumn)
+    assert isinstance(mech, MultiColumn)
     over = controls.overspending(mech, factor)
-    assert isinstance(over, _MultiColumn)
+    assert isinstance(over, MultiColumn)
     data = candidates()
     honest = [scenario(label, mech, raw, eps(e), meta, data) for label, raw, e in configs]
     label, raw, e = configs[0]
@@ -191,7 +191,7 @@ def _erm_plan() -> Plan:
                             "grid_size": 16}, 1),
     ], erm_meta(), erm_candidates, 8)
     mech = registry.get("iclp.erm")
-    assert isinstance(mech, _MultiColumn)
+    assert isinstance(mech, MultiColumn)
     meta, pair = erm_work_pair()
     plan.honest.append(scenario("logistic, psi=1e-4, neighbours certified at different"
                                 " steps, eps=1", mech, ERM_WORK, eps(1), meta, pair))

@@ -18,7 +18,6 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from mechanisms import baselines
 from mechanisms.base import (
     Budget,
     DatasetMeta,
@@ -26,8 +25,10 @@ from mechanisms.base import (
     MechanismInputError,
     Output,
     check_numeric_column,
+    read_budget,
     read_epsilon,
 )
+from mechanisms.exact import fmt
 from mechanisms.iclp import ar, bernstein, domain, gp, kde, mean, noise, params, pss
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease, jsonable
@@ -44,7 +45,7 @@ class _Plan(Protocol):
     def accuracy(self) -> dict[str, Any]: ...
 
 
-class _FunctionMechanism(Mechanism):
+class FunctionMechanism(Mechanism):
     """Pure ε-DP function release; subclasses build the plan."""
 
     measures: ClassVar[tuple[str, ...]] = ("epsilon",)
@@ -80,7 +81,7 @@ class _FunctionMechanism(Mechanism):
             result=released.to_result(),
             accuracy=jsonable(plan.accuracy()),
             guarantee=(
-                f"pure epsilon-DP ({self.label}, epsilon={_fmt(epsilon)} nats), {PRIVACY_UNIT}"
+                f"pure epsilon-DP ({self.label}, epsilon={fmt(epsilon)} nats), {PRIVACY_UNIT}"
             ),
         )
 
@@ -103,7 +104,7 @@ class _FunctionMechanism(Mechanism):
         """Resolve params against the metadata and calibrate to ε (public inputs only)."""
 
 
-class IclpMean(_FunctionMechanism):
+class IclpMean(FunctionMechanism):
     name = "iclp.mean"
     label = "ICLP-QR mean"
     params_schema = params.IclpMeanSchema
@@ -146,7 +147,7 @@ def _components_refused() -> Iterator[None]:
         raise MechanismInputError("params.components", str(exc)) from None
 
 
-class FrlMean(_FunctionMechanism):
+class FrlMean(FunctionMechanism):
     name = "frl.mean"
     label = "FRL mean baseline"
     params_schema = params.FrlMeanSchema
@@ -165,7 +166,7 @@ class FrlMean(_FunctionMechanism):
             )
 
 
-class IclpKde(_FunctionMechanism):
+class IclpKde(FunctionMechanism):
     name = "iclp.kde"
     label = "ICLP-QR kernel density estimate"
     params_schema = params.IclpKdeSchema
@@ -193,7 +194,7 @@ class IclpKde(_FunctionMechanism):
         )
 
 
-class BernsteinKde(_FunctionMechanism):
+class BernsteinKde(FunctionMechanism):
     name = "bernstein.kde"
     label = "Bernstein mechanism density baseline"
     params_schema = params.BernsteinKdeSchema
@@ -279,10 +280,6 @@ def _auto(value: Any) -> float | None:
     return None if value is None or isinstance(value, str) else float(value)
 
 
-def _fmt(x: Fraction) -> str:
-    return str(x.numerator) if x.denominator == 1 else repr(float(x))
-
-
 iclp_mean = register(IclpMean())
 frl_mean = register(FrlMean())
 iclp_kde = register(IclpKde())
@@ -301,7 +298,7 @@ from mechanisms.iclp import kde2d as _kde2d  # noqa: E402
 from mechanisms.iclp import params_functionals as _fparams  # noqa: E402
 
 
-class _MultiColumn(_FunctionMechanism):
+class MultiColumn(FunctionMechanism):
     """A function release of several columns; the plan's ``release`` takes them in order."""
 
     def columns(self, params: Mapping[str, Any]) -> list[str]:
@@ -324,7 +321,7 @@ class _MultiColumn(_FunctionMechanism):
             result=result,
             accuracy=jsonable(plan.accuracy()),
             guarantee=(
-                f"pure epsilon-DP ({self.label}, epsilon={_fmt(epsilon)} nats), {PRIVACY_UNIT}"
+                f"pure epsilon-DP ({self.label}, epsilon={fmt(epsilon)} nats), {PRIVACY_UNIT}"
             ),
         )
 
@@ -354,7 +351,7 @@ def _share(value: Any, default: Fraction) -> Fraction:
     return default if value is None else Fraction(repr(float(value)))
 
 
-class IclpErm(_MultiColumn):
+class IclpErm(MultiColumn):
     name = "iclp.erm"
     label = "ICLP-QR regularised ERM"
     params_schema = _fparams.IclpErmSchema
@@ -400,7 +397,7 @@ def _grid_points(meta: DatasetMeta, name: Any) -> int:
     return len(column.grid) if column is not None and column.grid else 1
 
 
-class IclpCov(_MultiColumn):
+class IclpCov(MultiColumn):
     name = "iclp.cov"
     label = "ICLP-QR covariance function"
     params_schema = _fparams.IclpCovSchema
@@ -430,7 +427,7 @@ class IclpCov(_MultiColumn):
         return plan
 
 
-class IclpFos(_MultiColumn):
+class IclpFos(MultiColumn):
     name = "iclp.fos"
     label = "ICLP function-on-scalar regression"
     params_schema = _fparams.IclpFosSchema
@@ -470,7 +467,7 @@ class IclpFos(_MultiColumn):
         return plan
 
 
-class IclpKde2d(_MultiColumn):
+class IclpKde2d(MultiColumn):
     name = "iclp.kde2d"
     label = "ICLP-QR 2-D kernel density estimate"
     params_schema = _fparams.IclpKde2dSchema
@@ -504,7 +501,7 @@ iclp_kde2d = register(IclpKde2d())
 # ----------------------------------------------------- ICLP-AR, GP-ADP, FRL-KDE, Bernstein mean
 
 
-class IclpArMean(_FunctionMechanism):
+class IclpArMean(FunctionMechanism):
     name = "iclp.ar"
     label = "ICLP-AR mean"
     params_schema = params.IclpArMeanSchema
@@ -524,7 +521,7 @@ class IclpArMean(_FunctionMechanism):
                                     _auto(smoothing.get("psi")))
 
 
-class GpAdpMean(_FunctionMechanism):
+class GpAdpMean(FunctionMechanism):
     name = "gp.adp"
     label = "GP-ADP mean baseline"
     measures: ClassVar[tuple[str, ...]] = ("epsilon", "delta")
@@ -538,14 +535,14 @@ class GpAdpMean(_FunctionMechanism):
     def cost(
         self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
     ) -> dict[str, Fraction]:
-        amounts = baselines._read_budget(budget, self.measures, self.name)
+        amounts = read_budget(budget, self.measures, self.name)
         self._gp_plan(params, amounts, meta)
         return amounts
 
     def accuracy(
         self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     ) -> dict[str, Any]:
-        amounts = baselines._read_budget(cost, self.measures, self.name)
+        amounts = read_budget(cost, self.measures, self.name)
         out: dict[str, Any] = jsonable(self._gp_plan(params, amounts, meta).accuracy())
         return out
 
@@ -557,7 +554,7 @@ class GpAdpMean(_FunctionMechanism):
         meta: DatasetMeta,
         rng: np.random.Generator,
     ) -> Output:
-        amounts = baselines._read_budget(cost, self.measures, self.name)
+        amounts = read_budget(cost, self.measures, self.name)
         plan = self._gp_plan(params, amounts, meta)
         released = plan.release(data[params["column"]], rng)
         return Output(
@@ -565,7 +562,7 @@ class GpAdpMean(_FunctionMechanism):
             accuracy=jsonable(plan.accuracy()),
             guarantee=(
                 f"approximate (epsilon, delta)-DP ({self.label},"
-                f" epsilon={_fmt(amounts['epsilon'])} nats, delta={_fmt(amounts['delta'])}),"
+                f" epsilon={fmt(amounts['epsilon'])} nats, delta={fmt(amounts['delta'])}),"
                 f" {PRIVACY_UNIT}"
             ),
         )
@@ -592,7 +589,7 @@ class GpAdpMean(_FunctionMechanism):
         raise NotImplementedError("gp.adp is planned from (epsilon, delta) by _gp_plan")
 
 
-class FrlKde(_FunctionMechanism):
+class FrlKde(FunctionMechanism):
     name = "frl.kde"
     label = "FRL density baseline"
     params_schema = params.FrlKdeSchema
@@ -614,7 +611,7 @@ class FrlKde(_FunctionMechanism):
             )
 
 
-class BernsteinMean(_FunctionMechanism):
+class BernsteinMean(FunctionMechanism):
     name = "bernstein.mean"
     label = "Bernstein mechanism mean baseline"
     params_schema = params.BernsteinMeanSchema

@@ -39,6 +39,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import optimize
 
 from mechanisms import sampling
+from mechanisms.exact import float_down_any
 from mechanisms.iclp import domain, mean, noise, pss, spectral
 from mechanisms.iclp.kernels import Kernel
 from mechanisms.iclp.release import FunctionRelease
@@ -163,14 +164,14 @@ def calibrate_gaussian(shape: ArrayLike, sensitivity: float, epsilon: float | Fr
     a = np.asarray(shape, dtype=np.float64)
     err = np.broadcast_to(np.asarray(error, dtype=np.float64), a.shape)
     top = np.broadcast_to(np.asarray(bound, dtype=np.float64), a.shape)
-    eps = noise._float_down(epsilon)
-    dlt = noise._float_down(delta)
+    eps = float_down_any(epsilon)
+    dlt = float_down_any(delta)
     if not (math.isfinite(sensitivity) and sensitivity > 0):
         raise noise.CalibrationError("sensitivity must be a finite number > 0")
     if not (0 < dlt < 1 and math.isfinite(eps) and eps > 0):
         raise noise.CalibrationError("need epsilon > 0 and 0 < delta < 1")
     fine = sensitivity * a / (RESOLUTION * math.sqrt(a.size))
-    steps = np.maximum(noise._pow2_floor(fine), noise._pow2_ceil(top / noise.CENTRE_LIMIT))
+    steps = np.maximum(noise.pow2_floor(fine), noise.pow2_ceil(top / noise.CENTRE_LIMIT))
     slack = float(np.sqrt(np.sum(((steps + 2.0 * err) / a) ** 2)))
     lattice = (sensitivity + slack) * _ROUND_UP
     try:
@@ -271,14 +272,14 @@ def plan_gp_mean(
     risk as ICLP-QR's (``pss.qr_risk``'s bias and sampling terms, with the Gaussian's
     privacy error σ²·tr C)."""
     points, tau = domain.validate_functional_meta(grid, tau)
-    mean._check_n_eps(n, epsilon)
+    mean.check_n_eps(n, epsilon)
     if not 0 < float(delta) < 1:
         raise ValueError("delta must be in (0, 1)")
     eta_value = DEFAULT_ETA if eta is None else float(eta)
     if not (math.isfinite(eta_value) and eta_value >= 0.5):
         raise ValueError("eta must be >= 1/2 for GP-ADP (F_j/sqrt(lambda_j) bounded)")
-    eig = mean._eigen(kernel, points, rel_floor, None)
-    c = zcdp_sigma(noise._float_down(epsilon), noise._float_down(delta))
+    eig = mean.eigen(kernel, points, rel_floor, None)
+    c = zcdp_sigma(float_down_any(epsilon), float_down_any(delta))
     if psi is None:
         psi_rule, psi_value = "min-risk", _tune_psi(eig, n, c, tau, eta_value)
     else:
@@ -302,7 +303,7 @@ def plan_gp_mean(
 def _tune_psi(eig: spectral.EigenSystem, n: int, c: float, tau: float, eta: float) -> float:
     """argmin over log ψ of c²Δ_CM(ψ)²·tr C + the reference bias + sampling (``pss``)."""
     lam = eig.values
-    share = mean._prior_share(eig)
+    share = mean.prior_share(eig)
     grid = np.arange(eta * math.log(float(lam[-1])) - 8.0,
                      eta * math.log(float(lam[0])) + 8.0, 0.05)
     psis = np.exp(grid)[:, None]

@@ -29,7 +29,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.iclp import domain, noise, pss, spectral
 from mechanisms.iclp.kernels import Family, Kernel
-from mechanisms.iclp.mean import _prefix
+from mechanisms.iclp.mean import prefix
 from mechanisms.iclp.release import FunctionRelease
 
 DEFAULT_GRID_SIZE = 200
@@ -326,7 +326,7 @@ def plan_frl_kde(
     if not 1 <= m <= full.size:
         raise ValueError(f"components must be between 1 and {full.size} (the retained"
                          " eigenfunctions of the density kernel on this grid)")
-    eig = _prefix(full, m)
+    eig = prefix(full, m)
     filt = eig.values.copy()
     delta = _frl_sensitivity(eig) / n * SENSITIVITY_SAFETY
     vmax = np.max(np.abs(eig.vectors), axis=0)

@@ -241,7 +241,7 @@ def plan_iclp_mean(
     losses to FRL on others).
     """
     points, tau = domain.validate_functional_meta(grid, tau)
-    _check_n_eps(n, epsilon)
+    check_n_eps(n, epsilon)
     if eta is not None and not (math.isfinite(eta) and eta > 0.5):
         raise ValueError("eta must be > 1/2 for the mean (spec §7.2)")
     if max_components is not None and max_components < 1:
@@ -259,7 +259,7 @@ def plan_iclp_mean(
                       tau, None if eta is None else float(eta), profile, frl_guard)
         kern, eta_value, psi_value = tuned.kernel, tuned.eta, tuned.psi
         psi_rule = "min-risk"
-        eig = _prefix(_eigen(kern, points, rel_floor, None), tuned.components)
+        eig = prefix(eigen(kern, points, rel_floor, None), tuned.components)
     else:
         kern = candidates[0]
         eta_value = pss.default_eta(kern) if eta is None else float(eta)
@@ -269,9 +269,9 @@ def plan_iclp_mean(
             psi_rule, psi_value = "free", pss.free_psi(n)
         else:
             psi_rule, psi_value = "given", float(psi)
-        eig = _eigen(kern, points, rel_floor, None)  # a cap takes a prefix, as ``_tune`` does
+        eig = eigen(kern, points, rel_floor, None)  # a cap takes a prefix, as ``_tune`` does
         if max_components is not None:
-            eig = _prefix(eig, max_components)
+            eig = prefix(eig, max_components)
     if not (math.isfinite(psi_value) and psi_value >= 0):
         raise ValueError("psi must be a finite number >= 0")
     filt = qr_filter(eig.values, eta_value, psi_value)
@@ -279,7 +279,7 @@ def plan_iclp_mean(
     if kept < eig.size:
         if kept == 0:
             raise ValueError("psi is so large that every coefficient is shrunk to 0")
-        eig, filt = _prefix(eig, kept), filt[:kept].copy()
+        eig, filt = prefix(eig, kept), filt[:kept].copy()
     shape = pss.noise_shape(eig.values, filt, profile)
     tau_eff = tau * TAU_SLACK
     bessel = spectral.bessel_factor(eig)
@@ -314,7 +314,7 @@ def plan_iclp_mean(
             "worst_on_frl_basis": tuned.guard,
             "frl_guard_met": tuned.guarded,
         }
-    return _plan("iclp-qr", points, eig, n, tau, filt, shape,
+    return make_plan("iclp-qr", points, eig, n, tau, filt, shape,
                  delta * SENSITIVITY_SAFETY, epsilon, smoothing)
 
 
@@ -351,7 +351,7 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
           profile: pss.NoiseProfile = "matched", guarded: bool = True) -> Tuned:
     """argmin of ``pss.qr_risk`` over the open knobs, guarded by FRL (public inputs only).
 
-    Objective: the risk under the smooth reference class of ``_prior_share``. Guard: for
+    Objective: the risk under the smooth reference class of ``prior_share``. Guard: for
     each of FRL's basis functions b_i (i <= M, the eigenfunctions of ``kernels[0]``, M =
     FRL's default ``pss.frl_components``), data whose mean is √κ·τ·b_i and whose curves
     do not spread must cost at most what FRL costs there, 8τ²M²/(nε)² (FRL has no bias
@@ -364,9 +364,9 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
     below M, or the kernel profile) or ``guarded`` is False, the guard is dropped.
     """
     etas = pss.ETA_CANDIDATES if eta is None else (eta,)
-    base = _eigen(kernels[0], points, rel_floor, None)
+    base = eigen(kernels[0], points, rel_floor, None)
     m = pss.frl_components(n, Fraction(epsilon), base.size)
-    frl_risk = _total(pss.qr_risk(base.values[:m], _prior_share(base)[:m], n, epsilon, tau,
+    frl_risk = _total(pss.qr_risk(base.values[:m], prior_share(base)[:m], n, epsilon, tau,
                                   1.0, 0.0, "matched"))
     # FRL on the mean √κτ·b_i (i <= M) with no spread: no bias, privacy 8τ²M²/(nε)²
     frl_guard = 8.0 * tau**2 * m**2 / (n**2 * epsilon**2)
@@ -374,8 +374,8 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
     for limit in limits:
         best: Tuned | None = None
         for kern in kernels:
-            eig = _eigen(kern, points, rel_floor, None)
-            share, guard = _prior_share(eig), _band_share(eig, base, m)
+            eig = eigen(kern, points, rel_floor, None)
+            share, guard = prior_share(eig), _band_share(eig, base, m)
             sizes = (sorted({*pss.component_candidates(eig.size), min(m, eig.size)})
                      if cap is None else [min(cap, eig.size)])
             for j in sizes:
@@ -411,7 +411,7 @@ def _band_share(eig: spectral.EigenSystem, base: spectral.EigenSystem, m: int
 
 
 @functools.lru_cache(maxsize=spectral.CACHE_SIZE)
-def _prior_share(eig: spectral.EigenSystem) -> NDArray[np.float64]:
+def prior_share(eig: spectral.EigenSystem) -> NDArray[np.float64]:
     """p_j = E⟨μ, v_j⟩²/E‖μ‖² for μ ~ GP(0, C_ref) (the reference class of ``pss``).
 
     With A = W^½ K_ref W^½ and u_j = W^½ v_j, E⟨μ, v_j⟩² = u_jᵀ A u_j and
@@ -429,7 +429,7 @@ def _prior_share(eig: spectral.EigenSystem) -> NDArray[np.float64]:
     return out
 
 
-def _prefix(eig: spectral.EigenSystem, components: int) -> spectral.EigenSystem:
+def prefix(eig: spectral.EigenSystem, components: int) -> spectral.EigenSystem:
     """The first J eigenpairs of a system: the same basis, so DP is unchanged (spec §2.5).
 
     The defect bound of the whole system also bounds its leading block's.
@@ -458,8 +458,8 @@ def plan_frl_mean(
     M defaults to min(J, max(1, ⌊√n·ε⌋)) (PSS, spec §3.2).
     """
     points, tau = domain.validate_functional_meta(grid, tau)
-    _check_n_eps(n, epsilon)
-    eig = _eigen(kernel, points, rel_floor, None)
+    check_n_eps(n, epsilon)
+    eig = eigen(kernel, points, rel_floor, None)
     rule = "given" if components is not None else "auto"
     m = pss.frl_components(n, Fraction(epsilon), eig.size) if components is None else components
     if not 1 <= m <= eig.size:
@@ -468,7 +468,7 @@ def plan_frl_mean(
     bessel = spectral.bessel_factor(eig)
     delta = frl_sensitivity(m, n, tau * TAU_SLACK) * math.sqrt(bessel)
     smoothing = {"method": "frl", "components": m, "components_rule": rule}
-    return _plan("frl", points, eig, n, tau, np.ones(m), np.ones(m),
+    return make_plan("frl", points, eig, n, tau, np.ones(m), np.ones(m),
                  delta * SENSITIVITY_SAFETY, epsilon, smoothing)
 
 
@@ -498,14 +498,14 @@ def frl_mean(
     return plan_frl_mean(grid, tau, x.shape[0], epsilon, **options).release(x, rng)
 
 
-def _check_n_eps(n: int, epsilon: float | Fraction) -> None:
+def check_n_eps(n: int, epsilon: float | Fraction) -> None:
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
         raise ValueError("n must be a positive integer")
     if not (math.isfinite(float(epsilon)) and float(epsilon) > 0):
         raise ValueError("epsilon must be a finite number > 0")
 
 
-def _eigen(
+def eigen(
     kernel: Kernel, points: tuple[float, ...], rel_floor: float, cap: int | None
 ) -> spectral.EigenSystem:
     return spectral.eigen_system(
@@ -513,7 +513,7 @@ def _eigen(
     )
 
 
-def _plan(
+def make_plan(
     method: Method,
     points: tuple[float, ...],
     eig: spectral.EigenSystem,

@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms import sampling
+from mechanisms.exact import float_down_any
 
 #: the lattice is this many times finer than Δ·a_j·min(1, 1/ε) / J
 RESOLUTION = 1024
@@ -139,7 +140,7 @@ def calibrate(
     a = np.asarray(shape, dtype=np.float64)
     err = np.broadcast_to(np.asarray(error, dtype=np.float64), a.shape)
     top = np.broadcast_to(np.asarray(bound, dtype=np.float64), a.shape)
-    eps = _float_down(epsilon)
+    eps = float_down_any(epsilon)
     if a.ndim != 1 or a.size == 0 or not np.all((a > 0) & np.isfinite(a)):
         raise CalibrationError("shape must be a non-empty vector of positive numbers")
     if not (math.isfinite(sensitivity) and sensitivity > 0):
@@ -153,7 +154,7 @@ def calibrate(
     # error: with twice that over the limit, a bound that is a power of two (2^53 squared,
     # say) no longer lands exactly on it
     coarse = 2.0 * (top + err) / CENTRE_LIMIT
-    steps = np.maximum(_pow2_floor(fine), _pow2_ceil(coarse))
+    steps = np.maximum(pow2_floor(fine), pow2_ceil(coarse))
     slack = float(np.sum((steps + 2.0 * err) / a))
     lattice = (sensitivity + slack) * _ROUND_UP
     scales = lattice * a / (eps * steps) * _ROUND_UP
@@ -185,7 +186,7 @@ def privacy_mse(sensitivity: float, epsilon: float, eigenvalues: ArrayLike) -> f
     return 2.0 * sensitivity**2 * float(np.sum(eigenvalues)) / float(epsilon) ** 2
 
 
-def _pow2_floor(x: NDArray[np.float64]) -> NDArray[np.float64]:
+def pow2_floor(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """Largest power of two <= x (x > 0, normal)."""
     if np.any(x < np.finfo(np.float64).tiny) or not np.all(np.isfinite(x)):
         raise CalibrationError("sensitivity too small for a normal power-of-two lattice")
@@ -195,16 +196,8 @@ def _pow2_floor(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return out
 
 
-def _pow2_ceil(x: NDArray[np.float64]) -> NDArray[np.float64]:
+def pow2_ceil(x: NDArray[np.float64]) -> NDArray[np.float64]:
     """Smallest power of two >= x (0 for x = 0)."""
     mant, expo = np.frexp(x)
     out: NDArray[np.float64] = np.where(mant == 0.5, np.ldexp(1.0, expo - 1), np.ldexp(1.0, expo))
     return np.where(x > 0, out, 0.0)
-
-
-def _float_down(x: float | Fraction) -> float:
-    """A double <= x (Fractions round towards 0: the noise never shrinks)."""
-    if isinstance(x, Fraction):
-        f = float(x)
-        return math.nextafter(f, -math.inf) if Fraction(f) > x else f
-    return float(x)

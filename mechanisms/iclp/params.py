@@ -59,12 +59,12 @@ class NumberOrChoice(fields.Field):
         )
 
 
-class _Strict(Schema):
+class Strict(Schema):
     class Meta:
         unknown = RAISE
 
 
-class KernelSchema(_Strict):
+class KernelSchema(Strict):
     """``{"family": "matern" | "gaussian" | "exponential", "nu": ν, "rho": ρ}``.
 
     ``nu`` is for the Matérn only (default 1.5); ``rho`` is a length-scale as a
@@ -92,7 +92,7 @@ class DensityKernelSchema(KernelSchema):
     context_family = "gaussian"
 
 
-class MeanSmoothingSchema(_Strict):
+class MeanSmoothingSchema(Strict):
     """η (power of the kernel) and ψ (ridge penalty; 0 = plain projection): numbers or
     privacy-safe rules; the noise covariance profile ("matched": the smoother, "kernel":
     C as in the paper, "auto": "kernel" under the paper's rules, else "matched"); and
@@ -104,13 +104,13 @@ class MeanSmoothingSchema(_Strict):
     frl_guard = fields.Boolean(truthy={True}, falsy={False})
 
 
-class KdeSmoothingSchema(_Strict):
+class KdeSmoothingSchema(Strict):
     """η of the estimation kernel C^η (must exceed 1)."""
 
     eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
 
 
-class IclpMeanSchema(_Strict):
+class IclpMeanSchema(Strict):
     """``iclp.mean``: the ICLP-QR mean of a functional column."""
 
     column = fields.String(required=True)
@@ -121,7 +121,7 @@ class IclpMeanSchema(_Strict):
     )
 
 
-class FrlMeanSchema(_Strict):
+class FrlMeanSchema(Strict):
     """``frl.mean``: i.i.d. Laplace on the first M eigen-coefficients of ``kernel``."""
 
     column = fields.String(required=True)
@@ -135,7 +135,7 @@ class FrlMeanSchema(_Strict):
             raise ValidationError("Must be a whole number or 'auto'.", "components")
 
 
-class IclpKdeSchema(_Strict):
+class IclpKdeSchema(Strict):
     """``iclp.kde``: ICLP-QR density of a bounded continuous column."""
 
     column = fields.String(required=True)
@@ -147,7 +147,7 @@ class IclpKdeSchema(_Strict):
     normalize = fields.Boolean(truthy={True}, falsy={False})
 
 
-class BernsteinKdeSchema(_Strict):
+class BernsteinKdeSchema(Strict):
     """``bernstein.kde``: the Bernstein mechanism on a KDE of a bounded continuous column."""
 
     column = fields.String(required=True)
@@ -162,14 +162,14 @@ class BernsteinKdeSchema(_Strict):
 # ------------------------------------------- ICLP-AR, GP-ADP, FRL-KDE, Bernstein mean
 
 
-class ArSmoothingSchema(_Strict):
+class ArSmoothingSchema(Strict):
     """η (>= 1) and ψ of ICLP-AR; omitted: the PSS rules of ``ar``."""
 
     eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
     psi = NumberOrChoice(0.0, MAX_PSI, ("auto",))
 
 
-class IclpArMeanSchema(_Strict):
+class IclpArMeanSchema(Strict):
     """``iclp.ar``: the soft-thresholding (ℓ1-penalised) ICLP mean of a functional column."""
 
     column = fields.String(required=True)
@@ -177,14 +177,14 @@ class IclpArMeanSchema(_Strict):
     smoothing = fields.Nested(ArSmoothingSchema)
 
 
-class GpSmoothingSchema(_Strict):
+class GpSmoothingSchema(Strict):
     """η (default 1) and ψ (default: the risk minimiser) of GP-ADP's ridge mean."""
 
     eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
     psi = NumberOrChoice(0.0, MAX_PSI, ("auto",))
 
 
-class GpAdpMeanSchema(_Strict):
+class GpAdpMeanSchema(Strict):
     """``gp.adp``: the Gaussian-process (ε, δ) mean of a functional column."""
 
     column = fields.String(required=True)
@@ -192,7 +192,7 @@ class GpAdpMeanSchema(_Strict):
     smoothing = fields.Nested(GpSmoothingSchema)
 
 
-class FrlKdeSchema(_Strict):
+class FrlKdeSchema(Strict):
     """``frl.kde``: FRL density (first M eigen-coefficients of the KDE, i.i.d. Laplace)."""
 
     column = fields.String(required=True)
@@ -210,7 +210,7 @@ class FrlKdeSchema(_Strict):
             raise ValidationError("Must be a whole number or 'auto'.", "components")
 
 
-class BernsteinMeanSchema(_Strict):
+class BernsteinMeanSchema(Strict):
     """``bernstein.mean``: the Bernstein mechanism on the mean of a functional column.
 
     ``sup_bound`` τ_∞ clips every curve value to [−τ_∞, τ_∞]; ``"auto"`` (default)

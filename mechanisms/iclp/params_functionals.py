@@ -19,14 +19,14 @@ from mechanisms.iclp.params import (
     MAX_RHO,
     KernelSchema,
     NumberOrChoice,
-    _Strict,
+    Strict,
 )
 
 MIN_ERM_GRID = 16
 MAX_ERM_GRID = 500
 
 
-class SmoothingSchema(_Strict):
+class SmoothingSchema(Strict):
     """η (power of the kernel) and ψ (ridge penalty); omitted or "auto": the public rules."""
 
     eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
@@ -38,7 +38,7 @@ def _share() -> fields.Float:
         min=0, max=1, min_inclusive=False, max_inclusive=False))
 
 
-class IclpErmSchema(_Strict):
+class IclpErmSchema(Strict):
     """``iclp.erm``: regularised ERM of ``response`` on one bounded ``covariate``."""
 
     covariate = fields.String(required=True)
@@ -50,7 +50,7 @@ class IclpErmSchema(_Strict):
     smoothing = fields.Nested(SmoothingSchema)
 
 
-class IclpCovSchema(_Strict):
+class IclpCovSchema(Strict):
     """``iclp.cov``: covariance function of a functional column (grid <= MAX_COV_GRID)."""
 
     column = fields.String(required=True)
@@ -62,7 +62,7 @@ class IclpCovSchema(_Strict):
     mean_share = _share()
 
 
-class IclpFosSchema(_Strict):
+class IclpFosSchema(Strict):
     """``iclp.fos``: functional ``response`` on scalar ``covariates`` (+ intercept)."""
 
     response = fields.String(required=True)
@@ -80,7 +80,7 @@ class IclpFosSchema(_Strict):
             raise ValidationError("covariates must be distinct", "covariates")
 
 
-class IclpKde2dSchema(_Strict):
+class IclpKde2dSchema(Strict):
     """``iclp.kde2d``: density of two bounded continuous ``columns`` on an m × m grid."""
 
     columns = fields.List(fields.String(), required=True, validate=validate.Length(

@@ -234,7 +234,7 @@ def audit(mechanism: str, size: AuditSize, seed: int) -> AuditReport:
     params = mech.load_params(raw)
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, meta)
     charged = float(next(iter(cost.values())))
-    assert isinstance(mech, service._Interval)
+    assert isinstance(mech, service.Interval)
     plan = service.plan(mech.kind, params, meta)
     law = plan.prior
     streams = np.random.SeedSequence([seed, NAMES.index(mechanism)]).spawn(4)

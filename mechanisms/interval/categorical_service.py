@@ -27,7 +27,7 @@ from mechanisms.base import (
     Work,
 )
 from mechanisms.interval import categorical, schemas
-from mechanisms.interval.service import LEDGER_UNIT, MEASURE, PRIVACY_UNIT, _read_budget
+from mechanisms.interval.service import LEDGER_UNIT, MEASURE, PRIVACY_UNIT, read_leakage
 
 NAME = "interval.progressive_categorical"
 
@@ -90,7 +90,7 @@ class ProgressiveCategoricalMechanism(Mechanism):
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
              ) -> dict[str, Fraction]:
         column = _column(params, meta)
-        agreed = _read_budget(budget, column.name, self.name)
+        agreed = read_leakage(budget, column.name, self.name)
         charge = _charge(len(column.categories or ()), params["rounds"])
         if charge > agreed:
             raise MechanismInputError(
@@ -106,7 +106,7 @@ class ProgressiveCategoricalMechanism(Mechanism):
             meta: DatasetMeta, rng: np.random.Generator) -> Output:
         column = _column(params, meta)
         k = len(column.categories or ())
-        charged = _read_budget(cost, column.name, self.name)
+        charged = read_leakage(cost, column.name, self.name)
         if _charge(k, params["rounds"]) > charged:
             raise MechanismInputError(f"budget.{MEASURE}", "the cost does not cover this design")
         raw = np.asarray(data[column.name])

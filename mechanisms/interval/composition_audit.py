@@ -177,7 +177,7 @@ def price(name: str, raw: Mapping[str, Any], committed: Sequence[Priced]) -> Pri
                 "units": {_MEASURE: math.ceil(p.charge * service.LEDGER_UNIT)},
                 "charged": True} for p in committed]
     composed = mech.composed(params, cost, _META, lambda: history)
-    assert composed is not None and isinstance(mech, service._Interval)
+    assert composed is not None and isinstance(mech, service.Interval)
     charge = Fraction(composed.charge.get(_MEASURE, cost[_MEASURE]))
     design = service.plan(mech.kind, params, _META).design
     assert isinstance(design, IntervalMechanism)

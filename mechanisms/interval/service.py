@@ -98,7 +98,7 @@ def _amount(value: Any, field_name: str) -> Fraction:
     return check_range(read_number(value, field_name), MEASURE, Fraction(1), field_name)
 
 
-def _read_budget(budget: Budget, column: str, name: str) -> Fraction:
+def read_leakage(budget: Budget, column: str, name: str) -> Fraction:
     """The agreed leakage: ``interval_leakage`` (or ``interval_leakage:<column>``) only."""
     own = f"{MEASURE}:{column}"
     extra = sorted(set(budget) - {MEASURE, own})
@@ -521,7 +521,7 @@ def _guarantee(p: Plan) -> str:
 # --------------------------------------------------------------------------- mechanisms
 
 
-class _Interval(Mechanism):
+class Interval(Mechanism):
     """Shared cost/accuracy/run; subclasses name the kind and the schema."""
 
     record_level = True  # one output per record: the dataset's opt-in
@@ -536,7 +536,7 @@ class _Interval(Mechanism):
     def cost(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta) -> dict[
         str, Fraction
     ]:
-        agreed = _read_budget(budget, params["column"], self.name)
+        agreed = read_leakage(budget, params["column"], self.name)
         p = plan(self.kind, params, meta, agreed if params.get("calibrate") else None)
         if p.charge > agreed:
             raise MechanismInputError(
@@ -573,7 +573,7 @@ class _Interval(Mechanism):
         return Composed({measure: Fraction(pricing.units, LEDGER_UNIT)}, report, privacy)
 
     def _plan(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta) -> Plan:
-        charged = _read_budget(cost, params["column"], self.name)
+        charged = read_leakage(cost, params["column"], self.name)
         p = plan(self.kind, params, meta, charged if params.get("calibrate") else None)
         if p.charge > charged:
             raise MechanismInputError(f"budget.{MEASURE}", "the cost does not cover this design")
@@ -684,7 +684,7 @@ def priced(kind: str, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     """
     column = str(params["column"])
     measure = f"{MEASURE}:{column}"
-    mine = plan(kind, params, meta, _read_budget(cost, column, kind)
+    mine = plan(kind, params, meta, read_leakage(cost, column, kind)
                 if params.get("calibrate") else None)
     standalone = math.ceil(mine.charge * LEDGER_UNIT)
     same = [e for e in earlier if str(e.get("mechanism", "")).startswith("interval.")
@@ -741,7 +741,7 @@ def schemas_for(name: str) -> type[Any]:
             "casek": schemas.CaseKSchema}[name]
 
 
-class Case1(_Interval):
+class Case1(Interval):
     name = "interval.case1"
     kind = "case1"
     params_schema = schemas.Case1Schema
@@ -749,14 +749,14 @@ class Case1(_Interval):
                    " for a random anchor U drawn independently of the data.")
 
 
-class Case2(_Interval):
+class Case2(Interval):
     name = "interval.case2"
     kind = "case2"
     params_schema = schemas.Case2Schema
     description = "Interval privacy, Case II: ranges cut by an ordered random anchor pair."
 
 
-class CaseK(_Interval):
+class CaseK(Interval):
     name = "interval.casek"
     kind = "casek"
     params_schema = schemas.CaseKSchema
@@ -764,7 +764,7 @@ class CaseK(_Interval):
                    " shift of fixed offsets), optional exact-report range A.")
 
 
-class RingMechanism(_Interval):
+class RingMechanism(Interval):
     name = "interval.ring"
     kind = "ring"
     params_schema = schemas.RingSchema
@@ -772,7 +772,7 @@ class RingMechanism(_Interval):
                    " least tau_floor for every record.")
 
 
-class SelectiveMechanism(_Interval):
+class SelectiveMechanism(Interval):
     name = "interval.selective"
     kind = "selective"
     params_schema = schemas.SelectiveSchema
@@ -780,7 +780,7 @@ class SelectiveMechanism(_Interval):
                    " is at least tau (and a Bernoulli(rho) coin says so); otherwise a null.")
 
 
-class ProgressiveMechanism(_Interval):
+class ProgressiveMechanism(Interval):
     name = "interval.progressive"
     kind = "progressive"
     params_schema = schemas.ProgressiveSchema
@@ -788,7 +788,7 @@ class ProgressiveMechanism(_Interval):
                    " anchors uniform on the current range.")
 
 
-MECHANISMS: tuple[type[_Interval], ...] = (
+MECHANISMS: tuple[type[Interval], ...] = (
     Case1, Case2, CaseK, RingMechanism, SelectiveMechanism, ProgressiveMechanism)
 
 

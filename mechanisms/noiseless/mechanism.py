@@ -37,6 +37,7 @@ from mechanisms.base import (
 # ConditionSchema is the shared shape of "rows meeting a condition"; resolve_condition resolves it
 # against the metadata exactly as the DP baselines do, so a count means the same everywhere.
 from mechanisms.baselines import StatisticParamsSchema, resolve_condition
+from mechanisms.exact import fmt
 from mechanisms.noiseless import central, local
 from mechanisms.noiseless.central import STATISTICS, ScalarPlan, ScalarRelease
 from mechanisms.noiseless.certify import exact_levels
@@ -189,17 +190,13 @@ def _numeric(column: ColumnMeta, what: str) -> tuple[tuple[float, float], bool]:
     return column.bounds, integer
 
 
-def _fmt(bits: Fraction) -> str:
-    return str(bits.numerator) if bits.denominator == 1 else f"{float(bits):.12g}"
-
-
 def _guarantee(count: int, bits: Fraction, local_release: bool, note: str = "") -> str:
     kind = "local noiseless privacy" if local_release else "noiseless privacy"
     scope = " for the whole released column" if local_release else ""
     return (
-        f"{kind}: at most {count} distinct outputs per record{scope} (ε = {_fmt(bits)} bits,"
-        f" log2 of the count{note}); not epsilon-DP; {PRIVACY_UNIT}; deterministic, so a"
-        " replay reveals nothing new"
+        f"{kind}: at most {count} distinct outputs per record{scope}"
+        f" (ε = {fmt(bits, significant=12)} bits, log2 of the count{note}); not epsilon-DP;"
+        f" {PRIVACY_UNIT}; deterministic, so a replay reveals nothing new"
     )
 
 
@@ -412,7 +409,8 @@ class NoiselessAggregate(Mechanism):
         released = central.release(central.evaluate(plan.query, values), plan)
         note = ""
         if plan.paper_bits is not None:
-            note = f"; paper mode, nominal {_fmt(plan.paper_bits)} bits, true level charged"
+            nominal = fmt(plan.paper_bits, significant=12)
+            note = f"; paper mode, nominal {nominal} bits, true level charged"
         return Output(
             result=_scalar_result(params, plan, released),
             accuracy=_scalar_accuracy(params, plan),

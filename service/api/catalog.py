@@ -19,7 +19,7 @@ blp = Blueprint("mechanisms", __name__, url_prefix="/v1/mechanisms",
                 description="Mechanism catalog")
 
 
-def _json_schema(schema: type[marshmallow.Schema]) -> dict[str, Any]:
+def json_schema(schema: type[marshmallow.Schema]) -> dict[str, Any]:
     # a resolver that names nothing ("") makes apispec inline nested schemas: no dangling $ref
     plugin = MarshmallowPlugin(schema_name_resolver=lambda _schema: "")
     APISpec("catalog", "1", "3.0.3", plugins=[plugin])
@@ -47,10 +47,10 @@ def _catalog() -> list[dict[str, Any]]:
         mech = mechanisms.get(name)
         out.append({"name": name, "measures": list(mech.measures),
                     "description": mech.description,
-                    "params_schema": _json_schema(mech.params_schema),
+                    "params_schema": json_schema(mech.params_schema),
                     # only what some release of the mechanism can run; each succeeded
                     # release lists those its own design admits (``analyses``)
-                    "analyses": {a: _json_schema(an.params_schema)
+                    "analyses": {a: json_schema(an.params_schema)
                                  for a, an in sorted(mech.analyses.items())
                                  if an.offered_by(name)}})
     return out

@@ -52,7 +52,7 @@ def load(schema: marshmallow.Schema, data: Mapping[str, Any]) -> Any:
     try:
         return schema.load(data)
     except marshmallow.ValidationError as err:
-        errors = problems._flatten(err.messages)
+        errors = problems.flatten_messages(err.messages)
         first = next(iter(errors))
         raise APIError(422, f"invalid request: {first}: {errors[first]}",
                        code="validation_error", field="body" if first == "_schema" else first,

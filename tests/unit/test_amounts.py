@@ -14,16 +14,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mechanisms import baselines, zcdp
+from mechanisms import zcdp
 from mechanisms.base import (
     LEDGER_UNITS,
     MAX_EPSILON,
     MechanismInputError,
     read_amount,
+    read_budget,
     read_epsilon,
     smallest,
 )
-from mechanisms.interval.service import _read_budget as interval_budget
+from mechanisms.interval.service import read_leakage as interval_budget
 from service import budget
 
 SUBNORMALS = [5e-324, 2.2250738585072014e-308, Fraction(1, 10**9999)]
@@ -51,10 +52,10 @@ def test_read_amount_refuses_less_than_one_unit(measure: str, amount: Any) -> No
 def test_every_reader_refuses_a_subnormal_or_sub_unit_amount(tiny: Any) -> None:
     cases = [
         (lambda: read_epsilon({"epsilon": tiny}, "laplace"), "budget.epsilon"),
-        (lambda: baselines._read_budget({"epsilon": tiny}, ("epsilon",), "laplace"),
+        (lambda: read_budget({"epsilon": tiny}, ("epsilon",), "laplace"),
          "budget.epsilon"),
-        (lambda: baselines._read_budget({"epsilon": 1, "delta": tiny * 1e-6},
-                                        ("epsilon", "delta"), "gaussian"), "budget.delta"),
+        (lambda: read_budget({"epsilon": 1, "delta": tiny * 1e-6},
+                             ("epsilon", "delta"), "gaussian"), "budget.delta"),
         (lambda: zcdp.read_rho({"rho": tiny * 1e-3}, "gaussian"), "budget.rho"),
         (lambda: interval_budget({"interval_leakage": tiny * 1e-3}, "age", "interval.case1"),
          "budget.interval_leakage"),
@@ -68,8 +69,8 @@ def test_every_reader_refuses_a_subnormal_or_sub_unit_amount(tiny: Any) -> None:
 def test_one_unit_and_the_ceiling_are_accepted() -> None:
     assert read_epsilon({"epsilon": Fraction(1, 10**9)}, "laplace") == Fraction(1, 10**9)
     assert read_epsilon({"epsilon": MAX_EPSILON}, "laplace") == MAX_EPSILON
-    assert baselines._read_budget({"epsilon": 1, "delta": 1e-15}, ("epsilon", "delta"),
-                                  "gaussian")["delta"] == Fraction(1e-15)
+    assert read_budget({"epsilon": 1, "delta": 1e-15}, ("epsilon", "delta"),
+                       "gaussian")["delta"] == Fraction(1e-15)
 
 
 def test_an_off_lattice_amount_is_read_rounded_down() -> None:

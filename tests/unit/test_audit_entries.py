@@ -106,10 +106,10 @@ def test_a_gaussian_histogram_is_calibrated_for_one_unit_per_moved_bin() -> None
     """A histogram's record moves one count out of one bin into another (L2 √2); the
     Gaussian's σ was calibrated for a shift of 2 per bin (L2 2√2), twice the noise."""
     mech = registry.get("gaussian")
-    assert isinstance(mech, baselines._Baseline)
+    assert isinstance(mech, baselines.Baseline)
     meta = DatasetMeta(100, {"c": ColumnMeta("c", "categorical", categories=("a", "b", "c"))})
     params = mech.load_params({"statistic": "histogram", "column": "c"})
     plan = mech._plan(params, {"epsilon": Fraction(1), "delta": Fraction(1, 10**5)}, meta)
     assert plan.noise_scale == baselines.discrete_gaussian_sigma(1.0, 1e-5, 1, True)
-    zplan = mech._zcdp_plan(baselines._resolve(params, meta), Fraction(1, 2))
+    zplan = mech._zcdp_plan(baselines.resolve_query(params, meta), Fraction(1, 2))
     assert zplan.noise_scale == zcdp.sigma_for_rho(2, Fraction(1, 2))

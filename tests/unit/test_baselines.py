@@ -624,6 +624,6 @@ def test_neighbours_move_the_lattice_value_by_at_most_its_sensitivity(
         else {"epsilon": epsilon}
     )
     plan = mech._plan({"statistic": statistic, "column": "wage"}, budget, meta)  # type: ignore[attr-defined]
-    a = baselines._lattice_values(plan, {"wage": np.array(wages)})
-    b = baselines._lattice_values(plan, {"wage": np.array(other)})
+    a = baselines.lattice_values(plan, {"wage": np.array(wages)})
+    b = baselines.lattice_values(plan, {"wage": np.array(other)})
     assert abs(int(a[0]) - int(b[0])) <= plan.lattice_sensitivity

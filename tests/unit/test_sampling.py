@@ -602,10 +602,10 @@ def test_gaussian_acceptance_at_the_exact_threshold(sigma: float) -> None:
             got = accepts(_forced([below - 1, below + 1]), np.full(4, y), cells.copy())
             assert got.tolist() == [True, False, True, False], (type(accepts), y)
         rng = np.random.default_rng(0)
-        assert sampling._exact_accept(rng, v - 1, gamma) is True
-        assert sampling._exact_accept(rng, v + 1, gamma) is False
-        assert sampling._exact_accept(_forced([below - 1]), v, gamma) is True
-        assert sampling._exact_accept(_forced([below + 1]), v, gamma) is False
+        assert sampling.exact_accept(rng, v - 1, gamma) is True
+        assert sampling.exact_accept(rng, v + 1, gamma) is False
+        assert sampling.exact_accept(_forced([below - 1]), v, gamma) is True
+        assert sampling.exact_accept(_forced([below + 1]), v, gamma) is False
 
 
 @pytest.mark.parametrize("sigma", [1e-300, 0.3, 0.5, 1.0, 3.0, 4.6, 37.5, 1000.0, 4096.0])

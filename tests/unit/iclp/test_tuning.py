@@ -108,10 +108,10 @@ def test_chosen_tuning_solves_the_guarded_problem(n: int, eps: Fraction) -> None
     bias = np.sum(w[:, None] * (base - smoothed) ** 2, axis=0)
     worst = risk["privacy"] + pss.PRIOR_ENERGY * tau**2 * float(bias.max())
     assert worst == pytest.approx(risk["worst_on_frl_basis"], rel=1e-6)
-    full = iclp.mean._eigen(plan.eig.kernel, tuple(GRID), plan.eig.rel_floor, None)
-    base_eig = iclp.mean._eigen(iclp.matern(1.5, 0.1), tuple(GRID), plan.eig.rel_floor, None)
+    full = iclp.mean.eigen(plan.eig.kernel, tuple(GRID), plan.eig.rel_floor, None)
+    base_eig = iclp.mean.eigen(iclp.matern(1.5, 0.1), tuple(GRID), plan.eig.rel_floor, None)
     j = plan.components
-    share = iclp.mean._prior_share(full)[:j]
+    share = iclp.mean.prior_share(full)[:j]
     guard = iclp.mean._band_share(full, base_eig, m)[:j]
 
     def both(psi: float) -> tuple[float, float]:
