@@ -27,13 +27,14 @@ integer comparison; lo <= v < hi goes to ``sampling.exact_accept`` (``decimal``,
 reading more of V's bits; for γ > 0 rational, E is transcendental, never a cell
 edge). γ = 0 always accepts.
 
-The only data-dependent work left is that exact tier: a coin needs it with
-probability (hi − lo)/2^63 <= 2r + 2^-62 < 2^-48, whatever the data, and it costs
-about 60 µs. A release of N coins takes it at all with probability p <= N·2^-48
-(3.6·10^-9 for a million coins); ``Flips.refined`` counts it for the audit. Off that
-event the work is a fixed function of public inputs, so the pair (output, run time)
-is (ε, (1 + e^ε)·p)-DP: P_D(E) <= P_D(output ∈ E_0) + p <= e^ε P_D'(E) + (1 + e^ε) p,
-E_0 the outputs E holds with no exact-tier work.
+The exact tier is the only work left that the data could move: a coin needs it with
+probability (hi − lo)/2^63 <= 2r + 2^-62 < 2^-48, whatever the data, and it costs about
+60 µs. So every call runs it at least ``sampling.exact_slots(N, 2^-48)`` times (N coins;
+dummies on their own generator after the real ones): the work changes only when a call
+needs more exact coins than that, with probability p below about (N·2^-48)², and the pair
+(output, run time) is (ε, (1 + e^ε)·p)-DP: P_D(E) <= P_D(output ∈ E_0) + p <= e^ε P_D'(E)
++ (1 + e^ε) p, E_0 the outputs E holds with the padded work. ``Flips.refined`` counts the
+real exact coins for the audit.
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ class Coins:
         for i in near:
             flat_heads[i] = sampling.exact_accept(rng, int(flat_v[i]),
                                                    self.gamma(int(flat_which[i])))
+        sampling.pad_exact_tier(near.size, sampling.exact_slots(which.size, 2.0**-48))
         return heads, near
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import flip, sampling
+from mechanisms import flip
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.columns import clean, declared_bounds
 
@@ -44,27 +44,6 @@ DEFAULT_GRID_SIZE = 1001
 #: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
 COIN_UNITS = 100
 _LN_2_63 = 63 * math.log(2.0)
-
-
-def bernoulli_exp(rng: np.random.Generator, gamma: Fraction) -> bool:
-    """Exactly Bernoulli(exp(−γ)) for a rational γ >= 0 (63-bit words, refined on demand).
-
-    A float comparison decides unless V's cell [word, word + 1)·2^-63 lies within a
-    margin of exp(−γ); then the exact comparison with more words does (the same tiers as
-    the discrete Gaussian's acceptance).
-    """
-    if gamma == 0:
-        return True
-    word = sampling.raw_word(rng) >> 1  # V uniform in [word, word + 1)·2^-63
-    g = float(gamma)
-    margin = 1e-9 * (1.0 + g)  # far above the float errors of g and of the logs below
-    if word > 0:
-        # accept iff ln V < −γ: decide in floats when V's cell is clearly on one side
-        if math.log(word + 1) - _LN_2_63 < -g - margin:
-            return True
-        if math.log(word) - _LN_2_63 > -g + margin:
-            return False
-    return sampling.exact_accept(rng, word, gamma)
 
 
 @dataclass(frozen=True)

@@ -220,16 +220,17 @@ def tier2_slots(draws: int, s: float | NDArray[np.float64]) -> int:
 def _tier2_inputs(
     words: NDArray[np.uint64], scales: NDArray[np.float64], units: NDArray[np.float64] | None,
     undecided: NDArray[np.intp], s: float | NDArray[np.float64],
-) -> tuple[NDArray[np.uint64], NDArray[np.float64], NDArray[np.float64] | None, int]:
+) -> tuple[NDArray[np.uint64], NDArray[np.float64], NDArray[np.float64] | None, int, int]:
     """The undecided draws' inputs to ``_slow_magnitude``, padded to ``tier2_slots`` with
-    dummy words (U = 1/2, never sent to the exact tier), and how many are real."""
+    dummy words (U = 1/2, never sent to the exact tier), how many are real, and the
+    exact tier's slots for all the draws."""
     real = undecided.size
     pad = max(0, tier2_slots(words.size, s) - real)
     w = np.concatenate([words[undecided], np.full(pad, 1 << 62, dtype=np.uint64)])
     filler = scales[0] if scales.size else 1.0
     sc = np.concatenate([scales[undecided], np.full(pad, filler)])
     un = None if units is None else np.concatenate([units[undecided], np.ones(pad)])
-    return w, sc, un, real
+    return w, sc, un, real, exact_slots(words.size, laplace_exact_rate(float(np.max(s))))
 
 
 def _split_magnitude(
@@ -418,10 +419,12 @@ def _slow_magnitude(
     scales: NDArray[np.float64],
     units: NDArray[np.float64] | None = None,
     real: int | None = None,
+    exact_pad: int = 1,
 ) -> NDArray[np.int64]:
     """Tier 2 (long double) on what tier 1 left, then tier 3 (exact) on the rest, for the
     first ``real`` words (default: all); the others are padding (``_tier2_inputs``), run
-    through tier 2 only and dropped.
+    through tier 2 only and dropped. The exact tier runs at least ``exact_pad`` times
+    (``exact_slots``: dummies after the real ones).
 
     With ``units`` (m > 1: a split draw) the value is z = (s/m)(ln T_1 - ln U),
     which can be negative, so ⌊z⌋ = 0 is certified like any other integer.
@@ -442,9 +445,11 @@ def _slow_magnitude(
         err = (64.0 * _LD_EPS) * (11.0 * np.abs(y) + 2.0 * s) + s / r * _LD(1.001) + _LD_EPS
         ok = (1.0 - frac > err) & ((frac > err) | ((k == 0.0) & ~split)) & (words > 0)
         out = np.where(ok, k, 0.0).astype(np.int64)
-    for i in np.flatnonzero(~ok[:real]):
+    exact = np.flatnonzero(~ok[:real])
+    for i in exact:
         unit = 1 if units is None else int(units[i])
         out[i] = _exact_magnitude(rng, int(words[i]), float(scales[i]), unit)
+    pad_exact_tier(exact.size, exact_pad, magnitude=True)
     return out[:real]
 
 
@@ -574,12 +579,15 @@ class _AcceptTable:
         accept = v < lo
         np.subtract(v, lo, out=lo)  # v - lo_k mod 2^64: below _NEAR only near the edge
         near = lo < _NEAR
+        exact = 0
         if near.any():
             for i in np.flatnonzero(near):
                 k = min(int(magnitude[i]), self.lo.size - 1)
                 if v[i] >= self.hi[k]:
                     continue
                 accept[i] = exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
+                exact += 1
+        pad_exact_tier(exact, exact_slots(v.size, TABLE_EXACT_RATE))
         return accept
 
 
@@ -617,9 +625,10 @@ class _AcceptLog:
         np.abs(e, out=e)
         undecided = e <= _ACCEPT_MARGIN
         undecided |= v < np.uint64(_FAST_MIN_WORD)
-        if undecided.any():
-            for i in np.flatnonzero(undecided):
-                accept[i] = exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
+        exact = np.flatnonzero(undecided)
+        for i in exact:
+            accept[i] = exact_accept(rng, int(v[i]), self.gamma(int(magnitude[i])))
+        pad_exact_tier(exact.size, exact_slots(v.size, LOG_EXACT_RATE))
         return accept
 
 
@@ -632,6 +641,43 @@ class _GaussianExponent:
 
     def __call__(self, y: int) -> Fraction:
         return (abs(y) * self.t - self.sigma2) ** 2 / (2 * self.sigma2 * self.t**2)
+
+
+#: padding's own generator: a dummy evaluation must never read the job's stream (it is
+#: decided in its first round anyway: V = 1/2 against exp(-1/2))
+_PAD_RNG = np.random.default_rng(0)
+_PAD_WORD, _PAD_GAMMA = 1 << 62, Fraction(1, 2)
+#: exact-tier rates per draw, fixed by public parameters (bounds, not estimates): a
+#: Gaussian proposal near its table edge; a Gaussian proposal of the log test (V < 2^-20,
+#: or within the 2^-30 margin); a discrete Laplace draw is ``laplace_exact_rate(s)``
+TABLE_EXACT_RATE = 2.0**-33
+LOG_EXACT_RATE = 2.0**-20 + 2.0**-28
+
+
+def laplace_exact_rate(s: float) -> float:
+    """A discrete Laplace draw reaches tier 3 when tier 2 cannot place y: U's cell spans
+    about s/r in y (r < 2^43 there), so over r the chance is about s 2^-56, plus the
+    long double's own margin band."""
+    return 2.0**-40 + s * 2.0**-54
+
+
+def exact_slots(draws: int, rate: float) -> int:
+    """How many exact-tier evaluations a call runs at least (the real ones, then dummies):
+    a public count, 4 times the expected number and at least one, so whether a call's
+    noise needed the exact tier (which depends on its size: issue #27) does not show in
+    the run time unless more than that did, which is rarer than the square of
+    ``draws·rate``."""
+    return max(1, math.ceil(4.0 * draws * rate))
+
+
+def pad_exact_tier(done: int, slots: int, magnitude: bool = False) -> None:
+    """Run the exact tier ``slots - done`` more times on a dummy (see ``exact_slots``): the
+    acceptance test, or with ``magnitude`` the discrete Laplace's ⌊y⌋."""
+    for _ in range(slots - done):
+        if magnitude:
+            _exact_magnitude(_PAD_RNG, _PAD_WORD, 1.0)
+        else:
+            exact_accept(_PAD_RNG, _PAD_WORD, _PAD_GAMMA)
 
 
 def exact_accept(rng: np.random.Generator, word: int, gamma: Fraction) -> bool:

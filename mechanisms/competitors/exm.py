@@ -20,9 +20,9 @@ which an analyst sees, was a second output that is not ε-DP (issue #27; the aud
 work family certifies ε >= 1.3 against it at charged 1, ``audit.controls``).
 
 Timing: every draw evaluates all s coins (s = support size) and one permutation of
-the support, so the work is draws·s coins whatever the counts. The one exception is
-the coins' exact tier, taken with probability <= 2^-48 per coin whatever the data
-(about 60 µs each; ``mechanisms.flip``).
+the support, so the work is draws·s coins whatever the counts. The coins' exact tier
+(probability <= 2^-48 per coin whatever the data, about 60 µs) runs a public number of
+times per call, padded with dummies (``mechanisms.flip``).
 
 Output: the k draws (``draw`` index column and the column's values: integers or
 category names; synthetic rows, not linked to records) and their histogram.
@@ -195,8 +195,8 @@ class ExmMechanism(Mechanism):
             guarantee=(f"pure epsilon-DP (permute-and-flip, epsilon={fmt(epsilon)} nats:"
                        f" {plan.draws} draw(s) at {fmt(plan.per_draw)} each, count quality of"
                        f" sensitivity 1 over the declared support; its work is fixed by the"
-                       f" support and draws, but for an exact-arithmetic step taken with"
-                       f" probability below 2^-48 per coin), {PRIVACY_UNIT}"),
+                       f" support and draws, its rare exact-arithmetic steps padded to a"
+                       f" public count), {PRIVACY_UNIT}"),
             table={DRAW_COLUMN: np.arange(plan.draws, dtype=np.int64),
                    plan.column.name: values},
             per_record=False,  # draws from a DP distribution, not the dataset's records

@@ -26,15 +26,6 @@ def _plan(raw: dict[str, Any], epsilon: Fraction = Fraction(1),
                                                        **raw}), {"epsilon": epsilon}, meta)
 
 
-@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(5, 2)])
-def test_bernoulli_exp_has_probability_exp_minus_gamma(gamma: Fraction) -> None:
-    rng = np.random.default_rng(1)
-    runs = 20_000
-    hits = sum(quantiles.bernoulli_exp(rng, gamma) for _ in range(runs))
-    p = math.exp(-float(gamma))
-    assert abs(hits / runs - p) <= Z * math.sqrt(p * (1 - p) / runs) + 1e-12
-
-
 def _pf_probabilities(gaps: list[Fraction], epsilon: Fraction) -> list[float]:
     """Permute-and-flip's output law by enumerating the orders (McKenna & Sheldon 2020)."""
     p = [math.exp(-float(epsilon * g / 2)) for g in gaps]
@@ -140,19 +131,6 @@ def test_schema_rejects_bad_quantile_params(raw: dict[str, Any], key: str) -> No
     with pytest.raises(marshmallow.ValidationError) as err:
         registry.get("laplace").load_params({"statistic": "quantile", **raw})
     assert key in err.value.messages
-
-
-def test_bernoulli_exp_fast_path_agrees_with_the_exact_comparison() -> None:
-    """Same words, same decisions: the float tier never decides a case the exact tier would
-    decide otherwise (a generator replayed from the same seed feeds both)."""
-    from mechanisms import sampling
-
-    for gamma in (Fraction(1, 7), Fraction(40), Fraction(10**6, 3)):
-        for seed in range(300):
-            fast = quantiles.bernoulli_exp(np.random.default_rng(seed), gamma)
-            rng = np.random.default_rng(seed)
-            exact = sampling.exact_accept(rng, sampling.raw_word(rng) >> 1, gamma)
-            assert fast == exact
 
 
 def test_work_counts_the_coins_of_many_quantiles_on_a_fine_grid() -> None:

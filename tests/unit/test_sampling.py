@@ -732,3 +732,36 @@ def test_the_long_double_tier_does_the_same_work_whatever_the_noise(
     assert plain[:3].tolist() == tail[:3].tolist()
     if scale <= sampling.SPLIT_SCALE:
         assert abs(int(tail[3])) == _reference_magnitude([1 << 30], scale)
+
+
+def test_the_exact_tier_runs_a_public_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: the exact (``decimal``) tier ran only for the rare draws the float tiers
+    could not place, which depend on the noise's size. Now a call runs it at least
+    ``exact_slots`` times (dummies after the real ones): once for ordinary words, once for
+    a run of zero bits that needs it, and the value is still the exact one."""
+    calls: list[int] = []
+    exact = sampling._exact_magnitude
+
+    def spy(*args: object, **kwargs: object) -> int:
+        calls.append(1)
+        return exact(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sampling, "_exact_magnitude", spy)
+    assert sampling.exact_slots(1, sampling.laplace_exact_rate(1.0)) == 1
+    sampling.discrete_laplace(_forced([(1 << 62) + 99]), 1.0, 1)
+    ordinary = len(calls)
+    words = [0, 1 << 40]  # U ~ 2^-87: only the exact tier can place it
+    x = int(sampling.discrete_laplace(_forced(words), 1.0, 1)[0])
+    assert ordinary == len(calls) - ordinary == 1
+    assert x == _reference_magnitude(words, 1.0)
+
+
+def test_padding_never_reads_the_jobs_stream() -> None:
+    """The dummies use their own generator: the same seed gives the same draws and leaves
+    the job's generator where the unpadded sampler left it (one word per draw here)."""
+    rng = np.random.default_rng(5)
+    sampling.discrete_laplace(rng, 2.0, 64)
+    after = rng.bit_generator.state
+    again = np.random.default_rng(5)
+    sampling.raw_words(again, 64)
+    assert after == again.bit_generator.state
