@@ -1,8 +1,9 @@
 """The ``privrelease`` command: run the service (standalone, api, worker) or use one.
 
 The server commands parse their arguments with argparse (as they always have); the
-client commands are Click commands in :mod:`service.commands`. One Click group holds
-both, so ``--help``, ``--version`` and shell completion see every command.
+client commands are the Click commands of the client distribution
+(:mod:`privrelease_client.cli`, alone there as ``privrelease-client``). One Click group
+holds both, so ``--help``, ``--version`` and shell completion see every command.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import subprocess
 import sys
 
 import click
+from privrelease_client import __version__ as client_version
+from privrelease_client import cli as client_cli
 
-from service import commands
 from service.config import Config
 
 
@@ -249,7 +251,29 @@ def _register_server_commands(group: click.Group) -> None:
             context_settings={"ignore_unknown_options": True, "allow_extra_args": True}))
 
 
-_register_server_commands(commands.cli)
+def _version_message() -> str:
+    try:
+        from importlib.metadata import version
+
+        server = version("privrelease")
+    except Exception:  # a source checkout without installed metadata
+        server = "unknown"
+    return f"privrelease {server} (privrelease-client {client_version})"
+
+
+@click.group(name="privrelease", context_settings=client_cli.CONTEXT_SETTINGS,
+             commands=dict(client_cli.cli.commands))  # a copy: the client's group stays its own
+@click.version_option(message="%(version)s", version=_version_message(),
+                      package_name="privrelease")
+def cli() -> None:
+    """privrelease: run the service (standalone, api, worker) or use a running one.
+
+    The client commands read the server from PRIVRELEASE_URL and the key from
+    PRIVRELEASE_KEY. Shell completion: `eval "$(privrelease completion bash)"`.
+    """
+
+
+_register_server_commands(cli)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SERVER_COMMANDS:
         return _server(argv)
     try:
-        commands.cli.main(args=argv, prog_name="privrelease",
-                          complete_var="_PRIVRELEASE_COMPLETE")
+        cli.main(args=argv, prog_name="privrelease",
+                 complete_var=client_cli.complete_var("privrelease"))
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)

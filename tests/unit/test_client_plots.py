@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from privrelease_client import Analysis
+from privrelease_client import cli as client_cli
 
-from service import commands
 from tests.unit.test_client import Script, answer, client, problem, server
 
 __all__ = ["server"]  # the scripted server fixture, used here
@@ -88,7 +88,7 @@ def test_cli_plots_write_the_format_the_file_names(server: tuple[str, Script],
             (["analyses", "plot", "rel_1", "ana_1"], "a.png", PNG),
             (["release", "plot", "rel_1"], "r.svg", SVG)):
         out = tmp_path / name
-        result = runner.invoke(commands.cli, [*args, "-o", str(out), *auth])
+        result = runner.invoke(client_cli.cli, [*args, "-o", str(out), *auth])
         assert result.exit_code == 0, result.output
         assert out.read_bytes() == body
         assert result.stdout.strip() == f"{len(body)} bytes -> {out}"
@@ -105,20 +105,20 @@ def test_cli_health_and_openapi(server: tuple[str, Script], tmp_path: Path) -> N
     runner = CliRunner()
     script.answers = [answer(200, {"status": "ok"}), answer(200, {"status": "ready",
                                                                   "workers": 1})]
-    ok = runner.invoke(commands.cli, ["health", "--json", *auth])
+    ok = runner.invoke(client_cli.cli, ["health", "--json", *auth])
     assert ok.exit_code == 0 and json.loads(ok.stdout) == {
         "healthz": {"status": "ok"}, "readyz": {"status": "ready", "workers": 1}}
     script.seen.clear()
     script.answers = [answer(200, {"status": "ok"}),
                       problem(503, "unavailable", "no worker is running")]
-    down = runner.invoke(commands.cli, ["health", *auth])
+    down = runner.invoke(client_cli.cli, ["health", *auth])
     assert down.exit_code == 1
     assert down.stderr.strip().splitlines()[-1] == (
         "error: not ready: unavailable: no worker is running")
     doc = {"openapi": "3.0.3", "paths": {"/v1/jobs": {}, "/v1/keys": {}}}
     script.answers = [answer(200, doc)]
     out = tmp_path / "openapi.json"
-    result = runner.invoke(commands.cli, ["openapi", "-o", str(out), *auth])
+    result = runner.invoke(client_cli.cli, ["openapi", "-o", str(out), *auth])
     assert result.exit_code == 0 and json.loads(out.read_text()) == doc
     assert result.stdout.strip() == f"2 paths -> {out}"
 

@@ -16,9 +16,8 @@ from collections.abc import Iterator
 import click
 import pytest
 from flask import Flask
-from privrelease_client import Client
+from privrelease_client import Client, cli
 
-from service import cli
 from service.app import create_app
 from service.config import Config
 
@@ -110,10 +109,11 @@ def test_every_route_has_a_client_method(app: Flask) -> None:
 
 
 def test_every_route_has_a_cli_command(app: Flask) -> None:
-    """Catches a route with no `privrelease` command reaching it (through the client)."""
+    """Catches a route with no `privrelease-client` (so `privrelease`) command reaching
+    it (through the client)."""
     methods = _client_methods()
     reached: dict[tuple[str, str], list[str]] = {}
-    for path, cmd in _leaves(cli.commands.cli):  # with the server commands, as installed
+    for path, cmd in _leaves(cli.cli):  # privrelease-client's, all offered by privrelease
         if cmd.callback is None:
             continue
         source = inspect.getsource(inspect.unwrap(cmd.callback))

@@ -1,11 +1,12 @@
-"""Client subcommands of ``privrelease`` (Click + Rich): every route of a running server.
+"""The ``privrelease-client`` command (Click): every route of a running server.
 
+An analyst who installs only ``privrelease-client`` has these commands; the server's
+``privrelease`` offers the same ones beside standalone/api/worker (``service.cli``).
 They talk to the server through :class:`privrelease_client.Client`, print Rich tables for
-people and raw JSON (``--json``) for scripts. The server and key come from
-``--url``/``--key`` or ``PRIVRELEASE_URL``/``PRIVRELEASE_KEY``. Exit codes: 0 done,
-1 the server refused or the release did not succeed, 2 a usage error found locally,
-130 interrupted. Text from the server is never read as Rich markup and loses its control
-characters, so a dataset name cannot drive the terminal.
+people (:mod:`privrelease_client.terminal`) and raw JSON (``--json``) for scripts. The
+server and key come from ``--url``/``--key`` or ``PRIVRELEASE_URL``/``PRIVRELEASE_KEY``.
+Exit codes: 0 done, 1 the server refused or the release did not succeed, 2 a usage error
+found locally, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,25 +16,24 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 from click.shell_completion import CompletionItem, get_completion_class
-from privrelease_client import ApiError, Client, Progress, ReleaseFailed
-from privrelease_client import __version__ as client_version
-from privrelease_client.client import DEFAULT_URL
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+from rich.console import RenderableType
+
+from privrelease_client import terminal
+from privrelease_client._version import __version__
+from privrelease_client.client import DEFAULT_URL, Client
+from privrelease_client.errors import ApiError, ReleaseFailed
+from privrelease_client.objects import Progress
 
 WAIT_TIMEOUT = 120.0
-_CELL = 60  # widest table cell
-_NESTED = 200  # longest nested JSON value shown in human output
-#: secrets a key's creation answers with, once; never shown anywhere else
-_SECRETS = ("token", "callback_secret")
+#: the console script's name (``[project.scripts]`` in client/pyproject.toml)
+PROG = "privrelease-client"
 
 
 class UsageError(Exception):
@@ -52,285 +52,6 @@ class Output:
 
 
 Handler = Callable[..., Output]
-
-
-# -- formatting ------------------------------------------------------------------------
-
-def _clean(text: str) -> str:
-    """Printable only: a label from the server must not drive the terminal (ANSI codes)."""
-    return "".join(ch if ch.isprintable() else "?" for ch in text)
-
-
-def _num(value: float | int) -> str:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
-
-
-def _compact(value: Any, limit: int | None = None) -> str:
-    """One line for any JSON value, cut at ``limit`` (nested JSON at ``_NESTED`` at most).
-
-    Human output stays readable on a terminal; ``--json`` is there for everything.
-    """
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int | float):
-        return _num(value)
-    if isinstance(value, str):
-        text = value
-    elif isinstance(value, list) and all(isinstance(v, int | float | str) for v in value):
-        text = ", ".join(_compact(v) for v in value)
-    elif isinstance(value, Mapping) and all(
-            isinstance(v, int | float | str | bool) or v is None for v in value.values()):
-        text = ", ".join(f"{k}={_compact(v)}" for k, v in value.items())
-    else:
-        text = json.dumps(value, separators=(",", ":"))
-        limit = min(limit or _NESTED, _NESTED)
-    text = _clean(text)
-    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
-          empty: str = "(none)") -> RenderableType:
-    """Borderless columns two spaces apart, bold headers on a terminal; ``empty`` if none."""
-    cells = [[Text(_compact(v, _CELL)) for v in row] for row in rows]
-    if not cells:
-        return Text(empty)
-    out = Table(box=None, show_edge=False, pad_edge=False, header_style="bold",
-                highlight=False)
-    for h in headers:
-        out.add_column(h, overflow="fold")
-    for row in cells:
-        out.add_row(*row)
-    return out
-
-
-def fields(pairs: Iterable[tuple[str, Any]]) -> RenderableType:
-    """``name: value`` lines, names aligned; absent (None) fields are skipped."""
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
-    for k, v in pairs:
-        if v is not None:
-            grid.add_row(Text(f"{k}:", style="bold"), Text(_compact(v)))
-    return grid
-
-
-def _stack(*parts: RenderableType | None) -> RenderableType:
-    """Renderables one after another, a blank line between them."""
-    shown: list[RenderableType] = []
-    for part in parts:
-        if part is None:
-            continue
-        if shown:
-            shown.append(Text(""))
-        shown.append(part)
-    return Group(*shown)
-
-
-def _render_dataset(doc: Mapping[str, Any]) -> RenderableType:
-    head = fields([
-        ("id", doc.get("id")), ("name", doc.get("name")), ("version", doc.get("version")),
-        ("status", doc.get("status")), ("rows", doc.get("n_rows")),
-        ("budgets", doc.get("budgets")),
-        # what the operator enabled (#27.3): the notions and record-level releases
-        ("notions", (", ".join(doc["notions"]) or "none") if "notions" in doc else None),
-        ("record level", None if "record_level" not in doc
-         else "allowed" if doc["record_level"] else "refused"),
-        ("created", doc.get("created_at")),
-        ("retired", doc.get("retired_at")),
-    ])
-    parts = [head, _render_columns(doc)]
-    for warning in doc.get("warnings") or ():  # a possible re-upload of the same people
-        if isinstance(warning, Mapping):
-            parts.append(Text(f"warning: {warning.get('code')}: "
-                              f"{warning.get('message', '')} ({warning.get('dataset_id')})"))
-    return _stack(*parts)
-
-
-def _render_columns(doc: Mapping[str, Any]) -> RenderableType:
-    rows = []
-    for name, col in (doc.get("columns") or {}).items():
-        col = col if isinstance(col, Mapping) else {}
-        bounds = col.get("bounds")
-        domain = (f"[{_compact(bounds[0])}, {_compact(bounds[1])}]"
-                  if isinstance(bounds, list) and len(bounds) == 2 else col.get("categories"))
-        rows.append((name, col.get("type"), domain))
-    return table(["COLUMN", "TYPE", "DOMAIN"], rows, empty="no columns")
-
-
-def _render_version(doc: Mapping[str, Any]) -> RenderableType:
-    head = fields([
-        ("dataset", doc.get("dataset_id")), ("version", doc.get("version")),
-        ("current", doc.get("current")), ("status", doc.get("status")),
-        ("rows", doc.get("n_rows")), ("sha256", doc.get("sha256")),
-        ("created", doc.get("created_at")),
-    ])
-    return _stack(head, _render_columns(doc))
-
-
-def _render_versions(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
-    return table(
-        ["VERSION", "CURRENT", "STATUS", "ROWS", "CREATED", "SHA256"],
-        [(d.get("version"), "*" if d.get("current") else "", d.get("status"),
-          d.get("n_rows"), d.get("created_at"), str(d.get("sha256") or "")[:12])
-         for d in docs], empty="no versions")
-
-
-def _render_datasets(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
-    return table(
-        ["ID", "NAME", "VERSION", "ROWS", "STATUS", "CREATED"],
-        [(d.get("id"), d.get("name"), d.get("version"), d.get("n_rows"), d.get("status"),
-          d.get("created_at")) for d in docs], empty="no datasets")
-
-
-_BUDGET_COLS = ("cap", "committed", "reserved", "remaining")
-
-
-def _render_budget(doc: Mapping[str, Any]) -> RenderableType:
-    measures = table(
-        ["MEASURE", *(c.upper() for c in _BUDGET_COLS)],
-        [(m, *(row.get(c) for c in _BUDGET_COLS))
-         for m, row in (doc.get("measures") or {}).items()], empty="no measures")
-    allocations = doc.get("allocations") or {}
-    if not allocations:
-        return measures
-    return _stack(measures, Group(Text("allocations:"), table(
-        ["KEY", "MEASURE", *(c.upper() for c in _BUDGET_COLS)],
-        [(key_id, m, *(row.get(c) for c in _BUDGET_COLS))
-         for key_id, rows in allocations.items() for m, row in rows.items()])))
-
-
-def _key_fields(doc: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    grants = doc.get("datasets")
-    return [("id", doc.get("id")), ("role", doc.get("role")), ("label", doc.get("label")),
-            ("datasets", "all" if grants is None else ", ".join(grants) or "none"),
-            ("expires", doc.get("expires_at") or "never"), ("created", doc.get("created_at"))]
-
-
-def _render_new_key(doc: Mapping[str, Any]) -> RenderableType:
-    # the one place a token is printed: the server shows it once and keeps only a hash
-    shown = [(name, doc[name]) for name in _SECRETS if doc.get(name)]
-    return _stack(fields(_key_fields(doc)), Group(
-        fields(shown), Text("(shown once: store them now, they cannot be retrieved again)")))
-
-
-def _render_keys(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
-    return table(
-        ["ID", "ROLE", "LABEL", "DATASETS", "EXPIRES", "CREATED"],
-        [[v for _, v in _key_fields(d)] for d in docs], empty="no keys")
-
-
-def _render_result(result: Any, prefix: str = "result") -> RenderableType:
-    if not isinstance(result, Mapping):
-        return fields([(prefix, result)])
-    values = result.get("values")
-    labels = next((result[k] for k in ("categories", "bins", "grid", "support")
-                   if isinstance(result.get(k), list)), None)
-    if isinstance(values, list) and labels is not None and len(labels) >= len(values):
-        rest = {k: v for k, v in result.items()
-                if k not in {"values", "categories", "bins", "grid", "support"}}
-        body = Group(Text(f"{prefix}:"), table(["AT", "VALUE"],
-                                               zip(labels, values, strict=False)))
-        return _stack(fields(rest.items()) if rest else None, body)
-    if "records" in result and isinstance(result["records"], list):
-        result = {**result, "records": f"{len(result['records'])} records (see --json)"}
-    return fields((f"{prefix}.{k}", v) for k, v in result.items())
-
-
-def _error_message(error: Any) -> Any:
-    if isinstance(error, Mapping):
-        return error.get("message") or error.get("detail") or error
-    return error
-
-
-def _render_release(doc: Mapping[str, Any]) -> RenderableType:
-    dataset = doc.get("dataset_id")
-    if doc.get("dataset_version") is not None:
-        dataset = f"{dataset} (v{doc['dataset_version']})"
-    head = fields([
-        ("id", doc.get("id")), ("status", doc.get("status")), ("dataset", dataset),
-        ("mechanism", doc.get("mechanism")), ("params", doc.get("params")),
-        ("cost", doc.get("cost")), ("replayed", doc.get("replayed") or None),
-        ("seeded", doc.get("seeded") or None), ("created", doc.get("created_at")),
-        ("finished", doc.get("finished_at")), ("guarantee", doc.get("guarantee")),
-        ("accuracy", doc.get("accuracy")), ("error", _error_message(doc.get("error"))),
-    ])
-    result = doc.get("result")
-    return _stack(head, _render_result(result) if result is not None else None)
-
-
-def _render_releases(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
-    return table(
-        ["ID", "DATASET", "MECHANISM", "STATUS", "COST", "CREATED"],
-        [(d.get("id"), d.get("dataset_id"), d.get("mechanism"), d.get("status"),
-          d.get("cost"), d.get("created_at")) for d in docs], empty="no releases")
-
-
-def _render_estimate(doc: Mapping[str, Any]) -> RenderableType:
-    known = ("mechanism", "cost", "accuracy", "remaining", "fits", "shortfall")
-    return fields([*((k, doc.get(k)) for k in known),
-                   *((k, v) for k, v in doc.items() if k not in known)])
-
-
-def _render_jobs(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
-    def age(value: Any) -> str:
-        return f"{value:.0f}s" if isinstance(value, int | float) else "-"
-
-    return table(
-        ["ID", "DATASET", "MECHANISM", "STATUS", "AGE", "CREATED"],
-        [(d.get("id"), d.get("dataset_id"), d.get("mechanism"), d.get("status"),
-          age(d.get("age_seconds")), d.get("created_at")) for d in docs], empty="no jobs")
-
-
-def _render_analysis(doc: Mapping[str, Any]) -> RenderableType:
-    head = fields([("id", doc.get("id")), ("analysis", doc.get("analysis")),
-                   ("release", doc.get("release_id")), ("status", doc.get("status")),
-                   ("params", doc.get("params") or None),
-                   ("with", doc.get("releases") or None), ("created", doc.get("created_at")),
-                   ("finished", doc.get("finished_at")),
-                   ("error", _error_message(doc.get("error")))])
-    result = doc.get("result")
-    return _stack(head, _render_result(result) if result is not None else None)
-
-
-def _render_analyses(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
-    return table(["ID", "ANALYSIS", "STATUS", "CREATED", "FINISHED"],
-                 [(d.get("id"), d.get("analysis"), d.get("status"), d.get("created_at"),
-                   d.get("finished_at")) for d in docs], empty="no analyses")
-
-
-def _first_sentence(text: Any) -> str:
-    text = " ".join(str(text or "").split())
-    end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
-
-
-def _render_mechanisms(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
-    return table(["NAME", "MEASURES", "ANALYSES", "DESCRIPTION"],
-                 [(d.get("name"), d.get("measures"), sorted(d.get("analyses") or {}),
-                   _first_sentence(d.get("description"))) for d in docs],
-                 empty="no mechanisms")
-
-
-def _render_mechanism(doc: Mapping[str, Any]) -> RenderableType:
-    schema = doc.get("params_schema") or {}
-    props = schema.get("properties") or {}
-    required = set(schema.get("required") or ())
-    params = table(["PARAM", "TYPE", "REQUIRED", "DESCRIPTION"],
-                   [(name, p.get("type") or p.get("enum") or "-", name in required,
-                     p.get("description")) for name, p in props.items()
-                    if isinstance(p, Mapping)], empty="no parameters")
-    return _stack(fields([("name", doc.get("name")), ("measures", doc.get("measures")),
-                          ("analyses", sorted(doc.get("analyses") or {}) or None),
-                          ("description", " ".join(str(doc.get("description") or "").split()))
-                          ]), params)
-
-
-def _plain(text: str) -> RenderableType:
-    return Text(text)
 
 
 # -- arguments -------------------------------------------------------------------------
@@ -406,49 +127,8 @@ def _write(path: str, content: str | bytes) -> None:
         raise UsageError(f"cannot write {path}: {err.__class__.__name__}") from None
 
 
-def _amount_notes(doc: Mapping[str, Any]) -> list[str]:
-    """The amounts of a budget refusal, as the server sent them (nothing if none)."""
-    measure = doc.get("measure")
-    unit = f" {_clean(str(measure))}" if measure else ""
-    parts = [f"{name}: {_compact(doc[name])}{unit}" for name in ("requested", "remaining")
-             if doc.get(name) is not None]
-    if doc.get("shortfall") is not None:
-        parts.append(f"shortfall: {_compact(doc['shortfall'])}{unit}")
-    if not parts:
-        return []
-    scope = doc.get("scope")
-    return ["  " + ", ".join(parts) + (f" ({_clean(str(scope))} budget)" if scope else "")]
-
 
 # -- running ---------------------------------------------------------------------------
-
-_console_out: Console | None = None
-
-
-def _console(stderr: bool = False) -> Console:
-    """Rich on a terminal; plain, unwrapped text when piped (scripts read whole lines)."""
-    stream = sys.stderr if stderr else sys.stdout
-    tty = stream.isatty()
-    return Console(file=stream, width=None if tty else 100_000, highlight=False,
-                   soft_wrap=not tty, force_terminal=None,
-                   color_system="auto" if tty else None)
-
-
-def _print(render: RenderableType | str) -> None:
-    if isinstance(render, str):
-        sys.stdout.write(render if render.endswith("\n") or not render else render + "\n")
-        return
-    console = _console()
-    with console.capture() as cap:
-        console.print(render)
-    text = "\n".join(line.rstrip() for line in cap.get().splitlines())
-    sys.stdout.write(text + "\n")
-
-
-def _format_error(err: ApiError) -> str:
-    return (f"error: {err.code}: {_clean(err.detail)}"
-            + (f" (field: {_clean(err.field)})" if err.field else ""))
-
 
 def _make_client(url: str | None, key: str | None) -> Client:
     url = url or os.environ.get("PRIVRELEASE_URL") or DEFAULT_URL
@@ -509,16 +189,16 @@ def _run(handler: Handler, url: str | None, key: str | None, as_json: bool,
         fail([f"error: {err}"])
         return 2
     except ApiError as err:
-        fail([_format_error(err), *_amount_notes(err.body)])
+        fail([terminal.format_error(err), *terminal.amount_notes(err.body)])
         return 1
     except KeyboardInterrupt:
         fail(["error: interrupted"])
         return 130
     try:
         if as_json:
-            _print(json.dumps(out.doc, indent=2))
+            terminal.show(json.dumps(out.doc, indent=2))
         else:
-            _print(out.render(out.doc))
+            terminal.show(out.render(out.doc))
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head`: the reader is gone, not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -529,25 +209,29 @@ def _run(handler: Handler, url: str | None, key: str | None, as_json: bool,
 
 # -- the command tree ------------------------------------------------------------------
 
-def _version_message() -> str:
-    try:
-        from importlib.metadata import version
-
-        server = version("privrelease")
-    except Exception:  # a source checkout without installed metadata
-        server = "unknown"
-    return f"privrelease {server} (privrelease-client {client_version})"
+#: what both ``cli`` and the server's ``privrelease`` group are made with
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 
 
-@click.group(name="privrelease", context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(message="%(version)s", version=_version_message(),
-                      package_name="privrelease")
+@click.group(name=PROG, context_settings=CONTEXT_SETTINGS)
+@click.version_option(message="%(version)s", version=f"{PROG} {__version__}",
+                      package_name=PROG)
 def cli() -> None:
-    """privrelease: run the service (standalone, api, worker) or use a running one.
+    """privrelease-client: use a running privrelease server.
 
-    The client commands read the server from PRIVRELEASE_URL and the key from
-    PRIVRELEASE_KEY. Shell completion: `eval "$(privrelease completion bash)"`.
+    The commands read the server from PRIVRELEASE_URL and the key from PRIVRELEASE_KEY.
+    Shell completion: `eval "$(privrelease-client completion bash)"`.
     """
+
+
+def complete_var(prog: str) -> str:
+    """Click's environment variable for ``prog``'s completion (``_PRIVRELEASE_COMPLETE``)."""
+    return f"_{prog}_COMPLETE".replace("-", "_").upper()
+
+
+def _prog() -> str:
+    """The name this run was called by: ``privrelease`` (the server's) or ours."""
+    return click.get_current_context().find_root().info_name or PROG
 
 
 @cli.group("datasets")
@@ -595,7 +279,7 @@ def _datasets_upload(c: Client, file: str, metadata: str | None,
                                                                        "metadata")
     if not Path(file).is_file():
         raise UsageError(f"cannot read data file {file}")
-    return Output(c.upload_dataset(file, meta), _render_dataset)
+    return Output(c.upload_dataset(file, meta), terminal.render_dataset)
 
 
 @datasets.group("versions")
@@ -629,27 +313,27 @@ def _versions_upload(c: Client, dataset_id: str, file: str, metadata: str | None
         raise UsageError(f"cannot read data file {file}")
     doc = c.upload_version(dataset_id, file, meta, compatible=compatible,
                            make_current=make_current)
-    return Output(doc, _render_version)
+    return Output(doc, terminal.render_version)
 
 
 @client_command(versions, "list", "every version of a dataset, oldest first")
 @click.argument("dataset_id", metavar="ID")
 def _versions_list(c: Client, dataset_id: str) -> Output:
-    return Output(c.list_versions(dataset_id), _render_versions)
+    return Output(c.list_versions(dataset_id), terminal.render_versions)
 
 
 @client_command(versions, "show", "one version of a dataset")
 @click.argument("dataset_id", metavar="ID")
 @click.argument("version", type=int, metavar="VERSION")
 def _versions_show(c: Client, dataset_id: str, version: int) -> Output:
-    return Output(c.get_version(dataset_id, version), _render_version)
+    return Output(c.get_version(dataset_id, version), terminal.render_version)
 
 
 @client_command(versions, "current", "make a version current (releases default to it)")
 @click.argument("dataset_id", metavar="ID")
 @click.argument("version", type=int, metavar="VERSION")
 def _versions_current(c: Client, dataset_id: str, version: int) -> Output:
-    return Output(c.set_current_version(dataset_id, version), _render_version)
+    return Output(c.set_current_version(dataset_id, version), terminal.render_version)
 
 
 @client_command(versions, "retire", "no new releases on a version (not the current one);"
@@ -657,24 +341,24 @@ def _versions_current(c: Client, dataset_id: str, version: int) -> Output:
 @click.argument("dataset_id", metavar="ID")
 @click.argument("version", type=int, metavar="VERSION")
 def _versions_retire(c: Client, dataset_id: str, version: int) -> Output:
-    return Output(c.retire_version(dataset_id, version), _render_version)
+    return Output(c.retire_version(dataset_id, version), terminal.render_version)
 
 
 @client_command(datasets, "list", "datasets this key may see")
 def _datasets_list(c: Client) -> Output:
-    return Output(c.list_datasets(), _render_datasets)
+    return Output(c.list_datasets(), terminal.render_datasets)
 
 
 @client_command(datasets, "show", "one dataset's metadata")
 @click.argument("dataset_id", metavar="ID")
 def _datasets_show(c: Client, dataset_id: str) -> Output:
-    return Output(c.get_dataset(dataset_id), _render_dataset)
+    return Output(c.get_dataset(dataset_id), terminal.render_dataset)
 
 
 @client_command(datasets, "retire", "retire a dataset: no new releases; kept for audit")
 @click.argument("dataset_id", metavar="ID")
 def _datasets_retire(c: Client, dataset_id: str) -> Output:
-    return Output(c.retire_dataset(dataset_id), _render_dataset)
+    return Output(c.retire_dataset(dataset_id), terminal.render_dataset)
 
 
 # budget and ledger ---------------------------------------------------------------------
@@ -682,7 +366,7 @@ def _datasets_retire(c: Client, dataset_id: str) -> Output:
 @client_command(budget_group, "show", "cap, committed, reserved and remaining per measure")
 @click.argument("dataset", metavar="DATASET")
 def _budget_show(c: Client, dataset: str) -> Output:
-    return Output(c.get_budget(dataset), _render_budget)
+    return Output(c.get_budget(dataset), terminal.render_budget)
 
 
 @client_command(budget_group, "set", "change caps and per-key allocations")
@@ -698,7 +382,7 @@ def _budget_set(c: Client, dataset: str, cap: tuple[str, ...],
     if not caps and not allocations:
         raise UsageError("budget set needs --cap and/or --allocation")
     doc = c.set_budget(dataset, caps=caps or None, allocations=allocations or None)
-    return Output(doc, _render_budget)
+    return Output(doc, terminal.render_budget)
 
 
 _KINDS = ["cap", "allocation", "reserve", "commit", "abort", "cancel", "retire", "version",
@@ -732,7 +416,7 @@ def _ledger(c: Client, dataset: str, kind: tuple[str, ...], since: str | None,
     if output:
         _write(output, text)
         return Output({"file": output, "events": len(events)},
-                      lambda d: _plain(f"{d['events']} events -> {d['file']}"))
+                      lambda d: terminal.plain(f"{d['events']} events -> {d['file']}"))
     return Output(events, lambda _: text)
 
 
@@ -752,21 +436,21 @@ def _keys_create(c: Client, role: str, label: str | None, datasets_: tuple[str, 
                  expires: str | None) -> Output:
     doc = c.create_key(role, label=label, datasets=list(datasets_) or None,
                        expires_at=expires)
-    return Output(doc, _render_new_key)
+    return Output(doc, terminal.render_new_key)
 
 
 @client_command(keys, "list", "every key (never their tokens)")
 def _keys_list(c: Client) -> Output:
     # a token must never be listed, even if a server sent one by mistake
-    docs = [{k: v for k, v in d.items() if k not in _SECRETS} for d in c.list_keys()]
-    return Output(docs, _render_keys)
+    docs = [{k: v for k, v in d.items() if k not in terminal.SECRETS} for d in c.list_keys()]
+    return Output(docs, terminal.render_keys)
 
 
 @client_command(keys, "revoke", "revoke a key at once")
 @click.argument("key_id", metavar="KEY_ID")
 def _keys_revoke(c: Client, key_id: str) -> Output:
     c.revoke_key(key_id)
-    return Output({"id": key_id, "revoked": True}, lambda d: _plain(f"revoked {d['id']}"))
+    return Output({"id": key_id, "revoked": True}, lambda d: terminal.plain(f"revoked {d['id']}"))
 
 
 # releases ----------------------------------------------------------------------------
@@ -776,7 +460,7 @@ def _request_options(fn: Callable[..., Output]) -> Callable[..., Output]:
     for opt in reversed([
         click.option("--dataset", required=True, metavar="ID"),
         click.option("--mechanism", required=True, metavar="M",
-                     help="a name from `privrelease mechanisms`"),
+                     help="a name from the `mechanisms` command"),
         click.option("--params", default="{}", metavar="JSON",
                      help='mechanism parameters, e.g. \'{"statistic": "mean", '
                           '"column": "age"}\''),
@@ -809,14 +493,14 @@ def _release_create(c: Client, dataset: str, mechanism: str, params: str,
     body, amounts = _request(params, budget, "release create")
     doc = c.create_release(dataset, mechanism, body, amounts, version=dataset_version)
     if not wait:
-        return Output(doc, _render_release)
+        return Output(doc, terminal.render_release)
     progress = Progress(sys.stderr, enabled=sys.stderr.isatty())
     try:
         final = c.wait(doc["id"], timeout, on_poll=progress)
     except TimeoutError as err:
-        return Output(progress.last or doc, _render_release, 1, f"timeout: {err}")
+        return Output(progress.last or doc, terminal.render_release, 1, f"timeout: {err}")
     except KeyboardInterrupt:
-        return Output(progress.last or doc, _render_release, 130,
+        return Output(progress.last or doc, terminal.render_release, 130,
                       f"interrupted: release {doc['id']} goes on on the server")
     finally:
         progress.clear()
@@ -827,9 +511,9 @@ def _release_create(c: Client, dataset: str, mechanism: str, params: str,
         message = f"release_{final.get('status')}: "
         if failed.code != f"release_{final.get('status')}":
             message += f"{failed.code}: "
-        return Output(final, _render_release, 1, message + _clean(failed.detail),
-                      _amount_notes(failed.body))
-    return Output(final, _render_release)
+        return Output(final, terminal.render_release, 1, message + terminal.clean(failed.detail),
+                      terminal.amount_notes(failed.body))
+    return Output(final, terminal.render_release)
 
 
 @client_command(release, "estimate", "cost, expected accuracy and remaining budget; "
@@ -839,13 +523,13 @@ def _release_estimate(c: Client, dataset: str, mechanism: str, params: str,
                       budget: tuple[str, ...], dataset_version: int | None) -> Output:
     body, amounts = _request(params, budget, "estimate")
     return Output(c.estimate_release(dataset, mechanism, body, amounts,
-                                     version=dataset_version), _render_estimate)
+                                     version=dataset_version), terminal.render_estimate)
 
 
 @client_command(release, "show", "status, result, cost, accuracy, provenance")
 @click.argument("release_id", metavar="ID")
 def _release_show(c: Client, release_id: str) -> Output:
-    return Output(c.get_release(release_id), _render_release)
+    return Output(c.get_release(release_id), terminal.render_release)
 
 
 @client_command(release, "list", "releases, newest first (one page unless --all)")
@@ -858,7 +542,7 @@ def _release_list(c: Client, dataset: str | None, limit: int | None,
         docs = list(c.iter_releases(dataset_id=dataset, page_size=limit))
     else:
         docs = c.list_releases(dataset_id=dataset, limit=limit)
-    return Output(docs, _render_releases)
+    return Output(docs, terminal.render_releases)
 
 
 @client_command(release, "data", "download a release's record-level data as CSV")
@@ -870,7 +554,7 @@ def _release_data(c: Client, release_id: str, output: str | None) -> Output:
         _write(output, text)
         rows = max(len(text.splitlines()) - 1, 0)
         return Output({"file": output, "rows": rows},
-                      lambda d: _plain(f"{d['rows']} rows -> {d['file']}"))
+                      lambda d: terminal.plain(f"{d['rows']} rows -> {d['file']}"))
     return Output(text, lambda t: t)
 
 
@@ -882,7 +566,7 @@ def _is_svg(path: str) -> bool:
 def _written(output: str, content: bytes) -> Output:
     _write(output, content)
     return Output({"file": output, "bytes": len(content)},
-                  lambda d: _plain(f"{d['bytes']} bytes -> {d['file']}"))
+                  lambda d: terminal.plain(f"{d['bytes']} bytes -> {d['file']}"))
 
 
 @client_command(release, "plot", "download the server's drawing of a release (PNG, or SVG "
@@ -898,7 +582,7 @@ def _release_plot(c: Client, release_id: str, output: str) -> Output:
 @client_command(release, "cancel", "cancel a queued release; its budget is refunded")
 @click.argument("release_id", metavar="ID")
 def _release_cancel(c: Client, release_id: str) -> Output:
-    return Output(c.cancel_job(release_id), _render_release)
+    return Output(c.cancel_job(release_id), terminal.render_release)
 
 
 # analyses ----------------------------------------------------------------------------
@@ -915,17 +599,17 @@ def _analyses_run(c: Client, release_id: str, analysis: str, params: str,
                   others: tuple[str, ...], wait: bool, timeout: float) -> Output:
     doc = c.analyze(release_id, analysis, _json_object(params, "--params"), list(others))
     if not wait:
-        return Output(doc, _render_analysis)
+        return Output(doc, terminal.render_analysis)
     try:
         final = c.wait_analysis(release_id, doc["id"], timeout)
     except TimeoutError as err:
-        return Output(doc, _render_analysis, 1, f"timeout: {err}")
+        return Output(doc, terminal.render_analysis, 1, f"timeout: {err}")
     if final.get("status") != "succeeded":
         failed = ReleaseFailed(final)
-        return Output(final, _render_analysis, 1,
+        return Output(final, terminal.render_analysis, 1,
                       f"analysis_{final.get('status')}: {failed.code}: "
-                      f"{_clean(failed.detail)}")
-    return Output(final, _render_analysis)
+                      f"{terminal.clean(failed.detail)}")
+    return Output(final, terminal.render_analysis)
 
 
 # the name this command had before `analyses` existed
@@ -935,21 +619,21 @@ release.add_command(_analyses_run, "analyze")
 @client_command(analyses, "list", "a release's analyses, newest first (all pages)")
 @click.argument("release_id", metavar="RELEASE")
 def _analyses_list(c: Client, release_id: str) -> Output:
-    return Output(list(c.iter_analyses(release_id)), _render_analyses)
+    return Output(list(c.iter_analyses(release_id)), terminal.render_analyses)
 
 
 @client_command(analyses, "show", "one analysis: status, params, result")
 @click.argument("release_id", metavar="RELEASE")
 @click.argument("analysis_id", metavar="ANALYSIS")
 def _analyses_show(c: Client, release_id: str, analysis_id: str) -> Output:
-    return Output(c.get_analysis(release_id, analysis_id), _render_analysis)
+    return Output(c.get_analysis(release_id, analysis_id), terminal.render_analysis)
 
 
 @client_command(analyses, "cancel", "cancel an analysis that has not finished")
 @click.argument("release_id", metavar="RELEASE")
 @click.argument("analysis_id", metavar="ANALYSIS")
 def _analyses_cancel(c: Client, release_id: str, analysis_id: str) -> Output:
-    return Output(c.cancel_analysis(release_id, analysis_id), _render_analysis)
+    return Output(c.cancel_analysis(release_id, analysis_id), terminal.render_analysis)
 
 
 @client_command(analyses, "plot", "download the server's drawing of an analysis (PNG, or "
@@ -970,13 +654,13 @@ def _analyses_plot(c: Client, release_id: str, analysis_id: str, output: str) ->
               help=f"only jobs in this status: {', '.join(_JOB_STATUSES)}")
 @click.option("--limit", type=int, metavar="N", help="page size")
 def _jobs_list(c: Client, status: str | None, limit: int | None) -> Output:
-    return Output(list(c.iter_jobs(status=status, page_size=limit)), _render_jobs)
+    return Output(list(c.iter_jobs(status=status, page_size=limit)), terminal.render_jobs)
 
 
 @client_command(jobs, "cancel", "cancel a queued job; its budget is refunded")
 @click.argument("job_id", metavar="ID")
 def _jobs_cancel(c: Client, job_id: str) -> Output:
-    return Output(c.cancel_job(job_id), _render_release)
+    return Output(c.cancel_job(job_id), terminal.render_release)
 
 
 @client_command(cli, "mechanisms", "the mechanism catalog (one mechanism with NAME)")
@@ -984,11 +668,11 @@ def _jobs_cancel(c: Client, job_id: str) -> Output:
 def _mechanisms(c: Client, name: str | None) -> Output:
     docs = c.mechanisms()
     if name is None:
-        return Output(docs, _render_mechanisms)
+        return Output(docs, terminal.render_mechanisms)
     found = [d for d in docs if d.get("name") == name]
     if not found:
-        raise UsageError(f"no mechanism {name!r} (see `privrelease mechanisms`)")
-    return Output(found[0], _render_mechanism)
+        raise UsageError(f"no mechanism {name!r} (see `{_prog()} mechanisms`)")
+    return Output(found[0], terminal.render_mechanism)
 
 
 @client_command(cli, "health", "whether the server is up (healthz) and ready (readyz)")
@@ -998,12 +682,9 @@ def _health(c: Client) -> Output:
         doc["readyz"] = c.ready()
     except ApiError as err:  # 503 while Valkey or the workers are away: said, exit 1
         doc["readyz"] = err.body
-        return Output(doc, _render_health, 1, f"not ready: {err.code}: {_clean(err.detail)}")
-    return Output(doc, _render_health)
-
-
-def _render_health(doc: Mapping[str, Any]) -> RenderableType:
-    return fields([(name, _compact(value)) for name, value in doc.items()])
+        return Output(doc, terminal.render_health, 1,
+                      f"not ready: {err.code}: {terminal.clean(err.detail)}")
+    return Output(doc, terminal.render_health)
 
 
 @client_command(cli, "openapi", "the server's OpenAPI document (e.g. to generate a client)")
@@ -1013,14 +694,32 @@ def _openapi(c: Client, output: str | None) -> Output:
     if output:
         _write(output, json.dumps(doc, indent=2) + "\n")
         return Output({"file": output, "paths": len(doc.get("paths") or {})},
-                      lambda d: _plain(f"{d['paths']} paths -> {d['file']}"))
+                      lambda d: terminal.plain(f"{d['paths']} paths -> {d['file']}"))
     return Output(doc, lambda d: json.dumps(d, indent=2))
 
 
 @cli.command("completion")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def _completion(shell: str) -> None:
-    """print the shell completion script, e.g. eval "$(privrelease completion bash)" """
+    """print the shell completion script, e.g. eval "$(privrelease completion bash)" (or
+    privrelease-client)"""
     cls = get_completion_class(shell)
     assert cls is not None  # the Choice above lists only shells Click supports
-    click.echo(cls(cli, {}, "privrelease", "_PRIVRELEASE_COMPLETE").source())
+    root = click.get_current_context().find_root()
+    prog = _prog()
+    click.echo(cls(root.command, {}, prog, complete_var(prog)).source())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``privrelease-client ARGS`` (the console script): the command's exit status."""
+    try:
+        cli.main(args=list(sys.argv[1:] if argv is None else argv), prog_name=PROG,
+                 complete_var=complete_var(PROG))
+    except SystemExit as done:
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
