@@ -252,6 +252,7 @@ def _register_server_commands(group: click.Group) -> None:
 
 
 def _version_message() -> str:
+    """Both versions: a bug report about a client command needs the client's too."""
     try:
         from importlib.metadata import version
 
