@@ -20,6 +20,7 @@ from privrelease_client import ApiError, Client
 
 from tests.conftest import ROOT
 from tests.e2e.harness import TOKEN, Service
+from tests.unit.test_client_cli_alone import client_alone
 
 META = {"name": "cli-people", "budgets": {"epsilon": 2, "delta": 1e-6},
         "columns": {"x": {"type": "continuous", "bounds": [0, 1]},
@@ -385,6 +386,14 @@ def test_version_completion_and_every_page(service: Service, dataset: str) -> No
                      "--all")
     assert len(one_page) == 1 and len(every) == 3
     assert {r["cost"]["epsilon"] for r in every} == {0.1, 0.2, 0.3}
+
+
+def test_the_client_alone_answers_as_privrelease_does(service: Service, dataset: str) -> None:
+    """``privrelease-client``, where the server's packages cannot be imported, against the
+    live service: the same document as the server's ``privrelease``."""
+    alone = client_alone("budget", "show", dataset, "--json", env=env_for(service))
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout) == cli_json(service, "budget", "show", dataset)
 
 
 def test_the_notebook_example_runs(service: Service) -> None:

@@ -58,7 +58,7 @@ def _entry_point() -> tuple[str, str]:
     return "privrelease-client", scripts["privrelease-client"]
 
 
-def _client_alone(*args: str, env: dict[str, str] | None = None
+def client_alone(*args: str, env: dict[str, str] | None = None
                   ) -> subprocess.CompletedProcess[str]:
     """``privrelease-client ARGS`` where only the client and its dependencies import."""
     prog, entry = _entry_point()
@@ -80,7 +80,7 @@ def _listed(help_text: str) -> set[str]:
 def test_the_console_script_lists_the_client_commands_without_the_server() -> None:
     """Catches the CLI importing anything of the server (it would not start for an analyst
     with only the client) and a client command missing from ``privrelease-client``."""
-    done = _client_alone("--help")
+    done = client_alone("--help")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Usage: privrelease-client [OPTIONS] COMMAND")
     assert _listed(done.stdout) == CLIENT_COMMANDS
@@ -89,13 +89,13 @@ def test_the_console_script_lists_the_client_commands_without_the_server() -> No
 def test_the_console_script_alone_runs_commands() -> None:
     """Its version, its own completion variable, and a usage error found before any
     request (exit 2), all without the server's packages."""
-    version = _client_alone("--version")
+    version = client_alone("--version")
     assert version.returncode == 0, version.stderr
     assert version.stdout == f"privrelease-client {client_cli.__version__}\n"
-    script = _client_alone("completion", "bash")
+    script = client_alone("completion", "bash")
     assert script.returncode == 0, script.stderr
     assert "_PRIVRELEASE_CLIENT_COMPLETE=bash_complete" in script.stdout
-    nokey = _client_alone("datasets", "list", env={"PRIVRELEASE_URL": "http://127.0.0.1:1"})
+    nokey = client_alone("datasets", "list", env={"PRIVRELEASE_URL": "http://127.0.0.1:1"})
     assert (nokey.returncode, nokey.stdout) == (2, "")
     assert nokey.stderr == "error: no API key: pass --key or set PRIVRELEASE_KEY\n"
 
