@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-runtime
 
-.PHONY: run test bench soak fuzz large lint clean audit browser
+.PHONY: run test check bench soak fuzz large lint clean audit browser
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,10 +30,18 @@ browser:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
-test: $(STAMP) browser
+lint: $(STAMP)
 	$(BIN)/ruff check service workers mechanisms tests client examples
 	$(BIN)/mypy
+
+# the whole suite, as CI runs it: unit, tests/audit, integration, e2e (~11 min)
+test: lint browser
 	$(BIN)/python -m pytest
+
+# the quick loop (under 2 min on 2 cores): lint, then the unit tests without the slow ones;
+# no Valkey, worker or browser. tests/audit and the `slow` unit tests run in `make test`.
+check: lint
+	$(BIN)/python -m pytest tests/unit -m "not slow" -q -p no:cacheprovider
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

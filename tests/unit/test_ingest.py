@@ -1067,6 +1067,12 @@ def test_declared_parquet_that_is_not_parquet_is_refused() -> None:
     assert not ingest.is_parquet(io.BytesIO(b"PAR1"))
 
 
+#: test_parquet_memory_does_not_grow_with_the_file's proxy pools, kept for the session: a
+#: buffer they allocated can outlive the test in a reference cycle, and freeing it through a
+#: destroyed pool corrupts the heap (later tests segfaulted)
+_PROXY_POOLS: list[Any] = []
+
+
 def test_parquet_memory_does_not_grow_with_the_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -1080,6 +1086,7 @@ def test_parquet_memory_does_not_grow_with_the_file(
         pq.write_table(pa.table({"age": np.arange(n) % 70 + 17, "race": ["A", "B"] * (n // 2),
                                  "wage": np.arange(n) * 0.5}), path, row_group_size=4096)
         pool = pa.proxy_memory_pool(pa.default_memory_pool())
+        _PROXY_POOLS.append(pool)
         previous = pa.default_memory_pool()
         pa.set_memory_pool(pool)
         try:
@@ -1087,6 +1094,7 @@ def test_parquet_memory_does_not_grow_with_the_file(
                 assert sum(len(c["age"]) for c in iter_upload(fh, spec_of(), max_rows=n)) == n
             peaks[n] = pool.max_memory()
             control = pa.proxy_memory_pool(previous)
+            _PROXY_POOLS.append(control)
             pa.set_memory_pool(control)
             whole = pq.read_table(path)
             peaks[-n] = control.max_memory()

@@ -9,8 +9,7 @@ from mechanisms import registry
 from mechanisms.audit import entries
 from mechanisms.interval import audit, categorical_audit
 from mechanisms.interval.ranges import Pieces
-
-from .conftest import NORMAL, case1, rng
+from tests.unit.interval.conftest import NORMAL, case1, rng
 
 
 def test_every_interval_mechanism_has_this_entry() -> None:
