@@ -3,7 +3,7 @@
 For each registered DP mechanism, a few configurations (``Scenario``) are run
 many times on worst-case neighbours D, D' (one record replaced), drawn
 through the mechanism's own code path (``run``, or the library calls ``run``
-makes, vectorised over runs; ``tests/unit/test_audit_entries.py`` checks that
+makes, vectorised over runs; ``tests/audit/test_audit_entries.py`` checks that
 one vectorised draw is exactly what ``run`` releases for the same seed).
 
 Neighbours come from the mechanism's sensitivity analysis, as a function of
