@@ -29,7 +29,7 @@ from fractions import Fraction
 import redis
 
 from service import budget, rkeys
-from service.documents import DocumentStore, request_of
+from service.documents import DocumentMissing, DocumentStore, request_of
 from service.ledger import Ledger
 
 log = logging.getLogger("privrelease.policy")
@@ -125,8 +125,13 @@ def recharge(client: redis.Redis, ledger: Ledger, done: Migrated,
     above its cap; it then refuses further interval releases, as it should."""
     for dataset_id in client.zrange(rkeys.DATASETS, 0, -1):
         if client.hexists(rkeys.ledger(dataset_id), "recharged:interval"):
+            continue  # done, or opened after the additive rule (open.lua marks it)
+        try:
+            units = shortfall(client, ledger.documents, dataset_id)
+        except DocumentMissing:  # the output store is not mounted here: a later run does it
+            log.warning("interval recharge of dataset %s postponed: a release document is"
+                        " missing from the output store", dataset_id)
             continue
-        units = shortfall(client, ledger.documents, dataset_id)
         if ledger.recharge_interval(dataset_id, units, actor) == "recharged":
             done.recharged[dataset_id] = units
 

@@ -32,6 +32,9 @@ for i = 0, n - 1 do
   table.insert(event, u)
 end
 redis.call('XADD', KEYS[2], '*', unpack(event))
+-- a dataset opened now never held an exact-increment interval charge (issue #27): the
+-- recharge migration (service.policy.recharge) has nothing to do for it
+redis.call('HSET', KEYS[1], 'recharged:interval', '1')
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[5], 'id', ARGV[1], 'fp', ARGV[6])
   redis.call('EXPIRE', KEYS[5], ARGV[7])
