@@ -69,6 +69,10 @@ MAX_STEPS = 16
 R_MAX = 0.999
 
 
+#: arguments of the bivariate normal CDF smaller than this in magnitude are taken as 0
+_TINY_ARGUMENT = 2.0**-500
+
+
 def bivariate_normal_cdf(
     h: FloatArray, k: FloatArray, rho: float | FloatArray
 ) -> FloatArray:
@@ -80,6 +84,10 @@ def bivariate_normal_cdf(
     h, k, rho = np.broadcast_arrays(np.asarray(h, dtype=np.float64),
                                     np.asarray(k, dtype=np.float64),
                                     np.asarray(rho, dtype=np.float64))
+    # |h| below 2^-500 is 0 to within φ(0)·2^-500: snapping it keeps ρh and h√(1 − ρ²) out
+    # of the subnormals, where a_h lost its digits (Φ2(5e-324, 5e-324; ½) came out ¼, not ⅓)
+    h = np.where(np.abs(h) < _TINY_ARGUMENT, 0.0, h)
+    k = np.where(np.abs(k) < _TINY_ARGUMENT, 0.0, k)
     root = np.sqrt(1.0 - rho * rho)
     hh = np.where(h == 0.0, 1e-300, h)
     kk = np.where(k == 0.0, 1e-300, k)

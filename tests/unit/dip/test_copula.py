@@ -43,6 +43,16 @@ def test_bivariate_normal_cdf_matches_scipy(h: float, k: float, rho: float, zero
     assert mine == pytest.approx(ref, abs=1e-7)
 
 
+@pytest.mark.parametrize("h, k", [(5e-324, 5e-324), (5e-324, 0.0), (1e-310, 1e-310),
+                                  (1e-160, 1e-160), (-5e-324, 1e-200)])
+def test_bivariate_normal_cdf_at_subnormal_arguments(h: float, k: float) -> None:
+    """A hypothesis run found Φ2(5e-324, 5e-324; ½) = ¼ instead of ⅓: ρh underflowed."""
+    for rho in (0.5, -0.7, 0.0):
+        mine = float(bivariate_normal_cdf(np.array([h]), np.array([k]), rho)[0])
+        ref = stats.multivariate_normal([0, 0], [[1, rho], [rho, 1]]).cdf([h, k])
+        assert mine == pytest.approx(ref, abs=1e-7)
+
+
 def test_noise_scale_is_exact_and_rounded_up() -> None:
     for p, eps in ((2, Fraction(1, 3)), (11, Fraction(1, 4)), (64, Fraction(7, 10))):
         s = correlation_noise_scale(p, eps)
