@@ -282,13 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SERVER_COMMANDS:
         return _server(argv)
-    try:
-        cli.main(args=argv, prog_name="privrelease",
-                 complete_var=client_cli.complete_var("privrelease"))
-    except SystemExit as done:
-        code = done.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+    return client_cli.run(cli, argv, "privrelease")
 
 
 if __name__ == "__main__":

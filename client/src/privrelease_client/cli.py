@@ -710,15 +710,19 @@ def _completion(shell: str) -> None:
     click.echo(cls(root.command, {}, prog, complete_var(prog)).source())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``privrelease-client ARGS`` (the console script): the command's exit status."""
+def run(group: click.Group, argv: Sequence[str], prog: str) -> int:
+    """Run ``group`` as the console script ``prog``: its exit status (Click exits)."""
     try:
-        cli.main(args=list(sys.argv[1:] if argv is None else argv), prog_name=PROG,
-                 complete_var=complete_var(PROG))
+        group.main(args=list(argv), prog_name=prog, complete_var=complete_var(prog))
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``privrelease-client ARGS`` (the console script): the command's exit status."""
+    return run(cli, sys.argv[1:] if argv is None else argv, PROG)
 
 
 if __name__ == "__main__":
