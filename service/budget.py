@@ -138,15 +138,14 @@ def display(measure: str, units: int) -> float:
     return float(from_units(measure, units))
 
 
-def parse_caps(raw: Any, columns: list[str], categorical: list[str] | None = None,
-               where: str = "metadata.budgets") -> dict[str, int]:
+def parse_caps(raw: Any, columns: list[str], where: str = "metadata.budgets") -> dict[str, int]:
     """Validate a dataset's ``budgets`` into caps in units, one per ledger measure.
 
     Per-column measures given without a column apply to every column; an
     explicit ``measure:column`` overrides. Only the measures named get a cap: a
-    dataset admits no measure its budgets do not name (DESIGN §3, no default caps).
-    ``categorical`` is ignored: it once seeded a ``subset_draws`` cap of 1 per
-    categorical column, which let an ε-only dataset release subsets.
+    dataset admits no measure its budgets do not name (no default caps: a
+    ``subset_draws`` cap of 1 per categorical column once let an ε-only dataset release
+    subsets).
     """
     if not isinstance(raw, dict):
         raise AmountError(where, "must be an object of measure -> cap")

@@ -123,8 +123,12 @@ def recharge(client: redis.Redis, ledger: Ledger, done: Migrated,
     additive rule is the one that holds against adaptive designs, so a column's committed
     total must be at least the sum of its releases' standalone bounds. A column may end
     above its cap; it then refuses further interval releases, as it should."""
-    for dataset_id in client.zrange(rkeys.DATASETS, 0, -1):
-        if client.hexists(rkeys.ledger(dataset_id), "recharged:interval"):
+    ids = client.zrange(rkeys.DATASETS, 0, -1)
+    pipe = client.pipeline(transaction=False)
+    for dataset_id in ids:
+        pipe.hexists(rkeys.ledger(dataset_id), "recharged:interval")
+    for dataset_id, marked in zip(ids, pipe.execute(), strict=True):
+        if marked:
             continue  # done, or opened after the additive rule (open.lua marks it)
         try:
             units = shortfall(client, ledger.documents, dataset_id)

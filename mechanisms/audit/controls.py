@@ -33,14 +33,37 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, flip
+from mechanisms import baselines, flip, sampling
 from mechanisms.base import Budget, DatasetMeta, Mechanism, Output, read_budget
-from mechanisms.competitors.exm import ExmMechanism, ExmPlan, exact_bernoulli_exp
+from mechanisms.competitors.exm import ExmMechanism, ExmPlan
 from mechanisms.dip.mechanism import DipMechanism, Plan
 from mechanisms.dip.noise import NoiseStep
 from mechanisms.dip.reference import Reference
 
 FloatArray = NDArray[np.float64]
+_LN2_63 = 63 * math.log(2.0)
+
+
+def exact_bernoulli_exp(rng: np.random.Generator, gamma: list[Fraction]) -> NDArray[np.bool_]:
+    """Independent Bernoulli(exp(-γ_i)) for rational γ_i >= 0, exactly (one coin per γ, floats
+    and the exact tier): the coin of the old ``exm`` rejection sampler, kept for its control
+    (``exm`` itself uses ``flip.Coins``)."""
+    m = len(gamma)
+    words = rng.integers(0, 1 << 64, size=m, dtype=np.uint64) >> np.uint64(1)
+    g = np.array([float(x) for x in gamma], dtype=np.float64)
+    w = words.astype(np.float64)
+    ok = words >= np.uint64(1 << 43)
+    with np.errstate(divide="ignore"):
+        y = _LN2_63 - np.log(np.maximum(w, 1.0))  # -ln V at the cell's low end
+    margin = 2.0**-40 * (1.0 + g)
+    accept = ok & (y - 2.0**-42 - margin > g)  # the cell's width in -ln V is below 2^-43
+    reject = ok & (y + margin < g)
+    out = accept.copy()
+    zero = np.array([x == 0 for x in gamma], dtype=bool)
+    out |= zero
+    for i in np.flatnonzero(~(accept | reject | zero)):
+        out[i] = sampling.exact_accept(rng, int(words[i]), gamma[i])
+    return out
 
 
 # --------------------------------------------------------------------------- overspending

@@ -40,7 +40,7 @@ import numpy as np
 from marshmallow import Schema, fields, validate
 from numpy.typing import NDArray
 
-from mechanisms import flip, sampling
+from mechanisms import flip
 from mechanisms.base import (
     Budget,
     ColumnMeta,
@@ -63,7 +63,6 @@ MAX_DRAWS = 10_000_000
 #: draws·s coins, refuses exactly what it refused before)
 COIN_UNITS = 500
 DRAW_COLUMN = "_draw"
-_LN2_63 = 63 * math.log(2.0)
 
 
 class ExmParamsSchema(Schema):
@@ -79,28 +78,6 @@ class ExmPlan:
     per_draw: Fraction  # ε' = ε / draws
     draws: int
     n: int  # public row count: every count lies in 0..n
-
-
-def exact_bernoulli_exp(rng: np.random.Generator, gamma: list[Fraction]) -> NDArray[np.bool_]:
-    """Independent Bernoulli(exp(-γ_i)) for rational γ_i >= 0, exactly (one coin per γ, floats
-    and the exact tier; ``flip.Coins`` is the table form ``exm`` uses; this one is kept for
-    the audit's control, the old rejection sampler)."""
-    m = len(gamma)
-    words = rng.integers(0, 1 << 64, size=m, dtype=np.uint64) >> np.uint64(1)
-    g = np.array([float(x) for x in gamma], dtype=np.float64)
-    w = words.astype(np.float64)
-    ok = words >= np.uint64(1 << 43)
-    with np.errstate(divide="ignore"):
-        y = _LN2_63 - np.log(np.maximum(w, 1.0))  # -ln V at the cell's low end
-    margin = 2.0**-40 * (1.0 + g)
-    accept = ok & (y - 2.0**-42 - margin > g)  # the cell's width in -ln V is below 2^-43
-    reject = ok & (y + margin < g)
-    out = accept.copy()
-    zero = np.array([x == 0 for x in gamma], dtype=bool)
-    out |= zero
-    for i in np.flatnonzero(~(accept | reject | zero)):
-        out[i] = sampling.exact_accept(rng, int(words[i]), gamma[i])
-    return out
 
 
 class ExmMechanism(Mechanism):

@@ -420,13 +420,13 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
     changes: list[tuple[str | None, dict[str, int]]] = []
     try:
         if body.get("caps"):
-            changes.append((None, budget.parse_caps(body["caps"], columns, [], where="caps")))
+            changes.append((None, budget.parse_caps(body["caps"], columns, where="caps")))
         for key_id, caps in (body.get("allocations") or {}).items():
             where = f"allocations.{key_id}"
             key = apikeys.get(client, key_id)
             if key is None or key.role != "analyst":
                 raise _invalid(where, "allocations are for existing analyst keys")
-            changes.append((key_id, budget.parse_caps(caps, columns, [], where=where)))
+            changes.append((key_id, budget.parse_caps(caps, columns, where=where)))
     except budget.AmountError as err:
         raise _invalid(err.field, err.message) from None
     _check_notions_of_caps(doc, body)

@@ -233,7 +233,7 @@ def test_an_upload_that_loses_the_idempotency_race_returns_the_winner(
     client, store = app.extensions["redis"], app.extensions["store"]
     ledger = app.extensions["ledger"]
     spec = ingest.parse_metadata(PEOPLE_META)
-    caps = budget.parse_caps(spec.budgets, list(spec.columns), ["group"])
+    caps = budget.parse_caps(spec.budgets, list(spec.columns))
 
     def register(idem: datasets.Idempotency) -> dict[str, Any]:
         rows = ingest.iter_csv(io.BytesIO(people_csv(50).encode()), spec, max_rows=1000)

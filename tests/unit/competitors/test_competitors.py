@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from scipy import special, stats
 
 from mechanisms import flip, registry
+from mechanisms.audit import controls
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
-from mechanisms.competitors import common, exm, opm
+from mechanisms.competitors import common, opm
 from mechanisms.competitors.lrm import round_to_lattice
 
 Z = 4.5
@@ -283,7 +284,7 @@ def test_exact_bernoulli_exp_frequencies() -> None:
     """Bernoulli(exp(-γ)) at γ = 0, 1/3, 2, 30 (4.5 SE), including the exact tier."""
     rng = np.random.default_rng(7)
     for gamma in (Fraction(0), Fraction(1, 3), Fraction(2), Fraction(30)):
-        hits = exm.exact_bernoulli_exp(rng, [gamma] * 50_000)
+        hits = controls.exact_bernoulli_exp(rng, [gamma] * 50_000)
         p = math.exp(-float(gamma))
         assert abs(hits.mean() - p) <= Z * math.sqrt(p * (1 - p) / hits.size) + 1e-12
 
@@ -304,8 +305,8 @@ def test_exact_bernoulli_exp_decides_undecided_words_exactly() -> None:
     with localcontext() as ctx:
         ctx.prec = 60
         edge = int((-Decimal(1) / 3).exp() * Decimal(2**63))
-    assert exm.exact_bernoulli_exp(Words(edge - 1), [gamma])[0]  # type: ignore[arg-type]
-    assert not exm.exact_bernoulli_exp(Words(edge + 1), [gamma])[0]  # type: ignore[arg-type]
+    assert controls.exact_bernoulli_exp(Words(edge - 1), [gamma])[0]  # type: ignore[arg-type]
+    assert not controls.exact_bernoulli_exp(Words(edge + 1), [gamma])[0]  # type: ignore[arg-type]
 
 
 def _pf_law(gammas: list[float]) -> np.ndarray:
