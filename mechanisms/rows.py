@@ -22,7 +22,7 @@ row index, and rows are released sorted by those values. So
 
 The key lives only in the dataset's private folder beside its columns; the
 worker that reads the data applies the order to a run's table before it is
-stored, which is the one place every table passes (see ``workers.tasks``).
+stored, which is the one place every table passes (see ``service.releases.run``).
 Pure numpy + hashlib: usable in a notebook with one's own key.
 """
 

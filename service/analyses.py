@@ -25,17 +25,24 @@ earlier versions still read.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from typing import Any
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 
 import mechanisms
-from service import datasets, releases, rkeys
+from mechanisms.rng import secure_generator
+from service import datasets, rkeys
 from service.documents import DocumentMissing, DocumentStore
 from service.ledger import now_iso
 from service.outputs import OutputStore
+from service.releases import documents as release_documents
+from service.wiring import Services
+
+log = logging.getLogger("privrelease.worker")
 
 #: statuses after which nothing changes
 ENDED = frozenset({"succeeded", "failed", "cancelled"})
@@ -85,7 +92,7 @@ def view(client: redis.Redis, outputs: OutputStore, doc: dict[str, Any]
     return mechanisms.ReleaseView(
         id=doc["id"], mechanism=doc["mechanism"], params=doc["params"],
         result=doc["result"] or {},
-        table=outputs.load(doc["id"], releases.table_attempt(client, doc["id"])),
+        table=outputs.load(doc["id"], release_documents.table_attempt(client, doc["id"])),
         meta=datasets.meta(dataset),
     )
 
@@ -235,3 +242,50 @@ def page(client: redis.Redis, release_id: str, limit: int, cursor: str | None,
         return items, None
     last, last_score = rows[limit - 1]
     return items, f"{int(last_score)}:{last}"
+
+
+def release_view(svc: Services, release_id: str) -> mechanisms.ReleaseView:
+    """A succeeded release's public outputs, as analyses see them."""
+    doc = release_documents.document(svc.client, release_id, svc.documents)
+    if doc is None:
+        raise LookupError("release missing")
+    return view(svc.client, svc.outputs, doc)
+
+
+def run(svc: Services, analysis_id: str, req: dict[str, Any]) -> str:
+    """Run a started analysis (``start``) and store its result or error; past the soft
+    time limit (``SoftTimeLimitExceeded``, raised in the task by Celery, or by its
+    cancel watcher) it ends ``failed`` with ``time_limit``, or, cancelled, stores
+    nothing. Returns the outcome."""
+    config, client = svc.config, svc.client
+    try:
+        main = release_view(svc, req["release_id"])
+        others = [release_view(svc, rid) for rid in json.loads(req["releases"])]
+        analysis = mechanisms.get(main.mechanism).analyses[req["analysis"]]
+        if config.test_analysis_delay and config.allow_seeds:  # time limit tests only
+            time.sleep(config.test_analysis_delay)
+        result = analysis.run(main, json.loads(req["params"]), others, secure_generator())
+        payload = release_documents.to_json(result)
+    except SoftTimeLimitExceeded:
+        # the time limit, or the cancel watcher: finish stores nothing once cancelled
+        if not finish(client, analysis_id, error=dict(TIME_LIMIT)):
+            return "cancelled"
+        log.warning("analysis stopped at its time limit", extra={"analysis_id": analysis_id})
+        return "failed"
+    except Exception as err:
+        log.error("analysis failed", extra={"analysis_id": analysis_id,
+                                            "error_type": type(err).__name__})
+        finish(client, analysis_id, error=error_of(err))
+        return "failed"
+    if not finish(client, analysis_id, result_json=payload, docs=svc.documents,
+                  release_id=req["release_id"]):
+        return "discarded"  # cancelled (or ended) while it ran: its result is not stored
+    return "succeeded"
+
+
+def error_of(err: Exception) -> dict[str, str]:
+    """A failed analysis's error: code and field for a bad input (its message names
+    public inputs only), a bare code otherwise."""
+    if isinstance(err, mechanisms.MechanismInputError):
+        return {"code": "invalid_input", "field": err.field, "message": err.message}
+    return {"code": "analysis_failed", "message": f"analysis failed ({type(err).__name__})"}

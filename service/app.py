@@ -1,4 +1,4 @@
-"""Flask application factory: config, Redis, ledger, store, blueprints, errors."""
+"""Flask application factory: config, the services (``service.wiring``), blueprints, errors."""
 
 from __future__ import annotations
 
@@ -19,16 +19,10 @@ from service import (
     policy,
     problems,
     ratelimit,
-    rkeys,
+    wiring,
 )
-from service.audit import AuditArchive
 from service.config import Config
-from service.documents import DocumentStore
-from service.durable import Replication
-from service.ledger import Ledger
 from service.schemas import ProblemSchema
-from service.store import DatasetStore
-from workers.celery_app import make_celery
 
 
 class OperationIds(BasePlugin):
@@ -87,18 +81,11 @@ def create_app(config: Config | None = None) -> Flask:
         # client address and scheme from X-Forwarded-For/-Proto set by that many proxies
         n = config.trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n)  # type: ignore[method-assign]
-    client = rkeys.connect(config.require_redis_url())
-    app.extensions["redis"] = client
-    # release documents live on the shared folder beside the release tables (service.documents)
-    app.extensions["documents"] = DocumentStore(config.releases_dir)
-    app.extensions["ledger"] = Ledger(client, replication=Replication.from_config(config),
-                                      documents=app.extensions["documents"],
-                                      audit=AuditArchive(config.audit_dir))
-    app.extensions["store"] = DatasetStore(config.datasets_dir)
+    services = wiring.build(config, "api")
+    app.extensions[wiring.EXTENSION] = services
     # datasets from before notions and record-level releases were opt-in: written down
     # (idempotent, a compare-and-set per dataset, so every worker process may run it)
-    policy.migrate_at_startup(client, app.extensions["ledger"], "API")
-    app.extensions["celery"] = make_celery(config)
+    policy.migrate_at_startup(services.client, services.ledger, "API")
     observability.init_app(app)  # first: its request id and timer precede the limiter
     ratelimit.init_app(app)
     inputs.init_app(app)  # after the limiter: hostile bodies count against the key

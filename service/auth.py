@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from flask import current_app, g, request
 
-from service import apikeys
+from service import apikeys, wiring
+from service.errors import ServiceError
 from service.problems import APIError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,7 +43,7 @@ def request_key() -> apikeys.ApiKey | None:
     """
     if "key_lookup" not in g:
         token = bearer_token()
-        g.key_lookup = (apikeys.lookup(current_app.extensions["redis"], token)
+        g.key_lookup = (apikeys.lookup(wiring.current().client, token)
                         if token else None)
     key: apikeys.ApiKey | None = g.key_lookup
     return key
@@ -110,7 +111,7 @@ def may_use(dataset_id: str) -> bool:
     return key.datasets is None or dataset_id in key.datasets
 
 
-def check_dataset_grant(dataset_id: str, not_found: APIError) -> None:
+def check_dataset_grant(dataset_id: str, not_found: ServiceError) -> None:
     """Raise ``not_found`` unless the current key may use ``dataset_id``.
 
     ``not_found`` is the view's own answer for an id that does not exist, so a

@@ -9,12 +9,8 @@ holds both, so ``--help``, ``--version`` and shell completion see every command.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import os
-import signal
 import socket
-import subprocess
 import sys
 
 import click
@@ -39,35 +35,12 @@ def _api(args: argparse.Namespace) -> int:
     return 0
 
 
-def _queues(raw: str) -> list[str]:
-    from workers.celery_app import QUEUES
-
-    names = [q.strip() for q in raw.split(",") if q.strip()]
-    unknown = sorted(set(names) - set(QUEUES))
-    if not names or unknown:
-        raise SystemExit(f"--queues takes a comma-separated subset of {','.join(QUEUES)}")
-    return list(dict.fromkeys(names))
-
-
-def _die_with_parent() -> None:
-    """In a spawned worker: get SIGTERM if the parent dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _spawn_analyses_worker(args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    """The analyses queue's own worker process, beside this one's releases."""
-    cmd = [sys.executable, "-m", "service.cli", "worker", "--queues", "analyses",
-           "--concurrency", str(args.analysis_concurrency), "--loglevel", args.loglevel]
-    return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
-
-
 def _worker_healthcheck() -> int:
     """0 when a worker on this host beats to the configured Valkey (container probes)."""
     import redis
 
     from service import rkeys
-    from workers.celery_app import live_workers
+    from service.broker import live_workers
 
     config = Config.from_env()
     try:
@@ -84,46 +57,12 @@ def _worker_healthcheck() -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from celery import signals
-
-    from service.observability import configure_logging
-    from workers.celery_app import ANALYSES_QUEUE, app, configure
-
+    """The worker runs in the ``workers`` package (the Celery edge, which imports the
+    service, never the reverse): this process becomes it, with the same arguments."""
     if args.healthcheck:
         return _worker_healthcheck()
-    queues = _queues(args.queues)
-    config = Config.from_env()
-    configure_logging(config.log_level)  # before Celery redirects stderr
-    configure(app, config)
-    _migrate_policy_at_startup(config, "worker")
-    child = None
-    if ANALYSES_QUEUE in queues and len(queues) > 1 and not args.one_process:
-        # analyses get worker processes of their own: however many long analyses wait,
-        # the release slots stay free (one Celery worker serves its queues from one pool)
-        child = _spawn_analyses_worker(args)
-        queues = [q for q in queues if q != ANALYSES_QUEUE]
-
-        def stop_child(**_: object) -> None:
-            if child.poll() is None:
-                child.terminate()
-
-        signals.worker_shutting_down.connect(stop_child, weak=False)
-    argv = ["--quiet", "worker", "--loglevel", args.loglevel,
-            "--concurrency", str(args.concurrency),
-            "--queues", ",".join(queues), "--hostname", f"{'-'.join(queues)}-{os.getpid()}@%h",
-            "--without-gossip", "--without-mingle"]
-    try:
-        app.worker_main(argv)
-    finally:
-        if child is not None:
-            if child.poll() is None:
-                child.terminate()
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-    return 0
+    os.execv(sys.executable, [sys.executable, "-m", "workers", *args.argv])
+    return 1  # not reached: execv replaced this process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,24 +116,13 @@ POLICY_HELP = ("record the implicit policy of datasets registered before notions
                " and workers also run it at start-up)")
 
 
-def _migrate_policy_at_startup(config: Config, who: str) -> None:
-    """The policy migration as a worker starts (``service.policy``)."""
-    from service import policy
-    from workers.celery_app import worker_client, worker_ledger
-
-    client = worker_client(config)
-    policy.migrate_at_startup(client, worker_ledger(client, config), who)
-
-
 def _migrate_policy(args: argparse.Namespace) -> int:
     """Run ``service.policy.migrate`` against PRIVRELEASE_REDIS_URL; safe while the
     service runs (a compare-and-set per dataset)."""
-    from service import budget, policy
-    from workers.celery_app import worker_client, worker_ledger
+    from service import budget, policy, wiring
 
-    config = Config.from_env()
-    client = worker_client(config)
-    done = policy.migrate(client, worker_ledger(client, config))
+    svc = wiring.build(Config.from_env(), "worker")
+    done = policy.migrate(svc.client, svc.ledger)
     print(f"recorded the legacy policy of {len(done.datasets)} dataset(s)"
           + "".join(f"; {d}: allocations of {', '.join(k)} marked legacy"
                     for d, k in sorted(done.legacy_allocations.items()))
@@ -233,6 +161,7 @@ SERVER_COMMANDS = {"standalone": "embedded Valkey + worker + API in one command"
 
 def _server(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv[1:]  # as written, for a command that hands them on (worker)
     result: int = args.func(args)
     return result
 

@@ -210,7 +210,7 @@ class DocumentStore:
 def prune_swept(client: redis.Redis, docs: DocumentStore, release_id: str) -> list[str]:
     """After the sweeper settled a job whose runs died: no run's result is the release's
     (they never committed), and only the request copy the hash names stays. For
-    ``workers.sweeper.sweep``, beside its ``outputs.prune(release_id, keep=None)``."""
+    ``service.releases.sweeper.sweep``, beside its ``outputs.prune(release_id, keep=None)``."""
     from service import rkeys
 
     keep = client.hget(rkeys.release(release_id), REQUEST_DIGEST)

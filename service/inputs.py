@@ -92,11 +92,6 @@ def idempotency_key(scope: str) -> str | None:
     return rkeys.idempotency(scope, hashlib.sha256(idem.encode()).hexdigest())
 
 
-def idempotency_mismatch() -> APIError:
-    return APIError(422, "Idempotency-Key was used for a different request",
-                    code="idempotency_mismatch", field="Idempotency-Key")
-
-
 def check_body() -> None:
     """Before a view: a body must have the endpoint's media type and sane JSON nesting."""
     if request.method not in BODY_METHODS or request.endpoint is None:

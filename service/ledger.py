@@ -74,6 +74,32 @@ class ReserveResult:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """One release's call to ``Ledger.reserve``: which release, its cost in units, who
+    asks, and how a retry or a replay of it is recognised."""
+
+    dataset_id: str
+    release_id: str
+    #: integer ledger units per measure (``service.budget``); empty for a ``pricing`` one
+    cost: dict[str, int]
+    actor: str
+    #: what the ``idempotency_key`` must match (the request); names the replay key unless
+    #: ``replay_fingerprint`` does (the request with its cost)
+    fingerprint: str
+    #: the stored request (``service.releases.request.JobRequest.to_json``)
+    request_json: str
+    #: whether an identical earlier release answers this one (a ``pricing`` one: no)
+    replay: bool = True
+    idempotency_key: str | None = None
+    idempotency_ttl: int = 86400
+    at: str | None = None
+    mode: Mode = "new"
+    replay_fingerprint: str | None = None
+    #: 'dp' or 'noiseless' (``budget.notion_lock``): the notion this release locks to
+    notion_lock: str = ""
+
+
+@dataclass(frozen=True)
 class Run:
     """One attempt at a job: its lease token and its attempt number (1, 2, ...).
 
@@ -234,27 +260,9 @@ class Ledger:
                   {"kind": "retire", "release_id": "", "actor": actor, "at": now_iso()})
         pipe.execute()
 
-    def reserve(
-        self,
-        dataset_id: str,
-        release_id: str,
-        cost: dict[str, int],
-        *,
-        actor: str,
-        fingerprint: str,
-        request_json: str,
-        replay: bool = True,
-        idempotency_key: str | None = None,
-        idempotency_ttl: int = 86400,
-        at: str | None = None,
-        mode: Mode = "new",
-        replay_fingerprint: str | None = None,
-        notion_lock: str = "",
-    ) -> ReserveResult:
-        """Hold ``cost`` for a new release unless it is a retry, a replay or over a cap.
+    def reserve(self, r: Reservation) -> ReserveResult:
+        """Hold ``r.cost`` for a new release unless it is a retry, a replay or over a cap.
 
-        ``fingerprint`` is what the ``idempotency_key`` must match (the request), and names
-        the replay key unless ``replay_fingerprint`` does (the request with its cost).
         ``mode="pricing"`` creates the release in status ``pricing`` holding nothing
         (outcome ``pricing``); ``mode="priced"`` is its pricing job reserving it, at most
         once per release id: a release no longer pricing answers ``ended`` (reserve.lua).
@@ -268,19 +276,21 @@ class Ledger:
         (retirement means "no new releases").
         """
         argv: list[Any] = [
-            release_id, fingerprint, actor, at or now_iso(), f"{time.time():.3f}", request_json,
-            idempotency_ttl, int(idempotency_key is not None), int(replay), mode, len(cost),
+            r.release_id, r.fingerprint, r.actor, r.at or now_iso(), f"{time.time():.3f}",
+            r.request_json, r.idempotency_ttl, int(r.idempotency_key is not None),
+            int(r.replay), r.mode, len(r.cost),
         ]
-        for measure, units in sorted(cost.items()):
+        for measure, units in sorted(r.cost.items()):
             argv += [measure, str(int(units))]
-        argv.append(notion_lock)
+        argv.append(r.notion_lock)
         reply = self._reserve(
             keys=[
-                rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
-                rkeys.reservation(release_id), rkeys.replay(replay_fingerprint or fingerprint),
-                idempotency_key or f"{rkeys.P}idem:none", rkeys.PENDING, rkeys.RELEASES,
-                rkeys.OUTBOX, rkeys.dataset_releases(dataset_id), rkeys.key_releases(actor),
-                rkeys.dataset_pending(dataset_id),
+                rkeys.ledger(r.dataset_id), rkeys.events(r.dataset_id),
+                rkeys.release(r.release_id), rkeys.reservation(r.release_id),
+                rkeys.replay(r.replay_fingerprint or r.fingerprint),
+                r.idempotency_key or f"{rkeys.P}idem:none", rkeys.PENDING, rkeys.RELEASES,
+                rkeys.OUTBOX, rkeys.dataset_releases(r.dataset_id), rkeys.key_releases(r.actor),
+                rkeys.dataset_pending(r.dataset_id),
             ],
             args=argv,
         )

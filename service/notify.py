@@ -17,9 +17,10 @@ from urllib.parse import urlsplit
 import redis
 import requests
 
-from service import apikeys, releases, rkeys
+from service import apikeys, rkeys
 from service.config import Config
 from service.documents import DocumentStore, request_of
+from service.releases import documents
 
 log = logging.getLogger("privrelease.notify")
 
@@ -71,7 +72,7 @@ def deliver(client: redis.Redis, config: Config, release_id: str) -> bool:
     """Send one notification; DeliveryError to be retried, False if it cannot be sent."""
     docs = DocumentStore(config.releases_dir)
     url, actor = _callback(client, docs, release_id)
-    doc = releases.document(client, release_id, docs)
+    doc = documents.document(client, release_id, docs)
     if not url or doc is None:
         return False
     if check_url(url, config.callback_hosts) is not None:

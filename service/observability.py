@@ -36,7 +36,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from service import budget, metrics_store, rkeys
+from service import budget, metrics_store, rkeys, wiring
 from service.config import Config
 from service.problems import PROBLEM_TYPE, APIError
 
@@ -295,10 +295,10 @@ def _registry(app: Flask, config: Config) -> CollectorRegistry:
     else:
         registry.register(REQUESTS)
         registry.register(LATENCY)
-    from workers.celery_app import QUEUES  # releases, analyses and pricing jobs wait apart
+    from service.releases.queue import QUEUES  # releases, analyses and pricing jobs wait apart
     # dataset ids and budgets only go to an authenticated scraper
     per_dataset = config.metrics_max_datasets if config.metrics_token else 0
-    registry.register(ClusterCollector(app.extensions["redis"], QUEUES, per_dataset))
+    registry.register(ClusterCollector(wiring.of(app).client, QUEUES, per_dataset))
     return registry
 
 

@@ -12,6 +12,7 @@ from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
 from service.documents import DocumentMissing
+from service.errors import ServiceError
 
 #: under ``privrelease``, so error-path records go through the JSON handler with the
 #: request id (``observability.configure_logging``), never a plain-text root handler
@@ -55,12 +56,9 @@ STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 STORAGE_DOWN = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
 
 
-class APIError(Exception):
-    """An error the API answers with a problem document.
-
-    ``code`` is the stable machine-readable name; ``extra`` fields are merged
-    into the document (e.g. ``requested``/``remaining`` for budget errors).
-    """
+class APIError(ServiceError):
+    """An error of the HTTP edge itself, with its status given where it is raised
+    (the domain raises ``service.errors`` classes, which carry theirs)."""
 
     def __init__(
         self,
@@ -71,12 +69,9 @@ class APIError(Exception):
         field: str | None = None,
         **extra: Any,
     ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.code = code or _CODES.get(status, "error")
-        self.field = field
-        self.extra = extra
+        super().__init__(detail, code=code or _CODES.get(status, "error"), field=field,
+                         **extra)
+        self.status = status  # type: ignore[misc]
 
 
 def problem(status: int, code: str, detail: str, **extra: Any) -> Response:
@@ -100,7 +95,8 @@ def _retry_later(resp: Response) -> Response:
     return resp
 
 
-def _from_api_error(err: APIError) -> Response:
+def _from_service_error(err: ServiceError) -> Response:
+    """Any domain refusal or API error: its status, code, field and extra fields."""
     resp = problem(err.status, err.code, err.detail, field=err.field, **err.extra)
     return _retry_later(resp)
 
@@ -112,7 +108,7 @@ def _from_unavailable(err: Exception) -> Response:
     is half-written: every ledger step is one Lua script that ran whole or not at
     all, an upload removes its files when its registration fails, and a reservation
     whose job could not be queued is refunded at once, or, when Valkey went away
-    before the refund, stays in the outbox and runs (``workers.sweeper``).
+    before the refund, stays in the outbox and runs (``service.releases.sweeper``).
     """
     log.warning("valkey unavailable", extra={"error_type": type(err).__name__})
     return _retry_later(problem(503, "unavailable",
@@ -213,7 +209,7 @@ def flatten_messages(messages: Any, prefix: str = "") -> dict[str, str]:
 def register(app: Flask) -> None:
     """Make every error, including 404/405/500, a problem document."""
 
-    app.register_error_handler(APIError, _from_api_error)
+    app.register_error_handler(ServiceError, _from_service_error)
     app.register_error_handler(HTTPException, _from_http_exception)
     for error in UNAVAILABLE:
         app.register_error_handler(error, _from_unavailable)

@@ -192,7 +192,9 @@ PAGE_HEADERS = {
 
 
 class DatasetQuerySchema(StrictSchema):
-    expand = DelimitedList(fields.String(validate=validate.OneOf(["versions"])), metadata={
+    # an empty ``expand=`` names nothing: refused (422), not read as "no expansion"
+    expand = DelimitedList(fields.String(validate=validate.OneOf(["versions"])),
+                           validate=validate.Length(min=1), metadata={
         "description": "versions: each `versions` entry with its `columns` (otherwise"
                        " left out, so the answer does not grow with versions x columns)"})
 

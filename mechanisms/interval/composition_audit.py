@@ -4,7 +4,7 @@ Earlier releases' anchors and ranges are public, so an analyst can choose the ne
 design of a column after reading them, aimed at one record (issue #27). The ledger's
 price must hold for such designs. This entry drives the real pricing path — the
 registry entry's ``cost`` and ``composed`` (``composition.price``), exactly as
-``service.releases.charge_on_history`` calls them with the column's committed
+``service.releases.pricing.charge_on_history`` calls them with the column's committed
 releases — through adaptive scenarios, and checks that the column's charges cover the
 leakage the target record suffers.
 
@@ -168,7 +168,7 @@ def old_exact_increment(design: IntervalMechanism, standalone: Fraction,
 def price(name: str, raw: Mapping[str, Any], committed: Sequence[Priced]) -> Priced:
     """Charge a release after ``committed`` ones through the registry entry, as the
     service does (``cost``, then ``composed`` on the column's history listed as
-    ``service.releases.earlier_releases`` lists it)."""
+    ``service.releases.pricing.earlier_releases`` lists it)."""
     mech = registry.get(name)
     params = mech.load_params(dict(raw))
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, _META)

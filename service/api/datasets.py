@@ -13,7 +13,7 @@ from flask import Response, current_app
 from flask_smorest import Blueprint
 
 from mechanisms import zcdp
-from service import apikeys, budget, datasets, index, inputs, releases
+from service import apikeys, budget, datasets, errors, index, inputs, wiring
 from service import metadata as metadata_schemas
 from service.api.responses import AUTH, BODY, located, problems
 from service.audit import parse_id
@@ -21,6 +21,7 @@ from service.auth import check_dataset_grant, current_key, require
 from service.ingest import PARQUET_TYPE, IngestError, iter_upload, parse_metadata
 from service.ledger import CapError
 from service.problems import APIError
+from service.releases import pricing
 from service.schemas import (
     PAGE_HEADERS,
     BudgetPatchSchema,
@@ -62,7 +63,7 @@ def dataset_or_404(dataset_id: str) -> dict[str, Any]:
     before anything of it (or of the request body) is looked at."""
     not_found = APIError(404, "no such dataset", code="not_found")
     check_dataset_grant(dataset_id, not_found)
-    doc = datasets.get(current_app.extensions["redis"], dataset_id)
+    doc = datasets.get(wiring.current().client, dataset_id)
     if doc is None:
         raise not_found
     return doc
@@ -110,7 +111,7 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
     file again; the same key with other metadata is 422 idempotency_mismatch.
     """
     config = current_app.config["PRIVRELEASE"]
-    client = current_app.extensions["redis"]
+    client = wiring.current().client
     idem_key = inputs.idempotency_key(current_key().id)
     idem = None
     if idem_key is not None:
@@ -119,7 +120,7 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
         try:
             first = datasets.idempotent(client, idem)
         except datasets.IdempotencyMismatch:
-            raise inputs.idempotency_mismatch() from None
+            raise errors.idempotency_mismatch() from None
         if first is not None:  # answered as the first time: with its warnings
             return _with_warnings(client, first)
     raw_meta = _decode_metadata(metadata)
@@ -131,13 +132,13 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
         chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
                              content_type=file.mimetype)
         doc = datasets.register(
-            client, current_app.extensions["store"], current_app.extensions["ledger"],
+            client, wiring.current().datasets, wiring.current().ledger,
             spec, caps, chunks, current_key().id, idem, sha256=sha256,
         )
     except (IngestError, budget.AmountError) as err:
         raise _invalid(err.field, err.message) from None
     except datasets.IdempotencyMismatch:
-        raise inputs.idempotency_mismatch() from None
+        raise errors.idempotency_mismatch() from None
     return _with_warnings(client, doc)
 
 
@@ -182,7 +183,7 @@ def list_datasets(expand: list[str] | None = None) -> list[dict[str, Any]]:
     (``GET .../versions`` has them): the list stays small with many versions.
     """
     key = current_key()
-    docs = datasets.list_all(current_app.extensions["redis"])
+    docs = datasets.list_all(wiring.current().client)
     return [listed(d, expand) for d in docs if key.datasets is None or d["id"] in key.datasets]
 
 
@@ -197,9 +198,9 @@ def show(dataset_id: str, expand: list[str] | None = None) -> dict[str, Any]:
     ``versions`` entries without their ``columns`` unless ``expand=versions``, as the list.
     """
     doc = listed(dataset_or_404(dataset_id), expand)
-    doc = {**doc, "notion_lock": current_app.extensions["ledger"].notion_lock(dataset_id)}
+    doc = {**doc, "notion_lock": wiring.current().ledger.notion_lock(dataset_id)}
     if current_key().role == "operator":
-        redis_client = current_app.extensions["redis"]
+        redis_client = wiring.current().client
         doc = {**doc, "holdout_exposure": datasets.holdout_exposure(redis_client, dataset_id)}
     return doc
 
@@ -259,7 +260,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
         raise APIError(409, "the dataset is retired: it takes no new version",
                        code="dataset_retired", field="dataset_id")
     config = current_app.config["PRIVRELEASE"]
-    client, ledger = current_app.extensions["redis"], current_app.extensions["ledger"]
+    client, ledger = wiring.current().client, wiring.current().ledger
     idem_key = inputs.idempotency_key(current_key().id)
     idem = None
     if idem_key is not None:
@@ -270,7 +271,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
         try:
             first = datasets.idempotent_version(client, idem)
         except datasets.IdempotencyMismatch:
-            raise inputs.idempotency_mismatch() from None
+            raise errors.idempotency_mismatch() from None
         if first is not None:
             return version_doc(doc, datasets.find_version(doc, first))
     try:
@@ -293,7 +294,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
         sha256 = _file_sha256(file.stream)
         chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
                              content_type=file.mimetype)
-        entry = datasets.add_version(client, current_app.extensions["store"], ledger,
+        entry = datasets.add_version(client, wiring.current().datasets, ledger,
                                      dataset_id, spec, chunks, current_key().id,
                                      make_current=make_current, sha256=sha256,
                                      idempotency=idem)
@@ -302,7 +303,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
     except datasets.VersionError as err:
         raise _version_error(err) from None
     except datasets.IdempotencyMismatch:
-        raise inputs.idempotency_mismatch() from None
+        raise errors.idempotency_mismatch() from None
     doc = datasets.get(client, dataset_id) or doc
     return version_doc(doc, entry)
 
@@ -344,7 +345,7 @@ def patch_version(body: dict[str, Any], dataset_id: str, version: int) -> dict[s
         raise _invalid("current", "give one of current=true or status=retired")
     try:
         doc = datasets.change_version(
-            current_app.extensions["redis"], current_app.extensions["ledger"], dataset_id,
+            wiring.current().client, wiring.current().ledger, dataset_id,
             version, current_key().id, current="current" in body, retire="status" in body)
         return version_doc(doc, datasets.find_version(doc, version))
     except datasets.VersionError as err:
@@ -359,8 +360,8 @@ def retire(dataset_id: str) -> dict[str, Any]:
     """Retire a dataset: no new releases; its releases and ledger stay readable."""
     dataset_or_404(dataset_id)
     key = current_key()
-    current_app.extensions["ledger"].retire(dataset_id, key.id)
-    return datasets.set_status(current_app.extensions["redis"], dataset_id, "retired")
+    wiring.current().ledger.retire(dataset_id, key.id)
+    return datasets.set_status(wiring.current().client, dataset_id, "retired")
 
 
 def _rows(table: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
@@ -371,14 +372,14 @@ def _rows(table: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
 def budget_doc(dataset_id: str, doc: dict[str, Any]) -> dict[str, Any]:
     """The dataset's balance and its allocations (an analyst sees only its own); a ρ row
     also as the (ε, δ)-DP it implies, and the notion lock (public release history)."""
-    ledger = current_app.extensions["ledger"]
+    ledger = wiring.current().ledger
     rows, allocations = ledger.budget(dataset_id)
     key = current_key()
     rules = ledger.allocation_scopes(dataset_id)
     if key.role != "operator":
         allocations = {k: v for k, v in allocations.items() if k == key.id}
         rules = {k: v for k, v in rules.items() if k == key.id}
-    delta = releases.zcdp_delta(doc)
+    delta = pricing.zcdp_delta(doc)
     measures: dict[str, dict[str, Any]] = dict(_rows(rows))
     if "rho" in rows:
         measures["rho"]["approx_dp"] = _rho_conversion(rows["rho"], delta)
@@ -415,7 +416,7 @@ def show_budget(dataset_id: str) -> dict[str, Any]:
 def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
     """Raise or lower caps, or set analyst keys' allocations; never below what is spent."""
     doc = dataset_or_404(dataset_id)
-    client, ledger = current_app.extensions["redis"], current_app.extensions["ledger"]
+    client, ledger = wiring.current().client, wiring.current().ledger
     columns = list(doc["columns"])
     changes: list[tuple[str | None, dict[str, int]]] = []
     try:
@@ -495,7 +496,7 @@ def audit(dataset_id: str, kind: list[str] | None = None, since: datetime | None
     if position is not None and parse_id(position) >= (since_ms, 0):
         start = f"({position}"
     end = str(max(0, int(until.timestamp() * 1000))) if until else "+"
-    ledger = current_app.extensions["ledger"]
+    ledger = wiring.current().ledger
     kinds = set(kind) if kind else None
     if format == "jsonl":
         lines = (json.dumps(_with_amounts(e), sort_keys=True) + "\n"

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from flask import current_app
 from flask_smorest import Blueprint
 
+from service import wiring
 from service.api.responses import problems
+from service.broker import live_workers
 from service.problems import APIError
 from service.schemas import HealthSchema, ReadySchema
-from workers.celery_app import live_workers
 
 blp = Blueprint("health", __name__, description="Liveness and readiness")
 
@@ -32,9 +32,9 @@ def readyz() -> dict[str, Any]:
     """Valkey answers and at least one worker sent a heartbeat to this Valkey run.
 
     A heartbeat restored from the AOF after a restart does not count
-    (:func:`workers.celery_app.live_workers`).
+    (:func:`service.broker.live_workers`).
     """
-    client: redis.Redis = current_app.extensions["redis"]
+    client: redis.Redis = wiring.current().client
     try:
         workers = live_workers(client)
     except redis.RedisError:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import current_app
 from flask_smorest import Blueprint
 
-from service import index, releases, rkeys
+from service import index, rkeys, wiring
 from service.api.responses import AUTH, problems
 from service.apikeys import parse_time
 from service.auth import current_key, may_use, require
 from service.problems import APIError
+from service.releases import documents, queue
 from service.schemas import PAGE_HEADERS, JobListQuerySchema, JobSchema, ReleaseSchema
 
 blp = Blueprint("jobs", __name__, url_prefix="/v1/jobs", description="Jobs")
@@ -47,7 +47,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
     Read from the pending and failed indexes (per dataset for a key limited to some),
     never from every release; a page may hold fewer than ``limit`` jobs.
     """
-    client = current_app.extensions["redis"]
+    client = wiring.current().client
     limit = min(max(limit, 1), 1000)
     after = index.Cursor.decode(cursor)
     if after is not None and after.phase not in {PENDING, FAILED}:
@@ -61,7 +61,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
     else:
         phases = ([PENDING] if status in PENDING_STATUSES else [FAILED] if status
                   else [PENDING, FAILED])
-    index.ensure_release_indexes(client, current_app.extensions["documents"])
+    index.ensure_release_indexes(client, wiring.current().documents)
     key = current_key()
     jobs: list[dict[str, Any]] = []
     left, nxt = limit, None
@@ -75,7 +75,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
         ids, nxt = index.page(client, keys, left, here, newest_first=phase == FAILED,
                               phase=phase)
         left -= len(ids)  # a page reads at most ``limit`` ids, however many are shown
-        for doc in releases.documents(client, ids, current_app.extensions["documents"]):
+        for doc in documents.documents(client, ids, wiring.current().documents):
             if phase == PENDING and doc["status"] not in PENDING_STATUSES:
                 # ended while the one-time backfill indexed it: drop the stale entry
                 client.zrem(rkeys.dataset_pending(doc["dataset_id"]), doc["id"])
@@ -99,11 +99,11 @@ def cancel(release_id: str) -> dict[str, Any]:
     """Cancel a job that has not started and refund its reservation (one still pricing
     holds nothing: it is cancelled, and its pricing job then reserves nothing); 409 once
     running."""
-    client = current_app.extensions["redis"]
-    doc = releases.document(client, release_id, current_app.extensions["documents"])
+    client = wiring.current().client
+    doc = documents.document(client, release_id, wiring.current().documents)
     if doc is None or not may_use(doc["dataset_id"]):
         raise APIError(404, "no such job", code="not_found")
-    outcome = current_app.extensions["ledger"].cancel(doc["dataset_id"], release_id,
+    outcome = wiring.current().ledger.cancel(doc["dataset_id"], release_id,
                                                       current_key().id)
     if outcome == "running":
         raise APIError(409, "the job is already running and cannot be cancelled",
@@ -111,8 +111,7 @@ def cancel(release_id: str) -> dict[str, Any]:
     if outcome == "ended" and doc["status"] != "cancelled":  # a repeated cancel is a no-op
         raise APIError(409, f"the job already ended ({doc['status']})", code="job_finished")
     # the queued message is now harmless (the worker skips ended releases); drop it early
-    current_app.extensions["celery"].control.revoke(
-        [release_id, releases.pricing_task_id(release_id)])
-    cancelled = releases.document(client, release_id, current_app.extensions["documents"])
+    wiring.current().queue.revoke([release_id, queue.pricing_task_id(release_id)])
+    cancelled = documents.document(client, release_id, wiring.current().documents)
     assert cancelled is not None
     return cancelled

@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import current_app
 from flask_smorest import Blueprint
 
-from service import apikeys, datasets
+from service import apikeys, datasets, wiring
 from service.api.responses import AUTH, BODY, located, problems
 from service.auth import current_key, may_use, require
 from service.problems import APIError
@@ -36,7 +35,7 @@ def _manages(key: apikeys.ApiKey) -> bool:
 @located("/v1/keys/{id}")
 def create(body: dict[str, Any]) -> dict[str, Any]:
     """A new key with a role, optional dataset grants and expiry; the token is shown once."""
-    client = current_app.extensions["redis"]
+    client = wiring.current().client
     grants = body.get("datasets")
     if grants is None and current_key().datasets is not None:
         raise APIError(422, "a key limited to some datasets creates only keys limited to "
@@ -67,7 +66,7 @@ def create(body: dict[str, Any]) -> dict[str, Any]:
 def list_keys() -> list[dict[str, Any]]:
     """Every key's public record the caller manages; tokens are never stored, so never
     shown."""
-    return [k.public() for k in apikeys.list_all(current_app.extensions["redis"])
+    return [k.public() for k in apikeys.list_all(wiring.current().client)
             if _manages(k)]
 
 
@@ -77,7 +76,7 @@ def list_keys() -> list[dict[str, Any]]:
 @blp.response(204)
 def revoke(key_id: str) -> None:
     """Revoke a key; the next request with it gets 401."""
-    client = current_app.extensions["redis"]
+    client = wiring.current().client
     key = apikeys.get(client, key_id)
     if key is None or not _manages(key) or not apikeys.revoke(client, key_id):
         raise APIError(404, "no such key", code="not_found")

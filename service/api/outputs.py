@@ -12,21 +12,20 @@ from flask_smorest import Blueprint
 import mechanisms
 from mechanisms.analysis_plot import analysis_plot
 from mechanisms.iclp.plot import plot_spec
-from service import analyses, releases, rkeys
+from service import analyses, rkeys, wiring
 from service.api.responses import AUTH, BODY, located, problems
 from service.auth import check_dataset_grant, current_key, require
 from service.outputs import OutputStore, csv_chunks
 from service.plotting import FORMATS, analysis_figure, bar_figure, render
 from service.plotting import release_figure as release_figure_of
 from service.problems import UNAVAILABLE, APIError
+from service.releases import documents, pricing
 from service.schemas import (
     AnalysisListQuerySchema,
     AnalysisPageSchema,
     AnalysisRequestSchema,
     AnalysisSchema,
 )
-from workers.celery_app import ANALYSES_QUEUE as QUEUE
-from workers.celery_app import RUN_ANALYSIS as TASK
 
 blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
                 description="Release data and analyses")
@@ -35,8 +34,8 @@ blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
 def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
     """The release, once succeeded; a release of a dataset the key may not use is
     answered as one that does not exist, before its status is looked at."""
-    doc = releases.document(current_app.extensions["redis"], release_id,
-                            current_app.extensions["documents"])
+    doc = documents.document(wiring.current().client, release_id,
+                            wiring.current().documents)
     not_found = APIError(404, "no such release", code="not_found", field=field)
     if doc is None:
         raise not_found
@@ -57,7 +56,7 @@ def data(release_id: str) -> Response:
     row order (the same for every release of the dataset; see mechanisms.rows)."""
     _succeeded(release_id)
     config = current_app.config["PRIVRELEASE"]
-    attempt = releases.table_attempt(current_app.extensions["redis"], release_id)
+    attempt = documents.table_attempt(wiring.current().client, release_id)
     table = OutputStore(config.releases_dir).load(release_id, attempt)
     if table is None:
         raise APIError(404, "this release has no record-level data", code="not_found")
@@ -134,14 +133,14 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
     doc = _succeeded(release_id)
     mech = mechanisms.get(doc["mechanism"])
     analysis = mech.analyses.get(body["analysis"])
-    runnable = releases.runnable_analyses(doc["mechanism"], doc["params"], doc["result"] or {})
+    runnable = documents.runnable_analyses(doc["mechanism"], doc["params"], doc["result"] or {})
     if analysis is None or body["analysis"] not in runnable:
         raise APIError(422, f"this release can run analyses {runnable}",
                        code="validation_error", field="analysis")
     try:
         params = analysis.load_params(body.get("params"))
     except marshmallow.ValidationError as err:
-        errors = releases.prefixed("params", err.messages)
+        errors = pricing.prefixed("params", err.messages)
         first = next(iter(errors))
         raise APIError(422, f"invalid request: {first}: {errors[first]}",
                        code="validation_error", field=first, errors=errors) from None
@@ -149,7 +148,7 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
     if len(others) != analysis.n_others:
         raise APIError(422, f"{analysis.name} takes {analysis.n_others} other release(s)",
                        code="validation_error", field="releases")
-    client = current_app.extensions["redis"]
+    client = wiring.current().client
     config = current_app.config["PRIVRELEASE"]
     outputs = OutputStore(config.releases_dir)
     other_docs = []
@@ -169,12 +168,11 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
         raise _input_error(err) from None
     except LookupError:
         raise APIError(404, "no such release", code="not_found", field="release_id") from None
-    releases.check_work(work, config.max_analysis_work, "this analysis")
+    pricing.check_work(work, config.max_analysis_work, "this analysis")
     analysis_id = analyses.create(client, release_id, analysis.name, params, others,
                                   current_key().id, work.units)
     try:
-        current_app.extensions["celery"].send_task(TASK, args=[analysis_id],
-                                                   task_id=analysis_id, queue=QUEUE)
+        wiring.current().queue.analysis(analysis_id)
     except UNAVAILABLE:
         # never queued: drop the record rather than leave it "queued" forever (the 503
         # tells the client to retry); if Valkey itself is gone the record is too stale
@@ -182,15 +180,15 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
         with contextlib.suppress(*UNAVAILABLE):
             analyses.discard(client, release_id, analysis_id)
         raise
-    created = analyses.document(client, analysis_id, current_app.extensions["documents"])
+    created = analyses.document(client, analysis_id, wiring.current().documents)
     assert created is not None
     return created
 
 
 def _release(release_id: str) -> dict[str, Any]:
     """The release (any status), answered as missing for a dataset the key may not use."""
-    doc = releases.document(current_app.extensions["redis"], release_id,
-                            current_app.extensions["documents"])
+    doc = documents.document(wiring.current().client, release_id,
+                            wiring.current().documents)
     not_found = APIError(404, "no such release", code="not_found")
     if doc is None:
         raise not_found
@@ -200,8 +198,8 @@ def _release(release_id: str) -> dict[str, Any]:
 
 def _analysis(release_id: str, analysis_id: str) -> dict[str, Any]:
     _release(release_id)
-    found = analyses.document(current_app.extensions["redis"], analysis_id,
-                               current_app.extensions["documents"])
+    found = analyses.document(wiring.current().client, analysis_id,
+                               wiring.current().documents)
     if found is None or found["release_id"] != release_id:
         raise APIError(404, "no such analysis", code="not_found")
     return found
@@ -215,9 +213,9 @@ def _analysis(release_id: str, analysis_id: str) -> dict[str, Any]:
 def list_analyses(query: dict[str, Any], release_id: str) -> dict[str, Any]:
     """A release's analyses, newest first, a page at a time (``next_cursor``)."""
     _release(release_id)
-    items, cursor = analyses.page(current_app.extensions["redis"], release_id,
+    items, cursor = analyses.page(wiring.current().client, release_id,
                                   query["limit"], query.get("cursor"),
-                                  current_app.extensions["documents"])
+                                  wiring.current().documents)
     return {"items": items, "next_cursor": cursor}
 
 
@@ -241,7 +239,7 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     anything it still produces is discarded. 409 ``analysis_ended`` once it has ended."""
     found = _analysis(release_id, analysis_id)
     key = current_key()
-    client = current_app.extensions["redis"]
+    client = wiring.current().client
     if key.role != "operator" and client.hget(rkeys.analysis(analysis_id), "actor") != key.id:
         raise APIError(403, "only the analysis's creator or an operator may cancel it",
                        code="forbidden")
@@ -252,8 +250,8 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     # broadcast skips it anyway, the status no longer being queued); a running analysis
     # is stopped by its own worker, which watches the status (workers/tasks.py)
     with contextlib.suppress(Exception):
-        current_app.extensions["celery"].control.revoke(analysis_id)
-    ended = analyses.document(client, analysis_id, current_app.extensions["documents"])
+        wiring.current().queue.revoke(analysis_id)
+    ended = analyses.document(client, analysis_id, wiring.current().documents)
     assert ended is not None
     return ended
 

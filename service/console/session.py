@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from flask import Flask, Request, current_app, session
+from flask import Flask, Request, session
 from flask.sessions import SecureCookieSessionInterface
 
-from service import apikeys, rkeys
+from service import apikeys, rkeys, wiring
 from service.problems import UNAVAILABLE
 
 PREFIX = "/console"
@@ -74,7 +74,7 @@ def _shared_secret(app: Flask) -> None:
     """Every API process signs with one secret: configured, else made once in Valkey."""
     if app.secret_key:
         return
-    client: redis.Redis = app.extensions["redis"]
+    client: redis.Redis = wiring.of(app).client
     client.set(SECRET_KEY, secrets.token_hex(32), nx=True)
     app.secret_key = client.get(SECRET_KEY)
 
@@ -96,7 +96,7 @@ class ConsoleSessionInterface(SecureCookieSessionInterface):
 
 def sign_in(key: apikeys.ApiKey) -> None:
     """A new session for ``key`` (a new id and CSRF secret: no fixation)."""
-    client: redis.Redis = current_app.extensions["redis"]
+    client: redis.Redis = wiring.current().client
     ttl = session_seconds()
     if key.expires_at is not None:
         left = (apikeys.parse_time(key.expires_at) - datetime.now(UTC)).total_seconds()
@@ -113,7 +113,7 @@ def signed_in() -> apikeys.ApiKey | None:
     session_id = session.get("sid")
     if not isinstance(session_id, str):
         return None
-    client: redis.Redis = current_app.extensions["redis"]
+    client: redis.Redis = wiring.current().client
     key_id = client.get(session_key(session_id))
     return apikeys.get(client, key_id) if key_id else None
 
@@ -121,5 +121,5 @@ def signed_in() -> apikeys.ApiKey | None:
 def sign_out() -> None:
     session_id = session.get("sid")
     if isinstance(session_id, str):
-        current_app.extensions["redis"].delete(session_key(session_id))
+        wiring.current().client.delete(session_key(session_id))
     session.clear()

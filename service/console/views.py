@@ -11,7 +11,6 @@ from typing import Any
 from flask import (
     Blueprint,
     Response,
-    current_app,
     g,
     redirect,
     render_template,
@@ -22,7 +21,7 @@ from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
 from werkzeug.wrappers import Response as BaseResponse
 from wtforms import ValidationError
 
-from service import apikeys, auth, problems
+from service import apikeys, auth, problems, wiring
 from service.api import catalog as catalog_api
 from service.api import datasets as datasets_api
 from service.api import jobs as jobs_api
@@ -185,7 +184,7 @@ def _query(schema: Any, names: tuple[str, ...], **defaults: Any) -> dict[str, An
 def signin() -> Any:
     error = None
     if request.method == "POST":
-        client = current_app.extensions["redis"]
+        client = wiring.current().client
         token = request.form.get("token", "").strip()
         key = apikeys.lookup(client, token) if token else None
         refusal = auth.key_refusal(key, "consumer")
@@ -340,7 +339,7 @@ def budget_chart(dataset_id: str, fmt: str = "png") -> Response:
     # and dataset checks first)
     ops.check(datasets_api.audit)
     datasets_api.dataset_or_404(dataset_id)
-    events = current_app.extensions["ledger"].iter_events(dataset_id)
+    events = wiring.current().ledger.iter_events(dataset_id)
     series = {}
     for measure, steps in burndown.replay(events).items():
         # the last state holds until now: without this point its step has no width

@@ -1,4 +1,4 @@
--- Claim one re-send of a gone job for the sweeper (workers/sweeper.py), which then
+-- Claim one re-send of a gone job for the sweeper (service/releases/sweeper.py), which then
 -- publishes its task again. Only a job that is still queued or running, that no run
 -- holds (no lease), and that has not read its data may be re-sent, and only while its
 -- re-send count is below the bound: checked and counted in one step, so two sweepers

@@ -23,11 +23,11 @@ import pytest
 import requests
 
 from service import apikeys, rkeys
+from service.releases.queue import RELEASES_QUEUE
 from service.server import options
 from service.valkey import EmbeddedValkey
 from tests.conftest import ROOT
 from tests.e2e.harness import TOKEN, Service, _free_port, wait_until
-from workers.celery_app import RELEASES_QUEUE
 
 CLIENTS = 32
 SECONDS = 8.0

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from service import rkeys
-from service.ledger import Ledger
+from service.ledger import Ledger, Reservation
 
 CLIENTS = 16
 SECONDS = 5.0
@@ -32,8 +32,8 @@ def _rate(redis_url: str, work: str) -> float:
                 conn.ping()
             else:
                 rid = f"rel_{ds}_{c}_{n}"
-                ledger.reserve(ds, rid, {"epsilon": 1}, actor="bench",
-                               fingerprint=rid, request_json="{}", replay=False)
+                ledger.reserve(Reservation(ds, rid, {"epsilon": 1}, actor="bench",
+                               fingerprint=rid, request_json="{}", replay=False))
                 run = ledger.mark_running(rid, "bench")
                 assert run is not None
                 ledger.commit(ds, run, "{}")

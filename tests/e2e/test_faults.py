@@ -27,9 +27,9 @@ import requests
 from celery import Celery
 
 from service import rkeys
+from service.releases.sweeper import UNACKED
 from tests.conftest import start_valkey
 from tests.e2e.harness import TOKEN, Service
-from workers.sweeper import UNACKED
 
 #: short leases and sweeps, so a reservation whose job message was lost in the
 #: crash is refunded within seconds rather than a minute

@@ -25,7 +25,7 @@ from tests.conftest import ROOT
 from tests.e2e.harness import Service, _free_port, alive, child_pids
 
 VALKEY = ("valkey-server",)
-WORKER = ("service.cli", "worker")
+WORKER = ("-m workers",)  # `privrelease worker` becomes `python -m workers`
 API = ("service.cli", "api")
 
 

@@ -15,6 +15,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from numpy.typing import NDArray
 
+from service import wiring
 from service.config import Config
 
 TOKEN = "pr_test_operator_token"
@@ -29,7 +30,7 @@ def app(service_env: dict[str, str]) -> Iterator[Flask]:
         from service.app import create_app
 
         flask_app = create_app(Config.from_env())
-        apikeys.create(flask_app.extensions["redis"], "operator", "tests", token=TOKEN)
+        apikeys.create(wiring.of(flask_app).client, "operator", "tests", token=TOKEN)
         yield flask_app
     finally:
         os.environ.clear()
@@ -63,7 +64,7 @@ class Api:
         from mechanisms import rows
         from service import datasets
 
-        store = self.client.application.extensions["store"]
+        store = wiring.of(self.client.application).datasets
         return rows.order(datasets.row_key(store, dataset_id, 1), n)
 
     def wait(self, release_id: str, timeout: float = 30.0) -> dict[str, Any]:

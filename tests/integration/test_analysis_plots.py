@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from service import apikeys
+from service import apikeys, wiring
 from tests.integration.conftest import Api
 from tests.integration.test_analyses_api import _done, _post, custom, interval
 
@@ -74,7 +74,7 @@ def test_nothing_to_draw_missing_and_ungranted_are_404(app: Any, api: Api,
         resp = api.get(f"/v1/releases/{rid}/analyses/{moments}/plot.{fmt}")
         assert resp.status_code == 404 and resp.get_json()["code"] == "not_found"
     aid = _analysis(api, rid, "npmle", {"method": "pava"})
-    r = app.extensions["redis"]
+    r = wiring.of(app).client
     granted = Api(app.test_client(), apikeys.create(r, "consumer",
                                                     datasets=(interval["case1"]["dataset_id"],))[1])
     other = Api(app.test_client(), apikeys.create(r, "consumer",

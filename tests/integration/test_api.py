@@ -17,8 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from flask import Flask
 
-from service import budget, datasets, ingest, releases, rkeys
+from service import budget, datasets, ingest, rkeys, wiring
 from service.app import create_app
+from service.ledger import Reservation
+from service.releases import pricing, submit
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
@@ -128,7 +130,7 @@ def test_parquet_upload_stores_what_the_csv_upload_stores(
         api: Api, app: Flask, mimetype: str) -> None:
     """Parquet is told by its magic bytes, whatever the part's type; the stored columns
     are those of the same table uploaded as CSV."""
-    store = app.extensions["store"]
+    store = wiring.of(app).datasets
     as_csv = api.upload(people_csv(3000), PEOPLE_META)
     as_parquet = _upload_file(api, _people_parquet(3000), PEOPLE_META, mimetype)
     assert as_csv.status_code == as_parquet.status_code == 201, as_parquet.get_json()
@@ -230,8 +232,8 @@ def test_an_upload_that_loses_the_idempotency_race_returns_the_winner(
         app: Flask, data_dir: Path) -> None:
     """Deterministically, the path of a concurrent retry: it parsed its file before the
     first registered, so only the registration script can turn it away."""
-    client, store = app.extensions["redis"], app.extensions["store"]
-    ledger = app.extensions["ledger"]
+    client, store = wiring.of(app).client, wiring.of(app).datasets
+    ledger = wiring.of(app).ledger
     spec = ingest.parse_metadata(PEOPLE_META)
     caps = budget.parse_caps(spec.budgets, list(spec.columns))
 
@@ -340,13 +342,13 @@ def test_queued_draw_counts_in_the_composed_design(api: Api, app: Flask) -> None
     req = {"dataset_id": ds_id, "mechanism": "subset.uniform", "params": {"column": "c"},
            "budget": {"subset_draws": 1}}
     # a queued draw: reserved as the API does, its job not sent (so not run yet)
-    client, ledger = app.extensions["redis"], app.extensions["ledger"]
-    first = releases.prepare(client, ledger, {**req, "params": {"column": "c",
+    client, ledger = wiring.of(app).client, wiring.of(app).ledger
+    first = pricing.prepare(client, ledger, {**req, "params": {"column": "c",
                                                                 "format": "both"}},
                              allow_seeds=False)
-    rid = releases.new_id()
-    held = ledger.reserve(ds_id, rid, first.cost_units, actor="k",
-                          fingerprint=first.fingerprint, request_json=first.request_json())
+    rid = submit.new_id()
+    held = ledger.reserve(Reservation(ds_id, rid, first.cost_units, actor="k",
+                          fingerprint=first.fingerprint, request_json=first.job().to_json()))
     assert held.outcome == "reserved"
     estimate = api.post("/v1/releases/estimate", req)
     ledger.abort(ds_id, rid, '{"message": "test"}', "k")
@@ -487,5 +489,5 @@ def test_functional_and_prior_metadata_round_trip(api: Api, app: Flask) -> None:
     doc = resp.get_json()
     assert doc["columns"]["f"] == {"type": "functional", "grid": [0, 0.5, 1], "norm_bound": 3}
     assert doc["columns"]["x"]["prior"] == {"family": "beta", "a": 2, "b": 2}
-    _, columns = app.extensions["store"].load(doc["id"], 1)
+    _, columns = wiring.of(app).datasets.load(doc["id"], 1)
     assert columns["f"].shape == (2, 3) and columns["f"][1].tolist() == [4, 5, 6]

@@ -19,7 +19,7 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
-from service import apikeys, rkeys
+from service import apikeys, rkeys, wiring
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
@@ -136,7 +136,7 @@ CALLERS = ["none", "unknown", "revoked", "expired", "consumer", "analyst", "oper
 @pytest.fixture(scope="module")
 def world(app: Flask, worker: Any) -> World:
     client = app.test_client()
-    r = app.extensions["redis"]
+    r = wiring.of(app).client
     w = World(client, r, "", "", "", {})
     w.ds, w.other = w.upload(), w.upload()
     body = _release_body(w)

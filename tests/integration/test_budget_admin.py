@@ -15,8 +15,8 @@ import pytest
 import redis
 from flask import Flask
 
-from service import apikeys
-from service.ledger import Ledger
+from service import apikeys, wiring
+from service.ledger import Ledger, Reservation
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, PEOPLE_META, Api, people_csv
 
 
@@ -74,7 +74,7 @@ def test_interval_leakage_caps_above_one_are_refused(api: Api, dataset: dict[str
 
 def test_allocations_are_enforced_and_shown(app: Flask, api: Api, dataset: dict[str, Any],
                                             worker: Any) -> None:
-    ds, r = dataset["id"], app.extensions["redis"]
+    ds, r = dataset["id"], wiring.of(app).client
     key, token = apikeys.create(r, "analyst", datasets=(ds,))
     consumer, _ = apikeys.create(r, "consumer")
     patch = {"allocations": {key.id: {"epsilon": 0.3}}}
@@ -120,8 +120,8 @@ def test_racing_analysts_respect_allocations_and_cap(r: redis.Redis, redis_url: 
     def one(i: int) -> tuple[str, str]:
         actor = "key_a" if i % 2 else "key_b"
         own = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
-        res = own.reserve(ds, f"rel_race_{i}", {"epsilon": 1}, actor=actor,
-                          fingerprint=f"race-{i}", request_json=LEDGER_REQUEST)
+        res = own.reserve(Reservation(ds, f"rel_race_{i}", {"epsilon": 1}, actor=actor,
+                          fingerprint=f"race-{i}", request_json=LEDGER_REQUEST))
         if res.outcome == "reserved" and i % 3 == 0:
             run = own.mark_running(f"rel_race_{i}", "w")
             assert run is not None and own.commit(ds, run, LEDGER_OUTPUT) == "settled"
@@ -204,7 +204,7 @@ def test_callback_is_signed_retried_and_allow_listed(app: Flask, api: Api,
     server = HTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = app.extensions["redis"]
+        r = wiring.of(app).client
         key, token = apikeys.create(r, "analyst")
         secret = apikeys.callback_secret(r, key.id)
         assert secret
@@ -230,7 +230,7 @@ def test_callback_is_signed_retried_and_allow_listed(app: Flask, api: Api,
 def test_refused_patch_changes_nothing(app: Flask, api: Api, dataset: dict[str, Any]) -> None:
     """Issue 15 item 8: a PATCH with a valid cap and an invalid allocation is refused whole.
     Main applied the cap (5 -> 50) and audited it, then answered 409 allocation_above_cap."""
-    ds, r = dataset["id"], app.extensions["redis"]
+    ds, r = dataset["id"], wiring.of(app).client
     key, _ = apikeys.create(r, "analyst", datasets=(ds,))
     before = api.get(f"/v1/datasets/{ds}/budget").get_json()
     events = len(api.get(f"/v1/datasets/{ds}/ledger").get_json())

@@ -12,7 +12,7 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
-from service import apikeys
+from service import apikeys, wiring
 from service.console import burndown, session
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
@@ -137,7 +137,7 @@ def test_burndown_replays_to_the_ledger(app: Flask, api: Api, worker: Any,
     api.wait(rel["id"])
     api.client.patch(f"/v1/datasets/{doc['id']}/budget", json={"caps": {"epsilon": 4}},
                      headers={"Authorization": "Bearer pr_test_operator_token"})
-    ledger = app.extensions["ledger"]
+    ledger = wiring.of(app).ledger
     rows, _alloc = ledger.budget(doc["id"])
     series = burndown.replay(ledger.events(doc["id"]))
     for measure, row in rows.items():

@@ -17,7 +17,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from markupsafe import escape
 
-from service import apikeys
+from service import apikeys, wiring
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from tests.integration.test_analyses_api import _post, interval
 from tests.integration.test_analysis_plots import _analysis
@@ -188,7 +188,7 @@ def test_lists_page_forward_and_back(app: Flask, api: Api, interval: dict[str, A
     assert client.get("/console/jobs?status=bogus").status_code == 422  # the API's schema
     mine = client.get("/console/releases?mine=true").get_data(as_text=True)
     assert rid in shown.findall(mine)  # the operator's token requested the fixture's
-    other = _signed_in(app, apikeys.create(app.extensions["redis"], "analyst",
+    other = _signed_in(app, apikeys.create(wiring.of(app).client, "analyst",
                                            label="no-releases")[1])
     page = other.get("/console/releases?mine=true").get_data(as_text=True)
     dataset_id = api.get(f"/v1/releases/{rid}").get_json()["dataset_id"]

@@ -47,7 +47,7 @@ from flask import Flask
 from hypothesis import strategies as st
 from schemathesis import Case, CheckContext, Response
 
-from service import apikeys, rkeys
+from service import apikeys, rkeys, wiring
 from service.problems import PROBLEM_TYPE
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -112,7 +112,7 @@ def _unlist_ledger_only_releases(r: Any) -> None:
 @pytest.fixture(scope="module")
 def world(app: Flask, worker: Any) -> World:
     api = Api(app.test_client())
-    r = app.extensions["redis"]
+    r = wiring.of(app).client
     _unlist_ledger_only_releases(r)
     meta = {**PEOPLE_META, "budgets": {**PEOPLE_META["budgets"], "interval_leakage": 0.9}}
     meta["columns"] = {**PEOPLE_META["columns"], "income": {

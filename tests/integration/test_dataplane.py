@@ -19,13 +19,14 @@ import pytest
 from flask import Flask
 from hypothesis import strategies as st
 
-from service import apikeys, index, inputs, releases, rkeys
+from service import apikeys, index, inputs, rkeys, wiring
 from service.app import create_app
 from service.config import Config
+from service.ledger import Reservation
 from service.observability import log_handler
+from service.releases import pricing, submit, sweeper
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
-from workers import sweeper
 
 SECRET = "31337.25"  # a data value an exception message quotes; it must reach no log
 
@@ -124,14 +125,14 @@ def _reserve_and_die(app: Flask, body: dict[str, Any], idem: str | None = None) 
     steps of ``POST /v1/releases`` up to and including the reservation, and no task."""
     headers = {"Idempotency-Key": idem} if idem else {}
     with app.test_request_context(headers=headers):
-        r, ledger = app.extensions["redis"], app.extensions["ledger"]
+        r, ledger = wiring.of(app).client, wiring.of(app).ledger
         key = apikeys.lookup(r, TOKEN)
         assert key is not None
-        prepared = releases.prepare(r, ledger, body, allow_seeds=True)
-        res = ledger.reserve(
-            body["dataset_id"], releases.new_id(), prepared.cost_units, actor=key.id,
+        prepared = pricing.prepare(r, ledger, body, allow_seeds=True)
+        res = ledger.reserve(Reservation(
+            body["dataset_id"], submit.new_id(), prepared.cost_units, actor=key.id,
             fingerprint=prepared.request_fingerprint, replay_fingerprint=prepared.fingerprint,
-            request_json=prepared.request_json(), idempotency_key=inputs.idempotency_key(key.id))
+            request_json=prepared.job().to_json(), idempotency_key=inputs.idempotency_key(key.id)))
     assert res.outcome == "reserved"
     return res.release_id
 
@@ -147,7 +148,7 @@ def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
     """Item 12: on main a retry with the same Idempotency-Key was answered with the
     release a dead API reserved but never enqueued; it never ran and the sweeper refunded
     it. Now the retry, or the sweeper, sends it from the outbox: it runs, charged once."""
-    ds, r = dataset["id"], app.extensions["redis"]
+    ds, r = dataset["id"], wiring.of(app).client
     by_retry = _reserve_and_die(app, _body(ds, 30), idem="outbox-retry-1")
     by_sweeper = _reserve_and_die(app, _body(ds, 31))
     fresh = _reserve_and_die(app, _body(ds, 32), idem="outbox-retry-2")
@@ -158,16 +159,15 @@ def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
     # however slow a loaded machine makes the waits below (they were a flake)
     fresh_score = time.time() + 600.0
     r.zadd(rkeys.OUTBOX, {fresh: fresh_score})
-    time.sleep(releases.OUTBOX_GRACE + 0.2)
+    time.sleep(submit.OUTBOX_GRACE + 0.2)
     retry = api.post("/v1/releases", _body(ds, 30), headers={"Idempotency-Key":
                                                               "outbox-retry-1"})
     assert retry.status_code == 202 and retry.get_json()["id"] == by_retry
     assert api.wait(by_retry)["status"] == "succeeded"
 
-    send = app.extensions["celery"].send_task
     # the refund pass is made to consider every reservation (min_age 0): still none is
     # refunded, since each is either sent or still in the outbox
-    swept = sweeper.sweep(r, app.extensions["ledger"], min_age=0, send=send)
+    swept = sweeper.sweep(r, wiring.of(app).ledger, wiring.of(app).queue, min_age=0)
     assert not {by_retry, by_sweeper, fresh} & set(swept)
     assert r.zscore(rkeys.OUTBOX, fresh) == pytest.approx(fresh_score, abs=1e-3)
     assert api.wait(by_sweeper)["status"] == "succeeded"
@@ -176,7 +176,7 @@ def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
         assert _charges(api, ds, rid) == ["reserve", "commit"]
     assert api.get(f"/v1/releases/{fresh}").get_json()["status"] == "queued"
     # the last one's retry, once past its grace, runs it as well
-    r.zadd(rkeys.OUTBOX, {fresh: time.time() - releases.OUTBOX_GRACE - 1})
+    r.zadd(rkeys.OUTBOX, {fresh: time.time() - submit.OUTBOX_GRACE - 1})
     retry = api.post("/v1/releases", _body(ds, 32), headers={"Idempotency-Key":
                                                               "outbox-retry-2"})
     assert retry.get_json()["id"] == fresh
@@ -217,7 +217,7 @@ def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
     dataset scanned them all) and had no cursor. Now pages come from the dataset indexes,
     chained by X-Next-Cursor, and a limited key's listing reads its datasets' releases
     only (counted with Valkey's own command statistics)."""
-    ds, r = dataset["id"], app.extensions["redis"]
+    ds, r = dataset["id"], wiring.of(app).client
     other = api.upload(people_csv(20), PEOPLE_META).get_json()["id"]
     mine = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(7)]
     theirs = [api.post("/v1/releases", _body(other, v)).get_json()["id"] for v in range(2)]
@@ -253,7 +253,7 @@ def test_releases_made_before_the_indexes_are_listed(app: Flask, api: Api,
                                                      worker: Any) -> None:
     """Item 9: releases created before the per-dataset indexes existed are indexed once,
     at the first list request (on main there were no indexes; here they are removed)."""
-    ds, r = dataset["id"], app.extensions["redis"]
+    ds, r = dataset["id"], wiring.of(app).client
     made = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(3)]
     api.wait(made[-1])
     r.delete(rkeys.INDEXED, rkeys.dataset_releases(ds))  # as a server upgraded from main
@@ -267,13 +267,13 @@ def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
     """Item 9 for ``GET /v1/jobs``: main read the pending set whole and the 1000 newest
     releases of the whole system; now the pending and failed indexes (per dataset for a
     limited key), paged: queued/running oldest first, then failed newest first."""
-    ds, r, ledger = dataset["id"], app.extensions["redis"], app.extensions["ledger"]
+    ds, r, ledger = dataset["id"], wiring.of(app).client, wiring.of(app).ledger
     with app.test_request_context():
-        prepared = releases.prepare(r, ledger, _body(ds, 40), allow_seeds=True)
+        prepared = pricing.prepare(r, ledger, _body(ds, 40), allow_seeds=True)
     ids = []
     for i in range(7):
-        res = ledger.reserve(ds, releases.new_id(), prepared.cost_units, actor="key_jobs",
-                             fingerprint=f"jobs-{ds}-{i}", request_json=prepared.request_json())
+        res = ledger.reserve(Reservation(ds, submit.new_id(), prepared.cost_units, actor="key_jobs",
+                             fingerprint=f"jobs-{ds}-{i}", request_json=prepared.job().to_json()))
         ids.append(res.release_id)
     queued, failed = ids[:3], ids[3:]
     for rid in failed:

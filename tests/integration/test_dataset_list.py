@@ -120,3 +120,13 @@ def test_an_unknown_expansion_is_refused(api: Api) -> None:
         assert resp.status_code == 422, path
         assert (resp.get_json()["code"], resp.get_json()["field"]) == (
             "validation_error", "expand.0"), path
+
+
+def test_an_empty_expand_is_refused_not_read_as_no_expansion(api: Api) -> None:
+    """Catches ``?expand=`` answered 200 although the schema's items are an enum (found by
+    the contract fuzzer: ST201, a schema-violating request accepted)."""
+    for path in ("/v1/datasets?expand=", "/v1/datasets?expand=versions"):
+        resp = api.get(path)
+        assert resp.status_code == (422 if path.endswith("=") else 200), path
+    resp = api.get("/v1/datasets?expand=")
+    assert resp.get_json()["field"] == "expand"

@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 import redis
 
-from service import analyses, releases, rkeys
+from service import analyses, rkeys, wiring
 from service.documents import DocumentStore, migrate, prune_swept
-from service.ledger import Ledger
+from service.ledger import Ledger, Reservation
 from service.outputs import OutputStore
+from service.releases import documents, submit
+from service.releases.run import settle_files
 from tests.conftest import ROOT
 from tests.integration.conftest import Api
-from workers.tasks import settle_files
 
 #: a Valkey database of this module's own: the migration walks every release in it
 DB = 12
@@ -52,10 +53,10 @@ def own(redis_url: str) -> Iterator[tuple[str, redis.Redis]]:
 def _reserved(ledger: Ledger, request: str = REQUEST, mode: Any = "new") -> tuple[str, str]:
     ds = "ds_" + secrets.token_hex(6)
     ledger.open(ds, {"epsilon": 10**10}, "op")
-    rid = releases.new_id()
-    res = ledger.reserve(ds, rid, {} if mode == "pricing" else {"epsilon": 500000000},
+    rid = submit.new_id()
+    res = ledger.reserve(Reservation(ds, rid, {} if mode == "pricing" else {"epsilon": 500000000},
                          actor="key_a", fingerprint=secrets.token_hex(8),
-                         request_json=request, mode=mode, replay=mode != "pricing")
+                         request_json=request, mode=mode, replay=mode != "pricing"))
     assert res.outcome in {"reserved", "pricing"}
     return ds, rid
 
@@ -86,7 +87,7 @@ def test_only_the_run_settle_recorded_is_ever_read(own: tuple[str, redis.Redis],
     late = ledger.commit(ds, stalled, "", None, result_stored=True)
     settle_files(r, docs, outputs, stalled, late, None)
     assert late == "ended"
-    doc = releases.document(r, rid, docs)
+    doc = documents.document(r, rid, docs)
     assert doc is not None and doc["result"] == {"value": 2.0}
     assert doc["accuracy"] == {"ci95_halfwidth": 3.0}  # the output's, not the estimate's
     assert not (docs.folder(rid) / "result.1.json").exists()
@@ -115,7 +116,7 @@ def test_a_request_rewritten_under_the_settle_stays_in_valkey(own: tuple[str, re
     assert ledger.cancel(ds, rid, "op") == "settled"
     h = r.hgetall(rkeys.release(rid))
     assert h["status"] == "cancelled" and h["request"] == rewritten and "doc" not in h
-    doc = releases.document(r, rid, docs)
+    doc = documents.document(r, rid, docs)
     assert doc is not None and doc["params"] == {"statistic": "sum", "column": "age"}
 
 
@@ -134,7 +135,7 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
     assert analyses.start(r, analysis_id, 60) is not None
     assert analyses.finish(r, analysis_id, result_json='{"estimate": 1.5}')
     docs = DocumentStore(tmp_path / "releases")
-    before = releases.document(r, done_rid, docs)  # read from the hash (fallback)
+    before = documents.document(r, done_rid, docs)  # read from the hash (fallback)
     assert before is not None and before["result"] == {"value": 4.0}
     assert r.object("encoding", rkeys.release(done_rid)) == "hashtable"
 
@@ -148,7 +149,7 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
     h = r.hgetall(rkeys.release(done_rid))
     assert not {"request", "output", "replay_key"} & set(h) and h["result"] == "0"
     assert r.object("encoding", rkeys.release(done_rid)) == "listpack"
-    assert releases.document(r, done_rid, docs) == before
+    assert documents.document(r, done_rid, docs) == before
     assert r.hget(rkeys.release(pending_rid), "request") == REQUEST  # still pending: stays
     moved = r.hgetall(rkeys.analysis(analysis_id))
     assert "result" not in moved and moved["stored"] == "1"
@@ -172,7 +173,7 @@ def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, A
         assert resp.status_code == 202, resp.get_json()
         ids.append(resp.get_json()["id"])
         assert api.wait(ids[-1])["status"] == "succeeded"
-    docs: DocumentStore = app.extensions["documents"]
+    docs: DocumentStore = wiring.of(app).documents
     aside = tmp_path / "aside"
     aside.mkdir()
     for rid in ids[:2]:  # moved away for the reads below, back after (the session's)
@@ -206,12 +207,20 @@ def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, A
     analyses.discard(r, ids[-1], made[0])  # leave the session's lists all readable
 
 
+class _Nowhere:
+    """A broker that drops what it is sent (the sweep below sends nothing anyway)."""
+
+    def send_task(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
                                                tmp_path: Path) -> None:
     """A run wrote its result and died before committing; the sweeper's pass charges the
     job (``charge_gone``, which moves the request) and prunes: no result file stays, the
     request does (catches a sweeper that leaves dead runs' results on disk)."""
-    from workers import sweeper
+    from service.releases import sweeper
+    from service.releases.queue import Queue
 
     _, r = own
     docs = DocumentStore(tmp_path)
@@ -222,11 +231,11 @@ def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
     assert run is not None and ledger.mark_data_read(run)
     docs.save_result(rid, run.attempt, _output(5.0))
     r.delete(rkeys.lease(rid))  # the worker died
-    assert sweeper.sweep(r, ledger, min_age=0, send=lambda *a, **k: None) == [rid]
+    assert sweeper.sweep(r, ledger, Queue(_Nowhere()), min_age=0) == [rid]
     assert sorted(p.name for p in docs.folder(rid).iterdir()) == [
         f"request.{r.hget(rkeys.release(rid), 'doc')}.json"]
     assert prune_swept(r, docs, rid) == []  # idempotent: nothing left to remove
-    doc = releases.document(r, rid, docs)
+    doc = documents.document(r, rid, docs)
     assert doc is not None and doc["status"] == "failed" and doc["result"] is None
     assert doc["params"] == json.loads(REQUEST)["params"]
 
@@ -236,7 +245,8 @@ def test_a_redelivered_task_of_an_ended_release_is_skipped(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches a redelivered run of a finished release read as 'missing' (and logged as
     not found) once its request left the hash: it ended, so it is 'skipped'."""
-    from workers import tasks
+    from service.config import Config
+    from service.releases import run
 
     resp = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
                                      "params": {"statistic": "mean", "column": "age"},
@@ -245,12 +255,9 @@ def test_a_redelivered_task_of_an_ended_release_is_skipped(
     assert api.wait(rid)["status"] == "succeeded"
     for name, value in service_env.items():
         monkeypatch.setenv(name, value)
-    tasks._deps.cache_clear()
-    try:
-        assert tasks.execute(rid, "redelivered") == "skipped"
-        assert tasks.execute(releases.new_id(), "redelivered") == "missing"
-    finally:
-        tasks._deps.cache_clear()
+    svc = wiring.build(Config.from_env(), "worker")  # a worker's, from its environment
+    assert run.execute(svc, rid, "redelivered") == "skipped"
+    assert run.execute(svc, submit.new_id(), "redelivered") == "missing"
 
 
 def test_a_missing_document_answers_503_not_500_or_404(api: Api, dataset: dict[str, Any],
@@ -267,7 +274,7 @@ def test_a_missing_document_answers_503_not_500_or_404(api: Api, dataset: dict[s
     assert resp.status_code == 202, resp.get_json()
     rid = resp.get_json()["id"]
     assert api.wait(rid)["status"] == "succeeded"
-    docs: DocumentStore = app.extensions["documents"]
+    docs: DocumentStore = wiring.of(app).documents
     shutil.move(docs.folder(rid), tmp_path / rid)
     try:
         for resp in (api.get(f"/v1/releases/{rid}"),

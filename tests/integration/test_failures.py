@@ -20,18 +20,20 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from service import apikeys, releases, rkeys
+from service import apikeys, rkeys, wiring
 from service.app import create_app
+from service.ledger import Reservation
+from service.releases import pricing, submit
+from service.releases.run import FAILED_AFTER_READ, MAX_RUNS
 from service.store import DatasetStore
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration import failing_mechanism
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api
-from workers.tasks import MAX_RUNS
 
 DB = 5
 BOOT = ("import tests.integration.failing_mechanism as m; m.install()\n"
-        "from service.cli import main\n"
-        "raise SystemExit(main(['worker', '--concurrency', '1']))")
+        "from workers.__main__ import main\n"
+        "raise SystemExit(main(['--concurrency', '1']))")
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +69,15 @@ def _dataset(api: Api, ages: list[int]) -> str:
 
 def _submit(flask_app: Flask, ds: str) -> str:
     """What POST /v1/releases does once its body passed the schema."""
-    client, ledger = flask_app.extensions["redis"], flask_app.extensions["ledger"]
-    prepared = releases.prepare(client, ledger, {
+    client, ledger = wiring.of(flask_app).client, wiring.of(flask_app).ledger
+    prepared = pricing.prepare(client, ledger, {
         "dataset_id": ds, "mechanism": failing_mechanism.NAME, "params": {"column": "age"},
         "budget": {"epsilon": 0.5}}, allow_seeds=False)
-    rid = releases.new_id()
-    res = ledger.reserve(ds, rid, prepared.cost_units, actor="key_test",
-                         fingerprint=prepared.fingerprint, request_json=prepared.request_json())
+    rid = submit.new_id()
+    res = ledger.reserve(Reservation(ds, rid, prepared.cost_units, actor="key_test",
+                         fingerprint=prepared.fingerprint, request_json=prepared.job().to_json()))
     assert res.outcome == "reserved"
-    flask_app.extensions["celery"].send_task("privrelease.run_release", args=[rid],
-                                             task_id=rid)
+    wiring.of(flask_app).queue.run(rid)
     return rid
 
 
@@ -100,7 +101,7 @@ def test_failure_after_reading_is_charged_and_says_only_mechanism_failed(
             ("cap", None), ("reserve", None), ("commit", "failed")]
         assert events[2]["amounts"] == {"epsilon": 0.5}
     assert docs[0]["error"] == docs[1]["error"]
-    client = rig["app"].extensions["redis"]
+    client = rig["app"].extensions["privrelease"].client
     assert all(client.hget(rkeys.release(d["id"]), "data_read") == "1" for d in docs)
     logged = rig["log"].read_text()
     assert "ValueError" in logged and "ZeroDivisionError" in logged  # operators see the type
@@ -126,7 +127,7 @@ def test_dataset_files_missing_before_reading_is_refunded(rig: dict[str, Any]) -
     assert row == {"cap": 5.0, "committed": 0.0, "reserved": 0.0, "remaining": 5.0}
     kinds = [e["kind"] for e in api.get(f"/v1/datasets/{ds}/ledger").get_json()]
     assert kinds == ["cap", "reserve", "abort"]
-    client = rig["app"].extensions["redis"]
+    client = rig["app"].extensions["privrelease"].client
     assert client.hget(rkeys.release(doc["id"]), "data_read") is None
 
 
@@ -136,24 +137,23 @@ def test_runs_that_keep_dying_after_reading_end_charged(rig: dict[str, Any]) -> 
     run again: on main a crash the data causes was redelivered and re-run forever."""
     api: Api = rig["api"]
     flask_app: Flask = rig["app"]
-    client, ledger = flask_app.extensions["redis"], flask_app.extensions["ledger"]
+    client, ledger = wiring.of(flask_app).client, wiring.of(flask_app).ledger
     ds = _dataset(api, [30] * 20)
-    rid = releases.new_id()
-    prepared = releases.prepare(client, ledger, {
+    rid = submit.new_id()
+    prepared = pricing.prepare(client, ledger, {
         "dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": 0.5},
         "params": {"statistic": "count", "condition": {"column": "age", "op": "ge",
                                                        "value": 30}}}, allow_seeds=False)
-    assert ledger.reserve(ds, rid, prepared.cost_units, actor="key_test",
+    assert ledger.reserve(Reservation(ds, rid, prepared.cost_units, actor="key_test",
                           fingerprint=prepared.fingerprint,
-                          request_json=prepared.request_json()).outcome == "reserved"
+                          request_json=prepared.job().to_json())).outcome == "reserved"
     for _ in range(MAX_RUNS):
         run = ledger.mark_running(rid, "dead-worker")
         assert run is not None and ledger.mark_data_read(run)
         client.delete(rkeys.lease(rid))
-    flask_app.extensions["celery"].send_task("privrelease.run_release", args=[rid],
-                                             task_id=rid)
+    wiring.of(flask_app).queue.run(rid)
     doc = api.wait(rid)
-    assert doc["status"] == "failed" and doc["error"] == releases.FAILED_AFTER_READ
+    assert doc["status"] == "failed" and doc["error"] == FAILED_AFTER_READ
     assert client.hget(rkeys.release(rid), "attempts") == str(MAX_RUNS + 1)
     row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
     assert row == {"cap": 5.0, "committed": 0.5, "reserved": 0.0, "remaining": 4.5}

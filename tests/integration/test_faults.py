@@ -31,13 +31,14 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from service import apikeys, rkeys
+from service import apikeys, rkeys, wiring
 from service.app import create_app
+from service.broker import make_celery
 from service.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
+from service.releases.queue import Queue
 from service.store import DatasetStore
 from tests.conftest import ROOT, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
-from workers.celery_app import make_celery
 
 #: answered without Valkey: liveness, the scrape (reports redis_up 0) and the docs
 NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
@@ -335,8 +336,8 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
         sock.bind(("127.0.0.1", 0))
         dead = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
     cut_off = create_app(flask_app.config["PRIVRELEASE"])
-    cut_off.extensions["celery"] = make_celery(
-        dataclasses.replace(flask_app.config["PRIVRELEASE"], redis_url=dead))
+    cut_off.extensions[wiring.EXTENSION] = dataclasses.replace(wiring.of(cut_off), queue=Queue(
+        make_celery(dataclasses.replace(flask_app.config["PRIVRELEASE"], redis_url=dead))))
     broken = Api(cut_off.test_client())
     body["params"]["anchors"]["loc"] = 45
     _assert_unavailable(broken.post("/v1/releases", body), "release")

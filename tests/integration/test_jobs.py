@@ -22,13 +22,13 @@ import pytest
 import redis
 from flask import Flask
 
-from service import apikeys, rkeys
+from service import apikeys, rkeys, wiring
 from service.app import create_app
-from service.ledger import Ledger
-from service.releases import FAILED_AFTER_READ
+from service.ledger import Ledger, Reservation
+from service.releases.run import FAILED_AFTER_READ
+from service.releases.sweeper import sweep
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
-from workers.sweeper import sweep
 
 LEASE = 2
 DELAY = 3.0
@@ -141,7 +141,7 @@ def test_worker_killed_mid_task_ends_once_and_balances(slow: Any) -> None:
     assert doc["status"] == "succeeded", doc
     assert isinstance(doc["result"]["value"], int)
     assert row["committed"] == 0.5 and row["reserved"] == 0.0 and len(commits) == 1
-    assert int(api.client.application.extensions["redis"].hget(
+    assert int(wiring.of(api.client.application).client.hget(
         rkeys.release(rid), "attempts")) == 2
 
 
@@ -154,8 +154,9 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
 
     def reserve(name: str) -> str:
         rid = f"rel_sweep_{name}_{ds}"
-        res = ledger.reserve(ds, rid, {"epsilon": 10**8}, actor="key_t", fingerprint=rid,
-                             request_json=json.dumps({"dataset_id": ds}))
+        res = ledger.reserve(Reservation(
+            ds, rid, {"epsilon": 10**8}, actor="key_t", fingerprint=rid,
+                             request_json=json.dumps({"dataset_id": ds})))
         assert res.outcome == "reserved"
         return rid
 
@@ -180,8 +181,8 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     client.hset("unacked", mapping={f"{tag}_1": json.dumps({"id": stuck}),
                                     f"{tag}_2": json.dumps({"id": prefetched})})
     try:
-        assert sorted(sweep(client, ledger, min_age=0, max_resends=0,
-                            send=api.client.application.extensions["celery"].send_task)
+        queue = wiring.of(api.client.application).queue
+        assert sorted(sweep(client, ledger, queue, min_age=0, max_resends=0)
                       ) == sorted([lost, dead, stuck])
     finally:
         client.hdel("unacked", f"{tag}_1", f"{tag}_2")
@@ -204,14 +205,13 @@ def test_sweeper_charges_a_job_whose_worker_died_after_reading(slow: Any) -> Non
     ledger = Ledger(client, lease_seconds=LEASE)
     ds = _dataset(api)
     rid = f"rel_read_{ds}"
-    res = ledger.reserve(ds, rid, {"epsilon": 10**8}, actor="key_t", fingerprint=rid,
-                         request_json=json.dumps({"dataset_id": ds}))
+    res = ledger.reserve(Reservation(ds, rid, {"epsilon": 10**8}, actor="key_t", fingerprint=rid,
+                         request_json=json.dumps({"dataset_id": ds})))
     assert res.outcome == "reserved"
     run = ledger.mark_running(rid, "w")
     assert run is not None and ledger.mark_data_read(run)
     client.delete(rkeys.lease(rid))  # its worker died after reading
-    assert rid in sweep(client, ledger, min_age=0,
-                        send=api.client.application.extensions["celery"].send_task)
+    assert rid in sweep(client, ledger, wiring.of(api.client.application).queue, min_age=0)
     assert client.hget(rkeys.release(rid), "status") == "failed"
     assert json.loads(client.hget(rkeys.release(rid), "error") or "") == FAILED_AFTER_READ
     assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,

@@ -29,8 +29,9 @@ from mechanisms import interval, registry
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.interval import composition
 from mechanisms.interval.service import LEDGER_UNIT, plan
-from service import budget, releases, rkeys
-from service.ledger import Ledger
+from service import budget, rkeys, wiring
+from service.ledger import Ledger, Reservation
+from service.releases import pricing, submit
 from tests.integration.conftest import Api
 
 MEASURE = "interval_leakage:age"
@@ -96,19 +97,19 @@ def test_second_release_is_charged_its_standalone_bound(api: Api, worker: Any,
     assert not [f for f in r.hkeys(rkeys.ledger(ds)) if f.startswith("history:")]
 
 
-def _prepare(app: Any, body: dict[str, Any]) -> releases.Prepared:
-    from service import precompute
+def _prepare(app: Any, body: dict[str, Any]) -> pricing.Prepared:
+    from service.releases import cold
     config = app.config["PRIVRELEASE"]
-    with app.app_context(), precompute.worker_scope(config):
-        return releases.prepare(app.extensions["redis"], app.extensions["ledger"], body,
+    with app.app_context(), cold.worker_scope(config):
+        return pricing.prepare(wiring.of(app).client, wiring.of(app).ledger, body,
                                 allow_seeds=True)
 
 
-def _reserve(app: Any, p: releases.Prepared) -> tuple[str, Any]:
-    rid = releases.new_id()
-    res = app.extensions["ledger"].reserve(
+def _reserve(app: Any, p: pricing.Prepared) -> tuple[str, Any]:
+    rid = submit.new_id()
+    res = wiring.of(app).ledger.reserve(Reservation(
         p.dataset["id"], rid, p.cost_units, actor="test", fingerprint=secrets.token_hex(8),
-        request_json=p.request_json(), replay=False)
+        request_json=p.job().to_json(), replay=False))
     return rid, res
 
 
@@ -147,7 +148,7 @@ def test_refunded_pending_release_leaves_later_charges_covering(api: Api, app: A
     later = _prepare(app, _body(ds))
     assert later.privacy and later.privacy["charged"] == "additive"
     assert later.cost_units == earlier.cost_units
-    ledger = app.extensions["ledger"]
+    ledger = wiring.of(app).ledger
     assert ledger.abort(ds, rid_e, '{"message": "refunded"}', "test")
     rid_l, res_l = _reserve(app, later)
     assert res_l.outcome == "reserved"
@@ -161,7 +162,7 @@ def test_refunded_pending_release_leaves_later_charges_covering(api: Api, app: A
 
 def _meta(app: Any, ds: str) -> DatasetMeta:
     from service import datasets
-    doc = datasets.get(app.extensions["redis"], ds)
+    doc = datasets.get(wiring.of(app).client, ds)
     assert doc is not None
     return datasets.meta(doc)
 
@@ -191,17 +192,17 @@ def _joint(kinds: tuple[int, ...]) -> float:
         "case1", registry.get(DESIGNS[0][0]).load_params(DESIGNS[0][1]), META).prior).leakage
 
 
-def _price(r: redis.Redis, doc: dict[str, Any], k: int) -> tuple[int, releases.Prepared]:
-    """Price design k on the column as ``releases.prepare`` does (the same function)."""
+def _price(r: redis.Redis, doc: dict[str, Any], k: int) -> tuple[int, pricing.Prepared]:
+    """Price design k on the column as ``pricing.prepare`` does (the same function)."""
     name, raw = DESIGNS[k]
     mech = registry.get(name)
     params = mech.load_params(raw)
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
-    h = releases.charge_on_history(r, doc, mech, params, cost, META, dict(cost), None)
+    h = pricing.charge_on_history(r, doc, mech, params, cost, META, dict(cost), None)
     units = {m: budget.cost_units(m, a) for m, a in h.charged.items()}
     assert h.privacy is not None and h.privacy["charged"] == "additive"
     assert units[COLUMN] == budget.cost_units(COLUMN, cost[COLUMN])
-    return k, releases.Prepared(doc, mech, params, cost, units, {}, None,
+    return k, pricing.Prepared(doc, mech, params, cost, units, {}, None,
                                 privacy={"charged": h.privacy["charged"]})
 
 
@@ -241,7 +242,7 @@ def test_interleavings_keep_committed_at_least_the_joint_leakage(r: redis.Redis,
     ledger, ds = Ledger(r), "ds_" + secrets.token_hex(6)
     ledger.open(ds, {COLUMN: CAP}, "op")
     doc = {"id": ds, "version": 1}
-    priced: list[tuple[int, releases.Prepared]] = []
+    priced: list[tuple[int, pricing.Prepared]] = []
     pending: dict[str, int] = {}
     committed: list[int] = []
     for op, i in ops:
@@ -250,10 +251,10 @@ def test_interleavings_keep_committed_at_least_the_joint_leakage(r: redis.Redis,
         elif op == "reserve" and priced:
             k, p = priced.pop(i % len(priced))
             before = ledger.balance(ds)[COLUMN]
-            rid = releases.new_id()
-            res = ledger.reserve(ds, rid, p.cost_units, actor="t",
-                                 fingerprint=secrets.token_hex(8), request_json=p.request_json(),
-                                 replay=False)
+            rid = submit.new_id()
+            res = ledger.reserve(Reservation(ds, rid, p.cost_units, actor="t",
+                                 fingerprint=secrets.token_hex(8), request_json=p.job().to_json(),
+                                 replay=False))
             if res.outcome == "reserved":
                 pending[rid] = k
             else:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service import rkeys
-from service.ledger import NO_LEASE, Ledger
+from service.ledger import NO_LEASE, Ledger, Reservation
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 
 
@@ -22,8 +22,8 @@ def _ds() -> str:
 
 def _reserve(ledger: Ledger, ds: str, units: int, **kw: object) -> tuple[str, object]:
     rid = "rel_" + secrets.token_hex(8)
-    res = ledger.reserve(ds, rid, {"epsilon": units}, actor="test",
-                         fingerprint=secrets.token_hex(8), request_json=LEDGER_REQUEST, **kw)  # type: ignore[arg-type]
+    res = ledger.reserve(Reservation(ds, rid, {"epsilon": units}, actor="test",
+                         fingerprint=secrets.token_hex(8), request_json=LEDGER_REQUEST, **kw))  # type: ignore[arg-type]
     return rid, res
 
 
@@ -110,15 +110,16 @@ def test_failure_after_reading_is_charged_and_keeps_its_replay(r: redis.Redis) -
     ledger.open(ds, {"epsilon": 1000}, "op")
     fp = "fp_" + ds
     rid = "rel_f" + ds
-    assert ledger.reserve(ds, rid, {"epsilon": 100}, actor="t", fingerprint=fp,
-                          request_json=LEDGER_REQUEST).outcome == "reserved"
+    assert ledger.reserve(Reservation(ds, rid, {"epsilon": 100}, actor="t", fingerprint=fp,
+                          request_json=LEDGER_REQUEST)).outcome == "reserved"
     run = ledger.mark_running(rid, "w")
     assert run is not None and ledger.mark_data_read(run)
     assert ledger.fail(ds, run, '{"code": "mechanism_failed"}') == "settled"
     assert r.hget(rkeys.release(rid), "status") == "failed"
     assert ledger.balance(ds)["epsilon"]["committed"] == 100
-    again = ledger.reserve(ds, "rel_g" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json=LEDGER_REQUEST)
+    again = ledger.reserve(Reservation(
+        ds, "rel_g" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json=LEDGER_REQUEST))
     assert (again.outcome, again.release_id) == ("replay", rid)
     events = ledger.events(ds)
     assert [(e["kind"], e.get("outcome")) for e in events] == [
@@ -146,15 +147,18 @@ def test_replay_and_idempotency(r: redis.Redis) -> None:
     ledger, ds = Ledger(r), _ds()
     ledger.open(ds, {"epsilon": 1000}, "op")
     fp = secrets.token_hex(8)
-    first = ledger.reserve(ds, "rel_a" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json=LEDGER_REQUEST, idempotency_key="pr:idem:t:" + ds)
-    again = ledger.reserve(ds, "rel_b" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json=LEDGER_REQUEST)
-    retry = ledger.reserve(ds, "rel_c" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json=LEDGER_REQUEST, idempotency_key="pr:idem:t:" + ds)
-    other = ledger.reserve(ds, "rel_d" + ds, {"epsilon": 100}, actor="t",
+    first = ledger.reserve(Reservation(
+        ds, "rel_a" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json=LEDGER_REQUEST, idempotency_key="pr:idem:t:" + ds))
+    again = ledger.reserve(Reservation(
+        ds, "rel_b" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json=LEDGER_REQUEST))
+    retry = ledger.reserve(Reservation(
+        ds, "rel_c" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json=LEDGER_REQUEST, idempotency_key="pr:idem:t:" + ds))
+    other = ledger.reserve(Reservation(ds, "rel_d" + ds, {"epsilon": 100}, actor="t",
                            fingerprint=fp + "x", request_json=LEDGER_REQUEST,
-                           idempotency_key="pr:idem:t:" + ds)
+                           idempotency_key="pr:idem:t:" + ds))
     assert first.outcome == "reserved"
     assert (again.outcome, again.release_id) == ("replay", first.release_id)
     assert (retry.outcome, retry.release_id) == ("idempotent", first.release_id)
@@ -162,8 +166,9 @@ def test_replay_and_idempotency(r: redis.Redis) -> None:
     assert ledger.balance(ds)["epsilon"]["reserved"] == 100
     # an aborted release is no longer a replay target: the retry runs afresh
     ledger.abort(ds, first.release_id, "{}", "w")
-    fresh = ledger.reserve(ds, "rel_e" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
-                           request_json=LEDGER_REQUEST)
+    fresh = ledger.reserve(Reservation(
+        ds, "rel_e" + ds, {"epsilon": 100}, actor="t", fingerprint=fp,
+                           request_json=LEDGER_REQUEST))
     assert fresh.outcome == "reserved"
 
 
@@ -184,8 +189,8 @@ def test_concurrent_reservations_never_overspend(r: redis.Redis, redis_url: str)
     def one(i: int) -> str:
         ledger = Ledger(rkeys.connect(redis_url))
         rid = f"rel_{ds}_{i}"
-        res = ledger.reserve(ds, rid, {"epsilon": 7, "delta": 1}, actor="t",
-                             fingerprint=f"{ds}-{i}", request_json=LEDGER_REQUEST)
+        res = ledger.reserve(Reservation(ds, rid, {"epsilon": 7, "delta": 1}, actor="t",
+                             fingerprint=f"{ds}-{i}", request_json=LEDGER_REQUEST))
         if res.outcome == "reserved" and i % 2:
             _commit(ledger, ds, rid)
         return res.outcome

@@ -24,7 +24,7 @@ import pytest
 import redis
 from flask import Flask, Response, g
 
-from service import apikeys, budget, rkeys
+from service import apikeys, budget, rkeys, wiring
 from service.api import datasets as datasets_api
 from service.audit import READ_BATCH, AuditArchive
 from service.ledger import Ledger
@@ -108,8 +108,8 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(app: Flask) -> Rig:
-    client: redis.Redis = app.extensions["redis"]
-    return Rig(Api(app.test_client()), client, app.extensions["ledger"].audit)
+    client: redis.Redis = wiring.of(app).client
+    return Rig(Api(app.test_client()), client, wiring.of(app).ledger.audit)
 
 
 def _token(parts: list[Any]) -> str:

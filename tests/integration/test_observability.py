@@ -21,7 +21,7 @@ from flask.testing import FlaskClient
 from limits import parse
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import apikeys, metrics_store
+from service import apikeys, metrics_store, wiring
 from service.app import create_app
 from service.config import Config
 from service.observability import ClusterCollector, log_handler
@@ -141,7 +141,7 @@ def test_access_log_is_json_with_route_template_and_no_secrets_or_values(
     }
     assert ds not in json.dumps(read_line)  # the template, not the path
     assert isinstance(read_line["duration_ms"], float) and read_line["duration_ms"] >= 0
-    key = apikeys.lookup(api.client.application.extensions["redis"], TOKEN)
+    key = apikeys.lookup(wiring.of(api.client.application).client, TOKEN)
     assert key is not None and read_line["key_id"] == key.id
     assert set(read_line) == {"ts", "level", "logger", "msg", "request_id", "method", "route",
                               "status", "duration_ms", "key_id"}

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from flask import Flask
 
-from service import apikeys, policy, rkeys
+from service import apikeys, policy, rkeys, wiring
 from service.config import Config
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
@@ -65,7 +65,7 @@ def test_legacy_dataset_keeps_working_and_is_recorded(api: Api, app: Flask,
     assert analyst.post("/v1/releases/estimate", {"dataset_id": ds, **SUBSET}
                         ).get_json()["fits"] is True  # read as the legacy policy
 
-    done = policy.migrate(r, app.extensions["ledger"])
+    done = policy.migrate(r, wiring.of(app).ledger)
     assert ds in done.datasets and done.legacy_allocations[ds] == [key.id]
     doc = api.get(f"/v1/datasets/{ds}").get_json()
     assert doc["notions"] == ["dp", "noiseless", "interval", "subset"]
@@ -77,7 +77,7 @@ def test_legacy_dataset_keeps_working_and_is_recorded(api: Api, app: Flask,
     assert event["record_level"] == "1" and event["legacy_allocations"] == key.id
     assert event["actor"] == policy.ACTOR
 
-    again = policy.migrate(r, app.extensions["ledger"])
+    again = policy.migrate(r, wiring.of(app).ledger)
     assert ds not in again.datasets and len(_policy_events(api, ds)) == 1
 
     budget = analyst.get(f"/v1/datasets/{ds}/budget").get_json()
@@ -150,12 +150,12 @@ def test_exact_increment_charges_are_raised_to_the_additive_rule(api: Api, app: 
     r.hset(rkeys.ledger(ds), f"committed:{measure}", int(Fraction(2, 10) * unit))
     r.hdel(rkeys.ledger(ds), "recharged:interval")  # as before the migration existed
 
-    done = policy.migrate(r, app.extensions["ledger"])
+    done = policy.migrate(r, wiring.of(app).ledger)
     assert done.recharged[ds] == {measure: unit // 10}
     assert int(r.hget(rkeys.ledger(ds), f"committed:{measure}")) == 3 * unit // 10
     (event,) = [e for e in _policy_events(api, ds) if e.get("action") == "recharged"]
     assert event["actor"] == policy.ACTOR
-    assert policy.migrate(r, app.extensions["ledger"]).recharged == {}
+    assert policy.migrate(r, wiring.of(app).ledger).recharged == {}
     assert int(r.hget(rkeys.ledger(ds), f"committed:{measure}")) == 3 * unit // 10
     rows = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]
     assert rows[measure]["committed"] == 0.3

@@ -19,6 +19,7 @@ import redis
 from flask import Flask
 
 from service import apikeys, rkeys
+from service.ledger import Reservation
 from tests.integration.conftest import TOKEN, Api
 from tests.integration.test_console import _csrf, _signed_in
 
@@ -375,8 +376,8 @@ def test_reserve_script_enforces_the_rules_itself(r: redis.Redis) -> None:
     assert ledger.named_measures(ds) == {"epsilon", "noiseless_bits"}
 
     def reserve(rid: str, cost: dict[str, int], actor: str) -> Any:
-        return ledger.reserve(ds, rid, cost, actor=actor, fingerprint=rid,
-                              request_json=LEDGER_REQUEST)
+        return ledger.reserve(Reservation(ds, rid, cost, actor=actor, fingerprint=rid,
+                              request_json=LEDGER_REQUEST))
 
     before = r.hgetall(rkeys.ledger(ds))
     res = reserve("rel_p1", {"delta": 1, "epsilon": 1}, "key_free")

@@ -27,12 +27,12 @@ from flask import Flask
 
 from mechanisms import precompute
 from mechanisms.interval import service as interval_service
-from service import apikeys, releases, rkeys
+from service import apikeys, rkeys, wiring
 from service.app import create_app
-from service.ledger import Ledger
-from workers import pricing as pricing_jobs
-from workers.celery_app import PRICING_QUEUE, RELEASES_QUEUE
-from workers.sweeper import send_outbox, sweep
+from service.ledger import Ledger, Reservation
+from service.releases import pricing, queue, submit
+from service.releases.queue import PRICING_QUEUE, RELEASES_QUEUE, Queue
+from service.releases.sweeper import send_outbox, sweep
 
 from ..conftest import ROOT
 from .conftest import TOKEN, Api
@@ -121,7 +121,7 @@ def test_sixteen_identical_cold_estimates_make_one_job(app: Flask, heights: str,
     """A Valkey SET NX marker per precompute key: 16 identical cold estimates, one job
     published (counted at the Celery app, which still publishes it)."""
     counted = create_app(app.config["PRIVRELEASE"])
-    celery = counted.extensions["celery"]
+    celery = wiring.of(counted).queue.app
     sent: list[str] = []
     publish = celery.send_task
 
@@ -134,9 +134,9 @@ def test_sixteen_identical_cold_estimates_make_one_job(app: Flask, heights: str,
     body = _calibrated(heights, _fresh_budget())
     answers = [api.post("/v1/releases/estimate", body).status_code for _ in range(16)]
     assert answers == [202] * 16
-    assert sent == [releases.ESTIMATE_TASK]
+    assert sent == [queue.PRECOMPUTE_ESTIMATE]
     assert _estimate_until_warm(api, body).status_code == 200
-    assert sent == [releases.ESTIMATE_TASK]
+    assert sent == [queue.PRECOMPUTE_ESTIMATE]
 
 
 def test_a_cold_release_is_priced_by_a_worker_and_charged_as_the_warm_path(
@@ -156,7 +156,7 @@ def test_a_cold_release_is_priced_by_a_worker_and_charged_as_the_warm_path(
     assert again.status_code == 202 and again.get_json()["status"] == "queued"
     warm = _until(api, again.get_json()["id"], {"succeeded", "failed"})
     assert warm["status"] == "succeeded" and warm["cost"] == cold["cost"]
-    ledger = app.extensions["ledger"]
+    ledger = wiring.of(app).ledger
     cold_events, warm_events = ledger.events(cold_ds), ledger.events(warm_ds)
     for kind in ("reserve", "commit"):
         assert _units(cold_events, kind) == _units(warm_events, kind) != []
@@ -171,7 +171,7 @@ def test_a_priced_release_over_the_budget_is_refused_as_the_post_would_be(
     budget = _fresh_budget() + 0.3
     cold_ds, warm_ds = _upload(api, {"interval_leakage": 0.01}), _upload(
         api, {"interval_leakage": 0.01})
-    ledger = app.extensions["ledger"]
+    ledger = wiring.of(app).ledger
     before = ledger.balance(cold_ds)
     resp = api.post("/v1/releases", _calibrated(cold_ds, budget))
     assert resp.status_code == 202 and resp.get_json()["status"] == "pricing"
@@ -194,7 +194,7 @@ def test_a_priced_release_over_the_budget_is_refused_as_the_post_would_be(
 
 def _operator_of(app: Flask, dataset_id: str) -> Api:
     """An operator limited to one dataset: its jobs list reads that dataset's indexes."""
-    _, token = apikeys.create(app.extensions["redis"], "operator", "pricing-jobs",
+    _, token = apikeys.create(wiring.of(app).client, "operator", "pricing-jobs",
                               datasets=(dataset_id,))
     return Api(app.test_client(), token)
 
@@ -202,16 +202,16 @@ def _operator_of(app: Flask, dataset_id: str) -> Api:
 def _pricing_release(app: Flask, dataset_id: str, budget: float) -> str:
     """A release created pricing as the API creates it, its job not sent (the test runs
     the job in-process)."""
-    client = app.extensions["redis"]
-    ledger = app.extensions["ledger"]
+    client = wiring.of(app).client
+    ledger = wiring.of(app).ledger
     body = _calibrated(dataset_id, budget)
     doc = json.loads(client.get(rkeys.dataset(dataset_id)) or "{}")
-    request = releases.PricingRequest(doc, body["mechanism"], body["params"], {}, None, None,
+    request = pricing.PricingRequest(doc, body["mechanism"], body["params"], {}, None, None,
                                       body)
-    release_id = releases.new_id()
-    res = ledger.reserve(dataset_id, release_id, {}, actor="key_pricing",
-                         fingerprint=request.fingerprint, request_json=request.request_json(),
-                         replay=False, mode="pricing")
+    release_id = submit.new_id()
+    res = ledger.reserve(Reservation(dataset_id, release_id, {}, actor="key_pricing",
+                         fingerprint=request.fingerprint, request_json=request.job().to_json(),
+                         replay=False, mode="pricing"))
     assert res.outcome == "pricing"
     return release_id
 
@@ -223,27 +223,31 @@ class _Sent:
         self.calls: list[tuple[str, str]] = []
         self.fail = fail
 
-    def __call__(self, name: str, args: list[Any], task_id: str) -> None:
+    def send_task(self, name: str, args: list[Any], task_id: str | None = None,
+                  queue: str | None = None) -> None:
         if self.fail:
             raise ConnectionError("broker down")
         self.calls.append((name, task_id))
+
+    def services(self, app: Flask) -> wiring.Services:
+        """The app's services, publishing here instead of to the broker."""
+        return dataclasses.replace(wiring.of(app), queue=Queue(self))
 
 
 def test_a_pricing_job_run_twice_reserves_once(app: Flask, heights: str) -> None:
     """Redelivery: a job killed after reserving (its send failed) and run again, then a
     third run, reserve exactly once; the run is sent by the run that finds it unsent."""
-    config, client = app.config["PRIVRELEASE"], app.extensions["redis"]
-    ledger = app.extensions["ledger"]
+    client, ledger = wiring.of(app).client, wiring.of(app).ledger
     release_id = _pricing_release(app, heights, _fresh_budget())
     broken = _Sent(fail=True)
     with pytest.raises(ConnectionError):
-        pricing_jobs.price(config, client, ledger, release_id, broken)
+        submit.price(broken.services(app), release_id)
     assert client.hget(rkeys.release(release_id), "status") == "queued"
     assert ledger.unsent(release_id, 0.0)  # reserved, its run still in the outbox
     sent = _Sent()
-    assert pricing_jobs.price(config, client, ledger, release_id, sent) == "skipped"
-    assert pricing_jobs.price(config, client, ledger, release_id, sent) == "skipped"
-    assert sent.calls == [(releases.TASK, release_id)]
+    assert submit.price(sent.services(app), release_id) == "skipped"
+    assert submit.price(sent.services(app), release_id) == "skipped"
+    assert sent.calls == [(queue.RUN_RELEASE, release_id)]
     reserves = ledger.events(heights, kinds={"reserve"})
     assert [e["release_id"] for e in reserves] == [release_id]
     (row,) = ledger.balance(heights).values()
@@ -255,20 +259,19 @@ def test_a_pricing_job_run_twice_reserves_once(app: Flask, heights: str) -> None
 def test_two_runs_of_a_pricing_job_at_once_reserve_once(app: Flask, heights: str) -> None:
     """A message delivered twice and run by two workers at the same time: both compute,
     the reserve script lets one reserve and send the run; the other changes nothing."""
-    config, client = app.config["PRIVRELEASE"], app.extensions["redis"]
-    ledger = app.extensions["ledger"]
+    ledger = wiring.of(app).ledger
     release_id = _pricing_release(app, heights, _fresh_budget())
     sent = _Sent()
     outcomes: list[str] = []
     runs = [threading.Thread(target=lambda: outcomes.append(
-        pricing_jobs.price(config, client, ledger, release_id, sent))) for _ in range(2)]
+        submit.price(sent.services(app), release_id))) for _ in range(2)]
     for run in runs:
         run.start()
     for run in runs:
         run.join()
     assert sorted(outcomes) == ["priced", "skipped"]
     # the run is sent (twice only if the second found it reserved, not yet sent: harmless)
-    assert set(sent.calls) == {(releases.TASK, release_id)}
+    assert set(sent.calls) == {(queue.RUN_RELEASE, release_id)}
     assert [e["release_id"] for e in ledger.events(heights, kinds={"reserve"})] == [release_id]
     ledger.abort(heights, release_id, "{}", "test")  # its run is not sent: refund
 
@@ -277,15 +280,14 @@ def test_cancelling_a_pricing_release_stops_its_reservation(app: Flask, api: Api
                                                             heights: str) -> None:
     """An operator cancels a release still pricing: cancelled at once, and its job then
     reserves nothing."""
-    config, client = app.config["PRIVRELEASE"], app.extensions["redis"]
-    ledger = app.extensions["ledger"]
+    ledger = wiring.of(app).ledger
     release_id = _pricing_release(app, heights, _fresh_budget())
     jobs = _operator_of(app, heights).get("/v1/jobs?status=pricing").get_json()
     assert [j["id"] for j in jobs] == [release_id]
     resp = api.post(f"/v1/jobs/{release_id}/cancel", {})
     assert resp.status_code == 200 and resp.get_json()["status"] == "cancelled"
     sent = _Sent()
-    assert pricing_jobs.price(config, client, ledger, release_id, sent) == "skipped"
+    assert submit.price(sent.services(app), release_id) == "skipped"
     assert sent.calls == []
     assert all(r["reserved"] == 0 and r["committed"] == 0
                for r in ledger.balance(heights).values())
@@ -307,17 +309,17 @@ def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(redis_url: str) -> 
     (in no queue, not unacked): sent again; a run never refunds or charges it."""
     client, ledger = _isolated(redis_url)
     release_id = "rel_" + "c" * 24
-    assert ledger.reserve("ds_sweep", release_id, {}, actor="t", fingerprint=release_id,
+    assert ledger.reserve(Reservation("ds_sweep", release_id, {}, actor="t", fingerprint=release_id,
                           request_json=json.dumps({"dataset_id": "ds_sweep"}), replay=False,
-                          mode="pricing").outcome == "pricing"
+                          mode="pricing")).outcome == "pricing"
     sent = _Sent()
     time.sleep(0.01)  # the outbox stamps milliseconds (rounded): be past the stamp
-    assert send_outbox(client, ledger, sent, grace=0.0) == [release_id]
-    assert (releases.PRICE_TASK, releases.pricing_task_id(release_id)) in sent.calls
+    assert send_outbox(client, ledger, Queue(sent), grace=0.0) == [release_id]
+    assert (queue.PRICE_RELEASE, queue.pricing_task_id(release_id)) in sent.calls
     assert not ledger.unsent(release_id, 0.0)
     sent.calls.clear()
-    assert sweep(client, ledger, min_age=0.0, send=sent, grace=3600) == []
-    assert (releases.PRICE_TASK, releases.pricing_task_id(release_id)) in sent.calls
+    assert sweep(client, ledger, Queue(sent), min_age=0.0, grace=3600) == []
+    assert (queue.PRICE_RELEASE, queue.pricing_task_id(release_id)) in sent.calls
     assert client.hget(rkeys.release(release_id), "status") == "pricing"
     assert ledger.balance("ds_sweep")["epsilon"]["reserved"] == 0
     client.flushdb()
@@ -331,19 +333,20 @@ def test_the_sweeper_sees_messages_waiting_in_the_release_and_pricing_queues(
     sent again. On a database of its own, so no worker consumes the stand-in messages."""
     client, ledger = _isolated(redis_url)
     queued = "rel_" + "a" * 24
-    assert ledger.reserve("ds_sweep", queued, {"epsilon": 10}, actor="t", fingerprint=queued,
+    assert ledger.reserve(Reservation(
+        "ds_sweep", queued, {"epsilon": 10}, actor="t", fingerprint=queued,
                           request_json=json.dumps({"dataset_id": "ds_sweep"})
-                          ).outcome == "reserved"
+                          )).outcome == "reserved"
     ledger.enqueued(queued)  # sent: its message waits in the queue
     client.lpush(RELEASES_QUEUE, json.dumps({"headers": {"id": queued}}))
     priced = "rel_" + "b" * 24
-    assert ledger.reserve("ds_sweep", priced, {}, actor="t", fingerprint=priced,
+    assert ledger.reserve(Reservation("ds_sweep", priced, {}, actor="t", fingerprint=priced,
                           request_json=json.dumps({"dataset_id": "ds_sweep"}), replay=False,
-                          mode="pricing").outcome == "pricing"
+                          mode="pricing")).outcome == "pricing"
     ledger.enqueued(priced)
     client.lpush(PRICING_QUEUE, json.dumps({"headers": {"id": priced + ".pricing"}}))
     sent = _Sent()
-    assert sweep(client, ledger, min_age=0.0, send=sent, grace=3600) == []
+    assert sweep(client, ledger, Queue(sent), min_age=0.0, grace=3600) == []
     assert sent.calls == []
     assert client.hget(rkeys.release(queued), "status") == "queued"
     assert client.hget(rkeys.release(priced), "status") == "pricing"
@@ -374,7 +377,7 @@ def test_estimates_have_a_per_key_limit(app: Flask, heights: str) -> None:
     another key is not affected, and other endpoints are not counted against it."""
     limited = create_app(dataclasses.replace(app.config["PRIVRELEASE"],
                                              estimate_rate_limit="3/minute"))
-    client = limited.extensions["redis"]
+    client = wiring.of(limited).client
     tokens = [apikeys.create(client, "operator", "estimate-limit")[1] for _ in range(2)]
     first, other = (Api(limited.test_client(), t) for t in tokens)
     body = {**_calibrated(heights, 0.9), "params": {
@@ -394,7 +397,7 @@ def test_cold_release_requests_count_against_the_estimate_limit(app: Flask, api:
     third cold one from a key is a 429 and creates nothing; warm ones are not counted."""
     limited = create_app(dataclasses.replace(app.config["PRIVRELEASE"],
                                              estimate_rate_limit="2/minute"))
-    client = limited.extensions["redis"]
+    client = wiring.of(limited).client
     key, token = apikeys.create(client, "analyst", "pricing-limit")
     caller = Api(limited.test_client(), token)
     ds = _upload(api)

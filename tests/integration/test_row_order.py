@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from service import datasets
+from service import datasets, wiring
 from tests.integration.conftest import Api
 
 CATS = ["a", "b", "c", "d", "e"]
@@ -100,7 +100,7 @@ def test_row_key_is_private(api: Api, worker: Any) -> None:
     x = np.random.default_rng(5).integers(0, 5, N)
     ds = _upload(api, x)
     rel = _release(api, ds, "subset.uniform", {"column": "x"}, {"subset_draws": 1})
-    store = api.client.application.extensions["store"]
+    store = wiring.of(api.client.application).datasets
     path = Path(store.path(ds, 1)) / datasets.ROW_KEY
     key = path.read_bytes()
     assert len(key) == 32 and stat.S_IMODE(os.stat(path).st_mode) == 0o600

@@ -23,14 +23,14 @@ import pytest
 import redis
 from flask import Flask
 
-from service import apikeys, releases, rkeys
+from service import apikeys, rkeys, wiring
 from service.app import create_app
-from service.ledger import Ledger
+from service.ledger import Ledger, Reservation
+from service.releases import queue, sweeper
+from service.releases.queue import RELEASES_QUEUE, Queue
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from tests.integration.test_precompute import _Sent
-from workers import sweeper
-from workers.celery_app import RELEASES_QUEUE
 
 LEASE = 2
 DB = 6
@@ -75,7 +75,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
 
     yield {"api": Api(flask_app.test_client()), "client": client, "start": start, "log": log,
            "ledger": Ledger(client, lease_seconds=LEASE),
-           "send": flask_app.extensions["celery"].send_task}
+           "queue": wiring.of(flask_app).queue}
     for proc in procs:
         proc.terminate()
         proc.wait(timeout=30)
@@ -123,16 +123,16 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     assert run is not None and run.attempt == 1
     client.delete(rkeys.lease(dead))
     _lose(client, bounded)
-    rig["send"](releases.TASK, args=[twice], task_id=twice)  # the original, delayed
+    rig["queue"].run(twice)  # the original, delayed
     assert _messages(client, twice) == 2
 
-    assert sweeper.sweep(client, ledger, min_age=0, send=rig["send"], max_resends=1) == []
+    assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == []
     for rid in (lost, dead, bounded):
         assert client.hget(rkeys.release(rid), "resends") == "1"
         assert _messages(client, rid) == 1
     assert client.hget(rkeys.release(twice), "resends") is None  # its messages wait
     _lose(client, bounded)  # lost again: past the bound of 1, refunded
-    assert sweeper.sweep(client, ledger, min_age=0, send=rig["send"], max_resends=1) == [
+    assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == [
         bounded]
     doc = api.get(f"/v1/releases/{bounded}").get_json()
     assert doc["status"] == "failed"
@@ -146,7 +146,7 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     # waited (a retry), then found the release ended
     _until(lambda: _messages(client, twice) == 0)
     assert f"run_release[{twice}] retry" in rig["log"].read_text()
-    rig["send"](releases.TASK, args=[lost], task_id=lost)  # a late redelivery
+    rig["queue"].run(lost)  # a late redelivery
     _until(lambda: _messages(client, lost) == 0)
     time.sleep(0.5)  # the late message's run, had it started, would have counted by now
     attempts = {rid: client.hget(rkeys.release(rid), "attempts") for rid in (lost, dead, twice)}
@@ -162,9 +162,9 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
 
 def _reserved(ledger: Ledger, rid: str) -> str:
     ledger.open("ds_resend", {"epsilon": 10**9}, actor="t")
-    assert ledger.reserve("ds_resend", rid, {"epsilon": 10}, actor="t", fingerprint=rid,
+    assert ledger.reserve(Reservation("ds_resend", rid, {"epsilon": 10}, actor="t", fingerprint=rid,
                           request_json=json.dumps({"dataset_id": "ds_resend"})
-                          ).outcome == "reserved"
+                          )).outcome == "reserved"
     ledger.enqueued(rid)  # sent, and its message lost
     return rid
 
@@ -181,27 +181,27 @@ def test_a_resend_is_claimed_only_for_a_gone_unread_job_and_paced(rig: dict[str,
     run = ledger.mark_running(read, "w")
     assert run is not None and ledger.mark_data_read(run)
     for rid in (held, read):
-        assert sweeper._resend(client, ledger, rid, 3, _Sent(), "test") == 0
+        assert sweeper._resend(client, ledger, rid, 3, Queue(_Sent()), "test") == 0
         assert client.hget(rkeys.release(rid), "resends") is None
     client.delete(rkeys.lease(read))  # its worker died after reading: charged, not re-sent
     sent = _Sent()
-    assert sweeper.sweep(client, ledger, min_age=0, send=sent) == [read]
+    assert sweeper.sweep(client, ledger, Queue(sent), min_age=0) == [read]
     assert sent.calls == []
     assert ledger.abort("ds_resend", held, "{}", "test")
 
     gone = _reserved(ledger, "rel_" + "g" * 24)
     down = _Sent(fail=True)
-    assert sweeper.sweep(client, ledger, min_age=0, send=down) == []
+    assert sweeper.sweep(client, ledger, Queue(down), min_age=0) == []
     assert client.hmget(rkeys.release(gone), "resends", "resent_at") == ["0", None]
     # reserved long ago, re-sent lately: left to that message until min_age has passed
     client.zadd(rkeys.PENDING, {gone: time.time() - 100})
     client.hset(rkeys.release(gone), "resent_at", f"{time.time() - 10:.3f}")
     sent = _Sent()
-    assert sweeper.sweep(client, ledger, min_age=30, send=sent) == []
+    assert sweeper.sweep(client, ledger, Queue(sent), min_age=30) == []
     assert sent.calls == []
     client.hset(rkeys.release(gone), "resent_at", f"{time.time() - 40:.3f}")
-    assert sweeper.sweep(client, ledger, min_age=30, send=sent) == []
-    assert sent.calls == [(releases.TASK, gone)]
+    assert sweeper.sweep(client, ledger, Queue(sent), min_age=30) == []
+    assert sent.calls == [(queue.RUN_RELEASE, gone)]
     assert client.hget(rkeys.release(gone), "resends") == "1"
     assert client.hget(rkeys.release(gone), "status") == "queued"
     assert ledger.abort("ds_resend", gone, "{}", "test")
@@ -224,10 +224,10 @@ def test_a_queued_job_whose_message_a_worker_took_long_ago_is_resent(
     client.zadd(sweeper.UNACKED_INDEX, {f"t_{stranded}": now - 31, f"t_{fresh}": now - 29})
     sent = _Sent()
     try:
-        assert sweeper.sweep(client, ledger, min_age=30, send=sent) == []
+        assert sweeper.sweep(client, ledger, Queue(sent), min_age=30) == []
     finally:
         client.delete(sweeper.UNACKED, sweeper.UNACKED_INDEX)
-    assert sent.calls == [(releases.TASK, stranded)]
+    assert sent.calls == [(queue.RUN_RELEASE, stranded)]
     for rid in (stranded, fresh, unknown):
         assert client.hget(rkeys.release(rid), "status") == "queued"
         assert ledger.abort("ds_resend", rid, "{}", "test")

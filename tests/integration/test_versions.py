@@ -24,8 +24,11 @@ import numpy as np
 import pytest
 from flask import Flask
 
-from service import datasets, precompute, releases, rkeys
+from service import datasets, rkeys, wiring
 from service.ingest import iter_upload
+from service.ledger import Reservation
+from service.releases import cold as cold_store
+from service.releases import pricing, submit
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 PROBLEM = "application/problem+json"
@@ -141,11 +144,11 @@ def test_versions_spend_one_budget_and_replays_are_per_version(
     assert (budget["committed"], budget["remaining"]) == (pytest.approx(1.2),
                                                           pytest.approx(0.3))
 
-    client = app.extensions["redis"]
+    client = wiring.of(app).client
     doc = datasets.get(client, ds["id"])
     assert doc is not None
-    per_version = {v: releases.earlier_releases(client, datasets.at_version(doc, v),
-                                                   app.extensions["documents"])
+    per_version = {v: pricing.earlier_releases(client, datasets.at_version(doc, v),
+                                                   wiring.of(app).documents)
                    for v in (1, 2)}
     assert [e["cost"]["epsilon"] for e in per_version[1]] == [Fraction("0.6"),
                                                                Fraction("0.3")]
@@ -191,12 +194,12 @@ def test_retired_version_refuses_new_releases_and_keeps_its_own(
     assert (resp.status_code, resp.get_json()["code"]) == (409, "dataset_retired")
 
 
-def _reserve(app: Flask, prepared: releases.Prepared, release_id: str) -> Any:
+def _reserve(app: Flask, prepared: pricing.Prepared, release_id: str) -> Any:
     """Reserve ``prepared`` as the API's POST does (same fingerprints and request)."""
-    return app.extensions["ledger"].reserve(
+    return wiring.of(app).ledger.reserve(Reservation(
         prepared.dataset["id"], release_id, prepared.cost_units, actor="t",
         fingerprint=prepared.request_fingerprint, replay_fingerprint=prepared.fingerprint,
-        request_json=prepared.request_json(), replay=False)
+        request_json=prepared.job().to_json(), replay=False))
 
 
 def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
@@ -207,20 +210,20 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     nothing; a release reserved before the retirement stays held (no new releases only)."""
     ds = _upload(api, 50)
     assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
-    client, ledger = app.extensions["redis"], app.extensions["ledger"]
-    before = releases.prepare(client, ledger, _count_rows(ds["id"], 0.2, version=2),
+    client, ledger = wiring.of(app).client, wiring.of(app).ledger
+    before = pricing.prepare(client, ledger, _count_rows(ds["id"], 0.2, version=2),
                               allow_seeds=True)
-    late = releases.prepare(client, ledger, _count_rows(ds["id"], 0.3, version=2, value=1),
+    late = pricing.prepare(client, ledger, _count_rows(ds["id"], 0.3, version=2, value=1),
                             allow_seeds=True)
-    held_id = releases.new_id()
+    held_id = submit.new_id()
     assert _reserve(app, before, held_id).outcome == "reserved"
     datasets.change_version(client, ledger, ds["id"], 2, "t", retire=True)
 
     balance, events = ledger.balance(ds["id"]), client.xlen(rkeys.events(ds["id"]))
-    refused_id = releases.new_id()
+    refused_id = submit.new_id()
     res = _reserve(app, late, refused_id)
     assert (res.outcome, res.release_id) == ("version_retired", "2")
-    problem = releases.refusal(res)
+    problem = submit.refusal(res)
     assert problem is not None
     assert (problem.status, problem.code, problem.field) == (409, "version_retired", "version")
     assert ledger.balance(ds["id"]) == balance
@@ -233,9 +236,9 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     # the release reserved before the retirement is still held; v1 still takes releases
     assert client.hget(rkeys.release(held_id), "status") == "queued"
     assert ledger.cancel(ds["id"], held_id, "t") == "settled"
-    v1 = releases.prepare(client, ledger, _count_rows(ds["id"], 0.1, version=1),
+    v1 = pricing.prepare(client, ledger, _count_rows(ds["id"], 0.1, version=1),
                           allow_seeds=True)
-    ok_id = releases.new_id()
+    ok_id = submit.new_id()
     assert _reserve(app, v1, ok_id).outcome == "reserved"
     assert ledger.cancel(ds["id"], ok_id, "t") == "settled"
 
@@ -247,19 +250,17 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
     and before its reservation; the answer is the retired version's 409 and the budget
     and the dataset's releases are as before. Also: a retired version can not be made
     current, so the ledger's field is never cleared for it."""
-    from service.api import releases as api_releases
-
     ds = _upload(api, 50)
     assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
-    client, ledger = app.extensions["redis"], app.extensions["ledger"]
-    real = api_releases._prepare
+    client, ledger = wiring.of(app).client, wiring.of(app).ledger
+    real = submit.prepare
 
-    def prepare_then_retire(body: dict[str, Any]) -> Any:
-        prepared = real(body)
+    def prepare_then_retire(svc: Any, body: dict[str, Any], *, api: bool) -> Any:
+        prepared = real(svc, body, api=api)
         datasets.change_version(client, ledger, ds["id"], 2, "other", retire=True)
         return prepared
 
-    monkeypatch.setattr(api_releases, "_prepare", prepare_then_retire)
+    monkeypatch.setattr(submit, "prepare", prepare_then_retire)
     budget = api.get(f"/v1/datasets/{ds['id']}/budget").get_json()
     resp = api.post("/v1/releases", _count_rows(ds["id"], 0.2, version=2))
     assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
@@ -282,7 +283,7 @@ def test_the_orphan_sweep_removes_old_unregistered_version_folders(
     old), a fresh folder (an upload between commit and registration), or anything while
     the registrations can not be read (a real Valkey refusing the read: an ACL user
     without MGET)."""
-    from workers import sweeper
+    from service.releases import sweeper
 
     ds = _upload(api, 20)
     assert _post_version(api, ds["id"], people_csv(15)).status_code == 201
@@ -293,7 +294,7 @@ def test_the_orphan_sweep_removes_old_unregistered_version_folders(
     for name in ("v1", "v2", "v9"):
         os.utime(folder / name, (old, old))
     (folder / "v10").mkdir()  # fresh: an upload that is registering now
-    client, store = app.extensions["redis"], app.extensions["store"]
+    client, store = wiring.of(app).client, wiring.of(app).datasets
     # the session worker's own hourly sweep must not take the folder first
     client.set(sweeper.ORPHAN_LOCK, "test", px=600_000)
     user = f"nomget{uuid.uuid4().hex[:8]}"
@@ -335,7 +336,7 @@ def test_incompatible_metadata_is_422_naming_the_field_and_leaves_nothing(
     kinds (the same people under other rules), and a refusal that leaves files or a
     Valkey change behind."""
     ds = _upload(api, 30)
-    r = app.extensions["redis"]
+    r = wiring.of(app).client
     before = (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"]),
               r.xlen(rkeys.events(ds["id"])))
     csv = people_csv(30) if "group" not in field else "age,income\n30,4.5\n"
@@ -359,7 +360,7 @@ def test_compatible_change_needs_the_declaration_and_bad_cells_leave_nothing(
     resp = _post_version(api, ds["id"], csv, metadata=wider)
     assert (resp.status_code, resp.get_json()["field"]) == (422, "compatible")
     # the dataset's own bounds refuse 125 (no value in the answer), nothing is kept
-    r = app.extensions["redis"]
+    r = wiring.of(app).client
     before = (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"]))
     resp = _post_version(api, ds["id"], people_csv(30) + "12345,3.5,b\n")
     assert resp.status_code == 422 and resp.get_json()["field"] == "file.columns.age"
@@ -394,7 +395,8 @@ def test_concurrent_version_uploads_each_get_a_number(app: Flask, data_dir: Path
     """Catches lost updates of the document (two versions, one recorded) and two uploads
     taking one number; a folder a crashed upload left (v2 here) is skipped, not reused."""
     ds = _upload(api, 10)
-    store, r, ledger = (app.extensions[k] for k in ("store", "redis", "ledger"))
+    svc = wiring.of(app)
+    store, r, ledger = svc.datasets, svc.client, svc.ledger
     doc = datasets.get(r, ds["id"])
     assert doc is not None
     spec = datasets.spec_of(doc)
@@ -445,19 +447,21 @@ def test_a_priced_release_keeps_the_version_it_was_asked_on(api: Api, app: Flask
     resp = api.upload(csv, HEIGHTS)
     assert resp.status_code == 201
     ds = resp.get_json()["id"]
-    client, ledger = app.extensions["redis"], app.extensions["ledger"]
+    client, ledger = wiring.of(app).client, wiring.of(app).ledger
+    config = app.config["PRIVRELEASE"]
     budget = 0.1 + (uuid.uuid4().int % 10**6) / 10**8  # fresh: its calibration is cold
     body = {"dataset_id": ds, "mechanism": "interval.case1",
             "params": {"column": "h", "calibrate": True},
             "budget": {"interval_leakage": budget}}
-    with pytest.raises(releases.Unpriced) as cold, precompute.api_scope(app):
-        releases.prepare(client, ledger, body, allow_seeds=True)
+    shared = wiring.of(app).precomputed
+    with pytest.raises(pricing.Unpriced) as cold, cold_store.api_scope(config, shared):
+        pricing.prepare(client, ledger, body, allow_seeds=True)
     assert cold.value.request.body["version"] == 1
-    assert json.loads(cold.value.request.request_json())["dataset_version"] == 1
+    assert json.loads(cold.value.request.job().to_json())["dataset_version"] == 1
     assert _post_version(api, ds, csv, make_current="true").status_code == 201
-    with pytest.raises(releases.Unpriced) as again, precompute.api_scope(app):
+    with pytest.raises(pricing.Unpriced) as again, cold_store.api_scope(config, shared):
         # what the pricing job runs (it computes instead; the version is chosen first)
-        releases.prepare(client, ledger, cold.value.request.body, allow_seeds=True)
+        pricing.prepare(client, ledger, cold.value.request.body, allow_seeds=True)
     assert again.value.request.dataset["version"] == 1
 
 
@@ -467,7 +471,7 @@ def test_a_document_from_before_versions_gets_its_next_version(
     dataset stored before versions existed (only ``version: 1``) takes a version 2 and
     lists both."""
     ds = _upload(api, 12)
-    r = app.extensions["redis"]
+    r = wiring.of(app).client
     doc = json.loads(r.get(rkeys.dataset(ds["id"])))
     legacy = {k: v for k, v in doc.items()
               if k not in {"versions", "current_version", "sha256"}}
@@ -485,7 +489,7 @@ def test_a_version_step_sent_twice_changes_the_document_once(app: Flask, api: Ap
     Idempotency-Key as another upload's (the caller would then remove the files of the
     version it had just stored), or records a second event."""
     ds = _upload(api, 5)
-    r, ledger = app.extensions["redis"], app.extensions["ledger"]
+    r, ledger = wiring.of(app).client, wiring.of(app).ledger
     raw = r.get(rkeys.dataset(ds["id"]))
     doc = json.loads(raw)
     entry = {**datasets.version_entry(doc), "version": 2}

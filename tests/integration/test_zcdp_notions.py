@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mechanisms import zcdp
 from service import budget
-from service.ledger import Ledger
+from service.ledger import Ledger, Reservation
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, Api
 
 COUNT = {"statistic": "count", "condition": {"column": "k", "op": "ge", "value": 0}}
@@ -141,9 +141,9 @@ def _race(ledger: Ledger, ds: str) -> dict[str, list[str]]:
     def go(kind: str) -> None:
         measure = "epsilon" if kind == "dp" else "noiseless_bits"
         barrier.wait()
-        res = ledger.reserve(ds, "rel_" + secrets.token_hex(8), {measure: 1}, actor="a",
+        res = ledger.reserve(Reservation(ds, "rel_" + secrets.token_hex(8), {measure: 1}, actor="a",
                              fingerprint=secrets.token_hex(8), request_json=LEDGER_REQUEST,
-                             notion_lock=kind)
+                             notion_lock=kind))
         outcomes[kind].append(res.outcome)
 
     threads = [threading.Thread(target=go, args=("dp" if i % 2 else "noiseless",))
@@ -191,8 +191,8 @@ def test_rho_charges_never_exceed_the_cap(r: redis.Redis, cap_millis: int,
     for c in costs:
         units = budget.cost_units("rho", c)
         rid = "rel_" + secrets.token_hex(8)
-        res = ledger.reserve(ds, rid, {"rho": units}, actor="a",
-                             fingerprint=secrets.token_hex(8), request_json=LEDGER_REQUEST)
+        res = ledger.reserve(Reservation(ds, rid, {"rho": units}, actor="a",
+                             fingerprint=secrets.token_hex(8), request_json=LEDGER_REQUEST))
         assert res.outcome == ("reserved" if accepted + units <= cap else "exhausted")
         if res.outcome == "reserved":
             run = ledger.mark_running(rid, "w")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from service.broker import VISIBILITY_TIMEOUT
 from workers import tasks
-from workers.celery_app import VISIBILITY_TIMEOUT
 
 
 def test_visibility_timeout_outlasts_every_retry_countdown() -> None:

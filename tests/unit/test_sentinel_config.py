@@ -7,9 +7,9 @@ import pytest
 from celery import Celery
 
 from service import ratelimit, rkeys
+from service.broker import SentinelBrokerTransport, configure
 from service.config import Config
 from service.durable import Replication
-from workers.celery_app import SentinelBrokerTransport, configure
 
 URL = "sentinel://privrelease:p%40ss@10.0.0.1:26379,10.0.0.2:26380,vk-2/ledger/3"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.config import Config
-from workers import sweeper
+from service.releases import sweeper
 
 
 def test_max_resends_is_read_defaults_to_the_sweepers_bound_and_refuses_negatives(

@@ -71,7 +71,9 @@ def _seg(value: str) -> str:
 
 def _expand(expand: str | Sequence[str] | None) -> str | None:
     """``expand`` as the query's comma-separated list (None: left out)."""
-    return expand if expand is None or isinstance(expand, str) else ",".join(expand)
+    if expand is None or isinstance(expand, str):
+        return expand
+    return ",".join(expand) or None  # an empty list expands nothing: left out
 
 
 class Client:

@@ -29,13 +29,13 @@ before the first byte is loaded) is not re-sent: it is charged and fails with
 the one message of every failure after the data was read. Why a worker died
 (a crash, memory) may depend on the data, so a refund could tell it, and a
 re-run of the same data would likely die the same way (a redelivered message
-re-runs it at most ``workers.tasks.MAX_RUNS`` times). Either settles only
+re-runs it at most ``run.MAX_RUNS`` times). Either settles only
 while no run holds a lease (in the settling script), so a run that started
 meanwhile is never settled here. Outputs and commits are stored by one atomic
 script, so a gone job never stored a result.
 
 A reservation still in the outbox (its API died between reserve and enqueue)
-is not gone but unsent: after ``releases.OUTBOX_GRACE`` seconds the sweeper
+is not gone but unsent: after ``submit.OUTBOX_GRACE`` seconds the sweeper
 publishes its task instead of refunding it, so an accepted release always runs.
 A release still ``pricing`` holds nothing: its pricing job is sent from the outbox
 the same way, and sent again if its message is in neither queue nor the unacked set.
@@ -54,11 +54,14 @@ from importlib import resources
 
 import redis
 
-from service import datasets, documents, releases, rkeys
+from service import datasets, documents, rkeys
 from service.ledger import NO_LEASE, Ledger
 from service.outputs import OutputStore
+from service.releases.queue import PRICING_QUEUE, RELEASES_QUEUE, Queue
+from service.releases.run import FAILED_AFTER_READ
+from service.releases.submit import OUTBOX_GRACE, enqueue
 from service.store import DatasetStore
-from workers.celery_app import PRICING_QUEUE, RELEASES_QUEUE
+from service.wiring import Services
 
 log = logging.getLogger("privrelease.sweeper")
 
@@ -98,29 +101,19 @@ def _stranded(release_id: str, delivered: dict[str, float | None], before: float
     return bool(times) and all(t is not None and t <= before for t in times)
 
 
-def _default_sender() -> releases.Sender:
-    """The worker's own Celery app (configured by ``privrelease worker``)."""
-    from workers.celery_app import app
-
-    send: releases.Sender = app.send_task
-    return send
-
-
-def send_outbox(client: redis.Redis, ledger: Ledger, send: releases.Sender | None = None,
-                grace: float = releases.OUTBOX_GRACE) -> list[str]:
+def send_outbox(client: redis.Redis, ledger: Ledger, queue: Queue,
+                grace: float = OUTBOX_GRACE) -> list[str]:
     """Publish the task of every release left in the outbox over ``grace`` s ago whose
-    release is still queued (``send``: by default the worker's Celery app); returns their
-    ids. One whose send fails stays for the next pass; one that ended (or vanished) only
-    leaves the outbox."""
+    release is still queued; returns their ids. One whose send fails stays for the next
+    pass; one that ended (or vanished) only leaves the outbox."""
     sent = []
     for release_id in ledger.outbox(grace):
         status = client.hget(rkeys.release(release_id), "status")
         if status not in {"queued", "pricing"}:
             ledger.enqueued(release_id)
             continue
-        send = send or _default_sender()
         try:
-            releases.enqueue(send, ledger, release_id, pricing=status == "pricing")
+            enqueue(queue, ledger, release_id, pricing=status == "pricing")
         except Exception as err:  # the broker is down: the outbox keeps it
             log.warning("outbox send failed", extra={"release_id": release_id,
                                                       "error_type": type(err).__name__})
@@ -130,18 +123,18 @@ def send_outbox(client: redis.Redis, ledger: Ledger, send: releases.Sender | Non
     return sent
 
 
-def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
-          outputs: OutputStore | None = None, send: releases.Sender | None = None,
-          grace: float = releases.OUTBOX_GRACE, max_resends: int = MAX_RESENDS) -> list[str]:
+def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30.0,
+          outputs: OutputStore | None = None, grace: float = OUTBOX_GRACE,
+          max_resends: int = MAX_RESENDS) -> list[str]:
     """One pass; returns the ids it settled (refunded, or charged if the data was read).
 
-    First sends the outbox's tasks (``send``, by default the worker's Celery app), then
+    First sends the outbox's tasks, then
     deals with reservations older than ``min_age`` whose job is gone, never one still in
     the outbox: re-sends one that did not read its data (at most ``max_resends`` times,
     each at least ``min_age`` after the last), settles the rest; ``outputs``: remove the
     tables runs of a settled job stored before they died.
     """
-    send_outbox(client, ledger, send, grace)
+    send_outbox(client, ledger, queue, grace)
     now = time.time()
     stale = client.zrangebyscore(rkeys.PENDING, 0, now - min_age)
     if not stale:
@@ -168,8 +161,7 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
             # idempotent: the release is reserved at most once)
             if release_id not in unacked:
                 try:
-                    releases.enqueue(send or _default_sender(), ledger, release_id,
-                                     pricing=True)
+                    enqueue(queue, ledger, release_id, pricing=True)
                 except Exception as err:  # the broker is down: the next pass retries
                     log.warning("pricing job resend failed",
                                 extra={"release_id": release_id,
@@ -186,9 +178,9 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
         dataset_id = json.loads(raw)["dataset_id"]
         if data_read:
             settled = ledger.charge_gone(dataset_id, release_id,
-                                         json.dumps(releases.FAILED_AFTER_READ), "sweeper")
+                                         json.dumps(FAILED_AFTER_READ), "sweeper")
         else:
-            sent = _resend(client, ledger, release_id, max_resends, send, reason)
+            sent = _resend(client, ledger, release_id, max_resends, queue, reason)
             if sent is not None:
                 continue
             error = json.dumps({"message": f"job gone ({reason}) after {max_resends}"
@@ -207,7 +199,7 @@ def sweep(client: redis.Redis, ledger: Ledger, min_age: float = 30.0,
 
 
 def _resend(client: redis.Redis, ledger: Ledger, release_id: str, max_resends: int,
-            send: releases.Sender | None, reason: str) -> int | None:
+            queue: Queue, reason: str) -> int | None:
     """Publish a gone job's task again if its bound allows (resend.lua claims the
     re-send, atomically with the checks that it is still gone and unread); returns the
     re-send's number, 0 if it is no longer gone or the broker failed (the next pass looks
@@ -219,7 +211,7 @@ def _resend(client: redis.Redis, ledger: Ledger, release_id: str, max_resends: i
     if claimed == 0:
         return 0
     try:
-        releases.enqueue(send or _default_sender(), ledger, release_id)
+        enqueue(queue, ledger, release_id)
     except Exception as err:  # the broker is down: give the claim back for the next pass
         client.eval(_RESEND, 2, *keys, "", max_resends, "undo")
         log.warning("job resend failed", extra={"release_id": release_id,
@@ -230,14 +222,14 @@ def _resend(client: redis.Redis, ledger: Ledger, release_id: str, max_resends: i
     return claimed
 
 
-def sweep_if_due(client: redis.Redis, ledger: Ledger, interval: float,
-                 outputs: OutputStore | None = None, send: releases.Sender | None = None,
+def sweep_if_due(svc: Services, interval: float,
                  max_resends: int = MAX_RESENDS) -> list[str]:
     """Sweep unless another worker swept within ``interval`` (a Redis lock)."""
-    if not client.set(LOCK, "1", nx=True, px=max(int(interval * 1000), 1)):
+    if not svc.client.set(LOCK, "1", nx=True, px=max(int(interval * 1000), 1)):
         return []
-    return sweep(client, ledger, min_age=max(2 * ledger.lease_seconds, 1), outputs=outputs,
-                 send=send, max_resends=max_resends)
+    return sweep(svc.client, svc.ledger, svc.queue,
+                 min_age=max(2 * svc.ledger.lease_seconds, 1), outputs=svc.outputs,
+                 max_resends=max_resends)
 
 
 def sweep_orphans_if_due(client: redis.Redis, store: DatasetStore) -> list[str]:

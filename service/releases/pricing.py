@@ -1,4 +1,4 @@
-"""Release requests: validation, cost, fingerprint, and the release document.
+"""Pricing a release request: every check, the cost and the accuracy statement.
 
 Everything here runs before the data is touched: the mechanism's schema and
 the dataset's public metadata decide the cost, which the ledger then holds.
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any
 
 import marshmallow
 import redis
@@ -22,22 +21,11 @@ import redis
 import mechanisms
 from mechanisms import precompute, zcdp
 from service import budget, datasets, rkeys
-from service.documents import DocumentStore, fields, request_of
-from service.ledger import Ledger, ReserveResult
-from service.precompute import cold_key
-from service.problems import APIError
-
-
-def request_fingerprint(dataset: dict[str, Any], mechanism: str, params: dict[str, Any],
-                        requested: dict[str, Fraction], seed: int | None) -> str:
-    """Same dataset version, mechanism, params as written, requested budget and seed: the
-    same request. What an Idempotency-Key must match; known before the cost, so a key
-    first used while its release was being priced matches the same request later."""
-    body = {"dataset_id": dataset["id"], "version": dataset["version"],
-            "mechanism": mechanism, "params": params,
-            "budget": {m: str(v) for m, v in sorted(requested.items())}, "seed": seed}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(b"request\0" + canonical.encode()).hexdigest()
+from service.documents import DocumentStore, request_of
+from service.errors import Failed, Invalid, NotFound, Retired, ServiceError, by_status
+from service.ledger import Ledger
+from service.releases.cold import cold_key
+from service.releases.request import JobRequest, request_fingerprint
 
 
 @dataclass(frozen=True)
@@ -90,20 +78,11 @@ class Prepared:
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
-    def request_json(self) -> str:
+    def job(self) -> JobRequest:
         """What the worker needs, and provenance for the document."""
-        return json.dumps({
-            "dataset_id": self.dataset["id"],
-            "dataset_version": self.dataset["version"],
-            "mechanism": self.mechanism.name,
-            "params": self.params,
-            "cost": {m: str(v) for m, v in self.cost.items()},
-            "cost_units": self.cost_units,
-            "accuracy": self.accuracy,
-            "seed": self.seed,
-            "callback_url": self.callback_url,
-            "privacy": self.privacy,
-        }, default=str)
+        return JobRequest(self.dataset["id"], self.dataset["version"], self.mechanism.name,
+                          self.params, dict(self.cost), dict(self.cost_units), self.accuracy,
+                          self.seed, self.callback_url, self.privacy)
 
 
 @dataclass(frozen=True)
@@ -125,20 +104,11 @@ class PricingRequest:
         return request_fingerprint(self.dataset, self.mechanism, self.params,
                                    self.requested_budget, self.seed)
 
-    def request_json(self) -> str:
+    def job(self) -> JobRequest:
         """The release's request while it is priced: no cost or accuracy yet."""
-        return json.dumps({
-            "dataset_id": self.dataset["id"],
-            "dataset_version": self.dataset["version"],
-            "mechanism": self.mechanism,
-            "params": self.params,
-            "cost": {},
-            "cost_units": {},
-            "accuracy": None,
-            "seed": self.seed,
-            "callback_url": self.callback_url,
-            "body": self.body,
-        }, default=str)
+        return JobRequest(self.dataset["id"], self.dataset["version"], self.mechanism,
+                          self.params, seed=self.seed, callback_url=self.callback_url,
+                          body=self.body)
 
 
 class Unpriced(Exception):
@@ -151,99 +121,10 @@ class Unpriced(Exception):
         self.key = key
 
 
-#: the error of every release that failed after its job read the data (charged): the
-#: same whatever went wrong, since a message the data decides would be a side channel
-FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
-
-
-#: the worker task that runs a release
-TASK = "privrelease.run_release"
-#: the worker task that prices a release created ``pricing``, reserves it, and enqueues TASK
-PRICE_TASK = "privrelease.price_release"
-#: the worker task that computes a cold estimate's heavy precomputation into the store
-ESTIMATE_TASK = "privrelease.precompute_estimate"
-#: Retry-After (s) of a 202 ``pricing`` answer to an estimate
-PRICING_RETRY_AFTER = 2
-#: seconds a cold estimate's job marker lives (the job removes it when done): while it
-#: lives, identical cold estimates enqueue nothing more; if the job was lost, the next
-#: estimate after it expires sends another
-ESTIMATE_JOB_TTL = 120
-#: seconds a reservation may wait in the outbox before a retry or the sweeper sends its
-#: task: longer than a live API takes between reserve and publish (a slow broker), and a
-#: task sent twice is harmless anyway (start.lua runs a release once)
-OUTBOX_GRACE = 5.0
-
-
-class Sender(Protocol):
-    """What publishes a task: a Celery app's ``send_task``."""
-
-    def __call__(self, name: str, args: list[Any], task_id: str) -> Any: ...
-
-
-def enqueue(send: Sender, ledger: Ledger, release_id: str, *, pricing: bool = False) -> None:
-    """Publish the release's task (its pricing job while it is ``pricing``), then take it
-    out of the outbox (an error leaves it there, for the sweeper or a retry to send)."""
-    if pricing:
-        send(PRICE_TASK, args=[release_id], task_id=pricing_task_id(release_id))
-    else:
-        send(TASK, args=[release_id], task_id=release_id)
-    ledger.enqueued(release_id)
-
-
-def pricing_task_id(release_id: str) -> str:
-    """The Celery task id of a release's pricing job (the run's is the release id)."""
-    return f"{release_id}.pricing"
-
-
-def refusal(res: ReserveResult) -> APIError | None:
-    """The answer to a reservation the ledger refused (None if it was not refused); the
-    same for the API and for a pricing job (then the release ends ``refused`` with it)."""
-    if res.outcome == "exhausted" and not res.listed:
-        return APIError(
-            409, f"your allocation does not list {res.measure}: an allocation that lists some"
-            " measures allows none of the others; nothing was spent", code="budget_exhausted",
-            measure=res.measure, scope="allocation", listed=False,
-            requested=budget.display(res.measure, res.requested), remaining=0.0)
-    if res.outcome == "exhausted":
-        whose = "your allocation of" if res.scope == "allocation" else "the dataset's"
-        return APIError(
-            409, f"not enough of {whose} {res.measure} budget left", code="budget_exhausted",
-            measure=res.measure, scope=res.scope,
-            requested=budget.display(res.measure, res.requested),
-            remaining=budget.display(res.measure, max(res.remaining, 0)),
-        )
-    if res.outcome == "retired":
-        return APIError(409, "dataset is retired", code="dataset_retired")
-    if res.outcome == "version_retired":  # retired after ``prepare`` read the document
-        return APIError(409, datasets.VERSION_RETIRED, code="version_retired", field="version")
-    if res.outcome == "not_admitted":  # ``prepare`` checked it too: the script again, atomically
-        return not_admitted(res.measure)
-    if res.outcome == "notion_locked":
-        return APIError(
-            409, f"this dataset has had {res.notion} releases and admits one notion at a time"
-            " (noiseless and DP outputs together have no finite guarantee in either); nothing"
-            " was spent", code="notion_locked", notion=res.notion)
-    return None
-
-
-def error_doc(err: APIError) -> dict[str, Any]:
-    """A refused release's ``error``: the problem the synchronous POST would have answered
-    (code, message, HTTP status, field and extra fields)."""
-    doc: dict[str, Any] = {"code": err.code, "message": err.detail, "status": err.status}
-    if err.field is not None:
-        doc["field"] = err.field
-    doc.update(err.extra)
-    return doc
-
-
-def no_such_dataset() -> APIError:
+def no_such_dataset() -> ServiceError:
     """The answer for a request naming a dataset that does not exist, or that the key may
     not use (the two must be indistinguishable)."""
-    return APIError(404, "no such dataset", code="not_found", field="dataset_id")
-
-
-def new_id() -> str:
-    return "rel_" + secrets.token_hex(12)
+    return NotFound("no such dataset", code="not_found", field="dataset_id")
 
 
 def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
@@ -251,7 +132,7 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
     ``work_limit`` naming the input that drives it and the limit."""
     if work.units > limit:
         hint = f"; {work.hint}" if work.hint else ""
-        raise APIError(422, f"{what} would need about {work.units:.3g} work units, above this"
+        raise Invalid(f"{what} would need about {work.units:.3g} work units, above this"
                        f" server's limit of {limit:.3g}{hint}", code="work_limit",
                        field=work.field, work=work.units, limit=limit)
 
@@ -263,19 +144,19 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     if doc is None:
         raise no_such_dataset()
     if doc.get("status") != "active":
-        raise APIError(409, "dataset is retired", code="dataset_retired", field="dataset_id")
+        raise Retired("dataset is retired", field="dataset_id")
     try:  # the asked version (default: the current one), as a release on it sees it
         doc = datasets.at_version(doc, body.get("version"))
     except datasets.VersionError as err:
-        raise APIError(err.status, err.message, code=err.code, field=err.field) from None
+        raise by_status(err.status, err.message, code=err.code, field=err.field) from None
     try:
         mech = mechanisms.get(body["mechanism"])
     except KeyError:
-        raise APIError(422, f"unknown mechanism; known: {mechanisms.names()}",
+        raise Invalid(f"unknown mechanism; known: {mechanisms.names()}",
                        code="validation_error", field="mechanism") from None
     if (doc.get("gaussian_accounting") == "zcdp" and "delta" in mech.measures
             and not mech.zcdp_native):
-        raise APIError(422, f"{mech.name} is accounted in (epsilon, delta); this dataset"
+        raise Invalid(f"{mech.name} is accounted in (epsilon, delta); this dataset"
                        " accounts Gaussian noise in zCDP (rho)", code="validation_error",
                        field="mechanism")
     try:
@@ -283,11 +164,11 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     except marshmallow.ValidationError as err:
         errors = prefixed("params", err.messages)
         first = next(iter(errors))
-        raise APIError(422, f"invalid request: {first}: {errors[first]}",
+        raise Invalid(f"invalid request: {first}: {errors[first]}",
                        code="validation_error", field=first, errors=errors) from None
     seed = body.get("seed")
     if seed is not None and not allow_seeds:
-        raise APIError(422, "client-chosen seeds are refused by this server",
+        raise Invalid("client-chosen seeds are refused by this server",
                        code="validation_error", field="seed")
     requested = _budget(body.get("budget"))
     meta = datasets.meta(doc)
@@ -307,7 +188,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         for i, ref_id in enumerate(mech.reference_datasets(params)):
             ref = datasets.get(client, ref_id)
             if ref is None or not ref.get("public"):
-                raise APIError(422, "not a registered public reference dataset",
+                raise Invalid("not a registered public reference dataset",
                                code="validation_error", field=f"params.reference.{i}")
             mech.check_reference(params, meta, datasets.meta(ref))
         if max_work is not None:
@@ -323,7 +204,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         if report is not None:
             accuracy = {**accuracy, "composition": report}
     except mechanisms.MechanismInputError as err:
-        raise APIError(422, err.message, code=err.code, field=err.field, **err.extra) from None
+        raise Invalid(err.message, code=err.code, field=err.field, **err.extra) from None
     except precompute.Busy as cold:  # every cheap check passed: a worker prices it
         # the version chosen now: its pricing job prepares the same one whatever is current
         pricing = PricingRequest(doc, mech.name, as_written, requested, seed,
@@ -337,12 +218,12 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         if measure == "rho" and agreed is None and "epsilon" in requested:
             agreed, field = zcdp.pure_to_rho(requested["epsilon"]), "budget.epsilon"
         if budget.base_measure(measure) not in budget.MEASURES or agreed is None:
-            raise APIError(500, "mechanism charged a measure the request did not name")
+            raise Failed("mechanism charged a measure the request did not name")
         if amount > agreed:
-            raise APIError(500, "mechanism cost exceeds the agreed budget")
+            raise Failed("mechanism cost exceeds the agreed budget")
         unit = budget.from_units(measure, 1)
         if 0 < amount < unit:  # charging a whole unit would take more than agreed
-            raise APIError(422, f"charges {measure} {float(amount):g}, below the smallest"
+            raise Invalid(f"charges {measure} {float(amount):g}, below the smallest"
                            f" amount the ledger can charge ({float(unit):g})",
                            code="validation_error", field=field)
     check_measures(named, charged)  # per column: interval_leakage:age must be named itself
@@ -356,6 +237,35 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
                     requested_params=as_written, requested_budget=requested,
                     notion_lock=budget.notion_lock(charged, doc), privacy=privacy)
+
+
+def estimate(ledger: Ledger, prepared: Prepared, key_id: str) -> dict[str, Any]:
+    """A dry run's answer: cost, accuracy, what this key may still spend of each measure
+    and whether the cost fits. What is left is the dataset's remainder, or the key's
+    allocation's if smaller; a listed allocation allows none of a measure it does not
+    list (reserve.lua)."""
+    rows, allocations = ledger.budget(prepared.dataset["id"])
+    mine = allocations.get(key_id, {})
+    rule = ledger.allocation_scopes(prepared.dataset["id"]).get(key_id)
+    unlisted = 0 if rule == "listed" else 1 << 62
+    remaining = {m: min(rows.get(m, {}).get("remaining", 0),
+                        mine.get(m, {}).get("remaining", unlisted))
+                 for m in prepared.cost_units}
+    short = {m: units - remaining[m] for m, units in prepared.cost_units.items()
+             if units > remaining[m]}
+    return {
+        "mechanism": prepared.mechanism.name,
+        "cost": cost_doc(prepared.cost_units),
+        "accuracy": prepared.accuracy,
+        "remaining": {m: budget.display(m, max(r, 0)) for m, r in remaining.items()},
+        "fits": not short,
+        "shortfall": {m: budget.display(m, u) for m, u in short.items()},
+    }
+
+
+def cost_doc(units: dict[str, int]) -> dict[str, float]:
+    """A cost as the documents show it: each measure's amount, from its ledger units."""
+    return {m: budget.display(m, u) for m, u in sorted(units.items())}
 
 
 @dataclass(frozen=True)
@@ -421,7 +331,7 @@ def check_notions(doc: dict[str, Any], measures: Any) -> None:
     admitted = set(budget.admitted_notions(doc))
     refused = sorted(budget.notions_of(measures) - admitted)
     if refused:
-        raise APIError(422, f"this dataset does not admit {', '.join(refused)} releases;"
+        raise Invalid(f"this dataset does not admit {', '.join(refused)} releases;"
                        f" it admits: {', '.join(sorted(admitted)) or 'none'}",
                        code="notion_not_admitted", field="mechanism", notions=sorted(admitted))
 
@@ -437,7 +347,7 @@ def check_record_level(doc: dict[str, Any], mech: mechanisms.Mechanism) -> None:
     """Refuse (422 ``record_level_not_admitted``) a mechanism that releases one output per
     record (``Mechanism.record_level``) unless the operator opted the dataset in."""
     if mech.record_level and not budget.record_level(doc):
-        raise APIError(422, RECORD_LEVEL_REFUSED.format(name=mech.name),
+        raise Invalid(RECORD_LEVEL_REFUSED.format(name=mech.name),
                        code="record_level_not_admitted", field="mechanism")
 
 
@@ -462,11 +372,11 @@ def check_measures(named: set[str], measures: Any) -> None:
             raise not_admitted(measure, named)
 
 
-def not_admitted(measure: str, named: set[str] | None = None) -> APIError:
+def not_admitted(measure: str, named: set[str] | None = None) -> ServiceError:
     """422 ``measure_not_admitted``: the dataset's budgets name no cap for ``measure``
     (``measures``: those they name, when known; caps are public, as the budget view)."""
     extra = {} if named is None else {"measures": sorted(named)}
-    return APIError(422, f"this dataset's budgets name no {measure} cap, so it admits no"
+    return Invalid(f"this dataset's budgets name no {measure} cap, so it admits no"
                     " release charging it (the operator names the measure in the budgets);"
                     " nothing was spent", code="measure_not_admitted", field="mechanism",
                     measure=measure, **extra)
@@ -509,44 +419,43 @@ def earlier_releases(client: redis.Redis, dataset: dict[str, Any],
         out.append({"status": "truncated"})
     for release_id, (raw, status, charged, sha) in zip(ids, pipe.execute(), strict=True):
         h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
-        req = request_of(docs, release_id, h)
-        if req is None:
+        stored = request_of(docs, release_id, h)
+        if stored is None:
             continue
-        if req.get("dataset_version") != dataset.get("version"):
+        req = JobRequest.from_dict(stored)
+        if req.dataset_version != dataset.get("version"):
             continue
-        units = {m: int(u) for m, u in req["cost_units"].items()}
-        cost = ({m: Fraction(v) for m, v in req["cost"].items()} if req.get("cost")
-                else {m: budget.from_units(m, u) for m, u in units.items()})
-        out.append({"mechanism": req["mechanism"], "params": req["params"], "status": status,
-                    "cost": cost, "units": units, "charged": charged == "1"})
+        out.append({"mechanism": req.mechanism, "params": req.params, "status": status,
+                    "cost": req.exact_cost(), "units": req.cost_units,
+                    "charged": charged == "1"})
     return out
 
 
 def _budget(raw: Any) -> dict[str, Fraction]:
     if not isinstance(raw, dict) or not raw:
-        raise APIError(422, "budget must be a non-empty object of measure -> amount",
+        raise Invalid("budget must be a non-empty object of measure -> amount",
                        code="validation_error", field="budget")
     out: dict[str, Fraction] = {}
     for measure, value in raw.items():
         field = f"budget.{measure}"
         if budget.base_measure(measure) not in budget.MEASURES:
-            raise APIError(422, f"unknown measure; known: {sorted(budget.MEASURES)}",
+            raise Invalid(f"unknown measure; known: {sorted(budget.MEASURES)}",
                            code="validation_error", field=field)
         try:
             amount = budget.to_fraction(value, field)
         except budget.AmountError as err:
-            raise APIError(422, err.message, code="validation_error", field=field) from None
+            raise Invalid(err.message, code="validation_error", field=field) from None
         if amount <= 0:
-            raise APIError(422, "must be positive", code="validation_error", field=field)
+            raise Invalid("must be positive", code="validation_error", field=field)
         ceiling = budget.MEASURES[budget.base_measure(measure)][1]
         if amount > ceiling:  # no cap is ever larger, so no cost could use more
-            raise APIError(422, f"must be at most {ceiling}", code="validation_error",
+            raise Invalid(f"must be at most {ceiling}", code="validation_error",
                            field=field)
         # the ledger holds whole units, rounded up: an amount below one unit would be
         # charged a unit (more than written), and off the lattice up to a unit more
         smallest = budget.from_units(measure, 1)
         if amount < smallest:
-            raise APIError(422, f"must be at least {float(smallest):g}, the smallest amount"
+            raise Invalid(f"must be at least {float(smallest):g}, the smallest amount"
                            " of this measure the ledger can charge", code="validation_error",
                            field=field)
         out[measure] = budget.on_lattice(measure, amount)
@@ -562,82 +471,3 @@ def prefixed(prefix: str, messages: Any) -> dict[str, str]:
     if isinstance(messages, list):
         return {prefix: "; ".join(str(m) for m in messages)}
     return {prefix: str(messages)}
-
-
-def cost_doc(units: dict[str, int]) -> dict[str, float]:
-    return {m: budget.display(m, u) for m, u in sorted(units.items())}
-
-
-def document(client: redis.Redis, release_id: str,
-             docs: DocumentStore | None) -> dict[str, Any] | None:
-    """The public release document (DESIGN §4), or None; a finished release's request and
-    result are read from ``docs`` (service.documents), older ones from the hash."""
-    raw = client.hgetall(rkeys.release(release_id))
-    if not raw:
-        return None
-    return render(release_id, raw, docs)
-
-
-def documents(client: redis.Redis, ids: list[str],
-              docs: DocumentStore | None) -> list[dict[str, Any]]:
-    """The documents of ``ids`` in one round trip, in order (ids without one left out):
-    a page of N releases reads N hashes and at most 2 N small files, nothing else."""
-    pipe = client.pipeline(transaction=False)
-    for release_id in ids:
-        pipe.hgetall(rkeys.release(release_id))
-    return [render(release_id, raw, docs)
-            for release_id, raw in zip(ids, pipe.execute(), strict=True) if raw]
-
-
-def table_attempt(client: redis.Redis, release_id: str) -> int:
-    """Which run's table is the release's, as its commit recorded (release tables live
-    per run, ``service.outputs``); releases committed before runs were numbered kept
-    theirs as run 1."""
-    return int(client.hget(rkeys.release(release_id), "table") or 1)
-
-
-def render(release_id: str, h: dict[str, str],
-           docs: DocumentStore | None = None) -> dict[str, Any]:
-    """The document from the release's stored fields (status, request, output, ...), its
-    request and output read from ``docs`` where the hash points there."""
-    h = fields(docs, release_id, h)
-    req = json.loads(h["request"])
-    doc: dict[str, Any] = {
-        "id": release_id,
-        "status": h["status"],
-        "dataset_id": req["dataset_id"],
-        "dataset_version": req["dataset_version"],
-        "mechanism": req["mechanism"],
-        "params": req["params"],
-        "cost": cost_doc(req["cost_units"]),
-        "seeded": req.get("seed") is not None,
-        "created_at": h.get("created_at"),
-        "started_at": h.get("started_at"),
-        "finished_at": h.get("finished_at"),
-        "result": None,
-        "accuracy": req["accuracy"],
-        "guarantee": None,
-        "privacy": req.get("privacy"),
-    }
-    if "output" in h:
-        out = json.loads(h["output"])
-        doc["result"] = out["result"]
-        doc["accuracy"] = out["accuracy"]
-        doc["guarantee"] = out["guarantee"]
-    if "error" in h:
-        doc["error"] = json.loads(h["error"])
-    if doc["status"] == "succeeded":
-        doc["analyses"] = runnable_analyses(doc["mechanism"], doc["params"],
-                                            doc["result"] or {})
-    return doc
-
-
-def runnable_analyses(mechanism: str, params: dict[str, Any],
-                      result: dict[str, Any]) -> list[str]:
-    """The analyses a succeeded release can run, judged from its design (public)."""
-    try:
-        mech = mechanisms.get(mechanism)
-    except KeyError:
-        return []
-    return sorted(name for name, analysis in mech.analyses.items()
-                  if analysis.applies(mechanism, params, result))

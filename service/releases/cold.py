@@ -1,5 +1,6 @@
-"""The service side of ``mechanisms.precompute``: where heavy results are shared, the most
-work a request may ask for, and that no API thread ever computes a cold one.
+"""A cost's cold heavy parts (the service side of ``mechanisms.precompute``): where heavy
+results are shared, the most work a request may ask for, and that no API thread ever
+computes a cold one.
 
 Cost and accuracy are answered before anything is reserved. Their heavy parts
 (interval calibration, ICLP eigen-systems) depend only on public inputs, so:
@@ -11,7 +12,7 @@ Cost and accuracy are answered before anything is reserved. Their heavy parts
   host, so each is computed once per input;
 * in an API request (:func:`api_scope`) a result that is not in the store is never
   computed: the gate raises ``mechanisms.precompute.Busy`` carrying the store key that
-  missed, and the release or estimate is handed to a worker (``service.releases.Unpriced``,
+  missed, and the release or estimate is handed to a worker (``pricing.Unpriced``,
   answered 202 ``pricing``). A worker (:func:`worker_scope`) computes it into the store,
   so the retry, or the rest of the pricing job, is warm. The API's threads only ever read
   files, so health checks and reads keep answering whatever the load of cold requests.
@@ -22,15 +23,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
-
-from flask import Flask
 
 from mechanisms import precompute
 from service.config import Config
-
-#: per app (one app per API process): the store
-_STORE = "privrelease.precompute_store"
 
 
 def store(config: Config) -> precompute.DirectoryStore:
@@ -76,13 +71,9 @@ def cold_key(err: precompute.Busy) -> str | None:
 
 
 @contextlib.contextmanager
-def api_scope(app: Flask) -> Iterator[None]:
+def api_scope(config: Config, shared: precompute.Store) -> Iterator[None]:
     """Within the block, heavy results are read from the shared store, bounded by the work
     limit, and a missing one raises ``mechanisms.precompute.Busy`` instead of computing."""
-    config: Config = app.config["PRIVRELEASE"]
-    shared: Any = app.extensions.get(_STORE)
-    if shared is None:  # setdefault is atomic: two first requests share one store
-        shared = app.extensions.setdefault(_STORE, store(config))
     seen = _Recording(shared)
     with precompute.use(seen, lambda: _RefuseCold(seen), config.max_precompute_work):
         yield

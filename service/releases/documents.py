@@ -1,0 +1,115 @@
+"""The public release document (DESIGN §4), rendered from the release's stored fields.
+
+A pending release's fields live in its Valkey hash; a finished one's request and result
+in the document store (``service.documents``), which the hash points to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import redis
+
+import mechanisms
+from service import rkeys
+from service.documents import DocumentStore, fields
+from service.releases import pricing
+from service.releases.request import JobRequest
+
+
+def document(client: redis.Redis, release_id: str,
+             docs: DocumentStore | None) -> dict[str, Any] | None:
+    """The public release document (DESIGN §4), or None; a finished release's request and
+    result are read from ``docs`` (service.documents), older ones from the hash."""
+    raw = client.hgetall(rkeys.release(release_id))
+    if not raw:
+        return None
+    return render(release_id, raw, docs)
+
+
+def documents(client: redis.Redis, ids: list[str],
+              docs: DocumentStore | None) -> list[dict[str, Any]]:
+    """The documents of ``ids`` in one round trip, in order (ids without one left out):
+    a page of N releases reads N hashes and at most 2 N small files, nothing else."""
+    pipe = client.pipeline(transaction=False)
+    for release_id in ids:
+        pipe.hgetall(rkeys.release(release_id))
+    return [render(release_id, raw, docs)
+            for release_id, raw in zip(ids, pipe.execute(), strict=True) if raw]
+
+
+def table_attempt(client: redis.Redis, release_id: str) -> int:
+    """Which run's table is the release's, as its commit recorded (release tables live
+    per run, ``service.outputs``); releases committed before runs were numbered kept
+    theirs as run 1."""
+    return int(client.hget(rkeys.release(release_id), "table") or 1)
+
+
+def render(release_id: str, h: dict[str, str],
+           docs: DocumentStore | None = None) -> dict[str, Any]:
+    """The document from the release's stored fields (status, request, output, ...), its
+    request and output read from ``docs`` where the hash points there."""
+    h = fields(docs, release_id, h)
+    req = JobRequest.from_json(h["request"])
+    doc: dict[str, Any] = {
+        "id": release_id,
+        "status": h["status"],
+        "dataset_id": req.dataset_id,
+        "dataset_version": req.dataset_version,
+        "mechanism": req.mechanism,
+        "params": req.params,
+        "cost": pricing.cost_doc(req.cost_units),
+        "seeded": req.seed is not None,
+        "created_at": h.get("created_at"),
+        "started_at": h.get("started_at"),
+        "finished_at": h.get("finished_at"),
+        "result": None,
+        "accuracy": req.accuracy,
+        "guarantee": None,
+        "privacy": req.privacy,
+    }
+    if "output" in h:
+        out = json.loads(h["output"])
+        doc["result"] = out["result"]
+        doc["accuracy"] = out["accuracy"]
+        doc["guarantee"] = out["guarantee"]
+    if "error" in h:
+        doc["error"] = json.loads(h["error"])
+    if doc["status"] == "succeeded":
+        doc["analyses"] = runnable_analyses(doc["mechanism"], doc["params"],
+                                            doc["result"] or {})
+    return doc
+
+
+def runnable_analyses(mechanism: str, params: dict[str, Any],
+                      result: dict[str, Any]) -> list[str]:
+    """The analyses a succeeded release can run, judged from its design (public)."""
+    try:
+        mech = mechanisms.get(mechanism)
+    except KeyError:
+        return []
+    return sorted(name for name, analysis in mech.analyses.items()
+                  if analysis.applies(mechanism, params, result))
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-ready copy: numpy to Python, non-finite floats to null (JSON has no NaN)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _plain(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def to_json(obj: Any) -> str:
+    """A result or an analysis output as stored: strict JSON (``_plain``)."""
+    return json.dumps(_plain(obj), allow_nan=False)

@@ -1,0 +1,267 @@
+"""Running a release: start, read, compute, commit — or fail, or abort. No Celery here:
+``workers.tasks.run_release`` calls ``execute`` and retries on ``LeaseHeld``.
+
+A release runs to at most one stored output per charge. Each run holds the
+job's lease under a token of its own (``service.ledger.Run``); the ledger's
+scripts make a redelivered message skip a finished job, wait for a live run,
+and re-run one whose run died or stalled past its lease. A run settles only
+while it still holds the lease, in the settling script itself, and its table
+lives in a folder of its own: a stalled run that wakes up after another took
+the job over stores nothing visible, commits nothing and refunds nothing.
+
+The data is first read at one explicit point (``Ledger.mark_data_read``, which
+records ``data_read`` in the job state). A failure before it (dataset gone,
+reference missing) is refunded with its message; a failure after it, whatever
+the exception, is charged and says only ``mechanism failed`` (code
+``mechanism_failed``): a refund or a message that the data decides would be a
+side channel. The sweeper applies the same rule to a job whose worker died.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import redis
+
+import mechanisms
+import mechanisms.precompute
+import mechanisms.rows
+from mechanisms.rng import secure_generator
+from service import datasets, metrics_store, rkeys
+from service.documents import DocumentStore
+from service.ledger import Ledger, Run, Settled
+from service.outputs import INLINE_ROWS, OutputStore, records
+from service.releases.documents import to_json
+from service.releases.request import JobRequest
+from service.store import DatasetStore
+from service.wiring import Services
+
+log = logging.getLogger("privrelease.worker")
+
+#: the error of every release that failed after its job read the data (charged): the
+#: same whatever went wrong, since a message the data decides would be a side channel
+FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
+
+
+@contextmanager
+def _lease(ledger: Ledger, run: Run) -> Iterator[threading.Event]:
+    """Renew the run's lease while it works; the event is set once the run lost it."""
+    stop, lost = threading.Event(), threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(ledger.lease_seconds / 3):
+            try:
+                if not ledger.renew_lease(run):
+                    lost.set()
+                    return
+            except redis.RedisError:  # Valkey away for a moment: the next renewal retries
+                continue
+
+    thread = threading.Thread(target=renew, daemon=True, name="privrelease-lease")
+    thread.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        thread.join()
+
+
+#: runs of one release that may read its data; a job whose runs all died after reading it
+#: (worker killed, lost, out of memory) is then charged and failed, not run again
+MAX_RUNS = 3
+
+
+class LeaseHeld(Exception):
+    """Another worker holds the job's lease; look again once it could have lapsed."""
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A release's public inputs, resolved before any of its data is read."""
+
+    dataset_id: str
+    version: int
+    mechanism: mechanisms.Mechanism
+    params: dict[str, Any]
+    cost: dict[str, Fraction]
+    meta: mechanisms.DatasetMeta
+    seed: int | None
+
+
+def execute(svc: Services, release_id: str, worker: str) -> str:
+    """Run one release; returns the final status. Safe to call again (redelivery).
+
+    'succeeded' or 'failed' when this run settled the job, 'lost' when it lost
+    its lease to another run (it then stored nothing and settled nothing),
+    'skipped' when the job had ended, 'missing' when it does not exist.
+    """
+    client, ledger = svc.client, svc.ledger
+    raw, status = client.hmget(rkeys.release(release_id), "request", "status")
+    if raw is None:
+        if status is not None:  # ended: its request moved to the document store
+            return "skipped"
+        log.warning("release not found", extra={"release_id": release_id})
+        return "missing"
+    req = JobRequest.from_json(raw)
+    dataset_id, mechanism = req.dataset_id, req.mechanism
+    run = ledger.mark_running(release_id, worker)
+    if run is None:
+        if client.hget(rkeys.release(release_id), "status") == "running":
+            raise LeaseHeld(release_id)
+        return "skipped"
+    started = time.perf_counter()
+    if run.attempt > MAX_RUNS and client.hget(rkeys.release(release_id), "data_read"):
+        # earlier runs read the data and died (a crash the data may cause would repeat
+        # forever): charged, and the same message as any failure after the read
+        log.error("release failed: its runs kept dying after reading the data",
+                  extra={"release_id": release_id, "attempt": run.attempt})
+        outcome = ledger.fail(dataset_id, run, json.dumps(FAILED_AFTER_READ))
+        if outcome != "settled":
+            return _lost(client, run, mechanism, outcome, started)
+        metrics_store.record_release(client, mechanism, "failed", time.perf_counter() - started)
+        return "failed"
+
+    def finish(outcome: Settled, status: str) -> str:
+        if outcome != "settled":
+            return _lost(client, run, mechanism, outcome, started)
+        metrics_store.record_release(client, mechanism, status, time.perf_counter() - started)
+        return status
+
+    with _lease(ledger, run):
+        try:
+            job = _public_inputs(client, svc.datasets, req)
+        except Exception as err:  # nothing of the data read yet: refund, say why
+            log.error("release failed before reading the data",
+                      extra={"release_id": release_id, "error_type": type(err).__name__})
+            message = err.message if isinstance(err, mechanisms.MechanismInputError) else (
+                f"job failed before reading the data ({type(err).__name__}); refunded")
+            return finish(ledger.abort_run(dataset_id, run, json.dumps({"message": message})),
+                          "failed")
+        if not ledger.mark_data_read(run):  # another run has the job: read nothing
+            return _lost(client, run, mechanism, "lost", started)
+        try:
+            payload, table = _compute(svc, job, run)
+            # the result document on disk before the commit, which makes it the release's
+            svc.documents.save_result(release_id, run.attempt, payload)
+        except Exception as err:  # after reading the data: charged, and the same message
+            log.error("release failed after reading the data",
+                      extra={"release_id": release_id, "error_type": type(err).__name__})
+            svc.outputs.discard(release_id, run.attempt)
+            svc.documents.discard_result(release_id, run.attempt)
+            return finish(ledger.fail(dataset_id, run, json.dumps(FAILED_AFTER_READ)),
+                          "failed")
+    outcome = ledger.commit(dataset_id, run, payload, table, result_stored=True)
+    settle_files(client, svc.documents, svc.outputs, run, outcome, table)
+    if outcome == "settled":
+        try:
+            datasets.record_holdout(client, dataset_id, payload)
+        except redis.RedisError:  # the release stands; only the operator's count misses it
+            log.error("hold-out exposure not recorded", extra={"release_id": release_id})
+    return finish(outcome, "succeeded")
+
+
+def settle_files(client: redis.Redis, docs: DocumentStore, outputs: OutputStore, run: Run,
+                 outcome: Settled, table: int | None) -> None:
+    """After a run's commit: the winner removes the files of runs that died (tables,
+    result documents, request copies the hash does not name); a run that did not settle
+    removes its own (its output is not the release's: only the attempt settle.lua recorded
+    is ever read)."""
+    if outcome == "settled":
+        if table is not None:
+            outputs.prune(run.release_id, keep=table)
+        keep = client.hget(rkeys.release(run.release_id), "doc")
+        docs.prune(run.release_id, keep_result=run.attempt, keep_request=keep)
+    else:
+        if table is not None:
+            outputs.discard(run.release_id, run.attempt)
+        docs.discard_result(run.release_id, run.attempt)
+
+
+def _lost(client: redis.Redis, run: Run, mechanism: str, outcome: Settled,
+          started: float) -> str:
+    """Report a run whose output is not the release's (another run took the job over)."""
+    log.warning("run lost its lease; its output was discarded and nothing was settled",
+                extra={"release_id": run.release_id, "attempt": run.attempt,
+                       "outcome": outcome})
+    metrics_store.record_release(client, mechanism, "lease_lost", time.perf_counter() - started)
+    return "lost"
+
+
+def _public_inputs(client: redis.Redis, store: DatasetStore, req: JobRequest) -> _Job:
+    """Everything a run needs but the private data: metadata, public references, and
+    that the dataset's files are all there (stat only, no value read)."""
+    dataset_id, version = req.dataset_id, req.dataset_version
+    doc = datasets.get(client, dataset_id)
+    if doc is None:
+        raise LookupError("dataset metadata missing")
+    mech = mechanisms.get(req.mechanism)
+    references = {}
+    for ref_id in mech.reference_datasets(req.params):  # public reference data
+        ref = datasets.get(client, ref_id)
+        if ref is None:
+            raise LookupError("reference dataset missing")
+        references[ref_id] = (datasets.meta(ref), store.load(ref_id, ref["version"])[1])
+    params = mech.bind_references(req.params, references)
+    if not store.files_present(dataset_id, version):
+        raise FileNotFoundError("dataset files missing")
+    # the metadata (rows, bounds) of the version the release recorded, not the current one
+    view = {**doc, **{k: v for k, v in datasets.find_version(doc, version).items()
+                      if k in ("version", "n_rows", "columns")}}
+    return _Job(dataset_id, version, mech, params, dict(req.cost), datasets.meta(view),
+                req.seed)
+
+
+def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
+    """Read the data, run the mechanism, store this run's table; the output as JSON and
+    the attempt whose table it is (None without a table)."""
+    config = svc.config
+    _, columns = svc.datasets.load(job.dataset_id, job.version)
+    if config.test_job_delay and config.allow_seeds:  # fault injection (tests only)
+        time.sleep(config.test_job_delay)
+    # the plan's heavy public parts (calibration, eigen-systems) are in the store the
+    # API filled when it costed the request: the run reuses them instead of recomputing
+    with mechanisms.precompute.use(svc.precomputed):
+        output = job.mechanism.run(columns, job.params, job.cost, job.meta,
+                                   secure_generator(job.seed))
+    result = dict(output.result)
+    guarantee = output.guarantee
+    table = None
+    if output.table is not None:
+        released = output.table
+        if output.per_record:
+            released, said = _row_order(svc.datasets, job, output)
+            result["row_order"] = said
+            guarantee = f"{guarantee}; {said}"
+        rows = svc.outputs.save(run.release_id, run.attempt, released)
+        table = run.attempt
+        result["n_records"] = rows
+        if rows <= INLINE_ROWS:
+            result["records"] = records(released)
+    return to_json({"result": result, "accuracy": output.accuracy,
+                    "guarantee": guarantee}), table
+
+
+def _row_order(store: DatasetStore, job: _Job, output: mechanisms.Output
+               ) -> tuple[Mapping[str, np.ndarray], str]:
+    """A record-level table in the dataset's secret order, and what to say about it.
+
+    The one place every mechanism's table passes before it is stored, served or
+    analysed, and the only process that reads the dataset's private folder: the key
+    never reaches a mechanism, a result or a log. ``keep_row_order`` (operator
+    metadata) leaves the dataset's order.
+    """
+    assert output.table is not None
+    if job.meta.keep_row_order:
+        return output.table, mechanisms.rows.statement(False)
+    key = datasets.row_key(store, job.dataset_id, job.version)
+    table = mechanisms.rows.permute(output.table, key, job.meta.n_rows, output.row_column)
+    return table, mechanisms.rows.statement(True, output.row_column)

@@ -1,0 +1,300 @@
+"""Submitting a release: price, reserve, enqueue. Written once, for the API's POST and
+for the pricing job of a release whose cost needed a cold precomputation.
+
+The sequence: ``pricing.prepare`` (every check, the cost from public inputs), one
+``Ledger.reserve`` (caps, allocations, notion lock, retired version, replay and
+idempotency, atomically; the release enters the outbox), then the run's message
+(``enqueue``), which takes it out of the outbox. A refused reservation raises the
+domain error the caller answers; a message that cannot be published refunds the
+reservation, or, when Valkey went away too, leaves it in the outbox for the sweeper.
+
+A release whose cost needs a heavy precomputation missing from the shared store is
+created ``pricing`` after every cheap check; its pricing job (``price``) prepares the
+request again in a worker, computing what was missing, and reserves it through the same
+script (mode ``priced``), which reserves a release at most once: a redelivered or
+doubled job finds it no longer pricing and changes nothing. A refusal there ends the
+release ``refused`` with the problem the synchronous POST would have answered; nothing
+was held, so nothing is charged or refunded. Only public inputs are involved (the
+request, the dataset's metadata, the ledger), so what the caller learns does not depend
+on the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+
+from service import budget, datasets, notify, rkeys
+from service.errors import (
+    BudgetExhausted,
+    Conflict,
+    Failed,
+    Invalid,
+    NotFound,
+    Retired,
+    ServiceError,
+    Unavailable,
+    idempotency_mismatch,
+)
+from service.ledger import Ledger, Outcome, Reservation, ReserveResult, now_iso
+from service.releases import cold, documents, pricing
+from service.releases.queue import Queue
+from service.releases.request import JobRequest
+from service.wiring import Services
+
+log = logging.getLogger("privrelease.pricing")
+
+#: the actor the audit stream names for a refusal by a pricing job
+ACTOR = "pricing"
+#: seconds a reservation may wait in the outbox before a retry or the sweeper sends its
+#: task: longer than a live API takes between reserve and publish (a slow broker), and a
+#: task sent twice is harmless anyway (start.lua runs a release once)
+OUTBOX_GRACE = 5.0
+#: Retry-After (s) of a 202 ``pricing`` answer to an estimate
+PRICING_RETRY_AFTER = 2
+#: seconds a cold estimate's job marker lives (the job removes it when done): while it
+#: lives, identical cold estimates enqueue nothing more; if the job was lost, the next
+#: estimate after it expires sends another
+ESTIMATE_JOB_TTL = 120
+
+
+def new_id() -> str:
+    return "rel_" + secrets.token_hex(12)
+
+
+def enqueue(queue: Queue, ledger: Ledger, release_id: str, *, pricing: bool = False) -> None:
+    """Publish the release's task (its pricing job while it is ``pricing``), then take it
+    out of the outbox (an error leaves it there, for the sweeper or a retry to send)."""
+    if pricing:
+        queue.price(release_id)
+    else:
+        queue.run(release_id)
+    ledger.enqueued(release_id)
+
+
+def refusal(res: ReserveResult) -> ServiceError | None:
+    """The error of a reservation the ledger refused (None if it was not refused); the
+    same for the API and for a pricing job (then the release ends ``refused`` with it)."""
+    if res.outcome == "exhausted" and not res.listed:
+        return BudgetExhausted(
+            f"your allocation does not list {res.measure}: an allocation that lists some"
+            " measures allows none of the others; nothing was spent",
+            measure=res.measure, scope="allocation", listed=False,
+            requested=budget.display(res.measure, res.requested), remaining=0.0)
+    if res.outcome == "exhausted":
+        whose = "your allocation of" if res.scope == "allocation" else "the dataset's"
+        return BudgetExhausted(
+            f"not enough of {whose} {res.measure} budget left", measure=res.measure,
+            scope=res.scope, requested=budget.display(res.measure, res.requested),
+            remaining=budget.display(res.measure, max(res.remaining, 0)))
+    if res.outcome == "retired":
+        return Retired("dataset is retired")
+    if res.outcome == "version_retired":  # retired after ``prepare`` read the document
+        return Retired(datasets.VERSION_RETIRED, code="version_retired", field="version")
+    if res.outcome == "not_admitted":  # ``prepare`` checked it too: the script again, atomically
+        return pricing.not_admitted(res.measure)
+    if res.outcome == "notion_locked":
+        return Conflict(
+            f"this dataset has had {res.notion} releases and admits one notion at a time"
+            " (noiseless and DP outputs together have no finite guarantee in either); nothing"
+            " was spent", code="notion_locked", notion=res.notion)
+    return None
+
+
+def prepare(svc: Services, body: dict[str, Any], *, api: bool) -> pricing.Prepared:
+    """``pricing.prepare`` with this server's limits; in the API (``api``) a cold
+    precomputation raises ``pricing.Unpriced`` instead of running."""
+    config = svc.config
+    scope = cold.api_scope(config, svc.precomputed) if api else cold.worker_scope(config)
+    with scope:
+        return pricing.prepare(svc.client, svc.ledger, body, allow_seeds=config.allow_seeds,
+                               max_work=config.max_release_work)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a POST answers: the release (ours, or the earlier one a retry or a replay
+    found), how it was found, and its document."""
+
+    release_id: str
+    #: ``queued`` or ``pricing`` (ours, sent), ``replay`` (an identical earlier release),
+    #: ``idempotent`` (the release this Idempotency-Key created)
+    outcome: str
+    document: dict[str, Any]
+
+
+def _nothing() -> None:
+    return None
+
+
+def submit(svc: Services, body: dict[str, Any], *, actor: str,
+           idempotency_key: str | None, on_cold: Callable[[], None] = _nothing) -> Submitted:
+    """Validate, reserve the cost atomically, enqueue (the synchronous POST).
+
+    ``on_cold`` runs when the cost needs a cold precomputation (the API counts it against
+    the estimate rate limit: a pricing job is a cold estimate's work).
+    """
+    config, ledger = svc.config, svc.ledger
+    callback = body.get("callback_url")
+    if callback is not None and (why := notify.check_url(callback, config.callback_hosts)):
+        raise Invalid(f"callback_url {why}", field="callback_url")
+    at, release_id = now_iso(), new_id()
+    ours: Outcome
+    try:
+        job = prepare(svc, body, api=True)
+        request_json = job.job().to_json()
+        reservation = Reservation(
+            job.dataset["id"], release_id, job.cost_units, actor, job.request_fingerprint,
+            request_json, replay_fingerprint=job.fingerprint, notion_lock=job.notion_lock)
+        ours = "reserved"
+    except pricing.Unpriced as unpriced:
+        on_cold()
+        request_json = unpriced.request.job().to_json()
+        reservation = Reservation(unpriced.request.dataset["id"], release_id, {}, actor,
+                                  unpriced.request.fingerprint, request_json, replay=False,
+                                  mode="pricing")
+        ours = "pricing"
+    dataset_id = reservation.dataset_id
+    res = ledger.reserve(dataclasses.replace(
+        reservation, idempotency_key=idempotency_key, idempotency_ttl=config.idempotency_ttl,
+        at=at))
+    if res.release_id == release_id and res.outcome in {"replay", "idempotent"}:
+        # our own reservation: redis-py re-sent the script after a lost reply (Valkey
+        # restarting); it must be enqueued, not answered as someone else's release
+        res = dataclasses.replace(res, outcome=ours)
+    refused = refusal(res)
+    if refused is not None:
+        raise refused
+    if res.outcome == "idem_mismatch":
+        raise idempotency_mismatch()
+    if res.outcome in {"replay", "idempotent"}:
+        doc = documents.document(svc.client, res.release_id, svc.documents)
+        if doc is None:
+            raise NotFound("no such release")
+        if ledger.unsent(res.release_id, OUTBOX_GRACE):
+            # the first request's API died between reserve and enqueue: send it now, so the
+            # release this retry is answered with runs (a second message would be harmless)
+            enqueue(svc.queue, ledger, res.release_id, pricing=doc["status"] == "pricing")
+            log.warning("sent a release left in the outbox",
+                        extra={"release_id": res.release_id})
+        return Submitted(res.release_id, res.outcome, doc)
+    try:
+        enqueue(svc.queue, ledger, res.release_id, pricing=res.outcome == "pricing")
+    except Exception:
+        _unsend(svc, dataset_id, res, actor)
+        raise Unavailable("job queue unavailable; nothing was spent") from None
+    # no round trip: the document of a just-accepted release is known here
+    status = "pricing" if res.outcome == "pricing" else "queued"
+    fields = {"status": status, "request": request_json, "created_at": at}
+    return Submitted(res.release_id, status, documents.render(res.release_id, fields))
+
+
+def _unsend(svc: Services, dataset_id: str, res: ReserveResult, actor: str) -> None:
+    """A reservation whose message could not be published: refunded (aborted, or a
+    ``pricing`` one refused), or, when Valkey went away too, left in the outbox."""
+    try:
+        if res.outcome == "pricing":
+            err = Unavailable("job queue unavailable; nothing was spent")
+            svc.ledger.refuse(dataset_id, res.release_id, json.dumps(err.problem()), err.code,
+                              actor)
+        else:
+            svc.ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
+                             actor)
+    except redis.RedisError:  # Valkey went away too: the outbox keeps it
+        log.warning("reservation left in the outbox", extra={"release_id": res.release_id})
+        raise Unavailable("service unavailable; the release may still run: retry with the"
+                          " same Idempotency-Key to learn its state") from None
+
+
+def price(svc: Services, release_id: str) -> str:
+    """Price, reserve and enqueue a ``pricing`` release, or refuse it (its pricing job).
+
+    Returns 'priced' (reserved and its run sent), 'refused', 'skipped' (it had left
+    ``pricing``: reserved by an earlier run of this job, or cancelled) or 'missing'.
+    A Valkey or broker error propagates: the release stays where it was (pricing, or
+    reserved in the outbox) for the sweeper to send again.
+    """
+    client, ledger = svc.client, svc.ledger
+    status, raw, actor = client.hmget(rkeys.release(release_id), "status", "request", "actor")
+    if status is None:
+        return "missing"
+    if status != "pricing":
+        if status == "queued" and ledger.unsent(release_id, 0.0):
+            # an earlier run reserved it and died before sending its run: send it now
+            enqueue(svc.queue, ledger, release_id)
+        return "skipped"
+    stored = JobRequest.from_json(raw)
+    assert stored.body is not None  # a pricing release keeps its body until priced
+    res: ReserveResult | None = None
+    problem: ServiceError | None
+    try:
+        job = prepare(svc, stored.body, api=False)
+        res = ledger.reserve(Reservation(
+            stored.dataset_id, release_id, job.cost_units, actor or "",
+            job.request_fingerprint, job.job().to_json(), mode="priced",
+            replay_fingerprint=job.fingerprint, notion_lock=job.notion_lock))
+        problem = refusal(res)
+        if res.outcome == "replay":  # the synchronous POST answers with that release
+            problem = Conflict("an identical request was released before (release_id);"
+                               " nothing was spent", code="replayed",
+                               release_id=res.release_id)
+    except ServiceError as err:  # refused as the POST would have been
+        problem = err
+    except redis.RedisError:
+        raise
+    except SoftTimeLimitExceeded:
+        problem = Unavailable("computing the cost took longer than this server's time"
+                              " limit", code="time_limit")
+    except Exception as err:  # a bug: public inputs only, so its type may be told
+        log.error("pricing failed", extra={"release_id": release_id,
+                                           "error_type": type(err).__name__})
+        problem = Failed(f"computing the cost failed ({type(err).__name__})",
+                         code="pricing_failed")
+    if problem is not None:
+        if not ledger.refuse(stored.dataset_id, release_id, json.dumps(problem.problem()),
+                             problem.code, ACTOR):
+            return "skipped"  # cancelled meanwhile
+        log.info("priced release refused", extra={"release_id": release_id,
+                                                  "code": problem.code})
+        return "refused"
+    assert res is not None
+    if res.outcome != "reserved":  # 'ended': cancelled, or reserved by another run
+        return "skipped"
+    enqueue(svc.queue, ledger, release_id)  # an error leaves it in the outbox
+    return "priced"
+
+
+def request_estimate(svc: Services, unpriced: pricing.Unpriced) -> None:
+    """Send a cold estimate's job unless one for the same precomputation is under way (a
+    Valkey SET NX with expiry: 16 identical cold estimates, one job)."""
+    job_key = unpriced.key or unpriced.request.fingerprint
+    marker = rkeys.pricing_job(job_key)
+    if svc.client.set(marker, "1", nx=True, ex=ESTIMATE_JOB_TTL):
+        try:
+            svc.queue.estimate(json.dumps(unpriced.request.body), marker)
+        except Exception:
+            svc.client.delete(marker)
+            raise Unavailable("job queue unavailable; retry shortly") from None
+
+
+def precompute_estimate(svc: Services, body_json: str, marker: str) -> str:
+    """Compute a cold estimate's heavy precomputation into the shared store, so the
+    caller's retry is warm; then drop the job's marker (``rkeys.pricing_job``).
+
+    A refusal is not reported here: the retry prepares the request again and answers it
+    (interval calibrations store their refusals too)."""
+    try:
+        prepare(svc, json.loads(body_json), api=False)
+        return "computed"
+    except ServiceError:
+        return "refused"
+    finally:
+        svc.client.delete(marker)

@@ -1,0 +1,93 @@
+"""One place that builds the service's dependencies, for the API and the workers alike.
+
+Every process builds one ``Services`` from its ``Config`` (per process, after any fork:
+clients are never shared across a fork) and hands it down; nothing else creates a
+client, a ledger or a store. The API keeps it in ``app.extensions`` (``current``), a
+worker in its task module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+
+from mechanisms import precompute
+from service import rkeys
+from service.audit import AuditArchive
+from service.config import Config
+from service.documents import DocumentStore
+from service.durable import Replication
+from service.ledger import Ledger
+from service.outputs import OutputStore
+from service.releases import cold
+from service.releases.queue import Queue
+from service.store import DatasetStore
+
+#: the ``app.extensions`` key of the API's services
+EXTENSION = "privrelease"
+
+Role = Literal["api", "worker"]
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the release pipeline works with: the config, Valkey, the ledger, the stores
+    (dataset versions, release documents, release tables, precomputations) and the job
+    queue."""
+
+    config: Config
+    client: redis.Redis
+    ledger: Ledger
+    documents: DocumentStore
+    datasets: DatasetStore
+    outputs: OutputStore
+    queue: Queue
+    #: heavy public precomputations shared by every process on the data directory
+    precomputed: precompute.DirectoryStore
+
+
+def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services:
+    """The services of one process.
+
+    A worker's client and ledger ride over a Valkey failover, re-sending a run's steps
+    (start, lease, settle) for up to half a lease (the run's lease, renewed until the
+    compute ended, outlives that), so a commit the old primary took with it is applied
+    again, once (``service.durable``), rather than fail a job's read, which would refund
+    an accepted release for nothing. The API answers 503 at once instead.
+
+    ``celery``: the Celery app to publish with (a worker's own); default, a new one that
+    only sends (``service.broker.make_celery``).
+    """
+    from service.broker import make_celery  # Celery's import is heavy: only when built
+
+    documents = DocumentStore(config.releases_dir)
+    audit = AuditArchive(config.audit_dir)
+    replication = Replication.from_config(config)
+    if role == "worker":
+        client = rkeys.connect(config.require_redis_url(),
+                               retry=rkeys.failover_retry(config.lease_seconds / 2))
+        ledger = Ledger(client, config.lease_seconds, replication,
+                        run_retry_seconds=config.lease_seconds / 2, documents=documents,
+                        audit=audit)
+    else:
+        client = rkeys.connect(config.require_redis_url())
+        ledger = Ledger(client, replication=replication, documents=documents, audit=audit)
+    return Services(config, client, ledger, documents, DatasetStore(config.datasets_dir),
+                    OutputStore(config.releases_dir),
+                    Queue(celery if celery is not None else make_celery(config)),
+                    cold.store(config))
+
+
+def of(app: Any) -> Services:
+    """The services of a Flask app (``service.app.create_app`` keeps them)."""
+    services: Services = app.extensions[EXTENSION]
+    return services
+
+
+def current() -> Services:
+    """The services of the Flask app handling this request."""
+    from flask import current_app
+
+    return of(current_app)
