@@ -1,7 +1,7 @@
 """Privacy mechanisms as a plain numpy/scipy library.
 
 Nothing here imports Flask, Celery or Redis: a data scientist can use
-``from mechanisms import baselines`` in a notebook, and the service is only a
+``from mechanisms.dp import baselines`` in a notebook, and the service is only a
 thin layer that validates requests, charges the ledger and calls ``run``.
 """
 

@@ -20,7 +20,7 @@ def register(mechanism: Mechanism) -> Mechanism:
 
 #: modules whose import registers their mechanisms (one per line)
 BUILTIN = [
-    "mechanisms.baselines",
+    "mechanisms.dp",
     "mechanisms.subset",
     "mechanisms.interval",
     "mechanisms.dip",

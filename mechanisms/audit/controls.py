@@ -33,12 +33,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, flip, sampling
+from mechanisms import flip, sampling
 from mechanisms.base import Budget, DatasetMeta, Mechanism, Output, read_budget
 from mechanisms.competitors.exm import ExmMechanism, ExmPlan
 from mechanisms.dip.mechanism import DipMechanism, Plan
 from mechanisms.dip.noise import NoiseStep
 from mechanisms.dip.reference import Reference
+from mechanisms.dp import baselines
 
 FloatArray = NDArray[np.float64]
 _LN2_63 = 63 * math.log(2.0)

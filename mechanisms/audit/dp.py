@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, registry, sampling
+from mechanisms import registry, sampling
 from mechanisms.audit import ALPHA, controls, events, tapes
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism
 from mechanisms.dip.mechanism import DipMechanism
 from mechanisms.dip.noise import NoiseStep
+from mechanisms.dp import baselines
 from mechanisms.iclp.entries import FunctionMechanism
 
 FloatArray = NDArray[np.float64]
@@ -810,7 +811,7 @@ def extended_scenario(label: str, mech: baselines.Baseline, raw: Mapping[str, An
                       budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
     """A cross-tab (its counts and sums: the means are post-processing of them), a
     covariance triangle or a variance, drawn vectorised; a quantile, by full runs."""
-    from mechanisms import moments, tables
+    from mechanisms.dp import moments, tables
 
     params = mech.load_params(raw)
     cost = checked_cost(mech, params, budget, meta)

@@ -44,7 +44,7 @@ from scipy import stats
 from mechanisms import registry
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta
-from mechanisms.interval import service
+from mechanisms.interval import entries
 from mechanisms.interval.coverage import expected_coverage, integrate
 from mechanisms.interval.designs import (
     IntervalMechanism,
@@ -234,8 +234,8 @@ def audit(mechanism: str, size: AuditSize, seed: int) -> AuditReport:
     params = mech.load_params(raw)
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, meta)
     charged = float(next(iter(cost.values())))
-    assert isinstance(mech, service.Interval)
-    plan = service.plan(mech.kind, params, meta)
+    assert isinstance(mech, entries.Interval)
+    plan = entries.plan(mech.kind, params, meta)
     law = plan.prior
     streams = np.random.SeedSequence([seed, NAMES.index(mechanism)]).spawn(4)
     y = np.asarray(law.ppf(np.random.default_rng(streams[0]).random(n)), dtype=np.float64)

@@ -23,7 +23,7 @@ from mechanisms import registry
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.interval import categorical
-from mechanisms.interval.categorical_service import NAME
+from mechanisms.interval.categorical_entries import NAME
 
 ALPHA = 1e-3
 SIZES: dict[str, int] = {"ci": 20_000, "full": 1_000_000}

@@ -42,7 +42,7 @@ from scipy import stats
 from mechanisms import registry
 from mechanisms.audit.entries import AuditReport, AuditSize, entry
 from mechanisms.base import ColumnMeta, DatasetMeta
-from mechanisms.interval import composition, service
+from mechanisms.interval import composition, entries
 from mechanisms.interval.designs import IntervalMechanism
 from mechanisms.interval.ranges import FloatArray, Law
 
@@ -59,7 +59,7 @@ AIM = 0.001
 _COLUMN = ColumnMeta("x", "continuous", prior={"family": "normal", "loc": 0.0, "scale": 1.0})
 _META = DatasetMeta(1_000, {"x": _COLUMN})
 _FIRST: dict[str, Any] = {"column": "x", "anchors": {"family": "logistic", "scale": 1.0}}
-_MEASURE = f"{service.MEASURE}:x"
+_MEASURE = f"{entries.MEASURE}:x"
 
 #: the target's public view after some releases, on the prior-quantile scale: its range
 #: (lo, hi] and its realised anchors, sorted; an aim maps it to the next request
@@ -70,7 +70,7 @@ Aim = Callable[[float, float, tuple[float, ...]], tuple[str, dict[str, Any]]]
 def _prior() -> Law:
     """The column's declared prior, as the service reads it."""
     params = registry.get("interval.case1").load_params(_FIRST)
-    return service.plan("case1", params, _META).prior
+    return entries.plan("case1", params, _META).prior
 
 
 def _x(q: float) -> float:
@@ -159,7 +159,7 @@ def old_exact_increment(design: IntervalMechanism, standalone: Fraction,
     if not committed:
         return standalone
     joint = composition.joint_coverage([*(p.design for p in committed), design], _prior())
-    unit = service.LEDGER_UNIT
+    unit = entries.LEDGER_UNIT
     bound = Fraction(math.ceil(Fraction(joint.leakage_bound) * unit), unit)
     return min(standalone, max(Fraction(0), bound - sum((p.control for p in committed),
                                                         Fraction(0))))
@@ -174,12 +174,12 @@ def price(name: str, raw: Mapping[str, Any], committed: Sequence[Priced]) -> Pri
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, _META)
     history = [{"mechanism": p.name, "params": mech_params(p), "status": "succeeded",
                 "cost": {_MEASURE: p.cost},
-                "units": {_MEASURE: math.ceil(p.charge * service.LEDGER_UNIT)},
+                "units": {_MEASURE: math.ceil(p.charge * entries.LEDGER_UNIT)},
                 "charged": True} for p in committed]
     composed = mech.composed(params, cost, _META, lambda: history)
-    assert composed is not None and isinstance(mech, service.Interval)
+    assert composed is not None and isinstance(mech, entries.Interval)
     charge = Fraction(composed.charge.get(_MEASURE, cost[_MEASURE]))
-    design = service.plan(mech.kind, params, _META).design
+    design = entries.plan(mech.kind, params, _META).design
     assert isinstance(design, IntervalMechanism)
     return Priced(name, dict(raw), design, cost[_MEASURE], charge,
                   old_exact_increment(design, cost[_MEASURE], committed))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from mechanisms.interval import categorical_service
+from mechanisms.interval import categorical_entries
 from mechanisms.interval.analyses import ANALYSES
-from mechanisms.interval.service import MECHANISMS
+from mechanisms.interval.entries import MECHANISMS
 from mechanisms.registry import register
 
 for _cls in MECHANISMS:
     _cls.analyses = ANALYSES
     register(_cls())
 
-categorical_service.ProgressiveCategoricalMechanism.analyses = categorical_service.ANALYSES
-register(categorical_service.ProgressiveCategoricalMechanism())
+categorical_entries.ProgressiveCategoricalMechanism.analyses = categorical_entries.ANALYSES
+register(categorical_entries.ProgressiveCategoricalMechanism())

@@ -36,7 +36,7 @@ from mechanisms.base import (
 
 # ConditionSchema is the shared shape of "rows meeting a condition"; resolve_condition resolves it
 # against the metadata exactly as the DP baselines do, so a count means the same everywhere.
-from mechanisms.baselines import StatisticParamsSchema, resolve_condition
+from mechanisms.dp.baselines import StatisticParamsSchema, resolve_condition
 from mechanisms.exact import fmt
 from mechanisms.noiseless import central, local
 from mechanisms.noiseless.central import STATISTICS, ScalarPlan, ScalarRelease

@@ -15,11 +15,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from mechanisms import baselines, registry, zcdp
+from mechanisms import registry, zcdp
 from mechanisms.audit import dp
 from mechanisms.audit.entries import entries, run
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.competitors import audit as competitors_audit
+from mechanisms.dp import baselines
 from mechanisms.iclp import audit as iclp_audit
 
 #: every DP mechanism's audit plan: the shared module's, DIP's competitors' and the

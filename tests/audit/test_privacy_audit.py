@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from mechanisms import baselines
 from mechanisms.audit import controls, dp, events, tapes
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.competitors import audit as competitors_audit
 from mechanisms.dip.noise import NoiseStep
+from mechanisms.dp import baselines
 
 
 def test_trailing_zeros_and_lattice_membership_are_exact() -> None:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from mechanisms import interval, registry
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.interval import composition
-from mechanisms.interval.service import LEDGER_UNIT, plan
+from mechanisms.interval.entries import LEDGER_UNIT, plan
 from service import budget, rkeys, wiring
 from service.ledger import Ledger, Reservation
 from service.releases import pricing, submit

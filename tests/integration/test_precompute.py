@@ -26,7 +26,7 @@ import requests
 from flask import Flask
 
 from mechanisms import precompute
-from mechanisms.interval import service as interval_service
+from mechanisms.interval import entries as interval_entries
 from service import apikeys, rkeys, wiring
 from service.app import create_app
 from service.ledger import Ledger, Reservation
@@ -107,7 +107,7 @@ def test_a_cold_estimate_is_a_job_and_its_retry_is_warm(app: Flask, api: Api, he
     assert warm.status_code == 200, warm.get_json()
     store = app.config["PRIVRELEASE"].data_dir / "precompute"
     assert any(p.is_file() for p in store.rglob("*"))
-    interval_service._PLANS.clear()
+    interval_entries._PLANS.clear()
     hits = precompute.STATS.hits
     again = api.post("/v1/releases/estimate", body)
     assert again.status_code == 200 and precompute.STATS.hits == hits + 1

@@ -24,7 +24,7 @@ from mechanisms.base import (
     read_epsilon,
     smallest,
 )
-from mechanisms.interval.service import read_leakage as interval_budget
+from mechanisms.interval.entries import read_leakage as interval_budget
 from service import budget
 
 SUBNORMALS = [5e-324, 2.2250738585072014e-308, Fraction(1, 10**9999)]

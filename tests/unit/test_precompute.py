@@ -24,7 +24,7 @@ import pytest
 from mechanisms import precompute, registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.iclp import kernels, spectral
-from mechanisms.interval import service
+from mechanisms.interval import entries as interval_entries
 
 META = DatasetMeta(n_rows=1000, columns={
     "x": ColumnMeta("x", "continuous", prior={"family": "normal", "loc": 0, "scale": 1}),
@@ -40,10 +40,10 @@ REQUESTS: list[tuple[str, dict[str, Any], Fraction]] = [
 ]
 
 
-def _summary(p: service.Plan) -> dict[str, Any]:
+def _summary(p: interval_entries.Plan) -> dict[str, Any]:
     return {"charge": p.charge, "estimate": p.estimate, "calibrated": p.calibrated,
             "notes": p.notes, "m": p.m, "fill": p.fill,
-            "design": json.dumps(service._describe(p), sort_keys=True, default=str)}
+            "design": json.dumps(interval_entries._describe(p), sort_keys=True, default=str)}
 
 
 @pytest.mark.parametrize(("name", "raw", "budget"), REQUESTS)
@@ -57,12 +57,12 @@ def test_replayed_plan_is_the_computed_one(tmp_path: Path, name: str, raw: dict[
     target = budget if params.get("calibrate") else None
     store = precompute.DirectoryStore(tmp_path)
     with precompute.use(store):
-        service._PLANS.clear()
-        cold = service.plan(kind, params, META, target)
-        service._PLANS.clear()
+        interval_entries._PLANS.clear()
+        cold = interval_entries.plan(kind, params, META, target)
+        interval_entries._PLANS.clear()
         hits = precompute.STATS.hits
-        warm = service.plan(kind, params, META, target)
-    service._PLANS.clear()
+        warm = interval_entries.plan(kind, params, META, target)
+    interval_entries._PLANS.clear()
     assert precompute.STATS.hits == hits + 1
     assert warm is not cold
     assert _summary(warm) == _summary(cold)
@@ -75,13 +75,13 @@ def test_refusals_are_shared_too(tmp_path: Path) -> None:
         {"column": "w", "rounds": 3, "calibrate": True})
     with precompute.use(precompute.DirectoryStore(tmp_path)):
         for expect_hit in (False, True):
-            service._PLANS.clear()
+            interval_entries._PLANS.clear()
             hits = precompute.STATS.hits
             with pytest.raises(MechanismInputError) as err:
-                service.plan("progressive", params, META, Fraction(1, 10**9))
+                interval_entries.plan("progressive", params, META, Fraction(1, 10**9))
             assert err.value.field == "budget.interval_leakage"
             assert precompute.STATS.hits == hits + int(expect_hit)
-    service._PLANS.clear()
+    interval_entries._PLANS.clear()
 
 
 def test_eigen_system_replay_is_bit_exact(tmp_path: Path) -> None:
@@ -187,7 +187,7 @@ def test_work_limit_refuses_before_any_work(tmp_path: Path) -> None:
     mech = registry.get("interval.selective")
     params = mech.load_params({"column": "x", "tau": 0.6, "base": "casek", "m": 64,
                                "calibrate": True})
-    field_name, work = service._work("selective", params)
+    field_name, work = interval_entries._work("selective", params)
     assert field_name == "params.m"
     misses = precompute.STATS.misses
     with precompute.use(precompute.DirectoryStore(tmp_path), max_work=work / 2), \
@@ -205,16 +205,17 @@ def test_default_work_limit_admits_every_schema_valid_design() -> None:
     from service.config import Config
 
     largest = [
-        service._work("selective", {"base": "casek", "m": MAX_M, "calibrate": True}),
-        service._work("casek", {"m": MAX_M, "calibrate": True}),
-        service._work("progressive", {"rounds": MAX_ROUNDS, "calibrate": True}),
-        service._work("selective", {"base": "ring", "calibrate": True}),
+        interval_entries._work("selective", {"base": "casek", "m": MAX_M, "calibrate": True}),
+        interval_entries._work("casek", {"m": MAX_M, "calibrate": True}),
+        interval_entries._work("progressive", {"rounds": MAX_ROUNDS, "calibrate": True}),
+        interval_entries._work("selective", {"base": "ring", "calibrate": True}),
     ]
     assert max(w for _, w in largest) <= Config().max_precompute_work
-    assert (service._work("casek", {"m": 8, "calibrate": True})[1]
-            < service._work("casek", {"m": 16, "calibrate": True})[1]
+    assert (interval_entries._work("casek", {"m": 8, "calibrate": True})[1]
+            < interval_entries._work("casek", {"m": 16, "calibrate": True})[1]
             < largest[1][1] < largest[0][1])
-    assert service._work("case1", {})[1] < service._work("case1", {"calibrate": True})[1]
+    assert (interval_entries._work("case1", {})[1]
+            < interval_entries._work("case1", {"calibrate": True})[1])
 
 
 def test_directory_store_is_bounded_and_drops_least_recently_used(tmp_path: Path) -> None:

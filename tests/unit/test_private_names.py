@@ -109,9 +109,9 @@ def test_no_cross_module_private_names() -> None:
 def test_the_check_sees_both_forms() -> None:
     """The checker itself: both forms are caught; dunders and attributes of objects are not."""
     source = (
-        "from mechanisms import baselines\n"
+        "from mechanisms.dp import baselines\n"
         "from mechanisms.base import _hidden, __doc__ as d\n"
-        "import mechanisms.vectors as vec\n"
+        "import mechanisms.dp.vectors as vec\n"
         "x = baselines._thing\n"
         "y = vec._other\n"
         "z = vec.__name__\n"

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms import baselines, moments, tables, vectors, zcdp
+from mechanisms import zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.dp import baselines, moments, tables, vectors
 from service import budget
 from service.ingest import IngestError, parse_metadata
 

@@ -19,7 +19,7 @@ from hypothesis.extra import numpy as hnp
 
 from mechanisms import iclp, registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
-from mechanisms.baselines import analytic_gaussian_delta, analytic_gaussian_sigma
+from mechanisms.dp.baselines import analytic_gaussian_delta, analytic_gaussian_sigma
 from mechanisms.iclp import ar, bernstein, gp, kde, spectral
 from tests.unit.iclp.sim import GRID, MU, gp_curves, l2
 

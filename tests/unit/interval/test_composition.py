@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from mechanisms import interval, registry
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.interval import composition
-from mechanisms.interval.service import LEDGER_UNIT, composition_report
+from mechanisms.interval.entries import LEDGER_UNIT, composition_report
 
 from .conftest import LOGIS1, NORMAL, case1, rng
 

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms import baselines, registry, sampling
+from mechanisms import registry, sampling
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError, Output
+from mechanisms.dp import baselines
 
 Z = 4.5
 N_ROWS = 400

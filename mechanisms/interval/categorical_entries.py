@@ -27,7 +27,7 @@ from mechanisms.base import (
     Work,
 )
 from mechanisms.interval import categorical, schemas
-from mechanisms.interval.service import LEDGER_UNIT, MEASURE, PRIVACY_UNIT, read_leakage
+from mechanisms.interval.entries import LEDGER_UNIT, MEASURE, PRIVACY_UNIT, read_leakage
 
 NAME = "interval.progressive_categorical"
 

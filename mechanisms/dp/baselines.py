@@ -602,7 +602,7 @@ def extended(params: Mapping[str, Any]) -> bool:
 def extended_plan(mechanism: str, params: Mapping[str, Any],
                   amounts: Mapping[str, Fraction], meta: DatasetMeta) -> ExtendedPlan:
     """Dispatch: those modules import this one, so they are imported here, late."""
-    from mechanisms import moments, quantiles, tables
+    from mechanisms.dp import moments, quantiles, tables
 
     if "group_by" in params:
         return tables.plan(mechanism, params, amounts, meta)
@@ -645,7 +645,7 @@ class Baseline(Mechanism):
         passes = len(params.get("group_by", ())) + len(params.get("columns", ())) ** 2 + 4
         units = float(max(meta.n_rows, 1)) * passes
         if params["statistic"] == "quantile":  # at most one exact coin per candidate
-            from mechanisms.quantiles import COIN_UNITS, DEFAULT_GRID_SIZE
+            from mechanisms.dp.quantiles import COIN_UNITS, DEFAULT_GRID_SIZE
 
             coins = len(params["quantiles"]) * params.get("grid_size", DEFAULT_GRID_SIZE)
             if coins * COIN_UNITS > units:

@@ -11,8 +11,9 @@ import marshmallow
 import numpy as np
 import pytest
 
-from mechanisms import baselines, moments, registry, vectors
+from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.dp import baselines, moments, vectors
 
 Z = 4.5
 EPS = {"epsilon": Fraction(1)}

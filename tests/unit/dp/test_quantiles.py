@@ -11,8 +11,9 @@ import marshmallow
 import numpy as np
 import pytest
 
-from mechanisms import quantiles, registry
+from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.dp import quantiles
 
 Z = 4.5
 META = DatasetMeta(200, {"x": ColumnMeta("x", "continuous", bounds=(0.0, 10.0)),

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mechanisms import registry, tables
+from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.dp import tables
 
 Z = 4.5
 EPS = {"epsilon": Fraction(1)}

@@ -15,7 +15,7 @@ from scipy import stats
 
 from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError, Output, ReleaseView
-from mechanisms.interval import service
+from mechanisms.interval import entries
 
 from .conftest import rng
 
@@ -100,7 +100,7 @@ def test_release_end_to_end(name: str, raw: dict[str, Any], lam: Fraction) -> No
     (key, charge), = cost.items()
     assert key == f"interval_leakage:{column}" and isinstance(charge, Fraction)
     assert 0 < charge <= lam
-    assert charge.denominator <= service.LEDGER_UNIT  # whole ledger units
+    assert charge.denominator <= entries.LEDGER_UNIT  # whole ledger units
     acc = mech.accuracy(params, cost, META)
     assert acc["leakage_charged"] == float(charge)
     assert acc["leakage"] <= float(charge) + 1e-12  # the charge bounds the estimate
@@ -146,7 +146,7 @@ def test_cost_is_deterministic_and_independent_of_the_cache() -> None:
     mech = registry.get("interval.case2")
     params = mech.load_params({"column": "x", "calibrate": True})
     first = mech.cost(params, LAM, META)
-    service._PLANS.clear()
+    entries._PLANS.clear()
     assert mech.cost(params, LAM, META) == first
 
 
@@ -321,9 +321,9 @@ def test_calibration_is_a_fixed_point(name: str, raw: dict[str, Any], lam: Fract
     mech = registry.get(name)
     params = mech.load_params(raw)
     cost = mech.cost(params, {"interval_leakage": lam}, META)
-    chosen = service.plan(mech.kind, params, META, lam).calibrated
-    service._PLANS.clear()  # a fresh process
-    again = service.plan(mech.kind, params, META, next(iter(cost.values())))
+    chosen = entries.plan(mech.kind, params, META, lam).calibrated
+    entries._PLANS.clear()  # a fresh process
+    again = entries.plan(mech.kind, params, META, next(iter(cost.values())))
     assert again.calibrated == chosen
     assert again.charge == next(iter(cost.values()))
 

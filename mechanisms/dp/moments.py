@@ -42,11 +42,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, vectors, zcdp
+from mechanisms import zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.columns import clean, declared_bounds
+from mechanisms.dp import baselines, vectors
+from mechanisms.dp.vectors import VectorNoise
 from mechanisms.exact import float_down
-from mechanisms.vectors import VectorNoise
 
 #: charged floating-point error per entry, in units of V_j V_k
 ENTRY_ERROR = Fraction(1, 2**45)

@@ -50,11 +50,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mechanisms import baselines, vectors, zcdp
+from mechanisms import zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.columns import Condition, clean, declared_bounds
+from mechanisms.dp import baselines, vectors
+from mechanisms.dp.vectors import VectorNoise
 from mechanisms.exact import float_down
-from mechanisms.vectors import VectorNoise
 
 MAX_CELLS = 10_000
 MAX_GROUP_BY = 4

@@ -103,7 +103,7 @@ def gaussian_noise(epsilon: Fraction | None, delta: Fraction | None, l2sq_units:
     """Discrete Gaussian σ for an (ε, δ) budget (see the module doc for the three cases),
     or, given ``rho`` (a zcdp dataset), the σ with L2²/(2σ²) <= ρ (CKS 2020 Thm 14; a
     count table's shift is one unit out of a cell and one into another: L2² = 2)."""
-    from mechanisms import baselines  # baselines dispatches here; import late
+    from mechanisms.dp import baselines  # baselines dispatches here; import late
 
     eps_f = delta_f = 0.0
     if rho is None:
