@@ -1,13 +1,13 @@
-"""gunicorn settings for `gunicorn -c deploy/gunicorn.conf.py 'service.app:create_app()'`.
+"""gunicorn settings for `gunicorn -c deploy/gunicorn.conf.py 'service.api.app:create_app()'`.
 
-`privrelease api` uses the same values (service/server.py); keep them in sync.
+`privrelease api` uses the same values (service/processes/server.py); keep them in sync.
 """
 
 import os
 import shutil
 
 from service.config import Config
-from service.server import WORKER_CLASS, child_exit, prepare_metrics_dir
+from service.processes.server import WORKER_CLASS, child_exit, prepare_metrics_dir
 
 bind = os.environ.get("PRIVRELEASE_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("PRIVRELEASE_WEB_WORKERS", "2"))

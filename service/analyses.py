@@ -16,7 +16,7 @@ A failed analysis's ``error`` is ``{"code", "message"}`` and, when an input
 is to blame, ``field``; messages name inputs and limits, never values.
 
 A succeeded analysis's result is a file in the document store
-(``<release>/analyses/<id>.json``, service.documents), written before the status
+(``<release>/analyses/<id>.json``, service.storage.release_documents), written before the status
 turns ``succeeded`` (the hash then holds ``stored``); a run that lost the
 transition (cancelled meanwhile) removes it. Results stored in the hash by
 earlier versions still read.
@@ -35,11 +35,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 import mechanisms
 from mechanisms.rng import secure_generator
-from service import datasets, rkeys
-from service.documents import DocumentMissing, DocumentStore
-from service.ledger import now_iso
-from service.outputs import OutputStore
+from service import datasets
 from service.releases import documents as release_documents
+from service.storage import rkeys
+from service.storage.ledger import now_iso
+from service.storage.release_documents import DocumentMissing, DocumentStore
+from service.storage.release_tables import OutputStore
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.worker")

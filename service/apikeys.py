@@ -20,8 +20,8 @@ from typing import Any
 
 import redis
 
-from service import rkeys
-from service.ledger import now_iso
+from service.storage import rkeys
+from service.storage.ledger import now_iso
 
 ROLES = ("operator", "analyst", "consumer")
 

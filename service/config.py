@@ -108,7 +108,7 @@ class Config:
     #: data (its message lost, or its worker gone) before refunding it instead
     max_resends: int = 3
     #: PRIVRELEASE_AUDIT_HOT_SECONDS: age after which the sweeper moves audit events from
-    #: Valkey to ``<data dir>/audit/<dataset>.jsonl`` (service.audit)
+    #: Valkey to ``<data dir>/audit/<dataset>.jsonl`` (service.storage.event_archive)
     audit_hot_seconds: float = 3600.0
     #: PRIVRELEASE_CALLBACK_HOSTS: comma-separated host[:port] a callback_url may target
     callback_hosts: tuple[str, ...] = ()
@@ -234,7 +234,7 @@ class Config:
 
     @property
     def audit_dir(self) -> Path:
-        """Audit events moved out of Valkey (service.audit)."""
+        """Audit events moved out of Valkey (service.storage.event_archive)."""
         return self.data_dir / "audit"
 
     @property

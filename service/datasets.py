@@ -21,11 +21,12 @@ import numpy as np
 import redis
 
 from mechanisms import ColumnMeta, DatasetMeta, rows
-from service import budget, rkeys
+from service import budget
 from service.ingest import DatasetSpec
-from service.ledger import Ledger, now_iso
 from service.metadata import ACCOUNTING_FIELDS
-from service.store import DatasetStore
+from service.storage import rkeys
+from service.storage.dataset_files import DatasetStore
+from service.storage.ledger import Ledger, now_iso
 
 #: the version's private file holding its row-order key (``mechanisms.rows``)
 ROW_KEY = "row_key"

@@ -1,7 +1,7 @@
 """The domain's refusals and failures, as exceptions that know nothing of HTTP.
 
 The release pipeline (``service.releases``) raises these; the HTTP edge turns any of
-them into one problem+json answer (``service.problems``), and a pricing job stores the
+them into one problem+json answer (``service.api.problems``), and a pricing job stores the
 same problem as a refused release's ``error``. Each class carries the HTTP status it is
 answered with, so that mapping is written once, here, beside the class.
 

@@ -17,10 +17,11 @@ from urllib.parse import urlsplit
 import redis
 import requests
 
-from service import apikeys, rkeys
+from service import apikeys
 from service.config import Config
-from service.documents import DocumentStore, request_of
 from service.releases import documents
+from service.storage import rkeys
+from service.storage.release_documents import DocumentStore, request_of
 
 log = logging.getLogger("privrelease.notify")
 

@@ -28,9 +28,10 @@ from fractions import Fraction
 
 import redis
 
-from service import budget, rkeys
-from service.documents import DocumentMissing, DocumentStore, request_of
-from service.ledger import Ledger
+from service import budget
+from service.storage import rkeys
+from service.storage.ledger import Ledger
+from service.storage.release_documents import DocumentMissing, DocumentStore, request_of
 
 log = logging.getLogger("privrelease.policy")
 

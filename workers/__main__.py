@@ -1,6 +1,6 @@
 """``python -m workers``: a Celery worker serving the release, pricing and analysis queues.
 
-``privrelease worker ARGS`` becomes this process (``service.cli``), so the arguments are
+``privrelease worker ARGS`` becomes this process (``service.processes.cli``), so the arguments are
 the same and parsed by the same parser.
 """
 
@@ -15,9 +15,9 @@ import subprocess
 import sys
 
 from service import policy, wiring
-from service.cli import build_parser
+from service.api.observability import configure_logging
 from service.config import Config
-from service.observability import configure_logging
+from service.processes.cli import build_parser
 from service.releases.queue import ANALYSES_QUEUE, QUEUES
 
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     """Configure the Celery app from the environment and serve the chosen queues."""
     from celery import signals
 
-    from service.broker import configure
+    from service.releases.queue import configure
     from workers.celery_app import app
 
     queues = _queues(args.queues)

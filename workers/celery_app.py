@@ -1,7 +1,7 @@
 """The workers' Celery app and heartbeat: the edge where Celery meets the service.
 
 The app is configured from the environment by ``privrelease worker`` (``python -m workers``)
-through ``service.broker.configure``, the same configuration the API publishes with.
+through ``service.releases.queue.configure``, the same configuration the API publishes with.
 Each worker beats to Valkey (``/readyz`` counts the beats) and, one worker at a time,
 runs the sweeper and the audit archive when they are due.
 """
@@ -17,10 +17,10 @@ from typing import Any
 import redis
 from celery import Celery, signals
 
-from service import rkeys
-from service.audit import archive_if_due
 from service.config import Config
 from service.releases.sweeper import sweep_if_due, sweep_orphans_if_due
+from service.storage import rkeys
+from service.storage.event_archive import archive_if_due
 from service.wiring import build
 
 HEARTBEAT_SECONDS = 3

@@ -21,9 +21,10 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 import mechanisms
-from service import analyses, notify, rkeys
+from service import analyses, notify
 from service.config import Config
 from service.releases import queue, run, submit
+from service.storage import rkeys
 from service.wiring import Services, build
 from workers.celery_app import app
 

@@ -11,9 +11,9 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from flask_smorest import Blueprint
 
 import mechanisms
+from service.api.auth import require
 from service.api.responses import AUTH, problems
-from service.auth import require
-from service.schemas import MechanismSchema
+from service.api.schemas import MechanismSchema
 
 blp = Blueprint("mechanisms", __name__, url_prefix="/v1/mechanisms",
                 description="Mechanism catalog")

@@ -13,16 +13,13 @@ from flask import Response, current_app
 from flask_smorest import Blueprint
 
 from mechanisms import zcdp
-from service import apikeys, budget, datasets, errors, index, inputs, wiring
+from service import apikeys, budget, datasets, errors, wiring
 from service import metadata as metadata_schemas
+from service.api import inputs
+from service.api.auth import check_dataset_grant, current_key, require
+from service.api.problems import APIError
 from service.api.responses import AUTH, BODY, located, problems
-from service.audit import parse_id
-from service.auth import check_dataset_grant, current_key, require
-from service.ingest import PARQUET_TYPE, IngestError, iter_upload, parse_metadata
-from service.ledger import CapError
-from service.problems import APIError
-from service.releases import pricing
-from service.schemas import (
+from service.api.schemas import (
     PAGE_HEADERS,
     BudgetPatchSchema,
     BudgetSchema,
@@ -36,6 +33,11 @@ from service.schemas import (
     VersionSchema,
     VersionUploadSchema,
 )
+from service.ingest import PARQUET_TYPE, IngestError, iter_upload, parse_metadata
+from service.releases import pricing
+from service.storage import index
+from service.storage.event_archive import parse_id
+from service.storage.ledger import CapError
 
 blp = Blueprint("datasets", __name__, url_prefix="/v1/datasets", description="Datasets")
 

@@ -8,10 +8,10 @@ import redis
 from flask_smorest import Blueprint
 
 from service import wiring
+from service.api.problems import APIError
 from service.api.responses import problems
-from service.broker import live_workers
-from service.problems import APIError
-from service.schemas import HealthSchema, ReadySchema
+from service.api.schemas import HealthSchema, ReadySchema
+from service.releases.queue import live_workers
 
 blp = Blueprint("health", __name__, description="Liveness and readiness")
 
@@ -32,7 +32,7 @@ def readyz() -> dict[str, Any]:
     """Valkey answers and at least one worker sent a heartbeat to this Valkey run.
 
     A heartbeat restored from the AOF after a restart does not count
-    (:func:`service.broker.live_workers`).
+    (:func:`service.releases.queue.live_workers`).
     """
     client: redis.Redis = wiring.current().client
     try:

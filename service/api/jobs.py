@@ -7,13 +7,14 @@ from typing import Any
 
 from flask_smorest import Blueprint
 
-from service import index, rkeys, wiring
+from service import wiring
+from service.api.auth import current_key, may_use, require
+from service.api.problems import APIError
 from service.api.responses import AUTH, problems
+from service.api.schemas import PAGE_HEADERS, JobListQuerySchema, JobSchema, ReleaseSchema
 from service.apikeys import parse_time
-from service.auth import current_key, may_use, require
-from service.problems import APIError
 from service.releases import documents, queue
-from service.schemas import PAGE_HEADERS, JobListQuerySchema, JobSchema, ReleaseSchema
+from service.storage import index, rkeys
 
 blp = Blueprint("jobs", __name__, url_prefix="/v1/jobs", description="Jobs")
 

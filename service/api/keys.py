@@ -8,10 +8,10 @@ from typing import Any
 from flask_smorest import Blueprint
 
 from service import apikeys, datasets, wiring
+from service.api.auth import current_key, may_use, require
+from service.api.problems import APIError
 from service.api.responses import AUTH, BODY, located, problems
-from service.auth import current_key, may_use, require
-from service.problems import APIError
-from service.schemas import KeyCreateSchema, KeySchema
+from service.api.schemas import KeyCreateSchema, KeySchema
 
 blp = Blueprint("keys", __name__, url_prefix="/v1/keys", description="API keys")
 

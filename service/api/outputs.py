@@ -12,20 +12,21 @@ from flask_smorest import Blueprint
 import mechanisms
 from mechanisms.analysis_plot import analysis_plot
 from mechanisms.iclp.plot import plot_spec
-from service import analyses, rkeys, wiring
+from service import analyses, wiring
+from service.api.auth import check_dataset_grant, current_key, require
+from service.api.problems import UNAVAILABLE, APIError
 from service.api.responses import AUTH, BODY, located, problems
-from service.auth import check_dataset_grant, current_key, require
-from service.outputs import OutputStore, csv_chunks
-from service.plotting import FORMATS, analysis_figure, bar_figure, render
-from service.plotting import release_figure as release_figure_of
-from service.problems import UNAVAILABLE, APIError
-from service.releases import documents, pricing
-from service.schemas import (
+from service.api.schemas import (
     AnalysisListQuerySchema,
     AnalysisPageSchema,
     AnalysisRequestSchema,
     AnalysisSchema,
 )
+from service.plotting import FORMATS, analysis_figure, bar_figure, render
+from service.plotting import release_figure as release_figure_of
+from service.releases import documents, pricing
+from service.storage import rkeys
+from service.storage.release_tables import OutputStore, csv_chunks
 
 blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
                 description="Release data and analyses")
@@ -248,7 +249,7 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
                        code="analysis_ended")
     # a queued message is dropped by the workers (best effort: a worker that misses the
     # broadcast skips it anyway, the status no longer being queued); a running analysis
-    # is stopped by its own worker, which watches the status (workers/tasks.py)
+    # is stopped by its own worker, which watches the status (workers/tasks.py, _stopped_when_cancelled)
     with contextlib.suppress(Exception):
         wiring.current().queue.revoke(analysis_id)
     ended = analyses.document(client, analysis_id, wiring.current().documents)

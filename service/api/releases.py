@@ -9,12 +9,12 @@ from flask.blueprints import BlueprintSetupState
 from flask_smorest import Blueprint
 from werkzeug.routing import BaseConverter
 
-from service import index, inputs, ratelimit, rkeys, wiring
+from service import wiring
+from service.api import inputs, ratelimit
+from service.api.auth import check_dataset_grant, current_key, may_use, require
+from service.api.problems import APIError
 from service.api.responses import AUTH, BODY, problems
-from service.auth import check_dataset_grant, current_key, may_use, require
-from service.problems import APIError
-from service.releases import documents, pricing, submit
-from service.schemas import (
+from service.api.schemas import (
     PAGE_HEADERS,
     EstimateSchema,
     PricingSchema,
@@ -22,6 +22,8 @@ from service.schemas import (
     ReleaseRequestSchema,
     ReleaseSchema,
 )
+from service.releases import documents, pricing, submit
+from service.storage import index, rkeys
 
 blp = Blueprint("releases", __name__, url_prefix="/v1/releases", description="Releases")
 
@@ -41,17 +43,16 @@ def _submit_checks(body: dict[str, Any]) -> None:
     """What comes before every other check: the grant. For a dataset the key may not use,
     every body gets the answer of a dataset that does not exist (no retirement, columns,
     bounds or params checked)."""
-    check_dataset_grant(body["dataset_id"], pricing.no_such_dataset())
+    if not may_use(body["dataset_id"]):
+        raise pricing.no_such_dataset()
 
 
 def _document(release_id: str) -> dict[str, Any]:
     """The release, if it exists and the key may see its dataset; else the same 404."""
     svc = wiring.current()
     doc = documents.document(svc.client, release_id, svc.documents)
-    not_found = APIError(404, "no such release", code="not_found")
-    if doc is None:
-        raise not_found
-    check_dataset_grant(doc["dataset_id"], not_found)
+    if doc is None or not may_use(doc["dataset_id"]):
+        raise APIError(404, "no such release", code="not_found")
     return doc
 
 

@@ -1,6 +1,6 @@
 """The error statuses each operation lists in the OpenAPI document.
 
-Every error is a problem document (``service.problems``). flask-smorest's catch-all
+Every error is a problem document (``service.api.problems``). flask-smorest's catch-all
 ``default`` response is off, so a status a route can answer must be listed on it here:
 clients and the contract fuzzer (``tests/integration/test_contract_fuzz.py``) hold the
 service to exactly the statuses it documents.

@@ -1,7 +1,7 @@
 """A dataset's budget over time, replayed from its audit stream.
 
 The ledger keeps only the current balance; the stream records every change to it
-(``service/lua``): ``cap`` sets a dataset cap (``allocation`` events, a key's cap, are
+(``service/storage/lua``): ``cap`` sets a dataset cap (``allocation`` events, a key's cap, are
 skipped here), ``reserve`` holds a cost, ``commit`` moves what was
 held to committed (a failed job that read the data is charged too), ``abort`` and
 ``cancel`` refund what was held. Replaying them in order gives, after each event, the

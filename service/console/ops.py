@@ -17,8 +17,8 @@ from typing import Any
 import marshmallow
 from flask import g
 
-from service import auth, problems
-from service.problems import APIError
+from service.api import auth, problems
+from service.api.problems import APIError
 
 
 def role_of(view: Callable[..., Any]) -> str:

@@ -21,8 +21,9 @@ import redis
 from flask import Flask, Request, session
 from flask.sessions import SecureCookieSessionInterface
 
-from service import apikeys, rkeys, wiring
-from service.problems import UNAVAILABLE
+from service import apikeys, wiring
+from service.api.problems import UNAVAILABLE
+from service.storage import rkeys
 
 PREFIX = "/console"
 #: Valkey: the shared signing secret (when not configured), and sessions by id digest

@@ -21,18 +21,16 @@ from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
 from werkzeug.wrappers import Response as BaseResponse
 from wtforms import ValidationError
 
-from service import apikeys, auth, problems, wiring
+from service import apikeys, wiring
+from service.api import auth, problems
 from service.api import catalog as catalog_api
 from service.api import datasets as datasets_api
 from service.api import jobs as jobs_api
 from service.api import keys as keys_api
 from service.api import outputs as outputs_api
 from service.api import releases as releases_api
-from service.console import burndown, ops, session
-from service.ledger import EVENT_KINDS
-from service.plotting import FORMATS, budget_figure, render
-from service.problems import APIError
-from service.schemas import (
+from service.api.problems import APIError
+from service.api.schemas import (
     AnalysisListQuerySchema,
     AnalysisRequestSchema,
     BudgetPatchSchema,
@@ -46,6 +44,9 @@ from service.schemas import (
     VersionPatchSchema,
     VersionUploadSchema,
 )
+from service.console import burndown, ops, session
+from service.plotting import FORMATS, budget_figure, render
+from service.storage.ledger import EVENT_KINDS
 
 bp = Blueprint("console", __name__, url_prefix=session.PREFIX, template_folder="templates",
                static_folder="static")

@@ -1,7 +1,7 @@
 """The public release document (DESIGN §4), rendered from the release's stored fields.
 
 A pending release's fields live in its Valkey hash; a finished one's request and result
-in the document store (``service.documents``), which the hash points to.
+in the document store (``service.storage.release_documents``), which the hash points to.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import numpy as np
 import redis
 
 import mechanisms
-from service import rkeys
-from service.documents import DocumentStore, fields
 from service.releases import pricing
 from service.releases.request import JobRequest
+from service.storage import rkeys
+from service.storage.release_documents import DocumentStore, fields
 
 
 def document(client: redis.Redis, release_id: str,
              docs: DocumentStore | None) -> dict[str, Any] | None:
     """The public release document (DESIGN §4), or None; a finished release's request and
-    result are read from ``docs`` (service.documents), older ones from the hash."""
+    result are read from ``docs`` (service.storage.release_documents), older ones from the hash."""
     raw = client.hgetall(rkeys.release(release_id))
     if not raw:
         return None
@@ -43,7 +43,7 @@ def documents(client: redis.Redis, ids: list[str],
 
 def table_attempt(client: redis.Redis, release_id: str) -> int:
     """Which run's table is the release's, as its commit recorded (release tables live
-    per run, ``service.outputs``); releases committed before runs were numbered kept
+    per run, ``service.storage.release_tables``); releases committed before runs were numbered kept
     theirs as run 1."""
     return int(client.hget(rkeys.release(release_id), "table") or 1)
 

@@ -5,14 +5,32 @@ the dataset's public metadata decide the cost, which the ledger then holds.
 When the cost needs a heavy precomputation that is not stored yet, ``prepare``
 raises ``Unpriced`` after every cheap check: the release is created ``pricing``
 and a worker prepares it again (computing), reserves and enqueues it.
+
+Heavy parts of a cost (interval calibration, ICLP eigen-systems) depend only on public
+inputs, so:
+
+* a request whose estimated work exceeds ``PRIVRELEASE_MAX_PRECOMPUTE_WORK`` is refused
+  with 422 naming the parameter that drives it, before anything is computed;
+* results are stored under ``<data dir>/precompute`` (one file per input digest, at most
+  ``PRIVRELEASE_PRECOMPUTE_MAX_BYTES``), shared by every API process and worker on the
+  host, so each is computed once per input;
+* in an API request (``api_scope``) a result that is not in the store is never
+  computed: the gate raises ``mechanisms.precompute.Busy`` carrying the store key that
+  missed, and the release or estimate is handed to a worker (``Unpriced``, answered 202
+  ``pricing``). A worker (``worker_scope``) computes it into the store, so the retry, or
+  the rest of the pricing job, is warm. The API's threads only ever read files, so
+  health checks and reads keep answering whatever the load of cold requests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
+from types import TracebackType
 from typing import Any
 
 import marshmallow
@@ -20,12 +38,76 @@ import redis
 
 import mechanisms
 from mechanisms import precompute, zcdp
-from service import budget, datasets, rkeys
-from service.documents import DocumentStore, request_of
+from service import budget, datasets
+from service.config import Config
 from service.errors import Failed, Invalid, NotFound, Retired, ServiceError, by_status
-from service.ledger import Ledger
-from service.releases.cold import cold_key
 from service.releases.request import JobRequest, request_fingerprint
+from service.storage import rkeys
+from service.storage.ledger import Ledger
+from service.storage.release_documents import DocumentStore, request_of
+
+# ------------------------------------------------ heavy parts: never cold in the API
+
+
+def precomputed(config: Config) -> precompute.DirectoryStore:
+    """The shared store of this data directory."""
+    return precompute.DirectoryStore(config.data_dir / "precompute",
+                                     max_bytes=config.precompute_max_bytes)
+
+
+class _Recording:
+    """The shared store, remembering the first key this request missed (the job's key)."""
+
+    def __init__(self, inner: precompute.Store) -> None:
+        self.inner = inner
+        self.missed: str | None = None
+
+    def get(self, key: str) -> bytes | None:
+        value = self.inner.get(key)
+        if value is None and self.missed is None:
+            self.missed = key
+        return value
+
+    def put(self, key: str, value: bytes) -> None:
+        self.inner.put(key, value)
+
+
+class _RefuseCold(contextlib.AbstractContextManager[None]):
+    """The API's gate: a cold computation never starts in a request thread."""
+
+    def __init__(self, seen: _Recording) -> None:
+        self.seen = seen
+
+    def __enter__(self) -> None:
+        raise precompute.Busy(self.seen.missed)
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
+
+
+def cold_key(err: precompute.Busy) -> str | None:
+    """The store key whose miss refused the computation (None if unknown)."""
+    return str(err.args[0]) if err.args and err.args[0] else None
+
+
+@contextlib.contextmanager
+def api_scope(config: Config, shared: precompute.Store) -> Iterator[None]:
+    """Within the block, heavy results are read from the shared store, bounded by the work
+    limit, and a missing one raises ``mechanisms.precompute.Busy`` instead of computing."""
+    seen = _Recording(shared)
+    with precompute.use(seen, lambda: _RefuseCold(seen), config.max_precompute_work):
+        yield
+
+
+@contextlib.contextmanager
+def worker_scope(config: Config) -> Iterator[None]:
+    """Within the block (a worker's job), cold results are computed and stored."""
+    with precompute.use(precomputed(config), None, config.max_precompute_work):
+        yield
+
+
+# ------------------------------------------------------------------- the request
 
 
 @dataclass(frozen=True)
@@ -407,7 +489,7 @@ def earlier_releases(client: redis.Redis, dataset: dict[str, Any],
     ``units`` it holds and whether a failed one was ``charged`` (failed after reading the
     data). Public designs and statuses
     only: nothing the data decides (a finished release's request is read from ``docs``,
-    service.documents)."""
+    service.storage.release_documents)."""
     key = rkeys.dataset_releases(dataset["id"])
     total = client.zcard(key)
     ids = client.zrange(key, -MAX_EARLIER_RELEASES, -1)

@@ -2,7 +2,7 @@
 ``workers.tasks.run_release`` calls ``execute`` and retries on ``LeaseHeld``.
 
 A release runs to at most one stored output per charge. Each run holds the
-job's lease under a token of its own (``service.ledger.Run``); the ledger's
+job's lease under a token of its own (``service.storage.ledger.Run``); the ledger's
 scripts make a redelivered message skip a finished job, wait for a live run,
 and re-run one whose run died or stalled past its lease. A run settles only
 while it still holds the lease, in the settling script itself, and its table
@@ -36,13 +36,14 @@ import mechanisms
 import mechanisms.precompute
 import mechanisms.rows
 from mechanisms.rng import secure_generator
-from service import datasets, metrics_store, rkeys
-from service.documents import DocumentStore
-from service.ledger import Ledger, Run, Settled
-from service.outputs import INLINE_ROWS, OutputStore, records
+from service import datasets
 from service.releases.documents import to_json
 from service.releases.request import JobRequest
-from service.store import DatasetStore
+from service.storage import release_metrics, rkeys
+from service.storage.dataset_files import DatasetStore
+from service.storage.ledger import Ledger, Run, Settled
+from service.storage.release_documents import DocumentStore
+from service.storage.release_tables import INLINE_ROWS, OutputStore, records
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.worker")
@@ -127,13 +128,13 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
         outcome = ledger.fail(dataset_id, run, json.dumps(FAILED_AFTER_READ))
         if outcome != "settled":
             return _lost(client, run, mechanism, outcome, started)
-        metrics_store.record_release(client, mechanism, "failed", time.perf_counter() - started)
+        release_metrics.record_release(client, mechanism, "failed", time.perf_counter() - started)
         return "failed"
 
     def finish(outcome: Settled, status: str) -> str:
         if outcome != "settled":
             return _lost(client, run, mechanism, outcome, started)
-        metrics_store.record_release(client, mechanism, status, time.perf_counter() - started)
+        release_metrics.record_release(client, mechanism, status, time.perf_counter() - started)
         return status
 
     with _lease(ledger, run):
@@ -192,7 +193,7 @@ def _lost(client: redis.Redis, run: Run, mechanism: str, outcome: Settled,
     log.warning("run lost its lease; its output was discarded and nothing was settled",
                 extra={"release_id": run.release_id, "attempt": run.attempt,
                        "outcome": outcome})
-    metrics_store.record_release(client, mechanism, "lease_lost", time.perf_counter() - started)
+    release_metrics.record_release(client, mechanism, "lease_lost", time.perf_counter() - started)
     return "lost"
 
 

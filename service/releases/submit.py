@@ -32,7 +32,7 @@ from typing import Any
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from service import budget, datasets, notify, rkeys
+from service import budget, datasets, notify
 from service.errors import (
     BudgetExhausted,
     Conflict,
@@ -44,10 +44,11 @@ from service.errors import (
     Unavailable,
     idempotency_mismatch,
 )
-from service.ledger import Ledger, Outcome, Reservation, ReserveResult, now_iso
-from service.releases import cold, documents, pricing
+from service.releases import documents, pricing
 from service.releases.queue import Queue
 from service.releases.request import JobRequest
+from service.storage import rkeys
+from service.storage.ledger import Ledger, Outcome, Reservation, ReserveResult, now_iso
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.pricing")
@@ -113,7 +114,7 @@ def prepare(svc: Services, body: dict[str, Any], *, api: bool) -> pricing.Prepar
     """``pricing.prepare`` with this server's limits; in the API (``api``) a cold
     precomputation raises ``pricing.Unpriced`` instead of running."""
     config = svc.config
-    scope = cold.api_scope(config, svc.precomputed) if api else cold.worker_scope(config)
+    scope = pricing.api_scope(config, svc.precomputed) if api else pricing.worker_scope(config)
     with scope:
         return pricing.prepare(svc.client, svc.ledger, body, allow_seeds=config.allow_seeds,
                                max_work=config.max_release_work)

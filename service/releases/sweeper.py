@@ -14,7 +14,7 @@ the job.
 
 A gone job that had not read its data is sent again (its task, same release
 id), up to ``max_resends`` times (PRIVRELEASE_MAX_RESENDS, default 3), counted
-in its release hash (``resends``, ``resent_at``; service/lua/resend.lua); a job
+in its release hash (``resends``, ``resent_at``; service/storage/lua/resend.lua); a job
 re-sent less than ``min_age`` ago is left to that message. Only past the bound
 is it aborted and refunded, with a message that says so. Re-sending is safe
 however many messages a release ends up with: its original may only have been
@@ -54,13 +54,14 @@ from importlib import resources
 
 import redis
 
-from service import datasets, documents, rkeys
-from service.ledger import NO_LEASE, Ledger
-from service.outputs import OutputStore
+from service import datasets
 from service.releases.queue import PRICING_QUEUE, RELEASES_QUEUE, Queue
 from service.releases.run import FAILED_AFTER_READ
 from service.releases.submit import OUTBOX_GRACE, enqueue
-from service.store import DatasetStore
+from service.storage import release_documents, rkeys
+from service.storage.dataset_files import DatasetStore
+from service.storage.ledger import NO_LEASE, Ledger
+from service.storage.release_tables import OutputStore
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.sweeper")
@@ -77,7 +78,7 @@ ORPHAN_LOCK = rkeys.P + "sweeper:orphans"
 ORPHAN_INTERVAL = 3600.0
 #: times a gone job that had not read its data is re-sent before it is refunded
 MAX_RESENDS = 3
-_RESEND = resources.files("service").joinpath("lua/resend.lua").read_text()
+_RESEND = resources.files("service.storage").joinpath("lua/resend.lua").read_text()
 
 
 def _in_broker(client: redis.Redis) -> tuple[str, str, dict[str, float | None]]:
@@ -194,7 +195,7 @@ def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30
             if outputs is not None:
                 outputs.prune(release_id, keep=None)
             if ledger.documents is not None:  # result files of runs that died uncommitted
-                documents.prune_swept(client, ledger.documents, release_id)
+                release_documents.prune_swept(client, ledger.documents, release_id)
     return aborted
 
 

@@ -1,6 +1,6 @@
 """API benchmarks: POST /v1/releases throughput vs a bare Flask endpoint, and latency.
 
-Both servers run under the same gunicorn settings (service/server.py); clients are
+Both servers run under the same gunicorn settings (service/processes/server.py); clients are
 32 threads with keep-alive sessions. The worker is started only after the throughput
 run (jobs queue up meanwhile), so both servers get the same two cores; its drain
 rate and the submit-to-result latency are measured next. Run with `make bench`.
@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 import requests
 
-from service import apikeys, rkeys
+from service import apikeys
+from service.processes.server import options
+from service.processes.valkey import EmbeddedValkey
 from service.releases.queue import RELEASES_QUEUE
-from service.server import options
-from service.valkey import EmbeddedValkey
+from service.storage import rkeys
 from tests.conftest import ROOT
 from tests.e2e.harness import TOKEN, Service, _free_port, wait_until
 
@@ -84,7 +85,7 @@ class Split:
         assert wait_until(self.url + "/healthz").status_code == 200
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "service.cli", *args], cwd=ROOT,
+        return subprocess.Popen([sys.executable, "-m", "service.processes.cli", *args], cwd=ROOT,
                                 env=self.env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
 
@@ -152,7 +153,7 @@ def test_release_post_throughput_vs_bare_flask(service: Split, bare: str,
 
 def test_worker_drain_and_latency(service: Split, record: Callable[[str, str], None]) -> None:
     """Start the worker on the queue the throughput test filled, then time one by one."""
-    client = rkeys.connect(service.valkey.url)
+    client = rkeys.connect(service.processes.valkey.url)
     queued = client.llen(RELEASES_QUEUE)
     start = time.monotonic()
     service.start_worker()

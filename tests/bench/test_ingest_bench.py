@@ -63,7 +63,7 @@ def probe(mode: str, path: str) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from service import ingest
-    from service.store import DatasetStore
+    from service.storage.dataset_files import DatasetStore
     from tests.large.large_data import METADATA
 
     spec = ingest.parse_metadata(METADATA)

@@ -10,8 +10,8 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from service import rkeys
-from service.ledger import Ledger, Reservation
+from service.storage import rkeys
+from service.storage.ledger import Ledger, Reservation
 
 CLIENTS = 16
 SECONDS = 5.0

@@ -43,7 +43,7 @@ class Service:
         env["PRIVRELEASE_BOOTSTRAP_KEY"] = TOKEN
         env.update(self.extra_env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "standalone", "--port", str(self.port),
+            [sys.executable, "-m", "service.processes.cli", "standalone", "--port", str(self.port),
              "--data-dir", str(self.data_dir), *self.args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )

@@ -1,6 +1,6 @@
 """End to end: the `privrelease` client subcommands against a live `privrelease standalone`.
 
-The CLI runs as a subprocess through its real entry point (``python -m service.cli``),
+The CLI runs as a subprocess through its real entry point (``python -m service.processes.cli``),
 configured by PRIVRELEASE_URL/PRIVRELEASE_KEY like a user's shell.
 """
 
@@ -43,7 +43,7 @@ def env_for(service: Service, key: str | None = TOKEN) -> dict[str, str]:
 def cli(service: Service, *args: str, key: str | None = TOKEN,
         ok: bool = True) -> subprocess.CompletedProcess[str]:
     """Run `privrelease ARGS`; by default assert it succeeded. Never shows the operator key."""
-    proc = subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "service.processes.cli", *args], cwd=ROOT,
                           env=env_for(service, key), capture_output=True, text=True, timeout=60)
     assert TOKEN not in proc.stdout + proc.stderr
     if ok:
@@ -125,8 +125,8 @@ def test_wait_shows_progress_on_a_terminal(service: Service, dataset: str) -> No
     master, slave = pty.openpty()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "service.cli", "release", "create", "--dataset", dataset,
-             "--mechanism", "laplace", "--params", MEAN_X, "--budget", "epsilon=0.1",
+            [sys.executable, "-m", "service.processes.cli", "release", "create", "--dataset",
+             dataset, "--mechanism", "laplace", "--params", MEAN_X, "--budget", "epsilon=0.1",
              "--wait"], cwd=ROOT, env=env_for(service), stdout=subprocess.PIPE,
             stderr=slave, text=True, timeout=60)
         os.close(slave)
@@ -366,11 +366,11 @@ def test_version_completion_and_every_page(service: Service, dataset: str) -> No
     assert "_PRIVRELEASE_COMPLETE=bash_complete" in script
     env = {**env_for(service), "_PRIVRELEASE_COMPLETE": "bash_complete",
            "COMP_WORDS": "privrelease rel", "COMP_CWORD": "1"}
-    done = subprocess.run([sys.executable, "-m", "service.cli"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "service.processes.cli"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["plain,release"], done.stdout + done.stderr
     env.update(COMP_WORDS="privrelease jobs list --status q", COMP_CWORD="4")
-    done = subprocess.run([sys.executable, "-m", "service.cli"], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "service.processes.cli"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["plain,queued"], done.stdout + done.stderr
     # suggested, not enforced: the server judges the filter (a newer one may know more)

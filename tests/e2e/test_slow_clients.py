@@ -20,7 +20,7 @@ from tests.e2e.harness import TOKEN, Service
 
 HEADER_TIMEOUT = 3.0
 SLOW = 20
-#: the service's threads: 2 gunicorn workers x 8 (service/server.py)
+#: the service's threads: 2 gunicorn workers x 8 (service/processes/server.py)
 THREADS = 16
 
 

@@ -26,7 +26,7 @@ from tests.e2e.harness import Service, _free_port, alive, child_pids
 
 VALKEY = ("valkey-server",)
 WORKER = ("-m workers",)  # `privrelease worker` becomes `python -m workers`
-API = ("service.cli", "api")
+API = ("service.processes.cli", "api")
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_second_standalone_on_a_held_port_fails_fast_without_a_key(tmp_path: Pat
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
         start = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "service.cli", "standalone", "--port", str(port),
+            [sys.executable, "-m", "service.processes.cli", "standalone", "--port", str(port),
              "--data-dir", str(tmp_path / "data")],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         took = time.monotonic() - start

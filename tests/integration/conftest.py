@@ -27,7 +27,7 @@ def app(service_env: dict[str, str]) -> Iterator[Flask]:
     os.environ.update(service_env)
     try:
         from service import apikeys
-        from service.app import create_app
+        from service.api.app import create_app
 
         flask_app = create_app(Config.from_env())
         apikeys.create(wiring.of(flask_app).client, "operator", "tests", token=TOKEN)

@@ -17,10 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 from flask import Flask
 
-from service import budget, datasets, ingest, rkeys, wiring
-from service.app import create_app
-from service.ledger import Reservation
+from service import budget, datasets, ingest, wiring
+from service.api.app import create_app
 from service.releases import pricing, submit
+from service.storage import rkeys
+from service.storage.ledger import Reservation
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
@@ -448,7 +449,7 @@ def test_errors_are_problem_json(api: Api, app: Flask) -> None:
 
 def test_app_loads_every_mechanism_before_serving(service_env: dict[str, str]) -> None:
     """The soak saw a ~2 s first request per gunicorn worker: the mechanism imports."""
-    code = ("import sys; from service.app import create_app; create_app();"
+    code = ("import sys; from service.api.app import create_app; create_app();"
             " from mechanisms import registry;"
             " sys.exit(not all(m in sys.modules for m in registry.BUILTIN))")
     done = subprocess.run([sys.executable, "-c", code], env=service_env, cwd=ROOT,

@@ -1,4 +1,5 @@
-"""The audit stream's archive (service.audit): old events move to disk, none lost or doubled.
+"""The audit stream's archive (service.storage.event_archive): old events move to disk,
+none lost or doubled.
 
 Against the session's Valkey: each test writes its own dataset's stream with explicit
 ids, and a copy of it under a key the archive never touches is the reference every
@@ -25,9 +26,10 @@ from flask import Flask
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import apikeys, audit, rkeys
-from service.app import create_app
-from service.audit import AuditArchive
+from service import apikeys
+from service.api.app import create_app
+from service.storage import event_archive, rkeys
+from service.storage.event_archive import AuditArchive
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -165,13 +167,13 @@ def test_one_archiver_at_a_time_and_a_damaged_file_trims_nothing(
     db.zadd(rkeys.DATASETS, {ds: 1})
     archive.path(ds).parent.mkdir(parents=True, exist_ok=True)
     archive.path(ds).write_text("not json\n")
-    assert audit.archive_if_due(db, archive, interval=60, hot_seconds=1) == 0
+    assert event_archive.archive_if_due(db, archive, interval=60, hot_seconds=1) == 0
     assert db.xlen(rkeys.events(ds)) == 5
     assert "audit archive failed" in caplog.text
     archive.path(ds).unlink()
-    assert audit.archive_if_due(db, archive, interval=60, hot_seconds=1) == 0  # locked
-    db.delete(audit.LOCK)
-    assert audit.archive_if_due(db, archive, interval=60, hot_seconds=1) == 5
+    assert event_archive.archive_if_due(db, archive, interval=60, hot_seconds=1) == 0  # locked
+    db.delete(event_archive.LOCK)
+    assert event_archive.archive_if_due(db, archive, interval=60, hot_seconds=1) == 5
     assert db.xlen(rkeys.events(ds)) == 0
     db.flushdb()
 
@@ -190,7 +192,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
            "PRIVRELEASE_AUDIT_HOT_SECONDS": "0.5"}
     log = tmp_path_factory.mktemp("audit") / "worker.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "worker",
+        proc = subprocess.Popen([sys.executable, "-m", "service.processes.cli", "worker",
                                  "--concurrency", "1", "--loglevel", "info"],
                                 env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
     try:
@@ -246,7 +248,7 @@ def test_bounds_as_pairs_exclusive_included(bound: str, low: bool,
     """Exact: XRANGE's bounds as comparable pairs, ``(`` one step inward as Valkey does
     (an incomplete id filled with 0 as a start, the largest sequence as an end); catches
     an exclusive start read as inclusive, and ``(5-0`` as an end keeping ``5-0``."""
-    assert audit._bound(bound, low) == pair
+    assert event_archive._bound(bound, low) == pair
 
 
 def test_a_file_out_of_order_is_an_error_not_an_endless_read(client: redis.Redis,

@@ -19,7 +19,8 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
-from service import apikeys, rkeys, wiring
+from service import apikeys, wiring
+from service.storage import rkeys
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",

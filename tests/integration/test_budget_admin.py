@@ -16,7 +16,7 @@ import redis
 from flask import Flask
 
 from service import apikeys, wiring
-from service.ledger import Ledger, Reservation
+from service.storage.ledger import Ledger, Reservation
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, PEOPLE_META, Api, people_csv
 
 

@@ -47,8 +47,9 @@ from flask import Flask
 from hypothesis import strategies as st
 from schemathesis import Case, CheckContext, Response
 
-from service import apikeys, rkeys, wiring
-from service.problems import PROBLEM_TYPE
+from service import apikeys, wiring
+from service.api.problems import PROBLEM_TYPE
+from service.storage import rkeys
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "5"))

@@ -19,12 +19,14 @@ import pytest
 from flask import Flask
 from hypothesis import strategies as st
 
-from service import apikeys, index, inputs, rkeys, wiring
-from service.app import create_app
+from service import apikeys, wiring
+from service.api import inputs
+from service.api.app import create_app
+from service.api.observability import log_handler
 from service.config import Config
-from service.ledger import Reservation
-from service.observability import log_handler
 from service.releases import pricing, submit, sweeper
+from service.storage import index, rkeys
+from service.storage.ledger import Reservation
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -61,7 +63,7 @@ def _records(text: str) -> list[dict[str, Any]]:
 
 def test_500_is_logged_as_json_with_request_id_and_type_only(
         app: Flask, service_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    """Item 11: main logged a 500 through ``service.problems``, a logger outside the JSON
+    """Item 11: main logged a 500 through ``service.api.problems``, a logger outside the JSON
     setup: plain text on stderr, no request id, the exception's message (a data value)
     and its full traceback. Now one JSON record: request id, exception type, frames."""
     fresh = _fresh_app(service_env)

@@ -25,7 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from service import apidocs
+from service.api import apidocs
 from tests.integration.liveserver import serve
 
 CHROMIUM = Path("/usr/bin/chromium")

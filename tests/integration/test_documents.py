@@ -1,4 +1,4 @@
-"""Release documents on disk (service.documents): which run's files are visible, the
+"""Release documents on disk (service.storage.release_documents): which run's files are visible, the
 request kept when it changed under a settle, migration of documents held in Valkey, and
 list pages that read only their own documents."""
 
@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 import redis
 
-from service import analyses, rkeys, wiring
-from service.documents import DocumentStore, migrate, prune_swept
-from service.ledger import Ledger, Reservation
-from service.outputs import OutputStore
+from service import analyses, wiring
 from service.releases import documents, submit
 from service.releases.run import settle_files
+from service.storage import rkeys
+from service.storage.ledger import Ledger, Reservation
+from service.storage.release_documents import DocumentStore, migrate, prune_swept
+from service.storage.release_tables import OutputStore
 from tests.conftest import ROOT
 from tests.integration.conftest import Api
 
@@ -141,8 +142,8 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
 
     env = {**os.environ, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_DATA_DIR": str(tmp_path),
            "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "migrate-outputs"], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run([sys.executable, "-m", "service.processes.cli", "migrate-outputs"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "moved 1 release(s) and 1 analysis result(s)" in proc.stdout, proc.stdout
 

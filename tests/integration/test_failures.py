@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from service import apikeys, rkeys, wiring
-from service.app import create_app
-from service.ledger import Reservation
+from service import apikeys, wiring
+from service.api.app import create_app
 from service.releases import pricing, submit
 from service.releases.run import FAILED_AFTER_READ, MAX_RUNS
-from service.store import DatasetStore
+from service.storage import rkeys
+from service.storage.dataset_files import DatasetStore
+from service.storage.ledger import Reservation
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration import failing_mechanism
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api

@@ -31,12 +31,12 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from service import apikeys, rkeys, wiring
-from service.app import create_app
-from service.broker import make_celery
-from service.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
-from service.releases.queue import Queue
-from service.store import DatasetStore
+from service import apikeys, wiring
+from service.api.app import create_app
+from service.api.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
+from service.releases.queue import Queue, make_celery
+from service.storage import rkeys
+from service.storage.dataset_files import DatasetStore
 from tests.conftest import ROOT, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -58,7 +58,7 @@ def rig(app: Flask, service_env: dict[str, str],
     log = tmp_path_factory.mktemp("faults-worker") / "worker.log"
     with open(log, "wb") as fh:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1"],
+            [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "1"],
             env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
     state: dict[str, Any] = {"valkey": server, "valkey_dir": valkey_dir, "data_dir": data_dir,
                              "worker": worker, "log": log}
@@ -217,7 +217,7 @@ class CutReplies:
         self.upstream, self.cuts, self.cut = port, cuts, 0
         # loaded beforehand, so the first call runs the script: the lost reply is its result,
         # not a NOSCRIPT error
-        script = resources.files("service").joinpath("lua/open.lua").read_text()
+        script = resources.files("service.storage").joinpath("lua/open.lua").read_text()
         rkeys.connect(f"redis://127.0.0.1:{port}/0").script_load(script)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from service import openapi
+from service.api import openapi
 from tests.integration.conftest import TOKEN
 from tests.integration.liveserver import serve
 

@@ -64,7 +64,7 @@ def _small_json_app(service_env: dict[str, str]) -> Flask:
     saved = dict(os.environ)
     os.environ.update(service_env)
     try:
-        from service.app import create_app
+        from service.api.app import create_app
 
         return create_app(dataclasses.replace(Config.from_env(), max_json_bytes=65_536))
     finally:

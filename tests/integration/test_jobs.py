@@ -22,11 +22,12 @@ import pytest
 import redis
 from flask import Flask
 
-from service import apikeys, rkeys, wiring
-from service.app import create_app
-from service.ledger import Ledger, Reservation
+from service import apikeys, wiring
+from service.api.app import create_app
 from service.releases.run import FAILED_AFTER_READ
 from service.releases.sweeper import sweep
+from service.storage import rkeys
+from service.storage.ledger import Ledger, Reservation
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -50,7 +51,7 @@ def slow(redis_url: str, service_env: dict[str, str], app: Flask,
         client.delete(*client.keys(rkeys.WORKERS + "*") or ["-"])
         with open(log, "ab") as fh:
             procs["worker"] = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1",
+                [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "1",
                  "--queues", "releases"],
                 env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         wait_for_worker(client)

@@ -29,9 +29,10 @@ from mechanisms import interval, registry
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.interval import composition
 from mechanisms.interval.entries import LEDGER_UNIT, plan
-from service import budget, rkeys, wiring
-from service.ledger import Ledger, Reservation
+from service import budget, wiring
 from service.releases import pricing, submit
+from service.storage import rkeys
+from service.storage.ledger import Ledger, Reservation
 from tests.integration.conftest import Api
 
 MEASURE = "interval_leakage:age"
@@ -98,9 +99,9 @@ def test_second_release_is_charged_its_standalone_bound(api: Api, worker: Any,
 
 
 def _prepare(app: Any, body: dict[str, Any]) -> pricing.Prepared:
-    from service.releases import cold
+    from service.releases import pricing
     config = app.config["PRIVRELEASE"]
-    with app.app_context(), cold.worker_scope(config):
+    with app.app_context(), pricing.worker_scope(config):
         return pricing.prepare(wiring.of(app).client, wiring.of(app).ledger, body,
                                 allow_seeds=True)
 

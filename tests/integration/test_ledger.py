@@ -11,8 +11,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service import rkeys
-from service.ledger import NO_LEASE, Ledger, Reservation
+from service.storage import rkeys
+from service.storage.ledger import NO_LEASE, Ledger, Reservation
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 
 
@@ -248,7 +248,7 @@ def test_valkey_kill_loses_no_committed_spend(tmp_path: object) -> None:
     """SIGKILL Valkey right after commits; AOF (fsync always) brings every one back."""
     from pathlib import Path
 
-    from service.valkey import EmbeddedValkey
+    from service.processes.valkey import EmbeddedValkey
 
     server = EmbeddedValkey(Path(str(tmp_path)) / "valkey")
     server.start()

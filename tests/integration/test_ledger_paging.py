@@ -24,10 +24,11 @@ import pytest
 import redis
 from flask import Flask, Response, g
 
-from service import apikeys, budget, rkeys, wiring
+from service import apikeys, budget, wiring
 from service.api import datasets as datasets_api
-from service.audit import READ_BATCH, AuditArchive
-from service.ledger import Ledger
+from service.storage import rkeys
+from service.storage.event_archive import READ_BATCH, AuditArchive
+from service.storage.ledger import Ledger
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 N = 2500

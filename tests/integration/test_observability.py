@@ -21,10 +21,11 @@ from flask.testing import FlaskClient
 from limits import parse
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import apikeys, metrics_store, wiring
-from service.app import create_app
+from service import apikeys, wiring
+from service.api.app import create_app
+from service.api.observability import ClusterCollector, log_handler
 from service.config import Config
-from service.observability import ClusterCollector, log_handler
+from service.storage import release_metrics
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -258,10 +259,10 @@ def test_metrics_export_only_the_newest_datasets(app: Flask, r: redis.Redis) -> 
 
 def test_release_counter_and_runtime_histogram_from_redis(app: Flask, r: redis.Redis) -> None:
     mech = f"test.mech_{uuid.uuid4().hex[:8]}"
-    metrics_store.record_release(r, mech, "succeeded", 0.03)
-    metrics_store.record_release(r, mech, "succeeded", 1.7)
-    metrics_store.record_release(r, mech, "failed", 0.004)
-    metrics_store.record_release(r, mech, "succeeded", 10_000.0)
+    release_metrics.record_release(r, mech, "succeeded", 0.03)
+    release_metrics.record_release(r, mech, "succeeded", 1.7)
+    release_metrics.record_release(r, mech, "failed", 0.004)
+    release_metrics.record_release(r, mech, "succeeded", 10_000.0)
     samples = scrape(app.test_client())
 
     assert sample(samples, "privrelease_releases_total", mechanism=mech, outcome="succeeded") == 3
@@ -277,7 +278,7 @@ def test_release_counter_and_runtime_histogram_from_redis(app: Flask, r: redis.R
 
 def test_record_release_refuses_the_field_separator(r: redis.Redis) -> None:
     with pytest.raises(ValueError):
-        metrics_store.record_release(r, "a|b", "succeeded", 1.0)
+        release_metrics.record_release(r, "a|b", "succeeded", 1.0)
 
 
 def test_multiprocess_mode_sums_every_process(service_env: dict[str, str],
@@ -285,7 +286,7 @@ def test_multiprocess_mode_sums_every_process(service_env: dict[str, str],
     """Two processes (as two gunicorn workers) share a directory; either one's
     /metrics reports the requests of both."""
     script = (
-        "from service.app import create_app\n"
+        "from service.api.app import create_app\n"
         "c = create_app().test_client()\n"
         "for _ in range({n}): assert c.get('/healthz').status_code == 200\n"
         "print(c.get('/metrics').get_data(as_text=True))\n"

@@ -19,8 +19,8 @@ from openapi_spec_validator import validate
 
 import mechanisms
 from mechanisms import registry
-from service import openapi
-from service.problems import PROBLEM_TYPE
+from service.api import openapi
+from service.api.problems import PROBLEM_TYPE
 from tests.integration.conftest import TOKEN, Api
 
 OPERATOR = {"Authorization": f"Bearer {TOKEN}"}

@@ -16,8 +16,9 @@ from typing import Any
 import redis
 from flask import Flask
 
-from service import apikeys, policy, rkeys, wiring
+from service import apikeys, policy, wiring
 from service.config import Config
+from service.storage import rkeys
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -105,7 +106,7 @@ def test_migration_runs_from_the_cli_and_at_start_up(api: Api, r: redis.Redis,
     legacy dataset; a dataset registered now is left alone (it has its fields)."""
     fresh = api.upload(people_csv(), PEOPLE_META).get_json()["id"]
     by_cli = _legacy_dataset(api, r)
-    out = subprocess.run([sys.executable, "-m", "service.cli", "migrate-policy"],
+    out = subprocess.run([sys.executable, "-m", "service.processes.cli", "migrate-policy"],
                          env=service_env, cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=True)
     assert "recorded the legacy policy of" in out.stdout
@@ -117,7 +118,7 @@ def test_migration_runs_from_the_cli_and_at_start_up(api: Api, r: redis.Redis,
     saved = dict(os.environ)
     os.environ.update(service_env)
     try:
-        from service.app import create_app
+        from service.api.app import create_app
 
         create_app(Config.from_env())
     finally:

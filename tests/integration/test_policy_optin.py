@@ -18,8 +18,9 @@ import pytest
 import redis
 from flask import Flask
 
-from service import apikeys, rkeys
-from service.ledger import Reservation
+from service import apikeys
+from service.storage import rkeys
+from service.storage.ledger import Reservation
 from tests.integration.conftest import TOKEN, Api
 from tests.integration.test_console import _csrf, _signed_in
 
@@ -363,7 +364,7 @@ def test_reserve_script_enforces_the_rules_itself(r: redis.Redis) -> None:
     dataset's caps do not name (not_admitted), and a measure a listed allocation does not
     list (exhausted, scope allocation, not listed); a legacy allocation limits only what it
     lists. A refusal holds nothing."""
-    from service.ledger import Ledger
+    from service.storage.ledger import Ledger
     from tests.integration.conftest import LEDGER_REQUEST
 
     ds = "ds_policy_script"

@@ -27,12 +27,13 @@ from flask import Flask
 
 from mechanisms import precompute
 from mechanisms.interval import entries as interval_entries
-from service import apikeys, rkeys, wiring
-from service.app import create_app
-from service.ledger import Ledger, Reservation
+from service import apikeys, wiring
+from service.api.app import create_app
 from service.releases import pricing, queue, submit
 from service.releases.queue import PRICING_QUEUE, RELEASES_QUEUE, Queue
 from service.releases.sweeper import send_outbox, sweep
+from service.storage import rkeys
+from service.storage.ledger import Ledger, Reservation
 
 from ..conftest import ROOT
 from .conftest import TOKEN, Api
@@ -450,7 +451,7 @@ def test_eight_cold_heavy_requests_leave_gunicorn_responsive(
     in the API's threads, or answered 503 busy.)"""
     ds = _upload(api, {"interval_leakage": 0.99})
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--host",
+    proc = subprocess.Popen([sys.executable, "-m", "service.processes.cli", "api", "--host",
                              "127.0.0.1", "--port", str(port), "--workers", "2"],
                             env={**os.environ, **service_env}, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -29,8 +29,9 @@ import redis
 from celery import Celery
 from flask import Flask
 
-from service import apikeys, metrics_store, rkeys
-from service.app import create_app
+from service import apikeys
+from service.api.app import create_app
+from service.storage import release_metrics, rkeys
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -71,7 +72,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
         client.delete(*client.keys(rkeys.WORKERS + "*") or ["-"])
         with open(tmp_path / f"{name}.log", "wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1",
+                [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "1",
                  "--queues", "releases"],
                 env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         procs.append(proc)
@@ -151,8 +152,8 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
             os.kill(pid, signal.SIGCONT)
     doc = api.wait(rid, timeout=30)
     # A wakes holding an output of its own; it must report that it lost the job
-    lost = f"dip{metrics_store.SEP}lease_lost"
-    _until(lambda: client.hget(metrics_store.RELEASES, lost), timeout=DELAY + 15)
+    lost = f"dip{release_metrics.SEP}lease_lost"
+    _until(lambda: client.hget(release_metrics.RELEASES, lost), timeout=DELAY + 15)
     assert worker_b.poll() is None and worker_a.poll() is None
 
     assert doc["status"] == "succeeded", doc
@@ -168,8 +169,8 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
     assert events[2]["outcome"] == "succeeded"
     row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
     assert row == {"cap": 5.0, "committed": 1.0, "reserved": 0.0, "remaining": 4.0}
-    assert client.hget(metrics_store.RELEASES, lost) == "1"
-    assert client.hget(metrics_store.RELEASES, f"dip{metrics_store.SEP}succeeded") == "1"
+    assert client.hget(release_metrics.RELEASES, lost) == "1"
+    assert client.hget(release_metrics.RELEASES, f"dip{release_metrics.SEP}succeeded") == "1"
     # B's table is the release's; A's never became visible and is gone
     assert client.hget(release, "table") == "2"
     # so is A's result document: only B's (the attempt settle recorded) and the request

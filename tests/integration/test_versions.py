@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 from flask import Flask
 
-from service import datasets, rkeys, wiring
+from service import datasets, wiring
 from service.ingest import iter_upload
-from service.ledger import Reservation
-from service.releases import cold as cold_store
 from service.releases import pricing, submit
+from service.storage import rkeys
+from service.storage.ledger import Reservation
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 PROBLEM = "application/problem+json"
@@ -454,12 +454,12 @@ def test_a_priced_release_keeps_the_version_it_was_asked_on(api: Api, app: Flask
             "params": {"column": "h", "calibrate": True},
             "budget": {"interval_leakage": budget}}
     shared = wiring.of(app).precomputed
-    with pytest.raises(pricing.Unpriced) as cold, cold_store.api_scope(config, shared):
+    with pytest.raises(pricing.Unpriced) as cold, pricing.api_scope(config, shared):
         pricing.prepare(client, ledger, body, allow_seeds=True)
     assert cold.value.request.body["version"] == 1
     assert json.loads(cold.value.request.job().to_json())["dataset_version"] == 1
     assert _post_version(api, ds, csv, make_current="true").status_code == 201
-    with pytest.raises(pricing.Unpriced) as again, cold_store.api_scope(config, shared):
+    with pytest.raises(pricing.Unpriced) as again, pricing.api_scope(config, shared):
         # what the pricing job runs (it computes instead; the version is chosen first)
         pricing.prepare(client, ledger, cold.value.request.body, allow_seeds=True)
     assert again.value.request.dataset["version"] == 1

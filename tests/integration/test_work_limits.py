@@ -21,8 +21,9 @@ import pytest
 import redis
 from flask import Flask
 
-from service import analyses, apikeys, rkeys
+from service import analyses, apikeys
 from service.config import Config
+from service.storage import rkeys
 from tests.conftest import ROOT, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
@@ -45,13 +46,13 @@ class Stack:
         self.log = tmp / "worker.log"
         with open(self.log, "wb") as fh:
             self.worker = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1",
+                [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "1",
                  "--analysis-concurrency", "1"],
                 env=self.env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         saved = dict(os.environ)
         os.environ.update(self.env)
         try:
-            from service.app import create_app
+            from service.api.app import create_app
 
             self.app: Flask = create_app(Config.from_env())
         finally:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mechanisms import zcdp
 from service import budget
-from service.ledger import Ledger, Reservation
+from service.storage.ledger import Ledger, Reservation
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, Api
 
 COUNT = {"statistic": "count", "condition": {"column": "k", "op": "ge", "value": 0}}

@@ -55,10 +55,10 @@ def roles(root: int) -> dict[int, str]:
     out: dict[int, str] = {}
     for child in kids.get(root, []):
         cmd = _cmdline(child)
-        if "service.cli api" in cmd:
+        if "service.processes.cli api" in cmd:
             out[child] = "api master"
             out.update({pid: "api worker" for pid in kids.get(child, [])})
-        elif "service.cli worker" in cmd:
+        elif "service.processes.cli worker" in cmd:
             out[child] = "celery main"
             out.update({pid: "celery pool" for pid in kids.get(child, [])})
         elif "valkey" in cmd:

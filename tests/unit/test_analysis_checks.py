@@ -20,10 +20,9 @@ from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError, ReleaseView
 from mechanisms.subset.estimation import EM_MAX_ITER
 from service.analyses import error_of as _analysis_error
-from service.broker import VISIBILITY_TIMEOUT, time_limits
 from service.config import Config
 from service.releases.documents import runnable_analyses
-from service.releases.queue import RUN_ANALYSIS, RUN_RELEASE
+from service.releases.queue import RUN_ANALYSIS, RUN_RELEASE, VISIBILITY_TIMEOUT, time_limits
 
 N = 600
 META = DatasetMeta(n_rows=N, columns={

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.broker import VISIBILITY_TIMEOUT
+from service.releases.queue import VISIBILITY_TIMEOUT
 from workers import tasks
 
 

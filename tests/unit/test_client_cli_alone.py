@@ -19,7 +19,7 @@ from pathlib import Path
 from click.testing import CliRunner
 from privrelease_client import cli as client_cli
 
-from service import cli as server_cli
+from service.processes import cli as server_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "client"

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from service import rkeys
+from service.storage import rkeys
 from tests.conftest import ROOT
 
 DEPLOY = ROOT / "deploy"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.documents import DIGEST_CHARS, DocumentStore, digest
+from service.storage.release_documents import DIGEST_CHARS, DocumentStore, digest
 
 
 @given(st.text())

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from service.inputs import MAX_JSON_DEPTH, too_deep
+from service.api.inputs import MAX_JSON_DEPTH, too_deep
 
 
 def _nested(depth: int) -> str:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from service import server
+from service.api.observability import JsonFormatter, configure_logging
+from service.api.ratelimit import _storage_uri
 from service.config import Config
-from service.metrics_store import BUCKETS, bucket_label
-from service.observability import JsonFormatter, configure_logging
-from service.ratelimit import _storage_uri
+from service.processes import server
+from service.storage.release_metrics import BUCKETS, bucket_label
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -125,8 +125,8 @@ def test_retry_after_means_what_each_status_needs() -> None:
     delay back, anything else loses it."""
     from flask import Response
 
-    from service.problems import RETRY_AFTER_SECONDS
-    from service.ratelimit import _retry_after
+    from service.api.problems import RETRY_AFTER_SECONDS
+    from service.api.ratelimit import _retry_after
 
     refused = Response(status=429, headers={"Retry-After": "0"})
     assert _retry_after(refused).headers["Retry-After"] == "1"
@@ -144,7 +144,7 @@ def test_rate_limiter_failures_log_one_line_without_a_trace() -> None:
     import logging
     import sys
 
-    from service.ratelimit import _one_line
+    from service.api.ratelimit import _one_line
 
     try:
         raise ConnectionError("Error 111 connecting to 127.0.0.1:6379")

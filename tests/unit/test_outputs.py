@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.outputs import CSV_CHUNK, OutputStore, csv_chunks, neutralise, records
+from service.storage.release_tables import CSV_CHUNK, OutputStore, csv_chunks, neutralise, records
 
 
 def test_save_load_per_run_never_replaces(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 from flask import Flask
 from privrelease_client import Client, cli
 
-from service.app import create_app
+from service.api.app import create_app
 from service.config import Config
 
 #: routes that are no API operation of a key: browser pages and their assets, and the

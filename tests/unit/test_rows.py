@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from mechanisms import rows
 from service import datasets
-from service.store import DatasetStore
+from service.storage.dataset_files import DatasetStore
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(1, 33))

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from service.config import Config
-from service.runtime import PortInUse, _how, bind_listener
+from service.processes.standalone import PortInUse, _how, bind_listener
 
 
 def test_restart_and_header_settings_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from service import ratelimit, rkeys
-from service.broker import SentinelBrokerTransport, configure
+from service.api import ratelimit
 from service.config import Config
-from service.durable import Replication
+from service.releases.queue import SentinelBrokerTransport, configure
+from service.storage import rkeys
+from service.storage.durable import Replication
 
 URL = "sentinel://privrelease:p%40ss@10.0.0.1:26379,10.0.0.2:26380,vk-2/ledger/3"
 

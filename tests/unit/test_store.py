@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service import store as store_module
 from service.ingest import parse_csv, parse_metadata
-from service.store import DatasetStore
+from service.storage import dataset_files as store_module
+from service.storage.dataset_files import DatasetStore
 
 
 @pytest.fixture()

@@ -1,7 +1,7 @@
 """The ``privrelease-client`` command (Click): every route of a running server.
 
 An analyst who installs only ``privrelease-client`` has these commands; the server's
-``privrelease`` offers the same ones beside standalone/api/worker (``service.cli``).
+``privrelease`` offers the same ones beside standalone/api/worker (``service.processes.cli``).
 They talk to the server through :class:`privrelease_client.Client`, print Rich tables for
 people (:mod:`privrelease_client.terminal`) and raw JSON (``--json``) for scripts. The
 server and key come from ``--url``/``--key`` or ``PRIVRELEASE_URL``/``PRIVRELEASE_KEY``.

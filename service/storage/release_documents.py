@@ -1,6 +1,6 @@
 """Release documents on disk, so Valkey holds per finished release only its index entries,
-status and ledger state (~820 B in all once its audit events moved to disk, service.audit;
-~2.9 kB before).
+status and ledger state (~820 B in all once its audit events moved to disk,
+service.storage.event_archive; ~2.9 kB before).
 
 Design (issue 19 §3). A release's request (params, the accuracy estimate, the privacy
 block) and its result (result, accuracy, guarantee) are JSON files beside its tables in
@@ -34,9 +34,9 @@ files: nothing is loaded that the page does not show.
 
 Retention: documents are kept forever. A consumer paid privacy budget for each result
 (deleting it would lose what was bought, and re-asking would spend again), and the audit
-events, kept forever too (service.audit), refer to them. Per-run state goes at settle (lease and
-reservation keys deleted, the replay pointer dropped); idempotency keys expire
-(PRIVRELEASE_IDEMPOTENCY_TTL).
+events, kept forever too (service.storage.event_archive), refer to them. Per-run state
+goes at settle (lease and reservation keys deleted, the replay pointer dropped);
+idempotency keys expire (PRIVRELEASE_IDEMPOTENCY_TTL).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ DIGEST_CHARS = 16
 class DocumentMissing(LookupError):
     """A file a release (or analysis) names is not in the output store: the shared folder
     is not mounted here, or was lost. The API answers 503 ``storage_unavailable``
-    (``service.problems``): the record exists, so 404 would lie and 500 would blame code;
+    (``service.api.problems``): the record exists, so 404 would lie and 500 would blame code;
     an operator restores the mount and the client retries. Never a document without it."""
 
 
@@ -211,7 +211,7 @@ def prune_swept(client: redis.Redis, docs: DocumentStore, release_id: str) -> li
     """After the sweeper settled a job whose runs died: no run's result is the release's
     (they never committed), and only the request copy the hash names stays. For
     ``service.releases.sweeper.sweep``, beside its ``outputs.prune(release_id, keep=None)``."""
-    from service import rkeys
+    from service.storage import rkeys
 
     keep = client.hget(rkeys.release(release_id), REQUEST_DIGEST)
     return docs.prune(release_id, keep_result=None, keep_request=keep)
@@ -314,7 +314,7 @@ def migrate(client: redis.Redis, docs: DocumentStore, batch: int = 500) -> Migra
     migrate-outputs``). Files first (fsynced), then a compare-and-set that drops the
     Valkey copy only if it is still what was written: safe while the service runs, and
     to run again (a second run finds nothing to move)."""
-    from service import index, rkeys
+    from service.storage import index, rkeys
 
     done = Migration()
     # the list indexes first: releases made before them are found by the dataset id in

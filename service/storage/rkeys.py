@@ -184,7 +184,7 @@ def failover_retry(seconds: float) -> Retry:
     the sentinels' master is unreachable until they promote its replica, ~2-5 s).
 
     Only for clients whose every command is safe to re-send -- the workers': reads, the
-    ledger's scripts (idempotent, ``service.durable``), the hold-out maximum, and
+    ledger's scripts (idempotent, ``service.storage.durable``), the hold-out maximum, and
     metrics counters (a re-sent increment after a lost reply counts once more: a metric,
     never a budget). The API keeps one quick retry and answers 503 instead.
     """
@@ -199,7 +199,7 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
     failover its next connection goes to the promoted replica, and a connection still
     open to the demoted primary fails with ConnectionError (redis-py turns the replica's
     READONLY into one), which the API answers with 503 and the ledger's idempotent
-    scripts make safe to retry (``service.durable``).
+    scripts make safe to retry (``service.storage.durable``).
     """
     kwargs.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
     kwargs.setdefault("socket_timeout", REPLY_TIMEOUT)

@@ -23,8 +23,9 @@ from flask import Flask, Request, current_app, request
 from werkzeug.exceptions import BadRequest
 from werkzeug.formparser import FormDataParser
 
-from service import auth, rkeys
-from service.problems import APIError
+from service.api import auth
+from service.api.problems import APIError
+from service.storage import rkeys
 
 #: deepest JSON nesting accepted (release requests need about 6 levels)
 MAX_JSON_DEPTH = 32

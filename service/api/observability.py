@@ -36,9 +36,10 @@ from prometheus_client.metrics_core import (
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from service import budget, metrics_store, rkeys, wiring
+from service import budget, wiring
+from service.api.problems import PROBLEM_TYPE, APIError
 from service.config import Config
-from service.problems import PROBLEM_TYPE, APIError
+from service.storage import release_metrics, rkeys
 
 log = logging.getLogger("privrelease.observability")
 access_log = logging.getLogger("privrelease.access")
@@ -216,8 +217,8 @@ class ClusterCollector(Collector):
             pipe.llen(name)
         pipe.zcard(rkeys.DATASETS)
         pipe.zrevrange(rkeys.DATASETS, 0, self.max_datasets - 1)
-        pipe.hgetall(metrics_store.RELEASES)
-        pipe.hgetall(metrics_store.RUNTIME)
+        pipe.hgetall(release_metrics.RELEASES)
+        pipe.hgetall(release_metrics.RUNTIME)
         *depths, n_datasets, ids, releases, runtime = pipe.execute()
         if self.max_datasets == 0:
             ids = []
@@ -260,7 +261,7 @@ def _remaining(fields: dict[str, str]) -> dict[str, float]:
 
 
 def _release_metrics(releases: dict[str, str], runtime: dict[str, str]) -> list[Metric]:
-    sep = metrics_store.SEP
+    sep = release_metrics.SEP
     counter = CounterMetricFamily("privrelease_releases", "Release jobs finished by workers",
                                   labels=["mechanism", "outcome"])
     for name, value in sorted(releases.items()):
@@ -272,9 +273,9 @@ def _release_metrics(releases: dict[str, str], runtime: dict[str, str]) -> list[
     mechanisms = sorted({name.partition(sep)[0] for name in runtime})
     for mechanism in mechanisms:
         cumulative, buckets = 0, []
-        for bound in metrics_store.BUCKETS:
-            cumulative += int(runtime.get(metrics_store.bucket_field(mechanism, bound), 0))
-            buckets.append((metrics_store.bucket_label(bound), float(cumulative)))
+        for bound in release_metrics.BUCKETS:
+            cumulative += int(runtime.get(release_metrics.bucket_field(mechanism, bound), 0))
+            buckets.append((release_metrics.bucket_label(bound), float(cumulative)))
         total = float(runtime.get(f"{mechanism}{sep}sum", 0))
         histogram.add_metric([mechanism], buckets, total)
     return [counter, histogram]

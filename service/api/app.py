@@ -11,18 +11,10 @@ from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
-from service import (
-    apidocs,
-    inputs,
-    observability,
-    openapi,
-    policy,
-    problems,
-    ratelimit,
-    wiring,
-)
+from service import policy, wiring
+from service.api import apidocs, inputs, observability, openapi, problems, ratelimit
+from service.api.schemas import ProblemSchema
 from service.config import Config
-from service.schemas import ProblemSchema
 
 
 class OperationIds(BasePlugin):

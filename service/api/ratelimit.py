@@ -12,7 +12,7 @@ handlers, as for any HTTPException) with ``Retry-After``.
 
 Estimates (``POST /v1/releases/estimate``) also count against a window of their own,
 ``PRIVRELEASE_ESTIMATE_RATE_LIMIT`` per key: they are free to the caller but a cold one
-costs seconds of CPU (see service/precompute.py).
+costs seconds of CPU (see service/releases/pricing.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from flask import Flask, Response, current_app, g, has_app_context, request
 from flask_limiter import ApplicationLimit, Limiter
 from limits import parse_many
 
-from service import auth, rkeys
+from service.api import auth
+from service.api.problems import RETRY_AFTER_SECONDS
 from service.config import ENV_PREFIX, Config
-from service.problems import RETRY_AFTER_SECONDS
+from service.storage import rkeys
 
 #: probes, scrapes and docs are never limited (load balancers, Prometheus, browsers)
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"})

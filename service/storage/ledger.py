@@ -14,7 +14,7 @@ Each script runs as a ``durable.Step``: safe to re-send (after a lost reply, or
 across a Sentinel failover), and with PRIVRELEASE_LEDGER_REPLICAS > 0 answered only
 once that many replicas acknowledged it (WAIT), else 503: a reserve a failover
 loses held nothing and its job cannot run; a settle it loses is re-sent by the
-worker, or charged by the sweeper (``service.durable`` has the argument).
+worker, or charged by the sweeper (``service.storage.durable`` has the argument).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 import redis
 
-from service import rkeys
-from service.audit import READ_BATCH, AuditArchive
-from service.documents import DocumentStore
-from service.durable import Replication, Step
+from service.storage import rkeys
+from service.storage.durable import Replication, Step
+from service.storage.event_archive import READ_BATCH, AuditArchive
+from service.storage.release_documents import DocumentStore
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
                   "retired", "version_retired", "ended", "notion_locked", "not_admitted"]
@@ -49,7 +49,7 @@ def now_iso() -> str:
 
 
 def _script(name: str) -> str:
-    return resources.files("service").joinpath(f"lua/{name}.lua").read_text()
+    return resources.files("service.storage").joinpath(f"lua/{name}.lua").read_text()
 
 
 @dataclass(frozen=True)
@@ -141,12 +141,13 @@ class Ledger:
                  documents: DocumentStore | None = None,
                  audit: AuditArchive | None = None) -> None:
         """With ``documents`` a settle moves the release's request out of Valkey into
-        that store (``service.documents``); without, the hash keeps it (ledger-only use).
+        that store (``service.storage.release_documents``); without, the hash keeps it
+        (ledger-only use).
         Every script is a ``durable.Step``: acknowledged by ``replication``'s replicas
         (WAIT). A run's steps (start, lease, settle) are re-sent for ``run_retry_seconds``
-        across a failover (workers; the API answers 503 at once). See ``service.durable``
+        across a failover (workers; the API answers 503 at once). See ``service.storage.durable``
         for why that is safe and what an unacknowledged step means. With ``audit`` the
-        audit stream's archived events are read too (``service.audit``)."""
+        audit stream's archived events are read too (``service.storage.event_archive``)."""
         self.r = client
         self.lease_seconds = lease_seconds
         self.documents = documents

@@ -23,9 +23,9 @@ from urllib.parse import urlencode
 import redis
 from flask import request
 
-from service import rkeys
-from service.documents import DocumentStore, request_of
-from service.problems import APIError
+from service.errors import Invalid
+from service.storage import rkeys
+from service.storage.release_documents import DocumentStore, request_of
 
 #: members sharing the cursor's score read back when the cursor's member left the set
 #: (scores are creation times in ms: more ties than this do not happen)
@@ -60,8 +60,8 @@ class Cursor:
                     or not isinstance(phase, str)):
                 raise ValueError
         except (ValueError, TypeError, binascii.Error):
-            raise APIError(422, "not a cursor this server returned", code="validation_error",
-                           field="cursor") from None
+            raise Invalid("not a cursor this server returned", code="validation_error",
+                      field="cursor") from None
         return cls(float(score), member, phase)
 
 
@@ -87,8 +87,8 @@ def stream_position(token: str | None) -> str | None:
     if (cursor.phase != STREAM_PHASE or not _STREAM_ID.fullmatch(cursor.member)
             or int(cursor.member.partition("-")[0]) >= 2**64
             or int(cursor.member.partition("-")[2]) >= 2**64 - 1):
-        raise APIError(422, "not a cursor this server returned", code="validation_error",
-                       field="cursor")
+        raise Invalid("not a cursor this server returned", code="validation_error",
+                      field="cursor")
     return cursor.member
 
 
@@ -173,7 +173,7 @@ def ensure_release_indexes(client: redis.Redis, docs: DocumentStore | None = Non
         write = client.pipeline(transaction=False)
         for (release_id, score), (raw, status, actor, sha) in zip(rows, read.execute(),
                                                                   strict=True):
-            # a finished release's request is in ``docs`` (service.documents)
+            # a finished release's request is in ``docs`` (service.storage.release_documents)
             h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
             try:
                 req = request_of(docs, release_id, h) if sha is None or docs else None

@@ -17,9 +17,10 @@ from typing import Any
 from apispec import APISpec, BasePlugin
 
 import mechanisms
-from service import budget, inputs
+from service import budget
+from service.api import inputs
 from service.api.catalog import json_schema
-from service.schemas import ReleaseRequestSchema
+from service.api.schemas import ReleaseRequestSchema
 
 #: endpoints that honour an ``Idempotency-Key`` header (``inputs.idempotency_key``)
 IDEMPOTENT = frozenset({"datasets.upload", "datasets.upload_version", "releases.create"})

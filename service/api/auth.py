@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 from flask import current_app, g, request
 
 from service import apikeys, wiring
+from service.api.problems import APIError
 from service.errors import ServiceError
-from service.problems import APIError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -31,10 +31,11 @@ from collections import deque
 from pathlib import Path
 from types import FrameType
 
-from service import apikeys, rkeys
+from service import apikeys
 from service.config import ENV_PREFIX, Config
-from service.store import DatasetStore
-from service.valkey import EmbeddedValkey
+from service.processes.valkey import EmbeddedValkey
+from service.storage import rkeys
+from service.storage.dataset_files import DatasetStore
 
 #: first restart delay (seconds); doubled on each restart still inside the window
 BACKOFF = 0.5
@@ -130,7 +131,7 @@ class Standalone:
         return [name]
 
     def _spawn(self, name: str) -> None:
-        cmd = [sys.executable, "-m", "service.cli", *self._argv(name)]
+        cmd = [sys.executable, "-m", "service.processes.cli", *self._argv(name)]
         fds = (self.listener.fileno(),) if name == "api" and self.listener else ()
         # own session: a terminal Ctrl-C reaches only us, and we stop them in order
         self.children[name] = subprocess.Popen(cmd, env=self.env, start_new_session=True,

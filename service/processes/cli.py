@@ -21,14 +21,14 @@ from service.config import Config
 
 
 def _standalone(args: argparse.Namespace) -> int:
-    from service.runtime import Standalone
+    from service.processes.standalone import Standalone
 
     return Standalone(Config.from_env(), host=args.host, port=args.port,
                       data_dir=args.data_dir, access_log=args.access_log).run()
 
 
 def _api(args: argparse.Namespace) -> int:
-    from service.server import serve
+    from service.processes.server import serve
 
     serve(Config.from_env(), host=args.host, port=args.port, workers=args.workers,
           fd=args.fd)
@@ -39,8 +39,8 @@ def _worker_healthcheck() -> int:
     """0 when a worker on this host beats to the configured Valkey (container probes)."""
     import redis
 
-    from service import rkeys
-    from service.broker import live_workers
+    from service.releases.queue import live_workers
+    from service.storage import rkeys
 
     config = Config.from_env()
     try:
@@ -137,11 +137,12 @@ MIGRATE_HELP = ("move the documents of finished releases (request, result) and a
 
 
 def _migrate_outputs(args: argparse.Namespace) -> int:
-    """Run ``service.documents.migrate`` against PRIVRELEASE_REDIS_URL and the data folder
-    (the same shared folder the API and workers use); safe while the service runs."""
-    from service import rkeys
+    """Run ``service.storage.release_documents.migrate`` against PRIVRELEASE_REDIS_URL and
+    the data folder (the same shared folder the API and workers use); safe while the
+    service runs."""
     from service.config import Config
-    from service.documents import DocumentStore, migrate
+    from service.storage import rkeys
+    from service.storage.release_documents import DocumentStore, migrate
 
     config = Config.from_env()
     client = rkeys.connect(config.require_redis_url())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flask import Blueprint, Flask, Response, send_from_directory
 
-from service.problems import APIError
+from service.api.problems import APIError
 
 #: where the page finds Swagger UI's files (flask-smorest appends the file names)
 ASSETS_URL = "/docs/assets/"

@@ -11,8 +11,8 @@ from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
-from service.documents import DocumentMissing
 from service.errors import ServiceError
+from service.storage.release_documents import DocumentMissing
 
 #: under ``privrelease``, so error-path records go through the JSON handler with the
 #: request id (``observability.configure_logging``), never a plain-text root handler
@@ -175,7 +175,7 @@ def _from_http_exception(err: HTTPException) -> Response:
 
 def _too_large() -> str:
     """Which size limit a 413 is about: the whole body, or one part of a form."""
-    body_limit = request.max_content_length  # lowered for JSON bodies (service.inputs)
+    body_limit = request.max_content_length  # lowered for JSON bodies (service.api.inputs)
     length = request.content_length
     if body_limit is not None and (length is None or length > body_limit):
         kind = "JSON body" if request.is_json else "request body"

@@ -22,8 +22,8 @@
 -- With ARGV[9], the hash's 'request' is dropped for the digest ('doc') only if it still has
 -- that digest (a request rewritten meanwhile stays); its 'replay_key' pointer (only this
 -- script reads it, before this point) goes too: a finished release's hash keeps values of
--- at most 64 bytes, the listpack encoding (service.documents).
---       last: this call's id (service.durable.Step adds it; the same on every re-send)
+-- at most 64 bytes, the listpack encoding (service.storage.release_documents).
+--       last: this call's id (service.storage.durable.Step adds it; the same on every re-send)
 -- Returns 1 if settled (by this call, or by this same call sent before: a re-send after
 -- a lost reply or a failover must not read as 'ended', or the worker would discard the
 -- output it committed), 0 if it had already ended, -1 if running (cancel only),

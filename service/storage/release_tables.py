@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.store import DatasetStore
+from service.storage.dataset_files import DatasetStore
 
 #: tables up to this many rows are also copied into ``result.records``
 INLINE_ROWS = 100

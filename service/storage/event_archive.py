@@ -17,7 +17,7 @@ Why this is safe:
 - One archiver at a time (a Valkey lock); if the lock lapses mid-run, the id check above
   still keeps the file free of repeats.
 - Only events older than ``hot_seconds`` (default one hour) move. Ledger steps are
-  acknowledged by replicas when they happen (``service.durable``), so an hour-old event
+  acknowledged by replicas when they happen (``service.storage.durable``), so an hour-old event
   is on the replicas too: a failover cannot resurrect a trimmed event the file lacks, and
   a new primary's stream ids (milliseconds of the clock) start after everything archived.
 - The file holds the stream's fields as they were (strings), so one parser
@@ -39,7 +39,7 @@ from typing import BinaryIO
 
 import redis
 
-from service import rkeys
+from service.storage import rkeys
 
 log = logging.getLogger("privrelease.audit")
 
