@@ -249,7 +249,7 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
                        code="analysis_ended")
     # a queued message is dropped by the workers (best effort: a worker that misses the
     # broadcast skips it anyway, the status no longer being queued); a running analysis
-    # is stopped by its own worker, which watches the status (workers/tasks.py, _stopped_when_cancelled)
+    # is stopped by its own worker, which watches the status (workers/tasks.py)
     with contextlib.suppress(Exception):
         wiring.current().queue.revoke(analysis_id)
     ended = analyses.document(client, analysis_id, wiring.current().documents)
