@@ -35,15 +35,15 @@ def json_schema(schema: type[marshmallow.Schema]) -> dict[str, Any]:
 @blp.response(200, MechanismSchema(many=True))
 def list_mechanisms() -> list[dict[str, Any]]:
     """Every mechanism with the measures it charges and its parameter schema."""
-    return _catalog()
+    return _catalog(tuple(mechanisms.names()))
 
 
 @functools.cache
-def _catalog() -> list[dict[str, Any]]:
-    """Built once per process: the registry is fixed at import, and converting every
-    schema takes tens of milliseconds."""
+def _catalog(names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Built once per set of registered mechanisms (once per process, unless a plugin
+    registers one later): converting every schema takes tens of milliseconds."""
     out = []
-    for name in mechanisms.names():
+    for name in names:
         mech = mechanisms.get(name)
         out.append({"name": name, "measures": list(mech.measures),
                     "description": mech.description,
