@@ -11,7 +11,14 @@ public budgets), never a data value.
 
 from __future__ import annotations
 
+import errno
 from typing import Any, ClassVar
+
+#: file-system errors that mean the store cannot take more now, not a bug: full (or over
+#: quota, or a file-size limit), answered 507; read-only, refused or failing storage,
+#: answered 503 ``storage_unavailable``: for an operator to fix and a client to retry
+STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+STORAGE_DOWN = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
 
 
 class ServiceError(Exception):

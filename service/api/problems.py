@@ -11,7 +11,7 @@ from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
-from service.errors import ServiceError
+from service.errors import STORAGE_DOWN, STORAGE_FULL, ServiceError
 from service.storage.release_documents import DocumentMissing
 
 #: under ``privrelease``, so error-path records go through the JSON handler with the
@@ -49,11 +49,6 @@ _CODES = {
     507: "insufficient_storage",
 }
 
-#: file-system errors that mean the data directory cannot take more now, not a bug:
-#: full (or over quota, or a file-size limit) is 507; read-only, refused or failing
-#: storage is 503 ``storage_unavailable``, for an operator to fix and a client to retry
-STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-STORAGE_DOWN = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
 
 
 class APIError(ServiceError):

@@ -37,6 +37,7 @@ import mechanisms.precompute
 import mechanisms.rows
 from mechanisms.rng import secure_generator
 from service import datasets
+from service.errors import STORAGE_DOWN, STORAGE_FULL
 from service.releases.documents import to_json
 from service.releases.request import JobRequest
 from service.storage import release_metrics, rkeys
@@ -140,11 +141,12 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
     with _lease(ledger, run):
         try:
             job = _public_inputs(client, svc.datasets, req)
+            # the output's room before the data: a store that cannot take it is refunded
+            svc.documents.preflight(release_id, run.attempt)
         except Exception as err:  # nothing of the data read yet: refund, say why
             log.error("release failed before reading the data",
                       extra={"release_id": release_id, "error_type": type(err).__name__})
-            message = err.message if isinstance(err, mechanisms.MechanismInputError) else (
-                f"job failed before reading the data ({type(err).__name__}); refunded")
+            message = _refund_message(err)
             return finish(ledger.abort_run(dataset_id, run, json.dumps({"message": message})),
                           "failed")
         if not ledger.mark_data_read(run):  # another run has the job: read nothing
@@ -168,6 +170,18 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
         except redis.RedisError:  # the release stands; only the operator's count misses it
             log.error("hold-out exposure not recorded", extra={"release_id": release_id})
     return finish(outcome, "succeeded")
+
+
+def _refund_message(err: Exception) -> str:
+    """What a run refunded before reading the data says: its input's own message, that
+    the output store could not take the release, or the error's type (public inputs only
+    were involved)."""
+    if isinstance(err, mechanisms.MechanismInputError):
+        return err.message
+    if isinstance(err, OSError) and err.errno in STORAGE_FULL | STORAGE_DOWN:
+        return ("the server's output store could not take the release (full or"
+                " unavailable); refunded before the data was read")
+    return f"job failed before reading the data ({type(err).__name__}); refunded"
 
 
 def settle_files(client: redis.Redis, docs: DocumentStore, outputs: OutputStore, run: Run,

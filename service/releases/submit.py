@@ -164,6 +164,9 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
                                   mode="pricing")
         ours = "pricing"
     dataset_id = reservation.dataset_id
+    # a store that could not take the output now: 507 or 503 (an OSError the API answers),
+    # before anything is held; a run checks again before it reads the data
+    svc.documents.check_room()
     res = ledger.reserve(dataclasses.replace(
         reservation, idempotency_key=idempotency_key, idempotency_ttl=config.idempotency_ttl,
         at=at))

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import redis
 
+from service.errors import STORAGE_DOWN, STORAGE_FULL
 from service.storage import rkeys
 from service.storage.durable import Replication, Step
 from service.storage.event_archive import READ_BATCH, AuditArchive
@@ -405,8 +406,16 @@ class Ledger:
              result_attempt: str = "") -> Settled:
         replay_key, request = self.r.hmget(rkeys.release(release_id), "replay_key", "request")
         # the request to disk first: settle drops it from the hash only if it is this one
-        sha = (self.documents.save_request(release_id, request)
-               if self.documents is not None and request else "")
+        sha = ""
+        if self.documents is not None and request:
+            try:
+                sha = self.documents.save_request(release_id, request)
+            except OSError as err:
+                if err.errno not in STORAGE_FULL | STORAGE_DOWN:
+                    raise
+                # the store cannot take it now (full, read-only): the release settles all
+                # the same, its request kept in the hash, where documents are read from
+                # too (``privrelease migrate-outputs`` moves it later)
         reply = self._settle(
             keys=[
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),

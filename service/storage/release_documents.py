@@ -55,6 +55,9 @@ import redis
 
 #: errors of a shared filesystem that has no hard links (some FUSE and SMB mounts)
 NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
+#: the room a run makes sure of before it reads its data (its result document and the
+#: first blocks of a table), and the least free space a POST accepts a release with
+PREFLIGHT_BYTES = 1 << 20
 
 #: the release hash's fields that point at files here
 REQUEST_DIGEST = "doc"
@@ -149,6 +152,46 @@ class DocumentStore:
             return path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
+
+    # -- room -------------------------------------------------------------------------
+
+    def check_room(self) -> None:
+        """Raise the OSError a write would meet now (ENOSPC: less than ``PREFLIGHT_BYTES``
+        free; EROFS: mounted read-only; EACCES: not writable; ENOENT: not there). One
+        ``statvfs``: cheap enough for every POST, which then spends nothing on a store
+        that could not take the release's output."""
+        self.root.mkdir(parents=True, exist_ok=True)  # a new data directory has none yet
+        st = os.statvfs(self.root)
+        if st.f_flag & os.ST_RDONLY:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        if not os.access(self.root, os.W_OK):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        if st.f_bavail * st.f_frsize < PREFLIGHT_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def preflight(self, release_id: str, attempt: int) -> None:
+        """Before a run reads its data: take ``PREFLIGHT_BYTES`` in the release's folder,
+        sync them and give them back. A store that cannot take the output (full,
+        read-only, gone) then fails the run while it is still refunded, not after the
+        read, when the failure rule charges it. The work is the same for every run."""
+        folder = self.folder(release_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".preflight-{int(attempt)}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, PREFLIGHT_BYTES)
+            except OSError as err:  # a file system without fallocate: write the bytes
+                if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP):
+                    raise
+                block = bytes(1 << 16)
+                for _ in range(PREFLIGHT_BYTES // len(block)):
+                    os.write(fd, block)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                probe.unlink()
 
     # -- results ----------------------------------------------------------------------
 
