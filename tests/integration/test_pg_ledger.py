@@ -574,3 +574,51 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
                  if k not in {"id", "at"}} for e in events]
 
     assert strip(valkey.events(ds)) == strip(ledger.events(ds))
+
+
+# -- re-sent steps -----------------------------------------------------------------------
+
+def test_a_step_whose_connection_broke_runs_again(ledger: PgLedger, pg_url: str) -> None:
+    """The server ends every idle pooled connection (a failover, a restart): the next
+    steps run on new connections, and each answers as if nothing happened."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 100}, "op")
+    name = urlsplit(pg_url).path.lstrip("/")
+
+    def kill_connections() -> None:
+        killed = _sql(pg_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = %s AND pid <> pg_backend_pid()", name)
+        assert killed and all(ok for (ok,) in killed)
+
+    kill_connections()
+    res = ledger.reserve(_res(ds, {"epsilon": 40}))
+    assert res.outcome == "reserved"
+    kill_connections()
+    run = ledger.mark_running(res.release_id, "w")
+    assert run is not None
+    kill_connections()
+    assert ledger.commit(ds, run, LEDGER_OUTPUT) == "settled"
+    assert ledger.balance(ds)["epsilon"] == {"cap": 100, "committed": 40, "reserved": 0,
+                                             "remaining": 60}
+    assert [e["kind"] for e in ledger.events(ds)] == ["cap", "reserve", "commit"]
+    assert ledger.pool.get_stats().get("returns_bad", 0) >= 3  # the broken ones, replaced
+
+
+def test_a_settle_sent_again_after_its_reply_was_lost_reads_settled(ledger: PgLedger) -> None:
+    """The same settle call (its call id) run twice, as after a COMMIT whose reply was lost:
+    'settled' both times, charged once; another call then reads 'ended'."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 100}, "op")
+    rid = ledger.reserve(_res(ds, {"epsilon": 30})).release_id
+    run = ledger.mark_running(rid, "w")
+    assert run is not None
+
+    def settle(call_id: str) -> str:
+        return ledger._tx(lambda cur: ledger._settle(cur, ds, rid, "commit", LEDGER_OUTPUT,
+                                                     run.token, run.token, None, None,
+                                                     call_id))
+
+    assert settle("call-1") == settle("call-1") == "settled"
+    assert settle("call-2") == "ended"
+    assert ledger.balance(ds)["epsilon"]["committed"] == 30
+    assert [e["kind"] for e in ledger.events(ds)] == ["cap", "reserve", "commit"]
