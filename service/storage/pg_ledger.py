@@ -1,0 +1,723 @@
+"""The privacy budget ledger on PostgreSQL (issue #29, first increment): ``PgLedger``.
+
+The same calls, arguments, answers and accounting as the Valkey ``Ledger``
+(``service.storage.ledger``), each Lua script ported to ONE short transaction:
+
+- reserve.lua  -> ``reserve``: modes new / pricing / priced, the re-sent create, the
+  Idempotency-Key (``idempotent`` / ``idem_mismatch``), the replay, the retired dataset and
+  the retired version, the notion lock, the caps (``not_admitted`` for a measure no cap
+  names, ``exhausted`` with measure / requested / remaining / scope) and the allocations
+  (``listed``: an unlisted measure is refused; ``legacy``: unlisted measures unlimited);
+- start.lua -> ``mark_running``; lease.lua -> ``renew_lease`` / ``mark_data_read``;
+- settle.lua -> ``commit`` / ``fail`` / ``abort_run`` / ``abort`` / ``charge_gone`` /
+  ``cancel``: the failure rule (abort and cancel refund, commit and fail charge, once), the
+  lease fencing (a run settles only while its token holds the lease: ``lost`` otherwise,
+  nothing changed; the sweeper's ``NO_LEASE``), the replay dropped on a refund;
+- refuse.lua -> ``refuse``; admin.lua -> ``change_caps`` / ``set_caps`` (``CapError``);
+  open.lua -> ``open`` (caps and idempotency); ``retire``; the ledger half of
+  version.lua -> ``set_version_retired``.
+
+How a step stays atomic without a single-threaded Lua: a transaction at READ COMMITTED
+that takes row locks in one global order, so two steps never deadlock: the
+Idempotency-Key (advisory lock, class 1), the replay fingerprint (advisory lock, class 2),
+the dataset's ``ledgers`` row, the release's row, the dataset's ``budgets`` rows sorted
+by measure, the key's ``allocations`` rows sorted by measure (``SELECT ... FOR UPDATE``).
+Every step locks the rows it reads before it decides, so it decides on the latest
+committed values. The audit event is inserted in the same transaction as the change it
+records (``events`` is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE); a
+refused step writes nothing. A transaction that PostgreSQL rolls back (deadlock,
+serialization failure) or whose connection broke is run again, at most ``RETRIES``
+times: every step is safe to re-send as the Lua scripts are (a settle re-sent after its
+COMMIT's reply was lost finds its own call id and answers ``settled``). Lease times are
+the database's clock (``now()``), as they were Valkey's TTLs. Amounts are Python ints end
+to end (BIGINT columns, JSON integers).
+
+Not here yet (out of scope of this increment, still Valkey's): release documents on disk
+(``DocumentStore``: the request and the output stay in the ``releases`` row), the list
+indexes (pending, failed, per dataset, per key), the dataset document and its index
+(``open`` with a document, ``version_change``), the interval recharge
+(``recharge_interval``), the policy migration (``migrate_policy``: no call marks an
+allocation ``legacy`` yet; tests write the row), the sweeper, the audit archive, and
+replication acknowledgements (PostgreSQL's synchronous replication is configuration).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any, Literal, TypeVar
+
+import psycopg
+from psycopg import errors
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from service.storage.ledger import (
+    NO_LEASE,
+    CapError,
+    Reservation,
+    ReserveResult,
+    Run,
+    Settled,
+)
+
+T = TypeVar("T")
+Cursor = psycopg.Cursor[Any]
+
+#: how many times a transaction is run when PostgreSQL rolled it back or the connection broke
+RETRIES = 5
+#: advisory lock classes (pg_advisory_xact_lock(class, hashtext(key))), taken first
+IDEMPOTENCY_LOCK, REPLAY_LOCK = 1, 2
+#: a release holding units: settle moves them; every other status holds nothing
+HOLDING = ("queued", "running")
+
+
+def _iso(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _version_of(request_json: str) -> int | None:
+    """The request's ``dataset_version`` if a number (reserve.lua: ``%d`` of it)."""
+    request = json.loads(request_json)
+    version = request.get("dataset_version") if isinstance(request, dict) else None
+    if isinstance(version, bool) or not isinstance(version, int | float):
+        return None
+    return int(version)
+
+
+class PgLedger:
+    """Budget accounting for every dataset, backed by PostgreSQL (``database.connect``)."""
+
+    def __init__(self, pool: ConnectionPool[Any], lease_seconds: int = 30) -> None:
+        self.pool = pool
+        self.lease_seconds = lease_seconds
+
+    # -- transactions -------------------------------------------------------------------
+
+    def _tx(self, step: Callable[[Cursor], T]) -> T:
+        """Run ``step`` in one transaction, committed if it returns; run again (bounded)
+        if PostgreSQL rolled it back (deadlock, serialization) or the connection broke."""
+        for attempt in range(RETRIES):
+            try:
+                # the pool's connection context commits on success, rolls back on error
+                with self.pool.connection() as conn, conn.cursor() as cur:
+                    return step(cur)
+            except psycopg.OperationalError as err:
+                if attempt == RETRIES - 1 or not _retryable(err):
+                    raise
+                time.sleep(0.005 * 2 ** attempt + secrets.randbelow(5) / 1000)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _event(cur: Cursor, dataset_id: str, kind: str, release_id: str, actor: str,
+               at: datetime | str | None, units: dict[str, int] | None = None,
+               **detail: Any) -> None:
+        cur.execute(
+            "INSERT INTO events (dataset_id, kind, release_id, actor, at, units, detail) "
+            "VALUES (%s, %s, %s, %s, COALESCE(%s::timestamptz, now()), %s, %s)",
+            (dataset_id, kind, release_id, actor, at, Jsonb(units or {}), Jsonb(detail)))
+
+    @staticmethod
+    def _lock_ledger(cur: Cursor, dataset_id: str) -> tuple[Any, ...] | None:
+        cur.execute("SELECT retired, retired_versions, notion_lock FROM ledgers "
+                    "WHERE dataset_id = %s FOR UPDATE", (dataset_id,))
+        return cur.fetchone()
+
+    @staticmethod
+    def _ensure_ledger(cur: Cursor, dataset_id: str) -> None:
+        """The dataset's ledgers row, created if missing (a Valkey hash springs into being
+        on its first write), locked."""
+        cur.execute("INSERT INTO ledgers (dataset_id) VALUES (%s) ON CONFLICT DO NOTHING",
+                    (dataset_id,))
+        cur.execute("SELECT 1 FROM ledgers WHERE dataset_id = %s FOR UPDATE", (dataset_id,))
+
+    @staticmethod
+    def _idempotent(cur: Cursor, key: str, fingerprint: str,
+                    column: str) -> tuple[Literal["idempotent", "idem_mismatch"], str] | None:
+        """('idempotent' | 'idem_mismatch', what the key made) if the live key exists."""
+        cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (IDEMPOTENCY_LOCK, key))
+        cur.execute(f"SELECT fingerprint, {column} FROM idempotency "
+                    "WHERE key = %s AND expires_at > now()", (key,))
+        prev = cur.fetchone()
+        if prev is None:
+            return None
+        return ("idempotent" if prev[0] == fingerprint else "idem_mismatch", prev[1] or "")
+
+    @staticmethod
+    def _remember_key(cur: Cursor, key: str, fingerprint: str, ttl: int,
+                      release_id: str | None, dataset_id: str | None) -> None:
+        cur.execute(
+            "INSERT INTO idempotency (key, fingerprint, release_id, dataset_id, expires_at) "
+            "VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s)) "
+            "ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, "
+            "release_id = EXCLUDED.release_id, dataset_id = EXCLUDED.dataset_id, "
+            "expires_at = EXCLUDED.expires_at",
+            (key, fingerprint, release_id, dataset_id, ttl))
+
+    # -- datasets and caps --------------------------------------------------------------
+
+    def open(self, dataset_id: str, caps: dict[str, int], actor: str,
+             document: str | None = None, *, idempotency_key: str | None = None,
+             fingerprint: str = "", idempotency_ttl: int = 86400) -> tuple[str, str]:
+        """Open the dataset's ledger with its caps, recorded as a ``cap`` event (open.lua).
+
+        Returns (outcome, dataset id): ``opened``; ``exists`` if the ledger was opened
+        before; with an ``idempotency_key``, ``idempotent`` and the dataset the key opened
+        (``idem_mismatch`` if for another ``fingerprint``). Documents are not stored here
+        yet: a ``document`` is refused (NotImplementedError)."""
+        if document is not None:
+            raise NotImplementedError("dataset documents are not in PostgreSQL yet")
+        fp = fingerprint if idempotency_key else ""
+
+        def step(cur: Cursor) -> tuple[str, str]:
+            if idempotency_key and fp:
+                known = self._idempotent(cur, idempotency_key, fp, "dataset_id")
+                if known:
+                    return known
+            cur.execute("INSERT INTO ledgers (dataset_id, opened_by) VALUES (%s, %s) "
+                        "ON CONFLICT DO NOTHING", (dataset_id, actor))
+            if cur.rowcount == 0:
+                return "exists", dataset_id
+            units = {m: int(u) for m, u in sorted(caps.items())}
+            for measure, cap in units.items():
+                cur.execute("INSERT INTO budgets (dataset_id, measure, cap) VALUES (%s, %s, %s)",
+                            (dataset_id, measure, cap))
+            self._event(cur, dataset_id, "cap", "", actor, None, units)
+            if idempotency_key and fp:
+                self._remember_key(cur, idempotency_key, fp, idempotency_ttl, None, dataset_id)
+            return "opened", dataset_id
+
+        return self._tx(step)
+
+    def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
+                 key_id: str | None = None) -> None:
+        """Change the dataset's caps, or ``key_id``'s allocation; CapError if refused."""
+        self.change_caps(dataset_id, [(key_id, caps)], actor)
+
+    def change_caps(self, dataset_id: str, changes: list[tuple[str | None, dict[str, int]]],
+                    actor: str) -> None:
+        """Apply every (key id or None for the dataset, caps) change, or none (admin.lua).
+
+        Each is checked first: never below what is committed + reserved at its level, an
+        allocation never above the dataset's cap as this same call leaves it; a refused
+        change raises CapError and nothing is written or recorded. An allocation written
+        here is ``listed``. One ``cap`` / ``allocation`` event per change."""
+        plan = [(key or "", {m: int(u) for m, u in sorted(caps.items())})
+                for key, caps in changes]
+
+        def step(cur: Cursor) -> None:
+            self._ensure_ledger(cur, dataset_id)
+            measures = sorted({m for _, caps in plan for m in caps})
+            cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
+                        "WHERE dataset_id = %s AND measure = ANY(%s) "
+                        "ORDER BY measure FOR UPDATE", (dataset_id, measures))
+            dataset = {row[0]: row[1:] for row in cur.fetchall()}
+            keys = sorted({key for key, _ in plan if key})
+            cur.execute("SELECT key_id, measure, cap, committed, reserved FROM allocations "
+                        "WHERE dataset_id = %s AND key_id = ANY(%s) AND measure = ANY(%s) "
+                        "ORDER BY key_id, measure FOR UPDATE", (dataset_id, keys, measures))
+            allocated = {(row[0], row[1]): row[2:] for row in cur.fetchall()}
+            new_caps: dict[str, int] = {}
+            for key, caps in plan:
+                if not key:
+                    new_caps.update(caps)
+
+            def cap_of(measure: str) -> int:
+                if measure in new_caps:
+                    return new_caps[measure]
+                return int(dataset[measure][0]) if measure in dataset else 0
+
+            for key, caps in plan:
+                for measure, units in caps.items():
+                    row = allocated.get((key, measure)) if key else dataset.get(measure)
+                    held = int(row[1]) + int(row[2]) if row else 0
+                    if units < held:
+                        raise CapError("below_spent", measure, held, key or None)
+                    if key and units > cap_of(measure):
+                        raise CapError("above_dataset", measure, cap_of(measure), key)
+            for key, caps in plan:
+                for measure, units in caps.items():
+                    if key:
+                        cur.execute(
+                            "INSERT INTO allocations (dataset_id, key_id, measure, cap) "
+                            "VALUES (%s, %s, %s, %s) ON CONFLICT (dataset_id, key_id, measure) "
+                            "DO UPDATE SET cap = EXCLUDED.cap", (dataset_id, key, measure, units))
+                    else:
+                        cur.execute(
+                            "INSERT INTO budgets (dataset_id, measure, cap) VALUES (%s, %s, %s) "
+                            "ON CONFLICT (dataset_id, measure) DO UPDATE SET cap = EXCLUDED.cap",
+                            (dataset_id, measure, units))
+                if key and caps:
+                    cur.execute(
+                        "INSERT INTO allocation_scopes (dataset_id, key_id, scope) "
+                        "VALUES (%s, %s, 'listed') ON CONFLICT (dataset_id, key_id) "
+                        "DO UPDATE SET scope = 'listed'", (dataset_id, key))
+                self._event(cur, dataset_id, "allocation" if key else "cap", "", actor, None,
+                            caps, key_id=key)
+
+        self._tx(step)
+
+    def retire(self, dataset_id: str, actor: str) -> None:
+        """Refuse every new reservation on the dataset from now on; record it."""
+        def step(cur: Cursor) -> None:
+            self._ensure_ledger(cur, dataset_id)
+            cur.execute("UPDATE ledgers SET retired = true WHERE dataset_id = %s", (dataset_id,))
+            self._event(cur, dataset_id, "retire", "", actor, None)
+
+        self._tx(step)
+
+    def set_version_retired(self, dataset_id: str, version: int, retired: bool,
+                            actor: str) -> None:
+        """The ledger half of version.lua: mark the dataset's ``version`` retired (or
+        current again, ``retired=False``) and record a ``version`` event, in one step;
+        ``reserve`` refuses a request on a retired version (``version_retired``)."""
+        def step(cur: Cursor) -> None:
+            self._ensure_ledger(cur, dataset_id)
+            if retired:
+                cur.execute("UPDATE ledgers SET retired_versions = array_append("
+                            "array_remove(retired_versions, %s::bigint), %s::bigint) "
+                            "WHERE dataset_id = %s", (version, version, dataset_id))
+            else:
+                cur.execute("UPDATE ledgers SET retired_versions = array_remove("
+                            "retired_versions, %s::bigint) WHERE dataset_id = %s",
+                            (version, dataset_id))
+            self._event(cur, dataset_id, "version", "", actor, None,
+                        action="retired" if retired else "current", version=version)
+
+        self._tx(step)
+
+    # -- reserve ------------------------------------------------------------------------
+
+    def reserve(self, r: Reservation) -> ReserveResult:
+        """Hold ``r.cost`` for a new release unless it is a retry, a replay, refused or
+        over a cap (reserve.lua, ``Ledger.reserve``): same modes, outcomes and fields."""
+        cost = {m: int(u) for m, u in sorted(r.cost.items())}
+        replay_key = r.replay_fingerprint or r.fingerprint
+        return self._tx(lambda cur: self._reserve(cur, r, cost, replay_key))
+
+    def _reserve(self, cur: Cursor, r: Reservation, cost: dict[str, int],
+                 replay_key: str) -> ReserveResult:
+        rid, ds, actor, mode = r.release_id, r.dataset_id, r.actor, r.mode
+        idem = r.idempotency_key
+        if idem is not None:
+            cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                        (IDEMPOTENCY_LOCK, idem))
+        cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (REPLAY_LOCK, replay_key))
+        ledger = self._lock_ledger(cur, ds)
+        cur.execute("SELECT status FROM releases WHERE id = %s FOR UPDATE", (rid,))
+        existing = cur.fetchone()
+        # a create re-sent (its reply lost): it happened, change nothing
+        if mode == "pricing" and existing is not None:
+            return ReserveResult("pricing", rid)
+        if mode == "new" and existing is not None:
+            return ReserveResult("reserved", rid)
+        if mode == "priced" and (existing is None or existing[0] != "pricing"):
+            return ReserveResult("ended", rid, status=existing[0] if existing else "")
+        if idem is not None:
+            known = self._idempotent(cur, idem, r.fingerprint, "release_id")
+            if known:
+                return ReserveResult(known[0], known[1])
+        if r.replay:
+            cur.execute("SELECT release_id FROM replays WHERE fingerprint = %s", (replay_key,))
+            prev = cur.fetchone()
+            if prev is not None:
+                if idem is not None:
+                    self._remember_key(cur, idem, r.fingerprint, r.idempotency_ttl, prev[0], ds)
+                return ReserveResult("replay", prev[0])
+        retired, retired_versions, held_lock = ledger or (False, [], None)
+        if retired:
+            return ReserveResult("retired", "")
+        version = _version_of(r.request_json)
+        if version is not None and version in (retired_versions or []):
+            return ReserveResult("version_retired", str(version))
+        lock = r.notion_lock or ""
+        if lock and held_lock and held_lock != lock:
+            return ReserveResult("notion_locked", notion=held_lock)
+
+        measures = list(cost)
+        cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
+                    "WHERE dataset_id = %s AND measure = ANY(%s) ORDER BY measure FOR UPDATE",
+                    (ds, measures))
+        dataset = {row[0]: (int(row[1]), int(row[2]), int(row[3])) for row in cur.fetchall()}
+        cur.execute("SELECT measure, cap, committed, reserved FROM allocations "
+                    "WHERE dataset_id = %s AND key_id = %s AND measure = ANY(%s) "
+                    "ORDER BY measure FOR UPDATE", (ds, actor, measures))
+        allocated = {row[0]: (int(row[1]), int(row[2]), int(row[3])) for row in cur.fetchall()}
+        cur.execute("SELECT scope FROM allocation_scopes WHERE dataset_id = %s AND key_id = %s",
+                    (ds, actor))
+        rule_row = cur.fetchone()
+        rule = rule_row[0] if rule_row else None
+        scoped: dict[str, int] = {}
+        for measure, units in cost.items():
+            if measure not in dataset:
+                return ReserveResult("not_admitted", measure=measure)
+            cap, committed, reserved = dataset[measure]
+            remaining = cap - committed - reserved
+            if units > remaining:
+                return ReserveResult("exhausted", "", measure, units, remaining, "dataset")
+            if measure in allocated:
+                cap, committed, reserved = allocated[measure]
+                left = cap - committed - reserved
+                if units > left:
+                    return ReserveResult("exhausted", "", measure, units, left, "allocation")
+                scoped[measure] = units
+            elif rule == "listed" and units > 0:
+                return ReserveResult("exhausted", "", measure, units, 0, "allocation",
+                                     listed=False)
+
+        at = r.at
+        if mode == "pricing":
+            cur.execute("INSERT INTO releases (id, dataset_id, actor, status, request, "
+                        "created_at) VALUES (%s, %s, %s, 'pricing', %s, "
+                        "COALESCE(%s::timestamptz, now()))",
+                        (rid, ds, actor, r.request_json, at))
+        else:
+            for measure, units in cost.items():
+                cur.execute("UPDATE budgets SET reserved = reserved + %s "
+                            "WHERE dataset_id = %s AND measure = %s", (units, ds, measure))
+            for measure, units in scoped.items():
+                cur.execute("UPDATE allocations SET reserved = reserved + %s "
+                            "WHERE dataset_id = %s AND key_id = %s AND measure = %s",
+                            (units, ds, actor, measure))
+            if mode == "priced":
+                cur.execute("UPDATE releases SET status = 'queued', request = %s, "
+                            "replay_key = %s, actor = %s, version = %s, cost = %s, "
+                            "alloc_cost = %s WHERE id = %s",
+                            (r.request_json, replay_key, actor, version, Jsonb(cost),
+                             Jsonb(scoped), rid))
+            else:
+                cur.execute("INSERT INTO releases (id, dataset_id, actor, status, request, "
+                            "replay_key, version, cost, alloc_cost, created_at) VALUES "
+                            "(%s, %s, %s, 'queued', %s, %s, %s, %s, %s, "
+                            "COALESCE(%s::timestamptz, now()))",
+                            (rid, ds, actor, r.request_json, replay_key, version, Jsonb(cost),
+                             Jsonb(scoped), at))
+            if r.replay:
+                cur.execute("INSERT INTO replays (fingerprint, release_id) VALUES (%s, %s) "
+                            "ON CONFLICT (fingerprint) DO UPDATE SET release_id = "
+                            "EXCLUDED.release_id", (replay_key, rid))
+            detail: dict[str, Any] = {} if version is None else {"version": version}
+            if lock:
+                cur.execute("UPDATE ledgers SET notion_lock = %s "
+                            "WHERE dataset_id = %s AND notion_lock IS NULL", (lock, ds))
+                if cur.rowcount:
+                    detail["notion_lock"] = lock
+            self._event(cur, ds, "reserve", rid, actor, at, cost, **detail)
+        cur.execute("INSERT INTO outbox (release_id, due_at) VALUES (%s, now()) "
+                    "ON CONFLICT (release_id) DO UPDATE SET due_at = EXCLUDED.due_at", (rid,))
+        if idem is not None:
+            self._remember_key(cur, idem, r.fingerprint, r.idempotency_ttl, rid, ds)
+        return ReserveResult("pricing" if mode == "pricing" else "reserved", rid)
+
+    def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
+               actor: str) -> bool:
+        """End a release still ``pricing`` as ``refused`` (nothing was held), recorded;
+        False if it was no longer pricing (refuse.lua)."""
+        def step(cur: Cursor) -> bool:
+            cur.execute("UPDATE releases SET status = 'refused', error = %s, finished_at = now() "
+                        "WHERE id = %s AND status = 'pricing'", (error_json, release_id))
+            if cur.rowcount == 0:
+                return False
+            cur.execute("DELETE FROM outbox WHERE release_id = %s", (release_id,))
+            self._event(cur, dataset_id, "refuse", release_id, actor, None, code=code)
+            return True
+
+        return self._tx(step)
+
+    # -- the outbox ---------------------------------------------------------------------
+
+    def enqueued(self, release_id: str) -> None:
+        """The release's task is published: take it out of the outbox."""
+        self._tx(lambda cur: cur.execute("DELETE FROM outbox WHERE release_id = %s",
+                                         (release_id,)))
+
+    def unsent(self, release_id: str, older_than: float) -> bool:
+        """Whether the release waits in the outbox since more than ``older_than`` s ago."""
+        def step(cur: Cursor) -> bool:
+            cur.execute("SELECT 1 FROM outbox WHERE release_id = %s AND "
+                        "due_at <= now() - make_interval(secs => %s)", (release_id, older_than))
+            return cur.fetchone() is not None
+
+        return self._tx(step)
+
+    def outbox(self, older_than: float, limit: int = 1000) -> list[str]:
+        """Releases reserved over ``older_than`` s ago whose task may never have been sent."""
+        def step(cur: Cursor) -> list[str]:
+            cur.execute("SELECT release_id FROM outbox WHERE due_at <= now() - "
+                        "make_interval(secs => %s) ORDER BY due_at LIMIT %s", (older_than, limit))
+            return [row[0] for row in cur.fetchall()]
+
+        return self._tx(step)
+
+    # -- runs and leases ----------------------------------------------------------------
+
+    def mark_running(self, release_id: str, worker: str) -> Run | None:
+        """Start a run of the job and take its lease; None if it ended or a live run has it
+        (start.lua)."""
+        token = f"{worker}#{secrets.token_hex(8)}"
+
+        def step(cur: Cursor) -> int:
+            cur.execute("SELECT status, attempt, lease_token, "
+                        "COALESCE(lease_until > now(), false) FROM releases "
+                        "WHERE id = %s FOR UPDATE", (release_id,))
+            row = cur.fetchone()
+            if row is None:
+                return 0
+            status, attempt, holder, live = row
+            if live and holder == token:  # this call, re-sent
+                return int(attempt)
+            if status == "queued" or (status == "running" and not live):
+                cur.execute("UPDATE releases SET status = 'running', started_at = now(), "
+                            "worker = %s, attempt = attempt + 1, lease_token = %s, "
+                            "lease_until = now() + make_interval(secs => %s) "
+                            "WHERE id = %s RETURNING attempt",
+                            (worker, token, self.lease_seconds, release_id))
+                started = cur.fetchone()
+                cur.execute("DELETE FROM outbox WHERE release_id = %s", (release_id,))
+                return int(started[0]) if started else 0
+            return 0
+
+        attempt = self._tx(step)
+        return Run(release_id, token, attempt) if attempt else None
+
+    def renew_lease(self, run: Run) -> bool:
+        """Keep a long run's lease alive; False if the run lost it (another run took over)."""
+        return self._touch(run, read=False)
+
+    def mark_data_read(self, run: Run) -> bool:
+        """Record, as the lease holder, that the run is about to read the data (charged
+        from then on whatever happens); False if the run lost its lease."""
+        return self._touch(run, read=True)
+
+    def _touch(self, run: Run, read: bool) -> bool:
+        def step(cur: Cursor) -> bool:
+            cur.execute("UPDATE releases SET lease_until = now() + make_interval(secs => %s), "
+                        "data_read = data_read OR %s WHERE id = %s AND lease_token = %s "
+                        "AND lease_until > now() AND status = 'running'",
+                        (self.lease_seconds, read, run.release_id, run.token))
+            return cur.rowcount == 1
+
+        return self._tx(step)
+
+    # -- settle -------------------------------------------------------------------------
+
+    def commit(self, dataset_id: str, run: Run, output_json: str,
+               table_version: int | None = None, *, result_stored: bool = False) -> Settled:
+        """Store the output and charge, once; only while ``run`` holds the lease:
+        'settled', else 'ended' (already ended) or 'lost' (nothing changed)."""
+        return self._end(dataset_id, run.release_id, "commit",
+                         "" if result_stored else output_json, run.token, run.token,
+                         table_version, run.attempt if result_stored else None)
+
+    def fail(self, dataset_id: str, run: Run, error_json: str) -> Settled:
+        """Charge the reservation and mark the release failed (it failed after reading
+        the data); only while ``run`` holds the lease, as ``commit``."""
+        return self._end(dataset_id, run.release_id, "fail", error_json, run.token, run.token)
+
+    def abort_run(self, dataset_id: str, run: Run, error_json: str) -> Settled:
+        """Refund the reservation of a run that failed before reading the data; only
+        while ``run`` holds the lease, as ``commit``."""
+        return self._end(dataset_id, run.release_id, "abort", error_json, run.token, run.token)
+
+    def abort(self, dataset_id: str, release_id: str, error_json: str, actor: str,
+              holder: str = "") -> bool:
+        """Refund the reservation and mark the release failed; False if already ended
+        (or if ``holder`` is ``NO_LEASE`` and a run holds the lease)."""
+        return self._end(dataset_id, release_id, "abort", error_json, actor,
+                         holder) == "settled"
+
+    def charge_gone(self, dataset_id: str, release_id: str, error_json: str,
+                    actor: str) -> bool:
+        """Charge a job whose run died after reading the data and mark it failed; only if
+        no run holds its lease."""
+        return self._end(dataset_id, release_id, "fail", error_json, actor,
+                         NO_LEASE) == "settled"
+
+    def cancel(self, dataset_id: str, release_id: str, actor: str) -> Settled:
+        """Refund a job that has not started; 'running' if it already has."""
+        return self._end(dataset_id, release_id, "cancel",
+                         '{"message": "cancelled by an operator"}', actor)
+
+    def _end(self, dataset_id: str, release_id: str, action: str, payload: str,
+             actor: str, holder: str = "", table_version: int | None = None,
+             result_attempt: int | None = None) -> Settled:
+        call_id = secrets.token_hex(8)  # the same on every re-send of this call
+        return self._tx(lambda cur: self._settle(cur, dataset_id, release_id, action, payload,
+                                                 actor, holder, table_version,
+                                                 result_attempt, call_id))
+
+    def _settle(self, cur: Cursor, dataset_id: str, release_id: str, action: str,
+                payload: str, actor: str, holder: str, table_version: int | None,
+                result_attempt: int | None, call_id: str) -> Settled:
+        cur.execute("SELECT status, settled_by, actor, version, cost, alloc_cost, lease_token, "
+                    "COALESCE(lease_until > now(), false), replay_key FROM releases "
+                    "WHERE id = %s FOR UPDATE", (release_id,))
+        row = cur.fetchone()
+        if row is None:
+            return "ended"
+        status, settled_by, owner, version, cost, alloc_cost, token, live, replay_key = row
+        if settled_by == call_id:
+            return "settled"
+        if status == "pricing" and action != "cancel":
+            return "ended"
+        if status not in ("queued", "running", "pricing"):
+            return "ended"
+        if action == "cancel" and status == "running":
+            return "running"
+        lease = token if live else None
+        if holder == NO_LEASE:
+            if lease:
+                return "lost"
+        elif holder and lease != holder:
+            return "lost"
+        charge = action in ("commit", "fail")
+        held: dict[str, int] = {m: int(u) for m, u in (cost or {}).items()} \
+            if status in HOLDING else {}
+        held_alloc: dict[str, int] = {m: int(u) for m, u in (alloc_cost or {}).items()} \
+            if status in HOLDING else {}
+        moved = sorted(m for m, u in held.items() if u)
+        cur.execute("SELECT measure FROM budgets WHERE dataset_id = %s AND measure = ANY(%s) "
+                    "ORDER BY measure FOR UPDATE", (dataset_id, moved))
+        for measure in moved:
+            cur.execute("UPDATE budgets SET reserved = reserved - %s, "
+                        "committed = committed + %s WHERE dataset_id = %s AND measure = %s",
+                        (held[measure], held[measure] if charge else 0, dataset_id, measure))
+        moved_alloc = sorted(m for m, u in held_alloc.items() if u)
+        cur.execute("SELECT measure FROM allocations WHERE dataset_id = %s AND key_id = %s "
+                    "AND measure = ANY(%s) ORDER BY measure FOR UPDATE",
+                    (dataset_id, owner, moved_alloc))
+        for measure in moved_alloc:
+            cur.execute("UPDATE allocations SET reserved = reserved - %s, "
+                        "committed = committed + %s "
+                        "WHERE dataset_id = %s AND key_id = %s AND measure = %s",
+                        (held_alloc[measure], held_alloc[measure] if charge else 0,
+                         dataset_id, owner, measure))
+        if action == "commit":
+            cur.execute("UPDATE releases SET status = 'succeeded', finished_at = now(), "
+                        "output = %s, result_attempt = %s, output_table = %s "
+                        "WHERE id = %s",
+                        (None if result_attempt is not None else payload, result_attempt,
+                         table_version, release_id))
+        else:
+            final = "cancelled" if action == "cancel" else "failed"
+            cur.execute("UPDATE releases SET status = %s, error = %s, finished_at = now() "
+                        "WHERE id = %s", (final, payload, release_id))
+            if not charge and replay_key is not None:
+                # a refunded request may be asked again; a charged one stays its answer
+                cur.execute("DELETE FROM replays WHERE fingerprint = %s AND release_id = %s",
+                            (replay_key, release_id))
+        cur.execute("UPDATE releases SET charged = charged OR %s, settled_by = %s, "
+                    "lease_token = NULL, lease_until = NULL WHERE id = %s",
+                    (charge, call_id, release_id))
+        cur.execute("DELETE FROM outbox WHERE release_id = %s", (release_id,))
+        detail: dict[str, Any] = {}
+        if version is not None and status in HOLDING:
+            detail["version"] = int(version)
+        if charge:
+            detail["outcome"] = "succeeded" if action == "commit" else "failed"
+        self._event(cur, dataset_id, "commit" if action == "fail" else action, release_id,
+                    actor, None, held, **detail)
+        return "settled"
+
+    # -- reading ------------------------------------------------------------------------
+
+    def balance(self, dataset_id: str) -> dict[str, dict[str, int]]:
+        """Per measure: cap, committed, reserved and remaining, in units."""
+        return self.budget(dataset_id)[0]
+
+    def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
+                                               dict[str, dict[str, dict[str, int]]]]:
+        """The balance, and the same rows for each key's allocation."""
+        def row(cap: int, committed: int, reserved: int) -> dict[str, int]:
+            return {"cap": int(cap), "committed": int(committed), "reserved": int(reserved),
+                    "remaining": int(cap) - int(committed) - int(reserved)}
+
+        def step(cur: Cursor) -> tuple[dict[str, dict[str, int]],
+                                       dict[str, dict[str, dict[str, int]]]]:
+            cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
+                        "WHERE dataset_id = %s ORDER BY measure", (dataset_id,))
+            dataset = {m: row(c, k, r) for m, c, k, r in cur.fetchall()}
+            cur.execute("SELECT key_id, measure, cap, committed, reserved FROM allocations "
+                        "WHERE dataset_id = %s ORDER BY key_id, measure", (dataset_id,))
+            allocations: dict[str, dict[str, dict[str, int]]] = {}
+            for key, m, c, k, r in cur.fetchall():
+                allocations.setdefault(key, {})[m] = row(c, k, r)
+            return dataset, allocations
+
+        return self._tx(step)
+
+    def named_measures(self, dataset_id: str) -> set[str]:
+        """The measures the dataset's caps name (0 included): the only ones it admits."""
+        def step(cur: Cursor) -> set[str]:
+            cur.execute("SELECT measure FROM budgets WHERE dataset_id = %s", (dataset_id,))
+            return {row[0] for row in cur.fetchall()}
+
+        return self._tx(step)
+
+    def allocation_scopes(self, dataset_id: str) -> dict[str, str]:
+        """Each key's allocation rule (``ALLOCATION_SCOPES``), by key id."""
+        def step(cur: Cursor) -> dict[str, str]:
+            cur.execute("SELECT key_id, scope FROM allocation_scopes WHERE dataset_id = %s",
+                        (dataset_id,))
+            return {key: scope for key, scope in cur.fetchall()}
+
+        return self._tx(step)
+
+    def notion_lock(self, dataset_id: str) -> str | None:
+        """The notion ('dp' or 'noiseless') the dataset is locked to, or None."""
+        def step(cur: Cursor) -> str | None:
+            cur.execute("SELECT notion_lock FROM ledgers WHERE dataset_id = %s", (dataset_id,))
+            row = cur.fetchone()
+            return str(row[0]) if row and row[0] else None
+
+        return self._tx(step)
+
+    def iter_events(self, dataset_id: str, start: str = "-", end: str = "+",
+                    kinds: set[str] | None = None) -> Iterator[dict[str, Any]]:
+        """The dataset's audit events between event ids (``-`` / ``+``: no bound; a
+        leading ``(``: exclusive), oldest first, as ``Ledger.events`` shows them."""
+        low, low_open = _bound(start, "-")
+        high, high_open = _bound(end, "+")
+
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(
+                "SELECT id, kind, release_id, actor, at, units, detail FROM events "
+                "WHERE dataset_id = %s AND (%s::bigint IS NULL OR id > %s OR (id = %s AND NOT %s)) "
+                "AND (%s::bigint IS NULL OR id < %s OR (id = %s AND NOT %s)) "
+                "AND (%s::text[] IS NULL OR kind = ANY(%s)) ORDER BY id",
+                (dataset_id, low, low, low, low_open, high, high, high, high_open,
+                 sorted(kinds) if kinds else None, sorted(kinds) if kinds else None))
+            return cur.fetchall()
+
+        for event_id, kind, release_id, actor, at, units, detail in self._tx(step):
+            doc: dict[str, Any] = {"id": str(event_id), "kind": kind, "release_id": release_id,
+                                   "actor": actor, "at": _iso(at)}
+            doc.update(detail or {})
+            doc["units"] = {m: int(u) for m, u in (units or {}).items()}
+            yield doc
+
+    def events(self, dataset_id: str, start: str = "-", end: str = "+",
+               kinds: set[str] | None = None) -> list[dict[str, Any]]:
+        """The dataset's audit events between event ids, oldest first."""
+        return list(self.iter_events(dataset_id, start, end, kinds))
+
+
+def _bound(value: str, unbounded: str) -> tuple[int | None, bool]:
+    """(id, exclusive) of an events range bound; (None, False) for no bound."""
+    if value == unbounded:
+        return None, False
+    exclusive = value.startswith("(")
+    return int(value[1:] if exclusive else value), exclusive
+
+
+def _retryable(err: Exception) -> bool:
+    """A transaction PostgreSQL rolled back, or a connection that broke (the pool replaces
+    it): run the step again. Any other OperationalError (a bad query) is raised."""
+    if isinstance(err, errors.SerializationFailure | errors.DeadlockDetected
+                  | errors.TransactionRollback):
+        return True
+    return isinstance(err, psycopg.OperationalError) and type(err) in (
+        psycopg.OperationalError, errors.AdminShutdown, errors.CannotConnectNow)
