@@ -24,7 +24,7 @@ from mechanisms import ColumnMeta, DatasetMeta, rows
 from service import budget
 from service.ingest import DatasetSpec
 from service.metadata import ACCOUNTING_FIELDS
-from service.storage import rkeys
+from service.storage import index, rkeys
 from service.storage.dataset_files import DatasetStore
 from service.storage.ledger import Ledger, now_iso
 
@@ -168,6 +168,23 @@ def _maybe_stored(client: redis.Redis, dataset_id: str) -> bool:
 def get(client: redis.Redis, dataset_id: str) -> dict[str, Any] | None:
     raw = client.get(rkeys.dataset(dataset_id))
     return json.loads(raw) if raw is not None else None
+
+
+def page(client: redis.Redis, limit: int, after: index.Cursor | None,
+         granted: frozenset[str] | None) -> tuple[list[dict[str, Any]], index.Cursor | None]:
+    """One page of datasets, newest first, and the next page's cursor: of every dataset
+    (``granted`` None), read from the registry's index, or of the ``granted`` ones (a key
+    limited to some datasets: their creation times in one round trip). Each page costs
+    O(log N + limit) reads whatever the number of datasets, never a read of all."""
+    if granted is None:
+        ids, nxt = index.page(client, [rkeys.DATASETS], limit, after)
+    else:
+        wanted = sorted(granted)
+        scores = client.zmscore(rkeys.DATASETS, wanted) if wanted else []
+        rows = [(i, s) for i, s in zip(wanted, scores, strict=True) if s is not None]
+        ids, nxt = index.page_of(rows, limit, after)
+    raws = client.mget([rkeys.dataset(i) for i in ids]) if ids else []
+    return [json.loads(raw) for raw in raws if raw is not None], nxt
 
 
 def list_all(client: redis.Redis) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from service.api.schemas import (
     BudgetPatchSchema,
     BudgetSchema,
     DatasetFileSchema,
+    DatasetListQuerySchema,
     DatasetQuerySchema,
     DatasetSchema,
     DatasetUploadSchema,
@@ -175,18 +176,26 @@ def _file_sha256(stream: Any) -> str:
 
 @blp.route("")
 @require("consumer")
-@problems(blp, *AUTH)
-@blp.arguments(DatasetQuerySchema(), location="query", as_kwargs=True)
-@blp.response(200, DatasetSchema(many=True))
-def list_datasets(expand: list[str] | None = None) -> list[dict[str, Any]]:
-    """Metadata of every dataset this key may see (never values).
+@problems(blp, *AUTH, 422)
+@blp.arguments(DatasetListQuerySchema(), location="query", as_kwargs=True)
+@blp.response(200, DatasetSchema(many=True), headers=PAGE_HEADERS)
+def list_datasets(limit: int = 100, cursor: str | None = None,
+                  expand: list[str] | None = None
+                  ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Metadata of the datasets this key may see (never values), newest first, a page at
+    a time.
 
-    Each ``versions`` entry leaves out its ``columns`` unless ``expand=versions``
-    (``GET .../versions`` has them): the list stays small with many versions.
+    Read from the registry's index (a key limited to some datasets: those only), never
+    by reading every dataset. The next page's cursor is in ``X-Next-Cursor`` (and
+    ``Link``); the list ends when no cursor comes back. Each ``versions`` entry leaves out
+    its ``columns`` unless ``expand=versions`` (``GET .../versions`` has them): the list
+    stays small with many versions.
     """
     key = current_key()
-    docs = datasets.list_all(wiring.current().client)
-    return [listed(d, expand) for d in docs if key.datasets is None or d["id"] in key.datasets]
+    limit = min(max(limit, 1), 1000)
+    docs, nxt = datasets.page(wiring.current().client, limit, index.Cursor.decode(cursor),
+                              None if key.datasets is None else frozenset(key.datasets))
+    return [listed(d, expand) for d in docs], index.page_headers(nxt)
 
 
 @blp.route("/<dataset_id>")

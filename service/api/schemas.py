@@ -200,6 +200,13 @@ class DatasetQuerySchema(StrictSchema):
                        " left out, so the answer does not grow with versions x columns)"})
 
 
+class DatasetListQuerySchema(DatasetQuerySchema):
+    limit = fields.Integer(load_default=100, metadata={
+        "description": "how many, newest first; 1..1000 (clamped)"})
+    cursor = fields.String(validate=validate.Length(1, 1000),
+                           metadata={"description": CURSOR_DESCRIPTION})
+
+
 class LedgerQuerySchema(StrictSchema):
     kind = DelimitedList(fields.String(validate=validate.OneOf(EVENT_KINDS)))
     since = fields.AwareDateTime(default_timezone=UTC)

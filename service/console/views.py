@@ -35,6 +35,7 @@ from service.api.schemas import (
     AnalysisRequestSchema,
     BudgetPatchSchema,
     DatasetFileSchema,
+    DatasetListQuerySchema,
     DatasetUploadSchema,
     JobListQuerySchema,
     KeyCreateSchema,
@@ -171,6 +172,18 @@ def _pages(next_cursor: str | None) -> dict[str, str | None]:
             link("", []) if current else None}
 
 
+def _every_dataset() -> list[dict[str, Any]]:
+    """Every dataset the key may see, a page at a time (a form's choice of datasets)."""
+    out: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        docs, headers = ops.call(datasets_api.list_datasets, limit=1000, cursor=cursor)
+        out += docs
+        cursor = headers.get("X-Next-Cursor")
+        if not cursor:
+            return out
+
+
 def _query(schema: Any, names: tuple[str, ...], **defaults: Any) -> dict[str, Any]:
     """The page's list query (its paging and filters) validated by the API route's own
     query schema: a bad cursor or limit is the API's 422."""
@@ -230,9 +243,10 @@ def datasets() -> Any:
             return redirect(url_for("console.dataset", dataset_id=doc["id"]))
         except APIError as err:
             error, status = _form_error(err), err.status
-    docs = ops.call(datasets_api.list_datasets)
-    return render_template("datasets.html", datasets=docs, error=error,
-                           metadata=metadata), status
+    query = _query(DatasetListQuerySchema(), ("limit", "cursor"))
+    docs, headers = ops.call(datasets_api.list_datasets, **query)
+    return render_template("datasets.html", datasets=docs, error=error, metadata=metadata,
+                           pages=_pages(headers.get("X-Next-Cursor"))), status
 
 
 @bp.route("/datasets/<dataset_id>")
@@ -415,7 +429,7 @@ def keys() -> Any:
         except APIError as err:
             error, status = _form_error(err), err.status
     docs = ops.call(keys_api.list_keys)
-    grantable = ops.call(datasets_api.list_datasets)
+    grantable = _every_dataset()
     return render_template("keys.html", keys=docs, created=created, error=error,
                            datasets=grantable, now=datetime.now(UTC)), status
 
@@ -515,7 +529,7 @@ def mechanisms() -> str:
 def mechanism(name: str) -> Any:
     mech = _mechanism(name)
     fields = _fields(mech["params_schema"])
-    datasets = ops.call(datasets_api.list_datasets)
+    datasets = _every_dataset()
     error, estimate, status = None, None, 200
     form = request.form if request.method == "POST" else request.args
     if request.method == "POST":

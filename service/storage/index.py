@@ -140,6 +140,20 @@ def page(client: redis.Redis, keys: Sequence[str], limit: int, after: Cursor | N
     return [member for member, _ in rows], nxt
 
 
+def page_of(rows: Sequence[tuple[str, float]], limit: int, after: Cursor | None = None,
+            *, newest_first: bool = True) -> tuple[list[str], Cursor | None]:
+    """``page``'s answer for (member, score) rows already in hand (a key's few granted
+    datasets, their scores read with one ZMSCORE): the same order and cursors."""
+    ordered = sorted(rows, key=lambda row: (row[1], row[0]), reverse=newest_first)
+    if after is not None:
+        past = (lambda row: (row[1], row[0]) < (after.score, after.member)) if newest_first \
+            else (lambda row: (row[1], row[0]) > (after.score, after.member))
+        ordered = [row for row in ordered if past(row)]
+    taken = ordered[:max(limit, 0)]
+    more = len(ordered) > len(taken) > 0
+    return [m for m, _ in taken], (Cursor(taken[-1][1], taken[-1][0]) if more else None)
+
+
 def page_headers(nxt: Cursor | None) -> dict[str, str]:
     """A list response's paging headers: ``X-Next-Cursor`` and ``Link: <url>; rel="next"``
     (the request's own query with the new cursor); none on the last page."""

@@ -130,3 +130,42 @@ def test_an_empty_expand_is_refused_not_read_as_no_expansion(api: Api) -> None:
         assert resp.status_code == (422 if path.endswith("=") else 200), path
     resp = api.get("/v1/datasets?expand=")
     assert resp.get_json()["field"] == "expand"
+
+
+def _walk(api: Api, query: str) -> tuple[list[str], int]:
+    """Every id of ``GET /v1/datasets<query>`` following ``X-Next-Cursor``; and pages."""
+    ids: list[str] = []
+    pages, url = 0, f"/v1/datasets{query}"
+    while True:
+        resp = api.get(url)
+        assert resp.status_code == 200, resp.get_json()
+        pages += 1
+        ids += [d["id"] for d in resp.get_json()]
+        cursor = resp.headers.get("X-Next-Cursor")
+        if not cursor:
+            return ids, pages
+        assert resp.headers["Link"].endswith('; rel="next"')
+        url = f"/v1/datasets{query}&cursor={cursor}"
+
+
+def test_the_list_is_paged_newest_first_and_a_limited_key_pages_its_own(api: Api) -> None:
+    """Catches GET /v1/datasets reading every dataset in one answer (149 ms at 1,000):
+    pages of ``limit`` from the registry's index, newest first, each dataset once; a key
+    limited to some datasets pages through those only."""
+    from service import apikeys, wiring
+
+    made = [_upload(api) for _ in range(5)]
+    everything, _ = _walk(api, "?limit=1000")
+    ids, pages = _walk(api, "?limit=2")
+    assert ids == everything and len(set(ids)) == len(ids)
+    assert pages == -(-len(ids) // 2)
+    assert ids[:5] == made[::-1]  # newest first
+    first = api.get("/v1/datasets?limit=2")
+    assert [d["id"] for d in first.get_json()] == made[:-3:-1]
+    client = wiring.of(api.client.application).client
+    _, token = apikeys.create(client, "analyst", "paged", datasets=(made[0], made[3]))
+    mine = Api(api.client, token)
+    assert _walk(mine, "?limit=1") == ([made[3], made[0]], 2)
+    assert _walk(mine, "?limit=5") == ([made[3], made[0]], 1)
+    bad = api.get("/v1/datasets?cursor=not-a-cursor")
+    assert (bad.status_code, bad.get_json()["field"]) == (422, "cursor")

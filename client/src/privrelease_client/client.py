@@ -274,10 +274,15 @@ class Client:
 
     def list_datasets(self, *, expand: str | Sequence[str] | None = None
                       ) -> list[dict[str, Any]]:
-        """Every dataset this key may see. Their ``versions`` entries come without
-        ``columns`` unless ``expand="versions"`` (``list_versions`` has them)."""
-        docs: list[dict[str, Any]] = self._get("/v1/datasets", expand=_expand(expand))
-        return docs
+        """Every dataset this key may see, newest first (``iter_datasets``, collected).
+        Their ``versions`` entries come without ``columns`` unless ``expand="versions"``
+        (``list_versions`` has them)."""
+        return list(self.iter_datasets(expand=expand))
+
+    def iter_datasets(self, *, expand: str | Sequence[str] | None = None,
+                      page_size: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every dataset this key may see, newest first, fetched a page at a time."""
+        return self._pages("/v1/datasets", {"expand": _expand(expand), "limit": page_size})
 
     def get_dataset(self, dataset_id: str, *, expand: str | Sequence[str] | None = None
                     ) -> dict[str, Any]:
