@@ -15,7 +15,7 @@ from flask_smorest import Blueprint
 from mechanisms import zcdp
 from service import apikeys, budget, datasets, errors, wiring
 from service import metadata as metadata_schemas
-from service.api import inputs
+from service.api import inputs, responses
 from service.api.auth import check_dataset_grant, current_key, require
 from service.api.problems import APIError
 from service.api.responses import AUTH, BODY, located, problems
@@ -195,7 +195,7 @@ def list_datasets(limit: int = 100, cursor: str | None = None,
     limit = min(max(limit, 1), 1000)
     docs, nxt = datasets.page(wiring.current().client, limit, index.Cursor.decode(cursor),
                               None if key.datasets is None else frozenset(key.datasets))
-    return [listed(d, expand) for d in docs], index.page_headers(nxt)
+    return [listed(d, expand) for d in docs], responses.page_headers(nxt)
 
 
 @blp.route("/<dataset_id>")
@@ -519,7 +519,7 @@ def audit(dataset_id: str, kind: list[str] | None = None, since: datetime | None
         return Response(body, mimetype="application/x-ndjson")
     events, last = ledger.events_page(dataset_id, start, end, kinds, limit)
     return ([_with_amounts(e) for e in events],
-            index.page_headers(index.stream_cursor(last)))
+            responses.page_headers(index.stream_cursor(last)))
 
 
 def _with_amounts(event: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 from flask_smorest import Blueprint
 
 from service import wiring
+from service.api import responses
 from service.api.auth import current_key, may_use, require
 from service.api.problems import APIError
 from service.api.responses import AUTH, problems
@@ -89,7 +90,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
             if phase == PENDING and FAILED in phases:
                 nxt = index.Cursor(0.0, "", FAILED)  # the failed jobs, from the newest
             break
-    return jobs, index.page_headers(nxt)
+    return jobs, responses.page_headers(nxt)
 
 
 @blp.route("/<release_id>/cancel", methods=["POST"])

@@ -10,7 +10,7 @@ from flask_smorest import Blueprint
 from werkzeug.routing import BaseConverter
 
 from service import wiring
-from service.api import inputs, ratelimit
+from service.api import inputs, ratelimit, responses
 from service.api.auth import check_dataset_grant, current_key, may_use, require
 from service.api.problems import APIError
 from service.api.responses import AUTH, BODY, problems
@@ -156,7 +156,7 @@ def list_releases(limit: int, dataset_id: str | None = None, cursor: str | None 
             continue
         if may_use(doc["dataset_id"]):  # a grant narrowed after the release was made
             out.append(doc)
-    return out, index.page_headers(nxt)
+    return out, responses.page_headers(nxt)
 
 
 @blp.route("/<release_id:release_id>")

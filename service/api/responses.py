@@ -12,8 +12,12 @@ import functools
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, TypeVar, cast
+from urllib.parse import urlencode
 
+from flask import request
 from flask_smorest import Blueprint
+
+from service.storage import index
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,3 +52,14 @@ def located(template: str) -> Callable[[F], F]:
         return cast(F, wrapper)
 
     return decorator
+
+
+def page_headers(nxt: index.Cursor | None) -> dict[str, str]:
+    """A list response's paging headers: ``X-Next-Cursor`` and ``Link: <url>; rel="next"``
+    (the request's own query with the new cursor); none on the last page."""
+    if nxt is None:
+        return {}
+    token = nxt.encode()
+    args = {k: v for k, v in request.args.items() if k != "cursor"}
+    url = f"{request.base_url}?{urlencode({**args, 'cursor': token})}"
+    return {"X-Next-Cursor": token, "Link": f'<{url}>; rel="next"'}

@@ -18,10 +18,8 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlencode
 
 import redis
-from flask import request
 
 from service.errors import Invalid
 from service.storage import rkeys
@@ -152,17 +150,6 @@ def page_of(rows: Sequence[tuple[str, float]], limit: int, after: Cursor | None 
     taken = ordered[:max(limit, 0)]
     more = len(ordered) > len(taken) > 0
     return [m for m, _ in taken], (Cursor(taken[-1][1], taken[-1][0]) if more else None)
-
-
-def page_headers(nxt: Cursor | None) -> dict[str, str]:
-    """A list response's paging headers: ``X-Next-Cursor`` and ``Link: <url>; rel="next"``
-    (the request's own query with the new cursor); none on the last page."""
-    if nxt is None:
-        return {}
-    token = nxt.encode()
-    args = {k: v for k, v in request.args.items() if k != "cursor"}
-    url = f"{request.base_url}?{urlencode({**args, 'cursor': token})}"
-    return {"X-Next-Cursor": token, "Link": f'<{url}>; rel="next"'}
 
 
 def ensure_release_indexes(client: redis.Redis, docs: DocumentStore | None = None) -> None:
