@@ -81,6 +81,14 @@ def test_each_service_layer_imports_only_down(layer: str) -> None:
     assert _violations("service", allowed) == []
 
 
+def test_the_domain_and_storage_know_no_http_framework() -> None:
+    """No Flask or Werkzeug below the HTTP edge (``wiring.current``, the edge's accessor
+    of the services, imports Flask inside the function that needs it)."""
+    below = [(m, n) for m, names in _modules("service") for n in names
+             if not _under(m, EDGE + PROCESSES) and n.split(".")[0] in {"flask", "werkzeug"}]
+    assert below == [("service.wiring", "flask"), ("service.wiring", "flask.current_app")]
+
+
 def test_the_scan_sees_an_upward_import(tmp_path: Path) -> None:
     """The check can fail: an import of the HTTP edge from the storage layer is found."""
     module = tmp_path / "bad.py"
