@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from importlib import resources
 
@@ -81,24 +82,35 @@ MAX_RESENDS = 3
 _RESEND = resources.files("service.storage").joinpath("lua/resend.lua").read_text()
 
 
-def _in_broker(client: redis.Redis) -> tuple[str, str, dict[str, float | None]]:
-    """The queued and the unacknowledged messages, each as one string to search for ids,
-    and each unacknowledged message's delivery time (epoch s; None if kombu's index has
-    none) by its content."""
-    queued = "\n".join(m for q in QUEUES for m in client.lrange(q, 0, -1))
+#: a release id as it appears in a message (its task id, and its args): the service's
+#: ``rel_`` + hex, and any id of the same alphabet; a pricing task's id adds ``.pricing``
+RELEASE_ID = re.compile(r"rel_[A-Za-z0-9_]+")
+
+
+def _in_broker(client: redis.Redis) -> tuple[set[str], set[str], dict[str, list[float | None]]]:
+    """The release ids of the queued messages and of the unacknowledged ones, and when
+    each release's unacknowledged messages were delivered (epoch s; None if kombu's index
+    has none). Each message is read once: a pass costs O(backlog), not O(backlog) per
+    pending release."""
+    queued = {rid for q in QUEUES for m in client.lrange(q, 0, -1)
+              for rid in RELEASE_ID.findall(m)}
     held = client.hgetall(UNACKED)
     at = dict(client.zrange(UNACKED_INDEX, 0, -1, withscores=True)) if held else {}
-    delivered = {message: at.get(tag) for tag, message in held.items()}
-    return queued, "\n".join(held.values()), delivered
+    delivered: dict[str, list[float | None]] = {}
+    for tag, message in held.items():
+        for rid in set(RELEASE_ID.findall(message)):
+            delivered.setdefault(rid, []).append(at.get(tag))
+    return queued, set(delivered), delivered
 
 
-def _stranded(release_id: str, delivered: dict[str, float | None], before: float) -> bool:
+def _stranded(release_id: str, delivered: dict[str, list[float | None]],
+              before: float) -> bool:
     """Whether every unacknowledged message of the release was delivered before
     ``before``: with one task at a time per worker process (acks late, prefetch 1), a
     queued release whose message a worker took that long ago and never started was
     taken by a worker that died or lost its connection (a failover); kombu would put it
     back only after its visibility timeout (15 min)."""
-    times = [t for message, t in delivered.items() if release_id in message]
+    times = delivered.get(release_id, [])
     return bool(times) and all(t is not None and t <= before for t in times)
 
 

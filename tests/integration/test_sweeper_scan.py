@@ -1,0 +1,48 @@
+"""The sweeper's one pass over the broker: every message read once, ids matched exactly.
+
+Catches the pass that joined every queued message into one string and searched it once
+per pending release (1.6 s of CPU per pass at 2,690 queued: quadratic in the backlog),
+and a substring match that took ``rel_ab`` for a message of ``rel_abc``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from service.releases import sweeper
+
+
+def _message(task_id: str, release_id: str) -> str:
+    """A message as kombu's Redis transport keeps it (the body base64, so no id in it)."""
+    return json.dumps({"body": "W1sicmVsXzEyMyJdLCB7fV0=", "content-encoding": "utf-8",
+                       "headers": {"id": task_id, "task": "privrelease.run_release",
+                                   "argsrepr": f"['{release_id}']"},
+                       "properties": {"body_encoding": "base64"}})
+
+
+def test_ids_are_read_once_per_message_and_matched_exactly(r: redis.Redis) -> None:
+    r.delete(*sweeper.QUEUES, sweeper.UNACKED, sweeper.UNACKED_INDEX)
+    try:
+        queued = [f"rel_{i:024x}" for i in range(3000)]
+        r.rpush(sweeper.RELEASES_QUEUE, *[_message(rid, rid) for rid in queued])
+        r.rpush(sweeper.PRICING_QUEUE, _message("rel_abc.pricing", "rel_abc"))
+        now = time.time()
+        r.hset(sweeper.UNACKED, mapping={
+            "tag1": json.dumps([json.loads(_message("rel_held", "rel_held")), "", "releases"]),
+            "tag2": json.dumps([json.loads(_message("rel_held", "rel_held")), "", "releases"])})
+        r.zadd(sweeper.UNACKED_INDEX, {"tag1": now - 100})
+        started = time.process_time()
+        in_queue, unacked, delivered = sweeper._in_broker(r)
+        scanned = time.process_time() - started
+        assert set(queued) | {"rel_abc"} == in_queue
+        assert "rel_ab" not in in_queue  # exact ids, not substrings
+        assert unacked == {"rel_held"}
+        assert sorted(map(repr, delivered["rel_held"])) == sorted([repr(now - 100), "None"])
+        # kombu's index lacks tag2's time: never stranded while one delivery is unknown
+        assert not sweeper._stranded("rel_held", delivered, now)
+        assert scanned < 1.0  # one pass over 3,000 messages (was seconds, quadratic)
+    finally:
+        r.delete(*sweeper.QUEUES, sweeper.UNACKED, sweeper.UNACKED_INDEX)
