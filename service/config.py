@@ -103,7 +103,7 @@ class Config:
     #: PRIVRELEASE_LEASE_SECONDS: a running job's lease; a lapsed one means its worker died
     lease_seconds: int = 30
     #: PRIVRELEASE_SWEEP_INTERVAL: seconds between sweeps for reservations whose job is gone
-    sweep_interval: float = 15.0
+    sweep_interval: float = 3.0
     #: PRIVRELEASE_MAX_RESENDS: times the sweeper re-sends a job lost before it read its
     #: data (its message lost, or its worker gone) before refunding it instead
     max_resends: int = 3

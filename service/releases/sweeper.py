@@ -79,6 +79,11 @@ ORPHAN_LOCK = rkeys.P + "sweeper:orphans"
 ORPHAN_INTERVAL = 3600.0
 #: times a gone job that had not read its data is re-sent before it is refunded
 MAX_RESENDS = 3
+#: seconds a queued release's message may be missing from the broker (in neither queue
+#: nor the unacked set) before it is taken as lost and re-sent: a message is missing
+#: otherwise only between kombu's pop and its unacked record (milliseconds), and a
+#: second message is harmless (start.lua runs a release once)
+LOST_AGE = 5.0
 _RESEND = resources.files("service.storage").joinpath("lua/resend.lua").read_text()
 
 
@@ -138,24 +143,28 @@ def send_outbox(client: redis.Redis, ledger: Ledger, queue: Queue,
 
 def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30.0,
           outputs: OutputStore | None = None, grace: float = OUTBOX_GRACE,
-          max_resends: int = MAX_RESENDS) -> list[str]:
+          max_resends: int = MAX_RESENDS, lost_age: float = LOST_AGE) -> list[str]:
     """One pass; returns the ids it settled (refunded, or charged if the data was read).
 
-    First sends the outbox's tasks, then
-    deals with reservations older than ``min_age`` whose job is gone, never one still in
-    the outbox: re-sends one that did not read its data (at most ``max_resends`` times,
-    each at least ``min_age`` after the last), settles the rest; ``outputs``: remove the
-    tables runs of a settled job stored before they died.
+    First sends the outbox's tasks, then deals with reservations older than ``min_age``
+    whose job is gone, never one still in the outbox: re-sends one that did not read its
+    data (at most ``max_resends`` times, each at least ``min_age`` after the last),
+    settles the rest; ``outputs``: remove the tables runs of a settled job stored before
+    they died. A queued (or pricing) release whose message the broker lost is re-sent
+    sooner, once it is ``lost_age`` old (and ``lost_age`` after its last re-send); it is
+    refunded only on the ``min_age`` pace.
     """
     send_outbox(client, ledger, queue, grace)
     now = time.time()
-    stale = client.zrangebyscore(rkeys.PENDING, 0, now - min_age)
+    stale = client.zrangebyscore(rkeys.PENDING, 0, now - min(min_age, lost_age),
+                                 withscores=True)
     if not stale:
         return []
     queued, unacked, delivered = _in_broker(client)
     unsent = set(client.zrange(rkeys.OUTBOX, 0, -1))
     aborted = []
-    for release_id in stale:
+    for release_id, score in stale:
+        young = score > now - min_age  # only its lost message is dealt with yet
         status, raw, data_read, resent_at = client.hmget(
             rkeys.release(release_id), "status", "request", "data_read", "resent_at")
         if raw is None:
@@ -185,7 +194,9 @@ def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30
         if status not in {"queued", "running"}:
             client.zrem(rkeys.PENDING, release_id)
             continue
-        if resent_at is not None and float(resent_at) > now - min_age:
+        if young and status != "queued":
+            continue  # a running job is judged by its lease, on the min_age pace
+        if resent_at is not None and float(resent_at) > now - (lost_age if young else min_age):
             continue  # re-sent lately: its message may be on its way to a worker
         reason = "worker died" if status == "running" else "job message lost"
         dataset_id = json.loads(raw)["dataset_id"]
@@ -194,7 +205,7 @@ def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30
                                          json.dumps(FAILED_AFTER_READ), "sweeper")
         else:
             sent = _resend(client, ledger, release_id, max_resends, queue, reason)
-            if sent is not None:
+            if sent is not None or young:  # a refund waits for the min_age pace
                 continue
             error = json.dumps({"message": f"job gone ({reason}) after {max_resends}"
                                            " re-sends; reservation refunded"})

@@ -232,3 +232,33 @@ def test_a_queued_job_whose_message_a_worker_took_long_ago_is_resent(
     for rid in (stranded, fresh, unknown):
         assert client.hget(rkeys.release(rid), "status") == "queued"
         assert ledger.abort("ds_resend", rid, "{}", "test")
+
+
+def test_a_queued_release_whose_message_was_lost_is_resent_within_seconds(
+        rig: dict[str, Any]) -> None:
+    """Catches a lost message re-sent only after two leases (~65 s after standalone
+    restarted its Valkey): a queued release in neither queue nor the unacked set is
+    re-sent once it is ``lost_age`` old, paced by ``lost_age``, and never refunded on
+    that pace; a young running job (its lease lapsed) is left to the ``min_age`` pace."""
+    client, ledger = rig["client"], rig["ledger"]
+    now = time.time()
+    lost = _reserved(ledger, "rel_" + "l" * 24)
+    dead = _reserved(ledger, "rel_" + "d" * 24)
+    assert ledger.mark_running(dead, "w") is not None
+    client.delete(rkeys.lease(dead))  # its worker died: judged on the min_age pace
+    client.zadd(rkeys.PENDING, {lost: now - 2, dead: now - 6})
+    sent = _Sent()
+    assert sweeper.sweep(client, ledger, Queue(sent), min_age=60, lost_age=5) == []
+    assert sent.calls == []  # 2 s old: the broker may be between its pop and its record
+    client.zadd(rkeys.PENDING, {lost: now - 6})
+    assert sweeper.sweep(client, ledger, Queue(sent), min_age=60, lost_age=5) == []
+    assert sent.calls == [(queue.RUN_RELEASE, lost)]  # and not the running one
+    assert sweeper.sweep(client, ledger, Queue(sent), min_age=60, lost_age=5) == []
+    assert len(sent.calls) == 1  # re-sent lately: left to that message for lost_age
+    client.hset(rkeys.release(lost), "resent_at", f"{time.time() - 6:.3f}")
+    client.hset(rkeys.release(lost), "resends", "3")  # the bound reached: still no refund
+    assert sweeper.sweep(client, ledger, Queue(sent), min_age=60, lost_age=5) == []
+    assert client.hget(rkeys.release(lost), "status") == "queued"
+    assert ledger.balance("ds_resend")["epsilon"]["reserved"] >= 20
+    for rid in (lost, dead):
+        assert ledger.abort("ds_resend", rid, "{}", "test")
