@@ -1,4 +1,4 @@
-"""The privacy budget ledger on PostgreSQL (issue #29, first increment): ``PgLedger``.
+"""The privacy budget ledger and the dataset registry on PostgreSQL (issue #29): ``PgLedger``.
 
 The same calls, arguments, answers and accounting as the Valkey ``Ledger``
 (``service.storage.ledger``), each Lua script ported to ONE short transaction:
@@ -14,14 +14,29 @@ The same calls, arguments, answers and accounting as the Valkey ``Ledger``
   lease fencing (a run settles only while its token holds the lease: ``lost`` otherwise,
   nothing changed; the sweeper's ``NO_LEASE``), the replay dropped on a refund;
 - refuse.lua -> ``refuse``; admin.lua -> ``change_caps`` / ``set_caps`` (``CapError``);
-  open.lua -> ``open`` (caps and idempotency); ``retire``; the ledger half of
-  version.lua -> ``set_version_retired``.
+  ``retire``; ``set_version_retired`` (the ledger half of version.lua alone);
+- open.lua -> ``open``: the dataset's document (table ``datasets``, migration 0002), its
+  caps, the ``cap`` event and the ``recharged_interval`` mark in one transaction; the
+  document (or, without one, the ledger) is the guard (``exists``); the Idempotency-Key
+  (``idempotent`` / ``idem_mismatch``);
+- version.lua -> ``version_change``: a compare-and-set on the document's exact text
+  (``ok`` / ``conflict``; a re-send finds its own document: ``ok``), the retired version
+  set (``retired``) or cleared (``current``), one ``version`` event per action, the
+  Idempotency-Key (``idempotency.version``);
+- policy.lua -> ``migrate_policy`` (``migrated`` / ``conflict`` / ``missing``, the keys
+  whose allocations it marked ``legacy``); recharge.lua -> ``recharge_interval``
+  (``recharged`` / ``nothing`` / ``done``, once per dataset);
+- reading: ``events_page`` (``Ledger.events_page``: a page bounded by events read, the
+  last id read when more follow), ``dataset_document`` (the exact text) and
+  ``datasets_page`` (newest first by (created_at, id), ``index.Cursor`` cursors whose
+  score is created_at in epoch seconds: ``datasets.page``'s contract).
 
 How a step stays atomic without a single-threaded Lua: a transaction at READ COMMITTED
 that takes row locks in one global order, so two steps never deadlock: the
 Idempotency-Key (advisory lock, class 1), the replay fingerprint (advisory lock, class 2),
-the dataset's ``ledgers`` row, the release's row, the dataset's ``budgets`` rows sorted
-by measure, the key's ``allocations`` rows sorted by measure (``SELECT ... FOR UPDATE``).
+the dataset's ``datasets`` row (its document), the dataset's ``ledgers`` row, the
+release's row, the dataset's ``budgets`` rows sorted by measure, the key's
+``allocations`` rows sorted by measure (``SELECT ... FOR UPDATE``).
 Every step locks the rows it reads before it decides, so it decides on the latest
 committed values. The audit event is inserted in the same transaction as the change it
 records (``events`` is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE); a
@@ -32,13 +47,24 @@ COMMIT's reply was lost finds its own call id and answers ``settled``). Lease ti
 the database's clock (``now()``), as they were Valkey's TTLs. Amounts are Python ints end
 to end (BIGINT columns, JSON integers).
 
-Not here yet (out of scope of this increment, still Valkey's): release documents on disk
-(``DocumentStore``: the request and the output stay in the ``releases`` row), the list
-indexes (pending, failed, per dataset, per key), the dataset document and its index
-(``open`` with a document, ``version_change``), the interval recharge
-(``recharge_interval``), the policy migration (``migrate_policy``: no call marks an
-allocation ``legacy`` yet; tests write the row), the sweeper, the audit archive, and
-replication acknowledgements (PostgreSQL's synchronous replication is configuration).
+Not here yet (still Valkey's): release documents on disk (``DocumentStore``: the
+request and the output stay in the ``releases`` row), the release list indexes (pending,
+failed, per dataset, per key), ``datasets.set_status`` (a WATCH/MULTI rewrite of the
+document outside the ledger: it has no PgLedger step yet), an unpaged ``list_all``, the
+hold-out counters, the sweeper, the audit archive, and replication acknowledgements
+(PostgreSQL's synchronous replication is configuration). Nothing in the service calls
+PgLedger yet.
+
+Known differences from the Valkey ledger: event ids are ``events.id`` (a number), not
+stream ids (``<ms>-<seq>``): the ledger view's ``since`` / ``until`` bounds and its
+cursor (``index.stream_position``) assume stream ids, so wiring needs time bounds on
+``events.at``. A dataset's page position is the database's clock at registration
+(``created_at``), Valkey's the API process's ``time.time()``. A document must be JSON
+(``datasets.status`` is derived from it; Valkey stores any string).
+``recharge_interval`` on a measure the caps do not name creates a cap-0 ``budgets`` row
+(Valkey: a lone ``committed:<m>`` field), so ``named_measures`` then names it (the
+releases recharged held only named measures). One Idempotency-Key row serves every kind
+of step (Valkey: one hash whose fields differ per script).
 """
 
 from __future__ import annotations
@@ -55,6 +81,7 @@ from psycopg import errors
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from service.storage import index
 from service.storage.ledger import (
     NO_LEASE,
     CapError,
@@ -148,47 +175,180 @@ class PgLedger:
 
     @staticmethod
     def _remember_key(cur: Cursor, key: str, fingerprint: str, ttl: int,
-                      release_id: str | None, dataset_id: str | None) -> None:
+                      release_id: str | None, dataset_id: str | None,
+                      version: int | None = None) -> None:
         cur.execute(
-            "INSERT INTO idempotency (key, fingerprint, release_id, dataset_id, expires_at) "
-            "VALUES (%s, %s, %s, %s, now() + make_interval(secs => %s)) "
+            "INSERT INTO idempotency (key, fingerprint, release_id, dataset_id, version, "
+            "expires_at) VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s)) "
             "ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, "
             "release_id = EXCLUDED.release_id, dataset_id = EXCLUDED.dataset_id, "
-            "expires_at = EXCLUDED.expires_at",
-            (key, fingerprint, release_id, dataset_id, ttl))
+            "version = EXCLUDED.version, expires_at = EXCLUDED.expires_at",
+            (key, fingerprint, release_id, dataset_id, version, ttl))
 
     # -- datasets and caps --------------------------------------------------------------
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
              document: str | None = None, *, idempotency_key: str | None = None,
              fingerprint: str = "", idempotency_ttl: int = 86400) -> tuple[str, str]:
-        """Open the dataset's ledger with its caps, recorded as a ``cap`` event (open.lua).
+        """Register the dataset (its ``document``, stored exactly as given) and open its
+        ledger with its caps, recorded as a ``cap`` event, all in one step (open.lua).
 
-        Returns (outcome, dataset id): ``opened``; ``exists`` if the ledger was opened
-        before; with an ``idempotency_key``, ``idempotent`` and the dataset the key opened
-        (``idem_mismatch`` if for another ``fingerprint``). Documents are not stored here
-        yet: a ``document`` is refused (NotImplementedError)."""
-        if document is not None:
-            raise NotImplementedError("dataset documents are not in PostgreSQL yet")
+        Returns (outcome, dataset id): ``opened``; ``exists`` if the dataset (without a
+        document: its ledger) was there before, nothing changed; with an
+        ``idempotency_key``, ``idempotent`` and the dataset the key registered
+        (``idem_mismatch`` if for another ``fingerprint``). A dataset opened here is
+        marked ``recharged_interval`` (it never held an exact-increment interval charge:
+        ``recharge_interval`` has nothing to do for it)."""
         fp = fingerprint if idempotency_key else ""
+        units = {m: int(u) for m, u in sorted(caps.items())}
 
         def step(cur: Cursor) -> tuple[str, str]:
             if idempotency_key and fp:
                 known = self._idempotent(cur, idempotency_key, fp, "dataset_id")
                 if known:
                     return known
-            cur.execute("INSERT INTO ledgers (dataset_id, opened_by) VALUES (%s, %s) "
-                        "ON CONFLICT DO NOTHING", (dataset_id, actor))
-            if cur.rowcount == 0:
-                return "exists", dataset_id
-            units = {m: int(u) for m, u in sorted(caps.items())}
+            if document:
+                # the document is the guard (open.lua's KEYS[3]); the ledger may exist
+                cur.execute("INSERT INTO datasets (id, document, created_by) "
+                            "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                            (dataset_id, document, actor))
+                if cur.rowcount == 0:
+                    return "exists", dataset_id
+                cur.execute("INSERT INTO ledgers (dataset_id, opened_by, recharged_interval) "
+                            "VALUES (%s, %s, true) ON CONFLICT (dataset_id) DO UPDATE SET "
+                            "recharged_interval = true, "
+                            "opened_by = COALESCE(ledgers.opened_by, EXCLUDED.opened_by)",
+                            (dataset_id, actor))
+            else:
+                cur.execute("INSERT INTO ledgers (dataset_id, opened_by, recharged_interval) "
+                            "VALUES (%s, %s, true) ON CONFLICT DO NOTHING", (dataset_id, actor))
+                if cur.rowcount == 0:
+                    return "exists", dataset_id
+            cur.execute("SELECT measure FROM budgets WHERE dataset_id = %s AND measure = ANY(%s) "
+                        "ORDER BY measure FOR UPDATE", (dataset_id, list(units)))
             for measure, cap in units.items():
-                cur.execute("INSERT INTO budgets (dataset_id, measure, cap) VALUES (%s, %s, %s)",
+                cur.execute("INSERT INTO budgets (dataset_id, measure, cap) VALUES (%s, %s, %s) "
+                            "ON CONFLICT (dataset_id, measure) DO UPDATE SET cap = EXCLUDED.cap",
                             (dataset_id, measure, cap))
             self._event(cur, dataset_id, "cap", "", actor, None, units)
             if idempotency_key and fp:
                 self._remember_key(cur, idempotency_key, fp, idempotency_ttl, None, dataset_id)
             return "opened", dataset_id
+
+        return self._tx(step)
+
+    def version_change(self, dataset_id: str, read: str, document: str, action: str,
+                       version: int, actor: str, *, idempotency_key: str | None = None,
+                       fingerprint: str = "", idempotency_ttl: int = 86400) -> tuple[str, int]:
+        """Replace the dataset's document ``read`` by ``document`` for the version
+        ``action`` (comma-separated: uploaded, current, retired), one ``version`` event
+        each, in one step (version.lua): a compare-and-set on the document's exact text.
+
+        Returns (outcome, version): ``ok`` (also for this very call re-sent: its document
+        is stored); ``conflict`` (0) when the document is no longer ``read``; with an
+        ``idempotency_key``, ``idempotent`` and the version the key stored first
+        (``idem_mismatch`` if for another ``fingerprint``). ``retired`` marks the version
+        retired in the ledger (``reserve`` refuses it: ``version_retired``), ``current``
+        clears that mark, both in the same transaction as the document."""
+        fp = fingerprint if idempotency_key else ""
+        actions = [a for a in action.split(",") if a]
+
+        def step(cur: Cursor) -> tuple[str, int]:
+            if idempotency_key and fp:
+                cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                            (IDEMPOTENCY_LOCK, idempotency_key))
+            cur.execute("SELECT document FROM datasets WHERE id = %s FOR UPDATE", (dataset_id,))
+            row = cur.fetchone()
+            current = row[0] if row else None
+            if current == document:  # a re-send of this call: it happened
+                return "ok", version
+            if idempotency_key and fp:
+                cur.execute("SELECT fingerprint, version FROM idempotency WHERE key = %s "
+                            "AND expires_at > now() AND version IS NOT NULL",
+                            (idempotency_key,))
+                prev = cur.fetchone()
+                if prev is not None:
+                    return ("idempotent" if prev[0] == fp else "idem_mismatch", int(prev[1]))
+            if current is None or current != read:
+                return "conflict", 0
+            cur.execute("UPDATE datasets SET document = %s WHERE id = %s", (document, dataset_id))
+            for one in actions:
+                if one == "retired":
+                    self._ensure_ledger(cur, dataset_id)
+                    cur.execute("UPDATE ledgers SET retired_versions = array_append("
+                                "array_remove(retired_versions, %s::bigint), %s::bigint) "
+                                "WHERE dataset_id = %s", (version, version, dataset_id))
+                elif one == "current":
+                    cur.execute("UPDATE ledgers SET retired_versions = array_remove("
+                                "retired_versions, %s::bigint) WHERE dataset_id = %s",
+                                (version, dataset_id))
+                self._event(cur, dataset_id, "version", "", actor, None,
+                            action=one, version=version)
+            if idempotency_key and fp:
+                self._remember_key(cur, idempotency_key, fp, idempotency_ttl, None, dataset_id,
+                                   version)
+            return "ok", version
+
+        return self._tx(step)
+
+    def migrate_policy(self, dataset_id: str, read: str, document: str, actor: str,
+                       notions: list[str], record_level: bool) -> tuple[str, list[str]]:
+        """Replace the dataset's document ``read`` by ``document`` (its policy made
+        explicit), mark every allocation without a rule ``legacy`` and record a ``policy``
+        event, in one step (policy.lua). Returns the outcome (``migrated``; ``conflict``:
+        the document changed since it was read; ``missing``) and the keys marked.
+
+        The event's fields are policy.lua's strings: ``notions`` and
+        ``legacy_allocations`` comma-separated, ``record_level`` '1' or '0'."""
+        def step(cur: Cursor) -> tuple[str, list[str]]:
+            cur.execute("SELECT document FROM datasets WHERE id = %s FOR UPDATE", (dataset_id,))
+            row = cur.fetchone()
+            if row is None:
+                return "missing", []
+            if row[0] != read:
+                return "conflict", []
+            self._lock_ledger(cur, dataset_id)  # change_caps writes allocations under it
+            cur.execute("SELECT DISTINCT a.key_id FROM allocations a WHERE a.dataset_id = %s "
+                        "AND NOT EXISTS (SELECT 1 FROM allocation_scopes s WHERE "
+                        "s.dataset_id = a.dataset_id AND s.key_id = a.key_id)", (dataset_id,))
+            keys = sorted(key for (key,) in cur.fetchall())
+            for key in keys:
+                cur.execute("INSERT INTO allocation_scopes (dataset_id, key_id, scope) "
+                            "VALUES (%s, %s, 'legacy')", (dataset_id, key))
+            cur.execute("UPDATE datasets SET document = %s WHERE id = %s", (document, dataset_id))
+            self._event(cur, dataset_id, "policy", "", actor, None, action="migrated",
+                        notions=",".join(notions), record_level=str(int(record_level)),
+                        legacy_allocations=",".join(keys))
+            return "migrated", keys
+
+        return self._tx(step)
+
+    def recharge_interval(self, dataset_id: str, units: dict[str, int], actor: str) -> str:
+        """Add ``units`` (per interval measure) to the dataset's committed totals and record
+        one ``policy`` event (action ``recharged``), once per dataset (recharge.lua):
+        ``recharged``; ``nothing`` (no measure given: marked done all the same); ``done``
+        (it ran before, or the dataset was opened after issue #27: ``open`` marks it)."""
+        amounts = {m: int(u) for m, u in sorted(units.items())}
+
+        def step(cur: Cursor) -> str:
+            self._ensure_ledger(cur, dataset_id)
+            cur.execute("UPDATE ledgers SET recharged_interval = true "
+                        "WHERE dataset_id = %s AND NOT recharged_interval", (dataset_id,))
+            if cur.rowcount == 0:
+                return "done"
+            if not amounts:
+                return "nothing"
+            cur.execute("SELECT measure FROM budgets WHERE dataset_id = %s AND measure = ANY(%s) "
+                        "ORDER BY measure FOR UPDATE", (dataset_id, list(amounts)))
+            for measure, amount in amounts.items():
+                # a measure the caps do not name gets a cap-0 row (Valkey: a lone
+                # committed:<m> field); the releases recharged held only named ones
+                cur.execute("INSERT INTO budgets (dataset_id, measure, cap, committed) "
+                            "VALUES (%s, %s, 0, %s) ON CONFLICT (dataset_id, measure) DO "
+                            "UPDATE SET committed = budgets.committed + EXCLUDED.committed",
+                            (dataset_id, measure, amount))
+            self._event(cur, dataset_id, "policy", "", actor, None, amounts, action="recharged")
+            return "recharged"
 
         return self._tx(step)
 
@@ -679,6 +839,27 @@ class PgLedger:
                     kinds: set[str] | None = None) -> Iterator[dict[str, Any]]:
         """The dataset's audit events between event ids (``-`` / ``+``: no bound; a
         leading ``(``: exclusive), oldest first, as ``Ledger.events`` shows them."""
+        for row in self._event_rows(dataset_id, start, end, kinds, None):
+            yield _event_doc(row)
+
+    def events(self, dataset_id: str, start: str = "-", end: str = "+",
+               kinds: set[str] | None = None) -> list[dict[str, Any]]:
+        """The dataset's audit events between event ids, oldest first."""
+        return list(self.iter_events(dataset_id, start, end, kinds))
+
+    def events_page(self, dataset_id: str, start: str, end: str, kinds: set[str] | None,
+                    limit: int) -> tuple[list[dict[str, Any]], str | None]:
+        """One page (``Ledger.events_page``): of the next ``limit`` events from ``start``,
+        those of ``kinds``; and the id of the last event read when more follow (None:
+        the range ends here). Bounded by events read, not returned: a filter matching
+        nothing still reads at most ``limit + 1`` rows."""
+        rows = self._event_rows(dataset_id, start, end, None, limit + 1)
+        more = len(rows) > limit
+        docs = [_event_doc(row) for row in rows[:limit] if not kinds or row[1] in kinds]
+        return docs, str(rows[limit - 1][0]) if more else None
+
+    def _event_rows(self, dataset_id: str, start: str, end: str, kinds: set[str] | None,
+                    limit: int | None) -> list[tuple[Any, ...]]:
         low, low_open = _bound(start, "-")
         high, high_open = _bound(end, "+")
 
@@ -687,22 +868,63 @@ class PgLedger:
                 "SELECT id, kind, release_id, actor, at, units, detail FROM events "
                 "WHERE dataset_id = %s AND (%s::bigint IS NULL OR id > %s OR (id = %s AND NOT %s)) "
                 "AND (%s::bigint IS NULL OR id < %s OR (id = %s AND NOT %s)) "
-                "AND (%s::text[] IS NULL OR kind = ANY(%s)) ORDER BY id",
+                "AND (%s::text[] IS NULL OR kind = ANY(%s)) ORDER BY id LIMIT %s",
                 (dataset_id, low, low, low, low_open, high, high, high, high_open,
-                 sorted(kinds) if kinds else None, sorted(kinds) if kinds else None))
+                 sorted(kinds) if kinds else None, sorted(kinds) if kinds else None, limit))
             return cur.fetchall()
 
-        for event_id, kind, release_id, actor, at, units, detail in self._tx(step):
-            doc: dict[str, Any] = {"id": str(event_id), "kind": kind, "release_id": release_id,
-                                   "actor": actor, "at": _iso(at)}
-            doc.update(detail or {})
-            doc["units"] = {m: int(u) for m, u in (units or {}).items()}
-            yield doc
+        return self._tx(step)
 
-    def events(self, dataset_id: str, start: str = "-", end: str = "+",
-               kinds: set[str] | None = None) -> list[dict[str, Any]]:
-        """The dataset's audit events between event ids, oldest first."""
-        return list(self.iter_events(dataset_id, start, end, kinds))
+    # -- the dataset registry -----------------------------------------------------------
+
+    def dataset_document(self, dataset_id: str) -> str | None:
+        """The dataset's document, exactly as stored (the text ``version_change`` and
+        ``migrate_policy`` compare); None if no such dataset (``datasets.get``)."""
+        def step(cur: Cursor) -> str | None:
+            cur.execute("SELECT document FROM datasets WHERE id = %s", (dataset_id,))
+            row = cur.fetchone()
+            return str(row[0]) if row else None
+
+        return self._tx(step)
+
+    def datasets_page(self, limit: int, after: index.Cursor | None = None,
+                      granted: frozenset[str] | None = None
+                      ) -> tuple[list[str], index.Cursor | None]:
+        """Up to ``limit`` dataset ids, newest first by (created_at, id), after the cursor
+        ``after``, of every dataset (``granted`` None) or of the ``granted`` ones; and the
+        next page's cursor, None when this page is the last (``datasets.page``'s
+        contract, ``index.page``'s cursors: score = created_at in epoch seconds, member =
+        id). One index range scan of ``limit + 1`` rows whatever the number of datasets."""
+        if limit < 1:
+            return [], None
+        since = datetime.fromtimestamp(after.score, UTC) if after is not None else None
+
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(
+                "SELECT id, created_at FROM datasets "
+                "WHERE (%s::text[] IS NULL OR id = ANY(%s)) "
+                "AND (%s::timestamptz IS NULL OR (created_at, id) < (%s, %s)) "
+                "ORDER BY created_at DESC, id DESC LIMIT %s",
+                (sorted(granted) if granted is not None else None,
+                 sorted(granted) if granted is not None else None,
+                 since, since, after.member if after else None, limit + 1))
+            return cur.fetchall()
+
+        rows = self._tx(step)
+        taken = rows[:limit]
+        more = len(rows) > limit
+        nxt = index.Cursor(taken[-1][1].timestamp(), taken[-1][0]) if more else None
+        return [dataset_id for dataset_id, _ in taken], nxt
+
+
+def _event_doc(row: tuple[Any, ...]) -> dict[str, Any]:
+    """An events row as ``ledger.event_doc`` shows a stream entry."""
+    event_id, kind, release_id, actor, at, units, detail = row
+    doc: dict[str, Any] = {"id": str(event_id), "kind": kind, "release_id": release_id,
+                           "actor": actor, "at": _iso(at)}
+    doc.update(detail or {})
+    doc["units"] = {m: int(u) for m, u in (units or {}).items()}
+    return doc
 
 
 def _bound(value: str, unbounded: str) -> tuple[int | None, bool]:

@@ -22,13 +22,14 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.storage import database
+from service.storage import database, index, rkeys
 from service.storage.ledger import NO_LEASE, CapError, Ledger, Reservation, ReserveResult
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 
-TABLES = ["allocation_scopes", "allocations", "budgets", "events", "idempotency", "ledgers",
-          "outbox", "releases", "replays"]
+TABLES = ["allocation_scopes", "allocations", "budgets", "datasets", "events", "idempotency",
+          "ledgers", "outbox", "releases", "replays"]
+HEAD = "0002_datasets"
 
 
 def _db_url(server_url: str, name: str) -> str:
@@ -89,6 +90,11 @@ def _sql(url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
         return conn.execute(query, args).fetchall()  # type: ignore[arg-type]
 
 
+def _doc(ds: str, **fields: Any) -> str:
+    """A dataset document's text (odd spacing: stored and compared byte for byte)."""
+    return json.dumps({"id": ds, "status": "active", "versions": [1], **fields}, indent=1)
+
+
 def _lapse(url: str, release_id: str) -> None:
     """The run's lease lapses (its worker stalled), as Valkey's lease key expiring."""
     with psycopg.connect(url) as conn:
@@ -107,11 +113,11 @@ def test_upgrade_creates_the_tables_and_a_second_upgrade_is_a_no_op(postgres_url
         assert _sql(url, tables) == []
         database.upgrade(url)
         assert [t for (t,) in _sql(url, tables)] == sorted([*TABLES, "alembic_version"])
-        assert _sql(url, "SELECT version_num FROM alembic_version") == [("0001_ledger",)]
+        assert _sql(url, "SELECT version_num FROM alembic_version") == [(HEAD,)]
         PgLedger(pool := database.connect(url)).open("ds_x", {"epsilon": 5}, "op")
         pool.close()
         database.upgrade(url)  # nothing to do: same revision, data untouched
-        assert _sql(url, "SELECT version_num FROM alembic_version") == [("0001_ledger",)]
+        assert _sql(url, "SELECT version_num FROM alembic_version") == [(HEAD,)]
         assert _sql(url, "SELECT dataset_id, measure, cap FROM budgets") == [
             ("ds_x", "epsilon", 5)]
         # amounts are integers, never floats
@@ -530,8 +536,11 @@ def test_a_random_sequence_matches_a_model_of_the_balance(ledger: PgLedger, cap:
 
 # -- parity with the Valkey ledger -------------------------------------------------------
 
-def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.Redis) -> None:
-    """One scripted sequence on both ledgers: the same answers, balances and events."""
+def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.Redis,
+                                                    pg_url: str) -> None:
+    """One scripted sequence on both ledgers: the same answers, balances and events; then
+    the registry's steps (open with a document, version_change, migrate_policy,
+    recharge_interval) on both, the same answers, documents, scopes and events."""
     valkey, ds = Ledger(r), _ds()
 
     def both(call: str, *args: Any, **kw: Any) -> Any:
@@ -574,6 +583,61 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
                  if k not in {"id", "at"}} for e in events]
 
     assert strip(valkey.events(ds)) == strip(ledger.events(ds))
+
+    # -- the registry: open with a document, version changes, the policy migrations
+    reg, other, key, fp = _ds(), _ds(), "pr:idem:p:" + ds, secrets.token_hex(8)
+    v1 = _doc(reg)
+    assert both("open", reg, {"epsilon": 1000, "interval_leakage": 500}, "op", v1,
+                idempotency_key=key, fingerprint=fp) == ("opened", reg)
+    assert both("open", reg, {"epsilon": 1}, "op", _doc("x")) == ("exists", reg)
+    assert both("open", other, {"epsilon": 5}, "op", _doc(other), idempotency_key=key,
+                fingerprint=fp) == ("idempotent", reg)
+    assert both("open", other, {"epsilon": 5}, "op", _doc(other), idempotency_key=key,
+                fingerprint="x") == ("idem_mismatch", reg)
+    v2, v3 = _doc(reg, versions=[1, 2]), _doc(reg, versions=[1, 2], current=2)
+    vkey = "pr:idem:pv:" + ds
+    assert both("version_change", reg, v1, v2, "uploaded", 2, "op", idempotency_key=vkey,
+                fingerprint=fp) == ("ok", 2)
+    assert both("version_change", reg, v1, v2, "uploaded", 2, "op") == ("ok", 2)  # re-sent
+    assert both("version_change", reg, v2, v3, "uploaded", 3, "op", idempotency_key=vkey,
+                fingerprint=fp) == ("idempotent", 2)
+    assert both("version_change", reg, v2, v3, "uploaded", 3, "op", idempotency_key=vkey,
+                fingerprint="y") == ("idem_mismatch", 2)
+    assert both("version_change", reg, v1, v3, "current", 2, "op") == ("conflict", 0)
+    assert both("version_change", reg, v2, v3, "current", 2, "op") == ("ok", 2)
+    v4 = _doc(reg, versions=[1, 2], current=2, retired=[1])
+    both("version_change", reg, v3, v4, "retired", 1, "op")
+    assert both("reserve", Reservation(reg, f"rel_{reg}_v1", {"epsilon": 1}, actor="t",
+                                       fingerprint=f"{reg}-v1", request_json=LEDGER_REQUEST)
+                ) == ReserveResult("version_retired", "1")
+    v5 = _doc(reg, versions=[1, 2, 3], current=3, retired=[1])
+    both("version_change", reg, v4, v5, "uploaded,current", 3, "op")
+    both("version_change", other, v1, v2, "uploaded", 2, "op")  # no such dataset: conflict
+    both("set_caps", reg, {"epsilon": 100}, "op", key_id="alice")
+    # an allocation from before the 'listed' rule (no scope), in both stores
+    r.hset(rkeys.ledger(reg), "alloc:carol:cap:epsilon", "50")
+    _sql(pg_url, "INSERT INTO allocations (dataset_id, key_id, measure, cap) VALUES "
+                 "(%s, 'carol', 'epsilon', 50) RETURNING 1", reg)
+    migrated = _doc(reg, versions=[1, 2, 3], current=3, retired=[1], record_level=False)
+    assert both("migrate_policy", other, v5, migrated, "m", ["dp"], False) == ("missing", [])
+    assert both("migrate_policy", reg, v4, migrated, "m", ["dp"], False) == ("conflict", [])
+    assert both("migrate_policy", reg, v5, migrated, "m", ["dp", "noiseless"], False) == (
+        "migrated", ["carol"])
+    both("migrate_policy", reg, v5, migrated, "m", ["dp"], False)  # conflict now
+    assert valkey.r.get(rkeys.dataset(reg)) == ledger.dataset_document(reg) == migrated
+    assert both("recharge_interval", reg, {"interval_leakage": 7}, "m") == "done"
+    legacy = _ds()  # a ledger from before issue #27 (never opened by open)
+    both("set_caps", legacy, {"interval_leakage": 100}, "op")
+    assert both("recharge_interval", legacy, {"interval_leakage": 7}, "m") == "recharged"
+    assert both("recharge_interval", legacy, {"interval_leakage": 7}, "m") == "done"
+    nothing = _ds()
+    both("set_caps", nothing, {"epsilon": 100}, "op")
+    assert both("recharge_interval", nothing, {}, "m") == "nothing"
+    for one in (reg, other, legacy, nothing):
+        both("budget", one)
+        both("named_measures", one)
+        both("allocation_scopes", one)
+        assert strip(valkey.events(one)) == strip(ledger.events(one)), one
 
 
 # -- re-sent steps -----------------------------------------------------------------------
@@ -622,3 +686,221 @@ def test_a_settle_sent_again_after_its_reply_was_lost_reads_settled(ledger: PgLe
     assert settle("call-2") == "ended"
     assert ledger.balance(ds)["epsilon"]["committed"] == 30
     assert [e["kind"] for e in ledger.events(ds)] == ["cap", "reserve", "commit"]
+
+
+# -- the dataset registry ----------------------------------------------------------------
+
+def test_open_with_a_document_registers_it_with_its_caps_once(ledger: PgLedger,
+                                                               pg_url: str) -> None:
+    ds, doc = _ds(), _doc("x")
+    assert ledger.open(ds, {"epsilon": 1000}, "op", doc) == ("opened", ds)
+    assert ledger.dataset_document(ds) == doc  # the exact text, not a re-serialisation
+    assert ledger.dataset_document("ds_none") is None
+    # re-sent (or another call with this id): nothing changes, the first document stays
+    assert ledger.open(ds, {"epsilon": 1}, "op2", _doc("y")) == ("exists", ds)
+    assert ledger.dataset_document(ds) == doc and ledger.balance(ds)["epsilon"]["cap"] == 1000
+    assert [(e["kind"], e["actor"], e["units"]) for e in ledger.events(ds)] == [
+        ("cap", "op", {"epsilon": 1000})]
+    # the document, the ledger, the caps and the event: one transaction
+    txs = _sql(pg_url, "SELECT (SELECT xmin::text FROM datasets WHERE id = %s), "
+                       "(SELECT xmin::text FROM ledgers WHERE dataset_id = %s), "
+                       "(SELECT xmin::text FROM budgets WHERE dataset_id = %s), "
+                       "(SELECT xmin::text FROM events WHERE dataset_id = %s)", ds, ds, ds, ds)
+    assert len(set(txs[0])) == 1
+    assert _sql(pg_url, "SELECT status, created_by FROM datasets WHERE id = %s", ds) == [
+        ("active", "op")]
+    # a dataset opened now has nothing to recharge
+    assert ledger.recharge_interval(ds, {"epsilon": 5}, "migrate") == "done"
+    # the Idempotency-Key: the first upload's dataset, whatever id a retry made
+    key, fp, first = "pr:idem:up:" + ds, secrets.token_hex(8), _ds()
+    assert ledger.open(first, {"epsilon": 10}, "op", _doc(first), idempotency_key=key,
+                       fingerprint=fp) == ("opened", first)
+    second = _ds()
+    assert ledger.open(second, {"epsilon": 10}, "op", _doc(second), idempotency_key=key,
+                       fingerprint=fp) == ("idempotent", first)
+    assert ledger.open(second, {"epsilon": 10}, "op", _doc(second), idempotency_key=key,
+                       fingerprint=fp + "x") == ("idem_mismatch", first)
+    assert ledger.dataset_document(second) is None and ledger.events(second) == []
+
+
+def test_version_change_is_a_compare_and_set_with_its_events(ledger: PgLedger,
+                                                             pg_url: str) -> None:
+    ds = _ds()
+    v1 = _doc(ds)
+    ledger.open(ds, {"epsilon": 1000}, "op", v1)
+    v2 = _doc(ds, versions=[1, 2])
+    assert ledger.version_change(ds, v1, v2, "uploaded", 2, "op") == ("ok", 2)
+    assert ledger.version_change(ds, v1, v2, "uploaded", 2, "op") == ("ok", 2)  # re-sent
+    stale = _doc(ds, versions=[1, 9])
+    before = _sql(pg_url, "SELECT count(*) FROM events")
+    assert ledger.version_change(ds, v1, stale, "uploaded", 9, "op") == ("conflict", 0)
+    assert _sql(pg_url, "SELECT count(*) FROM events") == before  # a conflict writes nothing
+    assert ledger.dataset_document(ds) == v2
+    assert ledger.version_change("ds_none", v1, v2, "uploaded", 2, "op") == ("conflict", 0)
+    # retired: the ledger refuses the version, in the document's transaction
+    v3 = _doc(ds, versions=[1, 2], retired=[1])
+    assert ledger.version_change(ds, v2, v3, "retired", 1, "op") == ("ok", 1)
+    txs = _sql(pg_url, "SELECT (SELECT xmin::text FROM datasets WHERE id = %s), "
+                       "(SELECT xmin::text FROM ledgers WHERE dataset_id = %s), "
+                       "(SELECT max(xmin::text) FROM events WHERE dataset_id = %s)", ds, ds, ds)
+    assert len(set(txs[0])) == 1
+    assert ledger.reserve(_res(ds, {"epsilon": 1})) == ReserveResult("version_retired", "1")
+    v4 = _doc(ds, versions=[1, 2])
+    assert ledger.version_change(ds, v3, v4, "current", 1, "op") == ("ok", 1)
+    assert ledger.reserve(_res(ds, {"epsilon": 1})).outcome == "reserved"
+    # two actions, two events
+    v5 = _doc(ds, versions=[1, 2, 3], current=3)
+    assert ledger.version_change(ds, v4, v5, "uploaded,current", 3, "op") == ("ok", 3)
+    assert [(e.get("action"), e.get("version")) for e in ledger.events(ds, kinds={"version"})] \
+        == [("uploaded", 2), ("retired", 1), ("current", 1), ("uploaded", 3), ("current", 3)]
+    # the Idempotency-Key: the version the first upload stored
+    key, fp = "pr:idem:v:" + ds, secrets.token_hex(8)
+    v6 = _doc(ds, versions=[1, 2, 3, 4])
+    assert ledger.version_change(ds, v5, v6, "uploaded", 4, "op", idempotency_key=key,
+                                 fingerprint=fp) == ("ok", 4)
+    v7 = _doc(ds, versions=[1, 2, 3, 4, 5])
+    assert ledger.version_change(ds, v6, v7, "uploaded", 5, "op", idempotency_key=key,
+                                 fingerprint=fp) == ("idempotent", 4)
+    assert ledger.version_change(ds, v6, v7, "uploaded", 5, "op", idempotency_key=key,
+                                 fingerprint="other") == ("idem_mismatch", 4)
+    assert ledger.dataset_document(ds) == v6
+
+
+def test_concurrent_version_changes_on_one_read_one_wins(pg_url: str) -> None:
+    """Two version_change calls on the same document read: exactly one ``ok``, the other
+    ``conflict``; the document is the winner's, with one event."""
+    pool = database.connect(pg_url, max_size=4)
+    ledger = PgLedger(pool)
+    try:
+        for round_ in range(10):
+            ds = _ds()
+            read = _doc(ds)
+            ledger.open(ds, {"epsilon": 10}, "op", read)
+            docs = [_doc(ds, versions=[1, 2], by=who) for who in ("a", "b")]
+            barrier = threading.Barrier(2)
+
+            def change(doc: str, ds: str = ds, read: str = read,
+                       barrier: threading.Barrier = barrier) -> tuple[str, int]:
+                barrier.wait()  # both calls on the same read, at once
+                return ledger.version_change(ds, read, doc, "uploaded", 2, "op")
+
+            with ThreadPoolExecutor(2) as executor:
+                outcomes = list(executor.map(change, docs))
+            assert sorted(outcomes) == [("conflict", 0), ("ok", 2)], (round_, outcomes)
+            winner = docs[outcomes.index(("ok", 2))]
+            assert ledger.dataset_document(ds) == winner
+            assert len(ledger.events(ds, kinds={"version"})) == 1
+    finally:
+        pool.close()
+
+
+def test_migrate_policy_marks_the_allocations_without_a_rule_legacy(ledger: PgLedger,
+                                                                    pg_url: str) -> None:
+    ds = _ds()
+    old = _doc(ds)
+    ledger.open(ds, {"epsilon": 1000, "delta": 10}, "op", old)
+    ledger.set_caps(ds, {"epsilon": 100}, "op", key_id="alice")  # listed: stays listed
+    # allocations written before the rule existed: no scope row
+    _sql(pg_url, "INSERT INTO allocations (dataset_id, key_id, measure, cap) VALUES "
+                 "(%s, 'carol', 'epsilon', 50), (%s, 'bob', 'epsilon', 50), "
+                 "(%s, 'bob', 'delta', 5) RETURNING 1", ds, ds, ds)
+    new = _doc(ds, notions=["dp"], record_level=False)
+    assert ledger.migrate_policy("ds_none", old, new, "m", ["dp"], False) == ("missing", [])
+    assert ledger.migrate_policy(ds, old + " ", new, "m", ["dp"], False) == ("conflict", [])
+    assert ledger.allocation_scopes(ds) == {"alice": "listed"}
+    assert ledger.migrate_policy(ds, old, new, "m", ["dp", "noiseless"], False) == (
+        "migrated", ["bob", "carol"])
+    assert ledger.allocation_scopes(ds) == {"alice": "listed", "bob": "legacy",
+                                            "carol": "legacy"}
+    assert ledger.dataset_document(ds) == new
+    event = ledger.events(ds)[-1]
+    assert {k: v for k, v in event.items() if k not in {"id", "at"}} == {
+        "kind": "policy", "release_id": "", "actor": "m", "action": "migrated",
+        "notions": "dp,noiseless", "record_level": "0", "legacy_allocations": "bob,carol",
+        "units": {}}
+    assert len(set(_sql(pg_url, "SELECT (SELECT xmin::text FROM datasets WHERE id = %s), "
+                                "(SELECT max(xmin::text) FROM allocation_scopes WHERE "
+                                "scope = 'legacy'), (SELECT max(xmin::text) FROM events WHERE "
+                                "kind = 'policy')", ds)[0])) == 1
+    # legacy: carol's unlisted measure is not limited by her allocation, her listed one is
+    assert ledger.reserve(_res(ds, {"epsilon": 1, "delta": 6}, "carol")).outcome == "reserved"
+    assert ledger.reserve(_res(ds, {"epsilon": 50}, "carol")).scope == "allocation"
+    # the read is stale now: nothing changes
+    assert ledger.migrate_policy(ds, old, new, "m", ["dp"], True) == ("conflict", [])
+
+
+def test_recharge_interval_once_per_dataset(ledger: PgLedger, pg_url: str) -> None:
+    ds, empty, opened = _ds(), _ds(), _ds()
+    ledger.set_caps(ds, {"interval_leakage": 1000, "epsilon": 10}, "op")  # opened before #27
+    ledger.reserve(_res(ds, {"interval_leakage": 100}))
+    assert ledger.recharge_interval(ds, {"interval_leakage": 40}, "m") == "recharged"
+    assert ledger.recharge_interval(ds, {"interval_leakage": 40}, "m2") == "done"
+    assert ledger.balance(ds)["interval_leakage"] == {"cap": 1000, "committed": 40,
+                                                      "reserved": 100, "remaining": 860}
+    event = ledger.events(ds)[-1]
+    assert (event["kind"], event["action"], event["actor"], event["units"]) == (
+        "policy", "recharged", "m", {"interval_leakage": 40})
+    assert len(set(_sql(pg_url, "SELECT (SELECT xmin::text FROM budgets WHERE dataset_id = %s "
+                                "AND measure = 'interval_leakage'), (SELECT xmin::text FROM "
+                                "ledgers WHERE dataset_id = %s), (SELECT max(xmin::text) FROM "
+                                "events WHERE kind = 'policy')", ds, ds)[0])) == 1
+    ledger.set_caps(empty, {"epsilon": 10}, "op")
+    assert ledger.recharge_interval(empty, {}, "m") == "nothing"
+    assert ledger.recharge_interval(empty, {"epsilon": 1}, "m") == "done"
+    assert [e["kind"] for e in ledger.events(empty)] == ["cap"]
+    ledger.open(opened, {"epsilon": 10}, "op")  # opened now, even without a document
+    assert ledger.recharge_interval(opened, {"epsilon": 1}, "m") == "done"
+
+
+def test_events_page_reads_at_most_limit_plus_one(ledger: PgLedger) -> None:
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 1000}, "op")
+    rids = [ledger.reserve(_res(ds, {"epsilon": 1})).release_id for _ in range(5)]
+    everything = ledger.events(ds)
+    page, last = ledger.events_page(ds, "-", "+", None, 2)
+    assert page == everything[:2] and last == everything[1]["id"]
+    page, last = ledger.events_page(ds, f"({last}", "+", None, 2)
+    assert page == everything[2:4] and last == everything[3]["id"]
+    page, last = ledger.events_page(ds, f"({last}", "+", None, 2)
+    assert page == everything[4:] and last is None
+    # a filter: the page holds those of the kinds among the events read (maybe none)
+    page, last = ledger.events_page(ds, "-", "+", {"cap"}, 3)
+    assert [e["kind"] for e in page] == ["cap"] and last == everything[2]["id"]
+    page, last = ledger.events_page(ds, f"({last}", "+", {"cap"}, 3)
+    assert page == [] and last is None
+    page, _ = ledger.events_page(ds, "-", everything[2]["id"], None, 10)
+    assert [e["release_id"] for e in page] == ["", rids[0], rids[1]]
+
+
+def test_datasets_page_newest_first_with_cursors(ledger: PgLedger, pg_url: str) -> None:
+    ids = [f"ds_{i:02d}" for i in range(7)]
+    for ds in ids:
+        ledger.open(ds, {"epsilon": 1}, "op", _doc(ds))
+    # ds_00 oldest ... ds_06 newest; ds_02 .. ds_04 registered in the same microsecond
+    for i, ds in enumerate(ids):
+        at = 3 if 2 <= i <= 4 else i
+        _sql(pg_url, "UPDATE datasets SET created_at = timestamptz '2026-11-28 10:00:00.123456Z'"
+                     " + make_interval(secs => %s) WHERE id = %s RETURNING 1", at, ds)
+    newest_first = ["ds_06", "ds_05", "ds_04", "ds_03", "ds_02", "ds_01", "ds_00"]
+    seen, after, pages = [], None, 0
+    while True:
+        got, after = ledger.datasets_page(2, after)
+        seen += got
+        pages += 1
+        if after is None:
+            break
+        after = index.Cursor.decode(after.encode())  # the client's round trip
+    assert seen == newest_first and pages == 4
+    assert ledger.datasets_page(0) == ([], None)
+    # a cursor whose dataset is gone still pages on from its place (its score, its id)
+    cursor = ledger.datasets_page(3)[1]
+    assert cursor is not None and cursor.member == "ds_04"
+    _sql(pg_url, "DELETE FROM datasets WHERE id = 'ds_04' RETURNING 1")
+    assert ledger.datasets_page(2, cursor) == (["ds_03", "ds_02"], index.Cursor(
+        cursor.score, "ds_02"))
+    # a key's granted datasets only (one unknown)
+    granted = frozenset({"ds_01", "ds_05", "ds_03", "ds_zz"})
+    first, nxt = ledger.datasets_page(2, None, granted)
+    assert first == ["ds_05", "ds_03"] and nxt is not None
+    assert ledger.datasets_page(2, nxt, granted) == (["ds_01"], None)
+    assert ledger.datasets_page(2, None, frozenset()) == ([], None)
