@@ -536,6 +536,20 @@ def test_a_random_sequence_matches_a_model_of_the_balance(ledger: PgLedger, cap:
 
 # -- parity with the Valkey ledger -------------------------------------------------------
 
+#: the Valkey database the parity test writes its stand-in dataset documents to: not the
+#: session's, whose lists every later test reads
+PARITY_DB = 13
+
+
+@pytest.fixture()
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    """A Valkey database of this module's own, empty before and after."""
+    client = rkeys.connect(redis_url.rsplit("/", 1)[0] + f"/{PARITY_DB}")
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
 def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.Redis,
                                                     pg_url: str) -> None:
     """One scripted sequence on both ledgers: the same answers, balances and events; then
