@@ -19,6 +19,8 @@ worker, or charged by the sweeper (``service.storage.durable`` has the argument)
 
 from __future__ import annotations
 
+import errno
+import logging
 import secrets
 import time
 from collections.abc import Iterator
@@ -34,6 +36,8 @@ from service.storage import rkeys
 from service.storage.durable import Replication, Step
 from service.storage.event_archive import READ_BATCH, AuditArchive
 from service.storage.release_documents import DocumentStore
+
+log = logging.getLogger("privrelease.ledger")
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
                   "retired", "version_retired", "ended", "notion_locked", "not_admitted"]
@@ -415,7 +419,11 @@ class Ledger:
                     raise
                 # the store cannot take it now (full, read-only): the release settles all
                 # the same, its request kept in the hash, where documents are read from
-                # too (``privrelease migrate-outputs`` moves it later)
+                # too (``privrelease migrate-outputs`` moves it later); said, so an
+                # operator learns the store needs room (the errno only: no path)
+                log.warning("release request kept in Valkey: the document store cannot"
+                            " take it", extra={"release_id": release_id,
+                                               "errno": errno.errorcode.get(err.errno or 0)})
         reply = self._settle(
             keys=[
                 rkeys.ledger(dataset_id), rkeys.events(dataset_id), rkeys.release(release_id),
