@@ -27,9 +27,9 @@ from service.storage.ledger import NO_LEASE, CapError, Ledger, Reservation, Rese
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 
-TABLES = ["allocation_scopes", "allocations", "budgets", "datasets", "events", "idempotency",
-          "ledgers", "outbox", "releases", "replays"]
-HEAD = "0002_datasets"
+TABLES = ["allocation_scopes", "allocations", "budgets", "datasets", "events", "holdouts",
+          "idempotency", "ledgers", "outbox", "releases", "replays"]
+HEAD = "0003_releases"
 
 
 def _db_url(server_url: str, name: str) -> str:
