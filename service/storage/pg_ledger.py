@@ -47,41 +47,61 @@ COMMIT's reply was lost finds its own call id and answers ``settled``). Lease ti
 the database's clock (``now()``), as they were Valkey's TTLs. Amounts are Python ints end
 to end (BIGINT columns, JSON integers).
 
-Not here yet (still Valkey's): release documents on disk (``DocumentStore``: the
-request and the output stay in the ``releases`` row), the release list indexes (pending,
-failed, per dataset, per key), ``datasets.set_status`` (a WATCH/MULTI rewrite of the
-document outside the ledger: it has no PgLedger step yet), an unpaged ``list_all``, the
-hold-out counters, the sweeper, the audit archive, and replication acknowledgements
-(PostgreSQL's synchronous replication is configuration). Nothing in the service calls
-PgLedger yet.
+The rest of ``service.storage.store.Store`` (migration 0003_releases):
+
+- reading releases: ``release`` / ``releases`` (the flat fields of the Valkey release
+  hash, ``_release_fields``; a result stored as a run's file, ``commit(...,
+  result_stored=True)``, is read from ``documents``: ``DocumentMissing`` if it is gone),
+  ``release_page`` (``ReleaseView``: every one, some datasets', a key's, the pending, the
+  failed; each list an index on ``releases``, a page one range scan from its cursor),
+  ``dataset_history``; the request always stays in the row (``kept_request``: None);
+- the registry: ``set_dataset_status`` (the document rewritten under its row lock),
+  ``dataset_documents``, ``dataset_ids``, ``idempotency_record``; the hold-out counters
+  (``record_holdout`` / ``holdout_exposure``, table ``holdouts``);
+- the sweeper: ``stale``, ``lease_held``, ``unsent_ids``, ``claim_resend`` /
+  ``undo_resend`` (resend.lua: ``releases.resends`` / ``resent_at``), ``drop_pending``
+  (nothing to do: pending is the status itself, no index entry can outlive it);
+- the audit log's bounds: ``audit_range`` (time bounds to event ids, below).
+
+Not here yet: the audit archive (events stay in ``events``), and replication
+acknowledgements (PostgreSQL's synchronous replication is configuration).
 
 Known differences from the Valkey ledger: event ids are ``events.id`` (a number), not
-stream ids (``<ms>-<seq>``): the ledger view's ``since`` / ``until`` bounds and its
-cursor (``index.stream_position``) assume stream ids, so wiring needs time bounds on
-``events.at``. A dataset's page position is the database's clock at registration
-(``created_at``), Valkey's the API process's ``time.time()``. A document must be JSON
+stream ids (``<ms>-<seq>``); ``audit_range`` turns the ledger view's ``since`` / ``until``
+into id bounds (the first event at or after ``since`` in (at, id) order, the last at or
+before ``until``: one probe of the index ``events_at`` each, then the usual id range), so
+an event whose transaction committed out of step with its neighbours' times may land on
+the other side of a bound by that much (Valkey's bounds are the stream ids' clock, not
+the events' ``at``: the same kind of edge), and a page's cursor is an event id (digits).
+A dataset's page position is the database's clock at registration (``created_at``),
+Valkey's the API process's ``time.time()``; a release's is its ``created_at`` (the
+``Reservation.at`` the API passed), Valkey's the reserve script's ``time.time()``, and a
+failed release's its ``finished_at`` (the database's clock). A document must be JSON
 (``datasets.status`` is derived from it; Valkey stores any string).
 ``recharge_interval`` on a measure the caps do not name creates a cap-0 ``budgets`` row
 (Valkey: a lone ``committed:<m>`` field), so ``named_measures`` then names it (the
 releases recharged held only named measures). One Idempotency-Key row serves every kind
-of step (Valkey: one hash whose fields differ per script).
+of step (Valkey: one hash whose fields differ per script). The sweeper's ``resent_at``
+is the database's clock (Valkey: the sweeper's).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import psycopg
 from psycopg import errors
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from service.storage import index
+from service.errors import Invalid
+from service.storage import index, release_documents
 from service.storage.ledger import (
     NO_LEASE,
     CapError,
@@ -90,6 +110,11 @@ from service.storage.ledger import (
     Run,
     Settled,
 )
+from service.storage.release_documents import DocumentStore
+from service.storage.store import Fields, ReleaseView
+
+if TYPE_CHECKING:
+    from service.storage.store import Store
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -100,6 +125,19 @@ RETRIES = 5
 IDEMPOTENCY_LOCK, REPLAY_LOCK = 1, 2
 #: a release holding units: settle moves them; every other status holds nothing
 HOLDING = ("queued", "running")
+#: the statuses of a pending release (Valkey's ``pr:pending``: reserve.lua enters every
+#: new release, ``pricing`` ones too; settle.lua and refuse.lua take it out), named
+#: literally in the SQL: the partial indexes of 0003_releases then apply
+PENDING_SQL = "status IN ('pricing', 'queued', 'running')"
+#: the failed list's statuses (Valkey's ``pr:failed``: settle.lua's failed, refuse.lua's
+#: refused; not cancelled), ordered by ``finished_at``
+FAILED_SQL = "status IN ('failed', 'refused')"
+#: the ``releases`` columns ``_release_fields`` reads, in its order
+RELEASE_COLUMNS = ("id, status, request, actor, created_at, started_at, finished_at, worker, "
+                   "attempt, output, result_attempt, error, data_read, charged, "
+                   "output_table, resends, resent_at")
+#: an event id as ``audit_range`` takes it from a cursor: what ``events.id`` holds
+_EVENT_ID = re.compile(r"[0-9]{1,19}")
 
 
 def _iso(at: datetime) -> str:
@@ -118,9 +156,15 @@ def _version_of(request_json: str) -> int | None:
 class PgLedger:
     """Budget accounting for every dataset, backed by PostgreSQL (``database.connect``)."""
 
-    def __init__(self, pool: ConnectionPool[Any], lease_seconds: int = 30) -> None:
+    def __init__(self, pool: ConnectionPool[Any], lease_seconds: int = 30,
+                 documents: DocumentStore | None = None) -> None:
+        """With ``documents``, a release whose run stored its result as a file
+        (``commit(..., result_stored=True)``: the row records the run's attempt) has its
+        output read from there; without, such an output reads as missing
+        (``DocumentMissing``). Requests always stay in the ``releases`` row."""
         self.pool = pool
         self.lease_seconds = lease_seconds
+        self.documents = documents
 
     # -- transactions -------------------------------------------------------------------
 
@@ -897,7 +941,7 @@ class PgLedger:
         id). One index range scan of ``limit + 1`` rows whatever the number of datasets."""
         if limit < 1:
             return [], None
-        since = datetime.fromtimestamp(after.score, UTC) if after is not None else None
+        since = _cursor_time(after) if after is not None else None
 
         def step(cur: Cursor) -> list[tuple[Any, ...]]:
             cur.execute(
@@ -915,6 +959,409 @@ class PgLedger:
         more = len(rows) > limit
         nxt = index.Cursor(taken[-1][1].timestamp(), taken[-1][0]) if more else None
         return [dataset_id for dataset_id, _ in taken], nxt
+
+    def dataset_documents(self, ids: list[str]) -> list[str | None]:
+        """Each dataset's document text, in the order of ``ids`` (None where there is
+        none): one query, whatever the number."""
+        def step(cur: Cursor) -> dict[str, str]:
+            cur.execute("SELECT id, document FROM datasets WHERE id = ANY(%s)",
+                        (sorted(set(ids)),))
+            return {dataset_id: document for dataset_id, document in cur.fetchall()}
+
+        found = self._tx(step) if ids else {}
+        return [found.get(dataset_id) for dataset_id in ids]
+
+    def dataset_ids(self) -> list[str]:
+        """Every registered dataset id, oldest first (Valkey: ``pr:datasets`` in order)."""
+        def step(cur: Cursor) -> list[str]:
+            cur.execute("SELECT id FROM datasets ORDER BY created_at, id")
+            return [dataset_id for (dataset_id,) in cur.fetchall()]
+
+        return self._tx(step)
+
+    def set_dataset_status(self, dataset_id: str, status: str) -> str | None:
+        """Set ``status`` in the dataset's document and return the new document's text;
+        None if there is no such dataset. The read and the write are one transaction
+        under the row's lock (Valkey: WATCH/MULTI, retried), so a concurrent
+        ``version_change`` or ``migrate_policy`` either sees this document or is seen by
+        it: neither change is lost. The document is written as ``json.dumps`` writes it
+        (``datasets.set_status``)."""
+        def step(cur: Cursor) -> str | None:
+            cur.execute("SELECT document FROM datasets WHERE id = %s FOR UPDATE", (dataset_id,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            doc = json.loads(row[0])
+            doc["status"] = status
+            text = json.dumps(doc)
+            cur.execute("UPDATE datasets SET document = %s WHERE id = %s", (text, dataset_id))
+            return text
+
+        return self._tx(step)
+
+    def idempotency_record(self, key: str) -> tuple[str, str | None, int | None] | None:
+        """A live Idempotency-Key's (fingerprint, dataset id, version): the dataset ``open``
+        registered under it, or the dataset and the version ``version_change`` stored
+        under it; None if there is none or it expired. A key a release was created under
+        (``reserve``) made no dataset: its dataset id reads None (Valkey's hash names
+        the release there), its fingerprint is the request's."""
+        def step(cur: Cursor) -> tuple[str, str | None, int | None] | None:
+            cur.execute("SELECT fingerprint, dataset_id, version, release_id FROM idempotency "
+                        "WHERE key = %s AND expires_at > now()", (key,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            fingerprint, dataset_id, version, release_id = row
+            return (str(fingerprint), None if release_id is not None else dataset_id,
+                    None if version is None else int(version))
+
+        return self._tx(step)
+
+    def record_holdout(self, dataset_id: str, rows: int) -> None:
+        """One more release held ``rows`` rows out of DP: the count grows by one and the
+        rows kept are the largest hold-out so far (DIP's hold-outs are nested), in one
+        statement (Valkey: ``datasets._HOLDOUT_MAX``). A metric of exposure, not a budget:
+        a step run again after its COMMIT's reply was lost counts once more."""
+        held = max(int(rows), 0)
+        self._tx(lambda cur: cur.execute(
+            "INSERT INTO holdouts (dataset_id, rows, releases) VALUES (%s, %s, 1) "
+            "ON CONFLICT (dataset_id) DO UPDATE SET "
+            "rows = GREATEST(holdouts.rows, EXCLUDED.rows), releases = holdouts.releases + 1",
+            (dataset_id, held)))
+
+    def holdout_exposure(self, dataset_id: str) -> dict[str, int]:
+        """``{"rows": largest hold-out, "releases": releases that used one}`` (0 and 0
+        for a dataset none used)."""
+        def step(cur: Cursor) -> tuple[Any, ...] | None:
+            cur.execute("SELECT rows, releases FROM holdouts WHERE dataset_id = %s",
+                        (dataset_id,))
+            return cur.fetchone()
+
+        row = self._tx(step)
+        return {"rows": int(row[0]) if row else 0, "releases": int(row[1]) if row else 0}
+
+    # -- reading releases -----------------------------------------------------------------
+
+    def release(self, release_id: str) -> Fields | None:
+        """The release's fields (``_release_fields``: the Valkey hash's names and
+        formats), its output read from ``documents`` where its run stored it as a file;
+        None if there is no such release. Raises ``release_documents.DocumentMissing``
+        if that file is gone (or there is no document store): never fields without it.
+        The file is read after the transaction: no connection waits on the disk."""
+        def step(cur: Cursor) -> tuple[Any, ...] | None:
+            cur.execute(f"SELECT {RELEASE_COLUMNS} FROM releases WHERE id = %s", (release_id,))
+            return cur.fetchone()
+
+        row = self._tx(step)
+        if row is None:
+            return None
+        return release_documents.fields(self.documents, release_id, _release_fields(row))
+
+    def releases(self, ids: list[str]) -> list[tuple[str, Fields]]:
+        """(id, fields) of each of ``ids`` that exists, in the order of ``ids``: one
+        query; outputs stored as files read as ``release`` does."""
+        if not ids:
+            return []
+
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(f"SELECT {RELEASE_COLUMNS} FROM releases WHERE id = ANY(%s)",
+                        (sorted(set(ids)),))
+            return cur.fetchall()
+
+        found = {row[0]: row for row in self._tx(step)}
+        return [(release_id, release_documents.fields(self.documents, release_id,
+                                                      _release_fields(found[release_id])))
+                for release_id in ids if release_id in found]
+
+    def release_page(self, view: ReleaseView, limit: int, after: index.Cursor | None = None
+                     ) -> tuple[list[str], index.Cursor | None]:
+        """Up to ``limit`` ids of ``view`` after the cursor ``after``, and the next page's
+        cursor (None: this is the last page).
+
+        Each list is ordered by (time, id), as Valkey's sorted sets by (score, member):
+        ``all``, ``datasets`` and ``key`` newest first by ``created_at``, ``pending``
+        (pricing, queued, running) oldest first by ``created_at``, ``failed`` (failed,
+        refused) newest first by ``finished_at``. A cursor is ``index.Cursor(score=that
+        time in epoch seconds, member=id)``, phase "": the next page starts strictly past
+        (time, id), so ties on the time are neither skipped nor repeated, and a cursor
+        whose release is gone still pages on from its place. ``datasets`` applies to
+        the ``datasets``, ``pending`` and ``failed`` views (None: every dataset; empty:
+        none); ``all`` and ``key`` ignore it.
+
+        One query: a range scan of at most ``limit + 1`` entries of the view's index
+        (migration 0003_releases), or, with ``datasets``, one such scan per dataset
+        (``unnest`` of the ids, LATERAL) merged and cut to ``limit + 1``: O(log N +
+        limit), O(D (log N + limit)) for D datasets, as Valkey's union of D sets
+        (``index.page``). ``_page_query`` builds it (tests EXPLAIN it)."""
+        if limit < 1:
+            return [], None
+        query = self._page_query(view, limit, after)
+        if query is None:
+            return [], None
+        sql, params = query
+
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+        rows = self._tx(step)
+        taken = rows[:limit]
+        more = len(rows) > limit
+        nxt = index.Cursor(taken[-1][1].timestamp(), taken[-1][0]) if more else None
+        return [release_id for release_id, _ in taken], nxt
+
+    @staticmethod
+    def _page_query(view: ReleaseView, limit: int, after: index.Cursor | None
+                    ) -> tuple[str, list[Any]] | None:
+        """The SQL and parameters of ``release_page``'s query (None: the view is empty)."""
+        if view.kind not in ("all", "datasets", "key", "pending", "failed"):
+            raise ValueError(f"no such release view: {view.kind!r}")
+        at = "finished_at" if view.kind == "failed" else "created_at"
+        newest_first = view.kind != "pending"
+        past, way = ("<", "DESC") if newest_first else (">", "ASC")
+        where: list[str] = []
+        params: list[Any] = []
+        if view.kind == "pending":
+            where.append(PENDING_SQL)
+        elif view.kind == "failed":
+            where.append(FAILED_SQL)
+        elif view.kind == "key":
+            where.append("actor = %s")
+            params.append(view.key_id)
+        if after is not None:
+            where.append(f"({at}, id) {past} (%s, %s)")
+            params += [_cursor_time(after), after.member]
+        datasets = view.datasets if view.kind in ("datasets", "pending", "failed") else None
+        order = f"ORDER BY {at} {way}, id {way} LIMIT %s"
+        if datasets is None:
+            sql = (f"SELECT id, {at} FROM releases "
+                   f"{'WHERE ' + ' AND '.join(where) if where else ''} {order}")
+            return sql, [*params, limit + 1]
+        if not datasets:
+            return None
+        # one index range scan per dataset (dataset_id, time, id), merged: each reads at
+        # most limit + 1 entries past the cursor
+        sql = (f"SELECT r.id, r.{at} FROM unnest(%s::text[]) AS d(dataset_id) "
+               f"CROSS JOIN LATERAL (SELECT id, {at} FROM releases "
+               f"WHERE {' AND '.join(['dataset_id = d.dataset_id', *where])} {order}) r "
+               f"ORDER BY r.{at} {way}, r.id {way} LIMIT %s")
+        return sql, [sorted(datasets), *params, limit + 1, limit + 1]
+
+    def dataset_history(self, dataset_id: str, newest: int) -> tuple[int, list[Fields]]:
+        """How many releases the dataset has, and the fields of its ``newest`` most recent
+        ones (by creation), oldest first: every field ``release`` gives but the output
+        (no result file is read), ``request``, ``status`` and ``charged`` among them.
+        The count is an index-only count of the dataset's entries; the rows one range
+        scan of ``releases_dataset_newest``."""
+        def step(cur: Cursor) -> tuple[int, list[tuple[Any, ...]]]:
+            cur.execute("SELECT count(*) FROM releases WHERE dataset_id = %s", (dataset_id,))
+            counted = cur.fetchone()
+            total = int(counted[0]) if counted else 0
+            if newest < 1 or total == 0:
+                return total, []
+            cur.execute(f"SELECT {RELEASE_COLUMNS} FROM releases WHERE dataset_id = %s "
+                        "ORDER BY created_at DESC, id DESC LIMIT %s", (dataset_id, newest))
+            return total, cur.fetchall()
+
+        total, rows = self._tx(step)
+        history = []
+        for row in reversed(rows):
+            fields = _release_fields(row)
+            fields.pop("output", None)
+            fields.pop(release_documents.RESULT_ATTEMPT, None)
+            history.append(fields)
+        return total, history
+
+    def kept_request(self, release_id: str) -> str | None:
+        """None: PostgreSQL keeps every request in its ``releases`` row, never as a file of
+        ``documents`` (only Valkey moves a settled request out of its memory)."""
+        return None
+
+    # -- the sweeper ----------------------------------------------------------------------
+
+    def stale(self, older_than: float) -> list[tuple[str, float]]:
+        """(id, creation epoch s) of the pending releases (pricing, queued, running)
+        created over ``older_than`` seconds ago (the database's clock), oldest first:
+        the range of the partial index ``releases_pending`` up to that time."""
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(f"SELECT id, created_at FROM releases WHERE {PENDING_SQL} AND "
+                        "created_at <= now() - make_interval(secs => %s) "
+                        "ORDER BY created_at, id", (older_than,))
+            return cur.fetchall()
+
+        return [(release_id, at.timestamp()) for release_id, at in self._tx(step)]
+
+    def lease_held(self, release_id: str) -> bool:
+        """Whether a run holds the release's lease now (a token whose time has not run
+        out by the database's clock, as Valkey's lease key with its TTL)."""
+        def step(cur: Cursor) -> bool:
+            cur.execute("SELECT lease_token IS NOT NULL AND lease_until > now() FROM releases "
+                        "WHERE id = %s", (release_id,))
+            row = cur.fetchone()
+            return bool(row and row[0])
+
+        return self._tx(step)
+
+    def unsent_ids(self) -> set[str]:
+        """Every release in the outbox, whatever its age."""
+        def step(cur: Cursor) -> set[str]:
+            cur.execute("SELECT release_id FROM outbox")
+            return {release_id for (release_id,) in cur.fetchall()}
+
+        return self._tx(step)
+
+    def claim_resend(self, release_id: str, max_resends: int) -> int:
+        """Claim a re-send of a gone job (resend.lua's 'claim'), under the row's lock, so
+        two sweepers never both claim and a run that starts meanwhile waits for it or is
+        seen: the re-send's number (``resends`` + 1, ``resent_at`` now) if the release is
+        still queued or running, unread (no ``data_read``) and unleased; 0 if it is no
+        longer gone (or there is no such release); -1 if ``max_resends`` re-sends were
+        made (the sweeper refunds it)."""
+        def step(cur: Cursor) -> int:
+            cur.execute("SELECT status, lease_token IS NOT NULL AND "
+                        "COALESCE(lease_until > now(), false), data_read, "
+                        "COALESCE(resends, 0) FROM releases WHERE id = %s FOR UPDATE",
+                        (release_id,))
+            row = cur.fetchone()
+            if row is None:
+                return 0
+            status, leased, read, sent = row
+            if status not in HOLDING or leased or read:
+                return 0
+            if int(sent) >= max_resends:
+                return -1
+            cur.execute("UPDATE releases SET resends = %s, resent_at = now() WHERE id = %s",
+                        (int(sent) + 1, release_id))
+            return int(sent) + 1
+
+        return self._tx(step)
+
+    def undo_resend(self, release_id: str) -> None:
+        """Give back the last claim (its publish failed): ``resends`` - 1, no
+        ``resent_at``, so the next pass claims it again (resend.lua's 'undo'). A release
+        never claimed is left as it is (Valkey would count it -1)."""
+        self._tx(lambda cur: cur.execute(
+            "UPDATE releases SET resends = GREATEST(resends - 1, 0), resent_at = NULL "
+            "WHERE id = %s AND resends IS NOT NULL", (release_id,)))
+
+    def drop_pending(self, release_id: str) -> None:
+        """Nothing to do: a release is pending by its status (the partial index of the
+        pending statuses), which every step that ends it sets; no entry can outlive it."""
+        return None
+
+    # -- the audit events' bounds -----------------------------------------------------------
+
+    def audit_range(self, since: datetime | None, until: datetime | None,
+                    after: str | None) -> tuple[str, str]:
+        """The (start, end) event-id bounds ``iter_events`` and ``events_page`` take for
+        the events at or after ``since``, at or before ``until`` and after the event
+        ``after`` (a page's last id, from a cursor).
+
+        Event ids are global (``events.id``, a bigserial) and the events of every
+        dataset share them, so the bounds are too: ``since`` is the id of the first event
+        at or after it in (at, id) order (inclusive: ``"<id>"``), ``until`` that of the
+        last at or before it (inclusive), each one probe of the index ``events_at``;
+        ``"-"`` / ``"+"``: no bound. With no event at or after ``since`` the range is
+        empty (``"(<max id>"`` to ``"<max id>"``: nor any event written later, as a
+        stream read to ``+`` would give), with none at or before ``until`` too (end
+        ``"0"``). ``after`` wins over ``since`` when it is past it (``"(<after>"``,
+        exclusive). Ids follow the order events were inserted,
+        ``at`` their transaction's time: an event whose transaction ran in step with
+        another's may fall on the other side of a bound by that overlap (Valkey's bounds,
+        its stream ids' clock, have the same kind of edge). Raises
+        ``service.errors.Invalid`` naming ``cursor`` if ``after`` is not an event id of
+        this store (decimal digits, a bigint)."""
+        position: int | None = None
+        if after is not None:
+            if not _EVENT_ID.fullmatch(after) or int(after) >= 2**63:
+                raise Invalid("not a cursor this server returned", code="validation_error",
+                              field="cursor")
+            position = int(after)
+        low = _utc(since) if since is not None else None
+        high = _utc(until) if until is not None else None
+
+        def step(cur: Cursor) -> tuple[str, str]:
+            start = "-"
+            if low is not None:
+                cur.execute("SELECT id FROM events WHERE at >= %s ORDER BY at, id LIMIT 1",
+                            (low,))
+                first = cur.fetchone()
+                if first is None:  # no event at or after since: the range is empty
+                    cur.execute("SELECT COALESCE(max(id), 0) FROM events")
+                    newest = cur.fetchone()
+                    top = int(newest[0]) if newest else 0
+                    return f"({top}", str(top)
+                start = str(first[0])
+            if position is not None and (start == "-" or position + 1 >= int(start)):
+                start = f"({position}"
+            end = "+"
+            if high is not None:
+                cur.execute("SELECT id FROM events WHERE at <= %s ORDER BY at DESC, id DESC "
+                            "LIMIT 1", (high,))
+                last = cur.fetchone()
+                end = str(last[0]) if last is not None else "0"
+            return start, end
+
+        return self._tx(step)
+
+
+def _release_fields(row: tuple[Any, ...]) -> Fields:
+    """A ``releases`` row (``RELEASE_COLUMNS``) as the Valkey release hash's fields, only
+    those that are set, in the hash's formats (``service.storage.store``'s list):
+    ``status``, ``request``, ``actor``; ``created_at`` / ``started_at`` / ``finished_at``
+    ISO 8601 in ``ledger.now_iso``'s form (the ``Reservation.at`` the API passed reads
+    back as it was: milliseconds, ``Z``); ``worker`` and ``attempts`` (start.lua) once a
+    run started; ``output`` kept in the row, or ``result`` (the attempt whose file holds
+    it, settle.lua's field: ``release_documents.fields`` reads it); ``error``;
+    ``data_read`` and ``charged`` ``"1"``; ``table`` the attempt whose table is the
+    release's; ``resends`` and ``resent_at`` (epoch seconds, ``%.3f``) once the sweeper
+    claimed a re-send. Not the Valkey hash's internal fields (``settled_by``,
+    ``replay_key``) nor ``doc`` (the request never leaves the row)."""
+    (_, status, request, actor, created, started, finished, worker, attempt, output,
+     result_attempt, error, data_read, charged, table, resends, resent_at) = row
+    fields: Fields = {"status": status, "request": request, "actor": actor,
+                      "created_at": _iso(created)}
+    if started is not None:
+        fields["started_at"] = _iso(started)
+    if finished is not None:
+        fields["finished_at"] = _iso(finished)
+    if worker is not None:
+        fields["worker"] = worker
+    if attempt:
+        fields["attempts"] = str(int(attempt))
+    if output is not None:
+        fields["output"] = output
+    elif result_attempt is not None:
+        fields[release_documents.RESULT_ATTEMPT] = str(int(result_attempt))
+    if error is not None:
+        fields["error"] = error
+    if data_read:
+        fields["data_read"] = "1"
+    if charged:
+        fields["charged"] = "1"
+    if table is not None:
+        fields["table"] = str(int(table))
+    if resends is not None:
+        fields["resends"] = str(int(resends))
+    if resent_at is not None:
+        fields["resent_at"] = f"{resent_at.timestamp():.3f}"
+    return fields
+
+
+def _cursor_time(cursor: index.Cursor) -> datetime:
+    """The time a page cursor's score names (epoch seconds, as ``index.Cursor``); 422
+    naming ``cursor`` for a score no timestamp has (a forged cursor)."""
+    try:
+        return datetime.fromtimestamp(cursor.score, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise Invalid("not a cursor this server returned", code="validation_error",
+                      field="cursor") from None
+
+
+def _utc(at: datetime) -> datetime:
+    """An aware datetime in UTC; a naive one is the local time ``datetime.timestamp``
+    takes it for (as the Valkey ledger view's bounds read it)."""
+    return datetime.fromtimestamp(at.timestamp(), UTC)
 
 
 def _event_doc(row: tuple[Any, ...]) -> dict[str, Any]:
@@ -943,3 +1390,9 @@ def _retryable(err: Exception) -> bool:
         return True
     return isinstance(err, psycopg.OperationalError) and type(err) in (
         psycopg.OperationalError, errors.AdminShutdown, errors.CannotConnectNow)
+
+
+if TYPE_CHECKING:
+    def _keeps_the_contract(ledger: PgLedger) -> Store:
+        """mypy checks here that ``PgLedger`` implements every method of ``Store``."""
+        return ledger
