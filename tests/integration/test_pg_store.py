@@ -1,0 +1,798 @@
+"""PgLedger keeps the whole ``service.storage.store.Store`` contract (issue #29): the release
+fields, lists and history, the registry's reads and status, the hold-out counters, the
+sweeper's steps and the audit log's bounds, against a real PostgreSQL (a fresh database
+per test, copied from a migrated template); where the Valkey ledger already does the same
+(a release's fields through its life, resend.lua, the hold-out hash), the same answers
+from both. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+import secrets
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from service import datasets
+from service.errors import Invalid
+from service.storage import database, index, release_documents, rkeys
+from service.storage.ledger import Ledger, Reservation, now_iso
+from service.storage.pg_ledger import PgLedger
+from service.storage.release_documents import DocumentMissing, DocumentStore
+from service.storage.store import ReleaseView, Store
+from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
+from tests.integration.test_pg_ledger import (
+    _create_db,
+    _db_url,
+    _doc,
+    _drop_db,
+    _lapse,
+    _res,
+    _sql,
+)
+
+#: the Valkey database of this module's parity checks (empty before and after each)
+PARITY_DB = 14
+_RESEND = (Path(__file__).resolve().parents[2] / "service/storage/lua/resend.lua").read_text()
+
+
+@pytest.fixture(scope="module")
+def pg_template(postgres_url: str) -> Iterator[str]:
+    """A database migrated to head, the template every test's database is copied from."""
+    name = _create_db(postgres_url)
+    database.upgrade(_db_url(postgres_url, name))
+    yield name
+    _drop_db(postgres_url, name)
+
+
+@pytest.fixture()
+def pg_url(postgres_url: str, pg_template: str) -> Iterator[str]:
+    name = _create_db(postgres_url, pg_template)
+    yield _db_url(postgres_url, name)
+    _drop_db(postgres_url, name)
+
+
+@pytest.fixture()
+def docs(tmp_path: Path) -> DocumentStore:
+    return DocumentStore(tmp_path / "pg-documents")
+
+
+@pytest.fixture()
+def store(pg_url: str, docs: DocumentStore) -> Iterator[PgLedger]:
+    pool = database.connect(pg_url, max_size=4)
+    try:
+        yield PgLedger(pool, documents=docs)
+    finally:
+        pool.close()
+
+
+@pytest.fixture()
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = rkeys.connect(redis_url.rsplit("/", 1)[0] + f"/{PARITY_DB}")
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+def _ds() -> str:
+    return "ds_" + secrets.token_hex(6)
+
+
+def _set(url: str, release_id: str, **columns: Any) -> None:
+    """Set a release row's columns (times, status) as a test's scenario needs."""
+    names = sorted(columns)
+    sets = ", ".join(f"{n} = %s" for n in names)
+    _sql(url, f"UPDATE releases SET {sets} WHERE id = %s RETURNING 1",
+         *[columns[n] for n in names], release_id)
+
+
+T0 = datetime(2026, 11, 28, 10, 0, 0, 123456, tzinfo=UTC)
+
+
+# -- the contract ------------------------------------------------------------------------
+
+def test_pg_ledger_has_every_method_of_the_store_with_its_signature() -> None:
+    """Every method of ``Store`` is PgLedger's, with the same parameters (names, kinds,
+    defaults); mypy checks the types (pg_ledger's ``_keeps_the_contract``)."""
+    methods = [name for name, value in vars(Store).items()
+               if inspect.isfunction(value) and not name.startswith("_")]
+    assert len(methods) >= 45
+    for name in methods:
+        ours = getattr(PgLedger, name, None)
+        assert callable(ours), name
+        want = [(p.name, p.kind, p.default)
+                for p in inspect.signature(getattr(Store, name)).parameters.values()]
+        got = [(p.name, p.kind, p.default) for p in inspect.signature(ours).parameters.values()]
+        assert got == want, name
+    assert set(inspect.signature(PgLedger.__init__).parameters) == {
+        "self", "pool", "lease_seconds", "documents"}
+
+
+def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
+    """0003_releases downgrades to 0002 (its tables, columns and indexes gone, the
+    releases kept) and upgrades again."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    name = _create_db(postgres_url)
+    url = _db_url(postgres_url, name)
+    try:
+        database.upgrade(url)
+        pool = database.connect(url)
+        ledger = PgLedger(pool)
+        ds = _ds()
+        ledger.open(ds, {"epsilon": 10}, "op")
+        rid = ledger.reserve(_res(ds, {"epsilon": 1})).release_id
+        pool.close()
+        indexes = "SELECT indexname FROM pg_indexes WHERE tablename = 'releases' ORDER BY 1"
+        assert [i for (i,) in _sql(url, indexes)] == [
+            "releases_actor_newest", "releases_dataset_failed", "releases_dataset_newest",
+            "releases_dataset_pending", "releases_failed", "releases_newest",
+            "releases_pending", "releases_pkey"]
+        config = Config()
+        config.set_main_option("script_location", database.migrations_path())
+        engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0002_datasets")
+        engine.dispose()
+        assert _sql(url, "SELECT version_num FROM alembic_version") == [("0002_datasets",)]
+        assert [i for (i,) in _sql(url, indexes)] == ["releases_dataset", "releases_pkey"]
+        assert _sql(url, "SELECT to_regclass('holdouts')") == [(None,)]
+        assert _sql(url, "SELECT id FROM releases") == [(rid,)]
+        database.upgrade(url)
+        assert _sql(url, "SELECT version_num FROM alembic_version") == [("0003_releases",)]
+        assert _sql(url, "SELECT collation_name FROM information_schema.columns WHERE "
+                         "table_name = 'releases' AND column_name = 'id'") == [("C",)]
+    finally:
+        _drop_db(postgres_url, name)
+
+
+# -- a release's fields ------------------------------------------------------------------
+
+def test_release_fields_through_a_life_as_the_valkey_hash(store: PgLedger, r: redis.Redis,
+                                                          pg_url: str, tmp_path: Path) -> None:
+    """The same calls on both ledgers: ``release`` gives the Valkey hash's fields (its
+    request and output read back from the document store), the same names and values,
+    at every step of each life: reserved, started, read, committed (inline and as a run's
+    file), failed, aborted, cancelled; pricing, priced, refused."""
+    vdocs = DocumentStore(tmp_path / "valkey-documents")
+    valkey = Ledger(r, documents=vdocs)
+    ds = _ds()
+    for one in (valkey, store):
+        one.open(ds, {"epsilon": 1000}, "op")
+    internal = {"settled_by", "replay_key", "doc"}
+    timed = {"started_at", "finished_at"}  # each store's clock at the step
+
+    def same(rid: str, at_step: str) -> dict[str, str]:
+        raw = r.hgetall(rkeys.release(rid))
+        want = release_documents.fields(vdocs, rid, raw)
+        got = store.release(rid)
+        assert got is not None, at_step
+        assert set(got) == set(want) - internal, (at_step, sorted(got), sorted(want))
+        assert {k: v for k, v in got.items() if k not in timed} == {
+            k: v for k, v in want.items() if k not in internal | timed}, at_step
+        for key in timed & set(got):  # the same form: now_iso's
+            assert len(got[key]) == len(want[key]) == 24 and got[key].endswith("Z")
+        return got
+
+    def both_run(rid: str) -> tuple[Any, Any]:
+        run_v, run_p = valkey.mark_running(rid, "w1"), store.mark_running(rid, "w1")
+        assert run_v is not None and run_p is not None and run_v.attempt == run_p.attempt
+        return run_v, run_p
+
+    def reserve(i: int, **kw: Any) -> str:
+        res = Reservation(ds, f"rel_{ds}_{i}", kw.pop("cost", {"epsilon": 10}), actor="alice",
+                          fingerprint=f"{ds}-{i}", request_json=LEDGER_REQUEST,
+                          at=now_iso(), **kw)
+        answers = {valkey.reserve(res).outcome, store.reserve(res).outcome}
+        assert len(answers) == 1 and answers & {"reserved", "pricing"}, answers
+        return res.release_id
+
+    # committed inline, with its table
+    rid = reserve(0)
+    assert same(rid, "reserved")["created_at"] == r.hget(rkeys.release(rid), "created_at")
+    run_v, run_p = both_run(rid)
+    fields = same(rid, "started")
+    assert (fields["status"], fields["worker"], fields["attempts"]) == ("running", "w1", "1")
+    assert valkey.mark_data_read(run_v) and store.mark_data_read(run_p)
+    assert same(rid, "read")["data_read"] == "1"
+    assert valkey.commit(ds, run_v, LEDGER_OUTPUT, 1) == store.commit(
+        ds, run_p, LEDGER_OUTPUT, 1) == "settled"
+    fields = same(rid, "committed")
+    assert (fields["output"], fields["table"], fields["charged"]) == (LEDGER_OUTPUT, "1", "1")
+    assert "result" not in fields
+
+    # committed as the run's file (the second run: the first one's lease lapsed)
+    rid = reserve(1)
+    both_run(rid)
+    r.delete(rkeys.lease(rid))
+    _lapse(pg_url, rid)
+    run_v, run_p = both_run(rid)
+    assert run_p.attempt == 2
+    vdocs.save_result(rid, run_v.attempt, LEDGER_OUTPUT)
+    assert store.documents is not None
+    store.documents.save_result(rid, run_p.attempt, LEDGER_OUTPUT)
+    assert valkey.commit(ds, run_v, LEDGER_OUTPUT, 2, result_stored=True) == "settled"
+    assert store.commit(ds, run_p, LEDGER_OUTPUT, 2, result_stored=True) == "settled"
+    fields = same(rid, "committed from a file")
+    assert (fields["output"], fields["result"], fields["table"], fields["attempts"]) == (
+        LEDGER_OUTPUT, "2", "2", "2")
+
+    # failed after the read (charged), aborted before it (refunded), cancelled
+    rid = reserve(2)
+    run_v, run_p = both_run(rid)
+    assert valkey.fail(ds, run_v, '{"message": "x"}') == store.fail(
+        ds, run_p, '{"message": "x"}') == "settled"
+    fields = same(rid, "failed")
+    assert (fields["status"], fields["error"], fields["charged"]) == (
+        "failed", '{"message": "x"}', "1")
+    rid = reserve(3)
+    run_v, run_p = both_run(rid)
+    assert valkey.abort_run(ds, run_v, '{"message": "y"}') == store.abort_run(
+        ds, run_p, '{"message": "y"}') == "settled"
+    assert "charged" not in same(rid, "aborted")
+    rid = reserve(4)
+    assert valkey.cancel(ds, rid, "op") == store.cancel(ds, rid, "op") == "settled"
+    assert same(rid, "cancelled")["status"] == "cancelled"
+
+    # pricing, then priced (keeps its creation time), and a refused one
+    rid = reserve(5, cost={}, mode="pricing", replay=False)
+    assert same(rid, "pricing")["status"] == "pricing"
+    priced = Reservation(ds, rid, {"epsilon": 5}, actor="alice", fingerprint=f"{ds}-p",
+                         request_json=LEDGER_REQUEST.replace("laplace", "gaussian"),
+                         mode="priced")
+    assert valkey.reserve(priced).outcome == store.reserve(priced).outcome == "reserved"
+    assert same(rid, "priced")["request"] == priced.request_json
+    rid = reserve(6, cost={}, mode="pricing", replay=False)
+    assert valkey.refuse(ds, rid, '{"code": "z"}', "z", "pricer") == store.refuse(
+        ds, rid, '{"code": "z"}', "z", "pricer") is True
+    assert same(rid, "refused")["status"] == "refused"
+    assert store.release("rel_none") is None
+
+
+def test_a_result_file_that_is_gone_reads_as_missing(store: PgLedger, pg_url: str,
+                                                     docs: DocumentStore) -> None:
+    """A release whose output is a run's file: read from the document store; the file
+    gone (or no store) is ``DocumentMissing``, never fields without the output. The
+    request stays in the row: ``kept_request`` is None."""
+    ds = _ds()
+    store.open(ds, {"epsilon": 100}, "op")
+    rid = store.reserve(_res(ds, {"epsilon": 1})).release_id
+    run = store.mark_running(rid, "w")
+    assert run is not None
+    docs.save_result(rid, run.attempt, LEDGER_OUTPUT)
+    assert store.commit(ds, run, LEDGER_OUTPUT, result_stored=True) == "settled"
+    assert _sql(pg_url, "SELECT output, result_attempt FROM releases WHERE id = %s", rid) == [
+        (None, 1)]
+    fields = store.release(rid)
+    assert fields is not None and fields["output"] == LEDGER_OUTPUT
+    assert fields["request"] == LEDGER_REQUEST
+    assert store.kept_request(rid) is None
+    without = PgLedger(store.pool)  # ledger-only use: no document store
+    with pytest.raises(DocumentMissing):
+        without.release(rid)
+    docs.discard_result(rid, run.attempt)
+    with pytest.raises(DocumentMissing):
+        store.release(rid)
+    with pytest.raises(DocumentMissing):
+        store.releases([rid])
+    # an inline output needs no file
+    rid2 = store.reserve(_res(ds, {"epsilon": 1})).release_id
+    run2 = store.mark_running(rid2, "w")
+    assert run2 is not None and store.commit(ds, run2, LEDGER_OUTPUT) == "settled"
+    assert without.release(rid2) is not None
+    assert store.kept_request(rid2) is None and store.kept_request("rel_none") is None
+
+
+def test_releases_reads_many_in_order_in_one_query(store: PgLedger) -> None:
+    ds = _ds()
+    store.open(ds, {"epsilon": 100}, "op")
+    rids = [store.reserve(_res(ds, {"epsilon": 1})).release_id for _ in range(4)]
+    want = [rids[2], "rel_none", rids[0], rids[3], rids[2]]
+    got = store.releases(want)
+    assert [rid for rid, _ in got] == [rids[2], rids[0], rids[3], rids[2]]
+    assert all(fields == store.release(rid) for rid, fields in got)
+    assert store.releases([]) == []
+
+
+# -- the release lists -------------------------------------------------------------------
+
+def _page_all(store: PgLedger, view: ReleaseView, limit: int) -> tuple[list[str], int]:
+    seen: list[str] = []
+    after, pages = None, 0
+    while True:
+        got, after = store.release_page(view, limit, after)
+        seen += got
+        pages += 1
+        assert len(got) <= limit
+        if after is None:
+            return seen, pages
+        assert after.phase == "" and after.member == got[-1]
+        after = index.Cursor.decode(after.encode())  # the client's round trip
+        assert pages < 1000
+
+
+def test_release_pages_match_a_model_of_every_view(store: PgLedger, pg_url: str) -> None:
+    """Releases of three datasets and three keys, in every status, created (and ended) at
+    few distinct times (many ties): each view paged at several sizes gives exactly the
+    model's order, by (time, id), each release once."""
+    rng = random.Random(29)
+    sets = [_ds() for _ in range(3)]
+    for ds in sets:
+        store.open(ds, {"epsilon": 10**6}, "op")
+    rows: list[dict[str, Any]] = []
+    statuses = ["pricing", "queued", "running", "succeeded", "failed", "cancelled", "refused"]
+    for i in range(60):
+        ds, actor = rng.choice(sets), rng.choice(["alice", "bob", "carol"])
+        rid = store.reserve(_res(ds, {"epsilon": 1}, actor)).release_id
+        status = rng.choice(statuses)
+        created = T0 + timedelta(seconds=rng.choice([0, 1, 2, 5]))
+        finished = created + timedelta(seconds=rng.choice([1, 2])) \
+            if status in {"succeeded", "failed", "cancelled", "refused"} else None
+        _set(pg_url, rid, status=status, created_at=created, finished_at=finished)
+        rows.append({"id": rid, "ds": ds, "actor": actor, "status": status,
+                     "created": created, "finished": finished, "i": i})
+
+    def model(keep: Any, time: str, newest: bool) -> list[str]:
+        kept = [row for row in rows if keep(row)]
+        return [row["id"] for row in sorted(kept, key=lambda row: (row[time], row["id"]),
+                                            reverse=newest)]
+
+    some = frozenset(sets[:2])
+    views = {
+        ReleaseView("all"): model(lambda row: True, "created", True),
+        ReleaseView("datasets", frozenset(sets[1:2])):
+            model(lambda row: row["ds"] == sets[1], "created", True),
+        ReleaseView("datasets", some): model(lambda row: row["ds"] in some, "created", True),
+        ReleaseView("datasets", None): model(lambda row: True, "created", True),
+        ReleaseView("key", key_id="bob"): model(lambda row: row["actor"] == "bob", "created",
+                                                True),
+        ReleaseView("pending"): model(lambda row: row["status"] in {"pricing", "queued",
+                                                                      "running"},
+                                      "created", False),
+        ReleaseView("pending", some): model(
+            lambda row: row["ds"] in some and row["status"] in {"pricing", "queued",
+                                                                 "running"}, "created", False),
+        ReleaseView("failed"): model(lambda row: row["status"] in {"failed", "refused"},
+                                     "finished", True),
+        ReleaseView("failed", some): model(
+            lambda row: row["ds"] in some and row["status"] in {"failed", "refused"},
+            "finished", True),
+    }
+    for view, want in views.items():
+        assert want, view
+        for limit in (1, 3, 7, 100):
+            got, pages = _page_all(store, view, limit)
+            assert got == want, (view, limit)
+            assert pages == max(1, -(-len(want) // limit)), (view, limit)  # no empty page
+    assert store.release_page(ReleaseView("datasets", frozenset()), 10) == ([], None)
+    assert store.release_page(ReleaseView("key", key_id="nobody"), 10) == ([], None)
+    assert store.release_page(ReleaseView("all"), 0) == ([], None)
+    with pytest.raises(ValueError):
+        store.release_page(ReleaseView("every"), 10)  # type: ignore[arg-type]
+
+
+def test_a_page_cursor_holds_its_place(store: PgLedger, pg_url: str) -> None:
+    """A cursor names (time, id): releases created since are not on the next page (they
+    are newer), the one it names may go, ties are split by the id, and the score is the
+    release's time in epoch seconds (the failed list: when it ended)."""
+    ds = _ds()
+    store.open(ds, {"epsilon": 100}, "op")
+    rids = sorted(store.reserve(_res(ds, {"epsilon": 1})).release_id for _ in range(5))
+    for rid, second in zip(rids, (0, 1, 1, 1, 9), strict=True):  # 1..3: the same microsecond
+        _set(pg_url, rid, created_at=T0 + timedelta(seconds=second))
+    view = ReleaseView("datasets", frozenset({ds}))
+    first, after = store.release_page(view, 2)
+    assert first == [rids[4], rids[3]]
+    assert after == index.Cursor((T0 + timedelta(seconds=1)).timestamp(), rids[3])
+    store.reserve(_res(ds, {"epsilon": 1}))  # newer: before the cursor, not after it
+    _sql(pg_url, "DELETE FROM releases WHERE id = %s RETURNING 1", rids[3])
+    assert store.release_page(view, 2, after) == ([rids[2], rids[1]], index.Cursor(
+        (T0 + timedelta(seconds=1)).timestamp(), rids[1]))
+    # the failed list's cursor: when it ended
+    _set(pg_url, rids[0], status="failed", finished_at=T0 + timedelta(hours=1))
+    _set(pg_url, rids[1], status="refused", finished_at=T0 + timedelta(hours=2))
+    got, after = store.release_page(ReleaseView("failed"), 1)
+    assert got == [rids[1]] and after == index.Cursor(
+        (T0 + timedelta(hours=2)).timestamp(), rids[1])
+    assert store.release_page(ReleaseView("failed"), 1, after) == ([rids[0]], None)
+    # a forged score no time has
+    with pytest.raises(Invalid) as err:
+        store.release_page(ReleaseView("all"), 1, index.Cursor(1e300, "x"))
+    assert err.value.field == "cursor"
+
+
+def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def test_each_page_is_one_index_range_scan(store: PgLedger, pg_url: str) -> None:
+    """EXPLAIN ANALYZE of every view's page over 30,000 releases: an index scan of the
+    view's index that reads at most ``limit + 1`` entries (per dataset with ``datasets``),
+    no sequential scan, no filter discarding rows: O(log N + limit)."""
+    sets = [f"ds_{i:03d}" for i in range(60)]
+    _sql(pg_url,
+         "INSERT INTO releases (id, dataset_id, actor, status, request, created_at, finished_at) "
+         "SELECT 'rel_' || lpad(g::text, 6, '0'), 'ds_' || lpad(mod(g / 10, 60)::text, 3, '0'), "
+         "'key_' || mod(g / 7, 20), (ARRAY['pricing', 'queued', 'running', 'succeeded', 'failed', "
+         "'cancelled', 'refused', 'succeeded', 'succeeded', 'succeeded'])[1 + mod(g, 10)], '{}', "
+         "timestamptz '2026-01-01Z' + make_interval(secs => g / 3), "
+         "timestamptz '2026-02-01Z' + make_interval(secs => g / 3) "
+         "FROM generate_series(1, 30000) g RETURNING 1")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ANALYZE releases")
+    limit = 20
+    cases = [
+        (ReleaseView("all"), "releases_newest", 1),
+        (ReleaseView("datasets", frozenset(sets[:1])), "releases_dataset_newest", 1),
+        (ReleaseView("datasets", frozenset(sets[:8])), "releases_dataset_newest", 8),
+        (ReleaseView("key", key_id="key_3"), "releases_actor_newest", 1),
+        (ReleaseView("pending"), "releases_pending", 1),
+        (ReleaseView("pending", frozenset(sets[:5])), "releases_dataset_pending", 5),
+        (ReleaseView("failed"), "releases_failed", 1),
+        (ReleaseView("failed", frozenset(sets[:5])), "releases_dataset_failed", 5),
+    ]
+    for view, name, loops in cases:
+        first, after = store.release_page(view, limit)
+        assert len(first) == limit and after is not None
+        for cursor in (None, after):
+            query = store._page_query(view, limit, cursor)
+            assert query is not None
+            sql, params = query
+            with psycopg.connect(pg_url) as conn:
+                explained = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql,
+                                         params).fetchone()
+            assert explained is not None
+            nodes = list(_plan_nodes(explained[0][0]["Plan"]))
+            kinds = {node["Node Type"] for node in nodes}
+            assert "Seq Scan" not in kinds and "Bitmap Heap Scan" not in kinds, (view, kinds)
+            scans = [node for node in nodes if node["Node Type"] in {"Index Scan",
+                                                                     "Index Only Scan"}]
+            assert [node["Index Name"] for node in scans] == [name], (view, scans)
+            scan = scans[0]
+            assert scan["Actual Loops"] == loops
+            assert scan["Actual Rows"] <= limit + 1, (view, scan["Actual Rows"])
+            assert scan.get("Rows Removed by Filter", 0) == 0, view
+            # the same ids as the page itself
+            with psycopg.connect(pg_url) as conn:
+                ids = [row[0] for row in conn.execute(sql, params).fetchall()][:limit]
+            if cursor is None:
+                assert ids == first
+    # the sweeper's stale releases: the pending index too
+    with psycopg.connect(pg_url) as conn:
+        explained = conn.execute(
+            "EXPLAIN (FORMAT JSON) SELECT id, created_at FROM releases WHERE status IN "
+            "('pricing', 'queued', 'running') AND created_at <= now() - make_interval(secs "
+            "=> 30) ORDER BY created_at, id").fetchone()
+    assert explained is not None
+    assert {node.get("Index Name") for node in _plan_nodes(explained[0][0]["Plan"])} >= {
+        "releases_pending"}
+
+
+def test_dataset_history_counts_and_reads_the_newest_oldest_first(store: PgLedger,
+                                                                   pg_url: str) -> None:
+    ds, other = _ds(), _ds()
+    store.open(ds, {"epsilon": 100}, "op")
+    store.open(other, {"epsilon": 100}, "op")
+    rids = [store.reserve(_res(ds, {"epsilon": 1})).release_id for _ in range(5)]
+    store.reserve(_res(other, {"epsilon": 1}))
+    for i, rid in enumerate(rids):
+        _set(pg_url, rid, created_at=T0 + timedelta(seconds=i))
+    run = store.mark_running(rids[3], "w")
+    assert run is not None and store.mark_data_read(run)
+    assert store.fail(ds, run, '{"message": "x"}') == "settled"
+    run = store.mark_running(rids[4], "w")
+    assert run is not None and store.commit(ds, run, LEDGER_OUTPUT) == "settled"
+    total, history = store.dataset_history(ds, 3)
+    assert total == 5 and len(history) == 3
+    assert [h["status"] for h in history] == ["queued", "failed", "succeeded"]
+    assert [h.get("charged") for h in history] == [None, "1", "1"]
+    assert all(h["request"] == LEDGER_REQUEST and "output" not in h for h in history)
+    assert history[0] == store.release(rids[2])
+    assert store.dataset_history(ds, 0) == (5, [])
+    assert [h["created_at"] for h in store.dataset_history(ds, 99)[1]] == [
+        (T0 + timedelta(seconds=i)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        for i in range(5)]
+    assert store.dataset_history("ds_none", 10) == (0, [])
+
+
+# -- the sweeper -------------------------------------------------------------------------
+
+def test_stale_lists_the_old_pending_releases_oldest_first(store: PgLedger,
+                                                           pg_url: str) -> None:
+    ds = _ds()
+    store.open(ds, {"epsilon": 100}, "op")
+    old = datetime.now(UTC) - timedelta(minutes=10)
+    pricing = store.reserve(_res(ds, {}, mode="pricing", replay=False)).release_id
+    queued = store.reserve(_res(ds, {"epsilon": 1})).release_id
+    running = store.reserve(_res(ds, {"epsilon": 1})).release_id
+    ended = store.reserve(_res(ds, {"epsilon": 1})).release_id
+    young = store.reserve(_res(ds, {"epsilon": 1})).release_id
+    assert store.mark_running(running, "w") is not None
+    assert store.cancel(ds, ended, "op") == "settled"
+    for i, rid in enumerate((running, pricing, queued, ended)):
+        _set(pg_url, rid, created_at=old + timedelta(seconds=i))
+    got = store.stale(60)
+    assert [rid for rid, _ in got] == [running, pricing, queued]
+    assert [at for _, at in got] == [(old + timedelta(seconds=i)).timestamp()
+                                     for i in range(3)]
+    assert [rid for rid, _ in store.stale(0)][-1] == young
+    assert store.stale(3600) == []
+    store.drop_pending(queued)  # a no-op: the status says it is pending
+    assert [rid for rid, _ in store.stale(60)] == [running, pricing, queued]
+
+
+def test_lease_held_and_unsent_ids(store: PgLedger, pg_url: str) -> None:
+    ds = _ds()
+    store.open(ds, {"epsilon": 100}, "op")
+    a = store.reserve(_res(ds, {"epsilon": 1})).release_id
+    b = store.reserve(_res(ds, {"epsilon": 1})).release_id
+    assert store.unsent_ids() == {a, b}
+    store.enqueued(a)
+    assert store.unsent_ids() == {b}
+    assert not store.lease_held(a) and not store.lease_held("rel_none")
+    run = store.mark_running(a, "w")
+    assert run is not None and store.lease_held(a)
+    assert store.mark_running(b, "w") is not None
+    assert store.unsent_ids() == set()  # a started release was evidently sent
+    _lapse(pg_url, a)
+    assert not store.lease_held(a)
+    run = store.mark_running(a, "w2")
+    assert run is not None and store.lease_held(a)
+    assert store.commit(ds, run, LEDGER_OUTPUT) == "settled"
+    assert not store.lease_held(a)
+
+
+def test_claim_resend_as_resend_lua(store: PgLedger, pg_url: str, r: redis.Redis) -> None:
+    """The same releases in the same states on both stores: ``claim_resend`` and
+    ``undo_resend`` answer as resend.lua's claim and undo, and leave the same
+    ``resends`` / ``resent_at`` fields."""
+    valkey = Ledger(r)
+    ds = _ds()
+    for one in (valkey, store):
+        one.open(ds, {"epsilon": 100}, "op")
+
+    def reserve(i: int) -> str:
+        res = _res(ds, {"epsilon": 1})
+        res = Reservation(ds, f"rel_{ds}_{i}", res.cost, res.actor, res.fingerprint,
+                          res.request_json)
+        assert valkey.reserve(res).outcome == store.reserve(res).outcome == "reserved"
+        return res.release_id
+
+    def lua(rid: str, bound: int, action: str) -> int:
+        return int(r.eval(_RESEND, 2, rkeys.release(rid), rkeys.lease(rid),
+                          f"{datetime.now(UTC).timestamp():.3f}", bound, action))
+
+    def fields(rid: str) -> tuple[dict[str, str], dict[str, str]]:
+        pg = store.release(rid) or {}
+        vk = r.hgetall(rkeys.release(rid))
+        return ({k: v for k, v in vk.items() if k in {"resends", "resent_at"}},
+                {k: v for k, v in pg.items() if k in {"resends", "resent_at"}})
+
+    gone = reserve(0)
+    for expected in (1, 2, -1, -1):
+        assert lua(gone, 2, "claim") == store.claim_resend(gone, 2) == expected
+    vk, pg = fields(gone)
+    assert vk.keys() == pg.keys() == {"resends", "resent_at"} and vk["resends"] == "2"
+    assert pg["resends"] == "2"
+    assert abs(float(pg["resent_at"]) - float(vk["resent_at"])) < 60
+    store.undo_resend(gone)
+    lua(gone, 2, "undo")
+    vk, pg = fields(gone)
+    assert vk == pg == {"resends": "1"}
+    assert lua(gone, 2, "claim") == store.claim_resend(gone, 2) == 2
+    # leased (a run holds it), read, ended, missing: not gone
+    running = reserve(1)
+    run_v, run_p = valkey.mark_running(running, "w"), store.mark_running(running, "w")
+    assert run_v is not None and run_p is not None
+    assert lua(running, 3, "claim") == store.claim_resend(running, 3) == 0
+    r.delete(rkeys.lease(running))
+    _lapse(pg_url, running)  # its worker died: gone, re-sendable while unread
+    assert lua(running, 3, "claim") == store.claim_resend(running, 3) == 1
+    read = reserve(2)
+    run_v, run_p = valkey.mark_running(read, "w"), store.mark_running(read, "w")
+    assert run_v is not None and run_p is not None
+    assert valkey.mark_data_read(run_v) and store.mark_data_read(run_p)
+    r.delete(rkeys.lease(read))
+    _lapse(pg_url, read)
+    assert lua(read, 3, "claim") == store.claim_resend(read, 3) == 0
+    ended = reserve(3)
+    assert valkey.cancel(ds, ended, "op") == store.cancel(ds, ended, "op") == "settled"
+    assert lua(ended, 3, "claim") == store.claim_resend(ended, 3) == 0
+    assert lua("rel_none", 3, "claim") == store.claim_resend("rel_none", 3) == 0
+    store.undo_resend("rel_none")  # nothing to give back
+    never = reserve(4)
+    store.undo_resend(never)  # never claimed: left as it is (Valkey would count -1)
+    assert "resends" not in (store.release(never) or {})
+
+
+def test_two_sweepers_claim_one_resend(pg_url: str) -> None:
+    """Claims racing on one release with room for one more re-send: exactly one wins."""
+    pool = database.connect(pg_url, max_size=4)
+    store = PgLedger(pool)
+    try:
+        ds = _ds()
+        store.open(ds, {"epsilon": 100}, "op")
+        for round_ in range(10):
+            rid = store.reserve(_res(ds, {"epsilon": 1})).release_id
+            barrier = threading.Barrier(4)
+
+            def claim(_: int, rid: str = rid, barrier: threading.Barrier = barrier) -> int:
+                barrier.wait()
+                return store.claim_resend(rid, 1)
+
+            with ThreadPoolExecutor(4) as executor:
+                answers = sorted(executor.map(claim, range(4)))
+            assert answers == [-1, -1, -1, 1], (round_, answers)
+            assert (store.release(rid) or {})["resends"] == "1"
+    finally:
+        pool.close()
+
+
+# -- the registry ------------------------------------------------------------------------
+
+def test_set_dataset_status_rewrites_the_document(store: PgLedger, pg_url: str) -> None:
+    ds = _ds()
+    store.open(ds, {"epsilon": 10}, "op", _doc(ds, name="people"))
+    text = store.set_dataset_status(ds, "retired")
+    assert text is not None and text == store.dataset_document(ds)
+    assert json.loads(text) == {"id": ds, "status": "retired", "versions": [1],
+                                "name": "people"}
+    assert text == json.dumps(json.loads(text))  # as datasets.set_status writes it
+    assert _sql(pg_url, "SELECT status FROM datasets WHERE id = %s", ds) == [("retired",)]
+    assert store.set_dataset_status("ds_none", "retired") is None
+    assert store.dataset_document("ds_none") is None
+
+
+def test_set_dataset_status_loses_no_concurrent_version_change(pg_url: str) -> None:
+    """Status changes racing version uploads (read, compare-and-set, read again on a
+    conflict): every version and the last status are in the final document."""
+    pool = database.connect(pg_url, max_size=4)
+    store = PgLedger(pool)
+    try:
+        ds = _ds()
+        store.open(ds, {"epsilon": 10}, "op", json.dumps({"id": ds, "status": "active",
+                                                          "versions": [1]}))
+
+        def statuses() -> None:
+            for i in range(30):
+                assert store.set_dataset_status(ds, f"s{i}") is not None
+
+        def versions() -> None:
+            for version in range(2, 12):
+                while True:
+                    read = store.dataset_document(ds)
+                    assert read is not None
+                    doc = json.loads(read)
+                    doc["versions"] = [*doc["versions"], version]
+                    outcome, _ = store.version_change(ds, read, json.dumps(doc), "uploaded",
+                                                      version, "op")
+                    if outcome == "ok":
+                        break
+
+        threads = [threading.Thread(target=statuses), threading.Thread(target=versions)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        final = json.loads(store.dataset_document(ds) or "{}")
+        assert final["versions"] == list(range(1, 12)) and final["status"] == "s29"
+    finally:
+        pool.close()
+
+
+def test_dataset_documents_and_ids(store: PgLedger, pg_url: str) -> None:
+    ids = [_ds() for _ in range(3)]
+    for i, ds in enumerate(ids):
+        store.open(ds, {"epsilon": 1}, "op", _doc(ds, n=i))
+        _sql(pg_url, "UPDATE datasets SET created_at = %s WHERE id = %s RETURNING 1",
+             T0 - timedelta(seconds=i), ds)
+    store.open(_ds(), {"epsilon": 1}, "op")  # a ledger without a document: not registered
+    assert store.dataset_documents([ids[2], "ds_none", ids[0], ids[2]]) == [
+        _doc(ids[2], n=2), None, _doc(ids[0], n=0), _doc(ids[2], n=2)]
+    assert store.dataset_documents([]) == []
+    assert store.dataset_ids() == [ids[2], ids[1], ids[0]]  # oldest first
+
+
+def test_idempotency_record_names_what_the_key_made(store: PgLedger, pg_url: str) -> None:
+    ds, fp = _ds(), secrets.token_hex(8)
+    v1 = _doc(ds)
+    assert store.idempotency_record("pr:idem:none") is None
+    store.open(ds, {"epsilon": 10}, "op", v1, idempotency_key="k-open", fingerprint=fp)
+    assert store.idempotency_record("k-open") == (fp, ds, None)
+    v2 = _doc(ds, versions=[1, 2])
+    store.version_change(ds, v1, v2, "uploaded", 2, "op", idempotency_key="k-version",
+                         fingerprint=fp + "v")
+    assert store.idempotency_record("k-version") == (fp + "v", ds, 2)
+    store.reserve(_res(ds, {"epsilon": 1}, idempotency_key="k-release", fingerprint="rfp"))
+    assert store.idempotency_record("k-release") == ("rfp", None, None)
+    _sql(pg_url, "UPDATE idempotency SET expires_at = now() - interval '1 second' "
+                 "WHERE key = 'k-open' RETURNING 1")
+    assert store.idempotency_record("k-open") is None  # expired: as good as absent
+
+
+def test_holdout_counters_as_the_valkey_hash(store: PgLedger, r: redis.Redis) -> None:
+    """The largest hold-out and the count of releases that used one, as
+    ``datasets.record_holdout`` keeps them in Valkey (exact integers)."""
+    ds = _ds()
+    assert store.holdout_exposure(ds) == datasets.holdout_exposure(r, ds) == {
+        "rows": 0, "releases": 0}
+    for rows in (100, 50, 10**12, 7):
+        store.record_holdout(ds, rows)
+        payload = json.dumps({"result": {"reference": {"kind": "holdout",
+                                                        "holdout_rows": rows}}})
+        datasets.record_holdout(r, ds, payload)
+        assert store.holdout_exposure(ds) == datasets.holdout_exposure(r, ds)
+    assert store.holdout_exposure(ds) == {"rows": 10**12, "releases": 4}
+    assert store.holdout_exposure(_ds()) == {"rows": 0, "releases": 0}
+
+
+# -- the audit log's bounds --------------------------------------------------------------
+
+def test_audit_range_maps_times_and_cursors_to_event_ids(store: PgLedger) -> None:
+    """Events of two datasets at known times (the reserve event's ``at`` is the
+    reservation's; later events, later times, as the API's clock gives them): ``since`` /
+    ``until`` select by time, ``after`` continues a page, the bounds work for either
+    dataset (ids are global), and a cursor that is not an event id of this store is
+    refused naming ``cursor``."""
+    ds, other = _ds(), _ds()
+    store.open(ds, {"epsilon": 100}, "op")
+    store.open(other, {"epsilon": 100}, "op")
+    base = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    times = [base + timedelta(minutes=m) for m in range(6)]
+    made = []
+    for i, at in enumerate(times):
+        one = ds if i % 2 == 0 else other
+        iso = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        made.append(store.reserve(_res(one, {"epsilon": 1}, at=iso)).release_id)
+
+    def rids(dataset_id: str, since: datetime | None, until: datetime | None,
+             after: str | None = None) -> list[str]:
+        start, end = store.audit_range(since, until, after)
+        return [e["release_id"] for e in store.events(dataset_id, start, end)
+                if e["kind"] == "reserve"]
+
+    assert rids(ds, None, None) == made[0::2]
+    assert rids(ds, times[1], None) == [made[2], made[4]]
+    assert rids(ds, times[2], None) == [made[2], made[4]]  # at or after: inclusive
+    assert rids(other, times[1], times[3]) == [made[1], made[3]]  # at or before: inclusive
+    assert rids(other, None, times[2]) == [made[1]]
+    assert rids(ds, times[5] + timedelta(seconds=1), None) == []
+    assert rids(ds, None, base - timedelta(days=1)) == []
+    assert store.audit_range(None, None, None) == ("-", "+")
+    # a naive time is local time, as datetime.timestamp reads it (the Valkey view's way)
+    naive = datetime.fromtimestamp(times[2].timestamp())
+    assert rids(ds, naive, None) == [made[2], made[4]]
+    # a page's last event id: the next page starts after it (and after since)
+    events = store.events(ds)
+    page, last = store.events_page(ds, *store.audit_range(times[0], None, None), None, 1)
+    assert [e["release_id"] for e in page] == [made[0]] and last == page[0]["id"]
+    page, last = store.events_page(ds, *store.audit_range(times[0], None, last), None, 1)
+    assert [e["release_id"] for e in page] == [made[2]]
+    assert rids(ds, None, None, events[0]["id"]) == made[0::2]  # the cap event was first
+    assert rids(ds, times[4], None, events[0]["id"]) == [made[4]]  # since is further
+    # no event at or after since: an empty range, even once later events are written
+    start, end = store.audit_range(times[5] + timedelta(hours=1), None, None)
+    assert store.events(ds, start, end) == store.events(other, start, end) == []
+    store.reserve(_res(ds, {"epsilon": 1}))
+    assert store.events(ds, start, end) == []
+    assert store.events(ds, *store.audit_range(None, None, None)) == store.events(ds)
+    for forged in ("", "12-0", "-1", "1e3", "x", "9" * 20, str(2**63), " 1"):
+        with pytest.raises(Invalid) as err:
+            store.audit_range(None, None, forged)
+        assert err.value.field == "cursor" and err.value.code == "validation_error"
