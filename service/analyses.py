@@ -41,6 +41,7 @@ from service.storage import rkeys
 from service.storage.ledger import now_iso
 from service.storage.release_documents import DocumentMissing, DocumentStore
 from service.storage.release_tables import OutputStore
+from service.storage.store import Store
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.worker")
@@ -83,17 +84,17 @@ WORKER_LOST = {"code": "worker_lost",
 TIME_LIMIT = {"code": "time_limit", "message": "the analysis ran past its time limit"}
 
 
-def view(client: redis.Redis, outputs: OutputStore, doc: dict[str, Any]
+def view(ledger: Store, outputs: OutputStore, doc: dict[str, Any]
          ) -> mechanisms.ReleaseView:
     """A succeeded release's public outputs as analyses see them (its table is
     memory-mapped: checking an analysis reads only the columns it needs)."""
-    dataset = datasets.get(client, doc["dataset_id"])
+    dataset = datasets.get(ledger, doc["dataset_id"])
     if dataset is None:
         raise LookupError("dataset missing")
     return mechanisms.ReleaseView(
         id=doc["id"], mechanism=doc["mechanism"], params=doc["params"],
         result=doc["result"] or {},
-        table=outputs.load(doc["id"], release_documents.table_attempt(client, doc["id"])),
+        table=outputs.load(doc["id"], release_documents.table_attempt(ledger, doc["id"])),
         meta=datasets.meta(dataset),
     )
 
@@ -247,10 +248,10 @@ def page(client: redis.Redis, release_id: str, limit: int, cursor: str | None,
 
 def release_view(svc: Services, release_id: str) -> mechanisms.ReleaseView:
     """A succeeded release's public outputs, as analyses see them."""
-    doc = release_documents.document(svc.client, release_id, svc.documents)
+    doc = release_documents.document(svc.ledger, release_id)
     if doc is None:
         raise LookupError("release missing")
-    return view(svc.client, svc.outputs, doc)
+    return view(svc.ledger, svc.outputs, doc)
 
 
 def run(svc: Services, analysis_id: str, req: dict[str, Any]) -> str:

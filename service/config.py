@@ -81,6 +81,8 @@ class Config:
     data_dir: Path = field(default_factory=lambda: Path("var").resolve())
     #: PRIVRELEASE_REDIS_URL: external Redis/Valkey; unset -> standalone embeds one
     redis_url: str | None = None
+    #: PRIVRELEASE_DATABASE_URL: the PostgreSQL system of record (postgresql://...)
+    database_url: str | None = None
     #: PRIVRELEASE_LEDGER_REPLICAS: replicas that must acknowledge every ledger step (WAIT)
     #: before it is answered; fewer within LEDGER_WAIT_MS -> 503. 0: no wait (one node)
     ledger_replicas: int = 0
@@ -183,6 +185,7 @@ class Config:
         return cls(
             data_dir=Path(_env("DATA_DIR") or "var").resolve(),
             redis_url=_env("REDIS_URL") or None,
+            database_url=_env("DATABASE_URL") or None,
             ledger_replicas=_at_least("LEDGER_REPLICAS", cls.ledger_replicas, 0),
             # WAIT with a timeout of 0 would block forever
             ledger_wait_ms=_at_least("LEDGER_WAIT_MS", cls.ledger_wait_ms, 1),

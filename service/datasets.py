@@ -1,7 +1,8 @@
-"""Dataset registry: metadata in Redis, columns on disk, caps in the ledger.
+"""Dataset registry: metadata in the system of record (``service.storage.store``),
+columns on disk, caps in the ledger.
 
 Registration is all-or-nothing: files are written atomically first, then
-metadata and caps go to Redis in one script (``ledger.open``, at most once);
+metadata and caps go to the record in one step (``Store.open``, at most once);
 if that fails the files are removed, so a refused or failed upload leaves
 nothing behind (files whose registration may have been stored stay until
 the orphan sweep knows it was not). Columns
@@ -18,15 +19,15 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import numpy as np
-import redis
 
 from mechanisms import ColumnMeta, DatasetMeta, rows
 from service import budget
 from service.ingest import DatasetSpec
 from service.metadata import ACCOUNTING_FIELDS
-from service.storage import index, rkeys
+from service.storage import index
 from service.storage.dataset_files import DatasetStore
-from service.storage.ledger import Ledger, now_iso
+from service.storage.ledger import now_iso
+from service.storage.store import Store
 
 #: the version's private file holding its row-order key (``mechanisms.rows``)
 ROW_KEY = "row_key"
@@ -57,9 +58,8 @@ def column_doc(col: ColumnMeta, fill: Any) -> dict[str, Any]:
 
 
 def register(
-    client: redis.Redis,
     store: DatasetStore,
-    ledger: Ledger,
+    ledger: Store,
     spec: DatasetSpec,
     caps: dict[str, int],
     chunks: Iterable[Mapping[str, np.ndarray]],
@@ -112,7 +112,7 @@ def register(
             fingerprint=idempotency.fingerprint if idempotency else "",
             idempotency_ttl=idempotency.ttl if idempotency else 0)
     except Exception:
-        if not _maybe_stored(client, dataset_id):
+        if not _maybe_stored(ledger, dataset_id):
             store.remove(dataset_id, 1)
         raise
     if registered == dataset_id:
@@ -120,14 +120,14 @@ def register(
     store.remove(dataset_id, 1)
     if outcome == "idem_mismatch":
         raise IdempotencyMismatch
-    first = get(client, registered)
+    first = get(ledger, registered)
     assert first is not None  # the key and the dataset are written together
     return first
 
 
 @dataclass(frozen=True)
 class Idempotency:
-    """An upload's ``Idempotency-Key`` (its Valkey key), what it was for, how long it holds."""
+    """An upload's ``Idempotency-Key`` (as stored), what it was for, how long it holds."""
 
     key: str
     fingerprint: str
@@ -138,61 +138,51 @@ class IdempotencyMismatch(Exception):
     """The Idempotency-Key registered a dataset from other metadata."""
 
 
-def idempotent(client: redis.Redis, idempotency: Idempotency) -> dict[str, Any] | None:
+def idempotent(ledger: Store, idempotency: Idempotency) -> dict[str, Any] | None:
     """The dataset an earlier upload with this key registered (None: none yet).
 
     Asked before the file is parsed, so a retried upload costs no second parse.
     """
-    first, fingerprint = client.hmget(idempotency.key, "id", "fp")
-    if first is None:
+    known = ledger.idempotency_record(idempotency.key)
+    if known is None or known[1] is None:
         return None
-    if fingerprint != idempotency.fingerprint:
+    if known[0] != idempotency.fingerprint:
         raise IdempotencyMismatch
-    return get(client, first)
+    return get(ledger, known[1])
 
 
-def _maybe_stored(client: redis.Redis, dataset_id: str) -> bool:
-    """Whether a registration whose script call raised may be stored all the same.
+def _maybe_stored(ledger: Store, dataset_id: str) -> bool:
+    """Whether a registration whose step raised may be stored all the same.
 
-    A reply lost after the script ran leaves the metadata in Valkey: removing the
-    files then would leave a dataset no file backs. Valkey is asked again;
-    when it cannot answer, the files stay and ``DatasetStore.sweep_orphans``
-    removes them once the id is known to be unregistered.
+    A reply lost after the step ran leaves the metadata stored: removing the files then
+    would leave a dataset no file backs. The record is asked again; when it cannot
+    answer, the files stay and ``DatasetStore.sweep_orphans`` removes them once the id
+    is known to be unregistered.
     """
     try:
-        return bool(client.exists(rkeys.dataset(dataset_id)))
-    except redis.RedisError:
+        return ledger.dataset_document(dataset_id) is not None
+    except Exception:  # the record cannot answer now (Valkey or PostgreSQL away)
         return True
 
 
-def get(client: redis.Redis, dataset_id: str) -> dict[str, Any] | None:
-    raw = client.get(rkeys.dataset(dataset_id))
+def get(ledger: Store, dataset_id: str) -> dict[str, Any] | None:
+    raw = ledger.dataset_document(dataset_id)
     return json.loads(raw) if raw is not None else None
 
 
-def page(client: redis.Redis, limit: int, after: index.Cursor | None,
+def page(ledger: Store, limit: int, after: index.Cursor | None,
          granted: frozenset[str] | None) -> tuple[list[dict[str, Any]], index.Cursor | None]:
-    """One page of datasets, newest first, and the next page's cursor: of every dataset
-    (``granted`` None), read from the registry's index, or of the ``granted`` ones (a key
-    limited to some datasets: their creation times in one round trip). Each page costs
-    O(log N + limit) reads whatever the number of datasets, never a read of all."""
-    if granted is None:
-        ids, nxt = index.page(client, [rkeys.DATASETS], limit, after)
-    else:
-        wanted = sorted(granted)
-        scores = client.zmscore(rkeys.DATASETS, wanted) if wanted else []
-        rows = [(i, s) for i, s in zip(wanted, scores, strict=True) if s is not None]
-        ids, nxt = index.page_of(rows, limit, after)
-    raws = client.mget([rkeys.dataset(i) for i in ids]) if ids else []
+    """One page of datasets, newest first, and the next page's cursor, of every dataset
+    (``granted`` None) or of the ``granted`` ones. Each page costs O(log N + limit)
+    whatever the number of datasets, never a read of all (``Store.datasets_page``)."""
+    ids, nxt = ledger.datasets_page(limit, after, granted)
+    raws = ledger.dataset_documents(ids)
     return [json.loads(raw) for raw in raws if raw is not None], nxt
 
 
-def list_all(client: redis.Redis) -> list[dict[str, Any]]:
-    ids = [i for i in client.zrange(rkeys.DATASETS, 0, -1)]
-    if not ids:
-        return []
-    raws = client.mget([rkeys.dataset(i) for i in ids])
-    return [json.loads(raw) for raw in raws if raw is not None]
+def list_all(ledger: Store) -> list[dict[str, Any]]:
+    ids = ledger.dataset_ids()
+    return [json.loads(raw) for raw in ledger.dataset_documents(ids) if raw is not None]
 
 
 def meta(doc: dict[str, Any]) -> DatasetMeta:
@@ -217,36 +207,15 @@ def meta(doc: dict[str, Any]) -> DatasetMeta:
                        keep_row_order=bool(doc.get("keep_row_order", False)))
 
 
-def set_status(client: redis.Redis, dataset_id: str, status: str) -> dict[str, Any]:
+def set_status(ledger: Store, dataset_id: str, status: str) -> dict[str, Any]:
     """Update a dataset's status in its stored document; returns the document."""
-    with client.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                pipe.watch(rkeys.dataset(dataset_id))
-                doc = json.loads(pipe.get(rkeys.dataset(dataset_id)))
-                doc["status"] = status
-                pipe.multi()
-                pipe.set(rkeys.dataset(dataset_id), json.dumps(doc))
-                pipe.execute()
-                return dict(doc)
-            except redis.WatchError:
-                continue
+    text = ledger.set_dataset_status(dataset_id, status)
+    if text is None:
+        raise LookupError("no such dataset")
+    return dict(json.loads(text))
 
 
-#: rows held out so far: the largest hold-out (DIP's default splits are nested, so the
-#: rows that have served are those of the largest one) and how many releases used one
-_HOLDOUT_MAX = """
-local cur = tonumber(redis.call('HGET', KEYS[1], 'rows') or '0')
-if tonumber(ARGV[1]) > cur then redis.call('HSET', KEYS[1], 'rows', ARGV[1]) end
-return redis.call('HINCRBY', KEYS[1], 'releases', 1)
-"""
-
-
-def _holdout_key(dataset_id: str) -> str:
-    return f"{rkeys.dataset(dataset_id)}:holdout"
-
-
-def record_holdout(client: redis.Redis, dataset_id: str, payload: str) -> None:
+def record_holdout(ledger: Store, dataset_id: str, payload: str) -> None:
     """Count hold-out exposure after a committed release that held rows out of DP.
 
     The release's result says so (``reference.kind == "holdout"`` with its
@@ -256,13 +225,12 @@ def record_holdout(client: redis.Redis, dataset_id: str, payload: str) -> None:
     reference = json.loads(payload).get("result", {}).get("reference")
     if not isinstance(reference, dict) or reference.get("kind") != "holdout":
         return
-    client.eval(_HOLDOUT_MAX, 1, _holdout_key(dataset_id), int(reference["holdout_rows"]))
+    ledger.record_holdout(dataset_id, int(reference["holdout_rows"]))
 
 
-def holdout_exposure(client: redis.Redis, dataset_id: str) -> dict[str, int]:
+def holdout_exposure(ledger: Store, dataset_id: str) -> dict[str, int]:
     """Rows that have served as a hold-out reference, and the releases that used one."""
-    rows, count = client.hmget(_holdout_key(dataset_id), "rows", "releases")
-    return {"rows": int(rows or 0), "releases": int(count or 0)}
+    return ledger.holdout_exposure(dataset_id)
 
 
 # --------------------------------------------------------------------------- versions
@@ -404,17 +372,17 @@ def _with_current(doc: dict[str, Any], version: int) -> dict[str, Any]:
             "n_rows": entry["n_rows"], "columns": entry["columns"]}
 
 
-def idempotent_version(client: redis.Redis, idempotency: Idempotency) -> int | None:
+def idempotent_version(ledger: Store, idempotency: Idempotency) -> int | None:
     """The version an earlier upload with this key stored (None: none yet)."""
-    first, fingerprint = client.hmget(idempotency.key, "version", "fp")
-    if first is None:
+    known = ledger.idempotency_record(idempotency.key)
+    if known is None or known[2] is None:
         return None
-    if fingerprint != idempotency.fingerprint:
+    if known[0] != idempotency.fingerprint:
         raise IdempotencyMismatch
-    return int(first)
+    return int(known[2])
 
 
-def add_version(client: redis.Redis, store: DatasetStore, ledger: Ledger, dataset_id: str,
+def add_version(store: DatasetStore, ledger: Store, dataset_id: str,
                 spec: DatasetSpec, chunks: Iterable[Mapping[str, np.ndarray]], actor: str, *,
                 make_current: bool = False, sha256: str | None = None,
                 idempotency: Idempotency | None = None) -> dict[str, Any]:
@@ -424,14 +392,14 @@ def add_version(client: redis.Redis, store: DatasetStore, ledger: Ledger, datase
     concurrent upload that took it makes this one take the one after), then the
     document gains the version in one compare-and-set that also records the
     ``version`` event. Anything refused or failed on the way removes the files, so
-    Valkey and the disk are as before. The ledger is not touched: the version
+    the record and the disk are as before. The ledger is not touched: the version
     spends the dataset's budget.
     """
     with store.staging() as staged:
         for chunk in chunks:
             staged.append(chunk)
         staged.write_private(ROW_KEY, rows.new_key())
-        doc = get(client, dataset_id)
+        doc = get(ledger, dataset_id)
         if doc is None or doc.get("status") != "active":
             raise VersionError(409, "the dataset is retired: it takes no new version",
                                "dataset_retired", "dataset_id")
@@ -453,9 +421,9 @@ def add_version(client: redis.Redis, store: DatasetStore, ledger: Ledger, datase
                                "version_conflict")
     try:
         while True:
-            raw = client.get(rkeys.dataset(dataset_id))
+            raw = ledger.dataset_document(dataset_id)
             doc = json.loads(raw) if raw is not None else None
-            if doc is None or doc.get("status") != "active":
+            if raw is None or doc is None or doc.get("status") != "active":
                 raise VersionError(409, "the dataset is retired: it takes no new version",
                                    "dataset_retired", "dataset_id")
             new = _version_doc(doc, entry, make_current)
@@ -477,22 +445,22 @@ def add_version(client: redis.Redis, store: DatasetStore, ledger: Ledger, datase
         store.remove(dataset_id, version)
         raise
     except Exception:
-        if not _version_maybe_stored(client, dataset_id, version):
+        if not _version_maybe_stored(ledger, dataset_id, version):
             store.remove(dataset_id, version)
         raise
 
 
-def _version_maybe_stored(client: redis.Redis, dataset_id: str, version: int) -> bool:
+def _version_maybe_stored(ledger: Store, dataset_id: str, version: int) -> bool:
     """Whether a version whose document update raised may be stored all the same (as
-    ``_maybe_stored``: when Valkey cannot say, the files stay)."""
+    ``_maybe_stored``: when the record cannot say, the files stay)."""
     try:
-        doc = get(client, dataset_id)
-    except redis.RedisError:
+        doc = get(ledger, dataset_id)
+    except Exception:  # the record cannot answer now (Valkey or PostgreSQL away)
         return True
     return doc is not None and any(e["version"] == version for e in versions_of(doc))
 
 
-def change_version(client: redis.Redis, ledger: Ledger, dataset_id: str, version: int,
+def change_version(ledger: Store, dataset_id: str, version: int,
                    actor: str, *, current: bool = False, retire: bool = False
                    ) -> dict[str, Any]:
     """Make a version current, or retire it (one of the two); returns the new document.
@@ -510,7 +478,7 @@ def change_version(client: redis.Redis, ledger: Ledger, dataset_id: str, version
     if current == retire:
         raise ValueError("either current or retire")
     while True:
-        raw = client.get(rkeys.dataset(dataset_id))
+        raw = ledger.dataset_document(dataset_id)
         if raw is None:
             raise VersionError(404, "no such dataset", "not_found", "dataset_id")
         doc = json.loads(raw)
@@ -537,7 +505,7 @@ def change_version(client: redis.Redis, ledger: Ledger, dataset_id: str, version
             return new
 
 
-def reupload_warnings(client: redis.Redis, doc: dict[str, Any]) -> list[dict[str, Any]]:
+def reupload_warnings(ledger: Store, doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Warnings for a new dataset that may hold the same people as an existing one.
 
     Privacy loss adds up per person: the same table registered again as a new dataset
@@ -551,7 +519,7 @@ def reupload_warnings(client: redis.Redis, doc: dict[str, Any]) -> list[dict[str
         return []
     columns, n_rows = set(doc["columns"]), int(doc["n_rows"])
     out: list[dict[str, Any]] = []
-    for other in list_all(client):
+    for other in list_all(ledger):
         if other["id"] == doc["id"] or other.get("status") != "active" or other.get("public"):
             continue
         for entry in versions_of(other):

@@ -20,8 +20,7 @@ import requests
 from service import apikeys
 from service.config import Config
 from service.releases import documents
-from service.storage import rkeys
-from service.storage.release_documents import DocumentStore, request_of
+from service.storage.store import Store
 
 log = logging.getLogger("privrelease.notify")
 
@@ -55,25 +54,21 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def _callback(client: redis.Redis, docs: DocumentStore, release_id: str
-              ) -> tuple[str | None, str | None]:
-    """The release's callback URL (its request: in the hash, or on disk once finished)
-    and the key that asked for it."""
-    raw, sha, actor = client.hmget(rkeys.release(release_id), "request", "doc", "actor")
-    h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
-    req = request_of(docs, release_id, h)
-    return (req or {}).get("callback_url"), actor
+def _callback(ledger: Store, release_id: str) -> tuple[str | None, str | None]:
+    """The release's callback URL (from its request) and the key that asked for it."""
+    h = ledger.release(release_id) or {}
+    req = json.loads(h["request"]) if "request" in h else {}
+    return req.get("callback_url"), h.get("actor")
 
 
-def wanted(client: redis.Redis, docs: DocumentStore, release_id: str) -> bool:
-    return bool(_callback(client, docs, release_id)[0])
+def wanted(ledger: Store, release_id: str) -> bool:
+    return bool(_callback(ledger, release_id)[0])
 
 
-def deliver(client: redis.Redis, config: Config, release_id: str) -> bool:
+def deliver(client: redis.Redis, ledger: Store, config: Config, release_id: str) -> bool:
     """Send one notification; DeliveryError to be retried, False if it cannot be sent."""
-    docs = DocumentStore(config.releases_dir)
-    url, actor = _callback(client, docs, release_id)
-    doc = documents.document(client, release_id, docs)
+    url, actor = _callback(ledger, release_id)
+    doc = documents.document(ledger, release_id)
     if not url or doc is None:
         return False
     if check_url(url, config.callback_hosts) is not None:

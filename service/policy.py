@@ -32,6 +32,7 @@ from service import budget
 from service.storage import rkeys
 from service.storage.ledger import Ledger
 from service.storage.release_documents import DocumentMissing, DocumentStore, request_of
+from service.storage.store import Store
 
 log = logging.getLogger("privrelease.policy")
 
@@ -141,9 +142,13 @@ def recharge(client: redis.Redis, ledger: Ledger, done: Migrated,
             done.recharged[dataset_id] = units
 
 
-def migrate_at_startup(client: redis.Redis, ledger: Ledger, who: str) -> None:
+def migrate_at_startup(client: redis.Redis, ledger: Store, who: str) -> None:
     """``migrate`` as a process starts; Valkey unreachable leaves it to a later start (or
-    the CLI): a legacy document is read as its legacy policy meanwhile."""
+    the CLI): a legacy document is read as its legacy policy meanwhile. Only the Valkey
+    store can hold legacy datasets: on PostgreSQL every dataset was registered with its
+    policy written down (``privrelease migrate-from-valkey`` migrates before it moves)."""
+    if not isinstance(ledger, Ledger):
+        return
     try:
         done = migrate(client, ledger)
     except redis.RedisError as err:

@@ -17,13 +17,15 @@ from mechanisms import precompute
 from service.config import Config
 from service.releases import pricing
 from service.releases.queue import Queue, make_celery
-from service.storage import rkeys
+from service.storage import database, rkeys
 from service.storage.dataset_files import DatasetStore
 from service.storage.durable import Replication
 from service.storage.event_archive import AuditArchive
 from service.storage.ledger import Ledger
+from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import DocumentStore
 from service.storage.release_tables import OutputStore
+from service.storage.store import Store
 
 #: the ``app.extensions`` key of the API's services
 EXTENSION = "privrelease"
@@ -39,7 +41,9 @@ class Services:
 
     config: Config
     client: redis.Redis
-    ledger: Ledger
+    #: the system of record: PostgreSQL (``PgLedger``) when PRIVRELEASE_DATABASE_URL is
+    #: set, else the Valkey store before it (``Ledger``)
+    ledger: Store
     documents: DocumentStore
     datasets: DatasetStore
     outputs: OutputStore
@@ -63,7 +67,13 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
     documents = DocumentStore(config.releases_dir)
     audit = AuditArchive(config.audit_dir)
     replication = Replication.from_config(config)
-    if role == "worker":
+    ledger: Store
+    if config.database_url:
+        # PostgreSQL: each step one transaction, re-run (bounded) when a connection broke
+        client = rkeys.connect(config.require_redis_url())
+        ledger = PgLedger(database.connect(config.database_url), config.lease_seconds,
+                          documents=documents)
+    elif role == "worker":
         client = rkeys.connect(config.require_redis_url(),
                                retry=rkeys.failover_retry(config.lease_seconds / 2))
         ledger = Ledger(client, config.lease_seconds, replication,

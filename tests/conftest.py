@@ -10,8 +10,10 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -67,13 +69,40 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.cleanup()
 
 
+def database_on(server_url: str, name: str | None = None, template: str | None = None) -> str:
+    """A new database on the PostgreSQL server of ``server_url`` (a fresh name unless
+    ``name``; a copy of ``template`` if given): its URL."""
+    import psycopg
+
+    name = name or "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+    return urlunsplit(urlsplit(server_url)._replace(path="/" + name))
+
+
+#: PRIVRELEASE_TEST_STORE: the system of record the session's service runs on
+#: (``postgres``, the default, or ``valkey``: the Valkey store before it)
+TEST_STORE = os.environ.get("PRIVRELEASE_TEST_STORE", "valkey")
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres_url: str) -> str:
+    """The session service's database, migrated to head (``PRIVRELEASE_DATABASE_URL``)."""
+    from service.storage import database
+
+    url = database_on(postgres_url)
+    database.upgrade(url)
+    return url
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("data")
 
 
 @pytest.fixture(scope="session")
-def service_env(redis_url: str, data_dir: Path) -> dict[str, str]:
+def service_env(redis_url: str, data_dir: Path, request: pytest.FixtureRequest
+                ) -> dict[str, str]:
     """Environment for app and worker processes of the test session."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
     env.update(
@@ -85,6 +114,8 @@ def service_env(redis_url: str, data_dir: Path) -> dict[str, str]:
         # one key sends every test's estimates; test_precompute.py tests the limit itself
         PRIVRELEASE_ESTIMATE_RATE_LIMIT="off",
     )
+    if TEST_STORE == "postgres":
+        env["PRIVRELEASE_DATABASE_URL"] = request.getfixturevalue("database_url")
     return env
 
 

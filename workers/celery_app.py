@@ -39,9 +39,11 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + config.sweep_interval
                 sweep_if_due(svc, config.sweep_interval, max_resends=config.max_resends)
-                sweep_orphans_if_due(svc.client, svc.datasets)  # survives file-system errors
-                if svc.ledger.audit:  # logs and survives file-system errors too
-                    archive_if_due(svc.client, svc.ledger.audit, config.sweep_interval,
+                # survives file-system errors
+                sweep_orphans_if_due(svc.client, svc.ledger, svc.datasets)
+                audit = getattr(svc.ledger, "audit", None)  # the Valkey store's archive
+                if audit is not None:  # logs and survives file-system errors too
+                    archive_if_due(svc.client, audit, config.sweep_interval,
                                    config.audit_hot_seconds)
         stop.wait(min(HEARTBEAT_SECONDS, config.sweep_interval))
     with contextlib.suppress(redis.RedisError):

@@ -47,8 +47,7 @@ def run_release(self: Task, release_id: str) -> str:
         status = run.execute(svc, release_id, self.request.hostname or "worker")
     except run.LeaseHeld as held:
         raise self.retry(countdown=svc.config.lease_seconds, max_retries=None) from held
-    if status in {"succeeded", "failed"} and notify.wanted(svc.client, svc.documents,
-                                                           release_id):
+    if status in {"succeeded", "failed"} and notify.wanted(svc.ledger, release_id):
         svc.queue.notify(release_id)
     return status
 
@@ -59,7 +58,7 @@ def run_release(self: Task, release_id: str) -> str:
 def send_notification(self: Task, release_id: str) -> bool:
     """POST the release document to its callback_url, signed; retried with backoff."""
     svc = services()
-    return notify.deliver(svc.client, svc.config, release_id)
+    return notify.deliver(svc.client, svc.ledger, svc.config, release_id)
 
 
 @app.task(name=queue.PRICE_RELEASE, bind=True, acks_late=True)
@@ -68,7 +67,7 @@ def price_release(self: Task, release_id: str) -> str:
     ``refused`` and send its notification."""
     svc = services()
     status = submit.price(svc, release_id)
-    if status == "refused" and notify.wanted(svc.client, svc.documents, release_id):
+    if status == "refused" and notify.wanted(svc.ledger, release_id):
         svc.queue.notify(release_id)
     return status
 

@@ -37,7 +37,6 @@ from service.api.schemas import (
 from service.ingest import PARQUET_TYPE, IngestError, iter_upload, parse_metadata
 from service.releases import pricing
 from service.storage import index
-from service.storage.event_archive import parse_id
 from service.storage.ledger import CapError
 
 blp = Blueprint("datasets", __name__, url_prefix="/v1/datasets", description="Datasets")
@@ -66,7 +65,7 @@ def dataset_or_404(dataset_id: str) -> dict[str, Any]:
     before anything of it (or of the request body) is looked at."""
     not_found = APIError(404, "no such dataset", code="not_found")
     check_dataset_grant(dataset_id, not_found)
-    doc = datasets.get(wiring.current().client, dataset_id)
+    doc = datasets.get(wiring.current().ledger, dataset_id)
     if doc is None:
         raise not_found
     return doc
@@ -114,18 +113,17 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
     file again; the same key with other metadata is 422 idempotency_mismatch.
     """
     config = current_app.config["PRIVRELEASE"]
-    client = wiring.current().client
     idem_key = inputs.idempotency_key(current_key().id)
     idem = None
     if idem_key is not None:
         fingerprint = hashlib.sha256(b"upload\0" + metadata.encode()).hexdigest()
         idem = datasets.Idempotency(idem_key, fingerprint, config.idempotency_ttl)
         try:
-            first = datasets.idempotent(client, idem)
+            first = datasets.idempotent(wiring.current().ledger, idem)
         except datasets.IdempotencyMismatch:
             raise errors.idempotency_mismatch() from None
         if first is not None:  # answered as the first time: with its warnings
-            return _with_warnings(client, first)
+            return _with_warnings(first)
     raw_meta = _decode_metadata(metadata)
     sha256 = _file_sha256(file.stream)
     try:
@@ -135,19 +133,19 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
         chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
                              content_type=file.mimetype)
         doc = datasets.register(
-            client, wiring.current().datasets, wiring.current().ledger,
+            wiring.current().datasets, wiring.current().ledger,
             spec, caps, chunks, current_key().id, idem, sha256=sha256,
         )
     except (IngestError, budget.AmountError) as err:
         raise _invalid(err.field, err.message) from None
     except datasets.IdempotencyMismatch:
         raise errors.idempotency_mismatch() from None
-    return _with_warnings(client, doc)
+    return _with_warnings(doc)
 
 
-def _with_warnings(client: Any, doc: dict[str, Any]) -> dict[str, Any]:
+def _with_warnings(doc: dict[str, Any]) -> dict[str, Any]:
     """The upload's answer: the document, with ``warnings`` when it may be a re-upload."""
-    warnings = datasets.reupload_warnings(client, doc)
+    warnings = datasets.reupload_warnings(wiring.current().ledger, doc)
     return {**doc, "warnings": warnings} if warnings else doc
 
 
@@ -193,7 +191,7 @@ def list_datasets(limit: int = 100, cursor: str | None = None,
     """
     key = current_key()
     limit = min(max(limit, 1), 1000)
-    docs, nxt = datasets.page(wiring.current().client, limit, index.Cursor.decode(cursor),
+    docs, nxt = datasets.page(wiring.current().ledger, limit, index.Cursor.decode(cursor),
                               None if key.datasets is None else frozenset(key.datasets))
     return [listed(d, expand) for d in docs], responses.page_headers(nxt)
 
@@ -211,8 +209,8 @@ def show(dataset_id: str, expand: list[str] | None = None) -> dict[str, Any]:
     doc = listed(dataset_or_404(dataset_id), expand)
     doc = {**doc, "notion_lock": wiring.current().ledger.notion_lock(dataset_id)}
     if current_key().role == "operator":
-        redis_client = wiring.current().client
-        doc = {**doc, "holdout_exposure": datasets.holdout_exposure(redis_client, dataset_id)}
+        doc = {**doc, "holdout_exposure": datasets.holdout_exposure(wiring.current().ledger,
+                                                                    dataset_id)}
     return doc
 
 
@@ -271,7 +269,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
         raise APIError(409, "the dataset is retired: it takes no new version",
                        code="dataset_retired", field="dataset_id")
     config = current_app.config["PRIVRELEASE"]
-    client, ledger = wiring.current().client, wiring.current().ledger
+    ledger = wiring.current().ledger
     idem_key = inputs.idempotency_key(current_key().id)
     idem = None
     if idem_key is not None:
@@ -280,7 +278,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
                                      + (metadata or "").encode()).hexdigest()
         idem = datasets.Idempotency(idem_key, fingerprint, config.idempotency_ttl)
         try:
-            first = datasets.idempotent_version(client, idem)
+            first = datasets.idempotent_version(ledger, idem)
         except datasets.IdempotencyMismatch:
             raise errors.idempotency_mismatch() from None
         if first is not None:
@@ -305,7 +303,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
         sha256 = _file_sha256(file.stream)
         chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
                              content_type=file.mimetype)
-        entry = datasets.add_version(client, wiring.current().datasets, ledger,
+        entry = datasets.add_version(wiring.current().datasets, ledger,
                                      dataset_id, spec, chunks, current_key().id,
                                      make_current=make_current, sha256=sha256,
                                      idempotency=idem)
@@ -315,7 +313,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
         raise _version_error(err) from None
     except datasets.IdempotencyMismatch:
         raise errors.idempotency_mismatch() from None
-    doc = datasets.get(client, dataset_id) or doc
+    doc = datasets.get(ledger, dataset_id) or doc
     return version_doc(doc, entry)
 
 
@@ -356,7 +354,7 @@ def patch_version(body: dict[str, Any], dataset_id: str, version: int) -> dict[s
         raise _invalid("current", "give one of current=true or status=retired")
     try:
         doc = datasets.change_version(
-            wiring.current().client, wiring.current().ledger, dataset_id,
+            wiring.current().ledger, dataset_id,
             version, current_key().id, current="current" in body, retire="status" in body)
         return version_doc(doc, datasets.find_version(doc, version))
     except datasets.VersionError as err:
@@ -372,7 +370,7 @@ def retire(dataset_id: str) -> dict[str, Any]:
     dataset_or_404(dataset_id)
     key = current_key()
     wiring.current().ledger.retire(dataset_id, key.id)
-    return datasets.set_status(wiring.current().client, dataset_id, "retired")
+    return datasets.set_status(wiring.current().ledger, dataset_id, "retired")
 
 
 def _rows(table: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
@@ -500,14 +498,8 @@ def audit(dataset_id: str, kind: list[str] | None = None, since: datetime | None
     Lines for export, read in batches.
     """
     dataset_or_404(dataset_id)
-    position = index.stream_position(cursor)
-    # stream ids are milliseconds since the epoch and never negative: clamp earlier times
-    since_ms = max(0, int(since.timestamp() * 1000)) if since else -1
-    start = f"{since_ms}-0" if since else "-"
-    if position is not None and parse_id(position) >= (since_ms, 0):
-        start = f"({position}"
-    end = str(max(0, int(until.timestamp() * 1000))) if until else "+"
     ledger = wiring.current().ledger
+    start, end = ledger.audit_range(since, until, index.stream_position(cursor))
     kinds = set(kind) if kind else None
     if format == "jsonl":
         lines = (json.dumps(_with_amounts(e), sort_keys=True) + "\n"

@@ -12,6 +12,7 @@ from service.api.problems import APIError
 from service.api.responses import problems
 from service.api.schemas import HealthSchema, ReadySchema
 from service.releases.queue import live_workers
+from service.storage.store import DOWN
 
 blp = Blueprint("health", __name__, description="Liveness and readiness")
 
@@ -29,12 +30,18 @@ def healthz() -> dict[str, Any]:
 @problems(blp, 503)
 @blp.response(200, ReadySchema)
 def readyz() -> dict[str, Any]:
-    """Valkey answers and at least one worker sent a heartbeat to this Valkey run.
+    """The system of record and Valkey answer, and at least one worker sent a heartbeat
+    to this Valkey run.
 
     A heartbeat restored from the AOF after a restart does not count
     (:func:`service.releases.queue.live_workers`).
     """
     client: redis.Redis = wiring.current().client
+    try:
+        wiring.current().ledger.ping()
+    except DOWN:
+        raise APIError(503, "the system of record is not reachable",
+                       code="unavailable") from None
     try:
         workers = live_workers(client)
     except redis.RedisError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +16,8 @@ from service.api.responses import AUTH, problems
 from service.api.schemas import PAGE_HEADERS, JobListQuerySchema, JobSchema, ReleaseSchema
 from service.apikeys import parse_time
 from service.releases import documents, queue
-from service.storage import index, rkeys
+from service.storage import index
+from service.storage.store import ReleaseView
 
 blp = Blueprint("jobs", __name__, url_prefix="/v1/jobs", description="Jobs")
 
@@ -49,7 +51,7 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
     Read from the pending and failed indexes (per dataset for a key limited to some),
     never from every release; a page may hold fewer than ``limit`` jobs.
     """
-    client = wiring.current().client
+    store = wiring.current().ledger
     limit = min(max(limit, 1), 1000)
     after = index.Cursor.decode(cursor)
     if after is not None and after.phase not in {PENDING, FAILED}:
@@ -63,24 +65,20 @@ def list_jobs(status: str | None = None, limit: int = 100, cursor: str | None = 
     else:
         phases = ([PENDING] if status in PENDING_STATUSES else [FAILED] if status
                   else [PENDING, FAILED])
-    index.ensure_release_indexes(client, wiring.current().documents)
     key = current_key()
     jobs: list[dict[str, Any]] = []
     left, nxt = limit, None
     for phase in phases:
-        if key.datasets is None:
-            keys = [rkeys.PENDING if phase == PENDING else rkeys.FAILED]
-        else:
-            per = rkeys.dataset_pending if phase == PENDING else rkeys.dataset_failed
-            keys = [per(d) for d in sorted(key.datasets)]
+        view = ReleaseView("pending" if phase == PENDING else "failed",
+                           None if key.datasets is None else frozenset(key.datasets))
         here = after if after is not None and after.phase == phase else None
-        ids, nxt = index.page(client, keys, left, here, newest_first=phase == FAILED,
-                              phase=phase)
+        ids, nxt = store.release_page(view, left, here)
+        if nxt is not None:
+            nxt = dataclasses.replace(nxt, phase=phase)
         left -= len(ids)  # a page reads at most ``limit`` ids, however many are shown
-        for doc in documents.documents(client, ids, wiring.current().documents):
+        for doc in documents.documents(store, ids):
             if phase == PENDING and doc["status"] not in PENDING_STATUSES:
-                # ended while the one-time backfill indexed it: drop the stale entry
-                client.zrem(rkeys.dataset_pending(doc["dataset_id"]), doc["id"])
+                store.drop_pending(doc["id"])  # an index entry left behind: drop it
                 continue
             if may_use(doc["dataset_id"]) and (status is None or doc["status"] == status):
                 jobs.append(_job(doc))
@@ -101,8 +99,8 @@ def cancel(release_id: str) -> dict[str, Any]:
     """Cancel a job that has not started and refund its reservation (one still pricing
     holds nothing: it is cancelled, and its pricing job then reserves nothing); 409 once
     running."""
-    client = wiring.current().client
-    doc = documents.document(client, release_id, wiring.current().documents)
+    store = wiring.current().ledger
+    doc = documents.document(store, release_id)
     if doc is None or not may_use(doc["dataset_id"]):
         raise APIError(404, "no such job", code="not_found")
     outcome = wiring.current().ledger.cancel(doc["dataset_id"], release_id,
@@ -114,6 +112,6 @@ def cancel(release_id: str) -> dict[str, Any]:
         raise APIError(409, f"the job already ended ({doc['status']})", code="job_finished")
     # the queued message is now harmless (the worker skips ended releases); drop it early
     wiring.current().queue.revoke([release_id, queue.pricing_task_id(release_id)])
-    cancelled = documents.document(client, release_id, wiring.current().documents)
+    cancelled = documents.document(store, release_id)
     assert cancelled is not None
     return cancelled

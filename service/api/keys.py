@@ -43,7 +43,7 @@ def create(body: dict[str, Any]) -> dict[str, Any]:
     if grants is not None:
         for i, dataset_id in enumerate(grants):
             # a dataset the creating key may not use is answered as one that does not exist
-            if not may_use(dataset_id) or datasets.get(client, dataset_id) is None:
+            if not may_use(dataset_id) or datasets.get(wiring.current().ledger, dataset_id) is None:
                 raise APIError(422, "no such dataset", code="validation_error",
                                field=f"datasets.{i}")
     expires = body.get("expires_at")

@@ -39,7 +39,8 @@ from prometheus_client.registry import Collector
 from service import budget, wiring
 from service.api.problems import PROBLEM_TYPE, APIError
 from service.config import Config
-from service.storage import release_metrics, rkeys
+from service.storage import release_metrics
+from service.storage.store import DOWN, Store
 
 log = logging.getLogger("privrelease.observability")
 access_log = logging.getLogger("privrelease.access")
@@ -189,10 +190,11 @@ class ClusterCollector(Collector):
     (the newest) are read, so a scrape stays cheap with many datasets.
     """
 
-    def __init__(self, client: redis.Redis, queue: str | tuple[str, ...],
+    def __init__(self, client: redis.Redis, ledger: Store, queue: str | tuple[str, ...],
                  max_datasets: int) -> None:
         self.queues = (queue,) if isinstance(queue, str) else tuple(queue)
-        self.client, self.max_datasets = client, max(0, max_datasets)
+        self.client, self.ledger = client, ledger
+        self.max_datasets = max(0, max_datasets)
 
     def describe(self) -> Iterable[Metric]:
         return []  # nothing to check at registration; no Redis call before a scrape
@@ -202,7 +204,7 @@ class ClusterCollector(Collector):
                                "1 if the cluster metrics could be read from Redis")
         try:
             metrics = self._read()
-        except redis.RedisError as err:
+        except DOWN as err:
             log.warning("cluster metrics unavailable", extra={"error_type": type(err).__name__})
             up.add_metric([], 0)
             yield up
@@ -215,17 +217,12 @@ class ClusterCollector(Collector):
         pipe = self.client.pipeline(transaction=False)
         for name in self.queues:
             pipe.llen(name)
-        pipe.zcard(rkeys.DATASETS)
-        pipe.zrevrange(rkeys.DATASETS, 0, self.max_datasets - 1)
         pipe.hgetall(release_metrics.RELEASES)
         pipe.hgetall(release_metrics.RUNTIME)
-        *depths, n_datasets, ids, releases, runtime = pipe.execute()
-        if self.max_datasets == 0:
-            ids = []
-        pipe = self.client.pipeline(transaction=False)
-        for dataset_id in ids:
-            pipe.hgetall(rkeys.ledger(dataset_id))
-        ledgers = pipe.execute() if ids else []
+        *depths, releases, runtime = pipe.execute()
+        n_datasets = self.ledger.dataset_count()
+        ids = self.ledger.datasets_page(self.max_datasets)[0] if self.max_datasets else []
+        ledgers = [self.ledger.balance(dataset_id) for dataset_id in ids]
 
         queue = GaugeMetricFamily("privrelease_queue_depth",
                                   "Jobs waiting in the Celery queue", labels=["queue"])
@@ -238,26 +235,14 @@ class ClusterCollector(Collector):
             "Cap minus committed minus reserved, in the measure's own unit "
             "(newest datasets only, see PRIVRELEASE_METRICS_MAX_DATASETS)",
             labels=["dataset", "measure"])
-        for dataset_id, fields in zip(ids, ledgers, strict=True):
-            for measure, value in _remaining(fields).items():
+        for dataset_id, rows in zip(ids, ledgers, strict=True):
+            for measure, row in rows.items():
+                try:
+                    value = budget.display(measure, row["remaining"])
+                except KeyError:  # a measure this version does not know: skip it
+                    continue
                 remaining.add_metric([dataset_id, measure], value)
         return [queue, datasets, remaining, *_release_metrics(releases, runtime)]
-
-
-def _remaining(fields: dict[str, str]) -> dict[str, float]:
-    """Per measure, as ``Ledger.budget`` computes it (allocation fields ignored)."""
-    rows: dict[str, dict[str, int]] = {}
-    for name, value in fields.items():
-        kind, _, measure = name.partition(":")
-        if kind in {"cap", "committed", "reserved"} and measure:
-            rows.setdefault(measure, {"cap": 0, "committed": 0, "reserved": 0})[kind] = int(value)
-    out: dict[str, float] = {}
-    for measure, row in rows.items():
-        try:
-            out[measure] = budget.display(measure, row["cap"] - row["committed"] - row["reserved"])
-        except KeyError:  # a measure this version does not know: skip, do not fail the scrape
-            continue
-    return out
 
 
 def _release_metrics(releases: dict[str, str], runtime: dict[str, str]) -> list[Metric]:
@@ -299,7 +284,8 @@ def _registry(app: Flask, config: Config) -> CollectorRegistry:
     from service.releases.queue import QUEUES  # releases, analyses and pricing jobs wait apart
     # dataset ids and budgets only go to an authenticated scraper
     per_dataset = config.metrics_max_datasets if config.metrics_token else 0
-    registry.register(ClusterCollector(wiring.of(app).client, QUEUES, per_dataset))
+    services = wiring.of(app)
+    registry.register(ClusterCollector(services.client, services.ledger, QUEUES, per_dataset))
     return registry
 
 

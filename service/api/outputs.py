@@ -35,8 +35,7 @@ blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
 def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
     """The release, once succeeded; a release of a dataset the key may not use is
     answered as one that does not exist, before its status is looked at."""
-    doc = documents.document(wiring.current().client, release_id,
-                            wiring.current().documents)
+    doc = documents.document(wiring.current().ledger, release_id)
     not_found = APIError(404, "no such release", code="not_found", field=field)
     if doc is None:
         raise not_found
@@ -57,7 +56,7 @@ def data(release_id: str) -> Response:
     row order (the same for every release of the dataset; see mechanisms.rows)."""
     _succeeded(release_id)
     config = current_app.config["PRIVRELEASE"]
-    attempt = documents.table_attempt(wiring.current().client, release_id)
+    attempt = documents.table_attempt(wiring.current().ledger, release_id)
     table = OutputStore(config.releases_dir).load(release_id, attempt)
     if table is None:
         raise APIError(404, "this release has no record-level data", code="not_found")
@@ -161,8 +160,8 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
                            code="validation_error", field=f"releases.{i}")
         other_docs.append(other_doc)
     try:
-        main = analyses.view(client, outputs, doc)
-        views = [analyses.view(client, outputs, d) for d in other_docs]
+        main = analyses.view(wiring.current().ledger, outputs, doc)
+        views = [analyses.view(wiring.current().ledger, outputs, d) for d in other_docs]
         analysis.check(main, params, views)
         work = analysis.work(main, params, views)
     except mechanisms.MechanismInputError as err:
@@ -188,8 +187,7 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
 
 def _release(release_id: str) -> dict[str, Any]:
     """The release (any status), answered as missing for a dataset the key may not use."""
-    doc = documents.document(wiring.current().client, release_id,
-                            wiring.current().documents)
+    doc = documents.document(wiring.current().ledger, release_id)
     not_found = APIError(404, "no such release", code="not_found")
     if doc is None:
         raise not_found

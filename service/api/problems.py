@@ -6,6 +6,8 @@ import errno
 import logging
 from typing import Any
 
+import psycopg
+import psycopg_pool
 import redis
 from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
@@ -26,12 +28,13 @@ PROBLEM_TYPE = "application/problem+json"
 #: right; the bundled client also backs off on its own between retries.
 RETRY_AFTER_SECONDS = 2
 
-#: Errors meaning Valkey (the ledger, keys, releases, and the job broker) cannot be
-#: reached right now, not that the request is wrong: redis-py's connection and
-#: timeout errors (BusyLoadingError, while Valkey replays its AOF, is a
-#: ConnectionError) and kombu's error when a task cannot be published.
+#: Errors meaning the system of record (PostgreSQL, or Valkey before it), Valkey (keys,
+#: the job broker) cannot be reached right now, not that the request is wrong:
+#: redis-py's connection and timeout errors (BusyLoadingError, while Valkey replays its
+#: AOF, is a ConnectionError), kombu's error when a task cannot be published, psycopg's
+#: OperationalError (a server away, a failover) and a pool with no free connection.
 UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-               OperationalError)
+               OperationalError, psycopg.OperationalError, psycopg_pool.PoolTimeout)
 
 _CODES = {
     400: "bad_request",

@@ -23,7 +23,8 @@ from service.api.schemas import (
     ReleaseSchema,
 )
 from service.releases import documents, pricing, submit
-from service.storage import index, rkeys
+from service.storage import index
+from service.storage.store import ReleaseView
 
 blp = Blueprint("releases", __name__, url_prefix="/v1/releases", description="Releases")
 
@@ -50,7 +51,7 @@ def _submit_checks(body: dict[str, Any]) -> None:
 def _document(release_id: str) -> dict[str, Any]:
     """The release, if it exists and the key may see its dataset; else the same 404."""
     svc = wiring.current()
-    doc = documents.document(svc.client, release_id, svc.documents)
+    doc = documents.document(svc.ledger, release_id)
     if doc is None or not may_use(doc["dataset_id"]):
         raise APIError(404, "no such release", code="not_found")
     return doc
@@ -136,22 +137,22 @@ def list_releases(limit: int, dataset_id: str | None = None, cursor: str | None 
     page's cursor is in ``X-Next-Cursor`` (and ``Link``); a page may hold fewer than
     ``limit`` releases, and the list ends when no cursor comes back.
     """
-    client = wiring.current().client
+    store = wiring.current().ledger
     limit = min(max(limit, 1), 1000)
     after = index.Cursor.decode(cursor)
     key = current_key()
-    index.ensure_release_indexes(client, wiring.current().documents)
+    view: ReleaseView | None
     if mine:
-        keys = [rkeys.key_releases(key.id)]
+        view = ReleaseView("key", key_id=key.id)
     elif dataset_id is not None:
-        keys = [rkeys.dataset_releases(dataset_id)] if may_use(dataset_id) else []
+        view = ReleaseView("datasets", frozenset({dataset_id})) if may_use(dataset_id) else None
     elif key.datasets is None:
-        keys = [rkeys.RELEASES]
+        view = ReleaseView("all")
     else:
-        keys = [rkeys.dataset_releases(d) for d in sorted(key.datasets)]
-    ids, nxt = index.page(client, keys, limit, after)
+        view = ReleaseView("datasets", frozenset(key.datasets))
+    ids, nxt = store.release_page(view, limit, after) if view is not None else ([], None)
     out = []
-    for doc in documents.documents(client, ids, wiring.current().documents):
+    for doc in documents.documents(store, ids):
         if dataset_id and doc["dataset_id"] != dataset_id:
             continue
         if may_use(doc["dataset_id"]):  # a grant narrowed after the release was made

@@ -120,8 +120,12 @@ def _migrate_policy(args: argparse.Namespace) -> int:
     """Run ``service.policy.migrate`` against PRIVRELEASE_REDIS_URL; safe while the
     service runs (a compare-and-set per dataset)."""
     from service import budget, policy, wiring
+    from service.storage.ledger import Ledger
 
     svc = wiring.build(Config.from_env(), "worker")
+    if not isinstance(svc.ledger, Ledger):
+        print("nothing to migrate: on PostgreSQL every dataset has its policy written down")
+        return 0
     done = policy.migrate(svc.client, svc.ledger)
     print(f"recorded the legacy policy of {len(done.datasets)} dataset(s)"
           + "".join(f"; {d}: allocations of {', '.join(k)} marked legacy"

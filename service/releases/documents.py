@@ -1,8 +1,5 @@
-"""The public release document (DESIGN §4), rendered from the release's stored fields.
-
-A pending release's fields live in its Valkey hash; a finished one's request and result
-in the document store (``service.storage.release_documents``), which the hash points to.
-"""
+"""The public release document (DESIGN §4), rendered from the release's stored fields
+(``service.storage.store.Store.release``)."""
 
 from __future__ import annotations
 
@@ -11,48 +8,34 @@ import math
 from typing import Any
 
 import numpy as np
-import redis
 
 import mechanisms
 from service.releases import pricing
 from service.releases.request import JobRequest
-from service.storage import rkeys
-from service.storage.release_documents import DocumentStore, fields
+from service.storage.store import Store
 
 
-def document(client: redis.Redis, release_id: str,
-             docs: DocumentStore | None) -> dict[str, Any] | None:
-    """The public release document (DESIGN §4), or None; a finished release's request and
-    result are read from ``docs`` (service.storage.release_documents), older ones from the hash."""
-    raw = client.hgetall(rkeys.release(release_id))
-    if not raw:
-        return None
-    return render(release_id, raw, docs)
+def document(store: Store, release_id: str) -> dict[str, Any] | None:
+    """The public release document (DESIGN §4), or None."""
+    h = store.release(release_id)
+    return None if h is None else render(release_id, h)
 
 
-def documents(client: redis.Redis, ids: list[str],
-              docs: DocumentStore | None) -> list[dict[str, Any]]:
-    """The documents of ``ids`` in one round trip, in order (ids without one left out):
-    a page of N releases reads N hashes and at most 2 N small files, nothing else."""
-    pipe = client.pipeline(transaction=False)
-    for release_id in ids:
-        pipe.hgetall(rkeys.release(release_id))
-    return [render(release_id, raw, docs)
-            for release_id, raw in zip(ids, pipe.execute(), strict=True) if raw]
+def documents(store: Store, ids: list[str]) -> list[dict[str, Any]]:
+    """The documents of ``ids`` in one round trip, in order (ids without one left out)."""
+    return [render(release_id, h) for release_id, h in store.releases(ids)]
 
 
-def table_attempt(client: redis.Redis, release_id: str) -> int:
+def table_attempt(store: Store, release_id: str) -> int:
     """Which run's table is the release's, as its commit recorded (release tables live
-    per run, ``service.storage.release_tables``); releases committed before runs were numbered kept
-    theirs as run 1."""
-    return int(client.hget(rkeys.release(release_id), "table") or 1)
+    per run, ``service.storage.release_tables``); releases committed before runs were
+    numbered kept theirs as run 1."""
+    h = store.release(release_id) or {}
+    return int(h.get("table") or 1)
 
 
-def render(release_id: str, h: dict[str, str],
-           docs: DocumentStore | None = None) -> dict[str, Any]:
-    """The document from the release's stored fields (status, request, output, ...), its
-    request and output read from ``docs`` where the hash points there."""
-    h = fields(docs, release_id, h)
+def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
+    """The document from the release's stored fields (``service.storage.store``)."""
     req = JobRequest.from_json(h["request"])
     doc: dict[str, Any] = {
         "id": release_id,

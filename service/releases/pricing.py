@@ -34,7 +34,6 @@ from types import TracebackType
 from typing import Any
 
 import marshmallow
-import redis
 
 import mechanisms
 from mechanisms import precompute, zcdp
@@ -42,9 +41,7 @@ from service import budget, datasets
 from service.config import Config
 from service.errors import Failed, Invalid, NotFound, Retired, ServiceError, by_status
 from service.releases.request import JobRequest, request_fingerprint
-from service.storage import rkeys
-from service.storage.ledger import Ledger
-from service.storage.release_documents import DocumentStore, request_of
+from service.storage.store import Store
 
 # ------------------------------------------------ heavy parts: never cold in the API
 
@@ -219,10 +216,10 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
                        field=work.field, work=work.units, limit=limit)
 
 
-def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
+def prepare(ledger: Store, body: dict[str, Any], *,
             allow_seeds: bool, max_work: float | None = None) -> Prepared:
     """Validate a release request against its mechanism and dataset; compute the cost."""
-    doc = datasets.get(client, body["dataset_id"])
+    doc = datasets.get(ledger, body["dataset_id"])
     if doc is None:
         raise no_such_dataset()
     if doc.get("status") != "active":
@@ -268,7 +265,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         for m, row in ledger.balance(doc["id"]).items()})
     try:
         for i, ref_id in enumerate(mech.reference_datasets(params)):
-            ref = datasets.get(client, ref_id)
+            ref = datasets.get(ledger, ref_id)
             if ref is None or not ref.get("public"):
                 raise Invalid("not a registered public reference dataset",
                                code="validation_error", field=f"params.reference.{i}")
@@ -280,8 +277,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
-        history = charge_on_history(client, doc, mech, params, cost, meta, charged,
-                                    ledger.documents)
+        history = charge_on_history(ledger, doc, mech, params, cost, meta, charged)
         report = history.report
         if report is not None:
             accuracy = {**accuracy, "composition": report}
@@ -321,7 +317,7 @@ def prepare(client: redis.Redis, ledger: Ledger, body: dict[str, Any], *,
                     notion_lock=budget.notion_lock(charged, doc), privacy=privacy)
 
 
-def estimate(ledger: Ledger, prepared: Prepared, key_id: str) -> dict[str, Any]:
+def estimate(ledger: Store, prepared: Prepared, key_id: str) -> dict[str, Any]:
     """A dry run's answer: cost, accuracy, what this key may still spend of each measure
     and whether the cost fits. What is left is the dataset's remainder, or the key's
     allocation's if smaller; a listed allocation allows none of a measure it does not
@@ -362,18 +358,17 @@ class HistoryCharge:
     privacy: dict[str, Any] | None = None
 
 
-def charge_on_history(client: redis.Redis, doc: dict[str, Any], mech: mechanisms.Mechanism,
+def charge_on_history(ledger: Store, doc: dict[str, Any], mech: mechanisms.Mechanism,
                       params: dict[str, Any], cost: dict[str, Fraction],
                       meta: mechanisms.DatasetMeta,
-                      charged: dict[str, Fraction],
-                      docs: DocumentStore | None) -> HistoryCharge:
+                      charged: dict[str, Fraction]) -> HistoryCharge:
     """The charge of a release given the dataset's earlier releases (this version): the
     mechanism's ``composed`` charge on the measures it names, else ``charged``. An
     interval release pays its standalone bound (Thm 4, additive), which holds for designs
     chosen after seeing earlier outputs (``mechanisms.interval.composition.price``); the
     exact joint leakage of its column is reported, not charged."""
     def history() -> list[dict[str, Any]]:
-        return earlier_releases(client, doc, docs)
+        return earlier_releases(ledger, doc)
 
     composed = mech.composed(params, cost, meta, history)
     if composed is None:
@@ -482,34 +477,22 @@ def zcdp_statement(doc: dict[str, Any], rho: Fraction) -> dict[str, Any]:
 MAX_EARLIER_RELEASES = 256
 
 
-def earlier_releases(client: redis.Redis, dataset: dict[str, Any],
-                     docs: DocumentStore | None) -> list[dict[str, Any]]:
+def earlier_releases(ledger: Store, dataset: dict[str, Any]) -> list[dict[str, Any]]:
     """The dataset's releases (this version) as ``Mechanism.composition`` reads them, oldest
     first: mechanism, params, status, the mechanism's exact ``cost`` per measure, the ledger
     ``units`` it holds and whether a failed one was ``charged`` (failed after reading the
-    data). Public designs and statuses
-    only: nothing the data decides (a finished release's request is read from ``docs``,
-    service.storage.release_documents)."""
-    key = rkeys.dataset_releases(dataset["id"])
-    total = client.zcard(key)
-    ids = client.zrange(key, -MAX_EARLIER_RELEASES, -1)
-    pipe = client.pipeline(transaction=False)
-    for release_id in ids:
-        pipe.hmget(rkeys.release(release_id), "request", "status", "charged", "doc")
+    data). Public designs and statuses only: nothing the data decides."""
+    total, rows = ledger.dataset_history(dataset["id"], MAX_EARLIER_RELEASES)
     out: list[dict[str, Any]] = []
     if total > MAX_EARLIER_RELEASES:
         out.append({"status": "truncated"})
-    for release_id, (raw, status, charged, sha) in zip(ids, pipe.execute(), strict=True):
-        h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
-        stored = request_of(docs, release_id, h)
-        if stored is None:
-            continue
-        req = JobRequest.from_dict(stored)
+    for h in rows:
+        req = JobRequest.from_json(h["request"])
         if req.dataset_version != dataset.get("version"):
             continue
-        out.append({"mechanism": req.mechanism, "params": req.params, "status": status,
+        out.append({"mechanism": req.mechanism, "params": req.params, "status": h["status"],
                     "cost": req.exact_cost(), "units": req.cost_units,
-                    "charged": charged == "1"})
+                    "charged": h.get("charged") == "1"})
     return out
 
 

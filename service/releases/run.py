@@ -40,11 +40,12 @@ from service import datasets
 from service.errors import STORAGE_DOWN, STORAGE_FULL
 from service.releases.documents import to_json
 from service.releases.request import JobRequest
-from service.storage import release_metrics, rkeys
+from service.storage import release_metrics
 from service.storage.dataset_files import DatasetStore
-from service.storage.ledger import Ledger, Run, Settled
+from service.storage.ledger import Run, Settled
 from service.storage.release_documents import DocumentStore
 from service.storage.release_tables import INLINE_ROWS, OutputStore, records
+from service.storage.store import DOWN, Store
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.worker")
@@ -55,7 +56,7 @@ FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mec
 
 
 @contextmanager
-def _lease(ledger: Ledger, run: Run) -> Iterator[threading.Event]:
+def _lease(ledger: Store, run: Run) -> Iterator[threading.Event]:
     """Renew the run's lease while it works; the event is set once the run lost it."""
     stop, lost = threading.Event(), threading.Event()
 
@@ -65,7 +66,7 @@ def _lease(ledger: Ledger, run: Run) -> Iterator[threading.Event]:
                 if not ledger.renew_lease(run):
                     lost.set()
                     return
-            except redis.RedisError:  # Valkey away for a moment: the next renewal retries
+            except DOWN:  # the record away for a moment: the next renewal retries
                 continue
 
     thread = threading.Thread(target=renew, daemon=True, name="privrelease-lease")
@@ -77,6 +78,8 @@ def _lease(ledger: Ledger, run: Run) -> Iterator[threading.Event]:
         thread.join()
 
 
+#: a release still to run (``Store.release``'s statuses); any other has ended
+PENDING = frozenset({"queued", "running"})
 #: runs of one release that may read its data; a job whose runs all died after reading it
 #: (worker killed, lost, out of memory) is then charged and failed, not run again
 MAX_RUNS = 3
@@ -107,21 +110,21 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
     'skipped' when the job had ended, 'missing' when it does not exist.
     """
     client, ledger = svc.client, svc.ledger
-    raw, status = client.hmget(rkeys.release(release_id), "request", "status")
-    if raw is None:
-        if status is not None:  # ended: its request moved to the document store
-            return "skipped"
+    h = ledger.release(release_id)
+    if h is None:
         log.warning("release not found", extra={"release_id": release_id})
         return "missing"
-    req = JobRequest.from_json(raw)
+    if h.get("status") not in PENDING:
+        return "skipped"
+    req = JobRequest.from_json(h["request"])
     dataset_id, mechanism = req.dataset_id, req.mechanism
     run = ledger.mark_running(release_id, worker)
     if run is None:
-        if client.hget(rkeys.release(release_id), "status") == "running":
+        if (ledger.release(release_id) or {}).get("status") == "running":
             raise LeaseHeld(release_id)
         return "skipped"
     started = time.perf_counter()
-    if run.attempt > MAX_RUNS and client.hget(rkeys.release(release_id), "data_read"):
+    if run.attempt > MAX_RUNS and (ledger.release(release_id) or {}).get("data_read"):
         # earlier runs read the data and died (a crash the data may cause would repeat
         # forever): charged, and the same message as any failure after the read
         log.error("release failed: its runs kept dying after reading the data",
@@ -140,7 +143,7 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
 
     with _lease(ledger, run):
         try:
-            job = _public_inputs(client, svc.datasets, req)
+            job = _public_inputs(ledger, svc.datasets, req)
             # the output's room before the data: a store that cannot take it is refunded
             svc.documents.preflight(release_id, run.attempt)
         except Exception as err:  # nothing of the data read yet: refund, say why
@@ -163,11 +166,11 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
             return finish(ledger.fail(dataset_id, run, json.dumps(FAILED_AFTER_READ)),
                           "failed")
     outcome = ledger.commit(dataset_id, run, payload, table, result_stored=True)
-    settle_files(client, svc.documents, svc.outputs, run, outcome, table)
+    settle_files(ledger, svc.documents, svc.outputs, run, outcome, table)
     if outcome == "settled":
         try:
-            datasets.record_holdout(client, dataset_id, payload)
-        except redis.RedisError:  # the release stands; only the operator's count misses it
+            datasets.record_holdout(ledger, dataset_id, payload)
+        except DOWN:  # the release stands; only the operator's count misses it
             log.error("hold-out exposure not recorded", extra={"release_id": release_id})
     return finish(outcome, "succeeded")
 
@@ -184,7 +187,7 @@ def _refund_message(err: Exception) -> str:
     return f"job failed before reading the data ({type(err).__name__}); refunded"
 
 
-def settle_files(client: redis.Redis, docs: DocumentStore, outputs: OutputStore, run: Run,
+def settle_files(ledger: Store, docs: DocumentStore, outputs: OutputStore, run: Run,
                  outcome: Settled, table: int | None) -> None:
     """After a run's commit: the winner removes the files of runs that died (tables,
     result documents, request copies the hash does not name); a run that did not settle
@@ -193,7 +196,7 @@ def settle_files(client: redis.Redis, docs: DocumentStore, outputs: OutputStore,
     if outcome == "settled":
         if table is not None:
             outputs.prune(run.release_id, keep=table)
-        keep = client.hget(rkeys.release(run.release_id), "doc")
+        keep = ledger.kept_request(run.release_id)
         docs.prune(run.release_id, keep_result=run.attempt, keep_request=keep)
     else:
         if table is not None:
@@ -211,17 +214,17 @@ def _lost(client: redis.Redis, run: Run, mechanism: str, outcome: Settled,
     return "lost"
 
 
-def _public_inputs(client: redis.Redis, store: DatasetStore, req: JobRequest) -> _Job:
+def _public_inputs(ledger: Store, store: DatasetStore, req: JobRequest) -> _Job:
     """Everything a run needs but the private data: metadata, public references, and
     that the dataset's files are all there (stat only, no value read)."""
     dataset_id, version = req.dataset_id, req.dataset_version
-    doc = datasets.get(client, dataset_id)
+    doc = datasets.get(ledger, dataset_id)
     if doc is None:
         raise LookupError("dataset metadata missing")
     mech = mechanisms.get(req.mechanism)
     references = {}
     for ref_id in mech.reference_datasets(req.params):  # public reference data
-        ref = datasets.get(client, ref_id)
+        ref = datasets.get(ledger, ref_id)
         if ref is None:
             raise LookupError("reference dataset missing")
         references[ref_id] = (datasets.meta(ref), store.load(ref_id, ref["version"])[1])

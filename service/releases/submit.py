@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from service import budget, datasets, notify
@@ -48,7 +47,8 @@ from service.releases import documents, pricing
 from service.releases.queue import Queue
 from service.releases.request import JobRequest
 from service.storage import rkeys
-from service.storage.ledger import Ledger, Outcome, Reservation, ReserveResult, now_iso
+from service.storage.ledger import Outcome, Reservation, ReserveResult, now_iso
+from service.storage.store import DOWN, Store
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.pricing")
@@ -71,7 +71,7 @@ def new_id() -> str:
     return "rel_" + secrets.token_hex(12)
 
 
-def enqueue(queue: Queue, ledger: Ledger, release_id: str, *, pricing: bool = False) -> None:
+def enqueue(queue: Queue, ledger: Store, release_id: str, *, pricing: bool = False) -> None:
     """Publish the release's task (its pricing job while it is ``pricing``), then take it
     out of the outbox (an error leaves it there, for the sweeper or a retry to send)."""
     if pricing:
@@ -116,7 +116,7 @@ def prepare(svc: Services, body: dict[str, Any], *, api: bool) -> pricing.Prepar
     config = svc.config
     scope = pricing.api_scope(config, svc.precomputed) if api else pricing.worker_scope(config)
     with scope:
-        return pricing.prepare(svc.client, svc.ledger, body, allow_seeds=config.allow_seeds,
+        return pricing.prepare(svc.ledger, body, allow_seeds=config.allow_seeds,
                                max_work=config.max_release_work)
 
 
@@ -171,8 +171,8 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
         reservation, idempotency_key=idempotency_key, idempotency_ttl=config.idempotency_ttl,
         at=at))
     if res.release_id == release_id and res.outcome in {"replay", "idempotent"}:
-        # our own reservation: redis-py re-sent the script after a lost reply (Valkey
-        # restarting); it must be enqueued, not answered as someone else's release
+        # our own reservation, re-sent after a lost reply (the record restarting): it
+        # must be enqueued, not answered as someone else's release
         res = dataclasses.replace(res, outcome=ours)
     refused = refusal(res)
     if refused is not None:
@@ -180,7 +180,7 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
     if res.outcome == "idem_mismatch":
         raise idempotency_mismatch()
     if res.outcome in {"replay", "idempotent"}:
-        doc = documents.document(svc.client, res.release_id, svc.documents)
+        doc = documents.document(ledger, res.release_id)
         if doc is None:
             raise NotFound("no such release")
         if ledger.unsent(res.release_id, OUTBOX_GRACE):
@@ -212,7 +212,7 @@ def _unsend(svc: Services, dataset_id: str, res: ReserveResult, actor: str) -> N
         else:
             svc.ledger.abort(dataset_id, res.release_id, '{"message": "could not enqueue"}',
                              actor)
-    except redis.RedisError:  # Valkey went away too: the outbox keeps it
+    except Exception:  # the record went away too: the outbox keeps it
         log.warning("reservation left in the outbox", extra={"release_id": res.release_id})
         raise Unavailable("service unavailable; the release may still run: retry with the"
                           " same Idempotency-Key to learn its state") from None
@@ -226,10 +226,11 @@ def price(svc: Services, release_id: str) -> str:
     A Valkey or broker error propagates: the release stays where it was (pricing, or
     reserved in the outbox) for the sweeper to send again.
     """
-    client, ledger = svc.client, svc.ledger
-    status, raw, actor = client.hmget(rkeys.release(release_id), "status", "request", "actor")
-    if status is None:
+    ledger = svc.ledger
+    h = ledger.release(release_id)
+    if h is None:
         return "missing"
+    status, raw, actor = h.get("status"), h.get("request", ""), h.get("actor")
     if status != "pricing":
         if status == "queued" and ledger.unsent(release_id, 0.0):
             # an earlier run reserved it and died before sending its run: send it now
@@ -252,7 +253,7 @@ def price(svc: Services, release_id: str) -> str:
                                release_id=res.release_id)
     except ServiceError as err:  # refused as the POST would have been
         problem = err
-    except redis.RedisError:
+    except DOWN:
         raise
     except SoftTimeLimitExceeded:
         problem = Unavailable("computing the cost took longer than this server's time"

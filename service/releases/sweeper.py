@@ -51,7 +51,6 @@ import json
 import logging
 import re
 import time
-from importlib import resources
 
 import redis
 
@@ -59,10 +58,11 @@ from service import datasets
 from service.releases.queue import PRICING_QUEUE, RELEASES_QUEUE, Queue
 from service.releases.run import FAILED_AFTER_READ
 from service.releases.submit import OUTBOX_GRACE, enqueue
-from service.storage import release_documents, rkeys
+from service.storage import rkeys
 from service.storage.dataset_files import DatasetStore
-from service.storage.ledger import NO_LEASE, Ledger
+from service.storage.ledger import NO_LEASE
 from service.storage.release_tables import OutputStore
+from service.storage.store import DOWN, Store
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.sweeper")
@@ -75,6 +75,8 @@ UNACKED = "unacked"  # kombu's Redis transport keeps unacknowledged messages her
 UNACKED_INDEX = "unacked_index"  # ... and when it delivered each (delivery tag: epoch s)
 LOCK = rkeys.P + "sweeper:lock"
 ORPHAN_LOCK = rkeys.P + "sweeper:orphans"
+#: what an hourly orphan sweep survives: a file system or the record away for a moment
+HICCUPS: tuple[type[Exception], ...] = (OSError, *DOWN)
 #: seconds between sweeps for dataset files without metadata (one worker at a time)
 ORPHAN_INTERVAL = 3600.0
 #: times a gone job that had not read its data is re-sent before it is refunded
@@ -84,7 +86,6 @@ MAX_RESENDS = 3
 #: otherwise only between kombu's pop and its unacked record (milliseconds), and a
 #: second message is harmless (start.lua runs a release once)
 LOST_AGE = 5.0
-_RESEND = resources.files("service.storage").joinpath("lua/resend.lua").read_text()
 
 
 #: a release id as it appears in a message (its task id, and its args): the service's
@@ -119,14 +120,13 @@ def _stranded(release_id: str, delivered: dict[str, list[float | None]],
     return bool(times) and all(t is not None and t <= before for t in times)
 
 
-def send_outbox(client: redis.Redis, ledger: Ledger, queue: Queue,
-                grace: float = OUTBOX_GRACE) -> list[str]:
+def send_outbox(ledger: Store, queue: Queue, grace: float = OUTBOX_GRACE) -> list[str]:
     """Publish the task of every release left in the outbox over ``grace`` s ago whose
     release is still queued; returns their ids. One whose send fails stays for the next
     pass; one that ended (or vanished) only leaves the outbox."""
     sent = []
     for release_id in ledger.outbox(grace):
-        status = client.hget(rkeys.release(release_id), "status")
+        status = (ledger.release(release_id) or {}).get("status")
         if status not in {"queued", "pricing"}:
             ledger.enqueued(release_id)
             continue
@@ -141,7 +141,7 @@ def send_outbox(client: redis.Redis, ledger: Ledger, queue: Queue,
     return sent
 
 
-def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30.0,
+def sweep(client: redis.Redis, ledger: Store, queue: Queue, min_age: float = 30.0,
           outputs: OutputStore | None = None, grace: float = OUTBOX_GRACE,
           max_resends: int = MAX_RESENDS, lost_age: float = LOST_AGE) -> list[str]:
     """One pass; returns the ids it settled (refunded, or charged if the data was read).
@@ -154,23 +154,23 @@ def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30
     sooner, once it is ``lost_age`` old (and ``lost_age`` after its last re-send); it is
     refunded only on the ``min_age`` pace.
     """
-    send_outbox(client, ledger, queue, grace)
+    send_outbox(ledger, queue, grace)
     now = time.time()
-    stale = client.zrangebyscore(rkeys.PENDING, 0, now - min(min_age, lost_age),
-                                 withscores=True)
+    stale = ledger.stale(min(min_age, lost_age))
     if not stale:
         return []
     queued, unacked, delivered = _in_broker(client)
-    unsent = set(client.zrange(rkeys.OUTBOX, 0, -1))
+    unsent = ledger.unsent_ids()
     aborted = []
     for release_id, score in stale:
         young = score > now - min_age  # only its lost message is dealt with yet
-        status, raw, data_read, resent_at = client.hmget(
-            rkeys.release(release_id), "status", "request", "data_read", "resent_at")
-        if raw is None:
-            client.zrem(rkeys.PENDING, release_id)
+        h = ledger.release(release_id)
+        if h is None or "request" not in h:
+            ledger.drop_pending(release_id)
             continue
-        if client.exists(rkeys.lease(release_id)) or release_id in queued:
+        status, raw = h.get("status"), h["request"]
+        data_read, resent_at = h.get("data_read"), h.get("resent_at")
+        if ledger.lease_held(release_id) or release_id in queued:
             continue
         if (status == "queued" and release_id in unacked
                 and not _stranded(release_id, delivered, now - min_age)):
@@ -192,7 +192,7 @@ def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30
                     log.warning("resent a lost pricing job", extra={"release_id": release_id})
             continue
         if status not in {"queued", "running"}:
-            client.zrem(rkeys.PENDING, release_id)
+            ledger.drop_pending(release_id)
             continue
         if young and status != "queued":
             continue  # a running job is judged by its lease, on the min_age pace
@@ -204,7 +204,7 @@ def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30
             settled = ledger.charge_gone(dataset_id, release_id,
                                          json.dumps(FAILED_AFTER_READ), "sweeper")
         else:
-            sent = _resend(client, ledger, release_id, max_resends, queue, reason)
+            sent = _resend(ledger, release_id, max_resends, queue, reason)
             if sent is not None or young:  # a refund waits for the min_age pace
                 continue
             error = json.dumps({"message": f"job gone ({reason}) after {max_resends}"
@@ -218,18 +218,18 @@ def sweep(client: redis.Redis, ledger: Ledger, queue: Queue, min_age: float = 30
             if outputs is not None:
                 outputs.prune(release_id, keep=None)
             if ledger.documents is not None:  # result files of runs that died uncommitted
-                release_documents.prune_swept(client, ledger.documents, release_id)
+                ledger.documents.prune(release_id, keep_result=None,
+                                       keep_request=ledger.kept_request(release_id))
     return aborted
 
 
-def _resend(client: redis.Redis, ledger: Ledger, release_id: str, max_resends: int,
-            queue: Queue, reason: str) -> int | None:
+def _resend(ledger: Store, release_id: str, max_resends: int, queue: Queue,
+            reason: str) -> int | None:
     """Publish a gone job's task again if its bound allows (resend.lua claims the
     re-send, atomically with the checks that it is still gone and unread); returns the
     re-send's number, 0 if it is no longer gone or the broker failed (the next pass looks
     again), None if the bound is reached (refund it)."""
-    keys = (rkeys.release(release_id), rkeys.lease(release_id))
-    claimed = int(client.eval(_RESEND, 2, *keys, f"{time.time():.3f}", max_resends, "claim"))
+    claimed = ledger.claim_resend(release_id, max_resends)
     if claimed < 0:
         return None
     if claimed == 0:
@@ -237,7 +237,7 @@ def _resend(client: redis.Redis, ledger: Ledger, release_id: str, max_resends: i
     try:
         enqueue(queue, ledger, release_id)
     except Exception as err:  # the broker is down: give the claim back for the next pass
-        client.eval(_RESEND, 2, *keys, "", max_resends, "undo")
+        ledger.undo_resend(release_id)
         log.warning("job resend failed", extra={"release_id": release_id,
                                                  "error_type": type(err).__name__})
         return 0
@@ -256,15 +256,16 @@ def sweep_if_due(svc: Services, interval: float,
                  max_resends=max_resends)
 
 
-def sweep_orphans_if_due(client: redis.Redis, store: DatasetStore) -> list[str]:
+def sweep_orphans_if_due(client: redis.Redis, ledger: Store, store: DatasetStore
+                         ) -> list[str]:
     """Hourly, one worker at a time: remove dataset files no registration refers to
     (``sweep_orphans``)."""
     if not client.set(ORPHAN_LOCK, "1", nx=True, px=int(ORPHAN_INTERVAL * 1000)):
         return []
-    return sweep_orphans(client, store)
+    return sweep_orphans(ledger, store)
 
 
-def sweep_orphans(client: redis.Redis, store: DatasetStore,
+def sweep_orphans(ledger: Store, store: DatasetStore,
                   older_than: float = ORPHAN_INTERVAL) -> list[str]:
     """Remove the folders of unregistered datasets, then the version folders of
     registered datasets whose version is not registered, both untouched for
@@ -273,17 +274,17 @@ def sweep_orphans(client: redis.Redis, store: DatasetStore,
     them, until the next hour).
     """
     try:
-        registered = set(client.zrange(rkeys.DATASETS, 0, -1))
+        registered = set(ledger.dataset_ids())
         removed = store.sweep_orphans(registered, older_than)
-    except (OSError, redis.RedisError) as err:  # a hiccup: try again next hour
+    except HICCUPS as err:  # a hiccup: try again next hour
         log.warning("orphan sweep failed", extra={"error": type(err).__name__})
         return []
     for dataset_id in removed:
         log.warning("removed unregistered dataset files", extra={"dataset_id": dataset_id})
     try:
         versions = store.sweep_orphan_versions(
-            registered, lambda ids: registered_versions(client, ids), older_than)
-    except (OSError, redis.RedisError) as err:
+            registered, lambda ids: registered_versions(ledger, ids), older_than)
+    except HICCUPS as err:
         log.warning("orphan version sweep failed", extra={"error": type(err).__name__})
         return removed
     for dataset_id, version in versions:
@@ -296,14 +297,13 @@ def sweep_orphans(client: redis.Redis, store: DatasetStore,
 DOC_BATCH = 200
 
 
-def registered_versions(client: redis.Redis, ids: list[str]) -> dict[str, set[int]]:
+def registered_versions(ledger: Store, ids: list[str]) -> dict[str, set[int]]:
     """Each dataset's registered version numbers, from its document (``datasets``); a
     dataset whose document is missing or unreadable is left out (its files stay)."""
     out: dict[str, set[int]] = {}
     for start in range(0, len(ids), DOC_BATCH):
         batch = ids[start:start + DOC_BATCH]
-        for dataset_id, raw in zip(batch, client.mget([rkeys.dataset(i) for i in batch]),
-                                   strict=True):
+        for dataset_id, raw in zip(batch, ledger.dataset_documents(batch), strict=True):
             if raw is None:
                 continue
             try:

@@ -20,22 +20,27 @@ worker, or charged by the sweeper (``service.storage.durable`` has the argument)
 from __future__ import annotations
 
 import errno
+import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis
 
-from service.errors import STORAGE_DOWN, STORAGE_FULL
-from service.storage import rkeys
+from service.errors import STORAGE_DOWN, STORAGE_FULL, Invalid
+from service.storage import index, release_documents, rkeys
 from service.storage.durable import Replication, Step
-from service.storage.event_archive import READ_BATCH, AuditArchive
+from service.storage.event_archive import READ_BATCH, AuditArchive, parse_id
 from service.storage.release_documents import DocumentStore
+
+if TYPE_CHECKING:
+    from service.storage.store import ReleaseView
 
 log = logging.getLogger("privrelease.ledger")
 
@@ -169,6 +174,7 @@ class Ledger:
         self._version = Step(client, _script("version"), repl)
         self._policy = Step(client, _script("policy"), repl)
         self._recharge = Step(client, _script("recharge"), repl)
+        self._resend = Step(client, _script("resend"), repl)
 
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
              document: str | None = None, *, idempotency_key: str | None = None,
@@ -527,6 +533,192 @@ class Ledger:
         docs = [event_doc(i, f) for i, f in read[:limit]
                 if not kinds or f.get("kind") in kinds]
         return docs, read[limit - 1][0] if more else None
+
+
+    def audit_range(self, since: datetime | None, until: datetime | None,
+                    after: str | None) -> tuple[str, str]:
+        """``Store.audit_range`` in stream ids: milliseconds since the epoch (earlier
+        times clamped to 0), ``(`` for the exclusive start after a cursor's id."""
+        if after is not None and (not _STREAM_ID.fullmatch(after)
+                                  or int(after.partition("-")[0]) >= 2**64
+                                  or int(after.partition("-")[2]) >= 2**64 - 1):
+            raise Invalid("not a cursor this server returned", code="validation_error",
+                          field="cursor")
+        since_ms = max(0, int(since.timestamp() * 1000)) if since else -1
+        start = f"{since_ms}-0" if since else "-"
+        if after is not None and parse_id(after) >= (since_ms, 0):
+            start = f"({after}"
+        end = str(max(0, int(until.timestamp() * 1000))) if until else "+"
+        return start, end
+
+    # -- the dataset registry (``Store``) -----------------------------------------------
+
+    def ping(self) -> None:
+        self.r.ping()
+
+    def dataset_document(self, dataset_id: str) -> str | None:
+        raw = self.r.get(rkeys.dataset(dataset_id))
+        return None if raw is None else str(raw)
+
+    def dataset_documents(self, ids: list[str]) -> list[str | None]:
+        return list(self.r.mget([rkeys.dataset(i) for i in ids])) if ids else []
+
+    def datasets_page(self, limit: int, after: index.Cursor | None = None,
+                      granted: frozenset[str] | None = None
+                      ) -> tuple[list[str], index.Cursor | None]:
+        """``Store.datasets_page``: the registry's index read by rank, or, for a key
+        limited to some datasets, their creation times in one ZMSCORE."""
+        if granted is None:
+            return index.page(self.r, [rkeys.DATASETS], limit, after)
+        wanted = sorted(granted)
+        scores = self.r.zmscore(rkeys.DATASETS, wanted) if wanted else []
+        rows = [(i, s) for i, s in zip(wanted, scores, strict=True) if s is not None]
+        return index.page_of(rows, limit, after)
+
+    def dataset_count(self) -> int:
+        return int(self.r.zcard(rkeys.DATASETS))
+
+    def dataset_ids(self) -> list[str]:
+        return list(self.r.zrange(rkeys.DATASETS, 0, -1))
+
+    def set_dataset_status(self, dataset_id: str, status: str) -> str | None:
+        """``Store.set_dataset_status``: a WATCH/MULTI compare-and-set of the document."""
+        key = rkeys.dataset(dataset_id)
+        with self.r.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    if raw is None:
+                        return None
+                    doc = json.loads(raw)
+                    doc["status"] = status
+                    text = json.dumps(doc)
+                    pipe.multi()
+                    pipe.set(key, text)
+                    pipe.execute()
+                    return text
+                except redis.WatchError:
+                    continue
+
+    def idempotency_record(self, key: str) -> tuple[str, str | None, int | None] | None:
+        fingerprint, dataset_id, version = self.r.hmget(key, "fp", "id", "version")
+        if fingerprint is None:
+            return None
+        return str(fingerprint), dataset_id, None if version is None else int(version)
+
+    def record_holdout(self, dataset_id: str, rows: int) -> None:
+        self.r.eval(_HOLDOUT_MAX, 1, _holdout_key(dataset_id), int(rows))
+
+    def holdout_exposure(self, dataset_id: str) -> dict[str, int]:
+        rows, count = self.r.hmget(_holdout_key(dataset_id), "rows", "releases")
+        return {"rows": int(rows or 0), "releases": int(count or 0)}
+
+    # -- reading releases (``Store``) ---------------------------------------------------
+
+    def release(self, release_id: str) -> dict[str, str] | None:
+        """``Store.release``: the release hash, its request and output read from the
+        document store where a settle moved them (``release_documents.fields``)."""
+        raw = self.r.hgetall(rkeys.release(release_id))
+        return release_documents.fields(self.documents, release_id, raw) if raw else None
+
+    def releases(self, ids: list[str]) -> list[tuple[str, dict[str, str]]]:
+        pipe = self.r.pipeline(transaction=False)
+        for release_id in ids:
+            pipe.hgetall(rkeys.release(release_id))
+        return [(release_id, release_documents.fields(self.documents, release_id, raw))
+                for release_id, raw in zip(ids, pipe.execute(), strict=True) if raw]
+
+    def release_page(self, view: ReleaseView, limit: int, after: index.Cursor | None = None
+                     ) -> tuple[list[str], index.Cursor | None]:
+        """``Store.release_page`` over the sorted-set indexes reserve.lua and settle.lua
+        keep (those made before the indexes existed are indexed once, first)."""
+        index.ensure_release_indexes(self.r, self.documents)
+        per = {"pending": rkeys.dataset_pending, "failed": rkeys.dataset_failed,
+               "all": rkeys.dataset_releases, "datasets": rkeys.dataset_releases}
+        if view.kind == "key":
+            keys = [rkeys.key_releases(view.key_id)]
+        elif view.datasets is not None:
+            keys = [per[view.kind](d) for d in sorted(view.datasets)]
+        else:
+            keys = [{"pending": rkeys.PENDING, "failed": rkeys.FAILED}.get(view.kind,
+                                                                         rkeys.RELEASES)]
+        return index.page(self.r, keys, limit, after, newest_first=view.kind != "pending",
+                          phase=after.phase if after is not None else "")
+
+    def dataset_history(self, dataset_id: str, newest: int) -> tuple[int, list[dict[str, str]]]:
+        key = rkeys.dataset_releases(dataset_id)
+        total = int(self.r.zcard(key))
+        ids = self.r.zrange(key, -newest, -1) if newest > 0 else []
+        pipe = self.r.pipeline(transaction=False)
+        for release_id in ids:
+            pipe.hmget(rkeys.release(release_id), "request", "status", "charged", "doc")
+        out = []
+        for release_id, (raw, status, charged, sha) in zip(ids, pipe.execute(), strict=True):
+            h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
+            request = release_documents.request_of(self.documents, release_id, h)
+            if request is None:
+                continue
+            row = {"request": json.dumps(request), "status": status or ""}
+            if charged:
+                row["charged"] = charged
+            out.append(row)
+        return total, out
+
+    def kept_request(self, release_id: str) -> str | None:
+        sha = self.r.hget(rkeys.release(release_id), release_documents.REQUEST_DIGEST)
+        return None if sha is None else str(sha)
+
+    # -- the sweeper (``Store``) --------------------------------------------------------
+
+    def stale(self, older_than: float) -> list[tuple[str, float]]:
+        return [(str(m), float(s)) for m, s in self.r.zrangebyscore(
+            rkeys.PENDING, 0, time.time() - older_than, withscores=True)]
+
+    def lease_held(self, release_id: str) -> bool:
+        return bool(self.r.exists(rkeys.lease(release_id)))
+
+    def unsent_ids(self) -> set[str]:
+        return set(self.r.zrange(rkeys.OUTBOX, 0, -1))
+
+    def claim_resend(self, release_id: str, max_resends: int) -> int:
+        """``Store.claim_resend``: resend.lua, checked and counted in one step."""
+        return int(self._resend(keys=[rkeys.release(release_id), rkeys.lease(release_id)],
+                                args=[f"{time.time():.3f}", max_resends, "claim"]))
+
+    def undo_resend(self, release_id: str) -> None:
+        self._resend(keys=[rkeys.release(release_id), rkeys.lease(release_id)],
+                     args=["", 0, "undo"])
+
+    def drop_pending(self, release_id: str) -> None:
+        """Out of the pending index, and of its dataset's (an entry the one-time backfill
+        left behind for a release that ended while it ran)."""
+        h = {k: v for k, v in zip(("request", "doc"), self.r.hmget(
+            rkeys.release(release_id), "request", release_documents.REQUEST_DIGEST),
+            strict=True) if v is not None}
+        try:
+            request = release_documents.request_of(self.documents, release_id, h)
+        except release_documents.DocumentMissing:
+            request = None
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrem(rkeys.PENDING, release_id)
+        if request and request.get("dataset_id"):
+            pipe.zrem(rkeys.dataset_pending(request["dataset_id"]), release_id)
+        pipe.execute()
+
+
+#: rows held out so far: the largest hold-out (DIP's default splits are nested, so the
+#: rows that have served are those of the largest one) and how many releases used one
+_HOLDOUT_MAX = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'rows') or '0')
+if tonumber(ARGV[1]) > cur then redis.call('HSET', KEYS[1], 'rows', ARGV[1]) end
+return redis.call('HINCRBY', KEYS[1], 'releases', 1)
+"""
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+def _holdout_key(dataset_id: str) -> str:
+    return f"{rkeys.dataset(dataset_id)}:holdout"
 
 
 def event_doc(event_id: str, fields: dict[str, str]) -> dict[str, Any]:

@@ -971,6 +971,19 @@ class PgLedger:
         found = self._tx(step) if ids else {}
         return [found.get(dataset_id) for dataset_id in ids]
 
+    def ping(self) -> None:
+        """One ``SELECT 1`` (a readiness probe): raises if the server does not answer."""
+        self._tx(lambda cur: cur.execute("SELECT 1"))
+
+    def dataset_count(self) -> int:
+        """How many datasets are registered (a metric: one index-only count)."""
+        def step(cur: Cursor) -> int:
+            cur.execute("SELECT count(*) FROM datasets")
+            row = cur.fetchone()
+            return int(row[0]) if row else 0
+
+        return self._tx(step)
+
     def dataset_ids(self) -> list[str]:
         """Every registered dataset id, oldest first (Valkey: ``pr:datasets`` in order)."""
         def step(cur: Cursor) -> list[str]:

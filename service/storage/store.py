@@ -30,10 +30,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+import psycopg
+import psycopg_pool
+import redis
+
 from service.storage.index import Cursor
 from service.storage.ledger import Reservation, ReserveResult, Run, Settled
 from service.storage.release_documents import DocumentStore
 
+#: the record cannot answer now (its server away, a failover under way, every pooled
+#: connection busy): whether a step ran is unknown, and the request is not wrong
+DOWN: tuple[type[Exception], ...] = (redis.RedisError, psycopg.OperationalError,
+                                     psycopg_pool.PoolTimeout)
 #: which releases a list shows (``Store.release_page``)
 ViewKind = Literal["all", "datasets", "key", "pending", "failed"]
 #: a release's fields as stored (see the module docstring)
@@ -61,6 +69,10 @@ class Store(Protocol):
     #: where run outputs (``result.<attempt>.json``) are read from; None: ledger-only use
     documents: DocumentStore | None
 
+    def ping(self) -> None:
+        """Answer if the record is reachable now; raise one of ``DOWN`` if not."""
+        ...
+
     # -- datasets ---------------------------------------------------------------------
     def open(self, dataset_id: str, caps: dict[str, int], actor: str,
              document: str | None = None, *, idempotency_key: str | None = None,
@@ -85,6 +97,10 @@ class Store(Protocol):
     def datasets_page(self, limit: int, after: Cursor | None = None,
                       granted: frozenset[str] | None = None
                       ) -> tuple[list[str], Cursor | None]: ...
+
+    def dataset_count(self) -> int:
+        """How many datasets are registered (a metric)."""
+        ...
 
     def dataset_ids(self) -> list[str]:
         """Every registered dataset id (the hourly orphan sweep; operator tools)."""

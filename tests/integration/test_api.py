@@ -233,14 +233,13 @@ def test_an_upload_that_loses_the_idempotency_race_returns_the_winner(
         app: Flask, data_dir: Path) -> None:
     """Deterministically, the path of a concurrent retry: it parsed its file before the
     first registered, so only the registration script can turn it away."""
-    client, store = wiring.of(app).client, wiring.of(app).datasets
-    ledger = wiring.of(app).ledger
+    store, ledger = wiring.of(app).datasets, wiring.of(app).ledger
     spec = ingest.parse_metadata(PEOPLE_META)
     caps = budget.parse_caps(spec.budgets, list(spec.columns))
 
     def register(idem: datasets.Idempotency) -> dict[str, Any]:
         rows = ingest.iter_csv(io.BytesIO(people_csv(50).encode()), spec, max_rows=1000)
-        return datasets.register(client, store, ledger, spec, caps, rows, "op", idem)
+        return datasets.register(store, ledger, spec, caps, rows, "op", idem)
 
     key = rkeys.idempotency("key_test", "race-direct")
     before = _dataset_dirs(data_dir)
@@ -343,8 +342,8 @@ def test_queued_draw_counts_in_the_composed_design(api: Api, app: Flask) -> None
     req = {"dataset_id": ds_id, "mechanism": "subset.uniform", "params": {"column": "c"},
            "budget": {"subset_draws": 1}}
     # a queued draw: reserved as the API does, its job not sent (so not run yet)
-    client, ledger = wiring.of(app).client, wiring.of(app).ledger
-    first = pricing.prepare(client, ledger, {**req, "params": {"column": "c",
+    ledger = wiring.of(app).ledger
+    first = pricing.prepare(ledger, {**req, "params": {"column": "c",
                                                                 "format": "both"}},
                              allow_seeds=False)
     rid = submit.new_id()

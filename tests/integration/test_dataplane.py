@@ -130,7 +130,7 @@ def _reserve_and_die(app: Flask, body: dict[str, Any], idem: str | None = None) 
         r, ledger = wiring.of(app).client, wiring.of(app).ledger
         key = apikeys.lookup(r, TOKEN)
         assert key is not None
-        prepared = pricing.prepare(r, ledger, body, allow_seeds=True)
+        prepared = pricing.prepare(ledger, body, allow_seeds=True)
         res = ledger.reserve(Reservation(
             body["dataset_id"], submit.new_id(), prepared.cost_units, actor=key.id,
             fingerprint=prepared.request_fingerprint, replay_fingerprint=prepared.fingerprint,
@@ -271,7 +271,7 @@ def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
     limited key), paged: queued/running oldest first, then failed newest first."""
     ds, r, ledger = dataset["id"], wiring.of(app).client, wiring.of(app).ledger
     with app.test_request_context():
-        prepared = pricing.prepare(r, ledger, _body(ds, 40), allow_seeds=True)
+        prepared = pricing.prepare(ledger, _body(ds, 40), allow_seeds=True)
     ids = []
     for i in range(7):
         res = ledger.reserve(Reservation(ds, submit.new_id(), prepared.cost_units, actor="key_jobs",

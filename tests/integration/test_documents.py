@@ -81,14 +81,14 @@ def test_only_the_run_settle_recorded_is_ever_read(own: tuple[str, redis.Redis],
     with pytest.raises(FileExistsError):  # a run's output is never replaced
         docs.save_result(rid, taken.attempt, _output(3.0))
     outcome = ledger.commit(ds, taken, "", None, result_stored=True)
-    settle_files(r, docs, outputs, taken, outcome, None)
+    settle_files(ledger, docs, outputs, taken, outcome, None)
     assert outcome == "settled"
     assert sorted(p.name for p in docs.folder(rid).iterdir()) == [
         f"request.{r.hget(rkeys.release(rid), 'doc')}.json", "result.2.json"]
     late = ledger.commit(ds, stalled, "", None, result_stored=True)
-    settle_files(r, docs, outputs, stalled, late, None)
+    settle_files(ledger, docs, outputs, stalled, late, None)
     assert late == "ended"
-    doc = documents.document(r, rid, docs)
+    doc = documents.document(Ledger(r, documents=docs), rid)
     assert doc is not None and doc["result"] == {"value": 2.0}
     assert doc["accuracy"] == {"ci95_halfwidth": 3.0}  # the output's, not the estimate's
     assert not (docs.folder(rid) / "result.1.json").exists()
@@ -117,7 +117,7 @@ def test_a_request_rewritten_under_the_settle_stays_in_valkey(own: tuple[str, re
     assert ledger.cancel(ds, rid, "op") == "settled"
     h = r.hgetall(rkeys.release(rid))
     assert h["status"] == "cancelled" and h["request"] == rewritten and "doc" not in h
-    doc = documents.document(r, rid, docs)
+    doc = documents.document(Ledger(r, documents=docs), rid)
     assert doc is not None and doc["params"] == {"statistic": "sum", "column": "age"}
 
 
@@ -136,7 +136,8 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
     assert analyses.start(r, analysis_id, 60) is not None
     assert analyses.finish(r, analysis_id, result_json='{"estimate": 1.5}')
     docs = DocumentStore(tmp_path / "releases")
-    before = documents.document(r, done_rid, docs)  # read from the hash (fallback)
+    # read from the hash (fallback)
+    before = documents.document(Ledger(r, documents=docs), done_rid)
     assert before is not None and before["result"] == {"value": 4.0}
     assert r.object("encoding", rkeys.release(done_rid)) == "hashtable"
 
@@ -150,7 +151,7 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
     h = r.hgetall(rkeys.release(done_rid))
     assert not {"request", "output", "replay_key"} & set(h) and h["result"] == "0"
     assert r.object("encoding", rkeys.release(done_rid)) == "listpack"
-    assert documents.document(r, done_rid, docs) == before
+    assert documents.document(Ledger(r, documents=docs), done_rid) == before
     assert r.hget(rkeys.release(pending_rid), "request") == REQUEST  # still pending: stays
     moved = r.hgetall(rkeys.analysis(analysis_id))
     assert "result" not in moved and moved["stored"] == "1"
@@ -236,7 +237,7 @@ def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
     assert sorted(p.name for p in docs.folder(rid).iterdir()) == [
         f"request.{r.hget(rkeys.release(rid), 'doc')}.json"]
     assert prune_swept(r, docs, rid) == []  # idempotent: nothing left to remove
-    doc = documents.document(r, rid, docs)
+    doc = documents.document(Ledger(r, documents=docs), rid)
     assert doc is not None and doc["status"] == "failed" and doc["result"] is None
     assert doc["params"] == json.loads(REQUEST)["params"]
 

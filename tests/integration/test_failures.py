@@ -70,8 +70,8 @@ def _dataset(api: Api, ages: list[int]) -> str:
 
 def _submit(flask_app: Flask, ds: str) -> str:
     """What POST /v1/releases does once its body passed the schema."""
-    client, ledger = wiring.of(flask_app).client, wiring.of(flask_app).ledger
-    prepared = pricing.prepare(client, ledger, {
+    ledger = wiring.of(flask_app).ledger
+    prepared = pricing.prepare(ledger, {
         "dataset_id": ds, "mechanism": failing_mechanism.NAME, "params": {"column": "age"},
         "budget": {"epsilon": 0.5}}, allow_seeds=False)
     rid = submit.new_id()
@@ -141,7 +141,7 @@ def test_runs_that_keep_dying_after_reading_end_charged(rig: dict[str, Any]) -> 
     client, ledger = wiring.of(flask_app).client, wiring.of(flask_app).ledger
     ds = _dataset(api, [30] * 20)
     rid = submit.new_id()
-    prepared = pricing.prepare(client, ledger, {
+    prepared = pricing.prepare(ledger, {
         "dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": 0.5},
         "params": {"statistic": "count", "condition": {"column": "age", "op": "ge",
                                                        "value": 30}}}, allow_seeds=False)

@@ -102,7 +102,7 @@ def _prepare(app: Any, body: dict[str, Any]) -> pricing.Prepared:
     from service.releases import pricing
     config = app.config["PRIVRELEASE"]
     with app.app_context(), pricing.worker_scope(config):
-        return pricing.prepare(wiring.of(app).client, wiring.of(app).ledger, body,
+        return pricing.prepare(wiring.of(app).ledger, body,
                                 allow_seeds=True)
 
 
@@ -163,7 +163,7 @@ def test_refunded_pending_release_leaves_later_charges_covering(api: Api, app: A
 
 def _meta(app: Any, ds: str) -> DatasetMeta:
     from service import datasets
-    doc = datasets.get(wiring.of(app).client, ds)
+    doc = datasets.get(wiring.of(app).ledger, ds)
     assert doc is not None
     return datasets.meta(doc)
 
@@ -199,7 +199,7 @@ def _price(r: redis.Redis, doc: dict[str, Any], k: int) -> tuple[int, pricing.Pr
     mech = registry.get(name)
     params = mech.load_params(raw)
     cost = mech.cost(params, {"interval_leakage": Fraction(1)}, META)
-    h = pricing.charge_on_history(r, doc, mech, params, cost, META, dict(cost), None)
+    h = pricing.charge_on_history(Ledger(r), doc, mech, params, cost, META, dict(cost))
     units = {m: budget.cost_units(m, a) for m, a in h.charged.items()}
     assert h.privacy is not None and h.privacy["charged"] == "additive"
     assert units[COLUMN] == budget.cost_units(COLUMN, cost[COLUMN])

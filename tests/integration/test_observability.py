@@ -26,6 +26,7 @@ from service.api.app import create_app
 from service.api.observability import ClusterCollector, log_handler
 from service.config import Config
 from service.storage import release_metrics
+from service.storage.ledger import Ledger
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -193,7 +194,7 @@ def test_metrics_report_queue_depth_and_dataset_count(app: Flask, r: redis.Redis
     queue = f"pr:test:queue:{uuid.uuid4().hex}"
     r.rpush(queue, "a", "b", "c")
     try:
-        collector = ClusterCollector(r, queue, max_datasets=0)
+        collector = ClusterCollector(r, Ledger(r), queue, max_datasets=0)
         families = {m.name: m for m in collector.collect()}
         assert families["privrelease_queue_depth"].samples[0].value == 3
         assert families["privrelease_queue_depth"].samples[0].labels == {"queue": queue}
@@ -252,7 +253,7 @@ def test_metrics_export_only_the_newest_datasets(app: Flask, r: redis.Redis) -> 
     newest = r.zrevrange("pr:datasets", 0, 1)
     if len(newest) < 2:
         pytest.skip("needs two datasets")  # pragma: no cover
-    families = {m.name: m for m in ClusterCollector(r, "privrelease", 1).collect()}
+    families = {m.name: m for m in ClusterCollector(r, Ledger(r), "privrelease", 1).collect()}
     exported = {s.labels["dataset"] for s in families["privrelease_budget_remaining"].samples}
     assert exported == {newest[0]}
 

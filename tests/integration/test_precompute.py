@@ -315,7 +315,7 @@ def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(redis_url: str) -> 
                           mode="pricing")).outcome == "pricing"
     sent = _Sent()
     time.sleep(0.01)  # the outbox stamps milliseconds (rounded): be past the stamp
-    assert send_outbox(client, ledger, Queue(sent), grace=0.0) == [release_id]
+    assert send_outbox(ledger, Queue(sent), grace=0.0) == [release_id]
     assert (queue.PRICE_RELEASE, queue.pricing_task_id(release_id)) in sent.calls
     assert not ledger.unsent(release_id, 0.0)
     sent.calls.clear()

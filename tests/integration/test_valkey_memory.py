@@ -92,10 +92,10 @@ def _rig(client: redis.Redis, root: Path) -> Rig:
     n = 200
     columns = {"age": np.arange(n) % 50 + 20, "income": (np.arange(n) * 37 % 1000) + 0.5,
                "group": np.array(["abc"[i % 3] for i in range(n)])}
-    doc = datasets.register(client, store, ledger, spec, caps, [columns], "op")
+    doc = datasets.register(store, ledger, spec, caps, [columns], "op")
     body = {"dataset_id": doc["id"], "mechanism": "laplace",
             "params": {"statistic": "mean", "column": "age"}, "budget": {"epsilon": 0.001}}
-    prepared = pricing.prepare(client, ledger, body, allow_seeds=False)
+    prepared = pricing.prepare(ledger, body, allow_seeds=False)
     _, table = store.load(doc["id"], 1)
     out = prepared.mechanism.run(table, prepared.params, prepared.cost,
                                  datasets.meta(doc), np.random.default_rng(1))
@@ -117,7 +117,7 @@ def finished_release(rig: Rig, i: int) -> str:
     assert run is not None and rig.ledger.mark_data_read(run)
     rig.docs.save_result(rid, run.attempt, rig.output_json)
     outcome = rig.ledger.commit(ds, run, rig.output_json, None, result_stored=True)
-    settle_files(rig.client, rig.docs, rig.outputs, run, outcome, None)
+    settle_files(rig.ledger, rig.docs, rig.outputs, run, outcome, None)
     assert outcome == "settled"
     return rid
 
@@ -178,7 +178,7 @@ def test_finished_hash_is_compact_and_the_document_reads_from_disk(rig: Rig) -> 
     assert h["result"] == "1" and len(h["doc"]) == 16
     assert max(len(v) for v in h.values()) <= 64
     assert rig.client.object("encoding", rkeys.release(rid)) == "listpack"
-    doc = documents.document(rig.client, rid, rig.docs)
+    doc = documents.document(rig.ledger, rid)
     assert doc is not None
     out = json.loads(rig.output_json)
     assert doc["result"] == out["result"] and doc["guarantee"] == out["guarantee"]

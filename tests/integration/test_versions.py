@@ -28,7 +28,7 @@ from service import datasets, wiring
 from service.ingest import iter_upload
 from service.releases import pricing, submit
 from service.storage import rkeys
-from service.storage.ledger import Reservation
+from service.storage.ledger import Ledger, Reservation
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 PROBLEM = "application/problem+json"
@@ -144,11 +144,10 @@ def test_versions_spend_one_budget_and_replays_are_per_version(
     assert (budget["committed"], budget["remaining"]) == (pytest.approx(1.2),
                                                           pytest.approx(0.3))
 
-    client = wiring.of(app).client
-    doc = datasets.get(client, ds["id"])
+    ledger = wiring.of(app).ledger
+    doc = datasets.get(ledger, ds["id"])
     assert doc is not None
-    per_version = {v: pricing.earlier_releases(client, datasets.at_version(doc, v),
-                                                   wiring.of(app).documents)
+    per_version = {v: pricing.earlier_releases(ledger, datasets.at_version(doc, v))
                    for v in (1, 2)}
     assert [e["cost"]["epsilon"] for e in per_version[1]] == [Fraction("0.6"),
                                                                Fraction("0.3")]
@@ -211,13 +210,13 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     ds = _upload(api, 50)
     assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
     client, ledger = wiring.of(app).client, wiring.of(app).ledger
-    before = pricing.prepare(client, ledger, _count_rows(ds["id"], 0.2, version=2),
+    before = pricing.prepare(ledger, _count_rows(ds["id"], 0.2, version=2),
                               allow_seeds=True)
-    late = pricing.prepare(client, ledger, _count_rows(ds["id"], 0.3, version=2, value=1),
+    late = pricing.prepare(ledger, _count_rows(ds["id"], 0.3, version=2, value=1),
                             allow_seeds=True)
     held_id = submit.new_id()
     assert _reserve(app, before, held_id).outcome == "reserved"
-    datasets.change_version(client, ledger, ds["id"], 2, "t", retire=True)
+    datasets.change_version(ledger, ds["id"], 2, "t", retire=True)
 
     balance, events = ledger.balance(ds["id"]), client.xlen(rkeys.events(ds["id"]))
     refused_id = submit.new_id()
@@ -236,7 +235,7 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     # the release reserved before the retirement is still held; v1 still takes releases
     assert client.hget(rkeys.release(held_id), "status") == "queued"
     assert ledger.cancel(ds["id"], held_id, "t") == "settled"
-    v1 = pricing.prepare(client, ledger, _count_rows(ds["id"], 0.1, version=1),
+    v1 = pricing.prepare(ledger, _count_rows(ds["id"], 0.1, version=1),
                           allow_seeds=True)
     ok_id = submit.new_id()
     assert _reserve(app, v1, ok_id).outcome == "reserved"
@@ -257,7 +256,7 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
 
     def prepare_then_retire(svc: Any, body: dict[str, Any], *, api: bool) -> Any:
         prepared = real(svc, body, api=api)
-        datasets.change_version(client, ledger, ds["id"], 2, "other", retire=True)
+        datasets.change_version(ledger, ds["id"], 2, "other", retire=True)
         return prepared
 
     monkeypatch.setattr(submit, "prepare", prepare_then_retire)
@@ -303,13 +302,13 @@ def test_the_orphan_sweep_removes_old_unregistered_version_folders(
     try:
         blind = rkeys.connect(redis_url.replace("redis://", f"redis://{user}:pw@"))
         with caplog.at_level(logging.WARNING, "privrelease.sweeper"):
-            assert sweeper.sweep_orphans(blind, store) == []
+            assert sweeper.sweep_orphans(Ledger(blind), store) == []
         assert [r.getMessage() for r in caplog.records
                 if r.name == "privrelease.sweeper"] == ["orphan version sweep failed"]
         assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2", "v9", "v10"}
     finally:
         client.acl_deluser(user)
-    removed = sweeper.sweep_orphans(client, store)
+    removed = sweeper.sweep_orphans(wiring.of(app).ledger, store)
     assert [r for r in removed if r.startswith(ds["id"])] == [f"{ds['id']}/v9"]
     assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2", "v10"}
     assert store.exists(ds["id"], 1) and store.exists(ds["id"], 2)
@@ -396,8 +395,8 @@ def test_concurrent_version_uploads_each_get_a_number(app: Flask, data_dir: Path
     taking one number; a folder a crashed upload left (v2 here) is skipped, not reused."""
     ds = _upload(api, 10)
     svc = wiring.of(app)
-    store, r, ledger = svc.datasets, svc.client, svc.ledger
-    doc = datasets.get(r, ds["id"])
+    store, ledger = svc.datasets, svc.ledger
+    doc = datasets.get(ledger, ds["id"])
     assert doc is not None
     spec = datasets.spec_of(doc)
     store.write(ds["id"], 2, {"orphan": True}, {"age": np.arange(3)})  # a kept orphan
@@ -405,7 +404,7 @@ def test_concurrent_version_uploads_each_get_a_number(app: Flask, data_dir: Path
 
     def one(n: int) -> None:
         chunks = iter_upload(io.BytesIO(people_csv(n).encode()), spec, max_rows=100)
-        made.append(datasets.add_version(r, store, ledger, ds["id"], spec, chunks,
+        made.append(datasets.add_version(store, ledger, ds["id"], spec, chunks,
                                          "tests")["version"])
 
     threads = [threading.Thread(target=one, args=(n,)) for n in range(1, 6)]
@@ -414,7 +413,7 @@ def test_concurrent_version_uploads_each_get_a_number(app: Flask, data_dir: Path
     for t in threads:
         t.join()
     assert sorted(made) == [3, 4, 5, 6, 7]
-    doc = datasets.get(r, ds["id"])
+    doc = datasets.get(ledger, ds["id"])
     assert doc is not None
     assert sorted(e["version"] for e in doc["versions"]) == [1, 3, 4, 5, 6, 7]
     assert sorted(e["n_rows"] for e in doc["versions"]) == [1, 2, 3, 4, 5, 10]
@@ -447,7 +446,7 @@ def test_a_priced_release_keeps_the_version_it_was_asked_on(api: Api, app: Flask
     resp = api.upload(csv, HEIGHTS)
     assert resp.status_code == 201
     ds = resp.get_json()["id"]
-    client, ledger = wiring.of(app).client, wiring.of(app).ledger
+    ledger = wiring.of(app).ledger
     config = app.config["PRIVRELEASE"]
     budget = 0.1 + (uuid.uuid4().int % 10**6) / 10**8  # fresh: its calibration is cold
     body = {"dataset_id": ds, "mechanism": "interval.case1",
@@ -455,13 +454,13 @@ def test_a_priced_release_keeps_the_version_it_was_asked_on(api: Api, app: Flask
             "budget": {"interval_leakage": budget}}
     shared = wiring.of(app).precomputed
     with pytest.raises(pricing.Unpriced) as cold, pricing.api_scope(config, shared):
-        pricing.prepare(client, ledger, body, allow_seeds=True)
+        pricing.prepare(ledger, body, allow_seeds=True)
     assert cold.value.request.body["version"] == 1
     assert json.loads(cold.value.request.job().to_json())["dataset_version"] == 1
     assert _post_version(api, ds, csv, make_current="true").status_code == 201
     with pytest.raises(pricing.Unpriced) as again, pricing.api_scope(config, shared):
         # what the pricing job runs (it computes instead; the version is chosen first)
-        pricing.prepare(client, ledger, cold.value.request.body, allow_seeds=True)
+        pricing.prepare(ledger, cold.value.request.body, allow_seeds=True)
     assert again.value.request.dataset["version"] == 1
 
 
