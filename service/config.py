@@ -77,11 +77,13 @@ def _path(raw: str | None) -> Path | None:
 class Config:
     """Runtime settings shared by the API, the worker and the CLI."""
 
-    #: PRIVRELEASE_DATA_DIR: datasets (and the embedded Valkey's AOF) live here
+    #: PRIVRELEASE_DATA_DIR: datasets (and the embedded Valkey's AOF and PostgreSQL's
+    #: cluster) live here
     data_dir: Path = field(default_factory=lambda: Path("var").resolve())
     #: PRIVRELEASE_REDIS_URL: external Redis/Valkey; unset -> standalone embeds one
     redis_url: str | None = None
-    #: PRIVRELEASE_DATABASE_URL: the PostgreSQL system of record (postgresql://...)
+    #: PRIVRELEASE_DATABASE_URL: the PostgreSQL (>= 15) of the system of record,
+    #: ``postgresql://user:password@host:5432/db``; unset -> standalone embeds one
     database_url: str | None = None
     #: PRIVRELEASE_LEDGER_REPLICAS: replicas that must acknowledge every ledger step (WAIT)
     #: before it is answered; fewer within LEDGER_WAIT_MS -> 503. 0: no wait (one node)
@@ -244,6 +246,11 @@ class Config:
     def valkey_dir(self) -> Path:
         return self.data_dir / "valkey"
 
+    @property
+    def postgres_dir(self) -> Path:
+        """The embedded PostgreSQL of ``standalone`` (service.processes.postgres)."""
+        return self.data_dir / "postgres"
+
     def require_redis_url(self) -> str:
         """The Redis URL, or a clear exit when none is configured."""
         if not self.redis_url:
@@ -252,3 +259,12 @@ class Config:
                 "an embedded Valkey)"
             )
         return self.redis_url
+
+    def require_database_url(self) -> str:
+        """The PostgreSQL URL, or a clear exit when none is configured."""
+        if not self.database_url:
+            raise SystemExit(
+                f"{ENV_PREFIX}DATABASE_URL is not set (use `privrelease standalone` to run "
+                "an embedded PostgreSQL)"
+            )
+        return self.database_url

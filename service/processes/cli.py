@@ -65,11 +65,14 @@ def _worker(args: argparse.Namespace) -> int:
     return 1  # not reached: execv replaced this process
 
 
+STANDALONE_HELP = "embedded PostgreSQL + Valkey + worker + API in one command"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privrelease", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("standalone", help="embedded Valkey + worker + API in one command")
+    p = sub.add_parser("standalone", help=STANDALONE_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--data-dir", default=None, help="overrides PRIVRELEASE_DATA_DIR")
@@ -107,7 +110,65 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("migrate-policy", help=POLICY_HELP, description=POLICY_HELP)
     p.set_defaults(func=_migrate_policy)
+
+    p = sub.add_parser("db", help=DB_HELP, description=DB_HELP)
+    db = p.add_subparsers(dest="db_command", metavar="{upgrade,current}", required=True)
+    q = db.add_parser("upgrade", help=DB_UPGRADE_HELP, description=DB_UPGRADE_HELP)
+    q.set_defaults(func=_db_upgrade)
+    q = db.add_parser("current", help=DB_CURRENT_HELP, description=DB_CURRENT_HELP)
+    q.set_defaults(func=_db_current)
     return parser
+
+
+DB_HELP = "the PostgreSQL schema of PRIVRELEASE_DATABASE_URL: upgrade it, or show its revision"
+DB_UPGRADE_HELP = ("bring the schema to the newest revision (Alembic migrations, one"
+                   " transaction; nothing to do on a database already there), then print it")
+DB_CURRENT_HELP = "print the revision the schema is at"
+
+
+def _database_url() -> str | None:
+    """PRIVRELEASE_DATABASE_URL, or None once a message says it is missing."""
+    try:
+        return Config.from_env().require_database_url()
+    except SystemExit as err:
+        print(err, file=sys.stderr)
+        return None
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    """``database.upgrade`` on PRIVRELEASE_DATABASE_URL (safe to run again, and from many
+    processes at once: the migrations take an advisory lock)."""
+    from service.processes import schema
+    from service.storage import database
+
+    url = _database_url()
+    if url is None:
+        return 2
+    try:
+        database.upgrade(url)
+        revision = schema.current(url)
+    except schema.FAILURES as err:
+        print(f"cannot upgrade {schema.redacted(url)}: {schema.reason(err)}",
+              file=sys.stderr)
+        return 1
+    print(f"database at revision {schema.describe(revision)}")
+    return 0
+
+
+def _db_current(args: argparse.Namespace) -> int:
+    from service.processes import schema
+
+    url = _database_url()
+    if url is None:
+        return 2
+    try:
+        revision = schema.current(url)
+    except schema.FAILURES as err:
+        print(f"cannot read {schema.redacted(url)}: {schema.reason(err)}",
+              file=sys.stderr)
+        return 1
+    print(schema.describe(revision))
+    return 0
 
 
 POLICY_HELP = ("record the implicit policy of datasets registered before notions and"
@@ -157,11 +218,12 @@ def _migrate_outputs(args: argparse.Namespace) -> int:
     return 0
 
 
-SERVER_COMMANDS = {"standalone": "embedded Valkey + worker + API in one command",
+SERVER_COMMANDS = {"standalone": STANDALONE_HELP,
                    "api": "serve the HTTP API with gunicorn",
                    "worker": "run a Celery worker",
                    "migrate-outputs": MIGRATE_HELP,
-                   "migrate-policy": POLICY_HELP}
+                   "migrate-policy": POLICY_HELP,
+                   "db": DB_HELP}
 
 
 def _server(argv: list[str]) -> int:

@@ -1,16 +1,21 @@
-"""``privrelease standalone``: embedded Valkey, one worker and gunicorn, supervised.
+"""``privrelease standalone``: embedded PostgreSQL and Valkey, one worker and gunicorn,
+supervised.
 
-The three run as child processes of this one; Ctrl-C (SIGINT) or SIGTERM
-stops the API first (no new requests), then the worker (finishing its job),
-then Valkey (flushing its AOF). A second start on the same data directory
-finds datasets, ledger and releases where they were.
+The four run as child processes of this one. PostgreSQL starts first and its schema is
+upgraded (``service.storage.database.upgrade``) before anything that uses it starts;
+with PRIVRELEASE_DATABASE_URL set, that server is used and only upgraded, and with
+PRIVRELEASE_REDIS_URL set, no Valkey is started either. Ctrl-C (SIGINT) or SIGTERM
+stops the API first (no new requests), then the worker (finishing its job), then Valkey
+(flushing its AOF), then PostgreSQL (a checkpoint). A second start on the same data
+directory finds datasets, ledger and releases where they were.
 
 The supervisor binds the API's port itself, before anything starts, and hands
 the listening socket to gunicorn: a port another server holds fails at once
 with a clear message (and no key is printed), and whatever answers on the port
 afterwards is necessarily our gunicorn. A child that exits (Valkey killed or
 stopped by an AOF write error, the worker or gunicorn killed) is restarted on
-the same data and port after a backoff; one that exits more than
+the same data and port after a backoff (PostgreSQL killed: on the same cluster and
+socket, so the URL the others hold stays right); one that exits more than
 PRIVRELEASE_RESTART_LIMIT times within PRIVRELEASE_RESTART_WINDOW seconds stops
 everything, and the supervisor exits non-zero for its own supervisor
 (systemd, a container runtime) to act on.
@@ -33,8 +38,10 @@ from types import FrameType
 
 from service import apikeys
 from service.config import ENV_PREFIX, Config
+from service.processes import schema
+from service.processes.postgres import EmbeddedPostgres
 from service.processes.valkey import EmbeddedValkey
-from service.storage import rkeys
+from service.storage import database, rkeys
 from service.storage.dataset_files import DatasetStore
 
 #: first restart delay (seconds); doubled on each restart still inside the window
@@ -52,6 +59,10 @@ class PortInUse(Exception):
 
 class GiveUp(Exception):
     """A child exceeded its restart budget (or could not be restarted)."""
+
+
+class NoDatabase(Exception):
+    """PostgreSQL could not be started, reached or upgraded."""
 
 
 def _say(message: str) -> None:
@@ -104,21 +115,46 @@ class Standalone:
         self.host, self.port = host, port
         #: worker and API by name, in start order (stopped in reverse)
         self.children: dict[str, subprocess.Popen[bytes]] = {}
-        self.valkey: EmbeddedValkey | None = None
+        #: the embedded servers by name, in start order (stopped in reverse, after the rest)
+        self.servers: dict[str, EmbeddedPostgres | EmbeddedValkey] = {}
         self.listener: socket.socket | None = None
         self.env: dict[str, str] = {}
         #: when each child was restarted, within the restart window
         self.restarts: dict[str, deque[float]] = {}
         self._stopping = False
+        #: what the banner says of the database, once it is up
+        self.database_line = ""
 
     def _start_valkey(self) -> str:
-        self.valkey = EmbeddedValkey(self.config.valkey_dir)
-        self.valkey.start()
-        return self.valkey.url
+        valkey = self.servers["valkey"] = EmbeddedValkey(self.config.valkey_dir)
+        valkey.start()
+        return valkey.url
 
-    def _env(self, url: str) -> dict[str, str]:
+    def _database(self) -> str:
+        """PRIVRELEASE_DATABASE_URL's server, or our own started; either one's schema
+        brought to the newest revision before anything that uses it starts."""
+        url = self.config.database_url
+        if url is None:
+            postgres = self.servers["postgres"] = EmbeddedPostgres(self.config.postgres_dir)
+            try:
+                postgres.start()
+            except (RuntimeError, TimeoutError, OSError) as err:
+                raise NoDatabase(f"the embedded PostgreSQL did not start: {err}") from None
+            url = postgres.url
+        try:
+            database.upgrade(url)
+            revision = schema.current(url)
+        except schema.FAILURES as err:
+            raise NoDatabase(f"cannot upgrade the database {schema.redacted(url)}: "
+                             f"{schema.reason(err)}") from None
+        where = schema.redacted(url) if self.config.database_url else f"{url} (embedded)"
+        self.database_line = f"PostgreSQL: {where}, schema at {schema.describe(revision)}"
+        return url
+
+    def _env(self, url: str, database_url: str) -> dict[str, str]:
         env = dict(os.environ)
         env[ENV_PREFIX + "REDIS_URL"] = url
+        env[ENV_PREFIX + "DATABASE_URL"] = database_url
         env[ENV_PREFIX + "DATA_DIR"] = str(self.config.data_dir)
         env[ENV_PREFIX + "ACCESS_LOG"] = "1" if self.access_log else "0"
         return env
@@ -165,6 +201,11 @@ class Standalone:
         try:
             self.config.data_dir.mkdir(parents=True, exist_ok=True)
             DatasetStore(self.config.datasets_dir).sweep_tmp()
+            try:
+                database_url = self._database()
+            except NoDatabase as err:
+                _say(f"{err}. Nothing else was started.")
+                return 1
             url = self.config.redis_url or self._start_valkey()
             client = rkeys.connect(url)
             key_file = self.config.data_dir / BOOTSTRAP_KEY_FILE
@@ -174,7 +215,7 @@ class Standalone:
                                token=self.config.bootstrap_key)
             else:
                 token, made = apikeys.data_dir_bootstrap(client, key_file)
-            self.env = self._env(url)
+            self.env = self._env(url, database_url)
             signal.signal(signal.SIGINT, self._signal)
             signal.signal(signal.SIGTERM, self._signal)
             self._spawn("worker")
@@ -186,6 +227,7 @@ class Standalone:
                 return 1
             print(f"privrelease API on http://{self.host}:{self.port}", flush=True)
             print(f"data directory: {self.config.data_dir}", flush=True)
+            print(self.database_line, flush=True)
             if self.config.bootstrap_key:
                 print("operator key: registered from PRIVRELEASE_BOOTSTRAP_KEY", flush=True)
             elif made:
@@ -203,9 +245,9 @@ class Standalone:
         """Restart what exits, until a signal (0) or a child out of retries (1)."""
         try:
             while not self._stopping:
-                if self.valkey is not None and self.valkey.proc is not None \
-                        and self.valkey.proc.poll() is not None:
-                    self._restart("valkey", self.valkey.proc.returncode)
+                for name, server in list(self.servers.items()):
+                    if server.proc is not None and server.proc.poll() is not None:
+                        self._restart(name, server.proc.returncode)
                 for name, child in list(self.children.items()):
                     if child.poll() is not None and not self._stopping:
                         self._restart(name, child.returncode)
@@ -224,7 +266,8 @@ class Standalone:
     def _restart(self, name: str, code: int | None) -> None:
         """Start ``name`` again after a backoff, or raise GiveUp once its budget is spent."""
         _say(f"{name} exited ({_how(code)})")
-        pid = self.valkey.proc.pid if name == "valkey" and self.valkey and self.valkey.proc \
+        server = self.servers.get(name)
+        pid = server.proc.pid if server is not None and server.proc is not None \
             else self.children[name].pid
         _kill_group(pid)  # what it leaves behind (gunicorn workers, Celery's pool)
         window, limit = self.config.restart_window, self.config.restart_limit
@@ -244,8 +287,8 @@ class Standalone:
                 return
             times.append(time.monotonic())
             try:
-                if name == "valkey":
-                    self._restart_valkey()
+                if server is not None:
+                    self._restart_server(server)
                 else:
                     self._spawn(name)
             except (RuntimeError, TimeoutError, OSError) as err:
@@ -254,14 +297,15 @@ class Standalone:
             _say(f"{name} restarted")
             return
 
-    def _restart_valkey(self) -> None:
-        """The same binary, port and data directory: the AOF brings the ledger back."""
-        assert self.valkey is not None
-        self.valkey.proc = None
-        self.valkey.start()
+    @staticmethod
+    def _restart_server(server: EmbeddedPostgres | EmbeddedValkey) -> None:
+        """The same binary, address and data directory: Valkey's AOF brings the ledger
+        back, PostgreSQL's WAL its last commits."""
+        server.proc = None
+        server.start()
 
     def stop(self) -> None:
-        """API first, then worker, then Valkey; each gets time to finish."""
+        """API first, then worker, then Valkey, then PostgreSQL; each gets time to finish."""
         for child in reversed(list(self.children.values())):
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
@@ -272,9 +316,9 @@ class Standalone:
                 child.wait()
             _kill_group(child.pid)
         self.children.clear()
-        if self.valkey is not None:
-            self.valkey.stop()
-            self.valkey = None
+        for server in reversed(list(self.servers.values())):
+            server.stop()
+        self.servers.clear()
         if self.listener is not None:
             self.listener.close()
             self.listener = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -83,6 +84,12 @@ class Service:
         self.proc.wait(timeout=90)
         time.sleep(0.2)  # let the drain thread read the last lines
         return self.proc.returncode
+
+    def database_url(self) -> str:
+        """The URL of the PostgreSQL the banner names (the latest start's)."""
+        found = re.findall(r"^PostgreSQL: (\S+)", self.banner, re.MULTILINE)
+        assert found, self.banner
+        return str(found[-1])
 
     def call(self, method: str, path: str, **kw: Any) -> requests.Response:
         headers = {"Authorization": f"Bearer {TOKEN}", **kw.pop("headers", {})}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -77,9 +78,18 @@ def test_restart_keeps_datasets_ledger_and_releases(service: Service) -> None:
         "params": {"statistic": "sum", "column": "x"}, "budget": {"epsilon": 1.5}})
     rid = resp.json()["id"]
     before = service.wait(rid)
+    url = service.database_url()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE e2e_restart (note text)")
+        conn.execute("INSERT INTO e2e_restart VALUES ('before the restart')")
     assert service.stop() == 0
     assert "privrelease stopped" in service.banner
     service.start()
+    # the embedded PostgreSQL's cluster too: the same one, with the row written before
+    assert service.banner.count(f"PostgreSQL: {url} (embedded)") == 2
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT note FROM e2e_restart").fetchall() == [
+            ("before the restart",)]
     assert service.call("GET", f"/v1/datasets/{ds}").status_code == 200
     assert service.call("GET", f"/v1/releases/{rid}").json()["result"] == before["result"]
     row = service.call("GET", f"/v1/datasets/{ds}/budget").json()["measures"]["epsilon"]

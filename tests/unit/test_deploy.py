@@ -61,12 +61,13 @@ def _compose() -> dict[str, Any]:
 
 def test_compose_services_restart_and_report_health() -> None:
     services = _compose()["services"]
-    assert set(services) == {"valkey", "api", "worker"}
+    assert set(services) == {"postgres", "valkey", "api", "worker"}
     for name, svc in services.items():
         assert svc["restart"] == "unless-stopped", name
         assert svc["healthcheck"]["test"], name
     for name in ("api", "worker"):
-        assert services[name]["depends_on"]["valkey"]["condition"] == "service_healthy"
+        for needed in ("postgres", "valkey"):
+            assert services[name]["depends_on"][needed]["condition"] == "service_healthy"
     assert services["worker"]["healthcheck"]["test"][-1] == "--healthcheck"
 
 
