@@ -82,7 +82,18 @@ def database_on(server_url: str, name: str | None = None, template: str | None =
 
 #: PRIVRELEASE_TEST_STORE: the system of record the session's service runs on
 #: (``postgres``, the default, or ``valkey``: the Valkey store before it)
-TEST_STORE = os.environ.get("PRIVRELEASE_TEST_STORE", "valkey")
+TEST_STORE = os.environ.get("PRIVRELEASE_TEST_STORE", "postgres")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A session whose service runs on PostgreSQL deselects the tests about the Valkey
+    store (marked ``valkey_store``): ``make test`` runs them in a second session, on it."""
+    if TEST_STORE != "postgres":
+        return
+    kept = [item for item in items if item.get_closest_marker("valkey_store") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")
