@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate-policy", help=POLICY_HELP, description=POLICY_HELP)
     p.set_defaults(func=_migrate_policy)
 
+    p = sub.add_parser("migrate-from-valkey", help=FROM_VALKEY_HELP,
+                       description=FROM_VALKEY_HELP)
+    p.set_defaults(func=_migrate_from_valkey)
+
     p = sub.add_parser("db", help=DB_HELP, description=DB_HELP)
     db = p.add_subparsers(dest="db_command", metavar="{upgrade,current}", required=True)
     q = db.add_parser("upgrade", help=DB_UPGRADE_HELP, description=DB_UPGRADE_HELP)
@@ -218,11 +222,56 @@ def _migrate_outputs(args: argparse.Namespace) -> int:
     return 0
 
 
+FROM_VALKEY_HELP = ("move the record of a deployment on the Valkey store (datasets, ledgers,"
+                    " releases, audit events, replays, the outbox, live Idempotency-Keys)"
+                    " from PRIVRELEASE_REDIS_URL into PRIVRELEASE_DATABASE_URL; run it with"
+                    " the API and workers stopped; safe to run again (a dataset already"
+                    " moved is skipped)")
+
+
+def _migrate_from_valkey(args: argparse.Namespace) -> int:
+    """Upgrade the schema, record the legacy policy on Valkey (``service.policy``), then
+    ``service.storage.valkey_migration.migrate``; refuses while a worker is live."""
+    from service import policy
+    from service.config import Config
+    from service.releases.queue import live_workers
+    from service.storage import database, rkeys
+    from service.storage.event_archive import AuditArchive
+    from service.storage.ledger import Ledger
+    from service.storage.pg_ledger import PgLedger
+    from service.storage.release_documents import DocumentStore
+    from service.storage.valkey_migration import migrate
+
+    config = Config.from_env()
+    url = config.require_database_url()
+    client = rkeys.connect(config.require_redis_url())
+    if live_workers(client):
+        print("a worker is running on this Valkey: stop the API and the workers first",
+              file=sys.stderr)
+        return 1
+    docs = DocumentStore(config.releases_dir)
+    source = Ledger(client, documents=docs, audit=AuditArchive(config.audit_dir))
+    database.upgrade(url)
+    policy.migrate(client, source)  # the legacy policy written down before it moves
+    pool = database.connect(url)
+    try:
+        done = migrate(source, PgLedger(pool, config.lease_seconds, documents=docs))
+    finally:
+        pool.close()
+    print(f"moved {len(done.datasets)} dataset(s) with {done.releases} release(s) and"
+          f" {done.events} audit event(s), {done.outbox} outbox entr(ies) and"
+          f" {done.idempotency_keys} live Idempotency-Key(s); {len(done.skipped)} dataset(s)"
+          " already in PostgreSQL left as they were. Start the service with"
+          " PRIVRELEASE_DATABASE_URL set.")
+    return 0
+
+
 SERVER_COMMANDS = {"standalone": STANDALONE_HELP,
                    "api": "serve the HTTP API with gunicorn",
                    "worker": "run a Celery worker",
                    "migrate-outputs": MIGRATE_HELP,
                    "migrate-policy": POLICY_HELP,
+                   "migrate-from-valkey": FROM_VALKEY_HELP,
                    "db": DB_HELP}
 
 

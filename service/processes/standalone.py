@@ -36,13 +36,19 @@ from collections import deque
 from pathlib import Path
 from types import FrameType
 
-from service import apikeys
+import redis
+
+from service import apikeys, policy
 from service.config import ENV_PREFIX, Config
 from service.processes import schema
 from service.processes.postgres import EmbeddedPostgres
 from service.processes.valkey import EmbeddedValkey
-from service.storage import database, rkeys
+from service.storage import database, rkeys, valkey_migration
 from service.storage.dataset_files import DatasetStore
+from service.storage.event_archive import AuditArchive
+from service.storage.ledger import Ledger
+from service.storage.pg_ledger import PgLedger
+from service.storage.release_documents import DocumentStore
 
 #: first restart delay (seconds); doubled on each restart still inside the window
 BACKOFF = 0.5
@@ -151,6 +157,24 @@ class Standalone:
         self.database_line = f"PostgreSQL: {where}, schema at {schema.describe(revision)}"
         return url
 
+    def _move_valkey_record(self, client: redis.Redis, database_url: str) -> None:
+        """A data directory from before PostgreSQL: its record (datasets, ledgers,
+        releases, events) moved into the database now, before the API and workers start
+        (``service.storage.valkey_migration``); once, then marked in Valkey."""
+        if not valkey_migration.pending(client):
+            return
+        docs = DocumentStore(self.config.releases_dir)
+        source = Ledger(client, documents=docs, audit=AuditArchive(self.config.audit_dir))
+        policy.migrate(client, source)
+        pool = database.connect(database_url)
+        try:
+            done = valkey_migration.migrate(
+                source, PgLedger(pool, self.config.lease_seconds, documents=docs))
+        finally:
+            pool.close()
+        _say(f"moved the Valkey record into PostgreSQL: {len(done.datasets)} dataset(s),"
+             f" {done.releases} release(s), {done.events} audit event(s)")
+
     def _env(self, url: str, database_url: str) -> dict[str, str]:
         env = dict(os.environ)
         env[ENV_PREFIX + "REDIS_URL"] = url
@@ -208,6 +232,7 @@ class Standalone:
                 return 1
             url = self.config.redis_url or self._start_valkey()
             client = rkeys.connect(url)
+            self._move_valkey_record(client, database_url)
             key_file = self.config.data_dir / BOOTSTRAP_KEY_FILE
             made = False
             if self.config.bootstrap_key:
