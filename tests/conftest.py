@@ -86,11 +86,11 @@ TEST_STORE = os.environ.get("PRIVRELEASE_TEST_STORE", "postgres")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A session whose service runs on PostgreSQL deselects the tests about the Valkey
-    store (marked ``valkey_store``): ``make test`` runs them in a second session, on it."""
-    if TEST_STORE != "postgres":
-        return
-    kept = [item for item in items if item.get_closest_marker("valkey_store") is None]
+    """A session deselects the tests about the other store: on PostgreSQL those marked
+    ``valkey_store`` (``make test`` runs them in a second session, on Valkey), on Valkey
+    those marked ``postgres_store``."""
+    other = "valkey_store" if TEST_STORE == "postgres" else "postgres_store"
+    kept = [item for item in items if item.get_closest_marker(other) is None]
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept
