@@ -21,6 +21,7 @@ from service.config import Config
 from service.releases.sweeper import sweep_if_due, sweep_orphans_if_due
 from service.storage import rkeys
 from service.storage.event_archive import archive_if_due
+from service.storage.store import DOWN
 from service.wiring import build
 
 HEARTBEAT_SECONDS = 3
@@ -33,7 +34,8 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
     svc = build(config, "worker", celery=app)
     next_sweep = time.monotonic() + config.sweep_interval
     while not stop.is_set():
-        with contextlib.suppress(redis.RedisError):
+        # Valkey or the record (PostgreSQL) away: beat and sweep again at the next turn
+        with contextlib.suppress(*DOWN):
             # the server's run id: a beat restored from the AOF after a restart is not current
             beats.set(rkeys.WORKERS + name, beats.info("server")["run_id"], ex=HEARTBEAT_TTL)
             if time.monotonic() >= next_sweep:

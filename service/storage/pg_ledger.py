@@ -102,6 +102,7 @@ from psycopg_pool import ConnectionPool
 
 from service.errors import Invalid
 from service.storage import index, release_documents
+from service.storage.event_archive import READ_BATCH
 from service.storage.ledger import (
     NO_LEASE,
     CapError,
@@ -882,9 +883,16 @@ class PgLedger:
     def iter_events(self, dataset_id: str, start: str = "-", end: str = "+",
                     kinds: set[str] | None = None) -> Iterator[dict[str, Any]]:
         """The dataset's audit events between event ids (``-`` / ``+``: no bound; a
-        leading ``(``: exclusive), oldest first, as ``Ledger.events`` shows them."""
-        for row in self._event_rows(dataset_id, start, end, kinds, None):
-            yield _event_doc(row)
+        leading ``(``: exclusive), oldest first, as ``Ledger.events`` shows them: read
+        ``READ_BATCH`` rows at a time, each batch its own short transaction (an export of
+        any size in bounded memory, no transaction open while the caller streams)."""
+        while True:
+            rows = self._event_rows(dataset_id, start, end, kinds, READ_BATCH)
+            for row in rows:
+                yield _event_doc(row)
+            if len(rows) < READ_BATCH:
+                return
+            start = f"({rows[-1][0]}"
 
     def events(self, dataset_id: str, start: str = "-", end: str = "+",
                kinds: set[str] | None = None) -> list[dict[str, Any]]:

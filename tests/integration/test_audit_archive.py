@@ -33,6 +33,10 @@ from service.storage.event_archive import AuditArchive
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
+#: the Valkey store's audit archive (stream events moved to files): PostgreSQL keeps its
+#: events in ``events``, with no archive
+pytestmark = pytest.mark.valkey_store
+
 DB = 7
 
 

@@ -3,6 +3,7 @@ error-path logs, storage errors at upload, indexed and paged lists, the enqueue 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import hypothesis
@@ -27,8 +29,10 @@ from service.config import Config
 from service.releases import pricing, submit, sweeper
 from service.storage import index, rkeys
 from service.storage.ledger import Reservation
+from service.storage.pg_ledger import PgLedger
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from tests.integration.test_ledger_paging import CountingPool
 
 SECRET = "31337.25"  # a data value an exception message quotes; it must reach no log
 
@@ -139,6 +143,31 @@ def _reserve_and_die(app: Flask, body: dict[str, Any], idem: str | None = None) 
     return res.release_id
 
 
+def _outbox_due(app: Flask, rid: str) -> float | None:
+    """When (epoch s) the release entered the session store's outbox; None: not in it.
+    No Store method reads it (``unsent`` says only whether it is past a grace)."""
+    ledger = wiring.of(app).ledger
+    if isinstance(ledger, PgLedger):
+        with ledger.pool.connection() as conn:
+            row = conn.execute("SELECT extract(epoch FROM due_at)::float8 FROM outbox "
+                               "WHERE release_id = %s", (rid,)).fetchone()
+        return None if row is None else float(row[0])
+    score = wiring.of(app).client.zscore(rkeys.OUTBOX, rid)
+    return None if score is None else float(score)
+
+
+def _set_outbox_due(app: Flask, rid: str, at: float) -> None:
+    """Date the release's outbox entry ``at`` (epoch s), as if it entered the outbox then."""
+    ledger = wiring.of(app).ledger
+    if isinstance(ledger, PgLedger):
+        with ledger.pool.connection() as conn:
+            done = conn.execute("UPDATE outbox SET due_at = to_timestamp(%s) "
+                                "WHERE release_id = %s", (at, rid))
+            assert done.rowcount == 1
+    else:
+        assert wiring.of(app).client.zadd(rkeys.OUTBOX, {rid: at}, xx=True, ch=True) == 1
+
+
 def _charges(api: Api, ds: str, rid: str) -> list[str]:
     return [e["kind"] for e in api.get(f"/v1/datasets/{ds}/ledger").get_json()
             if e["release_id"] == rid]
@@ -150,17 +179,17 @@ def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
     """Item 12: on main a retry with the same Idempotency-Key was answered with the
     release a dead API reserved but never enqueued; it never ran and the sweeper refunded
     it. Now the retry, or the sweeper, sends it from the outbox: it runs, charged once."""
-    ds, r = dataset["id"], wiring.of(app).client
+    ds, r, ledger = dataset["id"], wiring.of(app).client, wiring.of(app).ledger
     by_retry = _reserve_and_die(app, _body(ds, 30), idem="outbox-retry-1")
     by_sweeper = _reserve_and_die(app, _body(ds, 31))
     fresh = _reserve_and_die(app, _body(ds, 32), idem="outbox-retry-2")
-    assert {by_retry, by_sweeper, fresh} <= set(r.zrange(rkeys.OUTBOX, 0, -1))
+    assert {by_retry, by_sweeper, fresh} <= ledger.unsent_ids()
     # the API that is not dead: a release still within its grace is not sent by the
     # sweeper. Its score is set ahead, before the others' grace ends, so that no sweep
     # (the session worker's own runs every 15 s) can find it past grace during the test,
     # however slow a loaded machine makes the waits below (they were a flake)
     fresh_score = time.time() + 600.0
-    r.zadd(rkeys.OUTBOX, {fresh: fresh_score})
+    _set_outbox_due(app, fresh, fresh_score)
     time.sleep(submit.OUTBOX_GRACE + 0.2)
     retry = api.post("/v1/releases", _body(ds, 30), headers={"Idempotency-Key":
                                                               "outbox-retry-1"})
@@ -169,22 +198,22 @@ def test_accepted_release_runs_after_its_api_died(app: Flask, api: Api,
 
     # the refund pass is made to consider every reservation (min_age 0): still none is
     # refunded, since each is either sent or still in the outbox
-    swept = sweeper.sweep(r, wiring.of(app).ledger, wiring.of(app).queue, min_age=0)
+    swept = sweeper.sweep(r, ledger, wiring.of(app).queue, min_age=0)
     assert not {by_retry, by_sweeper, fresh} & set(swept)
-    assert r.zscore(rkeys.OUTBOX, fresh) == pytest.approx(fresh_score, abs=1e-3)
+    assert _outbox_due(app, fresh) == pytest.approx(fresh_score, abs=1e-3)
     assert api.wait(by_sweeper)["status"] == "succeeded"
-    assert r.zscore(rkeys.OUTBOX, by_sweeper) is None
+    assert _outbox_due(app, by_sweeper) is None and by_sweeper not in ledger.unsent_ids()
     for rid in (by_retry, by_sweeper):
         assert _charges(api, ds, rid) == ["reserve", "commit"]
     assert api.get(f"/v1/releases/{fresh}").get_json()["status"] == "queued"
     # the last one's retry, once past its grace, runs it as well
-    r.zadd(rkeys.OUTBOX, {fresh: time.time() - submit.OUTBOX_GRACE - 1})
+    _set_outbox_due(app, fresh, time.time() - submit.OUTBOX_GRACE - 1)
     retry = api.post("/v1/releases", _body(ds, 32), headers={"Idempotency-Key":
                                                               "outbox-retry-2"})
     assert retry.get_json()["id"] == fresh
     assert api.wait(fresh)["status"] == "succeeded"
     assert _charges(api, ds, fresh) == ["reserve", "commit"]
-    assert r.zscore(rkeys.OUTBOX, fresh) is None
+    assert _outbox_due(app, fresh) is None and fresh not in ledger.unsent_ids()
 
 
 # --- item 9: indexed, paged lists ----------------------------------------------------
@@ -209,8 +238,53 @@ def _flat(pages: list[list[str]]) -> list[str]:
     return [item for page in pages for item in page]
 
 
-def _hgetalls(r: Any) -> int:
-    return int(r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
+@contextlib.contextmanager
+def _release_reads(app: Flask) -> Iterator[Callable[[], int]]:
+    """Count the releases the session store reads meanwhile: Valkey's own command
+    statistics (HGETALLs of release hashes), or the rows PostgreSQL returns to the app's
+    ledger (every query's). Yields the count so far."""
+    ledger = wiring.of(app).ledger
+    if isinstance(ledger, PgLedger):
+        counting = CountingPool(ledger.pool)
+        ledger.pool = counting  # type: ignore[assignment]
+        try:
+            yield lambda: counting.returned
+        finally:
+            ledger.pool = counting.real
+        return
+    r = wiring.of(app).client
+
+    def calls() -> int:
+        return int(r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
+
+    before = calls()
+    yield lambda: calls() - before
+
+
+@contextlib.contextmanager
+def _newer_releases_elsewhere(app: Flask, n: int) -> Iterator[None]:
+    """``n`` releases of another dataset, newer than all, as far as a list can tell: ids
+    in Valkey's list of every release, or rows of PostgreSQL's ``releases``."""
+    ledger = wiring.of(app).ledger
+    ids = [f"rel_{i:024x}" for i in range(n)]
+    if isinstance(ledger, PgLedger):
+        with ledger.pool.connection() as conn:
+            conn.execute(
+                "INSERT INTO releases (id, dataset_id, actor, status, request, created_at) "
+                "SELECT unnest(%s::text[]), 'ds_noise', 'key_noise', 'succeeded', '{}', "
+                "now() + interval '1 hour'", (ids,))
+        try:
+            yield
+        finally:
+            with ledger.pool.connection() as conn:
+                conn.execute("DELETE FROM releases WHERE id = ANY(%s)", (ids,))
+        return
+    r = wiring.of(app).client
+    r.zadd(rkeys.RELEASES, dict.fromkeys(ids, time.time() + 3600))
+    try:
+        yield
+    finally:
+        r.zrem(rkeys.RELEASES, *ids)
 
 
 def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
@@ -235,14 +309,9 @@ def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
     assert set(mine + theirs) <= set(_flat(mine_pages))
     assert _pages(limited, "/v1/releases?mine=true") == [[]]  # it requested none
 
-    noise = {f"rel_{i:024x}": time.time() + 3600 for i in range(2000)}  # newer than all
-    r.zadd(rkeys.RELEASES, noise)  # releases of other datasets, as far as a list can tell
-    try:
-        before = _hgetalls(r)
+    with _newer_releases_elsewhere(app, 2000), _release_reads(app) as reads:
         first = limited.get("/v1/releases?limit=3")
-        read = _hgetalls(r) - before
-    finally:
-        r.zrem(rkeys.RELEASES, *noise)
+        read = reads()
     assert [d["id"] for d in first.get_json()] == mine[::-1][:3]
     assert read <= 20, read  # main: one per release in the system (> 2000)
 
@@ -250,6 +319,7 @@ def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
     assert bad.status_code == 422 and bad.get_json()["field"] == "cursor"
 
 
+@pytest.mark.valkey_store  # the Valkey store's one-time index backfill (PostgreSQL: indexes)
 def test_releases_made_before_the_indexes_are_listed(app: Flask, api: Api,
                                                      dataset: dict[str, Any],
                                                      worker: Any) -> None:
@@ -273,20 +343,20 @@ def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
     with app.test_request_context():
         prepared = pricing.prepare(ledger, _body(ds, 40), allow_seeds=True)
     ids = []
-    for i in range(7):
+    for i in range(7):  # apart in time (milliseconds): created in this order
         res = ledger.reserve(Reservation(ds, submit.new_id(), prepared.cost_units, actor="key_jobs",
                              fingerprint=f"jobs-{ds}-{i}", request_json=prepared.job().to_json()))
         ids.append(res.release_id)
+        time.sleep(0.005)
     queued, failed = ids[:3], ids[3:]
-    for rid in failed:
-        ledger.abort(ds, rid, '{"message": "test"}', "test")
+    for rid in failed:  # and failed in this order
+        assert ledger.abort(ds, rid, '{"message": "test"}', "test")
+        time.sleep(0.005)
     _, token = apikeys.create(r, "operator", datasets=(ds,))
     try:
         pages = _pages(Api(api.client, token), "/v1/jobs?limit=2")
-        by_score = sorted(queued, key=lambda i: (r.zscore(rkeys.PENDING, i), i))
-        newest_failed = sorted(failed, key=lambda i: (r.zscore(rkeys.FAILED, i), i),
-                               reverse=True)
-        assert _flat(pages) == by_score + newest_failed
+        newest_failed = failed[::-1]
+        assert _flat(pages) == queued + newest_failed  # oldest created; newest ended
         assert all(len(p) <= 2 for p in pages)
         only_failed = _pages(Api(api.client, token), "/v1/jobs?status=failed&limit=3")
         assert _flat(only_failed) == newest_failed

@@ -11,20 +11,31 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 import redis
+from psycopg_pool import ConnectionPool
 
 from service import analyses, wiring
 from service.releases import documents, submit
 from service.releases.run import settle_files
-from service.storage import rkeys
+from service.storage import database, rkeys
 from service.storage.ledger import Ledger, Reservation
-from service.storage.release_documents import DocumentStore, migrate, prune_swept
+from service.storage.pg_ledger import PgLedger
+from service.storage.release_documents import (
+    RESULT_ATTEMPT,
+    DocumentStore,
+    migrate,
+    prune_swept,
+)
 from service.storage.release_tables import OutputStore
-from tests.conftest import ROOT
+from service.storage.store import Store
+from tests.conftest import ROOT, database_on
 from tests.integration.conftest import Api
 
 #: a Valkey database of this module's own: the migration walks every release in it
@@ -51,7 +62,70 @@ def own(redis_url: str) -> Iterator[tuple[str, redis.Redis]]:
     client.flushdb()
 
 
-def _reserved(ledger: Ledger, request: str = REQUEST, mode: Any = "new") -> tuple[str, str]:
+@pytest.fixture(scope="module")
+def pg_template(postgres_url: str) -> Iterator[str]:
+    """A database migrated to head, the template each PostgreSQL test's own is copied from."""
+    url = database_on(postgres_url)
+    database.upgrade(url)
+    name = urlsplit(url).path.lstrip("/")
+    yield name
+    _drop(postgres_url, name)
+
+
+def _drop(postgres_url: str, name: str) -> None:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@dataclass
+class Backend:
+    """A store of the test's own (the Valkey ``Ledger`` on the module's database, or a
+    ``PgLedger`` on a database of its own), and the Valkey database beside it."""
+
+    r: redis.Redis
+    pool: ConnectionPool[Any] | None
+
+    def ledger(self, docs: DocumentStore | None = None) -> Store:
+        if self.pool is not None:
+            return PgLedger(self.pool, documents=docs)
+        return Ledger(self.r, documents=docs)
+
+    def lapse(self, release_id: str) -> None:
+        """The run's lease lapses (its worker stalled or died)."""
+        if self.pool is None:
+            assert self.r.delete(rkeys.lease(release_id)) == 1
+            return
+        with self.pool.connection() as conn:
+            done = conn.execute("UPDATE releases SET lease_until = now() - interval '1 second' "
+                                "WHERE id = %s AND lease_until > now()", (release_id,))
+            assert done.rowcount == 1
+
+
+@pytest.fixture(params=[pytest.param("valkey", marks=pytest.mark.valkey_store), "postgres"])
+def backend(request: pytest.FixtureRequest,
+            own: tuple[str, redis.Redis]) -> Iterator[Backend]:
+    if request.param == "valkey":
+        yield Backend(own[1], None)
+        return
+    postgres_url: str = request.getfixturevalue("postgres_url")
+    url = database_on(postgres_url, template=request.getfixturevalue("pg_template"))
+    pool = database.connect(url, max_size=2)
+    try:
+        yield Backend(own[1], pool)
+    finally:
+        pool.close()
+        _drop(postgres_url, urlsplit(url).path.lstrip("/"))
+
+
+def _request_files(ledger: Store, release_id: str) -> list[str]:
+    """The request file the record names: the Valkey store moves a settled release's
+    request to one (it must name it); PostgreSQL keeps it in the row (none)."""
+    sha = ledger.kept_request(release_id)
+    assert (sha is not None) == isinstance(ledger, Ledger)
+    return [] if sha is None else [f"request.{sha}.json"]
+
+
+def _reserved(ledger: Store, request: str = REQUEST, mode: Any = "new") -> tuple[str, str]:
     ds = "ds_" + secrets.token_hex(6)
     ledger.open(ds, {"epsilon": 10**10}, "op")
     rid = submit.new_id()
@@ -62,19 +136,17 @@ def _reserved(ledger: Ledger, request: str = REQUEST, mode: Any = "new") -> tupl
     return ds, rid
 
 
-def test_only_the_run_settle_recorded_is_ever_read(own: tuple[str, redis.Redis],
-                                                   tmp_path: Path) -> None:
+def test_only_the_run_settle_recorded_is_ever_read(backend: Backend, tmp_path: Path) -> None:
     """A run that stalled past its lease wrote its result file; the run that took the job
     over commits: the document is the second run's, the first run's file is removed by the
     winner, and the stalled run's late commit changes nothing and keeps nothing."""
-    _, r = own
     docs, outputs = DocumentStore(tmp_path), OutputStore(tmp_path)
-    ledger = Ledger(r, documents=docs)
+    ledger = backend.ledger(docs)
     ds, rid = _reserved(ledger)
     stalled = ledger.mark_running(rid, "host")
     assert stalled is not None and ledger.mark_data_read(stalled)
     docs.save_result(rid, stalled.attempt, _output(1.0))
-    r.delete(rkeys.lease(rid))  # its lease lapsed
+    backend.lapse(rid)  # its lease lapsed
     taken = ledger.mark_running(rid, "host")
     assert taken is not None and taken.attempt == 2 and ledger.mark_data_read(taken)
     docs.save_result(rid, taken.attempt, _output(2.0))
@@ -83,17 +155,18 @@ def test_only_the_run_settle_recorded_is_ever_read(own: tuple[str, redis.Redis],
     outcome = ledger.commit(ds, taken, "", None, result_stored=True)
     settle_files(ledger, docs, outputs, taken, outcome, None)
     assert outcome == "settled"
-    assert sorted(p.name for p in docs.folder(rid).iterdir()) == [
-        f"request.{r.hget(rkeys.release(rid), 'doc')}.json", "result.2.json"]
+    assert sorted(p.name for p in docs.folder(rid).iterdir()) == sorted(
+        [*_request_files(ledger, rid), "result.2.json"])
     late = ledger.commit(ds, stalled, "", None, result_stored=True)
     settle_files(ledger, docs, outputs, stalled, late, None)
     assert late == "ended"
-    doc = documents.document(Ledger(r, documents=docs), rid)
+    doc = documents.document(backend.ledger(docs), rid)
     assert doc is not None and doc["result"] == {"value": 2.0}
     assert doc["accuracy"] == {"ci95_halfwidth": 3.0}  # the output's, not the estimate's
     assert not (docs.folder(rid) / "result.1.json").exists()
 
 
+@pytest.mark.valkey_store  # the Valkey store's settle moving the hash's request to a file
 def test_a_request_rewritten_under_the_settle_stays_in_valkey(own: tuple[str, redis.Redis],
                                                               tmp_path: Path) -> None:
     """Catches a settle that drops the hash's request for a copy of another version: a
@@ -121,6 +194,7 @@ def test_a_request_rewritten_under_the_settle_stays_in_valkey(own: tuple[str, re
     assert doc is not None and doc["params"] == {"statistic": "sum", "column": "age"}
 
 
+@pytest.mark.valkey_store  # documents held in Valkey release hashes, moved to disk
 def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Redis],
                                                         tmp_path: Path) -> None:
     """Releases finished before the document store (request and output in the hash) read
@@ -179,7 +253,8 @@ def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, A
     aside = tmp_path / "aside"
     aside.mkdir()
     for rid in ids[:2]:  # moved away for the reads below, back after (the session's)
-        assert r.hget(rkeys.release(rid), "result") == "1"
+        fields = wiring.of(app).ledger.release(rid)
+        assert fields is not None and fields[RESULT_ATTEMPT] == "1"  # its output: a file
         shutil.move(docs.folder(rid), aside / rid)
     try:
         resp = api.get(f"/v1/releases?dataset_id={dataset['id']}&limit=2")
@@ -216,28 +291,31 @@ class _Nowhere:
         return None
 
 
-def test_prune_swept_removes_dead_runs_results(own: tuple[str, redis.Redis],
-                                               tmp_path: Path) -> None:
+def test_prune_swept_removes_dead_runs_results(backend: Backend, tmp_path: Path) -> None:
     """A run wrote its result and died before committing; the sweeper's pass charges the
-    job (``charge_gone``, which moves the request) and prunes: no result file stays, the
-    request does (catches a sweeper that leaves dead runs' results on disk)."""
+    job (``charge_gone``; the Valkey store moves the request to a file) and prunes: no
+    result file stays, the request's file does (catches a sweeper that leaves dead runs'
+    results on disk). The store is the test's own: the sweep walks every release in it."""
     from service.releases import sweeper
     from service.releases.queue import Queue
 
-    _, r = own
+    r = backend.r
     docs = DocumentStore(tmp_path)
-    ledger = Ledger(r, documents=docs)
+    ledger = backend.ledger(docs)
     _, rid = _reserved(ledger)
     ledger.enqueued(rid)  # its task was sent
     run = ledger.mark_running(rid, "host")
     assert run is not None and ledger.mark_data_read(run)
     docs.save_result(rid, run.attempt, _output(5.0))
-    r.delete(rkeys.lease(rid))  # the worker died
+    backend.lapse(rid)  # the worker died
     assert sweeper.sweep(r, ledger, Queue(_Nowhere()), min_age=0) == [rid]
-    assert sorted(p.name for p in docs.folder(rid).iterdir()) == [
-        f"request.{r.hget(rkeys.release(rid), 'doc')}.json"]
-    assert prune_swept(r, docs, rid) == []  # idempotent: nothing left to remove
-    doc = documents.document(Ledger(r, documents=docs), rid)
+    kept = _request_files(ledger, rid)
+    assert sorted(p.name for p in docs.folder(rid).iterdir()) == kept
+    # idempotent: nothing left to remove (the sweeper's prune again)
+    assert docs.prune(rid, keep_result=None, keep_request=ledger.kept_request(rid)) == []
+    if isinstance(ledger, Ledger):
+        assert prune_swept(r, docs, rid) == []
+    doc = documents.document(backend.ledger(docs), rid)
     assert doc is not None and doc["status"] == "failed" and doc["result"] is None
     assert doc["params"] == json.loads(REQUEST)["params"]
 

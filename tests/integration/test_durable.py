@@ -17,6 +17,10 @@ from service.storage.durable import NotReplicated, Replication, Step
 from service.storage.ledger import Ledger, Reservation
 from tests.conftest import start_valkey
 
+#: the Valkey store's Lua steps re-sent after a lost reply, and WAIT for its replicas
+#: (PgLedger's retries: tests/integration/test_pg_ledger.py)
+pytestmark = pytest.mark.valkey_store
+
 
 def _ds() -> str:
     return "ds_" + secrets.token_hex(6)

@@ -1,9 +1,13 @@
-"""Valkey going away under the API: 503 problems with Retry-After, nothing half-written,
-and the same app (and worker) carrying on once Valkey is back.
+"""Valkey (or PostgreSQL, the system of record) going away under the API: 503 problems
+with Retry-After, nothing half-written, and the same app (and worker) carrying on once
+it is back.
 
 These tests stop and kill Valkey, so they run their own (AOF, ``appendfsync
 always``, on a free port with its own data directory) and their own worker,
-never the session's. Related fault tests live elsewhere:
+never the session's; on a session whose service runs on PostgreSQL, a database of
+their own too, which the PostgreSQL faults take away (``ALLOW_CONNECTIONS false`` and
+its connections ended: the server is the session's, shared). Related fault tests live
+elsewhere:
 
 - Valkey killed with -9 under load against gunicorn, restarted from its AOF:
   ``tests/e2e/test_faults.py``.
@@ -23,22 +27,28 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 from flask import Flask
 
 from service import apikeys, wiring
 from service.api.app import create_app
 from service.api.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
+from service.releases import sweeper
 from service.releases.queue import Queue, make_celery
-from service.storage import rkeys
+from service.storage import database, rkeys
 from service.storage.dataset_files import DatasetStore
-from tests.conftest import ROOT, start_valkey, wait_for_worker
+from service.storage.pg_ledger import RETRIES, PgLedger
+from tests.conftest import ROOT, TEST_STORE, database_on, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from workers.celery_app import HEARTBEAT_SECONDS
 
 #: answered without Valkey: liveness, the scrape (reports redis_up 0) and the docs
 NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
@@ -46,26 +56,33 @@ NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:file
 
 
 @pytest.fixture(scope="module")
-def rig(app: Flask, service_env: dict[str, str],
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Own Valkey, own data directory, own worker, and an app (with the rate limiter on)."""
+def rig(app: Flask, service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """Own Valkey, own data directory, own worker, own database (a session on PostgreSQL),
+    and an app (with the rate limiter on)."""
     valkey_dir = tmp_path_factory.mktemp("faults-valkey")
     data_dir = tmp_path_factory.mktemp("faults-data")
     server = start_valkey(valkey_dir)
     url = server.connection_url + "/0"
     apikeys.create(rkeys.connect(url), "operator", token=TOKEN)
     env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_DATA_DIR": str(data_dir)}
+    database_url = app.config["PRIVRELEASE"].database_url
+    if database_url:  # and its own database: the session's holds other tests' datasets
+        database_url = database_on(request.getfixturevalue("postgres_url"))
+        database.upgrade(database_url)
+        env["PRIVRELEASE_DATABASE_URL"] = database_url
     log = tmp_path_factory.mktemp("faults-worker") / "worker.log"
     with open(log, "wb") as fh:
         worker = subprocess.Popen(
             [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "1"],
             env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
     state: dict[str, Any] = {"valkey": server, "valkey_dir": valkey_dir, "data_dir": data_dir,
-                             "worker": worker, "log": log}
+                             "worker": worker, "log": log, "database_url": database_url}
     try:
         wait_for_worker(rkeys.connect(url))
         config = dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url, data_dir=data_dir,
-                                     rate_limit="600/minute", max_upload_bytes=16 << 20)
+                                     database_url=database_url, rate_limit="600/minute",
+                                     max_upload_bytes=16 << 20)
         state["app"] = create_app(config)
         yield state
     finally:
@@ -152,10 +169,15 @@ def test_every_endpoint_answers_503_while_valkey_is_stopped_then_recovers(
     assert resp.headers["X-RateLimit-Limit"] == "600"  # the limiter counts again
     assert api.wait(resp.get_json()["id"])["status"] == "succeeded"
     assert rig["worker"].poll() is None  # the worker reconnected, it did not restart
-    assert api.client.get("/readyz").status_code == 200
+    # ready once the worker beat to this Valkey run (a beat every HEARTBEAT_SECONDS)
+    deadline = time.monotonic() + 3 * HEARTBEAT_SECONDS
+    while (ready := api.client.get("/readyz")).status_code != 200:
+        assert time.monotonic() < deadline, ready.get_json()
+        time.sleep(0.2)
     assert "privrelease_redis_up 1.0" in api.client.get("/metrics").get_data(as_text=True)
 
 
+@pytest.mark.valkey_store  # the registration is a Valkey script
 def test_upload_whose_registration_meets_a_dead_valkey_leaves_no_files(
         rig: dict[str, Any]) -> None:
     """Valkey dies while the CSV is parsed (after authentication): the answer is a 503,
@@ -262,6 +284,7 @@ class CutReplies:
         self.listener.close()
 
 
+@pytest.mark.valkey_store  # the registration is a Valkey script
 def test_upload_whose_registration_reply_is_lost_once_is_registered_once(
         rig: dict[str, Any]) -> None:
     """The reply is lost, redis-py re-sends the registration, which finds it done:
@@ -280,6 +303,7 @@ def test_upload_whose_registration_reply_is_lost_once_is_registered_once(
     assert [e["kind"] for e in events] == ["cap"]
 
 
+@pytest.mark.valkey_store  # the registration is a Valkey script
 def test_upload_whose_registration_reply_is_lost_keeps_its_files(
         rig: dict[str, Any]) -> None:
     """Valkey stores the registration but its reply is lost (twice: the retry as well):
@@ -350,6 +374,271 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
                         "analysis")
     assert client.zcard(rkeys.release_analyses(release)) == before
     assert not list(client.scan_iter(rkeys.analysis("*")))
+
+
+# -- PostgreSQL, the system of record ------------------------------------------------------
+
+on_postgres = pytest.mark.skipif(TEST_STORE != "postgres",
+                                 reason="the session's service runs on the Valkey store")
+
+
+@contextlib.contextmanager
+def _database_away(rig: dict[str, Any]) -> Iterator[Callable[[], None]]:
+    """The rig's database stops answering when the yielded function is called (no new
+    connection allowed, every open one ended), and answers again after the block; the
+    server is the session's, so it is not stopped. The app's ledger meanwhile waits at
+    most a second for a connection (its pool's usual wait is ten)."""
+    url = rig["database_url"]
+    name = urlsplit(url).path.lstrip("/")
+    server = urlunsplit(urlsplit(url)._replace(path="/postgres"))
+    ledger = wiring.of(rig["app"]).ledger
+    assert isinstance(ledger, PgLedger)
+    usual, short = ledger.pool, database.connect(url, max_size=2, timeout=1.0)
+    ledger.pool = short
+
+    def cut() -> None:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+
+    try:
+        yield cut
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        ledger.pool = usual
+        short.close()
+
+
+def _answers_again(api: Api, path: str, timeout: float = 30.0) -> Any:
+    """The first answer to ``path`` that is not a 503 (the pool reconnects on its own)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        resp = api.get(path)
+        if resp.status_code != 503 or time.monotonic() > deadline:
+            return resp
+        time.sleep(0.2)
+
+
+@on_postgres
+def test_the_record_answers_503_while_the_database_is_away_then_recovers(
+        rig: dict[str, Any]) -> None:
+    """Catches a database outage answered 500 (a psycopg error unhandled) or hanging: every
+    request that reads or writes the record (a dataset, its budget and ledger, a release,
+    the lists, a new release, an upload, /readyz) answers 503 ``unavailable`` with
+    Retry-After while the database takes no connection, and the same app, and the
+    worker, carry on once it is back (their pools reconnect)."""
+    api = Api(rig["app"].test_client())
+    resp = api.upload(people_csv(50), PEOPLE_META)
+    assert resp.status_code == 201, resp.get_json()
+    dataset = resp.get_json()["id"]
+    body = {"dataset_id": dataset, "mechanism": "geometric", "budget": {"epsilon": 0.5},
+            "params": {"statistic": "count",
+                       "condition": {"column": "age", "op": "ge", "value": 30}}}
+    resp = api.post("/v1/releases", body)
+    assert resp.status_code == 202, resp.get_json()
+    release = resp.get_json()["id"]
+    assert api.wait(release)["status"] == "succeeded"
+    files_before = _files(rig["data_dir"])
+    reads = [f"/v1/datasets/{dataset}", f"/v1/datasets/{dataset}/budget",
+             f"/v1/datasets/{dataset}/ledger", "/v1/datasets", f"/v1/releases/{release}",
+             "/v1/releases", f"/v1/releases?dataset_id={dataset}", "/v1/jobs"]
+    with _database_away(rig) as cut:
+        cut()
+        for path in reads:
+            _assert_unavailable(api.get(path), path)
+        body["params"]["condition"]["value"] = 31
+        _assert_unavailable(api.post("/v1/releases", body), "release")
+        _assert_unavailable(api.client.get("/readyz"), "/readyz")
+        assert api.client.get("/healthz").status_code == 200  # alive: do not restart it
+    assert _files(rig["data_dir"]) == files_before
+    row = _answers_again(api, f"/v1/datasets/{dataset}/budget").get_json()
+    assert row["measures"]["epsilon"] == {"cap": 5.0, "committed": 0.5, "reserved": 0.0,
+                                          "remaining": 4.5}  # nothing held by the refusal
+    resp = api.post("/v1/releases", body)
+    assert resp.status_code == 202, resp.get_json()
+    assert api.wait(resp.get_json()["id"])["status"] == "succeeded"
+    assert rig["worker"].poll() is None  # the worker's pool reconnected, it did not restart
+    assert api.client.get("/readyz").status_code == 200
+
+
+@on_postgres
+def test_upload_whose_registration_meets_a_dead_database_leaves_no_files(
+        rig: dict[str, Any]) -> None:
+    """The database goes away while the CSV is parsed (after authentication): the answer
+    is a 503, nothing is registered, and the orphan sweep removes the files the upload
+    kept (the record could not say whether the registration was stored)."""
+    flask_app: Flask = rig["app"]
+    api = Api(flask_app.test_client())
+    files_before = _files(rig["data_dir"])
+    datasets_before = api.get("/v1/datasets").get_json()
+    staging = rig["data_dir"] / "datasets" / ".tmp"
+    staged_before = set(staging.iterdir()) if staging.exists() else set()
+    killed = threading.Event()
+
+    with _database_away(rig) as cut:
+        def cut_while_parsing() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if staging.exists() and any(p.name.startswith("stage-")
+                                            for p in set(staging.iterdir()) - staged_before):
+                    cut()
+                    killed.set()
+                    return
+                time.sleep(0.002)
+
+        watcher = threading.Thread(target=cut_while_parsing)
+        watcher.start()
+        resp = api.upload(people_csv(200_000), PEOPLE_META)  # parsing takes a while
+        watcher.join(timeout=30)
+    assert killed.is_set()
+    _assert_unavailable(resp, "upload")
+
+    assert _answers_again(api, "/v1/datasets").get_json() == datasets_before
+    ledger = wiring.of(flask_app).ledger
+    store = DatasetStore(rig["data_dir"] / "datasets")
+    orphans = store.sweep_orphans(set(ledger.dataset_ids()), older_than=0)
+    assert len(orphans) == 1
+    assert _files(rig["data_dir"]) == files_before
+
+
+@on_postgres
+def test_a_workers_heartbeat_outlives_a_sweep_that_met_a_dead_database(
+        rig: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a heartbeat thread that survives only Valkey's errors: its sweep, which
+    reads the record, met the database away (a PoolTimeout) and ended the thread, so the
+    worker beat no more (``/readyz`` not ready for good) and swept no more. A heartbeat
+    of the worker's (``workers.celery_app._beat``, in a thread here, on the rig's Valkey
+    and database, sweeping every 0.2 s, its pool waiting a second) goes on beating
+    through the outage and after it."""
+    from workers import celery_app
+
+    connect = database.connect
+    monkeypatch.setattr(database, "connect",
+                        lambda url, **kw: connect(url, **{**kw, "timeout": 1.0}))
+    config = dataclasses.replace(rig["app"].config["PRIVRELEASE"], sweep_interval=0.2)
+    client = rkeys.connect(rig["valkey"].connection_url + "/0")
+    name = "beat-" + uuid.uuid4().hex[:8]
+    stop = threading.Event()
+    beat = threading.Thread(target=celery_app._beat, args=(config, name, stop), daemon=True)
+    beat.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not client.exists(rkeys.WORKERS + name):
+            assert time.monotonic() < deadline, "no heartbeat"
+            time.sleep(0.05)
+        with _database_away(rig) as cut:
+            cut()
+            client.delete(sweeper.LOCK)  # the next sweep is this thread's, in the outage
+            time.sleep(3)
+            assert beat.is_alive(), "the heartbeat ended with the sweep's database error"
+        client.delete(rkeys.WORKERS + name)
+        deadline = time.monotonic() + 3 * celery_app.HEARTBEAT_SECONDS
+        while not client.exists(rkeys.WORKERS + name):
+            assert beat.is_alive() and time.monotonic() < deadline, "it beats no more"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        beat.join(timeout=30)
+
+
+class LosesCommitReplies:
+    """A PgLedger's pool whose dataset registrations commit but whose reply is lost,
+    ``cuts`` times in all: the transaction that inserted into ``datasets`` commits, then
+    the caller sees the connection fail (as a server whose COMMIT reply never arrived),
+    and ``PgLedger`` runs the step again."""
+
+    def __init__(self, real: Any, cuts: int) -> None:
+        self.real, self.cuts, self.cut = real, cuts, 0
+
+    @contextlib.contextmanager
+    def connection(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        seen: list[str] = []
+        with self.real.connection(*args, **kwargs) as conn:
+            yield _Watched(conn, seen)
+        if any(q.startswith("INSERT INTO datasets") for q in seen) and self.cut < self.cuts:
+            self.cut += 1  # committed above; the reply is lost
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class _Watched:
+    """A connection (or cursor) noting the statements its cursors execute."""
+
+    def __init__(self, real: Any, seen: list[str]) -> None:
+        self.real, self.seen = real, seen
+
+    @contextlib.contextmanager
+    def cursor(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with self.real.cursor(*args, **kwargs) as cur:
+            yield _Watched(cur, self.seen)
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        self.seen.append(str(query))
+        return self.real.execute(query, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def _losing_app(rig: dict[str, Any], cuts: int) -> tuple[Flask, LosesCommitReplies]:
+    """An app of the rig's service whose ledger's registrations lose ``cuts`` replies."""
+    fresh = create_app(rig["app"].config["PRIVRELEASE"])
+    ledger = wiring.of(fresh).ledger
+    assert isinstance(ledger, PgLedger)
+    losing = LosesCommitReplies(ledger.pool, cuts)
+    ledger.pool = losing  # type: ignore[assignment]
+    return fresh, losing
+
+
+@on_postgres
+def test_upload_whose_registration_reply_is_lost_once_is_registered_once_on_postgres(
+        rig: dict[str, Any]) -> None:
+    """The COMMIT's reply is lost, PgLedger runs the registration again, which finds it
+    done: 201, and one cap event in the dataset's audit log (not two)."""
+    fresh, losing = _losing_app(rig, cuts=1)
+    try:
+        resp = Api(fresh.test_client()).upload(people_csv(500), PEOPLE_META)
+        assert resp.status_code == 201, resp.get_json()
+        assert losing.cut == 1
+    finally:
+        losing.real.close()
+    dataset = resp.get_json()["id"]
+    events = Api(rig["app"].test_client()).get(f"/v1/datasets/{dataset}/ledger").get_json()
+    assert [e["kind"] for e in events] == ["cap"]
+
+
+@on_postgres
+def test_upload_whose_registration_reply_is_lost_keeps_its_files_on_postgres(
+        rig: dict[str, Any]) -> None:
+    """The database stores the registration but every reply is lost (each of PgLedger's
+    runs of the step): the client hears 503, yet the dataset is registered, its files
+    stay, and it works."""
+    direct = Api(rig["app"].test_client())
+    before = {d["id"] for d in direct.get("/v1/datasets").get_json()}
+    fresh, losing = _losing_app(rig, cuts=RETRIES)
+    try:
+        resp = Api(fresh.test_client()).upload(people_csv(500), PEOPLE_META)
+        _assert_unavailable(resp, "upload")
+        assert losing.cut == RETRIES
+    finally:
+        losing.real.close()
+    (dataset,) = {d["id"] for d in direct.get("/v1/datasets").get_json()} - before
+    store = DatasetStore(rig["data_dir"] / "datasets")
+    assert store.exists(dataset, 1)
+    ledger = wiring.of(rig["app"]).ledger
+    assert dataset not in store.sweep_orphans(set(ledger.dataset_ids()), older_than=0)
+    assert [e["kind"] for e in direct.get(f"/v1/datasets/{dataset}/ledger").get_json()] == [
+        "cap"]
+    release = direct.post("/v1/releases", {
+        "dataset_id": dataset, "mechanism": "geometric", "budget": {"epsilon": 0.5},
+        "params": {"statistic": "count", "condition": {"column": "age", "op": "ge",
+                                                       "value": 30}}})
+    assert release.status_code == 202, release.get_json()
+    assert direct.wait(release.get_json()["id"])["status"] == "succeeded"
 
 
 def test_readyz_counts_only_heartbeats_of_the_current_valkey_run(

@@ -7,6 +7,7 @@ import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,10 @@ from hypothesis import strategies as st
 from service.storage import rkeys
 from service.storage.ledger import NO_LEASE, Ledger, Reservation
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
+
+#: the Valkey store's ``Ledger`` itself (its scripts, keys, AOF); PgLedger's same
+#: accounting: tests/integration/test_pg_ledger.py
+pytestmark = pytest.mark.valkey_store
 
 
 def _ds() -> str:

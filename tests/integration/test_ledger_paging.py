@@ -1,21 +1,27 @@
 """``GET /v1/datasets/{id}/ledger`` a page at a time, and its JSON Lines export streamed.
 
-A dataset's stream is replaced by 2,500 events with explicit ids (several per
-millisecond, in 2001) of which 1,200 are moved to the archive file, so every read
-crosses the file/stream seam. An untouched copy of the stream under a key the archive
-never touches is the reference: each answer is compared with what the old unpaged view
-rendered from it (``_render``, written out here, not the service's code). A session
-worker's sweeper may archive more of the stream while the tests run; the answers must
-not change (that is the archive's contract), so nothing here depends on the split.
+A dataset's events are replaced by 2,500 events (several per millisecond, in 2001),
+written to whichever store the session's service runs on: on PostgreSQL rows of
+``events`` (their ids numbers, ``at`` the event's time), on Valkey a stream with explicit
+ids of which 1,200 are moved to the archive file, so every read crosses the file/stream
+seam. The events as written, kept here, are the reference: each answer is compared with
+what the old unpaged view rendered from them (``_render``, written out here, not the
+service's code). On Valkey a session worker's sweeper may archive more of the stream while
+the tests run; the answers must not change (that is the archive's contract), so nothing
+here depends on the split. The archive's own reads are tested on Valkey only
+(``valkey_store``).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import inspect
 import json
 import re
 import secrets
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from html import unescape
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -23,12 +29,14 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import redis
 from flask import Flask, Response, g
+from psycopg_pool import ConnectionPool
 
 from service import apikeys, budget, wiring
 from service.api import datasets as datasets_api
-from service.storage import rkeys
+from service.storage import database, rkeys
 from service.storage.event_archive import READ_BATCH, AuditArchive
 from service.storage.ledger import Ledger
+from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 N = 2500
@@ -47,37 +55,66 @@ def _render(event_id: str, fields: dict[str, str]) -> dict[str, Any]:
     return doc
 
 
-class Rig:
-    """A dataset whose ledger holds ``N`` events over file and stream, and its copy."""
+def _at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
 
-    def __init__(self, api: Api, client: redis.Redis, archive: AuditArchive) -> None:
+
+class Rig:
+    """A dataset whose ledger holds ``N`` events (on Valkey: over file and stream, and a
+    copy of the stream the archive never touches), and those events as written."""
+
+    def __init__(self, api: Api, app: Flask) -> None:
         resp = api.upload(people_csv(20), PEOPLE_META)
         assert resp.status_code == 201, resp.get_json()
-        self.api, self.client, self.ds = api, client, resp.get_json()["id"]
-        self.copy = f"{rkeys.P}test:copy:{self.ds}"
-        client.delete(rkeys.events(self.ds))
-        pipe = client.pipeline(transaction=False)
+        self.api, self.ds = api, resp.get_json()["id"]
+        self.client: redis.Redis = wiring.of(app).client
+        self.ledger = wiring.of(app).ledger
+        self.url = f"/v1/datasets/{self.ds}/ledger"
+        written: list[tuple[int, dict[str, str]]] = []  # (ms, fields)
         ms, seq = START_MS, 0
         for i in range(N):
             ms, seq = (ms + 1, 0) if i % 3 == 0 else (ms, seq + 1)
             fields = {"kind": KINDS[i % len(KINDS)], "release_id": f"rel_{i:024x}",
-                      "actor": "op", "at": "2001-01-01T00:00:00.000Z",
-                      "m:epsilon": str(1000 * i)}
+                      "actor": "op", "at": _iso(ms), "m:epsilon": str(1000 * i)}
             if i % 5 == 0:
                 fields["version"] = "1"
-            for key in (rkeys.events(self.ds), self.copy):
-                pipe.xadd(key, fields, id=f"{ms}-{seq}")
-        pipe.execute()
-        assert archive.archive(client, self.ds, hot_seconds=0, batch=1200) == 1200
-        self.url = f"/v1/datasets/{self.ds}/ledger"
+            written.append((ms, fields))
+        if isinstance(self.ledger, PgLedger):
+            ids = _pg_replace_events(self.ledger, self.ds, written)
+        else:
+            ids = self._valkey_replace_events(written)
+        #: (id, fields, ms) of every event, oldest first: the reference
+        self.events = [(i, f, ms) for i, (ms, f) in zip(ids, written, strict=True)]
+        self.ids = [i for i, _, _ in self.events]
 
-    def expected(self, start: str = "-", end: str = "+",
+    def _valkey_replace_events(self, written: list[tuple[int, dict[str, str]]]) -> list[str]:
+        self.copy = f"{rkeys.P}test:copy:{self.ds}"
+        self.client.delete(rkeys.events(self.ds))
+        pipe = self.client.pipeline(transaction=False)
+        ids, last, seq = [], -1, 0
+        for ms, fields in written:
+            seq = seq + 1 if ms == last else 0
+            last = ms
+            ids.append(f"{ms}-{seq}")
+            for key in (rkeys.events(self.ds), self.copy):
+                pipe.xadd(key, fields, id=ids[-1])
+        pipe.execute()
+        archive: AuditArchive = self.ledger.audit  # type: ignore[attr-defined]
+        assert archive.archive(self.client, self.ds, hot_seconds=0, batch=1200) == 1200
+        return ids
+
+    def expected(self, since: int | None = None, until: int | None = None,
                  kinds: set[str] | None = None) -> list[dict[str, Any]]:
-        return [_render(i, f) for i, f in self.client.xrange(self.copy, start, end)
-                if not kinds or f["kind"] in kinds]
+        """The events at or after ``START_MS + since`` and at or before ``START_MS +
+        until`` (milliseconds), of ``kinds``, as the unpaged view rendered them."""
+        return [_render(i, f) for i, f, ms in self.events
+                if (since is None or ms >= START_MS + since)
+                and (until is None or ms <= START_MS + until)
+                and (not kinds or f["kind"] in kinds)]
 
     def clone(self, count: int | None = None) -> str:
-        """A new (unregistered) dataset id whose stream holds the first ``count`` events."""
+        """(Valkey) A new (unregistered) dataset id whose stream holds the first ``count``
+        events."""
         ds = "ds_" + secrets.token_hex(8)
         pipe = self.client.pipeline(transaction=False)
         for i, fields in self.client.xrange(self.copy, count=count):
@@ -107,10 +144,45 @@ class Rig:
             assert len(out) < 20, "the pages never end"
 
 
+def _iso(ms: int) -> str:
+    return _at(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _pg_replace_events(ledger: PgLedger, ds: str,
+                       written: list[tuple[int, dict[str, str]]]) -> list[str]:
+    """The dataset's ``events`` rows replaced by ``written`` (ids drawn from the table's
+    sequence, in order; ``at`` each event's time): their ids."""
+    _pg_drop_events(ledger, ds)
+    with ledger.pool.connection() as conn, conn.cursor() as cur:
+        cur.execute("SELECT nextval(pg_get_serial_sequence('events', 'id')) "
+                    "FROM generate_series(1, %s)", (len(written),))
+        ids = sorted(int(row[0]) for row in cur.fetchall())
+        with cur.copy("COPY events (id, dataset_id, kind, release_id, actor, at, units, "
+                      "detail) FROM STDIN") as copy:
+            for event_id, (ms, f) in zip(ids, written, strict=True):
+                units = {k[2:]: int(v) for k, v in f.items() if k.startswith("m:")}
+                detail = {"version": int(f["version"])} if "version" in f else {}
+                copy.write_row((event_id, ds, f["kind"], f["release_id"], f["actor"], _at(ms),
+                                json.dumps(units), json.dumps(detail)))
+    return [str(i) for i in ids]
+
+
+def _pg_drop_events(ledger: PgLedger, ds: str) -> None:
+    """Delete the dataset's ``events`` rows, append-only as they are (their trigger is off
+    for this transaction's session only: ``session_replication_role``)."""
+    with ledger.pool.connection() as conn, conn.cursor() as cur:
+        cur.execute("SET LOCAL session_replication_role = replica")
+        cur.execute("DELETE FROM events WHERE dataset_id = %s", (ds,))
+
+
 @pytest.fixture(scope="module")
-def rig(app: Flask) -> Rig:
-    client: redis.Redis = wiring.of(app).client
-    return Rig(Api(app.test_client()), client, wiring.of(app).ledger.audit)
+def rig(app: Flask) -> Iterator[Rig]:
+    rig = Rig(Api(app.test_client()), app)
+    yield rig
+    if isinstance(rig.ledger, PgLedger):
+        # events dated 2001 among the session's: ``since`` / ``until`` of other modules'
+        # ledgers map to event ids by time, so they go (the dataset stays, its ledger empty)
+        _pg_drop_events(rig.ledger, rig.ds)
 
 
 def _token(parts: list[Any]) -> str:
@@ -130,27 +202,25 @@ def test_pages_of_1000_concatenate_to_the_unpaged_list(rig: Rig) -> None:
     pages = rig.pages("limit=1000")
     assert [len(events) for events, _ in pages] == [1000, 1000, 500]
     assert [e for events, _ in pages for e in events] == rig.expected()
-    ids = [i for i, _ in rig.client.xrange(rig.copy)]
-    assert [_cursor_id(c) for _, c in pages[:-1]] == [ids[999], ids[1999]]
+    assert [_cursor_id(c) for _, c in pages[:-1]] == [rig.ids[999], rig.ids[1999]]
 
 
-@pytest.mark.parametrize("query,start,end,kinds", [
-    ("kind=commit,abort&limit=700", "-", "+", {"commit", "abort"}),
-    ("since=2001-01-01T00:00:00.300Z&until=2001-01-01T00:00:00.700Z&limit=150",
-     f"{START_MS + 300}-0", str(START_MS + 700), None),
-    ("since=2001-01-01T00:00:00.350Z&kind=cap&limit=1000", f"{START_MS + 350}-0", "+",
-     {"cap"}),
+@pytest.mark.parametrize("query,since,until,kinds", [
+    ("kind=commit,abort&limit=700", None, None, {"commit", "abort"}),
+    ("since=2001-01-01T00:00:00.300Z&until=2001-01-01T00:00:00.700Z&limit=150", 300, 700,
+     None),
+    ("since=2001-01-01T00:00:00.350Z&kind=cap&limit=1000", 350, None, {"cap"}),
 ])
-def test_filtered_pages_concatenate_to_the_filtered_list(rig: Rig, query: str, start: str,
-                                                        end: str,
+def test_filtered_pages_concatenate_to_the_filtered_list(rig: Rig, query: str,
+                                                        since: int | None, until: int | None,
                                                         kinds: set[str] | None) -> None:
     """Catches a cursor that loses the filters (the next page unfiltered, or restarting
     at ``since``), and a ``kind`` filter applied before the page's read count: each page
     reads ``limit`` events and keeps those that match, so pages may be short."""
     pages = rig.pages(query)
-    assert [e for events, _ in pages for e in events] == rig.expected(start, end, kinds)
+    assert [e for events, _ in pages for e in events] == rig.expected(since, until, kinds)
     limit = int(parse_qs(query)["limit"][0])
-    assert len(pages) == -(-len(rig.expected(start, end)) // limit)
+    assert len(pages) == -(-len(rig.expected(since, until)) // limit)
 
 
 def test_a_filter_matching_nothing_reads_one_page(rig: Rig) -> None:
@@ -159,8 +229,7 @@ def test_a_filter_matching_nothing_reads_one_page(rig: Rig) -> None:
     at the 1000th event read, and the walk ends after three such pages."""
     resp = rig.api.get(f"{rig.url}?kind=retire&limit=1000")
     assert resp.status_code == 200 and resp.get_json() == []
-    ids = [i for i, _ in rig.client.xrange(rig.copy)]
-    assert _cursor_id(resp.headers["X-Next-Cursor"]) == ids[999]
+    assert _cursor_id(resp.headers["X-Next-Cursor"]) == rig.ids[999]
     assert [len(e) for e, _ in rig.pages("kind=retire&limit=1000")] == [0, 0, 0]
 
 
@@ -180,6 +249,60 @@ class CountingRedis:
         return getattr(self.real, name)
 
 
+class CountingPool:
+    """A real connection pool whose cursors count the rows each fetch returns
+    (``counts``, one entry per fetch; ``returned``, their sum)."""
+
+    def __init__(self, real: ConnectionPool[Any]) -> None:
+        self.real, self.returned, self.counts = real, 0, []
+
+    @contextlib.contextmanager
+    def connection(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with self.real.connection(*args, **kwargs) as conn:
+            yield _Counted(conn, self)
+
+    def fetched(self, rows: int) -> None:
+        self.counts.append(rows)
+        self.returned += rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class _Counted:
+    """A connection (or cursor) whose cursors' fetches are counted by ``pool``."""
+
+    def __init__(self, real: Any, pool: CountingPool) -> None:
+        self.real, self.pool = real, pool
+
+    @contextlib.contextmanager
+    def cursor(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        with self.real.cursor(*args, **kwargs) as cur:
+            yield _Counted(cur, self.pool)
+
+    def fetchone(self) -> Any:
+        row = self.real.fetchone()
+        self.pool.fetched(0 if row is None else 1)
+        return row
+
+    def fetchall(self) -> list[Any]:
+        rows: list[Any] = self.real.fetchall()
+        self.pool.fetched(len(rows))
+        return rows
+
+    def fetchmany(self, size: int = 0) -> list[Any]:
+        rows: list[Any] = self.real.fetchmany(size)
+        self.pool.fetched(len(rows))
+        return rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.valkey_store
 def test_a_page_reads_at_most_limit_plus_one_stream_events(rig: Rig) -> None:
     """Catches an unbounded XRANGE behind a page: a ledger on a wrapped (real) client
     reads a filter-matching-nothing page of 10 from a 2,500-event stream with no
@@ -194,6 +317,38 @@ def test_a_page_reads_at_most_limit_plus_one_stream_events(rig: Rig) -> None:
     assert len(list(ledger.iter_events(ds))) == N  # the export: batches, never all at once
     assert counting.counts and all(c is not None and c <= READ_BATCH for c in counting.counts)
     rig.client.delete(rkeys.events(ds))
+
+
+def test_a_page_reads_at_most_limit_plus_one_rows(database_url: str) -> None:
+    """The same on PostgreSQL (its own pool on the session's database, whichever store
+    the session's service runs on): a filter-matching-nothing page of 10 from a
+    dataset's 2,500 rows gets 11 rows back, not 2,500; the export reads them in batches
+    of at most ``READ_BATCH`` rows (catches a query that fetches the whole range at once:
+    an export of millions of events held in memory)."""
+    pool = database.connect(database_url, max_size=2)
+    ledger = PgLedger(pool)
+    ds = "ds_" + secrets.token_hex(8)
+    try:
+        ids = _pg_replace_events(ledger, ds, [(START_MS + 5_000_000 + i, {
+            "kind": KINDS[i % len(KINDS)], "release_id": "", "actor": "op"})
+            for i in range(N)])
+        counting = CountingPool(pool)
+        ledger.pool = counting  # type: ignore[assignment]
+        events, last = ledger.events_page(ds, "-", "+", {"retire"}, 10)
+        assert events == [] and counting.returned == 11 and last == ids[9]
+        counting.counts.clear()
+        assert [e["id"] for e in ledger.iter_events(ds)] == ids
+        assert len(counting.counts) > 1 and max(counting.counts) <= READ_BATCH
+        counting.counts.clear()
+        assert [e["id"] for e in ledger.iter_events(ds, f"({ids[10]}", ids[-3],
+                                                    {"cap", "reserve"})] == [
+            i for n, i in enumerate(ids) if 10 < n < N - 2 and KINDS[n % len(KINDS)] in {
+                "cap", "reserve"}]
+        assert len(counting.counts) > 1 and max(counting.counts) <= READ_BATCH
+    finally:
+        ledger.pool = pool
+        _pg_drop_events(ledger, ds)
+        pool.close()
 
 
 def test_jsonl_export_is_streamed_and_byte_identical(rig: Rig) -> None:
@@ -223,7 +378,7 @@ def test_the_export_is_a_generator_not_a_built_body(rig: Rig, app: Flask) -> Non
         resp = inspect.unwrap(datasets_api.audit)(rig.ds, format="jsonl")
         assert isinstance(resp, Response) and resp.is_streamed
         first = next(iter(resp.response))
-        assert json.loads(first)["id"] == rig.client.xrange(rig.copy, count=1)[0][0]
+        assert json.loads(first)["id"] == rig.ids[0]
 
 
 def test_a_cursor_resumes_the_export(rig: Rig) -> None:
@@ -243,6 +398,9 @@ def test_a_cursor_resumes_the_export(rig: Rig) -> None:
     # ids past 64 bits (Valkey would refuse them: a 500 if passed on)
     ("cursor=" + _token([1.0, f"{2**64}-0", "stream"]), "cursor"),
     ("cursor=" + _token([1.0, f"1-{2**64 - 1}", "stream"]), "cursor"),
+    # an event id past PostgreSQL's bigint (it would refuse it: a 500 if passed on); no
+    # stream id either (no ``-``)
+    ("cursor=" + _token([1.0, str(2**63), "stream"]), "cursor"),
 ])
 def test_bad_paging_arguments_are_422_naming_the_field(rig: Rig, query: str,
                                                        field: str) -> None:
@@ -253,6 +411,7 @@ def test_bad_paging_arguments_are_422_naming_the_field(rig: Rig, query: str,
     assert resp.get_json()["field"] == field
 
 
+@pytest.mark.valkey_store
 def test_a_merged_read_survives_the_archiver_moving_its_next_batch(
         rig: Rig, tmp_path: Any) -> None:
     """Catches a batched read that loses events the archiver moved between two of its
@@ -267,6 +426,7 @@ def test_a_merged_read_survives_the_archiver_moving_its_next_batch(
     assert head + list(read) == rig.client.xrange(rig.copy)
 
 
+@pytest.mark.valkey_store
 def test_a_merged_read_survives_a_trim_between_its_file_check_and_xrange(
         rig: Rig, tmp_path: Any) -> None:
     """Catches a stream batch kept although the archiver trimmed under it: the wrapped

@@ -26,7 +26,6 @@ from service.api.app import create_app
 from service.api.observability import ClusterCollector, log_handler
 from service.config import Config
 from service.storage import release_metrics
-from service.storage.ledger import Ledger
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -185,16 +184,32 @@ def test_metrics_count_requests_by_route_and_status(app: Flask) -> None:
     assert sample(after, "privrelease_redis_up") == 1
 
 
-def test_metrics_report_queue_depth_and_dataset_count(app: Flask, r: redis.Redis) -> None:
+def listed_datasets(api: Api) -> list[str]:
+    """Every registered dataset's id as an operator's ``GET /v1/datasets`` lists them,
+    newest first (every page)."""
+    ids: list[str] = []
+    url = "/v1/datasets?limit=1000"
+    while url:
+        resp = api.get(url)
+        assert resp.status_code == 200, resp.get_json()
+        ids += [d["id"] for d in resp.get_json()]
+        cursor = resp.headers.get("X-Next-Cursor")
+        url = f"/v1/datasets?limit=1000&cursor={cursor}" if cursor else ""
+    return ids
+
+
+def test_metrics_report_queue_depth_and_dataset_count(app: Flask, api: Api,
+                                                      r: redis.Redis) -> None:
     samples = scrape(app.test_client())
     for name in ("releases", "analyses"):  # each queue's depth (analyses wait apart)
         assert ("privrelease_queue_depth", frozenset({("queue", name)})) in samples
-    assert sample(samples, "privrelease_datasets") == r.zcard("pr:datasets")
+    # the registered datasets, counted apart from the metric's Store.dataset_count
+    assert sample(samples, "privrelease_datasets") == len(listed_datasets(api))
 
     queue = f"pr:test:queue:{uuid.uuid4().hex}"
     r.rpush(queue, "a", "b", "c")
     try:
-        collector = ClusterCollector(r, Ledger(r), queue, max_datasets=0)
+        collector = ClusterCollector(r, wiring.of(app).ledger, queue, max_datasets=0)
         families = {m.name: m for m in collector.collect()}
         assert families["privrelease_queue_depth"].samples[0].value == 3
         assert families["privrelease_queue_depth"].samples[0].labels == {"queue": queue}
@@ -249,11 +264,12 @@ def test_metrics_report_exact_remaining_budget(api: Api, worker: Any, scraped_ap
     assert sample(samples, "privrelease_budget_remaining", dataset=ds, measure="delta") == 1e-5
 
 
-def test_metrics_export_only_the_newest_datasets(app: Flask, r: redis.Redis) -> None:
-    newest = r.zrevrange("pr:datasets", 0, 1)
+def test_metrics_export_only_the_newest_datasets(app: Flask, api: Api, r: redis.Redis) -> None:
+    newest = listed_datasets(api)[:2]
     if len(newest) < 2:
         pytest.skip("needs two datasets")  # pragma: no cover
-    families = {m.name: m for m in ClusterCollector(r, Ledger(r), "privrelease", 1).collect()}
+    families = {m.name: m for m in ClusterCollector(r, wiring.of(app).ledger, "privrelease",
+                                                    1).collect()}
     exported = {s.labels["dataset"] for s in families["privrelease_budget_remaining"].samples}
     assert exported == {newest[0]}
 

@@ -13,6 +13,7 @@ import sys
 from fractions import Fraction
 from typing import Any
 
+import pytest
 import redis
 from flask import Flask
 
@@ -21,6 +22,10 @@ from service.config import Config
 from service.storage import rkeys
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+
+#: the legacy policy migration of the Valkey store's datasets (``policy.migrate`` reads
+#: ``rkeys`` documents; on PostgreSQL every dataset was registered with its policy)
+pytestmark = pytest.mark.valkey_store
 
 SUBSET = {"mechanism": "subset.dummy", "params": {"column": "group", "alpha": 0.2},
           "budget": {"subset_draws": 1}}

@@ -45,6 +45,9 @@ from service.storage.release_documents import DocumentStore
 from service.storage.release_tables import OutputStore
 from tests.integration.conftest import PEOPLE_META
 
+#: Valkey's memory per release: the Valkey store's own cost
+pytestmark = pytest.mark.valkey_store
+
 #: the bound the issue sets, per finished release, everything counted
 BOUND = 1024
 ACTOR = "key_fd4ebdd61ee23776"
