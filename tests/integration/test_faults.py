@@ -46,7 +46,7 @@ from service.releases.queue import Queue, make_celery
 from service.storage import database, rkeys
 from service.storage.dataset_files import DatasetStore
 from service.storage.pg_ledger import RETRIES, PgLedger
-from tests.conftest import ROOT, TEST_STORE, database_on, start_valkey, wait_for_worker
+from tests.conftest import ROOT, database_on, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from workers.celery_app import HEARTBEAT_SECONDS
 
@@ -378,8 +378,8 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
 
 # -- PostgreSQL, the system of record ------------------------------------------------------
 
-on_postgres = pytest.mark.skipif(TEST_STORE != "postgres",
-                                 reason="the session's service runs on the Valkey store")
+#: tests of the PostgreSQL store: deselected in a session on the Valkey store
+on_postgres = pytest.mark.postgres_store
 
 
 @contextlib.contextmanager
