@@ -30,6 +30,7 @@ from service.storage.ledger import Reservation
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration import failing_mechanism
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api
+from tests.integration.record_state import close, field, lapse, on_record, own_database
 
 DB = 5
 BOOT = ("import tests.integration.failing_mechanism as m; m.install()\n"
@@ -39,8 +40,10 @@ BOOT = ("import tests.integration.failing_mechanism as m; m.install()\n"
 
 @pytest.fixture(scope="module")
 def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+        tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+        ) -> Iterator[dict[str, Any]]:
     url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    db = own_database(request)
     client = rkeys.connect(url)
     client.flushdb()
     apikeys.create(client, "operator", token=TOKEN)
@@ -49,12 +52,15 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
     with open(log, "wb") as fh:
         worker = subprocess.Popen([sys.executable, "-c", BOOT], cwd=ROOT, stdout=fh,
                                   stderr=subprocess.STDOUT,
-                                  env={**service_env, "PRIVRELEASE_REDIS_URL": url})
+                                  env=on_record({**service_env,
+                                                 "PRIVRELEASE_REDIS_URL": url}, db))
     try:
         wait_for_worker(client)
-        flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url))
+        flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
+                                                   database_url=db))
         yield {"app": flask_app, "api": Api(flask_app.test_client()), "log": log,
                "store": DatasetStore(data_dir / "datasets")}
+        close(flask_app)
     finally:
         failing_mechanism.uninstall()
         worker.terminate()
@@ -102,8 +108,8 @@ def test_failure_after_reading_is_charged_and_says_only_mechanism_failed(
             ("cap", None), ("reserve", None), ("commit", "failed")]
         assert events[2]["amounts"] == {"epsilon": 0.5}
     assert docs[0]["error"] == docs[1]["error"]
-    client = rig["app"].extensions["privrelease"].client
-    assert all(client.hget(rkeys.release(d["id"]), "data_read") == "1" for d in docs)
+    ledger = wiring.of(rig["app"]).ledger
+    assert all(field(ledger, d["id"], "data_read") == "1" for d in docs)
     logged = rig["log"].read_text()
     assert "ValueError" in logged and "ZeroDivisionError" in logged  # operators see the type
     assert failing_mechanism.SECRET not in logged  # never the message (it holds data)
@@ -128,8 +134,7 @@ def test_dataset_files_missing_before_reading_is_refunded(rig: dict[str, Any]) -
     assert row == {"cap": 5.0, "committed": 0.0, "reserved": 0.0, "remaining": 5.0}
     kinds = [e["kind"] for e in api.get(f"/v1/datasets/{ds}/ledger").get_json()]
     assert kinds == ["cap", "reserve", "abort"]
-    client = rig["app"].extensions["privrelease"].client
-    assert client.hget(rkeys.release(doc["id"]), "data_read") is None
+    assert field(wiring.of(rig["app"]).ledger, doc["id"], "data_read") is None
 
 
 def test_runs_that_keep_dying_after_reading_end_charged(rig: dict[str, Any]) -> None:
@@ -138,7 +143,7 @@ def test_runs_that_keep_dying_after_reading_end_charged(rig: dict[str, Any]) -> 
     run again: on main a crash the data causes was redelivered and re-run forever."""
     api: Api = rig["api"]
     flask_app: Flask = rig["app"]
-    client, ledger = wiring.of(flask_app).client, wiring.of(flask_app).ledger
+    ledger = wiring.of(flask_app).ledger
     ds = _dataset(api, [30] * 20)
     rid = submit.new_id()
     prepared = pricing.prepare(ledger, {
@@ -151,10 +156,10 @@ def test_runs_that_keep_dying_after_reading_end_charged(rig: dict[str, Any]) -> 
     for _ in range(MAX_RUNS):
         run = ledger.mark_running(rid, "dead-worker")
         assert run is not None and ledger.mark_data_read(run)
-        client.delete(rkeys.lease(rid))
+        lapse(ledger, rid)
     wiring.of(flask_app).queue.run(rid)
     doc = api.wait(rid)
     assert doc["status"] == "failed" and doc["error"] == FAILED_AFTER_READ
-    assert client.hget(rkeys.release(rid), "attempts") == str(MAX_RUNS + 1)
+    assert field(ledger, rid, "attempts") == str(MAX_RUNS + 1)
     row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
     assert row == {"cap": 5.0, "committed": 0.5, "reserved": 0.0, "remaining": 4.5}

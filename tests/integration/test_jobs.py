@@ -1,8 +1,9 @@
 """Jobs under fire: cancel with refund, a worker killed mid-task, the sweeper.
 
 These tests run their own slow worker (each job sleeps once it has read its data, a test-only
-fault-injection knob) against their own Valkey database, so the shared worker
-of the session never sees their jobs.
+fault-injection knob) against their own Valkey database (and, on PostgreSQL, their own
+database: ``record_state.own_database``), so the shared worker of the session never sees
+their jobs.
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ from service.api.app import create_app
 from service.releases.run import FAILED_AFTER_READ
 from service.releases.sweeper import sweep
 from service.storage import rkeys
-from service.storage.ledger import Ledger, Reservation
+from service.storage.ledger import Reservation
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from tests.integration.record_state import (
+    close,
+    field,
+    lapse,
+    on_record,
+    own_database,
+    run_store,
+)
 
 LEASE = 2
 DELAY = 3.0
@@ -37,13 +46,17 @@ DELAY = 3.0
 
 @pytest.fixture(scope="module")
 def slow(redis_url: str, service_env: dict[str, str], app: Flask,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, redis.Redis, dict]]:
+         tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+         ) -> Iterator[tuple[Api, redis.Redis, dict]]:
     url = redis_url.rsplit("/", 1)[0] + "/3"
+    db = own_database(request)
     client = rkeys.connect(url)
     client.flushdb()
     apikeys.create(client, "operator", token=TOKEN)
-    env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY),
-           "PRIVRELEASE_LEASE_SECONDS": str(LEASE), "PRIVRELEASE_SWEEP_INTERVAL": "0.5"}
+    env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
+                     "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY),
+                     "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
+                     "PRIVRELEASE_SWEEP_INTERVAL": "0.5"}, db)
     log = tmp_path_factory.mktemp("slow") / "worker.log"
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -59,10 +72,11 @@ def slow(redis_url: str, service_env: dict[str, str], app: Flask,
 
     start()
     flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
-                                               lease_seconds=LEASE))
+                                               database_url=db, lease_seconds=LEASE))
     yield Api(flask_app.test_client()), client, {"start": start, "procs": procs, "log": log}
     procs["worker"].terminate()
     procs["worker"].wait(timeout=30)
+    close(flask_app)
 
 
 def _dataset(api: Api) -> str:
@@ -142,15 +156,14 @@ def test_worker_killed_mid_task_ends_once_and_balances(slow: Any) -> None:
     assert doc["status"] == "succeeded", doc
     assert isinstance(doc["result"]["value"], int)
     assert row["committed"] == 0.5 and row["reserved"] == 0.0 and len(commits) == 1
-    assert int(wiring.of(api.client.application).client.hget(
-        rkeys.release(rid), "attempts")) == 2
+    assert field(wiring.of(api.client.application).ledger, rid, "attempts") == "2"
 
 
 def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     """Which jobs are gone, with re-sends off (PRIVRELEASE_MAX_RESENDS=0: these stand-in
     releases cannot run; test_sweeper_resend.py re-sends real ones): each is refunded."""
     api, client, _ = slow
-    ledger = Ledger(client, lease_seconds=LEASE)
+    ledger = run_store(api.client.application, LEASE)
     ds = _dataset(api)
 
     def reserve(name: str) -> str:
@@ -167,7 +180,7 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     ledger.enqueued(lost)
     dead = reserve("dead")  # running, but its worker died (no lease)
     assert ledger.mark_running(dead, "w")
-    client.delete(rkeys.lease(dead))
+    lapse(ledger, dead)
     alive = reserve("alive")  # running with a live lease: left alone
     alive_run = ledger.mark_running(alive, "w")
     assert alive_run is not None
@@ -175,7 +188,7 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
     # Valkey before acknowledging): gone now, not after the visibility timeout
     stuck = reserve("stuck")
     assert ledger.mark_running(stuck, "w")
-    client.delete(rkeys.lease(stuck))
+    lapse(ledger, stuck)
     # queued, its message prefetched (unacked) by a worker that may still start it: left alone
     prefetched = reserve("prefetched")
     tag = f"tag_{ds}"
@@ -187,9 +200,9 @@ def test_sweeper_resolves_reservations_whose_job_is_gone(slow: Any) -> None:
                       ) == sorted([lost, dead, stuck])
     finally:
         client.hdel("unacked", f"{tag}_1", f"{tag}_2")
-    assert client.hget(rkeys.release(alive), "status") == "running"
-    assert client.hget(rkeys.release(prefetched), "status") == "queued"
-    assert json.loads(client.hget(rkeys.release(lost), "error") or "") == {
+    assert field(ledger, alive, "status") == "running"
+    assert field(ledger, prefetched, "status") == "queued"
+    assert json.loads(field(ledger, lost, "error") or "") == {
         "message": "job gone (job message lost) after 0 re-sends; reservation refunded"}
     assert ledger.abort(ds, prefetched, "{}", "test")
     assert _epsilon(api, ds)["reserved"] == 0.1 and _epsilon(api, ds)["committed"] == 0
@@ -203,7 +216,7 @@ def test_sweeper_charges_a_job_whose_worker_died_after_reading(slow: Any) -> Non
     job, so a worker that died because of the data (a crash, memory) was a free probe.
     A job gone after its data_read marker is charged and says only "mechanism failed"."""
     api, client, _ = slow
-    ledger = Ledger(client, lease_seconds=LEASE)
+    ledger = run_store(api.client.application, LEASE)
     ds = _dataset(api)
     rid = f"rel_read_{ds}"
     res = ledger.reserve(Reservation(ds, rid, {"epsilon": 10**8}, actor="key_t", fingerprint=rid,
@@ -211,10 +224,10 @@ def test_sweeper_charges_a_job_whose_worker_died_after_reading(slow: Any) -> Non
     assert res.outcome == "reserved"
     run = ledger.mark_running(rid, "w")
     assert run is not None and ledger.mark_data_read(run)
-    client.delete(rkeys.lease(rid))  # its worker died after reading
+    lapse(ledger, rid)  # its worker died after reading
     assert rid in sweep(client, ledger, wiring.of(api.client.application).queue, min_age=0)
-    assert client.hget(rkeys.release(rid), "status") == "failed"
-    assert json.loads(client.hget(rkeys.release(rid), "error") or "") == FAILED_AFTER_READ
+    assert field(ledger, rid, "status") == "failed"
+    assert json.loads(field(ledger, rid, "error") or "") == FAILED_AFTER_READ
     assert _epsilon(api, ds) == {"cap": 5.0, "committed": 0.1, "reserved": 0.0,
                                  "remaining": 4.9}
     events = api.get(f"/v1/datasets/{ds}/ledger").get_json()

@@ -8,8 +8,8 @@ nothing, and a run that meets a store gone bad after its POST finds out before i
 the data (``DocumentStore.preflight``), so it is refunded.
 
 The release folder is a small tmpfs of its own (the tests run as root, as CI does); the
-app has a data directory and a Valkey database of its own, and runs its releases in this
-process (``run.execute``), so no worker of the session takes them.
+app has a data directory, a Valkey database and (on PostgreSQL) a database of its own, and
+runs its releases in this process (``run.execute``), so no worker of the session takes them.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from flask import Flask
 from service import apikeys, wiring
 from service.api.app import create_app
 from service.releases import run
-from service.storage import rkeys
+from service.storage.store import ReleaseView
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from tests.integration.record_state import close, field, own_database
 
 DB = 10
 SMALL_FS = "4m"
@@ -52,11 +53,13 @@ def _fill(path: Path) -> None:
 
 
 @pytest.fixture()
-def rig(app: Flask, tmp_path: Path) -> Iterator[dict[str, Any]]:
+def rig(app: Flask, tmp_path: Path, request: pytest.FixtureRequest
+        ) -> Iterator[dict[str, Any]]:
     """An app whose release folder is a 4 MiB tmpfs."""
     config = dataclasses.replace(
         app.config["PRIVRELEASE"], data_dir=tmp_path,
-        redis_url=app.config["PRIVRELEASE"].redis_url.rsplit("/", 1)[0] + f"/{DB}")
+        redis_url=app.config["PRIVRELEASE"].redis_url.rsplit("/", 1)[0] + f"/{DB}",
+        database_url=own_database(request))
     releases = config.releases_dir
     releases.mkdir(parents=True)
     _mount(releases, f"size={SMALL_FS}")
@@ -71,6 +74,7 @@ def rig(app: Flask, tmp_path: Path) -> Iterator[dict[str, Any]]:
         yield {"app": flask_app, "api": api, "releases": releases,
                "dataset": upload.get_json()["id"]}
         client.flushdb()
+        close(flask_app)
     finally:
         subprocess.run(["umount", "-l", str(releases)], check=True)
 
@@ -99,8 +103,9 @@ def test_a_full_or_read_only_output_store_is_refused_at_the_post(
     assert (down.status_code, down.get_json()["code"]) == (503, "storage_unavailable")
     assert down.headers["Retry-After"]
     assert _epsilon(api, ds) == before  # nothing held, nothing charged
-    client = wiring.of(rig["app"]).client
-    assert client.zcard(rkeys.dataset_releases(ds)) == 0
+    listed, _ = wiring.of(rig["app"]).ledger.release_page(
+        ReleaseView("datasets", datasets=frozenset({ds})), 10)
+    assert listed == []
     subprocess.run(["mount", "-o", "remount,rw", str(releases)], check=True)
     ok = api.post("/v1/releases", _body(ds))
     assert ok.status_code == 202, ok.get_json()
@@ -132,7 +137,7 @@ def test_a_run_whose_output_store_went_bad_is_refunded_before_reading(
     doc = api.get(f"/v1/releases/{release_id}").get_json()
     assert doc["status"] == "failed"
     assert "refunded before the data was read" in doc["error"]["message"]
-    assert svc.client.hget(rkeys.release(release_id), "data_read") is None
+    assert field(svc.ledger, release_id, "data_read") is None
     assert _epsilon(api, ds) == before  # refunded: the failure rule's "before the read"
     # and with room again, the same request runs and is charged once
     again = api.post("/v1/releases", {**_body(ds), "seed": None})

@@ -32,11 +32,14 @@ from service.api.app import create_app
 from service.releases import pricing, queue, submit
 from service.releases.queue import PRICING_QUEUE, RELEASES_QUEUE, Queue
 from service.releases.sweeper import send_outbox, sweep
-from service.storage import rkeys
+from service.storage import database, rkeys
 from service.storage.ledger import Ledger, Reservation
+from service.storage.pg_ledger import PgLedger
+from service.storage.store import ReleaseView, Store
 
 from ..conftest import ROOT
 from .conftest import TOKEN, Api
+from .record_state import field, own_database
 
 META: dict[str, Any] = {
     "name": "heights", "budgets": {"interval_leakage": 0.9}, "record_level": True,
@@ -203,10 +206,9 @@ def _operator_of(app: Flask, dataset_id: str) -> Api:
 def _pricing_release(app: Flask, dataset_id: str, budget: float) -> str:
     """A release created pricing as the API creates it, its job not sent (the test runs
     the job in-process)."""
-    client = wiring.of(app).client
     ledger = wiring.of(app).ledger
     body = _calibrated(dataset_id, budget)
-    doc = json.loads(client.get(rkeys.dataset(dataset_id)) or "{}")
+    doc = json.loads(ledger.dataset_document(dataset_id) or "{}")
     request = pricing.PricingRequest(doc, body["mechanism"], body["params"], {}, None, None,
                                       body)
     release_id = submit.new_id()
@@ -238,12 +240,12 @@ class _Sent:
 def test_a_pricing_job_run_twice_reserves_once(app: Flask, heights: str) -> None:
     """Redelivery: a job killed after reserving (its send failed) and run again, then a
     third run, reserve exactly once; the run is sent by the run that finds it unsent."""
-    client, ledger = wiring.of(app).client, wiring.of(app).ledger
+    ledger = wiring.of(app).ledger
     release_id = _pricing_release(app, heights, _fresh_budget())
     broken = _Sent(fail=True)
     with pytest.raises(ConnectionError):
         submit.price(broken.services(app), release_id)
-    assert client.hget(rkeys.release(release_id), "status") == "queued"
+    assert field(ledger, release_id, "status") == "queued"
     assert ledger.unsent(release_id, 0.0)  # reserved, its run still in the outbox
     sent = _Sent()
     assert submit.price(sent.services(app), release_id) == "skipped"
@@ -295,20 +297,25 @@ def test_cancelling_a_pricing_release_stops_its_reservation(app: Flask, api: Api
     assert [e["kind"] for e in ledger.events(heights)] == ["cap", "cancel"]
 
 
-def _isolated(redis_url: str) -> tuple[Any, Ledger]:
-    """A Valkey database of its own: the sweeper passes over every release in it, and no
+def _isolated(redis_url: str, request: pytest.FixtureRequest) -> tuple[Any, Store]:
+    """A Valkey database of its own (and a record: a database of its own on PostgreSQL,
+    ``record_state.own_database``): the sweeper passes over every release in it, and no
     worker consumes what a test leaves in its queues."""
     client = rkeys.connect(redis_url.rsplit("/", 1)[0] + "/7")
     client.flushdb()
-    ledger = Ledger(client)
+    db = own_database(request)
+    ledger: Store = Ledger(client) if db is None else PgLedger(database.connect(db))
+    if isinstance(ledger, PgLedger):
+        request.addfinalizer(ledger.pool.close)
     ledger.open("ds_sweep", {"epsilon": 10**6}, actor="t")
     return client, ledger
 
 
-def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(redis_url: str) -> None:
+def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(
+        redis_url: str, request: pytest.FixtureRequest) -> None:
     """In the outbox past its grace: its pricing job is sent; sent but its message lost
     (in no queue, not unacked): sent again; a run never refunds or charges it."""
-    client, ledger = _isolated(redis_url)
+    client, ledger = _isolated(redis_url, request)
     release_id = "rel_" + "c" * 24
     assert ledger.reserve(Reservation("ds_sweep", release_id, {}, actor="t", fingerprint=release_id,
                           request_json=json.dumps({"dataset_id": "ds_sweep"}), replay=False,
@@ -321,18 +328,18 @@ def test_the_sweeper_sends_a_pricing_job_left_unsent_or_lost(redis_url: str) -> 
     sent.calls.clear()
     assert sweep(client, ledger, Queue(sent), min_age=0.0, grace=3600) == []
     assert (queue.PRICE_RELEASE, queue.pricing_task_id(release_id)) in sent.calls
-    assert client.hget(rkeys.release(release_id), "status") == "pricing"
+    assert field(ledger, release_id, "status") == "pricing"
     assert ledger.balance("ds_sweep")["epsilon"]["reserved"] == 0
     client.flushdb()
 
 
 def test_the_sweeper_sees_messages_waiting_in_the_release_and_pricing_queues(
-        redis_url: str) -> None:
+        redis_url: str, request: pytest.FixtureRequest) -> None:
     """Catches the sweeper reading the queue's old name (``privrelease``): a queued
     release whose message still waited in ``releases`` (workers busy for over a minute)
     was refunded as "job message lost"; a pricing job waiting in ``pricing`` would be
     sent again. On a database of its own, so no worker consumes the stand-in messages."""
-    client, ledger = _isolated(redis_url)
+    client, ledger = _isolated(redis_url, request)
     queued = "rel_" + "a" * 24
     assert ledger.reserve(Reservation(
         "ds_sweep", queued, {"epsilon": 10}, actor="t", fingerprint=queued,
@@ -349,8 +356,8 @@ def test_the_sweeper_sees_messages_waiting_in_the_release_and_pricing_queues(
     sent = _Sent()
     assert sweep(client, ledger, Queue(sent), min_age=0.0, grace=3600) == []
     assert sent.calls == []
-    assert client.hget(rkeys.release(queued), "status") == "queued"
-    assert client.hget(rkeys.release(priced), "status") == "pricing"
+    assert field(ledger, queued, "status") == "queued"
+    assert field(ledger, priced, "status") == "pricing"
     assert ledger.balance("ds_sweep")["epsilon"]["reserved"] == 10
     client.flushdb()
 
@@ -406,7 +413,8 @@ def test_cold_release_requests_count_against_the_estimate_limit(app: Flask, api:
     assert [caller.post("/v1/releases", b).status_code for b in cold[:2]] == [202, 202]
     refused = caller.post("/v1/releases", cold[2])
     assert refused.status_code == 429 and refused.get_json()["code"] == "rate_limited"
-    assert client.zcard(rkeys.key_releases(key.id)) == 2
+    made, _ = wiring.of(limited).ledger.release_page(ReleaseView("key", key_id=key.id), 10)
+    assert len(made) == 2
     warm = {"dataset_id": _upload(api), "mechanism": "interval.case1", "params": {
         "column": "h", "anchors": {"family": "logistic", "loc": 170, "scale": 10}},
         "budget": {"interval_leakage": 0.5}}

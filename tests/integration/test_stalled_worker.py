@@ -29,11 +29,14 @@ import redis
 from celery import Celery
 from flask import Flask
 
-from service import apikeys
+from service import apikeys, wiring
 from service.api.app import create_app
 from service.storage import release_metrics, rkeys
+from service.storage.pg_ledger import PgLedger
+from service.storage.store import Store
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from tests.integration.record_state import close, field, on_record, own_database
 
 LEASE = 2
 DELAY = 3.0
@@ -57,15 +60,19 @@ def _pool_child(worker: subprocess.Popen[bytes]) -> int:
 
 @pytest.fixture()
 def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
-        tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """Its own Valkey database, an app on it, and a way to start workers on it."""
+        tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """Its own Valkey database (and record: ``record_state.own_database``), an app on
+    it, and a way to start workers on it."""
     url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    db = own_database(request)
     client = rkeys.connect(url)
     client.flushdb()
     apikeys.create(client, "operator", token=TOKEN)
     # no sweep during the test: the redelivery, not the sweeper, must meet the stalled job
-    env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY),
-           "PRIVRELEASE_LEASE_SECONDS": str(LEASE), "PRIVRELEASE_SWEEP_INTERVAL": "300"}
+    env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
+                     "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY),
+                     "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
+                     "PRIVRELEASE_SWEEP_INTERVAL": "300"}, db)
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(name: str) -> subprocess.Popen[bytes]:
@@ -80,9 +87,10 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
         return proc
 
     flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
-                                               lease_seconds=LEASE))
+                                               database_url=db, lease_seconds=LEASE))
     try:
         yield {"api": Api(flask_app.test_client()), "client": client, "url": url,
+               "ledger": wiring.of(flask_app).ledger,
                "start": start, "logs": tmp_path, "releases": data_dir / "releases"}
     finally:
         for proc in procs:
@@ -90,6 +98,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
                 _signal(pid, signal.SIGCONT)
             proc.terminate()
             proc.wait(timeout=30)
+        close(flask_app)
 
 
 def _children(pid: int) -> list[int]:
@@ -125,6 +134,7 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
     came from two different runs (0 of 40 rows equal) for one charge."""
     api: Api = rig["api"]
     client: redis.Redis = rig["client"]
+    ledger: Store = rig["ledger"]
     worker_a = rig["start"]("worker-a")
     resp = api.upload(people_csv(40), PEOPLE_META)
     assert resp.status_code == 201, resp.get_json()
@@ -134,19 +144,18 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
                                      "budget": {"epsilon": 1}})
     assert resp.status_code == 202, resp.get_json()
     rid = resp.get_json()["id"]
-    release = rkeys.release(rid)
 
     # A has read the data (the marker is written just before the read) and sleeps
-    _until(lambda: client.hget(release, "data_read"))
+    _until(lambda: field(ledger, rid, "data_read"))
     stalled = [worker_a.pid, _pool_child(worker_a)]
     for pid in stalled:
         os.kill(pid, signal.SIGSTOP)
     try:
         worker_b = rig["start"]("worker-b")
-        _until(lambda: not client.exists(rkeys.lease(rid)), timeout=LEASE + 5)  # lapsed
+        _until(lambda: not ledger.lease_held(rid), timeout=LEASE + 5)  # lapsed
         _redeliver(rig["url"])
-        _until(lambda: client.hget(release, "attempts") == "2")  # B runs it again
-        assert client.hget(release, "status") == "running"
+        _until(lambda: field(ledger, rid, "attempts") == "2")  # B runs it again
+        assert field(ledger, rid, "status") == "running"
     finally:
         for pid in stalled:
             os.kill(pid, signal.SIGCONT)
@@ -172,9 +181,12 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
     assert client.hget(release_metrics.RELEASES, lost) == "1"
     assert client.hget(release_metrics.RELEASES, f"dip{release_metrics.SEP}succeeded") == "1"
     # B's table is the release's; A's never became visible and is gone
-    assert client.hget(release, "table") == "2"
+    assert field(ledger, rid, "table") == "2"
     # so is A's result document: only B's (the attempt settle recorded) and the request
-    assert client.hget(release, "result") == "2"
-    assert sorted(p.name for p in (rig["releases"] / rid).iterdir()) == [
-        f"request.{client.hget(release, 'doc')}.json", "result.2.json", "v2"]
+    # (the Valkey store moves a settled request to a file; PostgreSQL keeps it in the row)
+    assert field(ledger, rid, "result") == "2"
+    kept = ledger.kept_request(rid)
+    assert (kept is None) == isinstance(ledger, PgLedger)
+    assert sorted(p.name for p in (rig["releases"] / rid).iterdir()) == sorted(
+        [*([f"request.{kept}.json"] if kept is not None else []), "result.2.json", "v2"])
     assert "run lost its lease" in (rig["logs"] / "worker-a.log").read_text()

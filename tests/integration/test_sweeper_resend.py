@@ -4,8 +4,9 @@ A Valkey database of its own (so the session's worker never sees these jobs), an
 app on it, and a real worker started only once the losses are staged: a queued
 release whose message the broker lost, a running one whose worker died before
 reading its data, one re-sent past the bound, and one with two messages (its
-original only delayed). The claim script (service/storage/lua/resend.lua) and the
-sweeper's pacing are tested against the same database with a recording sender.
+original only delayed). The re-send's claim (``Store.claim_resend``: resend.lua, or
+one transaction) and the sweeper's pacing are tested against the same database with a
+recording sender. On PostgreSQL the rig's record is a database of its own too.
 """
 
 from __future__ import annotations
@@ -28,9 +29,20 @@ from service.api.app import create_app
 from service.releases import queue, sweeper
 from service.releases.queue import RELEASES_QUEUE, Queue
 from service.storage import rkeys
-from service.storage.ledger import Ledger, Reservation
+from service.storage.ledger import Reservation
+from service.storage.store import Store
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from tests.integration.record_state import (
+    backdate,
+    close,
+    field,
+    lapse,
+    on_record,
+    own_database,
+    run_store,
+    set_resent,
+)
 from tests.integration.test_precompute import _Sent
 
 LEASE = 2
@@ -52,17 +64,22 @@ def _until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
 
 @pytest.fixture(scope="module")
 def rig(redis_url: str, service_env: dict[str, str], app: Flask,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Its own database, an app on it, and a worker started on demand (its own sweeper
-    never runs during the test: the test sweeps)."""
+        tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+        ) -> Iterator[dict[str, Any]]:
+    """Its own database (and record: ``record_state.own_database``), an app on it, and a
+    worker started on demand (its own sweeper never runs during the test: the test
+    sweeps)."""
     url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    db = own_database(request)
     client = rkeys.connect(url)
     client.flushdb()
     apikeys.create(client, "operator", token=TOKEN)
     flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
-                                               lease_seconds=LEASE))
-    env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
-           "PRIVRELEASE_SWEEP_INTERVAL": "3600", "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY)}
+                                               database_url=db, lease_seconds=LEASE))
+    env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
+                     "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
+                     "PRIVRELEASE_SWEEP_INTERVAL": "3600",
+                     "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY)}, db)
     log = tmp_path_factory.mktemp("resend") / "worker.log"
     procs: list[subprocess.Popen[bytes]] = []
 
@@ -75,12 +92,13 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
         wait_for_worker(client)
 
     yield {"api": Api(flask_app.test_client()), "client": client, "start": start, "log": log,
-           "ledger": Ledger(client, lease_seconds=LEASE),
+           "ledger": run_store(flask_app, LEASE),
            "queue": wiring.of(flask_app).queue}
     for proc in procs:
         proc.terminate()
         proc.wait(timeout=30)
     client.flushdb()
+    close(flask_app)
 
 
 def _release(api: Api, ds: str, value: int) -> str:
@@ -122,16 +140,16 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     _lose(client, dead)  # its worker started it, then died before reading the data
     run = ledger.mark_running(dead, "w")
     assert run is not None and run.attempt == 1
-    client.delete(rkeys.lease(dead))
+    lapse(ledger, dead)
     _lose(client, bounded)
     rig["queue"].run(twice)  # the original, delayed
     assert _messages(client, twice) == 2
 
     assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == []
     for rid in (lost, dead, bounded):
-        assert client.hget(rkeys.release(rid), "resends") == "1"
+        assert field(ledger, rid, "resends") == "1"
         assert _messages(client, rid) == 1
-    assert client.hget(rkeys.release(twice), "resends") is None  # its messages wait
+    assert field(ledger, twice, "resends") is None  # its messages wait
     _lose(client, bounded)  # lost again: past the bound of 1, refunded
     assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == [
         bounded]
@@ -150,7 +168,7 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     rig["queue"].run(lost)  # a late redelivery
     _until(lambda: _messages(client, lost) == 0)
     time.sleep(0.5)  # the late message's run, had it started, would have counted by now
-    attempts = {rid: client.hget(rkeys.release(rid), "attempts") for rid in (lost, dead, twice)}
+    attempts = {rid: field(ledger, rid, "attempts") for rid in (lost, dead, twice)}
     assert attempts == {lost: "1", dead: "2", twice: "1"}
     events = api.get(f"/v1/datasets/{ds}/ledger").get_json()
     commits = Counter(e["release_id"] for e in events if e["kind"] == "commit")
@@ -161,7 +179,7 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     assert row["reserved"] == 0
 
 
-def _reserved(ledger: Ledger, rid: str) -> str:
+def _reserved(ledger: Store, rid: str) -> str:
     ledger.open("ds_resend", {"epsilon": 10**9}, actor="t")
     assert ledger.reserve(Reservation("ds_resend", rid, {"epsilon": 10}, actor="t", fingerprint=rid,
                           request_json=json.dumps({"dataset_id": "ds_resend"})
@@ -182,9 +200,9 @@ def test_a_resend_is_claimed_only_for_a_gone_unread_job_and_paced(rig: dict[str,
     run = ledger.mark_running(read, "w")
     assert run is not None and ledger.mark_data_read(run)
     for rid in (held, read):
-        assert sweeper._resend(client, ledger, rid, 3, Queue(_Sent()), "test") == 0
-        assert client.hget(rkeys.release(rid), "resends") is None
-    client.delete(rkeys.lease(read))  # its worker died after reading: charged, not re-sent
+        assert sweeper._resend(ledger, rid, 3, Queue(_Sent()), "test") == 0
+        assert field(ledger, rid, "resends") is None
+    lapse(ledger, read)  # its worker died after reading: charged, not re-sent
     sent = _Sent()
     assert sweeper.sweep(client, ledger, Queue(sent), min_age=0) == [read]
     assert sent.calls == []
@@ -193,18 +211,18 @@ def test_a_resend_is_claimed_only_for_a_gone_unread_job_and_paced(rig: dict[str,
     gone = _reserved(ledger, "rel_" + "g" * 24)
     down = _Sent(fail=True)
     assert sweeper.sweep(client, ledger, Queue(down), min_age=0) == []
-    assert client.hmget(rkeys.release(gone), "resends", "resent_at") == ["0", None]
+    assert [field(ledger, gone, f) for f in ("resends", "resent_at")] == ["0", None]
     # reserved long ago, re-sent lately: left to that message until min_age has passed
-    client.zadd(rkeys.PENDING, {gone: time.time() - 100})
-    client.hset(rkeys.release(gone), "resent_at", f"{time.time() - 10:.3f}")
+    backdate(ledger, gone, time.time() - 100)
+    set_resent(ledger, gone, time.time() - 10)
     sent = _Sent()
     assert sweeper.sweep(client, ledger, Queue(sent), min_age=30) == []
     assert sent.calls == []
-    client.hset(rkeys.release(gone), "resent_at", f"{time.time() - 40:.3f}")
+    set_resent(ledger, gone, time.time() - 40)
     assert sweeper.sweep(client, ledger, Queue(sent), min_age=30) == []
     assert sent.calls == [(queue.RUN_RELEASE, gone)]
-    assert client.hget(rkeys.release(gone), "resends") == "1"
-    assert client.hget(rkeys.release(gone), "status") == "queued"
+    assert field(ledger, gone, "resends") == "1"
+    assert field(ledger, gone, "status") == "queued"
     assert ledger.abort("ds_resend", gone, "{}", "test")
     assert ledger.balance("ds_resend")["epsilon"]["reserved"] == 0
 
@@ -218,7 +236,8 @@ def test_a_queued_job_whose_message_a_worker_took_long_ago_is_resent(
     client, ledger = rig["client"], rig["ledger"]
     now = time.time()
     stranded, fresh, unknown = (_reserved(ledger, "rel_" + c * 24) for c in "suk")
-    client.zadd(rkeys.PENDING, {rid: now - 100 for rid in (stranded, fresh, unknown)})
+    for rid in (stranded, fresh, unknown):
+        backdate(ledger, rid, now - 100)
     client.hset(sweeper.UNACKED, mapping={
         f"t_{rid}": json.dumps([{"headers": {"id": rid}}, "", RELEASES_QUEUE])
         for rid in (stranded, fresh, unknown)})
@@ -230,7 +249,7 @@ def test_a_queued_job_whose_message_a_worker_took_long_ago_is_resent(
         client.delete(sweeper.UNACKED, sweeper.UNACKED_INDEX)
     assert sent.calls == [(queue.RUN_RELEASE, stranded)]
     for rid in (stranded, fresh, unknown):
-        assert client.hget(rkeys.release(rid), "status") == "queued"
+        assert field(ledger, rid, "status") == "queued"
         assert ledger.abort("ds_resend", rid, "{}", "test")
 
 
@@ -245,20 +264,20 @@ def test_a_queued_release_whose_message_was_lost_is_resent_within_seconds(
     lost = _reserved(ledger, "rel_" + "l" * 24)
     dead = _reserved(ledger, "rel_" + "d" * 24)
     assert ledger.mark_running(dead, "w") is not None
-    client.delete(rkeys.lease(dead))  # its worker died: judged on the min_age pace
-    client.zadd(rkeys.PENDING, {lost: now - 2, dead: now - 6})
+    lapse(ledger, dead)  # its worker died: judged on the min_age pace
+    backdate(ledger, lost, now - 2)
+    backdate(ledger, dead, now - 6)
     sent = _Sent()
     assert sweeper.sweep(client, ledger, Queue(sent), min_age=60, lost_age=5) == []
     assert sent.calls == []  # 2 s old: the broker may be between its pop and its record
-    client.zadd(rkeys.PENDING, {lost: now - 6})
+    backdate(ledger, lost, now - 6)
     assert sweeper.sweep(client, ledger, Queue(sent), min_age=60, lost_age=5) == []
     assert sent.calls == [(queue.RUN_RELEASE, lost)]  # and not the running one
     assert sweeper.sweep(client, ledger, Queue(sent), min_age=60, lost_age=5) == []
     assert len(sent.calls) == 1  # re-sent lately: left to that message for lost_age
-    client.hset(rkeys.release(lost), "resent_at", f"{time.time() - 6:.3f}")
-    client.hset(rkeys.release(lost), "resends", "3")  # the bound reached: still no refund
+    set_resent(ledger, lost, time.time() - 6, resends=3)  # the bound reached: still no refund
     assert sweeper.sweep(client, ledger, Queue(sent), min_age=60, lost_age=5) == []
-    assert client.hget(rkeys.release(lost), "status") == "queued"
+    assert field(ledger, lost, "status") == "queued"
     assert ledger.balance("ds_resend")["epsilon"]["reserved"] >= 20
     for rid in (lost, dead):
         assert ledger.abort("ds_resend", rid, "{}", "test")

@@ -26,6 +26,7 @@ from service.config import Config
 from service.storage import rkeys
 from tests.conftest import ROOT, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
+from tests.integration.record_state import close, on_record, own_database
 
 TOKEN = "pr_work_limits_operator"
 ANALYSIS_LIMIT = 5.0  # seconds; the delay below outlasts it, so every analysis hits it
@@ -33,15 +34,17 @@ GRACE = 2.0
 
 
 class Stack:
-    """One Valkey, one worker process tree and one app, with a given environment."""
+    """One Valkey, one worker process tree and one app, with a given environment; their
+    record is ``database_url`` (``record_state.own_database``), or the Valkey store."""
 
-    def __init__(self, tmp: Path, **settings: str) -> None:
+    def __init__(self, tmp: Path, database_url: str | None, **settings: str) -> None:
         self.valkey = start_valkey(tmp / "valkey")
         url = f"redis://127.0.0.1:{self.valkey.port}/0"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
         self.env.update(PRIVRELEASE_REDIS_URL=url, PRIVRELEASE_DATA_DIR=str(tmp / "data"),
                         PRIVRELEASE_ALLOW_SEEDS="1", PRIVRELEASE_SWEEP_INTERVAL="1",
                         **{f"PRIVRELEASE_{k}": v for k, v in settings.items()})
+        self.env = on_record(self.env, database_url)
         self.r = rkeys.connect(url)
         self.log = tmp / "worker.log"
         with open(self.log, "wb") as fh:
@@ -50,6 +53,12 @@ class Stack:
                  "--analysis-concurrency", "1"],
                 env=self.env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         saved = dict(os.environ)
+        # exactly the worker's environment: the session's app fixture leaves its own
+        # PRIVRELEASE_* in os.environ, and an app that read the session's
+        # PRIVRELEASE_DATABASE_URL reserved its releases in the session's database: this
+        # worker, on another record, never ran them, and the session worker's sweeper
+        # re-sent them to its own broker, where they failed (no dataset files there)
+        os.environ.clear()
         os.environ.update(self.env)
         try:
             from service.api.app import create_app
@@ -72,12 +81,15 @@ class Stack:
             self.worker.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.worker.kill()
+        close(self.app)
         self.valkey.stop()
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("limits"), MAX_ANALYSIS_WORK="1e8",
+def stack(tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("limits"), own_database(request),
+              MAX_ANALYSIS_WORK="1e8",
               MAX_RELEASE_WORK="1e5", ANALYSIS_TIME_LIMIT=str(ANALYSIS_LIMIT),
               TIME_LIMIT_GRACE=str(GRACE), TEST_ANALYSIS_DELAY="60")
     yield s
@@ -242,10 +254,11 @@ def test_a_redelivered_analysis_is_not_run_again(stack: Stack, interval_release:
 
 
 def test_a_release_past_its_time_limit_is_charged_and_says_mechanism_failed(
-        tmp_path: Path) -> None:
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Catches: main had no release time limit. Stopped after reading the data, the
     release follows the failure rule: charged, and only ``mechanism_failed``."""
-    s = Stack(tmp_path, RELEASE_TIME_LIMIT="2", TIME_LIMIT_GRACE="2", TEST_JOB_DELAY="60")
+    s = Stack(tmp_path, own_database(request), RELEASE_TIME_LIMIT="2", TIME_LIMIT_GRACE="2",
+              TEST_JOB_DELAY="60")
     try:
         ds = s.api.upload(people_csv(), PEOPLE_META).get_json()["id"]
         resp = s.api.post("/v1/releases", {
