@@ -205,8 +205,7 @@ def _client_loop(pool: Any, work: str, datasets: list[str], rows: list[int], tag
     ledger = PgLedger(pool)
     mine: Counter[str] = Counter()
     n = 0
-    while time.time() < start_at:
-        time.sleep(0.001)
+    time.sleep(max(0.0, start_at - time.time()))
     try:
         while time.time() < stop_at:
             if work == "bare_autocommit":  # a connection of its own, one round trip each
