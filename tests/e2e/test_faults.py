@@ -1,19 +1,27 @@
-"""Valkey killed with SIGKILL under load, then restarted from its AOF, against gunicorn.
+"""Valkey, then the embedded PostgreSQL, killed with SIGKILL under load, against gunicorn.
 
-``privrelease standalone`` (gunicorn + a Celery worker) runs against a Valkey of
-this module's own (AOF, ``appendfsync always``), which the test kills with -9
-while client threads request and read releases, and restarts on the same port
-and data directory. Nothing of the service is restarted. Afterwards every
-release whose request got a 2xx is settled exactly once (committed or
-refunded), the ledger's commit events sum to its committed total, and no
-client ever saw a 500. The in-process variants (Valkey stopped, uploads while
-it is down) are in ``tests/integration/test_faults.py``; a worker killed
-mid-task is ``tests/integration/test_jobs.py::test_worker_killed_mid_task_ends_once_and_balances``.
+``privrelease standalone`` (gunicorn + a Celery worker, its record on the PostgreSQL it
+embeds) runs against a Valkey of this module's own (AOF, ``appendfsync always``; the
+broker, the API keys), which the first test kills with -9 while client threads request
+and read releases, and restarts on the same port and data directory. Nothing of the
+service is restarted. The second kills the embedded PostgreSQL's postmaster with -9
+under the same load on a dataset whose budget the load spends; standalone restarts it
+on the same cluster, and nothing else of the service is restarted. Afterwards every
+release whose request got a 2xx is settled exactly once (committed or refunded), each
+has one reserve event, the ledger's commit events sum to its committed total, the
+budget never showed more spent than its cap, and no client ever saw a 500. The
+in-process variants (Valkey stopped, uploads while it is down) are in
+``tests/integration/test_faults.py``; a worker killed mid-task is
+``tests/integration/test_jobs.py::test_worker_killed_mid_task_ends_once_and_balances``.
+Standalone always runs its record on PostgreSQL: the Valkey store under a Valkey kill
+is no longer exercised here (``tests/e2e/test_failover.py`` runs it across a failover).
 """
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -29,7 +37,7 @@ from celery import Celery
 from service.releases.sweeper import UNACKED
 from service.storage import rkeys
 from tests.conftest import start_valkey
-from tests.e2e.harness import TOKEN, Service
+from tests.e2e.harness import TOKEN, Service, child_pids
 
 #: short leases and sweeps, so a reservation whose job message was lost in the
 #: crash is refunded within seconds rather than a minute
@@ -38,7 +46,10 @@ THREADS = 4
 #: kombu's Redis transport: delivery tag -> delivery time of unacknowledged messages
 UNACKED_INDEX = "unacked_index"
 EPSILON = 0.01
-
+#: the embedded PostgreSQL's server (the postmaster; its children are its backends)
+POSTGRES = ("pginstall/bin/postgres",)
+#: the second test's cap: spent during the test, so an overspend would show
+CAP = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +74,10 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def _descendants(pid: int) -> set[int]:
-    """Every process under ``pid`` (gunicorn master and workers, Celery pool)."""
+    """Every process under ``pid`` (gunicorn master and workers, Celery pool, the
+    embedded PostgreSQL server), but that server's own children: a backend per
+    connection and autovacuum workers come and go with the load."""
+    postgres = set(child_pids(pid, *POSTGRES))
     out: set[int] = set()
     todo = [pid]
     while todo:
@@ -73,21 +87,25 @@ def _descendants(pid: int) -> set[int]:
         except FileNotFoundError:
             continue
         out.update(int(c) for c in children)
-        todo.extend(int(c) for c in children)
+        todo.extend(int(c) for c in children if int(c) not in postgres)
     return out
 
 
 class Load:
     """Client threads that request releases and read them back until told to stop."""
 
-    def __init__(self, svc: Service, dataset: str) -> None:
-        self.svc, self.dataset = svc, dataset
+    def __init__(self, svc: Service, dataset: str, spends_all: bool = False) -> None:
+        """``spends_all``: the load spends the dataset's budget, and a create answered
+        409 ``budget_exhausted`` is expected."""
+        self.svc, self.dataset, self.spends_all = svc, dataset, spends_all
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.statuses: Counter[tuple[str, int | str]] = Counter()
         self.accepted: list[str] = []  # release ids of 2xx answers
         self.bad: list[str] = []
         self.counter = 0
+        #: the dataset's epsilon budget, each time a read of it was answered
+        self.samples: list[dict[str, float]] = []
 
     def _record(self, what: str, resp: requests.Response | None, err: Exception | None) -> None:
         with self.lock:
@@ -95,11 +113,15 @@ class Load:
                 self.statuses[(what, type(err).__name__)] += 1
                 return
             self.statuses[(what, resp.status_code)] += 1
+            problem = resp.headers.get("Content-Type") == "application/problem+json"
             ok = resp.status_code < 300 or (
-                resp.status_code == 503 and resp.headers.get("Retry-After")
-                and resp.headers.get("Content-Type") == "application/problem+json")
+                resp.status_code == 503 and resp.headers.get("Retry-After") and problem) or (
+                self.spends_all and what == "create" and resp.status_code == 409 and problem
+                and resp.json().get("code") == "budget_exhausted")
             if not ok:
                 self.bad.append(f"{what} {resp.status_code} {resp.text[:200]}")
+            if what == "read" and resp.status_code == 200 and resp.url.endswith("/budget"):
+                self.samples.append(resp.json()["measures"]["epsilon"])
 
     def _next_value(self) -> float:
         with self.lock:
@@ -228,7 +250,20 @@ def test_valkey_sigkill_under_load_loses_and_duplicates_nothing(rig: dict[str, A
     after = [k for k, n in load.statuses.items() if k[0] == "create" and k[1] in (200, 202)]
     assert after, "no release accepted"
 
-    # every accepted release ends, each exactly once
+    _verify_settled(rig, load)
+
+    # the same processes served throughout: nothing restarted
+    assert svc.proc.poll() is None
+    assert _descendants(svc.proc.pid) == pids
+
+
+def _verify_settled(rig: dict[str, Any], load: Load
+                    ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, float]]:
+    """Every accepted release of the load's dataset ends, each exactly once: one reserve
+    event, one settle (commit or abort), an output only if it succeeded; the budget holds
+    nothing and its committed total is the commit events' sum. Returns the releases by
+    id, the dataset's events and its epsilon budget."""
+    svc, dataset = load.svc, load.dataset
     client = rkeys.connect(rig["valkey"].connection_url + "/0")
     docs, stranded = _settle(svc, dataset, client)
     if stranded:  # see _redeliver: what kombu does once the visibility timeout passes
@@ -236,21 +271,26 @@ def test_valkey_sigkill_under_load_loses_and_duplicates_nothing(rig: dict[str, A
         docs, left = _settle(svc, dataset, client)
         assert not left, left
     print(f"{len(stranded)} stranded in the broker and redelivered;",
-          Counter(d["status"] for d in docs.values()))
+          Counter(d["status"] for d in docs.values()), "failed:",
+          Counter(str(d.get("error")) for d in docs.values() if d["status"] == "failed"))
     listing = list(docs.values())
     ids = [d["id"] for d in listing]
     assert len(ids) == len(set(ids))
     assert set(load.accepted) <= set(ids)
     assert len(load.accepted) == len(set(load.accepted))
 
-    events = svc.call("GET", f"/v1/datasets/{dataset}/ledger").json()
+    resp = svc.call("GET", f"/v1/datasets/{dataset}/ledger")
+    assert resp.status_code == 200 and "X-Next-Cursor" not in resp.headers, resp.headers
+    events = resp.json()
+    assert len({e["id"] for e in events}) == len(events)  # no event recorded twice
     by_kind: dict[str, Counter[str]] = {}
     for e in events:
         by_kind.setdefault(e["kind"], Counter())[e["release_id"]] += 1
     reserves, commits = by_kind.get("reserve", Counter()), by_kind.get("commit", Counter())
     aborts = by_kind.get("abort", Counter())
-    # a job whose run lost Valkey after reading the data is charged (DESIGN §3): its commit
-    # event says outcome failed, and the release says only "mechanism failed"
+    # a job whose run lost the record (or its broker) after reading the data is charged
+    # (DESIGN §3): its commit event says outcome failed, and the release says only
+    # "mechanism failed"
     outputs = Counter(e["release_id"] for e in events
                       if e["kind"] == "commit" and e["outcome"] == "succeeded")
     assert set(reserves) == set(ids) and max(reserves.values()) == 1
@@ -266,7 +306,65 @@ def test_valkey_sigkill_under_load_loses_and_duplicates_nothing(rig: dict[str, A
     assert row["reserved"] == 0
     assert row["committed"] == pytest.approx(committed_units * 1e-9, abs=1e-12)
     assert sum(1 for d in docs.values() if d["status"] == "succeeded") == len(outputs)
+    return docs, events, row
 
-    # the same processes served throughout: nothing restarted
+
+def test_postgres_sigkill_under_load_overspends_loses_and_doubles_nothing(
+        rig: dict[str, Any]) -> None:
+    """The embedded PostgreSQL (the record) killed with -9 while the load spends a
+    dataset's whole budget: standalone restarts it on the same cluster, the API answers
+    503 meanwhile, and afterwards the budget was never overspent, every accepted release
+    settled once, no event is lost or doubled. Nothing but PostgreSQL restarted."""
+    svc: Service = rig["service"]
+    assert svc.proc is not None
+    dataset = svc.upload({"epsilon": CAP})
+    pids = _descendants(svc.proc.pid)
+    [postmaster] = child_pids(svc.proc.pid, *POSTGRES)
+    load = Load(svc, dataset, spends_all=True)
+    threads = [threading.Thread(target=load.run, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    try:
+        load.wait_for(lambda: len(load.accepted) >= 20)
+        with load.lock:
+            before_kill = set(load.accepted)
+        os.kill(postmaster, signal.SIGKILL)
+        outage = time.monotonic()
+        # a new server once the supervisor saw the kill (after its backoff, and after it
+        # killed the backends the old one left: every pooled connection breaks)
+        load.wait_for(lambda: child_pids(svc.proc.pid, *POSTGRES) not in ([], [postmaster]))
+        recovered = _wait_ready(svc)
+        outage = time.monotonic() - outage
+        with load.lock:
+            at_restart = len(load.accepted)
+        # releases accepted again, by the same API and worker, until the budget is spent
+        # (a step whose connection broke is run again: the API may answer 503 meanwhile,
+        # or ride over the restart)
+        load.wait_for(lambda: len(load.accepted) >= at_restart + 5)
+        load.wait_for(lambda: load.statuses[("create", 409)] >= 3)
+    finally:
+        load.stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    print(dict(load.statuses), f"PostgreSQL back and ready {outage:.2f} s after the kill "
+          f"({recovered:.2f} s waiting for /readyz); accepted {len(before_kill)} before the "
+          f"kill, {at_restart} by the restart, {len(load.accepted)} in all; "
+          f"{len(load.samples)} budget samples")
+    assert before_kill <= set(load.accepted)
+    assert not load.bad, load.bad[:5]  # never a 500, every 503 a problem with Retry-After
+    assert load.samples
+    for sample in load.samples:  # never more spent or held than the cap
+        assert sample["committed"] + sample["reserved"] <= CAP + 1e-9, sample
+
+    _, events, row = _verify_settled(rig, load)
+    charged = sum(1 for e in events if e["kind"] == "commit")
+    assert row["committed"] == pytest.approx(charged * EPSILON, abs=1e-9)
+    assert row["committed"] <= CAP + 1e-9
+
+    # PostgreSQL restarted by standalone; the API, the workers and Valkey never were
     assert svc.proc.poll() is None
-    assert _descendants(svc.proc.pid) == pids
+    [restarted] = child_pids(svc.proc.pid, *POSTGRES)
+    assert restarted != postmaster
+    assert _descendants(svc.proc.pid) == pids - {postmaster} | {restarted}
+    assert "postgres exited (killed by SIGKILL)" in svc.banner
+    assert "postgres restarted" in svc.banner
