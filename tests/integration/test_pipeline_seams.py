@@ -23,8 +23,10 @@ from fractions import Fraction
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
+import psycopg
 import pytest
 from flask import Flask
 from marshmallow import RAISE, Schema, fields
@@ -141,9 +143,10 @@ def own(app: Flask, installed: None, request: pytest.FixtureRequest
     outbox), created after the mechanism was registered."""
     config = app.config["PRIVRELEASE"]
     url = config.redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    database_url = config.database_url
+    database_url, server_url = config.database_url, ""
     if database_url:
-        database_url = database_on(request.getfixturevalue("postgres_url"))
+        server_url = request.getfixturevalue("postgres_url")
+        database_url = database_on(server_url)
         database.upgrade(database_url)
     flask_app = create_app(dataclasses.replace(config, redis_url=url,
                                                database_url=database_url))
@@ -155,6 +158,8 @@ def own(app: Flask, installed: None, request: pytest.FixtureRequest
     ledger = wiring.of(flask_app).ledger
     if isinstance(ledger, PgLedger):
         ledger.pool.close()
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {urlsplit(database_url).path[1:]} WITH (FORCE)")
 
 
 class _Walk:
