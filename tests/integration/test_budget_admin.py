@@ -18,7 +18,7 @@ from flask import Flask
 
 from service import apikeys, wiring
 from service.storage.ledger import Reservation
-from tests.integration import session_record
+from tests.integration import record_state
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, PEOPLE_META, Api, people_csv
 
 
@@ -132,7 +132,7 @@ def test_racing_analysts_respect_allocations_and_cap(app: Flask) -> None:
 
     config = app.config["PRIVRELEASE"]
     with ExitStack() as stack, ThreadPoolExecutor(16) as pool:
-        hosts = [stack.enter_context(session_record.another_host(config)) for _ in range(4)]
+        hosts = [stack.enter_context(record_state.another_host(config)) for _ in range(4)]
         results = list(pool.map(one, range(200)))
     won = {a: sum(1 for x, o in results if x == a and o == "reserved") for a in ("key_a",
                                                                                  "key_b")}

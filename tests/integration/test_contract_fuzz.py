@@ -51,7 +51,7 @@ from schemathesis import Case, CheckContext, Response
 from service import apikeys, wiring
 from service.api.problems import PROBLEM_TYPE
 from service.storage import rkeys
-from tests.integration import session_record
+from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "5"))
@@ -108,13 +108,13 @@ def _unlist_ledger_only_releases(app: Flask) -> None:
     can make (on Valkey out of the lists' indexes; on PostgreSQL, whose lists are the
     ``releases`` rows, the rows go)."""
     svc = wiring.of(app)
-    if session_record.on_postgres(svc.ledger):
+    if record_state.on_postgres(svc.ledger):
         stubs = [release_id for release_id, request in
-                 session_record.sql(svc.ledger, "SELECT id, request FROM releases")
+                 record_state.sql(svc.ledger, "SELECT id, request FROM releases")
                  if "dataset_version" not in json.loads(request)]
-        session_record.sql(svc.ledger, "DELETE FROM outbox WHERE release_id = ANY(%s)",
+        record_state.sql(svc.ledger, "DELETE FROM outbox WHERE release_id = ANY(%s)",
                            stubs)
-        session_record.sql(svc.ledger, "DELETE FROM releases WHERE id = ANY(%s)", stubs)
+        record_state.sql(svc.ledger, "DELETE FROM releases WHERE id = ANY(%s)", stubs)
         return
     r = svc.client
     for index in (rkeys.RELEASES, rkeys.PENDING, rkeys.FAILED):

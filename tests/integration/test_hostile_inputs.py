@@ -30,7 +30,7 @@ from werkzeug.test import TestResponse, encode_multipart
 
 from service import wiring
 from service.config import Config
-from tests.integration import session_record
+from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 PROBLEM = "application/problem+json"
@@ -103,7 +103,7 @@ def _keys(app: Flask) -> set[str]:
     releases, reservations, replays, Idempotency-Keys: rows on PostgreSQL, keys on
     Valkey) and the analyses' Valkey keys."""
     svc = wiring.of(app)
-    return session_record.record_entries(svc.ledger, svc.client)
+    return record_state.record_entries(svc.ledger, svc.client)
 
 
 def _budgets(api: Api, ids: list[str]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from service.releases import pricing, submit
 from service.storage import rkeys
 from service.storage.ledger import Reservation
 from service.storage.store import Store
-from tests.integration import session_record
+from tests.integration import record_state
 from tests.integration.conftest import LEDGER_OUTPUT, Api
 
 MEASURE = "interval_leakage:age"
@@ -77,14 +77,14 @@ def _history_counters(app: Any, ds: str) -> list[str]:
     On Valkey the ledger hash's ``history:`` fields; on PostgreSQL any column of the
     ledger tables, and any measure row of the dataset, named for a history."""
     ledger = wiring.of(app).ledger
-    if not session_record.on_postgres(ledger):
+    if not record_state.on_postgres(ledger):
         return [f for f in wiring.of(app).client.hkeys(rkeys.ledger(ds))
                 if f.startswith("history:")]
-    columns = session_record.sql(
+    columns = record_state.sql(
         ledger, "SELECT table_name || '.' || column_name FROM information_schema.columns "
                 "WHERE table_name IN ('ledgers', 'budgets', 'allocations', "
                 "'allocation_scopes') AND column_name LIKE '%%history%%'")
-    measures = session_record.sql(
+    measures = record_state.sql(
         ledger, "SELECT measure FROM budgets WHERE dataset_id = %s AND measure LIKE "
                 "'history%%' UNION ALL SELECT measure FROM allocations WHERE "
                 "dataset_id = %s AND measure LIKE 'history%%'", ds, ds)

@@ -39,9 +39,9 @@ from mechanisms.base import Budget, read_epsilon
 from service import apikeys, budget, wiring
 from service.api.app import create_app
 from service.releases import run
-from service.storage import database
 from service.storage.pg_ledger import PgLedger
-from tests.conftest import ROOT, database_on
+from tests.conftest import ROOT
+from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 #: a database no worker of the session serves
@@ -143,11 +143,7 @@ def own(app: Flask, installed: None, request: pytest.FixtureRequest
     outbox), created after the mechanism was registered."""
     config = app.config["PRIVRELEASE"]
     url = config.redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    database_url, server_url = config.database_url, ""
-    if database_url:
-        server_url = request.getfixturevalue("postgres_url")
-        database_url = database_on(server_url)
-        database.upgrade(database_url)
+    database_url = record_state.own_database(request)
     flask_app = create_app(dataclasses.replace(config, redis_url=url,
                                                database_url=database_url))
     client = wiring.of(flask_app).client
@@ -155,10 +151,9 @@ def own(app: Flask, installed: None, request: pytest.FixtureRequest
     apikeys.create(client, "operator", "tests", token=TOKEN)
     yield flask_app, Api(flask_app.test_client())
     client.flushdb()
-    ledger = wiring.of(flask_app).ledger
-    if isinstance(ledger, PgLedger):
-        ledger.pool.close()
-        with psycopg.connect(server_url, autocommit=True) as conn:
+    record_state.close(flask_app)
+    if database_url is not None:
+        with psycopg.connect(request.getfixturevalue("postgres_url"), autocommit=True) as conn:
             conn.execute(f"DROP DATABASE {urlsplit(database_url).path[1:]} WITH (FORCE)")
 
 

@@ -21,7 +21,7 @@ from flask import Flask
 
 from service import apikeys, wiring
 from service.storage.ledger import Reservation
-from tests.integration import session_record
+from tests.integration import record_state
 from tests.integration.conftest import TOKEN, Api
 from tests.integration.test_console import _csrf, _signed_in
 
@@ -377,7 +377,7 @@ def test_reserve_script_enforces_the_rules_itself(app: Flask) -> None:
     ledger.set_caps(ds, {"epsilon": 10**9}, "op", key_id="key_listed")
     ledger.set_caps(ds, {"epsilon": 10**9}, "op", key_id="key_legacy")
     # what the policy migration leaves on an allocation written before allocations listed
-    session_record.set_allocation_scope(ledger, ds, "key_legacy", "legacy")
+    record_state.set_allocation_scope(ledger, ds, "key_legacy", "legacy")
     assert ledger.allocation_scopes(ds) == {"key_listed": "listed", "key_legacy": "legacy"}
     assert ledger.named_measures(ds) == {"epsilon", "noiseless_bits"}
 

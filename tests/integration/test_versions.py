@@ -34,7 +34,7 @@ from service.storage import database, rkeys
 from service.storage.ledger import Ledger, Reservation
 from service.storage.pg_ledger import PgLedger
 from service.storage.store import ReleaseView, Store
-from tests.integration import session_record
+from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 PROBLEM = "application/problem+json"
@@ -235,12 +235,12 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     assert balance["epsilon"]["reserved"] == before.cost_units["epsilon"]
     assert len(ledger.events(ds["id"])) == events
     assert ledger.release(refused_id) is None
-    if not session_record.on_postgres(ledger):  # (on PostgreSQL the row is the reservation)
+    if not record_state.on_postgres(ledger):  # (on PostgreSQL the row is the reservation)
         assert not wiring.of(app).client.exists(rkeys.reservation(refused_id))
     pending, _ = ledger.release_page(ReleaseView("pending", frozenset({ds["id"]})), 100)
     assert refused_id not in pending and held_id in pending
     assert refused_id not in ledger.unsent_ids()
-    assert session_record.retired_versions(ledger, ds["id"]) == {2}
+    assert record_state.retired_versions(ledger, ds["id"]) == {2}
     # the release reserved before the retirement is still held; v1 still takes releases
     held = ledger.release(held_id)
     assert held is not None and held["status"] == "queued"
@@ -278,10 +278,10 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
     assert ledger.dataset_history(ds["id"], 0)[0] == 0
     resp = _patch(api, ds["id"], 2, {"current": True})
     assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
-    assert session_record.retired_versions(ledger, ds["id"]) == {2}
+    assert record_state.retired_versions(ledger, ds["id"]) == {2}
     # making an active version current keeps the field unset
     assert _post_version(api, ds["id"], people_csv(30), make_current="true").status_code == 201
-    assert session_record.retired_versions(ledger, ds["id"]) == {2}
+    assert record_state.retired_versions(ledger, ds["id"]) == {2}
 
 
 @contextmanager
@@ -293,7 +293,7 @@ def _blind(app: Flask, redis_url: str) -> Iterator[Store]:
     an OperationalError: the record can not answer)."""
     name = f"blind{uuid.uuid4().hex[:8]}"
     ledger = wiring.of(app).ledger
-    if not session_record.on_postgres(ledger):
+    if not record_state.on_postgres(ledger):
         client = wiring.of(app).client
         client.acl_setuser(name, enabled=True, passwords=["+pw"], keys=["*"],
                            commands=["+@all", "-mget"])
@@ -302,7 +302,7 @@ def _blind(app: Flask, redis_url: str) -> Iterator[Store]:
         finally:
             client.acl_deluser(name)
         return
-    session_record.sql(ledger, f"""
+    record_state.sql(ledger, f"""
         CREATE SCHEMA {name};
         CREATE FUNCTION {name}.refuse(text) RETURNS text LANGUAGE plpgsql STABLE AS $$
           BEGIN RAISE EXCEPTION 'documents refused' USING ERRCODE = 'insufficient_resources';
@@ -320,7 +320,7 @@ def _blind(app: Flask, redis_url: str) -> Iterator[Store]:
         yield PgLedger(pool)
     finally:
         pool.close()
-        session_record.sql(ledger, f"DROP SCHEMA {name} CASCADE; DROP ROLE {name}")
+        record_state.sql(ledger, f"DROP SCHEMA {name} CASCADE; DROP ROLE {name}")
 
 
 def test_the_orphan_sweep_removes_old_unregistered_version_folders(
@@ -522,7 +522,7 @@ def test_a_document_from_before_versions_gets_its_next_version(
     doc = json.loads(raw)
     legacy = {k: v for k, v in doc.items()
               if k not in {"versions", "current_version", "sha256"}}
-    session_record.write_document(ledger, ds["id"], json.dumps(legacy))
+    record_state.write_document(ledger, ds["id"], json.dumps(legacy))
     assert json.loads(ledger.dataset_document(ds["id"]) or "") == legacy
     listed = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
     assert [(v["version"], v["current"], v["n_rows"]) for v in listed] == [(1, True, 12)]
