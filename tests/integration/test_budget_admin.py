@@ -5,18 +5,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, ClassVar
 
 import pytest
-import redis
 from flask import Flask
 
 from service import apikeys, wiring
-from service.storage.ledger import Ledger, Reservation
+from service.storage.ledger import Reservation
+from tests.integration import record_state
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, PEOPLE_META, Api, people_csv
 
 
@@ -109,25 +111,28 @@ def test_allocations_are_enforced_and_shown(app: Flask, api: Api, dataset: dict[
     assert row["committed"] + row["reserved"] == pytest.approx(0.3, abs=1e-9)
 
 
-def test_racing_analysts_respect_allocations_and_cap(r: redis.Redis, redis_url: str) -> None:
-    """Two analysts, allocations 2 and 2 inside a cap of 3: never more than either."""
-    ds = "ds_race_alloc"
-    ledger = Ledger(r)
+def test_racing_analysts_respect_allocations_and_cap(app: Flask) -> None:
+    """Two analysts, allocations 2 and 2 inside a cap of 3: never more than either, with
+    the reservations spread over four API hosts' stores of the session's record."""
+    ds = "ds_race_" + secrets.token_hex(6)
+    ledger = wiring.of(app).ledger
     ledger.open(ds, {"epsilon": 30}, "op")
     ledger.set_caps(ds, {"epsilon": 20}, "op", key_id="key_a")
     ledger.set_caps(ds, {"epsilon": 20}, "op", key_id="key_b")
 
     def one(i: int) -> tuple[str, str]:
         actor = "key_a" if i % 2 else "key_b"
-        own = Ledger(redis.Redis.from_url(redis_url, decode_responses=True))
-        res = own.reserve(Reservation(ds, f"rel_race_{i}", {"epsilon": 1}, actor=actor,
-                          fingerprint=f"race-{i}", request_json=LEDGER_REQUEST))
+        own, rid = hosts[i % len(hosts)], f"rel_race_{i}_{ds}"
+        res = own.reserve(Reservation(ds, rid, {"epsilon": 1}, actor=actor,
+                          fingerprint=f"race-{i}-{ds}", request_json=LEDGER_REQUEST))
         if res.outcome == "reserved" and i % 3 == 0:
-            run = own.mark_running(f"rel_race_{i}", "w")
+            run = own.mark_running(rid, "w")
             assert run is not None and own.commit(ds, run, LEDGER_OUTPUT) == "settled"
         return actor, res.outcome
 
-    with ThreadPoolExecutor(16) as pool:
+    config = app.config["PRIVRELEASE"]
+    with ExitStack() as stack, ThreadPoolExecutor(16) as pool:
+        hosts = [stack.enter_context(record_state.another_host(config)) for _ in range(4)]
         results = list(pool.map(one, range(200)))
     won = {a: sum(1 for x, o in results if x == a and o == "reserved") for a in ("key_a",
                                                                                  "key_b")}

@@ -1,9 +1,10 @@
-"""Bad input catalogue: hostile inputs per endpoint against the real app, Valkey and worker.
+"""Bad input catalogue: hostile inputs per endpoint against the real app, store and worker.
 
 Every case must be answered with a 4xx problem document that names what is
 wrong, within a bounded time and memory, and must spend nothing and write
-nothing: no budget moves, no new Valkey key of a dataset, release, reservation,
-replay, idempotency record or analysis, and no new file under the data dir.
+nothing: no budget moves, no new entry of a dataset, release, reservation,
+replay or idempotency record in the session's store (rows on PostgreSQL, keys on
+Valkey), no new analysis key, and no new file under the data dir.
 The formula-injection cases run real releases and check that the CSV the
 service hands out cannot be evaluated by a spreadsheet.
 """
@@ -23,20 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from flask import Flask
 from werkzeug.datastructures import FileStorage
 from werkzeug.test import TestResponse, encode_multipart
 
+from service import wiring
 from service.config import Config
+from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 PROBLEM = "application/problem+json"
 #: per-case bounds; generous for a 2-core machine shared with other test runs
 MAX_SECONDS = 5.0
 MAX_MEMORY_MB = 200
-#: key families a request must never create when it is refused
-WATCHED = ("pr:ds:*", "pr:rel:*", "pr:resv:*", "pr:replay:*", "pr:idem:*", "pr:ana:*")
 #: cells a spreadsheet would evaluate as formulas (OWASP CSV injection)
 FORMULAS = ["=cmd|' /C calc'!A0", "+1", "-1", "@SUM(1)", "\t=1", "\r=1",
             '=HYPERLINK("http://x","y")']
@@ -98,8 +98,12 @@ def _files(data_dir: Path) -> set[str]:
     return {str(p.relative_to(data_dir)) for p in data_dir.rglob("*")}
 
 
-def _keys(r: redis.Redis) -> set[str]:
-    return {k for pattern in WATCHED for k in r.scan_iter(pattern, count=1000)}
+def _keys(app: Flask) -> set[str]:
+    """The entries a refused request must never create: the record's (datasets, ledgers,
+    releases, reservations, replays, Idempotency-Keys: rows on PostgreSQL, keys on
+    Valkey) and the analyses' Valkey keys."""
+    svc = wiring.of(app)
+    return record_state.record_entries(svc.ledger, svc.client)
 
 
 def _budgets(api: Api, ids: list[str]) -> dict[str, Any]:
@@ -554,14 +558,14 @@ CASES = [
 
 
 @pytest.fixture()
-def guard(world: World, r: redis.Redis, data_dir: Path) -> Iterator[None]:
+def guard(world: World, app: Flask, data_dir: Path) -> Iterator[None]:
     """Whatever a case does, nothing new may be spent or written."""
     ids = [world.people, world.wide, world.curves]
-    before = (_budgets(world.api, ids), _keys(r), _files(data_dir))
+    before = (_budgets(world.api, ids), _keys(app), _files(data_dir))
     yield
-    after = (_budgets(world.api, ids), _keys(r), _files(data_dir))
+    after = (_budgets(world.api, ids), _keys(app), _files(data_dir))
     assert after[0] == before[0], "a refused request moved a budget"
-    assert after[1] <= before[1], f"new Valkey keys: {sorted(after[1] - before[1])}"
+    assert after[1] <= before[1], f"new record entries: {sorted(after[1] - before[1])}"
     assert after[2] <= before[2], f"new files: {sorted(after[2] - before[2])}"
 
 

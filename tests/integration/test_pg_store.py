@@ -729,15 +729,15 @@ def test_idempotency_record_names_what_the_key_made(store: PgLedger, pg_url: str
 def test_holdout_counters_as_the_valkey_hash(store: PgLedger, r: redis.Redis) -> None:
     """The largest hold-out and the count of releases that used one, as
     ``datasets.record_holdout`` keeps them in Valkey (exact integers)."""
-    ds = _ds()
-    assert store.holdout_exposure(ds) == datasets.holdout_exposure(r, ds) == {
+    ds, valkey = _ds(), Ledger(r)
+    assert store.holdout_exposure(ds) == datasets.holdout_exposure(valkey, ds) == {
         "rows": 0, "releases": 0}
     for rows in (100, 50, 10**12, 7):
-        store.record_holdout(ds, rows)
         payload = json.dumps({"result": {"reference": {"kind": "holdout",
                                                         "holdout_rows": rows}}})
-        datasets.record_holdout(r, ds, payload)
-        assert store.holdout_exposure(ds) == datasets.holdout_exposure(r, ds)
+        datasets.record_holdout(store, ds, payload)
+        datasets.record_holdout(valkey, ds, payload)
+        assert store.holdout_exposure(ds) == datasets.holdout_exposure(valkey, ds)
     assert store.holdout_exposure(ds) == {"rows": 10**12, "releases": 4}
     assert store.holdout_exposure(_ds()) == {"rows": 0, "releases": 0}
 

@@ -8,8 +8,9 @@
   of the pipeline before it had a home.
 
 The release runs in this process (``service.releases.run.execute``, what the worker's
-task calls) on a Valkey database of its own, so no worker of the session, which does not
-know the test mechanism, takes its message.
+task calls) on a Valkey database of its own (and, on PostgreSQL, a database of its own),
+so no worker of the session, which does not know the test mechanism, takes its message
+or sends it from the outbox.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from fractions import Fraction
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
+import psycopg
 import pytest
 from flask import Flask
 from marshmallow import RAISE, Schema, fields
@@ -33,11 +36,12 @@ from mechanisms.audit import dp as dp_audit
 from mechanisms.audit import entries as audit_entries
 from mechanisms.audit.dp import Data
 from mechanisms.base import Budget, read_epsilon
-from service import apikeys, wiring
+from service import apikeys, budget, wiring
 from service.api.app import create_app
 from service.releases import run
-from service.storage import rkeys
+from service.storage.pg_ledger import PgLedger
 from tests.conftest import ROOT
+from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 #: a database no worker of the session serves
@@ -132,15 +136,25 @@ def installed() -> Iterator[None]:
 
 
 @pytest.fixture()
-def own(app: Flask, installed: None) -> Iterator[tuple[Flask, Api]]:
-    """An app on a database of its own, created after the mechanism was registered."""
-    url = app.config["PRIVRELEASE"].redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url))
+def own(app: Flask, installed: None, request: pytest.FixtureRequest
+        ) -> Iterator[tuple[Flask, Api]]:
+    """An app on a Valkey database of its own and, if the session's service runs on
+    PostgreSQL, a PostgreSQL database of its own (no session worker's sweeper sends its
+    outbox), created after the mechanism was registered."""
+    config = app.config["PRIVRELEASE"]
+    url = config.redis_url.rsplit("/", 1)[0] + f"/{DB}"
+    database_url = record_state.own_database(request)
+    flask_app = create_app(dataclasses.replace(config, redis_url=url,
+                                               database_url=database_url))
     client = wiring.of(flask_app).client
     client.flushdb()
     apikeys.create(client, "operator", "tests", token=TOKEN)
     yield flask_app, Api(flask_app.test_client())
     client.flushdb()
+    record_state.close(flask_app)
+    if database_url is not None:
+        with psycopg.connect(request.getfixturevalue("postgres_url"), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {urlsplit(database_url).path[1:]} WITH (FORCE)")
 
 
 class _Walk:
@@ -162,6 +176,13 @@ class _Walk:
 
     def __exit__(self, *exc: object) -> None:
         sys.setprofile(None)
+
+
+#: the files of the record's store in the walk ARCHITECTURE.md lists (PostgreSQL's, the
+#: default), and what the Valkey store passes in their place (its Lua scripts run through
+#: ``durable.py``; both pass ``ledger.py``, whose ``now_iso`` stamps a new release)
+PG_STORE = {"service/storage/pg_ledger.py"}
+VALKEY_STORE = {"service/storage/durable.py"}
 
 
 def _documented() -> set[str]:
@@ -192,14 +213,20 @@ def test_a_mechanism_added_in_a_test_is_listed_estimated_served_and_audited(
         doc = api.get(f"/v1/releases/{release_id}").get_json()
     assert doc["status"] == "succeeded" and isinstance(doc["result"]["value"], int)
     assert doc["cost"] == {"epsilon": 0.5}
-    assert svc.client.hget(rkeys.ledger(body["dataset_id"]), "committed:epsilon") is not None
+    cap, spent = (budget.cost_units("epsilon", Fraction(a)) for a in (5, Fraction(1, 2)))
+    assert svc.ledger.balance(body["dataset_id"])["epsilon"] == {
+        "cap": cap, "committed": spent, "reserved": 0, "remaining": cap - spent}
 
     report = audit_entries.run(NAME, "ci", seed=0)
     assert report.passed and report.control_caught, report.detail
 
     # the walk: no Celery in the run, and exactly the service files ARCHITECTURE.md lists
-    # (and the worker's task, which calls run.execute); its mechanism files among those
+    # (and the worker's task, which calls run.execute), on the store this session's
+    # service runs on; its mechanism files among those
     documented = _documented()
+    if not isinstance(svc.ledger, PgLedger):
+        assert documented >= PG_STORE
+        documented = documented - PG_STORE | VALKEY_STORE
     assert not [f for f in walk.files if f.startswith("workers/")]
     ours = {f for f in walk.files if not f.startswith("mechanisms/")}
     assert ours | {"workers/tasks.py"} == {f for f in documented

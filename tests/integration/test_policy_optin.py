@@ -4,7 +4,7 @@ operator wrote down, and an allocation that lists some measures allows none of t
 On main, ``{"epsilon": 3, "delta": 1e-7}`` got a ``subset_draws`` cap of 1 per categorical
 column and admitted all four notions and every record-level mechanism, and an ε-only
 allocation left every other measure unlimited: each test here fails there.
-In-process API, real Valkey (a worker only where a release must end).
+In-process API, the session's real store (a worker only where a release must end).
 """
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import secrets
 from typing import Any
 
 import pytest
 import redis
 from flask import Flask
 
-from service import apikeys
-from service.storage import rkeys
+from service import apikeys, wiring
 from service.storage.ledger import Reservation
+from tests.integration import record_state
 from tests.integration.conftest import TOKEN, Api
 from tests.integration.test_console import _csrf, _signed_in
 
@@ -61,11 +62,14 @@ def _body(ds: str, probe: tuple[str, dict[str, Any], dict[str, Any]],
             **extra}
 
 
-def _ledger_state(r: redis.Redis, ds: str) -> tuple[dict[str, str], int, int]:
-    """Everything a refused request must leave as it was: the ledger hash, the audit
-    stream's length and the dataset's release index."""
-    return (r.hgetall(rkeys.ledger(ds)), r.xlen(rkeys.events(ds)),
-            r.zcard(rkeys.dataset_releases(ds)))
+def _ledger_state(app: Flask, ds: str) -> tuple[Any, int, int]:
+    """Everything a refused request must leave as it was, read from the session's store:
+    the dataset's ledger (caps, spent and held per measure and per key's allocation, the
+    allocations' rules, the notion lock), how many audit events and how many releases the
+    dataset has."""
+    ledger = wiring.of(app).ledger
+    return ((ledger.budget(ds), ledger.allocation_scopes(ds), ledger.notion_lock(ds)),
+            len(ledger.events(ds)), ledger.dataset_history(ds, 0)[0])
 
 
 # -- the dataset's own policy ----------------------------------------------------------
@@ -88,7 +92,7 @@ def test_epsilon_delta_dataset_is_dp_only_and_refuses_record_level(
     page = _signed_in(app, TOKEN).get(f"/console/datasets/{ds}").get_data(as_text=True)
     assert '<td id="policy-notions">dp</td>' in page
     assert "refused (record_level: false)" in page
-    before = _ledger_state(r, ds)
+    before = _ledger_state(app, ds)
     expected = [(SUBSET, "notion_not_admitted"), (INTERVAL, "notion_not_admitted"),
                 (NOISELESS, "notion_not_admitted"), (NOISELESS_LOCAL, "notion_not_admitted"),
                 (DIP, "record_level_not_admitted"), (LRM, "record_level_not_admitted"),
@@ -99,7 +103,7 @@ def test_epsilon_delta_dataset_is_dp_only_and_refuses_record_level(
             problem = resp.get_json()
             assert resp.status_code == 422, (probe[0], path, problem)
             assert problem["code"] == code and problem["field"] == "mechanism", problem
-    assert _ledger_state(r, ds) == before
+    assert _ledger_state(app, ds) == before
     # a cap cannot enable a notion the metadata does not admit: it would never be spent
     for body, field in (({"caps": {"subset_draws": 5}}, "caps.subset_draws"),
                         ({"caps": {"interval_leakage:age": 0.5}},
@@ -107,12 +111,12 @@ def test_epsilon_delta_dataset_is_dp_only_and_refuses_record_level(
         patch = api.client.patch(f"/v1/datasets/{ds}/budget", json=body,
                                  headers={"Authorization": f"Bearer {TOKEN}"})
         assert patch.status_code == 422 and patch.get_json()["field"] == field
-    assert _ledger_state(r, ds) == before
+    assert _ledger_state(app, ds) == before
     # the dataset's own notion still works
     assert api.post("/v1/releases/estimate", _body(ds, LAPLACE)).get_json()["fits"]
 
 
-def test_opt_in_enables_exactly_what_is_named(api: Api, r: redis.Redis) -> None:
+def test_opt_in_enables_exactly_what_is_named(api: Api, app: Flask) -> None:
     """Notions, record-level releases and measures are three separate opt-ins: each one
     missing refuses with its own 422 (naming the measure), before anything is reserved."""
     everything = ["dp", "noiseless", "interval", "subset"]
@@ -131,7 +135,7 @@ def test_opt_in_enables_exactly_what_is_named(api: Api, r: redis.Redis) -> None:
 
     # every notion admitted, record-level allowed, but no measure named: no default cap
     uncapped = _upload(api, budgets={"epsilon": 3}, notions=everything, record_level=True)
-    before = _ledger_state(r, uncapped["id"])
+    before = _ledger_state(app, uncapped["id"])
     for probe, measure in ((SUBSET, "subset_draws"), (INTERVAL, "interval_leakage"),
                            (NOISELESS, "noiseless_bits"), (GAUSSIAN, "delta")):
         for path in ("/v1/releases", "/v1/releases/estimate"):
@@ -139,7 +143,7 @@ def test_opt_in_enables_exactly_what_is_named(api: Api, r: redis.Redis) -> None:
             assert problem["status"] == 422, (probe[0], problem)
             assert problem["code"] == "measure_not_admitted", problem
             assert problem["measure"] == measure and problem["field"] == "mechanism"
-    assert _ledger_state(r, uncapped["id"]) == before
+    assert _ledger_state(app, uncapped["id"]) == before
 
     # a per-column cap names that column only
     other = _upload(api, budgets={"epsilon": 3, "interval_leakage:income": 0.9},
@@ -192,7 +196,7 @@ def test_epsilon_allocation_allows_no_other_measure(api: Api, app: Flask,
     analyst = Api(app.test_client(), token)
     for probe, measure in ((SUBSET, "subset_draws:diag"), (INTERVAL, "interval_leakage:age"),
                            (NOISELESS, "noiseless_bits"), (GAUSSIAN, "delta")):
-        before = _ledger_state(r, ds)
+        before = _ledger_state(app, ds)
         est = analyst.estimate(_body(ds, probe))
         assert est.status_code == 200, est.get_json()
         assert est.get_json()["fits"] is False
@@ -204,7 +208,7 @@ def test_epsilon_allocation_allows_no_other_measure(api: Api, app: Flask,
         else:
             problem = resp.get_json()
             assert resp.status_code == 409, problem
-            assert _ledger_state(r, ds)[0] == before[0]  # nothing held
+            assert _ledger_state(app, ds)[0] == before[0]  # nothing held
         assert problem["code"] == "budget_exhausted", problem
         assert problem["scope"] == "allocation" and problem["listed"] is False
         assert problem["measure"] == measure
@@ -359,34 +363,36 @@ def test_record_level_refused_for_every_role(api: Api, app: Flask, r: redis.Redi
 # -- the ledger script alone -----------------------------------------------------------
 
 
-def test_reserve_script_enforces_the_rules_itself(r: redis.Redis) -> None:
-    """reserve.lua refuses, atomically and whatever the caller checked: a measure the
-    dataset's caps do not name (not_admitted), and a measure a listed allocation does not
-    list (exhausted, scope allocation, not listed); a legacy allocation limits only what it
-    lists. A refusal holds nothing."""
-    from service.storage.ledger import Ledger
+def test_reserve_script_enforces_the_rules_itself(app: Flask) -> None:
+    """The store's reserve step (PgLedger's transaction, reserve.lua) refuses, atomically
+    and whatever the caller checked: a measure the dataset's caps do not name
+    (not_admitted), and a measure a listed allocation does not list (exhausted, scope
+    allocation, not listed); a legacy allocation limits only what it lists. A refusal
+    holds nothing and records nothing."""
     from tests.integration.conftest import LEDGER_REQUEST
 
-    ds = "ds_policy_script"
-    ledger = Ledger(r)
+    ds = "ds_policy_" + secrets.token_hex(6)
+    ledger = wiring.of(app).ledger
     ledger.open(ds, {"epsilon": 10**10, "noiseless_bits": 10**10}, "op")
     ledger.set_caps(ds, {"epsilon": 10**9}, "op", key_id="key_listed")
     ledger.set_caps(ds, {"epsilon": 10**9}, "op", key_id="key_legacy")
-    r.hset(rkeys.ledger(ds), "alloc:key_legacy:scope", "legacy")
+    # what the policy migration leaves on an allocation written before allocations listed
+    record_state.set_allocation_scope(ledger, ds, "key_legacy", "legacy")
     assert ledger.allocation_scopes(ds) == {"key_listed": "listed", "key_legacy": "legacy"}
     assert ledger.named_measures(ds) == {"epsilon", "noiseless_bits"}
 
     def reserve(rid: str, cost: dict[str, int], actor: str) -> Any:
+        rid = f"{rid}_{ds}"
         return ledger.reserve(Reservation(ds, rid, cost, actor=actor, fingerprint=rid,
                               request_json=LEDGER_REQUEST))
 
-    before = r.hgetall(rkeys.ledger(ds))
+    before = _ledger_state(app, ds)
     res = reserve("rel_p1", {"delta": 1, "epsilon": 1}, "key_free")
     assert (res.outcome, res.measure) == ("not_admitted", "delta")
     res = reserve("rel_p2", {"noiseless_bits": 5}, "key_listed")
     assert (res.outcome, res.scope, res.listed, res.remaining) == (
         "exhausted", "allocation", False, 0)
-    assert r.hgetall(rkeys.ledger(ds)) == before  # nothing held
+    assert _ledger_state(app, ds) == before  # nothing held, nothing recorded
     assert reserve("rel_p3", {"noiseless_bits": 5}, "key_legacy").outcome == "reserved"
     assert reserve("rel_p4", {"noiseless_bits": 5}, "key_free").outcome == "reserved"
     assert reserve("rel_p5", {"epsilon": 5}, "key_listed").outcome == "reserved"

@@ -1,4 +1,4 @@
-"""Dataset versions on one budget (issue #19 §2): real Valkey, real worker.
+"""Dataset versions on one budget (issue #19 §2): the session's real store, real worker.
 
 A version is a new table of the same people: it spends the dataset's caps, releases
 record it (and their replay keys and audit events name it), and composition reads the
@@ -16,19 +16,25 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psycopg
 import pytest
 from flask import Flask
 
 from service import datasets, wiring
 from service.ingest import iter_upload
 from service.releases import pricing, submit
-from service.storage import rkeys
+from service.storage import database, rkeys
 from service.storage.ledger import Ledger, Reservation
+from service.storage.pg_ledger import PgLedger
+from service.storage.store import ReleaseView, Store
+from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 PROBLEM = "application/problem+json"
@@ -209,7 +215,7 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     nothing; a release reserved before the retirement stays held (no new releases only)."""
     ds = _upload(api, 50)
     assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
-    client, ledger = wiring.of(app).client, wiring.of(app).ledger
+    ledger = wiring.of(app).ledger
     before = pricing.prepare(ledger, _count_rows(ds["id"], 0.2, version=2),
                               allow_seeds=True)
     late = pricing.prepare(ledger, _count_rows(ds["id"], 0.3, version=2, value=1),
@@ -218,7 +224,7 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     assert _reserve(app, before, held_id).outcome == "reserved"
     datasets.change_version(ledger, ds["id"], 2, "t", retire=True)
 
-    balance, events = ledger.balance(ds["id"]), client.xlen(rkeys.events(ds["id"]))
+    balance, events = ledger.balance(ds["id"]), len(ledger.events(ds["id"]))
     refused_id = submit.new_id()
     res = _reserve(app, late, refused_id)
     assert (res.outcome, res.release_id) == ("version_retired", "2")
@@ -227,13 +233,17 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     assert (problem.status, problem.code, problem.field) == (409, "version_retired", "version")
     assert ledger.balance(ds["id"]) == balance
     assert balance["epsilon"]["reserved"] == before.cost_units["epsilon"]
-    assert client.xlen(rkeys.events(ds["id"])) == events
-    assert not client.exists(rkeys.release(refused_id), rkeys.reservation(refused_id))
-    assert client.zscore(rkeys.dataset_pending(ds["id"]), refused_id) is None
-    assert client.zscore(rkeys.OUTBOX, refused_id) is None
-    assert client.hget(rkeys.ledger(ds["id"]), "retired:v2") == "1"
+    assert len(ledger.events(ds["id"])) == events
+    assert ledger.release(refused_id) is None
+    if not record_state.on_postgres(ledger):  # (on PostgreSQL the row is the reservation)
+        assert not wiring.of(app).client.exists(rkeys.reservation(refused_id))
+    pending, _ = ledger.release_page(ReleaseView("pending", frozenset({ds["id"]})), 100)
+    assert refused_id not in pending and held_id in pending
+    assert refused_id not in ledger.unsent_ids()
+    assert record_state.retired_versions(ledger, ds["id"]) == {2}
     # the release reserved before the retirement is still held; v1 still takes releases
-    assert client.hget(rkeys.release(held_id), "status") == "queued"
+    held = ledger.release(held_id)
+    assert held is not None and held["status"] == "queued"
     assert ledger.cancel(ds["id"], held_id, "t") == "settled"
     v1 = pricing.prepare(ledger, _count_rows(ds["id"], 0.1, version=1),
                           allow_seeds=True)
@@ -251,7 +261,7 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
     current, so the ledger's field is never cleared for it."""
     ds = _upload(api, 50)
     assert _post_version(api, ds["id"], people_csv(40)).status_code == 201
-    client, ledger = wiring.of(app).client, wiring.of(app).ledger
+    ledger = wiring.of(app).ledger
     real = submit.prepare
 
     def prepare_then_retire(svc: Any, body: dict[str, Any], *, api: bool) -> Any:
@@ -265,13 +275,52 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
     assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
     monkeypatch.undo()
     assert api.get(f"/v1/datasets/{ds['id']}/budget").get_json() == budget
-    assert client.zcard(rkeys.dataset_releases(ds["id"])) == 0
+    assert ledger.dataset_history(ds["id"], 0)[0] == 0
     resp = _patch(api, ds["id"], 2, {"current": True})
     assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
-    assert client.hget(rkeys.ledger(ds["id"]), "retired:v2") == "1"
+    assert record_state.retired_versions(ledger, ds["id"]) == {2}
     # making an active version current keeps the field unset
     assert _post_version(api, ds["id"], people_csv(30), make_current="true").status_code == 201
-    assert client.hget(rkeys.ledger(ds["id"]), "retired:v3") is None
+    assert record_state.retired_versions(ledger, ds["id"]) == {2}
+
+
+@contextmanager
+def _blind(app: Flask, redis_url: str) -> Iterator[Store]:
+    """The session's record through an account that reads the registry's dataset ids but
+    is refused their documents, by the real server: on Valkey an ACL user without MGET;
+    on PostgreSQL a role whose ``datasets`` (first on its search_path) is a view of the
+    real table whose ``document`` the server refuses to produce (insufficient_resources,
+    an OperationalError: the record can not answer)."""
+    name = f"blind{uuid.uuid4().hex[:8]}"
+    ledger = wiring.of(app).ledger
+    if not record_state.on_postgres(ledger):
+        client = wiring.of(app).client
+        client.acl_setuser(name, enabled=True, passwords=["+pw"], keys=["*"],
+                           commands=["+@all", "-mget"])
+        try:
+            yield Ledger(rkeys.connect(redis_url.replace("redis://", f"redis://{name}:pw@")))
+        finally:
+            client.acl_deluser(name)
+        return
+    record_state.sql(ledger, f"""
+        CREATE SCHEMA {name};
+        CREATE FUNCTION {name}.refuse(text) RETURNS text LANGUAGE plpgsql STABLE AS $$
+          BEGIN RAISE EXCEPTION 'documents refused' USING ERRCODE = 'insufficient_resources';
+          END $$;
+        CREATE VIEW {name}.datasets AS
+          SELECT id, created_at, {name}.refuse(id) AS document FROM public.datasets;
+        CREATE ROLE {name} LOGIN;
+        ALTER ROLE {name} SET search_path = {name}, public;
+        GRANT USAGE ON SCHEMA {name} TO {name};
+        GRANT SELECT ON {name}.datasets TO {name};
+        GRANT EXECUTE ON FUNCTION {name}.refuse(text) TO {name};""")
+    url = app.config["PRIVRELEASE"].database_url
+    pool = database.connect(psycopg.conninfo.make_conninfo(url, user=name), max_size=1)
+    try:
+        yield PgLedger(pool)
+    finally:
+        pool.close()
+        record_state.sql(ledger, f"DROP SCHEMA {name} CASCADE; DROP ROLE {name}")
 
 
 def test_the_orphan_sweep_removes_old_unregistered_version_folders(
@@ -280,8 +329,8 @@ def test_the_orphan_sweep_removes_old_unregistered_version_folders(
     """Catches a version folder whose registration never landed (a stray ``v9`` under a
     registered dataset) kept forever, and a sweep that removes a registered version (even
     old), a fresh folder (an upload between commit and registration), or anything while
-    the registrations can not be read (a real Valkey refusing the read: an ACL user
-    without MGET)."""
+    the registrations can not be read (the real store refusing the documents' read:
+    ``_blind``)."""
     from service.releases import sweeper
 
     ds = _upload(api, 20)
@@ -296,18 +345,13 @@ def test_the_orphan_sweep_removes_old_unregistered_version_folders(
     client, store = wiring.of(app).client, wiring.of(app).datasets
     # the session worker's own hourly sweep must not take the folder first
     client.set(sweeper.ORPHAN_LOCK, "test", px=600_000)
-    user = f"nomget{uuid.uuid4().hex[:8]}"
-    client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"],
-                       commands=["+@all", "-mget"])
-    try:
-        blind = rkeys.connect(redis_url.replace("redis://", f"redis://{user}:pw@"))
+    with _blind(app, redis_url) as blind:
+        assert ds["id"] in blind.dataset_ids()  # the ids read; the documents do not
         with caplog.at_level(logging.WARNING, "privrelease.sweeper"):
-            assert sweeper.sweep_orphans(Ledger(blind), store) == []
+            assert sweeper.sweep_orphans(blind, store) == []
         assert [r.getMessage() for r in caplog.records
                 if r.name == "privrelease.sweeper"] == ["orphan version sweep failed"]
         assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2", "v9", "v10"}
-    finally:
-        client.acl_deluser(user)
     removed = sweeper.sweep_orphans(wiring.of(app).ledger, store)
     assert [r for r in removed if r.startswith(ds["id"])] == [f"{ds['id']}/v9"]
     assert _version_dirs(data_dir, ds["id"]) == {"v1", "v2", "v10"}
@@ -335,16 +379,17 @@ def test_incompatible_metadata_is_422_naming_the_field_and_leaves_nothing(
     kinds (the same people under other rules), and a refusal that leaves files or a
     Valkey change behind."""
     ds = _upload(api, 30)
-    r = wiring.of(app).client
-    before = (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"]),
-              r.xlen(rkeys.events(ds["id"])))
+    ledger = wiring.of(app).ledger
+    before = (ledger.dataset_document(ds["id"]), _version_dirs(data_dir, ds["id"]),
+              len(ledger.events(ds["id"])))
     csv = people_csv(30) if "group" not in field else "age,income\n30,4.5\n"
     resp = _post_version(api, ds["id"], csv, metadata={**PEOPLE_META, **change},
                          compatible="true")
     assert resp.status_code == 422 and resp.mimetype == PROBLEM, resp.get_json()
     assert resp.get_json()["field"] == field
-    assert (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"]),
-            r.xlen(rkeys.events(ds["id"]))) == before
+    assert before[0] is not None
+    assert (ledger.dataset_document(ds["id"]), _version_dirs(data_dir, ds["id"]),
+            len(ledger.events(ds["id"]))) == before
     assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
 
 
@@ -359,12 +404,13 @@ def test_compatible_change_needs_the_declaration_and_bad_cells_leave_nothing(
     resp = _post_version(api, ds["id"], csv, metadata=wider)
     assert (resp.status_code, resp.get_json()["field"]) == (422, "compatible")
     # the dataset's own bounds refuse 125 (no value in the answer), nothing is kept
-    r = wiring.of(app).client
-    before = (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"]))
+    ledger = wiring.of(app).ledger
+    before = (ledger.dataset_document(ds["id"]), _version_dirs(data_dir, ds["id"]))
+    assert before[0] is not None
     resp = _post_version(api, ds["id"], people_csv(30) + "12345,3.5,b\n")
     assert resp.status_code == 422 and resp.get_json()["field"] == "file.columns.age"
     assert "12345" not in resp.get_data(as_text=True)
-    assert (r.get(rkeys.dataset(ds["id"])), _version_dirs(data_dir, ds["id"])) == before
+    assert (ledger.dataset_document(ds["id"]), _version_dirs(data_dir, ds["id"])) == before
     assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
     # declared compatible: accepted, with its own bounds (budgets omitted: the dataset's)
     no_budgets = {k: v for k, v in wider.items() if k != "budgets"}
@@ -470,11 +516,14 @@ def test_a_document_from_before_versions_gets_its_next_version(
     dataset stored before versions existed (only ``version: 1``) takes a version 2 and
     lists both."""
     ds = _upload(api, 12)
-    r = wiring.of(app).client
-    doc = json.loads(r.get(rkeys.dataset(ds["id"])))
+    ledger = wiring.of(app).ledger
+    raw = ledger.dataset_document(ds["id"])
+    assert raw is not None
+    doc = json.loads(raw)
     legacy = {k: v for k, v in doc.items()
               if k not in {"versions", "current_version", "sha256"}}
-    r.set(rkeys.dataset(ds["id"]), json.dumps(legacy))
+    record_state.write_document(ledger, ds["id"], json.dumps(legacy))
+    assert json.loads(ledger.dataset_document(ds["id"]) or "") == legacy
     listed = api.get(f"/v1/datasets/{ds['id']}/versions").get_json()
     assert [(v["version"], v["current"], v["n_rows"]) for v in listed] == [(1, True, 12)]
     assert _post_version(api, ds["id"], people_csv(7), make_current="true").status_code == 201
@@ -488,17 +537,19 @@ def test_a_version_step_sent_twice_changes_the_document_once(app: Flask, api: Ap
     Idempotency-Key as another upload's (the caller would then remove the files of the
     version it had just stored), or records a second event."""
     ds = _upload(api, 5)
-    r, ledger = wiring.of(app).client, wiring.of(app).ledger
-    raw = r.get(rkeys.dataset(ds["id"]))
+    ledger = wiring.of(app).ledger
+    raw = ledger.dataset_document(ds["id"])
+    assert raw is not None
     doc = json.loads(raw)
     entry = {**datasets.version_entry(doc), "version": 2}
     new = json.dumps(datasets._version_doc(doc, entry, False))
     idem = {"idempotency_key": f"{rkeys.P}idem:test:{ds['id']}", "fingerprint": "fp",
             "idempotency_ttl": 60}
-    events = r.xlen(rkeys.events(ds["id"]))
+    events = len(ledger.events(ds["id"]))
     first = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
     again = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
     assert first == again == ("ok", 2)
-    assert r.xlen(rkeys.events(ds["id"])) == events + 1
+    assert len(ledger.events(ds["id"])) == events + 1
+    assert ledger.dataset_document(ds["id"]) == new
     other = ledger.version_change(ds["id"], raw, new + " ", "uploaded", 3, "t", **idem)
     assert other == ("idempotent", 2)

@@ -1,4 +1,5 @@
-"""zCDP accounting and per-dataset privacy notions over HTTP and against the real ledger."""
+"""zCDP accounting and per-dataset privacy notions over HTTP and against the real ledger
+(the session's store: PostgreSQL or Valkey)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import threading
 from fractions import Fraction
 from typing import Any
 
-import redis
+from flask import Flask
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mechanisms import zcdp
-from service import budget
-from service.storage.ledger import Ledger, Reservation
+from service import budget, wiring
+from service.storage.ledger import Reservation
+from service.storage.store import Store
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST, Api
 
 COUNT = {"statistic": "count", "condition": {"column": "k", "op": "ge", "value": 0}}
@@ -133,7 +135,7 @@ def test_notion_lock_and_notions_over_http(api: Api, worker: Any) -> None:
     assert api.get(f"/v1/datasets/{mixed}/budget").get_json()["notion_lock"] is None
 
 
-def _race(ledger: Ledger, ds: str) -> dict[str, list[str]]:
+def _race(ledger: Store, ds: str) -> dict[str, list[str]]:
     """16 threads released together, half reserving a DP cost, half a noiseless one."""
     outcomes: dict[str, list[str]] = {"dp": [], "noiseless": []}
     barrier = threading.Barrier(16)
@@ -155,11 +157,12 @@ def _race(ledger: Ledger, ds: str) -> dict[str, list[str]]:
     return outcomes
 
 
-def test_concurrent_first_releases_lock_exactly_one_notion(r: redis.Redis) -> None:
+def test_concurrent_first_releases_lock_exactly_one_notion(app: Flask) -> None:
     """16 threads race first reservations, half DP and half noiseless, on each of 10 fresh
     ledgers: every time exactly one kind wins (all its reservations held), every loser is
-    notion_locked and holds nothing. reserve.lua checks and sets the lock atomically."""
-    ledger = Ledger(r)
+    notion_locked and holds nothing. The reserve step (PgLedger's transaction,
+    reserve.lua) checks and sets the lock atomically."""
+    ledger = wiring.of(app).ledger
     for _ in range(10):
         ds = "ds_" + secrets.token_hex(6)
         ledger.open(ds, {"epsilon": 10**9, "noiseless_bits": 10**9}, "op")
@@ -179,11 +182,12 @@ def test_concurrent_first_releases_lock_exactly_one_notion(r: redis.Redis) -> No
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(1, 10**6), st.lists(st.fractions(Fraction(1, 10**6), Fraction(1, 2),
                                                     max_denominator=10**6), max_size=12))
-def test_rho_charges_never_exceed_the_cap(r: redis.Redis, cap_millis: int,
+def test_rho_charges_never_exceed_the_cap(app: Flask, cap_millis: int,
                                           costs: list[Fraction]) -> None:
-    """Through the real reserve script: the ρ committed is exactly the sum of the accepted
-    costs' units and never above the cap (units: costs rounded up, the cap down)."""
-    ledger = Ledger(r)
+    """Through the session store's real reserve step: the ρ committed is exactly the sum of
+    the accepted costs' units and never above the cap (units: costs rounded up, the cap
+    down)."""
+    ledger = wiring.of(app).ledger
     ds = "ds_" + secrets.token_hex(6)
     cap = budget.cap_units("rho", Fraction(cap_millis, 1000))
     ledger.open(ds, {"rho": cap}, "op")
