@@ -28,8 +28,8 @@ from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 
 TABLES = ["allocation_scopes", "allocations", "budgets", "datasets", "events", "holdouts",
-          "idempotency", "ledgers", "outbox", "releases", "replays"]
-HEAD = "0003_releases"
+          "idempotency", "ledgers", "outbox", "releases", "replays", "step_calls"]
+HEAD = "0004_steps"
 
 
 def _db_url(server_url: str, name: str) -> str:

@@ -152,7 +152,7 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
         assert [i for (i,) in _sql(url, indexes)] == ["releases_dataset", "releases_pkey"]
         assert _sql(url, "SELECT to_regclass('holdouts')") == [(None,)]
         assert _sql(url, "SELECT id FROM releases") == [(rid,)]
-        database.upgrade(url)
+        database.upgrade(url, "0003_releases")
         assert _sql(url, "SELECT version_num FROM alembic_version") == [("0003_releases",)]
         assert _sql(url, "SELECT collation_name FROM information_schema.columns WHERE "
                          "table_name = 'releases' AND column_name = 'id'") == [("C",)]
@@ -729,15 +729,15 @@ def test_idempotency_record_names_what_the_key_made(store: PgLedger, pg_url: str
 def test_holdout_counters_as_the_valkey_hash(store: PgLedger, r: redis.Redis) -> None:
     """The largest hold-out and the count of releases that used one, as
     ``datasets.record_holdout`` keeps them in Valkey (exact integers)."""
-    ds = _ds()
-    assert store.holdout_exposure(ds) == datasets.holdout_exposure(r, ds) == {
+    ds, valkey = _ds(), Ledger(r)
+    assert store.holdout_exposure(ds) == datasets.holdout_exposure(valkey, ds) == {
         "rows": 0, "releases": 0}
     for rows in (100, 50, 10**12, 7):
         store.record_holdout(ds, rows)
         payload = json.dumps({"result": {"reference": {"kind": "holdout",
                                                         "holdout_rows": rows}}})
-        datasets.record_holdout(r, ds, payload)
-        assert store.holdout_exposure(ds) == datasets.holdout_exposure(r, ds)
+        datasets.record_holdout(valkey, ds, payload)
+        assert store.holdout_exposure(ds) == datasets.holdout_exposure(valkey, ds)
     assert store.holdout_exposure(ds) == {"rows": 10**12, "releases": 4}
     assert store.holdout_exposure(_ds()) == {"rows": 0, "releases": 0}
 
