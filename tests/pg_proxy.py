@@ -24,12 +24,19 @@ from service.storage import database
 
 #: the simple-query COMMIT psycopg sends (``Connection.commit``): 'Q', length 11, the text
 COMMIT_MESSAGE = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+#: the extended protocol's Sync: the end of a statement sent with parameters; outside a
+#: transaction block (autocommit) the statement's implicit transaction commits there
+SYNC_MESSAGE = b"S\x00\x00\x00\x04"
+#: ReadyForQuery and its length; the byte after it is the session's state ('I': idle)
+READY_MESSAGE = b"Z\x00\x00\x00\x05"
 
 
 class ReplyDropper:
     """A Unix-socket proxy to a PostgreSQL server that, once armed, forwards the next
-    COMMIT, waits for the server's reply (the commit is done), drops it and breaks the
-    connection: the client never learns that its transaction committed."""
+    message that ends a transaction (a COMMIT, or a statement sent outside a transaction
+    block: its Sync while the session is idle), waits for the server's reply (the commit
+    is done), drops it and breaks the connection: the client never learns that its
+    transaction committed."""
 
     def __init__(self, upstream: str, directory: Path, port: int) -> None:
         self.upstream = upstream
@@ -64,13 +71,17 @@ class ReplyDropper:
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         dropping = threading.Event()
+        idle = [True]  # the session's state at the server's last ReadyForQuery
 
         def replies() -> None:
             with contextlib.suppress(OSError):
                 while chunk := upstream.recv(65536):
-                    if dropping.is_set():  # the COMMIT's reply: the commit happened
+                    if dropping.is_set():  # the commit's reply: the commit happened
                         self.dropped += 1
                         break
+                    at = chunk.rfind(READY_MESSAGE)
+                    if at >= 0 and at + 5 < len(chunk):
+                        idle[0] = chunk[at + 5:at + 6] == b"I"
                     client.sendall(chunk)
             for end in (client, upstream):
                 with contextlib.suppress(OSError):
@@ -80,7 +91,8 @@ class ReplyDropper:
         threading.Thread(target=replies, daemon=True).start()
         with contextlib.suppress(OSError):
             while chunk := client.recv(65536):
-                if COMMIT_MESSAGE in chunk and self.armed.is_set():
+                ends = COMMIT_MESSAGE in chunk or (idle[0] and chunk.endswith(SYNC_MESSAGE))
+                if ends and self.armed.is_set():
                     self.armed.clear()
                     dropping.set()
                 upstream.sendall(chunk)

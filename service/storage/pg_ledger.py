@@ -202,21 +202,35 @@ class PgLedger:
 
     # -- transactions -------------------------------------------------------------------
 
-    def _tx(self, step: Callable[[Cursor], T]) -> T:
+    def _tx(self, step: Callable[[Cursor], T], *, one_statement: bool = False) -> T:
         """Run ``step`` in one transaction, committed if it returns; run again (bounded:
         ``RETRIES`` attempts within ``RERUN_SECONDS`` of the first) if PostgreSQL rolled it
         back (deadlock, serialization), another attempt of the same write call committed
         meanwhile (``step_calls_pkey``), or the connection broke. At the first broken
         connection the pool checks its idle ones (``pool.check``: one empty query each,
         the dead replaced), so after a failover the next attempt does not draw another
-        connection to the old server."""
+        connection to the old server.
+
+        ``one_statement``: ``step`` sends one statement, which is its transaction (the
+        connection in autocommit for it): one round trip where BEGIN, the statement and
+        COMMIT take three. The statement commits when it ends, all or nothing, as the
+        transaction around it would."""
         began = time.monotonic()
         checked = False
         for attempt in range(RETRIES):
             try:
                 # the pool's connection context commits on success, rolls back on error
-                with self.pool.connection() as conn, conn.cursor() as cur:
-                    return step(cur)
+                with self.pool.connection() as conn:
+                    if not one_statement:
+                        with conn.cursor() as cur:
+                            return step(cur)
+                    conn.autocommit = True
+                    try:
+                        with conn.cursor() as cur:
+                            return step(cur)
+                    finally:
+                        if not conn.closed:
+                            conn.autocommit = False
             except (psycopg.OperationalError, errors.UniqueViolation) as err:
                 if (attempt == RETRIES - 1 or not _retryable(err)
                         or time.monotonic() - began > RERUN_SECONDS):
@@ -235,12 +249,14 @@ class PgLedger:
         (``step_calls``, migration 0004). The answer comes back as JSON reads it (a list
         for a tuple)."""
         call_id = _call_id()
+        attempts = itertools.count()
 
         def once(cur: Cursor) -> Any:
-            cur.execute("SELECT answer FROM step_calls WHERE id = %s", (call_id,))
-            known = cur.fetchone()
-            if known is not None:
-                return known[0]
+            if next(attempts):  # a first attempt has nothing to find
+                cur.execute("SELECT answer FROM step_calls WHERE id = %s", (call_id,))
+                known = cur.fetchone()
+                if known is not None:
+                    return known[0]
             answer = step(cur)
             cur.execute("INSERT INTO step_calls (id, answer) VALUES (%s, %s)",
                         (call_id, Jsonb(answer)))
@@ -252,18 +268,28 @@ class PgLedger:
 
     def _call(self, function: str, params: dict[str, Any]) -> Any:
         """The answer of the server-side step ``function`` (SQL naming its arguments as
-        ``%(name)s``: ``ledger_start(...)``, migration 0004), once per call: one statement
-        that returns the answer recorded under the call's id if an attempt committed it,
-        or runs the function and records its answer (``_write``'s rule, server-side)."""
+        ``%(name)s``: ``ledger_start(...)``, migration 0004), once per call: one statement,
+        its own transaction, that runs the function and records its answer under the
+        call's id (``step_remember``) or, on a re-run, first returns the answer an earlier
+        attempt recorded if it committed (``step_recall``): ``_write``'s rule,
+        server-side."""
         call_id = _call_id()
-        answer = self._tx(lambda cur: self._run_call(cur, function, params, call_id))
+        attempts = itertools.count()
+        answer = self._tx(lambda cur: self._run_call(cur, function, params, call_id,
+                                                     rerun=next(attempts) > 0),
+                          one_statement=True)
         self._prune_now_and_then()
         return answer
 
     @staticmethod
-    def _run_call(cur: Cursor, function: str, params: dict[str, Any], call_id: str) -> Any:
-        cur.execute(f"SELECT COALESCE(step_recall(%(call_id)s::text), "
-                    f"step_remember(%(call_id)s::text, {function}))", {**params, "call_id": call_id})
+    def _run_call(cur: Cursor, function: str, params: dict[str, Any], call_id: str,
+                  rerun: bool = True) -> Any:
+        """``function``'s answer as the call ``call_id``: run and recorded, or, on a
+        ``rerun``, the answer an earlier attempt recorded if there is one."""
+        run = f"step_remember(%(call_id)s::text, {function})"
+        if rerun:
+            run = f"COALESCE(step_recall(%(call_id)s::text), {run})"
+        cur.execute(f"SELECT {run}", {**params, "call_id": call_id})
         row = cur.fetchone()
         return row[0] if row else None
 
@@ -728,15 +754,18 @@ class PgLedger:
              actor: str, holder: str = "", table_version: int | None = None,
              result_attempt: int | None = None) -> Settled:
         call_id = _call_id()  # the same on every attempt of this call
+        attempts = itertools.count()
         settled = self._tx(lambda cur: self._settle(cur, dataset_id, release_id, action,
                                                     payload, actor, holder, table_version,
-                                                    result_attempt, call_id))
+                                                    result_attempt, call_id,
+                                                    rerun=next(attempts) > 0),
+                           one_statement=True)
         self._prune_now_and_then()
         return settled
 
     def _settle(self, cur: Cursor, dataset_id: str, release_id: str, action: str,
                 payload: str, actor: str, holder: str, table_version: int | None,
-                result_attempt: int | None, call_id: str) -> Settled:
+                result_attempt: int | None, call_id: str, rerun: bool = True) -> Settled:
         """One settle (settle.lua) as the call ``call_id``, in ``cur``'s transaction: one
         call of ``ledger_settle`` (``_call``'s statement). The failure rule: commit and
         fail charge what the release holds, abort and cancel refund it, once (a release
@@ -749,7 +778,7 @@ class PgLedger:
             "dataset": dataset_id, "release": release_id, "action": action,
             "payload": payload, "actor": actor, "holder": holder,
             "table_version": table_version, "result_attempt": result_attempt,
-            "settle_call": call_id}, call_id)
+            "settle_call": call_id}, call_id, rerun)
         return settled
 
     # -- reading ------------------------------------------------------------------------

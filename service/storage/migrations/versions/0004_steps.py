@@ -113,7 +113,9 @@ BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(1, hashtext(p_idempotency_key));
     END IF;
-    PERFORM pg_advisory_xact_lock(2, hashtext(p_replay_key));
+    IF p_replay THEN  -- nothing is read or written under the fingerprint otherwise
+        PERFORM pg_advisory_xact_lock(2, hashtext(p_replay_key));
+    END IF;
     SELECT retired, retired_versions, notion_lock
         INTO v_retired, v_retired_versions, v_lock
         FROM ledgers WHERE dataset_id = p_dataset FOR UPDATE;
@@ -165,13 +167,13 @@ BEGIN
         FROM (SELECT measure, cap, committed, reserved FROM budgets
               WHERE dataset_id = p_dataset AND measure = ANY(p_measures)
               ORDER BY measure FOR UPDATE) b;
-    SELECT array_agg(a.measure), array_agg(a.cap - a.committed - a.reserved)
-        INTO v_alloc_names, v_alloc_left
+    SELECT array_agg(a.measure), array_agg(a.cap - a.committed - a.reserved),
+           (SELECT scope FROM allocation_scopes
+            WHERE dataset_id = p_dataset AND key_id = p_actor)
+        INTO v_alloc_names, v_alloc_left, v_rule
         FROM (SELECT measure, cap, committed, reserved FROM allocations
               WHERE dataset_id = p_dataset AND key_id = p_actor AND measure = ANY(p_measures)
               ORDER BY measure FOR UPDATE) a;
-    SELECT scope INTO v_rule FROM allocation_scopes
-        WHERE dataset_id = p_dataset AND key_id = p_actor;
     FOR i IN 1 .. COALESCE(array_length(p_measures, 1), 0) LOOP
         v_measure := p_measures[i];
         v_units := p_units[i];
@@ -206,13 +208,14 @@ BEGIN
             VALUES (p_release, p_dataset, p_actor, 'pricing', p_request,
                     COALESCE(p_at, now()));
     ELSE
-        UPDATE budgets b SET reserved = b.reserved + c.units
-            FROM unnest(p_measures, p_units) AS c(measure, units)
-            WHERE b.dataset_id = p_dataset AND b.measure = c.measure;
-        IF v_scoped <> '{}' THEN
-            UPDATE allocations a SET reserved = a.reserved + s.value::bigint
-                FROM jsonb_each_text(v_scoped) AS s
-                WHERE a.dataset_id = p_dataset AND a.key_id = p_actor AND a.measure = s.key;
+        -- (the rows locked above; each measure's units by its place in p_measures)
+        UPDATE budgets SET reserved = reserved + p_units[array_position(p_measures, measure)]
+            WHERE dataset_id = p_dataset AND measure = ANY(p_measures);
+        IF v_alloc_names IS NOT NULL THEN
+            UPDATE allocations
+                SET reserved = reserved + p_units[array_position(p_measures, measure)]
+                WHERE dataset_id = p_dataset AND key_id = p_actor
+                  AND measure = ANY(v_alloc_names);
         END IF;
         IF p_mode = 'priced' THEN
             UPDATE releases SET status = 'queued', request = p_request,
@@ -321,91 +324,99 @@ END $$;
 -- release holds (charged, or refunded), end the release, record the event; 'settled',
 -- or 'ended' / 'running' / 'lost' and nothing changed. p_holder: the run's token (only
 -- while it holds the lease), '!' (service.storage.ledger.NO_LEASE: only while no run
--- holds it) or '' (whoever holds it). Locks: the release's row, then the dataset's
--- budgets rows of the measures held (by measure), then the owner's allocations rows of
--- them (by measure).
+-- holds it) or '' (whoever holds it). Locks: the release's row (the UPDATE that ends
+-- it, whose condition PostgreSQL checks again on the newest row version if it waited
+-- for another transaction's lock), then the dataset's budgets rows of the measures
+-- held (by measure), then the owner's allocations rows of them (by measure).
 CREATE FUNCTION ledger_settle(p_dataset text, p_release text, p_action text,
                               p_payload text, p_actor text, p_holder text,
                               p_table_version bigint, p_result_attempt integer,
                               p_call text) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    r           record;
-    v_lease     text;
     v_charge    boolean := p_action IN ('commit', 'fail');
-    v_held      jsonb := '{}';
-    v_alloc     jsonb := '{}';
+    v_owner     text;
+    v_version   bigint;
+    v_held      jsonb;
+    v_alloc     jsonb;
+    v_replay    text;
     v_detail    jsonb := '{}';
+    r           record;
 BEGIN
-    SELECT status, actor, version, cost, alloc_cost, lease_token,
-           COALESCE(lease_until > now(), false) AS live, replay_key
-        INTO r FROM releases WHERE id = p_release FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN '"ended"';
-    END IF;
-    IF r.status = 'pricing' AND p_action <> 'cancel' THEN
-        RETURN '"ended"';
-    END IF;
-    IF r.status NOT IN ('queued', 'running', 'pricing') THEN
-        RETURN '"ended"';
-    END IF;
-    IF p_action = 'cancel' AND r.status = 'running' THEN
-        RETURN '"running"';
-    END IF;
-    IF r.live THEN
-        v_lease := r.lease_token;
-    END IF;
-    IF p_holder = '!' THEN
-        IF v_lease IS NOT NULL THEN
-            RETURN '"lost"';
+    IF p_action = 'cancel' THEN  -- a release still pricing holds nothing: it just ends
+        UPDATE releases SET status = 'cancelled', finished_at = now(), error = p_payload,
+            settled_by = p_call, lease_token = NULL, lease_until = NULL
+            WHERE id = p_release AND status = 'pricing'
+            RETURNING actor, replay_key INTO v_owner, v_replay;
+        IF FOUND THEN
+            v_held := '{}';
+            v_alloc := '{}';
         END IF;
-    ELSIF p_holder <> '' AND v_lease IS DISTINCT FROM p_holder THEN
-        RETURN '"lost"';
     END IF;
-    IF r.status IN ('queued', 'running') THEN  -- a pricing release holds nothing
-        v_held := COALESCE(r.cost, '{}');
-        v_alloc := COALESCE(r.alloc_cost, '{}');
-    END IF;
-    IF EXISTS (SELECT FROM jsonb_each_text(v_held) WHERE value::bigint <> 0) THEN
-        PERFORM 1 FROM budgets WHERE dataset_id = p_dataset AND measure IN (
-            SELECT key FROM jsonb_each_text(v_held) WHERE value::bigint <> 0)
-            ORDER BY measure FOR UPDATE OF budgets;
-        UPDATE budgets b SET reserved = b.reserved - h.value::bigint,
-            committed = b.committed + CASE WHEN v_charge THEN h.value::bigint ELSE 0 END
-            FROM jsonb_each_text(v_held) AS h
-            WHERE b.dataset_id = p_dataset AND b.measure = h.key AND h.value::bigint <> 0;
-    END IF;
-    IF EXISTS (SELECT FROM jsonb_each_text(v_alloc) WHERE value::bigint <> 0) THEN
-        PERFORM 1 FROM allocations WHERE dataset_id = p_dataset AND key_id = r.actor
-            AND measure IN (SELECT key FROM jsonb_each_text(v_alloc) WHERE value::bigint <> 0)
-            ORDER BY measure FOR UPDATE OF allocations;
-        UPDATE allocations a SET reserved = a.reserved - h.value::bigint,
-            committed = a.committed + CASE WHEN v_charge THEN h.value::bigint ELSE 0 END
-            FROM jsonb_each_text(v_alloc) AS h
-            WHERE a.dataset_id = p_dataset AND a.key_id = r.actor AND a.measure = h.key
-              AND h.value::bigint <> 0;
-    END IF;
-    IF p_action = 'commit' THEN
-        UPDATE releases SET status = 'succeeded', finished_at = now(),
-            output = CASE WHEN p_result_attempt IS NULL THEN p_payload END,
-            result_attempt = p_result_attempt, output_table = p_table_version,
+    -- else the release ends here if it may: queued or running, not a cancel of a running
+    -- one, and the lease as p_holder asks; it holds its cost (unchanged by the UPDATE)
+    IF v_held IS NULL THEN
+        UPDATE releases SET
+            status = CASE p_action WHEN 'commit' THEN 'succeeded'
+                                   WHEN 'cancel' THEN 'cancelled' ELSE 'failed' END,
+            finished_at = now(),
+            output = CASE WHEN p_action = 'commit' AND p_result_attempt IS NULL
+                          THEN p_payload ELSE output END,
+            result_attempt = CASE WHEN p_action = 'commit' THEN p_result_attempt
+                                  ELSE result_attempt END,
+            output_table = CASE WHEN p_action = 'commit' THEN p_table_version
+                                ELSE output_table END,
+            error = CASE WHEN p_action = 'commit' THEN error ELSE p_payload END,
             charged = charged OR v_charge, settled_by = p_call,
             lease_token = NULL, lease_until = NULL
-            WHERE id = p_release;
-    ELSE
-        UPDATE releases SET
-            status = CASE WHEN p_action = 'cancel' THEN 'cancelled' ELSE 'failed' END,
-            error = p_payload, finished_at = now(), charged = charged OR v_charge,
-            settled_by = p_call, lease_token = NULL, lease_until = NULL
-            WHERE id = p_release;
-        IF NOT v_charge AND r.replay_key IS NOT NULL THEN
-            -- a refunded request may be asked again; a charged one stays its answer
-            DELETE FROM replays WHERE fingerprint = r.replay_key AND release_id = p_release;
+            WHERE id = p_release AND status IN ('queued', 'running')
+              AND NOT (p_action = 'cancel' AND status = 'running')
+              AND CASE WHEN p_holder = '!' THEN NOT (lease_token IS NOT NULL
+                                                     AND COALESCE(lease_until > now(), false))
+                       WHEN p_holder <> '' THEN lease_token = p_holder
+                                                AND COALESCE(lease_until > now(), false)
+                       ELSE true END
+            RETURNING actor, version, cost, alloc_cost, replay_key
+            INTO v_owner, v_version, v_held, v_alloc, v_replay;
+        IF NOT FOUND THEN  -- nothing changed: say why
+            SELECT status, lease_token, COALESCE(lease_until > now(), false) AS live
+                INTO r FROM releases WHERE id = p_release;
+            IF NOT FOUND OR r.status NOT IN ('queued', 'running', 'pricing')
+                    OR (r.status = 'pricing' AND p_action <> 'cancel') THEN
+                RETURN '"ended"';
+            END IF;
+            IF p_action = 'cancel' AND r.status = 'running' THEN
+                RETURN '"running"';
+            END IF;
+            RETURN '"lost"';
         END IF;
     END IF;
+    -- the rows of the measures it holds units of (the dataset's few rows, filtered by
+    -- the held object), locked by measure, then moved
+    IF v_held <> '{}' THEN
+        PERFORM 1 FROM budgets WHERE dataset_id = p_dataset
+            AND (v_held ->> measure)::bigint <> 0 ORDER BY measure FOR UPDATE;
+        UPDATE budgets SET reserved = reserved - (v_held ->> measure)::bigint,
+            committed = committed
+                        + CASE WHEN v_charge THEN (v_held ->> measure)::bigint ELSE 0 END
+            WHERE dataset_id = p_dataset AND (v_held ->> measure)::bigint <> 0;
+    END IF;
+    IF v_alloc <> '{}' THEN
+        PERFORM 1 FROM allocations WHERE dataset_id = p_dataset AND key_id = v_owner
+            AND (v_alloc ->> measure)::bigint <> 0 ORDER BY measure FOR UPDATE;
+        UPDATE allocations SET reserved = reserved - (v_alloc ->> measure)::bigint,
+            committed = committed
+                        + CASE WHEN v_charge THEN (v_alloc ->> measure)::bigint ELSE 0 END
+            WHERE dataset_id = p_dataset AND key_id = v_owner
+              AND (v_alloc ->> measure)::bigint <> 0;
+    END IF;
+    IF NOT v_charge AND v_replay IS NOT NULL THEN
+        -- a refunded request may be asked again; a charged one stays its answer
+        DELETE FROM replays WHERE fingerprint = v_replay AND release_id = p_release;
+    END IF;
     DELETE FROM outbox WHERE release_id = p_release;
-    IF r.version IS NOT NULL AND r.status IN ('queued', 'running') THEN
-        v_detail := jsonb_build_object('version', r.version);
+    IF v_version IS NOT NULL THEN
+        v_detail := jsonb_build_object('version', v_version);
     END IF;
     IF v_charge THEN
         v_detail := v_detail || jsonb_build_object(
