@@ -36,16 +36,38 @@ that takes row locks in one global order, so two steps never deadlock: the
 Idempotency-Key (advisory lock, class 1), the replay fingerprint (advisory lock, class 2),
 the dataset's ``datasets`` row (its document), the dataset's ``ledgers`` row, the
 release's row, the dataset's ``budgets`` rows sorted by measure, the key's
-``allocations`` rows sorted by measure (``SELECT ... FOR UPDATE``).
-Every step locks the rows it reads before it decides, so it decides on the latest
-committed values. The audit event is inserted in the same transaction as the change it
-records (``events`` is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE); a
-refused step writes nothing. A transaction that PostgreSQL rolls back (deadlock,
-serialization failure) or whose connection broke is run again, at most ``RETRIES``
-times: every step is safe to re-send as the Lua scripts are (a settle re-sent after its
-COMMIT's reply was lost finds its own call id and answers ``settled``). Lease times are
-the database's clock (``now()``), as they were Valkey's TTLs. Amounts are Python ints end
-to end (BIGINT columns, JSON integers).
+``allocations`` rows sorted by measure (``SELECT ... ORDER BY measure FOR UPDATE``: the
+rows are locked in that order); a release's other rows (its outbox entry, its replay)
+only after its release row and its ``budgets`` rows; a step's ``step_calls`` row last
+(only the attempts of the same call ever meet there). Every step locks the rows it
+reads before it decides, so it decides on the latest committed values (an UPDATE that
+decides in its WHERE, as ``ledger_start`` and ``ledger_settle``, locks the row first:
+PostgreSQL checks the condition again on the newest version of a row it waited for).
+The audit event is inserted in the same transaction as the change it records (``events``
+is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE); a refused step writes
+nothing but its answer.
+
+The steps every release takes (``reserve``, ``mark_running``, ``renew_lease`` /
+``mark_data_read``, the settles; ``refuse`` and ``enqueued`` besides) are PL/pgSQL
+functions of migration 0004_steps, one per step, each the Python step it replaced
+statement for statement: a step is ONE statement sent (``_call``), and that statement
+is its transaction (autocommit: no BEGIN, no COMMIT round trip). Each statement a client
+sends costs about as much again as the little work a ledger statement asks for, and a
+step ran 3 to 10 of them. The rarer steps (the registry, caps, versions, policy, the
+sweeper's claims, the hold-out counters) stay Python statements in one transaction.
+
+A step is run again (``_tx``, at most ``RETRIES`` times) when PostgreSQL rolled it back
+(deadlock, serialization failure) or its connection broke. A broken connection may have
+committed the step before its COMMIT's reply was lost, so every write step answers once
+per call (``_write``, ``_call``; table ``step_calls``, migration 0004): a call id made
+once per call (not per attempt), the answer recorded under it in the step's own
+transaction, and looked up first by every attempt after the first: a re-run answers what
+the committed attempt answered and changes nothing more (no second event, no second
+charge). Two attempts that overlap (the first one's COMMIT still on its way) meet on the
+id's primary key: the later one fails there and is run again, and reads the answer.
+Answers are kept ``CALL_MEMORY`` seconds; no call is re-run past ``RERUN_SECONDS``. Lease
+times are the database's clock (``now()``), as they were Valkey's TTLs. Amounts are
+Python ints end to end (BIGINT columns, JSON integers).
 
 The rest of ``service.storage.store.Store`` (migration 0003_releases):
 

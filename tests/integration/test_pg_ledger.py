@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -752,10 +753,10 @@ def _every_write_step(ledger: PgLedger, once: Callable[[Callable[[], Any]], Any]
     call(lambda: ledger.mark_data_read(run1))
     call(lambda: ledger.commit("ds_a", run1, LEDGER_OUTPUT))
     call(lambda: ledger.commit("ds_a", run1, LEDGER_OUTPUT))  # a new call: ended
-    for rid, settle in (("r4", "fail"), ("r5", "abort_run")):
-        call(lambda rid=rid: ledger.reserve(res(rid, {"epsilon": 2}, replay=False)))
-        run = call(lambda rid=rid: ledger.mark_running(rid, "w"))
-        call(lambda run=run, settle=settle: getattr(ledger, settle)("ds_a", run, '{"e": 1}'))
+    for rid, settle in (("r4", ledger.fail), ("r5", ledger.abort_run)):
+        call(partial(ledger.reserve, res(rid, {"epsilon": 2}, replay=False)))
+        run = call(partial(ledger.mark_running, rid, "w"))
+        call(partial(settle, "ds_a", run, '{"e": 1}'))
     call(lambda: ledger.reserve(res("r6", {"epsilon": 2})))
     call(lambda: ledger.abort("ds_a", "r6", '{"e": 1}', "op"))
     call(lambda: ledger.reserve(res("r7", {"epsilon": 3}, replay=False)))
@@ -813,8 +814,7 @@ _RECORD = {
 
 def _record(url: str) -> dict[str, list[tuple[Any, ...]]]:
     with psycopg.connect(url) as conn:
-        return {table: conn.execute(query).fetchall()  # type: ignore[arg-type]
-                for table, query in _RECORD.items()}
+        return {table: conn.execute(query).fetchall() for table, query in _RECORD.items()}
 
 
 def test_every_write_step_whose_commit_reply_was_lost_answers_once(

@@ -5,25 +5,28 @@ one server-side function call each.
 whose connection broke: the server may have committed it) must answer what its first run
 answered and change nothing more. ``step_calls`` keeps, per call, the answer of the
 transaction that made it: every write step of ``PgLedger`` is given a call id once per
-call (not per attempt), looks it up first (``step_recall``: found, the step committed
-before and its answer is returned, nothing else runs) and otherwise runs and inserts its
-answer under the id (``step_remember``), in the step's own transaction: the answer is
-there if and only if the step's changes are. Two attempts of one call can overlap (the
-first one's COMMIT still on its way when the connection broke): the second waits on the
-first one's row locks or on the id's primary key, and if the first commits it fails with a
-unique violation of ``step_calls_pkey``, which ``PgLedger._tx`` runs again (the next
-attempt finds the answer). A call id starts with its time (milliseconds since the epoch,
-12 hex digits, then 16 random hex digits), so old rows are one range of the primary key:
-``PgLedger`` prunes them (``CALL_MEMORY``) with no index of their own.
+call (not per attempt) and records its answer under it (``step_remember``) in the step's
+own transaction, so the answer is there if and only if the step's changes are; every
+attempt after the first looks it up first (``step_recall``: found, the step committed
+before and its answer is returned, nothing else runs). Two attempts of one call can
+overlap (the first one's COMMIT still on its way when the connection broke): the later
+one waits on the first one's row locks or on the id's primary key, and if the first
+commits it fails with a unique violation of ``step_calls_pkey``, which ``PgLedger._tx``
+runs again (that attempt finds the answer). A call id starts with its time (milliseconds
+since the epoch, 12 hex digits, then 16 random hex digits), so expired rows are one
+range of the primary key: ``PgLedger`` prunes them (``CALL_MEMORY``) with no index of
+their own.
 
 **The steps every release takes** (reserve, start, lease, settle; refuse and the
 outbox's ``enqueued`` besides) are PL/pgSQL functions, one per step, so a step is one
-statement sent (``SELECT COALESCE(step_recall(id), step_remember(id, ledger_...(...)))``)
-instead of 3 to 10: each statement a client sends costs about as much as the work it asks
-for (the client's and the server's per-statement overhead), and PL/pgSQL runs its
+statement sent, ``SELECT step_remember(<call id>, ledger_...(...))`` (a re-run:
+``SELECT COALESCE(step_recall(<id>), step_remember(<id>, ledger_...(...)))``), and that
+statement is the step's whole transaction (sent outside a transaction block), where the
+Python steps sent BEGIN, 3 to 10 statements and COMMIT: each statement a client sends
+costs about as much as the work a ledger statement asks for, and PL/pgSQL runs its
 statements with plans cached for the session. Each function is the Python step it
-replaces, statement for statement, in the same order; it takes its row locks in the
-global order of ``service.storage.pg_ledger`` (advisory locks, the ``ledgers`` row, the
+replaces, in the same order, deciding the same way; it takes its row locks in the global
+order of ``service.storage.pg_ledger`` (advisory locks, the ``ledgers`` row, the
 release's row, ``budgets`` rows by measure, ``allocations`` rows by measure), locking a
 set of rows with ``SELECT ... ORDER BY measure FOR UPDATE`` (PostgreSQL locks them in the
 sorted order) before an UPDATE changes them, and inserts its audit event in the same
