@@ -363,8 +363,8 @@ BEGIN
             status = CASE p_action WHEN 'commit' THEN 'succeeded'
                                    WHEN 'cancel' THEN 'cancelled' ELSE 'failed' END,
             finished_at = now(),
-            output = CASE WHEN p_action = 'commit' AND p_result_attempt IS NULL
-                          THEN p_payload ELSE output END,
+            output = CASE WHEN p_action <> 'commit' THEN output
+                          WHEN p_result_attempt IS NULL THEN p_payload END,
             result_attempt = CASE WHEN p_action = 'commit' THEN p_result_attempt
                                   ELSE result_attempt END,
             output_table = CASE WHEN p_action = 'commit' THEN p_table_version
