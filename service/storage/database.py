@@ -21,14 +21,34 @@ from psycopg_pool import ConnectionPool
 #: a small pool: each ledger step holds a connection for one short transaction
 POOL_MIN_SIZE = 1
 POOL_MAX_SIZE = 8
-#: seconds a step waits for a free connection before PoolTimeout (an overload answers fast)
-POOL_TIMEOUT = 10.0
+#: seconds a step waits for a free connection before PoolTimeout, in an API process (the
+#: default): the request then answers 503 and its caller re-sends it (an
+#: Idempotency-Key makes that safe). A step holds a connection for about a millisecond, so
+#: a free one comes within milliseconds unless the pool is exhausted by an overload or
+#: its connections are being replaced during a failover or a restart, which lasts
+#: seconds to tens of seconds (a replica's promotion): an API request cannot usefully
+#: wait that long (its client's own timeout, a gunicorn thread held meanwhile), and a
+#: caller told 503 after 2 s re-sends sooner than one told after 10 s. 2 s is still
+#: hundreds of times a step's time, so a burst of requests over a busy pool waits
+#: rather than fails.
+POOL_TIMEOUT = 2.0
+#: the same for a worker process (``connect(url, timeout=WORKER_POOL_TIMEOUT)``): a run's
+#: steps (start, lease, settle) had better wait through a failover than fail the run,
+#: and nobody waits on a worker's answer. Half the default lease (30 s), as the Valkey
+#: worker's retries: a run whose lease renewal waited that long still holds its lease.
+WORKER_POOL_TIMEOUT = 15.0
 
 
 def connect(url: str, *, min_size: int = POOL_MIN_SIZE, max_size: int = POOL_MAX_SIZE,
             timeout: float = POOL_TIMEOUT) -> ConnectionPool[Any]:
     """An open pool of connections to ``url`` (``postgresql://...``), autocommit off: the
-    caller commits each step's transaction. Close it with ``pool.close()``."""
+    caller commits each step's transaction. Close it with ``pool.close()``.
+
+    ``timeout``: seconds a step waits for a free connection (``POOL_TIMEOUT``, an API
+    process's; a worker's: ``WORKER_POOL_TIMEOUT``); opening the pool waits as long for
+    its first connections. A connection found broken is replaced: ``PgLedger._tx`` has
+    the pool check its idle connections at the first one (``pool.check()``), so after a
+    failover the step's next attempt gets a connection to the new primary."""
     pool: ConnectionPool[Any] = ConnectionPool(
         url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
         kwargs={"autocommit": False}, name="privrelease")

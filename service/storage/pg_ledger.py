@@ -36,16 +36,38 @@ that takes row locks in one global order, so two steps never deadlock: the
 Idempotency-Key (advisory lock, class 1), the replay fingerprint (advisory lock, class 2),
 the dataset's ``datasets`` row (its document), the dataset's ``ledgers`` row, the
 release's row, the dataset's ``budgets`` rows sorted by measure, the key's
-``allocations`` rows sorted by measure (``SELECT ... FOR UPDATE``).
-Every step locks the rows it reads before it decides, so it decides on the latest
-committed values. The audit event is inserted in the same transaction as the change it
-records (``events`` is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE); a
-refused step writes nothing. A transaction that PostgreSQL rolls back (deadlock,
-serialization failure) or whose connection broke is run again, at most ``RETRIES``
-times: every step is safe to re-send as the Lua scripts are (a settle re-sent after its
-COMMIT's reply was lost finds its own call id and answers ``settled``). Lease times are
-the database's clock (``now()``), as they were Valkey's TTLs. Amounts are Python ints end
-to end (BIGINT columns, JSON integers).
+``allocations`` rows sorted by measure (``SELECT ... ORDER BY measure FOR UPDATE``: the
+rows are locked in that order); a release's other rows (its outbox entry, its replay)
+only after its release row and its ``budgets`` rows; a step's ``step_calls`` row last
+(only the attempts of the same call ever meet there). Every step locks the rows it
+reads before it decides, so it decides on the latest committed values (an UPDATE that
+decides in its WHERE, as ``ledger_start`` and ``ledger_settle``, locks the row first:
+PostgreSQL checks the condition again on the newest version of a row it waited for).
+The audit event is inserted in the same transaction as the change it records (``events``
+is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE); a refused step writes
+nothing but its answer.
+
+The steps every release takes (``reserve``, ``mark_running``, ``renew_lease`` /
+``mark_data_read``, the settles; ``refuse`` and ``enqueued`` besides) are PL/pgSQL
+functions of migration 0004_steps, one per step, each the Python step it replaced
+statement for statement: a step is ONE statement sent (``_call``), and that statement
+is its transaction (autocommit: no BEGIN, no COMMIT round trip). Each statement a client
+sends costs about as much again as the little work a ledger statement asks for, and a
+step ran 3 to 10 of them. The rarer steps (the registry, caps, versions, policy, the
+sweeper's claims, the hold-out counters) stay Python statements in one transaction.
+
+A step is run again (``_tx``, at most ``RETRIES`` times) when PostgreSQL rolled it back
+(deadlock, serialization failure) or its connection broke. A broken connection may have
+committed the step before its COMMIT's reply was lost, so every write step answers once
+per call (``_write``, ``_call``; table ``step_calls``, migration 0004): a call id made
+once per call (not per attempt), the answer recorded under it in the step's own
+transaction, and looked up first by every attempt after the first: a re-run answers what
+the committed attempt answered and changes nothing more (no second event, no second
+charge). Two attempts that overlap (the first one's COMMIT still on its way) meet on the
+id's primary key: the later one fails there and is run again, and reads the answer.
+Answers are kept ``CALL_MEMORY`` seconds; no call is re-run past ``RERUN_SECONDS``. Lease
+times are the database's clock (``now()``), as they were Valkey's TTLs. Amounts are
+Python ints end to end (BIGINT columns, JSON integers).
 
 The rest of ``service.storage.store.Store`` (migration 0003_releases):
 
@@ -87,6 +109,8 @@ is the database's clock (Valkey: the sweeper's).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import re
 import secrets
@@ -122,6 +146,15 @@ Cursor = psycopg.Cursor[Any]
 
 #: how many times a transaction is run when PostgreSQL rolled it back or the connection broke
 RETRIES = 5
+#: seconds after a call's first attempt began within which it is run again: well inside
+#: ``CALL_MEMORY``, so a re-run always finds its first attempt's answer if it committed
+RERUN_SECONDS = 60.0
+#: seconds a write call's answer is kept in ``step_calls`` (by the pruning process' clock:
+#: the margin over ``RERUN_SECONDS`` covers clocks that disagree by minutes)
+CALL_MEMORY = 600
+#: every PRUNE_EVERY-th write call of a ``PgLedger`` deletes up to PRUNE_BATCH expired
+#: answers: room for PRUNE_BATCH / PRUNE_EVERY = 4 rows per row written
+PRUNE_EVERY, PRUNE_BATCH = 64, 256
 #: advisory lock classes (pg_advisory_xact_lock(class, hashtext(key))), taken first
 IDEMPOTENCY_LOCK, REPLAY_LOCK = 1, 2
 #: a release holding units: settle moves them; every other status holds nothing
@@ -139,6 +172,27 @@ RELEASE_COLUMNS = ("id, status, request, actor, created_at, started_at, finished
                    "output_table, resends, resent_at")
 #: an event id as ``audit_range`` takes it from a cursor: what ``events.id`` holds
 _EVENT_ID = re.compile(r"[0-9]{1,19}")
+#: the server-side steps' calls (migration 0004), each argument cast to its parameter's
+#: type (the statement is prepared once per connection, whatever the Python values)
+RESERVE_SQL = (
+    "ledger_reserve(p_release => %(release)s::text, p_dataset => %(dataset)s::text, "
+    "p_actor => %(actor)s::text, p_mode => %(mode)s::text, p_request => %(request)s::text, "
+    "p_fingerprint => %(fingerprint)s::text, p_replay_key => %(replay_key)s::text, "
+    "p_replay => %(replay)s::boolean, p_idempotency_key => %(idem)s::text, "
+    "p_idempotency_ttl => %(ttl)s::integer, p_notion => %(notion)s::text, "
+    "p_measures => %(measures)s::text[], p_units => %(units)s::bigint[], "
+    "p_version => %(version)s::bigint, p_at => %(at)s::timestamptz)")
+SETTLE_SQL = (
+    "ledger_settle(%(dataset)s::text, %(release)s::text, %(action)s::text, "
+    "%(payload)s::text, %(actor)s::text, %(holder)s::text, %(table_version)s::bigint, "
+    "%(result_attempt)s::integer, %(settle_call)s::text)")
+
+
+def _call_id() -> str:
+    """A new write call's id: its time (milliseconds since the epoch, 12 hex digits: ids
+    sort by time, so ``step_calls``' expired rows are one key range), then 64 random
+    bits."""
+    return f"{time.time_ns() // 1_000_000:012x}-{secrets.token_hex(8)}"
 
 
 def _iso(at: datetime) -> str:
@@ -166,22 +220,113 @@ class PgLedger:
         self.pool = pool
         self.lease_seconds = lease_seconds
         self.documents = documents
+        self._writes = itertools.count(1)  # write calls made: when to prune step_calls
 
     # -- transactions -------------------------------------------------------------------
 
-    def _tx(self, step: Callable[[Cursor], T]) -> T:
-        """Run ``step`` in one transaction, committed if it returns; run again (bounded)
-        if PostgreSQL rolled it back (deadlock, serialization) or the connection broke."""
+    def _tx(self, step: Callable[[Cursor], T], *, one_statement: bool = False) -> T:
+        """Run ``step`` in one transaction, committed if it returns; run again (bounded:
+        ``RETRIES`` attempts within ``RERUN_SECONDS`` of the first) if PostgreSQL rolled it
+        back (deadlock, serialization), another attempt of the same write call committed
+        meanwhile (``step_calls_pkey``), or the connection broke. At the first broken
+        connection the pool checks its idle ones (``pool.check``: one empty query each,
+        the dead replaced), so after a failover the next attempt does not draw another
+        connection to the old server.
+
+        ``one_statement``: ``step`` sends one statement, which is its transaction (the
+        connection in autocommit for it): one round trip where BEGIN, the statement and
+        COMMIT take three. The statement commits when it ends, all or nothing, as the
+        transaction around it would."""
+        began = time.monotonic()
+        checked = False
         for attempt in range(RETRIES):
             try:
                 # the pool's connection context commits on success, rolls back on error
-                with self.pool.connection() as conn, conn.cursor() as cur:
-                    return step(cur)
-            except psycopg.OperationalError as err:
-                if attempt == RETRIES - 1 or not _retryable(err):
+                with self.pool.connection() as conn:
+                    if not one_statement:
+                        with conn.cursor() as cur:
+                            return step(cur)
+                    conn.autocommit = True
+                    try:
+                        with conn.cursor() as cur:
+                            return step(cur)
+                    finally:
+                        if not conn.closed:
+                            conn.autocommit = False
+            except (psycopg.OperationalError, errors.UniqueViolation) as err:
+                if (attempt == RETRIES - 1 or not _retryable(err)
+                        or time.monotonic() - began > RERUN_SECONDS):
                     raise
+                if _broken(err) and not checked:
+                    checked = True
+                    self.pool.check()
                 time.sleep(0.005 * 2 ** attempt + secrets.randbelow(5) / 1000)
         raise AssertionError("unreachable")
+
+    def _write(self, step: Callable[[Cursor], Any]) -> Any:
+        """Run the write step ``step`` (its answer JSON: None, bool, int, str, lists) in
+        one transaction, once per call: under a call id made here, once, its answer is
+        looked up first (an attempt whose COMMIT's reply was lost committed it: that
+        answer is returned, nothing else runs) and otherwise recorded with its changes
+        (``step_calls``, migration 0004). The answer comes back as JSON reads it (a list
+        for a tuple)."""
+        call_id = _call_id()
+        attempts = itertools.count()
+
+        def once(cur: Cursor) -> Any:
+            if next(attempts):  # a first attempt has nothing to find
+                cur.execute("SELECT answer FROM step_calls WHERE id = %s", (call_id,))
+                known = cur.fetchone()
+                if known is not None:
+                    return known[0]
+            answer = step(cur)
+            cur.execute("INSERT INTO step_calls (id, answer) VALUES (%s, %s)",
+                        (call_id, Jsonb(answer)))
+            return answer
+
+        answer = self._tx(once)
+        self._prune_now_and_then()
+        return json.loads(json.dumps(answer))
+
+    def _call(self, function: str, params: dict[str, Any]) -> Any:
+        """The answer of the server-side step ``function`` (SQL naming its arguments as
+        ``%(name)s``: ``ledger_start(...)``, migration 0004), once per call: one statement,
+        its own transaction, that runs the function and records its answer under the
+        call's id (``step_remember``) or, on a re-run, first returns the answer an earlier
+        attempt recorded if it committed (``step_recall``): ``_write``'s rule,
+        server-side."""
+        call_id = _call_id()
+        attempts = itertools.count()
+        answer = self._tx(lambda cur: self._run_call(cur, function, params, call_id,
+                                                     rerun=next(attempts) > 0),
+                          one_statement=True)
+        self._prune_now_and_then()
+        return answer
+
+    @staticmethod
+    def _run_call(cur: Cursor, function: str, params: dict[str, Any], call_id: str,
+                  rerun: bool = True) -> Any:
+        """``function``'s answer as the call ``call_id``: run and recorded, or, on a
+        ``rerun``, the answer an earlier attempt recorded if there is one."""
+        run = f"step_remember(%(call_id)s::text, {function})"
+        if rerun:
+            run = f"COALESCE(step_recall(%(call_id)s::text), {run})"
+        cur.execute(f"SELECT {run}", {**params, "call_id": call_id})
+        row = cur.fetchone()
+        return row[0] if row else None
+
+    def _prune_now_and_then(self) -> None:
+        """Every ``PRUNE_EVERY``-th write call of this ledger deletes up to ``PRUNE_BATCH``
+        of the ``step_calls`` rows older than ``CALL_MEMORY`` seconds (a range of the
+        primary key: the ids start with their time), skipping rows another pruner has
+        locked, in a transaction of its own; a server away is left for the next time."""
+        if next(self._writes) % PRUNE_EVERY:
+            return
+        bound = f"{time.time_ns() // 1_000_000 - CALL_MEMORY * 1000:012x}"
+        with contextlib.suppress(psycopg.OperationalError):
+            self._tx(lambda cur: cur.execute(
+                "DELETE FROM step_calls WHERE id IN (SELECT id FROM step_calls WHERE id < %s "
+                "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)", (bound, PRUNE_BATCH)))
 
     @staticmethod
     def _event(cur: Cursor, dataset_id: str, kind: str, release_id: str, actor: str,
@@ -280,7 +425,8 @@ class PgLedger:
                 self._remember_key(cur, idempotency_key, fp, idempotency_ttl, None, dataset_id)
             return "opened", dataset_id
 
-        return self._tx(step)
+        outcome, opened = self._write(step)
+        return outcome, opened
 
     def version_change(self, dataset_id: str, read: str, document: str, action: str,
                        version: int, actor: str, *, idempotency_key: str | None = None,
@@ -334,7 +480,8 @@ class PgLedger:
                                    version)
             return "ok", version
 
-        return self._tx(step)
+        outcome, stored = self._write(step)
+        return outcome, stored
 
     def migrate_policy(self, dataset_id: str, read: str, document: str, actor: str,
                        notions: list[str], record_level: bool) -> tuple[str, list[str]]:
@@ -366,7 +513,8 @@ class PgLedger:
                         legacy_allocations=",".join(keys))
             return "migrated", keys
 
-        return self._tx(step)
+        outcome, marked = self._write(step)
+        return outcome, marked
 
     def recharge_interval(self, dataset_id: str, units: dict[str, int], actor: str) -> str:
         """Add ``units`` (per interval measure) to the dataset's committed totals and record
@@ -395,7 +543,7 @@ class PgLedger:
             self._event(cur, dataset_id, "policy", "", actor, None, amounts, action="recharged")
             return "recharged"
 
-        return self._tx(step)
+        return str(self._write(step))
 
     def set_caps(self, dataset_id: str, caps: dict[str, int], actor: str,
                  key_id: str | None = None) -> None:
@@ -463,7 +611,7 @@ class PgLedger:
                 self._event(cur, dataset_id, "allocation" if key else "cap", "", actor, None,
                             caps, key_id=key)
 
-        self._tx(step)
+        self._write(step)
 
     def retire(self, dataset_id: str, actor: str) -> None:
         """Refuse every new reservation on the dataset from now on; record it."""
@@ -472,7 +620,7 @@ class PgLedger:
             cur.execute("UPDATE ledgers SET retired = true WHERE dataset_id = %s", (dataset_id,))
             self._event(cur, dataset_id, "retire", "", actor, None)
 
-        self._tx(step)
+        self._write(step)
 
     def set_version_retired(self, dataset_id: str, version: int, retired: bool,
                             actor: str) -> None:
@@ -492,152 +640,49 @@ class PgLedger:
             self._event(cur, dataset_id, "version", "", actor, None,
                         action="retired" if retired else "current", version=version)
 
-        self._tx(step)
+        self._write(step)
 
     # -- reserve ------------------------------------------------------------------------
 
     def reserve(self, r: Reservation) -> ReserveResult:
         """Hold ``r.cost`` for a new release unless it is a retry, a replay, refused or
-        over a cap (reserve.lua, ``Ledger.reserve``): same modes, outcomes and fields."""
+        over a cap (reserve.lua, ``Ledger.reserve``): same modes, outcomes and fields.
+
+        One call of the server-side step ``ledger_reserve`` (migration 0004). It locks,
+        in the global order: the Idempotency-Key's advisory lock (two requests with one
+        key: one waits for the other's answer), the replay fingerprint's (two identical
+        requests: the second finds the first), the dataset's ``ledgers`` row (retired,
+        retired versions, the notion lock it may set), the release's row (a re-sent
+        create finds it), then the ``budgets`` rows of the measures asked and the actor's
+        ``allocations`` rows of them, each set by measure: it reads the caps on locked
+        rows, so two reserves never both take the last units."""
         cost = {m: int(u) for m, u in sorted(r.cost.items())}
-        replay_key = r.replay_fingerprint or r.fingerprint
-        return self._tx(lambda cur: self._reserve(cur, r, cost, replay_key))
-
-    def _reserve(self, cur: Cursor, r: Reservation, cost: dict[str, int],
-                 replay_key: str) -> ReserveResult:
-        rid, ds, actor, mode = r.release_id, r.dataset_id, r.actor, r.mode
-        idem = r.idempotency_key
-        if idem is not None:
-            cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                        (IDEMPOTENCY_LOCK, idem))
-        cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (REPLAY_LOCK, replay_key))
-        ledger = self._lock_ledger(cur, ds)
-        cur.execute("SELECT status FROM releases WHERE id = %s FOR UPDATE", (rid,))
-        existing = cur.fetchone()
-        # a create re-sent (its reply lost): it happened, change nothing
-        if mode == "pricing" and existing is not None:
-            return ReserveResult("pricing", rid)
-        if mode == "new" and existing is not None:
-            return ReserveResult("reserved", rid)
-        if mode == "priced" and (existing is None or existing[0] != "pricing"):
-            return ReserveResult("ended", rid, status=existing[0] if existing else "")
-        if idem is not None:
-            known = self._idempotent(cur, idem, r.fingerprint, "release_id")
-            if known:
-                return ReserveResult(known[0], known[1])
-        if r.replay:
-            cur.execute("SELECT release_id FROM replays WHERE fingerprint = %s", (replay_key,))
-            prev = cur.fetchone()
-            if prev is not None:
-                if idem is not None:
-                    self._remember_key(cur, idem, r.fingerprint, r.idempotency_ttl, prev[0], ds)
-                return ReserveResult("replay", prev[0])
-        retired, retired_versions, held_lock = ledger or (False, [], None)
-        if retired:
-            return ReserveResult("retired", "")
-        version = _version_of(r.request_json)
-        if version is not None and version in (retired_versions or []):
-            return ReserveResult("version_retired", str(version))
-        lock = r.notion_lock or ""
-        if lock and held_lock and held_lock != lock:
-            return ReserveResult("notion_locked", notion=held_lock)
-
-        measures = list(cost)
-        cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
-                    "WHERE dataset_id = %s AND measure = ANY(%s) ORDER BY measure FOR UPDATE",
-                    (ds, measures))
-        dataset = {row[0]: (int(row[1]), int(row[2]), int(row[3])) for row in cur.fetchall()}
-        cur.execute("SELECT measure, cap, committed, reserved FROM allocations "
-                    "WHERE dataset_id = %s AND key_id = %s AND measure = ANY(%s) "
-                    "ORDER BY measure FOR UPDATE", (ds, actor, measures))
-        allocated = {row[0]: (int(row[1]), int(row[2]), int(row[3])) for row in cur.fetchall()}
-        cur.execute("SELECT scope FROM allocation_scopes WHERE dataset_id = %s AND key_id = %s",
-                    (ds, actor))
-        rule_row = cur.fetchone()
-        rule = rule_row[0] if rule_row else None
-        scoped: dict[str, int] = {}
-        for measure, units in cost.items():
-            if measure not in dataset:
-                return ReserveResult("not_admitted", measure=measure)
-            cap, committed, reserved = dataset[measure]
-            remaining = cap - committed - reserved
-            if units > remaining:
-                return ReserveResult("exhausted", "", measure, units, remaining, "dataset")
-            if measure in allocated:
-                cap, committed, reserved = allocated[measure]
-                left = cap - committed - reserved
-                if units > left:
-                    return ReserveResult("exhausted", "", measure, units, left, "allocation")
-                scoped[measure] = units
-            elif rule == "listed" and units > 0:
-                return ReserveResult("exhausted", "", measure, units, 0, "allocation",
-                                     listed=False)
-
-        at = r.at
-        if mode == "pricing":
-            cur.execute("INSERT INTO releases (id, dataset_id, actor, status, request, "
-                        "created_at) VALUES (%s, %s, %s, 'pricing', %s, "
-                        "COALESCE(%s::timestamptz, now()))",
-                        (rid, ds, actor, r.request_json, at))
-        else:
-            for measure, units in cost.items():
-                cur.execute("UPDATE budgets SET reserved = reserved + %s "
-                            "WHERE dataset_id = %s AND measure = %s", (units, ds, measure))
-            for measure, units in scoped.items():
-                cur.execute("UPDATE allocations SET reserved = reserved + %s "
-                            "WHERE dataset_id = %s AND key_id = %s AND measure = %s",
-                            (units, ds, actor, measure))
-            if mode == "priced":
-                cur.execute("UPDATE releases SET status = 'queued', request = %s, "
-                            "replay_key = %s, actor = %s, version = %s, cost = %s, "
-                            "alloc_cost = %s WHERE id = %s",
-                            (r.request_json, replay_key, actor, version, Jsonb(cost),
-                             Jsonb(scoped), rid))
-            else:
-                cur.execute("INSERT INTO releases (id, dataset_id, actor, status, request, "
-                            "replay_key, version, cost, alloc_cost, created_at) VALUES "
-                            "(%s, %s, %s, 'queued', %s, %s, %s, %s, %s, "
-                            "COALESCE(%s::timestamptz, now()))",
-                            (rid, ds, actor, r.request_json, replay_key, version, Jsonb(cost),
-                             Jsonb(scoped), at))
-            if r.replay:
-                cur.execute("INSERT INTO replays (fingerprint, release_id) VALUES (%s, %s) "
-                            "ON CONFLICT (fingerprint) DO UPDATE SET release_id = "
-                            "EXCLUDED.release_id", (replay_key, rid))
-            detail: dict[str, Any] = {} if version is None else {"version": version}
-            if lock:
-                cur.execute("UPDATE ledgers SET notion_lock = %s "
-                            "WHERE dataset_id = %s AND notion_lock IS NULL", (lock, ds))
-                if cur.rowcount:
-                    detail["notion_lock"] = lock
-            self._event(cur, ds, "reserve", rid, actor, at, cost, **detail)
-        cur.execute("INSERT INTO outbox (release_id, due_at) VALUES (%s, now()) "
-                    "ON CONFLICT (release_id) DO UPDATE SET due_at = EXCLUDED.due_at", (rid,))
-        if idem is not None:
-            self._remember_key(cur, idem, r.fingerprint, r.idempotency_ttl, rid, ds)
-        return ReserveResult("pricing" if mode == "pricing" else "reserved", rid)
+        answer = self._call(RESERVE_SQL, {
+            "release": r.release_id, "dataset": r.dataset_id, "actor": r.actor,
+            "mode": r.mode, "request": r.request_json, "fingerprint": r.fingerprint,
+            "replay_key": r.replay_fingerprint or r.fingerprint, "replay": r.replay,
+            "idem": r.idempotency_key, "ttl": r.idempotency_ttl,
+            "notion": r.notion_lock or "", "measures": list(cost),
+            "units": list(cost.values()), "version": _version_of(r.request_json),
+            "at": r.at})
+        return ReserveResult(**answer)
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
                actor: str) -> bool:
         """End a release still ``pricing`` as ``refused`` (nothing was held), recorded;
-        False if it was no longer pricing (refuse.lua)."""
-        def step(cur: Cursor) -> bool:
-            cur.execute("UPDATE releases SET status = 'refused', error = %s, finished_at = now() "
-                        "WHERE id = %s AND status = 'pricing'", (error_json, release_id))
-            if cur.rowcount == 0:
-                return False
-            cur.execute("DELETE FROM outbox WHERE release_id = %s", (release_id,))
-            self._event(cur, dataset_id, "refuse", release_id, actor, None, code=code)
-            return True
-
-        return self._tx(step)
+        False if it was no longer pricing (refuse.lua). One call of ``ledger_refuse``;
+        it locks the release's row (its UPDATE) and nothing else: it moves no units."""
+        return bool(self._call(
+            "ledger_refuse(%(dataset)s, %(release)s, %(error)s, %(code)s, %(actor)s)",
+            {"dataset": dataset_id, "release": release_id, "error": error_json,
+             "code": code, "actor": actor}))
 
     # -- the outbox ---------------------------------------------------------------------
 
     def enqueued(self, release_id: str) -> None:
-        """The release's task is published: take it out of the outbox."""
-        self._tx(lambda cur: cur.execute("DELETE FROM outbox WHERE release_id = %s",
-                                         (release_id,)))
+        """The release's task is published: take it out of the outbox (``ledger_enqueued``;
+        it locks the outbox row it deletes)."""
+        self._call("ledger_enqueued(%(release)s)", {"release": release_id})
 
     def unsent(self, release_id: str, older_than: float) -> bool:
         """Whether the release waits in the outbox since more than ``older_than`` s ago."""
@@ -661,31 +706,14 @@ class PgLedger:
 
     def mark_running(self, release_id: str, worker: str) -> Run | None:
         """Start a run of the job and take its lease; None if it ended or a live run has it
-        (start.lua)."""
+        (start.lua). One call of ``ledger_start``: it locks the release's row (the UPDATE
+        that takes the lease checks the status and the lease on the newest row version:
+        two runs never both take it) and takes the release out of the outbox."""
         token = f"{worker}#{secrets.token_hex(8)}"
-
-        def step(cur: Cursor) -> int:
-            cur.execute("SELECT status, attempt, lease_token, "
-                        "COALESCE(lease_until > now(), false) FROM releases "
-                        "WHERE id = %s FOR UPDATE", (release_id,))
-            row = cur.fetchone()
-            if row is None:
-                return 0
-            status, attempt, holder, live = row
-            if live and holder == token:  # this call, re-sent
-                return int(attempt)
-            if status == "queued" or (status == "running" and not live):
-                cur.execute("UPDATE releases SET status = 'running', started_at = now(), "
-                            "worker = %s, attempt = attempt + 1, lease_token = %s, "
-                            "lease_until = now() + make_interval(secs => %s) "
-                            "WHERE id = %s RETURNING attempt",
-                            (worker, token, self.lease_seconds, release_id))
-                started = cur.fetchone()
-                cur.execute("DELETE FROM outbox WHERE release_id = %s", (release_id,))
-                return int(started[0]) if started else 0
-            return 0
-
-        attempt = self._tx(step)
+        attempt = int(self._call(
+            "ledger_start(%(release)s, %(worker)s, %(token)s, %(lease)s)",
+            {"release": release_id, "worker": worker, "token": token,
+             "lease": self.lease_seconds}))
         return Run(release_id, token, attempt) if attempt else None
 
     def renew_lease(self, run: Run) -> bool:
@@ -698,14 +726,12 @@ class PgLedger:
         return self._touch(run, read=True)
 
     def _touch(self, run: Run, read: bool) -> bool:
-        def step(cur: Cursor) -> bool:
-            cur.execute("UPDATE releases SET lease_until = now() + make_interval(secs => %s), "
-                        "data_read = data_read OR %s WHERE id = %s AND lease_token = %s "
-                        "AND lease_until > now() AND status = 'running'",
-                        (self.lease_seconds, read, run.release_id, run.token))
-            return cur.rowcount == 1
-
-        return self._tx(step)
+        """One call of ``ledger_touch``: it locks the release's row (its UPDATE, only
+        while the run's token holds a live lease)."""
+        return bool(self._call(
+            "ledger_touch(%(release)s, %(token)s, %(read)s, %(lease)s)",
+            {"release": run.release_id, "token": run.token, "read": read,
+             "lease": self.lease_seconds}))
 
     # -- settle -------------------------------------------------------------------------
 
@@ -749,83 +775,33 @@ class PgLedger:
     def _end(self, dataset_id: str, release_id: str, action: str, payload: str,
              actor: str, holder: str = "", table_version: int | None = None,
              result_attempt: int | None = None) -> Settled:
-        call_id = secrets.token_hex(8)  # the same on every re-send of this call
-        return self._tx(lambda cur: self._settle(cur, dataset_id, release_id, action, payload,
-                                                 actor, holder, table_version,
-                                                 result_attempt, call_id))
+        call_id = _call_id()  # the same on every attempt of this call
+        attempts = itertools.count()
+        settled = self._tx(lambda cur: self._settle(cur, dataset_id, release_id, action,
+                                                    payload, actor, holder, table_version,
+                                                    result_attempt, call_id,
+                                                    rerun=next(attempts) > 0),
+                           one_statement=True)
+        self._prune_now_and_then()
+        return settled
 
     def _settle(self, cur: Cursor, dataset_id: str, release_id: str, action: str,
                 payload: str, actor: str, holder: str, table_version: int | None,
-                result_attempt: int | None, call_id: str) -> Settled:
-        cur.execute("SELECT status, settled_by, actor, version, cost, alloc_cost, lease_token, "
-                    "COALESCE(lease_until > now(), false), replay_key FROM releases "
-                    "WHERE id = %s FOR UPDATE", (release_id,))
-        row = cur.fetchone()
-        if row is None:
-            return "ended"
-        status, settled_by, owner, version, cost, alloc_cost, token, live, replay_key = row
-        if settled_by == call_id:
-            return "settled"
-        if status == "pricing" and action != "cancel":
-            return "ended"
-        if status not in ("queued", "running", "pricing"):
-            return "ended"
-        if action == "cancel" and status == "running":
-            return "running"
-        lease = token if live else None
-        if holder == NO_LEASE:
-            if lease:
-                return "lost"
-        elif holder and lease != holder:
-            return "lost"
-        charge = action in ("commit", "fail")
-        held: dict[str, int] = {m: int(u) for m, u in (cost or {}).items()} \
-            if status in HOLDING else {}
-        held_alloc: dict[str, int] = {m: int(u) for m, u in (alloc_cost or {}).items()} \
-            if status in HOLDING else {}
-        moved = sorted(m for m, u in held.items() if u)
-        cur.execute("SELECT measure FROM budgets WHERE dataset_id = %s AND measure = ANY(%s) "
-                    "ORDER BY measure FOR UPDATE", (dataset_id, moved))
-        for measure in moved:
-            cur.execute("UPDATE budgets SET reserved = reserved - %s, "
-                        "committed = committed + %s WHERE dataset_id = %s AND measure = %s",
-                        (held[measure], held[measure] if charge else 0, dataset_id, measure))
-        moved_alloc = sorted(m for m, u in held_alloc.items() if u)
-        cur.execute("SELECT measure FROM allocations WHERE dataset_id = %s AND key_id = %s "
-                    "AND measure = ANY(%s) ORDER BY measure FOR UPDATE",
-                    (dataset_id, owner, moved_alloc))
-        for measure in moved_alloc:
-            cur.execute("UPDATE allocations SET reserved = reserved - %s, "
-                        "committed = committed + %s "
-                        "WHERE dataset_id = %s AND key_id = %s AND measure = %s",
-                        (held_alloc[measure], held_alloc[measure] if charge else 0,
-                         dataset_id, owner, measure))
-        if action == "commit":
-            cur.execute("UPDATE releases SET status = 'succeeded', finished_at = now(), "
-                        "output = %s, result_attempt = %s, output_table = %s "
-                        "WHERE id = %s",
-                        (None if result_attempt is not None else payload, result_attempt,
-                         table_version, release_id))
-        else:
-            final = "cancelled" if action == "cancel" else "failed"
-            cur.execute("UPDATE releases SET status = %s, error = %s, finished_at = now() "
-                        "WHERE id = %s", (final, payload, release_id))
-            if not charge and replay_key is not None:
-                # a refunded request may be asked again; a charged one stays its answer
-                cur.execute("DELETE FROM replays WHERE fingerprint = %s AND release_id = %s",
-                            (replay_key, release_id))
-        cur.execute("UPDATE releases SET charged = charged OR %s, settled_by = %s, "
-                    "lease_token = NULL, lease_until = NULL WHERE id = %s",
-                    (charge, call_id, release_id))
-        cur.execute("DELETE FROM outbox WHERE release_id = %s", (release_id,))
-        detail: dict[str, Any] = {}
-        if version is not None and status in HOLDING:
-            detail["version"] = int(version)
-        if charge:
-            detail["outcome"] = "succeeded" if action == "commit" else "failed"
-        self._event(cur, dataset_id, "commit" if action == "fail" else action, release_id,
-                    actor, None, held, **detail)
-        return "settled"
+                result_attempt: int | None, call_id: str, rerun: bool = True) -> Settled:
+        """One settle (settle.lua) as the call ``call_id``, in ``cur``'s transaction: one
+        call of ``ledger_settle`` (``_call``'s statement). The failure rule: commit and
+        fail charge what the release holds, abort and cancel refund it, once (a release
+        that ended answers ``ended``); the lease fencing: with a ``holder`` token only
+        while that token holds a live lease (``lost`` otherwise), with ``NO_LEASE`` only
+        while none does. It locks the release's row, then the dataset's ``budgets`` rows
+        of the measures held and the owner's ``allocations`` rows of them, each set by
+        measure, and records its event (kind ``commit`` for commit and fail)."""
+        settled: Settled = self._run_call(cur, SETTLE_SQL, {
+            "dataset": dataset_id, "release": release_id, "action": action,
+            "payload": payload, "actor": actor, "holder": holder,
+            "table_version": table_version, "result_attempt": result_attempt,
+            "settle_call": call_id}, call_id, rerun)
+        return settled
 
     # -- reading ------------------------------------------------------------------------
 
@@ -1018,7 +994,8 @@ class PgLedger:
             cur.execute("UPDATE datasets SET document = %s WHERE id = %s", (text, dataset_id))
             return text
 
-        return self._tx(step)
+        text: str | None = self._write(step)
+        return text
 
     def idempotency_record(self, key: str) -> tuple[str, str | None, int | None] | None:
         """A live Idempotency-Key's (fingerprint, dataset id, version): the dataset ``open``
@@ -1041,14 +1018,17 @@ class PgLedger:
     def record_holdout(self, dataset_id: str, rows: int) -> None:
         """One more release held ``rows`` rows out of DP: the count grows by one and the
         rows kept are the largest hold-out so far (DIP's hold-outs are nested), in one
-        statement (Valkey: ``datasets._HOLDOUT_MAX``). A metric of exposure, not a budget:
-        a step run again after its COMMIT's reply was lost counts once more."""
+        statement (Valkey: ``datasets._HOLDOUT_MAX``), once per call (``_write``: run
+        again after its COMMIT's reply was lost, it counts nothing more)."""
         held = max(int(rows), 0)
-        self._tx(lambda cur: cur.execute(
-            "INSERT INTO holdouts (dataset_id, rows, releases) VALUES (%s, %s, 1) "
-            "ON CONFLICT (dataset_id) DO UPDATE SET "
-            "rows = GREATEST(holdouts.rows, EXCLUDED.rows), releases = holdouts.releases + 1",
-            (dataset_id, held)))
+
+        def step(cur: Cursor) -> None:
+            cur.execute(
+                "INSERT INTO holdouts (dataset_id, rows, releases) VALUES (%s, %s, 1) "
+                "ON CONFLICT (dataset_id) DO UPDATE SET rows = GREATEST(holdouts.rows, "
+                "EXCLUDED.rows), releases = holdouts.releases + 1", (dataset_id, held))
+
+        self._write(step)
 
     def holdout_exposure(self, dataset_id: str) -> dict[str, int]:
         """``{"rows": largest hold-out, "releases": releases that used one}`` (0 and 0
@@ -1255,15 +1235,19 @@ class PgLedger:
                         (int(sent) + 1, release_id))
             return int(sent) + 1
 
-        return self._tx(step)
+        return int(self._write(step))
 
     def undo_resend(self, release_id: str) -> None:
         """Give back the last claim (its publish failed): ``resends`` - 1, no
         ``resent_at``, so the next pass claims it again (resend.lua's 'undo'). A release
-        never claimed is left as it is (Valkey would count it -1)."""
-        self._tx(lambda cur: cur.execute(
-            "UPDATE releases SET resends = GREATEST(resends - 1, 0), resent_at = NULL "
-            "WHERE id = %s AND resends IS NOT NULL", (release_id,)))
+        never claimed is left as it is (Valkey would count it -1). Once per call
+        (``_write``): run again after its COMMIT's reply was lost, it gives back nothing
+        more."""
+        def step(cur: Cursor) -> None:
+            cur.execute("UPDATE releases SET resends = GREATEST(resends - 1, 0), "
+                        "resent_at = NULL WHERE id = %s AND resends IS NOT NULL", (release_id,))
+
+        self._write(step)
 
     def drop_pending(self, release_id: str) -> None:
         """Nothing to do: a release is pending by its status (the partial index of the
@@ -1404,13 +1388,23 @@ def _bound(value: str, unbounded: str) -> tuple[int | None, bool]:
 
 
 def _retryable(err: Exception) -> bool:
-    """A transaction PostgreSQL rolled back, or a connection that broke (the pool replaces
-    it): run the step again. Any other OperationalError (a bad query) is raised."""
+    """A transaction PostgreSQL rolled back, another attempt of the same write call that
+    committed meanwhile (its answer in ``step_calls``: the next attempt reads it), or a
+    connection that broke (the pool replaces it): run the step again. Any other error (a
+    bad query, any other unique violation) is raised."""
     if isinstance(err, errors.SerializationFailure | errors.DeadlockDetected
                   | errors.TransactionRollback):
         return True
-    return isinstance(err, psycopg.OperationalError) and type(err) in (
-        psycopg.OperationalError, errors.AdminShutdown, errors.CannotConnectNow)
+    if isinstance(err, errors.UniqueViolation):
+        return err.diag.constraint_name == "step_calls_pkey"
+    return _broken(err)
+
+
+def _broken(err: Exception) -> bool:
+    """The error of a connection that broke (or of a server shutting down / starting):
+    the other connections the pool holds to that server may be dead too."""
+    return type(err) in (psycopg.OperationalError, errors.AdminShutdown,
+                         errors.CannotConnectNow)
 
 
 if TYPE_CHECKING:

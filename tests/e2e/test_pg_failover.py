@@ -28,19 +28,19 @@ Before the load, with the replica's replay paused, a reserve does not return unt
 replica applied it: what the primary answered is on the replica (``remote_apply``).
 
 ``test_a_step_whose_commit_reply_was_lost_is_applied_once`` puts a proxy between the
-ledger and the server that forwards a COMMIT and drops the server's reply (the
-connection breaks: the case of a primary dying after its commit replicated):
-``PgLedger._tx`` sends the step again and each step finds its own first attempt.
+ledger and the server (``tests.pg_proxy.ReplyDropper``) that forwards what ends a
+transaction and drops the server's reply (the connection breaks: the case of a primary
+dying after its commit replicated): ``PgLedger._tx`` sends the step again and each step
+finds its own first attempt's answer (tests/integration/test_pg_ledger.py does the same
+for every write step).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -59,6 +59,7 @@ import pytest
 from service.storage import database
 from service.storage.ledger import Reservation, Run
 from service.storage.pg_ledger import PgLedger
+from tests.pg_proxy import lossy_database
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
@@ -511,86 +512,8 @@ def test_promoting_the_synchronous_replica_under_load_loses_nothing(cluster: Clu
 
 # -- a COMMIT whose reply is lost ----------------------------------------------------------
 
-#: the simple-query COMMIT psycopg sends (``Connection.commit``): 'Q', length 11, the text
-COMMIT_MESSAGE = b"Q\x00\x00\x00\x0bCOMMIT\x00"
-
-
-class ReplyDropper:
-    """A Unix-socket proxy to a PostgreSQL server that, once armed, forwards the next
-    COMMIT, waits for the server's reply (the commit is done), drops it and breaks the
-    connection: the client never learns that its transaction committed."""
-
-    def __init__(self, upstream: str, directory: Path, port: int) -> None:
-        self.upstream = upstream
-        self.path = directory / f".s.PGSQL.{port}"
-        self.directory, self.port = directory, port
-        self.armed = threading.Event()
-        self.dropped = 0
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(self.path))
-        self.server.listen(16)
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def conninfo(self) -> str:
-        return (f"host={self.directory} port={self.port} user=postgres dbname=postgres "
-                "sslmode=disable gssencmode=disable")
-
-    def close(self) -> None:
-        self.closed = True
-        self.server.close()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(self.upstream)
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-
-    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
-        dropping = threading.Event()
-
-        def replies() -> None:
-            with contextlib.suppress(OSError):
-                while chunk := upstream.recv(65536):
-                    if dropping.is_set():  # the COMMIT's reply: the commit happened
-                        self.dropped += 1
-                        break
-                    client.sendall(chunk)
-            for end in (client, upstream):
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
-                end.close()
-
-        threading.Thread(target=replies, daemon=True).start()
-        with contextlib.suppress(OSError):
-            while chunk := client.recv(65536):
-                if COMMIT_MESSAGE in chunk and self.armed.is_set():
-                    self.armed.clear()
-                    dropping.set()
-                upstream.sendall(chunk)
-
-
-def _socket_of(url: str) -> str:
-    """The Unix socket path of the session server's ``postgresql://...?host=dir`` URL."""
-    with psycopg.connect(url) as conn:
-        info = conn.info
-        return f"{info.host}/.s.PGSQL.{info.port}"
-
-
 def test_a_step_whose_commit_reply_was_lost_is_applied_once(postgres_url: str) -> None:
-    name = "failover_" + secrets.token_hex(4)
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    directory = Path(tempfile.mkdtemp(prefix="pgd", dir="/tmp"))
-    proxy = ReplyDropper(_socket_of(postgres_url), directory, 5432)
-    conninfo = proxy.conninfo.replace("dbname=postgres", f"dbname={name}")
-    try:
-        database.upgrade(f"postgresql://postgres@/{name}?host={directory}&port=5432")
+    with lossy_database(postgres_url) as (conninfo, proxy):
         pool = database.connect(conninfo, max_size=2)
         ledger = PgLedger(pool)
         ledger.open("ds_lost", {"epsilon": 10}, "op")
@@ -617,10 +540,3 @@ def test_a_step_whose_commit_reply_was_lost_is_applied_once(postgres_url: str) -
         kinds = Counter(event["kind"] for event in ledger.events("ds_lost"))
         assert kinds == {"cap": 1, "reserve": 1, "commit": 1}, kinds
         pool.close()
-    finally:
-        proxy.close()
-        with contextlib.suppress(OSError):
-            proxy.path.unlink()
-            directory.rmdir()
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

