@@ -131,8 +131,8 @@ def _reserve_and_die(app: Flask, body: dict[str, Any], idem: str | None = None) 
     steps of ``POST /v1/releases`` up to and including the reservation, and no task."""
     headers = {"Idempotency-Key": idem} if idem else {}
     with app.test_request_context(headers=headers):
-        r, ledger = wiring.of(app).client, wiring.of(app).ledger
-        key = apikeys.lookup(r, TOKEN)
+        ledger = wiring.of(app).ledger
+        key = apikeys.lookup(wiring.of(app).keys, TOKEN)
         assert key is not None
         prepared = pricing.prepare(ledger, body, allow_seeds=True)
         res = ledger.reserve(Reservation(
@@ -293,11 +293,11 @@ def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
     dataset scanned them all) and had no cursor. Now pages come from the dataset indexes,
     chained by X-Next-Cursor, and a limited key's listing reads its datasets' releases
     only (counted with Valkey's own command statistics)."""
-    ds, r = dataset["id"], wiring.of(app).client
+    ds = dataset["id"]
     other = api.upload(people_csv(20), PEOPLE_META).get_json()["id"]
     mine = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(7)]
     theirs = [api.post("/v1/releases", _body(other, v)).get_json()["id"] for v in range(2)]
-    _, token = apikeys.create(r, "consumer", datasets=(ds,))
+    _, token = apikeys.create(wiring.of(app).keys, "consumer", datasets=(ds,))
     limited = Api(api.client, token)
 
     pages = _pages(limited, "/v1/releases?limit=3")
@@ -339,7 +339,7 @@ def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
     """Item 9 for ``GET /v1/jobs``: main read the pending set whole and the 1000 newest
     releases of the whole system; now the pending and failed indexes (per dataset for a
     limited key), paged: queued/running oldest first, then failed newest first."""
-    ds, r, ledger = dataset["id"], wiring.of(app).client, wiring.of(app).ledger
+    ds, ledger = dataset["id"], wiring.of(app).ledger
     with app.test_request_context():
         prepared = pricing.prepare(ledger, _body(ds, 40), allow_seeds=True)
     ids = []
@@ -352,7 +352,7 @@ def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
     for rid in failed:  # and failed in this order
         assert ledger.abort(ds, rid, '{"message": "test"}', "test")
         time.sleep(0.005)
-    _, token = apikeys.create(r, "operator", datasets=(ds,))
+    _, token = apikeys.create(wiring.of(app).keys, "operator", datasets=(ds,))
     try:
         pages = _pages(Api(api.client, token), "/v1/jobs?limit=2")
         newest_failed = failed[::-1]

@@ -25,6 +25,7 @@ import redis
 
 from service import datasets
 from service.errors import Invalid
+from service.processes import schema
 from service.storage import database, index, release_documents, rkeys
 from service.storage.ledger import Ledger, Reservation, now_iso
 from service.storage.pg_ledger import PgLedger
@@ -153,7 +154,8 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
         assert _sql(url, "SELECT to_regclass('holdouts')") == [(None,)]
         assert _sql(url, "SELECT id FROM releases") == [(rid,)]
         database.upgrade(url)
-        assert _sql(url, "SELECT version_num FROM alembic_version") == [("0003_releases",)]
+        assert _sql(url, "SELECT version_num FROM alembic_version") == [
+            (schema.revisions()[0],)]  # the head again (0003_releases and what follows it)
         assert _sql(url, "SELECT collation_name FROM information_schema.columns WHERE "
                          "table_name = 'releases' AND column_name = 'id'") == [("C",)]
     finally:
