@@ -11,6 +11,7 @@ Every status change is one Lua compare-and-set script.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -113,18 +114,29 @@ class ValkeyAnalysisStore:
     def count(self, release_id: str) -> int:
         return int(self.r.zcard(rkeys.release_analyses(release_id)))
 
-    def every(self) -> list[tuple[str, int | None, Fields]]:
-        """(id, creation time in microseconds, fields) of every analysis
-        (``privrelease migrate-from-valkey``); the time is None for one without a place
-        in its release's list (none is made so)."""
-        out = []
-        for name in self.r.scan_iter(rkeys.analysis("*"), count=500):
-            if name.count(":") != 2:  # pr:ana:<id> only
-                continue
-            h: Fields = self.r.hgetall(name)
-            if not h.get("release_id") or not h.get("status"):
-                continue
-            analysis_id = name.rsplit(":", 1)[1]
-            score = self.r.zscore(rkeys.release_analyses(h["release_id"]), analysis_id)
-            out.append((analysis_id, int(score) if score is not None else None, h))
-        return out
+    def every(self, batch: int = 500) -> Iterator[list[tuple[str, int | None, Fields]]]:
+        """Every analysis, ``batch`` at a time: (id, creation time in microseconds,
+        fields), the time None for one without a place in its release's list (none is
+        made so) (``privrelease migrate-from-valkey``)."""
+        names: list[str] = []
+        for name in self.r.scan_iter(rkeys.analysis("*"), count=batch):
+            if name.count(":") == 2:  # pr:ana:<id> only
+                names.append(name)
+            if len(names) >= batch:
+                yield self._read(names)
+                names = []
+        if names:
+            yield self._read(names)
+
+    def _read(self, names: list[str]) -> list[tuple[str, int | None, Fields]]:
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        found = [(name.rsplit(":", 1)[1], h) for name, h in zip(names, pipe.execute(),
+                                                                 strict=True)
+                 if h.get("release_id") and h.get("status")]
+        for analysis_id, h in found:
+            pipe.zscore(rkeys.release_analyses(h["release_id"]), analysis_id)
+        scores = pipe.execute() if found else []
+        return [(analysis_id, int(score) if score is not None else None, h)
+                for (analysis_id, h), score in zip(found, scores, strict=True)]

@@ -324,9 +324,7 @@ class Migrator:
     def _analyses(self, moved: Moved, batch: int = 500) -> None:
         """Every analysis whose release is in PostgreSQL, ``batch`` to a transaction, at
         its place in its release's list (its creation time when it has none)."""
-        found = ValkeyAnalysisStore(self.r).every()
-        for start in range(0, len(found), batch):
-            chunk = found[start:start + batch]
+        for chunk in ValkeyAnalysisStore(self.r).every(batch):
 
             def step(cur: Cursor, chunk: list[tuple[str, int | None, dict[str, str]]] = chunk
                      ) -> tuple[int, int]:

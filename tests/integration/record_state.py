@@ -277,4 +277,4 @@ def analysis_ids(analyses: AnalysisStore) -> set[str]:
         with analyses.pool.connection() as conn:
             return {row[0] for row in conn.execute("SELECT id FROM analyses").fetchall()}
     assert isinstance(analyses, ValkeyAnalysisStore), type(analyses)
-    return {analysis_id for analysis_id, _, _ in analyses.every()}
+    return {analysis_id for chunk in analyses.every() for analysis_id, _, _ in chunk}

@@ -20,6 +20,7 @@ import hypothesis
 import pytest
 from flask import Flask
 from hypothesis import strategies as st
+from psycopg_pool import ConnectionPool
 
 from service import apikeys, wiring
 from service.api import inputs
@@ -29,6 +30,7 @@ from service.config import Config
 from service.releases import pricing, submit, sweeper
 from service.storage import index, rkeys
 from service.storage.ledger import Reservation
+from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import PgLedger
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
@@ -96,11 +98,34 @@ def test_500_is_logged_as_json_with_request_id_and_type_only(
 def test_503_is_logged_as_json_with_request_id(
         service_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """Item 11: the 503 handler's warning went to the plain-text last-resort handler without
-    the request id on main; now a JSON record with it and the error type."""
+    the request id on main; now a JSON record with it and the error type. The store the
+    request reads its key from is unreachable: Valkey, for an app on the Valkey store;
+    and, in a session on PostgreSQL, the database too."""
     with socket.socket() as sock:  # a port nothing listens on: Valkey unreachable
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    fresh = _fresh_app(service_env, PRIVRELEASE_REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    # the Valkey store (whatever the session's): its keys are Valkey's, so is the 503
+    fresh = _fresh_app(service_env, PRIVRELEASE_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+                       PRIVRELEASE_DATABASE_URL="")
+    _logged_503(fresh, capsys, "ConnectionError")
+    if service_env.get("PRIVRELEASE_DATABASE_URL"):
+        fresh = _fresh_app(service_env)
+        svc = wiring.of(fresh)
+        assert isinstance(svc.keys, PgKeyStore) and isinstance(svc.ledger, PgLedger)
+        dead = ConnectionPool(f"postgresql://127.0.0.1:{port}/nowhere", min_size=1,
+                              timeout=1.0, open=False)
+        dead.open(wait=False)
+        usual = svc.ledger.pool
+        svc.keys.pool = svc.ledger.pool = dead
+        try:
+            _logged_503(fresh, capsys, "PoolTimeout")  # no connection within a second
+        finally:
+            svc.keys.pool = svc.ledger.pool = usual
+            dead.close()
+            usual.close()
+
+
+def _logged_503(fresh: Flask, capsys: pytest.CaptureFixture[str], error_type: str) -> None:
     buf = io.StringIO()
     handler, old = _swap(buf)
     try:
@@ -113,7 +138,7 @@ def test_503_is_logged_as_json_with_request_id(
     warnings = [r for r in _records(out) if r["logger"] == "privrelease.errors"]
     assert len(warnings) == 1, out
     assert warnings[0]["request_id"] == "err-503-check"
-    assert warnings[0]["error_type"] == "ConnectionError"
+    assert warnings[0]["error_type"] == error_type
     assert "traceback" not in warnings[0]
     assert "valkey unavailable" not in capsys.readouterr().err
 

@@ -27,9 +27,10 @@ from service.storage.ledger import NO_LEASE, CapError, Ledger, Reservation, Rese
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 
-TABLES = ["allocation_scopes", "allocations", "budgets", "datasets", "events", "holdouts",
-          "idempotency", "ledgers", "outbox", "releases", "replays"]
-HEAD = "0003_releases"
+TABLES = ["allocation_scopes", "allocations", "analyses", "api_keys", "budgets",
+          "console_sessions", "datasets", "events", "holdouts", "idempotency", "ledgers",
+          "outbox", "releases", "replays", "service_secrets"]
+HEAD = "0004_keys"
 
 
 def _db_url(server_url: str, name: str) -> str:
