@@ -1,24 +1,25 @@
-"""Analyses: free post-processing of releases, run on workers, stored in Redis.
+"""Analyses: free post-processing of releases, run on workers, kept in the record
+(``service.storage.analysis_store``: PostgreSQL, or Valkey on the store before it).
 
 They read only released outputs, so they touch no ledger: any number of
 analyses of a release spend nothing.
 
-An analysis runs at most once. Its states: ``queued`` -> ``running`` ->
-``succeeded`` | ``failed``, or ``cancelled`` from either of the first two.
-Every transition is one compare-and-set script, so a cancelled analysis
-never turns ``succeeded`` (a run that ends after the cancel stores nothing),
-and a redelivered message of an analysis that already started (its worker
-died) fails it with ``worker_lost`` instead of running it again. A running
-analysis past its hard deadline (its process was killed by the time limit)
-reads as ``failed`` with ``time_limit``.
+An analysis runs at most once. Its states: ``queued`` -> ``running`` -> ``succeeded`` |
+``failed``, or ``cancelled`` from either of the first two. Every transition is one
+compare-and-set of the store (a single UPDATE on PostgreSQL, a Lua script on Valkey), so
+a cancelled analysis never turns ``succeeded`` (a run that ends after the cancel stores
+nothing), and a redelivered message of an analysis that already started (its worker
+died) fails it with ``worker_lost`` instead of running it again. A running analysis past
+its hard deadline (its process was killed by the time limit) reads as ``failed`` with
+``time_limit``.
 
 A failed analysis's ``error`` is ``{"code", "message"}`` and, when an input
 is to blame, ``field``; messages name inputs and limits, never values.
 
 A succeeded analysis's result is a file in the document store
 (``<release>/analyses/<id>.json``, service.storage.release_documents), written before the status
-turns ``succeeded`` (the hash then holds ``stored``); a run that lost the
-transition (cancelled meanwhile) removes it. Results stored in the hash by
+turns ``succeeded`` (the record then holds ``stored``); a run that lost the
+transition (cancelled meanwhile) removes it. Results stored in the record by
 earlier versions still read.
 """
 
@@ -30,14 +31,13 @@ import secrets
 import time
 from typing import Any
 
-import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 import mechanisms
 from mechanisms.rng import secure_generator
 from service import datasets
 from service.releases import documents as release_documents
-from service.storage import rkeys
+from service.storage.analysis_store import AnalysisStore, Fields
 from service.storage.ledger import now_iso
 from service.storage.release_documents import DocumentMissing, DocumentStore
 from service.storage.release_tables import OutputStore
@@ -48,36 +48,6 @@ log = logging.getLogger("privrelease.worker")
 
 #: statuses after which nothing changes
 ENDED = frozenset({"succeeded", "failed", "cancelled"})
-
-# KEYS[1] the analysis; ARGV: started_at, deadline (unix seconds), lost error JSON.
-# Returns the stored request fields (flat) when this run may start, 'lost' when an
-# earlier run started it (the message was redelivered), nil otherwise.
-_START = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'deadline', ARGV[2])
-  return redis.call('HGETALL', KEYS[1])
-end
-if status == 'running' then
-  redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[1], 'error', ARGV[3])
-  return 'lost'
-end
-return false
-"""
-
-# KEYS[1] the analysis; ARGV: expected statuses (comma-separated), then field/value pairs.
-# Sets the fields only while the status is one of the expected; returns the old status.
-_TRANSITION = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return false end
-for expected in string.gmatch(ARGV[1], '[^,]+') do
-  if status == expected then
-    redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-    return status
-  end
-end
-return false
-"""
 
 WORKER_LOST = {"code": "worker_lost",
                "message": "the worker running this analysis stopped; it is not run again"}
@@ -99,58 +69,40 @@ def view(ledger: Store, outputs: OutputStore, doc: dict[str, Any]
     )
 
 
-def create(client: redis.Redis, release_id: str, name: str, params: dict[str, Any],
+def create(store: AnalysisStore, release_id: str, name: str, params: dict[str, Any],
            others: list[str], actor: str, work: float | None = None) -> str:
     analysis_id = "ana_" + secrets.token_hex(10)
-    fields: dict[str, Any] = {
+    fields: Fields = {
         "release_id": release_id, "analysis": name, "params": json.dumps(params, default=str),
         "releases": json.dumps(others), "status": "queued", "created_at": now_iso(),
         "actor": actor,
     }
     if work is not None:
         fields["work"] = repr(float(work))
-    pipe = client.pipeline(transaction=True)
-    pipe.hset(rkeys.analysis(analysis_id), mapping=fields)
     # newest first by creation time (microseconds; the id breaks ties)
-    pipe.zadd(rkeys.release_analyses(release_id), {analysis_id: time.time_ns() // 1000})
-    pipe.execute()
+    store.add(analysis_id, fields, time.time_ns() // 1000)
     return analysis_id
 
 
-def discard(client: redis.Redis, release_id: str, analysis_id: str) -> None:
+def discard(store: AnalysisStore, release_id: str, analysis_id: str) -> None:
     """Remove an analysis whose job could not be queued."""
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(rkeys.analysis(analysis_id))
-    pipe.zrem(rkeys.release_analyses(release_id), analysis_id)
-    pipe.execute()
+    store.discard(release_id, analysis_id)
 
 
-def start(client: redis.Redis, analysis_id: str, hard_limit: float
+def start(store: AnalysisStore, analysis_id: str, hard_limit: float
           ) -> dict[str, Any] | None:
     """Mark running and return the stored request; None if this run must not run it
     (ended, cancelled, or started before: then it is failed ``worker_lost``)."""
-    reply = client.eval(_START, 1, rkeys.analysis(analysis_id), now_iso(),
-                        repr(time.time() + hard_limit), json.dumps(WORKER_LOST))
-    if not isinstance(reply, list):
-        return None
-    return dict(zip(reply[::2], reply[1::2], strict=True))
+    return store.start(analysis_id, now_iso(), time.time() + hard_limit,
+                       json.dumps(WORKER_LOST))
 
 
-def _transition(client: redis.Redis, analysis_id: str, expected: tuple[str, ...],
-                mapping: dict[str, str]) -> str | None:
-    args: list[str] = [",".join(expected)]
-    for key, value in mapping.items():
-        args += [key, value]
-    old = client.eval(_TRANSITION, 1, rkeys.analysis(analysis_id), *args)
-    return str(old) if old else None
-
-
-def finish(client: redis.Redis, analysis_id: str, *, result_json: str | None = None,
+def finish(store: AnalysisStore, analysis_id: str, *, result_json: str | None = None,
            error: dict[str, str] | None = None, docs: DocumentStore | None = None,
            release_id: str = "") -> bool:
     """Store the outcome of a running analysis; False (nothing stored) if it was
     cancelled or otherwise ended meanwhile. With ``docs`` a result goes to its file
-    there (``release_id``'s folder), not into Valkey."""
+    there (``release_id``'s folder), not into the record."""
     mapping = {"status": "failed" if error else "succeeded", "finished_at": now_iso()}
     on_disk = docs is not None and not error
     if error:
@@ -160,33 +112,33 @@ def finish(client: redis.Redis, analysis_id: str, *, result_json: str | None = N
         mapping["stored"] = "1"
     else:
         mapping["result"] = result_json or "null"
-    done = _transition(client, analysis_id, ("running",), mapping) is not None
+    done = store.transition(analysis_id, ("running",), mapping) is not None
     if on_disk and not done:
         assert docs is not None
         docs.discard_analysis(release_id, analysis_id)
     return done
 
 
-def cancel(client: redis.Redis, analysis_id: str) -> str | None:
+def cancel(store: AnalysisStore, analysis_id: str) -> str | None:
     """Cancel a queued or running analysis; its status before, or None if it had ended."""
-    return _transition(client, analysis_id, ("queued", "running"),
-                       {"status": "cancelled", "finished_at": now_iso(),
-                        "error": json.dumps({"code": "cancelled",
-                                             "message": "cancelled on request"})})
+    return store.transition(analysis_id, ("queued", "running"),
+                            {"status": "cancelled", "finished_at": now_iso(),
+                             "error": json.dumps({"code": "cancelled",
+                                                  "message": "cancelled on request"})})
 
 
-def _expire(client: redis.Redis, analysis_id: str, h: dict[str, str]) -> dict[str, str]:
+def _expire(store: AnalysisStore, analysis_id: str, h: Fields) -> Fields:
     """A running analysis past its hard deadline was killed by the time limit: say so."""
     deadline = h.get("deadline")
     if h.get("status") != "running" or deadline is None or float(deadline) > time.time():
         return h
-    _transition(client, analysis_id, ("running",),
-                {"status": "failed", "finished_at": now_iso(),
-                 "error": json.dumps(TIME_LIMIT)})
-    return client.hgetall(rkeys.analysis(analysis_id))
+    store.transition(analysis_id, ("running",),
+                     {"status": "failed", "finished_at": now_iso(),
+                      "error": json.dumps(TIME_LIMIT)})
+    return store.fields(analysis_id) or {}
 
 
-def render(analysis_id: str, h: dict[str, str],
+def render(analysis_id: str, h: Fields,
            docs: DocumentStore | None = None) -> dict[str, Any]:
     """The analysis document; a result stored on disk is read from ``docs``."""
     if "result" not in h and h.get("stored"):
@@ -205,19 +157,19 @@ def render(analysis_id: str, h: dict[str, str],
     }
 
 
-def raw(client: redis.Redis, analysis_id: str) -> dict[str, str] | None:
+def raw(store: AnalysisStore, analysis_id: str) -> Fields | None:
     """The stored fields (with an expired run read as failed), or None."""
-    h = client.hgetall(rkeys.analysis(analysis_id))
-    return _expire(client, analysis_id, h) if h else None
+    h = store.fields(analysis_id)
+    return _expire(store, analysis_id, h) if h else None
 
 
-def document(client: redis.Redis, analysis_id: str,
+def document(store: AnalysisStore, analysis_id: str,
              docs: DocumentStore | None = None) -> dict[str, Any] | None:
-    h = raw(client, analysis_id)
+    h = raw(store, analysis_id)
     return render(analysis_id, h, docs) if h else None
 
 
-def page(client: redis.Redis, release_id: str, limit: int, cursor: str | None,
+def page(store: AnalysisStore, release_id: str, limit: int, cursor: str | None,
          docs: DocumentStore | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A release's analyses, newest first: ``limit`` of them after ``cursor`` (the
     previous page's ``next_cursor``), and the cursor of the next page (None: no more).
@@ -225,25 +177,19 @@ def page(client: redis.Redis, release_id: str, limit: int, cursor: str | None,
     The order is (creation time, id) descending, as ZREVRANGE sorts; a cursor is the
     last item's ``<time>:<id>``, so items created meanwhile never shift a page.
     """
-    key = rkeys.release_analyses(release_id)
-    if cursor is None:
-        rows = client.zrevrange(key, 0, limit, withscores=True)
-    else:
-        score_text, _, after = cursor.partition(":")
-        score = int(score_text)
-        ties = int(client.zcount(key, score, score))
-        rows = [(m, s) for m, s in client.zrevrangebyscore(
-                    key, score, "-inf", start=0, num=limit + 1 + ties, withscores=True)
-                if s < score or m < after][:limit + 1]
+    after = None
+    if cursor is not None:
+        score_text, _, last = cursor.partition(":")
+        after = (int(score_text), last)
+    rows = store.page(release_id, limit, after)
     items = []
-    for analysis_id, _ in rows[:limit]:
-        h = raw(client, analysis_id)
+    for analysis_id, _, h in rows[:limit]:
         if h:
-            items.append(render(analysis_id, h, docs))
+            items.append(render(analysis_id, _expire(store, analysis_id, h), docs))
     if len(rows) <= limit:
         return items, None
-    last, last_score = rows[limit - 1]
-    return items, f"{int(last_score)}:{last}"
+    last_id, last_score, _ = rows[limit - 1]
+    return items, f"{last_score}:{last_id}"
 
 
 def release_view(svc: Services, release_id: str) -> mechanisms.ReleaseView:
@@ -259,7 +205,7 @@ def run(svc: Services, analysis_id: str, req: dict[str, Any]) -> str:
     time limit (``SoftTimeLimitExceeded``, raised in the task by Celery, or by its
     cancel watcher) it ends ``failed`` with ``time_limit``, or, cancelled, stores
     nothing. Returns the outcome."""
-    config, client = svc.config, svc.client
+    config, store = svc.config, svc.analyses
     try:
         main = release_view(svc, req["release_id"])
         others = [release_view(svc, rid) for rid in json.loads(req["releases"])]
@@ -270,16 +216,16 @@ def run(svc: Services, analysis_id: str, req: dict[str, Any]) -> str:
         payload = release_documents.to_json(result)
     except SoftTimeLimitExceeded:
         # the time limit, or the cancel watcher: finish stores nothing once cancelled
-        if not finish(client, analysis_id, error=dict(TIME_LIMIT)):
+        if not finish(store, analysis_id, error=dict(TIME_LIMIT)):
             return "cancelled"
         log.warning("analysis stopped at its time limit", extra={"analysis_id": analysis_id})
         return "failed"
     except Exception as err:
         log.error("analysis failed", extra={"analysis_id": analysis_id,
                                             "error_type": type(err).__name__})
-        finish(client, analysis_id, error=error_of(err))
+        finish(store, analysis_id, error=error_of(err))
         return "failed"
-    if not finish(client, analysis_id, result_json=payload, docs=svc.documents,
+    if not finish(store, analysis_id, result_json=payload, docs=svc.documents,
                   release_id=req["release_id"]):
         return "discarded"  # cancelled (or ended) while it ran: its result is not stored
     return "succeeded"

@@ -1,7 +1,8 @@
 """API keys: random tokens shown once, stored only as their SHA-256 digest.
 
 The tokens are 32 random bytes, so a fast hash is enough: there is no
-password to brute-force, and a leaked Redis dump reveals no usable key.
+password to brute-force, and a leaked dump of the store (PostgreSQL, or Valkey on the
+store before it: ``service.storage.keys``) reveals no usable key.
 Each key also has a callback secret, used to sign the notifications sent to
 its ``callback_url`` (shown once too, stored as is because signing needs it).
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -18,9 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from service.storage import rkeys
+from service.storage.keys import KeyRecord, KeyStore
 from service.storage.ledger import now_iso
 
 ROLES = ("operator", "analyst", "consumer")
@@ -54,6 +52,11 @@ def parse_time(value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def utc_text(at: datetime) -> str:
+    """A time as a key's ``expires_at`` is kept: UTC, ISO 8601, ``Z``."""
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -62,87 +65,69 @@ def new_token() -> str:
     return "pr_" + secrets.token_urlsafe(32)
 
 
-def create(client: redis.Redis, role: str, label: str = "", token: str | None = None,
+def create(store: KeyStore, role: str, label: str = "", token: str | None = None,
            datasets: tuple[str, ...] | None = None,
            expires_at: str | None = None) -> tuple[ApiKey, str]:
     """Store a new key and return it with its token (the only time it is seen).
 
     A given ``token`` that is already registered (a bootstrap key on restart)
-    keeps its existing record.
+    keeps its existing record. ``expires_at`` (ISO 8601) is kept in UTC.
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
-    if token is not None and (existing := lookup(client, token)) is not None:
+    if expires_at is not None:
+        expires_at = utc_text(parse_time(expires_at))
+    if token is not None and (existing := lookup(store, token)) is not None:
         return existing, token
     token = token or new_token()
     key = ApiKey(id="key_" + secrets.token_hex(8), role=role, label=label, datasets=datasets,
                  expires_at=expires_at)
     record = {**key.public(), "callback_secret": secrets.token_hex(32)}
-    pipe = client.pipeline(transaction=True)
-    pipe.set(rkeys.api_key(digest(token)), json.dumps(record))
-    pipe.hset(rkeys.API_KEYS, key.id, digest(token))
-    pipe.execute()
-    return key, token
+    # the same token registered meanwhile by another process: its record wins
+    return _from_record(store.add_key(digest(token), record)), token
 
 
-def _from_record(raw: str) -> ApiKey:
-    rec = json.loads(raw)
+def _from_record(rec: KeyRecord) -> ApiKey:
     datasets = tuple(rec["datasets"]) if rec.get("datasets") is not None else None
     return ApiKey(id=rec["id"], role=rec["role"], label=rec.get("label", ""),
                   datasets=datasets, expires_at=rec.get("expires_at"),
                   created_at=rec["created_at"])
 
 
-def lookup(client: redis.Redis, token: str) -> ApiKey | None:
+def lookup(store: KeyStore, token: str) -> ApiKey | None:
     """The key a bearer token belongs to (expired ones included), or None."""
-    raw = client.get(rkeys.api_key(digest(token)))
-    return _from_record(raw) if raw is not None else None
+    rec = store.key_by_digest(digest(token))
+    return _from_record(rec) if rec is not None else None
 
 
-def list_all(client: redis.Redis) -> list[ApiKey]:
-    digests = client.hgetall(rkeys.API_KEYS)
-    if not digests:
-        return []
-    raws = client.mget([rkeys.api_key(d) for d in digests.values()])
-    keys = [_from_record(raw) for raw in raws if raw is not None]
-    return sorted(keys, key=lambda k: k.created_at)
+def list_all(store: KeyStore) -> list[ApiKey]:
+    """Every key, oldest first."""
+    return [_from_record(rec) for rec in store.all_keys()]
 
 
-def _record(client: redis.Redis, key_id: str) -> str | None:
-    token_digest = client.hget(rkeys.API_KEYS, key_id)
-    raw: str | None = client.get(rkeys.api_key(token_digest)) if token_digest else None
-    return raw
-
-
-def callback_secret(client: redis.Redis, key_id: str) -> str | None:
+def callback_secret(store: KeyStore, key_id: str) -> str | None:
     """The signing secret of a key, for notifications; None if the key is gone."""
-    raw = _record(client, key_id)
-    return str(json.loads(raw)["callback_secret"]) if raw else None
+    rec = store.key_by_id(key_id)
+    return str(rec["callback_secret"]) if rec else None
 
 
-def revoke(client: redis.Redis, key_id: str) -> bool:
-    """Delete a key at once; the next request with its token gets 401."""
-    token_digest = client.hget(rkeys.API_KEYS, key_id)
-    if token_digest is None:
-        return False
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(rkeys.api_key(token_digest))
-    pipe.hdel(rkeys.API_KEYS, key_id)
-    pipe.execute()
-    return True
+def revoke(store: KeyStore, key_id: str) -> bool:
+    """Delete a key at once; the next request with its token gets 401, and its console
+    sessions end."""
+    return store.remove_key(key_id)
 
 
-def exists(client: redis.Redis, key_id: str) -> bool:
-    return bool(client.hexists(rkeys.API_KEYS, key_id))
+def exists(store: KeyStore, key_id: str) -> bool:
+    return store.has_key(key_id)
 
 
-def get(client: redis.Redis, key_id: str) -> ApiKey | None:
+def get(store: KeyStore, key_id: str) -> ApiKey | None:
     """A key's public record by id, or None."""
-    raw = _record(client, key_id)
-    return _from_record(raw) if raw else None
+    rec = store.key_by_id(key_id)
+    return _from_record(rec) if rec else None
 
 
-def data_dir_bootstrap(client: redis.Redis, path: Path) -> tuple[str, bool]:
+def data_dir_bootstrap(store: KeyStore, path: Path) -> tuple[str, bool]:
     """The operator key of a data directory, for ``standalone``: (token, newly made).
 
     The token lives in ``path`` (mode 0600, next to the data it guards), so a restart
@@ -154,9 +139,9 @@ def data_dir_bootstrap(client: redis.Redis, path: Path) -> tuple[str, bool]:
         token = path.read_text().strip()
     except FileNotFoundError:
         token = ""
-    if token and (key := lookup(client, token)) is not None and not key.expired():
+    if token and (key := lookup(store, token)) is not None and not key.expired():
         return token, False
-    key, token = create(client, "operator", label="bootstrap")
+    key, token = create(store, "operator", label="bootstrap")
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:

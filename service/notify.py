@@ -14,12 +14,12 @@ import json
 import logging
 from urllib.parse import urlsplit
 
-import redis
 import requests
 
 from service import apikeys
 from service.config import Config
 from service.releases import documents
+from service.storage.keys import KeyStore
 from service.storage.store import Store
 
 log = logging.getLogger("privrelease.notify")
@@ -65,7 +65,7 @@ def wanted(ledger: Store, release_id: str) -> bool:
     return bool(_callback(ledger, release_id)[0])
 
 
-def deliver(client: redis.Redis, ledger: Store, config: Config, release_id: str) -> bool:
+def deliver(keys: KeyStore, ledger: Store, config: Config, release_id: str) -> bool:
     """Send one notification; DeliveryError to be retried, False if it cannot be sent."""
     url, actor = _callback(ledger, release_id)
     doc = documents.document(ledger, release_id)
@@ -74,7 +74,7 @@ def deliver(client: redis.Redis, ledger: Store, config: Config, release_id: str)
     if check_url(url, config.callback_hosts) is not None:
         log.warning("callback host no longer allowed", extra={"release_id": release_id})
         return False
-    secret = apikeys.callback_secret(client, actor or "")
+    secret = apikeys.callback_secret(keys, actor or "")
     if secret is None:
         log.warning("callback key revoked", extra={"release_id": release_id})
         return False

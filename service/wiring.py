@@ -8,6 +8,8 @@ worker in its task module.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,14 +20,20 @@ from service.config import Config
 from service.releases import pricing
 from service.releases.queue import Queue, make_celery
 from service.storage import database, rkeys
+from service.storage.analysis_store import AnalysisStore
 from service.storage.dataset_files import DatasetStore
 from service.storage.durable import Replication
 from service.storage.event_archive import AuditArchive
+from service.storage.keys import KeyStore
 from service.storage.ledger import Ledger
+from service.storage.pg_analyses import PgAnalysisStore
+from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import DocumentStore
 from service.storage.release_tables import OutputStore
 from service.storage.store import Store
+from service.storage.valkey_analyses import ValkeyAnalysisStore
+from service.storage.valkey_keys import ValkeyKeyStore
 
 #: the ``app.extensions`` key of the API's services
 EXTENSION = "privrelease"
@@ -36,8 +44,8 @@ Role = Literal["api", "worker"]
 @dataclass(frozen=True)
 class Services:
     """What the release pipeline works with: the config, Valkey, the ledger, the stores
-    (dataset versions, release documents, release tables, precomputations) and the job
-    queue."""
+    (dataset versions, release documents, release tables, precomputations, keys and
+    analyses) and the job queue."""
 
     config: Config
     client: redis.Redis
@@ -50,6 +58,10 @@ class Services:
     queue: Queue
     #: heavy public precomputations shared by every process on the data directory
     precomputed: precompute.DirectoryStore
+    #: API keys and console sessions, beside the ledger (PostgreSQL's pool, or Valkey)
+    keys: KeyStore
+    #: analyses, beside the ledger
+    analyses: AnalysisStore
 
 
 def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services:
@@ -68,11 +80,14 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
     audit = AuditArchive(config.audit_dir)
     replication = Replication.from_config(config)
     ledger: Store
+    keys: KeyStore
+    analyses: AnalysisStore
     if config.database_url:
         # PostgreSQL: each step one transaction, re-run (bounded) when a connection broke
         client = rkeys.connect(config.require_redis_url())
-        ledger = PgLedger(database.connect(config.database_url), config.lease_seconds,
-                          documents=documents)
+        pool = database.connect(config.database_url)
+        ledger = PgLedger(pool, config.lease_seconds, documents=documents)
+        keys, analyses = PgKeyStore(pool), PgAnalysisStore(pool)
     elif role == "worker":
         client = rkeys.connect(config.require_redis_url(),
                                retry=rkeys.failover_retry(config.lease_seconds / 2))
@@ -82,10 +97,31 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
     else:
         client = rkeys.connect(config.require_redis_url())
         ledger = Ledger(client, replication=replication, documents=documents, audit=audit)
+    if not config.database_url:
+        keys, analyses = ValkeyKeyStore(client), ValkeyAnalysisStore(client)
     return Services(config, client, ledger, documents, DatasetStore(config.datasets_dir),
                     OutputStore(config.releases_dir),
                     Queue(celery if celery is not None else make_celery(config)),
-                    pricing.precomputed(config))
+                    pricing.precomputed(config), keys, analyses)
+
+
+@contextmanager
+def key_store(config: Config) -> Iterator[KeyStore]:
+    """The key store of ``config``'s record alone, for a process that registers a key
+    before the API starts (``standalone``, ``privrelease api``'s bootstrap key): on
+    PostgreSQL over a small pool closed after, else on Valkey."""
+    if config.database_url:
+        pool = database.connect(config.database_url, min_size=1, max_size=2)
+        try:
+            yield PgKeyStore(pool)
+        finally:
+            pool.close()
+    else:
+        client = rkeys.connect(config.require_redis_url())
+        try:
+            yield ValkeyKeyStore(client)
+        finally:
+            client.close()
 
 
 def of(app: Any) -> Services:

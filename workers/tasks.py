@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 
-import redis
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -24,7 +23,8 @@ import mechanisms
 from service import analyses, notify
 from service.config import Config
 from service.releases import queue, run, submit
-from service.storage import rkeys
+from service.storage.analysis_store import AnalysisStore
+from service.storage.store import DOWN
 from service.wiring import Services, build
 from workers.celery_app import app
 
@@ -58,7 +58,7 @@ def run_release(self: Task, release_id: str) -> str:
 def send_notification(self: Task, release_id: str) -> bool:
     """POST the release document to its callback_url, signed; retried with backoff."""
     svc = services()
-    return notify.deliver(svc.client, svc.ledger, svc.config, release_id)
+    return notify.deliver(svc.keys, svc.ledger, svc.config, release_id)
 
 
 @app.task(name=queue.PRICE_RELEASE, bind=True, acks_late=True)
@@ -89,12 +89,12 @@ def run_analysis(self: Task, analysis_id: str) -> str:
     """
     svc = services()
     config = svc.config
-    req = analyses.start(svc.client, analysis_id,
+    req = analyses.start(svc.analyses, analysis_id,
                          config.analysis_time_limit + config.time_limit_grace)
     if req is None:
         return "skipped"
     try:
-        with _stopped_when_cancelled(svc.client, analysis_id):
+        with _stopped_when_cancelled(svc.analyses, analysis_id):
             return analyses.run(svc, analysis_id, req)
     except SoftTimeLimitExceeded:  # the watcher's stop landed as the run was ending
         return "cancelled"
@@ -105,7 +105,7 @@ CANCEL_POLL = 0.5
 
 
 @contextmanager
-def _stopped_when_cancelled(client: redis.Redis, analysis_id: str) -> Iterator[None]:
+def _stopped_when_cancelled(store: AnalysisStore, analysis_id: str) -> Iterator[None]:
     """Stop the analysis once it is cancelled, without relying on the revoke broadcast
     reaching this worker: a watcher raises billiard's soft-limit exception in the task
     (the pool's SIGUSR1 handler), which ends it; its result is not stored anyway."""
@@ -118,8 +118,8 @@ def _stopped_when_cancelled(client: redis.Redis, analysis_id: str) -> Iterator[N
     def watch() -> None:
         while not stop.wait(CANCEL_POLL):
             try:
-                status = client.hget(rkeys.analysis(analysis_id), "status")
-            except redis.RedisError:
+                status = store.status(analysis_id)
+            except DOWN:  # the record away a moment: look again at the next turn
                 continue
             if status == "cancelled" and not stop.is_set():
                 os.kill(os.getpid(), signal.SIGUSR1)

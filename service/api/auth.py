@@ -43,7 +43,7 @@ def request_key() -> apikeys.ApiKey | None:
     """
     if "key_lookup" not in g:
         token = bearer_token()
-        g.key_lookup = (apikeys.lookup(wiring.current().client, token)
+        g.key_lookup = (apikeys.lookup(wiring.current().keys, token)
                         if token else None)
     key: apikeys.ApiKey | None = g.key_lookup
     return key

@@ -425,7 +425,7 @@ def show_budget(dataset_id: str) -> dict[str, Any]:
 def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
     """Raise or lower caps, or set analyst keys' allocations; never below what is spent."""
     doc = dataset_or_404(dataset_id)
-    client, ledger = wiring.current().client, wiring.current().ledger
+    ledger = wiring.current().ledger
     columns = list(doc["columns"])
     changes: list[tuple[str | None, dict[str, int]]] = []
     try:
@@ -433,7 +433,7 @@ def set_budget(body: dict[str, Any], dataset_id: str) -> dict[str, Any]:
             changes.append((None, budget.parse_caps(body["caps"], columns, where="caps")))
         for key_id, caps in (body.get("allocations") or {}).items():
             where = f"allocations.{key_id}"
-            key = apikeys.get(client, key_id)
+            key = apikeys.get(wiring.current().keys, key_id)
             if key is None or key.role != "analyst":
                 raise _invalid(where, "allocations are for existing analyst keys")
             changes.append((key_id, budget.parse_caps(caps, columns, where=where)))

@@ -35,7 +35,7 @@ def _manages(key: apikeys.ApiKey) -> bool:
 @located("/v1/keys/{id}")
 def create(body: dict[str, Any]) -> dict[str, Any]:
     """A new key with a role, optional dataset grants and expiry; the token is shown once."""
-    client = wiring.current().client
+    keys = wiring.current().keys
     grants = body.get("datasets")
     if grants is None and current_key().datasets is not None:
         raise APIError(422, "a key limited to some datasets creates only keys limited to "
@@ -51,12 +51,12 @@ def create(body: dict[str, Any]) -> dict[str, Any]:
         raise APIError(422, "expiry is in the past", code="validation_error",
                        field="expires_at")
     key, token = apikeys.create(
-        client, body["role"], label=body.get("label", ""),
+        keys, body["role"], label=body.get("label", ""),
         datasets=tuple(grants) if grants is not None else None,
-        expires_at=expires.isoformat().replace("+00:00", "Z") if expires else None,
+        expires_at=apikeys.utc_text(expires) if expires else None,
     )
     return {**key.public(), "token": token,
-            "callback_secret": apikeys.callback_secret(client, key.id)}
+            "callback_secret": apikeys.callback_secret(keys, key.id)}
 
 
 @blp.route("")
@@ -66,7 +66,7 @@ def create(body: dict[str, Any]) -> dict[str, Any]:
 def list_keys() -> list[dict[str, Any]]:
     """Every key's public record the caller manages; tokens are never stored, so never
     shown."""
-    return [k.public() for k in apikeys.list_all(wiring.current().client)
+    return [k.public() for k in apikeys.list_all(wiring.current().keys)
             if _manages(k)]
 
 
@@ -76,7 +76,7 @@ def list_keys() -> list[dict[str, Any]]:
 @blp.response(204)
 def revoke(key_id: str) -> None:
     """Revoke a key; the next request with it gets 401."""
-    client = wiring.current().client
-    key = apikeys.get(client, key_id)
-    if key is None or not _manages(key) or not apikeys.revoke(client, key_id):
+    keys = wiring.current().keys
+    key = apikeys.get(keys, key_id)
+    if key is None or not _manages(key) or not apikeys.revoke(keys, key_id):
         raise APIError(404, "no such key", code="not_found")

@@ -25,7 +25,6 @@ from service.api.schemas import (
 from service.plotting import FORMATS, analysis_figure, bar_figure, render
 from service.plotting import release_figure as release_figure_of
 from service.releases import documents, pricing
-from service.storage import rkeys
 from service.storage.release_tables import OutputStore, csv_chunks
 
 blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
@@ -148,7 +147,7 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
     if len(others) != analysis.n_others:
         raise APIError(422, f"{analysis.name} takes {analysis.n_others} other release(s)",
                        code="validation_error", field="releases")
-    client = wiring.current().client
+    store = wiring.current().analyses
     config = current_app.config["PRIVRELEASE"]
     outputs = OutputStore(config.releases_dir)
     other_docs = []
@@ -169,18 +168,18 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
     except LookupError:
         raise APIError(404, "no such release", code="not_found", field="release_id") from None
     pricing.check_work(work, config.max_analysis_work, "this analysis")
-    analysis_id = analyses.create(client, release_id, analysis.name, params, others,
+    analysis_id = analyses.create(store, release_id, analysis.name, params, others,
                                   current_key().id, work.units)
     try:
         wiring.current().queue.analysis(analysis_id)
     except UNAVAILABLE:
         # never queued: drop the record rather than leave it "queued" forever (the 503
-        # tells the client to retry); if Valkey itself is gone the record is too stale
-        # to matter and the error handler answers the same 503
+        # tells the client to retry); if the record itself is away it is too stale to
+        # matter and the error handler answers the same 503
         with contextlib.suppress(*UNAVAILABLE):
-            analyses.discard(client, release_id, analysis_id)
+            analyses.discard(store, release_id, analysis_id)
         raise
-    created = analyses.document(client, analysis_id, wiring.current().documents)
+    created = analyses.document(store, analysis_id, wiring.current().documents)
     assert created is not None
     return created
 
@@ -197,7 +196,7 @@ def _release(release_id: str) -> dict[str, Any]:
 
 def _analysis(release_id: str, analysis_id: str) -> dict[str, Any]:
     _release(release_id)
-    found = analyses.document(wiring.current().client, analysis_id,
+    found = analyses.document(wiring.current().analyses, analysis_id,
                                wiring.current().documents)
     if found is None or found["release_id"] != release_id:
         raise APIError(404, "no such analysis", code="not_found")
@@ -212,7 +211,7 @@ def _analysis(release_id: str, analysis_id: str) -> dict[str, Any]:
 def list_analyses(query: dict[str, Any], release_id: str) -> dict[str, Any]:
     """A release's analyses, newest first, a page at a time (``next_cursor``)."""
     _release(release_id)
-    items, cursor = analyses.page(wiring.current().client, release_id,
+    items, cursor = analyses.page(wiring.current().analyses, release_id,
                                   query["limit"], query.get("cursor"),
                                   wiring.current().documents)
     return {"items": items, "next_cursor": cursor}
@@ -238,11 +237,11 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     anything it still produces is discarded. 409 ``analysis_ended`` once it has ended."""
     found = _analysis(release_id, analysis_id)
     key = current_key()
-    client = wiring.current().client
-    if key.role != "operator" and client.hget(rkeys.analysis(analysis_id), "actor") != key.id:
+    store = wiring.current().analyses
+    if key.role != "operator" and (store.fields(analysis_id) or {}).get("actor") != key.id:
         raise APIError(403, "only the analysis's creator or an operator may cancel it",
                        code="forbidden")
-    if analyses.cancel(client, analysis_id) is None:
+    if analyses.cancel(store, analysis_id) is None:
         raise APIError(409, f"the analysis is {found['status']}; nothing to cancel",
                        code="analysis_ended")
     # a queued message is dropped by the workers (best effort: a worker that misses the
@@ -250,7 +249,7 @@ def cancel(release_id: str, analysis_id: str) -> dict[str, Any]:
     # is stopped by its own worker, which watches the status (workers/tasks.py)
     with contextlib.suppress(Exception):
         wiring.current().queue.revoke(analysis_id)
-    ended = analyses.document(client, analysis_id, wiring.current().documents)
+    ended = analyses.document(store, analysis_id, wiring.current().documents)
     assert ended is not None
     return ended
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from flask import Flask, Response, current_app, g, has_app_context, request
 from flask_limiter import ApplicationLimit, Limiter
 from limits import parse_many
@@ -29,6 +28,7 @@ from service.api import auth
 from service.api.problems import RETRY_AFTER_SECONDS
 from service.config import ENV_PREFIX, Config
 from service.storage import rkeys
+from service.storage.store import DOWN
 
 #: probes, scrapes and docs are never limited (load balancers, Prometheus, browsers)
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"})
@@ -40,12 +40,12 @@ def client_key() -> str:
     """Who a request counts against: its registered key, else its address.
 
     The key is looked up once per request (``auth.request_key``, reused by the
-    role check). If Redis is unreachable the address is used: the limiter cannot
-    count then anyway, and the route reports the outage.
+    role check). If the key store is unreachable the address is used, and the route
+    reports the outage.
     """
     try:
         key = auth.request_key()
-    except redis.RedisError:
+    except DOWN:
         key = None
     if key is not None:
         return "key:" + key.id

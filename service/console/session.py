@@ -2,8 +2,9 @@
 
 The cookie (Flask's itsdangerous-signed session; HttpOnly, SameSite=Strict, path
 ``/console``, Secure when ``PRIVRELEASE_CONSOLE_SECURE_COOKIE`` is set) holds a random
-session id and the CSRF secret. Valkey maps the id's SHA-256 to the key id, with an
-expiry (``PRIVRELEASE_CONSOLE_SESSION_SECONDS``, never past the key's own). Whoever
+session id and the CSRF secret. The key store (``service.storage.keys``: PostgreSQL, or
+Valkey on the store before it) maps the id's SHA-256 to the key id, with an expiry
+(``PRIVRELEASE_CONSOLE_SESSION_SECONDS``, never past the key's own). Whoever
 steals the cookie gets a console session until it expires or its owner signs out,
 not the API key: the token is never stored, in the cookie or on the server. Each
 request looks the key up again, so a revoked or expired key ends its sessions at once.
@@ -17,24 +18,21 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
 from flask import Flask, Request, session
 from flask.sessions import SecureCookieSessionInterface
 
 from service import apikeys, wiring
 from service.api.problems import UNAVAILABLE
-from service.storage import rkeys
 
 PREFIX = "/console"
-#: Valkey: the shared signing secret (when not configured), and sessions by id digest
-SECRET_KEY = f"{rkeys.P}console:secret"
 DEFAULT_SESSION_SECONDS = 8 * 3600
 #: environ flag: the session store could not be reached while opening the session
 UNAVAILABLE_FLAG = "privrelease.console_unavailable"
 
 
-def session_key(session_id: str) -> str:
-    return f"{rkeys.P}console:session:{hashlib.sha256(session_id.encode()).hexdigest()}"
+def session_digest(session_id: str) -> str:
+    """What the store knows a session by: the SHA-256 of its id (never the id)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
 
 
 def _env_bool(name: str) -> bool:
@@ -72,17 +70,16 @@ def configure(app: Flask) -> None:
 
 
 def _shared_secret(app: Flask) -> None:
-    """Every API process signs with one secret: configured, else made once in Valkey."""
+    """Every API process signs with one secret: configured, else made once in the key
+    store (the first process's candidate is kept, every other one reads it)."""
     if app.secret_key:
         return
-    client: redis.Redis = wiring.of(app).client
-    client.set(SECRET_KEY, secrets.token_hex(32), nx=True)
-    app.secret_key = client.get(SECRET_KEY)
+    app.secret_key = wiring.of(app).keys.console_secret(secrets.token_hex(32))
 
 
 class ConsoleSessionInterface(SecureCookieSessionInterface):
     """Flask's signed-cookie sessions for console paths; every other request (the API)
-    gets the null session and never touches Valkey for it."""
+    gets the null session and never touches the key store for it."""
 
     def open_session(self, app: Flask, request: Request) -> Any:
         if request.path != PREFIX and not request.path.startswith(PREFIX + "/"):
@@ -97,13 +94,12 @@ class ConsoleSessionInterface(SecureCookieSessionInterface):
 
 def sign_in(key: apikeys.ApiKey) -> None:
     """A new session for ``key`` (a new id and CSRF secret: no fixation)."""
-    client: redis.Redis = wiring.current().client
     ttl = session_seconds()
     if key.expires_at is not None:
         left = (apikeys.parse_time(key.expires_at) - datetime.now(UTC)).total_seconds()
         ttl = max(1, min(ttl, int(left)))
     session_id = secrets.token_urlsafe(32)
-    client.set(session_key(session_id), key.id, ex=ttl)
+    wiring.current().keys.add_session(session_digest(session_id), key.id, ttl)
     session.clear()
     session.permanent = True
     session["sid"] = session_id
@@ -114,13 +110,13 @@ def signed_in() -> apikeys.ApiKey | None:
     session_id = session.get("sid")
     if not isinstance(session_id, str):
         return None
-    client: redis.Redis = wiring.current().client
-    key_id = client.get(session_key(session_id))
-    return apikeys.get(client, key_id) if key_id else None
+    keys = wiring.current().keys
+    key_id = keys.session_key_id(session_digest(session_id))
+    return apikeys.get(keys, key_id) if key_id else None
 
 
 def sign_out() -> None:
     session_id = session.get("sid")
     if isinstance(session_id, str):
-        wiring.current().client.delete(session_key(session_id))
+        wiring.current().keys.remove_session(session_digest(session_id))
     session.clear()

@@ -198,9 +198,8 @@ def _query(schema: Any, names: tuple[str, ...], **defaults: Any) -> dict[str, An
 def signin() -> Any:
     error = None
     if request.method == "POST":
-        client = wiring.current().client
         token = request.form.get("token", "").strip()
-        key = apikeys.lookup(client, token) if token else None
+        key = apikeys.lookup(wiring.current().keys, token) if token else None
         refusal = auth.key_refusal(key, "consumer")
         if refusal is None and key is not None:
             session.sign_in(key)

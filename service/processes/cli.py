@@ -223,7 +223,8 @@ def _migrate_outputs(args: argparse.Namespace) -> int:
 
 
 FROM_VALKEY_HELP = ("move the record of a deployment on the Valkey store (datasets, ledgers,"
-                    " releases, audit events, replays, the outbox, live Idempotency-Keys)"
+                    " releases, audit events, replays, the outbox, live Idempotency-Keys,"
+                    " API keys, console sessions, analyses)"
                     " from PRIVRELEASE_REDIS_URL into PRIVRELEASE_DATABASE_URL; run it with"
                     " the API and workers stopped; safe to run again (a dataset already"
                     " moved is skipped)")
@@ -260,9 +261,12 @@ def _migrate_from_valkey(args: argparse.Namespace) -> int:
         pool.close()
     print(f"moved {len(done.datasets)} dataset(s) with {done.releases} release(s) and"
           f" {done.events} audit event(s), {done.outbox} outbox entr(ies) and"
-          f" {done.idempotency_keys} live Idempotency-Key(s); {len(done.skipped)} dataset(s)"
-          " already in PostgreSQL left as they were. Start the service with"
-          " PRIVRELEASE_DATABASE_URL set.")
+          f" {done.idempotency_keys} live Idempotency-Key(s), {done.keys} API key(s),"
+          f" {done.sessions} console session(s) and {done.analyses} analys(es);"
+          f" {len(done.skipped)} dataset(s) already in PostgreSQL left as they were."
+          + (f" {done.orphan_analyses} analys(es) of releases not in PostgreSQL left"
+             " behind." if done.orphan_analyses else "")
+          + " Start the service with PRIVRELEASE_DATABASE_URL set.")
     return 0
 
 

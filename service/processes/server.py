@@ -15,9 +15,8 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from service import apikeys
+from service import apikeys, wiring
 from service.config import Config
-from service.storage import rkeys
 
 
 class _Gunicorn(BaseApplication):
@@ -92,10 +91,11 @@ def options(host: str, port: int, workers: int, fd: int | None = None) -> dict[s
 
 
 def serve(config: Config, host: str, port: int, workers: int, fd: int | None = None) -> None:
-    url = config.require_redis_url()
+    config.require_redis_url()
     if config.bootstrap_key:  # registered once; a restart keeps the same record
-        apikeys.create(rkeys.connect(url), "operator", label="bootstrap",
-                       token=config.bootstrap_key)
+        # (its own connections, closed before gunicorn forks)
+        with wiring.key_store(config) as keys:
+            apikeys.create(keys, "operator", label="bootstrap", token=config.bootstrap_key)
     path, temporary = prepare_metrics_dir(config.metrics_dir)
     master = os.getpid()
     try:

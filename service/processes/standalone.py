@@ -38,7 +38,7 @@ from types import FrameType
 
 import redis
 
-from service import apikeys, policy
+from service import apikeys, policy, wiring
 from service.config import ENV_PREFIX, Config
 from service.processes import schema
 from service.processes.postgres import EmbeddedPostgres
@@ -159,7 +159,8 @@ class Standalone:
 
     def _move_valkey_record(self, client: redis.Redis, database_url: str) -> None:
         """A data directory from before PostgreSQL: its record (datasets, ledgers,
-        releases, events) moved into the database now, before the API and workers start
+        releases, events, API keys, console sessions, analyses) moved into the database
+        now, before the API and workers start
         (``service.storage.valkey_migration``); once, then marked in Valkey."""
         if not valkey_migration.pending(client):
             return
@@ -173,7 +174,8 @@ class Standalone:
         finally:
             pool.close()
         _say(f"moved the Valkey record into PostgreSQL: {len(done.datasets)} dataset(s),"
-             f" {done.releases} release(s), {done.events} audit event(s)")
+             f" {done.releases} release(s), {done.events} audit event(s),"
+             f" {done.keys} API key(s), {done.analyses} analys(es)")
 
     def _env(self, url: str, database_url: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -235,11 +237,13 @@ class Standalone:
             self._move_valkey_record(client, database_url)
             key_file = self.config.data_dir / BOOTSTRAP_KEY_FILE
             made = False
-            if self.config.bootstrap_key:
-                apikeys.create(client, "operator", label="bootstrap",
-                               token=self.config.bootstrap_key)
-            else:
-                token, made = apikeys.data_dir_bootstrap(client, key_file)
+            with wiring.key_store(dataclasses.replace(
+                    self.config, redis_url=url, database_url=database_url)) as keys:
+                if self.config.bootstrap_key:
+                    apikeys.create(keys, "operator", label="bootstrap",
+                                   token=self.config.bootstrap_key)
+                else:
+                    token, made = apikeys.data_dir_bootstrap(keys, key_file)
             self.env = self._env(url, database_url)
             signal.signal(signal.SIGINT, self._signal)
             signal.signal(signal.SIGTERM, self._signal)

@@ -9,10 +9,17 @@ stream, in order), and its releases (status, request, output or the run attempt 
 result file holds it, error, times, run counts, the reservation a pending one holds,
 whether it read the data or was charged, its re-sends) with their replays. Then, once
 for the deployment: the outbox and the live Idempotency-Keys (with what is left of
-their time), so a client's retry after the move is still recognised.
+their time), so a client's retry after the move is still recognised; the API keys (ids,
+token digests, roles, grants, expiry, creation times and callback secrets: every token
+keeps working, every notification is signed as before), the console's signing secret
+and its live sessions (with what is left of their time: a signed-in operator stays
+signed in), and the analyses (status, times, request, error or where their result is),
+in their releases' order.
 
-A dataset already in PostgreSQL is skipped: the command is safe to run again, and a run
-cut short resumes where it stopped. Run it with the API and the workers stopped (it
+A dataset already in PostgreSQL is skipped, and so is a key, a session or an analysis
+already there: the command is safe to run again, and a run cut short resumes where it
+stopped. An analysis whose release is not in PostgreSQL (its dataset was not moved: its
+document was gone) is left behind and counted. Run it with the API and the workers stopped (it
 refuses while a worker's heartbeat is live): a step taken on Valkey during the move
 could be missed. Nothing is deleted from Valkey; once the service runs with
 ``PRIVRELEASE_DATABASE_URL``, Valkey's keys of the record are no longer read. A completed
@@ -38,7 +45,12 @@ from psycopg.types.json import Jsonb
 
 from service.storage import release_documents, rkeys
 from service.storage.ledger import Ledger
+from service.storage.pg_analyses import insert as insert_analysis
+from service.storage.pg_keys import CONSOLE_SECRET, insert_key
 from service.storage.pg_ledger import Cursor, PgLedger
+from service.storage.pg_steps import transaction
+from service.storage.valkey_analyses import ValkeyAnalysisStore
+from service.storage.valkey_keys import ValkeyKeyStore
 
 
 @dataclass
@@ -52,6 +64,12 @@ class Moved:
     events: int = 0
     outbox: int = 0
     idempotency_keys: int = 0
+    keys: int = 0
+    sessions: int = 0
+    console_secret: bool = False
+    analyses: int = 0
+    #: analyses left behind: their release is not in PostgreSQL
+    orphan_analyses: int = 0
 
 
 def _at(value: str | None) -> datetime | None:
@@ -114,6 +132,8 @@ class Migrator:
         for dataset_id, score in scores.items():
             self._dataset(dataset_id, score, releases.get(dataset_id, []), moved)
         self._deployment(moved)
+        self._keys(moved)
+        self._analyses(moved)
         return moved
 
     def _releases_by_dataset(self) -> dict[str, list[tuple[str, float]]]:
@@ -273,6 +293,59 @@ class Migrator:
 
         moved.outbox, moved.idempotency_keys = self.target._tx(step)
 
+    def _keys(self, moved: Moved) -> None:
+        """The API keys, as they are (same id, token digest, callback secret), the
+        console's secret and the live sessions of keys that exist, in one transaction."""
+        source = ValkeyKeyStore(self.r)
+        records = [(digest, rec) for digest in source.digests().values()
+                   if (rec := source.key_by_digest(digest)) is not None]
+        secret = source.stored_console_secret()
+        sessions = source.sessions()
+
+        def step(cur: Cursor) -> tuple[int, bool, int]:
+            keys = sum(insert_key(cur, digest, rec) for digest, rec in records)
+            made_secret = False
+            if secret is not None:
+                cur.execute("INSERT INTO service_secrets (name, value) VALUES (%s, %s) "
+                            "ON CONFLICT DO NOTHING", (CONSOLE_SECRET, secret))
+                made_secret = cur.rowcount == 1
+            live = 0
+            for digest, key_id, left_ms in sessions:
+                # a revoked key's session (Valkey lets it run out) is not moved
+                cur.execute("INSERT INTO console_sessions (digest, key_id, expires_at) "
+                            "SELECT %s, %s, now() + %s WHERE EXISTS "
+                            "(SELECT 1 FROM api_keys WHERE id = %s) ON CONFLICT DO NOTHING",
+                            (digest, key_id, timedelta(milliseconds=left_ms), key_id))
+                live += cur.rowcount
+            return keys, made_secret, live
+
+        moved.keys, moved.console_secret, moved.sessions = transaction(self.target.pool, step)
+
+    def _analyses(self, moved: Moved, batch: int = 500) -> None:
+        """Every analysis whose release is in PostgreSQL, ``batch`` to a transaction, at
+        its place in its release's list (its creation time when it has none)."""
+        for chunk in ValkeyAnalysisStore(self.r).every(batch):
+
+            def step(cur: Cursor, chunk: list[tuple[str, int | None, dict[str, str]]] = chunk
+                     ) -> tuple[int, int]:
+                cur.execute("SELECT id FROM releases WHERE id = ANY(%s)",
+                            (sorted({h["release_id"] for _, _, h in chunk}),))
+                known = {row[0] for row in cur.fetchall()}
+                made = orphans = 0
+                for analysis_id, order_us, h in chunk:
+                    if h["release_id"] not in known:
+                        orphans += 1
+                        continue
+                    if order_us is None:
+                        order_us = int(datetime.fromisoformat(
+                            h["created_at"].replace("Z", "+00:00")).timestamp() * 1_000_000)
+                    made += insert_analysis(cur, analysis_id, h, order_us)
+                return made, orphans
+
+            made, orphans = transaction(self.target.pool, step)
+            moved.analyses += made
+            moved.orphan_analyses += orphans
+
 
 #: set in Valkey once a move completed: a standalone start then does not look again
 MOVED = f"{rkeys.P}moved:postgres"
@@ -287,6 +360,8 @@ def migrate(source: Ledger, target: PgLedger) -> Moved:
 
 
 def pending(client: redis.Redis) -> bool:
-    """Whether Valkey holds a record not moved yet (a deployment from before PostgreSQL):
-    ``privrelease standalone`` then moves it before the API and workers start."""
-    return bool(client.zcard(rkeys.DATASETS)) and not client.exists(MOVED)
+    """Whether Valkey holds a record not moved yet (a deployment from before PostgreSQL:
+    datasets, or keys alone): ``privrelease standalone`` then moves it before the API and
+    workers start."""
+    return (bool(client.zcard(rkeys.DATASETS)) or bool(client.hlen(rkeys.API_KEYS))) \
+        and not client.exists(MOVED)

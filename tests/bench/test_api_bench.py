@@ -27,6 +27,7 @@ from service.processes.server import options
 from service.processes.valkey import EmbeddedValkey
 from service.releases.queue import RELEASES_QUEUE
 from service.storage import rkeys
+from service.storage.valkey_keys import ValkeyKeyStore
 from tests.conftest import ROOT
 from tests.e2e.harness import TOKEN, Service, _free_port, wait_until
 
@@ -76,7 +77,7 @@ class Split:
                         PRIVRELEASE_DATA_DIR=str(data_dir),
                         PRIVRELEASE_RATE_LIMIT="10000000/minute")
         client = rkeys.connect(self.valkey.url)
-        apikeys.create(client, "operator", token=TOKEN)
+        apikeys.create(ValkeyKeyStore(client), "operator", token=TOKEN)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api = self._spawn("api", "--port", str(self.port))

@@ -20,6 +20,7 @@ from service.processes.valkey import free_port
 from service.storage import rkeys
 from service.storage.durable import Replication
 from service.storage.ledger import Ledger
+from service.storage.valkey_keys import ValkeyKeyStore
 from tests.conftest import ROOT
 
 SENTINEL_DIR = ROOT / "deploy" / "sentinel"
@@ -126,9 +127,10 @@ def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int],
                 ledger.set_caps("ds_acl", {"epsilon": 200}, "op")
             assert node.hget(rkeys.ledger("ds_acl"), "cap:epsilon") == ("100", "200")[step]
         else:  # replicated asynchronously: there within moments
-            key, _ = apikeys.create(service, "operator", label="acl", token=tokens[step])
-            _until(lambda: (found := apikeys.lookup(node, tokens[step])) is not None
-                   and found.id == key.id, 10, "the key on the replica")
+            key, _ = apikeys.create(ValkeyKeyStore(service), "operator", label="acl",
+                                    token=tokens[step])
+            _until(lambda: (found := apikeys.lookup(ValkeyKeyStore(node), tokens[step]))
+                   is not None and found.id == key.id, 10, "the key on the replica")
 
     write_and_see(0, replica)
 

@@ -17,6 +17,8 @@ from numpy.typing import NDArray
 
 from service import wiring
 from service.config import Config
+from service.storage.analysis_store import AnalysisStore
+from service.storage.keys import KeyStore
 
 TOKEN = "pr_test_operator_token"
 
@@ -30,7 +32,7 @@ def app(service_env: dict[str, str]) -> Iterator[Flask]:
         from service.api.app import create_app
 
         flask_app = create_app(Config.from_env())
-        apikeys.create(wiring.of(flask_app).client, "operator", "tests", token=TOKEN)
+        apikeys.create(wiring.of(flask_app).keys, "operator", "tests", token=TOKEN)
         yield flask_app
     finally:
         os.environ.clear()
@@ -92,6 +94,19 @@ class Api:
 @pytest.fixture()
 def api(app: Flask) -> Api:
     return Api(app.test_client())
+
+
+@pytest.fixture()
+def keys(app: Flask) -> KeyStore:
+    """The session service's key store: where its API reads keys and console sessions
+    (PostgreSQL, or Valkey for a session on the Valkey store)."""
+    return wiring.of(app).keys
+
+
+@pytest.fixture()
+def analysis_store(app: Flask) -> AnalysisStore:
+    """The session service's analyses (PostgreSQL, or Valkey on the Valkey store)."""
+    return wiring.of(app).analyses
 
 
 #: the request a ledger-only test's reservation records: a whole one, as the API writes

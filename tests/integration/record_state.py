@@ -25,9 +25,15 @@ from flask import Flask
 from service import wiring
 from service.config import Config
 from service.storage import database, rkeys
+from service.storage.analysis_store import AnalysisStore
+from service.storage.keys import KeyStore
 from service.storage.ledger import Ledger
+from service.storage.pg_analyses import PgAnalysisStore
+from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import PgLedger
 from service.storage.store import Store
+from service.storage.valkey_analyses import ValkeyAnalysisStore
+from service.storage.valkey_keys import ValkeyKeyStore
 from tests.conftest import TEST_STORE, database_on
 
 
@@ -185,22 +191,22 @@ def another_host(config: Config) -> Iterator[Store]:
             client.close()
 
 
-#: the Valkey key families of the record (the Valkey store's), and of what Valkey keeps
-#: for the service on either store (analyses)
-RECORD_KEYS = ("pr:ds:*", "pr:rel:*", "pr:resv:*", "pr:replay:*", "pr:idem:*")
-VALKEY_KEYS = ("pr:ana:*",)
+#: the Valkey key families of the record (the Valkey store's: analyses and API keys too)
+RECORD_KEYS = ("pr:ds:*", "pr:rel:*", "pr:resv:*", "pr:replay:*", "pr:idem:*", "pr:ana:*",
+               "pr:key:*", "pr:apikeys")
 #: each PostgreSQL table of the record, and the column naming a row
 RECORD_ROWS = {"datasets": "id", "ledgers": "dataset_id", "releases": "id",
                "replays": "fingerprint", "idempotency": "key", "holdouts": "dataset_id",
-               "outbox": "release_id"}
+               "outbox": "release_id", "analyses": "id", "api_keys": "id",
+               "console_sessions": "digest"}
 
 
 def record_entries(store: Store, client: Any) -> set[str]:
     """Every entry of the record (its Valkey keys; on PostgreSQL, ``<table>:<row>`` of
-    its tables but the append-only events, and the budget rows) and of the service's
-    own Valkey keys: what a request that is refused must not add to."""
-    patterns = VALKEY_KEYS if on_postgres(store) else RECORD_KEYS + VALKEY_KEYS
-    found = {k for pattern in patterns for k in client.scan_iter(pattern, count=1000)}
+    its tables but the append-only events, and the budget rows): what a request that is
+    refused must not add to. On PostgreSQL, Valkey keeps nothing of the record: any key
+    of the Valkey store's families found there counts too."""
+    found = {k for pattern in RECORD_KEYS for k in client.scan_iter(pattern, count=1000)}
     if on_postgres(store):
         for table, column in RECORD_ROWS.items():
             found |= {f"{table}:{name}" for (name,) in
@@ -210,3 +216,65 @@ def record_entries(store: Store, client: Any) -> set[str]:
         found |= {f"allocations:{d}:{k}:{m}" for d, k, m in
                   sql(store, "SELECT dataset_id, key_id, measure FROM allocations")}
     return found
+
+
+# -- keys, console sessions and analyses, on either store -------------------------------
+
+def key_digests(keys: KeyStore) -> list[str]:
+    """The token digest of every stored key (one per key: a digest twice is a bug)."""
+    if isinstance(keys, PgKeyStore):
+        return list(keys.digests().values())
+    assert isinstance(keys, ValkeyKeyStore), type(keys)
+    return list(keys.digests().values())
+
+
+def key_store_text(keys: KeyStore) -> list[str]:
+    """Everything the key store keeps, as text: every row of its tables, or the value of
+    every Valkey key of keys and sessions (to say a token is in none of them)."""
+    if isinstance(keys, PgKeyStore):
+        with keys.pool.connection() as conn, conn.cursor() as cur:
+            out = []
+            for table in ("api_keys", "console_sessions", "service_secrets"):
+                cur.execute(f"SELECT t::text FROM {table} AS t")
+                out += [row[0] for row in cur.fetchall()]
+            return out
+    assert isinstance(keys, ValkeyKeyStore), type(keys)
+    r = keys.r
+    readers = {"hash": r.hgetall, "string": r.get,  # the releases a key requested: a zset
+               "zset": lambda k: r.zrange(k, 0, -1, withscores=True)}
+    return [str(readers[r.type(k)](k)) for pattern in ("pr:*key*", "pr:console:*")
+            for k in r.scan_iter(pattern)]
+
+
+def expire_sessions(keys: KeyStore, key_id: str) -> None:
+    """Every console session of ``key_id`` expires now (its time ran out)."""
+    if isinstance(keys, PgKeyStore):
+        with keys.pool.connection() as conn:
+            conn.execute("UPDATE console_sessions SET expires_at = now() "
+                         "WHERE key_id = %s", (key_id,))
+        return
+    assert isinstance(keys, ValkeyKeyStore), type(keys)
+    for name in keys.r.scan_iter("pr:console:session:*"):
+        if keys.r.get(name) == key_id:
+            keys.r.delete(name)  # what its TTL does
+
+
+def session_count(keys: KeyStore, key_id: str) -> int:
+    """How many sessions of ``key_id`` the store still holds, live or not."""
+    if isinstance(keys, PgKeyStore):
+        with keys.pool.connection() as conn:
+            row = conn.execute("SELECT count(*) FROM console_sessions WHERE key_id = %s",
+                               (key_id,)).fetchone()
+            return int(row[0]) if row else 0
+    assert isinstance(keys, ValkeyKeyStore), type(keys)
+    return sum(1 for name in keys.r.scan_iter("pr:console:session:*")
+               if keys.r.get(name) == key_id)
+
+
+def analysis_ids(analyses: AnalysisStore) -> set[str]:
+    """Every stored analysis's id."""
+    if isinstance(analyses, PgAnalysisStore):
+        with analyses.pool.connection() as conn:
+            return {row[0] for row in conn.execute("SELECT id FROM analyses").fetchall()}
+    assert isinstance(analyses, ValkeyAnalysisStore), type(analyses)
+    return {analysis_id for chunk in analyses.every() for analysis_id, _, _ in chunk}

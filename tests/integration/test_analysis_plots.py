@@ -74,10 +74,10 @@ def test_nothing_to_draw_missing_and_ungranted_are_404(app: Any, api: Api,
         resp = api.get(f"/v1/releases/{rid}/analyses/{moments}/plot.{fmt}")
         assert resp.status_code == 404 and resp.get_json()["code"] == "not_found"
     aid = _analysis(api, rid, "npmle", {"method": "pava"})
-    r = wiring.of(app).client
-    granted = Api(app.test_client(), apikeys.create(r, "consumer",
+    keys = wiring.of(app).keys
+    granted = Api(app.test_client(), apikeys.create(keys, "consumer",
                                                     datasets=(interval["case1"]["dataset_id"],))[1])
-    other = Api(app.test_client(), apikeys.create(r, "consumer",
+    other = Api(app.test_client(), apikeys.create(keys, "consumer",
                                                   datasets=(interval["case2"]["dataset_id"],))[1])
     for fmt in ("png", "svg"):
         path = f"/v1/releases/{rid}/analyses/{{}}/plot.{fmt}"

@@ -26,7 +26,7 @@ from flask import Flask
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service import apikeys
+from service import apikeys, wiring
 from service.api.app import create_app
 from service.storage import event_archive, rkeys
 from service.storage.event_archive import AuditArchive
@@ -190,8 +190,8 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
     url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
     db = rkeys.connect(url)
     db.flushdb()
-    apikeys.create(db, "operator", token=TOKEN)
     flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url))
+    apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
     env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_SWEEP_INTERVAL": "1",
            "PRIVRELEASE_AUDIT_HOT_SECONDS": "0.5"}
     log = tmp_path_factory.mktemp("audit") / "worker.log"

@@ -15,11 +15,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
 from service import apikeys, wiring
+from service.storage.keys import KeyStore
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
@@ -30,7 +30,7 @@ _counter = itertools.count()
 @dataclass
 class World:
     client: FlaskClient
-    r: redis.Redis
+    keys: KeyStore
     ds: str  # the dataset every granted key may use
     other: str  # a dataset only the operator may use
     release: str  # a finished release on ``ds``
@@ -121,7 +121,7 @@ RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
         lambda w: ("POST", "/v1/keys", {"json": {"role": "consumer"}}), "operator", 201, False),
     ("/v1/keys", "GET"): (lambda w: ("GET", "/v1/keys", {}), "operator", 200, False),
     ("/v1/keys/<key_id>", "DELETE"): (
-        lambda w: ("DELETE", f"/v1/keys/{apikeys.create(w.r, 'consumer')[0].id}", {}),
+        lambda w: ("DELETE", f"/v1/keys/{apikeys.create(w.keys, 'consumer')[0].id}", {}),
         "operator", 204, False),
     ("/v1/jobs", "GET"): (lambda w: ("GET", "/v1/jobs", {}), "operator", 200, False),
     ("/v1/jobs/<release_id>/cancel", "POST"): (
@@ -136,8 +136,8 @@ CALLERS = ["none", "unknown", "revoked", "expired", "consumer", "analyst", "oper
 @pytest.fixture(scope="module")
 def world(app: Flask, worker: Any) -> World:
     client = app.test_client()
-    r = wiring.of(app).client
-    w = World(client, r, "", "", "", {})
+    keys = wiring.of(app).keys
+    w = World(client, keys, "", "", "", {})
     w.ds, w.other = w.upload(), w.upload()
     body = _release_body(w)
     resp = client.post("/v1/releases", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
@@ -146,12 +146,12 @@ def world(app: Flask, worker: Any) -> World:
     tokens: dict[str, str | None] = {"none": None, "unknown": "pr_not_a_key",
                                      "operator": TOKEN}
     for role in ("consumer", "analyst"):
-        tokens[role] = apikeys.create(r, role, datasets=(w.ds,))[1]
-        tokens[f"{role}-other"] = apikeys.create(r, role, datasets=(w.other,))[1]
-    revoked_key, tokens["revoked"] = apikeys.create(r, "operator")
-    apikeys.revoke(r, revoked_key.id)
+        tokens[role] = apikeys.create(keys, role, datasets=(w.ds,))[1]
+        tokens[f"{role}-other"] = apikeys.create(keys, role, datasets=(w.other,))[1]
+    revoked_key, tokens["revoked"] = apikeys.create(keys, "operator")
+    apikeys.revoke(keys, revoked_key.id)
     past = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
-    tokens["expired"] = apikeys.create(r, "operator", expires_at=past)[1]
+    tokens["expired"] = apikeys.create(keys, "operator", expires_at=past)[1]
     w.tokens = tokens
     return w
 
@@ -255,7 +255,7 @@ def test_ungranted_dataset_answers_as_a_missing_one_whatever_the_body(world: Wor
     rest = {v[1]["detail"] for k, v in answers.items() if k not in schema_level}
     assert {v[0] for k, v in answers.items() if k not in schema_level} == {404}
     assert rest == {"no such dataset"}
-    key = apikeys.lookup(world.r, token)
+    key = apikeys.lookup(world.keys, token)
     assert key is not None  # and it reserved nothing anywhere
     ledger = wiring.of(world.client.application).ledger
     assert ledger.events(world.ds)  # (the events are read: the dataset has some)
@@ -266,8 +266,8 @@ def test_ungranted_dataset_answers_as_a_missing_one_whatever_the_body(world: Wor
 def test_ungranted_reads_answer_as_missing_ones(world: World) -> None:
     """Catches issue #14 finding 7 for reads: every endpoint taking a dataset or release
     id answered 403 for an ungranted one and 404 for a missing one (existence leaked)."""
-    r = world.r
-    operator_other = apikeys.create(r, "operator", datasets=(world.other,))[1]
+    keys = world.keys
+    operator_other = apikeys.create(keys, "operator", datasets=(world.other,))[1]
     consumer_other = world.tokens["consumer-other"]
     analyst_other = world.tokens["analyst-other"]
     assert consumer_other is not None and analyst_other is not None
@@ -302,10 +302,10 @@ def test_ungranted_reads_answer_as_missing_ones(world: World) -> None:
     jobs = _answer(world, operator_other, "GET", "/v1/jobs")[1]
     assert all(j["dataset_id"] == world.other for j in jobs)
     # a key limited to some datasets grants only those, and never everything
-    keys = [_answer(world, operator_other, "POST", "/v1/keys",
+    made = [_answer(world, operator_other, "POST", "/v1/keys",
                     {"role": "analyst", "datasets": [ds]})
             for ds in (world.ds, "ds_does_not_exist")]
-    assert keys[0] == keys[1] and keys[0][0] == 422
+    assert made[0] == made[1] and made[0][0] == 422
     status, doc = _answer(world, operator_other, "POST", "/v1/keys", {"role": "analyst"})
     assert status == 422 and doc["field"] == "datasets"
 
@@ -313,12 +313,12 @@ def test_ungranted_reads_answer_as_missing_ones(world: World) -> None:
 def test_dataset_limited_operator_manages_only_keys_within_its_grants(world: World) -> None:
     """Catches the session-4 finding: an operator key limited to one dataset listed every
     key (unrestricted operators' ids and labels included) and could revoke any of them."""
-    r = world.r
-    operator_other = apikeys.create(r, "operator", datasets=(world.other,))[1]
-    mine = apikeys.create(r, "consumer", datasets=(world.other,))[0]
-    theirs = apikeys.create(r, "consumer", datasets=(world.ds,))[0]
-    both = apikeys.create(r, "consumer", datasets=(world.ds, world.other))[0]
-    unrestricted = apikeys.create(r, "operator")[0]
+    keys = world.keys
+    operator_other = apikeys.create(keys, "operator", datasets=(world.other,))[1]
+    mine = apikeys.create(keys, "consumer", datasets=(world.other,))[0]
+    theirs = apikeys.create(keys, "consumer", datasets=(world.ds,))[0]
+    both = apikeys.create(keys, "consumer", datasets=(world.ds, world.other))[0]
+    unrestricted = apikeys.create(keys, "operator")[0]
     status, listed = _answer(world, operator_other, "GET", "/v1/keys")
     assert status == 200
     ids = {k["id"] for k in listed}
@@ -330,11 +330,11 @@ def test_dataset_limited_operator_manages_only_keys_within_its_grants(world: Wor
         # answered exactly like a key that does not exist, and nothing is revoked
         assert (_answer(world, operator_other, "DELETE", f"/v1/keys/{key.id}")
                 == _answer(world, operator_other, "DELETE", "/v1/keys/key_does_not_exist"))
-        assert apikeys.exists(r, key.id)
+        assert apikeys.exists(keys, key.id)
     resp = world.client.delete(f"/v1/keys/{mine.id}",
                                headers={"Authorization": f"Bearer {operator_other}"})
     assert resp.status_code == 204
-    assert not apikeys.exists(r, mine.id)
+    assert not apikeys.exists(keys, mine.id)
     # the unrestricted operator still sees and manages every key
     status, listed = _answer(world, TOKEN, "GET", "/v1/keys")
     assert {theirs.id, both.id, unrestricted.id} <= {k["id"] for k in listed}

@@ -76,9 +76,9 @@ def test_interval_leakage_caps_above_one_are_refused(api: Api, dataset: dict[str
 
 def test_allocations_are_enforced_and_shown(app: Flask, api: Api, dataset: dict[str, Any],
                                             worker: Any) -> None:
-    ds, r = dataset["id"], wiring.of(app).client
-    key, token = apikeys.create(r, "analyst", datasets=(ds,))
-    consumer, _ = apikeys.create(r, "consumer")
+    ds, keys = dataset["id"], wiring.of(app).keys
+    key, token = apikeys.create(keys, "analyst", datasets=(ds,))
+    consumer, _ = apikeys.create(keys, "consumer")
     patch = {"allocations": {key.id: {"epsilon": 0.3}}}
     resp = api.client.patch(f"/v1/datasets/{ds}/budget", json=patch, headers=api._h())
     assert resp.status_code == 200
@@ -209,9 +209,9 @@ def test_callback_is_signed_retried_and_allow_listed(app: Flask, api: Api,
     server = HTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = wiring.of(app).client
-        key, token = apikeys.create(r, "analyst")
-        secret = apikeys.callback_secret(r, key.id)
+        keys = wiring.of(app).keys
+        key, token = apikeys.create(keys, "analyst")
+        secret = apikeys.callback_secret(keys, key.id)
         assert secret
         body = {**_body(dataset["id"], 30),
                 "callback_url": f"http://127.0.0.1:{server.server_port}/hook"}
@@ -235,8 +235,8 @@ def test_callback_is_signed_retried_and_allow_listed(app: Flask, api: Api,
 def test_refused_patch_changes_nothing(app: Flask, api: Api, dataset: dict[str, Any]) -> None:
     """Issue 15 item 8: a PATCH with a valid cap and an invalid allocation is refused whole.
     Main applied the cap (5 -> 50) and audited it, then answered 409 allocation_above_cap."""
-    ds, r = dataset["id"], wiring.of(app).client
-    key, _ = apikeys.create(r, "analyst", datasets=(ds,))
+    ds, keys = dataset["id"], wiring.of(app).keys
+    key, _ = apikeys.create(keys, "analyst", datasets=(ds,))
     before = api.get(f"/v1/datasets/{ds}/budget").get_json()
     events = len(api.get(f"/v1/datasets/{ds}/ledger").get_json())
     patch = {"caps": {"epsilon": 50}, "allocations": {key.id: {"epsilon": 60}}}

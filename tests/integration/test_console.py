@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
 from service import apikeys, wiring
 from service.console import burndown, session
+from service.storage.keys import KeyStore
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -33,10 +33,10 @@ def _signed_in(app: Flask, token: str) -> FlaskClient:
     return client
 
 
-def test_cookie_flags_and_no_token_in_cookie(app: Flask, r: redis.Redis) -> None:
+def test_cookie_flags_and_no_token_in_cookie(app: Flask, keys: KeyStore) -> None:
     """The session cookie is HttpOnly, SameSite=Strict, scoped to /console, and holds
     neither the token nor its digest (catches a cookie that carries the key)."""
-    _key, token = apikeys.create(r, "analyst", label="cookie")
+    _key, token = apikeys.create(keys, "analyst", label="cookie")
     client = app.test_client()
     resp = client.post("/console/signin", data={"token": token, "csrf_token": _csrf(client)})
     cookie = resp.headers["Set-Cookie"]
@@ -52,24 +52,24 @@ def test_cookie_flags_and_no_token_in_cookie(app: Flask, r: redis.Redis) -> None
     assert "sid" in text
 
 
-def test_post_without_csrf_token_is_refused(app: Flask, r: redis.Redis) -> None:
+def test_post_without_csrf_token_is_refused(app: Flask, keys: KeyStore) -> None:
     """A form POST without (or with a wrong) CSRF token changes nothing: 400."""
-    key, token = apikeys.create(r, "consumer", label="victim")
+    key, token = apikeys.create(keys, "consumer", label="victim")
     client = _signed_in(app, token)
-    op = _signed_in(app, apikeys.create(r, "operator", label="csrf-op")[1])
+    op = _signed_in(app, apikeys.create(keys, "operator", label="csrf-op")[1])
     resp = op.post(f"/console/keys/{key.id}/revoke", data={})
     assert resp.status_code == 400
     resp = op.post(f"/console/keys/{key.id}/revoke", data={"csrf_token": "forged"})
     assert resp.status_code == 400
-    assert apikeys.get(r, key.id) is not None
+    assert apikeys.get(keys, key.id) is not None
     fresh = app.test_client()
     assert fresh.post("/console/signin", data={"token": token}).status_code == 400
     assert client.get("/console/datasets").status_code == 200
 
 
-def test_consumer_gets_no_operator_page(app: Flask, r: redis.Redis) -> None:
+def test_consumer_gets_no_operator_page(app: Flask, keys: KeyStore) -> None:
     """Operator pages answer 403 to a consumer, whose navigation has no operator links."""
-    client = _signed_in(app, apikeys.create(r, "consumer", label="c")[1])
+    client = _signed_in(app, apikeys.create(keys, "consumer", label="c")[1])
     page = client.get("/console/datasets").get_data(as_text=True)
     assert "nav-keys" not in page and "nav-jobs" not in page and "upload-form" not in page
     for path in ("/console/keys", "/console/jobs"):
@@ -78,10 +78,10 @@ def test_consumer_gets_no_operator_page(app: Flask, r: redis.Redis) -> None:
         client, "/console/mechanisms")}).status_code == 403
 
 
-def test_signed_out_and_revoked_sessions_end(app: Flask, r: redis.Redis) -> None:
+def test_signed_out_and_revoked_sessions_end(app: Flask, keys: KeyStore) -> None:
     """Sign-out deletes the server-side session (a replayed cookie is dead), and a revoked
     key's sessions end on their next request."""
-    key, token = apikeys.create(r, "analyst", label="s")
+    key, token = apikeys.create(keys, "analyst", label="s")
     client = _signed_in(app, token)
     stolen = client.get_cookie("privrelease_console", path="/console")
     assert stolen is not None
@@ -91,25 +91,25 @@ def test_signed_out_and_revoked_sessions_end(app: Flask, r: redis.Redis) -> None
     replay.set_cookie("privrelease_console", stolen.value, path="/console")
     assert replay.get("/console/datasets").status_code == 302  # to the sign-in page
     other = _signed_in(app, token)
-    apikeys.revoke(r, key.id)
+    apikeys.revoke(keys, key.id)
     resp = other.get("/console/datasets")
     assert resp.status_code == 302 and "/console/signin" in resp.headers["Location"]
 
 
-def test_wrong_key_and_open_redirect(app: Flask, r: redis.Redis) -> None:
+def test_wrong_key_and_open_redirect(app: Flask, keys: KeyStore) -> None:
     client = app.test_client()
     resp = client.post("/console/signin", data={"token": "pr_nope", "csrf_token": _csrf(client)})
     assert resp.status_code == 401 and "unknown or revoked API key" in resp.get_data(True)
-    token = apikeys.create(r, "consumer")[1]
+    token = apikeys.create(keys, "consumer")[1]
     resp = client.post("/console/signin?next=//evil.example/x",
                        data={"token": token, "csrf_token": _csrf(client)})
     assert resp.headers["Location"] == "/console/datasets" or \
         resp.headers["Location"].endswith("/console/")
 
 
-def test_upload_errors_are_the_apis(app: Flask, api: Api, r: redis.Redis) -> None:
+def test_upload_errors_are_the_apis(app: Flask, api: Api, keys: KeyStore) -> None:
     """The upload form shows the API's own problem detail and field for the same input."""
-    client = _signed_in(app, apikeys.create(r, "operator", label="up")[1])
+    client = _signed_in(app, apikeys.create(keys, "operator", label="up")[1])
     bad = dict(PEOPLE_META, columns={"age": {"type": "integer", "bounds": [5, 1]}})
     import json
     expected = api.upload(people_csv(10), bad).get_json()
@@ -126,7 +126,7 @@ def test_upload_errors_are_the_apis(app: Flask, api: Api, r: redis.Redis) -> Non
 
 
 def test_burndown_replays_to_the_ledger(app: Flask, api: Api, worker: Any,
-                                         r: redis.Redis) -> None:
+                                         keys: KeyStore) -> None:
     """Replaying the audit stream ends where the ledger is: committed and reserved per
     measure, exactly (catches a replay that mishandles commit, abort or a cap change)."""
     doc = api.upload(people_csv(), PEOPLE_META).get_json()
@@ -149,7 +149,7 @@ def test_burndown_replays_to_the_ledger(app: Flask, api: Api, worker: Any,
     client = _signed_in(app, "pr_test_operator_token")
     png = client.get(f"/console/datasets/{doc['id']}/budget.png")
     assert png.status_code == 200 and png.data.startswith(b"\x89PNG")
-    assert session.session_key("x") != session.session_key("y")
+    assert session.session_digest("x") != session.session_digest("y")
 
 
 def test_replay_refunds_and_skips_allocations() -> None:

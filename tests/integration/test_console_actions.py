@@ -18,6 +18,7 @@ from flask.testing import FlaskClient
 from markupsafe import escape
 
 from service import apikeys, wiring
+from service.storage.keys import KeyStore
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from tests.integration.test_analyses_api import _post, interval
 from tests.integration.test_analysis_plots import _analysis
@@ -45,11 +46,11 @@ def _form(client: FlaskClient, dataset_id: str, **fields: str) -> Any:
 
 
 def test_budget_form_changes_caps_and_allocations(app: Flask, api: Api,
-                                                  r: redis.Redis) -> None:
+                                                  keys: KeyStore) -> None:
     """The form's cap and allocation land in the ledger through the PATCH route (catches a
     form that drops the allocation or sends the cap under another measure)."""
     ds = api.upload(people_csv(), PEOPLE_META).get_json()
-    analyst, _ = apikeys.create(r, "analyst", label="budgeted")
+    analyst, _ = apikeys.create(keys, "analyst", label="budgeted")
     client = _signed_in(app, TOKEN)
     page = client.get(f"/console/datasets/{ds['id']}").get_data(as_text=True)
     assert 'id="budget-form"' in page and f'value="{analyst.id}"' in page
@@ -62,12 +63,12 @@ def test_budget_form_changes_caps_and_allocations(app: Flask, api: Api,
     assert budget["measures"]["delta"]["cap"] == PEOPLE_META["budgets"]["delta"]  # kept
 
 
-def test_budget_form_errors_are_the_apis(app: Flask, api: Api, r: redis.Redis) -> None:
+def test_budget_form_errors_are_the_apis(app: Flask, api: Api, keys: KeyStore) -> None:
     """An invalid cap (422) and an allocation above the cap (409) show the API's own detail
     and field on the page, with the status, and change nothing (catches a form that
     swallows errors or words them itself)."""
     ds = api.upload(people_csv(), PEOPLE_META).get_json()
-    analyst, _ = apikeys.create(r, "analyst", label="over")
+    analyst, _ = apikeys.create(keys, "analyst", label="over")
     client = _signed_in(app, TOKEN)
     before = _budget(api, ds["id"])
     cases = [({"cap.epsilon": "lots"}, {"caps": {"epsilon": "lots"}}),
@@ -88,13 +89,13 @@ def test_budget_form_errors_are_the_apis(app: Flask, api: Api, r: redis.Redis) -
     assert _budget(api, ds["id"]) == before
 
 
-def test_budget_form_is_for_operators_only(app: Flask, api: Api, r: redis.Redis) -> None:
+def test_budget_form_is_for_operators_only(app: Flask, api: Api, keys: KeyStore) -> None:
     """Analysts and consumers see no budget form and a POST is the API's 403 (catches a
     form shown, or a change accepted, for a role the PATCH route refuses)."""
     ds = api.upload(people_csv(), PEOPLE_META).get_json()
     before = _budget(api, ds["id"])
     for role in ("analyst", "consumer"):
-        client = _signed_in(app, apikeys.create(r, role, label=f"no-{role}")[1])
+        client = _signed_in(app, apikeys.create(keys, role, label=f"no-{role}")[1])
         page = client.get(f"/console/datasets/{ds['id']}").get_data(as_text=True)
         assert 'id="budget-form"' not in page
         resp = _form(client, ds["id"], **{"cap.epsilon": "100"})
@@ -122,7 +123,7 @@ def test_release_page_shows_its_plot_as_png_and_svg(app: Flask, api: Api, worker
     assert svg.status_code == 200 and svg.mimetype == "image/svg+xml" and b"<svg" in svg.data
 
 
-def test_analysis_page_shows_its_plot_and_cancel_refusals(app: Flask, api: Api, r: redis.Redis,
+def test_analysis_page_shows_its_plot_and_cancel_refusals(app: Flask, api: Api, keys: KeyStore,
                                                           interval: dict[str, Any]) -> None:
     """An NPMLE analysis's page embeds its drawing (PNG served, SVG linked); a moments
     analysis, with nothing to draw, has no image. Cancelling an ended analysis shows the
@@ -142,7 +143,7 @@ def test_analysis_page_shows_its_plot_and_cancel_refusals(app: Flask, api: Api, 
     assert 'id="plot"' not in page and "cancel-analysis" not in page
     resp = client.post(f"{path}/cancel", data={"csrf_token": _csrf(client, path)})
     assert resp.status_code == 409 and "nothing to cancel" in resp.get_data(as_text=True)
-    other = _signed_in(app, apikeys.create(r, "consumer", label="not-creator")[1])
+    other = _signed_in(app, apikeys.create(keys, "consumer", label="not-creator")[1])
     # the API checks who may cancel before whether anything is left to cancel
     resp = other.post(f"{path}/cancel", data={"csrf_token": _csrf(other, path)})
     assert resp.status_code == 403 and "creator" in resp.get_data(as_text=True)
@@ -188,7 +189,7 @@ def test_lists_page_forward_and_back(app: Flask, api: Api, interval: dict[str, A
     assert client.get("/console/jobs?status=bogus").status_code == 422  # the API's schema
     mine = client.get("/console/releases?mine=true").get_data(as_text=True)
     assert rid in shown.findall(mine)  # the operator's token requested the fixture's
-    other = _signed_in(app, apikeys.create(wiring.of(app).client, "analyst",
+    other = _signed_in(app, apikeys.create(wiring.of(app).keys, "analyst",
                                            label="no-releases")[1])
     page = other.get("/console/releases?mine=true").get_data(as_text=True)
     dataset_id = api.get(f"/v1/releases/{rid}").get_json()["dataset_id"]
@@ -244,11 +245,11 @@ def test_versions_upload_current_and_retire_from_the_dataset_page(app: Flask, ap
     assert len(api.get(f"/v1/datasets/{ds['id']}/versions").get_json()) == 2  # nothing kept
 
 
-def test_versions_forms_are_for_operators_only(app: Flask, api: Api, r: redis.Redis) -> None:
+def test_versions_forms_are_for_operators_only(app: Flask, api: Api, keys: KeyStore) -> None:
     """Analysts see the versions table but no form; their POSTs are the API's 403 and change
     nothing (catches a version action allowed for a role the API refuses)."""
     ds = api.upload(people_csv(30), PEOPLE_META).get_json()
-    client = _signed_in(app, apikeys.create(r, "analyst", label="no-versions")[1])
+    client = _signed_in(app, apikeys.create(keys, "analyst", label="no-versions")[1])
     path = f"/console/datasets/{ds['id']}"
     page = client.get(path).get_data(as_text=True)
     assert 'id="version-1"' in page and 'id="version-form"' not in page

@@ -127,7 +127,7 @@ def _unlist_ledger_only_releases(app: Flask) -> None:
 @pytest.fixture(scope="module")
 def world(app: Flask, worker: Any) -> World:
     api = Api(app.test_client())
-    r = wiring.of(app).client
+    keys = wiring.of(app).keys
     _unlist_ledger_only_releases(app)
     meta = {**PEOPLE_META, "budgets": {**PEOPLE_META["budgets"], "interval_leakage": 0.9}}
     meta["columns"] = {**PEOPLE_META["columns"], "income": {
@@ -147,11 +147,11 @@ def world(app: Flask, worker: Any) -> World:
                            "budget": {"epsilon": 0.5}})
     analysis = api.post(f"/v1/releases/{records}/analyses", {"analysis": "npmle"})
     assert analysis.status_code == 202, analysis.get_json()
-    analyst_key, analyst = apikeys.create(r, "analyst", "fuzz analyst", datasets=(ds,))
-    consumer_key, consumer = apikeys.create(r, "consumer", "fuzz consumer", datasets=(ds,))
-    operator_key = apikeys.lookup(r, TOKEN)
+    analyst_key, analyst = apikeys.create(keys, "analyst", "fuzz analyst", datasets=(ds,))
+    consumer_key, consumer = apikeys.create(keys, "consumer", "fuzz consumer", datasets=(ds,))
+    operator_key = apikeys.lookup(keys, TOKEN)
     assert operator_key is not None
-    disposable = [apikeys.create(r, "consumer", "fuzz disposable")[0].id for _ in range(3)]
+    disposable = [apikeys.create(keys, "consumer", "fuzz disposable")[0].id for _ in range(3)]
     return World(
         tokens={"operator": TOKEN, "analyst": analyst, "consumer": consumer,
                 "no key": None, "unknown key": "pr_not_a_registered_key"},

@@ -20,6 +20,7 @@ import hypothesis
 import pytest
 from flask import Flask
 from hypothesis import strategies as st
+from psycopg_pool import ConnectionPool
 
 from service import apikeys, wiring
 from service.api import inputs
@@ -29,6 +30,7 @@ from service.config import Config
 from service.releases import pricing, submit, sweeper
 from service.storage import index, rkeys
 from service.storage.ledger import Reservation
+from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import PgLedger
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
@@ -96,11 +98,34 @@ def test_500_is_logged_as_json_with_request_id_and_type_only(
 def test_503_is_logged_as_json_with_request_id(
         service_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """Item 11: the 503 handler's warning went to the plain-text last-resort handler without
-    the request id on main; now a JSON record with it and the error type."""
+    the request id on main; now a JSON record with it and the error type. The store the
+    request reads its key from is unreachable: Valkey, for an app on the Valkey store;
+    and, in a session on PostgreSQL, the database too."""
     with socket.socket() as sock:  # a port nothing listens on: Valkey unreachable
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    fresh = _fresh_app(service_env, PRIVRELEASE_REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    # the Valkey store (whatever the session's): its keys are Valkey's, so is the 503
+    fresh = _fresh_app(service_env, PRIVRELEASE_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+                       PRIVRELEASE_DATABASE_URL="")
+    _logged_503(fresh, capsys, "ConnectionError")
+    if service_env.get("PRIVRELEASE_DATABASE_URL"):
+        fresh = _fresh_app(service_env)
+        svc = wiring.of(fresh)
+        assert isinstance(svc.keys, PgKeyStore) and isinstance(svc.ledger, PgLedger)
+        dead = ConnectionPool(f"postgresql://127.0.0.1:{port}/nowhere", min_size=1,
+                              timeout=1.0, open=False)
+        dead.open(wait=False)
+        usual = svc.ledger.pool
+        svc.keys.pool = svc.ledger.pool = dead
+        try:
+            _logged_503(fresh, capsys, "PoolTimeout")  # no connection within a second
+        finally:
+            svc.keys.pool = svc.ledger.pool = usual
+            dead.close()
+            usual.close()
+
+
+def _logged_503(fresh: Flask, capsys: pytest.CaptureFixture[str], error_type: str) -> None:
     buf = io.StringIO()
     handler, old = _swap(buf)
     try:
@@ -113,7 +138,7 @@ def test_503_is_logged_as_json_with_request_id(
     warnings = [r for r in _records(out) if r["logger"] == "privrelease.errors"]
     assert len(warnings) == 1, out
     assert warnings[0]["request_id"] == "err-503-check"
-    assert warnings[0]["error_type"] == "ConnectionError"
+    assert warnings[0]["error_type"] == error_type
     assert "traceback" not in warnings[0]
     assert "valkey unavailable" not in capsys.readouterr().err
 
@@ -131,8 +156,8 @@ def _reserve_and_die(app: Flask, body: dict[str, Any], idem: str | None = None) 
     steps of ``POST /v1/releases`` up to and including the reservation, and no task."""
     headers = {"Idempotency-Key": idem} if idem else {}
     with app.test_request_context(headers=headers):
-        r, ledger = wiring.of(app).client, wiring.of(app).ledger
-        key = apikeys.lookup(r, TOKEN)
+        ledger = wiring.of(app).ledger
+        key = apikeys.lookup(wiring.of(app).keys, TOKEN)
         assert key is not None
         prepared = pricing.prepare(ledger, body, allow_seeds=True)
         res = ledger.reserve(Reservation(
@@ -293,11 +318,11 @@ def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
     dataset scanned them all) and had no cursor. Now pages come from the dataset indexes,
     chained by X-Next-Cursor, and a limited key's listing reads its datasets' releases
     only (counted with Valkey's own command statistics)."""
-    ds, r = dataset["id"], wiring.of(app).client
+    ds = dataset["id"]
     other = api.upload(people_csv(20), PEOPLE_META).get_json()["id"]
     mine = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(7)]
     theirs = [api.post("/v1/releases", _body(other, v)).get_json()["id"] for v in range(2)]
-    _, token = apikeys.create(r, "consumer", datasets=(ds,))
+    _, token = apikeys.create(wiring.of(app).keys, "consumer", datasets=(ds,))
     limited = Api(api.client, token)
 
     pages = _pages(limited, "/v1/releases?limit=3")
@@ -339,7 +364,7 @@ def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
     """Item 9 for ``GET /v1/jobs``: main read the pending set whole and the 1000 newest
     releases of the whole system; now the pending and failed indexes (per dataset for a
     limited key), paged: queued/running oldest first, then failed newest first."""
-    ds, r, ledger = dataset["id"], wiring.of(app).client, wiring.of(app).ledger
+    ds, ledger = dataset["id"], wiring.of(app).ledger
     with app.test_request_context():
         prepared = pricing.prepare(ledger, _body(ds, 40), allow_seeds=True)
     ids = []
@@ -352,7 +377,7 @@ def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
     for rid in failed:  # and failed in this order
         assert ledger.abort(ds, rid, '{"message": "test"}', "test")
         time.sleep(0.005)
-    _, token = apikeys.create(r, "operator", datasets=(ds,))
+    _, token = apikeys.create(wiring.of(app).keys, "operator", datasets=(ds,))
     try:
         pages = _pages(Api(api.client, token), "/v1/jobs?limit=2")
         newest_failed = failed[::-1]

@@ -162,8 +162,8 @@ def test_the_list_is_paged_newest_first_and_a_limited_key_pages_its_own(api: Api
     assert ids[:5] == made[::-1]  # newest first
     first = api.get("/v1/datasets?limit=2")
     assert [d["id"] for d in first.get_json()] == made[:-3:-1]
-    client = wiring.of(api.client.application).client
-    _, token = apikeys.create(client, "analyst", "paged", datasets=(made[0], made[3]))
+    _, token = apikeys.create(wiring.of(api.client.application).keys, "analyst", "paged",
+                              datasets=(made[0], made[3]))
     mine = Api(api.client, token)
     assert _walk(mine, "?limit=1") == ([made[3], made[0]], 2)
     assert _walk(mine, "?limit=5") == ([made[3], made[0]], 1)

@@ -25,6 +25,7 @@ from service import analyses, wiring
 from service.releases import documents, submit
 from service.releases.run import settle_files
 from service.storage import database, rkeys
+from service.storage.analysis_store import AnalysisStore
 from service.storage.ledger import Ledger, Reservation
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import (
@@ -35,6 +36,7 @@ from service.storage.release_documents import (
 )
 from service.storage.release_tables import OutputStore
 from service.storage.store import Store
+from service.storage.valkey_analyses import ValkeyAnalysisStore
 from tests.conftest import ROOT, database_on
 from tests.integration.conftest import Api
 
@@ -206,9 +208,10 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
     run = legacy.mark_running(done_rid, "w")
     assert run is not None and legacy.commit(ds, run, _output(4.0)) == "settled"
     _, pending_rid = _reserved(legacy)
-    analysis_id = analyses.create(r, done_rid, "a", {}, [], "key_a")
-    assert analyses.start(r, analysis_id, 60) is not None
-    assert analyses.finish(r, analysis_id, result_json='{"estimate": 1.5}')
+    store = ValkeyAnalysisStore(r)
+    analysis_id = analyses.create(store, done_rid, "a", {}, [], "key_a")
+    assert analyses.start(store, analysis_id, 60) is not None
+    assert analyses.finish(store, analysis_id, result_json='{"estimate": 1.5}')
     docs = DocumentStore(tmp_path / "releases")
     # read from the hash (fallback)
     before = documents.document(Ledger(r, documents=docs), done_rid)
@@ -229,14 +232,15 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
     assert r.hget(rkeys.release(pending_rid), "request") == REQUEST  # still pending: stays
     moved = r.hgetall(rkeys.analysis(analysis_id))
     assert "result" not in moved and moved["stored"] == "1"
-    ana = analyses.document(r, analysis_id, docs)
+    ana = analyses.document(store, analysis_id, docs)
     assert ana is not None and ana["result"] == {"estimate": 1.5}
     again = migrate(r, docs)
     assert (again.releases, again.analyses) == (0, 0)
 
 
 def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, Any],
-                                                  worker: Any, app: Any, r: redis.Redis,
+                                                  worker: Any, app: Any,
+                                                  analysis_store: AnalysisStore,
                                                   tmp_path: Path) -> None:
     """A page of N releases reads N documents: with the files of every older release
     gone, the newest page of the dataset's list and of the key's own list still answers
@@ -272,16 +276,16 @@ def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, A
 
     made = []
     for _ in range(3):
-        aid = analyses.create(r, ids[-1], "x", {}, [], "key_a")
-        assert analyses.start(r, aid, 60) is not None
-        assert analyses.finish(r, aid, result_json=json.dumps({"n": aid}), docs=docs,
+        aid = analyses.create(analysis_store, ids[-1], "x", {}, [], "key_a")
+        assert analyses.start(analysis_store, aid, 60) is not None
+        assert analyses.finish(analysis_store, aid, result_json=json.dumps({"n": aid}), docs=docs,
                                release_id=ids[-1])
         made.append(aid)
     docs.discard_analysis(ids[-1], made[0])
-    items, cursor = analyses.page(r, ids[-1], 2, None, docs)
+    items, cursor = analyses.page(analysis_store, ids[-1], 2, None, docs)
     assert [a["id"] for a in items] == made[:0:-1] and cursor is not None
     assert [a["result"] for a in items] == [{"n": aid} for aid in made[:0:-1]]
-    analyses.discard(r, ids[-1], made[0])  # leave the session's lists all readable
+    analyses.discard(analysis_store, ids[-1], made[0])  # leave the session's lists all readable
 
 
 class _Nowhere:

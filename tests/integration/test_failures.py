@@ -46,7 +46,6 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
     db = own_database(request)
     client = rkeys.connect(url)
     client.flushdb()
-    apikeys.create(client, "operator", token=TOKEN)
     failing_mechanism.install()
     log = tmp_path_factory.mktemp("failures") / "worker.log"
     with open(log, "wb") as fh:
@@ -58,6 +57,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
         wait_for_worker(client)
         flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
                                                    database_url=db))
+        apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
         yield {"app": flask_app, "api": Api(flask_app.test_client()), "log": log,
                "store": DatasetStore(data_dir / "datasets")}
         close(flask_app)

@@ -346,7 +346,7 @@ def test_dip_holdout_only_where_the_operator_allows_it(api: Api, worker: Any) ->
     _release(api, consenting["id"], "dip", {"columns": ["x"]}, {"epsilon": 0.25})
     seen = api.get(f"/v1/datasets/{consenting['id']}").get_json()
     assert seen["holdout_exposure"] == {"rows": 50, "releases": 2}
-    _, token = apikeys.create(wiring.of(api.client.application).client, "analyst")
+    _, token = apikeys.create(wiring.of(api.client.application).keys, "analyst")
     analyst = Api(api.client, token).get(f"/v1/datasets/{consenting['id']}").get_json()
     assert "holdout_exposure" not in analyst and analyst["id"] == consenting["id"]
     bad = api.upload(csv, {**meta, "allow_holdout": "yes"})

@@ -45,8 +45,11 @@ from service.releases import sweeper
 from service.releases.queue import Queue, make_celery
 from service.storage import database, rkeys
 from service.storage.dataset_files import DatasetStore
+from service.storage.pg_analyses import PgAnalysisStore
+from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import RETRIES, PgLedger
 from tests.conftest import ROOT, database_on, start_valkey, wait_for_worker
+from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from workers.celery_app import HEARTBEAT_SECONDS
 
@@ -64,7 +67,6 @@ def rig(app: Flask, service_env: dict[str, str], tmp_path_factory: pytest.TempPa
     data_dir = tmp_path_factory.mktemp("faults-data")
     server = start_valkey(valkey_dir)
     url = server.connection_url + "/0"
-    apikeys.create(rkeys.connect(url), "operator", token=TOKEN)
     env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_DATA_DIR": str(data_dir)}
     database_url = app.config["PRIVRELEASE"].database_url
     if database_url:  # and its own database: the session's holds other tests' datasets
@@ -84,6 +86,7 @@ def rig(app: Flask, service_env: dict[str, str], tmp_path_factory: pytest.TempPa
                                      database_url=database_url, rate_limit="600/minute",
                                      max_upload_bytes=16 << 20)
         state["app"] = create_app(config)
+        apikeys.create(wiring.of(state["app"]).keys, "operator", token=TOKEN)
         yield state
     finally:
         worker.terminate()
@@ -118,6 +121,7 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
+@pytest.mark.valkey_store  # the keys are Valkey's: every route needs it
 def test_every_endpoint_answers_503_while_valkey_is_stopped_then_recovers(
         rig: dict[str, Any]) -> None:
     flask_app: Flask = rig["app"]
@@ -175,6 +179,107 @@ def test_every_endpoint_answers_503_while_valkey_is_stopped_then_recovers(
         assert time.monotonic() < deadline, ready.get_json()
         time.sleep(0.2)
     assert "privrelease_redis_up 1.0" in api.client.get("/metrics").get_data(as_text=True)
+
+
+@pytest.mark.postgres_store
+def test_with_valkey_stopped_the_record_answers_and_jobs_wait_for_it(
+        rig: dict[str, Any]) -> None:
+    """The same outage on PostgreSQL (issue #29): Valkey keeps only what can be lost (the
+    broker, rate-limit counters), so keys, datasets, budgets, releases and analyses
+    answer from PostgreSQL as with Valkey up; what needs Valkey (readiness, sending a
+    job: a new release, an analysis) answers the 503 problem and leaves nothing behind
+    (no reservation, no analysis); an identical request is its replay, answered from the
+    record; an upload is registered. Once Valkey is back the same app sends jobs again
+    (catches a route that still reads the keys or the record from Valkey, or one that
+    answers a 500 without it)."""
+    flask_app: Flask = rig["app"]
+    api = Api(flask_app.test_client())
+    meta = {"name": "ages", "record_level": True, "budgets": {"interval_leakage": 1},
+            "columns": {"age": {"type": "continuous", "bounds": [0, 100]}}}
+    resp = api.upload("age\n" + "\n".join(str(20 + i % 50) for i in range(200)) + "\n",
+                      meta)
+    assert resp.status_code == 201, resp.get_json()
+    dataset = resp.get_json()["id"]
+    swept = api.upload(people_csv(20), PEOPLE_META).get_json()["id"]  # its DELETE retires it
+    body = {"dataset_id": dataset, "mechanism": "interval.case2",
+            "budget": {"interval_leakage": 0.5},
+            "params": {"column": "age", "anchors": {"family": "logistic", "loc": 40,
+                                                    "scale": 40}}}
+    resp = api.post("/v1/releases", body)
+    assert resp.status_code == 202
+    release = resp.get_json()["id"]
+    assert api.wait(release)["status"] == "succeeded"
+    analyses_before = record_state.analysis_ids(wiring.of(flask_app).analyses)
+    budget = f"/v1/datasets/{dataset}/budget"
+    held = api.get(budget).get_json()["measures"]["interval_leakage:age"]
+
+    rig["port"] = rig["valkey"].port
+    rig["valkey"].stop()
+    try:
+        reads, fresh, uploaded = _while_valkey_is_stopped(rig, api, swept, release, body,
+                                                          budget, held, analyses_before)
+    finally:
+        if not rig["valkey"].is_running():
+            _restart(rig)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for path, status in reads.items():  # the reads answer as they do with Valkey up
+        assert api.client.get(path, headers=headers).status_code == status, path
+    listed = [d["id"] for d in api.get("/v1/datasets").get_json()]
+    assert listed[:3] == [uploaded, swept, dataset]
+    resp = api.post("/v1/releases", fresh)
+    assert resp.status_code == 202, resp.get_json()
+    assert api.wait(resp.get_json()["id"])["status"] == "succeeded"
+    assert rig["worker"].poll() is None
+    deadline = time.monotonic() + 3 * HEARTBEAT_SECONDS
+    while (ready := api.client.get("/readyz")).status_code != 200:
+        assert time.monotonic() < deadline, ready.get_json()
+        time.sleep(0.2)
+
+
+def _while_valkey_is_stopped(rig: dict[str, Any], api: Api, swept: str, release: str,
+                             body: dict[str, Any], budget: str, held: dict[str, float],
+                             analyses_before: set[str]
+                             ) -> tuple[dict[str, int], dict[str, Any], str]:
+    """The outage's half of the test above: the reads' answers, the release to send
+    after it and the dataset uploaded during it."""
+    flask_app: Flask = rig["app"]
+    rules = [r for r in flask_app.url_map.iter_rules() if r.rule not in NO_VALKEY
+             and not r.endpoint.startswith("console.")]
+    assert len(rules) >= 15
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    reads: dict[str, int] = {}
+    for rule in rules:
+        path = _path_for(rule, swept, release)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            if rule.endpoint == "datasets.upload" and method == "POST":
+                continue  # multipart only; a real upload follows
+            resp = api.client.open(path, method=method, headers=headers, json={})
+            if rule.rule == "/readyz" or resp.status_code == 503:
+                _assert_unavailable(resp, f"{method} {rule.rule}")
+            else:
+                assert resp.status_code < 500, (method, rule.rule, resp.get_data(True))
+            if method == "GET":
+                reads[path] = resp.status_code
+    assert reads.pop("/readyz") == 503
+    assert set(reads.values()) <= {200, 404}, reads  # 404: no data or plot to read
+    assert sum(1 for s in reads.values() if s == 200) >= 10
+    fresh = {**body, "params": {**body["params"], "anchors": {
+        **body["params"]["anchors"], "loc": 45}}}
+    _assert_unavailable(api.post("/v1/releases", fresh), "release")  # a job to send
+    replay = api.post("/v1/releases", body)  # the same request: its replay, no job
+    assert replay.status_code == 200, replay.get_json()
+    assert replay.get_json()["id"] == release and replay.get_json()["replayed"] is True
+    row = api.get(budget).get_json()["measures"]["interval_leakage:age"]
+    assert row == held and row["reserved"] == 0.0  # the refused release holds nothing
+    _assert_unavailable(api.post(f"/v1/releases/{release}/analyses",
+                                 {"analysis": "npmle", "params": {}}), "analysis")
+    assert record_state.analysis_ids(wiring.of(flask_app).analyses) == analyses_before
+    uploaded = api.upload(people_csv(30), PEOPLE_META)
+    assert uploaded.status_code == 201, uploaded.get_json()
+    assert api.client.get("/healthz").status_code == 200
+    assert "privrelease_redis_up 0.0" in api.client.get("/metrics").get_data(as_text=True)
+    _restart(rig)
+    return reads, fresh, str(uploaded.get_json()["id"])
 
 
 @pytest.mark.valkey_store  # the registration is a Valkey script
@@ -367,13 +472,13 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
     _assert_unavailable(broken.post("/v1/releases", body), "release")
     row = api.get(f"/v1/datasets/{dataset}/budget").get_json()["measures"][measure]
     assert row == committed and row["reserved"] == 0.0  # refunded at once
-    client = rkeys.connect(rig["valkey"].connection_url + "/0")
-    before = client.zcard(rkeys.release_analyses(release))
+    store = wiring.of(flask_app).analyses
+    before = store.count(release)
     analyses = f"/v1/releases/{release}/analyses"
     _assert_unavailable(broken.post(analyses, {"analysis": "npmle", "params": {}}),
                         "analysis")
-    assert client.zcard(rkeys.release_analyses(release)) == before
-    assert not list(client.scan_iter(rkeys.analysis("*")))
+    assert store.count(release) == before
+    assert not record_state.analysis_ids(store)
 
 
 # -- PostgreSQL, the system of record ------------------------------------------------------
@@ -386,15 +491,18 @@ on_postgres = pytest.mark.postgres_store
 def _database_away(rig: dict[str, Any]) -> Iterator[Callable[[], None]]:
     """The rig's database stops answering when the yielded function is called (no new
     connection allowed, every open one ended), and answers again after the block; the
-    server is the session's, so it is not stopped. The app's ledger meanwhile waits at
-    most a second for a connection (its pool's usual wait is ten)."""
+    server is the session's, so it is not stopped. The app's ledger (and its keys and
+    analyses, on the same pool) meanwhile waits at most a second for a connection (its
+    pool's usual wait is ten)."""
     url = rig["database_url"]
     name = urlsplit(url).path.lstrip("/")
     server = urlunsplit(urlsplit(url)._replace(path="/postgres"))
-    ledger = wiring.of(rig["app"]).ledger
+    svc = wiring.of(rig["app"])
+    ledger = svc.ledger
     assert isinstance(ledger, PgLedger)
+    assert isinstance(svc.keys, PgKeyStore) and isinstance(svc.analyses, PgAnalysisStore)
     usual, short = ledger.pool, database.connect(url, max_size=2, timeout=1.0)
-    ledger.pool = short
+    ledger.pool = svc.keys.pool = svc.analyses.pool = short
 
     def cut() -> None:
         with psycopg.connect(server, autocommit=True) as conn:
@@ -407,7 +515,7 @@ def _database_away(rig: dict[str, Any]) -> Iterator[Callable[[], None]]:
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
-        ledger.pool = usual
+        ledger.pool = svc.keys.pool = svc.analyses.pool = usual
         short.close()
 
 

@@ -52,7 +52,6 @@ def slow(redis_url: str, service_env: dict[str, str], app: Flask,
     db = own_database(request)
     client = rkeys.connect(url)
     client.flushdb()
-    apikeys.create(client, "operator", token=TOKEN)
     env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
                      "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY),
                      "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
@@ -73,6 +72,7 @@ def slow(redis_url: str, service_env: dict[str, str], app: Flask,
     start()
     flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
                                                database_url=db, lease_seconds=LEASE))
+    apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
     yield Api(flask_app.test_client()), client, {"start": start, "procs": procs, "log": log}
     procs["worker"].terminate()
     procs["worker"].wait(timeout=30)

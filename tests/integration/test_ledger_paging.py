@@ -374,7 +374,7 @@ def test_the_export_is_a_generator_not_a_built_body(rig: Rig, app: Flask) -> Non
     """Catches an export built whole in memory (a body of every line): the route, called
     as the console calls it, answers a streamed Response (an iterator, not a string)."""
     with app.test_request_context(rig.url):
-        g.api_key = apikeys.lookup(rig.client, TOKEN)
+        g.api_key = apikeys.lookup(wiring.of(app).keys, TOKEN)
         resp = inspect.unwrap(datasets_api.audit)(rig.ds, format="jsonl")
         assert isinstance(resp, Response) and resp.is_streamed
         first = next(iter(resp.response))

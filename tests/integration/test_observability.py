@@ -26,6 +26,7 @@ from service.api.app import create_app
 from service.api.observability import ClusterCollector, log_handler
 from service.config import Config
 from service.storage import release_metrics
+from service.storage.keys import KeyStore
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -48,10 +49,10 @@ def sample(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-def fresh_key(r: redis.Redis, role: str = "operator") -> str:
+def fresh_key(keys: KeyStore, role: str = "operator") -> str:
     """A key of its own per test, so rate limit windows never leak between tests."""
     token = f"pr_obs_{uuid.uuid4().hex}"
-    apikeys.create(r, role, "observability test", token=token)
+    apikeys.create(keys, role, "observability test", token=token)
     return token
 
 
@@ -142,7 +143,7 @@ def test_access_log_is_json_with_route_template_and_no_secrets_or_values(
     }
     assert ds not in json.dumps(read_line)  # the template, not the path
     assert isinstance(read_line["duration_ms"], float) and read_line["duration_ms"] >= 0
-    key = apikeys.lookup(wiring.of(api.client.application).client, TOKEN)
+    key = apikeys.lookup(wiring.of(api.client.application).keys, TOKEN)
     assert key is not None and read_line["key_id"] == key.id
     assert set(read_line) == {"ts", "level", "logger", "msg", "request_id", "method", "route",
                               "status", "duration_ms", "key_id"}
@@ -332,9 +333,9 @@ def limited_app(app: Flask) -> Iterator[Flask]:
 
 
 def test_rate_limit_is_per_key_and_answers_429_problem(limited_app: Flask,
-                                                       r: redis.Redis) -> None:
+                                                       keys: KeyStore) -> None:
     client = limited_app.test_client()
-    one, other = fresh_key(r), fresh_key(r)
+    one, other = fresh_key(keys), fresh_key(keys)
     for i in range(3):
         ok = client.get("/v1/datasets", headers=bearer(one))
         assert ok.status_code == 200, i
@@ -355,9 +356,10 @@ def test_rate_limit_is_per_key_and_answers_429_problem(limited_app: Flask,
     assert client.get("/v1/datasets", headers=bearer(other)).status_code == 200
 
 
-def test_probes_metrics_and_docs_are_never_limited(limited_app: Flask, r: redis.Redis) -> None:
+def test_probes_metrics_and_docs_are_never_limited(limited_app: Flask,
+                                                   keys: KeyStore) -> None:
     client = limited_app.test_client()
-    token = fresh_key(r)
+    token = fresh_key(keys)
     for _ in range(4):
         client.get("/v1/datasets", headers=bearer(token))
     for path in ("/healthz", "/metrics", "/openapi.json", "/docs"):
@@ -401,9 +403,9 @@ def test_trusted_proxy_address_is_the_forwarded_client(app: Flask) -> None:
                        headers={"X-Forwarded-For": second}).status_code == 401
 
 
-def test_rate_limit_off_installs_no_limiter(app: Flask, r: redis.Redis) -> None:
+def test_rate_limit_off_installs_no_limiter(app: Flask, keys: KeyStore) -> None:
     unlimited = create_app(dataclasses.replace(app.config["PRIVRELEASE"], rate_limit=None))
-    resp = unlimited.test_client().get("/v1/datasets", headers=bearer(fresh_key(r)))
+    resp = unlimited.test_client().get("/v1/datasets", headers=bearer(fresh_key(keys)))
     assert resp.status_code == 200 and "X-RateLimit-Limit" not in resp.headers
     assert "limiter" not in unlimited.extensions
 

@@ -67,7 +67,7 @@ def rig(app: Flask, tmp_path: Path, request: pytest.FixtureRequest
         flask_app = create_app(config)
         client = wiring.of(flask_app).client
         client.flushdb()
-        apikeys.create(client, "operator", "tests", token=TOKEN)
+        apikeys.create(wiring.of(flask_app).keys, "operator", "tests", token=TOKEN)
         api = Api(flask_app.test_client())
         upload = api.upload(people_csv(), PEOPLE_META)
         assert upload.status_code == 201, upload.get_json()

@@ -32,9 +32,10 @@ from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 from tests.pg_proxy import lossy_database
 
-TABLES = ["allocation_scopes", "allocations", "budgets", "datasets", "events", "holdouts",
-          "idempotency", "ledgers", "outbox", "releases", "replays", "step_calls"]
-HEAD = "0004_steps"
+TABLES = ["allocation_scopes", "allocations", "analyses", "api_keys", "budgets",
+          "console_sessions", "datasets", "events", "holdouts", "idempotency", "ledgers",
+          "outbox", "releases", "replays", "service_secrets", "step_calls"]
+HEAD = "0005_keys"
 
 
 def _db_url(server_url: str, name: str) -> str:

@@ -148,7 +148,7 @@ def own(app: Flask, installed: None, request: pytest.FixtureRequest
                                                database_url=database_url))
     client = wiring.of(flask_app).client
     client.flushdb()
-    apikeys.create(client, "operator", "tests", token=TOKEN)
+    apikeys.create(wiring.of(flask_app).keys, "operator", "tests", token=TOKEN)
     yield flask_app, Api(flask_app.test_client())
     client.flushdb()
     record_state.close(flask_app)
@@ -180,9 +180,12 @@ class _Walk:
 
 #: the files of the record's store in the walk ARCHITECTURE.md lists (PostgreSQL's, the
 #: default), and what the Valkey store passes in their place (its Lua scripts run through
-#: ``durable.py``; both pass ``ledger.py``, whose ``now_iso`` stamps a new release)
-PG_STORE = {"service/storage/pg_ledger.py"}
-VALKEY_STORE = {"service/storage/durable.py"}
+#: ``durable.py``, its keys are ``valkey_keys.py``'s under ``rkeys.py``'s names; both pass
+#: ``ledger.py``, whose ``now_iso`` stamps a new release)
+PG_STORE = {"service/storage/pg_ledger.py", "service/storage/pg_keys.py",
+            "service/storage/pg_steps.py"}
+VALKEY_STORE = {"service/storage/durable.py", "service/storage/valkey_keys.py",
+                "service/storage/rkeys.py"}
 
 
 def _documented() -> set[str]:

@@ -20,6 +20,7 @@ from flask import Flask
 from service import apikeys, policy, wiring
 from service.config import Config
 from service.storage import rkeys
+from service.storage.keys import KeyStore
 from tests.conftest import ROOT
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -59,13 +60,13 @@ def _policy_events(api: Api, ds: str) -> list[dict[str, Any]]:
 
 
 def test_legacy_dataset_keeps_working_and_is_recorded(api: Api, app: Flask,
-                                                       r: redis.Redis) -> None:
+                                                       r: redis.Redis, keys: KeyStore) -> None:
     """A legacy dataset and a legacy ε allocation: before and after the migration the
     analyst may still draw a subset (what the operator set up then), the document says
     so explicitly, the allocation is marked legacy, and exactly one policy event records
     it however often the migration runs. A new allocation for the key is a listed one
     (then δ, which it does not list, is refused)."""
-    key, token = apikeys.create(r, "analyst", label="legacy allocation")
+    key, token = apikeys.create(keys, "analyst", label="legacy allocation")
     analyst = Api(app.test_client(), token)
     ds = _legacy_dataset(api, r, key.id)
     assert analyst.post("/v1/releases/estimate", {"dataset_id": ds, **SUBSET}

@@ -20,6 +20,7 @@ import redis
 from flask import Flask
 
 from service import apikeys, wiring
+from service.storage.keys import KeyStore
 from service.storage.ledger import Reservation
 from tests.integration import record_state
 from tests.integration.conftest import TOKEN, Api
@@ -181,13 +182,13 @@ def _everything(api: Api) -> dict[str, Any]:
 
 
 def test_epsilon_allocation_allows_no_other_measure(api: Api, app: Flask,
-                                                    r: redis.Redis, worker: Any) -> None:
+                                                    keys: KeyStore, worker: Any) -> None:
     """An analyst whose allocation lists only ε cannot spend subset draws, interval leakage,
     noiseless bits or δ, though the dataset has caps for them: 409 budget_exhausted,
     scope allocation, listed false, nothing held; its estimate says it does not fit
     (main: every one was accepted)."""
     ds = _everything(api)["id"]
-    key, token = apikeys.create(r, "analyst", label="eps only")
+    key, token = apikeys.create(keys, "analyst", label="eps only")
     patch = api.client.patch(f"/v1/datasets/{ds}/budget",
                              json={"allocations": {key.id: {"epsilon": 1}}},
                              headers={"Authorization": f"Bearer {TOKEN}"})
@@ -220,12 +221,12 @@ def test_epsilon_allocation_allows_no_other_measure(api: Api, app: Flask,
     assert held <= {"epsilon"}
 
 
-def test_per_column_allocation(api: Api, app: Flask, r: redis.Redis) -> None:
+def test_per_column_allocation(api: Api, app: Flask, keys: KeyStore) -> None:
     """An allocation of ``interval_leakage:age`` lists that column only; one of
     ``interval_leakage`` (no column) lists every column, as a cap does."""
     ds = _everything(api)["id"]
-    one, one_token = apikeys.create(r, "analyst", label="age only")
-    every, every_token = apikeys.create(r, "analyst", label="all columns")
+    one, one_token = apikeys.create(keys, "analyst", label="age only")
+    every, every_token = apikeys.create(keys, "analyst", label="all columns")
     patch = api.client.patch(f"/v1/datasets/{ds}/budget", json={"allocations": {
         one.id: {"interval_leakage:age": 0.95}, every.id: {"interval_leakage": 0.95}}},
         headers={"Authorization": f"Bearer {TOKEN}"})
@@ -264,7 +265,7 @@ def _console(app: Flask, token: str, route: str, ds: str,
 
 
 def test_route_role_grid_spends_only_what_the_operator_wrote(
-        api: Api, app: Flask, r: redis.Redis) -> None:
+        api: Api, app: Flask, keys: KeyStore) -> None:
     """Operator, allocated analyst, unallocated analyst and consumer x every route that
     can spend or estimate (API release and estimate, the console's request and estimate
     forms) x one probe per case: named and allocated (laplace: ε), named but not in the
@@ -274,9 +275,9 @@ def test_route_role_grid_spends_only_what_the_operator_wrote(
     allocated analyst's only on ε."""
     ds = _upload(api, budgets={"epsilon": 5, "subset_draws:diag": 20},
                  notions=["dp", "subset"], record_level=True)["id"]
-    allocated, allocated_token = apikeys.create(r, "analyst", label="grid allocated")
-    _free, free_token = apikeys.create(r, "analyst", label="grid unallocated")
-    _consumer, consumer_token = apikeys.create(r, "consumer", label="grid consumer")
+    allocated, allocated_token = apikeys.create(keys, "analyst", label="grid allocated")
+    _free, free_token = apikeys.create(keys, "analyst", label="grid unallocated")
+    _consumer, consumer_token = apikeys.create(keys, "consumer", label="grid consumer")
     patch = api.client.patch(f"/v1/datasets/{ds}/budget",
                              json={"allocations": {allocated.id: {"epsilon": 2}}},
                              headers={"Authorization": f"Bearer {TOKEN}"})
@@ -346,13 +347,13 @@ def test_route_role_grid_spends_only_what_the_operator_wrote(
 
 
 @pytest.mark.parametrize("probe", [SUBSET, DIP])
-def test_record_level_refused_for_every_role(api: Api, app: Flask, r: redis.Redis,
+def test_record_level_refused_for_every_role(api: Api, app: Flask, keys: KeyStore,
                                              probe: Any) -> None:
     """Without the opt-in a record-level mechanism is refused whoever asks, the operator
     included (the opt-in is metadata, not a role)."""
     ds = _upload(api, budgets={"epsilon": 3, "subset_draws:diag": 1},
                  notions=["dp", "subset"])["id"]
-    _key, token = apikeys.create(r, "analyst", label="record level")
+    _key, token = apikeys.create(keys, "analyst", label="record level")
     for who in (TOKEN, token):
         for path in ("/v1/releases", "/v1/releases/estimate"):
             resp = Api(app.test_client(), who).post(path, _body(ds, probe))

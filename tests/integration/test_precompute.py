@@ -198,7 +198,7 @@ def test_a_priced_release_over_the_budget_is_refused_as_the_post_would_be(
 
 def _operator_of(app: Flask, dataset_id: str) -> Api:
     """An operator limited to one dataset: its jobs list reads that dataset's indexes."""
-    _, token = apikeys.create(wiring.of(app).client, "operator", "pricing-jobs",
+    _, token = apikeys.create(wiring.of(app).keys, "operator", "pricing-jobs",
                               datasets=(dataset_id,))
     return Api(app.test_client(), token)
 
@@ -385,8 +385,8 @@ def test_estimates_have_a_per_key_limit(app: Flask, heights: str) -> None:
     another key is not affected, and other endpoints are not counted against it."""
     limited = create_app(dataclasses.replace(app.config["PRIVRELEASE"],
                                              estimate_rate_limit="3/minute"))
-    client = wiring.of(limited).client
-    tokens = [apikeys.create(client, "operator", "estimate-limit")[1] for _ in range(2)]
+    keys = wiring.of(limited).keys
+    tokens = [apikeys.create(keys, "operator", "estimate-limit")[1] for _ in range(2)]
     first, other = (Api(limited.test_client(), t) for t in tokens)
     body = {**_calibrated(heights, 0.9), "params": {
         "column": "h", "anchors": {"family": "logistic", "loc": 170, "scale": 10}}}
@@ -405,8 +405,8 @@ def test_cold_release_requests_count_against_the_estimate_limit(app: Flask, api:
     third cold one from a key is a 429 and creates nothing; warm ones are not counted."""
     limited = create_app(dataclasses.replace(app.config["PRIVRELEASE"],
                                              estimate_rate_limit="2/minute"))
-    client = wiring.of(limited).client
-    key, token = apikeys.create(client, "analyst", "pricing-limit")
+    keys = wiring.of(limited).keys
+    key, token = apikeys.create(keys, "analyst", "pricing-limit")
     caller = Api(limited.test_client(), token)
     ds = _upload(api)
     cold = [_calibrated(ds, _fresh_budget()) for _ in range(3)]

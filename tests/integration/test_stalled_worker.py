@@ -67,7 +67,6 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
     db = own_database(request)
     client = rkeys.connect(url)
     client.flushdb()
-    apikeys.create(client, "operator", token=TOKEN)
     # no sweep during the test: the redelivery, not the sweeper, must meet the stalled job
     env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
                      "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY),
@@ -88,6 +87,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
 
     flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
                                                database_url=db, lease_seconds=LEASE))
+    apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
     try:
         yield {"api": Api(flask_app.test_client()), "client": client, "url": url,
                "ledger": wiring.of(flask_app).ledger,

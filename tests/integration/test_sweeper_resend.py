@@ -73,9 +73,9 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
     db = own_database(request)
     client = rkeys.connect(url)
     client.flushdb()
-    apikeys.create(client, "operator", token=TOKEN)
     flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
                                                database_url=db, lease_seconds=LEASE))
+    apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
     env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
                      "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
                      "PRIVRELEASE_SWEEP_INTERVAL": "3600",

@@ -1,14 +1,19 @@
 """``privrelease migrate-from-valkey`` (``service.storage.valkey_migration``): a populated
 Valkey store, made by the real Lua scripts (releases in every status, allocations listed
 and legacy, a notion lock, a retired version and dataset, archived and live audit events,
-replays, the outbox, Idempotency-Keys, hold-outs), is moved into a fresh PostgreSQL
-database and compared one by one through the ``Store`` interface: budgets, documents,
-releases, lists, events. A second run moves nothing; the moved ledger keeps working."""
+replays, the outbox, Idempotency-Keys, hold-outs) and the real key, console and analysis
+code (API keys with grants, expiry and callback secrets, a revoked one, the console's
+secret and sessions, analyses in every status), is moved into a fresh PostgreSQL
+database and compared one by one through the ``Store``, ``KeyStore`` and
+``AnalysisStore`` interfaces: budgets, documents, releases, lists, events, keys,
+sessions, analyses and their pages. A second run moves nothing; the moved record keeps
+working."""
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +21,18 @@ from typing import Any
 import pytest
 import redis
 
+from service import analyses, apikeys
+from service.console import session
 from service.storage import database, rkeys, valkey_migration
 from service.storage.event_archive import AuditArchive
 from service.storage.ledger import Ledger, Reservation
+from service.storage.pg_analyses import PgAnalysisStore
+from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import DocumentStore
 from service.storage.store import ReleaseView, Store
+from service.storage.valkey_analyses import ValkeyAnalysisStore
+from service.storage.valkey_keys import ValkeyKeyStore
 from tests.conftest import database_on
 
 pytestmark = pytest.mark.valkey_store
@@ -119,7 +130,55 @@ def _populate(source: Ledger, client: redis.Redis) -> dict[str, Any]:
     source.record_holdout(ds1, 7)
     for name in ("ok", "inline", "failed", "aborted", "cancelled", "alloc", "legacy"):
         source.enqueued(ids[name])  # their tasks were sent; "queued" and "pricing" not
-    return {"datasets": [ds1, ds2, ds3], "releases": ids}
+    return {"datasets": [ds1, ds2, ds3], "releases": ids,
+            **_keys_and_analyses(client, ids, docs)}
+
+
+def _keys_and_analyses(client: redis.Redis, ids: dict[str, str], docs: DocumentStore
+                       ) -> dict[str, Any]:
+    """API keys, the console's secret and sessions, and analyses, made by the service's
+    own code on the Valkey store (``ValkeyKeyStore``, ``ValkeyAnalysisStore``)."""
+    keys = ValkeyKeyStore(client)
+    made = {}
+    for name, role, kw in (
+            ("operator", "operator", {"label": "boot",
+                                      "token": "pr_migrated_bootstrap_0123456789"}),
+            ("analyst", "analyst", {"label": "grants",
+                                    "datasets": ("ds_mig_one", "ds_mig_two")}),
+            ("consumer", "consumer", {"label": "expires",
+                                      "expires_at": "2031-05-06T07:08:09Z"})):
+        made[name] = apikeys.create(keys, role, **kw)[0]
+        time.sleep(0.002)  # created in this order (milliseconds apart)
+    tokens = {"operator": "pr_migrated_bootstrap_0123456789"}
+    revoked, tokens["revoked"] = apikeys.create(keys, "consumer", label="revoked")
+    secret = keys.console_secret("a-console-secret-made-on-valkey")
+    live, dead = (session.session_digest(secrets.token_urlsafe(32)) for _ in range(2))
+    keys.add_session(live, made["analyst"].id, 3600)
+    keys.add_session(dead, revoked.id, 3600)
+    apikeys.revoke(keys, revoked.id)  # its session is left to run out: it is not moved
+    store = ValkeyAnalysisStore(client)
+    done = ids["ok"]
+    ana: dict[str, str] = {}
+    ana["queued"] = analyses.create(store, done, "npmle", {"method": "pava"}, [], "key_x",
+                                    work=123.5)
+    ana["running"] = analyses.create(store, done, "moments", {}, [ids["inline"]], "key_x")
+    assert analyses.start(store, ana["running"], 600) is not None
+    ana["inline"] = analyses.create(store, done, "moments", {"k": 2}, [], "key_y")
+    assert analyses.start(store, ana["inline"], 600) is not None
+    assert analyses.finish(store, ana["inline"], result_json='{"mean": 4.25}')  # legacy
+    ana["stored"] = analyses.create(store, done, "npmle", {"method": "em"}, [], "key_x")
+    assert analyses.start(store, ana["stored"], 600) is not None
+    assert analyses.finish(store, ana["stored"], result_json='{"atoms": [1, 2]}', docs=docs,
+                           release_id=done)  # its result a file of the document store
+    ana["failed"] = analyses.create(store, done, "npmle", {}, [], "key_y")
+    assert analyses.start(store, ana["failed"], 600) is not None
+    assert analyses.finish(store, ana["failed"], error={"code": "analysis_failed",
+                                                         "message": "x"})
+    ana["cancelled"] = analyses.create(store, ids["inline"], "npmle", {}, [], "key_x")
+    assert analyses.cancel(store, ana["cancelled"]) == "queued"
+    orphan = analyses.create(store, "rel_never_moved", "npmle", {}, [], "key_x")
+    return {"keys": made, "tokens": tokens, "revoked": revoked, "secret": secret,
+            "sessions": {"live": live, "dead": dead}, "analyses": ana, "orphan": orphan}
 
 
 def _views(store: Store, datasets: list[str]) -> dict[str, list[str]]:
@@ -174,10 +233,15 @@ def test_a_populated_valkey_store_moves_whole_and_once(
                                                           made["releases"]["pricing"]}
     assert [r for r, _ in target.stale(0)] == [r for r, _ in source.stale(0)]
 
+    _compare_keys_and_analyses(source, target, client, made, moved)
+
     # a second run moves nothing and doubles nothing
     again = valkey_migration.migrate(source, target)
     assert again.datasets == [] and sorted(again.skipped) == sorted(made["datasets"])
     assert len(target.events("ds_mig_one")) == len(source.events("ds_mig_one"))
+    assert (again.keys, again.sessions, again.console_secret, again.analyses) == (
+        0, 0, False, 0) and again.orphan_analyses == 1
+    assert len(PgKeyStore(target.pool).all_keys()) == len(made["keys"])
 
     # the moved ledger keeps working: the refused version, the lapsed run, the caps
     running = made["releases"]["running"]
@@ -193,6 +257,64 @@ def test_a_populated_valkey_store_moves_whole_and_once(
     assert target.reserve(_res("ds_mig_three", "rel_gone", 1)).outcome == "retired"
     assert target.reserve(_res("ds_mig_two", "rel_a", 2 * EPS, actor="key_a")
                           ).outcome == "exhausted"  # key_a's allocation: 1 of 2 held
+
+
+def _walk(store: Any, release_id: str, docs: DocumentStore | None
+          ) -> list[tuple[list[str], str | None]]:
+    """Every page of 2 of the release's analyses: (ids, next cursor)."""
+    pages, cursor = [], None
+    while True:
+        items, cursor = analyses.page(store, release_id, 2, cursor, docs)
+        pages.append(([a["id"] for a in items], cursor))
+        if cursor is None:
+            return pages
+
+
+def _compare_keys_and_analyses(source: Ledger, target: PgLedger, client: redis.Redis,
+                               made: dict[str, Any], moved: valkey_migration.Moved) -> None:
+    """Keys, the console's secret and sessions, analyses: the same through both stores."""
+    old_keys, new_keys = ValkeyKeyStore(client), PgKeyStore(target.pool)
+    assert (moved.keys, moved.sessions, moved.console_secret) == (len(made["keys"]), 1, True)
+    assert new_keys.all_keys() == old_keys.all_keys()  # every field, secrets included
+    assert [k["id"] for k in new_keys.all_keys()] == [k.id for k in made["keys"].values()]
+    for key in made["keys"].values():  # by token digest, by id, the secret that signs
+        token_digest = old_keys.digests()[key.id]
+        assert new_keys.key_by_digest(token_digest) == old_keys.key_by_digest(token_digest)
+        assert apikeys.get(new_keys, key.id) == key
+        assert apikeys.callback_secret(new_keys, key.id) == apikeys.callback_secret(
+            old_keys, key.id)
+    assert made["keys"]["consumer"].expires_at == "2031-05-06T07:08:09Z"
+    assert apikeys.lookup(new_keys, made["tokens"]["operator"]) == made["keys"]["operator"]
+    assert apikeys.lookup(new_keys, made["tokens"]["revoked"]) is None  # revoked stays so
+    assert new_keys.console_secret("another") == made["secret"]  # old cookies still verify
+    assert new_keys.session_key_id(made["sessions"]["live"]) == made["keys"]["analyst"].id
+    assert new_keys.session_key_id(made["sessions"]["dead"]) is None
+
+    old, new = ValkeyAnalysisStore(client), PgAnalysisStore(target.pool)
+    docs = source.documents
+    assert moved.analyses == len(made["analyses"]) and moved.orphan_analyses == 1
+    assert new.fields(made["orphan"]) is None  # its release is not in PostgreSQL
+    for name, analysis_id in made["analyses"].items():
+        assert new.fields(analysis_id) == old.fields(analysis_id), name  # field by field
+        assert analyses.document(new, analysis_id, docs) == analyses.document(
+            old, analysis_id, docs), name
+    assert analyses.document(new, made["analyses"]["stored"], docs)["result"] == {
+        "atoms": [1, 2]}
+    assert analyses.document(new, made["analyses"]["inline"], docs)["result"] == {
+        "mean": 4.25}
+    for release_id in {made["releases"]["ok"], made["releases"]["inline"]}:
+        assert _walk(new, release_id, docs) == _walk(old, release_id, docs)
+        assert new.count(release_id) == old.count(release_id)
+    assert len(_walk(new, made["releases"]["ok"], docs)) == 3  # 5 analyses, pages of 2
+    # and they keep working: the queued one starts once, the running one ends once
+    queued, running = made["analyses"]["queued"], made["analyses"]["running"]
+    assert analyses.start(new, queued, 60) is not None
+    assert analyses.start(new, queued, 60) is None  # redelivered: worker lost
+    assert new.status(queued) == "failed"
+    assert analyses.finish(new, running, result_json="{}", docs=docs,
+                           release_id=made["releases"]["ok"])
+    assert not analyses.finish(new, running, result_json="{}")
+    assert analyses.cancel(new, running) is None
 
 
 def test_the_command_refuses_while_a_worker_runs_then_moves(
@@ -222,6 +344,8 @@ def test_the_command_refuses_while_a_worker_runs_then_moves(
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert "moved 3 dataset(s) with 11 release(s)" in done.stdout
+    assert "3 API key(s), 1 console session(s) and 6 analys(es)" in done.stdout
+    assert "1 analys(es) of releases not in PostgreSQL left behind" in done.stdout
     assert target.dataset_ids() == source.dataset_ids()
     for rid in made["releases"].values():
         before = source.release(rid)

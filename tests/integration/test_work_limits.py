@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redis
 from flask import Flask
 
-from service import analyses, apikeys
+from service import analyses, apikeys, wiring
 from service.config import Config
 from service.storage import rkeys
 from tests.conftest import ROOT, start_valkey, wait_for_worker
@@ -67,7 +66,9 @@ class Stack:
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        apikeys.create(self.r, "operator", "tests", token=TOKEN)
+        self.keys = wiring.of(self.app).keys
+        self.analyses = wiring.of(self.app).analyses
+        apikeys.create(self.keys, "operator", "tests", token=TOKEN)
         self.api = Api(self.app.test_client(), TOKEN)
         try:
             wait_for_worker(self.r)
@@ -152,7 +153,7 @@ def test_over_ceiling_analysis_and_release_are_refused_naming_the_parameter(
     assert body["code"] == "work_limit" and body["field"] == "params.max_iter"
     assert body["limit"] == 1e8 and body["work"] == 1e6 * N  # iterations x rows x 1 piece
     assert "1e+08" in body["detail"]
-    assert stack.r.zcard(rkeys.release_analyses(interval_release)) == 0  # nothing queued
+    assert stack.analyses.count(interval_release) == 0  # nothing queued
     within = stack.api.post(f"/v1/releases/{interval_release}/analyses", {
         "analysis": "npmle", "params": {"method": "em", "max_iter": 1000}})
     assert within.status_code == 202 and within.get_json()["work"] == 1000.0 * N
@@ -190,7 +191,7 @@ def test_cancel_stops_a_running_analysis_and_frees_its_slot(
     running = _until(stack.api, interval_release, first,
                      lambda d: d["status"] == "running", 20)
     assert running["status"] == "running"
-    _, token = apikeys.create(stack.r, "consumer", "someone else")
+    _, token = apikeys.create(stack.keys, "consumer", "someone else")
     other = Api(stack.app.test_client(), token)
     path = f"/v1/releases/{interval_release}/analyses/{first}/cancel"
     assert other.post(path, {}).status_code == 403
@@ -231,14 +232,14 @@ def test_releases_complete_while_analyses_hold_the_analyses_queue(
     for aid in held:  # a queued one is cancelled too, and never runs
         stack.api.post(f"/v1/releases/{interval_release}/analyses/{aid}/cancel", {})
     time.sleep(1.0)
-    assert stack.r.hget(rkeys.analysis(held[1]), "started_at") is None
+    assert "started_at" not in (stack.analyses.fields(held[1]) or {"started_at": "gone"})
 
 
 def test_a_redelivered_analysis_is_not_run_again(stack: Stack, interval_release: str) -> None:
     """Catches: main restarted an analysis whenever its message came back (a killed
     worker's analysis ran again, forever); and one killed by the hard limit stayed
     running. Both now end failed, with a code."""
-    r: redis.Redis = stack.r
+    r = stack.analyses
     aid = analyses.create(r, interval_release, "npmle", {"method": "pava"}, [], "tests")
     assert analyses.start(r, aid, 60) is not None
     assert analyses.start(r, aid, 60) is None  # the message again: its run died
