@@ -44,12 +44,13 @@ def run_release(self: Task, release_id: str) -> str:
     """Run the release; then, if it asked for one, send its notification."""
     svc = services()
     try:
-        status = run.execute(svc, release_id, self.request.hostname or "worker")
+        ran = run.run_job(svc, release_id, self.request.hostname or "worker")
     except run.LeaseHeld as held:
         raise self.retry(countdown=svc.config.lease_seconds, max_retries=None) from held
-    if status in {"succeeded", "failed"} and notify.wanted(svc.ledger, release_id):
+    # the callback from the request the run read: no second read of the release
+    if ran.status in {"succeeded", "failed"} and ran.callback_url:
         svc.queue.notify(release_id)
-    return status
+    return ran.status
 
 
 @app.task(name=queue.NOTIFY, bind=True, acks_late=True, max_retries=8,

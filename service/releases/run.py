@@ -102,6 +102,16 @@ class _Job:
     seed: int | None
 
 
+@dataclass(frozen=True)
+class Ran:
+    """How ``run_job`` ended (``execute``'s status), and the callback URL the release's
+    request named (None: none, or the release was not read): the worker sends the
+    notification from it without reading the release again."""
+
+    status: str
+    callback_url: str | None = None
+
+
 def execute(svc: Services, release_id: str, worker: str) -> str:
     """Run one release; returns the final status. Safe to call again (redelivery).
 
@@ -109,14 +119,24 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
     its lease to another run (it then stored nothing and settled nothing),
     'skipped' when the job had ended, 'missing' when it does not exist.
     """
-    client, ledger = svc.client, svc.ledger
-    h = ledger.release(release_id)
+    return run_job(svc, release_id, worker).status
+
+
+def run_job(svc: Services, release_id: str, worker: str) -> Ran:
+    """``execute``, with the callback URL of the request it read."""
+    h = svc.ledger.release(release_id)
     if h is None:
         log.warning("release not found", extra={"release_id": release_id})
-        return "missing"
+        return Ran("missing")
     if h.get("status") not in PENDING:
-        return "skipped"
+        return Ran("skipped")
     req = JobRequest.from_json(h["request"])
+    return Ran(_execute(svc, release_id, worker, req), req.callback_url)
+
+
+def _execute(svc: Services, release_id: str, worker: str, req: JobRequest) -> str:
+    """Run a release found pending, its request ``req``: ``execute``'s statuses."""
+    client, ledger = svc.client, svc.ledger
     dataset_id, mechanism = req.dataset_id, req.mechanism
     run = ledger.mark_running(release_id, worker)
     if run is None:

@@ -163,6 +163,11 @@ def sweep(client: redis.Redis, ledger: Store, queue: Queue, min_age: float = 30.
     unsent = ledger.unsent_ids()
     aborted = []
     for release_id, score in stale:
+        if release_id in queued:
+            # its message waits in the queue (a backlog): a worker will take it; decided
+            # before any read of the record, so a pass over a backlog of B queued
+            # releases costs no round trip per release (2 B before)
+            continue
         young = score > now - min_age  # only its lost message is dealt with yet
         h = ledger.release(release_id)
         if h is None or "request" not in h:
@@ -170,7 +175,7 @@ def sweep(client: redis.Redis, ledger: Store, queue: Queue, min_age: float = 30.
             continue
         status, raw = h.get("status"), h["request"]
         data_read, resent_at = h.get("data_read"), h.get("resent_at")
-        if ledger.lease_held(release_id) or release_id in queued:
+        if ledger.lease_held(release_id):
             continue
         if (status == "queued" and release_id in unacked
                 and not _stranded(release_id, delivered, now - min_age)):

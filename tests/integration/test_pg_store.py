@@ -25,7 +25,6 @@ import redis
 
 from service import datasets
 from service.errors import Invalid
-from service.processes import schema
 from service.storage import database, index, release_documents, rkeys
 from service.storage.ledger import Ledger, Reservation, now_iso
 from service.storage.pg_ledger import PgLedger
