@@ -85,7 +85,11 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
     if config.database_url:
         # PostgreSQL: each step one transaction, re-run (bounded) when a connection broke
         client = rkeys.connect(config.require_redis_url())
-        pool = database.connect(config.database_url)
+        # a run waits out a failover or a restart for half a lease (the API answers 503
+        # after POOL_TIMEOUT): a run that read its data and could not settle is charged
+        pool = database.connect(config.database_url, timeout=max(
+            database.POOL_TIMEOUT, config.lease_seconds / 2) if role == "worker"
+            else database.POOL_TIMEOUT)
         ledger = PgLedger(pool, config.lease_seconds, documents=documents)
         keys, analyses = PgKeyStore(pool), PgAnalysisStore(pool)
     elif role == "worker":

@@ -32,11 +32,10 @@ POOL_MAX_SIZE = 8
 #: hundreds of times a step's time, so a burst of requests over a busy pool waits
 #: rather than fails.
 POOL_TIMEOUT = 2.0
-#: the same for a worker process (``connect(url, timeout=WORKER_POOL_TIMEOUT)``): a run's
+#: (a worker process waits half its lease instead, ``service.wiring.build``: a run's
 #: steps (start, lease, settle) had better wait through a failover than fail the run,
-#: and nobody waits on a worker's answer. Half the default lease (30 s), as the Valkey
-#: worker's retries: a run whose lease renewal waited that long still holds its lease.
-WORKER_POOL_TIMEOUT = 15.0
+#: nobody waits on a worker's answer, and a run whose lease renewal waited that long
+#: still holds its lease)
 
 
 def connect(url: str, *, min_size: int = POOL_MIN_SIZE, max_size: int = POOL_MAX_SIZE,
@@ -45,7 +44,7 @@ def connect(url: str, *, min_size: int = POOL_MIN_SIZE, max_size: int = POOL_MAX
     caller commits each step's transaction. Close it with ``pool.close()``.
 
     ``timeout``: seconds a step waits for a free connection (``POOL_TIMEOUT``, an API
-    process's; a worker's: ``WORKER_POOL_TIMEOUT``); opening the pool waits as long for
+    process's; a worker's: half its lease); opening the pool waits as long for
     its first connections. A connection found broken is replaced: ``PgLedger._tx`` has
     the pool check its idle connections at the first one (``pool.check()``), so after a
     failover the step's next attempt gets a connection to the new primary."""

@@ -665,7 +665,9 @@ class LosesCommitReplies:
         seen: list[str] = []
         with self.real.connection(*args, **kwargs) as conn:
             yield _Watched(conn, seen)
-        if any(q.startswith("INSERT INTO datasets") for q in seen) and self.cut < self.cuts:
+        # the step's first run, or a re-run reading the answer the first one recorded
+        cut = ("INSERT INTO datasets", "SELECT answer FROM step_calls")
+        if any(q.startswith(cut) for q in seen) and self.cut < self.cuts:
             self.cut += 1  # committed above; the reply is lost
             raise psycopg.OperationalError("server closed the connection unexpectedly")
 
