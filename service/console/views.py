@@ -68,7 +68,8 @@ Page = Callable[..., Any]
 
 @bp.before_request
 def _guard() -> BaseResponse | None:
-    """Valkey reachable, the CSRF token on every POST, then a live session."""
+    """The key store reachable (the console's secret), the CSRF token on every POST, then
+    a live session."""
     if request.environ.get(session.UNAVAILABLE_FLAG):
         raise problems.UNAVAILABLE[0]("console session store unavailable")
     if request.method == "POST":
