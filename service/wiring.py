@@ -38,7 +38,9 @@ from service.storage.valkey_keys import ValkeyKeyStore
 #: the ``app.extensions`` key of the API's services
 EXTENSION = "privrelease"
 
-Role = Literal["api", "worker"]
+#: who builds: the API and the sweeper (the worker's heartbeat thread) answer or give up
+#: at once; a worker's runs wait out a failover
+Role = Literal["api", "worker", "sweeper"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
     (start, lease, settle) for up to half a lease (the run's lease, renewed until the
     compute ended, outlives that), so a commit the old primary took with it is applied
     again, once (``service.storage.durable``), rather than fail a job's read, which would
-    refund an accepted release for nothing. The API answers 503 at once instead.
+    refund an accepted release for nothing. The API answers 503 at once instead, and so
+    does the sweeper (``sweeper``): it shares a thread with the worker's heartbeat, which
+    a sweep waiting out a failover would stop (the next pass sweeps again).
 
     ``celery``: the Celery app to publish with (a worker's own); default, a new one that
     only sends (``service.releases.queue.make_celery``).
@@ -92,7 +96,7 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
             else database.POOL_TIMEOUT)
         ledger = PgLedger(pool, config.lease_seconds, documents=documents)
         keys, analyses = PgKeyStore(pool), PgAnalysisStore(pool)
-    elif role == "worker":
+    elif role != "api":  # on the Valkey store a sweeper keeps the worker's retries
         client = rkeys.connect(config.require_redis_url(),
                                retry=rkeys.failover_retry(config.lease_seconds / 2))
         ledger = Ledger(client, config.lease_seconds, replication,

@@ -31,7 +31,7 @@ HEARTBEAT_TTL = 10
 def _beat(config: Config, name: str, stop: threading.Event) -> None:
     """Heartbeat for /readyz, and the sweeper when it is due (one worker at a time)."""
     beats = rkeys.connect(config.require_redis_url())
-    svc = build(config, "worker", celery=app)
+    svc = build(config, "sweeper", celery=app)
     next_sweep = time.monotonic() + config.sweep_interval
     while not stop.is_set():
         # Valkey or the record (PostgreSQL) away: beat and sweep again at the next turn
