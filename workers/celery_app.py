@@ -9,6 +9,7 @@ runs the sweeper and the audit archive when they are due.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -22,7 +23,9 @@ from service.releases.sweeper import sweep_if_due, sweep_orphans_if_due
 from service.storage import rkeys
 from service.storage.event_archive import archive_if_due
 from service.storage.store import DOWN
-from service.wiring import build
+from service.wiring import Services, build
+
+log = logging.getLogger("privrelease.worker")
 
 HEARTBEAT_SECONDS = 3
 HEARTBEAT_TTL = 10
@@ -40,16 +43,26 @@ def _beat(config: Config, name: str, stop: threading.Event) -> None:
             beats.set(rkeys.WORKERS + name, beats.info("server")["run_id"], ex=HEARTBEAT_TTL)
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + config.sweep_interval
-                sweep_if_due(svc, config.sweep_interval, max_resends=config.max_resends)
-                # survives file-system errors
-                sweep_orphans_if_due(svc.client, svc.ledger, svc.datasets)
-                audit = getattr(svc.ledger, "audit", None)  # the Valkey store's archive
-                if audit is not None:  # logs and survives file-system errors too
-                    archive_if_due(svc.client, audit, config.sweep_interval,
-                                   config.audit_hot_seconds)
+                _sweep(svc, config)
         stop.wait(min(HEARTBEAT_SECONDS, config.sweep_interval))
     with contextlib.suppress(redis.RedisError):
         beats.delete(rkeys.WORKERS + name)
+
+
+def _sweep(svc: Services, config: Config) -> None:
+    """One turn of the sweeps. A fault of the record passes up (the next turn retries);
+    anything else is logged by its type and the heartbeat goes on: a thread that died
+    here would stop the worker's beats and every later sweep."""
+    try:
+        sweep_if_due(svc, config.sweep_interval, max_resends=config.max_resends)
+        sweep_orphans_if_due(svc.client, svc.ledger, svc.datasets)  # survives file errors
+        audit = getattr(svc.ledger, "audit", None)  # the Valkey store's archive
+        if audit is not None:  # logs and survives file-system errors too
+            archive_if_due(svc.client, audit, config.sweep_interval, config.audit_hot_seconds)
+    except DOWN:
+        raise
+    except Exception as err:
+        log.error("sweep failed", extra={"error_type": type(err).__name__})
 
 
 _stop = threading.Event()
