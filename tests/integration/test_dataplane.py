@@ -140,7 +140,7 @@ def _logged_503(fresh: Flask, capsys: pytest.CaptureFixture[str], error_type: st
     assert warnings[0]["request_id"] == "err-503-check"
     assert warnings[0]["error_type"] == error_type
     assert "traceback" not in warnings[0]
-    assert "valkey unavailable" not in capsys.readouterr().err
+    assert "store unavailable" not in capsys.readouterr().err
 
 
 # --- item 12: the enqueue outbox -----------------------------------------------------
