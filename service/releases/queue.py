@@ -106,13 +106,31 @@ class _Channel(kombu_redis.Channel):
     reconnecting. A connection error here is ignored by Celery's close and the
     worker reconnects; the messages stay in the broker's unacked set, whence
     kombu restores them after ``visibility_timeout``.
+
+    It also keeps one synchronous client per channel: kombu makes a new ``redis.Redis``
+    on the channel's pool for every publish, acknowledgement and unacked-set record
+    (``conn_or_acquire``), about 50 us each with redis-py 8 (its response callbacks are
+    rebuilt), two per task in a worker's consumer and one per POST. A client is only a
+    handle on the pool (thread-safe, no connection of its own), so one serves every
+    call; a new one is made when kombu replaced the pool (``_disconnect_pools``).
     """
+
+    _sync_client: redis.Redis | None = None
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         if self.connection.client is None:
             raise redis.exceptions.ConnectionError("broker connection already closed")
         params: dict[str, Any] = super()._connparams(asynchronous)
         return params
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        if asynchronous:
+            return super()._create_client(asynchronous=True)
+        pool = self.pool  # made (or made again after a close) as kombu would
+        client = self._sync_client
+        if client is None or client.connection_pool is not pool:
+            client = self._sync_client = super()._create_client(asynchronous=False)
+        return client
 
 
 class BrokerTransport(kombu_redis.Transport):
