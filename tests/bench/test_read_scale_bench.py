@@ -55,6 +55,10 @@ ROUNDS = int(os.environ.get("READ_BENCH_ROUNDS", "3"))
 REAL_RELEASES = 8
 PAGE = 4
 GOAL = 1.5  # large / small median latency: "about the same time"
+#: /metrics reads the balances of the newest PRIVRELEASE_METRICS_MAX_DATASETS datasets
+#: (default 1000), one transaction each: bounded, but 10 vs 1000 of them here; reported,
+#: not held to the goal
+METRICS = "/metrics (balances of up to 1000 datasets)"
 
 #: one fill: ``n`` releases over ``d`` new datasets (ids ``ds_<p><15 hex>``) and the
 #: registered dataset R (every tenth release), in PgLedger's shapes. Parameters: p, d, n,
@@ -276,11 +280,16 @@ def test_every_get_answers_as_fast_with_1e6_releases(stack: Stack,
          f"/v1/datasets/{dataset}/ledger?limit={PAGE}"),
         ("its ledger, deep page", second_page(f"/v1/datasets/{dataset}/ledger?limit={PAGE}"),
          f"/v1/datasets/{dataset}/ledger?limit={PAGE}&cursor={deep['ledger']}"),
+        ("a dataset", f"/v1/datasets/{dataset}", f"/v1/datasets/{dataset}"),
+        ("my releases, first page", f"/v1/releases?mine=true&limit={PAGE}",
+         f"/v1/releases?mine=true&limit={PAGE}"),
+        (METRICS, "/metrics", "/metrics"),
     ]
     for name, path_small, path_large in gets:  # same shapes: full pages in both
         _, one = small.get(path_small)
         _, other = large.get(path_large)
-        if isinstance(one.json(), list):
+        if one.headers["Content-Type"].startswith("application/json") and isinstance(
+                one.json(), list):
             assert len(one.json()) == len(other.json()) > 0, (name, one.json(), other.json())
     ratios: dict[str, list[float]] = {name: [] for name, _, _ in gets}
     for round_ in range(1, ROUNDS + 1):
@@ -297,7 +306,7 @@ def test_every_get_answers_as_fast_with_1e6_releases(stack: Stack,
             a, b = statistics.median(times_small), statistics.median(times_large)
             ratios[name].append(b / a)
             record(f"  {name}: {1000 * a:.2f} / {1000 * b:.2f} ms, ratio {b / a:.2f}")
-    worst = max(statistics.median(r) for r in ratios.values())
+    worst = max(statistics.median(r) for name, r in ratios.items() if name != METRICS)
     record("summary (median ratio of the rounds): " + "; ".join(
         f"{name} {statistics.median(r):.2f}" for name, r in ratios.items()))
     assert worst <= GOAL
