@@ -22,6 +22,12 @@ Each of ``ROUNDS`` rounds:
    The mechanism's own CPU (``Mechanism.run`` on the same request and data, timed in this
    process) is subtracted from the worker's to give the CPU outside the mechanism.
 
+After the rounds, what the releases they made cost the record (``bytes_per_release``):
+PostgreSQL's tables and indexes as the service left them (``pg_total_relation_size``
+deltas, autovacuum on) and compacted (``VACUUM FULL``, against the empty schema), per table;
+Valkey's keys (``MEMORY USAGE``: 0 B per finished release, no key naming one); the result
+files on disk. Then the submit-to-result latency of one client at a time.
+
 Ratios are taken within a round (same machine load); the table gives each round and the
 load average. ``API_BENCH_SECONDS`` (default 10) and ``API_BENCH_ROUNDS`` (default 3) tune
 it; ``BENCH_DIR`` places the servers' data. Run with ``make bench``.

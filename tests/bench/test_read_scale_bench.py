@@ -22,7 +22,10 @@ the machine's load at the same moments), ``REQUESTS`` times after a warm-up, in 
 ``ROUNDS`` rounds; the figure is the median latency and the ratio large / small. Lists
 are read with small pages (``PAGE``; the jobs list 2, its failed phase 1), so both states
 return full pages: their first page and a deep one (small: the second page; large: a
-cursor half-way down the list). ``BENCH_DIR`` places the servers' data. Run with ``make bench``.
+cursor half-way down the list). ``/metrics`` is read without a scraper token, so without
+per-dataset balances (with ``PRIVRELEASE_METRICS_TOKEN`` it reads the newest
+``PRIVRELEASE_METRICS_MAX_DATASETS`` balances, 1000 by default: bounded, not measured
+here). ``BENCH_DIR`` places the servers' data. Run with ``make bench``.
 """
 
 from __future__ import annotations
@@ -55,10 +58,9 @@ ROUNDS = int(os.environ.get("READ_BENCH_ROUNDS", "3"))
 REAL_RELEASES = 8
 PAGE = 4
 GOAL = 1.5  # large / small median latency: "about the same time"
-#: /metrics reads the balances of the newest PRIVRELEASE_METRICS_MAX_DATASETS datasets
-#: (default 1000), one transaction each: bounded, but 10 vs 1000 of them here; reported,
-#: not held to the goal
-METRICS = "/metrics (balances of up to 1000 datasets)"
+#: /metrics without PRIVRELEASE_METRICS_TOKEN (no per-dataset balances): the queue depths,
+#: the worker counters and ``count(*)`` of the datasets
+METRICS = "/metrics (no token)"
 
 #: one fill: ``n`` releases over ``d`` new datasets (ids ``ds_<p><15 hex>``) and the
 #: registered dataset R (every tenth release), in PgLedger's shapes. Parameters: p, d, n,
@@ -306,7 +308,7 @@ def test_every_get_answers_as_fast_with_1e6_releases(stack: Stack,
             a, b = statistics.median(times_small), statistics.median(times_large)
             ratios[name].append(b / a)
             record(f"  {name}: {1000 * a:.2f} / {1000 * b:.2f} ms, ratio {b / a:.2f}")
-    worst = max(statistics.median(r) for name, r in ratios.items() if name != METRICS)
+    worst = max(statistics.median(r) for r in ratios.values())
     record("summary (median ratio of the rounds): " + "; ".join(
         f"{name} {statistics.median(r):.2f}" for name, r in ratios.items()))
     assert worst <= GOAL
