@@ -1,28 +1,109 @@
 """The sweeper: re-send jobs that are gone, settle those that cannot be re-sent.
 
-A job is gone when its release has not ended and nobody holds its lease,
-and either it was running (its worker died or lost Valkey) and its message
-is not back in the queue, or it was queued, its task was sent (it left the
-outbox) and its message is in neither the queue nor the broker's unacked set
-(the broker lost it: kombu's Redis transport pops a message and records it as
-unacknowledged in a second command, so a primary killed between the two loses
-it), or only in the unacked set, delivered over ``min_age`` ago and never
-started (its worker died or lost its connection in a failover; kombu would put it
-back only after its 15-minute visibility timeout). A message back in the queue
-(a worker killed with -9 rejects it) is left to the redelivery, which re-runs
-the job.
+A job is gone when its release has not ended and nobody holds its lease, and either
+it was running (its worker died or lost Valkey) and its message is not back in the
+queue, or it was queued, its task was sent (it left the outbox) and its message is
+neither waiting in its queue nor held by a worker in the broker's unacked set (the
+broker lost it: kombu's Redis transport pops a message and records it as
+unacknowledged in a second command, so a primary killed between the two loses it; or
+Valkey lost its data), or only held, delivered over ``min_age`` ago and never started
+(its worker died or lost its connection in a failover; kombu would put it back only
+after its 15-minute visibility timeout). A message back in the queue (a worker killed
+with -9 rejects it) is left to the redelivery, which re-runs the job.
+
+**Which messages still wait is read by index, never by scanning the queues** (issue #29
+item 7). A pass sends Valkey a fixed handful of commands (the queues' lengths, and the
+unacked set, bounded by the messages workers hold: prefetch x workers, and retries
+waiting for their countdown) and reads PostgreSQL by index ranges of what changed, not
+O(backlog) either. kombu's Redis transport keeps each queue in a list: a publish, and
+Celery's retry of a task (a new message), push at one end (LPUSH), workers pop at the
+other (BRPOP), so each queue is first in, first out (no priorities are used: one list
+per queue). kombu puts a popped message back only from the unacked set: at the front
+after its visibility timeout or at a worker's warm shutdown (RPUSH), at the back when
+a worker's process died mid-task (LPUSH). The marks are numbers of one PostgreSQL
+sequence (migration 0010_sweep):
+
+- a release's ``created_seq`` is taken when its row is inserted, before any of its
+  messages is published;
+- its ``sweep_seq``, taken by the sweeper once its last message is published: when the
+  release is stale (``min(min_age, lost_age)`` s old) and out of the outbox (the API
+  takes it out after publishing), when its run's lease lapsed that long ago (a killed
+  process's message is back in the queue by then), when the sweeper's own publish
+  returned (``Store.sweep_marks``, ``sending``, ``sent``).
+
+A release a worker started ``lost_age`` s ago or more (priced, for the pricing queue) is
+a witness: one of its messages was taken off the queue, a message published after its
+``created_seq``. A release whose ``sweep_seq`` is below a witness's ``created_seq`` had
+its last message published before the witness's, so taken off the queue before it,
+``lost_age`` s ago at least: it waits no longer. A worker then holds it (the unacked
+set says so), or started it (its status, its lease), or it was lost, unless a worker
+put it back since. So it takes two: the first time the sweeper finds a release taken
+past and held by no worker, it marks it again (phase 2); a message put back before that
+second mark is in the queue then, and is taken before any witness of the second mark,
+which shows it started or held. Only a release found taken past at its second mark and
+held by no worker is gone (a held one loses its second mark: it may be put back). An
+empty queue (LLEN, read with the unacked set in one MULTI, after the marks) shows at
+once that none of its messages waits: every marked release of it that no worker holds
+is gone.
+
+So a release merely waiting in a backlog is never re-sent: its mark stays above every
+witness until the workers reach it. A message lost in a backlog is found once the
+workers have gone past two of its marks, or once its queue is empty; while no worker
+takes anything, nothing is found, and nothing would run sooner for it (a re-send waits
+behind the same backlog). Two races are left, each costing one message too many (a
+duplicate is harmless, but counts against ``max_resends``): a message taken, put back
+and gone past twice between two passes (its workers shut down or killed twice within
+seconds while holding it), and, as before, a message popped and not yet recorded as
+unacknowledged (milliseconds) when a pass finds its queue empty.
+
+Case by case:
+
+- a backlog: its releases' marks stay above every witness until the workers reach them;
+- a message the broker lost (popped and never recorded, a failover): its release is
+  found once the workers are past two of its marks, or once its queue is empty;
+- the broker wiped (its data directory deleted): the queues are empty, so every marked
+  release is found at once (and the unmarked ones at the next pass, once marked);
+- a worker killed mid-run: kombu put its message back at the end of the queue before
+  the run's lease lapsed ``min(min_age, lost_age)`` s ago, and the release's mark is
+  taken after that, so it stays above the witnesses until the workers reach the message,
+  which runs the job again; only if that message was lost too is the release re-sent (or
+  charged, had it read its data);
+- a message prefetched by a worker that died (in kombu's unacked set): held, never
+  passed; delivered over ``min_age`` ago and never started, it is stranded: re-sent;
+- Celery's retry of a run (``LeaseHeld``: another run holds the lease) is a new message
+  of a running release, which the live lease guards (a running release is judged only
+  once its lease lapsed, and marked after that);
+- pricing jobs: the same in the pricing queue, the releases a pricing job priced
+  (``priced_at``) its witnesses; a priced release's marks are cleared (they were its
+  pricing job's); a lost pricing job is sent again, uncounted;
+- the outbox: a release still in it is never marked (its message may not be published
+  yet); once the outbox's send published it, it is;
+- a re-send racing the original: the claim, under the release's row lock, finds the run
+  started (no re-send) or is seen by it; the release is marked as a send under way
+  (phase 0) until the publish returned and marked after it, so no mark predates a
+  message; of the two messages, start runs the job once;
+- a wrong witness: a row inserted with a start it had before (``migrate-from-valkey``
+  inserts the moved releases so, run with every worker stopped, so before any mark of
+  the store it fills, normally) takes its ``created_seq`` after its message. Inserted
+  after a release's first mark, it only marks that release a second time (the second
+  mark needs a witness created after it); after its second mark, it would find it gone:
+  one message too many.
+
+The Valkey store (``service.storage.ledger``, kept only for ``migrate-from-valkey``)
+keeps no marks: on it the sweeper reads the queue lists (``_listed``), O(backlog) a
+pass, as it did before.
 
 A gone job that had not read its data is sent again (its task, same release
 id), up to ``max_resends`` times (PRIVRELEASE_MAX_RESENDS, default 3), counted
-in its release hash (``resends``, ``resent_at``; service/storage/lua/resend.lua); a job
+on its release (``resends``, ``resent_at``: ``Store.claim_resend``); a job
 re-sent less than ``min_age`` ago is left to that message. Only past the bound
 is it aborted and refunded, with a message that says so. Re-sending is safe
 however many messages a release ends up with: its original may only have been
 delayed (a running job's message left in the unacked set comes back after
-kombu's visibility timeout), but start.lua runs a job once: a second message
+kombu's visibility timeout), but start runs a job once: a second message
 finds the lease (the task waits and looks again) or the ended status (it does
-nothing), and a run that lost its lease stores and settles nothing
-(lease.lua, settle.lua), so one release has one output and one charge.
+nothing), and a run that lost its lease stores and settles nothing, so one
+release has one output and one charge.
 
 A gone job whose run had read the data (``data_read`` in its state, set
 before the first byte is loaded) is not re-sent: it is charged and fails with
@@ -30,15 +111,16 @@ the one message of every failure after the data was read. Why a worker died
 (a crash, memory) may depend on the data, so a refund could tell it, and a
 re-run of the same data would likely die the same way (a redelivered message
 re-runs it at most ``run.MAX_RUNS`` times). Either settles only
-while no run holds a lease (in the settling script), so a run that started
+while no run holds a lease (in the settling step), so a run that started
 meanwhile is never settled here. Outputs and commits are stored by one atomic
-script, so a gone job never stored a result.
+step, so a gone job never stored a result.
 
 A reservation still in the outbox (its API died between reserve and enqueue)
 is not gone but unsent: after ``submit.OUTBOX_GRACE`` seconds the sweeper
 publishes its task instead of refunding it, so an accepted release always runs.
 A release still ``pricing`` holds nothing: its pricing job is sent from the outbox
-the same way, and sent again if its message is in neither queue nor the unacked set.
+the same way, and sent again (uncounted: pricing reserves a release once) if its
+message is neither waiting in the pricing queue nor held.
 
 Hourly it also removes dataset files that no registration refers to: an
 upload that could not learn whether Valkey stored its registration keeps
@@ -51,6 +133,7 @@ import json
 import logging
 import re
 import time
+from dataclasses import dataclass
 
 import redis
 
@@ -62,15 +145,17 @@ from service.storage import rkeys
 from service.storage.dataset_files import DatasetStore
 from service.storage.ledger import NO_LEASE
 from service.storage.release_tables import OutputStore
-from service.storage.store import DOWN, Store
+from service.storage.store import DOWN, PRICING, RUN, Store
 from service.wiring import Services
 
 log = logging.getLogger("privrelease.sweeper")
 
 #: the broker lists a release's messages wait in: its run's, its pricing job's, and the
 #: release queue's name before the queues were split (kombu keeps a queue in a list of
-#: its name)
+#: its name; no worker serves the old name). Read whole only on the Valkey store
 QUEUES = (RELEASES_QUEUE, PRICING_QUEUE, "privrelease")
+#: the kind of message (``Store.passed``) whose queue each list is
+KINDS = {RELEASES_QUEUE: RUN, PRICING_QUEUE: PRICING}
 UNACKED = "unacked"  # kombu's Redis transport keeps unacknowledged messages here
 UNACKED_INDEX = "unacked_index"  # ... and when it delivered each (delivery tag: epoch s)
 LOCK = rkeys.P + "sweeper:lock"
@@ -84,8 +169,12 @@ MAX_RESENDS = 3
 #: seconds a queued release's message may be missing from the broker (in neither queue
 #: nor the unacked set) before it is taken as lost and re-sent: a message is missing
 #: otherwise only between kombu's pop and its unacked record (milliseconds), and a
-#: second message is harmless (start.lua runs a release once)
+#: second message is harmless (start runs a release once). Also how long ago a witness
+#: must have started (its queue popped everything before it that long ago)
 LOST_AGE = 5.0
+#: gone releases dealt with per pass at most (the rest the next pass): a pass stays
+#: short after Valkey lost every message of a large backlog
+PASS_LIMIT = 1000
 
 
 #: a release id as it appears in a message (its task id, and its args): the service's
@@ -93,20 +182,42 @@ LOST_AGE = 5.0
 RELEASE_ID = re.compile(r"rel_[A-Za-z0-9_]+")
 
 
-def _in_broker(client: redis.Redis) -> tuple[set[str], set[str], dict[str, list[float | None]]]:
-    """The release ids of the queued messages and of the unacknowledged ones, and when
-    each release's unacknowledged messages were delivered (epoch s; None if kombu's index
-    has none). Each message is read once: a pass costs O(backlog), not O(backlog) per
-    pending release."""
-    queued = {rid for q in QUEUES for m in client.lrange(q, 0, -1)
-              for rid in RELEASE_ID.findall(m)}
-    held = client.hgetall(UNACKED)
-    at = dict(client.zrange(UNACKED_INDEX, 0, -1, withscores=True)) if held else {}
-    delivered: dict[str, list[float | None]] = {}
-    for tag, message in held.items():
-        for rid in set(RELEASE_ID.findall(message)):
-            delivered.setdefault(rid, []).append(at.get(tag))
-    return queued, set(delivered), delivered
+@dataclass(frozen=True)
+class Broker:
+    """What one MULTI read of the broker says: the kinds of message whose queue is
+    empty (``store.RUN``, ``store.PRICING``), and when each release's messages that
+    workers hold (kombu's unacked set) were delivered (epoch s; None where kombu's
+    index has none)."""
+
+    empty: frozenset[str]
+    held: dict[str, list[float | None]]
+
+
+def _broker(client: redis.Redis) -> Broker:
+    """The queues' lengths and the unacked set with its delivery times, in one MULTI
+    (one moment of the broker: a message put back from the unacked set into a queue is
+    seen in one or the other). O(held messages): no queue list is read."""
+    pipe = client.pipeline(transaction=True)
+    for name in KINDS:
+        pipe.llen(name)
+    pipe.hgetall(UNACKED)
+    pipe.zrange(UNACKED_INDEX, 0, -1, withscores=True)
+    *lengths, messages, index = pipe.execute()
+    at = dict(index)
+    held: dict[str, list[float | None]] = {}
+    for tag, message in messages.items():
+        for release_id in set(RELEASE_ID.findall(message)):
+            held.setdefault(release_id, []).append(at.get(tag))
+    empty = frozenset(kind for kind, length in zip(KINDS.values(), lengths, strict=True)
+                      if not length)
+    return Broker(empty, held)
+
+
+def _listed(client: redis.Redis) -> set[str]:
+    """The release ids of every message waiting in the queue lists, each message read
+    once: O(backlog). Only for a store that keeps no marks (the Valkey store)."""
+    return {rid for q in QUEUES for m in client.lrange(q, 0, -1)
+            for rid in RELEASE_ID.findall(m)}
 
 
 def _stranded(release_id: str, delivered: dict[str, list[float | None]],
@@ -146,29 +257,40 @@ def sweep(client: redis.Redis, ledger: Store, queue: Queue, min_age: float = 30.
           max_resends: int = MAX_RESENDS, lost_age: float = LOST_AGE) -> list[str]:
     """One pass; returns the ids it settled (refunded, or charged if the data was read).
 
-    First sends the outbox's tasks, then deals with reservations older than ``min_age``
-    whose job is gone, never one still in the outbox: re-sends one that did not read its
-    data (at most ``max_resends`` times, each at least ``min_age`` after the last),
-    settles the rest; ``outputs``: remove the tables runs of a settled job stored before
-    they died. A queued (or pricing) release whose message the broker lost is re-sent
+    First sends the outbox's tasks, then marks what was published and reads which
+    releases are gone (the module docstring), and deals with those older than
+    ``min_age``, never one still in the outbox: re-sends one that did not read its data
+    (at most ``max_resends`` times, each at least ``min_age`` after the last), settles
+    the rest; ``outputs``: remove the tables runs of a settled job stored before they
+    died. A queued (or pricing) release whose message the broker lost is re-sent
     sooner, once it is ``lost_age`` old (and ``lost_age`` after its last re-send); it is
     refunded only on the ``min_age`` pace.
     """
     send_outbox(ledger, queue, grace)
     now = time.time()
-    stale = ledger.stale(min(min_age, lost_age))
-    if not stale:
+    older = min(min_age, lost_age)
+    marks = ledger.sweep_marks(older, lost_age, older)
+    waiting = frozenset() if marks.indexed else _listed(client)
+    broker = _broker(client)
+    held = broker.held
+    if held:
+        ledger.held_by_workers(held)
+    stranded = [rid for rid in held if _stranded(rid, held, now - min_age)]
+    found = ledger.passed(marks, broker.empty, PASS_LIMIT, stranded=stranded,
+                          waiting=waiting)
+    # taken past once and held by no worker: marked again (a run's message held by a
+    # worker is no sign of life: the run's lease is)
+    once = [p for p in found if not p.gone and (p.status == "running" or p.release_id not in held)]
+    if once:
+        ledger.confirm_passed(once)
+    gone = [p for p in found if p.gone]
+    if not gone:
         return []
-    queued, unacked, delivered = _in_broker(client)
     unsent = ledger.unsent_ids()
     aborted = []
-    for release_id, score in stale:
-        if release_id in queued:
-            # its message waits in the queue (a backlog): a worker will take it; decided
-            # before any read of the record, so a pass over a backlog of B queued
-            # releases costs no round trip per release (2 B before)
-            continue
-        young = score > now - min_age  # only its lost message is dealt with yet
+    for p in gone:
+        release_id = p.release_id
+        young = p.created > now - min_age  # only its lost message is dealt with yet
         h = ledger.release(release_id)
         if h is None or "request" not in h:
             ledger.drop_pending(release_id)
@@ -177,8 +299,8 @@ def sweep(client: redis.Redis, ledger: Store, queue: Queue, min_age: float = 30.
         data_read, resent_at = h.get("data_read"), h.get("resent_at")
         if ledger.lease_held(release_id):
             continue
-        if (status == "queued" and release_id in unacked
-                and not _stranded(release_id, delivered, now - min_age)):
+        if (status == "queued" and release_id in held
+                and not _stranded(release_id, held, now - min_age)):
             continue  # prefetched by a worker that may still start it
         if status in {"queued", "pricing"} and release_id in unsent:
             continue  # accepted, its task not yet sent: a pass after its grace sends it
@@ -186,15 +308,8 @@ def sweep(client: redis.Redis, ledger: Store, queue: Queue, min_age: float = 30.
             # holds nothing, so nothing to settle: its pricing job's message was lost (the
             # broker lost it, or a run failed on a Valkey error): send it again (pricing is
             # idempotent: the release is reserved at most once)
-            if release_id not in unacked:
-                try:
-                    enqueue(queue, ledger, release_id, pricing=True)
-                except Exception as err:  # the broker is down: the next pass retries
-                    log.warning("pricing job resend failed",
-                                extra={"release_id": release_id,
-                                       "error_type": type(err).__name__})
-                else:
-                    log.warning("resent a lost pricing job", extra={"release_id": release_id})
+            if release_id not in held:
+                _send_pricing(ledger, queue, release_id)
             continue
         if status not in {"queued", "running"}:
             ledger.drop_pending(release_id)
@@ -228,12 +343,28 @@ def sweep(client: redis.Redis, ledger: Store, queue: Queue, min_age: float = 30.
     return aborted
 
 
+def _send_pricing(ledger: Store, queue: Queue, release_id: str) -> None:
+    """Publish a pricing release's job again, marked as a send under way until the
+    publish returned (then marked after it)."""
+    ledger.sending(release_id)
+    try:
+        enqueue(queue, ledger, release_id, pricing=True)
+    except Exception as err:  # the broker is down: the next pass retries
+        log.warning("pricing job resend failed",
+                    extra={"release_id": release_id, "error_type": type(err).__name__})
+    else:
+        log.warning("resent a lost pricing job", extra={"release_id": release_id})
+    finally:
+        ledger.sent(release_id)
+
+
 def _resend(ledger: Store, release_id: str, max_resends: int, queue: Queue,
             reason: str) -> int | None:
-    """Publish a gone job's task again if its bound allows (resend.lua claims the
-    re-send, atomically with the checks that it is still gone and unread); returns the
-    re-send's number, 0 if it is no longer gone or the broker failed (the next pass looks
-    again), None if the bound is reached (refund it)."""
+    """Publish a gone job's task again if its bound allows (``Store.claim_resend`` claims
+    the re-send, atomically with the checks that it is still gone and unread, and marks
+    a send under way); returns the re-send's number, 0 if it is no longer gone or the
+    broker failed (the next pass looks again), None if the bound is reached (refund
+    it)."""
     claimed = ledger.claim_resend(release_id, max_resends)
     if claimed < 0:
         return None
@@ -246,6 +377,7 @@ def _resend(ledger: Store, release_id: str, max_resends: int, queue: Queue,
         log.warning("job resend failed", extra={"release_id": release_id,
                                                  "error_type": type(err).__name__})
         return 0
+    ledger.sent(release_id)  # marked after its publish returned
     log.warning("resent a gone job", extra={"release_id": release_id, "reason": reason,
                                             "resend": claimed})
     return claimed

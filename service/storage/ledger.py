@@ -25,8 +25,8 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
@@ -120,6 +120,39 @@ class Run:
     release_id: str
     token: str
     attempt: int
+
+
+#: the sweeper's two kinds of message: a release's run (the ``releases`` queue) and its
+#: pricing job (the ``pricing`` queue)
+RUN, PRICING = "run", "pricing"
+
+
+@dataclass(frozen=True)
+class SendMarks:
+    """What ``Store.sweep_marks`` learnt, for ``Store.passed``: the age from which a
+    pending release is judged (``older_than``, s) and, per kind of message (``RUN``,
+    ``PRICING``), the witness bound: the mark taken before the first message of the
+    newest release whose message of that kind a worker took ``witness_age`` s ago or
+    more (absent: none known). ``indexed`` False: the store keeps no marks (the Valkey
+    store): the sweeper finds the waiting messages in the queue lists instead."""
+
+    older_than: float
+    bounds: Mapping[str, int] = field(default_factory=dict)
+    indexed: bool = True
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A pending release ``Store.passed`` found: its ``status`` when marked ('' if the
+    store did not read it), creation (epoch s) and mark; ``gone`` if its last message is
+    known to be off its queue (the sweeper then looks whether a worker holds it), else
+    taken past once (``Store.confirm_passed`` marks it again)."""
+
+    release_id: str
+    status: str
+    created: float
+    seq: int
+    gone: bool
 
 
 class CapError(ValueError):
@@ -705,6 +738,37 @@ class Ledger:
         if request and request.get("dataset_id"):
             pipe.zrem(rkeys.dataset_pending(request["dataset_id"]), release_id)
         pipe.execute()
+
+    # The Valkey store keeps no marks: the record is the broker's Valkey, and the sweeper
+    # reads which messages wait from the queue lists themselves (O(backlog) a pass, as
+    # before issue #29 item 7; this store is kept only for ``migrate-from-valkey``).
+
+    def sweep_marks(self, older_than: float, witness_age: float, lapsed: float
+                    ) -> SendMarks:
+        """No marks: ``indexed`` False (the sweeper reads the queue lists)."""
+        return SendMarks(older_than, indexed=False)
+
+    def passed(self, marks: SendMarks, empty: Collection[str], limit: int,
+               stranded: Collection[str] = (), waiting: Collection[str] = ()
+               ) -> list[Passed]:
+        """The pending releases older than ``marks.older_than`` whose id is not in
+        ``waiting`` (the queue lists), oldest first, all ``gone``; a stranded one is
+        among them (its message is in no list)."""
+        return [Passed(release_id, "", created, 0, True)
+                for release_id, created in self.stale(marks.older_than)
+                if release_id not in waiting][:limit]
+
+    def confirm_passed(self, passed: list[Passed]) -> None:
+        """Nothing: no marks."""
+
+    def held_by_workers(self, release_ids: Collection[str]) -> None:
+        """Nothing: no marks."""
+
+    def sending(self, release_id: str) -> None:
+        """Nothing: no marks."""
+
+    def sent(self, release_id: str) -> None:
+        """Nothing: no marks."""
 
 
 #: rows held out so far: the largest hold-out (DIP's default splits are nested, so the

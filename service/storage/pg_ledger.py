@@ -82,7 +82,12 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
   (``record_holdout`` / ``holdout_exposure``, table ``holdouts``);
 - the sweeper: ``stale``, ``lease_held``, ``unsent_ids``, ``claim_resend`` /
   ``undo_resend`` (resend.lua: ``releases.resends`` / ``resent_at``), ``drop_pending``
-  (nothing to do: pending is the status itself, no index entry can outlive it);
+  (nothing to do: pending is the status itself, no index entry can outlive it); and
+  which stale release's message no longer waits, by index (migration 0010_sweep:
+  ``sweep_marks``, ``passed``, ``confirm_passed``, ``held_by_workers``, ``sending`` /
+  ``sent``; ``service.releases.sweeper`` has the argument): each a statement or two on
+  ranges of ``releases_sweep``, ``releases_started_seq`` and ``releases_priced_seq``
+  (planned with sequential scans off: ``SWEEP_PLANNING``), whatever the backlog;
 - the audit log's bounds: ``audit_range`` (time bounds to event ids, below).
 
 Not here yet: the audit archive (events stay in ``events``), and replication
@@ -115,7 +120,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -136,7 +141,7 @@ from service.storage.ledger import (
     Settled,
 )
 from service.storage.release_documents import DocumentStore
-from service.storage.store import Fields, ReleaseView
+from service.storage.store import PRICING, RUN, Fields, Passed, ReleaseView, SendMarks
 
 if TYPE_CHECKING:
     from service.storage.store import Store
@@ -186,6 +191,100 @@ SETTLE_SQL = (
     "ledger_settle(%(dataset)s::text, %(release)s::text, %(action)s::text, "
     "%(payload)s::text, %(actor)s::text, %(holder)s::text, %(table_version)s::bigint, "
     "%(result_attempt)s::integer, %(settle_call)s::text)")
+
+# the sweeper's marks (migration 0010_sweep; ``service.releases.sweeper`` has the
+# argument): every mark a number of the sequence ``release_sends``
+
+#: releases marked per pass at most, by each of the marking statements
+MARK_BATCH = 1000
+#: seconds after which a send of the sweeper (a claim, a pricing job's re-send) whose
+#: release was not marked after its publish returned is marked anyway: a publish has
+#: given up long before (Celery's 3 retries of a 5 s socket timeout)
+SEND_BOUND = 60.0
+#: ``Store.passed``'s bound for a kind whose queue is empty: every mark is below it
+NO_BOUND = 2**63 - 1
+#: the sweeper's statements are index ranges by design (a pass must not read the
+#: backlog): a planner misled by statistics older than the backlog (all of it unmarked,
+#: say) must not pick a scan of the table instead, so its transactions forbid that
+SWEEP_PLANNING = "SET LOCAL enable_seqscan = off"
+#: pricing and queued releases never marked, stale, out of the outbox (so published)
+MARK_NEW_SQL = (
+    "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
+    "sweep_at = now() WHERE id IN (SELECT id FROM releases "
+    "WHERE status IN ('pricing', 'queued') AND sweep_seq IS NULL "
+    "AND created_at <= now() - make_interval(secs => %(older)s) "
+    "AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.release_id = releases.id) "
+    "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
+#: running releases whose lease lapsed ``lapsed`` s ago, not marked since it lapsed
+MARK_LAPSED_SQL = (
+    "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
+    "sweep_at = now() WHERE id IN (SELECT id FROM releases WHERE status = 'running' "
+    "AND COALESCE(lease_until, '-infinity') <= now() - make_interval(secs => %(lapsed)s) "
+    "AND (sweep_at IS NULL OR sweep_at <= COALESCE(lease_until, '-infinity')) "
+    "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
+#: a send of the sweeper begun ``SEND_BOUND`` s ago and never marked after (phase 0)
+MARK_SENDING_SQL = (
+    "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
+    "sweep_at = now() WHERE id IN (SELECT id FROM releases "
+    "WHERE status IN ('pricing', 'queued', 'running') AND sweep_seq = 0 "
+    "AND sweep_at <= now() - make_interval(secs => %(bound)s) "
+    "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
+#: the witness bounds: the newest release started (its run's message taken) and priced
+#: (its pricing job's) ``age`` s ago or more, by the mark taken at its insert
+WITNESS_SQL = (
+    "SELECT (SELECT created_seq FROM releases WHERE started_at IS NOT NULL "
+    "AND created_seq IS NOT NULL AND started_at <= now() - make_interval(secs => %(age)s) "
+    "ORDER BY created_seq DESC LIMIT 1), "
+    "(SELECT created_seq FROM releases WHERE priced_at IS NOT NULL "
+    "AND created_seq IS NOT NULL AND priced_at <= now() - make_interval(secs => %(age)s) "
+    "ORDER BY created_seq DESC LIMIT 1)")
+#: one status's marked releases below a bound (``{status}`` named literally, so that
+#: the partial index applies to a generic plan too; ``{lapse}``: a running one's mark
+#: counts only if taken after its lease lapsed); parameters: bound, limit
+PASSED_SQL = (
+    "SELECT id, status, created_at, sweep_seq, sweep_phase, false FROM releases "
+    "WHERE status = '{status}' AND sweep_seq > 0 AND sweep_seq < %s{lapse} "
+    "ORDER BY sweep_seq LIMIT %s")
+PASSED_LAPSE_SQL = " AND sweep_at > COALESCE(lease_until, '-infinity')"
+#: pending releases by id (their message held by a worker for too long)
+STRANDED_SQL = (
+    "SELECT id, status, created_at, sweep_seq, sweep_phase, true FROM releases "
+    "WHERE id = ANY(%s) AND status IN ('pricing', 'queued', 'running')")
+#: marked again, phase 2, if the mark read is still the release's
+CONFIRM_SQL = (
+    "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 2, "
+    "sweep_at = now() FROM unnest(%s::text[], %s::bigint[]) AS p(id, seq) "
+    "WHERE releases.id = p.id AND releases.sweep_seq = p.seq AND releases.sweep_phase = 1")
+#: a worker holds the message: a second mark no longer counts
+HELD_SQL = ("UPDATE releases SET sweep_phase = 1 WHERE id = ANY(%s) AND sweep_phase = 2 "
+            "AND status IN ('pricing', 'queued')")
+SENDING_SQL = ("UPDATE releases SET sweep_seq = 0, sweep_phase = 0, sweep_at = now() "
+               "WHERE id = %s AND status IN ('pricing', 'queued', 'running')")
+SENT_SQL = ("UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
+            "sweep_at = now() WHERE id = %s AND status IN ('pricing', 'queued', 'running')")
+
+
+def passed_query(marks: SendMarks, empty: Collection[str], limit: int,
+                 stranded: Collection[str] = ()) -> tuple[str, list[Any]] | None:
+    """``PgLedger.passed``'s statement and its parameters (None: nothing to read): per
+    pending status with a bound, ``PASSED_SQL``; the ``stranded`` ones, ``STRANDED_SQL``;
+    one UNION ALL."""
+    parts: list[str] = []
+    params: list[Any] = []
+    for status in ("pricing", "queued", "running"):
+        kind = PRICING if status == "pricing" else RUN
+        bound = NO_BOUND if kind in empty else marks.bounds.get(kind)
+        if bound is None:
+            continue
+        parts.append(PASSED_SQL.format(
+            status=status, lapse=PASSED_LAPSE_SQL if status == "running" else ""))
+        params += [bound, limit]
+    if stranded:
+        parts.append(STRANDED_SQL)
+        params.append(sorted(stranded))
+    if not parts:
+        return None
+    return " UNION ALL ".join(f"({part})" for part in parts), params
 
 
 def _call_id() -> str:
@@ -1214,10 +1313,11 @@ class PgLedger:
     def claim_resend(self, release_id: str, max_resends: int) -> int:
         """Claim a re-send of a gone job (resend.lua's 'claim'), under the row's lock, so
         two sweepers never both claim and a run that starts meanwhile waits for it or is
-        seen: the re-send's number (``resends`` + 1, ``resent_at`` now) if the release is
-        still queued or running, unread (no ``data_read``) and unleased; 0 if it is no
-        longer gone (or there is no such release); -1 if ``max_resends`` re-sends were
-        made (the sweeper refunds it)."""
+        seen: the re-send's number (``resends`` + 1, ``resent_at`` now, and the sweeper's
+        mark: a send under way, phase 0) if the release is still queued or running,
+        unread (no ``data_read``) and unleased; 0 if it is no longer gone (or there is no
+        such release); -1 if ``max_resends`` re-sends were made (the sweeper refunds
+        it)."""
         def step(cur: Cursor) -> int:
             cur.execute("SELECT status, lease_token IS NOT NULL AND "
                         "COALESCE(lease_until > now(), false), data_read, "
@@ -1231,7 +1331,8 @@ class PgLedger:
                 return 0
             if int(sent) >= max_resends:
                 return -1
-            cur.execute("UPDATE releases SET resends = %s, resent_at = now() WHERE id = %s",
+            cur.execute("UPDATE releases SET resends = %s, resent_at = now(), sweep_seq = 0, "
+                        "sweep_phase = 0, sweep_at = now() WHERE id = %s",
                         (int(sent) + 1, release_id))
             return int(sent) + 1
 
@@ -1239,13 +1340,15 @@ class PgLedger:
 
     def undo_resend(self, release_id: str) -> None:
         """Give back the last claim (its publish failed): ``resends`` - 1, no
-        ``resent_at``, so the next pass claims it again (resend.lua's 'undo'). A release
+        ``resent_at``, so the next pass claims it again (resend.lua's 'undo'), and a new
+        mark (the publish returned: no message of it was published after). A release
         never claimed is left as it is (Valkey would count it -1). Once per call
         (``_write``): run again after its COMMIT's reply was lost, it gives back nothing
         more."""
         def step(cur: Cursor) -> None:
             cur.execute("UPDATE releases SET resends = GREATEST(resends - 1, 0), "
                         "resent_at = NULL WHERE id = %s AND resends IS NOT NULL", (release_id,))
+            cur.execute(SENT_SQL, (release_id,))
 
         self._write(step)
 
@@ -1253,6 +1356,83 @@ class PgLedger:
         """Nothing to do: a release is pending by its status (the partial index of the
         pending statuses), which every step that ends it sets; no entry can outlive it."""
         return None
+
+    def sweep_marks(self, older_than: float, witness_age: float, lapsed: float
+                    ) -> SendMarks:
+        """Mark the stale releases whose last message was published (migration
+        0010_sweep; ``Store.sweep_marks``): up to ``MARK_BATCH`` pricing or queued ones
+        never marked, created over ``older_than`` s ago and out of the outbox
+        (``MARK_NEW_SQL``: a range of ``releases_sweep``), the running ones whose lease
+        lapsed over ``lapsed`` s ago and whose mark predates that (``MARK_LAPSED_SQL``:
+        the running range), those whose send by the sweeper began over ``SEND_BOUND`` s
+        ago (``MARK_SENDING_SQL``); rows a step holds are skipped (the next pass marks
+        them). Then the witnesses (``WITNESS_SQL``): one backward scan of
+        ``releases_started_seq`` and of ``releases_priced_seq`` each. One transaction;
+        run again after a lost reply it only takes newer marks, which are as true."""
+        args = {"older": older_than, "lapsed": lapsed, "bound": SEND_BOUND,
+                "batch": MARK_BATCH, "age": witness_age}
+
+        def step(cur: Cursor) -> tuple[Any, ...] | None:
+            cur.execute(SWEEP_PLANNING)
+            for sql in (MARK_NEW_SQL, MARK_LAPSED_SQL, MARK_SENDING_SQL):
+                cur.execute(sql, args)
+            cur.execute(WITNESS_SQL, args)
+            return cur.fetchone()
+
+        row = self._tx(step) or (None, None)
+        bounds = {kind: int(seq) for kind, seq in zip((RUN, PRICING), row, strict=True)
+                  if seq is not None}
+        return SendMarks(older_than, bounds)
+
+    def passed(self, marks: SendMarks, empty: Collection[str], limit: int,
+               stranded: Collection[str] = (), waiting: Collection[str] = ()
+               ) -> list[Passed]:
+        """The marked releases taken past (``Store.passed``): per pending status, one
+        range of ``releases_sweep`` below its kind's bound (every mark for a kind whose
+        queue was found empty), oldest mark first, ``limit`` at most each; a running
+        one's mark counts only if taken after its lease lapsed. Then the ``stranded``
+        ones by id. ``waiting`` is not read (the marks say it)."""
+        query = passed_query(marks, empty, limit, stranded)
+        if query is None:
+            return []
+        sql, params = query
+
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(SWEEP_PLANNING)
+            return cur.execute(sql, params).fetchall()
+
+        rows = self._tx(step)
+        out: dict[str, Passed] = {}
+        for release_id, status, created, seq, phase, held_long in rows:
+            kind = PRICING if status == "pricing" else RUN
+            gone = bool(held_long) or kind in empty or phase == 2
+            if release_id not in out or gone:
+                out[release_id] = Passed(release_id, status, created.timestamp(),
+                                         int(seq or 0), gone)
+        return sorted(out.values(), key=lambda p: p.seq)[:limit]
+
+    def confirm_passed(self, passed: list[Passed]) -> None:
+        """Mark each again (phase 2), if its mark is still the one read (a pass that
+        overlaps this one, or a claim, changes nothing twice): one statement."""
+        if passed:
+            self._tx(lambda cur: cur.execute(CONFIRM_SQL, (
+                [p.release_id for p in passed], [p.seq for p in passed])),
+                one_statement=True)
+
+    def held_by_workers(self, release_ids: Collection[str]) -> None:
+        """The pricing or queued ones among them marked twice go back to phase 1 (a
+        change of no indexed column: a HOT update)."""
+        if release_ids:
+            self._tx(lambda cur: cur.execute(HELD_SQL, (sorted(release_ids),)),
+                     one_statement=True)
+
+    def sending(self, release_id: str) -> None:
+        """Phase 0 since now (``sweep_seq`` 0): no mark until its publish returned."""
+        self._tx(lambda cur: cur.execute(SENDING_SQL, (release_id,)), one_statement=True)
+
+    def sent(self, release_id: str) -> None:
+        """A new mark, phase 1: taken after the publish returned, so after the message."""
+        self._tx(lambda cur: cur.execute(SENT_SQL, (release_id,)), one_statement=True)
 
     # -- the audit events' bounds -----------------------------------------------------------
 

@@ -21,11 +21,14 @@ both backends, with only the fields that are set:
 - ``charged``: ``"1"`` if a failed release was charged (it failed after the read);
 - ``table``: the attempt number whose table is the release's (``release_tables``);
 - ``resent_at``: epoch seconds of the sweeper's last re-send; ``resends``: how many.
+
+The sweeper's marks (``sweep_marks``, ``passed``; ``service.releases.sweeper`` has the
+argument) are not among a release's fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -35,7 +38,16 @@ import psycopg_pool
 import redis
 
 from service.storage.index import Cursor
-from service.storage.ledger import Reservation, ReserveResult, Run, Settled
+from service.storage.ledger import (
+    PRICING,
+    RUN,
+    Passed,
+    Reservation,
+    ReserveResult,
+    Run,
+    SendMarks,
+    Settled,
+)
 from service.storage.release_documents import DocumentStore
 
 #: the record cannot answer now (its server away, a failover under way, every pooled
@@ -46,6 +58,9 @@ DOWN: tuple[type[Exception], ...] = (redis.RedisError, psycopg.OperationalError,
 ViewKind = Literal["all", "datasets", "key", "pending", "failed"]
 #: a release's fields as stored (see the module docstring)
 Fields = dict[str, str]
+#: re-exported: the sweeper's kinds of message and what its store calls answer
+__all__ = ["DOWN", "PRICING", "RUN", "Fields", "Passed", "ReleaseView", "SendMarks", "Store",
+           "ViewKind"]
 
 
 @dataclass(frozen=True)
@@ -224,17 +239,61 @@ class Store(Protocol):
     def claim_resend(self, release_id: str, max_resends: int) -> int:
         """Claim a re-send of a gone job, atomically with the checks that it is still
         queued or running, unread (no ``data_read``) and unleased: the re-send's number
-        (``resends`` + 1, ``resent_at`` now); 0 if it is no longer gone; -1 if
-        ``max_resends`` re-sends were made (refund it)."""
+        (``resends`` + 1, ``resent_at`` now; a store that keeps marks marks a send under
+        way, as ``sending``); 0 if it is no longer gone; -1 if ``max_resends`` re-sends
+        were made (refund it)."""
         ...
 
     def undo_resend(self, release_id: str) -> None:
         """Give back the last claim (its publish failed): ``resends`` - 1, no
-        ``resent_at``."""
+        ``resent_at`` (and a mark, as ``sent``)."""
         ...
 
     def drop_pending(self, release_id: str) -> None:
         """The release is no longer pending: forget any index entry that says it is."""
+        ...
+
+    def sweep_marks(self, older_than: float, witness_age: float, lapsed: float
+                    ) -> SendMarks:
+        """Mark (``sweep_seq``, phase 1) the pending releases whose last message was
+        published and that have no valid mark: pricing or queued ones created over
+        ``older_than`` s ago and out of the outbox, running ones whose lease lapsed over
+        ``lapsed`` s ago (a killed run's message is back in its queue by then), and
+        those whose send by the sweeper began over ``SEND_BOUND`` s ago; a bounded batch
+        per call. Returns the witness bounds of each kind of message, from the releases
+        started (``RUN``) or priced (``PRICING``) over ``witness_age`` s ago."""
+        ...
+
+    def passed(self, marks: SendMarks, empty: Collection[str], limit: int,
+               stranded: Collection[str] = (), waiting: Collection[str] = ()
+               ) -> list[Passed]:
+        """Up to ``limit`` pending releases whose mark is below their kind's bound, or
+        any mark at all for a kind in ``empty`` (its queue was found empty after the
+        marks were taken): ``gone`` if so, or if marked twice (phase 2), else passed
+        once; and the pending ones of ``stranded`` (their message held by a worker for
+        too long: ``gone``). A store without marks (``marks.indexed`` False) answers
+        the releases older than ``marks.older_than`` that are not in ``waiting`` (the
+        ids found in the queue lists), all ``gone``."""
+        ...
+
+    def confirm_passed(self, passed: list[Passed]) -> None:
+        """Mark these releases, found passed once, again (phase 2): a worker took their
+        message, or it was lost; if it comes back (a worker put it back), the next
+        witness past this mark shows it."""
+        ...
+
+    def held_by_workers(self, release_ids: Collection[str]) -> None:
+        """A worker holds these releases' messages now (kombu's unacked set): a pricing
+        or queued one's second mark no longer counts (its message may be put back)."""
+        ...
+
+    def sending(self, release_id: str) -> None:
+        """The sweeper publishes the release's pricing job now (phase 0, since now);
+        ``claim_resend`` does the same for a run."""
+        ...
+
+    def sent(self, release_id: str) -> None:
+        """The sweeper's publish returned (sent or failed): mark the release (phase 1)."""
         ...
 
     # -- the audit events -------------------------------------------------------------------

@@ -140,7 +140,8 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
         assert [i for (i,) in _sql(url, indexes)] == [
             "releases_actor_newest", "releases_dataset_failed", "releases_dataset_newest",
             "releases_dataset_pending", "releases_failed", "releases_newest",
-            "releases_pending", "releases_pkey"]
+            "releases_pending", "releases_pkey", "releases_priced_seq",
+            "releases_started_seq", "releases_sweep"]
         config = Config()
         config.set_main_option("script_location", database.migrations_path())
         engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)

@@ -116,6 +116,33 @@ def _messages(client: redis.Redis, release_id: str) -> int:
     return queued + sum(release_id in m for m in client.hvals(sweeper.UNACKED))
 
 
+def _take(client: redis.Redis, release_id: str) -> tuple[str, str]:
+    """A worker takes the release's waiting message: out of the queue, into kombu's
+    unacked set (its delivery tag, and the message as kombu records it; its delivery
+    time left out of kombu's index, so that it is never stranded, whatever min_age)."""
+    (message,) = [m for m in client.lrange(RELEASES_QUEUE, 0, -1) if release_id in m]
+    client.lrem(RELEASES_QUEUE, 0, message)
+    tag = f"tag_{release_id}"
+    client.hset(sweeper.UNACKED, tag, json.dumps([json.loads(message), "", RELEASES_QUEUE]))
+    return tag, message
+
+
+def _put_back(client: redis.Redis, taken: tuple[str, str]) -> None:
+    """kombu puts a taken message back at the front of its queue (RPUSH: a worker's warm
+    shutdown, or the visibility timeout)."""
+    tag, message = taken
+    client.hdel(sweeper.UNACKED, tag)
+    client.zrem(sweeper.UNACKED_INDEX, tag)
+    client.rpush(RELEASES_QUEUE, message)
+
+
+def _to_front(client: redis.Redis, release_id: str) -> None:
+    """The release's waiting messages at the front of the queue, next to be taken."""
+    for message in [m for m in client.lrange(RELEASES_QUEUE, 0, -1) if release_id in m]:
+        client.lrem(RELEASES_QUEUE, 0, message)
+        client.rpush(RELEASES_QUEUE, message)
+
+
 def _lose(client: redis.Redis, release_id: str) -> None:
     """The broker loses the release's waiting message(s)."""
     lost = [m for m in client.lrange(RELEASES_QUEUE, 0, -1) if release_id in m]
@@ -128,9 +155,13 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
         rig: dict[str, Any]) -> None:
     """Catches the sweeper refunding a job that could simply run (main refunded "job
     message lost" and "worker died" at once: accepted releases lost), a re-send without
-    a bound, and a duplicate or late message running a job twice: every job here ran
-    once per charge (attempts, one commit event each), the one re-sent past the bound was
-    refunded, once."""
+    a bound, a re-send of a release whose messages wait, and a duplicate or late message
+    running a job twice: every job here ran once per charge (attempts, one commit event
+    each), the one re-sent past the bound was refunded, once.
+
+    The losses are found once the queue is empty (no worker consumes it yet: nothing
+    tells a lost message from a waiting one while messages wait and none is taken;
+    test_sweeper_backlog.py finds one lost in a backlog that workers take)."""
     api, client, ledger = rig["api"], rig["client"], rig["ledger"]
     resp = api.upload(people_csv(50), PEOPLE_META)
     assert resp.status_code == 201
@@ -142,21 +173,23 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     assert run is not None and run.attempt == 1
     lapse(ledger, dead)
     _lose(client, bounded)
-    rig["queue"].run(twice)  # the original, delayed
-    assert _messages(client, twice) == 2
+    taken = _take(client, twice)  # a worker holds twice's message (kombu's unacked set)
 
     assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == []
     for rid in (lost, dead, bounded):
         assert field(ledger, rid, "resends") == "1"
         assert _messages(client, rid) == 1
-    assert field(ledger, twice, "resends") is None  # its messages wait
-    _lose(client, bounded)  # lost again: past the bound of 1, refunded
-    assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == [
-        bounded]
-    doc = api.get(f"/v1/releases/{bounded}").get_json()
-    assert doc["status"] == "failed"
-    assert doc["error"]["message"] == ("job gone (job message lost) after 1 re-sends;"
-                                       " reservation refunded")
+    assert field(ledger, twice, "resends") is None  # held by a worker
+    _put_back(client, taken)  # the worker shut down: kombu puts it back at the front
+    rig["queue"].run(twice)  # and a message of it delayed until now
+    _to_front(client, twice)
+    assert _messages(client, twice) == 2
+    _lose(client, bounded)  # lost again: past the bound of 1 once found
+    assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == []
+    for rid in (lost, dead, bounded):  # messages wait, none taken: none found lost
+        assert field(ledger, rid, "resends") == "1"
+        assert field(ledger, rid, "status") in {"queued", "running"}
+    assert field(ledger, twice, "resends") is None
 
     rig["start"]()
     for rid in (lost, dead, twice):
@@ -165,6 +198,14 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     # waited (a retry), then found the release ended
     _until(lambda: _messages(client, twice) == 0)
     assert f"run_release[{twice}] retry" in rig["log"].read_text()
+    _until(lambda: client.llen(RELEASES_QUEUE) == 0)
+    # the queue is empty: bounded's second loss is found; past the bound: refunded
+    assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == [
+        bounded]
+    doc = api.get(f"/v1/releases/{bounded}").get_json()
+    assert doc["status"] == "failed"
+    assert doc["error"]["message"] == ("job gone (job message lost) after 1 re-sends;"
+                                       " reservation refunded")
     rig["queue"].run(lost)  # a late redelivery
     _until(lambda: _messages(client, lost) == 0)
     time.sleep(0.5)  # the late message's run, had it started, would have counted by now

@@ -1,8 +1,11 @@
-"""The sweeper's one pass over the broker: every message read once, ids matched exactly.
+"""The sweeper's reads of the broker: every message read once, ids matched exactly.
 
 Catches the pass that joined every queued message into one string and searched it once
 per pending release (1.6 s of CPU per pass at 2,690 queued: quadratic in the backlog),
-and a substring match that took ``rel_ab`` for a message of ``rel_abc``.
+and a substring match that took ``rel_ab`` for a message of ``rel_abc``: in the unacked
+set (``_broker``, every pass) and in the queue lists (``_listed``: read only for the
+Valkey store, which keeps no marks; test_sweeper_backlog.py shows a pass on PostgreSQL
+reads no list).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 
 from service.releases import sweeper
 from service.storage import rkeys
+from service.storage.store import PRICING, RUN
 
 
 def _message(task_id: str, release_id: str) -> str:
@@ -39,14 +43,18 @@ def test_ids_are_read_once_per_message_and_matched_exactly(redis_url: str) -> No
             "tag2": json.dumps([json.loads(_message("rel_held", "rel_held")), "", "releases"])})
         r.zadd(sweeper.UNACKED_INDEX, {"tag1": now - 100})
         started = time.process_time()
-        in_queue, unacked, delivered = sweeper._in_broker(r)
+        in_queue = sweeper._listed(r)
+        broker = sweeper._broker(r)
         scanned = time.process_time() - started
         assert set(queued) | {"rel_abc"} == in_queue
         assert "rel_ab" not in in_queue  # exact ids, not substrings
-        assert unacked == {"rel_held"}
-        assert sorted(map(repr, delivered["rel_held"])) == sorted([repr(now - 100), "None"])
+        assert set(broker.held) == {"rel_held"}
+        assert sorted(map(repr, broker.held["rel_held"])) == sorted([repr(now - 100), "None"])
+        assert broker.empty == frozenset()  # both queues hold messages
         # kombu's index lacks tag2's time: never stranded while one delivery is unknown
-        assert not sweeper._stranded("rel_held", delivered, now)
+        assert not sweeper._stranded("rel_held", broker.held, now)
         assert scanned < 1.0  # one pass over 3,000 messages (was seconds, quadratic)
+        r.delete(*sweeper.QUEUES)
+        assert sweeper._broker(r).empty == {RUN, PRICING}
     finally:
         r.delete(*sweeper.QUEUES, sweeper.UNACKED, sweeper.UNACKED_INDEX)
