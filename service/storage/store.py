@@ -42,6 +42,10 @@ from service.storage.release_documents import DocumentStore
 #: connection busy): whether a step ran is unknown, and the request is not wrong
 DOWN: tuple[type[Exception], ...] = (redis.RedisError, psycopg.OperationalError,
                                      psycopg_pool.PoolTimeout)
+#: of :data:`DOWN`, what PostgreSQL raises while it is away (the API's 503s name these and
+#: Valkey's connection errors, not every Valkey error: the Valkey store is only moved from)
+POSTGRES_DOWN: tuple[type[Exception], ...] = (psycopg.OperationalError,
+                                              psycopg_pool.PoolTimeout)
 #: which releases a list shows (``Store.release_page``)
 ViewKind = Literal["all", "datasets", "key", "pending", "failed"]
 #: a release's fields as stored (see the module docstring)
