@@ -83,7 +83,12 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
 - the sweeper: ``stale``, ``lease_held``, ``unsent_ids``, ``claim_resend`` /
   ``undo_resend`` (resend.lua: ``releases.resends`` / ``resent_at``), ``drop_pending``
   (nothing to do: pending is the status itself, no index entry can outlive it);
-- the audit log's bounds: ``audit_range`` (time bounds to event ids, below).
+- the audit log's bounds: ``audit_range`` (time bounds to event ids, below);
+- reads that do not grow with the history (issue #29 item 7, migration 0009_counts):
+  ``dataset_count`` (a counter the triggers on ``datasets`` keep), ``same_shape_documents``
+  (the GIN index of the active versions' shapes), ``balances`` (one query),
+  ``budget_window`` (a dataset's newest events, its balance and the caps before them, one
+  snapshot), ``dataset_history`` (``newest + 1`` rows: whether there are more, no count).
 
 Not here yet: the audit archive (events stay in ``events``), and replication
 acknowledgements (PostgreSQL's synchronous replication is configuration).
@@ -845,18 +850,16 @@ class PgLedger:
     def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
                                                dict[str, dict[str, dict[str, int]]]]:
         """The balance, and the same rows for each key's allocation."""
-        row = _balance_row
-
         def step(cur: Cursor) -> tuple[dict[str, dict[str, int]],
                                        dict[str, dict[str, dict[str, int]]]]:
             cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
                         "WHERE dataset_id = %s ORDER BY measure", (dataset_id,))
-            dataset = {m: row(c, k, r) for m, c, k, r in cur.fetchall()}
+            dataset = {m: _balance_row(c, k, r) for m, c, k, r in cur.fetchall()}
             cur.execute("SELECT key_id, measure, cap, committed, reserved FROM allocations "
                         "WHERE dataset_id = %s ORDER BY key_id, measure", (dataset_id,))
             allocations: dict[str, dict[str, dict[str, int]]] = {}
             for key, m, c, k, r in cur.fetchall():
-                allocations.setdefault(key, {})[m] = row(c, k, r)
+                allocations.setdefault(key, {})[m] = _balance_row(c, k, r)
             return dataset, allocations
 
         return self._tx(step)

@@ -558,6 +558,27 @@ def test_dataset_history_reads_the_newest_oldest_first_and_says_if_more(
     assert store.dataset_history("ds_none", 0) == ([], False)
 
 
+def test_earlier_releases_says_truncated_past_the_newest_it_reads(store: PgLedger,
+                                                                  pg_url: str) -> None:
+    """Pricing composes with at most ``MAX_EARLIER_RELEASES`` releases: one more and it
+    says ``truncated`` (``dataset_history``'s ``more``), never composes with a part."""
+    from service.releases import pricing
+
+    ds = _ds()
+    store.open(ds, {"epsilon": 10**6}, "op")
+    newest = pricing.MAX_EARLIER_RELEASES
+    _sql(pg_url, "INSERT INTO releases (id, dataset_id, actor, status, request, created_at) "
+                 "SELECT 'rel_' || g, %s, 'key', 'succeeded', %s, now() - g * interval '1 s' "
+                 "FROM generate_series(1, %s) g RETURNING 1", ds, LEDGER_REQUEST, newest)
+    dataset = {"id": ds, "version": 1}
+    full = pricing.earlier_releases(store, dataset)
+    assert len(full) == newest and {"status": "truncated"} not in full
+    _sql(pg_url, "INSERT INTO releases (id, dataset_id, actor, status, request, created_at) "
+                 "VALUES ('rel_oldest', %s, 'key', 'succeeded', %s, now() - interval '1 day') "
+                 "RETURNING 1", ds, LEDGER_REQUEST)
+    assert pricing.earlier_releases(store, dataset) == [{"status": "truncated"}, *full]
+
+
 def test_dataset_history_reads_newest_plus_one_rows_whatever_the_history(
         store: PgLedger, pg_url: str) -> None:
     """Over 40,000 releases, 4,000 of them the dataset's, the history's query reads
