@@ -163,7 +163,8 @@ class Store(Protocol):
     def balance(self, dataset_id: str) -> dict[str, dict[str, int]]: ...
 
     def balances(self, ids: list[str]) -> list[dict[str, dict[str, int]]]:
-        """Each dataset's ``balance``, in the order of ``ids``: one round trip."""
+        """Each dataset's ``balance``, in the order of ``ids`` (on PostgreSQL one query,
+        however many ids)."""
         ...
 
     def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
