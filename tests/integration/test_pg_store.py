@@ -119,14 +119,25 @@ def test_pg_ledger_has_every_method_of_the_store_with_its_signature() -> None:
         "self", "pool", "lease_seconds", "documents"}
 
 
-def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
-    """0003_releases downgrades to 0002 (its tables, columns and indexes gone, the
-    releases kept) and upgrades again."""
+def _downgrade(url: str, revision: str) -> None:
+    """Run the migrations on ``url`` down to ``revision`` (alembic, as ``upgrade``)."""
     from alembic import command
     from alembic.config import Config
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
+    config = Config()
+    config.set_main_option("script_location", database.migrations_path())
+    engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+    engine.dispose()
+
+
+def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
+    """0003_releases downgrades to 0002 (its tables, columns and indexes gone, the
+    releases kept) and upgrades again."""
     name = _create_db(postgres_url)
     url = _db_url(postgres_url, name)
     try:
@@ -142,13 +153,7 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
             "releases_actor_newest", "releases_dataset_failed", "releases_dataset_newest",
             "releases_dataset_pending", "releases_failed", "releases_newest",
             "releases_pending", "releases_pkey"]
-        config = Config()
-        config.set_main_option("script_location", database.migrations_path())
-        engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)
-        with engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.downgrade(config, "0002_datasets")
-        engine.dispose()
+        _downgrade(url, "0002_datasets")
         assert _sql(url, "SELECT version_num FROM alembic_version") == [("0002_datasets",)]
         assert [i for (i,) in _sql(url, indexes)] == ["releases_dataset", "releases_pkey"]
         assert _sql(url, "SELECT to_regclass('holdouts')") == [(None,)]
@@ -165,11 +170,6 @@ def test_0009_counts_backfills_and_goes_down_and_up_again(postgres_url: str) -> 
     """Upgraded over a registry that has datasets, 0009_counts counts them and indexes
     their shapes; it downgrades to 0005_keys (its table, column, functions and indexes
     gone, the datasets kept) and upgrades again."""
-    from alembic import command
-    from alembic.config import Config
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
-
     name = _create_db(postgres_url)
     url = _db_url(postgres_url, name)
     try:
@@ -187,13 +187,7 @@ def test_0009_counts_backfills_and_goes_down_and_up_again(postgres_url: str) -> 
         assert [json.loads(d)["id"] for d in ledger.same_shape_documents(["a"], 3, "ds_1")] == [
             "ds_2"]
         pool.close()
-        config = Config()
-        config.set_main_option("script_location", database.migrations_path())
-        engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)
-        with engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.downgrade(config, "0005_keys")
-        engine.dispose()
+        _downgrade(url, "0005_keys")
         assert _sql(url, "SELECT to_regclass('counts'), to_regclass('datasets_shapes'), "
                          "to_regclass('events_dataset_caps'), "
                          "to_regprocedure('dataset_shape(jsonb, jsonb)')") == [
