@@ -482,9 +482,9 @@ def earlier_releases(ledger: Store, dataset: dict[str, Any]) -> list[dict[str, A
     first: mechanism, params, status, the mechanism's exact ``cost`` per measure, the ledger
     ``units`` it holds and whether a failed one was ``charged`` (failed after reading the
     data). Public designs and statuses only: nothing the data decides."""
-    total, rows = ledger.dataset_history(dataset["id"], MAX_EARLIER_RELEASES)
+    rows, more = ledger.dataset_history(dataset["id"], MAX_EARLIER_RELEASES)
     out: list[dict[str, Any]] = []
-    if total > MAX_EARLIER_RELEASES:
+    if more:
         out.append({"status": "truncated"})
     for h in rows:
         req = JobRequest.from_json(h["request"])

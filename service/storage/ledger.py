@@ -40,7 +40,7 @@ from service.storage.event_archive import READ_BATCH, AuditArchive, parse_id
 from service.storage.release_documents import DocumentStore
 
 if TYPE_CHECKING:
-    from service.storage.store import ReleaseView
+    from service.storage.store import BudgetWindow, ReleaseView
 
 log = logging.getLogger("privrelease.ledger")
 
@@ -448,6 +448,9 @@ class Ledger:
         """Per measure: cap, committed, reserved and remaining, in units."""
         return self.budget(dataset_id)[0]
 
+    def balances(self, ids: list[str]) -> list[dict[str, dict[str, int]]]:
+        return [self.balance(dataset_id) for dataset_id in ids]
+
     def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
                                                dict[str, dict[str, dict[str, int]]]]:
         """The balance, and the same rows for each key's allocation."""
@@ -535,6 +538,14 @@ class Ledger:
         return docs, read[limit - 1][0] if more else None
 
 
+    def budget_window(self, dataset_id: str, limit: int) -> BudgetWindow:
+        """``Store.budget_window``: the whole stream (archived events too), ``complete``:
+        Valkey keeps no index of the cap events, and the stream and the ledger hash are
+        not read in one snapshot."""
+        from service.storage.store import BudgetWindow  # store.py imports this module
+
+        return BudgetWindow(self.events(dataset_id))
+
     def audit_range(self, since: datetime | None, until: datetime | None,
                     after: str | None) -> tuple[str, str]:
         """``Store.audit_range`` in stream ids: milliseconds since the epoch (earlier
@@ -580,6 +591,13 @@ class Ledger:
 
     def dataset_ids(self) -> list[str]:
         return list(self.r.zrange(rkeys.DATASETS, 0, -1))
+
+    def same_shape_documents(self, columns: list[str], n_rows: int, exclude: str
+                             ) -> list[str]:
+        """``Store.same_shape_documents``: Valkey keeps no index of shapes, so every
+        other document, oldest first (the caller checks each)."""
+        ids = [i for i in self.dataset_ids() if i != exclude]
+        return [doc for doc in self.dataset_documents(ids) if doc is not None]
 
     def set_dataset_status(self, dataset_id: str, status: str) -> str | None:
         """``Store.set_dataset_status``: a WATCH/MULTI compare-and-set of the document."""
@@ -646,9 +664,10 @@ class Ledger:
         return index.page(self.r, keys, limit, after, newest_first=view.kind != "pending",
                           phase=after.phase if after is not None else "")
 
-    def dataset_history(self, dataset_id: str, newest: int) -> tuple[int, list[dict[str, str]]]:
+    def dataset_history(self, dataset_id: str, newest: int
+                        ) -> tuple[list[dict[str, str]], bool]:
         key = rkeys.dataset_releases(dataset_id)
-        total = int(self.r.zcard(key))
+        more = int(self.r.zcard(key)) > max(newest, 0)
         ids = self.r.zrange(key, -newest, -1) if newest > 0 else []
         pipe = self.r.pipeline(transaction=False)
         for release_id in ids:
@@ -663,7 +682,7 @@ class Ledger:
             if charged:
                 row["charged"] = charged
             out.append(row)
-        return total, out
+        return out, more
 
     def kept_request(self, release_id: str) -> str | None:
         sha = self.r.hget(rkeys.release(release_id), release_documents.REQUEST_DIGEST)

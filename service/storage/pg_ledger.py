@@ -83,7 +83,12 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
 - the sweeper: ``stale``, ``lease_held``, ``unsent_ids``, ``claim_resend`` /
   ``undo_resend`` (resend.lua: ``releases.resends`` / ``resent_at``), ``drop_pending``
   (nothing to do: pending is the status itself, no index entry can outlive it);
-- the audit log's bounds: ``audit_range`` (time bounds to event ids, below).
+- the audit log's bounds: ``audit_range`` (time bounds to event ids, below);
+- reads that do not grow with the history (issue #29 item 7, migration 0009_counts):
+  ``dataset_count`` (a counter the triggers on ``datasets`` keep), ``same_shape_documents``
+  (the GIN index of the active versions' shapes), ``balances`` (one query),
+  ``budget_window`` (a dataset's newest events, its balance and the caps before them, one
+  snapshot), ``dataset_history`` (``newest + 1`` rows: whether there are more, no count).
 
 Not here yet: the audit archive (events stay in ``events``), and replication
 acknowledgements (PostgreSQL's synchronous replication is configuration).
@@ -136,7 +141,7 @@ from service.storage.ledger import (
     Settled,
 )
 from service.storage.release_documents import DocumentStore
-from service.storage.store import Fields, ReleaseView
+from service.storage.store import BudgetWindow, Fields, ReleaseView
 
 if TYPE_CHECKING:
     from service.storage.store import Store
@@ -170,6 +175,24 @@ FAILED_SQL = "status IN ('failed', 'refused')"
 RELEASE_COLUMNS = ("id, status, request, actor, created_at, started_at, finished_at, worker, "
                    "attempt, output, result_attempt, error, data_read, charged, "
                    "output_table, resends, resent_at")
+#: reads whose cost does not grow with the history (issue #29 item 7; tests EXPLAIN them):
+#: a dataset's newest releases and one more (``dataset_history``), a counter of ``counts``
+#: (``dataset_count``), the datasets of a shape (``same_shape_documents``), the balances
+#: of some datasets (``balances``), a dataset's newest events and one more, and the caps
+#: its ``cap`` events set up to an event (``budget_window``)
+HISTORY_SQL = (f"SELECT {RELEASE_COLUMNS} FROM releases WHERE dataset_id = %s "
+               "ORDER BY created_at DESC, id DESC LIMIT %s")
+COUNT_SQL = "SELECT value FROM counts WHERE name = %s"
+SHAPES_SQL = ("SELECT document FROM datasets WHERE shapes @> "
+              "ARRAY[dataset_shape(%s::jsonb, %s::jsonb)] AND id <> %s ORDER BY created_at, id")
+BALANCES_SQL = ("SELECT dataset_id, measure, cap, committed, reserved FROM budgets "
+                "WHERE dataset_id = ANY(%s) ORDER BY dataset_id, measure")
+WINDOW_SQL = ("SELECT id, kind, release_id, actor, at, units, detail FROM events "
+              "WHERE dataset_id = %s ORDER BY id DESC LIMIT %s")
+CAPS_BEFORE_SQL = ("SELECT DISTINCT ON (m.key) m.key, m.value FROM events e "
+                   "CROSS JOIN LATERAL jsonb_each_text(e.units) m "
+                   "WHERE e.dataset_id = %s AND e.kind = 'cap' AND e.id <= %s "
+                   "ORDER BY m.key, e.id DESC")
 #: an event id as ``audit_range`` takes it from a cursor: what ``events.id`` holds
 _EVENT_ID = re.compile(r"[0-9]{1,19}")
 #: the server-side steps' calls (migration 0004), each argument cast to its parameter's
@@ -809,23 +832,34 @@ class PgLedger:
         """Per measure: cap, committed, reserved and remaining, in units."""
         return self.budget(dataset_id)[0]
 
+    def balances(self, ids: list[str]) -> list[dict[str, dict[str, int]]]:
+        """Each dataset's ``balance``, in the order of ``ids``: one query (the primary
+        key's range of each dataset), however many ids."""
+        if not ids:
+            return []
+
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(BALANCES_SQL, (sorted(set(ids)),))
+            return cur.fetchall()
+
+        found: dict[str, dict[str, dict[str, int]]] = {}
+        for dataset_id, measure, cap, committed, reserved in self._tx(step):
+            found.setdefault(dataset_id, {})[measure] = _balance_row(cap, committed, reserved)
+        return [dict(found.get(dataset_id, {})) for dataset_id in ids]
+
     def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
                                                dict[str, dict[str, dict[str, int]]]]:
         """The balance, and the same rows for each key's allocation."""
-        def row(cap: int, committed: int, reserved: int) -> dict[str, int]:
-            return {"cap": int(cap), "committed": int(committed), "reserved": int(reserved),
-                    "remaining": int(cap) - int(committed) - int(reserved)}
-
         def step(cur: Cursor) -> tuple[dict[str, dict[str, int]],
                                        dict[str, dict[str, dict[str, int]]]]:
             cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
                         "WHERE dataset_id = %s ORDER BY measure", (dataset_id,))
-            dataset = {m: row(c, k, r) for m, c, k, r in cur.fetchall()}
+            dataset = {m: _balance_row(c, k, r) for m, c, k, r in cur.fetchall()}
             cur.execute("SELECT key_id, measure, cap, committed, reserved FROM allocations "
                         "WHERE dataset_id = %s ORDER BY key_id, measure", (dataset_id,))
             allocations: dict[str, dict[str, dict[str, int]]] = {}
             for key, m, c, k, r in cur.fetchall():
-                allocations.setdefault(key, {})[m] = row(c, k, r)
+                allocations.setdefault(key, {})[m] = _balance_row(c, k, r)
             return dataset, allocations
 
         return self._tx(step)
@@ -885,6 +919,34 @@ class PgLedger:
         more = len(rows) > limit
         docs = [_event_doc(row) for row in rows[:limit] if not kinds or row[1] in kinds]
         return docs, str(rows[limit - 1][0]) if more else None
+
+    def budget_window(self, dataset_id: str, limit: int) -> BudgetWindow:
+        """``Store.budget_window``: the newest ``limit`` events of the dataset (one
+        backward range scan of ``events_dataset``, ``limit + 1`` rows: the one past the
+        window gives ``start_at``), its ``budgets`` rows, and the last cap each measure's
+        ``cap`` events set up to the window (the partial index ``events_dataset_caps``:
+        a dataset's cap changes, not its releases), in one REPEATABLE READ snapshot, so
+        the balance is exactly the effect of the events that snapshot sees."""
+        wanted = max(limit, 0)
+
+        def step(cur: Cursor) -> BudgetWindow:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cur.execute(WINDOW_SQL, (dataset_id, wanted + 1))
+            rows = cur.fetchall()
+            events = [_event_doc(row) for row in reversed(rows[:wanted])]
+            if len(rows) <= wanted:
+                return BudgetWindow(events)
+            before = rows[wanted]
+            cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
+                        "WHERE dataset_id = %s", (dataset_id,))
+            balance = {m: {"cap": int(c), "committed": int(k), "reserved": int(r)}
+                       for m, c, k, r in cur.fetchall()}
+            cur.execute(CAPS_BEFORE_SQL, (dataset_id, before[0]))
+            caps = {measure: int(value) for measure, value in cur.fetchall()}
+            return BudgetWindow(events, complete=False, start_at=_iso(before[4]),
+                                balance=balance, caps=caps)
+
+        return self._tx(step)
 
     def _event_rows(self, dataset_id: str, start: str, end: str, kinds: set[str] | None,
                     limit: int | None) -> list[tuple[Any, ...]]:
@@ -960,11 +1022,27 @@ class PgLedger:
         self._tx(lambda cur: cur.execute("SELECT 1"))
 
     def dataset_count(self) -> int:
-        """How many datasets are registered (a metric: one index-only count)."""
+        """How many datasets are registered (a metric): the counter the triggers on
+        ``datasets`` keep in the transaction of each registration (migration
+        0009_counts), one primary-key probe whatever their number."""
         def step(cur: Cursor) -> int:
-            cur.execute("SELECT count(*) FROM datasets")
+            cur.execute(COUNT_SQL, ("datasets",))
             row = cur.fetchone()
             return int(row[0]) if row else 0
+
+        return self._tx(step)
+
+    def same_shape_documents(self, columns: list[str], n_rows: int, exclude: str
+                             ) -> list[str]:
+        """``Store.same_shape_documents``: the datasets whose ``shapes`` (the active
+        versions' shapes of an active, non-public dataset: a generated column,
+        migration 0009_counts) hold this shape, found through the GIN index
+        ``datasets_shapes``: the rows read are those of that shape (and of an MD5
+        collision), not every dataset. Oldest first, as ``dataset_ids``."""
+        def step(cur: Cursor) -> list[str]:
+            cur.execute(SHAPES_SQL,
+                        (Jsonb(dict.fromkeys(columns)), Jsonb(int(n_rows)), exclude))
+            return [document for (document,) in cur.fetchall()]
 
         return self._tx(step)
 
@@ -1148,30 +1226,27 @@ class PgLedger:
                f"ORDER BY r.{at} {way}, r.id {way} LIMIT %s")
         return sql, [sorted(datasets), *params, limit + 1, limit + 1]
 
-    def dataset_history(self, dataset_id: str, newest: int) -> tuple[int, list[Fields]]:
-        """How many releases the dataset has, and the fields of its ``newest`` most recent
-        ones (by creation), oldest first: every field ``release`` gives but the output
-        (no result file is read), ``request``, ``status`` and ``charged`` among them.
-        The count is an index-only count of the dataset's entries; the rows one range
-        scan of ``releases_dataset_newest``."""
-        def step(cur: Cursor) -> tuple[int, list[tuple[Any, ...]]]:
-            cur.execute("SELECT count(*) FROM releases WHERE dataset_id = %s", (dataset_id,))
-            counted = cur.fetchone()
-            total = int(counted[0]) if counted else 0
-            if newest < 1 or total == 0:
-                return total, []
-            cur.execute(f"SELECT {RELEASE_COLUMNS} FROM releases WHERE dataset_id = %s "
-                        "ORDER BY created_at DESC, id DESC LIMIT %s", (dataset_id, newest))
-            return total, cur.fetchall()
+    def dataset_history(self, dataset_id: str, newest: int) -> tuple[list[Fields], bool]:
+        """The fields of the dataset's ``newest`` most recent releases (by creation),
+        oldest first: every field ``release`` gives but the output (no result file is
+        read), ``request``, ``status`` and ``charged`` among them; and whether it has
+        older ones. One range scan of ``newest + 1`` entries of
+        ``releases_dataset_newest``, whatever the number of its releases (the one past
+        ``newest`` says there are more; nothing counts them all)."""
+        wanted = max(newest, 0)
 
-        total, rows = self._tx(step)
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(HISTORY_SQL, (dataset_id, wanted + 1))
+            return cur.fetchall()
+
+        rows = self._tx(step)
         history = []
-        for row in reversed(rows):
+        for row in reversed(rows[:wanted]):
             fields = _release_fields(row)
             fields.pop("output", None)
             fields.pop(release_documents.RESULT_ATTEMPT, None)
             history.append(fields)
-        return total, history
+        return history, len(rows) > wanted
 
     def kept_request(self, release_id: str) -> str | None:
         """None: PostgreSQL keeps every request in its ``releases`` row, never as a file of
@@ -1351,6 +1426,12 @@ def _release_fields(row: tuple[Any, ...]) -> Fields:
     if resent_at is not None:
         fields["resent_at"] = f"{resent_at.timestamp():.3f}"
     return fields
+
+
+def _balance_row(cap: int, committed: int, reserved: int) -> dict[str, int]:
+    """A ``budgets`` (or ``allocations``) row as ``balance`` shows it, in units."""
+    return {"cap": int(cap), "committed": int(committed), "reserved": int(reserved),
+            "remaining": int(cap) - int(committed) - int(reserved)}
 
 
 def _cursor_time(cursor: index.Cursor) -> datetime:

@@ -33,9 +33,9 @@ from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 from tests.pg_proxy import lossy_database
 
 TABLES = ["allocation_scopes", "allocations", "analyses", "api_keys", "budgets",
-          "console_sessions", "datasets", "events", "holdouts", "idempotency", "ledgers",
+          "console_sessions", "counts", "datasets", "events", "holdouts", "idempotency", "ledgers",
           "outbox", "releases", "replays", "service_secrets", "step_calls"]
-HEAD = "0005_keys"
+HEAD = "0009_counts"
 
 
 def _db_url(server_url: str, name: str) -> str:
