@@ -84,7 +84,7 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
   ``undo_resend`` (resend.lua: ``releases.resends`` / ``resent_at``), ``drop_pending``
   (nothing to do: pending is the status itself, no index entry can outlive it);
 - the audit log's bounds: ``audit_range`` (time bounds to event ids, below);
-- reads that do not grow with the history (issue #29 item 7, migration 0009_counts):
+- reads that do not grow with the history (issue #29 item 7, migration 0006_counts):
   ``dataset_count`` (a counter the triggers on ``datasets`` keep), ``same_shape_documents``
   (the GIN index of the active versions' shapes), ``balances`` (one query),
   ``budget_window`` (a dataset's newest events, its balance and the caps before them, one
@@ -1024,7 +1024,7 @@ class PgLedger:
     def dataset_count(self) -> int:
         """How many datasets are registered (a metric): the counter the triggers on
         ``datasets`` keep in the transaction of each registration (migration
-        0009_counts), one primary-key probe whatever their number."""
+        0006_counts), one primary-key probe whatever their number."""
         def step(cur: Cursor) -> int:
             cur.execute(COUNT_SQL, ("datasets",))
             row = cur.fetchone()
@@ -1036,7 +1036,7 @@ class PgLedger:
                              ) -> list[str]:
         """``Store.same_shape_documents``: the datasets whose ``shapes`` (the active
         versions' shapes of an active, non-public dataset: a generated column,
-        migration 0009_counts) hold this shape, found through the GIN index
+        migration 0006_counts) hold this shape, found through the GIN index
         ``datasets_shapes``: the rows read are those of that shape (and of an MD5
         collision), not every dataset. Oldest first, as ``dataset_ids``."""
         def step(cur: Cursor) -> list[str]:

@@ -166,8 +166,8 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
         _drop_db(postgres_url, name)
 
 
-def test_0009_counts_backfills_and_goes_down_and_up_again(postgres_url: str) -> None:
-    """Upgraded over a registry that has datasets, 0009_counts counts them and indexes
+def test_0006_counts_backfills_and_goes_down_and_up_again(postgres_url: str) -> None:
+    """Upgraded over a registry that has datasets, 0006_counts counts them and indexes
     their shapes; it downgrades to 0005_keys (its table, column, functions and indexes
     gone, the datasets kept) and upgrades again."""
     name = _create_db(postgres_url)

@@ -27,7 +27,7 @@ The backfill is the statements themselves: the count from the rows there, the ge
 column computed for every row when it is added (a rewrite of ``datasets``); plain CREATE
 INDEX on ``events`` holds its writes for the build (seconds per 10^6 events).
 
-Revision ID: 0009_counts
+Revision ID: 0006_counts
 Revises: 0005_keys
 Create Date: 2026-11-29
 """
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0009_counts"
+revision: str = "0006_counts"
 down_revision: str | None = "0005_keys"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
