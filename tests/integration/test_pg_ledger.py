@@ -35,7 +35,7 @@ from tests.pg_proxy import lossy_database
 TABLES = ["allocation_scopes", "allocations", "analyses", "api_keys", "budgets",
           "console_sessions", "datasets", "events", "holdouts", "idempotency", "ledgers",
           "outbox", "releases", "replays", "service_secrets", "step_calls"]
-HEAD = "0005_keys"
+HEAD = "0006_ledger_locks"
 
 
 def _db_url(server_url: str, name: str) -> str:
