@@ -693,16 +693,7 @@ class PgLedger:
         rows of the measures asked and the actor's ``allocations`` rows of them, each set
         by measure: it reads the caps on locked rows, so two reserves never both take the
         last units."""
-        cost = {m: int(u) for m, u in sorted(r.cost.items())}
-        answer = self._call(RESERVE_SQL, {
-            "release": r.release_id, "dataset": r.dataset_id, "actor": r.actor,
-            "mode": r.mode, "request": r.request_json, "fingerprint": r.fingerprint,
-            "replay_key": r.replay_fingerprint or r.fingerprint, "replay": r.replay,
-            "idem": r.idempotency_key, "ttl": r.idempotency_ttl,
-            "notion": r.notion_lock or "", "measures": list(cost),
-            "units": list(cost.values()), "version": _version_of(r.request_json),
-            "at": r.at})
-        return ReserveResult(**answer)
+        return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r)))
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
                actor: str) -> bool:
@@ -1425,6 +1416,18 @@ def _bound(value: str, unbounded: str) -> tuple[int | None, bool]:
         return None, False
     exclusive = value.startswith("(")
     return int(value[1:] if exclusive else value), exclusive
+
+
+def _reserve_params(r: Reservation) -> dict[str, Any]:
+    """``RESERVE_SQL``'s arguments for ``r`` (its cost by measure, sorted)."""
+    cost = {m: int(u) for m, u in sorted(r.cost.items())}
+    return {"release": r.release_id, "dataset": r.dataset_id, "actor": r.actor,
+            "mode": r.mode, "request": r.request_json, "fingerprint": r.fingerprint,
+            "replay_key": r.replay_fingerprint or r.fingerprint, "replay": r.replay,
+            "idem": r.idempotency_key, "ttl": r.idempotency_ttl,
+            "notion": r.notion_lock or "", "measures": list(cost),
+            "units": list(cost.values()), "version": _version_of(r.request_json),
+            "at": r.at}
 
 
 def _fetch_one(cur: Cursor, query: str, params: dict[str, Any]) -> Any:
