@@ -689,10 +689,9 @@ class PgLedger:
         create finds it), the dataset's lock shared with other reserves (``retire``, the
         versions, the caps take it alone: ``_lock_ledger``) and under it reads its
         ``ledgers`` row (retired, retired versions, the notion lock: a reserve that may
-        set it locks the row alone), then the ``budgets``
-        rows of the measures asked and the actor's ``allocations`` rows of them, each set
-        by measure: it reads the caps on locked rows, so two reserves never both take the
-        last units."""
+        set it locks the row alone), then the ``budgets`` rows of the measures asked and
+        the actor's ``allocations`` rows of them, each set by measure: it reads the caps
+        on locked rows, so two reserves never both take the last units."""
         return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r)))
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
