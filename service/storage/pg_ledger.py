@@ -32,26 +32,39 @@ The same calls, arguments, answers and accounting as the Valkey ``Ledger``
   score is created_at in epoch seconds: ``datasets.page``'s contract).
 
 How a step stays atomic without a single-threaded Lua: a transaction at READ COMMITTED
-that takes row locks in one global order, so two steps never deadlock: the
-Idempotency-Key (advisory lock, class 1), the replay fingerprint (advisory lock, class 2),
-the dataset's ``datasets`` row (its document), the dataset's ``ledgers`` row, the
-release's row, the dataset's ``budgets`` rows sorted by measure, the key's
-``allocations`` rows sorted by measure (``SELECT ... ORDER BY measure FOR UPDATE``: the
-rows are locked in that order); a release's other rows (its outbox entry, its replay)
-only after its release row and its ``budgets`` rows; a step's ``step_calls`` row last
-(only the attempts of the same call ever meet there). Every step locks the rows it
-reads before it decides, so it decides on the latest committed values (an UPDATE that
-decides in its WHERE, as ``ledger_start`` and ``ledger_settle``, locks the row first:
-PostgreSQL checks the condition again on the newest version of a row it waited for).
+that takes locks in one global order, so two steps never deadlock: the Idempotency-Key
+(advisory lock, class 1), the replay fingerprint (advisory lock, class 2), the dataset's
+``datasets`` row (its document), the release's row, the dataset's advisory lock (class
+3, ``DATASET_LOCK``), the dataset's ``ledgers`` row, the dataset's ``budgets`` rows sorted
+by measure, the key's ``allocations`` rows sorted by measure (``SELECT ... ORDER BY
+measure FOR UPDATE``: the rows are locked in that order); a release's outbox entry only
+after its release row, its replay only after its ``budgets`` rows; a step's
+``step_calls`` row last (only the attempts of the same call ever meet there). No step
+that holds a class-3 lock or a ``ledgers`` row locks a release's row. Every step decides
+on values no other step can change before it commits: rows it locked before reading
+them (an UPDATE that decides in its WHERE, as ``ledger_start`` and ``ledger_settle``,
+locks the row first: PostgreSQL checks the condition again on the newest version of a
+row it waited for), or rows under a lock every writer of them takes. Locks are only as
+strong as the decisions need (migration 0007_ledger_locks): ``reserve`` holds the
+dataset's class-3 lock SHARED with the other reserves and reads the ``ledgers`` row
+unlocked (a reserve that may set the notion lock locks the row FOR NO KEY UPDATE and
+reads it again); every step that changes what reserve decides on (``retire``,
+``set_version_retired``, ``version_change``'s ``retired``, ``change_caps``,
+``migrate_policy``) takes the class-3 lock ALONE first (``_lock_ledger``), which waits for
+the reserves under way and makes later ones wait for its COMMIT, and is not starved by
+a stream of them (PostgreSQL queues shared requests behind a waiting exclusive one). A
+dataset's reserves and settles take turns on its ``budgets`` rows (the caps are decided
+on the locked values), so these hold them for the least work.
 The audit event is inserted in the same transaction as the change it records (``events``
 is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE); a refused step writes
 nothing but its answer.
 
 The steps every release takes (``reserve``, ``mark_running``, ``renew_lease`` /
 ``mark_data_read``, the settles; ``refuse`` and ``enqueued`` besides) are PL/pgSQL
-functions of migration 0004_steps, one per step, each the Python step it replaced
-statement for statement: a step is ONE statement sent (``_call``), and that statement
-is its transaction (autocommit: no BEGIN, no COMMIT round trip). Each statement a client
+functions of migration 0004_steps (reserve and settle replaced by 0007_ledger_locks),
+one per step, each the Python step it replaced statement for statement (0006 reordered
+the locks): a step is ONE statement sent (``_call``), and that statement is its
+transaction (autocommit: no BEGIN, no COMMIT round trip). Each statement a client
 sends costs about as much again as the little work a ledger statement asks for, and a
 step ran 3 to 10 of them. The rarer steps (the registry, caps, versions, policy, the
 sweeper's claims, the hold-out counters) stay Python statements in one transaction.
@@ -65,8 +78,12 @@ transaction, and looked up first by every attempt after the first: a re-run answ
 the committed attempt answered and changes nothing more (no second event, no second
 charge). Two attempts that overlap (the first one's COMMIT still on its way) meet on the
 id's primary key: the later one fails there and is run again, and reads the answer.
-Answers are kept ``CALL_MEMORY`` seconds; no call is re-run past ``RERUN_SECONDS``. Lease
-times are the database's clock (``now()``), as they were Valkey's TTLs. Amounts are
+The run's steps need no such row (migration 0006): ``mark_running``'s token is made once
+per call and the lease it holds is the answer, a settle's call id is the release's
+``settled_by``, and a lease renewed again is the same lease; an attempt of those that
+changed nothing committed nothing, and a re-run decides again. Answers are kept
+``CALL_MEMORY`` seconds; no call is re-run past ``RERUN_SECONDS``. Lease times are the
+database's clock (``now()``), as they were Valkey's TTLs. Amounts are
 Python ints end to end (BIGINT columns, JSON integers).
 
 The rest of ``service.storage.store.Store`` (migration 0003_releases):
@@ -160,8 +177,10 @@ CALL_MEMORY = 600
 #: every PRUNE_EVERY-th write call of a ``PgLedger`` deletes up to PRUNE_BATCH expired
 #: answers: room for PRUNE_BATCH / PRUNE_EVERY = 4 rows per row written
 PRUNE_EVERY, PRUNE_BATCH = 64, 256
-#: advisory lock classes (pg_advisory_xact_lock(class, hashtext(key))), taken first
-IDEMPOTENCY_LOCK, REPLAY_LOCK = 1, 2
+#: advisory lock classes (pg_advisory_xact_lock(class, hashtext(key))): an
+#: Idempotency-Key's, a replay fingerprint's, a dataset's (reserve shares it, the steps
+#: that change what reserve decides on take it alone: ``_lock_ledger``, migration 0006)
+IDEMPOTENCY_LOCK, REPLAY_LOCK, DATASET_LOCK = 1, 2, 3
 #: a release holding units: settle moves them; every other status holds nothing
 HOLDING = ("queued", "running")
 #: the statuses of a pending release (Valkey's ``pr:pending``: reserve.lua enters every
@@ -311,13 +330,21 @@ class PgLedger:
         self._prune_now_and_then()
         return json.loads(json.dumps(answer))
 
-    def _call(self, function: str, params: dict[str, Any]) -> Any:
+    def _call(self, function: str, params: dict[str, Any], *, remembered: bool = True) -> Any:
         """The answer of the server-side step ``function`` (SQL naming its arguments as
-        ``%(name)s``: ``ledger_start(...)``, migration 0004), once per call: one statement,
-        its own transaction, that runs the function and records its answer under the
-        call's id (``step_remember``) or, on a re-run, first returns the answer an earlier
-        attempt recorded if it committed (``step_recall``): ``_write``'s rule,
-        server-side."""
+        ``%(name)s``: ``ledger_reserve(...)``, migration 0004), once per call: one
+        statement, its own transaction, that runs the function and records its answer
+        under the call's id (``step_remember``) or, on a re-run, first returns the answer
+        an earlier attempt recorded if it committed (``step_recall``): ``_write``'s rule,
+        server-side.
+
+        ``remembered=False``: a step whose own rows tell a re-run what an earlier attempt
+        did (``ledger_start``: the lease its token holds; ``ledger_touch``: the same
+        lease extended again; migration 0006): just the function, on every attempt, and
+        no ``step_calls`` row to write."""
+        if not remembered:
+            return self._tx(lambda cur: _fetch_one(cur, f"SELECT {function}", params),
+                            one_statement=True)
         call_id = _call_id()
         attempts = itertools.count()
         answer = self._tx(lambda cur: self._run_call(cur, function, params, call_id,
@@ -362,17 +389,24 @@ class PgLedger:
 
     @staticmethod
     def _lock_ledger(cur: Cursor, dataset_id: str) -> tuple[Any, ...] | None:
+        """The dataset's lock alone (``DATASET_LOCK``), then its ledgers row FOR UPDATE:
+        every step that changes what ``reserve`` decides on (the retired flags, the caps'
+        rules) takes them first. It waits for the reserves under way (they share the
+        dataset's lock) and every later reserve waits for its COMMIT (PostgreSQL queues
+        a shared request behind a waiting exclusive one: a stream of reserves never
+        starves it), then reads what it wrote (migration 0006)."""
+        cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (DATASET_LOCK, dataset_id))
         cur.execute("SELECT retired, retired_versions, notion_lock FROM ledgers "
                     "WHERE dataset_id = %s FOR UPDATE", (dataset_id,))
         return cur.fetchone()
 
-    @staticmethod
-    def _ensure_ledger(cur: Cursor, dataset_id: str) -> None:
+    @classmethod
+    def _ensure_ledger(cls, cur: Cursor, dataset_id: str) -> None:
         """The dataset's ledgers row, created if missing (a Valkey hash springs into being
-        on its first write), locked."""
+        on its first write), locked as ``_lock_ledger`` locks it."""
         cur.execute("INSERT INTO ledgers (dataset_id) VALUES (%s) ON CONFLICT DO NOTHING",
                     (dataset_id,))
-        cur.execute("SELECT 1 FROM ledgers WHERE dataset_id = %s FOR UPDATE", (dataset_id,))
+        cls._lock_ledger(cur, dataset_id)
 
     @staticmethod
     def _idempotent(cur: Cursor, key: str, fingerprint: str,
@@ -671,24 +705,17 @@ class PgLedger:
         """Hold ``r.cost`` for a new release unless it is a retry, a replay, refused or
         over a cap (reserve.lua, ``Ledger.reserve``): same modes, outcomes and fields.
 
-        One call of the server-side step ``ledger_reserve`` (migration 0004). It locks,
-        in the global order: the Idempotency-Key's advisory lock (two requests with one
-        key: one waits for the other's answer), the replay fingerprint's (two identical
-        requests: the second finds the first), the dataset's ``ledgers`` row (retired,
-        retired versions, the notion lock it may set), the release's row (a re-sent
-        create finds it), then the ``budgets`` rows of the measures asked and the actor's
-        ``allocations`` rows of them, each set by measure: it reads the caps on locked
-        rows, so two reserves never both take the last units."""
-        cost = {m: int(u) for m, u in sorted(r.cost.items())}
-        answer = self._call(RESERVE_SQL, {
-            "release": r.release_id, "dataset": r.dataset_id, "actor": r.actor,
-            "mode": r.mode, "request": r.request_json, "fingerprint": r.fingerprint,
-            "replay_key": r.replay_fingerprint or r.fingerprint, "replay": r.replay,
-            "idem": r.idempotency_key, "ttl": r.idempotency_ttl,
-            "notion": r.notion_lock or "", "measures": list(cost),
-            "units": list(cost.values()), "version": _version_of(r.request_json),
-            "at": r.at})
-        return ReserveResult(**answer)
+        One call of the server-side step ``ledger_reserve`` (migrations 0004, 0006). It
+        locks, in the global order: the Idempotency-Key's advisory lock (two requests with
+        one key: one waits for the other's answer), the replay fingerprint's (two
+        identical requests: the second finds the first), the release's row (a re-sent
+        create finds it), the dataset's lock shared with other reserves (``retire``, the
+        versions, the caps take it alone: ``_lock_ledger``) and under it reads its
+        ``ledgers`` row (retired, retired versions, the notion lock: a reserve that may
+        set it locks the row alone), then the ``budgets`` rows of the measures asked and
+        the actor's ``allocations`` rows of them, each set by measure: it reads the caps
+        on locked rows, so two reserves never both take the last units."""
+        return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r)))
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
                actor: str) -> bool:
@@ -732,11 +759,11 @@ class PgLedger:
         (start.lua). One call of ``ledger_start``: it locks the release's row (the UPDATE
         that takes the lease checks the status and the lease on the newest row version:
         two runs never both take it) and takes the release out of the outbox."""
-        token = f"{worker}#{secrets.token_hex(8)}"
+        token = f"{worker}#{secrets.token_hex(8)}"  # this call's, on every attempt
         attempt = int(self._call(
             "ledger_start(%(release)s, %(worker)s, %(token)s, %(lease)s)",
             {"release": release_id, "worker": worker, "token": token,
-             "lease": self.lease_seconds}))
+             "lease": self.lease_seconds}, remembered=False))
         return Run(release_id, token, attempt) if attempt else None
 
     def renew_lease(self, run: Run) -> bool:
@@ -750,11 +777,12 @@ class PgLedger:
 
     def _touch(self, run: Run, read: bool) -> bool:
         """One call of ``ledger_touch``: it locks the release's row (its UPDATE, only
-        while the run's token holds a live lease)."""
+        while the run's token holds a live lease). Run again after its reply was lost, it
+        extends the same lease again (and marks the data read again): nothing recorded."""
         return bool(self._call(
             "ledger_touch(%(release)s, %(token)s, %(read)s, %(lease)s)",
             {"release": run.release_id, "token": run.token, "read": read,
-             "lease": self.lease_seconds}))
+             "lease": self.lease_seconds}, remembered=False))
 
     # -- settle -------------------------------------------------------------------------
 
@@ -799,31 +827,33 @@ class PgLedger:
              actor: str, holder: str = "", table_version: int | None = None,
              result_attempt: int | None = None) -> Settled:
         call_id = _call_id()  # the same on every attempt of this call
-        attempts = itertools.count()
-        settled = self._tx(lambda cur: self._settle(cur, dataset_id, release_id, action,
-                                                    payload, actor, holder, table_version,
-                                                    result_attempt, call_id,
-                                                    rerun=next(attempts) > 0),
-                           one_statement=True)
-        self._prune_now_and_then()
-        return settled
+        return self._tx(lambda cur: self._settle(cur, dataset_id, release_id, action,
+                                                 payload, actor, holder, table_version,
+                                                 result_attempt, call_id),
+                        one_statement=True)
 
-    def _settle(self, cur: Cursor, dataset_id: str, release_id: str, action: str,
+    @staticmethod
+    def _settle(cur: Cursor, dataset_id: str, release_id: str, action: str,
                 payload: str, actor: str, holder: str, table_version: int | None,
-                result_attempt: int | None, call_id: str, rerun: bool = True) -> Settled:
+                result_attempt: int | None, call_id: str) -> Settled:
         """One settle (settle.lua) as the call ``call_id``, in ``cur``'s transaction: one
-        call of ``ledger_settle`` (``_call``'s statement). The failure rule: commit and
+        call of ``ledger_settle``, its own statement. The release that a call settles
+        records its id (``settled_by``): an attempt run again after its reply was lost
+        (or waiting on the row while the first attempt commits) reads ``settled`` there,
+        and an attempt that settled nothing changed nothing (no ``step_calls`` row: the
+        row says it all; migration 0006). The failure rule: commit and
         fail charge what the release holds, abort and cancel refund it, once (a release
         that ended answers ``ended``); the lease fencing: with a ``holder`` token only
         while that token holds a live lease (``lost`` otherwise), with ``NO_LEASE`` only
-        while none does. It locks the release's row, then the dataset's ``budgets`` rows
-        of the measures held and the owner's ``allocations`` rows of them, each set by
-        measure, and records its event (kind ``commit`` for commit and fail)."""
-        settled: Settled = self._run_call(cur, SETTLE_SQL, {
+        while none does. It locks the release's row (and deletes its outbox entry), then
+        the dataset's ``budgets`` rows of the measures held and the owner's
+        ``allocations`` rows of them, each set by measure (one measure: its row, by key),
+        and records its event (kind ``commit`` for commit and fail)."""
+        settled: Settled = _fetch_one(cur, f"SELECT {SETTLE_SQL}", {
             "dataset": dataset_id, "release": release_id, "action": action,
             "payload": payload, "actor": actor, "holder": holder,
             "table_version": table_version, "result_attempt": result_attempt,
-            "settle_call": call_id}, call_id, rerun)
+            "settle_call": call_id})
         return settled
 
     # -- reading ------------------------------------------------------------------------
@@ -1468,16 +1498,38 @@ def _bound(value: str, unbounded: str) -> tuple[int | None, bool]:
     return int(value[1:] if exclusive else value), exclusive
 
 
+def _reserve_params(r: Reservation) -> dict[str, Any]:
+    """``RESERVE_SQL``'s arguments for ``r`` (its cost by measure, sorted)."""
+    cost = {m: int(u) for m, u in sorted(r.cost.items())}
+    return {"release": r.release_id, "dataset": r.dataset_id, "actor": r.actor,
+            "mode": r.mode, "request": r.request_json, "fingerprint": r.fingerprint,
+            "replay_key": r.replay_fingerprint or r.fingerprint, "replay": r.replay,
+            "idem": r.idempotency_key, "ttl": r.idempotency_ttl,
+            "notion": r.notion_lock or "", "measures": list(cost),
+            "units": list(cost.values()), "version": _version_of(r.request_json),
+            "at": r.at}
+
+
+def _fetch_one(cur: Cursor, query: str, params: dict[str, Any]) -> Any:
+    """The first column of the first row ``query`` answers (None without a row)."""
+    cur.execute(query, params)
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
 def _retryable(err: Exception) -> bool:
     """A transaction PostgreSQL rolled back, another attempt of the same write call that
-    committed meanwhile (its answer in ``step_calls``: the next attempt reads it), or a
+    committed meanwhile (its answer in ``step_calls``: the next attempt reads it), a
+    create of the same release id that committed meanwhile (``releases_pkey``: reserves
+    share the dataset's ``ledgers`` row, migration 0006, so two creates of one id meet on
+    the key; the next attempt finds the release, or its first attempt's answer), or a
     connection that broke (the pool replaces it): run the step again. Any other error (a
     bad query, any other unique violation) is raised."""
     if isinstance(err, errors.SerializationFailure | errors.DeadlockDetected
                   | errors.TransactionRollback):
         return True
     if isinstance(err, errors.UniqueViolation):
-        return err.diag.constraint_name == "step_calls_pkey"
+        return err.diag.constraint_name in ("step_calls_pkey", "releases_pkey")
     return _broken(err)
 
 
