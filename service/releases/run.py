@@ -123,26 +123,32 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
 
 
 def run_job(svc: Services, release_id: str, worker: str) -> Ran:
-    """``execute``, with the callback URL of the request it read."""
-    h = svc.ledger.release(release_id)
+    """``execute``, with the callback URL of the request it read. The start reads the
+    release's request and its dataset's document with it (``Store.mark_running``): a
+    release the start does not take is read once more only to say why."""
+    run = svc.ledger.mark_running(release_id, worker)
+    if run is None:
+        return Ran(_not_started(svc.ledger, release_id))
+    req = JobRequest.from_json(run.request)
+    return Ran(_execute(svc, run, req), req.callback_url)
+
+
+def _not_started(ledger: Store, release_id: str) -> str:
+    """Why ``mark_running`` took no run: 'missing', 'skipped' (it ended, or is not queued
+    yet), or ``LeaseHeld`` raised (a live run holds it)."""
+    h = ledger.release(release_id)
     if h is None:
         log.warning("release not found", extra={"release_id": release_id})
-        return Ran("missing")
-    if h.get("status") not in PENDING:
-        return Ran("skipped")
-    req = JobRequest.from_json(h["request"])
-    return Ran(_execute(svc, release_id, worker, req), req.callback_url)
+        return "missing"
+    if h.get("status") == "running":
+        raise LeaseHeld(release_id)
+    return "skipped"
 
 
-def _execute(svc: Services, release_id: str, worker: str, req: JobRequest) -> str:
-    """Run a release found pending, its request ``req``: ``execute``'s statuses."""
+def _execute(svc: Services, run: Run, req: JobRequest) -> str:
+    """Run a release ``run`` started, its request ``req``: ``execute``'s statuses."""
     client, ledger = svc.client, svc.ledger
-    dataset_id, mechanism = req.dataset_id, req.mechanism
-    run = ledger.mark_running(release_id, worker)
-    if run is None:
-        if (ledger.release(release_id) or {}).get("status") == "running":
-            raise LeaseHeld(release_id)
-        return "skipped"
+    release_id, dataset_id, mechanism = run.release_id, req.dataset_id, req.mechanism
     started = time.perf_counter()
     if run.attempt > MAX_RUNS and (ledger.release(release_id) or {}).get("data_read"):
         # earlier runs read the data and died (a crash the data may cause would repeat
@@ -163,7 +169,7 @@ def _execute(svc: Services, release_id: str, worker: str, req: JobRequest) -> st
 
     with _lease(ledger, run):
         try:
-            job = _public_inputs(ledger, svc.datasets, req)
+            job = _public_inputs(ledger, svc.datasets, req, run.dataset_document)
             # the output's room before the data: a store that cannot take it is refunded
             svc.documents.preflight(release_id, run.attempt)
         except Exception as err:  # nothing of the data read yet: refund, say why
@@ -234,13 +240,15 @@ def _lost(client: redis.Redis, run: Run, mechanism: str, outcome: Settled,
     return "lost"
 
 
-def _public_inputs(ledger: Store, store: DatasetStore, req: JobRequest) -> _Job:
-    """Everything a run needs but the private data: metadata, public references, and
-    that the dataset's files are all there (stat only, no value read)."""
+def _public_inputs(ledger: Store, store: DatasetStore, req: JobRequest,
+                   document: str | None) -> _Job:
+    """Everything a run needs but the private data: metadata (the dataset's ``document``,
+    as the start read it: None if there is none), public references, and that the
+    dataset's files are all there (stat only, no value read)."""
     dataset_id, version = req.dataset_id, req.dataset_version
-    doc = datasets.get(ledger, dataset_id)
-    if doc is None:
+    if document is None:
         raise LookupError("dataset metadata missing")
+    doc = json.loads(document)
     mech = mechanisms.get(req.mechanism)
     references = {}
     for ref_id in mech.reference_datasets(req.params):  # public reference data

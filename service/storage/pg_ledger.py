@@ -182,6 +182,12 @@ RESERVE_SQL = (
     "p_idempotency_ttl => %(ttl)s::integer, p_notion => %(notion)s::text, "
     "p_measures => %(measures)s::text[], p_units => %(units)s::bigint[], "
     "p_version => %(version)s::bigint, p_at => %(at)s::timestamptz)")
+#: what ``mark_running`` reads in ``ledger_start``'s statement: the release's request and
+#: its dataset's document
+START_READS = (
+    "(SELECT request FROM releases WHERE id = %(release)s::text), "
+    "(SELECT d.document FROM releases r JOIN datasets d ON d.id = r.dataset_id "
+    "WHERE r.id = %(release)s::text)")
 SETTLE_SQL = (
     "ledger_settle(%(dataset)s::text, %(release)s::text, %(action)s::text, "
     "%(payload)s::text, %(actor)s::text, %(holder)s::text, %(table_version)s::bigint, "
@@ -295,25 +301,40 @@ class PgLedger:
         call's id (``step_remember``) or, on a re-run, first returns the answer an earlier
         attempt recorded if it committed (``step_recall``): ``_write``'s rule,
         server-side."""
+        return self._call_reading(function, params)[0]
+
+    def _call_reading(self, function: str, params: dict[str, Any], reads: str = ""
+                      ) -> tuple[Any, ...]:
+        """``_call``, with more columns in the same statement: ``reads``, a select list
+        (of ``params``) after the answer. They read the statement's snapshot, taken as
+        it began: what was committed before the step ran, not what it changes."""
         call_id = _call_id()
         attempts = itertools.count()
-        answer = self._tx(lambda cur: self._run_call(cur, function, params, call_id,
-                                                     rerun=next(attempts) > 0),
-                          one_statement=True)
+        row = self._tx(lambda cur: self._run_call_row(cur, function, params, call_id,
+                                                      next(attempts) > 0, reads),
+                       one_statement=True)
         self._prune_now_and_then()
-        return answer
+        return row
 
     @staticmethod
     def _run_call(cur: Cursor, function: str, params: dict[str, Any], call_id: str,
                   rerun: bool = True) -> Any:
         """``function``'s answer as the call ``call_id``: run and recorded, or, on a
         ``rerun``, the answer an earlier attempt recorded if there is one."""
+        return PgLedger._run_call_row(cur, function, params, call_id, rerun)[0]
+
+    @staticmethod
+    def _run_call_row(cur: Cursor, function: str, params: dict[str, Any], call_id: str,
+                      rerun: bool, reads: str = "") -> tuple[Any, ...]:
+        """``_run_call``'s answer, then the columns ``reads`` selects."""
         run = f"step_remember(%(call_id)s::text, {function})"
         if rerun:
             run = f"COALESCE(step_recall(%(call_id)s::text), {run})"
-        cur.execute(f"SELECT {run}", {**params, "call_id": call_id})
+        cur.execute(f"SELECT {run}{', ' + reads if reads else ''}",
+                    {**params, "call_id": call_id})
         row = cur.fetchone()
-        return row[0] if row else None
+        assert row is not None  # a SELECT without FROM: one row
+        return tuple(row)
 
     def _prune_now_and_then(self) -> None:
         """Every ``PRUNE_EVERY``-th write call of this ledger deletes up to ``PRUNE_BATCH``
@@ -708,13 +729,22 @@ class PgLedger:
         """Start a run of the job and take its lease; None if it ended or a live run has it
         (start.lua). One call of ``ledger_start``: it locks the release's row (the UPDATE
         that takes the lease checks the status and the lease on the newest row version:
-        two runs never both take it) and takes the release out of the outbox."""
+        two runs never both take it) and takes the release out of the outbox. The same
+        statement reads what the run reads next (``START_READS``): the release's request
+        (set when it was queued, before its task was sent: the same in any snapshot a
+        start can take it in) and its dataset's document as committed when the statement
+        began (read a moment before the start, as a separate read after it would have
+        been a moment after: a document changed between the two is a race either way)."""
         token = f"{worker}#{secrets.token_hex(8)}"
-        attempt = int(self._call(
+        answer, request, document = self._call_reading(
             "ledger_start(%(release)s, %(worker)s, %(token)s, %(lease)s)",
             {"release": release_id, "worker": worker, "token": token,
-             "lease": self.lease_seconds}))
-        return Run(release_id, token, attempt) if attempt else None
+             "lease": self.lease_seconds}, START_READS)
+        attempt = int(answer)
+        if not attempt:
+            return None
+        return Run(release_id, token, attempt, str(request),
+                   None if document is None else str(document))
 
     def renew_lease(self, run: Run) -> bool:
         """Keep a long run's lease alive; False if the run lost it (another run took over)."""

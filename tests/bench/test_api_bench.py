@@ -292,7 +292,8 @@ def mechanism_cpu_ms(stack: Stack, release_id: str) -> float:
     fields = svc.ledger.release(release_id)
     assert fields is not None
     req = JobRequest.from_json(fields["request"])
-    job = run._public_inputs(svc.ledger, svc.datasets, req)
+    job = run._public_inputs(svc.ledger, svc.datasets, req,
+                             svc.ledger.dataset_document(req.dataset_id))
     _, columns = svc.datasets.load(job.dataset_id, job.version)
     from mechanisms.rng import secure_generator
 
