@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -55,27 +56,82 @@ log = logging.getLogger("privrelease.worker")
 FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
 
 
+class _Renewals:
+    """The leases of this process's runs, kept alive by one thread: each renewed a third
+    of its lease after it was taken or last renewed, as a thread per run did, without a
+    thread's start and join per release. A run whose renewal finds the lease gone has its
+    event set and is renewed no more; the record away for a moment (``DOWN``), it is
+    tried again a third of a lease later. The thread is started in the process that runs
+    (after a pool's fork), once."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        #: per run's token: (when its renewal is due, monotonic; the ledger; the run; lost)
+        self._runs: dict[str, tuple[float, Store, Run, threading.Event]] = {}
+        self._pid: int | None = None
+
+    def add(self, ledger: Store, run: Run) -> threading.Event:
+        lost = threading.Event()
+        with self._changed:
+            self._runs[run.token] = (time.monotonic() + ledger.lease_seconds / 3, ledger,
+                                     run, lost)
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._renew, daemon=True,
+                                 name="privrelease-lease").start()
+            self._changed.notify()
+        return lost
+
+    def remove(self, run: Run) -> None:
+        with self._changed:
+            self._runs.pop(run.token, None)
+
+    def _renew(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [entry for entry in self._runs.values() if entry[0] <= now]
+                if not due:
+                    soonest = min((entry[0] for entry in self._runs.values()), default=None)
+                    self._changed.wait(None if soonest is None else soonest - now)
+                    continue
+            for _, ledger, run, lost in due:
+                held = self._held(ledger, run)
+                with self._changed:
+                    if run.token not in self._runs:  # the run ended meanwhile
+                        continue
+                    if held:
+                        self._runs[run.token] = (time.monotonic() + ledger.lease_seconds / 3,
+                                                 ledger, run, lost)
+                    else:
+                        del self._runs[run.token]
+                        lost.set()
+
+    @staticmethod
+    def _held(ledger: Store, run: Run) -> bool:
+        """One renewal: False only if the run lost its lease; an error (the record away,
+        or anything else: the thread serves every run of the process) tries again later."""
+        try:
+            return ledger.renew_lease(run)
+        except DOWN:
+            return True
+        except Exception as err:
+            log.error("lease renewal failed", extra={"release_id": run.release_id,
+                                                      "error_type": type(err).__name__})
+            return True
+
+
+_RENEWALS = _Renewals()
+
+
 @contextmanager
 def _lease(ledger: Store, run: Run) -> Iterator[threading.Event]:
     """Renew the run's lease while it works; the event is set once the run lost it."""
-    stop, lost = threading.Event(), threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(ledger.lease_seconds / 3):
-            try:
-                if not ledger.renew_lease(run):
-                    lost.set()
-                    return
-            except DOWN:  # the record away for a moment: the next renewal retries
-                continue
-
-    thread = threading.Thread(target=renew, daemon=True, name="privrelease-lease")
-    thread.start()
+    lost = _RENEWALS.add(ledger, run)
     try:
         yield lost
     finally:
-        stop.set()
-        thread.join()
+        _RENEWALS.remove(run)
 
 
 #: a release still to run (``Store.release``'s statuses); any other has ended
