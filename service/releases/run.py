@@ -134,8 +134,6 @@ def _lease(ledger: Store, run: Run) -> Iterator[threading.Event]:
         _RENEWALS.remove(run)
 
 
-#: a release still to run (``Store.release``'s statuses); any other has ended
-PENDING = frozenset({"queued", "running"})
 #: runs of one release that may read its data; a job whose runs all died after reading it
 #: (worker killed, lost, out of memory) is then charged and failed, not run again
 MAX_RUNS = 3
