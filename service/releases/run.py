@@ -272,12 +272,15 @@ def settle_files(ledger: Store, docs: DocumentStore, outputs: OutputStore, run: 
     """After a run's commit: the winner removes the files of runs that died (tables,
     result documents, request copies the hash does not name); a run that did not settle
     removes its own (its output is not the release's: only the attempt settle.lua recorded
-    is ever read)."""
+    is ever read). A first run (attempt 1) had no runs before it, and a store that keeps
+    no request files (``kept_request`` None) made none: then nothing is left to remove and
+    the release's folder is not listed."""
     if outcome == "settled":
-        if table is not None:
+        if table is not None and run.attempt > 1:
             outputs.prune(run.release_id, keep=table)
         keep = ledger.kept_request(run.release_id)
-        docs.prune(run.release_id, keep_result=run.attempt, keep_request=keep)
+        if run.attempt > 1 or keep is not None:
+            docs.prune(run.release_id, keep_result=run.attempt, keep_request=keep)
     else:
         if table is not None:
             outputs.discard(run.release_id, run.attempt)
