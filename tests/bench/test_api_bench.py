@@ -191,7 +191,7 @@ def drain(stack: Stack) -> Drain:
     """Start the worker on the queued releases; time it from its first release taken to
     the last finished, with the CPU its processes, PostgreSQL and Valkey used meanwhile."""
     queued = _pending(stack)
-    assert queued > 100
+    assert queued > 40  # the window opens after 20 (a loaded machine's 2 s warm-up: ~60)
     proc = stack.start_worker()
     worker = psutil.Process(proc.pid)
     pg, vk = stack.postmaster(), stack.valkey_process()
