@@ -61,13 +61,16 @@ class _Renewals:
     of its lease after it was taken or last renewed, as a thread per run did, without a
     thread's start and join per release. A run whose renewal finds the lease gone has its
     event set and is renewed no more; the record away for a moment (``DOWN``), it is
-    tried again a third of a lease later. The thread is started in the process that runs
-    (after a pool's fork), once."""
+    tried again a third of a lease later. A run that ends waits for its renewal in
+    flight, as the join of its thread did: none is sent after it settles, and a renewal
+    still waiting out a failover delays its settle rather than run beside it. The thread
+    is started in the process that runs (after a pool's fork), once."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         #: per run's token: (when its renewal is due, monotonic; the ledger; the run; lost)
         self._runs: dict[str, tuple[float, Store, Run, threading.Event]] = {}
+        self._renewing: str | None = None  # the token whose renewal is in flight
         self._pid: int | None = None
 
     def add(self, ledger: Store, run: Run) -> threading.Event:
@@ -79,12 +82,14 @@ class _Renewals:
                 self._pid = os.getpid()
                 threading.Thread(target=self._renew, daemon=True,
                                  name="privrelease-lease").start()
-            self._changed.notify()
+            self._changed.notify_all()  # the thread: a run due sooner than it waits for
         return lost
 
     def remove(self, run: Run) -> None:
         with self._changed:
             self._runs.pop(run.token, None)
+            while self._renewing == run.token:
+                self._changed.wait()
 
     def _renew(self) -> None:
         while True:
@@ -96,8 +101,14 @@ class _Renewals:
                     self._changed.wait(None if soonest is None else soonest - now)
                     continue
             for _, ledger, run, lost in due:
-                held = self._held(ledger, run)
                 with self._changed:
+                    if run.token not in self._runs:  # the run ended meanwhile
+                        continue
+                    self._renewing = run.token
+                held = self._held(ledger, run)  # never raises
+                with self._changed:
+                    self._renewing = None
+                    self._changed.notify_all()  # a run ending waits for this renewal
                     if run.token not in self._runs:  # the run ended meanwhile
                         continue
                     if held:
