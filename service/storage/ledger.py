@@ -26,7 +26,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
@@ -115,11 +115,16 @@ class Run:
 
     The token is the lease's value while this run holds it; the attempt number
     names the run's output files, so two runs never write to the same place.
+    ``mark_running`` also hands the run what it reads next, read with the start:
+    the release's ``request`` and its dataset's ``dataset_document`` (None: no such
+    dataset); a ``Run`` made otherwise has neither (``""``, None).
     """
 
     release_id: str
     token: str
     attempt: int
+    request: str = field(default="", compare=False, repr=False)
+    dataset_document: str | None = field(default=None, compare=False, repr=False)
 
 
 class CapError(ValueError):
@@ -342,13 +347,20 @@ class Ledger:
                                          start=0, num=limit))
 
     def mark_running(self, release_id: str, worker: str) -> Run | None:
-        """Start a run of the job and take its lease; None if it ended or a live run has it."""
+        """Start a run of the job and take its lease; None if it ended or a live run has it.
+        The run carries the release's request and its dataset's document (``Run``), read
+        after the start: a started release is pending, so its request is in the hash."""
         token = f"{worker}#{secrets.token_hex(8)}"
         attempt = int(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id),
                                         rkeys.OUTBOX],
                                   args=[now_iso(), worker, self.lease_seconds, token,
                                         release_id]))
-        return Run(release_id, token, attempt) if attempt else None
+        if not attempt:
+            return None
+        request = self.r.hget(rkeys.release(release_id), "request") or ""
+        dataset_id = json.loads(request).get("dataset_id") if request else None
+        document = self.dataset_document(dataset_id) if isinstance(dataset_id, str) else None
+        return Run(release_id, token, attempt, request, document)
 
     def renew_lease(self, run: Run) -> bool:
         """Keep a long run's lease alive; False if the run lost it (another run took over)."""

@@ -62,7 +62,7 @@ nothing but its answer.
 The steps every release takes (``reserve``, ``mark_running``, ``renew_lease`` /
 ``mark_data_read``, the settles; ``refuse`` and ``enqueued`` besides) are PL/pgSQL
 functions of migration 0004_steps (reserve and settle replaced by 0007_ledger_locks),
-one per step, each the Python step it replaced statement for statement (0006 reordered
+one per step, each the Python step it replaced statement for statement (0007 reordered
 the locks): a step is ONE statement sent (``_call``), and that statement is its
 transaction (autocommit: no BEGIN, no COMMIT round trip). Each statement a client
 sends costs about as much again as the little work a ledger statement asks for, and a
@@ -78,7 +78,7 @@ transaction, and looked up first by every attempt after the first: a re-run answ
 the committed attempt answered and changes nothing more (no second event, no second
 charge). Two attempts that overlap (the first one's COMMIT still on its way) meet on the
 id's primary key: the later one fails there and is run again, and reads the answer.
-The run's steps need no such row (migration 0006): ``mark_running``'s token is made once
+The run's steps need no such row (migration 0007): ``mark_running``'s token is made once
 per call and the lease it holds is the answer, a settle's call id is the release's
 ``settled_by``, and a lease renewed again is the same lease; an attempt of those that
 changed nothing committed nothing, and a re-run decides again. Answers are kept
@@ -179,7 +179,7 @@ CALL_MEMORY = 600
 PRUNE_EVERY, PRUNE_BATCH = 64, 256
 #: advisory lock classes (pg_advisory_xact_lock(class, hashtext(key))): an
 #: Idempotency-Key's, a replay fingerprint's, a dataset's (reserve shares it, the steps
-#: that change what reserve decides on take it alone: ``_lock_ledger``, migration 0006)
+#: that change what reserve decides on take it alone: ``_lock_ledger``, migration 0007)
 IDEMPOTENCY_LOCK, REPLAY_LOCK, DATASET_LOCK = 1, 2, 3
 #: a release holding units: settle moves them; every other status holds nothing
 HOLDING = ("queued", "running")
@@ -224,6 +224,12 @@ RESERVE_SQL = (
     "p_idempotency_ttl => %(ttl)s::integer, p_notion => %(notion)s::text, "
     "p_measures => %(measures)s::text[], p_units => %(units)s::bigint[], "
     "p_version => %(version)s::bigint, p_at => %(at)s::timestamptz)")
+#: what ``mark_running`` reads in ``ledger_start``'s statement: the release's request and
+#: its dataset's document
+START_READS = (
+    "(SELECT request FROM releases WHERE id = %(release)s::text), "
+    "(SELECT d.document FROM releases r JOIN datasets d ON d.id = r.dataset_id "
+    "WHERE r.id = %(release)s::text)")
 SETTLE_SQL = (
     "ledger_settle(%(dataset)s::text, %(release)s::text, %(action)s::text, "
     "%(payload)s::text, %(actor)s::text, %(holder)s::text, %(table_version)s::bigint, "
@@ -340,30 +346,46 @@ class PgLedger:
 
         ``remembered=False``: a step whose own rows tell a re-run what an earlier attempt
         did (``ledger_start``: the lease its token holds; ``ledger_touch``: the same
-        lease extended again; migration 0006): just the function, on every attempt, and
+        lease extended again; migration 0007): just the function, on every attempt, and
         no ``step_calls`` row to write."""
+        return self._call_reading(function, params, remembered=remembered)[0]
+
+    def _call_reading(self, function: str, params: dict[str, Any], reads: str = "", *,
+                      remembered: bool = True) -> tuple[Any, ...]:
+        """``_call``, with more columns in the same statement: ``reads``, a select list
+        (of ``params``) after the answer. They read the statement's snapshot, taken as
+        it began: what was committed before the step ran, not what it changes."""
         if not remembered:
-            return self._tx(lambda cur: _fetch_one(cur, f"SELECT {function}", params),
+            statement = f"SELECT {function}{', ' + reads if reads else ''}"
+            return self._tx(lambda cur: _fetch_row(cur, statement, params),
                             one_statement=True)
         call_id = _call_id()
         attempts = itertools.count()
-        answer = self._tx(lambda cur: self._run_call(cur, function, params, call_id,
-                                                     rerun=next(attempts) > 0),
-                          one_statement=True)
+        row = self._tx(lambda cur: self._run_call_row(cur, function, params, call_id,
+                                                      next(attempts) > 0, reads),
+                       one_statement=True)
         self._prune_now_and_then()
-        return answer
+        return row
 
     @staticmethod
     def _run_call(cur: Cursor, function: str, params: dict[str, Any], call_id: str,
                   rerun: bool = True) -> Any:
         """``function``'s answer as the call ``call_id``: run and recorded, or, on a
         ``rerun``, the answer an earlier attempt recorded if there is one."""
+        return PgLedger._run_call_row(cur, function, params, call_id, rerun)[0]
+
+    @staticmethod
+    def _run_call_row(cur: Cursor, function: str, params: dict[str, Any], call_id: str,
+                      rerun: bool, reads: str = "") -> tuple[Any, ...]:
+        """``_run_call``'s answer, then the columns ``reads`` selects."""
         run = f"step_remember(%(call_id)s::text, {function})"
         if rerun:
             run = f"COALESCE(step_recall(%(call_id)s::text), {run})"
-        cur.execute(f"SELECT {run}", {**params, "call_id": call_id})
+        cur.execute(f"SELECT {run}{', ' + reads if reads else ''}",
+                    {**params, "call_id": call_id})
         row = cur.fetchone()
-        return row[0] if row else None
+        assert row is not None  # a SELECT without FROM: one row
+        return tuple(row)
 
     def _prune_now_and_then(self) -> None:
         """Every ``PRUNE_EVERY``-th write call of this ledger deletes up to ``PRUNE_BATCH``
@@ -394,7 +416,7 @@ class PgLedger:
         rules) takes them first. It waits for the reserves under way (they share the
         dataset's lock) and every later reserve waits for its COMMIT (PostgreSQL queues
         a shared request behind a waiting exclusive one: a stream of reserves never
-        starves it), then reads what it wrote (migration 0006)."""
+        starves it), then reads what it wrote (migration 0007)."""
         cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (DATASET_LOCK, dataset_id))
         cur.execute("SELECT retired, retired_versions, notion_lock FROM ledgers "
                     "WHERE dataset_id = %s FOR UPDATE", (dataset_id,))
@@ -705,7 +727,7 @@ class PgLedger:
         """Hold ``r.cost`` for a new release unless it is a retry, a replay, refused or
         over a cap (reserve.lua, ``Ledger.reserve``): same modes, outcomes and fields.
 
-        One call of the server-side step ``ledger_reserve`` (migrations 0004, 0006). It
+        One call of the server-side step ``ledger_reserve`` (migrations 0004, 0007). It
         locks, in the global order: the Idempotency-Key's advisory lock (two requests with
         one key: one waits for the other's answer), the replay fingerprint's (two
         identical requests: the second finds the first), the release's row (a re-sent
@@ -758,13 +780,22 @@ class PgLedger:
         """Start a run of the job and take its lease; None if it ended or a live run has it
         (start.lua). One call of ``ledger_start``: it locks the release's row (the UPDATE
         that takes the lease checks the status and the lease on the newest row version:
-        two runs never both take it) and takes the release out of the outbox."""
+        two runs never both take it) and takes the release out of the outbox. The same
+        statement reads what the run reads next (``START_READS``): the release's request
+        (set when it was queued, before its task was sent: the same in any snapshot a
+        start can take it in) and its dataset's document as committed when the statement
+        began (read a moment before the start, as a separate read after it would have
+        been a moment after: a document changed between the two is a race either way)."""
         token = f"{worker}#{secrets.token_hex(8)}"  # this call's, on every attempt
-        attempt = int(self._call(
+        answer, request, document = self._call_reading(
             "ledger_start(%(release)s, %(worker)s, %(token)s, %(lease)s)",
             {"release": release_id, "worker": worker, "token": token,
-             "lease": self.lease_seconds}, remembered=False))
-        return Run(release_id, token, attempt) if attempt else None
+             "lease": self.lease_seconds}, START_READS, remembered=False)
+        attempt = int(answer)
+        if not attempt:
+            return None
+        return Run(release_id, token, attempt, str(request),
+                   None if document is None else str(document))
 
     def renew_lease(self, run: Run) -> bool:
         """Keep a long run's lease alive; False if the run lost it (another run took over)."""
@@ -841,7 +872,7 @@ class PgLedger:
         records its id (``settled_by``): an attempt run again after its reply was lost
         (or waiting on the row while the first attempt commits) reads ``settled`` there,
         and an attempt that settled nothing changed nothing (no ``step_calls`` row: the
-        row says it all; migration 0006). The failure rule: commit and
+        row says it all; migration 0007). The failure rule: commit and
         fail charge what the release holds, abort and cancel refund it, once (a release
         that ended answers ``ended``); the lease fencing: with a ``holder`` token only
         while that token holds a live lease (``lost`` otherwise), with ``NO_LEASE`` only
@@ -1517,11 +1548,19 @@ def _fetch_one(cur: Cursor, query: str, params: dict[str, Any]) -> Any:
     return row[0] if row else None
 
 
+def _fetch_row(cur: Cursor, query: str, params: dict[str, Any]) -> tuple[Any, ...]:
+    """The one row of ``query``, a SELECT without FROM."""
+    cur.execute(query, params)
+    row = cur.fetchone()
+    assert row is not None  # a SELECT without FROM: one row
+    return tuple(row)
+
+
 def _retryable(err: Exception) -> bool:
     """A transaction PostgreSQL rolled back, another attempt of the same write call that
     committed meanwhile (its answer in ``step_calls``: the next attempt reads it), a
     create of the same release id that committed meanwhile (``releases_pkey``: reserves
-    share the dataset's ``ledgers`` row, migration 0006, so two creates of one id meet on
+    share the dataset's ``ledgers`` row, migration 0007, so two creates of one id meet on
     the key; the next attempt finds the release, or its first attempt's answer), or a
     connection that broke (the pool replaces it): run the step again. Any other error (a
     bad query, any other unique violation) is raised."""

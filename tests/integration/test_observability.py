@@ -9,6 +9,7 @@ import logging
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -281,6 +282,7 @@ def test_release_counter_and_runtime_histogram_from_redis(app: Flask, r: redis.R
     release_metrics.record_release(r, mech, "succeeded", 1.7)
     release_metrics.record_release(r, mech, "failed", 0.004)
     release_metrics.record_release(r, mech, "succeeded", 10_000.0)
+    release_metrics.flush()  # the first was written at once; the others wait their spell
     samples = scrape(app.test_client())
 
     assert sample(samples, "privrelease_releases_total", mechanism=mech, outcome="succeeded") == 3
@@ -292,6 +294,32 @@ def test_release_counter_and_runtime_histogram_from_redis(app: Flask, r: redis.R
     assert sample(samples, "privrelease_job_seconds_count", mechanism=mech) == 4
     assert sample(samples, "privrelease_job_seconds_sum", mechanism=mech) == pytest.approx(
         10_001.734)
+
+
+def test_release_metrics_are_written_at_once_then_once_per_spell(r: redis.Redis) -> None:
+    """The first job after a quiet spell is written at once; the jobs within the next
+    FLUSH_SECONDS wait and are written together at its end, every count and sum kept."""
+    mech = f"test.mech_{uuid.uuid4().hex[:8]}"
+    ok = f"{mech}{release_metrics.SEP}succeeded"
+    total = f"{mech}{release_metrics.SEP}count"
+    batch = release_metrics.Batch(r, every=0.5)
+    batch.add(mech, "succeeded", 0.02)
+    assert r.hget(release_metrics.RELEASES, ok) == "1"  # at once
+    began = time.monotonic()
+    for _ in range(9):
+        batch.add(mech, "succeeded", 0.02)
+    assert r.hget(release_metrics.RELEASES, ok) == "1"  # within the spell: waiting
+    while r.hget(release_metrics.RELEASES, ok) != "10":
+        assert time.monotonic() - began < 5, "the spell's counts were never written"
+        time.sleep(0.02)
+    assert time.monotonic() - began >= 0.4
+    assert r.hget(release_metrics.RUNTIME, total) == "10"
+    assert float(r.hget(release_metrics.RUNTIME, f"{mech}{release_metrics.SEP}sum") or 0
+                 ) == pytest.approx(0.2)
+    deadline = time.monotonic() + 5
+    while batch._writer is not None:  # its thread ends after a spell that counted nothing
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_record_release_refuses_the_field_separator(r: redis.Redis) -> None:

@@ -272,6 +272,31 @@ def test_a_charged_failure_keeps_its_replay(ledger: PgLedger, pg_url: str) -> No
         ("cap", None), ("reserve", None), ("commit", "failed")]
 
 
+def test_a_start_hands_the_run_its_request_and_dataset_document(ledger: PgLedger,
+                                                                 r: redis.Redis) -> None:
+    """``mark_running`` on either ledger: the run carries the release's request and the
+    dataset's document as stored (None once the dataset has none); no run, nothing."""
+    valkey, ds, bare = Ledger(r), _ds(), _ds()
+    request = json.dumps({**json.loads(LEDGER_REQUEST), "dataset_id": ds})
+    bare_request = json.dumps({**json.loads(LEDGER_REQUEST), "dataset_id": bare})
+    document = _doc(ds)
+    for one in (valkey, ledger):
+        one.open(ds, {"epsilon": 1000}, "op", document)
+        one.open(bare, {"epsilon": 1000}, "op")  # a ledger without a document
+        rid = one.reserve(Reservation(ds, "rel_" + ds, {"epsilon": 10}, actor="t",
+                                      fingerprint=ds, request_json=request)).release_id
+        run = one.mark_running(rid, "w")
+        assert run is not None and run.attempt == 1
+        assert (run.request, run.dataset_document) == (request, document)
+        assert one.mark_running(rid, "w") is None  # a live run holds it
+        other = one.reserve(Reservation(bare, "rel_" + bare, {"epsilon": 10}, actor="t",
+                                        fingerprint=bare, request_json=bare_request))
+        started = one.mark_running(other.release_id, "w")
+        assert started is not None
+        assert (started.request, started.dataset_document) == (bare_request, None)
+        assert one.mark_running("rel_none", "w") is None
+
+
 # -- the failure rule and the lease ------------------------------------------------------
 
 def test_the_failure_rule_each_settle_once(ledger: PgLedger, pg_url: str) -> None:
@@ -493,7 +518,7 @@ def test_racing_reserves_hold_exactly_what_the_cap_admits(pg_url: str) -> None:
     assert _sql(pg_url, "SELECT count(*) FROM releases") == [(admitted,)]
 
 
-# -- the dataset's locks (migration 0006) ---------------------------------------------------
+# -- the dataset's locks (migration 0007) ---------------------------------------------------
 
 def _open_reserve(conn: psycopg.Connection[Any], r: Reservation) -> ReserveResult:
     """``r`` reserved in ``conn``'s transaction, left open: its locks held, not committed."""
@@ -695,7 +720,7 @@ def test_a_start_run_again_while_its_first_attempt_commits_answers_its_attempt(
     """``ledger_start``'s first attempt under way (its reply to be lost) while the call
     runs again: the second waits on the release's row, then finds the lease its token
     holds and answers the first attempt's number: one attempt counted. The run's steps
-    write no ``step_calls`` row (migration 0006): a release's reserve writes the only
+    write no ``step_calls`` row (migration 0007): a release's reserve writes the only
     one."""
     ds = _ds()
     ledger.open(ds, {"epsilon": 100}, "op")
@@ -942,7 +967,8 @@ def _every_write_step(ledger: PgLedger, once: Callable[[Callable[[], Any]], Any]
 
     def call(step: Callable[[], Any]) -> Any:
         answer = once(step)
-        answers.append(answer.attempt if isinstance(answer, Run) else answer)
+        answers.append((answer.attempt, answer.request, answer.dataset_document)
+                       if isinstance(answer, Run) else answer)
         return answer
 
     def res(rid: str, cost: dict[str, int], **kw: Any) -> Reservation:
@@ -1081,6 +1107,8 @@ def test_every_write_step_whose_commit_reply_was_lost_answers_once(
     assert kinds == {"cap": 4, "allocation": 2, "reserve": 8, "refuse": 1, "commit": 3,
                      "abort": 2, "cancel": 1, "version": 5, "policy": 2, "retire": 1}, kinds
     assert clean_record["holdouts"] == [("ds_a", 100, 2)]
+    # a start read, in its one statement, the request and the document (a re-run too)
+    assert (1, LEDGER_REQUEST, _doc("ds_a", v=0)) in clean
     assert [(r[0], r[3], r[15]) for r in clean_record["releases"] if r[0] == "r10"] == [
         ("r10", "queued", 1)]
 

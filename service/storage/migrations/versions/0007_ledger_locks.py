@@ -438,7 +438,7 @@ def _as_0004_made_them() -> str:
     text = (Path(__file__).with_name("0004_steps.py")).read_text()
     bodies = [re.search(rf"CREATE FUNCTION {name}\(.*?\nEND \$\$;", text, re.S)
               for name in ("ledger_reserve", "ledger_start", "ledger_settle")]
-    assert all(bodies), "0004_steps no longer defines the functions 0006 replaced"
+    assert all(bodies), "0004_steps no longer defines the functions 0007 replaced"
     return "\n".join(b.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
                      for b in bodies if b)
 
