@@ -273,8 +273,7 @@ def prepare(ledger: Store, body: dict[str, Any], *,
             mech.check_reference(params, meta, datasets.meta(ref))
         if max_work is not None:
             check_work(mech.work(params, meta), max_work, "this release")
-        cost = mech.cost(params, requested, meta)
-        accuracy = mech.accuracy(params, cost, meta)
+        cost, accuracy = mech.price(params, requested, meta)  # cost, then its accuracy
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
