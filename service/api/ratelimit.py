@@ -78,10 +78,7 @@ class OneTripWindow(FixedWindowRateLimiter):
                                   [item.get_expiry(), cost])
         count = int(count)
         if has_request_context():
-            seen = g.get(_SEEN)
-            if seen is None:
-                seen = g.setdefault(_SEEN, {})
-            seen[key] = (count, time.time() + max(int(pttl), 0) / 1000)
+            g.setdefault(_SEEN, {})[key] = (count, time.time() + max(int(pttl), 0) / 1000)
         return count <= item.amount
 
     def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:

@@ -113,6 +113,7 @@ class OutboxFlusher:
         self._ids: list[str] = []
         self._wake = threading.Event()
         self._pid = 0
+        self._failing = False
 
     def sent(self, release_id: str) -> None:
         """The release's task is published: take it out of the outbox in the next batch."""
@@ -141,12 +142,15 @@ class OutboxFlusher:
         try:
             self.ledger.enqueued_many(ids)
         except Exception as err:  # the record away: the next round tries again
-            log.warning("outbox flush failed", extra={"error_type": type(err).__name__,
-                                                      "releases": len(ids)})
+            if not self._failing:  # once per outage, not every round
+                log.warning("outbox flush failed", extra={"error_type": type(err).__name__,
+                                                          "releases": len(ids)})
+            self._failing = True
             with self._lock:
                 room = max(0, OUTBOX_FLUSH_KEEP - len(self._ids))
                 self._ids[:0] = ids[:room]
             return 0
+        self._failing = False
         return len(ids)
 
 
