@@ -336,6 +336,11 @@ class Ledger:
         """The release's task is published: take it out of the outbox."""
         self.r.zrem(rkeys.OUTBOX, release_id)
 
+    def enqueued_many(self, release_ids: list[str]) -> None:
+        """Their tasks are published: take them out of the outbox (one ZREM)."""
+        if release_ids:
+            self.r.zrem(rkeys.OUTBOX, *release_ids)
+
     def unsent(self, release_id: str, older_than: float) -> bool:
         """Whether the release waits in the outbox since more than ``older_than`` s ago."""
         score = self.r.zscore(rkeys.OUTBOX, release_id)
@@ -585,6 +590,18 @@ class Ledger:
 
     def dataset_documents(self, ids: list[str]) -> list[str | None]:
         return list(self.r.mget([rkeys.dataset(i) for i in ids])) if ids else []
+
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
+        """The dataset's document and the measures its caps name (``named_measures``), in
+        one round trip (a pipeline, not atomic, as the two reads it replaces were not:
+        reserve.lua checks the measures again, atomically with the reservation)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(rkeys.dataset(dataset_id))
+        pipe.hkeys(rkeys.ledger(dataset_id))
+        raw, fields = pipe.execute()
+        if raw is None:
+            return None
+        return str(raw), {f[4:] for f in fields if f.startswith("cap:")}
 
     def datasets_page(self, limit: int, after: index.Cursor | None = None,
                       granted: frozenset[str] | None = None

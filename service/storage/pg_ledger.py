@@ -756,6 +756,15 @@ class PgLedger:
         it locks the outbox row it deletes)."""
         self._call("ledger_enqueued(%(release)s)", {"release": release_id})
 
+    def enqueued_many(self, release_ids: list[str]) -> None:
+        """Their tasks are published: take them out of the outbox, in one statement (its
+        own transaction; it locks the outbox rows it deletes). Idempotent, so re-run as
+        is after a broken connection: no call record (``_call``'s) is needed."""
+        if not release_ids:
+            return
+        self._tx(lambda cur: cur.execute("DELETE FROM outbox WHERE release_id = ANY(%s)",
+                                         (release_ids,)), one_statement=True)
+
     def unsent(self, release_id: str, older_than: float) -> bool:
         """Whether the release waits in the outbox since more than ``older_than`` s ago."""
         def step(cur: Cursor) -> bool:
@@ -1037,6 +1046,18 @@ class PgLedger:
             return str(row[0]) if row else None
 
         return self._tx(step)
+
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
+        """The dataset's document and the measures its caps name, in one statement (its
+        own transaction, one snapshot: the two agree); None if no such dataset."""
+        def step(cur: Cursor) -> tuple[str, set[str]] | None:
+            cur.execute("SELECT d.document, ARRAY(SELECT b.measure FROM budgets b "
+                        "WHERE b.dataset_id = d.id) FROM datasets d WHERE d.id = %s",
+                        (dataset_id,))
+            row = cur.fetchone()
+            return (str(row[0]), set(row[1])) if row else None
+
+        return self._tx(step, one_statement=True)
 
     def datasets_page(self, limit: int, after: index.Cursor | None = None,
                       granted: frozenset[str] | None = None

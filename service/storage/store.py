@@ -111,6 +111,12 @@ class Store(Protocol):
 
     def dataset_document(self, dataset_id: str) -> str | None: ...
 
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
+        """The dataset's document text and the measures its caps name
+        (``named_measures``), read together (one statement, one round trip): what pricing a
+        request reads of the registry. None if there is no such dataset."""
+        ...
+
     def dataset_documents(self, ids: list[str]) -> list[str | None]:
         """Each dataset's document text, in order (None where there is none)."""
         ...
@@ -187,6 +193,12 @@ class Store(Protocol):
                actor: str) -> bool: ...
 
     def enqueued(self, release_id: str) -> None: ...
+
+    def enqueued_many(self, release_ids: list[str]) -> None:
+        """``enqueued`` for each of ``release_ids`` (published), in one step: one
+        statement, or one command (``submit.OutboxFlusher``'s batches). Ids no longer in
+        the outbox (a run took them out) are no error."""
+        ...
 
     def unsent(self, release_id: str, older_than: float) -> bool: ...
 

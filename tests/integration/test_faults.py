@@ -82,9 +82,11 @@ def rig(app: Flask, service_env: dict[str, str], tmp_path_factory: pytest.TempPa
                              "worker": worker, "log": log, "database_url": database_url}
     try:
         wait_for_worker(rkeys.connect(url))
+        # no key cache: every request looks its key up in the record (on the Valkey
+        # store that is what answers 503 first while Valkey is stopped)
         config = dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url, data_dir=data_dir,
                                      database_url=database_url, rate_limit="600/minute",
-                                     max_upload_bytes=16 << 20)
+                                     max_upload_bytes=16 << 20, key_cache_seconds=0)
         state["app"] = create_app(config)
         apikeys.create(wiring.of(state["app"]).keys, "operator", token=TOKEN)
         yield state

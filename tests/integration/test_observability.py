@@ -384,6 +384,38 @@ def test_rate_limit_is_per_key_and_answers_429_problem(limited_app: Flask,
     assert client.get("/v1/datasets", headers=bearer(other)).status_code == 200
 
 
+def test_the_limiter_costs_one_round_trip_per_request(limited_app: Flask, keys: KeyStore,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hit's script answers the window's count and expiry with the decision, and the
+    headers are written from that answer: one Valkey command per request (flask-limiter's
+    own strategy reads the count and the TTL again after the view: three)."""
+    (limiter,) = limited_app.extensions["limiter"]
+    conn = limiter._storage.get_connection()
+    client = limited_app.test_client()
+    client.get("/v1/datasets", headers=bearer(fresh_key(keys)))  # the script is loaded
+    sent: list[str] = []
+    real = conn.execute_command
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        sent.append(str(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(conn, "execute_command", counted)
+    token = fresh_key(keys)
+    opened = time.time()
+    for i in range(4):
+        resp = client.get("/v1/datasets", headers=bearer(token))
+        if i == 0:
+            opened_by = time.time()
+        assert sent == ["EVALSHA"] * (i + 1), sent
+        assert resp.status_code == (200 if i < 3 else 429)
+        assert resp.headers["X-RateLimit-Limit"] == "3"
+        assert resp.headers["X-RateLimit-Remaining"] == str(max(2 - i, 0))
+        # the window opened at the first hit, for 60 s (Reset: its end + 1, truncated)
+        assert int(opened + 60) <= int(resp.headers["X-RateLimit-Reset"]) <= int(opened_by + 61)
+    assert 1 <= int(resp.headers["Retry-After"]) <= 60
+
+
 def test_probes_metrics_and_docs_are_never_limited(limited_app: Flask,
                                                    keys: KeyStore) -> None:
     client = limited_app.test_client()

@@ -903,10 +903,15 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
     nothing = _ds()
     both("set_caps", nothing, {"epsilon": 100}, "op")
     assert both("recharge_interval", nothing, {}, "m") == "nothing"
+    # pricing's one read: the document and the measures together, as the two reads give
+    found = both("dataset_for_pricing", reg)
+    assert found == (ledger.dataset_document(reg), ledger.named_measures(reg))
+    assert found[1] == {"epsilon", "interval_leakage"}
     for one in (reg, other, legacy, nothing):
         both("budget", one)
         both("named_measures", one)
         both("allocation_scopes", one)
+        both("dataset_for_pricing", one)  # None but for reg: no document
         assert strip(valkey.events(one)) == strip(ledger.events(one)), one
 
 
