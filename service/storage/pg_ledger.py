@@ -147,7 +147,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from service.errors import Invalid
-from service.storage import index, release_documents
+from service.storage import index, pg_steps, release_documents
 from service.storage.event_archive import READ_BATCH
 from service.storage.ledger import (
     NO_LEASE,
@@ -166,8 +166,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
 
-#: how many times a transaction is run when PostgreSQL rolled it back or the connection broke
-RETRIES = 5
+RETRIES = pg_steps.RETRIES
 #: seconds after a call's first attempt began within which it is run again: well inside
 #: ``CALL_MEMORY``, so a re-run always finds its first attempt's answer if it committed
 RERUN_SECONDS = 60.0
@@ -305,7 +304,7 @@ class PgLedger:
                 if (attempt == RETRIES - 1 or not _retryable(err)
                         or time.monotonic() - began > RERUN_SECONDS):
                     raise
-                if _broken(err) and not checked:
+                if pg_steps.broken(err) and not checked:
                     checked = True
                     self.pool.check()
                 time.sleep(0.005 * 2 ** attempt + secrets.randbelow(5) / 1000)
@@ -1578,26 +1577,16 @@ def _fetch_row(cur: Cursor, query: str, params: dict[str, Any]) -> tuple[Any, ..
 
 
 def _retryable(err: Exception) -> bool:
-    """A transaction PostgreSQL rolled back, another attempt of the same write call that
-    committed meanwhile (its answer in ``step_calls``: the next attempt reads it), a
+    """What ``pg_steps.retryable`` runs again (a transaction PostgreSQL rolled back, a
+    connection that broke), and besides another attempt of the same write call that
+    committed meanwhile (its answer in ``step_calls``: the next attempt reads it) or a
     create of the same release id that committed meanwhile (``releases_pkey``: reserves
     share the dataset's ``ledgers`` row, migration 0007, so two creates of one id meet on
-    the key; the next attempt finds the release, or its first attempt's answer), or a
-    connection that broke (the pool replaces it): run the step again. Any other error (a
-    bad query, any other unique violation) is raised."""
-    if isinstance(err, errors.SerializationFailure | errors.DeadlockDetected
-                  | errors.TransactionRollback):
-        return True
+    the key; the next attempt finds the release, or its first attempt's answer). Any other
+    error (a bad query, any other unique violation) is raised."""
     if isinstance(err, errors.UniqueViolation):
         return err.diag.constraint_name in ("step_calls_pkey", "releases_pkey")
-    return _broken(err)
-
-
-def _broken(err: Exception) -> bool:
-    """The error of a connection that broke (or of a server shutting down / starting):
-    the other connections the pool holds to that server may be dead too."""
-    return type(err) in (psycopg.OperationalError, errors.AdminShutdown,
-                         errors.CannotConnectNow)
+    return pg_steps.retryable(err)
 
 
 if TYPE_CHECKING:
