@@ -458,6 +458,13 @@ class Mechanism(abc.ABC):
     ) -> dict[str, Any]:
         """Accuracy statement (noise scale, 95% half-width, ...) from public inputs."""
 
+    def price(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+              ) -> tuple[dict[str, Fraction], dict[str, Any]]:
+        """``cost`` and then ``accuracy`` of that cost, as a pricing calls them both; a
+        mechanism whose two share work (a calibration) may do it once here."""
+        cost = self.cost(params, budget, meta)
+        return cost, self.accuracy(params, cost, meta)
+
     @abc.abstractmethod
     def run(
         self,

@@ -64,7 +64,8 @@ def view(ledger: Store, outputs: OutputStore, doc: dict[str, Any]
     return mechanisms.ReleaseView(
         id=doc["id"], mechanism=doc["mechanism"], params=doc["params"],
         result=doc["result"] or {},
-        table=outputs.load(doc["id"], release_documents.table_attempt(ledger, doc["id"])),
+        table=outputs.load(doc["id"], release_documents.table_attempt(
+            ledger.release(doc["id"]) or {})),
         meta=datasets.meta(dataset),
     )
 

@@ -5,6 +5,12 @@ password to brute-force, and a leaked dump of the store (PostgreSQL, or Valkey o
 store before it: ``service.storage.keys``) reveals no usable key.
 Each key also has a callback secret, used to sign the notifications sent to
 its ``callback_url`` (shown once too, stored as is because signing needs it).
+
+The API looks a bearer token's key up through a ``KeyCache`` (one per process): a key
+found is kept for ``PRIVRELEASE_KEY_CACHE_SECONDS`` (1 s), by its token's digest, so a
+client's requests within that second cost no lookup. An unknown token is never kept (the
+next request looks again). ``revoke`` empties this process's caches of the key at once;
+another API process accepts a revoked key until its entry lapses, at most that long.
 """
 
 from __future__ import annotations
@@ -13,6 +19,10 @@ import dataclasses
 import hashlib
 import os
 import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,8 +106,73 @@ def _from_record(rec: KeyRecord) -> ApiKey:
 
 def lookup(store: KeyStore, token: str) -> ApiKey | None:
     """The key a bearer token belongs to (expired ones included), or None."""
-    rec = store.key_by_digest(digest(token))
+    return _by_digest(store, digest(token))
+
+
+def _by_digest(store: KeyStore, token_digest: str) -> ApiKey | None:
+    rec = store.key_by_digest(token_digest)
     return _from_record(rec) if rec is not None else None
+
+
+#: every live ``KeyCache`` of this process: ``revoke`` empties them of the key it revokes
+_CACHES: weakref.WeakSet[KeyCache] = weakref.WeakSet()
+_CACHES_LOCK = threading.Lock()
+
+
+class KeyCache:
+    """Keys found by token, kept ``seconds`` in this process (the API's lookups).
+
+    Entries are keyed by the token's digest (never the token) and hold the key's public
+    record; only keys found are kept, so made-up tokens neither fill it nor get a cached
+    "no". Expiry (``ApiKey.expired``) is checked on every request against the record, so
+    an expired key is refused on time. What can lag is a change made elsewhere: a key
+    revoked (or its record changed) by another process is still answered from here until
+    its entry lapses, ``seconds`` after it was read. ``revoke`` in this process drops the
+    key's entries from every cache of the process at once. ``seconds`` 0: no cache.
+
+    At most ``max_entries`` keys are kept: when full, lapsed entries go, then, if still
+    full, the cache is emptied (a burst of distinct valid keys costs lookups, not memory).
+    """
+
+    def __init__(self, seconds: float, max_entries: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: dict[str, tuple[float, ApiKey]] = {}
+        with _CACHES_LOCK:
+            _CACHES.add(self)
+
+    def lookup(self, store: KeyStore, token: str) -> ApiKey | None:
+        """``lookup(store, token)``, answered from the cache while its entry is fresh."""
+        if self.seconds <= 0:
+            return lookup(store, token)
+        token_digest = digest(token)
+        now = self.clock()
+        entry = self._entries.get(token_digest)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        key = _by_digest(store, token_digest)
+        if key is None:
+            self._entries.pop(token_digest, None)
+            return None
+        if len(self._entries) >= self.max_entries:
+            self._prune(now)
+        self._entries[token_digest] = (now + self.seconds, key)
+        return key
+
+    def forget(self, key_id: str) -> None:
+        """Drop every entry of the key ``key_id`` (it was revoked)."""
+        for token_digest, (_, key) in list(self._entries.items()):
+            if key.id == key_id:
+                self._entries.pop(token_digest, None)
+
+    def _prune(self, now: float) -> None:
+        for token_digest, (until, _) in list(self._entries.items()):
+            if until <= now:
+                self._entries.pop(token_digest, None)
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
 
 
 def list_all(store: KeyStore) -> list[ApiKey]:
@@ -112,9 +187,16 @@ def callback_secret(store: KeyStore, key_id: str) -> str | None:
 
 
 def revoke(store: KeyStore, key_id: str) -> bool:
-    """Delete a key at once; the next request with its token gets 401, and its console
-    sessions end."""
-    return store.remove_key(key_id)
+    """Delete a key at once: its console sessions end, and the next request with its
+    token gets 401 from this process (its ``KeyCache`` entries dropped now) and from every
+    other API process once their entry lapses (``KeyCache``: at most
+    ``PRIVRELEASE_KEY_CACHE_SECONDS``)."""
+    removed = store.remove_key(key_id)
+    with _CACHES_LOCK:
+        caches = list(_CACHES)
+    for cache in caches:
+        cache.forget(key_id)
+    return removed
 
 
 def exists(store: KeyStore, key_id: str) -> bool:

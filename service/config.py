@@ -49,6 +49,20 @@ def _positive(name: str, default: float) -> float:
     return value
 
 
+def _non_negative(name: str, default: float) -> float:
+    """A finite number >= 0 (0: the feature it tunes is off)."""
+    raw = _env(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"{ENV_PREFIX}{name} must be a number") from None
+    if not 0 <= value < float("inf"):
+        raise SystemExit(f"{ENV_PREFIX}{name} must be a finite number >= 0")
+    return value
+
+
 def _bool(name: str, default: bool = False) -> bool:
     raw = _env(name)
     return default if raw is None or raw == "" else raw.lower() in {"1", "true", "yes", "on"}
@@ -104,6 +118,10 @@ class Config:
     bootstrap_key: str | None = None
     #: PRIVRELEASE_IDEMPOTENCY_TTL: seconds an Idempotency-Key is remembered
     idempotency_ttl: int = 24 * 3600
+    #: PRIVRELEASE_KEY_CACHE_SECONDS: seconds an API process keeps a key it looked up
+    #: (``apikeys.KeyCache``): a key revoked through another process is still accepted
+    #: here for up to this long. 0: every request looks its key up
+    key_cache_seconds: float = 1.0
     #: PRIVRELEASE_LEASE_SECONDS: a running job's lease; a lapsed one means its worker died
     lease_seconds: int = 30
     #: PRIVRELEASE_SWEEP_INTERVAL: seconds between sweeps for reservations whose job is gone
@@ -197,6 +215,7 @@ class Config:
             allow_seeds=_bool("ALLOW_SEEDS"),
             bootstrap_key=_env("BOOTSTRAP_KEY") or None,
             idempotency_ttl=_int("IDEMPOTENCY_TTL", cls.idempotency_ttl),
+            key_cache_seconds=_non_negative("KEY_CACHE_SECONDS", cls.key_cache_seconds),
             lease_seconds=_int("LEASE_SECONDS", cls.lease_seconds),
             sweep_interval=float(_env("SWEEP_INTERVAL") or cls.sweep_interval),
             max_resends=_at_least("MAX_RESENDS", cls.max_resends, 0),

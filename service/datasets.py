@@ -180,11 +180,6 @@ def page(ledger: Store, limit: int, after: index.Cursor | None,
     return [json.loads(raw) for raw in raws if raw is not None], nxt
 
 
-def list_all(ledger: Store) -> list[dict[str, Any]]:
-    ids = ledger.dataset_ids()
-    return [json.loads(raw) for raw in ledger.dataset_documents(ids) if raw is not None]
-
-
 def meta(doc: dict[str, Any]) -> DatasetMeta:
     """The public metadata mechanisms see, rebuilt from the stored document."""
     cols = {
@@ -514,13 +509,18 @@ def reupload_warnings(ledger: Store, doc: dict[str, Any]) -> list[dict[str, Any]
     count is named (``same_file`` when the files' SHA-256 agree). A warning, not a
     refusal: tables of equal shape about different people are common (a panel's
     waves, one form in two regions), and only the operator knows which it is.
+
+    The record is asked for the datasets of this shape only (``Store.same_shape_documents``:
+    on PostgreSQL an index of the active versions' shapes), never for every dataset;
+    each one it gives is checked here.
     """
     if doc.get("public"):
         return []
     columns, n_rows = set(doc["columns"]), int(doc["n_rows"])
     out: list[dict[str, Any]] = []
-    for other in list_all(ledger):
-        if other["id"] == doc["id"] or other.get("status") != "active" or other.get("public"):
+    for raw in ledger.same_shape_documents(sorted(columns), n_rows, doc["id"]):
+        other = json.loads(raw)
+        if other.get("status") != "active" or other.get("public"):
             continue
         for entry in versions_of(other):
             if (entry["status"] == "active" and set(entry["columns"]) == columns

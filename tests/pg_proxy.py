@@ -21,6 +21,7 @@ from pathlib import Path
 import psycopg
 
 from service.storage import database
+from tests.conftest import database_on
 
 #: the simple-query COMMIT psycopg sends (``Connection.commit``): 'Q', length 11, the text
 COMMIT_MESSAGE = b"Q\x00\x00\x00\x0bCOMMIT\x00"
@@ -111,8 +112,7 @@ def lossy_database(server_url: str) -> Iterator[tuple[str, ReplyDropper]]:
     ``ReplyDropper``: (the conninfo that reaches it through the proxy, the proxy).
     Dropped (with the proxy) at the end."""
     name = "lossy_" + secrets.token_hex(4)
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
+    database_on(server_url, name)
     directory = Path(tempfile.mkdtemp(prefix="pgd", dir="/tmp"))
     proxy = ReplyDropper(socket_of(server_url), directory, 5432)
     try:

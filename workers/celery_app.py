@@ -20,7 +20,7 @@ from celery import Celery, signals
 
 from service.config import Config
 from service.releases.sweeper import sweep_if_due, sweep_orphans_if_due
-from service.storage import rkeys
+from service.storage import release_metrics, rkeys
 from service.storage.event_archive import archive_if_due
 from service.storage.store import DOWN
 from service.wiring import Services, build
@@ -79,6 +79,13 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
 @signals.worker_shutdown.connect
 def _stop_heartbeat(**_: Any) -> None:
     _stop.set()
+    release_metrics.flush()  # a pool that runs tasks in this process (solo, threads)
+
+
+@signals.worker_process_shutdown.connect
+def _flush_metrics(**_: Any) -> None:
+    """A pool process about to exit writes the release metrics it still holds."""
+    release_metrics.flush()
 
 
 #: the worker's app; `privrelease worker` configures it from the environment

@@ -637,6 +637,22 @@ class Baseline(Mechanism):
             return extended_plan(self.name, params, amounts, meta).accuracy()
         return self._accuracy(self._plan(params, amounts, meta))
 
+    def price(self, params: Mapping[str, Any], budget: Budget, meta: DatasetMeta
+              ) -> tuple[dict[str, Fraction], dict[str, Any]]:
+        """``cost`` and ``accuracy`` with one plan: both calibrate the same noise to the
+        same amounts (the cost is the budget read), so the plan is made once. A subclass
+        with its own ``cost`` or ``accuracy``, or amounts that read differently from the
+        cost than from the budget, gets the two calls."""
+        mine = type(self)
+        if mine.cost is not Baseline.cost or mine.accuracy is not Baseline.accuracy:
+            return super().price(params, budget, meta)
+        amounts = self._amounts(budget, meta)
+        if self._amounts(amounts, meta) != amounts:
+            return super().price(params, budget, meta)
+        if extended(params):
+            return amounts, extended_plan(self.name, params, amounts, meta).accuracy()
+        return amounts, self._accuracy(self._plan(params, amounts, meta))
+
     def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
         """Tables, quantiles and moments make a few passes over the rows (sorts included),
         whatever their grid or cell count; the rest keeps the default."""

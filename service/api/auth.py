@@ -14,10 +14,11 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import current_app, g, request
+from flask import Flask, current_app, g, request
 
 from service import apikeys, wiring
 from service.api.problems import APIError
+from service.config import Config
 from service.errors import ServiceError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,14 +37,31 @@ def bearer_token() -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+#: the ``app.extensions`` key of the app's ``apikeys.KeyCache``
+KEY_CACHE = "privrelease.key_cache"
+
+
+def key_cache(app: Flask) -> apikeys.KeyCache:
+    """The app's cache of keys found by token (made on first use: in each gunicorn
+    worker, after the fork), kept ``PRIVRELEASE_KEY_CACHE_SECONDS``."""
+    cache: apikeys.KeyCache | None = app.extensions.get(KEY_CACHE)
+    if cache is None:
+        config: Config = app.config["PRIVRELEASE"]
+        cache = app.extensions.setdefault(KEY_CACHE,
+                                          apikeys.KeyCache(config.key_cache_seconds))
+    return cache
+
+
 def request_key() -> apikeys.ApiKey | None:
     """The registered key the bearer token names (None: no token or none registered).
 
-    Looked up once per request: the rate limiter asks first, the role check after.
+    Looked up once per request (the rate limiter asks first, the role check after), and
+    answered from the process's ``apikeys.KeyCache`` while a lookup of the same token is
+    fresh (``PRIVRELEASE_KEY_CACHE_SECONDS``).
     """
     if "key_lookup" not in g:
         token = bearer_token()
-        g.key_lookup = (apikeys.lookup(wiring.current().keys, token)
+        g.key_lookup = (key_cache(current_app).lookup(wiring.current().keys, token)
                         if token else None)
     key: apikeys.ApiKey | None = g.key_lookup
     return key

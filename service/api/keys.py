@@ -1,4 +1,4 @@
-"""API keys: create (token shown once), list (never tokens), revoke at once."""
+"""API keys: create (token shown once), list (never tokens), revoke (``apikeys.revoke``)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def list_keys() -> list[dict[str, Any]]:
 @problems(blp, *AUTH, 403, 404)
 @blp.response(204)
 def revoke(key_id: str) -> None:
-    """Revoke a key; the next request with it gets 401."""
+    """Revoke a key: its token gets 401 from this API process's next request, from every
+    other API process within PRIVRELEASE_KEY_CACHE_SECONDS (1 s), its cache of keys."""
     keys = wiring.current().keys
     key = apikeys.get(keys, key_id)
     if key is None or not _manages(key) or not apikeys.revoke(keys, key_id):

@@ -26,6 +26,7 @@ from service.plotting import FORMATS, analysis_figure, bar_figure, render
 from service.plotting import release_figure as release_figure_of
 from service.releases import documents, pricing
 from service.storage.release_tables import OutputStore, csv_chunks
+from service.storage.store import Fields
 
 blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
                 description="Release data and analyses")
@@ -34,15 +35,23 @@ blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
 def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
     """The release, once succeeded; a release of a dataset the key may not use is
     answered as one that does not exist, before its status is looked at."""
-    doc = documents.document(wiring.current().ledger, release_id)
+    return _succeeded_fields(release_id, field)[1]
+
+
+def _succeeded_fields(release_id: str, field: str = "release_id"
+                      ) -> tuple[Fields, dict[str, Any]]:
+    """:func:`_succeeded` with the release's stored fields it was rendered from (one read
+    of the record)."""
+    h = wiring.current().ledger.release(release_id)
     not_found = APIError(404, "no such release", code="not_found", field=field)
-    if doc is None:
+    if h is None:
         raise not_found
+    doc = documents.render(release_id, h)
     check_dataset_grant(doc["dataset_id"], not_found)
     if doc["status"] != "succeeded":
         raise APIError(409, f"the release is {doc['status']}, not succeeded",
                        code="release_not_ready", field=field)
-    return doc
+    return h, doc
 
 
 @blp.route("/<release_id>/data")
@@ -53,10 +62,9 @@ def _succeeded(release_id: str, field: str = "release_id") -> dict[str, Any]:
 def data(release_id: str) -> Response:
     """The privatized microdata as CSV, one row per released record, in the dataset's secret
     row order (the same for every release of the dataset; see mechanisms.rows)."""
-    _succeeded(release_id)
+    h, _ = _succeeded_fields(release_id)
     config = current_app.config["PRIVRELEASE"]
-    attempt = documents.table_attempt(wiring.current().ledger, release_id)
-    table = OutputStore(config.releases_dir).load(release_id, attempt)
+    table = OutputStore(config.releases_dir).load(release_id, documents.table_attempt(h))
     if table is None:
         raise APIError(404, "this release has no record-level data", code="not_found")
     headers = {"Content-Disposition": f'attachment; filename="{release_id}.csv"'}

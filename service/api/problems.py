@@ -6,8 +6,6 @@ import errno
 import logging
 from typing import Any
 
-import psycopg
-import psycopg_pool
 import redis
 from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
@@ -15,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from service.errors import STORAGE_DOWN, STORAGE_FULL, ServiceError
 from service.storage.release_documents import DocumentMissing
+from service.storage.store import POSTGRES_DOWN
 
 #: under ``privrelease``, so error-path records go through the JSON handler with the
 #: request id (``observability.configure_logging``), never a plain-text root handler
@@ -34,7 +33,7 @@ RETRY_AFTER_SECONDS = 2
 #: AOF, is a ConnectionError), kombu's error when a task cannot be published, psycopg's
 #: OperationalError (a server away, a failover) and a pool with no free connection.
 UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-               OperationalError, psycopg.OperationalError, psycopg_pool.PoolTimeout)
+               OperationalError, *POSTGRES_DOWN)
 
 _CODES = {
     400: "bad_request",

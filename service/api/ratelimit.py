@@ -13,16 +13,26 @@ handlers, as for any HTTPException) with ``Retry-After``.
 Estimates (``POST /v1/releases/estimate``) also count against a window of their own,
 ``PRIVRELEASE_ESTIMATE_RATE_LIMIT`` per key: they are free to the caller but a cold one
 costs seconds of CPU (see service/releases/pricing.py).
+
+A request costs one Valkey round trip per window it counts against (``OneTripWindow``):
+the hit's script answers the window's count and its expiry along with the decision, and
+the ``X-RateLimit-*`` headers are written from that answer. flask-limiter's own
+fixed-window strategy reads the count (GET) and the expiry (TTL) again for the headers:
+three round trips.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
-from flask import Flask, Response, current_app, g, has_app_context, request
+from flask import Flask, Response, current_app, g, has_app_context, has_request_context, request
 from flask_limiter import ApplicationLimit, Limiter
-from limits import parse_many
+from limits import RateLimitItem, parse_many
+from limits.storage import RedisStorage
+from limits.strategies import FixedWindowRateLimiter
+from limits.util import WindowStats
 
 from service.api import auth
 from service.api.problems import RETRY_AFTER_SECONDS
@@ -34,6 +44,50 @@ from service.storage.store import DOWN
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"})
 #: rate limit counters live under the service's key prefix
 KEY_PREFIX = "pr:ratelimit"
+
+
+#: flask-limiter's fixed-window hit (``limits``' incr_expire.lua) answering, with the
+#: count, the window's remaining life in milliseconds (PTTL: -1 without expiry)
+HIT_SCRIPT = """
+local amount = tonumber(ARGV[2])
+local current = redis.call("incrby", KEYS[1], amount)
+if tonumber(current) == amount then
+    redis.call("expire", KEYS[1], ARGV[1])
+end
+return {current, redis.call("pttl", KEYS[1])}
+"""
+#: ``g`` attribute: the windows this request's hits saw, by limit key
+_SEEN = "_ratelimit_windows"
+
+
+class OneTripWindow(FixedWindowRateLimiter):
+    """flask-limiter's ``fixed-window`` strategy, same keys, counts and expiries, in one
+    round trip per window: ``hit`` keeps the count and expiry its script answered (in
+    the request's ``g``), and ``get_window_stats``, which the headers read after the
+    view, answers from them instead of a GET and a TTL. Outside a request, or for a
+    window this request did not hit, it reads Valkey as the stock strategy does."""
+
+    def __init__(self, storage: RedisStorage) -> None:
+        super().__init__(storage)
+        self.redis_storage = storage
+        self.script = storage.get_connection().register_script(HIT_SCRIPT.encode())
+
+    def hit(self, item: RateLimitItem, *identifiers: str, cost: int = 1) -> bool:
+        key = item.key_for(*identifiers)
+        count, pttl = self.script([self.redis_storage.prefixed_key(key)],
+                                  [item.get_expiry(), cost])
+        count = int(count)
+        if has_request_context():
+            g.setdefault(_SEEN, {})[key] = (count, time.time() + max(int(pttl), 0) / 1000)
+        return count <= item.amount
+
+    def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:
+        key = item.key_for(*identifiers)
+        seen = g.get(_SEEN) if has_request_context() else None
+        if seen is None or key not in seen:
+            return super().get_window_stats(item, *identifiers)
+        count, reset = seen[key]
+        return WindowStats(reset, max(0, item.amount - count))
 
 
 def client_key() -> str:
@@ -143,6 +197,9 @@ def init_app(app: Flask) -> Limiter | None:
     limiter.logger = _LOG  # JSON lines, no messages
     limiter.request_filter(_exempt)
     limiter.init_app(app)
+    # the headers from the hit's own answer (one round trip, not three)
+    assert isinstance(limiter._storage, RedisStorage)
+    limiter._limiter = OneTripWindow(limiter._storage)
     _limit_estimates(app, limiter, config)
     return limiter
 

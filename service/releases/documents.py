@@ -12,7 +12,7 @@ import numpy as np
 import mechanisms
 from service.releases import pricing
 from service.releases.request import JobRequest
-from service.storage.store import Store
+from service.storage.store import Fields, Store
 
 
 def document(store: Store, release_id: str) -> dict[str, Any] | None:
@@ -26,11 +26,10 @@ def documents(store: Store, ids: list[str]) -> list[dict[str, Any]]:
     return [render(release_id, h) for release_id, h in store.releases(ids)]
 
 
-def table_attempt(store: Store, release_id: str) -> int:
-    """Which run's table is the release's, as its commit recorded (release tables live
-    per run, ``service.storage.release_tables``); releases committed before runs were
-    numbered kept theirs as run 1."""
-    h = store.release(release_id) or {}
+def table_attempt(h: Fields) -> int:
+    """Which run's table is the release's, from its stored fields, as its commit recorded
+    (release tables live per run, ``service.storage.release_tables``); releases committed
+    before runs were numbered kept theirs as run 1."""
     return int(h.get("table") or 1)
 
 

@@ -219,9 +219,11 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
 def prepare(ledger: Store, body: dict[str, Any], *,
             allow_seeds: bool, max_work: float | None = None) -> Prepared:
     """Validate a release request against its mechanism and dataset; compute the cost."""
-    doc = datasets.get(ledger, body["dataset_id"])
-    if doc is None:
+    # the document and the measures its caps name, in one read
+    found = ledger.dataset_for_pricing(body["dataset_id"])
+    if found is None:
         raise no_such_dataset()
+    doc, named = json.loads(found[0]), found[1]
     if doc.get("status") != "active":
         raise Retired("dataset is retired", field="dataset_id")
     try:  # the asked version (default: the current one), as a release on it sees it
@@ -255,7 +257,6 @@ def prepare(ledger: Store, body: dict[str, Any], *,
     # record-level opt-in, and measures the dataset's budgets name
     check_notions(doc, mech.measures)
     check_record_level(doc, mech)
-    named = ledger.named_measures(doc["id"])
     check_measures(named, ledger_measures(mech.measures, doc) | set(mech.charged_columns(params)))
     as_written = params
     # what earlier releases hold: committed, and reserved by jobs still in the queue (they
@@ -272,8 +273,7 @@ def prepare(ledger: Store, body: dict[str, Any], *,
             mech.check_reference(params, meta, datasets.meta(ref))
         if max_work is not None:
             check_work(mech.work(params, meta), max_work, "this release")
-        cost = mech.cost(params, requested, meta)
-        accuracy = mech.accuracy(params, cost, meta)
+        cost, accuracy = mech.price(params, requested, meta)  # cost, then its accuracy
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
         charged = zcdp.charge(cost, mech.name) if meta.gaussian_accounting == "zcdp" else cost
@@ -482,9 +482,9 @@ def earlier_releases(ledger: Store, dataset: dict[str, Any]) -> list[dict[str, A
     first: mechanism, params, status, the mechanism's exact ``cost`` per measure, the ledger
     ``units`` it holds and whether a failed one was ``charged`` (failed after reading the
     data). Public designs and statuses only: nothing the data decides."""
-    total, rows = ledger.dataset_history(dataset["id"], MAX_EARLIER_RELEASES)
+    rows, more = ledger.dataset_history(dataset["id"], MAX_EARLIER_RELEASES)
     out: list[dict[str, Any]] = []
-    if total > MAX_EARLIER_RELEASES:
+    if more:
         out.append({"status": "truncated"})
     for h in rows:
         req = JobRequest.from_json(h["request"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -55,31 +56,95 @@ log = logging.getLogger("privrelease.worker")
 FAILED_AFTER_READ: dict[str, str] = {"code": "mechanism_failed", "message": "mechanism failed"}
 
 
+class _Renewals:
+    """The leases of this process's runs, kept alive by one thread: each renewed a third
+    of its lease after it was taken or last renewed, as a thread per run did, without a
+    thread's start and join per release. A run whose renewal finds the lease gone has its
+    event set and is renewed no more; the record away for a moment (``DOWN``), it is
+    tried again a third of a lease later. A run that ends waits for its renewal in
+    flight, as the join of its thread did: none is sent after it settles, and a renewal
+    still waiting out a failover delays its settle rather than run beside it. The thread
+    is started in the process that runs (after a pool's fork), once."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        #: per run's token: (when its renewal is due, monotonic; the ledger; the run; lost)
+        self._runs: dict[str, tuple[float, Store, Run, threading.Event]] = {}
+        self._renewing: str | None = None  # the token whose renewal is in flight
+        self._pid: int | None = None
+
+    def add(self, ledger: Store, run: Run) -> threading.Event:
+        lost = threading.Event()
+        with self._changed:
+            self._runs[run.token] = (time.monotonic() + ledger.lease_seconds / 3, ledger,
+                                     run, lost)
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._renew, daemon=True,
+                                 name="privrelease-lease").start()
+            self._changed.notify_all()  # the thread: a run due sooner than it waits for
+        return lost
+
+    def remove(self, run: Run) -> None:
+        with self._changed:
+            self._runs.pop(run.token, None)
+            while self._renewing == run.token:
+                self._changed.wait()
+
+    def _renew(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [entry for entry in self._runs.values() if entry[0] <= now]
+                if not due:
+                    soonest = min((entry[0] for entry in self._runs.values()), default=None)
+                    self._changed.wait(None if soonest is None else soonest - now)
+                    continue
+            for _, ledger, run, lost in due:
+                with self._changed:
+                    if run.token not in self._runs:  # the run ended meanwhile
+                        continue
+                    self._renewing = run.token
+                held = self._held(ledger, run)  # never raises
+                with self._changed:
+                    self._renewing = None
+                    self._changed.notify_all()  # a run ending waits for this renewal
+                    if run.token not in self._runs:  # the run ended meanwhile
+                        continue
+                    if held:
+                        self._runs[run.token] = (time.monotonic() + ledger.lease_seconds / 3,
+                                                 ledger, run, lost)
+                    else:
+                        del self._runs[run.token]
+                        lost.set()
+
+    @staticmethod
+    def _held(ledger: Store, run: Run) -> bool:
+        """One renewal: False only if the run lost its lease; an error (the record away,
+        or anything else: the thread serves every run of the process) tries again later."""
+        try:
+            return ledger.renew_lease(run)
+        except DOWN:
+            return True
+        except Exception as err:
+            log.error("lease renewal failed", extra={"release_id": run.release_id,
+                                                      "error_type": type(err).__name__})
+            return True
+
+
+_RENEWALS = _Renewals()
+
+
 @contextmanager
 def _lease(ledger: Store, run: Run) -> Iterator[threading.Event]:
     """Renew the run's lease while it works; the event is set once the run lost it."""
-    stop, lost = threading.Event(), threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(ledger.lease_seconds / 3):
-            try:
-                if not ledger.renew_lease(run):
-                    lost.set()
-                    return
-            except DOWN:  # the record away for a moment: the next renewal retries
-                continue
-
-    thread = threading.Thread(target=renew, daemon=True, name="privrelease-lease")
-    thread.start()
+    lost = _RENEWALS.add(ledger, run)
     try:
         yield lost
     finally:
-        stop.set()
-        thread.join()
+        _RENEWALS.remove(run)
 
 
-#: a release still to run (``Store.release``'s statuses); any other has ended
-PENDING = frozenset({"queued", "running"})
 #: runs of one release that may read its data; a job whose runs all died after reading it
 #: (worker killed, lost, out of memory) is then charged and failed, not run again
 MAX_RUNS = 3
@@ -123,26 +188,32 @@ def execute(svc: Services, release_id: str, worker: str) -> str:
 
 
 def run_job(svc: Services, release_id: str, worker: str) -> Ran:
-    """``execute``, with the callback URL of the request it read."""
-    h = svc.ledger.release(release_id)
+    """``execute``, with the callback URL of the request it read. The start reads the
+    release's request and its dataset's document with it (``Store.mark_running``): a
+    release the start does not take is read once more only to say why."""
+    run = svc.ledger.mark_running(release_id, worker)
+    if run is None:
+        return Ran(_not_started(svc.ledger, release_id))
+    req = JobRequest.from_json(run.request)
+    return Ran(_execute(svc, run, req), req.callback_url)
+
+
+def _not_started(ledger: Store, release_id: str) -> str:
+    """Why ``mark_running`` took no run: 'missing', 'skipped' (it ended, or is not queued
+    yet), or ``LeaseHeld`` raised (a live run holds it)."""
+    h = ledger.release(release_id)
     if h is None:
         log.warning("release not found", extra={"release_id": release_id})
-        return Ran("missing")
-    if h.get("status") not in PENDING:
-        return Ran("skipped")
-    req = JobRequest.from_json(h["request"])
-    return Ran(_execute(svc, release_id, worker, req), req.callback_url)
+        return "missing"
+    if h.get("status") == "running":
+        raise LeaseHeld(release_id)
+    return "skipped"
 
 
-def _execute(svc: Services, release_id: str, worker: str, req: JobRequest) -> str:
-    """Run a release found pending, its request ``req``: ``execute``'s statuses."""
+def _execute(svc: Services, run: Run, req: JobRequest) -> str:
+    """Run a release ``run`` started, its request ``req``: ``execute``'s statuses."""
     client, ledger = svc.client, svc.ledger
-    dataset_id, mechanism = req.dataset_id, req.mechanism
-    run = ledger.mark_running(release_id, worker)
-    if run is None:
-        if (ledger.release(release_id) or {}).get("status") == "running":
-            raise LeaseHeld(release_id)
-        return "skipped"
+    release_id, dataset_id, mechanism = run.release_id, req.dataset_id, req.mechanism
     started = time.perf_counter()
     if run.attempt > MAX_RUNS and (ledger.release(release_id) or {}).get("data_read"):
         # earlier runs read the data and died (a crash the data may cause would repeat
@@ -163,7 +234,7 @@ def _execute(svc: Services, release_id: str, worker: str, req: JobRequest) -> st
 
     with _lease(ledger, run):
         try:
-            job = _public_inputs(ledger, svc.datasets, req)
+            job = _public_inputs(ledger, svc.datasets, req, run.dataset_document)
             # the output's room before the data: a store that cannot take it is refunded
             svc.documents.preflight(release_id, run.attempt)
         except Exception as err:  # nothing of the data read yet: refund, say why
@@ -212,12 +283,15 @@ def settle_files(ledger: Store, docs: DocumentStore, outputs: OutputStore, run: 
     """After a run's commit: the winner removes the files of runs that died (tables,
     result documents, request copies the hash does not name); a run that did not settle
     removes its own (its output is not the release's: only the attempt settle.lua recorded
-    is ever read)."""
+    is ever read). A first run (attempt 1) had no runs before it, and a store that keeps
+    no request files (``kept_request`` None) made none: then nothing is left to remove and
+    the release's folder is not listed."""
     if outcome == "settled":
-        if table is not None:
+        if table is not None and run.attempt > 1:
             outputs.prune(run.release_id, keep=table)
         keep = ledger.kept_request(run.release_id)
-        docs.prune(run.release_id, keep_result=run.attempt, keep_request=keep)
+        if run.attempt > 1 or keep is not None:
+            docs.prune(run.release_id, keep_result=run.attempt, keep_request=keep)
     else:
         if table is not None:
             outputs.discard(run.release_id, run.attempt)
@@ -234,13 +308,15 @@ def _lost(client: redis.Redis, run: Run, mechanism: str, outcome: Settled,
     return "lost"
 
 
-def _public_inputs(ledger: Store, store: DatasetStore, req: JobRequest) -> _Job:
-    """Everything a run needs but the private data: metadata, public references, and
-    that the dataset's files are all there (stat only, no value read)."""
+def _public_inputs(ledger: Store, store: DatasetStore, req: JobRequest,
+                   document: str | None) -> _Job:
+    """Everything a run needs but the private data: metadata (the dataset's ``document``,
+    as the start read it: None if there is none), public references, and that the
+    dataset's files are all there (stat only, no value read)."""
     dataset_id, version = req.dataset_id, req.dataset_version
-    doc = datasets.get(ledger, dataset_id)
-    if doc is None:
+    if document is None:
         raise LookupError("dataset metadata missing")
+    doc = json.loads(document)
     mech = mechanisms.get(req.mechanism)
     references = {}
     for ref_id in mech.reference_datasets(req.params):  # public reference data

@@ -8,6 +8,15 @@ idempotency, atomically; the release enters the outbox), then the run's message
 domain error the caller answers; a message that cannot be published refunds the
 reservation, or, when Valkey went away too, leaves it in the outbox for the sweeper.
 
+The POST takes its release out of the outbox off the request path: once the message is
+published, the id goes to the process's ``OutboxFlusher``, which deletes the published
+ids in one statement every ``OUTBOX_FLUSH_SECONDS`` (sooner when ``OUTBOX_FLUSH_BATCH``
+wait), and once more when the process exits. A process that dies first leaves its rows:
+the sweeper re-sends them after ``OUTBOX_GRACE``, a second message of a release that is
+harmless (``Store.mark_running`` runs a release once; a run also takes its release out
+of the outbox). Every other sender (the sweeper, a pricing job, a replay's re-send)
+takes the release out at once, as before.
+
 A release whose cost needs a heavy precomputation missing from the shared store is
 created ``pricing`` after every cheap check; its pricing job (``price``) prepares the
 request again in a worker, computing what was missing, and reserves it through the same
@@ -21,10 +30,14 @@ on the data.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import logging
+import os
 import secrets
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,18 +80,123 @@ PRICING_RETRY_AFTER = 2
 ESTIMATE_JOB_TTL = 120
 
 
+#: seconds between an ``OutboxFlusher``'s deletes of published releases' outbox rows
+OUTBOX_FLUSH_SECONDS = 0.1
+#: published releases that make a flusher delete at once, without waiting its seconds
+OUTBOX_FLUSH_BATCH = 256
+#: most ids a flusher keeps while its deletes fail (the record away); beyond, the rows
+#: stay and the sweeper re-sends those releases after OUTBOX_GRACE (a harmless message)
+OUTBOX_FLUSH_KEEP = 100_000
+
+
 def new_id() -> str:
     return "rel_" + secrets.token_hex(12)
 
 
-def enqueue(queue: Queue, ledger: Store, release_id: str, *, pricing: bool = False) -> None:
+class OutboxFlusher:
+    """Takes published releases out of one store's outbox in batches, off the request
+    path: ``sent`` queues an id; a thread of this process (started by the first ``sent``
+    after a fork: gunicorn's workers each get their own) deletes what was queued in one
+    ``Store.enqueued_many`` every ``seconds``, or at once when ``batch`` ids wait; the
+    process's exit flushes what is left (``flush_outbox``, atexit). A failed delete (the
+    record away) keeps its ids for the next round, at most ``OUTBOX_FLUSH_KEEP``."""
+
+    def __init__(self, ledger: Store, seconds: float = OUTBOX_FLUSH_SECONDS,
+                 batch: int = OUTBOX_FLUSH_BATCH) -> None:
+        self.ledger, self.seconds, self.batch = ledger, seconds, batch
+        self._reset()
+
+    def _reset(self) -> None:
+        """No thread and nothing queued (a new flusher, or its copy in a forked child:
+        the parent's thread did not come along, and its lock may have been held)."""
+        self._lock = threading.Lock()
+        self._ids: list[str] = []
+        self._wake = threading.Event()
+        self._pid = 0
+        self._failing = False
+
+    def sent(self, release_id: str) -> None:
+        """The release's task is published: take it out of the outbox in the next batch."""
+        with self._lock:
+            self._ids.append(release_id)
+            waiting = len(self._ids)
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="outbox-flusher", daemon=True).start()
+        if waiting >= self.batch:
+            self._wake.set()
+
+    def _run(self) -> None:
+        pid = os.getpid()
+        while self._pid == pid:
+            self._wake.wait(self.seconds)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> int:
+        """Delete the queued ids' outbox rows now (one statement); how many."""
+        with self._lock:
+            ids, self._ids = self._ids, []
+        if not ids:
+            return 0
+        try:
+            self.ledger.enqueued_many(ids)
+        except Exception as err:  # the record away: the next round tries again
+            if not self._failing:  # once per outage, not every round
+                log.warning("outbox flush failed", extra={"error_type": type(err).__name__,
+                                                          "releases": len(ids)})
+            self._failing = True
+            with self._lock:
+                room = max(0, OUTBOX_FLUSH_KEEP - len(self._ids))
+                self._ids[:0] = ids[:room]
+            return 0
+        self._failing = False
+        return len(ids)
+
+
+#: each store's flusher in this process
+_FLUSHERS: weakref.WeakKeyDictionary[Any, OutboxFlusher] = weakref.WeakKeyDictionary()
+_FLUSHERS_LOCK = threading.Lock()
+
+
+def outbox_flusher(ledger: Store) -> OutboxFlusher:
+    """The process's flusher of ``ledger``'s outbox (made on first use)."""
+    flusher = _FLUSHERS.get(ledger)
+    if flusher is None:
+        with _FLUSHERS_LOCK:
+            flusher = _FLUSHERS.setdefault(ledger, OutboxFlusher(ledger))
+    return flusher
+
+
+def flush_outbox() -> int:
+    """Flush every flusher of this process now (at exit; tests): how many were deleted."""
+    return sum(flusher.flush() for flusher in list(_FLUSHERS.values()))
+
+
+def _after_fork() -> None:
+    global _FLUSHERS_LOCK
+    _FLUSHERS_LOCK = threading.Lock()
+    for flusher in list(_FLUSHERS.values()):
+        flusher._reset()
+
+
+atexit.register(flush_outbox)
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def enqueue(queue: Queue, ledger: Store, release_id: str, *, pricing: bool = False,
+            outbox: OutboxFlusher | None = None) -> None:
     """Publish the release's task (its pricing job while it is ``pricing``), then take it
-    out of the outbox (an error leaves it there, for the sweeper or a retry to send)."""
+    out of the outbox: at once, or, given ``outbox`` (the POST's), in that flusher's next
+    batch. An error leaves it there, for the sweeper or a retry to send."""
     if pricing:
         queue.price(release_id)
     else:
         queue.run(release_id)
-    ledger.enqueued(release_id)
+    if outbox is not None:
+        outbox.sent(release_id)
+    else:
+        ledger.enqueued(release_id)
 
 
 def refusal(res: ReserveResult) -> ServiceError | None:
@@ -191,7 +309,8 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
                         extra={"release_id": res.release_id})
         return Submitted(res.release_id, res.outcome, doc)
     try:
-        enqueue(svc.queue, ledger, res.release_id, pricing=res.outcome == "pricing")
+        enqueue(svc.queue, ledger, res.release_id, pricing=res.outcome == "pricing",
+                outbox=outbox_flusher(ledger))
     except Exception:
         _unsend(svc, dataset_id, res, actor)
         raise Unavailable("job queue unavailable; nothing was spent") from None

@@ -7,8 +7,8 @@ Layout (DESIGN §2)::
     <root>/<dataset_id>/v<version>/row_key     secret (mechanisms.rows), never served
     <root>/.tmp/                      versions being written or removed
 
-Workers memory-map the columns, so a version folder must never be seen half
-written: it is built under ``.tmp`` (same filesystem), fsynced, then renamed
+Workers memory-map the columns (small ones they read), so a version folder must never
+be seen half written: it is built under ``.tmp`` (same filesystem), fsynced, then renamed
 into place in one step, and never modified afterwards. File names are
 positional (``c<i>.npy``), never derived from user-chosen column names.
 """
@@ -32,6 +32,8 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FILE = re.compile(r"c[0-9]+\.npy")
+#: a column of at most this many bytes is read into memory; a larger one memory-mapped
+READ_BYTES = 1 << 18
 #: secret files of a version (the row-order key): not columns, not in the manifest
 _PRIVATE = re.compile(r"[a-z]+_[a-z]+")
 
@@ -226,7 +228,10 @@ class DatasetStore:
             staged.discard()
 
     def load(self, dataset_id: str, version: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """The stored manifest and the columns, memory-mapped read-only, in stored order."""
+        """The stored manifest and the columns, in stored order: memory-mapped read-only,
+        or, a column of at most ``READ_BYTES`` (its manifest's shape and dtype: public
+        sizes, never a value), read into memory (``_small``): mapping a file costs more
+        than reading a small one, and a copy of it costs next to nothing."""
         folder = self.path(dataset_id, version)
         with open(folder / MANIFEST, encoding="utf-8") as fh:
             document = json.load(fh)
@@ -239,10 +244,12 @@ class DatasetStore:
                 raise ValueError(f"corrupt manifest in {folder}")
             path = folder / file
             # np.load cannot memory-map an empty array; there is nothing to share anyway
-            if np.prod(entry["shape"], dtype=np.int64) > 0:
-                columns[entry["name"]] = np.load(path, mmap_mode="r", allow_pickle=False)
+            if _small(entry):
+                column = np.load(path, allow_pickle=False)
+                column.flags.writeable = False  # as a read-only map: a run alters nothing
+                columns[entry["name"]] = column
             else:
-                columns[entry["name"]] = np.load(path, allow_pickle=False)
+                columns[entry["name"]] = np.load(path, mmap_mode="r", allow_pickle=False)
         manifest: dict[str, Any] = document["manifest"]
         return manifest, columns
 
@@ -444,6 +451,13 @@ class StagedVersion:
         if not self._done:
             shutil.rmtree(self._tmp, ignore_errors=True)
         self._done = True
+
+
+def _small(entry: dict[str, Any]) -> bool:
+    """Whether a column's manifest entry (its dtype and shape) says it holds at most
+    ``READ_BYTES``: an empty one too (np.load cannot memory-map it)."""
+    rows = int(np.prod(entry["shape"], dtype=np.int64))
+    return rows * np.dtype(entry["dtype"]).itemsize <= READ_BYTES
 
 
 def _row_bytes(header: dict[str, Any]) -> int:

@@ -40,7 +40,7 @@ from service.storage.event_archive import READ_BATCH, AuditArchive, parse_id
 from service.storage.release_documents import DocumentStore
 
 if TYPE_CHECKING:
-    from service.storage.store import ReleaseView
+    from service.storage.store import BudgetWindow, ReleaseView
 
 log = logging.getLogger("privrelease.ledger")
 
@@ -115,11 +115,16 @@ class Run:
 
     The token is the lease's value while this run holds it; the attempt number
     names the run's output files, so two runs never write to the same place.
+    ``mark_running`` also hands the run what it reads next, read with the start:
+    the release's ``request`` and its dataset's ``dataset_document`` (None: no such
+    dataset); a ``Run`` made otherwise has neither (``""``, None).
     """
 
     release_id: str
     token: str
     attempt: int
+    request: str = field(default="", compare=False, repr=False)
+    dataset_document: str | None = field(default=None, compare=False, repr=False)
 
 
 #: the sweeper's two kinds of message: a release's run (the ``releases`` queue) and its
@@ -364,6 +369,11 @@ class Ledger:
         """The release's task is published: take it out of the outbox."""
         self.r.zrem(rkeys.OUTBOX, release_id)
 
+    def enqueued_many(self, release_ids: list[str]) -> None:
+        """Their tasks are published: take them out of the outbox (one ZREM)."""
+        if release_ids:
+            self.r.zrem(rkeys.OUTBOX, *release_ids)
+
     def unsent(self, release_id: str, older_than: float) -> bool:
         """Whether the release waits in the outbox since more than ``older_than`` s ago."""
         score = self.r.zscore(rkeys.OUTBOX, release_id)
@@ -375,13 +385,20 @@ class Ledger:
                                          start=0, num=limit))
 
     def mark_running(self, release_id: str, worker: str) -> Run | None:
-        """Start a run of the job and take its lease; None if it ended or a live run has it."""
+        """Start a run of the job and take its lease; None if it ended or a live run has it.
+        The run carries the release's request and its dataset's document (``Run``), read
+        after the start: a started release is pending, so its request is in the hash."""
         token = f"{worker}#{secrets.token_hex(8)}"
         attempt = int(self._start(keys=[rkeys.release(release_id), rkeys.lease(release_id),
                                         rkeys.OUTBOX],
                                   args=[now_iso(), worker, self.lease_seconds, token,
                                         release_id]))
-        return Run(release_id, token, attempt) if attempt else None
+        if not attempt:
+            return None
+        request = self.r.hget(rkeys.release(release_id), "request") or ""
+        dataset_id = json.loads(request).get("dataset_id") if request else None
+        document = self.dataset_document(dataset_id) if isinstance(dataset_id, str) else None
+        return Run(release_id, token, attempt, request, document)
 
     def renew_lease(self, run: Run) -> bool:
         """Keep a long run's lease alive; False if the run lost it (another run took over)."""
@@ -481,6 +498,9 @@ class Ledger:
         """Per measure: cap, committed, reserved and remaining, in units."""
         return self.budget(dataset_id)[0]
 
+    def balances(self, ids: list[str]) -> list[dict[str, dict[str, int]]]:
+        return [self.balance(dataset_id) for dataset_id in ids]
+
     def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
                                                dict[str, dict[str, dict[str, int]]]]:
         """The balance, and the same rows for each key's allocation."""
@@ -568,6 +588,14 @@ class Ledger:
         return docs, read[limit - 1][0] if more else None
 
 
+    def budget_window(self, dataset_id: str, limit: int) -> BudgetWindow:
+        """``Store.budget_window``: the whole stream (archived events too), ``complete``:
+        Valkey keeps no index of the cap events, and the stream and the ledger hash are
+        not read in one snapshot."""
+        from service.storage.store import BudgetWindow  # store.py imports this module
+
+        return BudgetWindow(self.events(dataset_id))
+
     def audit_range(self, since: datetime | None, until: datetime | None,
                     after: str | None) -> tuple[str, str]:
         """``Store.audit_range`` in stream ids: milliseconds since the epoch (earlier
@@ -596,6 +624,18 @@ class Ledger:
     def dataset_documents(self, ids: list[str]) -> list[str | None]:
         return list(self.r.mget([rkeys.dataset(i) for i in ids])) if ids else []
 
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
+        """The dataset's document and the measures its caps name (``named_measures``), in
+        one round trip (a pipeline, not atomic, as the two reads it replaces were not:
+        reserve.lua checks the measures again, atomically with the reservation)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(rkeys.dataset(dataset_id))
+        pipe.hkeys(rkeys.ledger(dataset_id))
+        raw, fields = pipe.execute()
+        if raw is None:
+            return None
+        return str(raw), {f[4:] for f in fields if f.startswith("cap:")}
+
     def datasets_page(self, limit: int, after: index.Cursor | None = None,
                       granted: frozenset[str] | None = None
                       ) -> tuple[list[str], index.Cursor | None]:
@@ -613,6 +653,13 @@ class Ledger:
 
     def dataset_ids(self) -> list[str]:
         return list(self.r.zrange(rkeys.DATASETS, 0, -1))
+
+    def same_shape_documents(self, columns: list[str], n_rows: int, exclude: str
+                             ) -> list[str]:
+        """``Store.same_shape_documents``: Valkey keeps no index of shapes, so every
+        other document, oldest first (the caller checks each)."""
+        ids = [i for i in self.dataset_ids() if i != exclude]
+        return [doc for doc in self.dataset_documents(ids) if doc is not None]
 
     def set_dataset_status(self, dataset_id: str, status: str) -> str | None:
         """``Store.set_dataset_status``: a WATCH/MULTI compare-and-set of the document."""
@@ -679,9 +726,10 @@ class Ledger:
         return index.page(self.r, keys, limit, after, newest_first=view.kind != "pending",
                           phase=after.phase if after is not None else "")
 
-    def dataset_history(self, dataset_id: str, newest: int) -> tuple[int, list[dict[str, str]]]:
+    def dataset_history(self, dataset_id: str, newest: int
+                        ) -> tuple[list[dict[str, str]], bool]:
         key = rkeys.dataset_releases(dataset_id)
-        total = int(self.r.zcard(key))
+        more = int(self.r.zcard(key)) > max(newest, 0)
         ids = self.r.zrange(key, -newest, -1) if newest > 0 else []
         pipe = self.r.pipeline(transaction=False)
         for release_id in ids:
@@ -696,7 +744,7 @@ class Ledger:
             if charged:
                 row["charged"] = charged
             out.append(row)
-        return total, out
+        return out, more
 
     def kept_request(self, release_id: str) -> str | None:
         sha = self.r.hget(rkeys.release(release_id), release_documents.REQUEST_DIGEST)

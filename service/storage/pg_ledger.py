@@ -32,26 +32,39 @@ The same calls, arguments, answers and accounting as the Valkey ``Ledger``
   score is created_at in epoch seconds: ``datasets.page``'s contract).
 
 How a step stays atomic without a single-threaded Lua: a transaction at READ COMMITTED
-that takes row locks in one global order, so two steps never deadlock: the
-Idempotency-Key (advisory lock, class 1), the replay fingerprint (advisory lock, class 2),
-the dataset's ``datasets`` row (its document), the dataset's ``ledgers`` row, the
-release's row, the dataset's ``budgets`` rows sorted by measure, the key's
-``allocations`` rows sorted by measure (``SELECT ... ORDER BY measure FOR UPDATE``: the
-rows are locked in that order); a release's other rows (its outbox entry, its replay)
-only after its release row and its ``budgets`` rows; a step's ``step_calls`` row last
-(only the attempts of the same call ever meet there). Every step locks the rows it
-reads before it decides, so it decides on the latest committed values (an UPDATE that
-decides in its WHERE, as ``ledger_start`` and ``ledger_settle``, locks the row first:
-PostgreSQL checks the condition again on the newest version of a row it waited for).
+that takes locks in one global order, so two steps never deadlock: the Idempotency-Key
+(advisory lock, class 1), the replay fingerprint (advisory lock, class 2), the dataset's
+``datasets`` row (its document), the release's row, the dataset's advisory lock (class
+3, ``DATASET_LOCK``), the dataset's ``ledgers`` row, the dataset's ``budgets`` rows sorted
+by measure, the key's ``allocations`` rows sorted by measure (``SELECT ... ORDER BY
+measure FOR UPDATE``: the rows are locked in that order); a release's outbox entry only
+after its release row, its replay only after its ``budgets`` rows; a step's
+``step_calls`` row last (only the attempts of the same call ever meet there). No step
+that holds a class-3 lock or a ``ledgers`` row locks a release's row. Every step decides
+on values no other step can change before it commits: rows it locked before reading
+them (an UPDATE that decides in its WHERE, as ``ledger_start`` and ``ledger_settle``,
+locks the row first: PostgreSQL checks the condition again on the newest version of a
+row it waited for), or rows under a lock every writer of them takes. Locks are only as
+strong as the decisions need (migration 0007_ledger_locks): ``reserve`` holds the
+dataset's class-3 lock SHARED with the other reserves and reads the ``ledgers`` row
+unlocked (a reserve that may set the notion lock locks the row FOR NO KEY UPDATE and
+reads it again); every step that changes what reserve decides on (``retire``,
+``set_version_retired``, ``version_change``'s ``retired``, ``change_caps``,
+``migrate_policy``) takes the class-3 lock ALONE first (``_lock_ledger``), which waits for
+the reserves under way and makes later ones wait for its COMMIT, and is not starved by
+a stream of them (PostgreSQL queues shared requests behind a waiting exclusive one). A
+dataset's reserves and settles take turns on its ``budgets`` rows (the caps are decided
+on the locked values), so these hold them for the least work.
 The audit event is inserted in the same transaction as the change it records (``events``
 is append-only: a trigger refuses UPDATE, DELETE and TRUNCATE); a refused step writes
 nothing but its answer.
 
 The steps every release takes (``reserve``, ``mark_running``, ``renew_lease`` /
 ``mark_data_read``, the settles; ``refuse`` and ``enqueued`` besides) are PL/pgSQL
-functions of migration 0004_steps, one per step, each the Python step it replaced
-statement for statement: a step is ONE statement sent (``_call``), and that statement
-is its transaction (autocommit: no BEGIN, no COMMIT round trip). Each statement a client
+functions of migration 0004_steps (reserve and settle replaced by 0007_ledger_locks),
+one per step, each the Python step it replaced statement for statement (0007 reordered
+the locks): a step is ONE statement sent (``_call``), and that statement is its
+transaction (autocommit: no BEGIN, no COMMIT round trip). Each statement a client
 sends costs about as much again as the little work a ledger statement asks for, and a
 step ran 3 to 10 of them. The rarer steps (the registry, caps, versions, policy, the
 sweeper's claims, the hold-out counters) stay Python statements in one transaction.
@@ -65,8 +78,12 @@ transaction, and looked up first by every attempt after the first: a re-run answ
 the committed attempt answered and changes nothing more (no second event, no second
 charge). Two attempts that overlap (the first one's COMMIT still on its way) meet on the
 id's primary key: the later one fails there and is run again, and reads the answer.
-Answers are kept ``CALL_MEMORY`` seconds; no call is re-run past ``RERUN_SECONDS``. Lease
-times are the database's clock (``now()``), as they were Valkey's TTLs. Amounts are
+The run's steps need no such row (migration 0007): ``mark_running``'s token is made once
+per call and the lease it holds is the answer, a settle's call id is the release's
+``settled_by``, and a lease renewed again is the same lease; an attempt of those that
+changed nothing committed nothing, and a re-run decides again. Answers are kept
+``CALL_MEMORY`` seconds; no call is re-run past ``RERUN_SECONDS``. Lease times are the
+database's clock (``now()``), as they were Valkey's TTLs. Amounts are
 Python ints end to end (BIGINT columns, JSON integers).
 
 The rest of ``service.storage.store.Store`` (migration 0003_releases):
@@ -88,7 +105,12 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
   ``sent``; ``service.releases.sweeper`` has the argument): each a statement or two on
   ranges of ``releases_sweep``, ``releases_started_seq`` and ``releases_priced_seq``
   (planned with sequential scans off: ``SWEEP_PLANNING``), whatever the backlog;
-- the audit log's bounds: ``audit_range`` (time bounds to event ids, below).
+- the audit log's bounds: ``audit_range`` (time bounds to event ids, below);
+- reads that do not grow with the history (issue #29 item 7, migration 0006_counts):
+  ``dataset_count`` (a counter the triggers on ``datasets`` keep), ``same_shape_documents``
+  (the GIN index of the active versions' shapes), ``balances`` (one query),
+  ``budget_window`` (a dataset's newest events, its balance and the caps before them, one
+  snapshot), ``dataset_history`` (``newest + 1`` rows: whether there are more, no count).
 
 Not here yet: the audit archive (events stay in ``events``), and replication
 acknowledgements (PostgreSQL's synchronous replication is configuration).
@@ -130,7 +152,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from service.errors import Invalid
-from service.storage import index, release_documents
+from service.storage import index, pg_steps, release_documents
 from service.storage.event_archive import READ_BATCH
 from service.storage.ledger import (
     NO_LEASE,
@@ -141,7 +163,15 @@ from service.storage.ledger import (
     Settled,
 )
 from service.storage.release_documents import DocumentStore
-from service.storage.store import PRICING, RUN, Fields, Passed, ReleaseView, SendMarks
+from service.storage.store import (
+    PRICING,
+    RUN,
+    BudgetWindow,
+    Fields,
+    Passed,
+    ReleaseView,
+    SendMarks,
+)
 
 if TYPE_CHECKING:
     from service.storage.store import Store
@@ -149,8 +179,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
 
-#: how many times a transaction is run when PostgreSQL rolled it back or the connection broke
-RETRIES = 5
+RETRIES = pg_steps.RETRIES
 #: seconds after a call's first attempt began within which it is run again: well inside
 #: ``CALL_MEMORY``, so a re-run always finds its first attempt's answer if it committed
 RERUN_SECONDS = 60.0
@@ -160,8 +189,10 @@ CALL_MEMORY = 600
 #: every PRUNE_EVERY-th write call of a ``PgLedger`` deletes up to PRUNE_BATCH expired
 #: answers: room for PRUNE_BATCH / PRUNE_EVERY = 4 rows per row written
 PRUNE_EVERY, PRUNE_BATCH = 64, 256
-#: advisory lock classes (pg_advisory_xact_lock(class, hashtext(key))), taken first
-IDEMPOTENCY_LOCK, REPLAY_LOCK = 1, 2
+#: advisory lock classes (pg_advisory_xact_lock(class, hashtext(key))): an
+#: Idempotency-Key's, a replay fingerprint's, a dataset's (reserve shares it, the steps
+#: that change what reserve decides on take it alone: ``_lock_ledger``, migration 0007)
+IDEMPOTENCY_LOCK, REPLAY_LOCK, DATASET_LOCK = 1, 2, 3
 #: a release holding units: settle moves them; every other status holds nothing
 HOLDING = ("queued", "running")
 #: the statuses of a pending release (Valkey's ``pr:pending``: reserve.lua enters every
@@ -175,6 +206,24 @@ FAILED_SQL = "status IN ('failed', 'refused')"
 RELEASE_COLUMNS = ("id, status, request, actor, created_at, started_at, finished_at, worker, "
                    "attempt, output, result_attempt, error, data_read, charged, "
                    "output_table, resends, resent_at")
+#: reads whose cost does not grow with the history (issue #29 item 7; tests EXPLAIN them):
+#: a dataset's newest releases and one more (``dataset_history``), a counter of ``counts``
+#: (``dataset_count``), the datasets of a shape (``same_shape_documents``), the balances
+#: of some datasets (``balances``), a dataset's newest events and one more, and the caps
+#: its ``cap`` events set up to an event (``budget_window``)
+HISTORY_SQL = (f"SELECT {RELEASE_COLUMNS} FROM releases WHERE dataset_id = %s "
+               "ORDER BY created_at DESC, id DESC LIMIT %s")
+COUNT_SQL = "SELECT value FROM counts WHERE name = %s"
+SHAPES_SQL = ("SELECT document FROM datasets WHERE shapes @> "
+              "ARRAY[dataset_shape(%s::jsonb, %s::jsonb)] AND id <> %s ORDER BY created_at, id")
+BALANCES_SQL = ("SELECT dataset_id, measure, cap, committed, reserved FROM budgets "
+                "WHERE dataset_id = ANY(%s) ORDER BY dataset_id, measure")
+WINDOW_SQL = ("SELECT id, kind, release_id, actor, at, units, detail FROM events "
+              "WHERE dataset_id = %s ORDER BY id DESC LIMIT %s")
+CAPS_BEFORE_SQL = ("SELECT DISTINCT ON (m.key) m.key, m.value FROM events e "
+                   "CROSS JOIN LATERAL jsonb_each_text(e.units) m "
+                   "WHERE e.dataset_id = %s AND e.kind = 'cap' AND e.id <= %s "
+                   "ORDER BY m.key, e.id DESC")
 #: an event id as ``audit_range`` takes it from a cursor: what ``events.id`` holds
 _EVENT_ID = re.compile(r"[0-9]{1,19}")
 #: the server-side steps' calls (migration 0004), each argument cast to its parameter's
@@ -187,6 +236,12 @@ RESERVE_SQL = (
     "p_idempotency_ttl => %(ttl)s::integer, p_notion => %(notion)s::text, "
     "p_measures => %(measures)s::text[], p_units => %(units)s::bigint[], "
     "p_version => %(version)s::bigint, p_at => %(at)s::timestamptz)")
+#: what ``mark_running`` reads in ``ledger_start``'s statement: the release's request and
+#: its dataset's document
+START_READS = (
+    "(SELECT request FROM releases WHERE id = %(release)s::text), "
+    "(SELECT d.document FROM releases r JOIN datasets d ON d.id = r.dataset_id "
+    "WHERE r.id = %(release)s::text)")
 SETTLE_SQL = (
     "ledger_settle(%(dataset)s::text, %(release)s::text, %(action)s::text, "
     "%(payload)s::text, %(actor)s::text, %(holder)s::text, %(table_version)s::bigint, "
@@ -356,7 +411,7 @@ class PgLedger:
                 if (attempt == RETRIES - 1 or not _retryable(err)
                         or time.monotonic() - began > RERUN_SECONDS):
                     raise
-                if _broken(err) and not checked:
+                if pg_steps.broken(err) and not checked:
                     checked = True
                     self.pool.check()
                 time.sleep(0.005 * 2 ** attempt + secrets.randbelow(5) / 1000)
@@ -387,32 +442,56 @@ class PgLedger:
         self._prune_now_and_then()
         return json.loads(json.dumps(answer))
 
-    def _call(self, function: str, params: dict[str, Any]) -> Any:
+    def _call(self, function: str, params: dict[str, Any], *, remembered: bool = True) -> Any:
         """The answer of the server-side step ``function`` (SQL naming its arguments as
-        ``%(name)s``: ``ledger_start(...)``, migration 0004), once per call: one statement,
-        its own transaction, that runs the function and records its answer under the
-        call's id (``step_remember``) or, on a re-run, first returns the answer an earlier
-        attempt recorded if it committed (``step_recall``): ``_write``'s rule,
-        server-side."""
+        ``%(name)s``: ``ledger_reserve(...)``, migration 0004), once per call: one
+        statement, its own transaction, that runs the function and records its answer
+        under the call's id (``step_remember``) or, on a re-run, first returns the answer
+        an earlier attempt recorded if it committed (``step_recall``): ``_write``'s rule,
+        server-side.
+
+        ``remembered=False``: a step whose own rows tell a re-run what an earlier attempt
+        did (``ledger_start``: the lease its token holds; ``ledger_touch``: the same
+        lease extended again; migration 0007): just the function, on every attempt, and
+        no ``step_calls`` row to write."""
+        return self._call_reading(function, params, remembered=remembered)[0]
+
+    def _call_reading(self, function: str, params: dict[str, Any], reads: str = "", *,
+                      remembered: bool = True) -> tuple[Any, ...]:
+        """``_call``, with more columns in the same statement: ``reads``, a select list
+        (of ``params``) after the answer. They read the statement's snapshot, taken as
+        it began: what was committed before the step ran, not what it changes."""
+        if not remembered:
+            statement = f"SELECT {function}{', ' + reads if reads else ''}"
+            return self._tx(lambda cur: _fetch_row(cur, statement, params),
+                            one_statement=True)
         call_id = _call_id()
         attempts = itertools.count()
-        answer = self._tx(lambda cur: self._run_call(cur, function, params, call_id,
-                                                     rerun=next(attempts) > 0),
-                          one_statement=True)
+        row = self._tx(lambda cur: self._run_call_row(cur, function, params, call_id,
+                                                      next(attempts) > 0, reads),
+                       one_statement=True)
         self._prune_now_and_then()
-        return answer
+        return row
 
     @staticmethod
     def _run_call(cur: Cursor, function: str, params: dict[str, Any], call_id: str,
                   rerun: bool = True) -> Any:
         """``function``'s answer as the call ``call_id``: run and recorded, or, on a
         ``rerun``, the answer an earlier attempt recorded if there is one."""
+        return PgLedger._run_call_row(cur, function, params, call_id, rerun)[0]
+
+    @staticmethod
+    def _run_call_row(cur: Cursor, function: str, params: dict[str, Any], call_id: str,
+                      rerun: bool, reads: str = "") -> tuple[Any, ...]:
+        """``_run_call``'s answer, then the columns ``reads`` selects."""
         run = f"step_remember(%(call_id)s::text, {function})"
         if rerun:
             run = f"COALESCE(step_recall(%(call_id)s::text), {run})"
-        cur.execute(f"SELECT {run}", {**params, "call_id": call_id})
+        cur.execute(f"SELECT {run}{', ' + reads if reads else ''}",
+                    {**params, "call_id": call_id})
         row = cur.fetchone()
-        return row[0] if row else None
+        assert row is not None  # a SELECT without FROM: one row
+        return tuple(row)
 
     def _prune_now_and_then(self) -> None:
         """Every ``PRUNE_EVERY``-th write call of this ledger deletes up to ``PRUNE_BATCH``
@@ -438,17 +517,24 @@ class PgLedger:
 
     @staticmethod
     def _lock_ledger(cur: Cursor, dataset_id: str) -> tuple[Any, ...] | None:
+        """The dataset's lock alone (``DATASET_LOCK``), then its ledgers row FOR UPDATE:
+        every step that changes what ``reserve`` decides on (the retired flags, the caps'
+        rules) takes them first. It waits for the reserves under way (they share the
+        dataset's lock) and every later reserve waits for its COMMIT (PostgreSQL queues
+        a shared request behind a waiting exclusive one: a stream of reserves never
+        starves it), then reads what it wrote (migration 0007)."""
+        cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (DATASET_LOCK, dataset_id))
         cur.execute("SELECT retired, retired_versions, notion_lock FROM ledgers "
                     "WHERE dataset_id = %s FOR UPDATE", (dataset_id,))
         return cur.fetchone()
 
-    @staticmethod
-    def _ensure_ledger(cur: Cursor, dataset_id: str) -> None:
+    @classmethod
+    def _ensure_ledger(cls, cur: Cursor, dataset_id: str) -> None:
         """The dataset's ledgers row, created if missing (a Valkey hash springs into being
-        on its first write), locked."""
+        on its first write), locked as ``_lock_ledger`` locks it."""
         cur.execute("INSERT INTO ledgers (dataset_id) VALUES (%s) ON CONFLICT DO NOTHING",
                     (dataset_id,))
-        cur.execute("SELECT 1 FROM ledgers WHERE dataset_id = %s FOR UPDATE", (dataset_id,))
+        cls._lock_ledger(cur, dataset_id)
 
     @staticmethod
     def _idempotent(cur: Cursor, key: str, fingerprint: str,
@@ -747,24 +833,17 @@ class PgLedger:
         """Hold ``r.cost`` for a new release unless it is a retry, a replay, refused or
         over a cap (reserve.lua, ``Ledger.reserve``): same modes, outcomes and fields.
 
-        One call of the server-side step ``ledger_reserve`` (migration 0004). It locks,
-        in the global order: the Idempotency-Key's advisory lock (two requests with one
-        key: one waits for the other's answer), the replay fingerprint's (two identical
-        requests: the second finds the first), the dataset's ``ledgers`` row (retired,
-        retired versions, the notion lock it may set), the release's row (a re-sent
-        create finds it), then the ``budgets`` rows of the measures asked and the actor's
-        ``allocations`` rows of them, each set by measure: it reads the caps on locked
-        rows, so two reserves never both take the last units."""
-        cost = {m: int(u) for m, u in sorted(r.cost.items())}
-        answer = self._call(RESERVE_SQL, {
-            "release": r.release_id, "dataset": r.dataset_id, "actor": r.actor,
-            "mode": r.mode, "request": r.request_json, "fingerprint": r.fingerprint,
-            "replay_key": r.replay_fingerprint or r.fingerprint, "replay": r.replay,
-            "idem": r.idempotency_key, "ttl": r.idempotency_ttl,
-            "notion": r.notion_lock or "", "measures": list(cost),
-            "units": list(cost.values()), "version": _version_of(r.request_json),
-            "at": r.at})
-        return ReserveResult(**answer)
+        One call of the server-side step ``ledger_reserve`` (migrations 0004, 0007). It
+        locks, in the global order: the Idempotency-Key's advisory lock (two requests with
+        one key: one waits for the other's answer), the replay fingerprint's (two
+        identical requests: the second finds the first), the release's row (a re-sent
+        create finds it), the dataset's lock shared with other reserves (``retire``, the
+        versions, the caps take it alone: ``_lock_ledger``) and under it reads its
+        ``ledgers`` row (retired, retired versions, the notion lock: a reserve that may
+        set it locks the row alone), then the ``budgets`` rows of the measures asked and
+        the actor's ``allocations`` rows of them, each set by measure: it reads the caps
+        on locked rows, so two reserves never both take the last units."""
+        return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r)))
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
                actor: str) -> bool:
@@ -782,6 +861,15 @@ class PgLedger:
         """The release's task is published: take it out of the outbox (``ledger_enqueued``;
         it locks the outbox row it deletes)."""
         self._call("ledger_enqueued(%(release)s)", {"release": release_id})
+
+    def enqueued_many(self, release_ids: list[str]) -> None:
+        """Their tasks are published: take them out of the outbox, in one statement (its
+        own transaction; it locks the outbox rows it deletes). Idempotent, so re-run as
+        is after a broken connection: no call record (``_call``'s) is needed."""
+        if not release_ids:
+            return
+        self._tx(lambda cur: cur.execute("DELETE FROM outbox WHERE release_id = ANY(%s)",
+                                         (release_ids,)), one_statement=True)
 
     def unsent(self, release_id: str, older_than: float) -> bool:
         """Whether the release waits in the outbox since more than ``older_than`` s ago."""
@@ -807,13 +895,22 @@ class PgLedger:
         """Start a run of the job and take its lease; None if it ended or a live run has it
         (start.lua). One call of ``ledger_start``: it locks the release's row (the UPDATE
         that takes the lease checks the status and the lease on the newest row version:
-        two runs never both take it) and takes the release out of the outbox."""
-        token = f"{worker}#{secrets.token_hex(8)}"
-        attempt = int(self._call(
+        two runs never both take it) and takes the release out of the outbox. The same
+        statement reads what the run reads next (``START_READS``): the release's request
+        (set when it was queued, before its task was sent: the same in any snapshot a
+        start can take it in) and its dataset's document as committed when the statement
+        began (read a moment before the start, as a separate read after it would have
+        been a moment after: a document changed between the two is a race either way)."""
+        token = f"{worker}#{secrets.token_hex(8)}"  # this call's, on every attempt
+        answer, request, document = self._call_reading(
             "ledger_start(%(release)s, %(worker)s, %(token)s, %(lease)s)",
             {"release": release_id, "worker": worker, "token": token,
-             "lease": self.lease_seconds}))
-        return Run(release_id, token, attempt) if attempt else None
+             "lease": self.lease_seconds}, START_READS, remembered=False)
+        attempt = int(answer)
+        if not attempt:
+            return None
+        return Run(release_id, token, attempt, str(request),
+                   None if document is None else str(document))
 
     def renew_lease(self, run: Run) -> bool:
         """Keep a long run's lease alive; False if the run lost it (another run took over)."""
@@ -826,11 +923,12 @@ class PgLedger:
 
     def _touch(self, run: Run, read: bool) -> bool:
         """One call of ``ledger_touch``: it locks the release's row (its UPDATE, only
-        while the run's token holds a live lease)."""
+        while the run's token holds a live lease). Run again after its reply was lost, it
+        extends the same lease again (and marks the data read again): nothing recorded."""
         return bool(self._call(
             "ledger_touch(%(release)s, %(token)s, %(read)s, %(lease)s)",
             {"release": run.release_id, "token": run.token, "read": read,
-             "lease": self.lease_seconds}))
+             "lease": self.lease_seconds}, remembered=False))
 
     # -- settle -------------------------------------------------------------------------
 
@@ -875,31 +973,33 @@ class PgLedger:
              actor: str, holder: str = "", table_version: int | None = None,
              result_attempt: int | None = None) -> Settled:
         call_id = _call_id()  # the same on every attempt of this call
-        attempts = itertools.count()
-        settled = self._tx(lambda cur: self._settle(cur, dataset_id, release_id, action,
-                                                    payload, actor, holder, table_version,
-                                                    result_attempt, call_id,
-                                                    rerun=next(attempts) > 0),
-                           one_statement=True)
-        self._prune_now_and_then()
-        return settled
+        return self._tx(lambda cur: self._settle(cur, dataset_id, release_id, action,
+                                                 payload, actor, holder, table_version,
+                                                 result_attempt, call_id),
+                        one_statement=True)
 
-    def _settle(self, cur: Cursor, dataset_id: str, release_id: str, action: str,
+    @staticmethod
+    def _settle(cur: Cursor, dataset_id: str, release_id: str, action: str,
                 payload: str, actor: str, holder: str, table_version: int | None,
-                result_attempt: int | None, call_id: str, rerun: bool = True) -> Settled:
+                result_attempt: int | None, call_id: str) -> Settled:
         """One settle (settle.lua) as the call ``call_id``, in ``cur``'s transaction: one
-        call of ``ledger_settle`` (``_call``'s statement). The failure rule: commit and
+        call of ``ledger_settle``, its own statement. The release that a call settles
+        records its id (``settled_by``): an attempt run again after its reply was lost
+        (or waiting on the row while the first attempt commits) reads ``settled`` there,
+        and an attempt that settled nothing changed nothing (no ``step_calls`` row: the
+        row says it all; migration 0007). The failure rule: commit and
         fail charge what the release holds, abort and cancel refund it, once (a release
         that ended answers ``ended``); the lease fencing: with a ``holder`` token only
         while that token holds a live lease (``lost`` otherwise), with ``NO_LEASE`` only
-        while none does. It locks the release's row, then the dataset's ``budgets`` rows
-        of the measures held and the owner's ``allocations`` rows of them, each set by
-        measure, and records its event (kind ``commit`` for commit and fail)."""
-        settled: Settled = self._run_call(cur, SETTLE_SQL, {
+        while none does. It locks the release's row (and deletes its outbox entry), then
+        the dataset's ``budgets`` rows of the measures held and the owner's
+        ``allocations`` rows of them, each set by measure (one measure: its row, by key),
+        and records its event (kind ``commit`` for commit and fail)."""
+        settled: Settled = _fetch_one(cur, f"SELECT {SETTLE_SQL}", {
             "dataset": dataset_id, "release": release_id, "action": action,
             "payload": payload, "actor": actor, "holder": holder,
             "table_version": table_version, "result_attempt": result_attempt,
-            "settle_call": call_id}, call_id, rerun)
+            "settle_call": call_id})
         return settled
 
     # -- reading ------------------------------------------------------------------------
@@ -908,23 +1008,34 @@ class PgLedger:
         """Per measure: cap, committed, reserved and remaining, in units."""
         return self.budget(dataset_id)[0]
 
+    def balances(self, ids: list[str]) -> list[dict[str, dict[str, int]]]:
+        """Each dataset's ``balance``, in the order of ``ids``: one query (the primary
+        key's range of each dataset), however many ids."""
+        if not ids:
+            return []
+
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(BALANCES_SQL, (sorted(set(ids)),))
+            return cur.fetchall()
+
+        found: dict[str, dict[str, dict[str, int]]] = {}
+        for dataset_id, measure, cap, committed, reserved in self._tx(step):
+            found.setdefault(dataset_id, {})[measure] = _balance_row(cap, committed, reserved)
+        return [dict(found.get(dataset_id, {})) for dataset_id in ids]
+
     def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
                                                dict[str, dict[str, dict[str, int]]]]:
         """The balance, and the same rows for each key's allocation."""
-        def row(cap: int, committed: int, reserved: int) -> dict[str, int]:
-            return {"cap": int(cap), "committed": int(committed), "reserved": int(reserved),
-                    "remaining": int(cap) - int(committed) - int(reserved)}
-
         def step(cur: Cursor) -> tuple[dict[str, dict[str, int]],
                                        dict[str, dict[str, dict[str, int]]]]:
             cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
                         "WHERE dataset_id = %s ORDER BY measure", (dataset_id,))
-            dataset = {m: row(c, k, r) for m, c, k, r in cur.fetchall()}
+            dataset = {m: _balance_row(c, k, r) for m, c, k, r in cur.fetchall()}
             cur.execute("SELECT key_id, measure, cap, committed, reserved FROM allocations "
                         "WHERE dataset_id = %s ORDER BY key_id, measure", (dataset_id,))
             allocations: dict[str, dict[str, dict[str, int]]] = {}
             for key, m, c, k, r in cur.fetchall():
-                allocations.setdefault(key, {})[m] = row(c, k, r)
+                allocations.setdefault(key, {})[m] = _balance_row(c, k, r)
             return dataset, allocations
 
         return self._tx(step)
@@ -985,6 +1096,34 @@ class PgLedger:
         docs = [_event_doc(row) for row in rows[:limit] if not kinds or row[1] in kinds]
         return docs, str(rows[limit - 1][0]) if more else None
 
+    def budget_window(self, dataset_id: str, limit: int) -> BudgetWindow:
+        """``Store.budget_window``: the newest ``limit`` events of the dataset (one
+        backward range scan of ``events_dataset``, ``limit + 1`` rows: the one past the
+        window gives ``start_at``), its ``budgets`` rows, and the last cap each measure's
+        ``cap`` events set up to the window (the partial index ``events_dataset_caps``:
+        a dataset's cap changes, not its releases), in one REPEATABLE READ snapshot, so
+        the balance is exactly the effect of the events that snapshot sees."""
+        wanted = max(limit, 0)
+
+        def step(cur: Cursor) -> BudgetWindow:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cur.execute(WINDOW_SQL, (dataset_id, wanted + 1))
+            rows = cur.fetchall()
+            events = [_event_doc(row) for row in reversed(rows[:wanted])]
+            if len(rows) <= wanted:
+                return BudgetWindow(events)
+            before = rows[wanted]
+            cur.execute("SELECT measure, cap, committed, reserved FROM budgets "
+                        "WHERE dataset_id = %s", (dataset_id,))
+            balance = {m: {"cap": int(c), "committed": int(k), "reserved": int(r)}
+                       for m, c, k, r in cur.fetchall()}
+            cur.execute(CAPS_BEFORE_SQL, (dataset_id, before[0]))
+            caps = {measure: int(value) for measure, value in cur.fetchall()}
+            return BudgetWindow(events, complete=False, start_at=_iso(before[4]),
+                                balance=balance, caps=caps)
+
+        return self._tx(step)
+
     def _event_rows(self, dataset_id: str, start: str, end: str, kinds: set[str] | None,
                     limit: int | None) -> list[tuple[Any, ...]]:
         low, low_open = _bound(start, "-")
@@ -1013,6 +1152,18 @@ class PgLedger:
             return str(row[0]) if row else None
 
         return self._tx(step)
+
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
+        """The dataset's document and the measures its caps name, in one statement (its
+        own transaction, one snapshot: the two agree); None if no such dataset."""
+        def step(cur: Cursor) -> tuple[str, set[str]] | None:
+            cur.execute("SELECT d.document, ARRAY(SELECT b.measure FROM budgets b "
+                        "WHERE b.dataset_id = d.id) FROM datasets d WHERE d.id = %s",
+                        (dataset_id,))
+            row = cur.fetchone()
+            return (str(row[0]), set(row[1])) if row else None
+
+        return self._tx(step, one_statement=True)
 
     def datasets_page(self, limit: int, after: index.Cursor | None = None,
                       granted: frozenset[str] | None = None
@@ -1059,11 +1210,27 @@ class PgLedger:
         self._tx(lambda cur: cur.execute("SELECT 1"))
 
     def dataset_count(self) -> int:
-        """How many datasets are registered (a metric: one index-only count)."""
+        """How many datasets are registered (a metric): the counter the triggers on
+        ``datasets`` keep in the transaction of each registration (migration
+        0006_counts), one primary-key probe whatever their number."""
         def step(cur: Cursor) -> int:
-            cur.execute("SELECT count(*) FROM datasets")
+            cur.execute(COUNT_SQL, ("datasets",))
             row = cur.fetchone()
             return int(row[0]) if row else 0
+
+        return self._tx(step)
+
+    def same_shape_documents(self, columns: list[str], n_rows: int, exclude: str
+                             ) -> list[str]:
+        """``Store.same_shape_documents``: the datasets whose ``shapes`` (the active
+        versions' shapes of an active, non-public dataset: a generated column,
+        migration 0006_counts) hold this shape, found through the GIN index
+        ``datasets_shapes``: the rows read are those of that shape (and of an MD5
+        collision), not every dataset. Oldest first, as ``dataset_ids``."""
+        def step(cur: Cursor) -> list[str]:
+            cur.execute(SHAPES_SQL,
+                        (Jsonb(dict.fromkeys(columns)), Jsonb(int(n_rows)), exclude))
+            return [document for (document,) in cur.fetchall()]
 
         return self._tx(step)
 
@@ -1247,30 +1414,27 @@ class PgLedger:
                f"ORDER BY r.{at} {way}, r.id {way} LIMIT %s")
         return sql, [sorted(datasets), *params, limit + 1, limit + 1]
 
-    def dataset_history(self, dataset_id: str, newest: int) -> tuple[int, list[Fields]]:
-        """How many releases the dataset has, and the fields of its ``newest`` most recent
-        ones (by creation), oldest first: every field ``release`` gives but the output
-        (no result file is read), ``request``, ``status`` and ``charged`` among them.
-        The count is an index-only count of the dataset's entries; the rows one range
-        scan of ``releases_dataset_newest``."""
-        def step(cur: Cursor) -> tuple[int, list[tuple[Any, ...]]]:
-            cur.execute("SELECT count(*) FROM releases WHERE dataset_id = %s", (dataset_id,))
-            counted = cur.fetchone()
-            total = int(counted[0]) if counted else 0
-            if newest < 1 or total == 0:
-                return total, []
-            cur.execute(f"SELECT {RELEASE_COLUMNS} FROM releases WHERE dataset_id = %s "
-                        "ORDER BY created_at DESC, id DESC LIMIT %s", (dataset_id, newest))
-            return total, cur.fetchall()
+    def dataset_history(self, dataset_id: str, newest: int) -> tuple[list[Fields], bool]:
+        """The fields of the dataset's ``newest`` most recent releases (by creation),
+        oldest first: every field ``release`` gives but the output (no result file is
+        read), ``request``, ``status`` and ``charged`` among them; and whether it has
+        older ones. One range scan of ``newest + 1`` entries of
+        ``releases_dataset_newest``, whatever the number of its releases (the one past
+        ``newest`` says there are more; nothing counts them all)."""
+        wanted = max(newest, 0)
 
-        total, rows = self._tx(step)
+        def step(cur: Cursor) -> list[tuple[Any, ...]]:
+            cur.execute(HISTORY_SQL, (dataset_id, wanted + 1))
+            return cur.fetchall()
+
+        rows = self._tx(step)
         history = []
-        for row in reversed(rows):
+        for row in reversed(rows[:wanted]):
             fields = _release_fields(row)
             fields.pop("output", None)
             fields.pop(release_documents.RESULT_ATTEMPT, None)
             history.append(fields)
-        return total, history
+        return history, len(rows) > wanted
 
     def kept_request(self, release_id: str) -> str | None:
         """None: PostgreSQL keeps every request in its ``releases`` row, never as a file of
@@ -1533,6 +1697,12 @@ def _release_fields(row: tuple[Any, ...]) -> Fields:
     return fields
 
 
+def _balance_row(cap: int, committed: int, reserved: int) -> dict[str, int]:
+    """A ``budgets`` (or ``allocations``) row as ``balance`` shows it, in units."""
+    return {"cap": int(cap), "committed": int(committed), "reserved": int(reserved),
+            "remaining": int(cap) - int(committed) - int(reserved)}
+
+
 def _cursor_time(cursor: index.Cursor) -> datetime:
     """The time a page cursor's score names (epoch seconds, as ``index.Cursor``); 422
     naming ``cursor`` for a score no timestamp has (a forged cursor)."""
@@ -1567,24 +1737,44 @@ def _bound(value: str, unbounded: str) -> tuple[int | None, bool]:
     return int(value[1:] if exclusive else value), exclusive
 
 
+def _reserve_params(r: Reservation) -> dict[str, Any]:
+    """``RESERVE_SQL``'s arguments for ``r`` (its cost by measure, sorted)."""
+    cost = {m: int(u) for m, u in sorted(r.cost.items())}
+    return {"release": r.release_id, "dataset": r.dataset_id, "actor": r.actor,
+            "mode": r.mode, "request": r.request_json, "fingerprint": r.fingerprint,
+            "replay_key": r.replay_fingerprint or r.fingerprint, "replay": r.replay,
+            "idem": r.idempotency_key, "ttl": r.idempotency_ttl,
+            "notion": r.notion_lock or "", "measures": list(cost),
+            "units": list(cost.values()), "version": _version_of(r.request_json),
+            "at": r.at}
+
+
+def _fetch_one(cur: Cursor, query: str, params: dict[str, Any]) -> Any:
+    """The first column of the first row ``query`` answers (None without a row)."""
+    cur.execute(query, params)
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def _fetch_row(cur: Cursor, query: str, params: dict[str, Any]) -> tuple[Any, ...]:
+    """The one row of ``query``, a SELECT without FROM."""
+    cur.execute(query, params)
+    row = cur.fetchone()
+    assert row is not None  # a SELECT without FROM: one row
+    return tuple(row)
+
+
 def _retryable(err: Exception) -> bool:
-    """A transaction PostgreSQL rolled back, another attempt of the same write call that
-    committed meanwhile (its answer in ``step_calls``: the next attempt reads it), or a
-    connection that broke (the pool replaces it): run the step again. Any other error (a
-    bad query, any other unique violation) is raised."""
-    if isinstance(err, errors.SerializationFailure | errors.DeadlockDetected
-                  | errors.TransactionRollback):
-        return True
+    """What ``pg_steps.retryable`` runs again (a transaction PostgreSQL rolled back, a
+    connection that broke), and besides another attempt of the same write call that
+    committed meanwhile (its answer in ``step_calls``: the next attempt reads it) or a
+    create of the same release id that committed meanwhile (``releases_pkey``: reserves
+    share the dataset's ``ledgers`` row, migration 0007, so two creates of one id meet on
+    the key; the next attempt finds the release, or its first attempt's answer). Any other
+    error (a bad query, any other unique violation) is raised."""
     if isinstance(err, errors.UniqueViolation):
-        return err.diag.constraint_name == "step_calls_pkey"
-    return _broken(err)
-
-
-def _broken(err: Exception) -> bool:
-    """The error of a connection that broke (or of a server shutting down / starting):
-    the other connections the pool holds to that server may be dead too."""
-    return type(err) in (psycopg.OperationalError, errors.AdminShutdown,
-                         errors.CannotConnectNow)
+        return err.diag.constraint_name in ("step_calls_pkey", "releases_pkey")
+    return pg_steps.retryable(err)
 
 
 if TYPE_CHECKING:

@@ -29,8 +29,14 @@ def retryable(err: Exception) -> bool:
     if isinstance(err, errors.SerializationFailure | errors.DeadlockDetected
                   | errors.TransactionRollback):
         return True
-    return isinstance(err, psycopg.OperationalError) and type(err) in (
-        psycopg.OperationalError, errors.AdminShutdown, errors.CannotConnectNow)
+    return broken(err)
+
+
+def broken(err: Exception) -> bool:
+    """The error of a connection that broke (or of a server shutting down / starting):
+    the other connections the pool holds to that server may be dead too."""
+    return type(err) in (psycopg.OperationalError, errors.AdminShutdown,
+                         errors.CannotConnectNow)
 
 
 def transaction(pool: ConnectionPool[Any], step: Callable[[Cursor], T]) -> T:

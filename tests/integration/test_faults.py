@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
 import socket
 import subprocess
@@ -82,9 +83,11 @@ def rig(app: Flask, service_env: dict[str, str], tmp_path_factory: pytest.TempPa
                              "worker": worker, "log": log, "database_url": database_url}
     try:
         wait_for_worker(rkeys.connect(url))
+        # no key cache: every request looks its key up in the record (on the Valkey
+        # store that is what answers 503 first while Valkey is stopped)
         config = dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url, data_dir=data_dir,
                                      database_url=database_url, rate_limit="600/minute",
-                                     max_upload_bytes=16 << 20)
+                                     max_upload_bytes=16 << 20, key_cache_seconds=0)
         state["app"] = create_app(config)
         apikeys.create(wiring.of(state["app"]).keys, "operator", token=TOKEN)
         yield state
@@ -646,6 +649,60 @@ def test_a_workers_heartbeat_outlives_a_sweep_that_met_a_dead_database(
         while not client.exists(rkeys.WORKERS + name):
             assert beat.is_alive() and time.monotonic() < deadline, "it beats no more"
             time.sleep(0.05)
+    finally:
+        stop.set()
+        beat.join(timeout=30)
+
+
+@on_postgres
+def test_a_workers_heartbeat_outlives_a_sweep_that_failed_otherwise(
+        rig: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """Catches a heartbeat thread that survives only the record's outages: its sweep met
+    an error of another kind (here the schema of an older deployment: the tables the
+    sweeper reads renamed away, so PostgreSQL answers UndefinedTable, a ProgrammingError)
+    and the thread ended, so the worker beat and swept no more. The heartbeat logs the
+    error by its type, beats on, and sweeps again once the tables are back."""
+    from workers import celery_app
+
+    config = dataclasses.replace(rig["app"].config["PRIVRELEASE"], sweep_interval=0.2)
+    client = rkeys.connect(rig["valkey"].connection_url + "/0")
+    name = "beat-" + uuid.uuid4().hex[:8]
+    stop = threading.Event()
+    beat = threading.Thread(target=celery_app._beat, args=(config, name, stop), daemon=True)
+    tables = ("releases", "outbox")
+
+    def rename(suffix_from: str, suffix_to: str) -> None:
+        with psycopg.connect(rig["database_url"], autocommit=True) as conn:
+            for table in tables:
+                conn.execute(f"ALTER TABLE {table}{suffix_from} RENAME TO {table}{suffix_to}")
+
+    def failures() -> int:
+        return sum(r.getMessage() == "sweep failed" for r in caplog.records)
+
+    caplog.set_level(logging.ERROR, logger="privrelease.worker")
+    beat.start()
+    try:
+        rename("", "_away")
+        try:
+            deadline = time.monotonic() + 10
+            while failures() < 2:  # two sweeps failed: the thread went on after the first
+                assert beat.is_alive(), "the heartbeat ended with the sweep's error"
+                assert time.monotonic() < deadline, "no sweep failed"
+                client.delete(sweeper.LOCK)  # the next sweep is this thread's
+                time.sleep(0.05)
+            record = next(r for r in caplog.records if r.getMessage() == "sweep failed")
+            assert record.__dict__["error_type"] == "UndefinedTable"
+            client.delete(rkeys.WORKERS + name)
+            deadline = time.monotonic() + 3 * celery_app.HEARTBEAT_SECONDS
+            while not client.exists(rkeys.WORKERS + name):
+                assert beat.is_alive() and time.monotonic() < deadline, "it beats no more"
+                time.sleep(0.05)
+        finally:
+            rename("_away", "")
+        failed = failures()
+        client.delete(sweeper.LOCK)
+        time.sleep(1.0)  # sweeps of the restored schema: none fails
+        assert failures() == failed and beat.is_alive()
     finally:
         stop.set()
         beat.join(timeout=30)

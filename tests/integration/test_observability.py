@@ -9,6 +9,7 @@ import logging
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -281,6 +282,7 @@ def test_release_counter_and_runtime_histogram_from_redis(app: Flask, r: redis.R
     release_metrics.record_release(r, mech, "succeeded", 1.7)
     release_metrics.record_release(r, mech, "failed", 0.004)
     release_metrics.record_release(r, mech, "succeeded", 10_000.0)
+    release_metrics.flush()  # the first was written at once; the others wait their spell
     samples = scrape(app.test_client())
 
     assert sample(samples, "privrelease_releases_total", mechanism=mech, outcome="succeeded") == 3
@@ -292,6 +294,32 @@ def test_release_counter_and_runtime_histogram_from_redis(app: Flask, r: redis.R
     assert sample(samples, "privrelease_job_seconds_count", mechanism=mech) == 4
     assert sample(samples, "privrelease_job_seconds_sum", mechanism=mech) == pytest.approx(
         10_001.734)
+
+
+def test_release_metrics_are_written_at_once_then_once_per_spell(r: redis.Redis) -> None:
+    """The first job after a quiet spell is written at once; the jobs within the next
+    FLUSH_SECONDS wait and are written together at its end, every count and sum kept."""
+    mech = f"test.mech_{uuid.uuid4().hex[:8]}"
+    ok = f"{mech}{release_metrics.SEP}succeeded"
+    total = f"{mech}{release_metrics.SEP}count"
+    batch = release_metrics.Batch(r, every=0.5)
+    batch.add(mech, "succeeded", 0.02)
+    assert r.hget(release_metrics.RELEASES, ok) == "1"  # at once
+    began = time.monotonic()
+    for _ in range(9):
+        batch.add(mech, "succeeded", 0.02)
+    assert r.hget(release_metrics.RELEASES, ok) == "1"  # within the spell: waiting
+    while r.hget(release_metrics.RELEASES, ok) != "10":
+        assert time.monotonic() - began < 5, "the spell's counts were never written"
+        time.sleep(0.02)
+    assert time.monotonic() - began >= 0.4
+    assert r.hget(release_metrics.RUNTIME, total) == "10"
+    assert float(r.hget(release_metrics.RUNTIME, f"{mech}{release_metrics.SEP}sum") or 0
+                 ) == pytest.approx(0.2)
+    deadline = time.monotonic() + 5
+    while batch._writer is not None:  # its thread ends after a spell that counted nothing
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_record_release_refuses_the_field_separator(r: redis.Redis) -> None:
@@ -354,6 +382,38 @@ def test_rate_limit_is_per_key_and_answers_429_problem(limited_app: Flask,
     assert client.post("/v1/releases", json={}, headers=bearer(one)).status_code == 429
 
     assert client.get("/v1/datasets", headers=bearer(other)).status_code == 200
+
+
+def test_the_limiter_costs_one_round_trip_per_request(limited_app: Flask, keys: KeyStore,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hit's script answers the window's count and expiry with the decision, and the
+    headers are written from that answer: one Valkey command per request (flask-limiter's
+    own strategy reads the count and the TTL again after the view: three)."""
+    (limiter,) = limited_app.extensions["limiter"]
+    conn = limiter._storage.get_connection()
+    client = limited_app.test_client()
+    client.get("/v1/datasets", headers=bearer(fresh_key(keys)))  # the script is loaded
+    sent: list[str] = []
+    real = conn.execute_command
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        sent.append(str(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(conn, "execute_command", counted)
+    token = fresh_key(keys)
+    opened = time.time()
+    for i in range(4):
+        resp = client.get("/v1/datasets", headers=bearer(token))
+        if i == 0:
+            opened_by = time.time()
+        assert sent == ["EVALSHA"] * (i + 1), sent
+        assert resp.status_code == (200 if i < 3 else 429)
+        assert resp.headers["X-RateLimit-Limit"] == "3"
+        assert resp.headers["X-RateLimit-Remaining"] == str(max(2 - i, 0))
+        # the window opened at the first hit, for 60 s (Reset: its end + 1, truncated)
+        assert int(opened + 60) <= int(resp.headers["X-RateLimit-Reset"]) <= int(opened_by + 61)
+    assert 1 <= int(resp.headers["Retry-After"]) <= 60
 
 
 def test_probes_metrics_and_docs_are_never_limited(limited_app: Flask,

@@ -33,7 +33,7 @@ from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 from tests.pg_proxy import lossy_database
 
 TABLES = ["allocation_scopes", "allocations", "analyses", "api_keys", "budgets",
-          "console_sessions", "datasets", "events", "holdouts", "idempotency", "ledgers",
+          "console_sessions", "counts", "datasets", "events", "holdouts", "idempotency", "ledgers",
           "outbox", "releases", "replays", "service_secrets", "step_calls"]
 HEAD = "0010_sweep"
 
@@ -272,6 +272,31 @@ def test_a_charged_failure_keeps_its_replay(ledger: PgLedger, pg_url: str) -> No
         ("cap", None), ("reserve", None), ("commit", "failed")]
 
 
+def test_a_start_hands_the_run_its_request_and_dataset_document(ledger: PgLedger,
+                                                                 r: redis.Redis) -> None:
+    """``mark_running`` on either ledger: the run carries the release's request and the
+    dataset's document as stored (None once the dataset has none); no run, nothing."""
+    valkey, ds, bare = Ledger(r), _ds(), _ds()
+    request = json.dumps({**json.loads(LEDGER_REQUEST), "dataset_id": ds})
+    bare_request = json.dumps({**json.loads(LEDGER_REQUEST), "dataset_id": bare})
+    document = _doc(ds)
+    for one in (valkey, ledger):
+        one.open(ds, {"epsilon": 1000}, "op", document)
+        one.open(bare, {"epsilon": 1000}, "op")  # a ledger without a document
+        rid = one.reserve(Reservation(ds, "rel_" + ds, {"epsilon": 10}, actor="t",
+                                      fingerprint=ds, request_json=request)).release_id
+        run = one.mark_running(rid, "w")
+        assert run is not None and run.attempt == 1
+        assert (run.request, run.dataset_document) == (request, document)
+        assert one.mark_running(rid, "w") is None  # a live run holds it
+        other = one.reserve(Reservation(bare, "rel_" + bare, {"epsilon": 10}, actor="t",
+                                        fingerprint=bare, request_json=bare_request))
+        started = one.mark_running(other.release_id, "w")
+        assert started is not None
+        assert (started.request, started.dataset_document) == (bare_request, None)
+        assert one.mark_running("rel_none", "w") is None
+
+
 # -- the failure rule and the lease ------------------------------------------------------
 
 def test_the_failure_rule_each_settle_once(ledger: PgLedger, pg_url: str) -> None:
@@ -493,6 +518,231 @@ def test_racing_reserves_hold_exactly_what_the_cap_admits(pg_url: str) -> None:
     assert _sql(pg_url, "SELECT count(*) FROM releases") == [(admitted,)]
 
 
+# -- the dataset's locks (migration 0007) ---------------------------------------------------
+
+def _open_reserve(conn: psycopg.Connection[Any], r: Reservation) -> ReserveResult:
+    """``r`` reserved in ``conn``'s transaction, left open: its locks held, not committed."""
+    answer = PgLedger._run_call(conn.cursor(), pg_ledger.RESERVE_SQL,
+                                pg_ledger._reserve_params(r), "0-open-" + secrets.token_hex(4),
+                                rerun=False)
+    return ReserveResult(**answer)
+
+
+def _started(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``call`` running in a thread of its own; the list its answer is appended to."""
+    answers: list[Any] = []
+    thread = threading.Thread(target=lambda: answers.append(call()))
+    thread.start()
+    return thread, answers
+
+
+def _waits(thread: threading.Thread) -> bool:
+    thread.join(0.5)
+    return thread.is_alive()
+
+
+def test_a_retirement_waits_for_the_reserves_under_way_and_every_later_one_waits_for_it(
+        ledger: PgLedger, pg_url: str) -> None:
+    """A reserve under way (not committed): ``retire`` waits for it; a reserve asked while
+    the retirement waits queues behind it (not beside the reserve under way, with which it
+    shares the dataset's lock) and, once the retirement committed, is refused."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 100}, "op")
+    with psycopg.connect(pg_url) as under_way:
+        assert _open_reserve(under_way, _res(ds, {"epsilon": 10})).outcome == "reserved"
+        retiring, _ = _started(lambda: ledger.retire(ds, "op"))
+        assert _waits(retiring)
+        later, answers = _started(lambda: ledger.reserve(_res(ds, {"epsilon": 1})))
+        assert _waits(later)
+        assert retiring.is_alive()
+        under_way.commit()
+    retiring.join(10)
+    later.join(10)
+    assert answers == [ReserveResult("retired", "")]
+    assert ledger.balance(ds)["epsilon"]["reserved"] == 10
+    assert [e["kind"] for e in ledger.events(ds)] == ["cap", "reserve", "retire"]
+
+
+@pytest.mark.parametrize("what", ["dataset", "version"])
+def test_a_reserve_waits_for_a_retirement_under_way(ledger: PgLedger, pg_url: str,
+                                                   what: str) -> None:
+    """A retirement under way (the dataset's, or its version's: ``_ensure_ledger`` then the
+    UPDATE, as ``retire`` / ``set_version_retired`` run them, not committed): a reserve
+    waits for it and is refused once it committed."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 100}, "op")
+    v1 = json.dumps({**json.loads(LEDGER_REQUEST), "dataset_version": 1})
+    with psycopg.connect(pg_url) as retiring:
+        cur = retiring.cursor()
+        PgLedger._ensure_ledger(cur, ds)
+        cur.execute("UPDATE ledgers SET retired = true WHERE dataset_id = %s" if what ==
+                    "dataset" else "UPDATE ledgers SET retired_versions = '{1}' "
+                    "WHERE dataset_id = %s", (ds,))
+        reserving, answers = _started(
+            lambda: ledger.reserve(_res(ds, {"epsilon": 1}, request_json=v1)))
+        assert _waits(reserving)
+        retiring.commit()
+    reserving.join(10)
+    assert answers == [ReserveResult("retired", "") if what == "dataset"
+                       else ReserveResult("version_retired", "1")]
+    assert ledger.balance(ds)["epsilon"]["reserved"] == 0
+
+
+def test_a_stream_of_reserves_never_starves_a_retirement(pg_url: str) -> None:
+    """Threads reserving on one dataset without a pause while it is retired: the
+    retirement goes through (reserves that came after it wait for it), every reserve
+    that committed did so before it (the dataset's releases when ``retire`` returns are
+    all it ever gets), and every reserve after it is refused."""
+    threads = 6
+    pool = database.connect(pg_url, max_size=threads + 1)
+    racing = PgLedger(pool)
+    ds = _ds()
+    racing.open(ds, {"epsilon": 10**15}, "op")
+    begun = threading.Barrier(threads + 1)
+
+    def reserve_until_retired(t: int) -> Counter[str]:
+        outcomes: Counter[str] = Counter()
+        begun.wait()
+        while not outcomes["retired"]:
+            outcomes[racing.reserve(_res(ds, {"epsilon": 1}, actor=f"k{t}")).outcome] += 1
+        return outcomes
+
+    try:
+        with ThreadPoolExecutor(threads) as executor:
+            batches = [executor.submit(reserve_until_retired, t) for t in range(threads)]
+            begun.wait()
+            time.sleep(0.3)
+            began = time.monotonic()
+            racing.retire(ds, "op")
+            took = time.monotonic() - began
+            at_retirement = _sql(pg_url, "SELECT count(*) FROM releases WHERE dataset_id = %s",
+                                 ds)
+            outcomes = sum((b.result(timeout=30) for b in batches), Counter[str]())
+        kinds = [e["kind"] for e in racing.events(ds)]
+    finally:
+        pool.close()
+    assert took < 5, took
+    assert outcomes["retired"] == threads and outcomes["reserved"] > 0
+    assert set(outcomes) == {"reserved", "retired"}
+    assert at_retirement == [(outcomes["reserved"],)]
+    assert _sql(pg_url, "SELECT count(*) FROM releases WHERE dataset_id = %s", ds) == \
+        at_retirement
+    assert kinds[-1] == "retire" and kinds.count("reserve") == outcomes["reserved"]
+
+
+def test_a_reserve_that_may_set_the_notion_lock_goes_alone(ledger: PgLedger,
+                                                          pg_url: str) -> None:
+    """A dp reserve under way on a dataset with no notion lock (it sets it, not
+    committed): a noiseless reserve (another measure, another ``budgets`` row) waits for
+    it and is refused (``notion_locked``); a reserve asking no notion does not wait. Once
+    the dataset is locked to dp, dp reserves share it: one under way holds back no other
+    (on another measure)."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 100, "delta": 100, "noiseless_bits": 100}, "op")
+    with psycopg.connect(pg_url) as under_way:
+        first = _open_reserve(under_way, _res(ds, {"epsilon": 1}, notion_lock="dp"))
+        assert first.outcome == "reserved"
+        noiseless, answers = _started(lambda: ledger.reserve(
+            _res(ds, {"noiseless_bits": 1}, notion_lock="noiseless")))
+        assert _waits(noiseless)
+        assert ledger.reserve(_res(ds, {"delta": 1})).outcome == "reserved"  # no wait
+        under_way.commit()
+    noiseless.join(10)
+    assert answers == [ReserveResult("notion_locked", notion="dp")]
+    assert ledger.notion_lock(ds) == "dp"
+    with psycopg.connect(pg_url) as under_way:
+        assert _open_reserve(under_way, _res(ds, {"epsilon": 1}, notion_lock="dp")).outcome \
+            == "reserved"
+        assert ledger.reserve(_res(ds, {"delta": 1}, notion_lock="dp")).outcome == "reserved"
+        under_way.commit()
+    events = ledger.events(ds)
+    assert [e.get("notion_lock") for e in events if e["kind"] == "reserve"] == [
+        "dp", None, None, None]
+
+
+def test_racing_reserves_of_two_notions_one_notion_wins(pg_url: str) -> None:
+    """Reserves of both notions start together on datasets with no notion lock, each
+    notion on its own measure: on every dataset the reserved ones are all of the notion
+    it is locked to, every other one is refused with that notion, and one reserve
+    event sets the lock."""
+    threads = 8
+    pool = database.connect(pg_url, max_size=threads)
+    racing = PgLedger(pool)
+    try:
+        for _ in range(5):
+            ds = _ds()
+            racing.open(ds, {"epsilon": 100, "noiseless_bits": 100}, "op")
+            begun = threading.Barrier(threads)
+
+            def reserve(t: int, ds: str = ds, begun: threading.Barrier = begun) -> tuple[
+                    str, ReserveResult]:
+                notion = "dp" if t % 2 else "noiseless"
+                measure = "epsilon" if t % 2 else "noiseless_bits"
+                begun.wait()
+                return notion, racing.reserve(_res(ds, {measure: 1}, notion_lock=notion))
+
+            with ThreadPoolExecutor(threads) as executor:
+                results = list(executor.map(reserve, range(threads)))
+            won = racing.notion_lock(ds)
+            assert won in ("dp", "noiseless")
+            for notion, result in results:
+                assert result == (ReserveResult("reserved", result.release_id)
+                                  if notion == won else ReserveResult("notion_locked",
+                                                                      notion=won))
+            sets = [e for e in racing.events(ds) if e.get("notion_lock")]
+            assert [e["notion_lock"] for e in sets] == [won]
+    finally:
+        pool.close()
+
+
+def test_a_create_sent_again_while_the_first_is_under_way_reserves_once(
+        ledger: PgLedger, pg_url: str) -> None:
+    """The same release id created again while its first create is under way (reserves
+    no longer meet on the dataset's rows before the release's): the second waits, then
+    answers ``reserved`` for the first one's release: held once, one event, one row."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 100}, "op")
+    r = _res(ds, {"epsilon": 10})
+    with psycopg.connect(pg_url) as under_way:
+        assert _open_reserve(under_way, r).outcome == "reserved"
+        again, answers = _started(lambda: ledger.reserve(r))
+        assert _waits(again)
+        under_way.commit()
+    again.join(10)
+    assert answers == [ReserveResult("reserved", r.release_id)]
+    assert ledger.balance(ds)["epsilon"]["reserved"] == 10
+    assert [e["kind"] for e in ledger.events(ds)] == ["cap", "reserve"]
+    assert _sql(pg_url, "SELECT count(*) FROM releases") == [(1,)]
+
+
+def test_a_start_run_again_while_its_first_attempt_commits_answers_its_attempt(
+        ledger: PgLedger, pg_url: str) -> None:
+    """``ledger_start``'s first attempt under way (its reply to be lost) while the call
+    runs again: the second waits on the release's row, then finds the lease its token
+    holds and answers the first attempt's number: one attempt counted. The run's steps
+    write no ``step_calls`` row (migration 0007): a release's reserve writes the only
+    one."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 100}, "op")
+    calls = _sql(pg_url, "SELECT count(*) FROM step_calls")[0][0]
+    rid = ledger.reserve(_res(ds, {"epsilon": 10})).release_id
+    start = "SELECT ledger_start(%s, 'w', 'w#token', 30)"
+    with psycopg.connect(pg_url) as first:
+        assert first.execute(start, (rid,)).fetchone() == (1,)
+        again, answers = _started(lambda: ledger._tx(
+            lambda cur: cur.execute(start, (rid,)).fetchone()))
+        assert _waits(again)
+        first.commit()
+    again.join(10)
+    assert answers == [(1,)]
+    assert _sql(pg_url, "SELECT status, attempt FROM releases WHERE id = %s", rid) == [
+        ("running", 1)]
+    run = Run(rid, "w#token", 1)
+    assert ledger.mark_data_read(run) and ledger.renew_lease(run)
+    assert ledger.commit(ds, run, LEDGER_OUTPUT) == "settled"
+    assert _sql(pg_url, "SELECT count(*) FROM step_calls") == [(calls + 1,)]
+
+
 # -- the model ---------------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None,
@@ -653,10 +903,15 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
     nothing = _ds()
     both("set_caps", nothing, {"epsilon": 100}, "op")
     assert both("recharge_interval", nothing, {}, "m") == "nothing"
+    # pricing's one read: the document and the measures together, as the two reads give
+    found = both("dataset_for_pricing", reg)
+    assert found == (ledger.dataset_document(reg), ledger.named_measures(reg))
+    assert found[1] == {"epsilon", "interval_leakage"}
     for one in (reg, other, legacy, nothing):
         both("budget", one)
         both("named_measures", one)
         both("allocation_scopes", one)
+        both("dataset_for_pricing", one)  # None but for reg: no document
         assert strip(valkey.events(one)) == strip(ledger.events(one)), one
 
 
@@ -717,7 +972,8 @@ def _every_write_step(ledger: PgLedger, once: Callable[[Callable[[], Any]], Any]
 
     def call(step: Callable[[], Any]) -> Any:
         answer = once(step)
-        answers.append(answer.attempt if isinstance(answer, Run) else answer)
+        answers.append((answer.attempt, answer.request, answer.dataset_document)
+                       if isinstance(answer, Run) else answer)
         return answer
 
     def res(rid: str, cost: dict[str, int], **kw: Any) -> Reservation:
@@ -856,6 +1112,8 @@ def test_every_write_step_whose_commit_reply_was_lost_answers_once(
     assert kinds == {"cap": 4, "allocation": 2, "reserve": 8, "refuse": 1, "commit": 3,
                      "abort": 2, "cancel": 1, "version": 5, "policy": 2, "retire": 1}, kinds
     assert clean_record["holdouts"] == [("ds_a", 100, 2)]
+    # a start read, in its one statement, the request and the document (a re-run too)
+    assert (1, LEDGER_REQUEST, _doc("ds_a", v=0)) in clean
     assert [(r[0], r[3], r[15]) for r in clean_record["releases"] if r[0] == "r10"] == [
         ("r10", "queued", 1)]
 

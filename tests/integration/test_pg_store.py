@@ -22,14 +22,15 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from psycopg.types.json import Jsonb
 
 from service import datasets
 from service.errors import Invalid
-from service.storage import database, index, release_documents, rkeys
+from service.storage import database, index, pg_ledger, release_documents, rkeys
 from service.storage.ledger import Ledger, Reservation, now_iso
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import DocumentMissing, DocumentStore
-from service.storage.store import ReleaseView, Store
+from service.storage.store import BudgetWindow, ReleaseView, Store
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 from tests.integration.test_pg_ledger import (
     _create_db,
@@ -118,14 +119,25 @@ def test_pg_ledger_has_every_method_of_the_store_with_its_signature() -> None:
         "self", "pool", "lease_seconds", "documents"}
 
 
-def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
-    """0003_releases downgrades to 0002 (its tables, columns and indexes gone, the
-    releases kept) and upgrades again."""
+def _downgrade(url: str, revision: str) -> None:
+    """Run the migrations on ``url`` down to ``revision`` (alembic, as ``upgrade``)."""
     from alembic import command
     from alembic.config import Config
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
+    config = Config()
+    config.set_main_option("script_location", database.migrations_path())
+    engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+    engine.dispose()
+
+
+def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
+    """0003_releases downgrades to 0002 (its tables, columns and indexes gone, the
+    releases kept) and upgrades again."""
     name = _create_db(postgres_url)
     url = _db_url(postgres_url, name)
     try:
@@ -142,13 +154,7 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
             "releases_dataset_pending", "releases_failed", "releases_newest",
             "releases_pending", "releases_pkey", "releases_priced_seq",
             "releases_started_seq", "releases_sweep"]
-        config = Config()
-        config.set_main_option("script_location", database.migrations_path())
-        engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)
-        with engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.downgrade(config, "0002_datasets")
-        engine.dispose()
+        _downgrade(url, "0002_datasets")
         assert _sql(url, "SELECT version_num FROM alembic_version") == [("0002_datasets",)]
         assert [i for (i,) in _sql(url, indexes)] == ["releases_dataset", "releases_pkey"]
         assert _sql(url, "SELECT to_regclass('holdouts')") == [(None,)]
@@ -157,6 +163,39 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
         assert _sql(url, "SELECT version_num FROM alembic_version") == [("0003_releases",)]
         assert _sql(url, "SELECT collation_name FROM information_schema.columns WHERE "
                          "table_name = 'releases' AND column_name = 'id'") == [("C",)]
+    finally:
+        _drop_db(postgres_url, name)
+
+
+def test_0006_counts_backfills_and_goes_down_and_up_again(postgres_url: str) -> None:
+    """Upgraded over a registry that has datasets, 0006_counts counts them and indexes
+    their shapes; it downgrades to 0005_keys (its table, column, functions and indexes
+    gone, the datasets kept) and upgrades again."""
+    name = _create_db(postgres_url)
+    url = _db_url(postgres_url, name)
+    try:
+        database.upgrade(url, "0005_keys")
+        pool = database.connect(url)
+        ledger = PgLedger(pool)
+        doc = {"status": "active", "n_rows": 3, "columns": {"a": {}}}
+        for ds in ("ds_1", "ds_2"):
+            ledger.open(ds, {"epsilon": 10}, "op", json.dumps({"id": ds, **doc}))
+        pool.close()
+        database.upgrade(url)
+        pool = database.connect(url)
+        ledger = PgLedger(pool)
+        assert ledger.dataset_count() == 2
+        assert [json.loads(d)["id"] for d in ledger.same_shape_documents(["a"], 3, "ds_1")] == [
+            "ds_2"]
+        pool.close()
+        _downgrade(url, "0005_keys")
+        assert _sql(url, "SELECT to_regclass('counts'), to_regclass('datasets_shapes'), "
+                         "to_regclass('events_dataset_caps'), "
+                         "to_regprocedure('dataset_shape(jsonb, jsonb)')") == [
+            (None, None, None, None)]
+        assert _sql(url, "SELECT id FROM datasets ORDER BY id") == [("ds_1",), ("ds_2",)]
+        database.upgrade(url)
+        assert _sql(url, "SELECT value FROM counts") == [(2,)]
     finally:
         _drop_db(postgres_url, name)
 
@@ -485,8 +524,8 @@ def test_each_page_is_one_index_range_scan(store: PgLedger, pg_url: str) -> None
         "releases_pending"}
 
 
-def test_dataset_history_counts_and_reads_the_newest_oldest_first(store: PgLedger,
-                                                                   pg_url: str) -> None:
+def test_dataset_history_reads_the_newest_oldest_first_and_says_if_more(
+        store: PgLedger, pg_url: str) -> None:
     ds, other = _ds(), _ds()
     store.open(ds, {"epsilon": 100}, "op")
     store.open(other, {"epsilon": 100}, "op")
@@ -499,17 +538,66 @@ def test_dataset_history_counts_and_reads_the_newest_oldest_first(store: PgLedge
     assert store.fail(ds, run, '{"message": "x"}') == "settled"
     run = store.mark_running(rids[4], "w")
     assert run is not None and store.commit(ds, run, LEDGER_OUTPUT) == "settled"
-    total, history = store.dataset_history(ds, 3)
-    assert total == 5 and len(history) == 3
+    history, more = store.dataset_history(ds, 3)
+    assert more and len(history) == 3
     assert [h["status"] for h in history] == ["queued", "failed", "succeeded"]
     assert [h.get("charged") for h in history] == [None, "1", "1"]
     assert all(h["request"] == LEDGER_REQUEST and "output" not in h for h in history)
     assert history[0] == store.release(rids[2])
-    assert store.dataset_history(ds, 0) == (5, [])
-    assert [h["created_at"] for h in store.dataset_history(ds, 99)[1]] == [
+    assert store.dataset_history(ds, 0) == ([], True)
+    assert store.dataset_history(ds, 4)[1] and not store.dataset_history(ds, 5)[1]
+    assert [h["created_at"] for h in store.dataset_history(ds, 99)[0]] == [
         (T0 + timedelta(seconds=i)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         for i in range(5)]
-    assert store.dataset_history("ds_none", 10) == (0, [])
+    assert store.dataset_history("ds_none", 10) == ([], False)
+    assert store.dataset_history("ds_none", 0) == ([], False)
+
+
+def test_earlier_releases_says_truncated_past_the_newest_it_reads(store: PgLedger,
+                                                                  pg_url: str) -> None:
+    """Pricing composes with at most ``MAX_EARLIER_RELEASES`` releases: one more and it
+    says ``truncated`` (``dataset_history``'s ``more``), never composes with a part."""
+    from service.releases import pricing
+
+    ds = _ds()
+    store.open(ds, {"epsilon": 10**6}, "op")
+    newest = pricing.MAX_EARLIER_RELEASES
+    _sql(pg_url, "INSERT INTO releases (id, dataset_id, actor, status, request, created_at) "
+                 "SELECT 'rel_' || g, %s, 'key', 'succeeded', %s, now() - g * interval '1 s' "
+                 "FROM generate_series(1, %s) g RETURNING 1", ds, LEDGER_REQUEST, newest)
+    dataset = {"id": ds, "version": 1}
+    full = pricing.earlier_releases(store, dataset)
+    assert len(full) == newest and {"status": "truncated"} not in full
+    _sql(pg_url, "INSERT INTO releases (id, dataset_id, actor, status, request, created_at) "
+                 "VALUES ('rel_oldest', %s, 'key', 'succeeded', %s, now() - interval '1 day') "
+                 "RETURNING 1", ds, LEDGER_REQUEST)
+    assert pricing.earlier_releases(store, dataset) == [{"status": "truncated"}, *full]
+
+
+def test_dataset_history_reads_newest_plus_one_rows_whatever_the_history(
+        store: PgLedger, pg_url: str) -> None:
+    """Over 40,000 releases, 4,000 of them the dataset's, the history's query reads
+    ``newest + 1`` entries of ``releases_dataset_newest`` (EXPLAIN ANALYZE): nothing
+    counts them all."""
+    _sql(pg_url,
+         "INSERT INTO releases (id, dataset_id, actor, status, request, created_at) "
+         "SELECT 'rel_' || lpad(g::text, 6, '0'), CASE WHEN mod(g, 10) = 0 THEN 'ds_big' "
+         "ELSE 'ds_' || mod(g, 99) END, 'key', 'succeeded', '{}', "
+         "timestamptz '2026-01-01Z' + make_interval(secs => g) "
+         "FROM generate_series(1, 40000) g RETURNING 1")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ANALYZE releases")
+    history, more = store.dataset_history("ds_big", 256)
+    assert more and len(history) == 256 and history[-1]["created_at"].startswith("2026-01-01T11")
+    with psycopg.connect(pg_url) as conn:
+        explained = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + pg_ledger.HISTORY_SQL,
+                                 ("ds_big", 257)).fetchone()
+    assert explained is not None
+    nodes = list(_plan_nodes(explained[0][0]["Plan"]))
+    scans = [n for n in nodes if n["Node Type"] in {"Index Scan", "Index Only Scan"}]
+    assert [n["Index Name"] for n in scans] == ["releases_dataset_newest"]
+    assert scans[0]["Actual Rows"] == 257 and scans[0].get("Rows Removed by Filter", 0) == 0
+    assert "Seq Scan" not in {n["Node Type"] for n in nodes}
 
 
 # -- the sweeper -------------------------------------------------------------------------
@@ -797,3 +885,243 @@ def test_audit_range_maps_times_and_cursors_to_event_ids(store: PgLedger) -> Non
         with pytest.raises(Invalid) as err:
             store.audit_range(None, None, forged)
         assert err.value.field == "cursor" and err.value.code == "validation_error"
+
+
+# -- reads that do not grow with the history (issue #29 item 7) ---------------------------
+
+def _explain(url: str, sql: str, *params: Any) -> list[dict[str, Any]]:
+    """The nodes of EXPLAIN ANALYZE's plan of ``sql``."""
+    with psycopg.connect(url) as conn:
+        explained = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()
+    assert explained is not None
+    return list(_plan_nodes(explained[0][0]["Plan"]))
+
+
+def test_dataset_count_is_kept_with_every_change_of_the_registry(store: PgLedger,
+                                                                 pg_url: str) -> None:
+    """``dataset_count`` is exactly ``count(*)`` after registrations (concurrent ones
+    too), a re-sent one, a ledger without a document, bulk inserts and deletes and a
+    TRUNCATE; and it reads one row of ``counts`` (its primary key), not the datasets."""
+    def counted() -> int:
+        (row,) = _sql(pg_url, "SELECT count(*) FROM datasets")
+        assert store.dataset_count() == row[0]
+        return int(row[0])
+
+    assert counted() == 0
+    ids = [_ds() for _ in range(3)]
+    for ds in ids:
+        assert store.open(ds, {"epsilon": 1}, "op", _doc(ds))[0] == "opened"
+    assert store.open(ids[0], {"epsilon": 1}, "op", _doc(ids[0]))[0] == "exists"
+    store.open(_ds(), {"epsilon": 1}, "op")  # a ledger alone: no dataset registered
+    assert counted() == 3
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda ds: store.open(ds, {"epsilon": 1}, "op", _doc(ds)),
+                      [_ds() for _ in range(40)]))
+    assert counted() == 43
+    _sql(pg_url, "INSERT INTO datasets (id, document, created_by) SELECT 'ds_bulk' || g, "
+                 "'{}', 'op' FROM generate_series(1, 5000) g RETURNING 1")
+    assert counted() == 5043
+    _sql(pg_url, "DELETE FROM datasets WHERE id IN ('ds_bulk1', 'ds_bulk2') RETURNING 1")
+    _sql(pg_url, "DELETE FROM datasets WHERE id = 'ds_none' RETURNING 1")
+    assert counted() == 5041
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ANALYZE datasets")
+    nodes = _explain(pg_url, pg_ledger.COUNT_SQL, "datasets")
+    assert [(n["Node Type"], n.get("Index Name"), n["Actual Rows"]) for n in nodes] == [
+        ("Index Scan", "counts_pkey", 1)]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE datasets")
+    assert counted() == 0
+
+
+def _version(version: int, rows: int, columns: list[str], status: str = "active",
+             sha: str = "") -> dict[str, Any]:
+    return {"version": version, "n_rows": rows, "status": status,
+            "columns": {c: {"type": "continuous"} for c in columns},
+            **({"sha256": sha} if sha else {})}
+
+
+def test_reupload_warnings_read_the_datasets_of_the_shape_only(store: PgLedger,
+                                                               pg_url: str) -> None:
+    """``reupload_warnings`` answers as a read of every document would (a model over
+    random datasets: active or retired, public or not, versions active or retired, of
+    a few shapes; legacy documents without versions), and its query reads, through
+    ``datasets_shapes``, the rows of the shape only (EXPLAIN ANALYZE over 3,000
+    datasets)."""
+    rng = random.Random(29)
+    shapes = [(100, ["a", "b"]), (100, ["b", "a", "c"]), (7, ["a", "b"]), (100, ["é", "a"])]
+    docs: list[dict[str, Any]] = []
+    for i in range(120):
+        ds = f"ds_{i:04d}"
+        doc: dict[str, Any] = {"id": ds, "status": rng.choice(["active", "active", "retired"]),
+                               "public": rng.random() < 0.2, "name": f"n{i}"}
+        if rng.random() < 0.2:  # a document from before versions: its one version on top
+            rows, columns = rng.choice(shapes)
+            doc.update(_version(1, rows, columns, sha=rng.choice(["", "f1", "f2"])))
+            del doc["status"]
+            doc["status"] = rng.choice(["active", "retired"])
+        else:
+            doc["versions"] = [_version(v, *rng.choice(shapes),
+                                        status=rng.choice(["active", "retired"]),
+                                        sha=rng.choice(["", "f1", "f2"]))
+                               for v in range(1, rng.randint(1, 4) + 1)]
+            doc.update({k: doc["versions"][-1][k] for k in ("n_rows", "columns")})
+        docs.append(doc)
+        store.open(ds, {"epsilon": 1}, "op", json.dumps(doc))
+        _sql(pg_url, "UPDATE datasets SET created_at = %s WHERE id = %s RETURNING 1",
+             T0 + timedelta(seconds=rng.randint(0, 50)), ds)
+    order = [ds for (ds,) in _sql(pg_url, "SELECT id FROM datasets ORDER BY created_at, id")]
+    by_id = {d["id"]: d for d in docs}
+
+    def model(new: dict[str, Any]) -> list[dict[str, Any]]:
+        """The warnings as the read of every document gave them (issue #29 before)."""
+        out = []
+        for other in (by_id[ds] for ds in order):
+            if (other["id"] == new["id"] or other.get("status") != "active"
+                    or other.get("public")):
+                continue
+            for entry in datasets.versions_of(other):
+                if (entry["status"] == "active" and set(entry["columns"]) == set(new["columns"])
+                        and int(entry["n_rows"]) == int(new["n_rows"])):
+                    out.append({"dataset_id": other["id"], "version": entry["version"],
+                                "same_file": bool(new.get("sha256"))
+                                and entry.get("sha256") == new["sha256"]})
+                    break
+        return out
+
+    checked = 0
+    for rows, columns in [*shapes, (5, ["z"])]:
+        for sha in ("", "f1"):
+            new = {"id": "ds_new", "n_rows": rows, "public": False,
+                   "columns": {c: {} for c in reversed(columns)},
+                   **({"sha256": sha} if sha else {})}
+            got = [{k: w[k] for k in ("dataset_id", "version", "same_file")}
+                   for w in datasets.reupload_warnings(store, new)]
+            assert got == model(new), (rows, columns, sha)
+            checked += len(got)
+    assert checked > 20  # the model names many
+    # one of them as the registered dataset itself: never its own warning
+    own = next(d for d in docs if d["status"] == "active" and not d["public"]
+               and "versions" in d and d["versions"][-1]["status"] == "active")
+    assert all(w["dataset_id"] != own["id"] for w in datasets.reupload_warnings(store, own))
+    assert datasets.reupload_warnings(store, {**own, "public": True}) == []
+
+    # 3,000 datasets more, of other shapes: the probe reads the shape's rows only
+    _sql(pg_url, "INSERT INTO datasets (id, document, created_by) SELECT 'ds_x' || g, "
+                 "jsonb_build_object('id', 'ds_x' || g, 'status', 'active', 'versions', "
+                 "jsonb_build_array(jsonb_build_object('version', 1, 'status', 'active', "
+                 "'n_rows', g, 'columns', '{\"a\": {}, \"b\": {}}'::jsonb)))::text, 'op' "
+                 "FROM generate_series(1000, 3999) g RETURNING 1")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE datasets")  # no dead row versions left in the index
+    matching = len(model({"id": "ds_new", "n_rows": 100, "columns": {"a": {}, "b": {}}}))
+    nodes = _explain(pg_url, pg_ledger.SHAPES_SQL, Jsonb({"a": None, "b": None}),
+                     Jsonb(100), "ds_new")
+    kinds = {n["Node Type"] for n in nodes}
+    assert "Seq Scan" not in kinds, kinds
+    probe = next(n for n in nodes if n["Node Type"] == "Bitmap Index Scan")
+    assert probe["Index Name"] == "datasets_shapes"
+    heap = next(n for n in nodes if n["Node Type"] == "Bitmap Heap Scan")
+    read = heap["Actual Rows"] + heap.get("Rows Removed by Index Recheck", 0)
+    assert read == probe["Actual Rows"] <= matching + 5, (read, matching)
+    with_one = len(store.same_shape_documents(["a", "b"], 1000, "ds_new"))
+    assert with_one == 1  # one of the 3,000, found by its shape
+
+
+def test_balances_reads_every_dataset_in_one_query(store: PgLedger) -> None:
+    ids = [_ds() for _ in range(4)]
+    for i, ds in enumerate(ids):
+        store.open(ds, {"epsilon": 10 + i, "delta": 5}, "op")
+    store.reserve(_res(ids[1], {"epsilon": 3}))
+    assert store.balances([ids[2], "ds_none", ids[1], ids[2]]) == [
+        store.balance(ids[2]), {}, store.balance(ids[1]), store.balance(ids[2])]
+    assert store.balances(ids[1:2])[0]["epsilon"] == {
+        "cap": 11, "committed": 0, "reserved": 3, "remaining": 8}
+    assert store.balances([]) == []
+
+
+def test_budget_window_replays_as_the_whole_history(store: PgLedger, pg_url: str) -> None:
+    """The chart's window (the newest events, from the balance with them undone and the
+    caps set before them) gives exactly the steps a replay of the whole history gives
+    for them, wherever the window starts: caps changed, commits, failures charged,
+    aborts, cancels, allocations, a recharge, a second measure; and its queries read
+    ``limit + 1`` events and the dataset's cap events (EXPLAIN ANALYZE)."""
+    from service.console import burndown
+
+    ds = _ds()
+    store.open(ds, {"epsilon": 1000, "delta": 100}, "op")
+    store.recharge_interval(ds, {"epsilon": 7}, "op")  # opened now: marked done, no event
+    _sql(pg_url, "UPDATE ledgers SET recharged_interval = false WHERE dataset_id = %s "
+                 "RETURNING 1", ds)
+    assert store.recharge_interval(ds, {"epsilon": 7, "rho": 2}, "op") == "recharged"
+    rng = random.Random(7)
+    for i in range(60):
+        cost = {"epsilon": rng.randint(1, 5), **({"delta": 1} if i % 3 == 0 else {})}
+        rid = store.reserve(_res(ds, cost)).release_id
+        action = rng.choice(["commit", "fail", "abort", "cancel", "leave"])
+        if action == "cancel":
+            store.cancel(ds, rid, "op")
+        elif action != "leave":
+            run = store.mark_running(rid, "w")
+            assert run is not None
+            if action == "commit":
+                store.commit(ds, run, LEDGER_OUTPUT)
+            elif action == "fail":
+                assert store.mark_data_read(run)
+                store.fail(ds, run, '{"message": "x"}')
+            else:
+                store.abort_run(ds, run, '{"message": "x"}')
+        if i in (10, 40):
+            store.change_caps(ds, [(None, {"epsilon": 2000 + i}), ("key_1", {"epsilon": 9})],
+                              "op")
+    events = store.events(ds)
+    assert len(events) > 100
+    whole = burndown.replay(events)
+    balance = store.balance(ds)
+    for measure in ("epsilon", "delta"):  # the whole replay ends at the ledger's balance
+        assert whole[measure].committed[-1] == balance[measure]["committed"]
+        assert whole[measure].reserved[-1] == balance[measure]["reserved"]
+    assert store.budget_window(ds, len(events)) == BudgetWindow(events)
+    for limit in (1, 2, 5, 17, 50, 100, len(events) - 1):
+        window = store.budget_window(ds, limit)
+        assert not window.complete and window.events == events[-limit:]
+        assert window.start_at == events[-limit - 1]["at"]
+        steps = burndown.replay_window(window)
+        for measure, series in whole.items():
+            named = [i for i, e in enumerate(events) if measure in (e.get("units") or {})
+                     and e["kind"] in {"cap", *burndown.MOVES}]
+            tail = [i for i in named if i >= len(events) - limit]
+            got = steps[measure]
+            # the first step: what held before the window; then the window's own steps
+            state = {"cap": 0, "committed": 0, "reserved": 0}
+            before = [i for i in named if i < len(events) - limit]
+            if before:
+                at = named.index(before[-1])
+                state = {"cap": series.cap[at], "committed": series.committed[at],
+                         "reserved": series.reserved[at]}
+            assert (got.cap[0], got.committed[0], got.reserved[0]) == (
+                state["cap"], state["committed"], state["reserved"]), (limit, measure)
+            assert got.times[0] == window.start_at
+            first = named.index(tail[0]) if tail else len(named)
+            assert got.times[1:] == series.times[first:], (limit, measure)
+            assert got.cap[1:] == series.cap[first:], (limit, measure)
+            assert got.committed[1:] == series.committed[first:], (limit, measure)
+            assert got.reserved[1:] == series.reserved[first:], (limit, measure)
+    # the queries: limit + 1 events through events_dataset; the cap events alone
+    _sql(pg_url, "INSERT INTO events (dataset_id, kind, actor, at, units) SELECT 'ds_other', "
+                 "'reserve', 'k', now(), '{\"epsilon\": 1}' FROM generate_series(1, 20000) g "
+                 "RETURNING 1")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ANALYZE events")
+    nodes = _explain(pg_url, pg_ledger.WINDOW_SQL, ds, 11)
+    scans = [n for n in nodes if "Scan" in n["Node Type"]]
+    assert [(n["Node Type"], n["Index Name"], n["Actual Rows"]) for n in scans] == [
+        ("Index Scan Backward", "events_dataset", 11)] or [
+        (n["Index Name"], n["Actual Rows"]) for n in scans] == [("events_dataset", 11)], scans
+    nodes = _explain(pg_url, pg_ledger.CAPS_BEFORE_SQL, ds, int(events[-2]["id"]))
+    scans = [n for n in nodes if n["Node Type"] in {"Index Scan", "Bitmap Index Scan",
+                                                     "Seq Scan", "Bitmap Heap Scan"}]
+    assert {n["Node Type"] for n in scans} <= {"Index Scan", "Bitmap Index Scan",
+                                               "Bitmap Heap Scan"}, scans
+    assert {n.get("Index Name") for n in scans} - {None} == {"events_dataset_caps"}
+    assert max(n["Actual Rows"] for n in scans) == 3  # open's and the two changes'

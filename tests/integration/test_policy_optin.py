@@ -63,14 +63,14 @@ def _body(ds: str, probe: tuple[str, dict[str, Any], dict[str, Any]],
             **extra}
 
 
-def _ledger_state(app: Flask, ds: str) -> tuple[Any, int, int]:
+def _ledger_state(app: Flask, ds: str) -> tuple[Any, int, Any]:
     """Everything a refused request must leave as it was, read from the session's store:
     the dataset's ledger (caps, spent and held per measure and per key's allocation, the
-    allocations' rules, the notion lock), how many audit events and how many releases the
-    dataset has."""
+    allocations' rules, the notion lock), how many audit events and the dataset's newest
+    release (a new one, even refused, would be the newest)."""
     ledger = wiring.of(app).ledger
     return ((ledger.budget(ds), ledger.allocation_scopes(ds), ledger.notion_lock(ds)),
-            len(ledger.events(ds)), ledger.dataset_history(ds, 0)[0])
+            len(ledger.events(ds)), ledger.dataset_history(ds, 1))
 
 
 # -- the dataset's own policy ----------------------------------------------------------

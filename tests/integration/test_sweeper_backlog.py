@@ -467,10 +467,12 @@ def test_on_the_valkey_store_the_lists_are_read_and_a_lost_message_found_at_once
 
 @pytest.mark.postgres_store
 def test_the_sweep_migration_goes_down_and_up_again(postgres_url: str) -> None:
-    """0010_sweep downgrades to 0005_keys (its columns, indexes, trigger and sequence
-    gone, the releases kept) and upgrades again: a new release is marked at insert."""
+    """0010_sweep downgrades to the revision before it (its columns, indexes, trigger and
+    sequence gone, the releases kept) and upgrades again: a new release is marked at
+    insert, a priced one gets its ``priced_at``."""
     from alembic import command
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
@@ -481,10 +483,12 @@ def test_the_sweep_migration_goes_down_and_up_again(postgres_url: str) -> None:
                      "VALUES ('rel_kept', 'ds', 'a', 'queued', '{}')")
     config = Config()
     config.set_main_option("script_location", database.migrations_path())
+    before = ScriptDirectory.from_config(config).get_revision("0010_sweep").down_revision
+    assert isinstance(before, str)
     engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)
     with engine.begin() as connection:
         config.attributes["connection"] = connection
-        command.downgrade(config, "0005_keys")
+        command.downgrade(config, before)
     engine.dispose()
     columns = ("SELECT column_name FROM information_schema.columns WHERE table_name = "
                "'releases' AND column_name IN ('created_seq', 'priced_at', 'sweep_seq', "

@@ -275,7 +275,7 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
     assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
     monkeypatch.undo()
     assert api.get(f"/v1/datasets/{ds['id']}/budget").get_json() == budget
-    assert ledger.dataset_history(ds["id"], 0)[0] == 0
+    assert ledger.dataset_history(ds["id"], 0) == ([], False)  # no release at all
     resp = _patch(api, ds["id"], 2, {"current": True})
     assert (resp.status_code, resp.get_json()["code"]) == (409, "version_retired")
     assert record_state.retired_versions(ledger, ds["id"]) == {2}

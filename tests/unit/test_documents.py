@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.storage import release_documents
 from service.storage.release_documents import DIGEST_CHARS, DocumentStore, digest
 
 
@@ -52,3 +55,35 @@ def test_results_are_never_replaced_and_prune_keeps_the_named_ones(tmp_path: Pat
 def test_ids_never_become_paths(tmp_path: Path, bad: str) -> None:
     with pytest.raises(ValueError):
         DocumentStore(tmp_path).folder(bad)
+
+
+@pytest.mark.parametrize("allocates", [True, False])
+def test_the_preflight_takes_room_and_leaves_nothing(tmp_path: Path, allocates: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``fallocate(2)`` (the file system allocates: no fsync) or without it (the
+    bytes written, then fsynced): the release's folder made, no probe left behind."""
+    if not allocates:
+        monkeypatch.setattr(release_documents, "_FALLOCATE", None)
+    else:
+        assert release_documents._FALLOCATE is not None  # Linux's C library has it
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    docs = DocumentStore(tmp_path)
+    docs.preflight("rel_1", 2)
+    assert list(docs.folder("rel_1").iterdir()) == []
+    assert len(synced) == (0 if allocates else 1)
+
+
+def test_the_preflight_raises_what_the_file_system_answers(tmp_path: Path) -> None:
+    """An error of ``fallocate(2)`` is the OSError the run refunds on (here EBADF: a
+    file opened read-only), never taken for a file system without it."""
+    probe = tmp_path / "probe"
+    probe.touch()
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as caught:
+            release_documents._allocate(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    assert caught.value.errno == errno.EBADF

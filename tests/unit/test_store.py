@@ -37,7 +37,8 @@ def leftovers(store: DatasetStore) -> list[Path]:
     return [p for p in store.root.rglob("*") if p != store.tmp_dir]
 
 
-def test_round_trip_memory_mapped(store: DatasetStore) -> None:
+def test_round_trip_small_columns_read(store: DatasetStore) -> None:
+    """Columns of at most READ_BYTES come back read into memory, read-only as a map."""
     manifest, columns = sample()
     folder = store.write("ds_1", 1, manifest, columns)
     assert folder == store.root / "ds_1" / "v1"
@@ -49,12 +50,25 @@ def test_round_trip_memory_mapped(store: DatasetStore) -> None:
     assert got_manifest == manifest
     assert list(got) == ["age", "wage", "race"]
     for name, values in columns.items():
-        assert isinstance(got[name], np.memmap)
+        assert not isinstance(got[name], np.memmap)
         assert got[name].dtype == values.dtype
         np.testing.assert_array_equal(got[name], values)
     with pytest.raises(ValueError):
         got["age"][0] = 1  # read-only: workers can never alter a stored version
     assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_columns_above_read_bytes_are_memory_mapped(store: DatasetStore) -> None:
+    """The choice is each column's size from the manifest: a column over READ_BYTES is
+    mapped (read-only), a small one beside it read."""
+    rows = store_module.READ_BYTES // 8 + 1  # float64: just over; int8: an eighth of it
+    big, small = np.arange(rows, dtype=np.float64), np.ones(rows, dtype=np.int8)
+    store.write("ds_big", 1, {"n_rows": rows}, {"big": big, "small": small})
+    _, got = store.load("ds_big", 1)
+    assert isinstance(got["big"], np.memmap) and not isinstance(got["small"], np.memmap)
+    np.testing.assert_array_equal(got["big"], big)
+    with pytest.raises(ValueError):
+        got["big"][0] = 1
 
 
 def test_manifest_records_column_files(store: DatasetStore) -> None:
@@ -322,7 +336,6 @@ def test_staged_chunks_equal_one_write(store: DatasetStore) -> None:
     manifest, got = store.load("ds", 1)
     assert manifest == {"n_rows": 10} and list(got) == ["x", "code", "f"]
     for name in got:
-        assert isinstance(got[name], np.memmap)
         np.testing.assert_array_equal(got[name], np.concatenate([c[name] for c in chunks]))
         # the header written last is the one numpy reads: a plain np.load agrees
         np.testing.assert_array_equal(np.load(folder / f"c{list(got).index(name)}.npy"),

@@ -40,7 +40,7 @@ a release only when it is stale (waited ``min(min_age, lost_age)`` s), so only a
 pays for marks.
 
 Revision ID: 0010_sweep
-Revises: 0005_keys
+Revises: 0007_ledger_locks
 Create Date: 2026-12-01
 """
 
@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0010_sweep"
-down_revision: str | None = "0005_keys"
+down_revision: str | None = "0007_ledger_locks"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
