@@ -21,7 +21,7 @@ other (BRPOP), so each queue is first in, first out (no priorities are used: one
 per queue). kombu puts a popped message back only from the unacked set: at the front
 after its visibility timeout or at a worker's warm shutdown (RPUSH), at the back when
 a worker's process died mid-task (LPUSH). The marks are numbers of one PostgreSQL
-sequence (migration 0010_sweep):
+sequence (migration 0008_sweep):
 
 - a release's ``created_seq`` is taken when its row is inserted, before any of its
   messages is published;

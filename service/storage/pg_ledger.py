@@ -100,7 +100,7 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
 - the sweeper: ``stale``, ``lease_held``, ``unsent_ids``, ``claim_resend`` /
   ``undo_resend`` (resend.lua: ``releases.resends`` / ``resent_at``), ``drop_pending``
   (nothing to do: pending is the status itself, no index entry can outlive it); and
-  which stale release's message no longer waits, by index (migration 0010_sweep:
+  which stale release's message no longer waits, by index (migration 0008_sweep:
   ``sweep_marks``, ``passed``, ``confirm_passed``, ``held_by_workers``, ``sending`` /
   ``sent``; ``service.releases.sweeper`` has the argument): each a statement or two on
   ranges of ``releases_sweep``, ``releases_started_seq`` and ``releases_priced_seq``
@@ -247,7 +247,7 @@ SETTLE_SQL = (
     "%(payload)s::text, %(actor)s::text, %(holder)s::text, %(table_version)s::bigint, "
     "%(result_attempt)s::integer, %(settle_call)s::text)")
 
-# the sweeper's marks (migration 0010_sweep; ``service.releases.sweeper`` has the
+# the sweeper's marks (migration 0008_sweep; ``service.releases.sweeper`` has the
 # argument): every mark a number of the sequence ``release_sends``
 
 #: releases marked per pass at most, by each of the marking statements
@@ -1524,7 +1524,7 @@ class PgLedger:
     def sweep_marks(self, older_than: float, witness_age: float, lapsed: float
                     ) -> SendMarks:
         """Mark the stale releases whose last message was published (migration
-        0010_sweep; ``Store.sweep_marks``): up to ``MARK_BATCH`` pricing or queued ones
+        0008_sweep; ``Store.sweep_marks``): up to ``MARK_BATCH`` pricing or queued ones
         never marked, created over ``older_than`` s ago and out of the outbox
         (``MARK_NEW_SQL``: a range of ``releases_sweep``), the running ones whose lease
         lapsed over ``lapsed`` s ago and whose mark predates that (``MARK_LAPSED_SQL``:

@@ -35,7 +35,7 @@ from tests.pg_proxy import lossy_database
 TABLES = ["allocation_scopes", "allocations", "analyses", "api_keys", "budgets",
           "console_sessions", "counts", "datasets", "events", "holdouts", "idempotency", "ledgers",
           "outbox", "releases", "replays", "service_secrets", "step_calls"]
-HEAD = "0010_sweep"
+HEAD = "0008_sweep"
 
 
 def _db_url(server_url: str, name: str) -> str:

@@ -467,7 +467,7 @@ def test_on_the_valkey_store_the_lists_are_read_and_a_lost_message_found_at_once
 
 @pytest.mark.postgres_store
 def test_the_sweep_migration_goes_down_and_up_again(postgres_url: str) -> None:
-    """0010_sweep downgrades to the revision before it (its columns, indexes, trigger and
+    """0008_sweep downgrades to the revision before it (its columns, indexes, trigger and
     sequence gone, the releases kept) and upgrades again: a new release is marked at
     insert, a priced one gets its ``priced_at``."""
     from alembic import command
@@ -483,7 +483,7 @@ def test_the_sweep_migration_goes_down_and_up_again(postgres_url: str) -> None:
                      "VALUES ('rel_kept', 'ds', 'a', 'queued', '{}')")
     config = Config()
     config.set_main_option("script_location", database.migrations_path())
-    before = ScriptDirectory.from_config(config).get_revision("0010_sweep").down_revision
+    before = ScriptDirectory.from_config(config).get_revision("0008_sweep").down_revision
     assert isinstance(before, str)
     engine = create_engine(database.sqlalchemy_url(url), poolclass=NullPool)
     with engine.begin() as connection:

@@ -39,7 +39,7 @@ and at start (a lease renewal changes no indexed column: it stays a HOT update),
 a release only when it is stale (waited ``min(min_age, lost_age)`` s), so only a backlog
 pays for marks.
 
-Revision ID: 0010_sweep
+Revision ID: 0008_sweep
 Revises: 0007_ledger_locks
 Create Date: 2026-12-01
 """
@@ -50,7 +50,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0010_sweep"
+revision: str = "0008_sweep"
 down_revision: str | None = "0007_ledger_locks"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
