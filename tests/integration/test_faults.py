@@ -614,6 +614,16 @@ def test_upload_whose_registration_meets_a_dead_database_leaves_no_files(
     assert _files(rig["data_dir"]) == files_before
 
 
+def _beats_again(client: Any, name: str, beat: threading.Thread) -> None:
+    """The heartbeat thread ``beat`` of worker ``name`` writes its key again after it is
+    deleted, within three beats."""
+    client.delete(rkeys.WORKERS + name)
+    deadline = time.monotonic() + 3 * HEARTBEAT_SECONDS
+    while not client.exists(rkeys.WORKERS + name):
+        assert beat.is_alive() and time.monotonic() < deadline, "it beats no more"
+        time.sleep(0.05)
+
+
 @on_postgres
 def test_a_workers_heartbeat_outlives_a_sweep_that_met_a_dead_database(
         rig: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -644,11 +654,7 @@ def test_a_workers_heartbeat_outlives_a_sweep_that_met_a_dead_database(
             client.delete(sweeper.LOCK)  # the next sweep is this thread's, in the outage
             time.sleep(3)
             assert beat.is_alive(), "the heartbeat ended with the sweep's database error"
-        client.delete(rkeys.WORKERS + name)
-        deadline = time.monotonic() + 3 * celery_app.HEARTBEAT_SECONDS
-        while not client.exists(rkeys.WORKERS + name):
-            assert beat.is_alive() and time.monotonic() < deadline, "it beats no more"
-            time.sleep(0.05)
+        _beats_again(client, name, beat)
     finally:
         stop.set()
         beat.join(timeout=30)
@@ -692,11 +698,7 @@ def test_a_workers_heartbeat_outlives_a_sweep_that_failed_otherwise(
                 time.sleep(0.05)
             record = next(r for r in caplog.records if r.getMessage() == "sweep failed")
             assert record.__dict__["error_type"] == "UndefinedTable"
-            client.delete(rkeys.WORKERS + name)
-            deadline = time.monotonic() + 3 * celery_app.HEARTBEAT_SECONDS
-            while not client.exists(rkeys.WORKERS + name):
-                assert beat.is_alive() and time.monotonic() < deadline, "it beats no more"
-                time.sleep(0.05)
+            _beats_again(client, name, beat)
         finally:
             rename("_away", "")
         failed = failures()

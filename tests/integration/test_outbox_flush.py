@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +30,7 @@ from service.releases.queue import RELEASES_QUEUE
 from service.storage import rkeys
 from service.storage.ledger import Reservation
 from service.storage.store import Store
-from tests.conftest import ROOT, wait_for_worker
+from tests.conftest import ROOT, until, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from tests.integration.record_state import close, field, on_record, own_database
 
@@ -39,15 +39,6 @@ EPSILON = 0.5
 #: a run's lease: a second message taken while the first run holds it is retried after
 #: the lease (then finds the release ended), so keep it short
 LEASE = 2
-
-
-def _until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(0.02)
-    raise TimeoutError(what)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +135,7 @@ def test_a_post_leaves_the_outbox_in_the_flushers_batch(
         resp = api.post("/v1/releases", _body(rig["ds"], value))
         assert resp.status_code == 202, resp.get_json()
         ids.append(resp.get_json()["id"])
-    _until(lambda: not set(ids) & ledger.unsent_ids(), timeout=5)
+    until(lambda: not set(ids) & ledger.unsent_ids(), timeout=5)
     for rid in ids:  # still queued: their messages wait for a worker, sent once
         assert api.get(f"/v1/releases/{rid}").get_json()["status"] == "queued"
         assert _messages(rig["client"], rid) == 1
@@ -164,7 +155,7 @@ def test_the_flusher_batches_and_keeps_what_it_could_not_delete(rig: dict[str, A
     assert set(ids) <= svc.ledger.unsent_ids()
     for rid in ids[:3]:
         flusher.sent(rid)
-    _until(lambda: store.batches, timeout=5)  # the third woke it: one delete of three
+    until(lambda: store.batches, timeout=5)  # the third woke it: one delete of three
     assert store.batches == [ids[:3]]
     assert svc.ledger.unsent_ids() & set(ids) == {ids[3]}
     store.down = True
@@ -199,7 +190,7 @@ def test_a_release_published_twice_runs_once(rig: dict[str, Any]) -> None:
 
     rig["start"]()
     assert api.wait(rid, timeout=60)["status"] == "succeeded"
-    _until(lambda: _messages(client, rid) == 0)
+    until(lambda: _messages(client, rid) == 0)
     time.sleep(0.5)  # the second message's run, had it started, would have counted by now
     assert field(ledger, rid, "attempts") == "1"
     assert sorted(p.name for p in svc.documents.folder(rid).glob("result.*.json")) == [

@@ -19,8 +19,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +33,13 @@ from service.api.app import create_app
 from service.storage import release_metrics, rkeys
 from service.storage.pg_ledger import PgLedger
 from service.storage.store import Store
-from tests.conftest import ROOT, wait_for_worker
+from tests.conftest import ROOT, until, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from tests.integration.record_state import close, field, on_record, own_database
 
 LEASE = 2
 DELAY = 3.0
 DB = 4
-
-
-def _until(what: Callable[[], Any], timeout: float = 30.0, step: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(step)
-    raise TimeoutError(what)
 
 
 def _pool_child(worker: subprocess.Popen[bytes]) -> int:
@@ -146,15 +136,15 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
     rid = resp.get_json()["id"]
 
     # A has read the data (the marker is written just before the read) and sleeps
-    _until(lambda: field(ledger, rid, "data_read"))
+    until(lambda: field(ledger, rid, "data_read"))
     stalled = [worker_a.pid, _pool_child(worker_a)]
     for pid in stalled:
         os.kill(pid, signal.SIGSTOP)
     try:
         worker_b = rig["start"]("worker-b")
-        _until(lambda: not ledger.lease_held(rid), timeout=LEASE + 5)  # lapsed
+        until(lambda: not ledger.lease_held(rid), timeout=LEASE + 5)  # lapsed
         _redeliver(rig["url"])
-        _until(lambda: field(ledger, rid, "attempts") == "2")  # B runs it again
+        until(lambda: field(ledger, rid, "attempts") == "2")  # B runs it again
         assert field(ledger, rid, "status") == "running"
     finally:
         for pid in stalled:
@@ -162,7 +152,7 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
     doc = api.wait(rid, timeout=30)
     # A wakes holding an output of its own; it must report that it lost the job
     lost = f"dip{release_metrics.SEP}lease_lost"
-    _until(lambda: client.hget(release_metrics.RELEASES, lost), timeout=DELAY + 15)
+    until(lambda: client.hget(release_metrics.RELEASES, lost), timeout=DELAY + 15)
     assert worker_b.poll() is None and worker_a.poll() is None
 
     assert doc["status"] == "succeeded", doc

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,7 +31,7 @@ from service.releases.queue import RELEASES_QUEUE, Queue
 from service.storage import rkeys
 from service.storage.ledger import Reservation
 from service.storage.store import Store
-from tests.conftest import ROOT, wait_for_worker
+from tests.conftest import ROOT, until, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from tests.integration.record_state import (
     backdate,
@@ -51,15 +51,6 @@ DB = 6
 #: are run at once by the worker's two processes (one waits for the other's lease)
 DELAY = 1.0
 EPSILON = 0.5
-
-
-def _until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(0.05)
-    raise TimeoutError(what)
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +188,9 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
         assert api.wait(rid, timeout=60)["status"] == "succeeded", rid
     # both of twice's messages consumed, at once: the second found the first's lease and
     # waited (a retry), then found the release ended
-    _until(lambda: _messages(client, twice) == 0)
+    until(lambda: _messages(client, twice) == 0)
     assert f"run_release[{twice}] retry" in rig["log"].read_text()
-    _until(lambda: client.llen(RELEASES_QUEUE) == 0)
+    until(lambda: client.llen(RELEASES_QUEUE) == 0)
     # the queue is empty: bounded's second loss is found; past the bound: refunded
     assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == [
         bounded]
@@ -208,7 +199,7 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     assert doc["error"]["message"] == ("job gone (job message lost) after 1 re-sends;"
                                        " reservation refunded")
     rig["queue"].run(lost)  # a late redelivery
-    _until(lambda: _messages(client, lost) == 0)
+    until(lambda: _messages(client, lost) == 0)
     time.sleep(0.5)  # the late message's run, had it started, would have counted by now
     attempts = {rid: field(ledger, rid, "attempts") for rid in (lost, dead, twice)}
     assert attempts == {lost: "1", dead: "2", twice: "1"}
