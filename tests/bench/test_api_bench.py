@@ -68,6 +68,10 @@ ROUNDS = int(os.environ.get("API_BENCH_ROUNDS", "3"))
 POST_GOAL = 0.5
 DRAIN_GOAL = 400.0  # releases/s
 OUTSIDE_GOAL_MS = 5.0  # CPU ms per release outside the mechanism
+#: the drain's worker processes (``--concurrency``; PRIVRELEASE_BENCH_CONCURRENCY): the
+#: CLI's default, 2, unless set. A run waits on fsyncs (its result file, the WAL of its
+#: three transactions), so more processes than cores can keep the cores busy
+CONCURRENCY = int(os.environ.get("PRIVRELEASE_BENCH_CONCURRENCY", "2"))
 #: mechanism runs timed in this process for the per-release mechanism CPU
 MECHANISM_RUNS = 2000
 
@@ -192,7 +196,7 @@ def drain(stack: Stack) -> Drain:
     the last finished, with the CPU its processes, PostgreSQL and Valkey used meanwhile."""
     queued = _pending(stack)
     assert queued > 40  # the window opens after 20 (a loaded machine's 2 s warm-up: ~60)
-    proc = stack.start_worker()
+    proc = stack.start_worker(CONCURRENCY)
     worker = psutil.Process(proc.pid)
     pg, vk = stack.postmaster(), stack.valkey_process()
     # the window opens once the worker took its first releases (its start-up and imports
@@ -345,7 +349,7 @@ def test_post_throughput_and_worker_drain(stack: Stack, record: Callable[[str], 
     sizes_before, valkey_before = pg_sizes(stack), valkey_bytes(stack)
     files_before = folder_bytes(stack.data_dir / "releases")
     record(f"wrk {THREADS} threads x {CONNECTIONS} connections, {SECONDS:g} s per run; "
-           "worker: 2 prefork processes")
+           f"worker: {CONCURRENCY} prefork processes")
     posts, drains = [], []
     for round_ in range(1, ROUNDS + 1):
         load = load_average()
