@@ -21,7 +21,7 @@ CONFIG = {
     "bind": "127.0.0.1",
     "protected-mode": "yes",
     "appendonly": "yes",
-    "appendfsync": "always",  # a committed spend survives a crash
+    "appendfsync": "always",  # a published job survives a crash (the outbox re-sends one lost)
     "save": '""',
     "logfile": "valkey.log",
     "daemonize": "no",
