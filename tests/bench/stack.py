@@ -14,6 +14,7 @@ Valkey.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +241,24 @@ class Stack:
             self._end(proc)
         self.valkey.stop()
         self.pg.stop()
+
+
+@contextlib.contextmanager
+def recorder(name: str, echo: bool = False) -> Iterator[Callable[[str], None]]:
+    """A benchmark's report: each line printed as it comes, all of them written to
+    ``var/<name>`` at the end (and printed again together if ``echo``)."""
+    lines: list[str] = []
+
+    def add(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    yield add
+    out = ROOT / "var" / name
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    if echo:
+        print("\n" + "\n".join(lines))
 
 
 def until(check: Callable[[], bool], timeout: float, step: float = 0.05) -> None:

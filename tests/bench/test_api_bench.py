@@ -55,8 +55,15 @@ from service import wiring
 from service.config import Config
 from service.releases import run
 from service.releases.request import JobRequest
-from tests.bench.stack import BARE_QUEUE, Stack, bench_dir, load_average, own_cpu, tree_cpu
-from tests.conftest import ROOT
+from tests.bench.stack import (
+    BARE_QUEUE,
+    Stack,
+    bench_dir,
+    load_average,
+    own_cpu,
+    recorder,
+    tree_cpu,
+)
 from tests.e2e.harness import TOKEN
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(3600)]
@@ -423,14 +430,5 @@ def test_submit_to_result_latency(stack: Stack, record: Callable[[str], None]) -
 
 @pytest.fixture(scope="module")
 def record() -> Iterator[Callable[[str], None]]:
-    lines: list[str] = []
-
-    def add(line: str) -> None:
-        lines.append(line)
-        print(line, flush=True)
-
-    yield add
-    out = Path(ROOT / "var" / "bench-api.txt")
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print("\n" + "\n".join(lines))
+    with recorder("bench-api.txt", echo=True) as add:
+        yield add

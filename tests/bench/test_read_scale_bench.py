@@ -40,7 +40,6 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -49,8 +48,7 @@ import pytest
 import requests
 
 from service.storage import index
-from tests.bench.stack import Stack, bench_dir, load_average
-from tests.conftest import ROOT
+from tests.bench.stack import Stack, bench_dir, load_average, recorder
 from tests.e2e.harness import TOKEN
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(7200)]
@@ -336,13 +334,5 @@ def test_every_get_answers_as_fast_with_1e6_releases(stack: Stack,
 
 @pytest.fixture(scope="module")
 def record() -> Iterator[Callable[[str], None]]:
-    lines: list[str] = []
-
-    def add(line: str) -> None:
-        lines.append(line)
-        print(line, flush=True)
-
-    yield add
-    out = Path(ROOT / "var" / "bench-reads.txt")
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    with recorder("bench-reads.txt") as add:
+        yield add

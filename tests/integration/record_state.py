@@ -15,11 +15,16 @@ Valkey database).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from flask import Flask
 
 from service import wiring
@@ -119,6 +124,73 @@ def close(app: Flask) -> None:
     ledger = wiring.of(app).ledger
     if isinstance(ledger, PgLedger):
         ledger.pool.close()
+
+
+@dataclasses.dataclass
+class WorkerRig:
+    """A rig of its own (``worker_rig``): an app on its Valkey database and record, the
+    Valkey client, and ``start``, which starts one more worker on the releases queue."""
+
+    app: Flask
+    client: redis.Redis
+    start: Callable[[], None]
+    log: Path
+
+
+@contextmanager
+def worker_rig(request: pytest.FixtureRequest, redis_url: str, service_env: dict[str, str],
+               app: Flask, log_dir: Path, db: int, lease: int,
+               env: dict[str, str] | None = None) -> Iterator[WorkerRig]:
+    """Valkey database ``db`` and a record of the test module's own (``own_database``), an
+    app on them whose runs lease for ``lease`` seconds with an operator key (``TOKEN``),
+    and workers started on demand (2 processes each, environment ``env`` besides; their
+    own sweeper never runs: the tests sweep). The workers stop and the database is
+    emptied at the end."""
+    from service import apikeys
+    from service.api.app import create_app
+    from service.releases.queue import RELEASES_QUEUE
+    from tests.conftest import ROOT, wait_for_worker
+    from tests.integration.conftest import TOKEN
+
+    url = redis_url.rsplit("/", 1)[0] + f"/{db}"
+    record = own_database(request)
+    client = rkeys.connect(url)
+    client.flushdb()
+    flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
+                                               database_url=record, lease_seconds=lease))
+    apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
+    worker_env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
+                            "PRIVRELEASE_LEASE_SECONDS": str(lease),
+                            "PRIVRELEASE_SWEEP_INTERVAL": "3600", **(env or {})}, record)
+    log = log_dir / "worker.log"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        with open(log, "ab") as fh:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "2",
+                 "--queues", RELEASES_QUEUE, "--loglevel", "info"], env=worker_env, cwd=ROOT,
+                stdout=fh, stderr=subprocess.STDOUT))
+        wait_for_worker(client)
+
+    try:
+        yield WorkerRig(flask_app, client, start, log)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+        client.flushdb()
+        close(flask_app)
+
+
+def queued_messages(client: redis.Redis, release_id: str) -> int:
+    """The release's messages waiting in the releases queue or fetched and not yet
+    acknowledged (kombu's unacked set)."""
+    from service.releases import sweeper
+    from service.releases.queue import RELEASES_QUEUE
+
+    queued = sum(release_id in m for m in client.lrange(RELEASES_QUEUE, 0, -1))
+    return queued + sum(release_id in m for m in client.hvals(sweeper.UNACKED))
 
 
 # -- reading and making the record on either store -------------------------------

@@ -11,28 +11,22 @@ a database of its own too.
 
 from __future__ import annotations
 
-import dataclasses
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from flask import Flask
 
-from service import apikeys, wiring
-from service.api.app import create_app
+from service import wiring
 from service.releases import pricing, submit, sweeper
 from service.releases.queue import RELEASES_QUEUE
-from service.storage import rkeys
 from service.storage.ledger import Reservation
 from service.storage.store import Store
-from tests.conftest import ROOT, until, wait_for_worker
-from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
-from tests.integration.record_state import close, field, on_record, own_database
+from tests.conftest import until
+from tests.integration.conftest import PEOPLE_META, Api, people_csv
+from tests.integration.record_state import field, queued_messages, worker_rig
 
 DB = 8
 EPSILON = 0.5
@@ -47,49 +41,19 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
         ) -> Iterator[dict[str, Any]]:
     """Its own Valkey database and record, an app on them, a dataset, and a worker
     started on demand (its sweeper never runs during the test: the test sweeps)."""
-    url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    db = own_database(request)
-    client = rkeys.connect(url)
-    client.flushdb()
-    flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
-                                               database_url=db, lease_seconds=LEASE))
-    apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
-    env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
-                     "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
-                     "PRIVRELEASE_SWEEP_INTERVAL": "3600"}, db)
-    log = tmp_path_factory.mktemp("outbox") / "worker.log"
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        with open(log, "ab") as fh:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "2",
-                 "--queues", RELEASES_QUEUE, "--loglevel", "info"], env=env, cwd=ROOT,
-                stdout=fh, stderr=subprocess.STDOUT))
-        wait_for_worker(client)
-
-    api = Api(flask_app.test_client())
-    resp = api.upload(people_csv(50), PEOPLE_META)
-    assert resp.status_code == 201, resp.get_json()
-    yield {"app": flask_app, "api": api, "client": client, "start": start,
-           "ds": str(resp.get_json()["id"]), "svc": wiring.of(flask_app)}
-    for proc in procs:
-        proc.terminate()
-        proc.wait(timeout=30)
-    client.flushdb()
-    close(flask_app)
+    with worker_rig(request, redis_url, service_env, app, tmp_path_factory.mktemp("outbox"),
+                    DB, LEASE) as made:
+        api = Api(made.app.test_client())
+        resp = api.upload(people_csv(50), PEOPLE_META)
+        assert resp.status_code == 201, resp.get_json()
+        yield {"app": made.app, "api": api, "client": made.client, "start": made.start,
+               "ds": str(resp.get_json()["id"]), "svc": wiring.of(made.app)}
 
 
 def _body(ds: str, value: int) -> dict[str, Any]:
     return {"dataset_id": ds, "mechanism": "geometric", "budget": {"epsilon": EPSILON},
             "params": {"statistic": "count",
                        "condition": {"column": "age", "op": "ge", "value": value}}}
-
-
-def _messages(client: redis.Redis, release_id: str) -> int:
-    """The release's messages waiting in its queue or fetched and not yet acknowledged."""
-    queued = sum(release_id in m for m in client.lrange(RELEASES_QUEUE, 0, -1))
-    return queued + sum(release_id in m for m in client.hvals(sweeper.UNACKED))
 
 
 class _Failing:
@@ -138,7 +102,7 @@ def test_a_post_leaves_the_outbox_in_the_flushers_batch(
     until(lambda: not set(ids) & ledger.unsent_ids(), timeout=5)
     for rid in ids:  # still queued: their messages wait for a worker, sent once
         assert api.get(f"/v1/releases/{rid}").get_json()["status"] == "queued"
-        assert _messages(rig["client"], rid) == 1
+        assert queued_messages(rig["client"], rid) == 1
     for rid in ids:  # refunded, their messages dropped: the worker started later skips them
         assert ledger.abort(rig["ds"], rid, '{"message": "test"}', "t")
     for message in rig["client"].lrange(RELEASES_QUEUE, 0, -1):
@@ -186,11 +150,11 @@ def test_a_release_published_twice_runs_once(rig: dict[str, Any]) -> None:
     assert rid in ledger.unsent_ids()
     # its grace over (the sweeper's pass sends it: grace 0 stands for 5 s gone by)
     assert sweeper.send_outbox(ledger, svc.queue, grace=0.0) == [rid]
-    assert rid not in ledger.unsent_ids() and _messages(client, rid) == 2
+    assert rid not in ledger.unsent_ids() and queued_messages(client, rid) == 2
 
     rig["start"]()
     assert api.wait(rid, timeout=60)["status"] == "succeeded"
-    until(lambda: _messages(client, rid) == 0)
+    until(lambda: queued_messages(client, rid) == 0)
     time.sleep(0.5)  # the second message's run, had it started, would have counted by now
     assert field(ledger, rid, "attempts") == "1"
     assert sorted(p.name for p in svc.documents.folder(rid).glob("result.*.json")) == [

@@ -11,10 +11,7 @@ recording sender. On PostgreSQL the rig's record is a database of its own too.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,24 +21,21 @@ import pytest
 import redis
 from flask import Flask
 
-from service import apikeys, wiring
-from service.api.app import create_app
+from service import wiring
 from service.releases import queue, submit, sweeper
 from service.releases.queue import RELEASES_QUEUE, Queue
-from service.storage import rkeys
 from service.storage.ledger import Reservation
 from service.storage.store import Store
-from tests.conftest import ROOT, until, wait_for_worker
-from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
+from tests.conftest import until
+from tests.integration.conftest import PEOPLE_META, Api, people_csv
 from tests.integration.record_state import (
     backdate,
-    close,
     field,
     lapse,
-    on_record,
-    own_database,
+    queued_messages,
     run_store,
     set_resent,
+    worker_rig,
 )
 from tests.integration.test_precompute import _Sent
 
@@ -60,36 +54,11 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask,
     """Its own database (and record: ``record_state.own_database``), an app on it, and a
     worker started on demand (its own sweeper never runs during the test: the test
     sweeps)."""
-    url = redis_url.rsplit("/", 1)[0] + f"/{DB}"
-    db = own_database(request)
-    client = rkeys.connect(url)
-    client.flushdb()
-    flask_app = create_app(dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url,
-                                               database_url=db, lease_seconds=LEASE))
-    apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
-    env = on_record({**service_env, "PRIVRELEASE_REDIS_URL": url,
-                     "PRIVRELEASE_LEASE_SECONDS": str(LEASE),
-                     "PRIVRELEASE_SWEEP_INTERVAL": "3600",
-                     "PRIVRELEASE_TEST_JOB_DELAY": str(DELAY)}, db)
-    log = tmp_path_factory.mktemp("resend") / "worker.log"
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        with open(log, "ab") as fh:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "service.processes.cli", "worker", "--concurrency", "2",
-                 "--queues", RELEASES_QUEUE, "--loglevel", "info"], env=env, cwd=ROOT, stdout=fh,
-                stderr=subprocess.STDOUT))
-        wait_for_worker(client)
-
-    yield {"api": Api(flask_app.test_client()), "client": client, "start": start, "log": log,
-           "ledger": run_store(flask_app, LEASE),
-           "queue": wiring.of(flask_app).queue}
-    for proc in procs:
-        proc.terminate()
-        proc.wait(timeout=30)
-    client.flushdb()
-    close(flask_app)
+    with worker_rig(request, redis_url, service_env, app, tmp_path_factory.mktemp("resend"),
+                    DB, LEASE, {"PRIVRELEASE_TEST_JOB_DELAY": str(DELAY)}) as made:
+        yield {"api": Api(made.app.test_client()), "client": made.client,
+               "start": made.start, "log": made.log, "ledger": run_store(made.app, LEASE),
+               "queue": wiring.of(made.app).queue}
 
 
 def _release(api: Api, ds: str, value: int) -> str:
@@ -100,12 +69,6 @@ def _release(api: Api, ds: str, value: int) -> str:
     assert resp.status_code == 202, resp.get_json()
     submit.flush_outbox()  # out of the outbox, as the API's flusher has it within 0.1 s
     return str(resp.get_json()["id"])
-
-
-def _messages(client: redis.Redis, release_id: str) -> int:
-    """The release's messages waiting in its queue or fetched and not yet acknowledged."""
-    queued = sum(release_id in m for m in client.lrange(RELEASES_QUEUE, 0, -1))
-    return queued + sum(release_id in m for m in client.hvals(sweeper.UNACKED))
 
 
 def _take(client: redis.Redis, release_id: str) -> tuple[str, str]:
@@ -170,12 +133,12 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == []
     for rid in (lost, dead, bounded):
         assert field(ledger, rid, "resends") == "1"
-        assert _messages(client, rid) == 1
+        assert queued_messages(client, rid) == 1
     assert field(ledger, twice, "resends") is None  # held by a worker
     _put_back(client, taken)  # the worker shut down: kombu puts it back at the front
     rig["queue"].run(twice)  # and a message of it delayed until now
     _to_front(client, twice)
-    assert _messages(client, twice) == 2
+    assert queued_messages(client, twice) == 2
     _lose(client, bounded)  # lost again: past the bound of 1 once found
     assert sweeper.sweep(client, ledger, rig["queue"], min_age=0, max_resends=1) == []
     for rid in (lost, dead, bounded):  # messages wait, none taken: none found lost
@@ -188,7 +151,7 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
         assert api.wait(rid, timeout=60)["status"] == "succeeded", rid
     # both of twice's messages consumed, at once: the second found the first's lease and
     # waited (a retry), then found the release ended
-    until(lambda: _messages(client, twice) == 0)
+    until(lambda: queued_messages(client, twice) == 0)
     assert f"run_release[{twice}] retry" in rig["log"].read_text()
     until(lambda: client.llen(RELEASES_QUEUE) == 0)
     # the queue is empty: bounded's second loss is found; past the bound: refunded
@@ -199,7 +162,7 @@ def test_lost_jobs_are_resent_and_run_once_and_extra_messages_do_nothing(
     assert doc["error"]["message"] == ("job gone (job message lost) after 1 re-sends;"
                                        " reservation refunded")
     rig["queue"].run(lost)  # a late redelivery
-    until(lambda: _messages(client, lost) == 0)
+    until(lambda: queued_messages(client, lost) == 0)
     time.sleep(0.5)  # the late message's run, had it started, would have counted by now
     attempts = {rid: field(ledger, rid, "attempts") for rid in (lost, dead, twice)}
     assert attempts == {lost: "1", dead: "2", twice: "1"}
