@@ -370,6 +370,14 @@ class Mechanism(abc.ABC):
     #: here, in its own class; the service keeps no list
     record_level: ClassVar[bool] = False
 
+    def writes_table(self, params: Mapping[str, Any]) -> bool:
+        """Whether a run may return a table (``Output.table``), known from ``params``
+        alone. The worker stores a table as a file, so before such a run reads the data
+        it checks that the output store can take one (a store that cannot is refunded,
+        not charged). Record-level releases do; an aggregate that draws a table (exm)
+        says so in its own class."""
+        return self.record_level
+
     def charged_columns(self, params: Mapping[str, Any]) -> tuple[str, ...]:
         """The per-column ledger measures (``interval_leakage:age``) a release will charge,
         known from ``params`` alone, so the service refuses one its dataset does not name

@@ -93,6 +93,10 @@ class ExmMechanism(Mechanism):
         " and a fixed amount of work (every value's coin is flipped)."
     )
 
+    def writes_table(self, params: Mapping[str, Any]) -> bool:
+        """Its k draws are a table (not records of the dataset: not record-level)."""
+        return True
+
     def _plan(self, params: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> ExmPlan:
         col = meta.column(params["column"])
         if col.type == "categorical":

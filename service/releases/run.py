@@ -232,11 +232,15 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
         release_metrics.record_release(client, mechanism, status, time.perf_counter() - started)
         return status
 
+    inline = ledger.results_inline  # else the result is a file, written before the commit
     with _lease(ledger, run):
         try:
             job = _public_inputs(ledger, svc.datasets, req, run.dataset_document)
-            # the output's room before the data: a store that cannot take it is refunded
-            svc.documents.preflight(release_id, run.attempt)
+            # the output's room before the data, where a file will hold some of it (a table,
+            # a result file): a store that cannot take it is refunded. Decided by public
+            # inputs only (the store, the mechanism and its parameters)
+            if not inline or job.mechanism.writes_table(job.params):
+                svc.documents.preflight(release_id, run.attempt)
         except Exception as err:  # nothing of the data read yet: refund, say why
             log.error("release failed before reading the data",
                       extra={"release_id": release_id, "error_type": type(err).__name__})
@@ -247,8 +251,8 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
             return _lost(client, run, mechanism, "lost", started)
         try:
             payload, table = _compute(svc, job, run)
-            # the result document on disk before the commit, which makes it the release's
-            svc.documents.save_result(release_id, run.attempt, payload)
+            if not inline:  # the result file before the commit, which makes it the release's
+                svc.documents.save_result(release_id, run.attempt, payload)
         except Exception as err:  # after reading the data: charged, and the same message
             log.error("release failed after reading the data",
                       extra={"release_id": release_id, "error_type": type(err).__name__})
@@ -256,7 +260,7 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
             svc.documents.discard_result(release_id, run.attempt)
             return finish(ledger.fail(dataset_id, run, json.dumps(FAILED_AFTER_READ)),
                           "failed")
-    outcome = ledger.commit(dataset_id, run, payload, table, result_stored=True)
+    outcome = ledger.commit(dataset_id, run, payload, table, result_stored=not inline)
     settle_files(ledger, svc.documents, svc.outputs, run, outcome, table)
     if outcome == "settled":
         try:
@@ -350,6 +354,9 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
     guarantee = output.guarantee
     table = None
     if output.table is not None:
+        if not job.mechanism.writes_table(job.params):  # its run was not preflighted
+            log.error("mechanism returned a table it does not declare (writes_table)",
+                      extra={"release_id": run.release_id, "mechanism": job.mechanism.name})
         released = output.table
         if output.per_record:
             released, said = _row_order(svc.datasets, job, output)

@@ -183,6 +183,10 @@ ALLOCATION_SCOPES = ("listed", "legacy")
 class Ledger:
     """Budget accounting for every dataset, backed by one Redis server."""
 
+    #: a run writes its output as a file before the commit, which names it: outputs stay
+    #: out of Valkey's memory
+    results_inline = False
+
     def __init__(self, client: redis.Redis, lease_seconds: int = 30,
                  replication: Replication | None = None,
                  run_retry_seconds: float = 0.0,

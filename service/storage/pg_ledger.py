@@ -365,6 +365,9 @@ def _version_of(request_json: str) -> int | None:
 class PgLedger:
     """Budget accounting for every dataset, backed by PostgreSQL (``database.connect``)."""
 
+    #: a run's output is written by its commit's transaction (the row's ``output``)
+    results_inline = True
+
     def __init__(self, pool: ConnectionPool[Any], lease_seconds: int = 30,
                  documents: DocumentStore | None = None) -> None:
         """With ``documents``, a release whose run stored its result as a file

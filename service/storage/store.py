@@ -104,6 +104,10 @@ class Store(Protocol):
     lease_seconds: int
     #: where run outputs (``result.<attempt>.json``) are read from; None: ledger-only use
     documents: DocumentStore | None
+    #: whether a run's output goes into the record with its commit (PostgreSQL: one
+    #: transaction stores it and charges); False: each run writes its output as a file in
+    #: ``documents`` first, and the commit names it (the Valkey store keeps its memory small)
+    results_inline: bool
 
     def ping(self) -> None:
         """Answer if the record is reachable now; raise one of ``DOWN`` if not."""

@@ -238,6 +238,7 @@ def test_migrate_outputs_moves_documents_held_in_valkey(own: tuple[str, redis.Re
     assert (again.releases, again.analyses) == (0, 0)
 
 
+@pytest.mark.valkey_store  # results as files (on PostgreSQL a summary's is in its row)
 def test_list_pages_read_only_their_own_documents(api: Api, dataset: dict[str, Any],
                                                   worker: Any, app: Any,
                                                   analysis_store: AnalysisStore,
@@ -344,6 +345,7 @@ def test_a_redelivered_task_of_an_ended_release_is_skipped(
     assert run.execute(svc, submit.new_id(), "redelivered") == "missing"
 
 
+@pytest.mark.valkey_store  # results as files (on PostgreSQL a summary's is in its row)
 def test_a_missing_document_answers_503_not_500_or_404(api: Api, dataset: dict[str, Any],
                                                        worker: Any, app: Any,
                                                        tmp_path: Path) -> None:

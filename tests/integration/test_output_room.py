@@ -84,6 +84,12 @@ def _body(ds: str) -> dict[str, Any]:
             "params": {"statistic": "mean", "column": "age"}}
 
 
+def _table_body(ds: str) -> dict[str, Any]:
+    """A release whose run writes a table (exm's draws), a file in the output store."""
+    return {"dataset_id": ds, "mechanism": "exm", "budget": {"epsilon": 0.25},
+            "params": {"column": "group", "draws": 3}}
+
+
 def _epsilon(api: Api, ds: str) -> dict[str, float]:
     row: dict[str, float] = api.get(f"/v1/datasets/{ds}/budget").get_json()[
         "measures"]["epsilon"]
@@ -111,36 +117,73 @@ def test_a_full_or_read_only_output_store_is_refused_at_the_post(
     assert ok.status_code == 202, ok.get_json()
 
 
-@pytest.mark.parametrize("fault", ["full", "read-only"])
+@pytest.fixture(params=["full", "read-only"])
+def bad_store(rig: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A callable that makes the rig's release store full (or read-only) until the test
+    ends."""
+    releases, made = rig["releases"], []
+
+    def spoil() -> None:
+        if request.param == "full":
+            _fill(releases)
+        else:
+            subprocess.run(["mount", "-o", "remount,ro", str(releases)], check=True)
+        made.append(request.param)
+
+    yield spoil
+    if made == ["full"]:
+        os.remove(releases / "filler")
+    elif made == ["read-only"]:
+        subprocess.run(["mount", "-o", "remount,rw", str(releases)], check=True)
+
+
 def test_a_run_whose_output_store_went_bad_is_refunded_before_reading(
-        rig: dict[str, Any], fault: str) -> None:
+        rig: dict[str, Any], bad_store: Any) -> None:
     """Accepted while the store had room; the store then fills up (or turns read-only)
-    before a worker runs it: the run fails before ``data_read`` and is refunded, saying
-    why (main read the data, failed storing the result and charged it)."""
-    api, ds, releases = rig["api"], rig["dataset"], rig["releases"]
+    before a worker runs a release that writes a table there: the run fails before
+    ``data_read`` and is refunded, saying why (main read the data, failed storing the
+    result and charged it)."""
+    api, ds = rig["api"], rig["dataset"]
     before = _epsilon(api, ds)
-    posted = api.post("/v1/releases", _body(ds))
+    posted = api.post("/v1/releases", _table_body(ds))
     assert posted.status_code == 202, posted.get_json()
     release_id = posted.get_json()["id"]
-    if fault == "full":
-        _fill(releases)
-    else:
-        subprocess.run(["mount", "-o", "remount,ro", str(releases)], check=True)
+    bad_store()
     svc = wiring.of(rig["app"])
-    try:
-        assert run.execute(svc, release_id, "test-worker") == "failed"
-    finally:
-        if fault == "full":
-            os.remove(releases / "filler")
-        else:
-            subprocess.run(["mount", "-o", "remount,rw", str(releases)], check=True)
+    assert run.execute(svc, release_id, "test-worker") == "failed"
     doc = api.get(f"/v1/releases/{release_id}").get_json()
     assert doc["status"] == "failed"
     assert "refunded before the data was read" in doc["error"]["message"]
     assert field(svc.ledger, release_id, "data_read") is None
     assert _epsilon(api, ds) == before  # refunded: the failure rule's "before the read"
-    # and with room again, the same request runs and is charged once
-    again = api.post("/v1/releases", {**_body(ds), "seed": None})
+
+
+def test_a_run_recovers_once_the_store_has_room_again(rig: dict[str, Any]) -> None:
+    """With room again, a table release runs and is charged once."""
+    api, ds = rig["api"], rig["dataset"]
+    before = _epsilon(api, ds)
+    again = api.post("/v1/releases", _table_body(ds))
     assert again.status_code == 202
-    assert run.execute(svc, again.get_json()["id"], "test-worker") == "succeeded"
-    assert _epsilon(api, ds)["committed"] == before["committed"] + 0.25
+    assert run.execute(wiring.of(rig["app"]), again.get_json()["id"], "test-worker") \
+        == "succeeded"
+    assert _epsilon(api, ds)["committed"] == pytest.approx(before["committed"] + 0.25)
+
+
+def test_a_summary_run_needs_no_room_in_the_store(rig: dict[str, Any], bad_store: Any
+                                                  ) -> None:
+    """On PostgreSQL a summary's output is written by its commit's transaction, so a
+    release accepted before the store went bad runs, is charged and reads back: no file
+    of it is needed (the Valkey store wrote each result as a file first)."""
+    api, ds = rig["api"], rig["dataset"]
+    svc = wiring.of(rig["app"])
+    assert svc.ledger.results_inline
+    before = _epsilon(api, ds)
+    posted = api.post("/v1/releases", _body(ds))
+    assert posted.status_code == 202, posted.get_json()
+    release_id = posted.get_json()["id"]
+    bad_store()
+    assert run.execute(svc, release_id, "test-worker") == "succeeded"
+    doc = api.get(f"/v1/releases/{release_id}").get_json()
+    assert doc["status"] == "succeeded" and "value" in doc["result"], doc
+    assert not svc.documents.folder(release_id).exists()
+    assert _epsilon(api, ds)["committed"] == pytest.approx(before["committed"] + 0.25)

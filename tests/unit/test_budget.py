@@ -72,6 +72,17 @@ def test_record_level_mechanisms_declare_it() -> None:
         .isdisjoint(record_level)
 
 
+def test_mechanisms_that_write_tables_declare_it() -> None:
+    """A run that writes a table (a file) is preflighted before it reads the data, so
+    each mechanism whose output may hold one says so: the record-level ones and exm's
+    draws; aggregates write none."""
+    import mechanisms
+
+    writers = {n for n in mechanisms.names() if mechanisms.get(n).writes_table({})}
+    assert writers == {n for n in mechanisms.names() if mechanisms.get(n).record_level} \
+        | {"exm"}
+
+
 @pytest.mark.parametrize(("raw", "field"), [
     ({"zeta": 1}, "metadata.budgets.zeta"),
     ({"epsilon:a": 1}, "metadata.budgets.epsilon:a"),
