@@ -125,15 +125,6 @@ class SentinelURL:
         kwargs |= {"socket_timeout": REPLY_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT}
         return url, {"master_name": self.master, "sentinel_kwargs": kwargs}
 
-    def limits(self) -> tuple[str, dict[str, Any]]:
-        """The storage URI and options of the ``limits`` library (the rate limiter)."""
-        hosts = ",".join(f"{host}:{port}" for host, port in self.sentinels)
-        auth = {k: v for k, v in (("username", self.username), ("password", self.password))
-                if v is not None}
-        return (f"redis+sentinel://{hosts}/{self.master}",
-                {"db": self.db, "sentinel_kwargs": self.sentinel_auth, **auth,
-                 "socket_timeout": REPLY_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT})
-
 
 def parse_sentinel(url: str) -> SentinelURL | None:
     """The sentinel URL's parts, or None for any other URL (redis://, rediss://, unix://)."""

@@ -23,6 +23,7 @@ from limits import parse
 from prometheus_client.parser import text_string_to_metric_families
 
 from service import apikeys, wiring
+from service.api import ratelimit
 from service.api.app import create_app
 from service.api.observability import ClusterCollector, log_handler
 from service.config import Config
@@ -388,9 +389,8 @@ def test_the_limiter_costs_one_round_trip_per_request(limited_app: Flask, keys: 
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The hit's script answers the window's count and expiry with the decision, and the
     headers are written from that answer: one Valkey command per request (flask-limiter's
-    own strategy reads the count and the TTL again after the view: three)."""
-    (limiter,) = limited_app.extensions["limiter"]
-    conn = limiter._storage.get_connection()
+    fixed-window strategy read the count and the TTL again after the view: three)."""
+    conn = limited_app.extensions[ratelimit.EXTENSION].client
     client = limited_app.test_client()
     client.get("/v1/datasets", headers=bearer(fresh_key(keys)))  # the script is loaded
     sent: list[str] = []
@@ -467,7 +467,7 @@ def test_rate_limit_off_installs_no_limiter(app: Flask, keys: KeyStore) -> None:
     unlimited = create_app(dataclasses.replace(app.config["PRIVRELEASE"], rate_limit=None))
     resp = unlimited.test_client().get("/v1/datasets", headers=bearer(fresh_key(keys)))
     assert resp.status_code == 200 and "X-RateLimit-Limit" not in resp.headers
-    assert "limiter" not in unlimited.extensions
+    assert ratelimit.EXTENSION not in unlimited.extensions
 
 
 def test_shared_test_app_uses_the_default_limit(app: Flask) -> None:

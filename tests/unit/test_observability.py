@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from service.api.observability import JsonFormatter, configure_logging
-from service.api.ratelimit import _storage_uri
 from service.config import Config
 from service.processes import server
 from service.storage.release_metrics import BUCKETS, bucket_label
@@ -114,15 +113,9 @@ def test_histogram_buckets_end_with_inf_and_use_prometheus_spelling() -> None:
     assert bucket_label(1) == "1.0" and bucket_label(0.005) == "0.005"
 
 
-def test_limits_storage_uri_for_unix_sockets() -> None:
-    assert _storage_uri("redis://h:1/0") == "redis://h:1/0"
-    assert _storage_uri("unix:///tmp/v.sock?db=0") == "redis+unix:///tmp/v.sock?db=0"
-
-
 def test_retry_after_means_what_each_status_needs() -> None:
-    """flask-limiter writes its window reset onto every response (truncated, so 0 in a
-    window's last second): a 429 keeps it (never 0), a 503 gets the service's short
-    delay back, anything else loses it."""
+    """A 429 keeps the window's Retry-After (never 0), a 503 gets the service's short
+    delay (not a rate window's), anything else has none."""
     from flask import Response
 
     from service.api.problems import RETRY_AFTER_SECONDS

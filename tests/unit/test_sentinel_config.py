@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from service.api import ratelimit
 from service.config import Config
 from service.releases.queue import SentinelBrokerTransport, configure
 from service.storage import rkeys
@@ -40,17 +39,6 @@ def test_celery_broker_speaks_kombus_sentinel_spelling() -> None:
     assert options["master_name"] == "ledger"
     assert "password" not in options["sentinel_kwargs"]
     assert options["visibility_timeout"] > 0
-
-
-def test_rate_limiter_storage_for_sentinel() -> None:
-    uri = ratelimit._storage_uri(URL + "?sentinel_password=sp")
-    assert uri == "redis+sentinel://10.0.0.1:26379,10.0.0.2:26380,vk-2:26379/ledger"
-    options = ratelimit._storage_options(URL + "?sentinel_password=sp")
-    assert (options["db"], options["username"], options["password"]) == (3, "privrelease",
-                                                                         "p@ss")
-    # limits sends the URL's credentials to the sentinels unless told otherwise
-    assert options["sentinel_kwargs"] == {"username": None, "password": "sp"}
-    assert ratelimit._storage_options("redis://h:1/0") == {}
 
 
 def test_client_is_the_masters() -> None:
