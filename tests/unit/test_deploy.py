@@ -123,7 +123,7 @@ def test_kubernetes_pods_run_as_the_image_user_on_the_shared_volume() -> None:
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
-def test_sentinel_compose_has_a_replicated_ledger_behind_three_sentinels() -> None:
+def test_sentinel_compose_has_a_replicated_broker_behind_three_sentinels() -> None:
     doc = yaml.safe_load((DEPLOY / "compose.sentinel.yaml").read_text())
     services = doc["services"]
     nodes, sentinels = ["valkey-0", "valkey-1"], [f"sentinel-{i}" for i in range(3)]
@@ -145,7 +145,9 @@ def test_sentinel_compose_has_a_replicated_ledger_behind_three_sentinels() -> No
     parsed = rkeys.parse_sentinel(url.replace("${VALKEY_PASSWORD:?set VALKEY_PASSWORD}", "pw"))
     assert parsed is not None and parsed.master == "privrelease"
     assert [h for h, _ in parsed.sentinels] == sentinels
-    assert env["PRIVRELEASE_LEDGER_REPLICAS"] == "1"
+    # the record is PostgreSQL's: no step waits for a Valkey replica (WAIT)
+    assert not any(name.startswith("PRIVRELEASE_LEDGER_") for name in env)
+    assert "PRIVRELEASE_DATABASE_URL" in env
     for name in ("api", "worker"):
         needs = services[name]["depends_on"]
         assert all(needs[s]["condition"] == "service_healthy" for s in ["valkey-1", *sentinels])
@@ -196,7 +198,8 @@ def test_kubernetes_sentinel_manifests_validate() -> None:
     text = "\n".join((k8s / name).read_text() for name in listed)
     for key in re.findall(r"key: ([\w.-]+)", text):
         assert key in secret, key
-    # the base api and worker read ledger-replicas (optional: the single-node secret has none)
+    # the base api and worker wait for no Valkey replica (the record is PostgreSQL's)
+    assert "ledger-replicas" not in secret
     for name in ("api.yaml", "worker.yaml"):
         base = (DEPLOY / "k8s" / name).read_text()
-        assert "key: ledger-replicas, optional: true" in base, name
+        assert "LEDGER_REPLICAS" not in base and "key: database-url" in base, name
