@@ -12,7 +12,16 @@ wrong, and the report is built here.
 Formats (``iter_upload``): a file that begins and ends with Parquet's magic
 bytes ``PAR1`` is Parquet, anything else is CSV. The client's declared content
 type is not trusted to decide, but a part declared
-``application/vnd.apache.parquet`` that is not Parquet is refused.
+``application/vnd.apache.parquet`` that is not Parquet is refused, and so is a
+file that begins as Parquet (``PAR1`` and binary pages) without its end: a
+Parquet file cut short, named as such (read as CSV it would be "not valid UTF-8").
+
+Parquet in bounded memory: before any page is read, each column chunk's
+uncompressed size (the footer's) must fit its rows of the declared type
+(``_check_sizes``) and ``MAX_CHUNK_BYTES``; text columns are read as
+dictionaries, each distinct value once, and a text number is at most
+``TEXT_NUMBER_BYTES``. A few KiB of compressed pages (a long value repeated)
+would otherwise decompress into gigabytes.
 
 CSV rules, decided here once:
 
@@ -76,6 +85,7 @@ The error reported is the first one found in the earliest chunk that has one
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import dataclasses
@@ -272,6 +282,16 @@ FIELD_LIMIT = 131_072
 BLOCK_SIZE = 1 << 18
 #: rows converted and handed on at a time (a block of narrow rows holds ~30,000)
 CHUNK_ROWS = 65_536
+#: Parquet: the most bytes a column chunk (one column of one row group) may take
+#: uncompressed, whatever its rows: Arrow decompresses a page whole, so this bounds what a
+#: small hostile file makes an upload allocate (writers default to about 1 Mi rows or
+#: 128 MiB a row group)
+MAX_CHUNK_BYTES = 256 << 20
+#: Parquet: the most bytes one cell of a text column read as numbers may take (a number
+#: written longer exists only in a hostile file; the cells are decoded before parsing)
+TEXT_NUMBER_BYTES = 256
+#: Parquet: what a column chunk may hold beyond its cells (page headers, statistics)
+CHUNK_SLACK = 1 << 16
 #: and at most this many cells: a 2,000-point functional column must not make
 #: chunks 30x larger
 CHUNK_CELLS = 1 << 22
@@ -515,6 +535,14 @@ def _typed_numbers(column: str, meta: ColumnMeta, values: pa.Array
     assert meta.bounds is not None
     kind = values.type
     if pa.types.is_dictionary(kind):
+        # text numbers come as dictionaries (``iter_parquet``): decoded, a batch holds at
+        # most TEXT_NUMBER_BYTES a cell, so a long value repeated cannot blow it up
+        text = values.dictionary
+        if (len(text) and _is_text(text.type)
+                and pc.max(pc.binary_length(text)).as_py() > TEXT_NUMBER_BYTES):
+            raise IngestError(f"file.columns.{column}",
+                              f"column {_show(column)} holds text longer than "
+                              f"{TEXT_NUMBER_BYTES} bytes; a {meta.type} column needs numbers")
         return _typed_numbers(column, meta, values.dictionary_decode())
     if _is_text(kind):
         text = pc.fill_null(values.cast(pa.string()), "")
@@ -927,6 +955,24 @@ def is_parquet(source: BinaryIO) -> bool:
         source.seek(start)
 
 
+def is_cut_parquet(source: BinaryIO) -> bool:
+    """Whether the (seekable) file begins with Parquet's magic bytes and binary pages but
+    lacks Parquet's end: a Parquet file cut short (its footer is at the end). A CSV whose
+    header happens to begin with ``PAR1`` is text, so it is not taken for one."""
+    start = source.tell()
+    try:
+        head = source.read(4096)
+    finally:
+        source.seek(start)
+    if not head.startswith(PARQUET_MAGIC):
+        return False
+    try:  # a multi-byte character cut at the 4096th byte is still text
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return True
+    return b"\x00" in head
+
+
 def _parquet_batches(parquet: pq.ParquetFile, columns: list[str], rows: int
                      ) -> Iterator[pa.RecordBatch]:
     batches = parquet.iter_batches(batch_size=rows, columns=columns, use_threads=False)
@@ -943,6 +989,65 @@ def _parquet_batches(parquet: pq.ParquetFile, columns: list[str], rows: int
         yield batch
 
 
+def _open_parquet(source: BinaryIO, dictionaries: list[str] | None = None) -> pq.ParquetFile:
+    """The file's reader (its footer read), text columns among ``dictionaries`` read as
+    dictionaries; IngestError if it is not a readable Parquet file."""
+    parquet: pq.ParquetFile | None = None
+    try:
+        parquet = pq.ParquetFile(source, buffer_size=BLOCK_SIZE, pre_buffer=False,
+                                 read_dictionary=dictionaries)
+        if parquet.schema_arrow is None or parquet.metadata is None:  # read now: errors here
+            parquet = None
+    except (pa.ArrowException, OSError, ValueError, KeyError):
+        parquet = None
+    if parquet is None:  # outside the handler: no chained error quotes the file
+        raise IngestError("file", "not a readable Parquet file")
+    return parquet
+
+
+def _cell_bytes(meta: ColumnMeta, kind: pa.DataType) -> int:
+    """The most bytes one valid cell of ``meta`` takes uncompressed as stored (``kind``,
+    the file's Arrow type): a declared category or missing marker (text), a number as
+    text (``TEXT_NUMBER_BYTES``), or a fixed-width number; with its length prefix and
+    definition level. Public: the metadata and the file's schema."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if not _is_text(kind):
+        return 40  # fixed width: at most a 256-bit decimal, with its levels
+    if meta.type == "categorical":
+        assert meta.categories is not None
+        return max([4, *(len(c.encode("utf-8")) for c in meta.categories)]) + 8
+    return TEXT_NUMBER_BYTES + 8
+
+
+def _check_sizes(parquet: pq.ParquetFile, spec: DatasetSpec) -> None:
+    """Refuse a file whose column chunks hold more bytes (uncompressed, as its footer
+    says) than their rows of the declared types can, or more than ``MAX_CHUNK_BYTES``,
+    before a page is read: a few KiB of compressed pages can otherwise decompress into
+    gigabytes (a long value repeated). Also refuses nested columns (a declared column
+    is one flat Parquet column)."""
+    schema = parquet.schema_arrow
+    metadata = parquet.metadata
+    paths = [metadata.schema.column(j).path for j in range(metadata.num_columns)]
+    for name in spec.columns:
+        kind = schema.field(name).type
+        if pa.types.is_nested(kind) or name not in paths:
+            raise IngestError(f"file.columns.{name}",
+                              f"column {_show(name)} has type {kind}; declared columns are "
+                              "flat (numbers or text)")
+        j, cell = paths.index(name), _cell_bytes(spec.columns[name], kind)
+        for group in range(metadata.num_row_groups):
+            rows = metadata.row_group(group)
+            size = rows.column(j).total_uncompressed_size
+            if size > min(MAX_CHUNK_BYTES, rows.num_rows * cell + CHUNK_SLACK):
+                raise IngestError(
+                    f"file.columns.{name}",
+                    f"column {_show(name)}: row group {group + 1} is larger uncompressed than"
+                    f" its {rows.num_rows} rows of the declared type can be (or than "
+                    f"{MAX_CHUNK_BYTES >> 20} MiB); write the file with smaller row groups,"
+                    " or check that its values are the declared ones")
+
+
 def iter_parquet(data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int,
                  max_columns: int = MAX_CSV_FIELDS) -> Iterator[dict[str, np.ndarray]]:
     """Validate a Parquet file against ``spec``, yielding arrays chunk by chunk.
@@ -954,21 +1059,19 @@ def iter_parquet(data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int,
     """
     declared, spec = spec, _csv_spec(spec)
     with _seekable(data) as source:
-        parquet: pq.ParquetFile | None = None
-        try:
-            parquet = pq.ParquetFile(source, buffer_size=BLOCK_SIZE, pre_buffer=False)
-            names = parquet.schema_arrow.names
-            n_rows = parquet.metadata.num_rows
-        except (pa.ArrowException, OSError):
-            parquet = None
-        if parquet is None:  # outside the handler: no chained error quotes the file
-            raise IngestError("file", "not a readable Parquet file")
+        parquet = _open_parquet(source)
+        names, n_rows = parquet.schema_arrow.names, parquet.metadata.num_rows
         with contextlib.closing(parquet):
             if len(names) > max_columns:
                 raise IngestError("file", f"the file has more than {max_columns} columns")
             _check_header(names, spec, noun="Parquet schema")
             if n_rows > max_rows:
                 raise IngestError("file", f"more than {max_rows} data rows")
+            _check_sizes(parquet, spec)
+        # text columns read as dictionaries: each distinct value once, never repeated per
+        # row (a categorical column is coded through its dictionary, numbers parsed once)
+        parquet = _open_parquet(source, list(spec.columns))
+        with contextlib.closing(parquet):
             batches = _parquet_batches(parquet, list(spec.columns), _chunk_rows(len(spec.columns)))
             located = _Source(lambda record: (f"row {record + 1}", None), typed=True)
             yield from _validated(batches, declared, spec, located, max_rows=max_rows,
@@ -993,6 +1096,9 @@ def iter_upload(data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int,
         if is_parquet(source):
             yield from iter_parquet(source, spec, max_rows=max_rows)
             return
+        if is_cut_parquet(source):  # not read as CSV: "not valid UTF-8" would mislead
+            raise IngestError("file", "the file begins as Parquet but its end is missing (a "
+                              "Parquet file ends with its footer): was the upload cut short?")
         if (content_type or "").split(";")[0].strip().lower() == PARQUET_TYPE:
             raise IngestError("file", "declared as Parquet but is not a Parquet file")
         yield from iter_csv(source, spec, max_rows=max_rows)
@@ -1003,6 +1109,7 @@ __all__ = [
     "PARQUET_TYPE",
     "DatasetSpec",
     "IngestError",
+    "is_cut_parquet",
     "is_parquet",
     "iter_csv",
     "iter_parquet",

@@ -1103,3 +1103,77 @@ def test_parquet_memory_does_not_grow_with_the_file(
             pa.set_memory_pool(previous)
     assert peaks[80_000] < 1.25 * peaks[20_000], peaks
     assert peaks[-80_000] > 2 * peaks[80_000], peaks
+
+
+def _arrow_peak(read: Any) -> int:
+    """The Arrow allocations' peak (a fresh proxy pool's) while ``read()`` runs."""
+    previous = pa.default_memory_pool()
+    pool = pa.proxy_memory_pool(previous)
+    _PROXY_POOLS.append(pool)
+    pa.set_memory_pool(pool)
+    try:
+        read()
+    finally:
+        pa.set_memory_pool(previous)
+    return int(pool.max_memory())
+
+
+@pytest.mark.parametrize("dictionary", [True, False], ids=["dictionary", "plain"])
+def test_a_decompression_bomb_is_refused_before_its_pages_are_read(dictionary: bool) -> None:
+    """A few KiB of Parquet holding one 1 MiB text value repeated 600 times made an upload
+    allocate about 600 MiB (+1.5 GiB in Arrow's pool) before it refused the category: the
+    footer's uncompressed sizes are checked against the rows of the declared type first,
+    so nothing is decompressed."""
+    data = parquet_bytes({"age": [17] * 600, "race": ["A" * (1 << 20)] * 600,
+                          "wage": [1.0] * 600}, compression="zstd", use_dictionary=dictionary)
+    assert len(data) < 64 << 10  # the attack is small
+    errors: list[IngestError] = []
+
+    def read() -> None:
+        errors.append(parquet_error(data))
+
+    assert _arrow_peak(read) < 1 << 20
+    assert errors[0].field == "file.columns.race"
+    assert "larger uncompressed than its 600 rows of the declared type" in errors[0].message
+
+
+def test_text_columns_are_read_as_dictionaries_and_long_numbers_refused() -> None:
+    """Under the size bound a text column may still repeat one long value: it is read as a
+    dictionary (each distinct value once), so a category is coded without expanding it,
+    and a number written longer than TEXT_NUMBER_BYTES is refused before decoding."""
+    n = 5000
+    wide = parquet_bytes({"age": [17] * n, "race": ["A"] * n,
+                          "wage": ["1" + "0" * 300] * n}, compression="zstd")
+    err = parquet_error(wide, max_rows=n)
+    assert err.field == "file.columns.wage" and "longer than 256 bytes" in err.message
+    fine = parquet_bytes({"age": [17] * n, "race": ["B"] * n, "wage": ["12.5"] * n})
+    got, cols = ingest.parse_parquet(fine, spec_of(), max_rows=n)
+    assert got == n and set(cols["race"].tolist()) == {1} and set(cols["wage"]) == {12.5}
+    # a long declared category is within the bound
+    long = "x" * 5000
+    spec = spec_of(columns={**BASE["columns"], "race": {"type": "categorical",
+                                                        "categories": [long, "B"]}})
+    got, cols = ingest.parse_parquet(parquet_bytes({"age": [17] * n, "race": [long] * n,
+                                                    "wage": [1.0] * n}), spec, max_rows=n)
+    assert got == n and set(cols["race"].tolist()) == {0}
+
+
+def test_a_nested_column_is_refused_before_reading() -> None:
+    data = parquet_bytes({"age": [17, 18], "race": ["A", "B"],
+                          "wage": pa.array([[1.0], [2.0]], pa.list_(pa.float64()))})
+    err = parquet_error(data)
+    assert err.field == "file.columns.wage" and "flat" in err.message
+
+
+def test_a_parquet_file_cut_short_is_named_so() -> None:
+    """Its end (the footer) gone, a Parquet file no longer ends with PAR1: it was read as
+    CSV and answered "not valid UTF-8"; it is now named for what it is. A CSV whose header
+    begins with PAR1 is still a CSV."""
+    whole = parquet_bytes({"age": [17] * 50, "race": [SECRET_STR] * 50, "wage": [1.0] * 50})
+    for cut in (len(whole) - 1, len(whole) // 2, 100):
+        err = parquet_error(whole[:cut])
+        assert err.field == "file" and "end is missing" in err.message, err.message
+        assert SECRET_STR not in err.message
+    spec = spec_of(columns={"PAR1x": {"type": "integer", "bounds": [0, 9]}})
+    chunks = list(iter_upload(b"PAR1x\n1\n2\n", spec, max_rows=10))
+    assert chunks[0]["PAR1x"].tolist() == [1, 2]
