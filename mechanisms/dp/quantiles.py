@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 from mechanisms import flip
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.columns import clean, declared_bounds
+from mechanisms.statistics import Batch, Partial, Statistic, check_rows, whole
 
 DEFAULT_GRID_SIZE = 1001
 #: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
@@ -73,13 +74,17 @@ class QuantilePlan:
         """The 95 % rank-error bound beyond the best candidate's (see the module doc)."""
         return 2.0 / float(self.epsilon) * (math.log(len(self.grid)) + math.log(20.0))
 
+    def first_pass(self) -> RankStatistic:
+        return RankStatistic(self)
+
+    def ranks_from(self, partial: Partial) -> NDArray[np.int64]:
+        """#{x <= c} for each candidate c from the merged partial: the cumulative counts."""
+        check_rows(partial, self.n, self.column.name)
+        return np.cumsum(partial.vector("below"))[:len(self.grid)]
+
     def ranks(self, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
         """#{x <= c} for each candidate c (missing values count as lo, as everywhere)."""
-        x = np.asarray(data[self.column.name])
-        if x.ndim != 1 or x.shape[0] != self.n:
-            raise ValueError(f"column {self.column.name!r} does not have n_rows entries")
-        values = np.sort(clean(x, float(self.bounds[0]), float(self.bounds[1])))
-        return np.searchsorted(values, np.asarray(self.grid), side="right").astype(np.int64)
+        return self.ranks_from(whole(self.first_pass(), data))
 
     def gaps(self, ranks: NDArray[np.int64], q: float) -> Gaps:
         """u* − u(c) per candidate, exact: integers over a common denominator."""
@@ -104,7 +109,10 @@ class QuantilePlan:
         return flip.Coins.scaled(self.epsilon / (2 * gaps.denominator), gaps.numerators, bound)
 
     def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
-        ranks = self.ranks(data)
+        return self.release_from(whole(self.first_pass(), data), rng)
+
+    def release_from(self, partial: Partial, rng: np.random.Generator) -> dict[str, Any]:
+        ranks = self.ranks_from(partial)
         chosen = [self.grid[self.choose(rng, self.gaps(ranks, q))] for q in self.quantiles]
         return {"values": chosen, "quantiles": list(self.quantiles),
                 "grid_size": len(self.grid)}
@@ -121,6 +129,31 @@ class QuantilePlan:
         return {"noise": "permute_and_flip", "sensitivity": 1.0, "candidates": m,
                 "candidate_step": step, "epsilon_per_quantile": float(self.epsilon),
                 "ci95_rank_error": self.rank_error, "statement": statement}
+
+
+@dataclass(frozen=True)
+class RankStatistic(Statistic):
+    """Rank counts over the public candidates: part ``below`` has m + 1 entries, entry i
+    counting the clipped values v with c_(i−1) < v <= c_i (c_(−1) = −∞, c_m = +∞; the
+    last stays 0 as v <= hi = c_(m−1)); their cumulative sums are #{v <= c_i}, exactly
+    what counting in the sorted column gave, without the sort."""
+
+    plan: QuantilePlan
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.plan.column.name,)
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"below": len(self.plan.grid) + 1}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64]]:
+        lo, hi = self.plan.bounds
+        values = clean(chunk[self.plan.column.name], float(lo), float(hi))
+        # the number of candidates below v: v <= c_i exactly when that index is <= i
+        index = np.searchsorted(np.asarray(self.plan.grid), values, side="left")
+        return {"below": np.bincount(index, minlength=len(self.plan.grid) + 1)
+                .astype(np.int64)}
 
 
 def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fraction],
