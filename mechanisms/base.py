@@ -478,6 +478,12 @@ class Mechanism(abc.ABC):
         cost = self.cost(params, budget, meta)
         return cost, self.accuracy(params, cost, meta)
 
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic | None:
+        """The sufficient statistic ``run`` reduces the data to (``StreamingMechanism``),
+        or None: ``run`` reads whole columns."""
+        return None
+
     @abc.abstractmethod
     def run(
         self,

@@ -141,8 +141,9 @@ class Statistic(abc.ABC):
         for name, values in totals.items():
             if len(values) != sizes[name]:
                 raise AssertionError(f"part {name!r} has the wrong length")
-        added = Partial(max(rows, 0), {name: tuple(int(v) for v in totals[name])
-                                       for name in sizes})
+        added = Partial(max(rows, 0), {name: tuple(int(v) for v in totals[name].tolist())
+                                       if isinstance(totals[name], np.ndarray)
+                                       else tuple(totals[name]) for name in sizes})
         return partial.merge(added)
 
 

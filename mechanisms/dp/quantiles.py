@@ -78,9 +78,9 @@ class QuantilePlan:
         return RankStatistic(self)
 
     def ranks_from(self, partial: Partial) -> NDArray[np.int64]:
-        """#{x <= c} for each candidate c from the merged partial: the cumulative counts."""
+        """#{x <= c} for each candidate c from the merged partial."""
         check_rows(partial, self.n, self.column.name)
-        return np.cumsum(partial.vector("below"))[:len(self.grid)]
+        return partial.vector("ranks")
 
     def ranks(self, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
         """#{x <= c} for each candidate c (missing values count as lo, as everywhere)."""
@@ -133,10 +133,9 @@ class QuantilePlan:
 
 @dataclass(frozen=True)
 class RankStatistic(Statistic):
-    """Rank counts over the public candidates: part ``below`` has m + 1 entries, entry i
-    counting the clipped values v with c_(i−1) < v <= c_i (c_(−1) = −∞, c_m = +∞; the
-    last stays 0 as v <= hi = c_(m−1)); their cumulative sums are #{v <= c_i}, exactly
-    what counting in the sorted column gave, without the sort."""
+    """Rank counts over the public candidates: part ``ranks`` holds #{v <= c} for each
+    candidate c over the rows seen (v the clipped values), counted in each sorted chunk as
+    the whole-column pass counted in the sorted column; counts of disjoint rows add."""
 
     plan: QuantilePlan
 
@@ -145,14 +144,12 @@ class RankStatistic(Statistic):
         return (self.plan.column.name,)
 
     def sizes(self) -> Mapping[str, int]:
-        return {"below": len(self.plan.grid) + 1}
+        return {"ranks": len(self.plan.grid)}
 
     def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64]]:
         lo, hi = self.plan.bounds
-        values = clean(chunk[self.plan.column.name], float(lo), float(hi))
-        # the number of candidates below v: v <= c_i exactly when that index is <= i
-        index = np.searchsorted(np.asarray(self.plan.grid), values, side="left")
-        return {"below": np.bincount(index, minlength=len(self.plan.grid) + 1)
+        values = np.sort(clean(chunk[self.plan.column.name], float(lo), float(hi)))
+        return {"ranks": np.searchsorted(values, np.asarray(self.plan.grid), side="right")
                 .astype(np.int64)}
 
 
