@@ -28,6 +28,11 @@ Data handling: values are clipped to the declared bounds (missing values
 count as the lower bound), category codes outside the declared list and
 numeric values outside a histogram's edges fall in no bin; only the needed
 column is read.
+
+Streaming (issue #30): the data pass is a ``LatticeStatistic`` (exact integer partials
+over batches of rows that merge in any order, ``mechanisms.statistics``) and
+``Baseline.release`` adds the noise; ``run`` is the two over whole columns, so both paths
+give the same bits. Tables, quantiles and moments hand out their own statistics.
 """
 
 from __future__ import annotations

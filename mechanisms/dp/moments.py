@@ -18,8 +18,9 @@ vector with noise calibrated to its joint sensitivity (discrete Laplace at
 L1/ε, or discrete Gaussian by zCDP on the lattice L2; one entry: the exact
 scalar curve). Variance: Δ = w²/n.
 
-Floating point: two passes, math.fsum throughout, on z = fl(clip(x) − lo)
-(|z| <= V = w(1 + 2^-50)): the mean errs by <= 3.1uV, each centred value by
+Floating point: two passes (``MeanStatistic`` then ``ScatterStatistic``: exact sums over
+batches of rows, rounded once, which is math.fsum's value), math.fsum throughout, on
+z = fl(clip(x) − lo) (|z| <= V = w(1 + 2^-50)): the mean errs by <= 3.1uV, each centred value by
 <= 6.1uV, each product by <= 13.5uV_jV_k, the fsum by n·14.6uV_jV_k, and the
 division by n − 1 adds a relative u: |Ĉ_jk − C_jk| <= 31.2u·V_jV_k (u = 2^-53) for
 n >= 2; we charge err_jk = 2^-45·V_jV_k, 8 times more. Rounded to a power-of-two

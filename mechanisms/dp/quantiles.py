@@ -3,7 +3,9 @@
 Candidates are ``grid_size`` evenly spaced points of the declared [lo, hi]
 (public). The utility of candidate c for quantile q is
 u(c) = −|#{x <= c} − q·n|: replacing one record changes #{x <= c} by at most
-1 and n is public, so the sensitivity is 1.
+1 and n is public, so the sensitivity is 1. The ranks are counted per batch of rows
+(``RankStatistic``: counts of disjoint rows add), so any engine computes them in bounded
+memory.
 
 Permute-and-flip (McKenna & Sheldon 2020) visits the candidates in a uniformly
 random order and releases the first one whose coin Bernoulli(exp(ε(u(c) − u*)/2))

@@ -27,7 +27,8 @@ w = hi − lo:
 
 Lattice (DESIGN §6): counts and integer sums are exact integers (grid 1);
 real sums are ``math.fsum`` of clipped doubles (|error| <= 2^-53·n·M, we
-charge 2^-51·n·M) rounded to a power-of-two grid g, and an entry moving by D
+charge 2^-51·n·M; ``CellStatistic`` keeps them exact over batches of rows and rounds
+once at release, which is fsum's value) rounded to a power-of-two grid g, and an entry moving by D
 in real terms moves by at most floor((D + 2 err)/g) + 1 lattice units.
 
 ``consistency: true`` (free post-processing, stated in the result): counts
