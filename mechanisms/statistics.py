@@ -29,7 +29,7 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,38 +53,49 @@ _DENSE_KEYS = 1 << 20
 
 @dataclass(frozen=True)
 class Partial:
-    """Exact integer statistics of some rows: how many, and named vectors that add."""
+    """Exact integer statistics of some rows: how many, and named vectors that add.
+
+    ``carry`` is what a later pass took from the earlier ones (e.g. the selected digits of
+    an order statistic): the same in every partial of the pass, kept by a merge, so the
+    last pass's partial is all its release needs.
+    """
 
     rows: int
     parts: Mapping[str, tuple[int, ...]]
+    carry: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def merge(self, other: Partial) -> Partial:
         """The partial of both row sets: integers add, so any order and grouping agree."""
         if {k: len(v) for k, v in self.parts.items()} != \
-                {k: len(v) for k, v in other.parts.items()}:
-            raise ValueError("partials of different statistics do not merge")
+                {k: len(v) for k, v in other.parts.items()} or self.carry != other.carry:
+            raise ValueError("partials of different statistics or passes do not merge")
         return Partial(self.rows + other.rows, {
             name: tuple(a + b for a, b in zip(mine, other.parts[name], strict=True))
-            for name, mine in self.parts.items()})
+            for name, mine in self.parts.items()}, self.carry)
 
     def vector(self, name: str) -> NDArray[np.int64]:
         """A part as int64 (counts and sums the plans bound below 2**63)."""
         return np.array(self.parts[name], dtype=np.int64)
 
     def to_json(self) -> str:
-        return json.dumps({"rows": self.rows, "parts": {k: list(v) for k, v in
-                                                        self.parts.items()}})
+        return json.dumps({"rows": self.rows,
+                           "parts": {k: list(v) for k, v in self.parts.items()},
+                           "carry": {k: list(v) for k, v in self.carry.items()}})
 
     @staticmethod
     def from_json(text: str) -> Partial:
         raw = json.loads(text)
         if not isinstance(raw, dict) or not isinstance(raw.get("rows"), int):
             raise ValueError("not a partial")
-        parts = raw.get("parts")
-        if not isinstance(parts, dict) or not all(
-                isinstance(v, list) and all(type(i) is int for i in v) for v in parts.values()):
-            raise ValueError("not a partial")
-        return Partial(raw["rows"], {str(k): tuple(v) for k, v in parts.items()})
+        return Partial(raw["rows"], _vectors(raw.get("parts")), _vectors(raw.get("carry", {})))
+
+
+def _vectors(raw: object) -> dict[str, tuple[int, ...]]:
+    """Named integer vectors read back from JSON (anything else is refused)."""
+    if not isinstance(raw, dict) or not all(
+            isinstance(v, list) and all(type(i) is int for i in v) for v in raw.values()):
+        raise ValueError("not a partial")
+    return {str(k): tuple(v) for k, v in raw.items()}
 
 
 class Statistic(abc.ABC):
@@ -113,8 +124,13 @@ class Statistic(abc.ABC):
         """The next pass, given this one's merged partial (None: this was the last)."""
         return None
 
+    def carried(self) -> Mapping[str, tuple[int, ...]]:
+        """What this pass took from the earlier ones (``Partial.carry``)."""
+        return {}
+
     def empty(self) -> Partial:
-        return Partial(0, {name: (0,) * size for name, size in self.sizes().items()})
+        return Partial(0, {name: (0,) * size for name, size in self.sizes().items()},
+                       self.carried())
 
     def merge(self, a: Partial, b: Partial) -> Partial:
         return a.merge(b)
@@ -143,7 +159,8 @@ class Statistic(abc.ABC):
                 raise AssertionError(f"part {name!r} has the wrong length")
         added = Partial(max(rows, 0), {name: tuple(int(v) for v in totals[name].tolist())
                                        if isinstance(totals[name], np.ndarray)
-                                       else tuple(totals[name]) for name in sizes})
+                                       else tuple(totals[name]) for name in sizes},
+                        partial.carry)
         return partial.merge(added)
 
 
