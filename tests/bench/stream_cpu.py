@@ -9,6 +9,7 @@ of the streamed pass (updates over batches of ``batch`` rows, partials merged).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from fractions import Fraction
@@ -18,6 +19,7 @@ import numpy as np
 
 from mechanisms.base import ColumnMeta, DatasetMeta
 from mechanisms.dp import baselines, moments, quantiles, tables
+from mechanisms.noiseless import central
 
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("count", {"statistic": "count", "condition": {"column": "wage", "op": "le", "value": 5e4}}),
@@ -46,6 +48,9 @@ def main(rows: int, batch: int) -> None:
             "race": rng.integers(0, 5, rows),
             "sex": rng.integers(0, 2, rows)}
     amounts = {"epsilon": Fraction(1)}
+    batches = [{k: v[a:a + batch] for k, v in data.items()} for a in range(0, rows, batch)]
+    with contextlib.suppress(ImportError):  # the tree before the port: whole columns only
+        from mechanisms.statistics import compute
     print(f"{rows} rows, batches of {batch}; CPU seconds")
     for label, params in CASES:
         exact: Any
@@ -63,14 +68,23 @@ def main(rows: int, batch: int) -> None:
         line = f"{label:14s} whole {whole:7.3f}"
         statistic = getattr(baselines.laplace, "statistic", None)
         if statistic is not None:
-            from mechanisms.statistics import compute
-
-            batches = [{k: v[a:a + batch] for k, v in data.items()}
-                       for a in range(0, rows, batch)]
             start = time.process_time()
             compute(statistic(params, amounts, meta), batches)
             line += f"   streamed {time.process_time() - start:7.3f}"
         print(line, flush=True)
+    for label, query in (("nl median", "median"), ("nl sum", "sum")):
+        q = central.bounded_query(query, (0.0, 200_000.0), rows)
+        start = time.process_time()
+        central.evaluate(q, data["wage"])
+        line = f"{label:14s} whole {time.process_time() - start:7.3f}"
+        try:
+            from mechanisms.noiseless import passes
+        except ImportError:
+            print(line)
+            continue
+        start = time.process_time()
+        compute(passes.statistic(passes.Records(q, "wage")), batches)
+        print(f"{line}   streamed {time.process_time() - start:7.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ where the batches end.
 
 from __future__ import annotations
 
-import itertools
 import math
 import tracemalloc
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -27,7 +26,8 @@ from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.columns import clean
 from mechanisms.dp import baselines, moments, quantiles, tables
-from mechanisms.statistics import Partial, Statistic
+from mechanisms.statistics import Partial, whole
+from tests.unit.streams import batches, streamed
 
 COLUMNS = {
     "age": ColumnMeta("age", "integer", (17, 90)),
@@ -99,54 +99,6 @@ def _setup(case: tuple[str, dict[str, Any]], n: int
     return mech, params, mech.cost(params, BUDGETS[name], meta), meta
 
 
-def _batches(data: Mapping[str, np.ndarray], cuts: Sequence[int]) -> list[dict[str, Any]]:
-    edges = [0, *sorted(cuts), len(next(iter(data.values())))]
-    return [{k: v[a:b] for k, v in data.items()} for a, b in itertools.pairwise(edges)]
-
-
-def _tree(statistic: Statistic, partials: list[Partial], picks: Sequence[int]) -> Partial:
-    """Merge any two of the partials (chosen by ``picks``, in either order) until one is
-    left: every tree shape and order of merges."""
-    pool = list(partials)
-    for pick in picks:
-        if len(pool) == 1:
-            break
-        i = pick % len(pool)
-        a = pool.pop(i)
-        b = pool.pop((pick // 7) % len(pool))
-        pool.append(statistic.merge(a, b) if pick % 2 else statistic.merge(b, a))
-    while len(pool) > 1:
-        pool.append(statistic.merge(pool.pop(), pool.pop(0)))
-    return pool[0]
-
-
-def _streamed(statistic: Statistic, batches: list[dict[str, Any]], order: Sequence[int],
-              picks: Sequence[int]) -> tuple[Statistic, Partial]:
-    """Every pass: batches updated in ``order``, two at a time into one partial where
-    ``picks`` says so, then merged as ``_tree`` says."""
-    while True:
-        partials: list[Partial] = []
-        for k, index in enumerate(order):
-            if partials and picks and picks[k % len(picks)] % 3 == 0:
-                partials[-1] = statistic.update(partials[-1], batches[index])
-            else:
-                partials.append(statistic.update(statistic.empty(), batches[index]))
-        partial = _tree(statistic, partials or [statistic.empty()], picks)
-        following = statistic.then(partial)
-        if following is None:
-            return statistic, partial
-        statistic = following
-
-
-def _whole(statistic: Statistic, data: Mapping[str, np.ndarray]) -> Partial:
-    while True:
-        partial = statistic.update(statistic.empty(), data)
-        following = statistic.then(partial)
-        if following is None:
-            return partial
-        statistic = following
-
-
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(2, 150), seed=st.integers(0, 2**32 - 1), data=st.data())
@@ -155,19 +107,19 @@ def test_streamed_partials_and_releases_equal_the_whole_columns(
     mech, params, cost, meta = _setup(case, n)
     columns = _data(n, seed)
     cuts = data.draw(st.lists(st.integers(0, n), max_size=8), label="cuts")
-    batches = _batches(columns, cuts)
-    order = data.draw(st.permutations(range(len(batches))), label="order")
+    pieces = batches(columns, cuts)
+    order = data.draw(st.permutations(range(len(pieces))), label="order")
     picks = data.draw(st.lists(st.integers(0, 10**6), max_size=12), label="picks")
     statistic = mech.statistic(params, cost, meta)
-    _, streamed = _streamed(statistic, batches, order, picks)
-    assert streamed == _whole(statistic, columns)  # (a): bit for bit, every pass
-    released = mech.release(params, streamed, cost, meta, np.random.default_rng(seed))
+    _, partial = streamed(statistic, pieces, order, picks)
+    assert partial == whole(statistic, columns)  # (a): bit for bit, every pass
+    released = mech.release(params, partial, cost, meta, np.random.default_rng(seed))
     ran = mech.run(columns, params, cost, meta, np.random.default_rng(seed))
     assert repr(released) == repr(ran)  # (b): output for output (NaN-safe, exact floats)
-    restored = Partial.from_json(streamed.to_json())
+    restored = Partial.from_json(partial.to_json())
     again = mech.release(params, restored, cost, meta, np.random.default_rng(seed))
     assert repr(again) == repr(ran)
-    assert repr(mech.stream(batches, params, cost, meta, np.random.default_rng(seed))) \
+    assert repr(mech.stream(pieces, params, cost, meta, np.random.default_rng(seed))) \
         == repr(ran)
 
 
@@ -177,7 +129,7 @@ def test_streamed_partials_and_releases_equal_the_whole_columns(
 def _lattice(name: str, raw: dict[str, Any], columns: Mapping[str, np.ndarray]) -> Any:
     mech, params, cost, meta = _setup((name, raw), len(columns["age"]))
     statistic = mech.statistic(params, cost, meta)
-    partial = _whole(statistic, columns)
+    partial = whole(statistic, columns)
     amounts = mech._amounts(cost, meta)  # type: ignore[attr-defined]
     if baselines.extended(params):
         return baselines.extended_plan(name, params, amounts, meta), partial
@@ -238,7 +190,7 @@ def test_a_short_column_is_refused_wherever_the_batches_end(cut: int) -> None:
     mech, params, cost, meta = _setup(("laplace", {"statistic": "sum", "column": "wage"}), 11)
     columns = {"wage": np.linspace(0.0, 987654.125, 10)}
     with pytest.raises(ValueError, match="n_rows") as refused:
-        mech.stream(_batches(columns, [cut]), params, cost, meta, np.random.default_rng(0))
+        mech.stream(batches(columns, [cut]), params, cost, meta, np.random.default_rng(0))
     assert "987654" not in str(refused.value)
     with pytest.raises(ValueError, match="n_rows"):
         mech.run(columns, params, cost, meta, np.random.default_rng(0))
@@ -251,7 +203,7 @@ def test_an_integer_column_of_floats_is_refused_wherever_the_batches_end(cut: in
         mech, params, cost, meta = _setup(("geometric", raw), 10)
         columns = {"age": np.full(10, 31337.5), "sex": np.zeros(10, dtype=np.int64)}
         with pytest.raises(TypeError, match="integers") as refused:
-            mech.stream(_batches(columns, [cut]), params, cost, meta, np.random.default_rng(0))
+            mech.stream(batches(columns, [cut]), params, cost, meta, np.random.default_rng(0))
         assert "31337" not in str(refused.value)
 
 
@@ -273,13 +225,13 @@ def test_an_update_allocates_in_proportion_to_its_batch_not_to_the_rows(
     below one whole float column (8 MB): O(batch) scratch, partials of public size."""
     mech, params, cost, meta = _setup(case, ROWS)
     columns = _data(ROWS, 7)
-    batches = _batches(columns, range(BATCH, ROWS, BATCH))
+    pieces = batches(columns, range(BATCH, ROWS, BATCH))
     statistic = mech.statistic(params, cost, meta)
     tracemalloc.start()
     try:
         while True:
             partial = statistic.empty()
-            for batch in batches:
+            for batch in pieces:
                 partial = statistic.update(partial, batch)
             following = statistic.then(partial)
             if following is None:
