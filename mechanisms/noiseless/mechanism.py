@@ -23,6 +23,7 @@ import numpy as np
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 from numpy.typing import NDArray
 
+from mechanisms import selection
 from mechanisms.base import (
     Budget,
     ColumnMeta,
@@ -417,8 +418,17 @@ class NoiselessAggregate(StreamingMechanism):
             guarantee=_guarantee(plan.count, plan.bits, local_release=False, note=note),
         )
 
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        """A pass over the rows; an order statistic's exact selection makes a fixed number."""
+        return Work(float(max(meta.n_rows, 1)) * _passes(params), "dataset_id")
+
     def _plan(self, params: Mapping[str, Any], bits: Fraction, meta: DatasetMeta) -> ScalarPlan:
         return scalar_plan(params, bits, meta)
+
+
+def _passes(params: Mapping[str, Any]) -> int:
+    """Passes over the rows of one statistic's data pass (public: its name)."""
+    return selection.PASSES if params["statistic"] in central.ORDER_STATISTICS else 1
 
 
 def _records(params: Mapping[str, Any], meta: DatasetMeta, plan: ScalarPlan) -> passes.Records:
@@ -496,7 +506,8 @@ class NoiselessVector(Mechanism):
         )
 
     def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
-        return Work(float(max(meta.n_rows, 1)) * len(params["queries"]), "params.queries")
+        passes_ = sum(_passes(item) for item in params["queries"])
+        return Work(float(max(meta.n_rows, 1)) * passes_, "params.queries")
 
     def _plans(self, params: Mapping[str, Any], meta: DatasetMeta) -> list[ScalarPlan]:
         return [scalar_plan(item, Fraction(item["bits"]), meta, f"params.queries.{j}")
