@@ -47,8 +47,9 @@ _NEXP = _EMAX - _EMIN + 1
 #: a mantissa |M| < 2**53 is summed as two halves below 2**27: CHUNK of them add up exactly
 #: in the float64 accumulator of ``np.bincount`` (|total| <= 2**43 < 2**53)
 _HALF = 26
-#: above this many (group, exponent) cells the per-chunk table is sparse (np.unique)
-_DENSE_KEYS = 1 << 20
+#: above this many (group, exponent) cells the per-chunk table is sparse (np.unique): a
+#: dense one is zeroed per chunk, so it stays below a chunk's own size
+_DENSE_KEYS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,19 @@ def float_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None = N
     each in units of 2**-SCALE (see the module doc): integers, so they merge exactly."""
     if not np.isfinite(values).all():
         raise ValueError("exact sums need finite values")
+    if values.shape[0] <= CHUNK:
+        return _chunk_sums(values, groups, size)
+    out = [0] * size
+    for start in range(0, values.shape[0], CHUNK):  # CHUNK rows: exact float64 bin sums
+        part = _chunk_sums(values[start:start + CHUNK],
+                           None if groups is None else groups[start:start + CHUNK], size)
+        out = [a + b for a, b in zip(out, part, strict=True)]
+    return out
+
+
+def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
+                size: int) -> list[int]:
+    """``float_sums`` of at most CHUNK values."""
     mantissa, exponent = np.frexp(values)
     whole = np.ldexp(mantissa, 53).astype(np.int64)  # |M| < 2**53, exact
     high = (whole >> _HALF).astype(np.float64)

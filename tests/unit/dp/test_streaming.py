@@ -35,6 +35,8 @@ COLUMNS = {
     "tiny": ColumnMeta("tiny", "continuous", (-1e-5, 3e-5)),
     "race": ColumnMeta("race", "categorical", categories=("A", "B", "C")),
     "sex": ColumnMeta("sex", "categorical", categories=("F", "M")),
+    #: 40 categories: tables beyond the dense per-chunk layout of the exact sums
+    "zone": ColumnMeta("zone", "categorical", categories=tuple(f"z{i}" for i in range(40))),
 }
 BUDGETS = {"laplace": {"epsilon": Fraction(1, 2)}, "geometric": {"epsilon": Fraction(1, 2)},
            "gaussian": {"epsilon": Fraction(1), "delta": Fraction(1, 10**6)}}
@@ -60,6 +62,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("geometric", {"statistic": "sum", "column": "age", "group_by": ["race"]}),
     ("gaussian", {"statistic": "mean", "column": "tiny", "group_by": ["race", "sex"]}),
     ("laplace", {"statistic": "mean", "column": "age", "group_by": ["sex"]}),
+    ("laplace", {"statistic": "sum", "column": "tiny", "group_by": ["zone", "sex"]}),
     ("laplace", {"statistic": "quantile", "column": "wage", "quantiles": [0.1, 0.5, 0.9],
                  "grid_size": 50}),
     ("laplace", {"statistic": "quantile", "column": "age", "quantiles": [0.5]}),
@@ -86,7 +89,8 @@ def _data(n: int, seed: int) -> dict[str, np.ndarray]:
     special = rng.random(n) < 0.2
     tiny[special] = rng.choice([5e-324, -0.0, 1e-300, -1e-5, 3e-5, 1.0, np.nan], special.sum())
     return {"age": rng.integers(0, 120, n), "wage": wage, "tiny": tiny,
-            "race": rng.integers(-1, 4, n), "sex": rng.integers(0, 3, n)}
+            "race": rng.integers(-1, 4, n), "sex": rng.integers(0, 3, n),
+            "zone": rng.integers(0, 41, n)}
 
 
 def _setup(case: tuple[str, dict[str, Any]], n: int
