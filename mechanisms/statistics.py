@@ -4,24 +4,30 @@ A mechanism whose input reduces to sufficient statistics (counts, bounded sums, 
 cell tables, rank counts, moments) names a ``Statistic``: ``empty()`` is the partial of no
 rows, ``update(partial, batch)`` adds a batch (some rows of the needed columns) and
 ``merge(a, b)`` adds two partials. A ``Partial`` holds only Python integers (a row count
-and named integer vectors) and merging adds them, so it is associative and commutative bit
-for bit, small (public sizes), and pickles or goes to JSON as it is: any engine (a worker
-reading Parquet batches, Spark aggregations) computes the same partial however it splits
-and orders the rows, in memory bounded by its batch. ``StreamingMechanism`` (base) turns
-the final partial into the release.
+and named integer vectors; a later pass also carries what it took from the earlier ones)
+and merging adds them, so it is associative and commutative bit for bit, small (public
+sizes), and pickles or goes to JSON as it is: any engine (a worker reading Parquet
+batches, Spark aggregations) computes the same partial however it splits and orders the
+rows, in memory bounded by its batch. ``StreamingMechanism`` (base) turns the final
+partial into the release.
 
 Sums of doubles are kept exactly (``float_sums``): a finite double is ``M·2**(e−53)`` with
 ``M = frexp mantissa·2**53`` an integer and ``e >= −1073`` its frexp exponent, so every
-double, hence every finite sum of doubles, is an integer multiple of ``2**−SCALE``,
-``SCALE = 1073 + 53``. The partial holds that integer, exactly; ``to_float`` rounds it once
-(Python's int / int division is correctly rounded, half to even), which is what
-``math.fsum`` returns on the same doubles (it is correctly rounded too). So a statistic
+double is ``M·2**(e + 1073)`` units of ``2**−SCALE``, ``SCALE = 1073 + 53``, with
+``e + 1073 >= 0``: every finite sum of doubles is an integer number of those units. Per
+chunk the mantissas are added per exponent in 26-bit halves (float64 bin sums of at most
+CHUNK values below 2**27: exact integers below 2**43), then shifted and added as Python
+integers, so the partial holds that integer exactly. ``to_float`` rounds it once (Python's
+int / int division is correctly rounded, half to even), which is what ``math.fsum``
+returns on the same doubles (CPython's fsum is correctly rounded too; the unit tests check
+the equality on adversarial doubles: subnormals, huge and tiny mixed, ties). So a statistic
 that used ``fsum`` over whole columns gives the same bits from any batches, whereas an
 fsum of per-batch fsums rounds twice and depends on the split.
 
 A statistic that needs a second look at the rows with a value from the first (the
-two-pass sample covariance centres on the mean) names the next pass with ``then``: the
-passes are a fixed, public sequence, each an aggregation of its own.
+two-pass sample covariance centres on the mean; an exact median selects digit by digit,
+``mechanisms.selection``) names the next pass with ``then``: the passes are a fixed,
+public sequence, each an aggregation of its own.
 """
 
 from __future__ import annotations
