@@ -4,7 +4,10 @@ A mechanism sees three things: parameters (validated by its marshmallow
 schema), the dataset's *public* metadata, and the privacy budget the analyst
 agreed to spend. Cost and accuracy are functions of those alone, so the
 service can charge the ledger and answer dry runs before touching data;
-only ``run`` reads the data.
+only ``run`` reads the data. A mechanism whose input reduces to sufficient
+statistics is a ``StreamingMechanism``: its data pass is a ``Statistic`` (exact,
+mergeable partials over batches of rows, ``mechanisms.statistics``) and its
+``release`` adds the noise, so any engine can compute the partials in bounded memory.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, final
 
 import marshmallow
 import numpy as np
+
+from mechanisms.statistics import Partial, Statistic, compute
 
 ColumnType = Literal["continuous", "integer", "categorical", "functional"]
 Budget = Mapping[str, Fraction]
@@ -473,6 +478,12 @@ class Mechanism(abc.ABC):
         cost = self.cost(params, budget, meta)
         return cost, self.accuracy(params, cost, meta)
 
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic | None:
+        """The sufficient statistic ``run`` reduces the data to (``StreamingMechanism``),
+        or None: ``run`` reads whole columns."""
+        return None
+
     @abc.abstractmethod
     def run(
         self,
@@ -488,3 +499,33 @@ class Mechanism(abc.ABC):
         float64 for continuous, int64 for integer, int64 category codes
         (indices into ``ColumnMeta.categories``) for categorical columns.
         """
+
+
+class StreamingMechanism(Mechanism):
+    """A mechanism whose data pass is a ``Statistic`` and whose noise step is ``release``.
+
+    ``run`` is final: one update of the statistic over the whole data, then ``release``,
+    so the whole-column path and a streamed one (batches updated anywhere, partials
+    merged in any order) share the code and give the same output with the same generator.
+    """
+
+    @abc.abstractmethod
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic:
+        """The (first pass of the) statistic ``release`` reads, from public inputs only."""
+
+    @abc.abstractmethod
+    def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
+                meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        """The privatized output from the last pass's merged partial (the noise step)."""
+
+    def stream(self, batches: Sequence[Mapping[str, np.ndarray]], params: Mapping[str, Any],
+               cost: Budget, meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        """``run`` over batches of rows (all passes read them, each pass once)."""
+        _, partial = compute(self.statistic(params, cost, meta), batches)
+        return self.release(params, partial, cost, meta, rng)
+
+    @final
+    def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        return self.stream([data], params, cost, meta, rng)

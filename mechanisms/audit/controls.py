@@ -26,7 +26,8 @@ does not remove the control:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -40,6 +41,15 @@ from mechanisms.dip.mechanism import DipMechanism, Plan
 from mechanisms.dip.noise import NoiseStep
 from mechanisms.dip.reference import Reference
 from mechanisms.dp import baselines
+from mechanisms.statistics import (
+    Batch,
+    Partial,
+    Statistic,
+    check_rows,
+    float_sums,
+    to_float,
+    whole,
+)
 
 FloatArray = NDArray[np.float64]
 _LN2_63 = 63 * math.log(2.0)
@@ -182,23 +192,50 @@ class FloatLaplace(baselines.LaplaceMechanism):
     the released value's low bits depend on the statistic (Mironov 2012).
     """
 
-    def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
-            meta: DatasetMeta, rng: np.random.Generator) -> Output:
-        values = self.draw(data, params, cost, meta, rng, 1)
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic:
+        return ClippedSum(self._plan(params, read_budget(cost, self.measures, self.name), meta))
+
+    def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
+                meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        values = self.noisy(partial, params, cost, meta, rng, 1)
         return Output(result={"value": float(values[0])}, accuracy={}, guarantee="")
 
     def draw(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
              meta: DatasetMeta, rng: np.random.Generator, runs: int) -> FloatArray:
         """``runs`` releases at once (the vectorised form of ``run``)."""
-        plan = self._plan(params, read_budget(cost, self.measures, self.name), meta)
-        q = plan.query
-        assert q.bounds is not None and q.statistic in ("sum", "mean")
-        lo, hi = (float(b) for b in q.bounds)
-        x = np.clip(np.asarray(data[q.column.name], dtype=np.float64), lo, hi)
-        exact = math.fsum(x) / (q.n if q.statistic == "mean" else 1)
+        partial = whole(self.statistic(params, cost, meta), data)
+        return self.noisy(partial, params, cost, meta, rng, runs)
+
+    def noisy(self, partial: Partial, params: Mapping[str, Any], cost: Budget,
+              meta: DatasetMeta, rng: np.random.Generator, runs: int) -> FloatArray:
+        q = self._plan(params, read_budget(cost, self.measures, self.name), meta).query
+        check_rows(partial, q.n, q.column.name)
+        exact = to_float(partial.parts["fsum"][0]) / (q.n if q.statistic == "mean" else 1)
         scale = float(q.sensitivity / Fraction(cost["epsilon"]))
         out: FloatArray = exact + rng.laplace(0.0, scale, runs)
         return out
+
+
+@dataclass(frozen=True)
+class ClippedSum(Statistic):
+    """FloatLaplace's data pass: the exact sum of the clipped column (``fsum`` of it)."""
+
+    plan: Any
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.plan.query.column.name,)
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"fsum": 1}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, Sequence[int]]:
+        q = self.plan.query
+        assert q.bounds is not None and q.statistic in ("sum", "mean")
+        lo, hi = (float(b) for b in q.bounds)
+        return {"fsum": float_sums(np.clip(np.asarray(chunk[q.column.name],
+                                                      dtype=np.float64), lo, hi))}
 
 
 # --------------------------------------------------------------------------- issue 27

@@ -28,6 +28,11 @@ Data handling: values are clipped to the declared bounds (missing values
 count as the lower bound), category codes outside the declared list and
 numeric values outside a histogram's edges fall in no bin; only the needed
 column is read.
+
+Streaming (issue #30): the data pass is a ``LatticeStatistic`` (exact integer partials
+over batches of rows that merge in any order, ``mechanisms.statistics``) and
+``Baseline.release`` adds the noise; ``run`` is the two over whole columns, so both paths
+give the same bits. Tables, quantiles and moments hand out their own statistics.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import abc
 import functools
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar, Protocol
@@ -53,9 +58,9 @@ from mechanisms.base import (
     Budget,
     ColumnMeta,
     DatasetMeta,
-    Mechanism,
     MechanismInputError,
     Output,
+    StreamingMechanism,
     Work,
     read_budget,
 )
@@ -63,6 +68,15 @@ from mechanisms.columns import MAX_BOUND as MAX_BOUND
 from mechanisms.columns import Condition, clean, declared_bounds
 from mechanisms.exact import float_down, float_up, fmt
 from mechanisms.registry import register
+from mechanisms.statistics import (
+    Batch,
+    Partial,
+    Statistic,
+    check_rows,
+    float_sums,
+    to_float,
+    whole,
+)
 
 # MAX_EPSILON, MIN_DELTA (base) and MAX_BOUND (columns) are imported ``X as X`` above:
 # they live there now and are still importable from here
@@ -434,38 +448,75 @@ def _real_error(query: _Query, grid: float) -> Fraction:
 # --------------------------------------------------------------------------- data
 
 
-def _column(data: Mapping[str, np.ndarray], query: _Query, name: str) -> NDArray[Any]:
-    x = np.asarray(data[name])
-    if x.ndim != 1 or x.shape[0] != query.n:
-        raise ValueError(f"column {name!r} does not have n_rows entries")
-    return x
+@dataclass(frozen=True)
+class LatticeStatistic(Statistic):
+    """The data pass of a count, sum, mean or histogram: exact integers that add.
+
+    Parts: ``count`` (rows meeting the condition), ``bins`` (histogram counts), ``sum``
+    (integer columns: the int sum of clip(x) − center, as the whole-column pass took it
+    in int64, which ``resolve_query`` keeps from overflowing) or ``fsum`` (real columns:
+    the exact sum of the doubles fl(clip(x) − center) in units of 2**-SCALE, which
+    ``to_float`` rounds to what ``math.fsum`` of the whole column gave).
+    """
+
+    plan: _Plan
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        q = self.plan.query
+        return (q.condition.column if q.condition is not None else q.column.name,)
+
+    def sizes(self) -> Mapping[str, int]:
+        q = self.plan.query
+        if q.condition is not None:
+            return {"count": 1}
+        if q.histogram:
+            return {"bins": len(q.column.categories or ()) if q.edges is None
+                    else len(q.edges) - 1}
+        return {"sum" if q.column.type == "integer" else "fsum": 1}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64] | Sequence[int]]:
+        q = self.plan.query
+        x = np.asarray(chunk[self.columns[0]])
+        if q.condition is not None:
+            return {"count": np.array([np.count_nonzero(q.condition.mask(x))], dtype=np.int64)}
+        if q.histogram:
+            return {"bins": _histogram(q, x)}
+        assert q.bounds is not None
+        lo, hi = q.bounds
+        if q.column.type == "integer":
+            if x.dtype.kind not in "iu":
+                raise TypeError(f"integer column {q.column.name!r} must hold integers")
+            centered = np.clip(x.astype(np.int64), int(lo), int(hi)) - int(self.plan.center)
+            return {"sum": np.array([centered.sum(dtype=np.int64)], dtype=np.int64)}
+        centered_f = clean(x, float(lo), float(hi))
+        centered_f -= self.plan.center  # in place: one copy of the chunk in all
+        return {"fsum": float_sums(centered_f)}
 
 
-def lattice_values(plan: _Plan, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
-    """The exact statistic minus its public offset, in lattice units (a 1-D int array)."""
+def lattice_from(plan: _Plan, partial: Partial) -> NDArray[np.int64]:
+    """The exact statistic minus its public offset, in lattice units (a 1-D int array),
+    from the data pass's merged partial."""
     q = plan.query
+    check_rows(partial, q.n, LatticeStatistic(plan).columns[0])
     if q.condition is not None:
-        x = _column(data, q, q.condition.column)
-        return np.array([np.count_nonzero(q.condition.mask(x))], dtype=np.int64)
-    x = _column(data, q, q.column.name)
+        return partial.vector("count")
     if q.histogram:
-        return _histogram(q, x)
-    assert q.bounds is not None
-    lo, hi = q.bounds
+        return partial.vector("bins")
     if q.column.type == "integer":
-        if x.dtype.kind not in "iu":
-            raise TypeError(f"integer column {q.column.name!r} must hold integers")
-        centered = np.clip(x.astype(np.int64), int(lo), int(hi)) - int(plan.center)
-        total = int(centered.sum(dtype=np.int64))
+        total = partial.parts["sum"][0]
         if q.integer:  # integer sum, grid 1: exact
             return np.array([total], dtype=np.int64)
         value = total if q.statistic == "sum" else total / q.n  # int / int rounds once
     else:
-        centered_f = clean(x, float(lo), float(hi))
-        centered_f -= plan.center  # in place: one copy of the column in all
-        total_f = math.fsum(centered_f)
+        total_f = to_float(partial.parts["fsum"][0])
         value = total_f if q.statistic == "sum" else total_f / q.n
     return np.array([round(value / plan.grid)], dtype=np.int64)
+
+
+def lattice_values(plan: _Plan, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
+    """``lattice_from`` the whole columns (one update)."""
+    return lattice_from(plan, whole(LatticeStatistic(plan), data))
 
 
 def _histogram(q: _Query, x: NDArray[Any]) -> NDArray[np.int64]:
@@ -590,7 +641,12 @@ class ExtendedPlan(Protocol):
 
     def accuracy(self) -> dict[str, Any]: ...
 
-    def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
+    def first_pass(self) -> Statistic:
+        """The first pass of its data pass."""
+        ...
+
+    def release_from(self, partial: Partial, rng: np.random.Generator) -> dict[str, Any]:
+        """The result from the last pass's merged partial (the noise step)."""
         ...
 
 
@@ -614,7 +670,7 @@ def extended_plan(mechanism: str, params: Mapping[str, Any],
 # --------------------------------------------------------------------------- mechanisms
 
 
-class Baseline(Mechanism):
+class Baseline(StreamingMechanism):
     """Cost = budget; noise calibrated to it on a lattice; one class per noise."""
 
     params_schema = BaselineParamsSchema
@@ -669,24 +725,25 @@ class Baseline(Mechanism):
         field = "params.columns" if "columns" in params else "dataset_id"
         return Work(units, field)
 
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic:
+        amounts = self._amounts(cost, meta)
+        if extended(params):
+            return extended_plan(self.name, params, amounts, meta).first_pass()
+        return LatticeStatistic(self._plan(params, amounts, meta))
+
+    def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
+                meta: DatasetMeta, rng: np.random.Generator) -> Output:
         amounts = self._amounts(cost, meta)
         if extended(params):
             planned = extended_plan(self.name, params, amounts, meta)
             return Output(
-                result=planned.run(data, rng),
+                result=planned.release_from(partial, rng),
                 accuracy=planned.accuracy(),
                 guarantee=self._guarantee(amounts),
             )
         plan = self._plan(params, amounts, meta)
-        exact = lattice_values(plan, data)
+        exact = lattice_from(plan, partial)
         noisy = exact + self._sample(rng, plan, exact.shape[0])
         return Output(
             result=self._release(plan, noisy),

@@ -3,7 +3,9 @@
 Candidates are ``grid_size`` evenly spaced points of the declared [lo, hi]
 (public). The utility of candidate c for quantile q is
 u(c) = −|#{x <= c} − q·n|: replacing one record changes #{x <= c} by at most
-1 and n is public, so the sensitivity is 1.
+1 and n is public, so the sensitivity is 1. The ranks are counted per batch of rows
+(``RankStatistic``: counts of disjoint rows add), so any engine computes them in bounded
+memory.
 
 Permute-and-flip (McKenna & Sheldon 2020) visits the candidates in a uniformly
 random order and releases the first one whose coin Bernoulli(exp(ε(u(c) − u*)/2))
@@ -39,6 +41,7 @@ from numpy.typing import NDArray
 from mechanisms import flip
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.columns import clean, declared_bounds
+from mechanisms.statistics import Batch, Partial, Statistic, check_rows, whole
 
 DEFAULT_GRID_SIZE = 1001
 #: work units (``base.Work``: ~a CPU-minute per 10^9) of one permute-and-flip coin (~5 µs)
@@ -73,13 +76,17 @@ class QuantilePlan:
         """The 95 % rank-error bound beyond the best candidate's (see the module doc)."""
         return 2.0 / float(self.epsilon) * (math.log(len(self.grid)) + math.log(20.0))
 
+    def first_pass(self) -> RankStatistic:
+        return RankStatistic(self)
+
+    def ranks_from(self, partial: Partial) -> NDArray[np.int64]:
+        """#{x <= c} for each candidate c from the merged partial."""
+        check_rows(partial, self.n, self.column.name)
+        return partial.vector("ranks")
+
     def ranks(self, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
         """#{x <= c} for each candidate c (missing values count as lo, as everywhere)."""
-        x = np.asarray(data[self.column.name])
-        if x.ndim != 1 or x.shape[0] != self.n:
-            raise ValueError(f"column {self.column.name!r} does not have n_rows entries")
-        values = np.sort(clean(x, float(self.bounds[0]), float(self.bounds[1])))
-        return np.searchsorted(values, np.asarray(self.grid), side="right").astype(np.int64)
+        return self.ranks_from(whole(self.first_pass(), data))
 
     def gaps(self, ranks: NDArray[np.int64], q: float) -> Gaps:
         """u* − u(c) per candidate, exact: integers over a common denominator."""
@@ -104,7 +111,10 @@ class QuantilePlan:
         return flip.Coins.scaled(self.epsilon / (2 * gaps.denominator), gaps.numerators, bound)
 
     def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
-        ranks = self.ranks(data)
+        return self.release_from(whole(self.first_pass(), data), rng)
+
+    def release_from(self, partial: Partial, rng: np.random.Generator) -> dict[str, Any]:
+        ranks = self.ranks_from(partial)
         chosen = [self.grid[self.choose(rng, self.gaps(ranks, q))] for q in self.quantiles]
         return {"values": chosen, "quantiles": list(self.quantiles),
                 "grid_size": len(self.grid)}
@@ -121,6 +131,28 @@ class QuantilePlan:
         return {"noise": "permute_and_flip", "sensitivity": 1.0, "candidates": m,
                 "candidate_step": step, "epsilon_per_quantile": float(self.epsilon),
                 "ci95_rank_error": self.rank_error, "statement": statement}
+
+
+@dataclass(frozen=True)
+class RankStatistic(Statistic):
+    """Rank counts over the public candidates: part ``ranks`` holds #{v <= c} for each
+    candidate c over the rows seen (v the clipped values), counted in each sorted chunk as
+    the whole-column pass counted in the sorted column; counts of disjoint rows add."""
+
+    plan: QuantilePlan
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.plan.column.name,)
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"ranks": len(self.plan.grid)}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64]]:
+        lo, hi = self.plan.bounds
+        values = np.sort(clean(chunk[self.plan.column.name], float(lo), float(hi)))
+        return {"ranks": np.searchsorted(values, np.asarray(self.plan.grid), side="right")
+                .astype(np.int64)}
 
 
 def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fraction],

@@ -27,7 +27,8 @@ w = hi − lo:
 
 Lattice (DESIGN §6): counts and integer sums are exact integers (grid 1);
 real sums are ``math.fsum`` of clipped doubles (|error| <= 2^-53·n·M, we
-charge 2^-51·n·M) rounded to a power-of-two grid g, and an entry moving by D
+charge 2^-51·n·M; ``CellStatistic`` keeps them exact over batches of rows and rounds
+once at release, which is fsum's value) rounded to a power-of-two grid g, and an entry moving by D
 in real terms moves by at most floor((D + 2 err)/g) + 1 lattice units.
 
 ``consistency: true`` (free post-processing, stated in the result): counts
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -56,6 +57,15 @@ from mechanisms.columns import Condition, clean, declared_bounds
 from mechanisms.dp import baselines, vectors
 from mechanisms.dp.vectors import VectorNoise
 from mechanisms.exact import float_down
+from mechanisms.statistics import (
+    Batch,
+    Partial,
+    Statistic,
+    check_rows,
+    float_sums,
+    to_float,
+    whole,
+)
 
 MAX_CELLS = 10_000
 MAX_GROUP_BY = 4
@@ -131,55 +141,37 @@ class TablePlan:
 
     # -- data
 
-    def cell_index(self, data: Mapping[str, np.ndarray]) -> NDArray[np.int64]:
-        """Row-major cell of each row, −1 for a row with an undeclared code."""
-        index = np.zeros(self.n, dtype=np.int64)
-        valid = np.ones(self.n, dtype=bool)
-        for col, k in zip(self.group_by, self.shape, strict=True):
-            codes = _read(data, col.name, self.n).astype(np.int64)
-            valid &= (codes >= 0) & (codes < k)
-            index = index * k + codes
-        index[~valid] = -1
-        return index
+    def first_pass(self) -> CellStatistic:
+        return CellStatistic(self)
+
+    def exact_from(self, partial: Partial) -> dict[str, NDArray[np.int64]]:
+        """The lattice values of each part (no noise) from the merged partial: counts and
+        integer sums as they are, real sums (exact, see ``CellStatistic``) rounded once to
+        a double, as ``math.fsum`` of the cell's values gave, then to the grid."""
+        check_rows(partial, self.n, self.group_by[0].name)
+        out: dict[str, NDArray[np.int64]] = {}
+        if self.count is not None:
+            out["count"] = partial.vector("count")
+        if self.sum is not None:
+            if self.sum.integer:
+                out["sum"] = partial.vector("sum")
+            else:
+                grid = self.sum.grid
+                out["sum"] = np.array([round(to_float(t) / grid)
+                                       for t in partial.parts["fsum"]], dtype=np.int64)
+        return out
 
     def exact(self, data: Mapping[str, np.ndarray]) -> dict[str, NDArray[np.int64]]:
         """The lattice values of each part (no noise): what the noise is added to."""
-        index = self.cell_index(data)
-        out: dict[str, NDArray[np.int64]] = {}
-        if self.count is not None:
-            keep = index >= 0
-            if self.condition is not None:
-                keep &= self.condition.mask(_read(data, self.condition.column, self.n))
-            out["count"] = np.bincount(index[keep], minlength=self.cells).astype(np.int64)
-        if self.sum is not None:
-            out["sum"] = self._sums(data, index, self.sum)
-        return out
-
-    def _sums(self, data: Mapping[str, np.ndarray], index: NDArray[np.int64],
-              part: Part) -> NDArray[np.int64]:
-        assert self.column is not None and self.bounds is not None
-        x = _read(data, self.column.name, self.n)
-        lo, hi = self.bounds
-        keep = np.flatnonzero(index >= 0)
-        if part.integer:
-            if x.dtype.kind not in "iu":
-                raise TypeError(f"integer column {self.column.name!r} must hold integers")
-            v = np.clip(x[keep].astype(np.int64), int(lo), int(hi))
-            sums = np.zeros(self.cells, dtype=np.int64)
-            np.add.at(sums, index[keep], v)
-            return sums
-        values = clean(x[keep], float(lo), float(hi))
-        cells = index[keep]
-        order = np.argsort(cells, kind="stable")
-        cells, values = cells[order], values[order]
-        bounds = np.searchsorted(cells, np.arange(self.cells + 1), side="left")
-        return np.array([round(math.fsum(values[a:b]) / part.grid)
-                         for a, b in itertools.pairwise(bounds)], dtype=np.int64)
+        return self.exact_from(whole(self.first_pass(), data))
 
     # -- release
 
     def run(self, data: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
-        exact = self.exact(data)
+        return self.release_from(whole(self.first_pass(), data), rng)
+
+    def release_from(self, partial: Partial, rng: np.random.Generator) -> dict[str, Any]:
+        exact = self.exact_from(partial)
         noisy: dict[str, NDArray[np.int64]] = {
             name: exact[name] + self._part(name).noise.sample(rng, self.cells)
             for name in ("count", "sum") if name in exact}
@@ -302,6 +294,69 @@ class TablePlan:
             " the sign the bounds force; the intervals above are for the noisy values"
             " (result.noisy_values), and the projection never increases the table's L2"
             " error")}
+
+
+@dataclass(frozen=True)
+class CellStatistic(Statistic):
+    """The data pass of a cross-tab: per cell of the declared categories (row-major; a row
+    with an undeclared code is in no cell), ``count`` (rows meeting the condition, if any),
+    and ``sum`` (integer columns: the int sum of the clipped values, below 2**62 by
+    ``_sum_part``) or ``fsum`` (real columns: the exact sum of the clipped doubles in units
+    of 2**-SCALE, ``statistics.float_sums``)."""
+
+    plan: TablePlan
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        p = self.plan
+        names = [c.name for c in p.group_by]
+        if p.condition is not None:
+            names.append(p.condition.column)
+        if p.column is not None:
+            names.append(p.column.name)
+        return tuple(dict.fromkeys(names))
+
+    def sizes(self) -> Mapping[str, int]:
+        p = self.plan
+        out = {}
+        if p.count is not None:
+            out["count"] = p.cells
+        if p.sum is not None:
+            out["sum" if p.sum.integer else "fsum"] = p.cells
+        return out
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64] | Sequence[int]]:
+        p = self.plan
+        rows = len(chunk[p.group_by[0].name])
+        index = np.zeros(rows, dtype=np.int64)
+        valid = np.ones(rows, dtype=bool)
+        for col, k in zip(p.group_by, p.shape, strict=True):
+            codes = np.asarray(chunk[col.name]).astype(np.int64)
+            valid &= (codes >= 0) & (codes < k)
+            index = index * k + codes
+        index[~valid] = -1
+        out: dict[str, NDArray[np.int64] | Sequence[int]] = {}
+        if p.count is not None:
+            keep = index >= 0
+            if p.condition is not None:
+                keep &= p.condition.mask(np.asarray(chunk[p.condition.column]))
+            out["count"] = np.bincount(index[keep], minlength=p.cells).astype(np.int64)
+        if p.sum is not None:
+            assert p.column is not None and p.bounds is not None
+            x = np.asarray(chunk[p.column.name])
+            lo, hi = p.bounds
+            inside = np.flatnonzero(index >= 0)
+            if p.sum.integer:
+                if x.dtype.kind not in "iu":
+                    raise TypeError(f"integer column {p.column.name!r} must hold integers")
+                v = np.clip(x[inside].astype(np.int64), int(lo), int(hi))
+                sums = np.zeros(p.cells, dtype=np.int64)
+                np.add.at(sums, index[inside], v)
+                out["sum"] = sums
+            else:
+                out["fsum"] = float_sums(clean(x[inside], float(lo), float(hi)),
+                                         index[inside], p.cells)
+        return out
 
 
 # --------------------------------------------------------------------------- planning
@@ -451,13 +506,6 @@ def mean_interval(c: float, s: float, hc: float, hs: float, lo: float,
     if min(ratios) > hi:
         return [hi, hi]
     return [max(min(ratios), lo), min(max(ratios), hi)]
-
-
-def _read(data: Mapping[str, np.ndarray], name: str, n: int) -> NDArray[Any]:
-    x = np.asarray(data[name])
-    if x.ndim != 1 or x.shape[0] != n:
-        raise ValueError(f"column {name!r} does not have n_rows entries")
-    return x
 
 
 def _out(values: NDArray[np.float64], integer: bool) -> list[Any]:

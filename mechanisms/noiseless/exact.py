@@ -5,9 +5,9 @@ A bin index is only as trustworthy as the number it indexes: a float sum of
 output the certificate did not count (the spec's fuzz found 107 such slices
 for float ``np.mean``). Here every sum is exact — a ``Fraction`` of the
 clipped float64 (or int64) records — and stays vectorised: a double is
-m·2^e with an integer |m| < 2^53, so we add the mantissas per exponent (split
-in 26-bit halves, whose float64 bin sums are exact integers below 2^53) and
-combine the few hundred exponent buckets with Python integers.
+m·2^e with an integer |m| < 2^53, so ``statistics.float_sums`` adds the mantissas
+per exponent (split in 26-bit halves, whose float64 bin sums are exact integers
+below 2^53) and combines the exponent buckets with Python integers.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-#: rows per chunk: 2^25 · 2^27 < 2^53 keeps every float64 bucket sum an exact integer
-_CHUNK = 1 << 25
+from mechanisms.statistics import CHUNK, SCALE, float_sums
 
 
 def clip_float(x: NDArray[Any], lower: float, upper: float) -> NDArray[np.float64]:
@@ -54,34 +53,13 @@ def exact_int_sum(x: NDArray[np.int64]) -> int:
 
 
 def exact_float_sum(x: NDArray[np.float64]) -> Fraction:
-    """The exact sum of finite float64 values, as a fraction."""
+    """The exact sum of finite float64 values, as a fraction (``statistics.float_sums``,
+    a chunk of rows at a time)."""
     values = np.asarray(x, dtype=np.float64)
-    if not np.all(np.isfinite(values)):
-        raise ValueError("values must be finite")
-    total = Fraction(0)
-    for start in range(0, values.shape[0], _CHUNK):
-        total += _chunk_sum(values[start : start + _CHUNK])
-    return total
-
-
-def _chunk_sum(values: NDArray[np.float64]) -> Fraction:
-    if values.shape[0] == 0:
-        return Fraction(0)
-    mant, expo = np.frexp(values)  # values = mant · 2^expo, 0.5 <= |mant| < 1 (or 0)
-    m = np.ldexp(mant, 53).astype(np.int64)  # exact: |m| < 2^53, values = m · 2^(expo − 53)
-    shift = expo.astype(np.int64)
-    base = int(shift.min())
-    bucket = shift - base
-    width = int(bucket.max()) + 1
-    high = np.bincount(bucket, weights=(m >> 26).astype(np.float64), minlength=width)
-    low = np.bincount(bucket, weights=(m & 0x3FFFFFF).astype(np.float64), minlength=width)
-    numerator = 0
-    for b in np.flatnonzero((high != 0) | (low != 0)):
-        numerator += ((int(high[b]) << 26) + int(low[b])) << int(b)
-    exponent = base - 53
-    if exponent >= 0:
-        return Fraction(numerator << exponent)
-    return Fraction(numerator, 1 << -exponent)
+    total = 0
+    for start in range(0, values.shape[0], CHUNK):
+        total += float_sums(values[start : start + CHUNK])[0]
+    return Fraction(total, 1 << SCALE)
 
 
 def exact_mean(total: Fraction | int, n: int) -> Fraction:

@@ -23,6 +23,7 @@ import numpy as np
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 from numpy.typing import NDArray
 
+from mechanisms import selection
 from mechanisms.base import (
     Budget,
     ColumnMeta,
@@ -30,6 +31,7 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    StreamingMechanism,
     Work,
     read_number,
 )
@@ -38,12 +40,13 @@ from mechanisms.base import (
 # against the metadata exactly as the DP baselines do, so a count means the same everywhere.
 from mechanisms.dp.baselines import StatisticParamsSchema, resolve_condition
 from mechanisms.exact import fmt
-from mechanisms.noiseless import central, local
+from mechanisms.noiseless import central, local, passes
 from mechanisms.noiseless.central import STATISTICS, ScalarPlan, ScalarRelease
 from mechanisms.noiseless.certify import exact_levels
 from mechanisms.noiseless.local import LocalPlan
 from mechanisms.noiseless.quantizer import ExactEdgeQuantizer
 from mechanisms.registry import register
+from mechanisms.statistics import Partial, Statistic, whole
 
 MEASURE = "noiseless_bits"
 #: budgets above this are refused as absurd (aggregates certify at most 2^40 outputs anyway)
@@ -373,7 +376,7 @@ def _scalar_accuracy(params: Mapping[str, Any], plan: ScalarPlan) -> dict[str, A
     }
 
 
-class NoiselessAggregate(Mechanism):
+class NoiselessAggregate(StreamingMechanism):
     """A bounded statistic, exactly evaluated and quantized (corrected Theorem 8, exact)."""
 
     name = "noiseless.aggregate"
@@ -396,17 +399,15 @@ class NoiselessAggregate(Mechanism):
     ) -> dict[str, Any]:
         return _scalar_accuracy(params, self._plan(params, read_bits(cost), meta))
 
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic:
+        return passes.statistic(_records(params, meta, self._plan(params, read_bits(cost), meta)))
+
+    def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
+                meta: DatasetMeta, rng: np.random.Generator) -> Output:
         plan = self._plan(params, read_bits(cost), meta)
-        values = _records(data, params, meta)
-        released = central.release(central.evaluate(plan.query, values), plan)
+        value = passes.value(_records(params, meta, plan), partial)
+        released = central.release(value, plan)
         note = ""
         if plan.paper_bits is not None:
             nominal = fmt(plan.paper_bits, significant=12)
@@ -417,21 +418,26 @@ class NoiselessAggregate(Mechanism):
             guarantee=_guarantee(plan.count, plan.bits, local_release=False, note=note),
         )
 
+    def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
+        """A pass over the rows; an order statistic's exact selection makes a fixed number."""
+        return Work(float(max(meta.n_rows, 1)) * _passes(params), "dataset_id")
+
     def _plan(self, params: Mapping[str, Any], bits: Fraction, meta: DatasetMeta) -> ScalarPlan:
         return scalar_plan(params, bits, meta)
 
 
-def _records(
-    data: Mapping[str, np.ndarray], params: Mapping[str, Any], meta: DatasetMeta
-) -> NDArray[Any]:
-    """The records a statistic reads: its column, or the condition's mask for a count."""
+def _passes(params: Mapping[str, Any]) -> int:
+    """Passes over the rows of one statistic's data pass (public: its name)."""
+    return selection.PASSES if params["statistic"] in central.ORDER_STATISTICS else 1
+
+
+def _records(params: Mapping[str, Any], meta: DatasetMeta, plan: ScalarPlan) -> passes.Records:
+    """How a statistic reads its records: its column, or the condition's mask for a count."""
     if params["statistic"] == "count":
         spec = params["condition"]
         column = meta.column(spec["column"], "params.condition.column")
-        condition = resolve_condition(spec, column)
-        mask: NDArray[Any] = condition.mask(_column(data, spec["column"], meta.n_rows))
-        return mask
-    return _column(data, params["column"], meta.n_rows)
+        return passes.Records(plan.query, spec["column"], resolve_condition(spec, column))
+    return passes.Records(plan.query, params["column"])
 
 
 # --------------------------------------------------------------------------- vector
@@ -479,8 +485,9 @@ class NoiselessVector(Mechanism):
         plans = self._plans(params, meta)
         coordinates = []
         for item, plan in zip(params["queries"], plans, strict=True):
+            records = _records(item, meta, plan)  # whole columns, as aggregate's data pass
             released = central.release(
-                central.evaluate(plan.query, _records(data, item, meta)), plan)
+                passes.value(records, whole(passes.statistic(records), data)), plan)
             coordinates.append(_scalar_result(item, plan, released))
         count = math.prod(p.count for p in plans)
         result = {
@@ -499,7 +506,8 @@ class NoiselessVector(Mechanism):
         )
 
     def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
-        return Work(float(max(meta.n_rows, 1)) * len(params["queries"]), "params.queries")
+        passes_ = sum(_passes(item) for item in params["queries"])
+        return Work(float(max(meta.n_rows, 1)) * passes_, "params.queries")
 
     def _plans(self, params: Mapping[str, Any], meta: DatasetMeta) -> list[ScalarPlan]:
         return [scalar_plan(item, Fraction(item["bits"]), meta, f"params.queries.{j}")

@@ -1,0 +1,245 @@
+"""Sufficient statistics as exact, mergeable partials over batches of rows (issue #30).
+
+A mechanism whose input reduces to sufficient statistics (counts, bounded sums, histograms,
+cell tables, rank counts, moments) names a ``Statistic``: ``empty()`` is the partial of no
+rows, ``update(partial, batch)`` adds a batch (some rows of the needed columns) and
+``merge(a, b)`` adds two partials. A ``Partial`` holds only Python integers (a row count
+and named integer vectors; a later pass also carries what it took from the earlier ones)
+and merging adds them, so it is associative and commutative bit for bit, small (public
+sizes), and pickles or goes to JSON as it is: any engine (a worker reading Parquet
+batches, Spark aggregations) computes the same partial however it splits and orders the
+rows, in memory bounded by its batch. ``StreamingMechanism`` (base) turns the final
+partial into the release.
+
+Sums of doubles are kept exactly (``float_sums``): a finite double is ``M·2**(e−53)`` with
+``M = frexp mantissa·2**53`` an integer and ``e >= −1073`` its frexp exponent, so every
+double is ``M·2**(e + 1073)`` units of ``2**−SCALE``, ``SCALE = 1073 + 53``, with
+``e + 1073 >= 0``: every finite sum of doubles is an integer number of those units. Per
+chunk the mantissas are added per exponent in 26-bit halves (float64 bin sums of at most
+CHUNK values below 2**27: exact integers below 2**43), then shifted and added as Python
+integers, so the partial holds that integer exactly. ``to_float`` rounds it once (Python's
+int / int division is correctly rounded, half to even), which is what ``math.fsum``
+returns on the same doubles (CPython's fsum is correctly rounded too; the unit tests check
+the equality on adversarial doubles: subnormals, huge and tiny mixed, ties). So a statistic
+that used ``fsum`` over whole columns gives the same bits from any batches, whereas an
+fsum of per-batch fsums rounds twice and depends on the split.
+
+A statistic that needs a second look at the rows with a value from the first (the
+two-pass sample covariance centres on the mean; an exact median selects digit by digit,
+``mechanisms.selection``) names the next pass with ``then``: the passes are a fixed,
+public sequence, each an aggregation of its own.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+Batch = Mapping[str, np.ndarray]
+
+#: rows an update reads at a time: its scratch arrays are O(CHUNK) whatever the batch
+CHUNK = 1 << 16
+#: exact sums of doubles are integers in units of 2**-SCALE (see the module doc)
+SCALE = 1073 + 53
+_EMIN = -1073  # the smallest frexp exponent of a non-zero double (2**-1074 = 0.5·2**-1073)
+_EMAX = 1024
+_NEXP = _EMAX - _EMIN + 1
+#: a mantissa |M| < 2**53 is summed as two halves below 2**27: CHUNK of them add up exactly
+#: in the float64 accumulator of ``np.bincount`` (|total| <= 2**43 < 2**53)
+_HALF = 26
+#: above this many (group, exponent) cells the per-chunk table is sparse (np.unique): a
+#: dense one is zeroed per chunk, so it stays below a chunk's own size
+_DENSE_KEYS = 1 << 16
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Exact integer statistics of some rows: how many, and named vectors that add.
+
+    ``carry`` is what a later pass took from the earlier ones (e.g. the selected digits of
+    an order statistic): the same in every partial of the pass, kept by a merge, so the
+    last pass's partial is all its release needs.
+    """
+
+    rows: int
+    parts: Mapping[str, tuple[int, ...]]
+    carry: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def merge(self, other: Partial) -> Partial:
+        """The partial of both row sets: integers add, so any order and grouping agree."""
+        if {k: len(v) for k, v in self.parts.items()} != \
+                {k: len(v) for k, v in other.parts.items()} or self.carry != other.carry:
+            raise ValueError("partials of different statistics or passes do not merge")
+        return Partial(self.rows + other.rows, {
+            name: tuple(a + b for a, b in zip(mine, other.parts[name], strict=True))
+            for name, mine in self.parts.items()}, self.carry)
+
+    def vector(self, name: str) -> NDArray[np.int64]:
+        """A part as int64 (counts and sums the plans bound below 2**63)."""
+        return np.array(self.parts[name], dtype=np.int64)
+
+    def to_json(self) -> str:
+        return json.dumps({"rows": self.rows,
+                           "parts": {k: list(v) for k, v in self.parts.items()},
+                           "carry": {k: list(v) for k, v in self.carry.items()}})
+
+    @staticmethod
+    def from_json(text: str) -> Partial:
+        raw = json.loads(text)
+        if not isinstance(raw, dict) or not isinstance(raw.get("rows"), int):
+            raise ValueError("not a partial")
+        return Partial(raw["rows"], _vectors(raw.get("parts")), _vectors(raw.get("carry", {})))
+
+
+def _vectors(raw: object) -> dict[str, tuple[int, ...]]:
+    """Named integer vectors read back from JSON (anything else is refused)."""
+    if not isinstance(raw, dict) or not all(
+            isinstance(v, list) and all(type(i) is int for i in v) for v in raw.values()):
+        raise ValueError("not a partial")
+    return {str(k): tuple(v) for k, v in raw.items()}
+
+
+class Statistic(abc.ABC):
+    """One pass of exact, mergeable statistics over the rows of ``columns``.
+
+    A subclass gives ``sizes`` (the public length of each part) and ``reduce`` (the exact
+    integers of one chunk of rows); ``update`` checks the batch and feeds it in chunks,
+    so a new statistic is mergeable and memory-bounded by construction.
+    """
+
+    @property
+    @abc.abstractmethod
+    def columns(self) -> tuple[str, ...]:
+        """The columns a batch must hold."""
+
+    @abc.abstractmethod
+    def sizes(self) -> Mapping[str, int]:
+        """Name -> length of each part (public)."""
+
+    @abc.abstractmethod
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64] | Sequence[int]]:
+        """The exact integers of ``chunk`` (at most CHUNK rows, maybe none), per part:
+        int64 arrays (counts, bounded integer sums) or Python ints (exact float sums)."""
+
+    def then(self, partial: Partial) -> Statistic | None:
+        """The next pass, given this one's merged partial (None: this was the last)."""
+        return None
+
+    def carried(self) -> Mapping[str, tuple[int, ...]]:
+        """What this pass took from the earlier ones (``Partial.carry``)."""
+        return {}
+
+    def empty(self) -> Partial:
+        return Partial(0, {name: (0,) * size for name, size in self.sizes().items()},
+                       self.carried())
+
+    def merge(self, a: Partial, b: Partial) -> Partial:
+        return a.merge(b)
+
+    def update(self, partial: Partial, batch: Batch) -> Partial:
+        """``partial`` plus the rows of ``batch``; reads CHUNK rows at a time."""
+        arrays = [np.asarray(batch[name]) for name in self.columns]
+        rows = arrays[0].shape[0] if arrays and arrays[0].ndim == 1 else -1
+        for name, x in zip(self.columns, arrays, strict=True):
+            if x.ndim != 1 or x.shape[0] != rows:
+                raise ValueError(f"column {name!r} is not a 1-D column of the batch's rows")
+        totals: dict[str, Any] = {}
+        for start in range(0, max(rows, 1), CHUNK):  # one call on an empty batch: its types
+            chunk = {name: x[start:start + CHUNK] for name, x in
+                     zip(self.columns, arrays, strict=True)}
+            for name, values in self.reduce(chunk).items():
+                if isinstance(values, np.ndarray):  # int64 counts and bounded sums
+                    totals[name] = values + totals.get(name, 0)
+                else:
+                    before = totals.get(name)
+                    totals[name] = list(values) if before is None else \
+                        [a + b for a, b in zip(before, values, strict=True)]
+        sizes = self.sizes()
+        for name, values in totals.items():
+            if len(values) != sizes[name]:
+                raise AssertionError(f"part {name!r} has the wrong length")
+        added = Partial(max(rows, 0), {name: tuple(int(v) for v in totals[name].tolist())
+                                       if isinstance(totals[name], np.ndarray)
+                                       else tuple(totals[name]) for name in sizes},
+                        partial.carry)
+        return partial.merge(added)
+
+
+def compute(statistic: Statistic, batches: Iterable[Batch]) -> tuple[Statistic, Partial]:
+    """The last pass and its partial over ``batches`` (read once per pass: a
+    collection, not an iterator, when the statistic has several passes)."""
+    while True:
+        partial = statistic.empty()
+        for batch in batches:
+            partial = statistic.update(partial, batch)
+        following = statistic.then(partial)
+        if following is None:
+            return statistic, partial
+        if isinstance(batches, Iterator):
+            raise TypeError("a statistic of several passes needs batches it can read again")
+        statistic = following
+
+
+def whole(statistic: Statistic, data: Batch) -> Partial:
+    """The last pass's partial over whole columns: one update per pass."""
+    return compute(statistic, [data])[1]
+
+
+def float_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None = None,
+               size: int = 1) -> list[int]:
+    """Exact sum of finite ``values`` per group (0 <= groups < size; None: one group),
+    each in units of 2**-SCALE (see the module doc): integers, so they merge exactly."""
+    if not np.isfinite(values).all():
+        raise ValueError("exact sums need finite values")
+    if values.shape[0] <= CHUNK:
+        return _chunk_sums(values, groups, size)
+    out = [0] * size
+    for start in range(0, values.shape[0], CHUNK):  # CHUNK rows: exact float64 bin sums
+        part = _chunk_sums(values[start:start + CHUNK],
+                           None if groups is None else groups[start:start + CHUNK], size)
+        out = [a + b for a, b in zip(out, part, strict=True)]
+    return out
+
+
+def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
+                size: int) -> list[int]:
+    """``float_sums`` of at most CHUNK values."""
+    mantissa, exponent = np.frexp(values)
+    whole = np.ldexp(mantissa, 53).astype(np.int64)  # |M| < 2**53, exact
+    high = (whole >> _HALF).astype(np.float64)
+    low = (whole & ((1 << _HALF) - 1)).astype(np.float64)
+    key = exponent.astype(np.int64) - _EMIN
+    if groups is not None:
+        key += groups.astype(np.int64) * _NEXP
+    if size * _NEXP <= _DENSE_KEYS:
+        highs = np.bincount(key, weights=high, minlength=size * _NEXP)
+        lows = np.bincount(key, weights=low, minlength=size * _NEXP)
+        keys = np.flatnonzero((highs != 0) | (lows != 0))
+        highs, lows = highs[keys], lows[keys]
+    else:
+        keys, inverse = np.unique(key, return_inverse=True)
+        highs = np.bincount(inverse, weights=high, minlength=keys.size)
+        lows = np.bincount(inverse, weights=low, minlength=keys.size)
+    out = [0] * size
+    for k, h, lo in zip(keys.tolist(), highs.tolist(), lows.tolist(), strict=True):
+        group, shift = divmod(k, _NEXP)
+        # M·2**(e−53) = M·2**(shift − SCALE): in units of 2**-SCALE, M shifted left
+        out[group] += ((int(h) << _HALF) + int(lo)) << shift
+    return out
+
+
+def to_float(total: int) -> float:
+    """An exact ``float_sums`` total rounded once to a double (= ``math.fsum``)."""
+    return total / (1 << SCALE)
+
+
+def check_rows(partial: Partial, n: int, column: str) -> None:
+    """The rows seen are the dataset's ``n`` (public): else the column was not whole."""
+    if partial.rows != n:
+        raise ValueError(f"column {column!r} does not have n_rows entries")

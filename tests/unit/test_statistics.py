@@ -1,0 +1,139 @@
+"""The streaming contract's pieces: exact float sums, partials, passes (``mechanisms.statistics``).
+
+Exact checks only: ``float_sums`` rounded once must equal ``math.fsum`` bit for bit (on
+adversarial doubles: subnormals, huge and tiny mixed, ties), and its integers must add
+over any split of the values.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from numpy.typing import NDArray
+
+from mechanisms.statistics import (
+    CHUNK,
+    Batch,
+    Partial,
+    Statistic,
+    compute,
+    float_sums,
+    to_float,
+    whole,
+)
+
+#: doubles that make summation hard: any finite double, subnormals, powers of two and ties
+HARD = (st.floats(allow_nan=False, allow_infinity=False)
+        | st.sampled_from([5e-324, -5e-324, 2.0**-1022, 1.0, -1.0, 2.0**-53, 3 * 2.0**-54,
+                           2.0**53, 1e308, -1e308, 0.0, -0.0])
+        | st.integers(-2**53, 2**53).flatmap(
+            lambda m: st.integers(-1126, 960).map(lambda e: math.ldexp(float(m), e))))
+
+
+def _fsum(values: Sequence[float]) -> float | None:
+    try:
+        return math.fsum(values)
+    except OverflowError:  # an intermediate beyond the doubles: no reference to compare to
+        return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(HARD, max_size=60))
+def test_an_exact_sum_rounded_once_is_fsum(values: list[float]) -> None:
+    reference = _fsum(values)
+    assume(reference is not None and math.isfinite(reference))
+    assert to_float(float_sums(np.array(values, dtype=np.float64))[0]) == reference
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(HARD, st.integers(0, 4)), max_size=60), st.data())
+def test_grouped_sums_are_per_group_fsums_and_add_over_any_split(
+        rows: list[tuple[float, int]], data: st.DataObject) -> None:
+    values = np.array([v for v, _ in rows], dtype=np.float64)
+    groups = np.array([g for _, g in rows], dtype=np.int64)
+    totals = float_sums(values, groups, 5)
+    for g in range(5):
+        reference = _fsum(values[groups == g].tolist())
+        if reference is not None and math.isfinite(reference):
+            assert to_float(totals[g]) == reference
+    cut = data.draw(st.integers(0, len(rows)))
+    left, right = (float_sums(values[s], groups[s], 5) for s in (slice(None, cut),
+                                                               slice(cut, None)))
+    assert [a + b for a, b in zip(left, right, strict=True)] == totals
+
+
+def test_the_sparse_grouping_agrees_with_the_dense_one() -> None:
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=5000) * 10.0 ** rng.integers(-30, 30, 5000)
+    groups = rng.integers(0, 1000, 5000)  # 1000 groups: beyond the dense table
+    sparse = float_sums(values, groups, 1000)
+    for g in (0, 17, 999):
+        assert sparse[g] == float_sums(values[groups == g])[0]
+
+
+def test_non_finite_values_are_refused_without_their_values() -> None:
+    with pytest.raises(ValueError, match="finite") as refused:
+        float_sums(np.array([1.5, math.nan, 987654.125]))
+    assert "987654" not in str(refused.value)
+
+
+class _Squares(Statistic):
+    """A two-pass toy: row count and Σx, then Σ(x − mean)² exactly."""
+
+    def __init__(self, mean: float | None = None) -> None:
+        self.mean = mean
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("x",)
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"sum": 1}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, Sequence[int] | NDArray[np.int64]]:
+        x = np.asarray(chunk["x"], dtype=np.float64)
+        return {"sum": float_sums(x if self.mean is None else (x - self.mean) ** 2)}
+
+    def then(self, partial: Partial) -> Statistic | None:
+        if self.mean is not None:
+            return None
+        return _Squares(to_float(partial.parts["sum"][0]) / partial.rows)
+
+
+def test_passes_run_in_order_and_an_iterator_of_batches_is_refused_for_two() -> None:
+    x = np.random.default_rng(0).normal(size=1000)
+    batches = [{"x": x[:300]}, {"x": x[300:]}]
+    last, partial = compute(_Squares(), batches)
+    mean = math.fsum(x) / x.size
+    assert isinstance(last, _Squares) and last.mean == mean
+    assert to_float(partial.parts["sum"][0]) == math.fsum((x - mean) ** 2)
+    assert partial == whole(_Squares(), {"x": x})
+    with pytest.raises(TypeError, match="read again"):
+        compute(_Squares(), iter(batches))
+
+
+def test_an_update_reads_chunks_and_an_empty_batch_adds_nothing() -> None:
+    x = np.random.default_rng(1).normal(size=2 * CHUNK + 5)
+    statistic = _Squares()
+    assert statistic.update(statistic.empty(), {"x": x[:0]}) == Partial(0, {"sum": (0,)})
+    partial = statistic.update(statistic.empty(), {"x": x})
+    assert partial.rows == x.size and to_float(partial.parts["sum"][0]) == math.fsum(x)
+    with pytest.raises(ValueError, match="1-D"):
+        statistic.update(statistic.empty(), {"x": x.reshape(-1, 1)[:4]})
+
+
+def test_partials_round_trip_through_json_and_pickle_and_refuse_other_shapes() -> None:
+    partial = Partial(7, {"fsum": (3 << 1100, -5), "count": (0, 2)})
+    assert Partial.from_json(partial.to_json()) == partial
+    assert pickle.loads(pickle.dumps(partial)) == partial
+    with pytest.raises(ValueError, match="do not merge"):
+        partial.merge(Partial(1, {"fsum": (1, 1), "count": (1,)}))
+    for text in ('{"rows": 1}', '{"rows": 1, "parts": {"a": [1.5]}}', '[]'):
+        with pytest.raises(ValueError, match="not a partial"):
+            Partial.from_json(text)
