@@ -516,14 +516,17 @@ class StreamingMechanism(Mechanism):
 
     @abc.abstractmethod
     def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
-                meta: DatasetMeta, rng: np.random.Generator) -> Output:
-        """The privatized output from the last pass's merged partial (the noise step)."""
+                meta: DatasetMeta, rng: np.random.Generator,
+                statistic: Statistic | None = None) -> Output:
+        """The privatized output from the last pass's merged partial (the noise step).
+        ``statistic``: that last pass, when the caller has it (its plan is this
+        release's: made from the same public inputs, so it need not be made again)."""
 
     def stream(self, batches: Sequence[Mapping[str, np.ndarray]], params: Mapping[str, Any],
                cost: Budget, meta: DatasetMeta, rng: np.random.Generator) -> Output:
         """``run`` over batches of rows (all passes read them, each pass once)."""
-        _, partial = compute(self.statistic(params, cost, meta), batches)
-        return self.release(params, partial, cost, meta, rng)
+        last, partial = compute(self.statistic(params, cost, meta), batches)
+        return self.release(params, partial, cost, meta, rng, last)
 
     @final
     def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,

@@ -197,7 +197,8 @@ class FloatLaplace(baselines.LaplaceMechanism):
         return ClippedSum(self._plan(params, read_budget(cost, self.measures, self.name), meta))
 
     def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
-                meta: DatasetMeta, rng: np.random.Generator) -> Output:
+                meta: DatasetMeta, rng: np.random.Generator,
+                statistic: Statistic | None = None) -> Output:
         values = self.noisy(partial, params, cost, meta, rng, 1)
         return Output(result={"value": float(values[0])}, accuracy={}, guarantee="")
 

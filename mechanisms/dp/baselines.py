@@ -733,7 +733,8 @@ class Baseline(StreamingMechanism):
         return LatticeStatistic(self._plan(params, amounts, meta))
 
     def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
-                meta: DatasetMeta, rng: np.random.Generator) -> Output:
+                meta: DatasetMeta, rng: np.random.Generator,
+                statistic: Statistic | None = None) -> Output:
         amounts = self._amounts(cost, meta)
         if extended(params):
             planned = extended_plan(self.name, params, amounts, meta)
@@ -742,7 +743,8 @@ class Baseline(StreamingMechanism):
                 accuracy=planned.accuracy(),
                 guarantee=self._guarantee(amounts),
             )
-        plan = self._plan(params, amounts, meta)
+        plan = (statistic.plan if isinstance(statistic, LatticeStatistic)
+                else self._plan(params, amounts, meta))
         exact = lattice_from(plan, partial)
         noisy = exact + self._sample(rng, plan, exact.shape[0])
         return Output(

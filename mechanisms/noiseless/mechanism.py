@@ -404,7 +404,8 @@ class NoiselessAggregate(StreamingMechanism):
         return passes.statistic(_records(params, meta, self._plan(params, read_bits(cost), meta)))
 
     def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
-                meta: DatasetMeta, rng: np.random.Generator) -> Output:
+                meta: DatasetMeta, rng: np.random.Generator,
+                statistic: Statistic | None = None) -> Output:
         plan = self._plan(params, read_bits(cost), meta)
         value = passes.value(_records(params, meta, plan), partial)
         released = central.release(value, plan)
