@@ -1,4 +1,5 @@
-"""``python -m workers``: a Celery worker serving the release, pricing and analysis queues.
+"""``python -m workers``: a Celery worker serving the release, pricing, analysis and
+callback queues.
 
 ``privrelease worker ARGS`` becomes this process (``service.processes.cli``), so the arguments are
 the same and parsed by the same parser.
@@ -18,7 +19,7 @@ from service import policy, wiring
 from service.api.observability import configure_logging
 from service.config import Config
 from service.processes.cli import build_parser
-from service.releases.queue import ANALYSES_QUEUE, QUEUES
+from service.releases.queue import QUEUES, RESENT_QUEUES
 
 
 def _queues(raw: str) -> list[str]:
@@ -29,15 +30,31 @@ def _queues(raw: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def split(queues: list[str], one_process: bool) -> tuple[list[str], list[str], bool]:
+    """The queues this process serves, those a second worker process serves (none: no
+    second process), and whether this one keeps kombu's acknowledgement emulation.
+
+    Analyses and callbacks get a worker process of their own: however many long analyses
+    wait, the release slots stay free (one Celery worker serves its queues from one pool),
+    and the release and pricing queues run without kombu's acknowledgements, which only
+    ``RESENT_QUEUES`` may do (the record re-sends every job they lose)."""
+    resent = [q for q in queues if q in RESENT_QUEUES]
+    acked = [q for q in queues if q not in RESENT_QUEUES]
+    served, other = (resent, acked) if resent and acked and not one_process else (queues, [])
+    return served, other, not set(served) <= set(RESENT_QUEUES)
+
+
 def _die_with_parent() -> None:
     """In a spawned worker: get SIGTERM if the parent dies, even by SIGKILL (Linux)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _spawn_analyses_worker(args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    """The analyses queue's own worker process, beside this one's releases."""
-    cmd = [sys.executable, "-m", "workers", "--queues", "analyses",
+def _spawn_acked_worker(args: argparse.Namespace, queues: list[str]
+                        ) -> subprocess.Popen[bytes]:
+    """The worker process of the queues kombu must keep (analyses, callbacks), beside
+    this one's releases."""
+    cmd = [sys.executable, "-m", "workers", "--queues", ",".join(queues),
            "--concurrency", str(args.analysis_concurrency), "--loglevel", args.loglevel]
     return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
@@ -49,18 +66,14 @@ def run(args: argparse.Namespace) -> int:
     from service.releases.queue import configure
     from workers.celery_app import app
 
-    queues = _queues(args.queues)
+    queues, others, ack_emulation = split(_queues(args.queues), args.one_process)
     config = Config.from_env()
     configure_logging(config.log_level)  # before Celery redirects stderr
-    configure(app, config)
+    configure(app, config, ack_emulation=ack_emulation)
     svc = wiring.build(config, "worker", celery=app)
     policy.migrate_at_startup(svc.client, svc.ledger, "worker")
-    child = None
-    if ANALYSES_QUEUE in queues and len(queues) > 1 and not args.one_process:
-        # analyses get worker processes of their own: however many long analyses wait,
-        # the release slots stay free (one Celery worker serves its queues from one pool)
-        child = _spawn_analyses_worker(args)
-        queues = [q for q in queues if q != ANALYSES_QUEUE]
+    child = _spawn_acked_worker(args, others) if others else None
+    if child is not None:
 
         def stop_child(**_: object) -> None:
             if child.poll() is None:

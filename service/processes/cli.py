@@ -92,12 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=2,
                    help="processes running tasks of the queues this process serves")
     p.add_argument("--loglevel", default="warning")
-    p.add_argument("--queues", default="releases,analyses,pricing",
-                   help="comma-separated: releases, analyses, pricing (default all: the"
-                        " analyses then run in a second worker process of their own, the"
-                        " pricing jobs beside the releases)")
+    p.add_argument("--queues", default="releases,analyses,pricing,notifications",
+                   help="comma-separated: releases, analyses, pricing, notifications"
+                        " (default all: analyses and callbacks then run in a second worker"
+                        " process of their own, the pricing jobs beside the releases)")
     p.add_argument("--analysis-concurrency", type=int, default=2,
-                   help="processes of that analyses worker (with both queues)")
+                   help="processes of that second worker (analyses and callbacks)")
     p.add_argument("--one-process", action="store_true",
                    help="serve every queue from one pool (analyses may then hold every slot)")
     p.add_argument("--healthcheck", action="store_true",

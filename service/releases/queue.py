@@ -30,7 +30,18 @@ from service.storage import rkeys
 RELEASES_QUEUE = "releases"
 ANALYSES_QUEUE = "analyses"
 PRICING_QUEUE = "pricing"
-QUEUES = (RELEASES_QUEUE, ANALYSES_QUEUE, PRICING_QUEUE)
+#: callbacks (``NOTIFY``): retried with a countdown of up to 10 minutes, which the broker
+#: holds
+NOTIFICATIONS_QUEUE = "notifications"
+QUEUES = (RELEASES_QUEUE, ANALYSES_QUEUE, PRICING_QUEUE, NOTIFICATIONS_QUEUE)
+#: the queues whose every job the record sends again if its message is lost (the
+#: sweeper: a release's run and pricing job; a cold estimate's job is sent again once its
+#: marker expires). A worker serving only these runs without kombu's acknowledgement
+#: emulation (``configure``): a message is popped, run and forgotten, with no unacked
+#: record written and removed per message (two MULTI/EXEC round trips; about a fifth of a
+#: small release's worker CPU). The others (analyses, callbacks) keep it: kombu restores
+#: their messages after a worker dies.
+RESENT_QUEUES = (RELEASES_QUEUE, PRICING_QUEUE)
 
 #: run a reserved release (``service.releases.run``)
 RUN_RELEASE = "privrelease.run_release"
@@ -45,7 +56,7 @@ NOTIFY = "privrelease.notify"
 
 #: the queue of every task not in RELEASES_QUEUE (the broker's default)
 ROUTES = {RUN_ANALYSIS: ANALYSES_QUEUE, PRICE_RELEASE: PRICING_QUEUE,
-          PRECOMPUTE_ESTIMATE: PRICING_QUEUE}
+          PRECOMPUTE_ESTIMATE: PRICING_QUEUE, NOTIFY: NOTIFICATIONS_QUEUE}
 
 
 def pricing_task_id(release_id: str) -> str:
@@ -196,8 +207,12 @@ def time_limits(config: Config) -> dict[str, dict[str, float]]:
     }
 
 
-def configure(app: Celery, config: Config) -> Celery:
-    """Bind ``app`` to the configured broker; results live in our own keys."""
+def configure(app: Celery, config: Config, *, ack_emulation: bool = True) -> Celery:
+    """Bind ``app`` to the configured broker; results live in our own keys.
+
+    ``ack_emulation``: kombu records each fetched message as unacknowledged until its
+    task ends, and restores those of a worker that died; a worker serving only
+    ``RESENT_QUEUES`` turns it off (the record re-sends what it loses)."""
     url, transport, options = broker(config.require_redis_url())
     app.conf.update(
         broker_url=url,
@@ -212,6 +227,7 @@ def configure(app: Celery, config: Config) -> Celery:
         broker_transport=transport,
         # timeouts as for our own clients: a hung Valkey fails a publish, not hangs it
         broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT,
+                                  "ack_emulation": ack_emulation,
                                   "socket_timeout": rkeys.REPLY_TIMEOUT,
                                   "socket_connect_timeout": rkeys.CONNECT_TIMEOUT, **options},
         worker_hijack_root_logger=False,

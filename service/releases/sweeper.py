@@ -46,6 +46,14 @@ empty queue (LLEN, read with the unacked set in one MULTI, after the marks) show
 once that none of its messages waits: every marked release of it that no worker holds
 is gone.
 
+The workers of the release and pricing queues run without kombu's acknowledgement
+emulation (``queue.RESENT_QUEUES``): a message they pop is in no queue and no unacked
+set while its job waits to start (milliseconds: one message per free process) or
+runs (its lease speaks for it), so a worker that dies loses it, and the release is
+found as any message the broker lost is, once the workers are past two of its marks or
+its queue is empty: re-sent, or charged if its run had read the data. The unacked set
+is read all the same: older workers, and a deployment's own, may keep messages there.
+
 So a release merely waiting in a backlog is never re-sent: its mark stays above every
 witness until the workers reach it. A message lost in a backlog is found once the
 workers have gone past two of its marks, or once its queue is empty; while no worker

@@ -2,8 +2,9 @@
 
 Real processes throughout: worker A (a ``privrelease worker``) reads the data of
 a microdata release and is frozen with SIGSTOP before it stores anything; its
-lease lapses; the job's message is redelivered (kombu's own restore, as after
-its visibility timeout) to worker B, which runs the job again; A is thawed with
+lease lapses; the job's message is sent again (as a re-send, or a message put back
+by a broker, would be; the release workers keep no unacked record to restore) and
+worker B runs the job again; A is thawed with
 SIGCONT while B runs. Both runs compute an output, only one may become the
 release. Runs sleep once they have read the data (``PRIVRELEASE_TEST_JOB_DELAY``)
 so the freeze lands between the read and the commit.
@@ -25,7 +26,6 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 from flask import Flask
 
 from service import apikeys, wiring
@@ -80,6 +80,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
     apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
     try:
         yield {"api": Api(flask_app.test_client()), "client": client, "url": url,
+               "app": flask_app,
                "ledger": wiring.of(flask_app).ledger,
                "start": start, "logs": tmp_path, "releases": data_dir / "releases"}
     finally:
@@ -103,13 +104,10 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-def _redeliver(url: str) -> None:
-    """Put unacknowledged messages back in the queue, as kombu does once their visibility
-    timeout (15 min, workers/celery_app.py) passed; a stalled worker holds one."""
-    celery = Celery(broker=url)
-    celery.conf.broker_transport_options = {"visibility_timeout": 0}
-    with celery.connection() as conn:
-        conn.default_channel.qos.restore_visible(num=100)
+def _redeliver(app: Flask, release_id: str) -> None:
+    """The job's message once more: what the stalled worker popped is in no queue and no
+    unacked set (the release workers run without kombu's acknowledgements)."""
+    wiring.of(app).queue.run(release_id)
 
 
 def _csv_rows(text: str) -> list[dict[str, str]]:
@@ -143,7 +141,7 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
     try:
         worker_b = rig["start"]("worker-b")
         until(lambda: not ledger.lease_held(rid), timeout=LEASE + 5)  # lapsed
-        _redeliver(rig["url"])
+        _redeliver(rig["app"], rid)
         until(lambda: field(ledger, rid, "attempts") == "2")  # B runs it again
         assert field(ledger, rid, "status") == "running"
     finally:
