@@ -268,8 +268,9 @@ class LocalStore(ObjectStore):
 
     @staticmethod
     def _etag(st: os.stat_result) -> str:
-        """Size, modification time and inode: a replaced object (deleted, put again)
-        gets a new tag without reading its bytes."""
+        """Size, modification time (ns) and inode, read without reading the bytes: a
+        replaced object (deleted, put again) gets a new tag unless it has the same
+        size, reuses the inode and is written within the filesystem's clock tick."""
         return f"{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ino:x}"
 
     def head(self, key: str) -> ObjectInfo:

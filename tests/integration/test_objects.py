@@ -466,3 +466,79 @@ def test_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, s3_server: S3
         assert "hunter2" not in str(caught.value)
         monkeypatch.setenv("PRIVRELEASE_STORAGE_URL", f"{s3_server.url}/{prefix}")
         monkeypatch.setenv("PRIVRELEASE_S3_ENDPOINT_URL", s3_server.endpoint_url)
+
+
+#: keys of the model test: none is the folder of another (the local backend cannot
+#: hold ``b`` and ``b/c``), and their order mixes '-', '.', '/' and '_'
+MODEL_KEYS = ["a", "b-e", "b.f", "b/c", "b/d/x", "b_g", "c/a/b/c"]
+MODEL_PREFIXES = ["b", "b/", "b/d", "c/a/", "z"]
+
+
+def test_both_backends_follow_one_model(s3_server: S3Server, tmp_path_factory:
+                                        pytest.TempPathFactory) -> None:
+    """Random sequences of puts, deletes, reads and lists on both backends agree with
+    a dict: the same refusals, contents, sizes and listings."""
+    from hypothesis import settings
+    from hypothesis.stateful import (
+        RuleBasedStateMachine,
+        initialize,
+        invariant,
+        precondition,
+        rule,
+    )
+
+    class Model(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stores = [LocalStore(tmp_path_factory.mktemp("model")), s3_store(s3_server)]
+            self.model: dict[str, bytes] = {}
+
+        @initialize(keys=st.sets(st.sampled_from(MODEL_KEYS), min_size=2))
+        def some(self, keys: set[str]) -> None:
+            for key in sorted(keys):
+                self.put(key, key.encode())
+
+        @rule(key=st.sampled_from(MODEL_KEYS), body=st.binary(max_size=64))
+        def put(self, key: str, body: bytes) -> None:
+            for store in self.stores:
+                if key in self.model:
+                    with pytest.raises(AlreadyExists):
+                        store.put_new(key, body)
+                else:
+                    store.put_new(key, io.BytesIO(body) if len(body) % 2 else body)
+            self.model.setdefault(key, body)
+
+        @rule(key=st.sampled_from(MODEL_KEYS))
+        def delete(self, key: str) -> None:
+            for store in self.stores:
+                store.delete(key)
+            self.model.pop(key, None)
+
+        @precondition(lambda self: bool(self.model))
+        @rule(data=st.data())
+        def read(self, data: st.DataObject) -> None:
+            key = data.draw(st.sampled_from(sorted(self.model)))
+            for store in self.stores:
+                assert store.get(key) == self.model[key]
+                assert store.head(key).size == len(self.model[key])
+
+        @rule(key=st.sampled_from(MODEL_KEYS))
+        def missing(self, key: str) -> None:
+            if key not in self.model:
+                for store in self.stores:
+                    with pytest.raises(NotFound):
+                        store.head(key)
+
+        @rule(prefix=st.sampled_from(MODEL_PREFIXES))
+        def listing(self, prefix: str) -> None:
+            expected = sorted(k for k in self.model if k.startswith(prefix))
+            for store in self.stores:
+                assert list(store.list(prefix)) == expected
+
+        @invariant()
+        def everything_listed(self) -> None:
+            self.listing("")
+
+    Model.TestCase.settings = settings(max_examples=20, stateful_step_count=15,
+                                       deadline=None, derandomize=True)
+    Model.TestCase().runTest()
