@@ -545,7 +545,8 @@ class S3Store(ObjectStore):
             kwargs: dict[str, Any] = {"Prefix": base + prefix, "MaxKeys": 1000}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._call("listing", prefix or "/", client.list_objects_v2, **kwargs)
+            page = self._call("listing", prefix or "all keys", client.list_objects_v2,
+                              **kwargs)
             for item in page.get("Contents", []):
                 yield str(item["Key"])[len(base):]
             if not page.get("IsTruncated"):

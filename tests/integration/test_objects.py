@@ -198,6 +198,11 @@ def _parquet(path: Path, row_groups: int, rows: int) -> int:
     return path.stat().st_size
 
 
+#: every proxy pool a Peak made: a buffer allocated through one frees through it, so
+#: none may be destroyed while pyarrow may still hold such a buffer (kept to the end)
+_POOLS: list[pa.MemoryPool] = []
+
+
 class Peak:
     """Peak bytes held by pyarrow (a proxy of the default memory pool, which Parquet
     decoding and S3 range reads allocate from) and by Python's heap (tracemalloc) while
@@ -206,6 +211,7 @@ class Peak:
     def __enter__(self) -> Peak:
         self._saved = pa.default_memory_pool()
         self._pool = pa.proxy_memory_pool(self._saved)
+        _POOLS.append(self._pool)
         pa.set_memory_pool(self._pool)
         tracemalloc.start()
         return self
