@@ -162,7 +162,9 @@ class ObjectStore(ABC):
             return bytes(fh.read())
 
     def open(self, key: str) -> pa.NativeFile:
-        """A seekable file over the object that reads only the byte ranges asked for."""
+        """A seekable file over the object that reads only the byte ranges asked for.
+        Opening maps failures to this module's errors; a read that fails later (the
+        network, on S3) raises pyarrow's OSError."""
         check_key(key)
         try:
             return self.filesystem.open_input_file(key)
@@ -309,9 +311,7 @@ class LocalStore(ObjectStore):
         path = self._path(key)
         try:
             path.unlink()
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        except IsADirectoryError:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return
         _fsync_dir(path.parent)
         # emptied folders go too (a concurrent put re-creates its folder: see put_new)
