@@ -548,3 +548,28 @@ def test_both_backends_follow_one_model(s3_server: S3Server, tmp_path_factory:
     Model.TestCase.settings = settings(max_examples=20, stateful_step_count=15,
                                        deadline=None, derandomize=True)
     Model.TestCase().runTest()
+
+
+def test_a_forked_process_makes_its_own_clients(s3_server: S3Server) -> None:
+    """Celery's prefork pool forks after the parent used the store: the child opens
+    its own boto3 client and pyarrow filesystem (neither survives a fork) and reads
+    and writes; the parent sees the child's object."""
+    import multiprocessing
+
+    store = s3_store(s3_server)
+    store.put_new("parent", b"p")
+    assert store.get("parent") == b"p"  # both clients made in the parent
+    parents = store.filesystem
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+
+    def child() -> None:
+        store.put_new("child", b"c")
+        answers.put((store.get("child"), store.get("parent"), store.filesystem is parents))
+
+    process = context.Process(target=child)
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    assert answers.get(timeout=5) == (b"c", b"p", False)
+    assert store.get("child") == b"c"
