@@ -354,6 +354,7 @@ def test_an_unreachable_endpoint_fails_fast_and_clearly() -> None:
     port = _closed_port()
     store = S3Store("bucket", "p", f"http://127.0.0.1:{port}",
                     Credentials("AKIAEXAMPLE", SECRET), "us-east-1")
+    assert store.filesystem is not None  # the clients exist: the calls time the network
     for call in (lambda: store.put_new("k", b"x"), lambda: store.get("k"),
                  lambda: store.head("k"), lambda: list(store.list()),
                  lambda: store.delete("k"), lambda: store.open("k")):
