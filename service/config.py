@@ -83,6 +83,19 @@ def _log_level(raw: str) -> str:
     return level
 
 
+def _url(name: str, schemes: tuple[str, ...]) -> str | None:
+    """Unset or empty: None; else a URL with one of ``schemes``. The rest of it is
+    checked where it is opened (``service.storage.objects.from_config``): this module
+    imports nothing of the service."""
+    raw = (_env(name) or "").strip()
+    if not raw:
+        return None
+    if not raw.startswith(tuple(f"{scheme}://" for scheme in schemes)):
+        raise SystemExit(f"{ENV_PREFIX}{name} must start with "
+                         + " or ".join(f"{scheme}://" for scheme in schemes))
+    return raw
+
+
 def _path(raw: str | None) -> Path | None:
     return Path(raw).resolve() if raw else None
 
@@ -198,6 +211,14 @@ class Config:
     #: PRIVRELEASE_PRECOMPUTE_MAX_BYTES: disk the shared precompute cache
     #: (<data dir>/precompute) may use; least recently used entries go first
     precompute_max_bytes: int = 1024 * 1024 * 1024
+    #: PRIVRELEASE_STORAGE_URL: where dataset versions and release artifacts are stored
+    #: (service.storage.objects): ``file:///path`` (a local directory) or
+    #: ``s3://bucket/prefix`` (S3-compatible object storage, credentials from the usual
+    #: ``AWS_*`` variables); unset: ``file://`` of the data directory
+    storage_url: str | None = None
+    #: PRIVRELEASE_S3_ENDPOINT_URL: the S3 server of an ``s3://`` storage URL when it is
+    #: not AWS (MinIO, Ceph RGW, GCS's S3 API): ``https://host[:port]``
+    s3_endpoint_url: str | None = None
 
     @classmethod
     def from_env(cls) -> Config:
@@ -245,7 +266,14 @@ class Config:
                                             cls.estimate_rate_limit),
             max_precompute_work=_positive("MAX_PRECOMPUTE_WORK", cls.max_precompute_work),
             precompute_max_bytes=_int("PRECOMPUTE_MAX_BYTES", cls.precompute_max_bytes),
+            storage_url=_url("STORAGE_URL", ("file", "s3")),
+            s3_endpoint_url=_url("S3_ENDPOINT_URL", ("http", "https")),
         )
+
+    @property
+    def object_store_url(self) -> str:
+        """PRIVRELEASE_STORAGE_URL, or the data directory's ``file://`` URL."""
+        return self.storage_url or self.data_dir.as_uri()
 
     @property
     def datasets_dir(self) -> Path:

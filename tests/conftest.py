@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -81,6 +82,43 @@ def database_on(server_url: str, name: str | None = None, template: str | None =
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
     return urlunsplit(urlsplit(server_url)._replace(path="/" + name))
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A real S3-protocol server on loopback and a bucket on it (the ``s3_server`` fixture)."""
+
+    endpoint_url: str
+    bucket: str
+    access_key: str
+    secret_key: str = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        """The bucket's storage URL (``PRIVRELEASE_STORAGE_URL``), without a prefix."""
+        return f"s3://{self.bucket}"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's standalone S3 server over HTTP on a free loopback port, for the session,
+    with one bucket. Clients reach it only through its endpoint URL and credentials,
+    as they would MinIO or AWS (moto accepts any key pair)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        s3 = S3Server(endpoint_url=f"http://{host}:{port}", bucket="privrelease-tests",
+                      access_key="AKIATESTKEY0000", secret_key="test-secret-" + uuid.uuid4().hex)
+        boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
+                     aws_access_key_id=s3.access_key, aws_secret_access_key=s3.secret_key
+                     ).create_bucket(Bucket=s3.bucket)
+        yield s3
+    finally:
+        server.stop()
 
 
 #: PRIVRELEASE_TEST_STORE: the system of record the session's service runs on
