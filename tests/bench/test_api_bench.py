@@ -75,10 +75,11 @@ ROUNDS = int(os.environ.get("API_BENCH_ROUNDS", "3"))
 POST_GOAL = 0.5
 DRAIN_GOAL = 400.0  # releases/s
 OUTSIDE_GOAL_MS = 5.0  # CPU ms per release outside the mechanism
-#: the drain's worker processes (``--concurrency``; PRIVRELEASE_BENCH_CONCURRENCY): the
-#: CLI's default, 2, unless set. A run waits on fsyncs (its result file, the WAL of its
-#: three transactions), so more processes than cores can keep the cores busy
-CONCURRENCY = int(os.environ.get("PRIVRELEASE_BENCH_CONCURRENCY", "2"))
+#: the drain's worker processes (``--concurrency``; PRIVRELEASE_BENCH_CONCURRENCY): two per
+#: core, as the README advises for small releases. A run waits on the WAL flushes of its
+#: three transactions, so with one process per core (the CLI's default, 2) the cores idle
+#: a third of the time (2026-11-29: 304-423 releases/s at 1.4 cores busy, 497-516 with 4)
+CONCURRENCY = int(os.environ.get("PRIVRELEASE_BENCH_CONCURRENCY", "4"))
 #: mechanism runs timed in this process for the per-release mechanism CPU
 MECHANISM_RUNS = 2000
 
