@@ -28,6 +28,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from service.storage.objects import fsync_dir
+
 MANIFEST = "manifest.json"
 FORMAT = 1
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -68,14 +70,6 @@ def _check_version(version: object) -> int:
         raise ValueError("version must be a positive integer")
     return version
 
-
-def _fsync_dir(path: Path) -> None:
-    """Make a directory's entries (created or renamed files) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DatasetStore:
@@ -386,7 +380,7 @@ class StagedVersion:
             fh_manifest.write(text)
             fh_manifest.flush()
             os.fsync(fh_manifest.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         parent = final.parent
         created_parent = False
         try:
@@ -403,9 +397,9 @@ class StagedVersion:
                     ) from err
                 raise
             self._done = True
-            _fsync_dir(parent)
+            fsync_dir(parent)
             if created_parent:
-                _fsync_dir(store.root)
+                fsync_dir(store.root)
         except BaseException:
             if created_parent and not self._done:
                 with contextlib.suppress(OSError):  # not empty: another version landed

@@ -187,8 +187,8 @@ class ObjectStore(ABC):
 # -- a local directory ---------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a directory's entries (a linked or created file or folder) durable."""
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a linked, renamed or created file or folder) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -228,7 +228,7 @@ class LocalStore(ObjectStore):
         for folder in reversed(missing):
             with contextlib.suppress(FileExistsError):
                 folder.mkdir()
-            _fsync_dir(folder.parent)
+            fsync_dir(folder.parent)
 
     def put_new(self, key: str, data: bytes | IO[bytes]) -> str:
         final = self._path(key)
@@ -262,7 +262,7 @@ class LocalStore(ObjectStore):
                         f"key {key} lies under another object's key in {self.url}") from None
             else:
                 raise ObjectStoreError(f"storing {key} in {self.url} kept racing a delete")
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
             return self._etag(final.stat())
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -313,7 +313,7 @@ class LocalStore(ObjectStore):
             path.unlink()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         # emptied folders go too (a concurrent put re-creates its folder: see put_new)
         folder = path.parent
         while folder != self.root:
