@@ -44,6 +44,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
+import mechanisms
 from service import budget, datasets, notify
 from service.errors import (
     BudgetExhausted,
@@ -269,6 +270,7 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
     ours: Outcome
     try:
         job = prepare(svc, body, api=True)
+        mechanism, params = job.mechanism, job.params
         request_json = job.job().to_json()
         reservation = Reservation(
             job.dataset["id"], release_id, job.cost_units, actor, job.request_fingerprint,
@@ -276,6 +278,7 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
         ours = "reserved"
     except pricing.Unpriced as unpriced:
         on_cold()
+        mechanism, params = mechanisms.get(unpriced.request.mechanism), unpriced.request.params
         request_json = unpriced.request.job().to_json()
         reservation = Reservation(unpriced.request.dataset["id"], release_id, {}, actor,
                                   unpriced.request.fingerprint, request_json, replay=False,
@@ -283,8 +286,11 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
         ours = "pricing"
     dataset_id = reservation.dataset_id
     # a store that could not take the output now: 507 or 503 (an OSError the API answers),
-    # before anything is held; a run checks again before it reads the data
-    svc.documents.check_room()
+    # before anything is held; a run checks again before it reads the data. Only where a
+    # file will hold some of the output (a table, or every result on the Valkey store): a
+    # summary's goes into the record with its commit
+    if not ledger.results_inline or mechanism.writes_table(params):
+        svc.documents.check_room()
     res = ledger.reserve(dataclasses.replace(
         reservation, idempotency_key=idempotency_key, idempotency_ttl=config.idempotency_ttl,
         at=at))
