@@ -26,7 +26,7 @@ from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.columns import clean
 from mechanisms.dp import baselines, moments, quantiles, tables
-from mechanisms.statistics import Partial, whole
+from mechanisms.statistics import Partial, compute, whole
 from tests.unit.streams import batches, streamed
 
 COLUMNS = {
@@ -233,14 +233,7 @@ def test_an_update_allocates_in_proportion_to_its_batch_not_to_the_rows(
     statistic = mech.statistic(params, cost, meta)
     tracemalloc.start()
     try:
-        while True:
-            partial = statistic.empty()
-            for batch in pieces:
-                partial = statistic.update(partial, batch)
-            following = statistic.then(partial)
-            if following is None:
-                break
-            statistic = following
+        _, partial = compute(statistic, pieces)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -23,7 +23,7 @@ from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.dp.baselines import resolve_condition
 from mechanisms.noiseless import central, passes
 from mechanisms.selection import PASSES, Selection, Source, keys, value_of
-from mechanisms.statistics import Batch, whole
+from mechanisms.statistics import Batch, compute, whole
 from tests.unit.streams import batches, streamed
 
 COLUMNS = {
@@ -170,14 +170,7 @@ def test_a_median_of_a_million_rows_allocates_in_proportion_to_its_batch() -> No
     statistic = passes.statistic(records)
     tracemalloc.start()
     try:
-        for _ in range(PASSES):
-            partial = statistic.empty()
-            for piece in pieces:
-                partial = statistic.update(partial, piece)
-            following = statistic.then(partial)
-            if following is None:
-                break
-            statistic = following
+        _, partial = compute(statistic, pieces)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
