@@ -389,7 +389,8 @@ def test_the_limiter_costs_one_round_trip_per_request(limited_app: Flask, keys: 
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The hit's script answers the window's count and expiry with the decision, and the
     headers are written from that answer: one Valkey command per request (flask-limiter's
-    fixed-window strategy read the count and the TTL again after the view: three)."""
+    fixed-window strategy read the count and the TTL again after the view: three). A
+    small limit leases one request at a time: exact, one command per request."""
     conn = limited_app.extensions[ratelimit.EXTENSION].client
     client = limited_app.test_client()
     client.get("/v1/datasets", headers=bearer(fresh_key(keys)))  # the script is loaded
@@ -414,6 +415,51 @@ def test_the_limiter_costs_one_round_trip_per_request(limited_app: Flask, keys: 
         # the window opened at the first hit, for 60 s (Reset: its end + 1, truncated)
         assert int(opened + 60) <= int(resp.headers["X-RateLimit-Reset"]) <= int(opened_by + 61)
     assert 1 <= int(resp.headers["Retry-After"]) <= 60
+
+
+def test_leases_admit_exactly_the_limit_across_processes(app: Flask, keys: KeyStore,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two API processes (two apps, each its own limiter and leases) sending one key's
+    requests in turns: together they admit exactly the window's limit, each admitted
+    request's X-RateLimit-Remaining is the window's count as its lease numbered it (all
+    distinct), and a lease saves the round trips: far fewer scripts than requests."""
+    limit = 3000
+    config = dataclasses.replace(app.config["PRIVRELEASE"], rate_limit=f"{limit}/minute")
+    apps = [create_app(config), create_app(config)]
+    sent = [0, 0]
+    for i, one in enumerate(apps):
+        limiter = one.extensions[ratelimit.EXTENSION]
+        real = limiter.script
+
+        def counted(*args: Any, _real: Any = real, _i: int = i, **kwargs: Any) -> Any:
+            sent[_i] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(limiter, "script", counted)
+    clients = [one.test_client() for one in apps]
+    token = fresh_key(keys)
+    admitted, remaining, turn = 0, [], 0
+    refused = [False, False]
+    while not all(refused):
+        turn = (turn + 1) % 2 if not refused[(turn + 1) % 2] else turn
+        resp = clients[turn].get("/v1/no-such-route", headers=bearer(token))
+        if resp.status_code == 429:
+            refused[turn] = True
+            continue
+        assert resp.status_code == 404
+        admitted += 1
+        remaining.append(int(resp.headers["X-RateLimit-Remaining"]))
+    assert admitted == limit
+    assert sorted(remaining) == list(range(limit))  # every count of the window, once
+    assert sum(sent) < limit / 2, sent  # about 256·ln(limit / 256) + 256 per process
+    # near the full window a lease is one request: the last ones were counted one by one
+    assert ratelimit.lease_size(parse(f"{limit}/minute"), limit - 255) == 1
+
+
+@pytest.mark.parametrize(("amount", "counted", "size"), [
+    (3, 0, 1), (6000, 0, 23), (6000, 5800, 1), (10_000_000, 0, 64), (16_384, 0, 64)])
+def test_lease_size_is_a_share_of_what_is_left(amount: int, counted: int, size: int) -> None:
+    assert ratelimit.lease_size(parse(f"{amount}/minute"), counted) == size
 
 
 def test_probes_metrics_and_docs_are_never_limited(limited_app: Flask,
