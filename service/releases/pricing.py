@@ -216,11 +216,14 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
                        field=work.field, work=work.units, limit=limit)
 
 
-def prepare(ledger: Store, body: dict[str, Any], *,
-            allow_seeds: bool, max_work: float | None = None) -> Prepared:
-    """Validate a release request against its mechanism and dataset; compute the cost."""
+def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
+            max_work: float | None = None,
+            found: tuple[str, set[str], str] | None = None) -> Prepared:
+    """Validate a release request against its mechanism and dataset; compute the cost.
+    ``found``: the dataset's pricing read, when the caller has one (``dataset_cache``)."""
     # the document and the measures its caps name, in one read
-    found = ledger.dataset_for_pricing(body["dataset_id"])
+    if found is None:
+        found = ledger.dataset_for_pricing(body["dataset_id"])
     if found is None:
         raise no_such_dataset()
     doc, named = json.loads(found[0]), found[1]

@@ -57,7 +57,7 @@ from service.errors import (
     Unavailable,
     idempotency_mismatch,
 )
-from service.releases import documents, pricing
+from service.releases import dataset_cache, documents, pricing
 from service.releases.queue import Queue
 from service.releases.request import JobRequest
 from service.storage import rkeys
@@ -79,6 +79,8 @@ PRICING_RETRY_AFTER = 2
 #: lives, identical cold estimates enqueue nothing more; if the job was lost, the next
 #: estimate after it expires sends another
 ESTIMATE_JOB_TTL = 120
+#: fresh reads a POST may take after its cached one (``dataset_cache``) before a 503
+FRESH_ROUNDS = 2
 
 
 #: seconds between an ``OutboxFlusher``'s deletes of published releases' outbox rows
@@ -229,14 +231,16 @@ def refusal(res: ReserveResult) -> ServiceError | None:
     return None
 
 
-def prepare(svc: Services, body: dict[str, Any], *, api: bool) -> pricing.Prepared:
+def prepare(svc: Services, body: dict[str, Any], *, api: bool,
+            found: dataset_cache.PricingRead | None = None) -> pricing.Prepared:
     """``pricing.prepare`` with this server's limits; in the API (``api``) a cold
-    precomputation raises ``pricing.Unpriced`` instead of running."""
+    precomputation raises ``pricing.Unpriced`` instead of running. ``found``: the
+    dataset's pricing read, if the caller has it."""
     config = svc.config
     scope = pricing.api_scope(config, svc.precomputed) if api else pricing.worker_scope(config)
     with scope:
         return pricing.prepare(svc.ledger, body, allow_seeds=config.allow_seeds,
-                               max_work=config.max_release_work)
+                               max_work=config.max_release_work, found=found)
 
 
 @dataclass(frozen=True)
@@ -256,20 +260,41 @@ def _nothing() -> None:
 
 
 def submit(svc: Services, body: dict[str, Any], *, actor: str,
-           idempotency_key: str | None, on_cold: Callable[[], None] = _nothing) -> Submitted:
+           idempotency_key: str | None, on_cold: Callable[[], None] = _nothing,
+           fresh: int = 0) -> Submitted:
     """Validate, reserve the cost atomically, enqueue (the synchronous POST).
 
     ``on_cold`` runs when the cost needs a cold precomputation (the API counts it against
     the estimate rate limit: a pricing job is a cold estimate's work).
+
+    The dataset's registry read comes from the process's ``dataset_cache``; a cached read
+    that refuses, or that the reservation finds ``stale``, is replaced by a fresh one and
+    the request judged again (``fresh`` counts those rounds: at most ``FRESH_ROUNDS``).
     """
     config, ledger = svc.config, svc.ledger
     callback = body.get("callback_url")
     if callback is not None and (why := notify.check_url(callback, config.callback_hosts)):
         raise Invalid(f"callback_url {why}", field="callback_url")
+    cache = dataset_cache.cache_for(ledger)
+    read = None if fresh else cache.get(body["dataset_id"])
+    cached = read is not None
+    if read is None:
+        read = cache.read(ledger, body["dataset_id"])
+        if read is None:
+            raise pricing.no_such_dataset()
+
+    def again() -> Submitted:
+        cache.drop(body["dataset_id"])
+        if fresh >= FRESH_ROUNDS:
+            raise Unavailable("the dataset's registry changed while this request was"
+                              " priced; nothing was spent, retry")
+        return submit(svc, body, actor=actor, idempotency_key=idempotency_key,
+                      on_cold=on_cold, fresh=fresh + 1)
+
     at, release_id = now_iso(), new_id()
     ours: Outcome
     try:
-        job = prepare(svc, body, api=True)
+        job = prepare(svc, body, api=True, found=read)
         mechanism, params = job.mechanism, job.params
         request_json = job.job().to_json()
         reservation = Reservation(
@@ -284,6 +309,10 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
                                   unpriced.request.fingerprint, request_json, replay=False,
                                   mode="pricing")
         ours = "pricing"
+    except ServiceError:
+        if cached:  # judged on a cached read: the registry may have changed since
+            return again()
+        raise
     dataset_id = reservation.dataset_id
     # a store that could not take the output now: 507 or 503 (an OSError the API answers),
     # before anything is held; a run checks again before it reads the data. Only where a
@@ -293,7 +322,9 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
         svc.documents.check_room()
     res = ledger.reserve(dataclasses.replace(
         reservation, idempotency_key=idempotency_key, idempotency_ttl=config.idempotency_ttl,
-        at=at))
+        at=at, stamp=read[2]))
+    if res.outcome == "stale":  # priced on a read the registry has moved past
+        return again()
     if res.release_id == release_id and res.outcome in {"replay", "idempotent"}:
         # our own reservation, re-sent after a lost reply (the record restarting): it
         # must be enqueued, not answered as someone else's release

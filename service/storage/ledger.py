@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("privrelease.ledger")
 
 Outcome = Literal["reserved", "pricing", "replay", "idempotent", "idem_mismatch", "exhausted",
-                  "retired", "version_retired", "ended", "notion_locked", "not_admitted"]
+                  "retired", "version_retired", "ended", "notion_locked", "not_admitted",
+                  "stale"]
 #: how ``Ledger.reserve`` treats the release (reserve.lua): a new release with its cost, a
 #: release created to be priced by a job (nothing held), or that release being reserved
 Mode = Literal["new", "pricing", "priced"]
@@ -107,6 +108,10 @@ class Reservation:
     replay_fingerprint: str | None = None
     #: 'dp' or 'noiseless' (``budget.notion_lock``): the notion this release locks to
     notion_lock: str = ""
+    #: the stamp of the registry read it was priced on (``Store.dataset_for_pricing``):
+    #: the store reserves nothing and answers ``stale`` if the dataset's differs now
+    #: ('': not checked)
+    stamp: str = ""
 
 
 @dataclass(frozen=True)
@@ -628,17 +633,18 @@ class Ledger:
     def dataset_documents(self, ids: list[str]) -> list[str | None]:
         return list(self.r.mget([rkeys.dataset(i) for i in ids])) if ids else []
 
-    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str], str] | None:
         """The dataset's document and the measures its caps name (``named_measures``), in
         one round trip (a pipeline, not atomic, as the two reads it replaces were not:
-        reserve.lua checks the measures again, atomically with the reservation)."""
+        reserve.lua checks the measures again, atomically with the reservation). No stamp
+        (''): reserve.lua does not check one, so no POST caches this read."""
         pipe = self.r.pipeline(transaction=False)
         pipe.get(rkeys.dataset(dataset_id))
         pipe.hkeys(rkeys.ledger(dataset_id))
         raw, fields = pipe.execute()
         if raw is None:
             return None
-        return str(raw), {f[4:] for f in fields if f.startswith("cap:")}
+        return str(raw), {f[4:] for f in fields if f.startswith("cap:")}, ""
 
     def datasets_page(self, limit: int, after: index.Cursor | None = None,
                       granted: frozenset[str] | None = None

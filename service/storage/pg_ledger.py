@@ -236,6 +236,11 @@ RESERVE_SQL = (
     "p_idempotency_ttl => %(ttl)s::integer, p_notion => %(notion)s::text, "
     "p_measures => %(measures)s::text[], p_units => %(units)s::bigint[], "
     "p_version => %(version)s::bigint, p_at => %(at)s::timestamptz)")
+#: what a registry read for pricing depends on, as one digest (of ``datasets d``'s row):
+#: the document and the measures its caps name. A reservation priced on a read checks it
+#: in its own statement, so it holds nothing on a read the dataset has moved past.
+STAMP = ("md5(d.document || ARRAY(SELECT b.measure FROM budgets b "
+         "WHERE b.dataset_id = d.id ORDER BY b.measure)::text)")
 #: what ``mark_running`` reads in ``ledger_start``'s statement: the release's request and
 #: its dataset's document
 START_READS = (
@@ -846,7 +851,13 @@ class PgLedger:
         set it locks the row alone), then the ``budgets`` rows of the measures asked and
         the actor's ``allocations`` rows of them, each set by measure: it reads the caps
         on locked rows, so two reserves never both take the last units."""
-        return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r)))
+        if not r.stamp:
+            return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r)))
+        # priced on a read the dataset may have moved past: reserve only on that one
+        checked = (f"CASE WHEN (SELECT {STAMP} FROM datasets d WHERE d.id = %(dataset)s) "
+                   f"= %(stamp)s THEN {RESERVE_SQL} "
+                   "ELSE jsonb_build_object('outcome', 'stale') END")
+        return ReserveResult(**self._call(checked, {**_reserve_params(r), "stamp": r.stamp}))
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
                actor: str) -> bool:
@@ -1156,15 +1167,16 @@ class PgLedger:
 
         return self._tx(step)
 
-    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
-        """The dataset's document and the measures its caps name, in one statement (its
-        own transaction, one snapshot: the two agree); None if no such dataset."""
-        def step(cur: Cursor) -> tuple[str, set[str]] | None:
-            cur.execute("SELECT d.document, ARRAY(SELECT b.measure FROM budgets b "
-                        "WHERE b.dataset_id = d.id) FROM datasets d WHERE d.id = %s",
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str], str] | None:
+        """The dataset's document, the measures its caps name and their ``STAMP``, in one
+        statement (its own transaction, one snapshot: the three agree); None if no such
+        dataset."""
+        def step(cur: Cursor) -> tuple[str, set[str], str] | None:
+            cur.execute(f"SELECT d.document, ARRAY(SELECT b.measure FROM budgets b "
+                        f"WHERE b.dataset_id = d.id), {STAMP} FROM datasets d WHERE d.id = %s",
                         (dataset_id,))
             row = cur.fetchone()
-            return (str(row[0]), set(row[1])) if row else None
+            return (str(row[0]), set(row[1]), str(row[2])) if row else None
 
         return self._tx(step, one_statement=True)
 

@@ -130,10 +130,12 @@ class Store(Protocol):
 
     def dataset_document(self, dataset_id: str) -> str | None: ...
 
-    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str]] | None:
+    def dataset_for_pricing(self, dataset_id: str) -> tuple[str, set[str], str] | None:
         """The dataset's document text and the measures its caps name
         (``named_measures``), read together (one statement, one round trip): what pricing a
-        request reads of the registry. None if there is no such dataset."""
+        request reads of the registry; and its stamp, which ``reserve`` checks when a
+        ``Reservation`` carries it ('' if this store has none). None if there is no such
+        dataset."""
         ...
 
     def dataset_documents(self, ids: list[str]) -> list[str | None]:

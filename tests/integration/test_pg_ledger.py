@@ -904,14 +904,17 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
     both("set_caps", nothing, {"epsilon": 100}, "op")
     assert both("recharge_interval", nothing, {}, "m") == "nothing"
     # pricing's one read: the document and the measures together, as the two reads give
-    found = both("dataset_for_pricing", reg)
-    assert found == (ledger.dataset_document(reg), ledger.named_measures(reg))
-    assert found[1] == {"epsilon", "interval_leakage"}
+    # (and a stamp on PostgreSQL only: the Valkey store's is '', never checked)
+    found = ledger.dataset_for_pricing(reg)
+    assert found is not None and valkey.dataset_for_pricing(reg) == (*found[:2], "")
+    assert found[:2] == (ledger.dataset_document(reg), ledger.named_measures(reg))
+    assert found[1] == {"epsilon", "interval_leakage"} and len(found[2]) == 32
     for one in (reg, other, legacy, nothing):
         both("budget", one)
         both("named_measures", one)
         both("allocation_scopes", one)
-        both("dataset_for_pricing", one)  # None but for reg: no document
+        if one != reg:
+            both("dataset_for_pricing", one)  # None: no document
         assert strip(valkey.events(one)) == strip(ledger.events(one)), one
 
 
@@ -1229,6 +1232,33 @@ def test_open_with_a_document_registers_it_with_its_caps_once(ledger: PgLedger,
     assert ledger.open(second, {"epsilon": 10}, "op", _doc(second), idempotency_key=key,
                        fingerprint=fp + "x") == ("idem_mismatch", first)
     assert ledger.dataset_document(second) is None and ledger.events(second) == []
+
+
+def test_a_reservation_priced_on_an_old_registry_read_is_stale(ledger: PgLedger) -> None:
+    """The pricing read's stamp covers the document and the measures its caps name: a
+    reservation carrying a stamp the dataset has moved past reserves nothing and answers
+    ``stale``; with the current stamp (or none) it reserves."""
+    ds = _ds()
+    ledger.open(ds, {"epsilon": 1000}, "op", _doc(ds))
+    read = ledger.dataset_for_pricing(ds)
+    assert read is not None
+    first = read[2]
+    assert ledger.reserve(_res(ds, {"epsilon": 1}, stamp=first)).outcome == "reserved"
+    assert ledger.dataset_for_pricing(ds) == read  # a reservation changes no stamp
+    ledger.set_caps(ds, {"delta": 10}, "op")  # a measure named: a new stamp
+    second = ledger.dataset_for_pricing(ds)
+    assert second is not None and second[2] != first
+    held = ledger.balance(ds)["epsilon"]["reserved"]
+    stale = ledger.reserve(_res(ds, {"epsilon": 1}, stamp=first))
+    assert stale.outcome == "stale" and ledger.balance(ds)["epsilon"]["reserved"] == held
+    assert ledger.reserve(_res(ds, {"epsilon": 1}, stamp=second[2])).outcome == "reserved"
+    ledger.set_caps(ds, {"epsilon": 2000}, "op")  # a cap's amount: no measure added
+    assert ledger.dataset_for_pricing(ds) == (*second[:2], second[2])
+    assert ledger.set_dataset_status(ds, "retired") is not None  # the document: a new stamp
+    third = ledger.dataset_for_pricing(ds)
+    assert third is not None and third[2] not in {first, second[2]}
+    assert ledger.reserve(_res(ds, {"epsilon": 1}, stamp=second[2])).outcome == "stale"
+    assert ledger.reserve(_res(ds, {"epsilon": 1})).outcome == "reserved"  # not checked
 
 
 def test_version_change_is_a_compare_and_set_with_its_events(ledger: PgLedger,

@@ -264,9 +264,13 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
     ledger = wiring.of(app).ledger
     real = submit.prepare
 
-    def prepare_then_retire(svc: Any, body: dict[str, Any], *, api: bool) -> Any:
-        prepared = real(svc, body, api=api)
-        datasets.change_version(ledger, ds["id"], 2, "other", retire=True)
+    retired: list[bool] = []
+
+    def prepare_then_retire(svc: Any, body: dict[str, Any], **kw: Any) -> Any:
+        prepared = real(svc, body, **kw)
+        if not retired:  # the first prepare: its reservation finds the registry moved on
+            datasets.change_version(ledger, ds["id"], 2, "other", retire=True)
+            retired.append(True)
         return prepared
 
     monkeypatch.setattr(submit, "prepare", prepare_then_retire)
