@@ -545,8 +545,8 @@ def test_a_version_step_sent_twice_changes_the_document_once(app: Flask, api: Ap
     doc = json.loads(raw)
     entry = {**datasets.version_entry(doc), "version": 2}
     new = json.dumps(datasets._version_doc(doc, entry, False))
-    idem = {"idempotency_key": f"{rkeys.P}idem:test:{ds['id']}", "fingerprint": "fp",
-            "idempotency_ttl": 60}
+    idem: dict[str, Any] = {"idempotency_key": f"{rkeys.P}idem:test:{ds['id']}",
+                            "fingerprint": "fp", "idempotency_ttl": 60}
     events = len(ledger.events(ds["id"]))
     first = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
     again = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
