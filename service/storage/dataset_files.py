@@ -10,9 +10,12 @@ A version exists iff its manifest does. Every object is written once with a cond
 put (``ObjectStore.put_new``), never renamed or linked, so nothing needs one POSIX disk
 shared by the hosts. ``commit`` puts the data object first: that put is the version's lock
 (a second writer of the version gets FileExistsError and touches nothing); then the
-secret files, then the manifest, which pins the data object's size and ETag. ``load``
-and ``batches`` refuse a data object that is not the pinned one (``ChangedObject``), so a
-replaced object is detected, never used. A failed commit leaves no manifest and removes
+secret files, then the manifest, which pins the data object's size, ETag and SHA-256
+(hashed as it is uploaded). ``load``, ``batches`` and ``files_present`` refuse a data
+object that is not the pinned one (``ChangedObject``), so a replaced object is detected,
+never used; one under another ETag with the pinned size is read whole once and accepted
+if its SHA-256 is the pinned one (the same bytes stored again: a restored directory,
+versions copied to another store). A failed commit leaves no manifest and removes
 what it put (best-effort; the orphan sweeps remove the rest after an hour), and
 ``remove`` deletes the manifest first and the data object last, so no reader sees half a
 version and the lock is the last thing to go.
@@ -39,6 +42,8 @@ the folders as objects (``aws s3 sync <data>/datasets s3://bucket/prefix/dataset
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import math
 import os
@@ -53,11 +58,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from service.storage.objects import AlreadyExists, LocalStore, NotFound, ObjectStore
+from service.storage.objects import (
+    AlreadyExists,
+    LocalStore,
+    NotFound,
+    ObjectInfo,
+    ObjectStore,
+)
 
 MANIFEST = "manifest.json"
 DATA = "data.parquet"
 FORMAT = 2
+#: bytes a data object is hashed in (its SHA-256 is pinned with its ETag)
+HASH_BYTES = 1 << 20
 #: the ``.npy`` folder format, read in place (``_legacy``)
 LEGACY_FORMAT = 1
 #: rows of a row group of narrow rows (the ingest's chunk, ``ingest.CHUNK_ROWS``): a
@@ -107,8 +120,9 @@ def _raw(dtype: np.dtype[Any]) -> bool:
         return dtype.itemsize == 0
     if dtype.kind not in _NATIVE or (not dtype.isnative and dtype.itemsize > 1):
         return True
-    if dtype.kind in "mM":
-        return np.datetime_data(dtype) not in {(unit, 1) for unit in _TIME_UNITS}
+    if dtype.kind in "mM":  # Parquet keeps times in ms, us or ns (seconds would be scaled)
+        units = _TIME_UNITS if dtype.kind == "m" else _TIME_UNITS - {"s"}
+        return np.datetime_data(dtype) not in {(unit, 1) for unit in units}
     return False
 
 
@@ -126,6 +140,10 @@ def _to_arrow(array: np.ndarray) -> pa.Array:
         width = array.dtype.itemsize
         values: pa.Array = pa.FixedSizeBinaryArray.from_buffers(
             pa.binary(width), len(flat), [None, pa.py_buffer(flat.tobytes())])
+    elif array.dtype.kind in "mM":  # by their integers: NaT is a value, not a null
+        unit = np.datetime_data(array.dtype)[0]
+        values = pa.array(flat.view(np.int64), pa.timestamp(unit) if array.dtype.kind == "M"
+                          else pa.duration(unit))
     elif array.dtype.kind in "US":  # via Python: Arrow's numpy path cuts text at a NUL
         values = pa.array(flat.tolist(), pa.string() if array.dtype.kind == "U" else pa.binary())
     else:
@@ -226,23 +244,37 @@ class DatasetStore:
             return False
         return True
 
-    def _check_pin(self, base: str, document: Mapping[str, Any]) -> None:
-        """ChangedObject unless the data object has the size and ETag the manifest pinned
-        (FileNotFoundError if it is gone)."""
+    def _check_pin(self, base: str, document: Mapping[str, Any]) -> ObjectInfo:
+        """The data object's size and ETag, after checking it is the object the manifest
+        pinned: the pinned ETag, or, under another ETag (the same bytes stored again: a
+        restored directory, versions copied to another store), the pinned size and
+        SHA-256, read whole; ChangedObject otherwise (FileNotFoundError if it is gone)."""
+        key, pinned = f"{base}/{DATA}", document["data"]
+        info = self._head(key)
+        if info.etag == pinned["etag"] and info.size == pinned["size"]:
+            return info
+        if info.size == pinned["size"] and "sha256" in pinned:
+            digest = hashlib.sha256()
+            with self.objects.open(key) as fh:
+                while chunk := fh.read(HASH_BYTES):
+                    digest.update(chunk)
+            if digest.hexdigest() == pinned["sha256"] and self._head(key) == info:
+                return info
+        raise ChangedObject(f"the data object of {base} is not the one its manifest "
+                            "pinned; refusing to read it")
+
+    def _head(self, key: str) -> ObjectInfo:
         try:
-            info = self.objects.head(f"{base}/{DATA}")
+            return self.objects.head(key)
         except NotFound:
-            raise FileNotFoundError(f"the data object of {base} is missing") from None
-        pinned = document["data"]
-        if (info.size, info.etag) != (pinned["size"], pinned["etag"]):
-            raise ChangedObject(f"the data object of {base} is not the one its manifest "
-                                "pinned; refusing to read it")
+            raise FileNotFoundError(f"the data object {key} is missing") from None
 
     @contextlib.contextmanager
     def _parquet(self, base: str, document: Mapping[str, Any]) -> Iterator[pq.ParquetFile]:
-        """The pinned data object, opened, its shape checked against the manifest; the pin
-        is checked again after the reads (a replacement while reading is refused too)."""
-        self._check_pin(base, document)
+        """The pinned data object, opened, its shape checked against the manifest; after
+        the reads it must still be the object checked (a replacement while reading is
+        refused too)."""
+        info = self._check_pin(base, document)
         with self.objects.open(f"{base}/{DATA}") as fh:
             parquet = pq.ParquetFile(fh)
             entries = document["columns"]
@@ -250,7 +282,8 @@ class DatasetStore:
                     or parquet.schema_arrow.names != [f"c{i}" for i in range(len(entries))]):
                 raise ChangedObject(f"the data object of {base} does not match its manifest")
             yield parquet
-        self._check_pin(base, document)
+        if self._head(f"{base}/{DATA}") != info:
+            raise ChangedObject(f"the data object of {base} changed while it was read")
 
     def load(self, dataset_id: str, version: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The stored manifest and the columns, in stored order, read into memory
@@ -546,6 +579,22 @@ def _legacy_file(entry: Mapping[str, Any]) -> str:
     return file
 
 
+class _Hashing(io.RawIOBase):
+    """A binary file read through, hashing what is read (the upload's one pass)."""
+
+    def __init__(self, stream: io.BufferedReader) -> None:
+        super().__init__()
+        self._stream, self.digest = stream, hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        size = self._stream.readinto(buffer)
+        self.digest.update(memoryview(buffer)[:size])
+        return size
+
+
 def _removal_order(key: str) -> tuple[int, str]:
     """The manifest first, the data object (the version's lock) last."""
     name = key.rsplit("/", 1)[-1]
@@ -678,14 +727,16 @@ class StagedVersion:
         size = self._path.stat().st_size
         try:
             with open(self._path, "rb") as fh:
-                etag = objects.put_new(f"{base}/{DATA}", fh)
+                hashing = _Hashing(fh)
+                etag = objects.put_new(f"{base}/{DATA}", io.BufferedReader(hashing, HASH_BYTES))
         except AlreadyExists:
             raise FileExistsError(f"dataset {dataset_id} version {version} already exists"
                                   ) from None
         entries = [{**e, "shape": [self._rows, *e["shape"][1:]]} for e in self._entries]
         document = {"format": FORMAT, "manifest": manifest, "columns": entries,
                     "rows": self._rows, "group_rows": self._group,
-                    "data": {"key": DATA, "size": size, "etag": etag}}
+                    "data": {"key": DATA, "size": size, "etag": etag,
+                             "sha256": hashing.digest.hexdigest()}}
         text = json.dumps(document, allow_nan=False, ensure_ascii=False, indent=1)
         put = [f"{base}/{DATA}"]
         try:

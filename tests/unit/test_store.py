@@ -3,6 +3,7 @@ object-store backends (a local directory, and a real S3-protocol server on loopb
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import threading
@@ -168,7 +169,9 @@ def test_manifest_pins_a_positional_plain_parquet_object(store: DatasetStore) ->
     assert [(c["name"], c["column"], c["dtype"]) for c in doc["columns"]] == [
         ("age", "c0", "<i8"), ("wage", "c1", "<f8"), ("race", "c2", "<i8")]
     info = store.objects.head("datasets/a/v3/data.parquet")
-    assert doc["data"] == {"key": "data.parquet", "size": info.size, "etag": info.etag}
+    body = store.objects.get("datasets/a/v3/data.parquet")
+    assert doc["data"] == {"key": "data.parquet", "size": info.size, "etag": info.etag,
+                           "sha256": hashlib.sha256(body).hexdigest()}
     with store.objects.open("datasets/a/v3/data.parquet") as fh:
         meta = pq.ParquetFile(fh).metadata
         assert meta.schema.names == ["c0", "c1", "c2"]
@@ -407,16 +410,43 @@ def test_a_changed_data_object_is_refused(store: DatasetStore) -> None:
 
 
 def test_a_data_object_changed_in_place_is_refused(tmp_path: Path) -> None:
-    """On a local directory a file rewritten in place keeps its name: its ETag (size,
-    modification time, inode) changes all the same."""
+    """On a local directory a file rewritten in place keeps its name and size: its ETag
+    (size, modification time, inode) changes, and its SHA-256 tells other bytes from
+    the same bytes written again."""
     store = DatasetStore(LocalStore(tmp_path / "o"), staging_dir=tmp_path / "s")
     store.write("ds", 1, {}, {"a": np.zeros(3)})
     path = tmp_path / "o" / "datasets" / "ds" / "v1" / "data.parquet"
     body = path.read_bytes()
+    pinned = document(store, "ds", 1)["data"]
     time.sleep(0.01)
-    path.write_bytes(body)  # the same bytes, written again
+    path.write_bytes(body)  # the same bytes, written again: a new ETag, the same object
+    assert store.objects.head("datasets/ds/v1/data.parquet").etag != pinned["etag"]
+    assert store.files_present("ds", 1) and store.load("ds", 1)[1]["a"].tolist() == [0.0] * 3
+    at = body.index(np.zeros(3).tobytes())  # the plain page of the three zeros
+    path.write_bytes(body[:at] + np.ones(3).tobytes() + body[at + 24:])
+    assert path.stat().st_size == pinned["size"]
+    assert not store.files_present("ds", 1)
     with pytest.raises(ChangedObject):
         store.load("ds", 1)
+
+
+def test_versions_copied_to_another_store_load_there(store: DatasetStore,
+                                                     tmp_path: Path) -> None:
+    """Objects copied to another store (a migration to S3, a restored directory) get
+    other ETags; their pinned SHA-256 shows they are the versions stored."""
+    manifest, columns = sample()
+    store.write("ds", 1, manifest, columns)
+    copy = DatasetStore(LocalStore(tmp_path / "copy"), staging_dir=tmp_path / "s")
+    for key in keys(store):
+        copy.objects.put_new(key, store.objects.get(key))
+    pinned = document(store, "ds", 1)["data"]
+    assert copy.objects.head("datasets/ds/v1/data.parquet").etag != pinned["etag"]
+    assert copy.files_present("ds", 1)
+    got_manifest, got = copy.load("ds", 1)
+    assert got_manifest == manifest
+    for name, values in columns.items():
+        np.testing.assert_array_equal(got[name], values)
+    assert len(list(copy.batches("ds", 1))) == 1
 
 
 def test_load_refuses_a_foreign_manifest(store: DatasetStore) -> None:
