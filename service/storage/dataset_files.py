@@ -34,7 +34,8 @@ shared), one chunk at a time, and ``commit`` streams it to the store.
 
 Versions written before this format (a folder of ``c<i>.npy`` files with a manifest of
 ``format`` 1, possibly under another prefix: release tables were under ``releases/``)
-are read in place, read-only, through the same store (``_legacy``); no conversion runs.
+are read in place, read-only, through the same store (``_legacy_load``; and
+``_legacy_batches``, by byte ranges); no conversion runs.
 Under the default ``file://`` store they are where they were; to move them to S3, copy
 the folders as objects (``aws s3 sync <data>/datasets s3://bucket/prefix/datasets``).
 """
@@ -71,7 +72,7 @@ DATA = "data.parquet"
 FORMAT = 2
 #: bytes a data object is hashed in (its SHA-256 is pinned with its ETag)
 HASH_BYTES = 1 << 20
-#: the ``.npy`` folder format, read in place (``_legacy``)
+#: the ``.npy`` folder format, read in place (``_legacy_load``)
 LEGACY_FORMAT = 1
 #: rows of a row group of narrow rows (the ingest's chunk, ``ingest.CHUNK_ROWS``): a
 #: writer buffers one group of every column, a reader one group of the columns it reads
