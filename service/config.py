@@ -277,11 +277,19 @@ class Config:
 
     @property
     def datasets_dir(self) -> Path:
+        """Dataset versions of the default ``file://`` store (``datasets/`` keys)."""
         return self.data_dir / "datasets"
 
     @property
+    def staging_dir(self) -> Path:
+        """This host's scratch folder: uploads and release tables are written here before
+        they are stored (``dataset_files.DatasetStore.staging``); never shared."""
+        return self.data_dir / ".staging"
+
+    @property
     def releases_dir(self) -> Path:
-        """Privatized microdata of releases (tables served as CSV)."""
+        """Release documents (``release_documents``); tables written before they moved to
+        the object store (``tables/``) are read here too."""
         return self.data_dir / "releases"
 
     @property

@@ -1,5 +1,6 @@
 """Dataset registry: metadata in the system of record (``service.storage.store``),
-columns on disk, caps in the ledger.
+columns as objects of the object store (``service.storage.dataset_files``), caps in the
+ledger.
 
 Registration is all-or-nothing: files are written atomically first, then
 metadata and caps go to the record in one step (``Store.open``, at most once);
@@ -7,7 +8,7 @@ if that fails the files are removed, so a refused or failed upload leaves
 nothing behind (files whose registration may have been stored stay until
 the orphan sweep knows it was not). Columns
 arrive in chunks and go straight to disk, so an upload never holds a whole
-dataset in memory.
+dataset in memory: they are staged in a local file and stored in one conditional step.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from mechanisms import precompute
 from service.config import Config
 from service.releases import pricing
 from service.releases.queue import Queue, make_celery
-from service.storage import database, rkeys
+from service.storage import database, objects, rkeys
 from service.storage.analysis_store import AnalysisStore
 from service.storage.dataset_files import DatasetStore
 from service.storage.durable import Replication
@@ -47,7 +47,8 @@ Role = Literal["api", "worker", "sweeper"]
 class Services:
     """What the release pipeline works with: the config, Valkey, the ledger, the stores
     (dataset versions, release documents, release tables, precomputations, keys and
-    analyses) and the job queue."""
+    analyses) and the job queue. Dataset versions and release tables share one object
+    store (``objects.from_config``: PRIVRELEASE_STORAGE_URL)."""
 
     config: Config
     client: redis.Redis
@@ -107,8 +108,10 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
         ledger = Ledger(client, replication=replication, documents=documents, audit=audit)
     if not config.database_url:
         keys, analyses = ValkeyKeyStore(client), ValkeyAnalysisStore(client)
-    return Services(config, client, ledger, documents, DatasetStore(config.datasets_dir),
-                    OutputStore(config.releases_dir),
+    store = objects.from_config(config)  # dataset versions and release tables
+    return Services(config, client, ledger, documents,
+                    DatasetStore(store, staging_dir=config.staging_dir),
+                    OutputStore(store, config.staging_dir),
                     Queue(celery if celery is not None else make_celery(config)),
                     pricing.precomputed(config), keys, analyses)
 

@@ -25,7 +25,7 @@ from service.api.schemas import (
 from service.plotting import FORMATS, analysis_figure, bar_figure, render
 from service.plotting import release_figure as release_figure_of
 from service.releases import documents, pricing
-from service.storage.release_tables import OutputStore, csv_chunks
+from service.storage.release_tables import csv_chunks
 from service.storage.store import Fields
 
 blp = Blueprint("outputs", __name__, url_prefix="/v1/releases",
@@ -63,8 +63,7 @@ def data(release_id: str) -> Response:
     """The privatized microdata as CSV, one row per released record, in the dataset's secret
     row order (the same for every release of the dataset; see mechanisms.rows)."""
     h, _ = _succeeded_fields(release_id)
-    config = current_app.config["PRIVRELEASE"]
-    table = OutputStore(config.releases_dir).load(release_id, documents.table_attempt(h))
+    table = wiring.current().outputs.load(release_id, documents.table_attempt(h))
     if table is None:
         raise APIError(404, "this release has no record-level data", code="not_found")
     headers = {"Content-Disposition": f'attachment; filename="{release_id}.csv"'}
@@ -157,7 +156,7 @@ def create(body: dict[str, Any], release_id: str) -> dict[str, Any]:
                        code="validation_error", field="releases")
     store = wiring.current().analyses
     config = current_app.config["PRIVRELEASE"]
-    outputs = OutputStore(config.releases_dir)
+    outputs = wiring.current().outputs
     other_docs = []
     for i, other in enumerate(others):
         other_doc = _succeeded(other, field=f"releases.{i}")

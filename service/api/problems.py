@@ -12,6 +12,7 @@ from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
 from service.errors import STORAGE_DOWN, STORAGE_FULL, ServiceError
+from service.storage.objects import Unavailable as ObjectStoreUnavailable
 from service.storage.release_documents import DocumentMissing
 from service.storage.store import POSTGRES_DOWN
 
@@ -131,6 +132,15 @@ def _from_os_error(err: OSError) -> Response:
                                 "the server's storage is unavailable; nothing was stored"))
 
 
+def _from_object_store_down(err: ObjectStoreUnavailable) -> Response:
+    """The object store (S3) did not answer: 503 to retry. An upload that met it stored
+    no version (its manifest is written last) and removed what it put, if it could.
+    Logged with the error type only (the message names the endpoint)."""
+    log.error("object store unavailable", extra={"error_type": type(err).__name__})
+    return _retry_later(problem(503, "storage_unavailable",
+                                "the server's storage is unavailable; retry later"))
+
+
 def _from_missing_document(err: DocumentMissing) -> Response:
     """A release's stored document cannot be read (the shared folder is not mounted or
     lost): 503 for an operator to fix and a client to retry; the record still exists."""
@@ -213,5 +223,6 @@ def register(app: Flask) -> None:
     for error in UNAVAILABLE:
         app.register_error_handler(error, _from_unavailable)
     app.register_error_handler(OSError, _from_os_error)
+    app.register_error_handler(ObjectStoreUnavailable, _from_object_store_down)
     app.register_error_handler(DocumentMissing, _from_missing_document)
     app.register_error_handler(Exception, _unhandled)

@@ -43,7 +43,7 @@ from service.config import ENV_PREFIX, Config
 from service.processes import schema
 from service.processes.postgres import EmbeddedPostgres
 from service.processes.valkey import EmbeddedValkey
-from service.storage import database, rkeys, valkey_migration
+from service.storage import database, objects, rkeys, valkey_migration
 from service.storage.dataset_files import DatasetStore
 from service.storage.event_archive import AuditArchive
 from service.storage.ledger import Ledger
@@ -226,7 +226,8 @@ class Standalone:
             return 1
         try:
             self.config.data_dir.mkdir(parents=True, exist_ok=True)
-            DatasetStore(self.config.datasets_dir).sweep_tmp()
+            DatasetStore(objects.from_config(self.config),
+                         staging_dir=self.config.staging_dir).sweep_tmp()
             try:
                 database_url = self._database()
             except NoDatabase as err:

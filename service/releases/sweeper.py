@@ -152,6 +152,7 @@ from service.releases.submit import OUTBOX_GRACE, enqueue
 from service.storage import rkeys
 from service.storage.dataset_files import DatasetStore
 from service.storage.ledger import NO_LEASE
+from service.storage.objects import ObjectStoreError
 from service.storage.release_tables import OutputStore
 from service.storage.store import DOWN, PRICING, RUN, Store
 from service.wiring import Services
@@ -170,6 +171,8 @@ LOCK = rkeys.P + "sweeper:lock"
 ORPHAN_LOCK = rkeys.P + "sweeper:orphans"
 #: what an hourly orphan sweep survives: a file system or the record away for a moment
 HICCUPS: tuple[type[Exception], ...] = (OSError, *DOWN)
+#: ... and the object store's errors, for the orphan sweeps (they list and delete objects)
+SWEEP_HICCUPS: tuple[type[Exception], ...] = (*HICCUPS, ObjectStoreError)
 #: seconds between sweeps for dataset files without metadata (one worker at a time)
 ORPHAN_INTERVAL = 3600.0
 #: times a gone job that had not read its data is re-sent before it is refunded
@@ -412,16 +415,16 @@ def sweep_orphans_if_due(client: redis.Redis, ledger: Store, store: DatasetStore
 
 def sweep_orphans(ledger: Store, store: DatasetStore,
                   older_than: float = ORPHAN_INTERVAL) -> list[str]:
-    """Remove the folders of unregistered datasets, then the version folders of
-    registered datasets whose version is not registered, both untouched for
-    ``older_than`` s; returns what went (``<id>`` for a dataset, ``<id>/v<k>`` for a
-    version). Files whose registration can not be read stay (a Valkey error: all of
+    """Remove the versions of unregistered datasets, then the versions of registered
+    datasets whose number is not registered, both untouched for ``older_than`` s; returns
+    what went (``<id>`` for a dataset, ``<id>/v<k>`` for a version). Files whose
+    registration can not be read stay (a Valkey error, or the object store away: all of
     them, until the next hour).
     """
     try:
         registered = set(ledger.dataset_ids())
         removed = store.sweep_orphans(registered, older_than)
-    except HICCUPS as err:  # a hiccup: try again next hour
+    except SWEEP_HICCUPS as err:  # a hiccup: try again next hour
         log.warning("orphan sweep failed", extra={"error": type(err).__name__})
         return []
     for dataset_id in removed:
@@ -429,7 +432,7 @@ def sweep_orphans(ledger: Store, store: DatasetStore,
     try:
         versions = store.sweep_orphan_versions(
             registered, lambda ids: registered_versions(ledger, ids), older_than)
-    except HICCUPS as err:
+    except SWEEP_HICCUPS as err:
         log.warning("orphan version sweep failed", extra={"error": type(err).__name__})
         return removed
     for dataset_id, version in versions:

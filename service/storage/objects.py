@@ -97,6 +97,13 @@ def _retrying_conflicts(write: Callable[[], Any]) -> Any:
     raise AssertionError("unreachable")
 
 
+class Listed(NamedTuple):
+    """A key a listing found and when its object was last written (epoch seconds)."""
+
+    key: str
+    modified: float
+
+
 class ObjectInfo(NamedTuple):
     """An object's size in bytes and its version tag (opaque: equal tags, same object)."""
 
@@ -151,6 +158,11 @@ class ObjectStore(ABC):
     @abstractmethod
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys starting with ``prefix``, in ascending order, read a page at a time."""
+
+    @abstractmethod
+    def listed(self, prefix: str = "") -> Iterator[Listed]:
+        """As ``list``, each key with its last modification time (for sweeps: a
+        temporary object is removed only once it is old)."""
 
     @abstractmethod
     def delete(self, key: str) -> None:
@@ -290,6 +302,13 @@ class LocalStore(ObjectStore):
         folder, _, start = prefix.rpartition("/")
         yield from self._walk(self.root / folder if folder else self.root,
                               folder + "/" if folder else "", start)
+
+    def listed(self, prefix: str = "") -> Iterator[Listed]:
+        for key in self.list(prefix):
+            try:
+                yield Listed(key, (self.root / key).stat().st_mtime)
+            except FileNotFoundError:  # deleted since it was listed
+                continue
 
     def _walk(self, path: Path, above: str, start: str) -> Iterator[str]:
         """Keys under ``path`` (whose keys begin ``above``) whose next segment starts
@@ -537,6 +556,9 @@ class S3Store(ObjectStore):
         return ObjectInfo(int(answer["ContentLength"]), str(answer["ETag"]).strip('"'))
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        return (item.key for item in self.listed(prefix))
+
+    def listed(self, prefix: str = "") -> Iterator[Listed]:
         check_prefix(prefix)
         client = self._both()[0]
         base = self.prefix + "/" if self.prefix else ""
@@ -548,7 +570,7 @@ class S3Store(ObjectStore):
             page = self._call("listing", prefix or "all keys", client.list_objects_v2,
                               **kwargs)
             for item in page.get("Contents", []):
-                yield str(item["Key"])[len(base):]
+                yield Listed(str(item["Key"])[len(base):], item["LastModified"].timestamp())
             if not page.get("IsTruncated"):
                 return
             token = page["NextContinuationToken"]

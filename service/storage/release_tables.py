@@ -1,13 +1,16 @@
 """Privatized microdata of releases: stored columnar beside the datasets, served as CSV.
 
-Each run of a release writes its table (atomically, by the columnar store)
-under its own attempt number, ``<root>/<release_id>/v<attempt>``, before the
-ledger commits; the commit script records which attempt's table is the
+Each run of a release writes its table (a version of the columnar store,
+``dataset_files``: immutable Parquet objects, committed by a conditional put) under
+its own attempt number, ``tables/<release_id>/v<attempt>`` in the object store,
+before the ledger commits; the commit script records which attempt's table is the
 release's, in the same step that checks the run still holds the job's lease.
 So a committed release always has its table, no run ever replaces another's
-(a folder is never rewritten), and ``/data`` serves exactly the run whose
+(an object is never rewritten), and ``/data`` serves exactly the run whose
 output is the release's result. A run that loses the commit removes its own
-folder; the winner removes those of runs that died before committing.
+table; the winner removes those of runs that died before committing. Tables
+stored before (``.npy`` folders under ``releases/<release_id>/v<attempt>``) are
+read in place.
 
 The CSV is for spreadsheets as much as for code, and its text cells carry
 operator-chosen names (categories, column names), so it follows the OWASP
@@ -27,6 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from service.storage.dataset_files import DatasetStore
+from service.storage.objects import ObjectStore
+
+#: the store's key prefix of release tables, and where the ``.npy`` folders were
+PREFIX, LEGACY_PREFIX = "tables", "releases"
 
 #: tables up to this many rows are also copied into ``result.records``
 INLINE_ROWS = 100
@@ -55,10 +62,12 @@ def _plain(values: np.ndarray) -> np.ndarray:
 
 
 class OutputStore:
-    """Release tables under ``root``: one immutable folder per run of a release."""
+    """Release tables in ``objects``: one immutable version per run of a release
+    (``staging_dir``: the local folder a table is written to before it is stored)."""
 
-    def __init__(self, root: Path) -> None:
-        self.store = DatasetStore(root)
+    def __init__(self, objects: ObjectStore, staging_dir: Path | None = None) -> None:
+        self.store = DatasetStore(objects, PREFIX, legacy_prefix=LEGACY_PREFIX,
+                                  staging_dir=staging_dir)
 
     def save(self, release_id: str, attempt: int, table: Mapping[str, np.ndarray]) -> int:
         """Store run ``attempt``'s table; returns its rows. FileExistsError if that run
@@ -82,16 +91,8 @@ class OutputStore:
 
     def prune(self, release_id: str, keep: int | None) -> list[int]:
         """Remove every run's table but ``keep`` (None: all); returns the attempts removed."""
-        folder = self.store.root / release_id
-        if not folder.is_dir():
-            return []
-        removed = []
-        for version in folder.glob("v*"):
-            attempt = int(version.name[1:]) if version.name[1:].isdigit() else None
-            if attempt is not None and attempt != keep and self.store.remove(release_id,
-                                                                               attempt):
-                removed.append(attempt)
-        return sorted(removed)
+        return [attempt for attempt in self.store.versions(release_id)
+                if attempt != keep and self.store.remove(release_id, attempt)]
 
 
 def records(table: Mapping[str, np.ndarray]) -> list[dict[str, object]]:

@@ -64,6 +64,7 @@ def probe(mode: str, path: str) -> dict[str, Any]:
 
     from service import ingest
     from service.storage.dataset_files import DatasetStore
+    from service.storage.objects import LocalStore
     from tests.large.large_data import METADATA
 
     spec = ingest.parse_metadata(METADATA)
@@ -85,7 +86,8 @@ def probe(mode: str, path: str) -> dict[str, Any]:
         rows = pq.read_table(path).num_rows
     elif mode == "upload_csv":
         with tempfile.TemporaryDirectory(dir=Path(path).parent) as tmp, \
-                DatasetStore(Path(tmp)).staging() as staged, open(path, "rb") as fh:
+                DatasetStore(LocalStore(Path(tmp)), staging_dir=Path(tmp)).staging() \
+                as staged, open(path, "rb") as fh:
             for chunk in ingest.iter_upload(fh, spec, max_rows=10**9):
                 staged.append(chunk)
             rows = staged.n_rows

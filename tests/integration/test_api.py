@@ -106,7 +106,7 @@ def test_upload_failing_after_stored_chunks_leaves_nothing(
     assert resp.status_code == 422 and resp.get_json()["field"] == "file.columns.age"
     assert "line 11" in resp.get_json()["detail"]
     assert _dataset_dirs(data_dir) == before
-    assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
+    assert not any((data_dir / ".staging").glob("stage-*"))
     resp = api.upload(people_csv(9), PEOPLE_META)  # the same path, all chunks good
     assert resp.status_code == 201 and resp.get_json()["n_rows"] == 9
 
@@ -178,7 +178,7 @@ def test_refused_upload_never_shows_a_cell_in_the_answer_or_the_logs(
         if record.exc_info:
             assert SECRET not in "".join(map(str, record.exc_info[1:2]))
     assert _dataset_dirs(data_dir) == before
-    assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
+    assert not any((data_dir / ".staging").glob("stage-*"))
 
 
 def test_oversized_upload_is_413(api: Api, data_dir: Path) -> None:

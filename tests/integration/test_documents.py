@@ -27,6 +27,7 @@ from service.releases.run import settle_files
 from service.storage import database, rkeys
 from service.storage.analysis_store import AnalysisStore
 from service.storage.ledger import Ledger, Reservation
+from service.storage.objects import LocalStore
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import (
     RESULT_ATTEMPT,
@@ -142,7 +143,7 @@ def test_only_the_run_settle_recorded_is_ever_read(backend: Backend, tmp_path: P
     """A run that stalled past its lease wrote its result file; the run that took the job
     over commits: the document is the second run's, the first run's file is removed by the
     winner, and the stalled run's late commit changes nothing and keeps nothing."""
-    docs, outputs = DocumentStore(tmp_path), OutputStore(tmp_path)
+    docs, outputs = DocumentStore(tmp_path), OutputStore(LocalStore(tmp_path / "objects"))
     ledger = backend.ledger(docs)
     ds, rid = _reserved(ledger)
     stalled = ledger.mark_running(rid, "host")

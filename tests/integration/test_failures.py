@@ -25,7 +25,6 @@ from service.api.app import create_app
 from service.releases import pricing, submit
 from service.releases.run import FAILED_AFTER_READ, MAX_RUNS
 from service.storage import rkeys
-from service.storage.dataset_files import DatasetStore
 from service.storage.ledger import Reservation
 from tests.conftest import ROOT, wait_for_worker
 from tests.integration import failing_mechanism
@@ -59,7 +58,7 @@ def rig(redis_url: str, service_env: dict[str, str], app: Flask, data_dir: Path,
                                                    database_url=db))
         apikeys.create(wiring.of(flask_app).keys, "operator", token=TOKEN)
         yield {"app": flask_app, "api": Api(flask_app.test_client()), "log": log,
-               "store": DatasetStore(data_dir / "datasets")}
+               "store": wiring.of(flask_app).datasets}
         close(flask_app)
     finally:
         failing_mechanism.uninstall()

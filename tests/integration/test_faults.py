@@ -45,7 +45,6 @@ from service.api.problems import PROBLEM_TYPE, RETRY_AFTER_SECONDS
 from service.releases import sweeper
 from service.releases.queue import Queue, make_celery
 from service.storage import database, rkeys
-from service.storage.dataset_files import DatasetStore
 from service.storage.pg_analyses import PgAnalysisStore
 from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import RETRIES, PgLedger
@@ -294,7 +293,7 @@ def test_upload_whose_registration_meets_a_dead_valkey_leaves_no_files(
     api = Api(flask_app.test_client())
     files_before = _files(rig["data_dir"])
     datasets_before = api.get("/v1/datasets").get_json()
-    staging = rig["data_dir"] / "datasets" / ".tmp"
+    staging = wiring.of(rig["app"]).datasets.staging_dir
     staged_before = set(staging.iterdir()) if staging.exists() else set()
     killed = threading.Event()
 
@@ -324,11 +323,11 @@ def test_upload_whose_registration_meets_a_dead_valkey_leaves_no_files(
     client = rkeys.connect(url)
     # Valkey could not say whether the registration was stored, so its files waited for
     # the orphan sweep, which removes them now that the id is known to be unregistered
-    store = DatasetStore(rig["data_dir"] / "datasets")
+    store = wiring.of(rig["app"]).datasets
     orphans = store.sweep_orphans(set(client.zrange(rkeys.DATASETS, 0, -1)), older_than=0)
     assert len(orphans) == 1
     assert _files(rig["data_dir"]) == files_before
-    leftovers = [p for p in (rig["data_dir"] / "datasets").iterdir()
+    leftovers = [p for p in (rig["data_dir"] / "datasets").glob("*")
                  if p.name != ".tmp" and p.name not in {d["id"] for d in datasets_before}]
     assert leftovers == []
 
@@ -430,9 +429,9 @@ def test_upload_whose_registration_reply_is_lost_keeps_its_files(
         proxy.close()
     direct = Api(rig["app"].test_client())
     (dataset,) = {d["id"] for d in direct.get("/v1/datasets").get_json()} - before
-    assert DatasetStore(rig["data_dir"] / "datasets").exists(dataset, 1)
+    assert wiring.of(rig["app"]).datasets.exists(dataset, 1)
     client = rkeys.connect(url)
-    assert dataset not in DatasetStore(rig["data_dir"] / "datasets").sweep_orphans(
+    assert dataset not in wiring.of(rig["app"]).datasets.sweep_orphans(
         set(client.zrange(rkeys.DATASETS, 0, -1)), older_than=0)
     release = direct.post("/v1/releases", {
         "dataset_id": dataset, "mechanism": "geometric", "budget": {"epsilon": 0.5},
@@ -584,7 +583,7 @@ def test_upload_whose_registration_meets_a_dead_database_leaves_no_files(
     api = Api(flask_app.test_client())
     files_before = _files(rig["data_dir"])
     datasets_before = api.get("/v1/datasets").get_json()
-    staging = rig["data_dir"] / "datasets" / ".tmp"
+    staging = wiring.of(rig["app"]).datasets.staging_dir
     staged_before = set(staging.iterdir()) if staging.exists() else set()
     killed = threading.Event()
 
@@ -608,7 +607,7 @@ def test_upload_whose_registration_meets_a_dead_database_leaves_no_files(
 
     assert _answers_again(api, "/v1/datasets").get_json() == datasets_before
     ledger = wiring.of(flask_app).ledger
-    store = DatasetStore(rig["data_dir"] / "datasets")
+    store = wiring.of(rig["app"]).datasets
     orphans = store.sweep_orphans(set(ledger.dataset_ids()), older_than=0)
     assert len(orphans) == 1
     assert _files(rig["data_dir"]) == files_before
@@ -796,7 +795,7 @@ def test_upload_whose_registration_reply_is_lost_keeps_its_files_on_postgres(
     finally:
         losing.real.close()
     (dataset,) = {d["id"] for d in direct.get("/v1/datasets").get_json()} - before
-    store = DatasetStore(rig["data_dir"] / "datasets")
+    store = wiring.of(rig["app"]).datasets
     assert store.exists(dataset, 1)
     ledger = wiring.of(rig["app"]).ledger
     assert dataset not in store.sweep_orphans(set(ledger.dataset_ids()), older_than=0)

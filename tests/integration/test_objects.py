@@ -277,6 +277,20 @@ def test_listing_pages_and_order(store: ObjectStore) -> None:
     assert list(store.list("a/")) == ["a/b", "a/b-x/y"]
     assert list(store.list("a/b")) == ["a/b", "a/b-x/y"]
     assert list(store.list("nothing/")) == []
+    with_times = list(store.listed("many/"))
+    assert [item.key for item in with_times] == keys
+
+
+def test_listed_keys_carry_their_write_times(store: ObjectStore) -> None:
+    """What the orphan sweeps read: each key's last write, within S3's one second."""
+    before = time.time()
+    store.put_new("t/a", b"x")
+    store.put_new("t/b", b"y")
+    after = time.time()
+    listed = list(store.listed("t/"))
+    assert [item.key for item in listed] == ["t/a", "t/b"]
+    assert all(before - 1.0 <= item.modified <= after + 1.0 for item in listed)
+    assert list(store.listed("none/")) == []
 
 
 BAD_KEYS: list[Any] = [

@@ -6,12 +6,12 @@ import base64
 import json
 import os
 import stat
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from service import datasets, wiring
+from service.storage.objects import LocalStore
 from tests.integration.conftest import Api
 
 CATS = ["a", "b", "c", "d", "e"]
@@ -95,13 +95,15 @@ def test_keep_row_order_leaves_the_dataset_order(api: Api, worker: Any) -> None:
 
 
 def test_row_key_is_private(api: Api, worker: Any) -> None:
-    """32 owner-only bytes in the dataset's folder that no API response contains, in any
+    """32 owner-only bytes beside the dataset's data object that no API response contains, in any
     encoding (raw, hex, base64)."""
     x = np.random.default_rng(5).integers(0, 5, N)
     ds = _upload(api, x)
     rel = _release(api, ds, "subset.uniform", {"column": "x"}, {"subset_draws": 1})
     store = wiring.of(api.client.application).datasets
-    path = Path(store.path(ds, 1)) / datasets.ROW_KEY
+    objects = store.objects
+    assert isinstance(objects, LocalStore)  # the session's default store: the data directory
+    path = objects.root / store.key(ds, 1) / datasets.ROW_KEY
     key = path.read_bytes()
     assert len(key) == 32 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
     needles = [key, key.hex().encode(), key.hex().upper().encode(), base64.b64encode(key),

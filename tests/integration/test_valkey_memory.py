@@ -41,6 +41,7 @@ from service.storage import rkeys
 from service.storage.dataset_files import DatasetStore
 from service.storage.event_archive import AuditArchive
 from service.storage.ledger import Ledger, Reservation
+from service.storage.objects import LocalStore
 from service.storage.release_documents import DocumentStore
 from service.storage.release_tables import OutputStore
 from tests.integration.conftest import PEOPLE_META
@@ -87,7 +88,8 @@ def _rig(client: redis.Redis, root: Path) -> Rig:
     docs = DocumentStore(root / "releases")
     archive = AuditArchive(root / "audit")
     ledger = Ledger(client, documents=docs, audit=archive)
-    store = DatasetStore(root / "datasets")
+    objects = LocalStore(root)
+    store = DatasetStore(objects, staging_dir=root / ".staging")
     spec = parse_metadata(PEOPLE_META)
     caps = budget.parse_caps(spec.budgets, list(spec.columns))
     # the cap is raised far above the test's total spend, so no reservation is refused
@@ -104,8 +106,8 @@ def _rig(client: redis.Redis, root: Path) -> Rig:
                                  datasets.meta(doc), np.random.default_rng(1))
     output_json = to_json({"result": dict(out.result), "accuracy": out.accuracy,
                            "guarantee": out.guarantee})
-    return Rig(client, ledger, docs, archive, OutputStore(root / "releases"), doc, prepared,
-               output_json)
+    return Rig(client, ledger, docs, archive, OutputStore(objects, root / ".staging"), doc,
+               prepared, output_json)
 
 
 def finished_release(rig: Rig, i: int) -> str:

@@ -342,10 +342,12 @@ def test_the_orphan_sweep_removes_old_unregistered_version_folders(
     folder = data_dir / "datasets" / ds["id"]
     old = time.time() - 2 * sweeper.ORPHAN_INTERVAL
     (folder / "v9").mkdir()
-    (folder / "v9" / "c0.npy").touch()
+    (folder / "v9" / "data.parquet").touch()  # a commit that died before its manifest
     for name in ("v1", "v2", "v9"):
-        os.utime(folder / name, (old, old))
+        for path in (folder / name).iterdir():
+            os.utime(path, (old, old))
     (folder / "v10").mkdir()  # fresh: an upload that is registering now
+    (folder / "v10" / "data.parquet").touch()
     client, store = wiring.of(app).client, wiring.of(app).datasets
     # the session worker's own hourly sweep must not take the folder first
     client.set(sweeper.ORPHAN_LOCK, "test", px=600_000)
@@ -394,7 +396,7 @@ def test_incompatible_metadata_is_422_naming_the_field_and_leaves_nothing(
     assert before[0] is not None
     assert (ledger.dataset_document(ds["id"]), _version_dirs(data_dir, ds["id"]),
             len(ledger.events(ds["id"]))) == before
-    assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
+    assert not any((data_dir / ".staging").glob("stage-*"))
 
 
 def test_compatible_change_needs_the_declaration_and_bad_cells_leave_nothing(
@@ -415,7 +417,7 @@ def test_compatible_change_needs_the_declaration_and_bad_cells_leave_nothing(
     assert resp.status_code == 422 and resp.get_json()["field"] == "file.columns.age"
     assert "12345" not in resp.get_data(as_text=True)
     assert (ledger.dataset_document(ds["id"]), _version_dirs(data_dir, ds["id"])) == before
-    assert list((data_dir / "datasets" / ".tmp").iterdir()) == []
+    assert not any((data_dir / ".staging").glob("stage-*"))
     # declared compatible: accepted, with its own bounds (budgets omitted: the dataset's)
     no_budgets = {k: v for k, v in wider.items() if k != "budgets"}
     resp = _post_version(api, ds["id"], csv, metadata=no_budgets, compatible="true")
@@ -547,8 +549,8 @@ def test_a_version_step_sent_twice_changes_the_document_once(app: Flask, api: Ap
     doc = json.loads(raw)
     entry = {**datasets.version_entry(doc), "version": 2}
     new = json.dumps(datasets._version_doc(doc, entry, False))
-    idem = {"idempotency_key": f"{rkeys.P}idem:test:{ds['id']}", "fingerprint": "fp",
-            "idempotency_ttl": 60}
+    idem: dict[str, Any] = {"idempotency_key": f"{rkeys.P}idem:test:{ds['id']}",
+                            "fingerprint": "fp", "idempotency_ttl": 60}
     events = len(ledger.events(ds["id"]))
     first = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)
     again = ledger.version_change(ds["id"], raw, new, "uploaded", 2, "t", **idem)

@@ -9,14 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.storage.objects import LocalStore
 from service.storage.release_tables import CSV_CHUNK, OutputStore, csv_chunks, neutralise, records
+from tests.unit.test_store import put_legacy
 
 
 def test_save_load_per_run_never_replaces(tmp_path: Path) -> None:
     """Each run stores its table apart and a stored table is never replaced: main's
     ``save`` removed and rewrote the release's one table, so a stalled run that lost
     its lease overwrote the committed run's /data (issue #14, finding 6)."""
-    store = OutputStore(tmp_path)
+    store = OutputStore(LocalStore(tmp_path), tmp_path / ".staging")
     assert store.load("rel_x", 1) is None
     table = {"left": np.array([0.1, 1 / 3]), "label": np.array(["a", "b|c"], dtype=object)}
     assert store.save("rel_x", 1, table) == 2
@@ -34,7 +36,7 @@ def test_save_load_per_run_never_replaces(tmp_path: Path) -> None:
     assert store.prune("rel_x", keep=2) == [1, 3]
     assert store.load("rel_x", 1) is None and store.load("rel_x", 2) is not None
     store.discard("rel_x", 2)
-    assert store.load("rel_x", 2) is None and not (tmp_path / "rel_x").exists()
+    assert store.load("rel_x", 2) is None and not (tmp_path / "tables" / "rel_x").exists()
     assert store.prune("rel_x", keep=None) == []
     with pytest.raises(ValueError, match="differ in length"):
         store.save("rel_y", 1, {"a": np.zeros(2), "b": np.zeros(3)})
@@ -77,3 +79,20 @@ def test_csv_neutralises_text_cells_and_header_but_not_numbers() -> None:
     assert [float(r[1]) for r in rows[1:]] == [-1.5, 2.0, -3.0, 0.0]
     assert [r[2] for r in rows[1:]] == ["-1", "2", "-3", "4"]
     assert text.endswith("\r\n") and '"a\rb"' in text
+
+
+def test_tables_stored_before_are_read_and_pruned_in_place(tmp_path: Path) -> None:
+    """A run's table in the ``.npy`` layout under ``releases/<id>/v<attempt>`` (before
+    tables moved to ``tables/``) is served, and pruned with the new ones."""
+    objects = LocalStore(tmp_path)
+    put_legacy(objects, "releases/rel_old/v1", {"kind": "release-table"},
+               {"x": np.array([1.5, 2.5]), "label": np.array(["a", "b"])})
+    store = OutputStore(objects, tmp_path / ".staging")
+    old = store.load("rel_old", 1)
+    assert old is not None and old["x"].tolist() == [1.5, 2.5]
+    assert old["label"].tolist() == ["a", "b"]
+    store.save("rel_old", 2, {"x": np.array([3.0])})
+    assert store.prune("rel_old", keep=2) == [1]
+    assert store.load("rel_old", 1) is None and not (tmp_path / "releases").exists()
+    kept = store.load("rel_old", 2)
+    assert kept is not None and kept["x"].tolist() == [3.0]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from mechanisms import rows
 from service import datasets
 from service.storage.dataset_files import DatasetStore
+from service.storage.objects import LocalStore
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(1, 33))
@@ -92,14 +93,15 @@ def test_statement_says_which_order() -> None:
 
 
 def test_private_key_file_created_once_owner_only(tmp_path: Path) -> None:
-    """The upload writes 32 random bytes (0600) beside the columns; a stored version without
-    one gets it on first use, and later reads return the same bytes."""
-    store = DatasetStore(tmp_path)
+    """The upload writes 32 random bytes beside the columns (0600 on a local store); a
+    stored version without one gets it on first use, and later reads return the same
+    bytes."""
+    store = DatasetStore(LocalStore(tmp_path / "o"), staging_dir=tmp_path / "s")
     with store.staging() as staged:
         staged.append({"x": np.arange(3)})
         staged.write_private(datasets.ROW_KEY, b"k" * 32)
-        folder = staged.commit("ds_a", 1, {"n": 3})
-    assert stat.S_IMODE(os.stat(folder / datasets.ROW_KEY).st_mode) == 0o600
+        base = staged.commit("ds_a", 1, {"n": 3})
+    assert stat.S_IMODE(os.stat(tmp_path / "o" / base / datasets.ROW_KEY).st_mode) == 0o600
     assert datasets.row_key(store, "ds_a", 1) == b"k" * 32
     assert store.files_present("ds_a", 1)  # the key is no column
     assert set(store.load("ds_a", 1)[1]) == {"x"}
@@ -107,7 +109,7 @@ def test_private_key_file_created_once_owner_only(tmp_path: Path) -> None:
     store.write("ds_b", 1, {"n": 3}, {"x": np.arange(3)})
     made = datasets.row_key(store, "ds_b", 1)
     assert len(made) == rows.KEY_BYTES and datasets.row_key(store, "ds_b", 1) == made
-    assert not any(store.tmp_dir.iterdir())  # the temporary file is gone
+    assert not any(store.staging_dir.iterdir()) and not any((tmp_path / "o" / ".tmp").iterdir())
     with pytest.raises(ValueError):
         store.private_file("ds_b", 1, "../x", rows.new_key)
 
