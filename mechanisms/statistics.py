@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,15 +174,30 @@ class Statistic(abc.ABC):
 def compute(statistic: Statistic, batches: Iterable[Batch]) -> tuple[Statistic, Partial]:
     """The last pass and its partial over ``batches`` (read once per pass: a
     collection, not an iterator, when the statistic has several passes)."""
+    read = 0
+
+    def again(columns: Sequence[str]) -> Iterable[Batch]:
+        nonlocal read
+        read += 1
+        if read > 1 and isinstance(batches, Iterator):
+            raise TypeError("a statistic of several passes needs batches it can read again")
+        return batches
+
+    return compute_over(statistic, again)
+
+
+def compute_over(statistic: Statistic, read: Callable[[Sequence[str]], Iterable[Batch]]
+                 ) -> tuple[Statistic, Partial]:
+    """``compute`` over a source read afresh by each pass, of that pass's columns only
+    (``read(columns)``: a stored version streamed by row groups), so a worker holds one
+    batch of the columns a pass needs, whatever the rows."""
     while True:
         partial = statistic.empty()
-        for batch in batches:
+        for batch in read(statistic.columns):
             partial = statistic.update(partial, batch)
         following = statistic.then(partial)
         if following is None:
             return statistic, partial
-        if isinstance(batches, Iterator):
-            raise TypeError("a statistic of several passes needs batches it can read again")
         statistic = following
 
 

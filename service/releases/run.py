@@ -36,7 +36,9 @@ import redis
 import mechanisms
 import mechanisms.precompute
 import mechanisms.rows
+from mechanisms.base import StreamingMechanism
 from mechanisms.rng import secure_generator
+from mechanisms.statistics import compute_over
 from service import datasets
 from service.errors import STORAGE_DOWN, STORAGE_FULL
 from service.releases.documents import to_json
@@ -342,14 +344,12 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
     """Read the data, run the mechanism, store this run's table; the output as JSON and
     the attempt whose table it is (None without a table)."""
     config = svc.config
-    _, columns = svc.datasets.load(job.dataset_id, job.version)
     if config.test_job_delay and config.allow_seeds:  # fault injection (tests only)
         time.sleep(config.test_job_delay)
     # the plan's heavy public parts (calibration, eigen-systems) are in the store the
     # API filled when it costed the request: the run reuses them instead of recomputing
     with mechanisms.precompute.use(svc.precomputed):
-        output = job.mechanism.run(columns, job.params, job.cost, job.meta,
-                                   secure_generator(job.seed))
+        output = _run(svc.datasets, job)
     result = dict(output.result)
     guarantee = output.guarantee
     table = None
@@ -369,6 +369,21 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
             result["records"] = records(released)
     return to_json({"result": result, "accuracy": output.accuracy,
                     "guarantee": guarantee}), table
+
+
+def _run(store: DatasetStore, job: _Job) -> mechanisms.Output:
+    """The mechanism's output: a streaming one reads the version's row groups, each pass
+    the columns it needs (memory: one batch, whatever the rows); any other the whole
+    columns. Both give the same output (``StreamingMechanism.run`` is the same passes
+    over one batch, and its partials are exact whatever the batches)."""
+    mech, rng = job.mechanism, secure_generator(job.seed)
+    if isinstance(mech, StreamingMechanism):
+        last, partial = compute_over(
+            mech.statistic(job.params, job.cost, job.meta),
+            lambda columns: store.batches(job.dataset_id, job.version, columns))
+        return mech.release(job.params, partial, job.cost, job.meta, rng, last)
+    _, columns = store.load(job.dataset_id, job.version)
+    return mech.run(columns, job.params, job.cost, job.meta, rng)
 
 
 def _row_order(store: DatasetStore, job: _Job, output: mechanisms.Output

@@ -277,7 +277,9 @@ class DatasetStore:
         refused too)."""
         info = self._check_pin(base, document)
         with self.objects.open(f"{base}/{DATA}") as fh:
-            parquet = pq.ParquetFile(fh)
+            # no pre-buffering: it reads a column's chunks of every row group at once
+            # (the whole column in memory), where a stream wants one group at a time
+            parquet = pq.ParquetFile(fh, pre_buffer=False)
             entries = document["columns"]
             if (parquet.metadata.num_rows != document["rows"]
                     or parquet.schema_arrow.names != [f"c{i}" for i in range(len(entries))]):
