@@ -1,0 +1,117 @@
+"""Apache Spark as the engine of a statistic's passes, through Spark Connect (issue #30).
+
+Each pass is one Spark job: a DataFrame of task numbers (one partition per Parquet row
+group, ``row_groups.plan``) mapped with ``mapInArrow``; a Python worker reads its row
+group's columns through the given ``pyarrow.fs`` filesystem, runs
+``statistic.update(statistic.empty(), batch)`` and emits the partial as JSON; the driver
+collects the partials, merges them (``Partial.merge``: exact integers, so the order of
+the row groups does not matter) and runs the next pass (``then``), exactly as
+``statistics.compute`` does. The statistic and the filesystem travel in the function's
+closure (pyspark pickles it with cloudpickle; a ``pyarrow.fs`` filesystem pickles as its
+options, so an ``S3FileSystem`` reaches the workers with its endpoint and credentials and
+Spark needs no Hadoop S3 jars). The workers need ``mechanisms`` and ``service`` importable
+(the project installed in their Python), the same version as the driver's.
+
+The statistic's own refusals (ValueError, TypeError: public names only) come back to the
+driver as the same exception type and message, as the embedded pass raises them; any
+other failure of the job is a ``SparkEngineError``.
+
+Why ``mapInArrow`` and not Spark SQL aggregations: the update is the mechanisms' own exact
+code (clipping, undeclared codes, exact float sums, the selection's digits), so Spark's
+partial is the embedded one by construction; a SQL rewrite would be a second
+implementation of every statistic to keep equal bit for bit (``tests/bench`` times both
+on a cross-tab).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from mechanisms.statistics import Partial, Statistic
+from service.engines import row_groups
+from service.engines.row_groups import RowGroup
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: the rows a task emits: its partial (JSON), or the statistic's refusal
+_SCHEMA = "partial string, refused string, message string"
+#: refusals carried back as themselves (the statistics raise only these, public messages)
+_REFUSALS: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError}
+
+
+class SparkEngineError(RuntimeError):
+    """A Spark job failed for a reason other than the statistic's refusal."""
+
+
+def compute_on_spark(session: SparkSession, statistic: Statistic, files: Sequence[str],
+                     columns: Mapping[str, str], filesystem: pafs.FileSystem | None = None
+                     ) -> tuple[Statistic, Partial]:
+    """The last pass and its partial over the Parquet ``files`` (paths in ``filesystem``,
+    local by default), as ``statistics.compute`` returns them. ``columns`` maps each
+    statistic column name to its Parquet column name; a name it lacks, or a column a
+    file lacks, is a ValueError before any job runs."""
+    fs = filesystem if filesystem is not None else pafs.LocalFileSystem()
+    footers = row_groups.footers(files, fs)
+    while True:
+        missing = [name for name in statistic.columns if name not in columns]
+        if missing:
+            raise ValueError(f"no Parquet column is given for column {missing[0]!r}")
+        needed = {name: columns[name] for name in statistic.columns}
+        partial = _pass(session, statistic, row_groups.plan(footers, needed.values()),
+                        needed, fs)
+        following = statistic.then(partial)
+        if following is None:
+            return statistic, partial
+        statistic = following
+
+
+def _pass(session: SparkSession, statistic: Statistic, groups: list[RowGroup],
+          columns: Mapping[str, str], fs: pafs.FileSystem) -> Partial:
+    """One pass: a Spark task per row group, the partials merged on the driver."""
+    from pyspark.errors import PySparkException
+
+    partial = statistic.empty()
+    if not groups:
+        return partial
+    tasks = session.range(0, len(groups), 1, len(groups))
+    update = functools.partial(_update, statistic, groups, columns, fs)
+    try:
+        rows = tasks.mapInArrow(update, _SCHEMA).collect()
+    except PySparkException as exc:
+        raise SparkEngineError(f"the Spark job over {len(groups)} row groups failed") from exc
+    for row in rows:
+        if row.refused is not None:
+            raise _REFUSALS[row.refused](row.message)
+        partial = statistic.merge(partial, Partial.from_json(row.partial))
+    return partial
+
+
+def _update(statistic: Statistic, groups: Sequence[RowGroup], columns: Mapping[str, str],
+            fs: pafs.FileSystem, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A partition's work (in a Spark Python worker): the partial of its row groups."""
+    partial = statistic.empty()
+    for numbers in tasks:
+        for number in numbers.column(0).to_pylist():
+            batch = row_groups.read(groups[number], columns, fs)
+            try:
+                partial = statistic.update(partial, batch)
+            except (ValueError, TypeError) as exc:
+                kind = "TypeError" if isinstance(exc, TypeError) else "ValueError"
+                yield _row(None, kind, str(exc))
+                return
+    yield _row(partial.to_json(), None, None)
+
+
+def _row(partial: str | None, refused: str | None, message: str | None) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"partial": [partial], "refused": [refused],
+                                       "message": [message]},
+                                      schema=pa.schema([("partial", pa.string()),
+                                                        ("refused", pa.string()),
+                                                        ("message", pa.string())]))
+
