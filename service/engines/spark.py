@@ -37,7 +37,7 @@ from service.engines import row_groups
 from service.engines.row_groups import RowGroup
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession
 
 #: the rows a task emits: its partial (JSON), or the statistic's refusal
 _SCHEMA = "partial string, refused string, message string"

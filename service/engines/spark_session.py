@@ -1,25 +1,40 @@
 """One Spark Connect session per process, started on first use (``PRIVRELEASE_SPARK_REMOTE``).
 
 ``sc://host:15002`` connects to a Spark Connect server (the cluster does the work; this
-process is a thin client). ``local[N]`` starts a local Spark Connect server from the
-pyspark package (a JVM child of this process, Java 17 from ``PATH`` or ``JAVA_HOME``,
-~8 s), for tests and single-host runs: its Python workers run this interpreter
-(``PYSPARK_PYTHON``, unless already set), so they import the same packages.
+process is a thin client). ``local[N]`` starts a Spark Connect server in a local Spark
+(a JVM child of this process from the pyspark package, Java 17 from ``PATH`` or
+``JAVA_HOME``, a few seconds), for tests and single-host runs. Unlike pyspark's own
+``remote("local[N]")`` (always port 15002, so two processes on a host collide), it
+listens on a free loopback port with a random token and no web UI, and its Python
+workers run this interpreter (``PYSPARK_PYTHON``, unless it is set), so they import the
+same packages.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 import sys
 import threading
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession
+
+
+@dataclass(frozen=True)
+class _Made:
+    pid: int
+    session: SparkSession
+    #: the local Spark whose Connect server the session talks to (None: a remote one)
+    local: Any
+
 
 _lock = threading.Lock()
-#: remote -> (the process that made it, its session): a forked child makes its own
-_sessions: dict[str, tuple[int, SparkSession]] = {}
+#: remote -> the session this process made for it (a forked child makes its own)
+_sessions: dict[str, _Made] = {}
 
 
 def is_local(remote: str) -> bool:
@@ -29,22 +44,52 @@ def is_local(remote: str) -> bool:
 
 def spark_session(remote: str) -> SparkSession:
     """This process's session for ``remote``, started on the first call and reused."""
+    from pyspark.sql.connect.session import SparkSession
+
     with _lock:
         made = _sessions.get(remote)
-        if made is not None and made[0] == os.getpid():
-            return made[1]
-        from pyspark.sql import SparkSession
-
+        if made is not None and made.pid == os.getpid():
+            return made.session
+        local = None
+        url = remote
         if is_local(remote):
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        session = SparkSession.builder.remote(remote).getOrCreate()
-        _sessions[remote] = (os.getpid(), session)
+            local, url = _start_local(remote)
+        session = SparkSession.builder.remote(url).getOrCreate()
+        _sessions[remote] = _Made(os.getpid(), session, local)
         return session
 
 
 def stop(remote: str) -> None:
-    """Stop this process's session for ``remote`` (and a local server with it)."""
+    """Stop this process's session for ``remote`` (and its local Spark, if it started one)."""
     with _lock:
         made = _sessions.pop(remote, None)
-    if made is not None and made[0] == os.getpid():
-        made[1].stop()
+    if made is None or made.pid != os.getpid():
+        return
+    made.session.stop()
+    if made.local is not None:
+        made.local.stop()
+
+
+def _start_local(master: str) -> tuple[Any, str]:
+    """A local Spark running a Connect server; its ``sc://`` URL (loopback, token)."""
+    from pyspark import SparkConf, SparkContext
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    token = secrets.token_urlsafe(32)
+    # the Connect server starts UDF workers with the JVM's PYSPARK_PYTHON (not the
+    # spark.pyspark.python conf); the JVM inherits this process's environment
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = SparkConf().setMaster(master).setAppName("privrelease").setAll([
+        ("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin"),
+        ("spark.connect.grpc.binding.address", "127.0.0.1"),
+        ("spark.connect.grpc.binding.port", str(port)),
+        ("spark.connect.authenticate.token", token),
+        ("spark.ui.enabled", "false"),
+        ("spark.ui.showConsoleProgress", "false"),
+    ])
+    context = SparkContext(conf=conf)
+    context.setLogLevel("ERROR")
+    # "localhost": pyspark sends the token over gRPC's local credentials (no TLS)
+    return context, f"sc://localhost:{port}/;token={token}"
