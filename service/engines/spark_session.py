@@ -19,6 +19,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
@@ -40,6 +41,18 @@ _sessions: dict[str, _Made] = {}
 def is_local(remote: str) -> bool:
     """Whether ``remote`` asks for a local server (``local``, ``local[N]``, ``local[*]``)."""
     return remote == "local" or remote.startswith("local[")
+
+
+def engine_name(remote: str | None) -> str:
+    """The engine as a release document names it: ``embedded``, ``spark local[N]`` or
+    ``spark sc://host:port`` (the URL's parameters, e.g. its token, and any user left out)."""
+    if remote is None:
+        return "embedded"
+    if is_local(remote):
+        return f"spark {remote}"
+    address = urlsplit(remote.split(";", 1)[0])
+    host = address.hostname or ""
+    return f"spark sc://{host}" + (f":{address.port}" if address.port else "")
 
 
 def spark_session(remote: str) -> SparkSession:
