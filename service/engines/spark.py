@@ -4,13 +4,14 @@ Each pass is one Spark job: a DataFrame of task numbers (one partition per Parqu
 group, ``row_groups.plan``) mapped with ``mapInArrow``; a Python worker reads its row
 group's columns through the given ``pyarrow.fs`` filesystem, runs
 ``statistic.update(statistic.empty(), batch)`` and emits the partial as JSON; the driver
-collects the partials, merges them (``Partial.merge``: exact integers, so the order of
-the row groups does not matter) and runs the next pass (``then``), exactly as
-``statistics.compute`` does. The statistic and the filesystem travel in the function's
-closure (pyspark pickles it with cloudpickle; a ``pyarrow.fs`` filesystem pickles as its
-options, so an ``S3FileSystem`` reaches the workers with its endpoint and credentials and
-Spark needs no Hadoop S3 jars). The workers need ``mechanisms`` and ``service`` importable
-(the project installed in their Python), the same version as the driver's.
+reads the partials as they come (one in memory at a time), merges them
+(``Partial.merge``: exact integers, so the order of the row groups does not matter) and
+runs the next pass (``then``), exactly as ``statistics.compute`` does. The statistic and
+the filesystem travel in the function's closure (pyspark pickles it with cloudpickle; a
+``pyarrow.fs`` filesystem pickles as its options, so an ``S3FileSystem`` reaches the
+workers with its endpoint and credentials and Spark needs no Hadoop S3 jars). The
+workers need ``mechanisms`` and ``service`` importable (the project installed in their
+Python), the same version as the driver's.
 
 The statistic's own refusals (ValueError, TypeError: public names only) come back to the
 driver as the same exception type and message, as the embedded pass raises them; any
@@ -81,14 +82,17 @@ def _pass(session: SparkSession, statistic: Statistic, groups: list[RowGroup],
         return partial
     tasks = session.range(0, len(groups), 1, len(groups))
     update = functools.partial(_update, statistic, groups, columns, fs)
-    try:
-        rows = tasks.mapInArrow(update, _SCHEMA).collect()
+    refused = None
+    try:  # streamed, merged as they come: the driver holds one partial at a time
+        for row in tasks.mapInArrow(update, _SCHEMA).toLocalIterator():
+            if row.refused is not None:
+                refused = _REFUSALS[row.refused](row.message)
+                break
+            partial = statistic.merge(partial, Partial.from_json(row.partial))
     except PySparkException as exc:
         raise SparkEngineError(f"the Spark job over {len(groups)} row groups failed") from exc
-    for row in rows:
-        if row.refused is not None:
-            raise _REFUSALS[row.refused](row.message)
-        partial = statistic.merge(partial, Partial.from_json(row.partial))
+    if refused is not None:  # outside the handler: raised as the embedded pass raises it
+        raise refused
     return partial
 
 

@@ -67,7 +67,7 @@ def spark_session(remote: str) -> SparkSession:
         url = remote
         if is_local(remote):
             local, url = _start_local(remote)
-        session = SparkSession.builder.remote(url).getOrCreate()
+        session = SparkSession.builder.remote(url).create()  # its own, whatever else is
         _sessions[remote] = _Made(os.getpid(), session, local)
         return session
 

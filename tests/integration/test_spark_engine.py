@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.statistics import compute
-from service.engines.spark import compute_on_spark
+from service.engines.spark import SparkEngineError, compute_on_spark
 from service.engines.spark_session import spark_session, stop
 
 if TYPE_CHECKING:
@@ -211,6 +211,17 @@ def test_the_statistics_refusal_comes_back_as_it_is_raised_embedded(
     with pytest.raises(TypeError) as on_spark:
         compute_on_spark(spark, statistic, paths, PARQUET)
     assert str(on_spark.value) == str(embedded.value) and "31337" not in str(on_spark.value)
+
+
+def test_a_file_that_is_not_a_stored_dataset_fails_the_job(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Stored columns have no nulls: a file with one is foreign, and the job says so."""
+    path = str(tmp_path / "nulls.parquet")
+    pq.write_table(pa.table({"c1": pa.array([1.5, None, 2.5])}), path)
+    mech, params, cost, meta = _setup("laplace", {"statistic": "sum", "column": "wage"}, 3)
+    with pytest.raises(SparkEngineError, match="over 1 row groups failed") as failed:
+        compute_on_spark(spark, mech.statistic(params, cost, meta), [path], PARQUET)
+    assert "has null cells" in str(failed.value.__cause__)
 
 
 @settings(max_examples=4, deadline=None)
