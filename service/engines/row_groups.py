@@ -75,3 +75,23 @@ def read(group: RowGroup, columns: Mapping[str, str], filesystem: pafs.FileSyste
                              " not a stored dataset column")
         batch[name] = column.to_numpy()
     return batch
+
+
+def pack(groups: Sequence[RowGroup], rows: int) -> list[tuple[RowGroup, ...]]:
+    """Consecutive row groups in tasks of at most ``rows`` rows (a larger group alone):
+    a task costs Spark tens of milliseconds whatever it reads, so small row groups are
+    read a few to a task (still one at a time: memory stays one row group's)."""
+    if rows < 1:
+        raise ValueError("a task must be allowed at least one row")
+    tasks: list[tuple[RowGroup, ...]] = []
+    current: list[RowGroup] = []
+    total = 0
+    for group in groups:
+        if current and total + group.rows > rows:
+            tasks.append(tuple(current))
+            current, total = [], 0
+        current.append(group)
+        total += group.rows
+    if current:
+        tasks.append(tuple(current))
+    return tasks

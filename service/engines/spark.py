@@ -1,8 +1,9 @@
 """Apache Spark as the engine of a statistic's passes, through Spark Connect (issue #30).
 
-Each pass is one Spark job: a DataFrame of task numbers (one partition per Parquet row
-group, ``row_groups.plan``) mapped with ``mapInArrow``; a Python worker reads its row
-group's columns through the given ``pyarrow.fs`` filesystem, runs
+Each pass is one Spark job: a DataFrame of task numbers (one partition per task, a few
+consecutive Parquet row groups of at most ``task_rows`` rows: ``row_groups.plan`` and
+``pack``) mapped with ``mapInArrow``; a Python worker reads its row groups' columns one
+row group at a time through the given ``pyarrow.fs`` filesystem, runs
 ``statistic.update(statistic.empty(), batch)`` and emits the partial as JSON; the driver
 reads the partials as they come (one in memory at a time), merges them
 (``Partial.merge``: exact integers, so the order of the row groups does not matter) and
@@ -40,6 +41,9 @@ from service.engines.row_groups import RowGroup
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
 
+#: rows a Spark task reads at most (unless one row group has more): a task costs tens of
+#: milliseconds of Spark's time, so a few million rows make it small next to the reading
+TASK_ROWS = 1 << 22
 #: the rows a task emits: its partial (JSON), or the statistic's refusal
 _SCHEMA = "partial string, refused string, message string"
 #: refusals carried back as themselves (the statistics raise only these, public messages)
@@ -51,12 +55,13 @@ class SparkEngineError(RuntimeError):
 
 
 def compute_on_spark(session: SparkSession, statistic: Statistic, files: Sequence[str],
-                     columns: Mapping[str, str], filesystem: pafs.FileSystem | None = None
-                     ) -> tuple[Statistic, Partial]:
+                     columns: Mapping[str, str], filesystem: pafs.FileSystem | None = None,
+                     task_rows: int = TASK_ROWS) -> tuple[Statistic, Partial]:
     """The last pass and its partial over the Parquet ``files`` (paths in ``filesystem``,
     local by default), as ``statistics.compute`` returns them. ``columns`` maps each
     statistic column name to its Parquet column name; a name it lacks, or a column a
-    file lacks, is a ValueError before any job runs."""
+    file lacks, is a ValueError before any job runs. A Spark task reads row groups of
+    at most ``task_rows`` rows in all (or one larger row group)."""
     fs = filesystem if filesystem is not None else pafs.LocalFileSystem()
     footers = row_groups.footers(files, fs)
     while True:
@@ -64,51 +69,55 @@ def compute_on_spark(session: SparkSession, statistic: Statistic, files: Sequenc
         if missing:
             raise ValueError(f"no Parquet column is given for column {missing[0]!r}")
         needed = {name: columns[name] for name in statistic.columns}
-        partial = _pass(session, statistic, row_groups.plan(footers, needed.values()),
-                        needed, fs)
+        tasks = row_groups.pack(row_groups.plan(footers, needed.values()), task_rows)
+        partial = _pass(session, statistic, tasks, needed, fs)
         following = statistic.then(partial)
         if following is None:
             return statistic, partial
         statistic = following
 
 
-def _pass(session: SparkSession, statistic: Statistic, groups: list[RowGroup],
+def _pass(session: SparkSession, statistic: Statistic, tasks: list[tuple[RowGroup, ...]],
           columns: Mapping[str, str], fs: pafs.FileSystem) -> Partial:
-    """One pass: a Spark task per row group, the partials merged on the driver."""
+    """One pass: a Spark task per task of row groups, the partials merged on the driver."""
     from pyspark.errors import PySparkException
 
     partial = statistic.empty()
-    if not groups:
+    if not tasks:
         return partial
-    tasks = session.range(0, len(groups), 1, len(groups))
-    update = functools.partial(_update, statistic, groups, columns, fs)
+    numbers = session.range(0, len(tasks), 1, len(tasks))
+    update = functools.partial(_update, statistic, tasks, columns, fs)
     refused = None
     try:  # streamed, merged as they come: the driver holds one partial at a time
-        for row in tasks.mapInArrow(update, _SCHEMA).toLocalIterator():
+        for row in numbers.mapInArrow(update, _SCHEMA).toLocalIterator():
             if row.refused is not None:
                 refused = _REFUSALS[row.refused](row.message)
                 break
             partial = statistic.merge(partial, Partial.from_json(row.partial))
     except PySparkException as exc:
-        raise SparkEngineError(f"the Spark job over {len(groups)} row groups failed") from exc
+        groups = sum(len(task) for task in tasks)
+        raise SparkEngineError(f"the Spark job over {groups} row groups failed") from exc
     if refused is not None:  # outside the handler: raised as the embedded pass raises it
         raise refused
     return partial
 
 
-def _update(statistic: Statistic, groups: Sequence[RowGroup], columns: Mapping[str, str],
-            fs: pafs.FileSystem, tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A partition's work (in a Spark Python worker): the partial of its row groups."""
+def _update(statistic: Statistic, tasks: Sequence[tuple[RowGroup, ...]],
+            columns: Mapping[str, str], fs: pafs.FileSystem,
+            numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A partition's work (in a Spark Python worker): the partial of its tasks' row
+    groups, read one at a time."""
     partial = statistic.empty()
-    for numbers in tasks:
-        for number in numbers.column(0).to_pylist():
-            batch = row_groups.read(groups[number], columns, fs)
-            try:
-                partial = statistic.update(partial, batch)
-            except (ValueError, TypeError) as exc:
-                kind = "TypeError" if isinstance(exc, TypeError) else "ValueError"
-                yield _row(None, kind, str(exc))
-                return
+    for batch_of_numbers in numbers:
+        for number in batch_of_numbers.column(0).to_pylist():
+            for group in tasks[number]:
+                batch = row_groups.read(group, columns, fs)
+                try:
+                    partial = statistic.update(partial, batch)
+                except (ValueError, TypeError) as exc:
+                    kind = "TypeError" if isinstance(exc, TypeError) else "ValueError"
+                    yield _row(None, kind, str(exc))
+                    return
     yield _row(partial.to_json(), None, None)
 
 

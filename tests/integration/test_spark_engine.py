@@ -5,7 +5,8 @@ sums, quantiles, moments of two passes, noiseless.aggregate's selection of six p
 the partial Spark computes over Parquet files (several files and row groups, an empty
 file, adversarial doubles) must equal ``statistics.compute`` over the same rows in one
 batch, exactly, and the release from it ``run``'s on the whole columns with the same
-seeded generator. Then: the files on S3 (moto's server) read through pyarrow's
+seeded generator. Tasks of one row group, or a few (``task_rows``), so partials of
+several Spark tasks are merged. Then: the files on S3 (moto's server) read through pyarrow's
 S3FileSystem, a column missing, a statistic's refusal, and random splits (hypothesis).
 
 One local server for the session (``local[2]``, a few seconds to start); every pass is one
@@ -143,7 +144,7 @@ def test_spark_computes_the_embedded_partial_and_release(
     data, paths = stored
     mech, params, cost, meta = _setup(name, raw, ROWS)
     statistic = mech.statistic(params, cost, meta)
-    last, partial = compute_on_spark(spark, statistic, paths, PARQUET)
+    last, partial = compute_on_spark(spark, statistic, paths, PARQUET, task_rows=ROW_GROUP)
     embedded_last, embedded = compute(statistic, [data])
     assert partial == embedded  # every count cell by cell, every exact sum bit for bit
     assert last == embedded_last
@@ -159,7 +160,8 @@ def test_a_cross_tab_counts_each_cell_as_numpy_does(
     data, paths = stored
     mech, params, cost, meta = _setup("laplace", {"statistic": "count",
                                                   "group_by": ["race", "sex"]}, ROWS)
-    _, partial = compute_on_spark(spark, mech.statistic(params, cost, meta), paths, PARQUET)
+    _, partial = compute_on_spark(spark, mech.statistic(params, cost, meta), paths, PARQUET,
+                                  task_rows=2 * ROW_GROUP)
     race, sex = data["race"], data["sex"]
     assert list(partial.parts["count"]) == [int(np.sum((race == r) & (sex == s)))
                                             for r in range(3) for s in range(2)]
@@ -176,7 +178,8 @@ def test_files_on_s3_are_read_through_pyarrow(spark: SparkSession, s3_server: S3
     mech, params, cost, meta = _setup("laplace", {"statistic": "variance", "column": "wage"},
                                       900)
     statistic = mech.statistic(params, cost, meta)
-    assert compute_on_spark(spark, statistic, paths, PARQUET, s3) == compute(statistic, [data])
+    assert compute_on_spark(spark, statistic, paths, PARQUET, s3, task_rows=200) == \
+        compute(statistic, [data])
 
 
 def test_a_missing_column_is_refused_by_name_before_any_job(
@@ -209,7 +212,7 @@ def test_the_statistics_refusal_comes_back_as_it_is_raised_embedded(
     with pytest.raises(TypeError) as embedded:
         compute(statistic, [data])
     with pytest.raises(TypeError) as on_spark:
-        compute_on_spark(spark, statistic, paths, PARQUET)
+        compute_on_spark(spark, statistic, paths, PARQUET, task_rows=10)
     assert str(on_spark.value) == str(embedded.value) and "31337" not in str(on_spark.value)
 
 
@@ -232,8 +235,10 @@ def test_any_split_into_files_and_row_groups_gives_the_same_partial(
     columns = _data(n, seed)
     cuts = tuple(sorted(data.draw(st.lists(st.integers(0, n), max_size=3), label="cuts")))
     row_group = data.draw(st.integers(1, 150), label="row group")
+    task_rows = data.draw(st.integers(1, 400), label="task rows")
     paths = _write(columns, tmp_path_factory.mktemp("split"), cuts, row_group)
     mech, params, cost, meta = _setup("gaussian", {"statistic": "sum", "column": "wide",
                                                    "group_by": ["race", "sex"]}, n)
     statistic = mech.statistic(params, cost, meta)
-    assert compute_on_spark(spark, statistic, paths, PARQUET) == compute(statistic, [columns])
+    assert compute_on_spark(spark, statistic, paths, PARQUET, task_rows=task_rows) == \
+        compute(statistic, [columns])
