@@ -15,7 +15,8 @@ workers need ``mechanisms`` and ``service`` importable (the project installed in
 Python), the same version as the driver's.
 
 The statistic's own refusals (ValueError, TypeError: public names only) come back to the
-driver as the same exception type and message, as the embedded pass raises them; any
+driver as the same exception type and message, the first in the files' order (as the
+embedded pass over the row groups in order meets it, whichever task ends first); any
 other failure of the job is a ``SparkEngineError``.
 
 Why ``mapInArrow`` and not Spark SQL aggregations: the update is the mechanisms' own exact
@@ -44,8 +45,11 @@ if TYPE_CHECKING:
 #: rows a Spark task reads at most (unless one row group has more): a task costs tens of
 #: milliseconds of Spark's time, so a few million rows make it small next to the reading
 TASK_ROWS = 1 << 22
-#: the rows a task emits: its partial (JSON), or the statistic's refusal
-_SCHEMA = "partial string, refused string, message string"
+#: the row a partition emits: its partial (JSON), or the statistic's refusal and the task
+#: it met it in
+_OUTPUT = pa.schema([("partial", pa.string()), ("refused", pa.string()),
+                     ("message", pa.string()), ("task", pa.int64())])
+_SCHEMA = "partial string, refused string, message string, task long"
 #: refusals carried back as themselves (the statistics raise only these, public messages)
 _REFUSALS: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError}
 
@@ -87,18 +91,19 @@ def _pass(session: SparkSession, statistic: Statistic, tasks: list[tuple[RowGrou
         return partial
     numbers = session.range(0, len(tasks), 1, len(tasks))
     update = functools.partial(_update, statistic, tasks, columns, fs)
-    refused = None
+    refused: tuple[int, Exception] | None = None
     try:  # streamed, merged as they come: the driver holds one partial at a time
         for row in numbers.mapInArrow(update, _SCHEMA).toLocalIterator():
             if row.refused is not None:
-                refused = _REFUSALS[row.refused](row.message)
-                break
-            partial = statistic.merge(partial, Partial.from_json(row.partial))
+                if refused is None or row.task < refused[0]:
+                    refused = (row.task, _REFUSALS[row.refused](row.message))
+            elif refused is None:
+                partial = statistic.merge(partial, Partial.from_json(row.partial))
     except PySparkException as exc:
         groups = sum(len(task) for task in tasks)
         raise SparkEngineError(f"the Spark job over {groups} row groups failed") from exc
-    if refused is not None:  # outside the handler: raised as the embedded pass raises it
-        raise refused
+    if refused is not None:  # the first in the files' order, as the embedded pass meets it
+        raise refused[1]
     return partial
 
 
@@ -116,15 +121,13 @@ def _update(statistic: Statistic, tasks: Sequence[tuple[RowGroup, ...]],
                     partial = statistic.update(partial, batch)
                 except (ValueError, TypeError) as exc:
                     kind = "TypeError" if isinstance(exc, TypeError) else "ValueError"
-                    yield _row(None, kind, str(exc))
+                    yield _row(None, kind, str(exc), number)
                     return
-    yield _row(partial.to_json(), None, None)
+    yield _row(partial.to_json(), None, None, None)
 
 
-def _row(partial: str | None, refused: str | None, message: str | None) -> pa.RecordBatch:
+def _row(partial: str | None, refused: str | None, message: str | None,
+         task: int | None) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"partial": [partial], "refused": [refused],
-                                       "message": [message]},
-                                      schema=pa.schema([("partial", pa.string()),
-                                                        ("refused", pa.string()),
-                                                        ("message", pa.string())]))
+                                       "message": [message], "task": [task]}, schema=_OUTPUT)
 

@@ -57,7 +57,11 @@ def engine_name(remote: str | None) -> str:
 
 def spark_session(remote: str) -> SparkSession:
     """This process's session for ``remote``, started on the first call and reused."""
-    from pyspark.sql.connect.session import SparkSession
+    try:
+        from pyspark.sql.connect.session import SparkSession
+    except ImportError:
+        raise RuntimeError("PRIVRELEASE_SPARK_REMOTE needs the Spark Connect client: "
+                           "pip install 'privrelease[spark]'") from None
 
     with _lock:
         made = _sessions.get(remote)
