@@ -9,7 +9,7 @@ seeded generator. Tasks of one row group, or a few (``task_rows``), so partials 
 several Spark tasks are merged. Then: the files on S3 (moto's server) read through pyarrow's
 S3FileSystem, a column missing, a statistic's refusal, and random splits (hypothesis).
 
-One local server for the session (``local[2]``, a few seconds to start); every pass is one
+One local server for the module (``local[2]``, a few seconds to start); every pass is one
 small Spark job, so the module stays well under two minutes.
 """
 
@@ -106,9 +106,10 @@ def _write(data: Mapping[str, np.ndarray], folder: Path, cuts: tuple[int, ...],
     return paths
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    """One local Spark Connect server for the session (its workers run this Python)."""
+    """One local Spark Connect server for these tests (its workers run this Python),
+    stopped after them: its JVM and workers hold about 1 GB the other tests need not."""
     session = spark_session(REMOTE)
     yield session
     stop(REMOTE)
