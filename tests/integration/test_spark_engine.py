@@ -170,16 +170,18 @@ def test_a_cross_tab_counts_each_cell_as_numpy_does(
 
 def test_files_on_s3_are_read_through_pyarrow(spark: SparkSession, s3_server: S3Server) -> None:
     """moto's S3 over HTTP: the workers get the S3FileSystem (endpoint, credentials) in
-    the pickled function, so Spark needs no Hadoop S3 jars."""
+    the pickled function, so Spark needs no Hadoop S3 jars; rooted at a prefix
+    (SubTreeFileSystem, as an object store hands it out), the paths are object keys."""
     s3 = pafs.S3FileSystem(endpoint_override=s3_server.endpoint_url.split("://")[1],
                            scheme="http", access_key=s3_server.access_key,
                            secret_key=s3_server.secret_key, region="us-east-1")
+    store = pafs.SubTreeFileSystem(f"{s3_server.bucket}/spark-{uuid.uuid4().hex}", s3)
     data = _data(900, 5)
-    paths = _write(data, Path(s3_server.bucket) / f"spark-{uuid.uuid4().hex}", (300,), 200, s3)
+    keys = _write(data, Path("datasets/d1/v1"), (300,), 200, store)
     mech, params, cost, meta = _setup("laplace", {"statistic": "variance", "column": "wage"},
                                       900)
     statistic = mech.statistic(params, cost, meta)
-    assert compute_on_spark(spark, statistic, paths, PARQUET, s3, task_rows=200) == \
+    assert compute_on_spark(spark, statistic, keys, PARQUET, store, task_rows=200) == \
         compute(statistic, [data])
 
 
