@@ -65,8 +65,10 @@ def spark_session(remote: str) -> SparkSession:
 
     with _lock:
         made = _sessions.get(remote)
-        if made is not None and made.pid == os.getpid():
+        if made is not None and made.pid == os.getpid() and not made.session.is_stopped:
             return made.session
+        if made is not None and made.pid == os.getpid() and made.local is not None:
+            made.local.stop()  # its client was closed: a new server, on a new port
         local = None
         url = remote
         if is_local(remote):

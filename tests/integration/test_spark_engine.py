@@ -130,6 +130,11 @@ def _setup(name: str, raw: dict[str, Any], n: int
     return mech, params, mech.cost(params, BUDGETS[name], meta), meta
 
 
+def test_the_session_is_started_once_per_process(spark: SparkSession) -> None:
+    assert spark_session(REMOTE) is spark and not spark.is_stopped
+    assert spark.range(0, 3, 1, 3).count() == 3
+
+
 def test_the_files_have_several_row_groups_and_an_empty_file(
         stored: tuple[dict[str, np.ndarray], list[str]]) -> None:
     _, paths = stored
