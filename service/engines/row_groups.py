@@ -1,10 +1,11 @@
 """Parquet row groups as the units of a distributed pass: planned from footers, read alone.
 
-A task is one row group of one file. The plan reads only footers (row counts and column
-names: public sizes, never values), so it can run on the driver before any data is read;
-a task reads only the columns its statistic needs, from one row group, through a
-``pyarrow.fs`` filesystem (a local one, or ``S3FileSystem``: object storage without
-Hadoop's jars), so a worker's memory is bounded by the row group.
+A row group of one file is what a worker reads at a time; ``pack`` puts consecutive ones
+into Spark tasks. The plan reads only footers (row counts and column names: public sizes,
+never values), so it runs on the driver before any data is read; a read takes only the
+columns the statistic needs, from one row group, through a ``pyarrow.fs`` filesystem (a
+local one, or ``S3FileSystem``: object storage without Hadoop's jars), so a worker's
+memory is bounded by the row group.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Footer:
 
 @dataclass(frozen=True)
 class RowGroup:
-    """One task: row group ``index`` (``rows`` rows) of the file at ``path``."""
+    """Row group ``index`` (``rows`` rows) of the file at ``path``."""
 
     path: str
     index: int

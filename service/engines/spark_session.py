@@ -51,8 +51,11 @@ def engine_name(remote: str | None) -> str:
     if is_local(remote):
         return f"spark {remote}"
     address = urlsplit(remote.split(";", 1)[0])
-    host = address.hostname or ""
-    return f"spark sc://{host}" + (f":{address.port}" if address.port else "")
+    try:
+        port = address.port
+    except ValueError:  # not a number: the session would not start either
+        port = None
+    return f"spark sc://{address.hostname or ''}" + (f":{port}" if port else "")
 
 
 def spark_session(remote: str) -> SparkSession:

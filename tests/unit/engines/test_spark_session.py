@@ -16,6 +16,7 @@ from service.engines.spark_session import engine_name, is_local
     ("sc://spark.internal", "spark sc://spark.internal"),
     ("sc://alice@spark.internal:443/;use_ssl=true;token=s3cr3t-t0ken",
      "spark sc://spark.internal:443"),
+    ("sc://spark.internal:port", "spark sc://spark.internal"),
 ])
 def test_the_engine_is_named_without_credentials(remote: str | None, name: str) -> None:
     assert engine_name(remote) == name
