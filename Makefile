@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-runtime
 
-.PHONY: run test check bench soak fuzz large lint clean audit browser
+.PHONY: run test check bench soak fuzz large lint clean audit browser java
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,12 +30,19 @@ browser:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
+# the Spark engine's tests start a local Spark Connect server on Debian's OpenJDK 17
+# (pyspark finds `java` on PATH; JAVA_HOME need not be set). Slim images drop the man
+# folders, where the JRE's postinst links java.1.gz: it fails without them
+java:
+	command -v java >/dev/null || { mkdir -p /usr/share/man/man1 && apt-get update -qq && \
+		apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+
 lint: $(STAMP)
 	$(BIN)/ruff check service workers mechanisms tests client examples
 	$(BIN)/mypy
 
 # the whole suite, as CI runs it: unit, tests/audit, integration, e2e (~11 min)
-test: lint browser
+test: lint browser java
 	$(BIN)/python -m pytest
 	PRIVRELEASE_TEST_STORE=valkey $(BIN)/python -m pytest -m valkey_store -q
 

@@ -7,6 +7,7 @@ generated from the same names, so keep them in sync.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,17 @@ def _url(name: str, schemes: tuple[str, ...]) -> str | None:
     if not raw.startswith(tuple(f"{scheme}://" for scheme in schemes)):
         raise SystemExit(f"{ENV_PREFIX}{name} must start with "
                          + " or ".join(f"{scheme}://" for scheme in schemes))
+    return raw
+
+
+def _spark_remote(raw: str | None) -> str | None:
+    """Unset or empty: None (embedded); else ``local``, ``local[N]``, ``local[*]`` or an
+    ``sc://`` Spark Connect URL."""
+    raw = (raw or "").strip()
+    if not raw:
+        return None
+    if not (re.fullmatch(r"local(\[([1-9][0-9]{0,3}|\*)\])?", raw) or raw.startswith("sc://")):
+        raise SystemExit(f"{ENV_PREFIX}SPARK_REMOTE must be local[N] or an sc:// URL")
     return raw
 
 
@@ -219,6 +231,10 @@ class Config:
     #: PRIVRELEASE_S3_ENDPOINT_URL: the S3 server of an ``s3://`` storage URL when it is
     #: not AWS (MinIO, Ceph RGW, GCS's S3 API): ``https://host[:port]``
     s3_endpoint_url: str | None = None
+    #: PRIVRELEASE_SPARK_REMOTE: the engine of the statistics' passes (service.engines):
+    #: unset, in the worker's process; ``sc://host:15002``, a Spark Connect server (the
+    #: worker is a thin client); ``local[N]``, a local Spark Connect server with N cores
+    spark_remote: str | None = None
 
     @classmethod
     def from_env(cls) -> Config:
@@ -268,6 +284,7 @@ class Config:
             precompute_max_bytes=_int("PRECOMPUTE_MAX_BYTES", cls.precompute_max_bytes),
             storage_url=_url("STORAGE_URL", ("file", "s3")),
             s3_endpoint_url=_url("S3_ENDPOINT_URL", ("http", "https")),
+            spark_remote=_spark_remote(_env("SPARK_REMOTE")),
         )
 
     @property
