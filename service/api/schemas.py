@@ -336,6 +336,10 @@ class ReleaseSchema(Schema):
     result = fields.Dict(allow_none=True)
     accuracy = fields.Dict(allow_none=True)
     guarantee = fields.String(allow_none=True)
+    engine = fields.String(allow_none=True, metadata={
+        "description": "where the statistics were computed: ``embedded`` (the worker) or"
+                       " ``spark local[N]`` / ``spark sc://host:port``; null until the"
+                       " release succeeds"})
     error = fields.Dict()
     replayed = fields.Boolean()
     created_at = fields.String(allow_none=True)

@@ -51,6 +51,7 @@ def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
         "result": None,
         "accuracy": req.accuracy,
         "guarantee": None,
+        "engine": None,
         "privacy": req.privacy,
     }
     if "output" in h:
@@ -58,6 +59,7 @@ def render(release_id: str, h: dict[str, str]) -> dict[str, Any]:
         doc["result"] = out["result"]
         doc["accuracy"] = out["accuracy"]
         doc["guarantee"] = out["guarantee"]
+        doc["engine"] = out.get("engine", "embedded")  # outputs before engines: this one
     if "error" in h:
         doc["error"] = json.loads(h["error"])
     if doc["status"] == "succeeded":

@@ -40,6 +40,8 @@ from mechanisms.base import StreamingMechanism
 from mechanisms.rng import secure_generator
 from mechanisms.statistics import compute_over
 from service import datasets
+from service.engines.spark import compute_on_spark
+from service.engines.spark_session import engine_name, spark_session
 from service.errors import STORAGE_DOWN, STORAGE_FULL
 from service.releases.documents import to_json
 from service.releases.request import JobRequest
@@ -349,7 +351,7 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
     # the plan's heavy public parts (calibration, eigen-systems) are in the store the
     # API filled when it costed the request: the run reuses them instead of recomputing
     with mechanisms.precompute.use(svc.precomputed):
-        output = _run(svc.datasets, job)
+        output, engine = _run(svc.datasets, job, config.spark_remote)
     result = dict(output.result)
     guarantee = output.guarantee
     table = None
@@ -368,22 +370,35 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
         if rows <= INLINE_ROWS:
             result["records"] = records(released)
     return to_json({"result": result, "accuracy": output.accuracy,
-                    "guarantee": guarantee}), table
+                    "guarantee": guarantee, "engine": engine}), table
 
 
-def _run(store: DatasetStore, job: _Job) -> mechanisms.Output:
-    """The mechanism's output: a streaming one reads the version's row groups, each pass
-    the columns it needs (memory: one batch, whatever the rows); any other the whole
-    columns. Both give the same output (``StreamingMechanism.run`` is the same passes
-    over one batch, and its partials are exact whatever the batches)."""
+def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None
+         ) -> tuple[mechanisms.Output, str]:
+    """The mechanism's output and the engine that read the data. A streaming mechanism
+    reads the version's row groups, each pass the columns it needs (memory: one batch,
+    whatever the rows): on Spark (``spark_remote``) when the version is Parquet that
+    Spark's workers read as this process would, else here; any other mechanism reads the
+    whole columns here. All give the same output (``StreamingMechanism.run`` is the same
+    passes over one batch, and its partials are exact whatever the batches). The engine
+    is the operator's setting and the stored format: public, never the data's choice."""
     mech, rng = job.mechanism, secure_generator(job.seed)
-    if isinstance(mech, StreamingMechanism):
+    if not isinstance(mech, StreamingMechanism):
+        _, columns = store.load(job.dataset_id, job.version)
+        return mech.run(columns, job.params, job.cost, job.meta, rng), engine_name(None)
+    statistic = mech.statistic(job.params, job.cost, job.meta)
+    source = (store.parquet_source(job.dataset_id, job.version)
+              if spark_remote is not None else None)
+    if source is not None and spark_remote is not None:
+        last, partial = compute_on_spark(spark_session(spark_remote), statistic,
+                                         [source.path], source.columns, source.filesystem)
+        store.check_source(source)
+        engine = engine_name(spark_remote)
+    else:
         last, partial = compute_over(
-            mech.statistic(job.params, job.cost, job.meta),
-            lambda columns: store.batches(job.dataset_id, job.version, columns))
-        return mech.release(job.params, partial, job.cost, job.meta, rng, last)
-    _, columns = store.load(job.dataset_id, job.version)
-    return mech.run(columns, job.params, job.cost, job.meta, rng)
+            statistic, lambda columns: store.batches(job.dataset_id, job.version, columns))
+        engine = engine_name(None)
+    return mech.release(job.params, partial, job.cost, job.meta, rng, last), engine
 
 
 def _row_order(store: DatasetStore, job: _Job, output: mechanisms.Output

@@ -52,11 +52,13 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from service.storage.objects import (
@@ -92,6 +94,26 @@ _TIME_UNITS = frozenset({"s", "ms", "us", "ns"})
 
 class ChangedObject(ValueError):
     """A version's data object is not the one its manifest pinned (size or ETag)."""
+
+
+@dataclass(frozen=True)
+class ParquetSource:
+    """A stored version as another engine reads it (``service.engines``): its data object
+    at ``path`` in ``filesystem``, the Parquet column of each column name, and the object
+    as it was pinned when this was made (``DatasetStore.check_source`` after the reads)."""
+
+    path: str
+    filesystem: pafs.FileSystem
+    columns: dict[str, str]
+    pinned: ObjectInfo
+
+
+def _plain(entry: Mapping[str, Any]) -> bool:
+    """Whether a stored column reads back as Arrow's own ``to_numpy`` gives it: one value
+    a row, a number or a bool kept natively (what ingest stores), so an engine that reads
+    the Parquet column directly gets the array ``load`` gives."""
+    return (not entry.get("raw") and len(entry["shape"]) == 1
+            and np.dtype(entry["dtype"]).kind in "biuf")
 
 
 def _check_id(dataset_id: object) -> str:
@@ -335,6 +357,24 @@ class DatasetStore:
                 yield {entry["name"]: _to_numpy(pa.chunked_array([batch.column(j)]), entry,
                                                 batch.num_rows)
                        for j, (_, entry) in enumerate(picked)}
+
+    def parquet_source(self, dataset_id: str, version: int) -> ParquetSource | None:
+        """The version for an engine that reads Parquet itself (Spark), its data object's
+        pin checked; None where only this store reads it right (a ``.npy`` version, or a
+        column ``_plain`` does not cover)."""
+        base, document = self._document(dataset_id, version)
+        if document["format"] == LEGACY_FORMAT or not all(
+                _plain(entry) for entry in document["columns"]):
+            return None
+        pinned = self._check_pin(base, document)
+        columns = {entry["name"]: f"c{i}" for i, entry in enumerate(document["columns"])}
+        return ParquetSource(f"{base}/{DATA}", self.objects.filesystem, columns, pinned)
+
+    def check_source(self, source: ParquetSource) -> None:
+        """After an engine's reads: ChangedObject unless the data object is still the
+        pinned one (a replacement while it was read is refused, as ``_parquet`` does)."""
+        if self._head(source.path) != source.pinned:
+            raise ChangedObject(f"the data object {source.path} changed while it was read")
 
     def private_file(self, dataset_id: str, version: int, name: str,
                      make: Callable[[], bytes]) -> bytes:

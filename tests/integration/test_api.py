@@ -258,11 +258,13 @@ def test_laplace_mean_end_to_end(api: Api, dataset: dict[str, Any], worker: Any)
     created = resp.get_json()
     assert created["status"] in {"queued", "running", "succeeded"}
     assert created["cost"] == {"epsilon": 0.5}
+    assert created["engine"] is None  # not run yet
     doc = api.wait(created["id"])
     assert doc["status"] == "succeeded", doc
     assert isinstance(doc["result"]["value"], float)
     assert doc["accuracy"]["ci95_halfwidth"] > 0
     assert "epsilon" in doc["guarantee"]
+    assert doc["engine"] == "embedded"  # the worker read the data (no Spark configured)
     assert doc["dataset_version"] == 1 and doc["mechanism"] == "laplace"
     assert doc["finished_at"] and doc["created_at"]
     assert _budget(api, dataset["id"])["epsilon"]["committed"] == 0.5

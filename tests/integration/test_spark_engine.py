@@ -250,3 +250,47 @@ def test_any_split_into_files_and_row_groups_gives_the_same_partial(
     statistic = mech.statistic(params, cost, meta)
     assert compute_on_spark(spark, statistic, paths, PARQUET, task_rows=task_rows) == \
         compute(statistic, [columns])
+
+
+# --------------------------------------------------------------------------- the worker's run
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_the_worker_runs_a_stored_version_on_spark_as_embedded(
+        spark: SparkSession, backend: str, tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    """A version stored by the service's DatasetStore (Parquet objects with a pinned
+    manifest, several row groups), on a local or an S3 store: the worker's run on Spark
+    releases exactly what it releases embedded, and names its engine; a version replaced
+    while Spark read it is refused."""
+    from service.releases import run
+    from service.storage.dataset_files import ChangedObject, DatasetStore
+    from service.storage.objects import Credentials, LocalStore, ObjectStore, S3Store
+
+    objects: ObjectStore
+    if backend == "local":
+        objects = LocalStore(tmp_path / "objects")
+    else:
+        s3: S3Server = request.getfixturevalue("s3_server")
+        objects = S3Store(s3.bucket, "spark-" + uuid.uuid4().hex, s3.endpoint_url,
+                          Credentials(s3.access_key, s3.secret_key), "us-east-1")
+    store = DatasetStore(objects, staging_dir=tmp_path / "staging")
+    data = _data(ROWS, 11)
+    with store.staging() as staged:  # three row groups' worth of appends
+        for a in range(0, ROWS, 1000):
+            staged.append({name: values[a:a + 1000] for name, values in data.items()})
+        staged.commit("ds_spark", 1, {"kind": "test"})
+    assert store.parquet_source("ds_spark", 1) is not None
+    for name, raw in CASES[:3]:
+        mech, params, cost, meta = _setup(name, raw, ROWS)
+        job = run._Job("ds_spark", 1, mech, params, cost, meta, seed=5)
+        (on_spark, engine), (embedded, here) = run._run(store, job, REMOTE), run._run(store, job)
+        assert (engine, here) == (f"spark {REMOTE}", "embedded")
+        assert repr(on_spark) == repr(embedded)
+    source = store.parquet_source("ds_spark", 1)
+    assert source is not None
+    key = source.path
+    body = objects.get(key)
+    objects.delete(key)
+    objects.put_new(key, body[:-1] + bytes([body[-1] ^ 1]))  # another object, same size
+    with pytest.raises(ChangedObject):
+        store.check_source(source)

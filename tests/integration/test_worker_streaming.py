@@ -47,9 +47,9 @@ def test_a_streamed_run_releases_what_the_whole_columns_release(
     params = mech.load_params(raw)
     cost = mech.cost(params, BUDGETS[name], meta)
     job = run._Job("ds_stream", 1, mech, params, cost, meta, seed=7)
-    streamed = run._run(store, job)
+    streamed, engine = run._run(store, job)
     whole = mech.run(columns, params, cost, meta, secure_generator(7))
-    assert repr(streamed) == repr(whole)
+    assert repr(streamed) == repr(whole) and engine == "embedded"
 
 
 #: run in a fresh interpreter, so Arrow's pool peak (``max_memory``: what tracemalloc does
