@@ -243,8 +243,10 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
             # the output's room before the data, where a file will hold some of it (a table,
             # a result file): a store that cannot take it is refunded. Decided by public
             # inputs only (the store, the mechanism and its parameters)
-            if not inline or job.mechanism.writes_table(job.params):
+            if not inline:
                 svc.documents.preflight(release_id, run.attempt)
+            if job.mechanism.writes_table(job.params):
+                svc.outputs.preflight()
         except Exception as err:  # nothing of the data read yet: refund, say why
             log.error("release failed before reading the data",
                       extra={"release_id": release_id, "error_type": type(err).__name__})

@@ -314,12 +314,15 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
             return again()
         raise
     dataset_id = reservation.dataset_id
-    # a store that could not take the output now: 507 or 503 (an OSError the API answers),
-    # before anything is held; a run checks again before it reads the data. Only where a
-    # file will hold some of the output (a table, or every result on the Valkey store): a
-    # summary's goes into the record with its commit
-    if not ledger.results_inline or mechanism.writes_table(params):
+    # a store that could not take the output now: 507 or 503 (an OSError, or the object
+    # store unavailable, which the API answers), before anything is held; a run checks
+    # again before it reads the data. Only where the output needs one: a table goes to
+    # the object store, a result to a file on the Valkey store; a summary's output on
+    # PostgreSQL goes into the record with its commit
+    if not ledger.results_inline:
         svc.documents.check_room()
+    if mechanism.writes_table(params):
+        svc.outputs.check_room()
     res = ledger.reserve(dataclasses.replace(
         reservation, idempotency_key=idempotency_key, idempotency_ttl=config.idempotency_ttl,
         at=at, stamp=read[2]))

@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+from service.storage import room
 
 if TYPE_CHECKING:
     from service.config import Config
@@ -59,6 +62,9 @@ MAX_PARTS = 10_000
 _COPY_BYTES = 1024 * 1024
 #: folder of a LocalStore's objects being written (same filesystem, so a link is atomic)
 TMP_DIR = ".tmp"
+#: keys of ``preflight``'s probe objects (removed at once; a sweep of this prefix may drop
+#: one a killed process left)
+PROBES = "preflight-probes"
 
 
 class ObjectStoreError(Exception):
@@ -192,6 +198,20 @@ class ObjectStore(ABC):
             return False
         return True
 
+    def check_room(self, need: int) -> None:
+        """Raise what a put would meet now, cheaply (a POST asks before it holds any
+        budget for a release whose output goes here): here, the store's answer to one
+        HEAD (``Unavailable`` when it does not answer). ``need``: the bytes a run would
+        take first (a store without a notion of room ignores it)."""
+        self.exists(f"{PROBES}/none")
+
+    def preflight(self, need: int) -> None:
+        """Before a run reads its data: put a probe object and delete it, so a store
+        that cannot take the output fails the run while it is refunded."""
+        key = f"{PROBES}/{uuid.uuid4().hex}"
+        self.put_new(key, b"probe")
+        self.delete(key)
+
     def _failure(self, doing: str, exc: BaseException) -> ObjectStoreError:
         return ObjectStoreError(f"{doing} in {self.url} failed: {exc}")
 
@@ -226,6 +246,17 @@ class LocalStore(ObjectStore):
     @property
     def filesystem(self) -> pafs.FileSystem:
         return self._fs
+
+    def check_room(self, need: int) -> None:
+        """One ``statvfs`` of the root (``room.check``: full, read-only, not writable)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        room.check(self.root, need)
+
+    def preflight(self, need: int) -> None:
+        """``need`` bytes taken for real under ``.tmp`` and given back (``room.probe``)."""
+        tmp = self.root / TMP_DIR
+        tmp.mkdir(parents=True, exist_ok=True)
+        room.probe(tmp / f"preflight-{uuid.uuid4().hex}", need)
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)

@@ -42,24 +42,22 @@ idempotency keys expire (PRIVRELEASE_IDEMPOTENCY_TTL).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import redis
 
+from service.storage import room
+
 #: errors of a shared filesystem that has no hard links (some FUSE and SMB mounts)
 NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
-#: the room a run makes sure of before it reads its data (its result document and the
-#: first blocks of a table), and the least free space a POST accepts a release with
-PREFLIGHT_BYTES = 1 << 20
+PREFLIGHT_BYTES = room.PREFLIGHT_BYTES
 
 #: the release hash's fields that point at files here
 REQUEST_DIGEST = "doc"
@@ -76,43 +74,6 @@ class DocumentMissing(LookupError):
     is not mounted here, or was lost. The API answers 503 ``storage_unavailable``
     (``service.api.problems``): the record exists, so 404 would lie and 500 would blame code;
     an operator restores the mount and the client retries. Never a document without it."""
-
-
-def _fallocate() -> Callable[[int, int, int, int], int] | None:
-    """The C library's ``fallocate(2)`` (Linux), or None where there is none."""
-    try:
-        call = ctypes.CDLL(None, use_errno=True).fallocate
-    except (AttributeError, OSError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    call.restype = ctypes.c_int
-    return cast(Callable[[int, int, int, int], int], call)
-
-
-_FALLOCATE = _fallocate()
-
-
-def _allocate(fd: int, size: int) -> bool:
-    """Have the file system allocate ``size`` bytes of ``fd`` now (``fallocate(2)``, mode
-    0): True once it did (an error such as ENOSPC or EROFS raised as OSError), False if it
-    cannot (no such call, or a file system without it). Not ``os.posix_fallocate``: the C
-    library may emulate that by writing, whose errors a file system may report only at
-    write-back."""
-    if _FALLOCATE is None:
-        return False
-    if _FALLOCATE(fd, 0, 0, size) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
-        return False
-    raise OSError(err, os.strerror(err))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """``os.write`` until every byte is written (a write may take fewer)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def digest(text: str) -> str:
@@ -153,7 +114,7 @@ class DocumentStore:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
         try:
             try:
-                _write_all(fd, text.encode("utf-8"))
+                room.write_all(fd, text.encode("utf-8"))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -204,44 +165,20 @@ class DocumentStore:
     # -- room -------------------------------------------------------------------------
 
     def check_room(self) -> None:
-        """Raise the OSError a write would meet now (ENOSPC: less than ``PREFLIGHT_BYTES``
-        free; EROFS: mounted read-only; EACCES: not writable; ENOENT: not there). One
-        ``statvfs``: cheap enough for every POST, which then spends nothing on a store
-        that could not take the release's output."""
+        """Raise the OSError a write would meet now (``room.check``): cheap enough for
+        every POST, which then spends nothing on a store that could not take the
+        release's output."""
         self.root.mkdir(parents=True, exist_ok=True)  # a new data directory has none yet
-        st = os.statvfs(self.root)
-        if st.f_flag & os.ST_RDONLY:
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-        if not os.access(self.root, os.W_OK):
-            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
-        if st.f_bavail * st.f_frsize < PREFLIGHT_BYTES:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        room.check(self.root, PREFLIGHT_BYTES)
 
     def preflight(self, release_id: str, attempt: int) -> None:
         """Before a run reads its data: take ``PREFLIGHT_BYTES`` in the release's folder
-        and give them back. A store that cannot take the output (full, read-only, gone)
-        then fails the run while it is still refunded, not after the read, when the
-        failure rule charges it. The work is the same for every run.
-
-        The file system allocates the bytes in the call (``fallocate(2)``): a full store
-        answers ENOSPC there and then, so no fsync is needed (the probe is removed: there
-        is nothing to make durable). Where it cannot (``_allocate`` False), the bytes are
-        written, and only an fsync makes a file system that reports a full disk at
-        write-back (NFS, some FUSE mounts) say so before the read."""
+        and give them back (``room.probe``). A store that cannot take the output (full,
+        read-only, gone) then fails the run while it is still refunded, not after the
+        read, when the failure rule charges it. The work is the same for every run."""
         folder = self.folder(release_id)
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".preflight-{int(attempt)}"
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            if not _allocate(fd, PREFLIGHT_BYTES):
-                block = bytes(1 << 16)
-                for _ in range(PREFLIGHT_BYTES // len(block)):
-                    _write_all(fd, block)
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                probe.unlink()
+        room.probe(folder / f".preflight-{int(attempt)}", PREFLIGHT_BYTES)
 
     # -- results ----------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from service.storage.dataset_files import DatasetStore
 from service.storage.objects import ObjectStore
+from service.storage.room import PREFLIGHT_BYTES
 
 #: the store's key prefix of release tables, and where the ``.npy`` folders were
 PREFIX, LEGACY_PREFIX = "tables", "releases"
@@ -78,6 +79,16 @@ class OutputStore:
             raise ValueError("release table columns differ in length")
         self.store.write(release_id, attempt, {"kind": "release-table"}, columns)
         return lengths.pop() if lengths else 0
+
+    def check_room(self) -> None:
+        """Raise what storing a table would meet now (the POST of a release that writes
+        one asks first: 507/503, nothing held)."""
+        self.store.objects.check_room(PREFLIGHT_BYTES)
+
+    def preflight(self) -> None:
+        """Before a run that writes a table reads its data: the store takes a probe (a
+        store that cannot fails the run while it is refunded)."""
+        self.store.objects.preflight(PREFLIGHT_BYTES)
 
     def load(self, release_id: str, attempt: int) -> dict[str, np.ndarray] | None:
         """The table run ``attempt`` stored (the committed run's, as the ledger says)."""

@@ -83,6 +83,14 @@ def test_round_trip(store: ObjectStore) -> None:
     store.delete("datasets/d1/v1/data.parquet")  # gone already: not an error
 
 
+def test_the_room_checks_answer_and_leave_nothing(store: ObjectStore) -> None:
+    """What a POST and a run ask before a table is stored: both answer on a store that
+    can take it, and the run's probe is gone after it (no key listed)."""
+    store.check_room(1 << 20)
+    store.preflight(1 << 20)
+    assert list(store.list()) == []
+
+
 def test_streams_and_empty_objects(store: ObjectStore) -> None:
     body = np.random.default_rng(2).bytes(3 * MIB + 17)
     etag = store.put_new("a/stream", io.BytesIO(body))
@@ -371,7 +379,8 @@ def test_an_unreachable_endpoint_fails_fast_and_clearly() -> None:
     assert store.filesystem is not None  # the clients exist: the calls time the network
     for call in (lambda: store.put_new("k", b"x"), lambda: store.get("k"),
                  lambda: store.head("k"), lambda: list(store.list()),
-                 lambda: store.delete("k"), lambda: store.open("k")):
+                 lambda: store.delete("k"), lambda: store.open("k"),
+                 lambda: store.check_room(1 << 20), lambda: store.preflight(1 << 20)):
         started = time.monotonic()
         with pytest.raises(Unavailable, match=f"127.0.0.1:{port}") as caught:
             call()

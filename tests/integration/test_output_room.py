@@ -5,11 +5,13 @@ charged the releases, failed with no output (49 of 65 releases, 0.51 epsilon): t
 found out it could not store its output only after it had read the data, when the
 failure rule charges. Now the POST answers 507 (full) or 503 (unavailable) and spends
 nothing, and a run that meets a store gone bad after its POST finds out before it reads
-the data (``DocumentStore.preflight``), so it is refunded.
+the data (``OutputStore.preflight``: tables go to the object store; a result file on the
+Valkey store, ``DocumentStore.preflight``), so it is refunded.
 
-The release folder is a small tmpfs of its own (the tests run as root, as CI does); the
-app has a data directory, a Valkey database and (on PostgreSQL) a database of its own, and
-runs its releases in this process (``run.execute``), so no worker of the session takes them.
+The release folder and the object store are on a small tmpfs of their own (the tests run
+as root, as CI does); the app has a data directory, a Valkey database and (on PostgreSQL)
+a database of its own, and runs its releases in this process (``run.execute``), so no
+worker of the session takes them.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def rig(app: Flask, tmp_path: Path, request: pytest.FixtureRequest
     releases = config.releases_dir
     releases.mkdir(parents=True)
     _mount(releases, f"size={SMALL_FS}")
+    # the object store (datasets and release tables) on the same small file system
+    config = dataclasses.replace(config, storage_url=(releases / "objects").as_uri())
     try:
         flask_app = create_app(config)
         client = wiring.of(flask_app).client

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.storage import release_documents
+from service.storage import room
 from service.storage.release_documents import DIGEST_CHARS, DocumentStore, digest
 
 
@@ -63,9 +63,9 @@ def test_the_preflight_takes_room_and_leaves_nothing(tmp_path: Path, allocates: 
     """With ``fallocate(2)`` (the file system allocates: no fsync) or without it (the
     bytes written, then fsynced): the release's folder made, no probe left behind."""
     if not allocates:
-        monkeypatch.setattr(release_documents, "_FALLOCATE", None)
+        monkeypatch.setattr(room, "_FALLOCATE", None)
     else:
-        assert release_documents._FALLOCATE is not None  # Linux's C library has it
+        assert room._FALLOCATE is not None  # Linux's C library has it
     synced: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
@@ -83,7 +83,7 @@ def test_the_preflight_raises_what_the_file_system_answers(tmp_path: Path) -> No
     fd = os.open(probe, os.O_RDONLY)
     try:
         with pytest.raises(OSError) as caught:
-            release_documents._allocate(fd, 1 << 20)
+            room.allocate(fd, 1 << 20)
     finally:
         os.close(fd)
     assert caught.value.errno == errno.EBADF
