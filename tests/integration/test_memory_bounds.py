@@ -1,0 +1,61 @@
+"""Each family's memory bound is honest (issue #30 item 6): at 10^5 stored rows the
+worker's measured peak (``tests/memory_probe.py``: tracemalloc and a fresh Arrow pool,
+in a fresh interpreter, the worker's own ``_run`` on a real stored version, seeds fixed)
+is at most ``Mechanism.memory`` and the bound at most 3x the peak: a bound far above
+would refuse releases a worker could serve, one below would let a worker be killed.
+
+The figures are allocations, deterministic for a given library build; the factor 3
+leaves the 1.2 margin of the calibration, the load transient's margin (1.5 widest
+columns) and the cells term (32 B a named cell) room, while a per-row figure off by
+2x in either direction fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mechanisms import memory, registry
+from mechanisms.base import StreamingMechanism
+from service.storage.dataset_files import ROW_GROUP_ROWS
+from tests.memory_probe import FAMILIES, budget, meta, peaks, stored
+
+ROWS = 100_000
+#: the bound may be this many times the measured peak, at most
+SLACK = 3.0
+
+
+@pytest.fixture(scope="module")
+def probe_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("probe")
+    stored(root, ROWS)
+    return root
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_bound_holds_the_measured_peak_within_three_times(probe_root: Path,
+                                                              family: str) -> None:
+    cases = FAMILIES[family]
+    measured = peaks(probe_root, ROWS, cases)
+    for (name, raw, spend), peak in zip(cases, measured, strict=True):
+        mech = registry.get(name)
+        params = mech.load_params(raw)
+        mech.cost(params, budget(spend), meta(ROWS))  # the case is a valid request
+        bound = mech.memory(params, meta(ROWS)).bytes
+        assert peak <= bound <= SLACK * peak, (name, raw, peak, bound)
+
+
+def test_every_registered_mechanism_is_measured() -> None:
+    measured = {name for cases in FAMILIES.values() for name, _, _ in cases}
+    assert measured == set(registry.names())
+
+
+def test_a_streamed_bound_does_not_grow_with_rows() -> None:
+    """A streaming mechanism holds one row group, the rows the store writes at most."""
+    assert memory.BATCH_ROWS == ROW_GROUP_ROWS
+    for name, raw, _ in FAMILIES["baselines"]:
+        mech = registry.get(name)
+        assert isinstance(mech, StreamingMechanism)
+        params = mech.load_params(raw)
+        assert mech.memory(params, meta(10**9)) == mech.memory(params, meta(ROW_GROUP_ROWS))
