@@ -17,6 +17,7 @@ from mechanisms.base import (
     ReleaseView,
     Work,
 )
+from mechanisms.memory import Memory
 from mechanisms.registry import get, names, register
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "DatasetMeta",
     "Mechanism",
     "MechanismInputError",
+    "Memory",
     "Output",
     "ReleaseView",
     "Work",

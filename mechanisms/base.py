@@ -19,12 +19,15 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, ClassVar, Literal, final
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 
 import marshmallow
 import numpy as np
 
 from mechanisms.statistics import Partial, Statistic, compute
+
+if TYPE_CHECKING:
+    from mechanisms.memory import Memory
 
 ColumnType = Literal["continuous", "integer", "categorical", "functional"]
 Budget = Mapping[str, Fraction]
@@ -374,6 +377,13 @@ class Mechanism(abc.ABC):
     #: operator opted in with metadata ``record_level: true``. A new mechanism declares it
     #: here, in its own class; the service keeps no list
     record_level: ClassVar[bool] = False
+    #: the run's own allocation per row held, in bytes, beyond the loaded columns, and per
+    #: cell of the columns its params name (``mechanisms.memory``); measured per family by
+    #: ``tests/memory_probe.py``. The defaults are above every family measured
+    row_bytes: ClassVar[float] = 1024.0
+    cell_bytes: ClassVar[float] = 32.0
+    #: the run's allocation that does not grow with rows (plans, calibrations), in bytes
+    fixed_bytes: ClassVar[float] = 16 * 2**20
 
     def writes_table(self, params: Mapping[str, Any]) -> bool:
         """Whether a run may return a table (``Output.table``), known from ``params``
@@ -422,6 +432,17 @@ class Mechanism(abc.ABC):
         if column is not None and column.grid and len(column.grid) > size:
             size, field = len(column.grid), "params.column"
         return Work(float(max(meta.n_rows, 1)) * size, field)
+
+    def memory(self, params: Mapping[str, Any], meta: DatasetMeta) -> Memory:
+        """Upper bound on the worker's peak allocation for ``run`` from public inputs (see
+        ``mechanisms.memory``): the loaded columns, ``row_bytes`` per row and ``cell_bytes``
+        per named cell, and ``fixed_bytes``; a streaming mechanism holds one row group of
+        its columns instead."""
+        from mechanisms import memory  # it builds on this module's types
+
+        return memory.bound(params, meta, streaming=isinstance(self, StreamingMechanism),
+                             row_bytes=self.row_bytes, cell_bytes=self.cell_bytes,
+                             fixed_bytes=self.fixed_bytes)
 
     def composition(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
                     earlier: Callable[[], Sequence[Mapping[str, Any]]]) -> dict[str, Any] | None:
@@ -508,6 +529,12 @@ class StreamingMechanism(Mechanism):
     so the whole-column path and a streamed one (batches updated anywhere, partials
     merged in any order) share the code and give the same output with the same generator.
     """
+
+    #: per row of the held row group, the batch read and the passes' temporaries
+    #: (measured: laplace mean, quantile, variance, a 3-way cross-tab, a median)
+    row_bytes: ClassVar[float] = 80.0
+    cell_bytes: ClassVar[float] = 16.0
+    fixed_bytes: ClassVar[float] = 2**20
 
     @abc.abstractmethod
     def statistic(self, params: Mapping[str, Any], cost: Budget,

@@ -28,6 +28,27 @@ def _int(name: str, default: int) -> int:
         raise SystemExit(f"{ENV_PREFIX}{name} must be an integer") from None
 
 
+#: units a byte size may be written with (PRIVRELEASE_WORKER_MEMORY): decimal and binary
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20, "G": 2**30, "GIB": 2**30,
+          "T": 2**40, "TIB": 2**40}
+
+
+def _bytes(name: str, default: int) -> int:
+    """A positive size in bytes, written as a number or with a unit (``4GiB``, ``3GB``)."""
+    raw = (_env(name) or "").strip()
+    if not raw:
+        return default
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*([A-Za-z]*)", raw)
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in _UNITS:
+        raise SystemExit(f"{ENV_PREFIX}{name} must be a size in bytes, e.g. 4GiB or 3000MB")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise SystemExit(f"{ENV_PREFIX}{name} must be positive")
+    return value
+
+
 def _at_least(name: str, default: int, minimum: int) -> int:
     """An integer >= ``minimum``."""
     value = _int(name, default)
@@ -190,6 +211,14 @@ class Config:
     #: PRIVRELEASE_MAX_RELEASE_WORK: the same ceiling for a release (rows x grid, lattice,
     #: bins, cells, rounds or components the params ask for)
     max_release_work: float = 1e11
+    #: PRIVRELEASE_WORKER_MEMORY: the memory a release may use in its worker, in bytes or
+    #: with a unit (``4GiB``, ``3000MB``). A release whose bound (``Mechanism.memory``:
+    #: the loaded columns and the mechanism's measured per-row figure, from the version's
+    #: declared rows and columns) exceeds it is refused at POST and estimate (422
+    #: ``memory_limit``) and again by the worker before it reads the data (refunded), never
+    #: killed for memory and charged. Set it below the worker's real limit (cgroup, pod):
+    #: the default suits a 4 GiB worker, whose interpreter and libraries take ~0.5 GiB
+    worker_memory: int = 3 * 2**30
     #: PRIVRELEASE_ANALYSIS_TIME_LIMIT: seconds an analysis may run (Celery soft limit);
     #: then it ends ``failed`` with code ``time_limit``. With the grace it must stay below
     #: the broker's visibility timeout (900 s): a redelivered analysis is never re-run
@@ -275,6 +304,7 @@ class Config:
                                         _positive("MAX_WORK", cls.max_analysis_work)),
             max_release_work=_positive("MAX_RELEASE_WORK",
                                        _positive("MAX_WORK", cls.max_release_work)),
+            worker_memory=_bytes("WORKER_MEMORY", cls.worker_memory),
             analysis_time_limit=_positive("ANALYSIS_TIME_LIMIT", cls.analysis_time_limit),
             release_time_limit=_positive("RELEASE_TIME_LIMIT", cls.release_time_limit),
             time_limit_grace=_positive("TIME_LIMIT_GRACE", cls.time_limit_grace),

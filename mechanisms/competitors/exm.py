@@ -83,6 +83,10 @@ class ExmPlan:
 class ExmMechanism(Mechanism):
     """k permute-and-flip draws of a discrete column's value (count as quality), fixed work."""
 
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 96.0
+    fixed_bytes = 4 * 2**20
+
     name = "exm"
     measures = ("epsilon",)
     params_schema = ExmParamsSchema

@@ -71,6 +71,10 @@ def round_to_lattice(y: NDArray[np.float64], lo: float, hi: float, step: float
 class LrmMechanism(PerColumnMechanism):
     """Laplace noise on each value of each chosen column, ε/p per column."""
 
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 96.0
+    fixed_bytes = 4 * 2**20
+
     record_level = True  # one output per record: the dataset's opt-in
 
     name = "lrm"

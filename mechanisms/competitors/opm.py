@@ -149,6 +149,10 @@ def truncation(r: float, k: int | None, n: int, epsilon: float) -> float:
 class OpmMeanMechanism(PerColumnMechanism):
     """DJW's clipped-Laplace locally private mean, ε/p per column."""
 
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 96.0
+    fixed_bytes = 4 * 2**20
+
     name = "opm.mean"
     params_schema = OpmMeanParamsSchema
     description = (
@@ -302,6 +306,10 @@ def l2ball_sample(v: np.ndarray, plan: BallPlan, rng: np.random.Generator) -> np
 
 class OpmL2BallMechanism(Mechanism):
     """DJW's ℓ2-ball sampler on the whole column as one vector (DIP's OPM microdata)."""
+
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 96.0
+    fixed_bytes = 4 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
 

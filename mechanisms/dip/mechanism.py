@@ -205,6 +205,10 @@ def continualizer_for(
 class DipMechanism(Mechanism):
     """Distribution-invariant privatized microdata (Bi & Shen), pure ε-DP."""
 
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 16.0
+    fixed_bytes = 16 * 2**20
+
     record_level = True  # one output per record: the dataset's opt-in
 
     name = "dip"

@@ -48,6 +48,10 @@ class _Plan(Protocol):
 class FunctionMechanism(Mechanism):
     """Pure ε-DP function release; subclasses build the plan."""
 
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 72.0
+    fixed_bytes = 4 * 2**20
+
     measures: ClassVar[tuple[str, ...]] = ("epsilon",)
     #: what the guarantee string calls the mechanism
     label: ClassVar[str]

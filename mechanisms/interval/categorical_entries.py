@@ -70,6 +70,9 @@ def _statement(column: ColumnMeta, rounds: int) -> dict[str, Any]:
 
 
 class ProgressiveCategoricalMechanism(Mechanism):
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 872.0
+    fixed_bytes = 4 * 2**20
     record_level = True  # one output per record: the dataset's opt-in
 
     def charged_columns(self, params: Mapping[str, Any]) -> tuple[str, ...]:

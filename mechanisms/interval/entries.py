@@ -742,6 +742,9 @@ def schemas_for(name: str) -> type[Any]:
 
 
 class Case1(Interval):
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 224.0
+    fixed_bytes = 4 * 2**20
     name = "interval.case1"
     kind = "case1"
     params_schema = schemas.Case1Schema
@@ -750,6 +753,9 @@ class Case1(Interval):
 
 
 class Case2(Interval):
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 232.0
+    fixed_bytes = 4 * 2**20
     name = "interval.case2"
     kind = "case2"
     params_schema = schemas.Case2Schema
@@ -757,6 +763,9 @@ class Case2(Interval):
 
 
 class CaseK(Interval):
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 232.0
+    fixed_bytes = 4 * 2**20
     name = "interval.casek"
     kind = "casek"
     params_schema = schemas.CaseKSchema
@@ -765,6 +774,9 @@ class CaseK(Interval):
 
 
 class RingMechanism(Interval):
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 352.0
+    fixed_bytes = 4 * 2**20
     name = "interval.ring"
     kind = "ring"
     params_schema = schemas.RingSchema
@@ -773,6 +785,9 @@ class RingMechanism(Interval):
 
 
 class SelectiveMechanism(Interval):
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 224.0
+    fixed_bytes = 4 * 2**20
     name = "interval.selective"
     kind = "selective"
     params_schema = schemas.SelectiveSchema
@@ -781,6 +796,9 @@ class SelectiveMechanism(Interval):
 
 
 class ProgressiveMechanism(Interval):
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 248.0
+    fixed_bytes = 4 * 2**20
     name = "interval.progressive"
     kind = "progressive"
     params_schema = schemas.ProgressiveSchema

@@ -447,6 +447,10 @@ def _records(params: Mapping[str, Any], meta: DatasetMeta, plan: ScalarPlan) -> 
 class NoiselessVector(Mechanism):
     """Several statistics in one release, each quantized with its own bits; charges add."""
 
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 72.0
+    fixed_bytes = 8 * 2**20
+
     name = "noiseless.vector"
     measures = (MEASURE,)
     params_schema = VectorParamsSchema
@@ -538,6 +542,10 @@ class NoiselessVector(Mechanism):
 
 class NoiselessLocal(Mechanism):
     """Each record quantized to ⌊2^ε⌋ levels (or given edges); the column costs log2 q once."""
+
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 72.0
+    fixed_bytes = 8 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
 

@@ -31,6 +31,9 @@ PRIVACY_UNIT = "neighbouring datasets differ in one record replaced; n_rows publ
 
 
 class _Subset(Mechanism):
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 112.0
+    fixed_bytes = 16 * 2**20
     record_level = True  # one output per record: the dataset's opt-in
     measures = ("subset_draws",)
     analyses: ClassVar[Mapping[str, Analysis]] = {

@@ -36,7 +36,7 @@ from typing import Any
 import marshmallow
 
 import mechanisms
-from mechanisms import precompute, zcdp
+from mechanisms import memory, precompute, zcdp
 from service import budget, datasets
 from service.config import Config
 from service.errors import Failed, Invalid, NotFound, Retired, ServiceError, by_status
@@ -217,9 +217,11 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
 
 
 def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
-            max_work: float | None = None,
+            max_work: float | None = None, max_memory: float | None = None,
             found: tuple[str, set[str], str] | None = None) -> Prepared:
     """Validate a release request against its mechanism and dataset; compute the cost.
+    ``max_work`` and ``max_memory`` (bytes): the server's ceilings on the release's work and
+    its worker's memory (``memory_limit``; the worker checks that again before reading).
     ``found``: the dataset's pricing read, when the caller has one (``dataset_cache``)."""
     # the document and the measures its caps name, in one read
     if found is None:
@@ -276,6 +278,8 @@ def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
             mech.check_reference(params, meta, datasets.meta(ref))
         if max_work is not None:
             check_work(mech.work(params, meta), max_work, "this release")
+        if max_memory is not None:
+            memory.check(mech.memory(params, meta), max_memory, "this release")
         cost, accuracy = mech.price(params, requested, meta)  # cost, then its accuracy
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that

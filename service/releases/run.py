@@ -34,6 +34,7 @@ import numpy as np
 import redis
 
 import mechanisms
+import mechanisms.memory
 import mechanisms.precompute
 import mechanisms.rows
 from mechanisms.base import StreamingMechanism
@@ -240,6 +241,10 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
     with _lease(ledger, run):
         try:
             job = _public_inputs(ledger, svc.datasets, req, run.dataset_document)
+            # the memory the run would need, as the API judged it, against this worker's
+            # (its setting may differ from the API's): refused here is refunded, not killed
+            mechanisms.memory.check(job.mechanism.memory(job.params, job.meta),
+                                    svc.config.worker_memory, "this release")
             # the output's room before the data, where a file will hold some of it (a table,
             # a result file): a store that cannot take it is refunded. Decided by public
             # inputs only (the store, the mechanism and its parameters)

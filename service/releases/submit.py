@@ -240,7 +240,8 @@ def prepare(svc: Services, body: dict[str, Any], *, api: bool,
     scope = pricing.api_scope(config, svc.precomputed) if api else pricing.worker_scope(config)
     with scope:
         return pricing.prepare(svc.ledger, body, allow_seeds=config.allow_seeds,
-                               max_work=config.max_release_work, found=found)
+                               max_work=config.max_release_work,
+                               max_memory=config.worker_memory, found=found)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """``PRIVRELEASE_SPARK_REMOTE`` as ``service.config`` reads it: unset is embedded, and only
-a local master or an ``sc://`` URL is accepted."""
+a local master or an ``sc://`` URL is accepted; ``PRIVRELEASE_WORKER_MEMORY`` in bytes or
+with a unit."""
 
 from __future__ import annotations
 
@@ -28,4 +29,23 @@ def test_no_spark_remote_is_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_other_spark_remotes_are_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv("PRIVRELEASE_SPARK_REMOTE", raw)
     with pytest.raises(SystemExit, match="PRIVRELEASE_SPARK_REMOTE must be local"):
+        Config.from_env()
+
+
+@pytest.mark.parametrize(("raw", "read"), [
+    ("", 3 * 2**30), ("4GiB", 4 * 2**30), ("4 GiB", 4 * 2**30), ("512MiB", 512 * 2**20),
+    ("3000MB", 3 * 10**9), ("2G", 2 * 2**30), ("1e9", 10**9), ("123456789", 123456789),
+    ("2.5gib", int(2.5 * 2**30)),
+])
+def test_the_worker_memory_is_read_in_bytes_or_with_a_unit(
+        monkeypatch: pytest.MonkeyPatch, raw: str, read: int) -> None:
+    """PRIVRELEASE_WORKER_MEMORY: unset or empty is the documented 3 GiB."""
+    monkeypatch.setenv("PRIVRELEASE_WORKER_MEMORY", raw)
+    assert Config.from_env().worker_memory == read
+
+
+@pytest.mark.parametrize("raw", ["4 gigabytes", "GiB", "-1GiB", "4PiB", "0", "0.1"])
+def test_other_worker_memories_are_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("PRIVRELEASE_WORKER_MEMORY", raw)
+    with pytest.raises(SystemExit, match="PRIVRELEASE_WORKER_MEMORY must be"):
         Config.from_env()

@@ -1,0 +1,97 @@
+"""A release that would exceed its worker's memory is refused before any data is read
+(issue #30 item 6): at POST and estimate (422 ``memory_limit`` naming the input and the
+limit), and by the worker, which refunds it, never run, killed and charged.
+
+A Valkey, a worker and an app of their own (``test_work_limits.Stack``) with
+PRIVRELEASE_WORKER_MEMORY at 8 MiB: DIP's bound (16 MiB fixed) is above it whatever the
+rows, a Laplace mean's (one row group of 300 rows, 1 MiB fixed) below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from mechanisms import registry
+from service import datasets, wiring
+from service.releases import pricing, submit
+from service.storage.ledger import Reservation
+from tests.integration.conftest import PEOPLE_META, people_csv
+from tests.integration.record_state import field, own_database
+from tests.integration.test_work_limits import Stack
+
+LIMIT = 8 * 2**20
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("memory"), own_database(request),
+              WORKER_MEMORY="8MiB")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def people(stack: Stack) -> str:
+    resp = stack.api.upload(people_csv(300), PEOPLE_META)
+    assert resp.status_code == 201, resp.get_json()
+    return str(resp.get_json()["id"])
+
+
+DIP = {"mechanism": "dip", "params": {"columns": ["age", "income"]},
+       "budget": {"epsilon": 0.5}}
+
+
+def _bound(stack: Stack, ds: str) -> float:
+    doc = datasets.get(wiring.of(stack.app).ledger, ds)
+    assert doc is not None
+    mech = registry.get("dip")
+    return mech.memory(mech.load_params(DIP["params"]), datasets.meta(doc)).bytes
+
+
+def test_post_and_estimate_refuse_a_release_above_the_worker_memory(
+        stack: Stack, people: str) -> None:
+    """Catches: main queued any release whatever its memory; a worker past its memory was
+    OOM-killed, the job re-run three times and then charged as failed."""
+    for path in ("/v1/releases", "/v1/releases/estimate"):
+        resp = stack.api.post(path, {"dataset_id": people, **DIP})
+        assert resp.status_code == 422, resp.get_json()
+        body = resp.get_json()
+        assert body["code"] == "memory_limit" and body["field"] == "dataset_id"
+        assert body["limit"] == LIMIT and body["memory"] == _bound(stack, people) > LIMIT
+        assert "8 MiB" in body["detail"]
+    measures = stack.api.get(f"/v1/datasets/{people}/budget").get_json()["measures"]
+    assert measures["epsilon"]["reserved"] == 0 and measures["epsilon"]["committed"] == 0
+    count = stack.api.post("/v1/releases", {
+        "dataset_id": people, "mechanism": "laplace", "budget": {"epsilon": 0.1},
+        "params": {"statistic": "mean", "column": "age"}})
+    assert count.status_code == 202, count.get_json()
+    assert stack.api.wait(count.get_json()["id"])["status"] == "succeeded"
+
+
+def test_the_worker_refunds_a_release_above_its_memory_before_reading(
+        stack: Stack) -> None:
+    """An API whose limit is larger (here: none) queued it; the worker, whose memory is
+    8 MiB, refuses it before the data is read: refunded, with the reason, not charged."""
+    upload = stack.api.upload(people_csv(300), PEOPLE_META)
+    assert upload.status_code == 201, upload.get_json()
+    people = str(upload.get_json()["id"])
+    ledger = wiring.of(stack.app).ledger
+    prepared = pricing.prepare(ledger, {"dataset_id": people, **DIP}, allow_seeds=True)
+    rid = submit.new_id()
+    res = ledger.reserve(Reservation(people, rid, prepared.cost_units, actor="key_test",
+                                     fingerprint=prepared.fingerprint,
+                                     request_json=prepared.job().to_json()))
+    assert res.outcome == "reserved"
+    wiring.of(stack.app).queue.run(rid)
+    doc: dict[str, Any] = stack.api.wait(rid)
+    assert doc["status"] == "failed", doc
+    assert "worker memory of 8 MiB" in doc["error"]["message"]
+    assert field(ledger, rid, "data_read") is None
+    row = stack.api.get(f"/v1/datasets/{people}/budget").get_json()["measures"]["epsilon"]
+    assert row["committed"] == 0 and row["reserved"] == 0
+    kinds = [e["kind"] for e in stack.api.get(f"/v1/datasets/{people}/ledger").get_json()]
+    assert kinds == ["cap", "reserve", "abort"]
