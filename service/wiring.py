@@ -60,7 +60,7 @@ class Services:
     outputs: OutputStore
     queue: Queue
     #: heavy public precomputations shared by every process on the data directory
-    precomputed: precompute.DirectoryStore
+    precomputed: precompute.Store
     #: API keys and console sessions, beside the ledger (PostgreSQL's pool, or Valkey)
     keys: KeyStore
     #: analyses, beside the ledger
@@ -113,7 +113,7 @@ def build(config: Config, role: Role = "api", *, celery: Any = None) -> Services
                     DatasetStore(store, staging_dir=config.staging_dir),
                     OutputStore(store, config.staging_dir),
                     Queue(celery if celery is not None else make_celery(config)),
-                    pricing.precomputed(config), keys, analyses)
+                    pricing.precomputed(config, store), keys, analyses)
 
 
 @contextmanager

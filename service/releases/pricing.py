@@ -41,15 +41,17 @@ from service import budget, datasets
 from service.config import Config
 from service.errors import Failed, Invalid, NotFound, Retired, ServiceError, by_status
 from service.releases.request import JobRequest, request_fingerprint
+from service.storage.objects import ObjectStore
+from service.storage.precompute_objects import ObjectCache
 from service.storage.store import Store
 
 # ------------------------------------------------ heavy parts: never cold in the API
 
 
-def precomputed(config: Config) -> precompute.DirectoryStore:
-    """The shared store of this data directory."""
-    return precompute.DirectoryStore(config.data_dir / "precompute",
-                                     max_bytes=config.precompute_max_bytes)
+def precomputed(config: Config, objects: ObjectStore) -> ObjectCache:
+    """The shared store of precomputations: in the service's object store, which every
+    API and worker host reaches (``PRIVRELEASE_STORAGE_URL``)."""
+    return ObjectCache(objects, max_bytes=config.precompute_max_bytes)
 
 
 class _Recording:
@@ -98,9 +100,9 @@ def api_scope(config: Config, shared: precompute.Store) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def worker_scope(config: Config) -> Iterator[None]:
+def worker_scope(config: Config, shared: precompute.Store) -> Iterator[None]:
     """Within the block (a worker's job), cold results are computed and stored."""
-    with precompute.use(precomputed(config), None, config.max_precompute_work):
+    with precompute.use(shared, None, config.max_precompute_work):
         yield
 
 

@@ -237,7 +237,8 @@ def prepare(svc: Services, body: dict[str, Any], *, api: bool,
     precomputation raises ``pricing.Unpriced`` instead of running. ``found``: the
     dataset's pricing read, if the caller has it."""
     config = svc.config
-    scope = pricing.api_scope(config, svc.precomputed) if api else pricing.worker_scope(config)
+    scope = (pricing.api_scope(config, svc.precomputed) if api
+             else pricing.worker_scope(config, svc.precomputed))
     with scope:
         return pricing.prepare(svc.ledger, body, allow_seeds=config.allow_seeds,
                                max_work=config.max_release_work,

@@ -477,7 +477,7 @@ class DatasetStore:
         the given store prefixes (a listing, no object read)."""
         newest: dict[tuple[str, int], float] = {}
         for prefix in prefixes:
-            for key, modified in self.objects.listed(prefix):
+            for key, modified, _ in self.objects.listed(prefix):
                 parts = key.split("/")
                 if len(parts) < 4 or _ID.fullmatch(parts[1]) is None:
                     continue

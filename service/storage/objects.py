@@ -104,10 +104,12 @@ def _retrying_conflicts(write: Callable[[], Any]) -> Any:
 
 
 class Listed(NamedTuple):
-    """A key a listing found and when its object was last written (epoch seconds)."""
+    """A key a listing found, when its object was last written (epoch seconds) and its
+    size in bytes."""
 
     key: str
     modified: float
+    size: int = 0
 
 
 class ObjectInfo(NamedTuple):
@@ -337,9 +339,10 @@ class LocalStore(ObjectStore):
     def listed(self, prefix: str = "") -> Iterator[Listed]:
         for key in self.list(prefix):
             try:
-                yield Listed(key, (self.root / key).stat().st_mtime)
+                st = (self.root / key).stat()
             except FileNotFoundError:  # deleted since it was listed
                 continue
+            yield Listed(key, st.st_mtime, st.st_size)
 
     def _walk(self, path: Path, above: str, start: str) -> Iterator[str]:
         """Keys under ``path`` (whose keys begin ``above``) whose next segment starts
@@ -601,7 +604,8 @@ class S3Store(ObjectStore):
             page = self._call("listing", prefix or "all keys", client.list_objects_v2,
                               **kwargs)
             for item in page.get("Contents", []):
-                yield Listed(str(item["Key"])[len(base):], item["LastModified"].timestamp())
+                yield Listed(str(item["Key"])[len(base):], item["LastModified"].timestamp(),
+                             int(item.get("Size", 0)))
             if not page.get("IsTruncated"):
                 return
             token = page["NextContinuationToken"]

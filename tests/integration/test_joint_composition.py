@@ -122,7 +122,7 @@ def test_second_release_is_charged_its_standalone_bound(api: Api, app: Any,
 def _prepare(app: Any, body: dict[str, Any]) -> pricing.Prepared:
     from service.releases import pricing
     config = app.config["PRIVRELEASE"]
-    with app.app_context(), pricing.worker_scope(config):
+    with app.app_context(), pricing.worker_scope(config, wiring.of(app).precomputed):
         return pricing.prepare(wiring.of(app).ledger, body,
                                 allow_seeds=True)
 

@@ -37,6 +37,7 @@ from service.storage.objects import (
     S3Store,
     Unavailable,
 )
+from service.storage.precompute_objects import ObjectCache
 from tests.conftest import S3Server
 
 MIB = 1024 * 1024
@@ -289,15 +290,16 @@ def test_listing_pages_and_order(store: ObjectStore) -> None:
     assert [item.key for item in with_times] == keys
 
 
-def test_listed_keys_carry_their_write_times(store: ObjectStore) -> None:
+def test_listed_keys_carry_their_write_times_and_sizes(store: ObjectStore) -> None:
     """What the orphan sweeps read: each key's last write, within S3's one second."""
     before = time.time()
     store.put_new("t/a", b"x")
-    store.put_new("t/b", b"y")
+    store.put_new("t/b", b"yz")
     after = time.time()
     listed = list(store.listed("t/"))
     assert [item.key for item in listed] == ["t/a", "t/b"]
     assert all(before - 1.0 <= item.modified <= after + 1.0 for item in listed)
+    assert [item.size for item in listed] == [1, 2]  # what a bounded cache sums
     assert list(store.listed("none/")) == []
 
 
@@ -306,6 +308,27 @@ BAD_KEYS: list[Any] = [
     "a b", "a\nb", "a\x00b", "ä", "a?b", "a%2Fb", "a\\b", "a:b", "x" * 1000, None, b"key", 7,
 ]
 
+
+
+def test_the_precompute_cache_shares_values_and_stays_bounded(store: ObjectStore) -> None:
+    """Two processes' caches over one store: a value one stores the other reads; the
+    same key stored twice keeps the first (a pure function of its key); past the cap
+    the oldest written go, down to 80 %; a store away is a miss, not an error."""
+    one, two = ObjectCache(store, max_bytes=1000), ObjectCache(store, max_bytes=1000)
+    one.put("ab12", b"x" * 300)
+    assert two.get("ab12") == b"x" * 300 and two.get("cd34") is None
+    two.put("ab12", b"y" * 300)
+    assert one.get("ab12") == b"x" * 300
+    for i, key in enumerate(["c1", "c2", "c3"]):
+        time.sleep(1.1 if isinstance(store, S3Store) else 0.02)  # S3 times are seconds
+        one.put(key + "00", bytes([i]) * 300)
+    kept = [item.key for item in store.listed("precompute/")]
+    assert sum(item.size for item in store.listed("precompute/")) <= 800
+    assert "precompute/ab/ab12" not in kept and "precompute/c3/c300" in kept
+    away = ObjectCache(S3Store("bucket", "p", f"http://127.0.0.1:{_closed_port()}",
+                               Credentials("AKIAEXAMPLE", SECRET), "us-east-1"))
+    assert away.get("ab12") is None
+    away.put("ab12", b"z")  # nothing raised: recomputed next time
 
 @pytest.mark.parametrize("key", BAD_KEYS, ids=repr)
 def test_odd_keys_are_refused(store: ObjectStore, key: Any) -> None:

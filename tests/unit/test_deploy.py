@@ -108,19 +108,25 @@ def test_kubernetes_manifests_validate() -> None:
             kubernetes_validate.validate(doc, "1.30", strict=True)
             kinds.add((doc["kind"], doc["metadata"]["name"]))
     assert {("Deployment", "privrelease-api"), ("Deployment", "privrelease-worker"),
-            ("StatefulSet", "valkey"), ("PersistentVolumeClaim", "datasets")} <= kinds
+            ("StatefulSet", "valkey")} <= kinds
+    # nothing shared between pods but the database, the broker and the object store
+    assert not any(kind == "PersistentVolumeClaim" for kind, _ in kinds)
 
 
-def test_kubernetes_pods_run_as_the_image_user_on_the_shared_volume() -> None:
+def test_kubernetes_pods_run_as_the_image_user_with_their_own_scratch() -> None:
+    """No ReadWriteMany volume (issue #30): a pod's data directory is its own scratch
+    (staging), and what every pod reads is in the object store the secret names."""
     user = next(args for word, args in _dockerfile() if word == "USER")
     for name in ("api.yaml", "worker.yaml"):
         docs = list(yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()))
         pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
         assert pod["securityContext"] == {"runAsNonRoot": True, "fsGroup": int(user)}
-        claim = pod["volumes"][0]["persistentVolumeClaim"]["claimName"]
-        assert claim == "datasets"
-    pvc = yaml.safe_load((DEPLOY / "k8s" / "datasets-pvc.yaml").read_text())
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert pod["volumes"] == [{"name": "scratch", "emptyDir": {}}]
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["PRIVRELEASE_STORAGE_URL"]["valueFrom"]["secretKeyRef"]["key"] == \
+            "storage-url"
+    secret = yaml.safe_load((DEPLOY / "k8s" / "secret.example.yaml").read_text())
+    assert secret["stringData"]["storage-url"].startswith("s3://")
 
 
 def test_sentinel_compose_has_a_replicated_broker_behind_three_sentinels() -> None:
