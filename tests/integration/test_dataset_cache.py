@@ -71,11 +71,15 @@ def test_posts_read_the_registry_once_and_see_every_change(app: Flask, api: Api,
                                json={"status": "retired"})
     assert retired.status_code == 200, retired.get_json()
     reads.clear()
-    before = api.get(f"/v1/datasets/{ds}/budget").get_json()
+    def remaining() -> float:  # earlier releases may commit meanwhile: that keeps it
+        row = api.get(f"/v1/datasets/{ds}/budget").get_json()["measures"]["epsilon"]
+        return float(row["remaining"])
+
+    before = remaining()
     refused = api.post("/v1/releases", _mean(ds, 0.03, version=2))
     assert (refused.status_code, refused.get_json()["code"]) == (409, "version_retired")
     assert reads == [ds]
-    assert api.get(f"/v1/datasets/{ds}/budget").get_json() == before  # nothing held
+    assert remaining() == before  # nothing held
 
     # a request the registry refuses whatever its state costs no second read
     reads.clear()
