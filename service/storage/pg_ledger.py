@@ -283,14 +283,15 @@ MARK_NEW_SQL = (
     "AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.release_id = releases.id) "
     "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
 #: running releases whose lease lapsed ``lapsed`` s ago, not marked since it lapsed: the
-#: releases of ``release_runs`` (the running ones, migration 0009_hot_start)
+#: releases of ``release_runs`` (the running ones, migration 0009_hot_start), each found
+#: by its primary key (LATERAL: the few runs drive, never a scan of ``releases``)
 MARK_LAPSED_SQL = (
     "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
-    "sweep_at = now() WHERE id IN (SELECT r.id FROM release_runs u JOIN releases r "
-    "ON r.id = u.release_id WHERE r.status = 'running' "
-    "AND COALESCE(r.lease_until, '-infinity') <= now() - make_interval(secs => %(lapsed)s) "
-    "AND (r.sweep_at IS NULL OR r.sweep_at <= COALESCE(r.lease_until, '-infinity')) "
-    "LIMIT %(batch)s FOR UPDATE OF r SKIP LOCKED)")
+    "sweep_at = now() WHERE id IN (SELECT r.id FROM release_runs u CROSS JOIN LATERAL "
+    "(SELECT id FROM releases WHERE id = u.release_id AND status = 'running' "
+    "AND COALESCE(lease_until, '-infinity') <= now() - make_interval(secs => %(lapsed)s) "
+    "AND (sweep_at IS NULL OR sweep_at <= COALESCE(lease_until, '-infinity')) "
+    "FOR UPDATE SKIP LOCKED) r LIMIT %(batch)s)")
 #: a send of the sweeper begun ``SEND_BOUND`` s ago and never marked after (phase 0)
 MARK_SENDING_SQL = (
     "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
@@ -306,8 +307,8 @@ WITNESS_SQL = (
     "SELECT GREATEST((SELECT created_seq FROM releases WHERE ran_at IS NOT NULL "
     "AND created_seq IS NOT NULL AND ran_at <= now() - make_interval(secs => %(age)s) "
     "ORDER BY created_seq DESC LIMIT 1), (SELECT max(r.created_seq) FROM release_runs u "
-    "JOIN releases r ON r.id = u.release_id WHERE r.started_at IS NOT NULL "
-    "AND r.started_at <= now() - make_interval(secs => %(age)s))), "
+    "CROSS JOIN LATERAL (SELECT created_seq FROM releases WHERE id = u.release_id "
+    "AND started_at <= now() - make_interval(secs => %(age)s) OFFSET 0) r)), "
     "(SELECT created_seq FROM releases WHERE priced_at IS NOT NULL "
     "AND created_seq IS NOT NULL AND priced_at <= now() - make_interval(secs => %(age)s) "
     "ORDER BY created_seq DESC LIMIT 1)")
