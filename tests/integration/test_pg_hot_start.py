@@ -1,0 +1,93 @@
+"""What a release's ledger steps write on PostgreSQL (migration 0009_hot_start, issue #29's
+ledger benchmark): a start and a lease renewal are HOT updates of ``releases`` (no index
+entry written), only the insert and the settle write index entries, and a create without
+an Idempotency-Key records no ``step_calls`` row. Throughput is noisy on a shared
+machine; these counts are not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from service.storage import database
+from service.storage.pg_ledger import PgLedger
+from tests.integration.conftest import LEDGER_OUTPUT
+from tests.integration.test_pg_ledger import _create_db, _db_url, _drop_db, _ds, _res, _sql
+
+pytestmark = pytest.mark.postgres_store
+
+#: the columns a start (``ledger_start``) or a lease renewal (``ledger_touch``) changes
+START_COLUMNS = {"status", "started_at", "worker", "attempt", "lease_token", "lease_until",
+                 "data_read"}
+#: the columns the indexes of ``releases`` name (keys, INCLUDE, predicates)
+INDEXED = {"id", "created_at", "dataset_id", "actor", "pending", "failed", "finished_at",
+           "pricing", "sweep_seq", "created_seq", "ran_at", "priced_at"}
+#: sequences run
+N = 40
+
+
+@pytest.fixture()
+def pg_url(postgres_url: str) -> Iterator[str]:
+    name = _create_db(postgres_url)
+    url = _db_url(postgres_url, name)
+    database.upgrade(url)
+    yield url
+    _drop_db(postgres_url, name)
+
+
+def test_no_index_of_releases_names_a_column_a_start_changes(pg_url: str) -> None:
+    """PostgreSQL makes an UPDATE a HOT one only if it changes no column an index names
+    (PostgreSQL records each such column, key, INCLUDE or predicate, as a dependency of
+    the index)."""
+    named = {name for (name,) in _sql(pg_url, """
+        SELECT DISTINCT a.attname FROM pg_index i
+        JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
+             AND d.refobjid = i.indrelid AND d.refobjsubid > 0
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = d.refobjsubid
+        WHERE i.indrelid = 'releases'::regclass""")}
+    assert named == INDEXED
+    assert not named & START_COLUMNS
+
+
+def test_a_start_and_a_renewal_are_hot_updates_and_a_create_records_no_answer(
+        pg_url: str) -> None:
+    """N sequences reserve, start, mark the data read, commit through one connection:
+    ``releases`` gets N inserts and 3N updates of which 2N HOT (the start and the
+    renewal: every one), ``release_runs`` a row per start, deleted by the commit, and
+    ``step_calls`` only the open's row."""
+    pool = database.connect(pg_url, min_size=1, max_size=1)
+    try:
+        ledger = PgLedger(pool)
+        ds = _ds()
+        ledger.open(ds, {"epsilon": 10**6}, "op")
+        for _ in range(N):
+            release_id = ledger.reserve(_res(ds, {"epsilon": 1})).release_id
+            run = ledger.mark_running(release_id, "w")
+            assert run is not None
+            assert _sql(pg_url, "SELECT release_id FROM release_runs") == [(release_id,)]
+            assert ledger.mark_data_read(run)
+            assert ledger.commit(ds, run, LEDGER_OUTPUT) == "settled"
+        # the one backend reports its counters when it next goes idle
+        with pool.connection() as conn:
+            conn.execute("SELECT pg_stat_force_next_flush()")
+    finally:
+        pool.close()
+    counts = ("SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM "
+              "pg_stat_user_tables WHERE relname IN ('releases', 'release_runs') ORDER BY 1")
+    expected = [("release_runs", N, 0, 0, N), ("releases", N, 3 * N, 2 * N, 0)]
+    deadline = time.monotonic() + 10
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        while True:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            seen = [tuple(row) for row in conn.execute(counts).fetchall()]
+            if seen == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert seen == expected
+    assert _sql(pg_url, "SELECT count(*) FROM step_calls") == [(1,)]
+    assert _sql(pg_url, "SELECT count(*) FROM release_runs") == [(0,)]
+    assert _sql(pg_url, "SELECT count(*), bool_and(status = 'succeeded' AND NOT pending "
+                        "AND NOT failed AND ran_at = started_at) FROM releases") == [(N, True)]
