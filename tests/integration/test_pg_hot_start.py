@@ -16,6 +16,7 @@ from service.storage import database
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT
 from tests.integration.test_pg_ledger import _create_db, _db_url, _drop_db, _ds, _res, _sql
+from tests.integration.test_pg_store import _downgrade
 
 pytestmark = pytest.mark.postgres_store
 
@@ -91,3 +92,45 @@ def test_a_start_and_a_renewal_are_hot_updates_and_a_create_records_no_answer(
     assert _sql(pg_url, "SELECT count(*) FROM release_runs") == [(0,)]
     assert _sql(pg_url, "SELECT count(*), bool_and(status = 'succeeded' AND NOT pending "
                         "AND NOT failed AND ran_at = started_at) FROM releases") == [(N, True)]
+
+
+def test_0009_knows_the_running_releases_and_goes_down_and_up_again(postgres_url: str) -> None:
+    """Upgraded over a release running under 0008, 0009 lists it in ``release_runs``
+    (its commit takes it out); a release inserted running (as ``migrate-from-valkey``
+    does) is listed too; 0009 downgrades to 0008 (its table, columns, indexes and
+    trigger gone, the releases kept, 0008's indexes back) and upgrades again."""
+    name = _create_db(postgres_url)
+    url = _db_url(postgres_url, name)
+    try:
+        database.upgrade(url, "0008_sweep")
+        pool = database.connect(url)
+        try:
+            ledger = PgLedger(pool)
+            ds = _ds()
+            ledger.open(ds, {"epsilon": 10}, "op")
+            release_id = ledger.reserve(_res(ds, {"epsilon": 1})).release_id
+            run = ledger.mark_running(release_id, "w")
+            assert run is not None
+            database.upgrade(url)
+            assert _sql(url, "SELECT release_id FROM release_runs") == [(release_id,)]
+            assert ledger.commit(ds, run, LEDGER_OUTPUT) == "settled"
+        finally:
+            pool.close()
+        _sql(url, "INSERT INTO releases (id, dataset_id, actor, status, request) "
+                  "VALUES ('rel_moved', %s, 'a', 'running', '{}') RETURNING 1", ds)
+        assert _sql(url, "SELECT release_id FROM release_runs") == [("rel_moved",)]
+        assert _sql(url, "SELECT id, pending, failed, pricing, ran_at IS NOT NULL FROM "
+                         "releases ORDER BY id") == [
+            (release_id, False, False, False, True), ("rel_moved", True, False, False, False)]
+        _downgrade(url, "0008_sweep")
+        assert _sql(url, "SELECT to_regclass('release_runs'), to_regclass('releases_ran_seq'),"
+                         " to_regclass('releases_started_seq') IS NOT NULL") == [
+            (None, None, True)]
+        assert _sql(url, "SELECT count(*) FROM information_schema.columns WHERE table_name = "
+                         "'releases' AND column_name IN ('pending', 'failed', 'pricing', "
+                         "'ran_at')") == [(0,)]
+        assert _sql(url, "SELECT id FROM releases ORDER BY id") == [(release_id,), ("rel_moved",)]
+        database.upgrade(url)
+        assert _sql(url, "SELECT release_id FROM release_runs") == [("rel_moved",)]
+    finally:
+        _drop_db(postgres_url, name)
