@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -124,8 +125,9 @@ def test_0009_knows_the_running_releases_and_goes_down_and_up_again(postgres_url
             (release_id, False, False, False, True), ("rel_moved", True, False, False, False)]
         _downgrade(url, "0008_sweep")
         assert _sql(url, "SELECT to_regclass('release_runs'), to_regclass('releases_ran_seq'),"
-                         " to_regclass('releases_started_seq') IS NOT NULL") == [
-            (None, None, True)]
+                         " to_regclass('releases_started_seq') IS NOT NULL, "
+                         "to_regprocedure('releases_priced()') IS NOT NULL") == [
+            (None, None, True, True)]
         assert _sql(url, "SELECT count(*) FROM information_schema.columns WHERE table_name = "
                          "'releases' AND column_name IN ('pending', 'failed', 'pricing', "
                          "'ran_at')") == [(0,)]
@@ -134,3 +136,26 @@ def test_0009_knows_the_running_releases_and_goes_down_and_up_again(postgres_url
         assert _sql(url, "SELECT release_id FROM release_runs") == [("rel_moved",)]
     finally:
         _drop_db(postgres_url, name)
+
+
+def test_a_priced_release_gets_its_priced_at_and_loses_its_marks(pg_url: str) -> None:
+    """0008's trigger ``releases_priced`` (gone: a BEFORE UPDATE trigger locks every row
+    an UPDATE changes) did this; ``ledger_reserve``'s priced UPDATE does it now."""
+    pool = database.connect(pg_url, max_size=2)
+    try:
+        ledger = PgLedger(pool)
+        ds = _ds()
+        ledger.open(ds, {"epsilon": 10}, "op")
+        r = _res(ds, {"epsilon": 1}, mode="pricing")
+        assert ledger.reserve(r).outcome == "pricing"
+        ledger.enqueued(r.release_id)
+        ledger.sent(r.release_id)  # the sweeper's mark of its pricing job's message
+        marked = "SELECT priced_at IS NOT NULL, sweep_seq IS NOT NULL, sweep_phase, " \
+                 "sweep_at IS NOT NULL FROM releases"
+        assert _sql(pg_url, marked) == [(False, True, 1, True)]
+        assert ledger.reserve(replace(r, mode="priced")).outcome == "reserved"
+        assert _sql(pg_url, marked) == [(True, False, None, False)]
+        assert _sql(pg_url, "SELECT tgname FROM pg_trigger WHERE tgrelid = "
+                            "'releases'::regclass AND tgtype & 2 = 2") == []  # no BEFORE
+    finally:
+        pool.close()

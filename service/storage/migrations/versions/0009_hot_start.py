@@ -24,11 +24,19 @@ that keep their value from queued to running:
   ``releases_ran_seq`` (created_seq) INCLUDE (ran_at) replaces ``releases_started_seq``
   for the ended releases;
 - the running releases (the sweeper's lapsed leases, the witnesses still running) are
-  the rows of ``release_runs`` (release id only), which the trigger ``releases_running``
-  keeps: a row inserted when a release becomes running, deleted when it stops (so it
-  holds as many rows as runs are under way or lapsed, never the history). The trigger
-  fires on those two transitions only (its WHEN), whichever statement makes them (the
-  steps, ``privrelease migrate-from-valkey``'s inserts).
+  the rows of ``release_runs`` (release id only), which the triggers ``releases_running``
+  keep: a row inserted when a release becomes running, deleted when it stops (so it
+  holds as many rows as runs are under way or lapsed, never the history). They fire on
+  those two transitions only (their WHEN), whichever statement makes them (the steps,
+  ``privrelease migrate-from-valkey``'s inserts), AFTER the row is written.
+
+**No BEFORE UPDATE trigger on ``releases``**: PostgreSQL locks a row before it runs the
+BEFORE ROW UPDATE triggers of its table (whatever their WHEN or column list decides
+later), a tuple lock and its WAL record on every UPDATE of ``releases``, a start, a lease
+renewal and a settle included. 0008's ``releases_priced`` (the only one) is dropped: its
+work, ``priced_at`` and the sweeper's marks cleared when a release goes from pricing to
+queued, is done by the only step that makes that move, ``ledger_reserve``'s ``priced``
+mode (0007's function, that UPDATE extended: ``_reserve``).
 
 So a start is a HOT update (if its page has room: ``releases`` gets fillfactor 80, the
 new pages keep a fifth free for the start's and the lease's row versions) plus one
@@ -50,7 +58,9 @@ Create Date: 2026-12-03
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from alembic import op
 
@@ -99,16 +109,31 @@ BEGIN
     ELSE
         DELETE FROM release_runs WHERE release_id = OLD.id;
     END IF;
-    RETURN NEW;
+    RETURN NULL;  -- an AFTER trigger's result is ignored
 END $$;
-CREATE TRIGGER releases_running_insert BEFORE INSERT ON releases FOR EACH ROW
+CREATE TRIGGER releases_running_insert AFTER INSERT ON releases FOR EACH ROW
     WHEN (NEW.status = 'running') EXECUTE FUNCTION releases_running();
-CREATE TRIGGER releases_running BEFORE UPDATE OF status ON releases FOR EACH ROW
+CREATE TRIGGER releases_running AFTER UPDATE OF status ON releases FOR EACH ROW
     WHEN ((OLD.status = 'running') <> (NEW.status = 'running'))
     EXECUTE FUNCTION releases_running();
+
+DROP TRIGGER releases_priced ON releases;
+DROP FUNCTION releases_priced();
 """
 
 DOWNGRADE = """
+CREATE FUNCTION releases_priced() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.priced_at := now();
+    NEW.sweep_seq := NULL;
+    NEW.sweep_phase := NULL;
+    NEW.sweep_at := NULL;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER releases_priced BEFORE UPDATE OF status ON releases FOR EACH ROW
+    WHEN (OLD.status = 'pricing' AND NEW.status = 'queued')
+    EXECUTE FUNCTION releases_priced();
+
 DROP TRIGGER releases_running ON releases;
 DROP TRIGGER releases_running_insert ON releases;
 DROP FUNCTION releases_running();
@@ -138,9 +163,29 @@ CREATE INDEX releases_started_seq ON releases (created_seq) INCLUDE (started_at)
 """
 
 
+#: 0007's UPDATE of a priced release, and what 0009 adds to it (0008's trigger's work)
+PRICED = ("UPDATE releases SET status = 'queued', request = p_request,",
+          "UPDATE releases SET status = 'queued', request = p_request,\n"
+          "                priced_at = now(), sweep_seq = NULL, sweep_phase = NULL,\n"
+          "                sweep_at = NULL,")
+
+
+def _reserve(priced_sets_its_marks: bool) -> str:
+    """``ledger_reserve`` as 0007_ledger_locks defined it (CREATE OR REPLACE), with its
+    priced release's UPDATE extended if ``priced_sets_its_marks``."""
+    text = Path(__file__).with_name("0007_ledger_locks.py").read_text()
+    found = re.search(r"CREATE OR REPLACE FUNCTION ledger_reserve\(.*?\nEND \$\$;", text, re.S)
+    assert found is not None, "0007_ledger_locks no longer defines ledger_reserve"
+    body = found.group(0)
+    assert body.count(PRICED[0]) == 1, "0007's ledger_reserve no longer has its priced UPDATE"
+    return body.replace(*PRICED) if priced_sets_its_marks else body
+
+
 def upgrade() -> None:
     op.execute(UPGRADE)
+    op.execute(_reserve(priced_sets_its_marks=True))
 
 
 def downgrade() -> None:
+    op.execute(_reserve(priced_sets_its_marks=False))
     op.execute(DOWNGRADE)
