@@ -82,8 +82,8 @@ The run's steps need no such row (migration 0007): ``mark_running``'s token is m
 per call and the lease it holds is the answer, a settle's call id is the release's
 ``settled_by``, and a lease renewed again is the same lease; an attempt of those that
 changed nothing committed nothing, and a re-run decides again. Nor does a create without
-an Idempotency-Key (``reserve``, migration 0009_hot_start): its release's row is the
-answer. Answers are kept
+an Idempotency-Key or a stamp (``reserve``, migration 0009_hot_start): its release's row
+is the answer. Answers are kept
 ``CALL_MEMORY`` seconds; no call is re-run past ``RERUN_SECONDS``. Lease times are the
 database's clock (``now()``), as they were Valkey's TTLs. Amounts are
 Python ints end to end (BIGINT columns, JSON integers).

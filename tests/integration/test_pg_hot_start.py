@@ -16,7 +16,15 @@ import pytest
 from service.storage import database
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT
-from tests.integration.test_pg_ledger import _create_db, _db_url, _drop_db, _ds, _res, _sql
+from tests.integration.test_pg_ledger import (
+    _create_db,
+    _db_url,
+    _doc,
+    _drop_db,
+    _ds,
+    _res,
+    _sql,
+)
 from tests.integration.test_pg_store import _downgrade
 
 pytestmark = pytest.mark.postgres_store
@@ -157,5 +165,36 @@ def test_a_priced_release_gets_its_priced_at_and_loses_its_marks(pg_url: str) ->
         assert _sql(pg_url, marked) == [(True, False, None, False)]
         assert _sql(pg_url, "SELECT tgname FROM pg_trigger WHERE tgrelid = "
                             "'releases'::regclass AND tgtype & 2 = 2") == []  # no BEFORE
+    finally:
+        pool.close()
+
+
+def test_only_a_plain_create_goes_without_its_answer_recorded(pg_url: str) -> None:
+    """A create (``new``, ``pricing``) records no ``step_calls`` row; one with an
+    Idempotency-Key or a stamp does (a re-run could answer otherwise: ``idempotent``,
+    ``stale``), and so does a ``priced`` reserve (its re-run would answer ``ended``)."""
+    pool = database.connect(pg_url, max_size=2)
+    try:
+        ledger = PgLedger(pool)
+        ds = _ds()
+        ledger.open(ds, {"epsilon": 10}, "op", _doc(ds))  # a registered dataset: a stamp
+        read = ledger.dataset_for_pricing(ds)
+        assert read is not None
+
+        def recorded() -> int:
+            return int(_sql(pg_url, "SELECT count(*) FROM step_calls")[0][0])
+
+        before = recorded()
+        assert ledger.reserve(_res(ds, {"epsilon": 1})).outcome == "reserved"
+        pricing = _res(ds, {"epsilon": 1}, mode="pricing")
+        assert ledger.reserve(pricing).outcome == "pricing"
+        assert recorded() == before
+        assert ledger.reserve(_res(ds, {"epsilon": 1}, idempotency_key="k1")).outcome == (
+            "reserved")
+        assert recorded() == before + 1
+        assert ledger.reserve(_res(ds, {"epsilon": 1}, stamp=read[2])).outcome == "reserved"
+        assert recorded() == before + 2
+        assert ledger.reserve(replace(pricing, mode="priced")).outcome == "reserved"
+        assert recorded() == before + 3
     finally:
         pool.close()
