@@ -81,7 +81,9 @@ id's primary key: the later one fails there and is run again, and reads the answ
 The run's steps need no such row (migration 0007): ``mark_running``'s token is made once
 per call and the lease it holds is the answer, a settle's call id is the release's
 ``settled_by``, and a lease renewed again is the same lease; an attempt of those that
-changed nothing committed nothing, and a re-run decides again. Answers are kept
+changed nothing committed nothing, and a re-run decides again. Nor does a create without
+an Idempotency-Key or a stamp (``reserve``, migration 0009_hot_start): its release's row
+is the answer. Answers are kept
 ``CALL_MEMORY`` seconds; no call is re-run past ``RERUN_SECONDS``. Lease times are the
 database's clock (``now()``), as they were Valkey's TTLs. Amounts are
 Python ints end to end (BIGINT columns, JSON integers).
@@ -103,7 +105,8 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
   which stale release's message no longer waits, by index (migration 0008_sweep:
   ``sweep_marks``, ``passed``, ``confirm_passed``, ``held_by_workers``, ``sending`` /
   ``sent``; ``service.releases.sweeper`` has the argument): each a statement or two on
-  ranges of ``releases_sweep``, ``releases_started_seq`` and ``releases_priced_seq``
+  ranges of ``releases_sweep``, ``releases_ran_seq`` and ``releases_priced_seq`` and the
+  few rows of ``release_runs`` (migration 0009_hot_start)
   (planned with sequential scans off: ``SWEEP_PLANNING``), whatever the backlog;
 - the audit log's bounds: ``audit_range`` (time bounds to event ids, below);
 - reads that do not grow with the history (issue #29 item 7, migration 0006_counts):
@@ -195,13 +198,14 @@ PRUNE_EVERY, PRUNE_BATCH = 64, 256
 IDEMPOTENCY_LOCK, REPLAY_LOCK, DATASET_LOCK = 1, 2, 3
 #: a release holding units: settle moves them; every other status holds nothing
 HOLDING = ("queued", "running")
-#: the statuses of a pending release (Valkey's ``pr:pending``: reserve.lua enters every
-#: new release, ``pricing`` ones too; settle.lua and refuse.lua take it out), named
-#: literally in the SQL: the partial indexes of 0003_releases then apply
-PENDING_SQL = "status IN ('pricing', 'queued', 'running')"
-#: the failed list's statuses (Valkey's ``pr:failed``: settle.lua's failed, refuse.lua's
-#: refused; not cancelled), ordered by ``finished_at``
-FAILED_SQL = "status IN ('failed', 'refused')"
+#: a pending release (Valkey's ``pr:pending``: reserve.lua enters every new release,
+#: ``pricing`` ones too; settle.lua and refuse.lua take it out): the stored generated
+#: column ``pending`` (status pricing, queued or running, migration 0009_hot_start), the
+#: predicate of the partial indexes of the pending lists
+PENDING_SQL = "pending"
+#: the failed list's releases (Valkey's ``pr:failed``: settle.lua's failed, refuse.lua's
+#: refused; not cancelled), ordered by ``finished_at``: the generated column ``failed``
+FAILED_SQL = "failed"
 #: the ``releases`` columns ``_release_fields`` reads, in its order
 RELEASE_COLUMNS = ("id, status, request, actor, created_at, started_at, finished_at, worker, "
                    "attempt, output, result_attempt, error, data_read, charged, "
@@ -267,45 +271,56 @@ NO_BOUND = 2**63 - 1
 #: backlog): a planner misled by statistics older than the backlog (all of it unmarked,
 #: say) must not pick a scan of the table instead, so its transactions forbid that
 SWEEP_PLANNING = "SET LOCAL enable_seqscan = off"
-#: pricing and queued releases never marked, stale, out of the outbox (so published)
+#: pricing and queued releases never marked, stale, out of the outbox (so published):
+#: the two ranges of ``releases_sweep`` (pricing or not; migration 0009_hot_start), the
+#: running ones in them (as many as runs under way) skipped
 MARK_NEW_SQL = (
     "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
     "sweep_at = now() WHERE id IN (SELECT id FROM releases "
-    "WHERE status IN ('pricing', 'queued') AND sweep_seq IS NULL "
+    "WHERE pending AND pricing IN (true, false) AND sweep_seq IS NULL "
+    "AND status IN ('pricing', 'queued') "
     "AND created_at <= now() - make_interval(secs => %(older)s) "
     "AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.release_id = releases.id) "
     "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
-#: running releases whose lease lapsed ``lapsed`` s ago, not marked since it lapsed
+#: running releases whose lease lapsed ``lapsed`` s ago, not marked since it lapsed: the
+#: releases of ``release_runs`` (the running ones, migration 0009_hot_start), each found
+#: by its primary key (LATERAL: the few runs drive, never a scan of ``releases``)
 MARK_LAPSED_SQL = (
     "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
-    "sweep_at = now() WHERE id IN (SELECT id FROM releases WHERE status = 'running' "
+    "sweep_at = now() WHERE id IN (SELECT r.id FROM release_runs u CROSS JOIN LATERAL "
+    "(SELECT id FROM releases WHERE id = u.release_id AND status = 'running' "
     "AND COALESCE(lease_until, '-infinity') <= now() - make_interval(secs => %(lapsed)s) "
     "AND (sweep_at IS NULL OR sweep_at <= COALESCE(lease_until, '-infinity')) "
-    "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
+    "FOR UPDATE SKIP LOCKED) r LIMIT %(batch)s)")
 #: a send of the sweeper begun ``SEND_BOUND`` s ago and never marked after (phase 0)
 MARK_SENDING_SQL = (
     "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
     "sweep_at = now() WHERE id IN (SELECT id FROM releases "
-    "WHERE status IN ('pricing', 'queued', 'running') AND sweep_seq = 0 "
+    "WHERE pending AND pricing IN (true, false) AND sweep_seq = 0 "
     "AND sweep_at <= now() - make_interval(secs => %(bound)s) "
     "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
 #: the witness bounds: the newest release started (its run's message taken) and priced
-#: (its pricing job's) ``age`` s ago or more, by the mark taken at its insert
+#: (its pricing job's) ``age`` s ago or more, by the mark taken at its insert; the
+#: started ones: those that ended (``releases_ran_seq``) and those running
+#: (``release_runs``), migration 0009_hot_start
 WITNESS_SQL = (
-    "SELECT (SELECT created_seq FROM releases WHERE started_at IS NOT NULL "
-    "AND created_seq IS NOT NULL AND started_at <= now() - make_interval(secs => %(age)s) "
-    "ORDER BY created_seq DESC LIMIT 1), "
+    "SELECT GREATEST((SELECT created_seq FROM releases WHERE ran_at IS NOT NULL "
+    "AND created_seq IS NOT NULL AND ran_at <= now() - make_interval(secs => %(age)s) "
+    "ORDER BY created_seq DESC LIMIT 1), (SELECT max(r.created_seq) FROM release_runs u "
+    "CROSS JOIN LATERAL (SELECT created_seq FROM releases WHERE id = u.release_id "
+    "AND started_at <= now() - make_interval(secs => %(age)s) OFFSET 0) r)), "
     "(SELECT created_seq FROM releases WHERE priced_at IS NOT NULL "
     "AND created_seq IS NOT NULL AND priced_at <= now() - make_interval(secs => %(age)s) "
     "ORDER BY created_seq DESC LIMIT 1)")
-#: one status's marked releases below a bound (``{status}`` named literally, so that
-#: the partial index applies to a generic plan too; ``{lapse}``: a running one's mark
-#: counts only if taken after its lease lapsed); parameters: bound, limit
+#: one kind's marked releases below a bound (``{pricing}``: the range of
+#: ``releases_sweep``, named literally so that the partial index applies to a generic
+#: plan too; a running one's mark counts only if taken after its lease lapsed);
+#: parameters: bound, limit
 PASSED_SQL = (
     "SELECT id, status, created_at, sweep_seq, sweep_phase, false FROM releases "
-    "WHERE status = '{status}' AND sweep_seq > 0 AND sweep_seq < %s{lapse} "
+    "WHERE pending AND pricing = {pricing} AND sweep_seq > 0 AND sweep_seq < %s "
+    "AND (status <> 'running' OR sweep_at > COALESCE(lease_until, '-infinity')) "
     "ORDER BY sweep_seq LIMIT %s")
-PASSED_LAPSE_SQL = " AND sweep_at > COALESCE(lease_until, '-infinity')"
 #: pending releases by id (their message held by a worker for too long)
 STRANDED_SQL = (
     "SELECT id, status, created_at, sweep_seq, sweep_phase, true FROM releases "
@@ -327,17 +342,16 @@ SENT_SQL = ("UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_pha
 def passed_query(marks: SendMarks, empty: Collection[str], limit: int,
                  stranded: Collection[str] = ()) -> tuple[str, list[Any]] | None:
     """``PgLedger.passed``'s statement and its parameters (None: nothing to read): per
-    pending status with a bound, ``PASSED_SQL``; the ``stranded`` ones, ``STRANDED_SQL``;
-    one UNION ALL."""
+    kind with a bound (a pricing job's message: pricing releases; a run's: queued and
+    running ones), ``PASSED_SQL``; the ``stranded`` ones, ``STRANDED_SQL``; one UNION
+    ALL."""
     parts: list[str] = []
     params: list[Any] = []
-    for status in ("pricing", "queued", "running"):
-        kind = PRICING if status == "pricing" else RUN
+    for kind, pricing in ((PRICING, "true"), (RUN, "false")):
         bound = NO_BOUND if kind in empty else marks.bounds.get(kind)
         if bound is None:
             continue
-        parts.append(PASSED_SQL.format(
-            status=status, lapse=PASSED_LAPSE_SQL if status == "running" else ""))
+        parts.append(PASSED_SQL.format(pricing=pricing))
         params += [bound, limit]
     if stranded:
         parts.append(STRANDED_SQL)
@@ -850,9 +864,20 @@ class PgLedger:
         ``ledgers`` row (retired, retired versions, the notion lock: a reserve that may
         set it locks the row alone), then the ``budgets`` rows of the measures asked and
         the actor's ``allocations`` rows of them, each set by measure: it reads the caps
-        on locked rows, so two reserves never both take the last units."""
+        on locked rows, so two reserves never both take the last units.
+
+        A create (``new`` or ``pricing``) without an Idempotency-Key or a stamp records no
+        answer in ``step_calls``: the only change it can commit is its release's row with
+        its units (every other outcome changes nothing), and a re-run that finds the row
+        answers ``reserved`` (``pricing``), what the committed attempt answered; one that
+        does not decides again, as a first attempt. With a key, a replay records the key,
+        and a re-run would answer ``idempotent``; with a stamp, a re-run could find the
+        dataset moved past it (``stale``) after its first attempt reserved: those keep
+        their record, as ``priced``."""
         if not r.stamp:
-            return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r)))
+            remembered = r.mode not in ("new", "pricing") or r.idempotency_key is not None
+            return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r),
+                                              remembered=remembered))
         # priced on a read the dataset may have moved past: reserve only on that one
         checked = (f"CASE WHEN (SELECT {STAMP} FROM datasets d WHERE d.id = %(dataset)s) "
                    f"= %(stamp)s THEN {RESERVE_SQL} "
@@ -1541,12 +1566,13 @@ class PgLedger:
         """Mark the stale releases whose last message was published (migration
         0008_sweep; ``Store.sweep_marks``): up to ``MARK_BATCH`` pricing or queued ones
         never marked, created over ``older_than`` s ago and out of the outbox
-        (``MARK_NEW_SQL``: a range of ``releases_sweep``), the running ones whose lease
-        lapsed over ``lapsed`` s ago and whose mark predates that (``MARK_LAPSED_SQL``:
-        the running range), those whose send by the sweeper began over ``SEND_BOUND`` s
-        ago (``MARK_SENDING_SQL``); rows a step holds are skipped (the next pass marks
-        them). Then the witnesses (``WITNESS_SQL``): one backward scan of
-        ``releases_started_seq`` and of ``releases_priced_seq`` each. One transaction;
+        (``MARK_NEW_SQL``: two ranges of ``releases_sweep``), the running ones whose
+        lease lapsed over ``lapsed`` s ago and whose mark predates that
+        (``MARK_LAPSED_SQL``: the rows of ``release_runs``), those whose send by the
+        sweeper began over ``SEND_BOUND`` s ago (``MARK_SENDING_SQL``); rows a step holds
+        are skipped (the next pass marks them). Then the witnesses (``WITNESS_SQL``): one
+        backward scan of ``releases_ran_seq`` and of ``releases_priced_seq`` each, and
+        the running releases. One transaction;
         run again after a lost reply it only takes newer marks, which are as true."""
         args = {"older": older_than, "lapsed": lapsed, "bound": SEND_BOUND,
                 "batch": MARK_BATCH, "age": witness_age}
@@ -1566,9 +1592,9 @@ class PgLedger:
     def passed(self, marks: SendMarks, empty: Collection[str], limit: int,
                stranded: Collection[str] = (), waiting: Collection[str] = ()
                ) -> list[Passed]:
-        """The marked releases taken past (``Store.passed``): per pending status, one
-        range of ``releases_sweep`` below its kind's bound (every mark for a kind whose
-        queue was found empty), oldest mark first, ``limit`` at most each; a running
+        """The marked releases taken past (``Store.passed``): per kind, one range of
+        ``releases_sweep`` below its bound (every mark for a kind whose queue was found
+        empty), oldest mark first, ``limit`` at most each; a running
         one's mark counts only if taken after its lease lapsed. Then the ``stranded``
         ones by id. ``waiting`` is not read (the marks say it)."""
         query = passed_query(marks, empty, limit, stranded)

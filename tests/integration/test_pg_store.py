@@ -153,7 +153,7 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
             "releases_actor_newest", "releases_dataset_failed", "releases_dataset_newest",
             "releases_dataset_pending", "releases_failed", "releases_newest",
             "releases_pending", "releases_pkey", "releases_priced_seq",
-            "releases_started_seq", "releases_sweep"]
+            "releases_ran_seq", "releases_sweep"]
         _downgrade(url, "0002_datasets")
         assert _sql(url, "SELECT version_num FROM alembic_version") == [("0002_datasets",)]
         assert [i for (i,) in _sql(url, indexes)] == ["releases_dataset", "releases_pkey"]
@@ -516,9 +516,9 @@ def test_each_page_is_one_index_range_scan(store: PgLedger, pg_url: str) -> None
     # the sweeper's stale releases: the pending index too
     with psycopg.connect(pg_url) as conn:
         explained = conn.execute(
-            "EXPLAIN (FORMAT JSON) SELECT id, created_at FROM releases WHERE status IN "
-            "('pricing', 'queued', 'running') AND created_at <= now() - make_interval(secs "
-            "=> 30) ORDER BY created_at, id").fetchone()
+            f"EXPLAIN (FORMAT JSON) SELECT id, created_at FROM releases WHERE "
+            f"{pg_ledger.PENDING_SQL} AND created_at <= now() - make_interval(secs => 30) "
+            "ORDER BY created_at, id").fetchone()
     assert explained is not None
     assert {node.get("Index Name") for node in _plan_nodes(explained[0][0]["Plan"])} >= {
         "releases_pending"}
