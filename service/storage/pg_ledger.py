@@ -866,23 +866,27 @@ class PgLedger:
         the actor's ``allocations`` rows of them, each set by measure: it reads the caps
         on locked rows, so two reserves never both take the last units.
 
-        A create (``new`` or ``pricing``) without an Idempotency-Key or a stamp records no
-        answer in ``step_calls``: the only change it can commit is its release's row with
-        its units (every other outcome changes nothing), and a re-run that finds the row
-        answers ``reserved`` (``pricing``), what the committed attempt answered; one that
-        does not decides again, as a first attempt. With a key, a replay records the key,
-        and a re-run would answer ``idempotent``; with a stamp, a re-run could find the
-        dataset moved past it (``stale``) after its first attempt reserved: those keep
-        their record, as ``priced``."""
+        A create (``new`` or ``pricing``) without an Idempotency-Key records no answer in
+        ``step_calls``: the only change it can commit is its release's row with its units
+        (every other outcome changes nothing), and a re-run that finds the row answers
+        ``reserved`` (``pricing``), what the committed attempt answered; one that does not
+        decides again, as a first attempt. With a key, a replay records the key, and a
+        re-run would answer ``idempotent``: those keep their record, as ``priced``.
+
+        A stamped reservation (priced on a registry read, ``dataset_cache``) reserves only
+        while the dataset's ``STAMP`` is that read's, else answers ``stale`` holding
+        nothing, in the same statement; a re-run whose release's row is there goes to the
+        step whatever the stamp is now, so it answers as the committed attempt did."""
+        remembered = r.mode not in ("new", "pricing") or r.idempotency_key is not None
         if not r.stamp:
-            remembered = r.mode not in ("new", "pricing") or r.idempotency_key is not None
             return ReserveResult(**self._call(RESERVE_SQL, _reserve_params(r),
                                               remembered=remembered))
-        # priced on a read the dataset may have moved past: reserve only on that one
-        checked = (f"CASE WHEN (SELECT {STAMP} FROM datasets d WHERE d.id = %(dataset)s) "
+        checked = (f"CASE WHEN EXISTS (SELECT 1 FROM releases WHERE id = %(release)s) "
+                   f"OR (SELECT {STAMP} FROM datasets d WHERE d.id = %(dataset)s) "
                    f"= %(stamp)s THEN {RESERVE_SQL} "
                    "ELSE jsonb_build_object('outcome', 'stale') END")
-        return ReserveResult(**self._call(checked, {**_reserve_params(r), "stamp": r.stamp}))
+        return ReserveResult(**self._call(checked, {**_reserve_params(r), "stamp": r.stamp},
+                                          remembered=remembered))
 
     def refuse(self, dataset_id: str, release_id: str, error_json: str, code: str,
                actor: str) -> bool:

@@ -170,9 +170,11 @@ def test_a_priced_release_gets_its_priced_at_and_loses_its_marks(pg_url: str) ->
 
 
 def test_only_a_plain_create_goes_without_its_answer_recorded(pg_url: str) -> None:
-    """A create (``new``, ``pricing``) records no ``step_calls`` row; one with an
-    Idempotency-Key or a stamp does (a re-run could answer otherwise: ``idempotent``,
-    ``stale``), and so does a ``priced`` reserve (its re-run would answer ``ended``)."""
+    """A create (``new``, ``pricing``, stamped or not) records no ``step_calls`` row; one
+    with an Idempotency-Key does (a re-run could answer ``idempotent``), and so does a
+    ``priced`` reserve (its re-run would answer ``ended``). A stamped create sent again
+    after its first attempt committed answers ``reserved`` even once the dataset has
+    moved past its stamp (its row is there), and holds nothing more."""
     pool = database.connect(pg_url, max_size=2)
     try:
         ledger = PgLedger(pool)
@@ -192,8 +194,14 @@ def test_only_a_plain_create_goes_without_its_answer_recorded(pg_url: str) -> No
         assert ledger.reserve(_res(ds, {"epsilon": 1}, idempotency_key="k1")).outcome == (
             "reserved")
         assert recorded() == before + 1
-        assert ledger.reserve(_res(ds, {"epsilon": 1}, stamp=read[2])).outcome == "reserved"
-        assert recorded() == before + 2
+        stamped = _res(ds, {"epsilon": 1}, stamp=read[2])
+        assert ledger.reserve(stamped).outcome == "reserved"
+        assert recorded() == before + 1
+        ledger.set_caps(ds, {"delta": 10}, "op")  # moves past the stamp (its own record)
+        held = ledger.balance(ds)["epsilon"]["reserved"]
+        assert ledger.reserve(stamped).outcome == "reserved"  # sent again: its row answers
+        assert ledger.balance(ds)["epsilon"]["reserved"] == held
+        assert ledger.reserve(replace(stamped, release_id="rel_other")).outcome == "stale"
         assert ledger.reserve(replace(pricing, mode="priced")).outcome == "reserved"
         assert recorded() == before + 3
     finally:
