@@ -29,6 +29,13 @@ dictionaries, no statistics, so an object's size and its read time follow from t
 schema and the row count, not from the values (text columns aside), and no minimum or
 maximum of the data sits in a footer.
 
+A process keeps a small version read whole (``SMALL_BYTES``, at most ``KEPT_BYTES`` of
+them, least recently used out): read once and checked against its pin, immutable, so a
+worker running many small releases reads each version once, as the page cache served the
+memory-mapped ``.npy`` columns before. A change to its objects after that read is refused
+by every process that reads them again, and the keeping process keeps releasing on the
+pinned values it read: a changed object is never used.
+
 Staging writes the row groups to a local temporary file (``staging_dir``: per host, not
 shared), one chunk at a time, and ``commit`` streams it to the store.
 
@@ -43,6 +50,7 @@ the folders as objects (``aws s3 sync <data>/datasets s3://bucket/prefix/dataset
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import json
@@ -50,7 +58,9 @@ import math
 import os
 import re
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +84,11 @@ DATA = "data.parquet"
 FORMAT = 2
 #: bytes a data object is hashed in (its SHA-256 is pinned with its ETag)
 HASH_BYTES = 1 << 20
+#: a version whose data object is at most this many bytes is kept read whole by the
+#: process that read it (immutable and checked against its pin when read), at most
+#: KEPT_BYTES of them: a worker running many small releases reads each version once
+SMALL_BYTES = 1 << 20
+KEPT_BYTES = 64 << 20
 #: the ``.npy`` folder format, read in place (``_legacy_load``)
 LEGACY_FORMAT = 1
 #: rows of a row group of narrow rows (the ingest's chunk, ``ingest.CHUNK_ROWS``): a
@@ -114,6 +129,32 @@ def _plain(entry: Mapping[str, Any]) -> bool:
     the Parquet column directly gets the array ``load`` gives."""
     return (not entry.get("raw") and len(entry["shape"]) == 1
             and np.dtype(entry["dtype"]).kind in "biuf")
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """A version read whole and checked against its pin: its document and its columns
+    (read-only arrays), and its data object's size (what keeping it costs)."""
+
+    document: dict[str, Any]
+    columns: dict[str, np.ndarray]
+    size: int
+
+
+def _slices(kept: _Loaded, columns: Sequence[str] | None, rows: int | None
+            ) -> Iterator[dict[str, np.ndarray]]:
+    """``batches`` of a version kept read whole: the same checks and batch lengths."""
+    names = [e["name"] for e in kept.document["columns"]]
+    wanted = list(names if columns is None else columns)
+    unknown = [name for name in wanted if name not in names]
+    if unknown or len(set(wanted)) != len(wanted):
+        raise KeyError("batches: columns must be distinct columns of the version")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise ValueError("batches: rows must be a positive integer")
+    size = rows or int(kept.document["group_rows"])
+    total = int(kept.document["rows"])
+    for start in range(0, total, size):
+        yield {name: kept.columns[name][start:start + size] for name in wanted}
 
 
 def _check_id(dataset_id: object) -> str:
@@ -215,6 +256,32 @@ class DatasetStore:
         self.prefix = prefix
         self.legacy_prefix = prefix if legacy_prefix is None else legacy_prefix
         self.staging_dir = Path(staging_dir or tempfile.gettempdir())
+        self._small: OrderedDict[tuple[str, int], _Loaded] = OrderedDict()
+        self._small_bytes = 0
+        self._small_lock = threading.Lock()
+
+    # -- small versions, kept read ------------------------------------------------
+
+    def _kept(self, dataset_id: str, version: int) -> _Loaded | None:
+        with self._small_lock:
+            found = self._small.get((dataset_id, version))
+            if found is not None:
+                self._small.move_to_end((dataset_id, version))
+            return found
+
+    def _keep(self, dataset_id: str, version: int, loaded: _Loaded) -> None:
+        """Keep a version read whole if its data object is small (``SMALL_BYTES``, from
+        the manifest: public sizes), the least recently used going past ``KEPT_BYTES``."""
+        if loaded.size > SMALL_BYTES:
+            return
+        with self._small_lock:
+            if (dataset_id, version) in self._small:
+                return
+            self._small[(dataset_id, version)] = loaded
+            self._small_bytes += loaded.size
+            while self._small_bytes > KEPT_BYTES:
+                _, gone = self._small.popitem(last=False)
+                self._small_bytes -= gone.size
 
     # -- keys ---------------------------------------------------------------------
 
@@ -257,6 +324,8 @@ class DatasetStore:
         files are gone fails where it may still be refunded.
         """
         self.key(dataset_id, version)  # a bad id or version is an error, not an absence
+        if self._kept(dataset_id, version) is not None:
+            return True  # read whole and checked: the run reads that copy
         try:
             base, document = self._document(dataset_id, version)
             if document["format"] == LEGACY_FORMAT:
@@ -314,6 +383,9 @@ class DatasetStore:
         """The stored manifest and the columns, in stored order, read into memory
         read-only (one column converted at a time). FileNotFoundError if the version does
         not exist; ChangedObject if its data object is not the pinned one."""
+        kept = self._kept(dataset_id, version)
+        if kept is not None:
+            return copy.deepcopy(kept.document["manifest"]), dict(kept.columns)
         base, document = self._document(dataset_id, version)
         if document["format"] == LEGACY_FORMAT:
             return self._legacy_load(base, document)
@@ -322,6 +394,8 @@ class DatasetStore:
             for index, entry in enumerate(document["columns"]):
                 table = parquet.read(columns=[f"c{index}"], use_threads=False)
                 columns[entry["name"]] = _to_numpy(table.column(0), entry, document["rows"])
+        self._keep(dataset_id, version,
+                   _Loaded(copy.deepcopy(document), dict(columns), int(document["data"]["size"])))
         manifest: dict[str, Any] = document["manifest"]
         return manifest, columns
 
@@ -332,6 +406,13 @@ class DatasetStore:
         row group of the columns asked. For streaming statistics
         (``mechanisms.statistics.compute``); a statistic of several passes calls again.
         """
+        kept = self._kept(dataset_id, version)
+        if kept is None and self._small_version(dataset_id, version):
+            self.load(dataset_id, version)  # read once whole, kept: later runs read nothing
+            kept = self._kept(dataset_id, version)
+        if kept is not None:
+            yield from _slices(kept, columns, rows)
+            return
         base, document = self._document(dataset_id, version)
         entries = document["columns"]
         names = [e["name"] for e in entries]
@@ -357,6 +438,13 @@ class DatasetStore:
                 yield {entry["name"]: _to_numpy(pa.chunked_array([batch.column(j)]), entry,
                                                 batch.num_rows)
                        for j, (_, entry) in enumerate(picked)}
+
+    def _small_version(self, dataset_id: str, version: int) -> bool:
+        """Whether a version is small enough to keep read whole (its manifest's size of
+        the data object: public); False for the ``.npy`` format, read in place."""
+        _, document = self._document(dataset_id, version)
+        return (document["format"] == FORMAT
+                and int(document["data"]["size"]) <= SMALL_BYTES)
 
     def parquet_source(self, dataset_id: str, version: int) -> ParquetSource | None:
         """The version for an engine that reads Parquet itself (Spark), its data object's
@@ -451,6 +539,10 @@ class DatasetStore:
         """Delete a version (rollback of a failed registration, an orphan); False if it
         had no object. The manifest goes first (the version stops existing at once), the
         data object last (it is the version number's lock)."""
+        with self._small_lock:
+            gone = self._small.pop((dataset_id, version), None)
+            if gone is not None:
+                self._small_bytes -= gone.size
         keys: set[str] = set()
         for base in dict.fromkeys((self.key(dataset_id, version),
                                    self._legacy_key(dataset_id, version))):

@@ -27,7 +27,7 @@ from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.statistics import compute, whole
 from service.ingest import parse_csv, parse_metadata
 from service.storage import dataset_files as store_module
-from service.storage.dataset_files import ChangedObject, DatasetStore
+from service.storage.dataset_files import SMALL_BYTES, ChangedObject, DatasetStore
 from service.storage.objects import (
     Credentials,
     LocalStore,
@@ -425,9 +425,40 @@ def test_a_data_object_changed_in_place_is_refused(tmp_path: Path) -> None:
     at = body.index(np.zeros(3).tobytes())  # the plain page of the three zeros
     path.write_bytes(body[:at] + np.ones(3).tobytes() + body[at + 24:])
     assert path.stat().st_size == pinned["size"]
-    assert not store.files_present("ds", 1)
+    # a process that has not read the version refuses it
+    fresh = DatasetStore(LocalStore(tmp_path / "o"), staging_dir=tmp_path / "s")
+    assert not fresh.files_present("ds", 1)
     with pytest.raises(ChangedObject):
-        store.load("ds", 1)
+        fresh.load("ds", 1)
+    with pytest.raises(ChangedObject):
+        list(fresh.batches("ds", 1))
+    # one that read it (a small version is kept read whole) keeps the pinned values
+    assert store.load("ds", 1)[1]["a"].tolist() == [0.0] * 3
+    assert [b["a"].tolist() for b in store.batches("ds", 1)] == [[0.0] * 3]
+
+
+def test_a_small_version_is_read_once_per_process(tmp_path: Path) -> None:
+    """A worker running many small releases reads each small version once: later loads
+    and batches make no request to the store; a large one is read every time; removing a
+    version forgets it."""
+    store = DatasetStore(LocalStore(tmp_path / "o"), staging_dir=tmp_path / "s")
+    store.write("ds", 1, {"m": 1}, {"a": np.arange(1000.0), "b": np.arange(1000)})
+    store.write("big", 1, {}, {"a": np.zeros(SMALL_BYTES // 8 + 1)})
+    first = store.load("ds", 1)
+    asked: list[str] = []
+    real_get, real_head = store.objects.get, store.objects.head
+    store.objects.get = lambda key: (asked.append(key), real_get(key))[1]  # type: ignore[method-assign]
+    store.objects.head = lambda key: (asked.append(key), real_head(key))[1]  # type: ignore[method-assign]
+    again = store.load("ds", 1)
+    assert again[0] == first[0] and all((again[1][k] == first[1][k]).all() for k in "ab")
+    streamed = list(store.batches("ds", 1, ["b"], rows=300))
+    assert [len(b["b"]) for b in streamed] == [300, 300, 300, 100]
+    assert np.concatenate([b["b"] for b in streamed]).tolist() == list(range(1000))
+    assert store.files_present("ds", 1) and asked == []
+    list(store.batches("big", 1))
+    assert asked  # read from the store
+    store.remove("ds", 1)
+    assert not store.files_present("ds", 1)
 
 
 def test_versions_copied_to_another_store_load_there(store: DatasetStore,
