@@ -135,7 +135,7 @@ def upload(metadata: str | None = None, file: Any = None) -> dict[str, Any]:
         # whose content type decides (``inputs.check_body``)
         if request.is_json:
             body = _json_body(DatasetSourceSchema)
-            return _register(json.dumps(body, sort_keys=True), body["metadata"],
+            return _register(_body_text(), body["metadata"],
                              body["source"])
         metadata = blp.ARGUMENTS_PARSER.parse(DatasetUploadSchema(), location="form")[
             "metadata"]
@@ -197,6 +197,12 @@ def _scan(source: str, spec: Any) -> sources.Scan:
 
 def _source_error(err: sources.SourceError) -> APIError:
     return APIError(err.status, err.message, code=err.code, field=err.field)
+
+
+def _body_text() -> str:
+    """The request's JSON body as sent (an ``Idempotency-Key``'s fingerprint, as the
+    metadata text is an upload's: the columns' order is part of it)."""
+    return request.get_data(cache=True).decode("utf-8", "replace")
 
 
 def _json_body(schema: type[Any]) -> dict[str, Any]:
@@ -361,7 +367,7 @@ def upload_version(dataset_id: str, file: Any = None, metadata: str | None = Non
     if file is None:  # over HTTP (the console passes its form's fields): the body
         if request.is_json:
             body = _json_body(VersionSourceSchema)
-            return _add_version(doc, json.dumps(body, sort_keys=True), body.get("metadata"),
+            return _add_version(doc, _body_text(), body.get("metadata"),
                                 body["compatible"], body["make_current"], body["source"])
         form = blp.ARGUMENTS_PARSER.parse(VersionUploadSchema(), location="form")
         file = blp.ARGUMENTS_PARSER.parse(DatasetFileSchema(), location="files")["file"]
