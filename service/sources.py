@@ -177,7 +177,14 @@ def _local(url: str, path: Path, max_files: int) -> Source:
         return Source(url, LocalStore(path.parent), [path.name], [])
     if not path.is_dir():
         raise _missing(url)
-    keys, skipped = _sorted_keys(_walk(path, "", url), url, max_files)
+    unreadable = False
+    try:
+        keys, skipped = _sorted_keys(_walk(path, "", url), url, max_files)
+    except OSError:  # a folder the service may not list (its text names the path)
+        unreadable = True
+    if unreadable:
+        raise SourceError(422, "source_unreadable", f"source {url} cannot be read: a"
+                          " folder of it cannot be listed (permissions)")
     return Source(url, LocalStore(path), keys, skipped)
 
 
