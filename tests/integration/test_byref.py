@@ -317,6 +317,24 @@ def test_missing_other_and_too_many_objects_are_refused(rig: Rig) -> None:
     assert rig.stored() == before
 
 
+def test_a_bucket_the_store_refuses_is_422_without_its_answer(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = "no-such-bucket-" + uuid.uuid4().hex[:8]
+    config = dataclasses.replace(rig.app.config["PRIVRELEASE"],
+                                 source_roots=(f"s3://{bucket}/exports",))
+    monkeypatch.setitem(rig.app.config, "PRIVRELEASE", config)
+    url = f"s3://{bucket}/exports/people"
+    resp = rig.register(url)
+    assert resp.status_code == 422, resp.get_json()
+    assert (resp.get_json()["code"], resp.get_json()["detail"]) == (
+        "source_unreadable", f"source {url} cannot be read: the store refused (no such"
+        " bucket, or no permission)")
+    assert "127.0.0.1" not in resp.get_data(as_text=True)
+    # a HEAD's 404 does not say whether the bucket or the object is missing
+    url = f"s3://{bucket}/exports/a.parquet"
+    assert rig.register(url).get_json()["code"] == "source_not_found"
+
+
 def test_bad_cells_are_refused_with_the_uploads_messages(rig: Rig) -> None:
     bad = _table(0, 30).to_pydict()
     bad["age"][11] = 1000  # out of bounds in row 12 of the second object
