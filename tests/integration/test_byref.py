@@ -524,3 +524,22 @@ def test_a_multi_file_source_registers_in_bounded_memory(tmp_path: Path) -> None
     python, arrow, rows = peak(tmp_path / "src", tmp_path / "out")
     assert rows == 3_000_000
     assert python + arrow < 24 << 20, (python, arrow)  # measured: 4.2 MB + 4.2 MB
+
+
+def test_the_openapi_document_has_both_bodies(rig: Rig) -> None:
+    """Both endpoints document the multipart upload and the JSON body by reference, and
+    the statuses a registration by reference answers."""
+    spec = rig.api.client.get("/openapi.json").get_json()
+    for path, required in [("/v1/datasets", ["source", "metadata"]),
+                           ("/v1/datasets/{dataset_id}/versions", ["source"])]:
+        op = spec["paths"][path]["post"]
+        content = op["requestBody"]["content"]
+        assert list(content) == ["multipart/form-data", "application/json"], path
+        body = content["application/json"]["schema"]
+        assert body["required"] == required and body["additionalProperties"] is False
+        assert body["properties"]["source"]["format"] == "uri"
+        assert body["properties"]["metadata"] == {"$ref": "#/components/schemas/DatasetMetadata"}
+        assert {"403", "409", "422", "503"} <= set(op["responses"]), path
+    example = spec["paths"]["/v1/datasets"]["post"]["requestBody"]["content"][
+        "application/json"]["example"]
+    assert example["source"].startswith("s3://") and "columns" in example["metadata"]
