@@ -38,6 +38,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,7 +175,7 @@ def _reading(url: str) -> Iterator[None]:
 def _local(url: str, path: Path, max_files: int) -> Source:
     if path.is_file():
         _check_name(path.name, url)
-        return Source(url, LocalStore(path.parent), [path.name], [])
+        return Source(url, _Confined(path.parent), [path.name], [])
     if not path.is_dir():
         raise _missing(url)
     unreadable = False
@@ -185,7 +186,43 @@ def _local(url: str, path: Path, max_files: int) -> Source:
     if unreadable:
         raise SourceError(422, "source_unreadable", f"source {url} cannot be read: a"
                           " folder of it cannot be listed (permissions)")
-    return Source(url, LocalStore(path), keys, skipped)
+    return Source(url, _Confined(path), keys, skipped)
+
+
+class _Confined(LocalStore):
+    """A source folder read without following a link: a file is stat'ed with ``lstat``
+    and opened with ``O_NOFOLLOW``, and the opened file must be the one stat'ed and lie
+    under the folder (``/proc/self/fd`` names it), so a file or folder swapped for a link
+    out of the root after the listing is refused as changed, never read."""
+
+    def stat(self, key: str) -> tuple[ObjectInfo, str | None]:
+        try:
+            st = os.lstat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"no object {key} in {self.url}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise NotFound(f"{key} in {self.url} is no longer a regular file")
+        return ObjectInfo(st.st_size, self._etag(st)), None
+
+    def open(self, key: str) -> pa.NativeFile:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"no object {key} in {self.url}") from None
+        except OSError:  # a link (ELOOP), or no permission
+            os_error = True
+        else:
+            os_error = False
+        if os_error:
+            raise NotFound(f"{key} in {self.url} cannot be opened as a regular file")
+        fh = os.fdopen(fd, "rb")
+        link = Path(f"/proc/self/fd/{fd}")
+        real = Path(os.readlink(link)) if link.is_symlink() else self._path(key)
+        st = os.fstat(fd)
+        if not (real.is_relative_to(self.root) and stat.S_ISREG(st.st_mode)):
+            fh.close()
+            raise NotFound(f"{key} in {self.url} is not a file under it")
+        return pa.PythonFile(fh, mode="r")
 
 
 def _walk(folder: Path, above: str, url: str) -> Iterator[str]:

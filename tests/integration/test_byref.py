@@ -439,6 +439,41 @@ def test_an_object_changed_while_it_is_read_is_refused_and_nothing_stays(
     assert np.array_equal(columns["age"][10:], np.asarray(_table(5, rows)["age"]))
 
 
+def test_a_file_or_folder_swapped_for_a_link_after_the_listing_is_never_read(
+        rig: Rig, tmp_path: Path) -> None:
+    """A local source is listed, then a file of it (or a folder above one) is replaced
+    by a link out of the root before the scan reads it: refused as changed, and nothing
+    of the file the link names is read into a version."""
+    outside = tmp_path / "secret"
+    outside.mkdir()
+    pq.write_table(_table(0, 10), outside / "a.parquet")
+    folder = rig.local / "swap"
+    (folder / "sub").mkdir(parents=True)
+    config = rig.app.config["PRIVRELEASE"]
+
+    def scan() -> sources.Scan:
+        pq.write_table(_table(0, 10), folder / "sub" / "a.parquet")
+        return sources.Scan(sources.resolve(folder.as_uri(), config.source_roots,
+                                            endpoint=None, max_files=50),
+                            parse_metadata(PEOPLE_META), config.max_rows)
+
+    def refused(current: sources.Scan) -> None:
+        with pytest.raises(sources.SourceError) as caught:
+            list(current.chunks())
+        assert (caught.value.status, caught.value.code) == (409, "source_changed")
+        assert current.pins == []
+
+    listed = scan()  # the file swapped for a link
+    (folder / "sub" / "a.parquet").unlink()
+    (folder / "sub" / "a.parquet").symlink_to(outside / "a.parquet")
+    refused(listed)
+    (folder / "sub" / "a.parquet").unlink()
+    listed = scan()  # the folder above it swapped for a link
+    (folder / "sub").rename(folder / "old")
+    (folder / "sub").symlink_to(outside, target_is_directory=True)
+    refused(listed)
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
