@@ -23,13 +23,17 @@ What may be read: only sources under a root the operator configured
 cannot make the service read arbitrary files or buckets. A path is checked once it is
 normalised: ``.`` and ``..`` segments are refused outright, a ``file://`` path is
 resolved (symlinks followed) before the root check, and a symbolic link inside a source
-folder is refused, not followed. A URL whose last segment ends in ``.parquet`` names one
-object; any other names a folder (prefix): every ``*.parquet`` object under it, in key
-order. Names of which a segment starts with ``_`` or ``.`` (``_SUCCESS``, ``.crc``
-checksums: hidden by the convention of Hadoop, Spark and ``pyarrow.dataset``) are
-skipped, and listed: in the answer's ``warnings`` and the manifest. Any other object
-refuses the source (422 ``source_invalid``), as does a listing of more than
-``PRIVRELEASE_MAX_SOURCE_FILES`` objects. Messages name keys and URLs, never values.
+folder is refused, not followed: its files are stat'ed with ``lstat`` and opened with
+``O_NOFOLLOW``, the opened file checked to lie under the folder (``_Confined``), so a
+file or folder swapped for a link after the listing is refused as changed.
+
+A URL whose last segment ends in ``.parquet`` names one object; any other names a folder
+(prefix): every ``*.parquet`` object under it, in key order. Names of which a segment
+starts with ``_`` or ``.`` (``_SUCCESS``, ``.crc`` checksums: hidden by the convention of
+Hadoop, Spark and ``pyarrow.dataset``) are skipped, and listed: in the answer's
+``warnings`` and the manifest. Any other object refuses the source (422
+``source_invalid``), as does a listing of more than ``PRIVRELEASE_MAX_SOURCE_FILES``
+objects. Messages name keys and URLs, never values.
 """
 
 from __future__ import annotations
