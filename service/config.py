@@ -118,6 +118,17 @@ def _url(name: str, schemes: tuple[str, ...]) -> str | None:
     return raw
 
 
+def _roots(name: str) -> tuple[str, ...]:
+    """Comma-separated storage URLs (``file:///path`` or ``s3://bucket[/prefix]``); empty:
+    none. Checked in full where they are used (``service.sources``)."""
+    roots = tuple(r.strip() for r in (_env(name) or "").split(",") if r.strip())
+    for root in roots:
+        if not root.startswith(("file:///", "s3://")):
+            raise SystemExit(f"{ENV_PREFIX}{name} must be comma-separated file:///path or "
+                             "s3://bucket[/prefix] URLs")
+    return roots
+
+
 def _spark_remote(raw: str | None) -> str | None:
     """Unset or empty: None (embedded); else ``local``, ``local[N]``, ``local[*]`` or an
     ``sc://`` Spark Connect URL."""
@@ -264,6 +275,13 @@ class Config:
     #: unset, in the worker's process; ``sc://host:15002``, a Spark Connect server (the
     #: worker is a thin client); ``local[N]``, a local Spark Connect server with N cores
     spark_remote: str | None = None
+    #: PRIVRELEASE_SOURCE_ROOTS: comma-separated storage URLs (``file:///dir``,
+    #: ``s3://bucket/prefix``) under which a dataset version may be registered by
+    #: reference (``service.sources``); empty: registering by reference is off
+    source_roots: tuple[str, ...] = ()
+    #: PRIVRELEASE_MAX_SOURCE_FILES: most objects a source registered by reference may
+    #: list (its Parquet files and the hidden ones skipped); more is refused
+    max_source_files: int = 10_000
 
     @classmethod
     def from_env(cls) -> Config:
@@ -315,6 +333,8 @@ class Config:
             storage_url=_url("STORAGE_URL", ("file", "s3")),
             s3_endpoint_url=_url("S3_ENDPOINT_URL", ("http", "https")),
             spark_remote=_spark_remote(_env("SPARK_REMOTE")),
+            source_roots=_roots("SOURCE_ROOTS"),
+            max_source_files=_at_least("MAX_SOURCE_FILES", cls.max_source_files, 1),
         )
 
     @property

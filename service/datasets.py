@@ -25,6 +25,7 @@ from mechanisms import ColumnMeta, DatasetMeta, rows
 from service import budget
 from service.ingest import DatasetSpec
 from service.metadata import ACCOUNTING_FIELDS
+from service.sources import Scan
 from service.storage import index
 from service.storage.dataset_files import DatasetStore
 from service.storage.ledger import now_iso
@@ -67,10 +68,12 @@ def register(
     actor: str,
     idempotency: Idempotency | None = None,
     sha256: str | None = None,
+    source: Scan | None = None,
 ) -> dict[str, Any]:
     """Store a new dataset (version 1) and open its ledger; returns its document.
 
-    ``chunks`` are consecutive row blocks of every column (``ingest.iter_upload``);
+    ``chunks`` are consecutive row blocks of every column (``ingest.iter_upload``, or a
+    ``source``'s scan: its summary goes in the document, its pins in the manifest);
     an error raised while iterating them leaves nothing behind. With an
     ``idempotency`` key that another upload registered first (concurrently),
     this upload's files go and that dataset's document is returned.
@@ -102,10 +105,11 @@ def register(
             "created_at": now_iso(),
             "created_by": actor,
             **({"sha256": sha256} if sha256 else {}),
+            **({"source": source.summary()} if source else {}),
         }
         doc["current_version"] = 1
         doc["versions"] = [version_entry(doc)]
-        staged.commit(dataset_id, 1, doc)
+        staged.commit(dataset_id, 1, {**doc, "source": source.record()} if source else doc)
     try:
         outcome, registered = ledger.open(
             dataset_id, caps, actor, json.dumps(doc),
@@ -267,6 +271,8 @@ def version_entry(doc: dict[str, Any]) -> dict[str, Any]:
              "status": "active", "columns": doc["columns"]}
     if doc.get("sha256"):
         entry["sha256"] = doc["sha256"]
+    if doc.get("source"):
+        entry["source"] = doc["source"]
     return entry
 
 
@@ -381,8 +387,10 @@ def idempotent_version(ledger: Store, idempotency: Idempotency) -> int | None:
 def add_version(store: DatasetStore, ledger: Store, dataset_id: str,
                 spec: DatasetSpec, chunks: Iterable[Mapping[str, np.ndarray]], actor: str, *,
                 make_current: bool = False, sha256: str | None = None,
-                idempotency: Idempotency | None = None) -> dict[str, Any]:
-    """Store the next version of a dataset; returns its ``versions`` entry.
+                idempotency: Idempotency | None = None, source: Scan | None = None
+                ) -> dict[str, Any]:
+    """Store the next version of a dataset; returns its ``versions`` entry (``source``:
+    as ``register``).
 
     The files are staged and moved into place under the next free number (a
     concurrent upload that took it makes this one take the one after), then the
@@ -404,10 +412,13 @@ def add_version(store: DatasetStore, ledger: Store, dataset_id: str,
             "version": version, "n_rows": staged.n_rows, "created_at": now_iso(),
             "created_by": actor, "status": "active",
             "columns": {n: column_doc(c, spec.fill.get(n)) for n, c in spec.columns.items()},
-            **({"sha256": sha256} if sha256 else {})}
+            **({"sha256": sha256} if sha256 else {}),
+            **({"source": source.summary()} if source else {})}
         for _ in range(64):
             try:
-                staged.commit(dataset_id, version, {"id": dataset_id, **entry})
+                staged.commit(dataset_id, version, {
+                    "id": dataset_id, **entry,
+                    **({"source": source.record()} if source else {})})
                 break
             except FileExistsError:  # another upload (or a kept orphan) has this number
                 version += 1

@@ -687,9 +687,10 @@ class _Source:
 
 
 def _validated(batches: Iterator[pa.RecordBatch], declared: DatasetSpec, spec: DatasetSpec,
-               source: _Source, *, max_rows: int, empty: str
+               source: _Source, *, max_rows: int, empty: str | None
                ) -> Iterator[dict[str, np.ndarray]]:
-    """Convert and validate record batches chunk by chunk, in metadata column layout."""
+    """Convert and validate record batches chunk by chunk, in metadata column layout
+    (no rows at all: IngestError ``empty``, unless None)."""
     width = len(spec.columns)
     seen = 0
     for batch in batches:
@@ -719,7 +720,7 @@ def _validated(batches: Iterator[pa.RecordBatch], declared: DatasetSpec, spec: D
                 for name, col in declared.columns.items()
             }
         seen += batch.num_rows
-    if seen == 0:
+    if seen == 0 and empty is not None:
         raise IngestError("file", empty)
 
 
@@ -1049,13 +1050,16 @@ def _check_sizes(parquet: pq.ParquetFile, spec: DatasetSpec) -> None:
 
 
 def iter_parquet(data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int,
-                 max_columns: int = MAX_CSV_FIELDS) -> Iterator[dict[str, np.ndarray]]:
+                 max_columns: int = MAX_CSV_FIELDS, empty_ok: bool = False
+                 ) -> Iterator[dict[str, np.ndarray]]:
     """Validate a Parquet file against ``spec``, yielding arrays chunk by chunk.
 
     The same contract as ``iter_csv``: columns are matched by name (the
     schema plays the header), errors name the column and the 1-based data row.
     Column chunks are read with a bounded buffer, so memory holds a batch of
-    ``CHUNK_ROWS`` rows and a read buffer per column, not a row group.
+    ``CHUNK_ROWS`` rows and a read buffer per column, not a row group. ``data`` may be
+    a pyarrow file (an object of a store, read by byte ranges); ``empty_ok``: a file of
+    no rows yields nothing (one part of a dataset of several files) instead of failing.
     """
     declared, spec = spec, _csv_spec(spec)
     with _seekable(data) as source:
@@ -1075,7 +1079,7 @@ def iter_parquet(data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int,
             batches = _parquet_batches(parquet, list(spec.columns), _chunk_rows(len(spec.columns)))
             located = _Source(lambda record: (f"row {record + 1}", None), typed=True)
             yield from _validated(batches, declared, spec, located, max_rows=max_rows,
-                                  empty="the file has no data rows")
+                                  empty=None if empty_ok else "the file has no data rows")
 
 
 def parse_parquet(data: bytes | BinaryIO, spec: DatasetSpec, *, max_rows: int

@@ -9,15 +9,16 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
-from flask import Response, current_app
+from flask import Response, current_app, request
 from flask_smorest import Blueprint
+from marshmallow import ValidationError
 
 from mechanisms import zcdp
-from service import apikeys, budget, datasets, errors, wiring
+from service import apikeys, budget, datasets, errors, sources, wiring
 from service import metadata as metadata_schemas
 from service.api import inputs, responses
 from service.api.auth import check_dataset_grant, current_key, require
-from service.api.problems import APIError
+from service.api.problems import APIError, flatten_messages
 from service.api.responses import AUTH, BODY, located, problems
 from service.api.schemas import (
     PAGE_HEADERS,
@@ -27,11 +28,13 @@ from service.api.schemas import (
     DatasetListQuerySchema,
     DatasetQuerySchema,
     DatasetSchema,
+    DatasetSourceSchema,
     DatasetUploadSchema,
     LedgerEventSchema,
     LedgerQuerySchema,
     VersionPatchSchema,
     VersionSchema,
+    VersionSourceSchema,
     VersionUploadSchema,
 )
 from service.ingest import PARQUET_TYPE, IngestError, iter_upload, parse_metadata
@@ -83,40 +86,73 @@ FILE_PART = {"type": "string", "format": "binary",
              "description": "CSV (UTF-8, with a header row) or Parquet; a file that "
                             "begins and ends with Parquet's magic bytes is Parquet"}
 FILE_ENCODING = {"contentType": f"text/csv, {PARQUET_TYPE}, application/octet-stream"}
-#: the multipart body; ``metadata`` is a JSON document (a form field holding JSON text)
-UPLOAD_BODY = {"required": True, "content": {"multipart/form-data": {
-    "schema": {"type": "object", "required": ["metadata", "file"], "properties": {
-        "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
-        "file": FILE_PART}},
-    "encoding": {"metadata": {"contentType": "application/json"}, "file": FILE_ENCODING}}}}
+#: a source registered by reference (``service.sources``)
+SOURCE_PROPERTY = {"type": "string", "format": "uri", "description":
+                   "storage URL of a Parquet object or of a folder (prefix) of them, under a"
+                   " root the server allows (PRIVRELEASE_SOURCE_ROOTS): s3://bucket/key or"
+                   " file:///path; read once and copied into the version"}
+#: the multipart body (``metadata`` is a JSON document in a form field holding JSON text),
+#: or the JSON body of a registration by reference
+UPLOAD_BODY = {"required": True, "content": {
+    "multipart/form-data": {
+        "schema": {"type": "object", "required": ["metadata", "file"], "properties": {
+            "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
+            "file": FILE_PART}},
+        "encoding": {"metadata": {"contentType": "application/json"},
+                     "file": FILE_ENCODING}},
+    "application/json": {
+        "schema": {"type": "object", "required": ["source", "metadata"],
+                   "additionalProperties": False, "properties": {
+                       "source": SOURCE_PROPERTY,
+                       "metadata": {"$ref": "#/components/schemas/DatasetMetadata"}}}}}}
 
 
 @blp.route("", methods=["POST"])
 @require("operator")
-@problems(blp, *AUTH, *BODY, 403)
+@problems(blp, *AUTH, *BODY, 403, 409)
 @blp.doc(requestBody=UPLOAD_BODY)
-# parsed from two webargs locations, documented as one multipart body: ``blp.arguments``
-# would document the form field as an (OpenAPI 2) ``formData`` parameter
-@blp.ARGUMENTS_PARSER.use_kwargs(DatasetUploadSchema, location="form")
-@blp.ARGUMENTS_PARSER.use_kwargs(DatasetFileSchema, location="files")
 @blp.response(201, DatasetSchema)
 @located("/v1/datasets/{id}")
-def upload(metadata: str, file: Any) -> dict[str, Any]:
-    """Register a dataset: CSV with a header row or Parquet, + metadata JSON.
+def upload(metadata: str | None = None, file: Any = None) -> dict[str, Any]:
+    """Register a dataset: CSV with a header row or Parquet, + metadata JSON; or Parquet
+    already in storage, by reference.
 
     Nothing is kept on error. The file's format is read from its bytes (Parquet's magic
     bytes), not from the part's content type, though a part declared Parquet that is
     not Parquet is refused.
 
+    A JSON body ``{"source": "<storage URL>", "metadata": {...}}`` registers Parquet
+    already in storage (a file, or every ``*.parquet`` object under a folder or prefix)
+    under a root the server allows (``PRIVRELEASE_SOURCE_ROOTS``; 403 otherwise): it is
+    validated as an upload of that Parquet and copied into the version, each object
+    pinned as read (409 ``source_changed`` if one changed while it was read).
+
     With an ``Idempotency-Key`` header (1..255 characters), a retry (same key, same
     metadata) answers with the dataset the first attempt registered, without parsing the
     file again; the same key with other metadata is 422 idempotency_mismatch.
     """
+    if metadata is None:  # over HTTP (the console passes its form's fields): the body,
+        # whose content type decides (``inputs.check_body``)
+        if request.is_json:
+            body = _json_body(DatasetSourceSchema)
+            return _register(_body_text(), body["metadata"],
+                             body["source"])
+        metadata = blp.ARGUMENTS_PARSER.parse(DatasetUploadSchema(), location="form")[
+            "metadata"]
+        file = blp.ARGUMENTS_PARSER.parse(DatasetFileSchema(), location="files")["file"]
+    return _register(metadata, None, None, file)
+
+
+def _register(fingerprinted: str, raw_meta: Any, source: str | None,
+              file: Any = None) -> dict[str, Any]:
+    """An upload (``file``, its metadata JSON text ``fingerprinted``) or a registration
+    by reference (``source`` and its decoded ``raw_meta``; ``fingerprinted``, the body)."""
     config = current_app.config["PRIVRELEASE"]
     idem_key = inputs.idempotency_key(current_key().id)
     idem = None
     if idem_key is not None:
-        fingerprint = hashlib.sha256(b"upload\0" + metadata.encode()).hexdigest()
+        kind = b"upload\0" if source is None else b"source\0"
+        fingerprint = hashlib.sha256(kind + fingerprinted.encode()).hexdigest()
         idem = datasets.Idempotency(idem_key, fingerprint, config.idempotency_ttl)
         try:
             first = datasets.idempotent(wiring.current().ledger, idem)
@@ -124,28 +160,79 @@ def upload(metadata: str, file: Any) -> dict[str, Any]:
             raise errors.idempotency_mismatch() from None
         if first is not None:  # answered as the first time: with its warnings
             return _with_warnings(first)
-    raw_meta = _decode_metadata(metadata)
-    sha256 = _file_sha256(file.stream)
+    if source is None:
+        raw_meta = _decode_metadata(fingerprinted)
+    scan = None
     try:
         spec = parse_metadata(raw_meta)
         caps = budget.parse_caps(spec.budgets, list(spec.columns))
-        # parsed from werkzeug's spooled temp file as it is stored: never whole in memory
-        chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
-                             content_type=file.mimetype)
+        if source is not None:
+            scan = _scan(source, spec)
+            chunks, sha256 = scan.chunks(), None
+        else:
+            sha256 = _file_sha256(file.stream)
+            # parsed from werkzeug's spooled temp file as it is stored: never whole in memory
+            chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
+                                 content_type=file.mimetype)
         doc = datasets.register(
             wiring.current().datasets, wiring.current().ledger,
-            spec, caps, chunks, current_key().id, idem, sha256=sha256,
+            spec, caps, chunks, current_key().id, idem, sha256=sha256, source=scan,
         )
     except (IngestError, budget.AmountError) as err:
         raise _invalid(err.field, err.message) from None
+    except sources.SourceError as err:
+        raise _source_error(err) from None
     except datasets.IdempotencyMismatch:
         raise errors.idempotency_mismatch() from None
-    return _with_warnings(doc)
+    return _with_warnings(doc, scan)
 
 
-def _with_warnings(doc: dict[str, Any]) -> dict[str, Any]:
-    """The upload's answer: the document, with ``warnings`` when it may be a re-upload."""
+def _scan(source: str, spec: Any) -> sources.Scan:
+    """The scan of ``source`` (resolved under the server's roots) for ``spec``."""
+    config = current_app.config["PRIVRELEASE"]
+    resolved = sources.resolve(source, config.source_roots, endpoint=config.s3_endpoint_url,
+                               max_files=config.max_source_files)
+    return sources.Scan(resolved, spec, config.max_rows)
+
+
+def _source_error(err: sources.SourceError) -> APIError:
+    return APIError(err.status, err.message, code=err.code, field=err.field)
+
+
+def _body_text() -> str:
+    """The request's JSON body as sent (an ``Idempotency-Key``'s fingerprint, as the
+    metadata text is an upload's: the columns' order is part of it)."""
+    return request.get_data(cache=True).decode("utf-8", "replace")
+
+
+def _json_body(schema: type[Any]) -> dict[str, Any]:
+    """The JSON body, duplicate keys refused (a duplicate column would be lost), loaded
+    by ``schema`` (422 naming the first field in error)."""
+    raw = request.get_data(cache=True)
+    try:
+        decoded = json.loads(raw, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as dup:
+        raise _invalid("body", f"duplicate key {dup.args[0]!r} in the JSON body") from None
+    except ValueError:
+        raise APIError(400, "the request body is not valid JSON", code="bad_request",
+                       field="body") from None
+    if not isinstance(decoded, dict):
+        raise _invalid("body", "the JSON body must be an object")
+    try:
+        loaded: dict[str, Any] = schema().load(decoded)
+    except ValidationError as err:
+        messages = flatten_messages(err.messages)
+        where = next(iter(messages))
+        raise _invalid(where, f"{where}: {messages[where]}") from None
+    return loaded
+
+
+def _with_warnings(doc: dict[str, Any], scan: sources.Scan | None = None
+                   ) -> dict[str, Any]:
+    """The upload's answer: the document, with ``warnings`` when it may be a re-upload
+    (or when a source's hidden objects were skipped)."""
     warnings = datasets.reupload_warnings(wiring.current().ledger, doc)
+    warnings += scan.warnings() if scan is not None else []
     return {**doc, "warnings": warnings} if warnings else doc
 
 
@@ -215,13 +302,22 @@ def show(dataset_id: str, expand: list[str] | None = None) -> dict[str, Any]:
 
 
 #: the multipart body of a new version: the file, and optionally changed metadata
-VERSION_BODY = {"required": True, "content": {"multipart/form-data": {
-    "schema": {"type": "object", "required": ["file"], "properties": {
-        "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
-        "compatible": {"type": "boolean", "default": False},
-        "make_current": {"type": "boolean", "default": False},
-        "file": FILE_PART}},
-    "encoding": {"metadata": {"contentType": "application/json"}, "file": FILE_ENCODING}}}}
+VERSION_BODY = {"required": True, "content": {
+    "multipart/form-data": {
+        "schema": {"type": "object", "required": ["file"], "properties": {
+            "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
+            "compatible": {"type": "boolean", "default": False},
+            "make_current": {"type": "boolean", "default": False},
+            "file": FILE_PART}},
+        "encoding": {"metadata": {"contentType": "application/json"},
+                     "file": FILE_ENCODING}},
+    "application/json": {
+        "schema": {"type": "object", "required": ["source"], "additionalProperties": False,
+                   "properties": {
+                       "source": SOURCE_PROPERTY,
+                       "metadata": {"$ref": "#/components/schemas/DatasetMetadata"},
+                       "compatible": {"type": "boolean", "default": False},
+                       "make_current": {"type": "boolean", "default": False}}}}}}
 
 
 def _version_error(err: datasets.VersionError) -> APIError:
@@ -249,11 +345,9 @@ def listed(doc: dict[str, Any], expand: list[str] | None = None) -> dict[str, An
 @require("operator")
 @problems(blp, *AUTH, *BODY, 403, 404, 409)
 @blp.doc(requestBody=VERSION_BODY)
-@blp.ARGUMENTS_PARSER.use_kwargs(VersionUploadSchema, location="form")
-@blp.ARGUMENTS_PARSER.use_kwargs(DatasetFileSchema, location="files")
 @blp.response(201, VersionSchema)
 @located("/v1/datasets/{dataset_id}/versions/{version}")
-def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
+def upload_version(dataset_id: str, file: Any = None, metadata: str | None = None,
                    compatible: bool = False, make_current: bool = False) -> dict[str, Any]:
     """Upload the next version of a dataset (the same people, the dataset's budget).
 
@@ -262,20 +356,41 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
     ``compatible=true`` and be so: the same column names and kinds (bounds and
     categories may change), the dataset's budgets, notions and policies. The new
     version becomes current only with ``make_current=true``. ``Idempotency-Key`` as
-    for an upload. A retired dataset answers 409.
+    for an upload. A retired dataset answers 409. A JSON body with ``source`` (and the
+    same optional fields, ``metadata`` as an object) registers Parquet already in
+    storage, as ``POST /v1/datasets`` does.
     """
     doc = dataset_or_404(dataset_id)
     if doc.get("status") != "active":
         raise APIError(409, "the dataset is retired: it takes no new version",
                        code="dataset_retired", field="dataset_id")
+    if file is None:  # over HTTP (the console passes its form's fields): the body
+        if request.is_json:
+            body = _json_body(VersionSourceSchema)
+            return _add_version(doc, _body_text(), body.get("metadata"),
+                                body["compatible"], body["make_current"], body["source"])
+        form = blp.ARGUMENTS_PARSER.parse(VersionUploadSchema(), location="form")
+        file = blp.ARGUMENTS_PARSER.parse(DatasetFileSchema(), location="files")["file"]
+        metadata, compatible = form.get("metadata"), form["compatible"]
+        make_current = form["make_current"]
+    return _add_version(doc, metadata or "", metadata, compatible, make_current, None, file)
+
+
+def _add_version(doc: dict[str, Any], fingerprinted: str, metadata: Any, compatible: bool,
+                 make_current: bool, source: str | None, file: Any = None
+                 ) -> dict[str, Any]:
+    """A version upload (``file``; ``metadata``, its JSON text or None) or registration
+    by reference (``source``; ``metadata``, decoded or None; ``fingerprinted``, the body)."""
+    dataset_id = doc["id"]
     config = current_app.config["PRIVRELEASE"]
     ledger = wiring.current().ledger
     idem_key = inputs.idempotency_key(current_key().id)
     idem = None
     if idem_key is not None:
         flags = f"{int(compatible)}{int(make_current)}"
-        fingerprint = hashlib.sha256(f"version\0{dataset_id}\0{flags}\0".encode()
-                                     + (metadata or "").encode()).hexdigest()
+        kind = "version" if source is None else "version-source"
+        fingerprint = hashlib.sha256(f"{kind}\0{dataset_id}\0{flags}\0".encode()
+                                     + fingerprinted.encode()).hexdigest()
         idem = datasets.Idempotency(idem_key, fingerprint, config.idempotency_ttl)
         try:
             first = datasets.idempotent_version(ledger, idem)
@@ -283,6 +398,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
             raise errors.idempotency_mismatch() from None
         if first is not None:
             return version_doc(doc, datasets.find_version(doc, first))
+    scan = None
     try:
         if metadata is None:
             spec = datasets.spec_of(doc)
@@ -290,7 +406,7 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
             if not compatible:
                 raise _invalid("compatible", "changed metadata needs compatible=true (or omit"
                                " metadata to keep the dataset's)")
-            raw_meta = _decode_metadata(metadata)
+            raw_meta = _decode_metadata(metadata) if source is None else metadata
             if isinstance(raw_meta, dict):
                 raw_meta.setdefault("budgets", doc.get("budgets", {}))
                 # the dataset's policy, unless the version names one (then it must agree)
@@ -300,21 +416,29 @@ def upload_version(dataset_id: str, file: Any, metadata: str | None = None,
             spec = parse_metadata(raw_meta)
             caps = budget.parse_caps(spec.budgets, list(spec.columns))
             datasets.check_compatible(doc, spec, caps)
-        sha256 = _file_sha256(file.stream)
-        chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
-                             content_type=file.mimetype)
+        if source is not None:
+            scan = _scan(source, spec)
+            chunks, sha256 = scan.chunks(), None
+        else:
+            sha256 = _file_sha256(file.stream)
+            chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
+                                 content_type=file.mimetype)
         entry = datasets.add_version(wiring.current().datasets, ledger,
                                      dataset_id, spec, chunks, current_key().id,
                                      make_current=make_current, sha256=sha256,
-                                     idempotency=idem)
+                                     idempotency=idem, source=scan)
     except (IngestError, budget.AmountError) as err:
         raise _invalid(err.field, err.message) from None
+    except sources.SourceError as err:
+        raise _source_error(err) from None
     except datasets.VersionError as err:
         raise _version_error(err) from None
     except datasets.IdempotencyMismatch:
         raise errors.idempotency_mismatch() from None
     doc = datasets.get(ledger, dataset_id) or doc
-    return version_doc(doc, entry)
+    answer = version_doc(doc, entry)
+    warnings = scan.warnings() if scan is not None else []
+    return {**answer, "warnings": warnings} if warnings else answer
 
 
 @blp.route("/<dataset_id>/versions")

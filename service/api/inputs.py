@@ -32,7 +32,8 @@ MAX_JSON_DEPTH = 32
 MULTIPART = "multipart/form-data"
 #: methods whose body ``check_body`` judges (415 for the wrong media type)
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-#: endpoints whose body is a multipart form; every other body is JSON
+#: endpoints whose body is a multipart form or JSON (a registration by reference); every
+#: other body is JSON
 MULTIPART_ENDPOINTS = frozenset({"datasets.upload", "datasets.upload_version"})
 #: blueprints of HTML forms (urlencoded or multipart) that their own views read: the web
 #: console, whose pages reach the API's operations in-process (``service.console``)
@@ -104,11 +105,13 @@ def check_body() -> None:
     if request.blueprint in FORM_BLUEPRINTS:
         return
     if request.endpoint in MULTIPART_ENDPOINTS:
-        if request.mimetype != MULTIPART:
-            raise APIError(415, f"the request body must be {MULTIPART}",
+        if request.mimetype == MULTIPART:
+            return
+        if not request.is_json:
+            raise APIError(415, f"the request body must be {MULTIPART} (an upload) or "
+                           "application/json (a registration by reference)",
                            field="Content-Type")
-        return
-    if not request.is_json:
+    elif not request.is_json:
         raise APIError(415, "the request body must be application/json", field="Content-Type")
     # a JSON body is parsed and validated whole: keep it far below the upload limit
     limit = current_app.config["PRIVRELEASE"].max_json_bytes

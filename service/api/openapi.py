@@ -187,6 +187,9 @@ class Documentation(BasePlugin):
             if endpoint == "datasets.upload":
                 body["multipart/form-data"]["example"] = {"metadata": EXAMPLE_METADATA,
                                                           "file": EXAMPLE_CSV}
+                # by reference: a folder of Parquet files under a configured source root
+                body["application/json"]["example"] = {
+                    "source": "s3://exports/people/2026-11", "metadata": EXAMPLE_METADATA}
 
 
 def _type_media(response: dict[str, Any]) -> None:

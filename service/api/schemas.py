@@ -60,6 +60,46 @@ class VersionUploadSchema(StrictSchema):
                        " keep using the current version until PATCH ... current=true)"})
 
 
+class DatasetSourceSchema(StrictSchema):
+    """The JSON body of a registration by reference (``service.sources``); documented as
+    raw OpenAPI beside the multipart body (``service.api.datasets.UPLOAD_BODY``)."""
+
+    source = fields.String(required=True, validate=validate.Length(min=1, max=2048))
+    metadata = fields.Dict(required=True)
+
+
+class VersionSourceSchema(StrictSchema):
+    """A new version's JSON body: ``source``, and the multipart form's other fields."""
+
+    source = fields.String(required=True, validate=validate.Length(min=1, max=2048))
+    metadata = fields.Dict()
+    compatible = fields.Boolean(load_default=False)
+    make_current = fields.Boolean(load_default=False)
+
+
+class UploadWarningSchema(Schema):
+    code = fields.String(metadata={"description": "possible_reupload or skipped_objects"})
+    dataset_id = fields.String(metadata={"description": "the existing dataset"})
+    version = fields.Integer(metadata={"description": "its version that matches"})
+    same_file = fields.Boolean(metadata={"description": "the files' SHA-256 agree"})
+    count = fields.Integer(metadata={"description": "skipped_objects: how many"})
+    names = fields.List(fields.String(), metadata={
+        "description": "skipped_objects: the first of them"})
+    message = fields.String()
+
+
+class SourceSummarySchema(Schema):
+    url = fields.String(metadata={"description": "the storage URL registered by reference"})
+    objects = fields.Integer(metadata={"description": "Parquet objects read and copied"})
+    bytes = fields.Integer(metadata={"description": "their total size"})
+    pins_sha256 = fields.String(metadata={
+        "description": "SHA-256 of the pins (key, size, ETag, version id of every object as"
+                       " read; all of them are in the version's stored manifest): equal"
+                       " digests, the same objects unchanged"})
+    skipped = fields.Integer(metadata={
+        "description": "hidden objects skipped (a name segment starting with '_' or '.')"})
+
+
 class VersionSchema(Schema):
     dataset_id = fields.String()
     version = fields.Integer()
@@ -70,17 +110,13 @@ class VersionSchema(Schema):
     created_at = fields.String()
     created_by = fields.String()
     sha256 = fields.String(metadata={"description": "SHA-256 of the uploaded file"})
+    source = fields.Nested(SourceSummarySchema, metadata={
+        "description": "registered by reference: what was read (copied into the version)"})
+    warnings = fields.List(fields.Nested(UploadWarningSchema), metadata={
+        "description": "registration by reference only: skipped_objects"})
     columns = fields.Dict(metadata={
         "description": "this version's column metadata; in a dataset's `versions` (GET"
                        " /v1/datasets and /v1/datasets/{id}) only with expand=versions"})
-
-
-class UploadWarningSchema(Schema):
-    code = fields.String(metadata={"description": "possible_reupload"})
-    dataset_id = fields.String(metadata={"description": "the existing dataset"})
-    version = fields.Integer(metadata={"description": "its version that matches"})
-    same_file = fields.Boolean(metadata={"description": "the files' SHA-256 agree"})
-    message = fields.String()
 
 
 class VersionPatchSchema(StrictSchema):
@@ -140,10 +176,13 @@ class DatasetSchema(Schema):
                        " `columns` unless expand=versions (the top-level `columns` are the"
                        " current version's)"})
     sha256 = fields.String(metadata={"description": "SHA-256 of the first upload's file"})
+    source = fields.Nested(SourceSummarySchema, metadata={
+        "description": "the first version registered by reference: what was read"})
     warnings = fields.List(fields.Nested(UploadWarningSchema), metadata={
         "description": "upload only: possible_reupload when an active dataset has the same"
                        " column set and row count (the same people must not get a second"
-                       " budget: upload a version instead)"})
+                       " budget: upload a version instead); skipped_objects when a source"
+                       " registered by reference had hidden objects"})
 
 
 class BudgetRowSchema(Schema):

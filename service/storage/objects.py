@@ -193,6 +193,11 @@ class ObjectStore(ABC):
         except OSError as exc:
             raise self._failure(f"reading {key}", exc) from exc
 
+    def stat(self, key: str) -> tuple[ObjectInfo, str | None]:
+        """``head``, and the object's version id where the store keeps versions (an S3
+        bucket with versioning on; None otherwise): a pin of what was read."""
+        return self.head(key), None
+
     def exists(self, key: str) -> bool:
         try:
             self.head(key)
@@ -585,9 +590,14 @@ class S3Store(ObjectStore):
         return str(answer["ETag"]).strip('"')
 
     def head(self, key: str) -> ObjectInfo:
+        return self.stat(key)[0]
+
+    def stat(self, key: str) -> tuple[ObjectInfo, str | None]:
         full = self._full(check_key(key))
         answer = self._call("reading", key, self._both()[0].head_object, Key=full)
-        return ObjectInfo(int(answer["ContentLength"]), str(answer["ETag"]).strip('"'))
+        version = answer.get("VersionId")
+        return (ObjectInfo(int(answer["ContentLength"]), str(answer["ETag"]).strip('"')),
+                str(version) if version else None)
 
     def list(self, prefix: str = "") -> Iterator[str]:
         return (item.key for item in self.listed(prefix))

@@ -81,7 +81,7 @@ def test_generated_client_uploads_releases_waits_and_reads_data(
     with serve(app) as url:
         client = _mod("client").AuthenticatedClient(base_url=url, token=TOKEN,
                                                     raise_on_unexpected_status=True)
-        body = models.DatasetsUploadBody(
+        body = models.DatasetsUploadFilesBody(
             metadata=models.DatasetMetadata.from_dict(openapi.EXAMPLE_METADATA),
             file=types.File(payload=io.BytesIO(openapi.EXAMPLE_CSV.encode()),
                             file_name="people.csv", mime_type="text/csv"))
@@ -93,6 +93,13 @@ def test_generated_client_uploads_releases_waits_and_reads_data(
         # the same Idempotency-Key answers with the same dataset
         again = upload.sync_detailed(client=client, body=body, idempotency_key="generated")
         assert again.parsed.id == dataset.id
+        # the JSON body of a registration by reference is sent as JSON (this server allows
+        # no source root: the documented 403, parsed as a problem)
+        by_ref = upload.sync_detailed(client=client, body=models.DatasetsUploadJsonBody(
+            source="file:///srv/exports/people.parquet",
+            metadata=models.DatasetMetadata.from_dict(openapi.EXAMPLE_METADATA)))
+        assert by_ref.status_code == 403 and isinstance(by_ref.parsed, models.Problem)
+        assert by_ref.parsed.code == "source_not_allowed"
 
         request = models.DipRequest.from_dict({**example, "dataset_id": dataset.id})
         assert request.to_dict()["params"] == example["params"]  # typed, round-trips

@@ -795,6 +795,26 @@ def test_version_calls_match_the_contract(server: tuple[str, Script]) -> None:
     assert json.loads(rel.body)["version"] == 2 and json.loads(est.body)["version"] == 1
 
 
+def test_registrations_by_reference_match_the_contract(server: tuple[str, Script]) -> None:
+    """Catches a registration by reference sent as a form, on the wrong path, or with the
+    metadata's columns reordered (their order is the dataset's)."""
+    url, script = server
+    script.answers = [answer(201, {"id": "ds_1"}), answer(201, {"version": 2})]
+    c = client(url)
+    meta = {"name": "t", "columns": {"z": {"type": "integer"}, "a": {"type": "integer"}}}
+    c.register_dataset("s3://b/exports/people", meta, idempotency_key="k-2")
+    c.register_version("ds/1", "file:///srv/x.parquet", make_current=True)
+    first, second = script.seen
+    assert (first.method, first.path) == ("POST", "/v1/datasets")
+    assert first.headers["Content-Type"] == "application/json"
+    assert first.headers["Idempotency-Key"] == "k-2"
+    assert list(json.loads(first.body)["metadata"]["columns"]) == ["z", "a"]
+    assert json.loads(first.body) == {"source": "s3://b/exports/people", "metadata": meta}
+    assert (second.method, second.path) == ("POST", "/v1/datasets/ds%2F1/versions")
+    assert json.loads(second.body) == {"source": "file:///srv/x.parquet",
+                                       "compatible": False, "make_current": True}
+
+
 def test_cli_datasets_versions(server: tuple[str, Script], tmp_path: Path) -> None:
     """Catches a ``datasets versions`` subcommand that calls the wrong route or drops a
     flag, and ``--dataset-version`` not reaching the release request."""

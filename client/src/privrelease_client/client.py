@@ -247,6 +247,32 @@ class Client:
             idempotency_key=idempotency_key)
         return doc
 
+    def register_dataset(self, source: str, metadata: Mapping[str, Any], *,
+                         idempotency_key: str | None = None) -> dict[str, Any]:
+        """Register a dataset by reference to Parquet already in storage: ``source`` is
+        the storage URL of a Parquet file or of a folder (prefix) of them
+        (``s3://bucket/prefix``, ``file:///path``) under a root the server allows
+        (``PRIVRELEASE_SOURCE_ROOTS``). The server reads it once and stores a copy."""
+        doc: dict[str, Any] = self.request(
+            "POST", "/v1/datasets", json_body={"source": source, "metadata": dict(metadata)},
+            idempotency_key=idempotency_key)
+        return doc
+
+    def register_version(self, dataset_id: str, source: str,
+                         metadata: Mapping[str, Any] | None = None, *,
+                         compatible: bool = False, make_current: bool = False,
+                         idempotency_key: str | None = None) -> dict[str, Any]:
+        """The next version of a dataset by reference (``source`` as for
+        ``register_dataset``; the rest as for ``upload_version``)."""
+        body: dict[str, Any] = {"source": source, "compatible": compatible,
+                                "make_current": make_current}
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        doc: dict[str, Any] = self.request(
+            "POST", f"/v1/datasets/{_seg(dataset_id)}/versions", json_body=body,
+            idempotency_key=idempotency_key)
+        return doc
+
     def list_versions(self, dataset_id: str) -> list[dict[str, Any]]:
         """Every version of the dataset, oldest first (``current`` marks the current one)."""
         docs: list[dict[str, Any]] = self._get(f"/v1/datasets/{_seg(dataset_id)}/versions")
