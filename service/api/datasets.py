@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from fractions import Fraction
 from typing import Any
@@ -166,14 +167,7 @@ def _register(fingerprinted: str, raw_meta: Any, source: str | None,
     try:
         spec = parse_metadata(raw_meta)
         caps = budget.parse_caps(spec.budgets, list(spec.columns))
-        if source is not None:
-            scan = _scan(source, spec)
-            chunks, sha256 = scan.chunks(), None
-        else:
-            sha256 = _file_sha256(file.stream)
-            # parsed from werkzeug's spooled temp file as it is stored: never whole in memory
-            chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
-                                 content_type=file.mimetype)
+        scan, chunks, sha256 = _version_rows(source, file, spec)
         doc = datasets.register(
             wiring.current().datasets, wiring.current().ledger,
             spec, caps, chunks, current_key().id, idem, sha256=sha256, source=scan,
@@ -193,6 +187,20 @@ def _scan(source: str, spec: Any) -> sources.Scan:
     resolved = sources.resolve(source, config.source_roots, endpoint=config.s3_endpoint_url,
                                max_files=config.max_source_files)
     return sources.Scan(resolved, spec, config.max_rows)
+
+
+def _version_rows(source: str | None, file: Any, spec: Any
+                  ) -> tuple[sources.Scan | None, Iterator[Any], str | None]:
+    """The version's rows, chunk by chunk: scanned from ``source`` (by reference), or
+    parsed from the uploaded ``file`` as werkzeug spooled it (never whole in memory), with
+    the file's SHA-256; and the scan (None for an upload)."""
+    if source is not None:
+        scan = _scan(source, spec)
+        return scan, scan.chunks(), None
+    config = current_app.config["PRIVRELEASE"]
+    sha256 = _file_sha256(file.stream)
+    return None, iter_upload(file.stream, spec, max_rows=config.max_rows,
+                             content_type=file.mimetype), sha256
 
 
 def _source_error(err: sources.SourceError) -> APIError:
@@ -416,13 +424,7 @@ def _add_version(doc: dict[str, Any], fingerprinted: str, metadata: Any, compati
             spec = parse_metadata(raw_meta)
             caps = budget.parse_caps(spec.budgets, list(spec.columns))
             datasets.check_compatible(doc, spec, caps)
-        if source is not None:
-            scan = _scan(source, spec)
-            chunks, sha256 = scan.chunks(), None
-        else:
-            sha256 = _file_sha256(file.stream)
-            chunks = iter_upload(file.stream, spec, max_rows=config.max_rows,
-                                 content_type=file.mimetype)
+        scan, chunks, sha256 = _version_rows(source, file, spec)
         entry = datasets.add_version(wiring.current().datasets, ledger,
                                      dataset_id, spec, chunks, current_key().id,
                                      make_current=make_current, sha256=sha256,
