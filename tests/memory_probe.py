@@ -143,11 +143,13 @@ def job(version, rows, name, raw, spend):
     cost = mech.cost(params, budget(spend), meta(rows))
     return run._Job("probe", version, mech, params, cost, meta(rows), seed=11)
 out = []
+pools = []  # every pool outlives its buffers (a kept version's arrays outlive the run)
 tracemalloc.start()
 for name, raw, spend in cases:
     run._run(store, job(1, WARM_ROWS, name, raw, spend))
     big = job(2, n, name, raw, spend)
     pool = pa.proxy_memory_pool(pa.system_memory_pool())
+    pools.append(pool)
     pa.set_memory_pool(pool)
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.reset_peak()

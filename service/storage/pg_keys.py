@@ -89,6 +89,8 @@ class PgKeyStore:
 
     @staticmethod
     def _by(cur: Cursor, column: str, value: str) -> KeyRecord | None:
+        if "\x00" in value:  # no stored id or digest has one (PostgreSQL text cannot)
+            return None
         cur.execute(f"SELECT {KEY_COLUMNS} FROM api_keys WHERE {column} = %s", (value,))
         row = cur.fetchone()
         return _record(row) if row is not None else None

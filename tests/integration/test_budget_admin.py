@@ -111,6 +111,16 @@ def test_allocations_are_enforced_and_shown(app: Flask, api: Api, dataset: dict[
     assert row["committed"] + row["reserved"] == pytest.approx(0.3, abs=1e-9)
 
 
+def test_a_key_id_with_a_nul_is_no_key(api: Api, dataset: dict[str, Any]) -> None:
+    """Found by the contract fuzz: a key id with a NUL character reached PostgreSQL, whose
+    text cannot hold one (500). It names no key: 422, as any unknown key."""
+    patch = {"allocations": {"key_\u0000x": {"epsilon": 1}}}
+    resp = api.client.patch(f"/v1/datasets/{dataset['id']}/budget", json=patch,
+                            headers=api._h())
+    assert resp.status_code == 422, resp.get_json()
+    assert "existing analyst keys" in resp.get_json()["detail"]
+
+
 def test_racing_analysts_respect_allocations_and_cap(app: Flask) -> None:
     """Two analysts, allocations 2 and 2 inside a cap of 3: never more than either, with
     the reservations spread over four API hosts' stores of the session's record."""
