@@ -387,6 +387,11 @@ class DatasetStore:
         if kept is not None:
             return copy.deepcopy(kept.document["manifest"]), dict(kept.columns)
         base, document = self._document(dataset_id, version)
+        return self._load(dataset_id, version, base, document)
+
+    def _load(self, dataset_id: str, version: int, base: str, document: dict[str, Any]
+              ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """``load`` from the version's document, already read; a small version kept."""
         if document["format"] == LEGACY_FORMAT:
             return self._legacy_load(base, document)
         columns: dict[str, np.ndarray] = {}
@@ -407,13 +412,16 @@ class DatasetStore:
         (``mechanisms.statistics.compute``); a statistic of several passes calls again.
         """
         kept = self._kept(dataset_id, version)
-        if kept is None and self._small_version(dataset_id, version):
-            self.load(dataset_id, version)  # read once whole, kept: later runs read nothing
-            kept = self._kept(dataset_id, version)
+        if kept is None:
+            base, document = self._document(dataset_id, version)
+            if document["format"] == FORMAT and int(document["data"]["size"]) <= SMALL_BYTES:
+                # a small version (its manifest's size: public) is read once whole and
+                # kept: later runs read nothing
+                self._load(dataset_id, version, base, document)
+                kept = self._kept(dataset_id, version)
         if kept is not None:
             yield from _slices(kept, columns, rows)
             return
-        base, document = self._document(dataset_id, version)
         entries = document["columns"]
         names = [e["name"] for e in entries]
         wanted = list(names if columns is None else columns)
@@ -438,13 +446,6 @@ class DatasetStore:
                 yield {entry["name"]: _to_numpy(pa.chunked_array([batch.column(j)]), entry,
                                                 batch.num_rows)
                        for j, (_, entry) in enumerate(picked)}
-
-    def _small_version(self, dataset_id: str, version: int) -> bool:
-        """Whether a version is small enough to keep read whole (its manifest's size of
-        the data object: public); False for the ``.npy`` format, read in place."""
-        _, document = self._document(dataset_id, version)
-        return (document["format"] == FORMAT
-                and int(document["data"]["size"]) <= SMALL_BYTES)
 
     def parquet_source(self, dataset_id: str, version: int) -> ParquetSource | None:
         """The version for an engine that reads Parquet itself (Spark), its data object's
