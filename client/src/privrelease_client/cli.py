@@ -507,7 +507,7 @@ def _release_create(c: Client, dataset: str, mechanism: str, params: str,
     if final.get("replayed") is None and doc.get("replayed"):
         final = {**final, "replayed": True}
     if final.get("status") != "succeeded":
-        failed = ReleaseFailed(final)
+        failed = ReleaseFailed.of(final)
         message = f"release_{final.get('status')}: "
         if failed.code != f"release_{final.get('status')}":
             message += f"{failed.code}: "
@@ -605,7 +605,7 @@ def _analyses_run(c: Client, release_id: str, analysis: str, params: str,
     except TimeoutError as err:
         return Output(doc, terminal.render_analysis, 1, f"timeout: {err}")
     if final.get("status") != "succeeded":
-        failed = ReleaseFailed(final)
+        failed = ReleaseFailed.of(final)
         return Output(final, terminal.render_analysis, 1,
                       f"analysis_{final.get('status')}: {failed.code}: "
                       f"{terminal.clean(failed.detail)}")
