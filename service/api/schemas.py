@@ -38,6 +38,13 @@ class HealthSchema(StrictSchema):
     status = fields.String()
 
 
+class IndexSchema(StrictSchema):
+    service = fields.String()
+    version = fields.String()
+    links = fields.Dict(keys=fields.String(), values=fields.String(),
+                        metadata={"description": "where to go next: the API's entry points"})
+
+
 class ReadySchema(StrictSchema):
     status = fields.String()
     workers = fields.Integer()
