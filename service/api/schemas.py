@@ -417,6 +417,7 @@ class MechanismSchema(Schema):
     name = fields.String()
     measures = fields.List(fields.String())
     description = fields.String()
+    summary = fields.String(metadata={"description": "the description's first sentence"})
     params_schema = fields.Dict()
     analyses = fields.Dict(metadata={"description": "analysis name -> its params schema"})
 

@@ -270,16 +270,11 @@ def render_analyses(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
                    d.get("finished_at")) for d in docs], empty="no analyses")
 
 
-def _first_sentence(text: Any) -> str:
-    text = " ".join(str(text or "").split())
-    end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
-
-
 def render_mechanisms(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
     return table(["NAME", "MEASURES", "ANALYSES", "DESCRIPTION"],
                  [(d.get("name"), d.get("measures"), sorted(d.get("analyses") or {}),
-                   _first_sentence(d.get("description"))) for d in docs],
+                   " ".join(str(d.get("summary") or d.get("description") or "").split()))
+                  for d in docs],
                  empty="no mechanisms")
 
 
