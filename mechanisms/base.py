@@ -26,6 +26,7 @@ import marshmallow
 import numpy as np
 
 from mechanisms.statistics import Partial, Statistic, compute
+from mechanisms.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from mechanisms.memory import Memory
@@ -147,7 +148,8 @@ class DatasetMeta:
         try:
             return self.columns[name]
         except KeyError:
-            raise MechanismInputError(field, f"unknown column {name!r}") from None
+            raise MechanismInputError(field, f"unknown column {name!r}"
+                                      + did_you_mean(name, self.columns)) from None
 
 
 @dataclass(frozen=True)

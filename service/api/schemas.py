@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from marshmallow import INCLUDE, RAISE, Schema, fields, validate
+from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate
 from webargs.fields import DelimitedList
 
 import mechanisms
+from mechanisms.suggest import did_you_mean
 from service.storage.ledger import EVENT_KINDS
 
 
@@ -323,6 +324,13 @@ class RegisteredMechanism(validate.OneOf):
     @choices_text.setter
     def choices_text(self, _: Any) -> None:
         return None
+
+    def __call__(self, value: Any) -> Any:
+        """The name, or a refusal naming the closest registered one (not all of them)."""
+        if value not in self.choices:
+            raise ValidationError("unknown mechanism" + did_you_mean(value, self.choices)
+                                  + "; GET /v1/mechanisms lists them")
+        return value
 
 
 class ReleaseRequestSchema(StrictSchema):
