@@ -110,12 +110,25 @@ def render_dataset(doc: Mapping[str, Any]) -> RenderableType:
         ("created", doc.get("created_at")),
         ("retired", doc.get("retired_at")),
     ])
-    parts = [head, render_columns(doc)]
-    for warning in doc.get("warnings") or ():  # a possible re-upload of the same people
+    return stack(head, render_columns(doc), *_warnings(doc))
+
+
+def _source(doc: Mapping[str, Any]) -> Any:
+    """Where a version registered by reference was read from (None for an upload)."""
+    source = doc.get("source")
+    return source.get("url") if isinstance(source, Mapping) else None
+
+
+def _warnings(doc: Mapping[str, Any]) -> list[Text]:
+    """An answer's warnings: a possible re-upload of the same people (the dataset it
+    names), or a source's hidden objects skipped."""
+    out = []
+    for warning in doc.get("warnings") or ():
         if isinstance(warning, Mapping):
-            parts.append(Text(f"warning: {warning.get('code')}: "
-                              f"{warning.get('message', '')} ({warning.get('dataset_id')})"))
-    return stack(*parts)
+            named = f" ({warning['dataset_id']})" if warning.get("dataset_id") else ""
+            out.append(Text(f"warning: {warning.get('code')}: "
+                            f"{warning.get('message', '')}{named}"))
+    return out
 
 
 def render_columns(doc: Mapping[str, Any]) -> RenderableType:
@@ -134,9 +147,9 @@ def render_version(doc: Mapping[str, Any]) -> RenderableType:
         ("dataset", doc.get("dataset_id")), ("version", doc.get("version")),
         ("current", doc.get("current")), ("status", doc.get("status")),
         ("rows", doc.get("n_rows")), ("sha256", doc.get("sha256")),
-        ("created", doc.get("created_at")),
+        ("source", _source(doc)), ("created", doc.get("created_at")),
     ])
-    return stack(head, render_columns(doc))
+    return stack(head, render_columns(doc), *_warnings(doc))
 
 
 def render_versions(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
