@@ -675,8 +675,8 @@ def release(release_id: str) -> Any:
     analyses, pages = [], {}
     if doc["status"] == "succeeded":
         query = _query(AnalysisListQuerySchema(), ("limit", "cursor"), limit=50)
-        listed = ops.call(outputs_api.list_analyses, query, release_id)
-        analyses, pages = listed["items"], _pages(listed["next_cursor"])
+        analyses, headers = ops.call(outputs_api.list_analyses, query, release_id)
+        pages = _pages(headers.get("X-Next-Cursor"))
     has_plot = doc["status"] == "succeeded" and _drawable(outputs_api.release_figure,
                                                           release_id)
     return render_template("release.html", release=doc, analyses=analyses, error=error,
