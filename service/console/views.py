@@ -495,13 +495,15 @@ def keys() -> Any:
     if request.method == "POST":
         body: dict[str, Any] = {"role": request.form.get("role", ""),
                                 "label": request.form.get("label", "")}
+        scope = request.form.get("scope", "")
         grants = [d for d in request.form.getlist("datasets") if d]
-        if grants:
+        if scope == "some":
             body["datasets"] = grants
         expires = request.form.get("expires_at", "").strip()
         if expires:
             body["expires_at"] = expires
         try:
+            _check_scope(scope, grants)
             created = ops.call(keys_api.create, ops.load(KeyCreateSchema(), body))
             status = 201
         except APIError as err:
@@ -510,6 +512,20 @@ def keys() -> Any:
     grantable = _every_dataset()
     return render_template("keys.html", keys=docs, created=created, error=error,
                            datasets=grantable, now=datetime.now(UTC)), status
+
+
+def _check_scope(scope: str, grants: list[str]) -> None:
+    """A key's datasets are the operator's explicit choice, never a form's default: every
+    dataset (also later ones) only when asked for, and some at least one ticked."""
+    if scope not in ("some", "all"):
+        raise APIError(422, "choose the datasets the key may use: only those ticked, or"
+                       " every dataset", code="validation_error", field="scope")
+    if scope == "some" and not grants:
+        raise APIError(422, "tick at least one dataset, or choose every dataset",
+                       code="validation_error", field="datasets")
+    if scope == "all" and grants:
+        raise APIError(422, "datasets are ticked but every dataset is chosen: choose one",
+                       code="validation_error", field="scope")
 
 
 @bp.route("/keys/<key_id>/revoke", methods=["POST"])
