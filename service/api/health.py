@@ -13,9 +13,10 @@ from flask_smorest import Blueprint
 from werkzeug.wrappers import Response
 
 from service import wiring
+from service.api.problem_types import PROBLEM_TYPES, WARNING_TYPES, describe, type_uri
 from service.api.problems import APIError
 from service.api.responses import problems
-from service.api.schemas import HealthSchema, IndexSchema, ReadySchema
+from service.api.schemas import HealthSchema, IndexSchema, ProblemTypeSchema, ReadySchema
 from service.releases.queue import live_workers
 from service.storage.store import DOWN
 
@@ -25,7 +26,7 @@ blp = Blueprint("health", __name__, description="Front door, liveness and readin
 LINKS = {"docs": "/docs", "openapi": "/openapi.json", "console": "/console/",
          "datasets": "/v1/datasets", "releases": "/v1/releases",
          "mechanisms": "/v1/mechanisms", "jobs": "/v1/jobs", "keys": "/v1/keys",
-         "health": "/healthz", "ready": "/readyz"}
+         "problems": "/problems", "health": "/healthz", "ready": "/readyz"}
 
 
 @cache
@@ -80,3 +81,28 @@ def readyz() -> dict[str, Any]:
     if workers == 0:
         raise APIError(503, "no worker is running", code="unavailable", workers=0)
     return {"status": "ready", "workers": workers}
+
+
+def _problem_type(code: str) -> dict[str, Any]:
+    return {"code": code, "type": type_uri(code), "description": describe(code),
+            "warning": code in WARNING_TYPES}
+
+
+@blp.route("/problems")
+@blp.doc(security=[])
+@blp.response(200, ProblemTypeSchema(many=True))
+def problem_types() -> list[dict[str, Any]]:
+    """Every problem code the API answers with (and the warnings it adds to an answer),
+    and what each means: the pages error documents' ``type`` names."""
+    return [_problem_type(code) for code in sorted({*PROBLEM_TYPES, *WARNING_TYPES})]
+
+
+@blp.route("/problems/<string(maxlength=64):code>")
+@blp.doc(security=[])
+@problems(blp, 404)
+@blp.response(200, ProblemTypeSchema)
+def problem_type(code: str) -> dict[str, Any]:
+    """What the problem ``code`` means and what to do about it (a code this server does
+    not describe gets the generic page: no ``type`` is a dead link; one longer than any
+    code, 404)."""
+    return _problem_type(code)

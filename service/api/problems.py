@@ -11,6 +11,7 @@ from flask import Flask, Response, current_app, json, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
+from service.api.problem_types import type_uri
 from service.errors import STORAGE_DOWN, STORAGE_FULL, ServiceError
 from service.storage.objects import Unavailable as ObjectStoreUnavailable
 from service.storage.release_documents import DocumentMissing
@@ -75,7 +76,7 @@ class APIError(ServiceError):
 def problem(status: int, code: str, detail: str, **extra: Any) -> Response:
     """Build a problem+json response."""
     body: dict[str, Any] = {
-        "type": f"https://privrelease.dev/problems/{code}",
+        "type": type_uri(code),
         "title": code.replace("_", " "),
         "status": status,
         "code": code,

@@ -39,6 +39,13 @@ class HealthSchema(StrictSchema):
     status = fields.String()
 
 
+class ProblemTypeSchema(StrictSchema):
+    code = fields.String()
+    type = fields.String()
+    description = fields.String()
+    warning = fields.Boolean(metadata={"description": "a warning of a successful answer"})
+
+
 class IndexSchema(StrictSchema):
     service = fields.String()
     version = fields.String()

@@ -22,8 +22,8 @@ from service import apikeys, wiring
 from service.storage.keys import KeyStore
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
-PUBLIC = {"/", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
-          "/docs/assets/<name>"}
+PUBLIC = {"/", "/problems", "/problems/<string(maxlength=64):code>", "/healthz", "/readyz",
+          "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>", "/docs/assets/<name>"}
 _counter = itertools.count()
 
 
@@ -191,6 +191,23 @@ def test_public_probes_need_no_key(app: Flask, worker: Any) -> None:
     client = app.test_client()
     for path in ("/", "/healthz", "/readyz", "/openapi.json", "/docs", "/metrics"):
         assert client.get(path).status_code == 200, path
+
+
+def test_every_problem_type_is_a_page_of_this_service(app: Flask) -> None:
+    """#31 item 6: a problem's ``type`` named a placeholder domain nobody serves. Now it is
+    ``/problems/<code>`` here, described for every code the API answers with."""
+    client = app.test_client()
+    refused = client.get("/v1/datasets")  # no key
+    problem = refused.get_json()
+    assert refused.status_code == 401 and problem["type"] == "/problems/unauthorized"
+    page = client.get(problem["type"])
+    assert page.status_code == 200 and page.get_json()["code"] == "unauthorized"
+    assert "Authorization: Bearer" in page.get_json()["description"]
+    listed = {p["code"]: p for p in client.get("/problems").get_json()}
+    assert {"budget_exhausted", "validation_error", "memory_limit", "source_changed",
+            "possible_reupload"} <= set(listed)
+    unknown = client.get("/problems/no_such_code").get_json()
+    assert unknown["description"].startswith("A refusal of this service")
 
 
 def test_the_front_door_sends_browsers_to_the_console_and_clients_an_index(app: Flask) -> None:

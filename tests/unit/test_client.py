@@ -84,7 +84,7 @@ def answer(status: int, body: Any = None, headers: dict[str, str] | None = None,
 
 def problem(status: int, code: str, detail: str, headers: dict[str, str] | None = None,
             **extra: Any) -> tuple[int, bytes, dict[str, str]]:
-    doc = {"type": f"https://privrelease.dev/problems/{code}", "title": code, "status": status,
+    doc = {"type": f"/problems/{code}", "title": code, "status": status,
            "code": code, "detail": detail, **extra}
     return answer(status, doc, headers, content_type="application/problem+json")
 

@@ -21,10 +21,11 @@ from privrelease_client import Client, cli
 from service.api.app import create_app
 from service.config import Config
 
-#: routes that are no API operation of a key: browser pages and their assets, and the
-#: Prometheus scrape endpoint (its own token, PRIVRELEASE_METRICS_TOKEN, not an API key)
+#: routes that are no API operation of a key: browser pages and their assets, the pages
+#: problem documents' ``type`` names (the client raises ``ApiError`` with the code), and
+#: the Prometheus scrape endpoint (its own token, PRIVRELEASE_METRICS_TOKEN, not a key)
 NOT_CLIENT_ROUTES = {("GET", "/docs"), ("GET", "/docs/assets/<>"), ("GET", "/static/<>"),
-                     ("GET", "/metrics")}
+                     ("GET", "/metrics"), ("GET", "/problems"), ("GET", "/problems/<>")}
 HTTP = r'"(GET|POST|PATCH|PUT|DELETE)"'
 PATH = r'f?"(/[^"]*)"'
 CALLS = [re.compile(rf"\.(?:send|request)\(\s*{HTTP},\s*{PATH}"),
@@ -128,7 +129,8 @@ def test_every_route_has_a_cli_command(app: Flask) -> None:
 #: API routes with no console page: the front door (it sends a browser to the console),
 #: probes, the OpenAPI description and its viewer,
 #: metrics, static files (the console links /docs in its navigation instead)
-NOT_CONSOLE_ENDPOINTS = {"health.index", "health.healthz", "health.readyz", "api-docs.openapi_json",
+NOT_CONSOLE_ENDPOINTS = {"health.index", "health.healthz", "health.readyz",
+                         "health.problem_types", "health.problem_type", "api-docs.openapi_json",
                          "api-docs.openapi_swagger_ui", "apidocs.asset", "metrics", "static"}
 
 
