@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import json
+import tempfile
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from flask import (
@@ -19,6 +21,7 @@ from flask import (
     url_for,
 )
 from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
+from privrelease_client.draft import draft as metadata_draft
 from werkzeug.wrappers import Response as BaseResponse
 from wtforms import ValidationError
 
@@ -268,9 +271,34 @@ def datasets() -> Any:
     return _datasets_page(error=error, metadata=metadata), status
 
 
+@bp.route("/datasets/draft", methods=["POST"])
+def draft() -> Any:
+    """The upload form with metadata drafted from a posted file (``privrelease datasets
+    draft``: names, types, categories; bounds and budgets left to the operator, the notes
+    say why). Registers nothing; the file is read in batches and deleted."""
+    ops.check(datasets_api.upload)  # as an upload: the role before anything of the body
+    upload = request.files.get("file")
+    if upload is None or not upload.filename:
+        error = {"detail": "choose a CSV or Parquet file to draft from", "field": "file",
+                 "status": 422}
+        return _datasets_page(error=error), 422
+    with tempfile.NamedTemporaryFile(suffix=".draft") as staged:
+        upload.save(staged)
+        staged.flush()
+        try:
+            made = metadata_draft(staged.name)
+        except (OSError, ValueError):  # unreadable, neither CSV nor Parquet: no value shown
+            error = {"detail": "the file is neither CSV (UTF-8, a header row) nor Parquet",
+                     "field": "file", "status": 422}
+            return _datasets_page(error=error), 422
+    made.metadata["name"] = Path(upload.filename).stem[:200]
+    return _datasets_page(metadata=json.dumps(made.metadata, indent=2),
+                          draft_notes=made.notes)
+
+
 def _datasets_page(error: dict[str, Any] | None = None, metadata: str | None = None,
                    source_error: dict[str, Any] | None = None,
-                   source: Any = None) -> str:
+                   source: Any = None, draft_notes: list[str] | None = None) -> str:
     """The datasets list with the upload form and the form by reference (each with what
     was typed into it and its error, if it was the one posted)."""
     example = json.dumps(EXAMPLE_METADATA, indent=2)
@@ -280,6 +308,7 @@ def _datasets_page(error: dict[str, Any] | None = None, metadata: str | None = N
                            metadata=example if metadata is None else metadata,
                            source_error=source_error,
                            source=source or {"metadata": example},
+                           draft_notes=draft_notes or [],
                            pages=_pages(headers.get("X-Next-Cursor")))
 
 

@@ -7,6 +7,7 @@ for the same input (detail and field), never with a copy of its wording.
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -298,3 +299,30 @@ def test_a_keys_datasets_are_an_explicit_choice(app: Flask, api: Api, keys: KeyS
     assert create("all", scope="all").status_code == 201
     made = {k["label"]: k for k in api.get("/v1/keys?limit=1000").get_json()}
     assert made["some"]["datasets"] == [dataset["id"]] and made["all"]["datasets"] is None
+
+
+def test_the_datasets_page_drafts_metadata_from_a_file(app: Flask, keys: KeyStore) -> None:
+    """#31 item 8: the console offers `datasets draft`; it registers nothing, and the
+    upload form comes back with the draft and the notes (bounds: why not read)."""
+    client = _signed_in(app, apikeys.create(keys, "operator", label="draft-op")[1])
+    before = client.get("/console/datasets").get_data(as_text=True).count("<tr><td><a")
+    resp = client.post("/console/datasets/draft", data={
+        "csrf_token": _csrf(client, "/console/datasets"),
+        "file": (io.BytesIO(people_csv(30).encode()), "clinic.csv")},
+        content_type="multipart/form-data")
+    page = resp.get_data(as_text=True)
+    assert resp.status_code == 200
+    textarea = page.split('id="metadata"', 1)[1].split(">", 1)[1].split("</textarea>", 1)[0]
+    drafted = json.loads(html.unescape(textarea))
+    assert drafted["name"] == "clinic" and drafted["budgets"] == {}
+    assert drafted["columns"]["age"] == {"type": "integer", "bounds": [None, None]}
+    assert 'id="draft-notes"' in page and "bounds are not read from the data" in page
+    assert page.count("<tr><td><a") == before  # nothing registered
+    bad = client.post("/console/datasets/draft", data={
+        "csrf_token": _csrf(client, "/console/datasets"),
+        "file": (io.BytesIO(b"\xff\xfe\x00garbage"), "x.csv")},
+        content_type="multipart/form-data")
+    assert bad.status_code == 422 and "neither CSV" in bad.get_data(as_text=True)
+    analyst = _signed_in(app, apikeys.create(keys, "analyst", label="draft-an")[1])
+    assert analyst.post("/console/datasets/draft", data={
+        "csrf_token": _csrf(analyst, "/console/datasets")}).status_code == 403

@@ -28,7 +28,8 @@ from rich.console import RenderableType
 from privrelease_client import terminal
 from privrelease_client._version import __version__
 from privrelease_client.client import DEFAULT_URL, Client
-from privrelease_client.errors import ApiError, ReleaseFailed
+from privrelease_client.draft import MAX_CATEGORIES, draft
+from privrelease_client.errors import ApiError, MissingExtra, ReleaseFailed
 from privrelease_client.objects import Progress
 
 WAIT_TIMEOUT = 120.0
@@ -265,6 +266,25 @@ def jobs() -> None:
 
 
 # datasets ----------------------------------------------------------------------------
+
+@datasets.command("draft", short_help="a metadata template drafted from a local file")
+@click.argument("file", metavar="FILE", type=click.Path(exists=True, dir_okay=False))
+@click.option("--max-categories", type=click.IntRange(1, 10_000), default=MAX_CATEGORIES,
+              show_default=True, help="most distinct values a categorical column may have")
+def _datasets_draft(file: str, max_categories: int) -> None:
+    """Print a metadata template for FILE (CSV or Parquet, read here, sent nowhere):
+    column names, types and the categories of columns with few values. Bounds and budgets
+    are left for you to write (why: on stderr); then `datasets upload FILE --metadata`."""
+    try:
+        made = draft(file, max_categories)
+    except MissingExtra as err:
+        raise click.ClickException(str(err)) from None
+    except (OSError, ValueError) as err:  # unreadable, not CSV nor Parquet
+        raise click.ClickException(f"cannot read {file}: {type(err).__name__}") from None
+    click.echo(json.dumps(made.metadata, indent=2))
+    for note in made.notes:
+        click.echo(f"note: {note}", err=True)
+
 
 @client_command(datasets, "upload",
                 "register a CSV or Parquet file with its public metadata")
