@@ -10,12 +10,13 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
 from flask import Response, current_app, request
 from flask_smorest import Blueprint
 from marshmallow import ValidationError
 
 from mechanisms import zcdp
-from service import apikeys, budget, datasets, errors, sources, wiring
+from service import apikeys, budget, datasets, dummy, errors, sources, wiring
 from service import metadata as metadata_schemas
 from service.api import inputs, responses
 from service.api.auth import check_dataset_grant, current_key, require
@@ -31,6 +32,7 @@ from service.api.schemas import (
     DatasetSchema,
     DatasetSourceSchema,
     DatasetUploadSchema,
+    DummyQuerySchema,
     LedgerEventSchema,
     LedgerQuerySchema,
     VersionPatchSchema,
@@ -308,6 +310,24 @@ def list_datasets(limit: int = 100, cursor: str | None = None,
     docs, nxt = datasets.page(wiring.current().ledger, limit, index.Cursor.decode(cursor),
                               None if key.datasets is None else frozenset(key.datasets))
     return [listed(d, expand) for d in docs], responses.page_headers(nxt)
+
+
+@blp.route("/<dataset_id>/dummy.csv")
+@require("consumer")
+@problems(blp, *AUTH, 403, 404, 422)
+@blp.arguments(DummyQuerySchema(), location="query", as_kwargs=True)
+@blp.doc(responses={200: {"description": "dummy rows as CSV (the upload's layout)",
+                          "content": {"text/csv": {}}}})
+def dummy_rows(dataset_id: str, rows: int = dummy.DEFAULT_ROWS,
+               seed: int | None = None) -> Response:
+    """Dummy rows of the dataset's current version, drawn from its public metadata only
+    (never from the data): to write and test requests against, free of budget. Each
+    value is uniform on what the metadata declares; the answer says it is not data."""
+    doc = dataset_or_404(dataset_id)
+    text = dummy.csv_text(datasets.meta(doc), rows, np.random.default_rng(seed))
+    return Response(text, mimetype="text/csv", headers={
+        "Content-Disposition": f'attachment; filename="dummy-{dataset_id}.csv"',
+        "X-Privrelease-Dummy": dummy.NOTICE})
 
 
 @blp.route("/<dataset_id>")

@@ -46,6 +46,13 @@ class ProblemTypeSchema(StrictSchema):
     warning = fields.Boolean(metadata={"description": "a warning of a successful answer"})
 
 
+class DummyQuerySchema(StrictSchema):
+    rows = fields.Integer(load_default=100, validate=validate.Range(1, 10_000),
+                          metadata={"description": "how many dummy rows (at most 10,000)"})
+    seed = fields.Integer(validate=validate.Range(0, 2**63 - 1), metadata={
+        "description": "the same seed gives the same rows (they are public anyway)"})
+
+
 class IndexSchema(StrictSchema):
     service = fields.String()
     version = fields.String()

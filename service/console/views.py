@@ -745,6 +745,14 @@ def plot(release_id: str, fmt: str = "png") -> Response:
     return resp
 
 
+@bp.route("/datasets/<dataset_id>/dummy.csv")
+@page(datasets_api.dummy_rows)
+def dummy(dataset_id: str) -> Response:
+    """100 dummy rows (the API's ``dummy.csv``: from the metadata only, not data)."""
+    resp: Response = ops.call(datasets_api.dummy_rows, dataset_id)
+    return resp
+
+
 @bp.route("/releases/<release_id>/data")
 @page(outputs_api.data)
 def data(release_id: str) -> Response:

@@ -65,6 +65,8 @@ RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
     ("/v1/datasets", "GET"): (lambda w: ("GET", "/v1/datasets", {}), "consumer", 200, False),
     ("/v1/datasets/<dataset_id>", "GET"): (
         lambda w: ("GET", f"/v1/datasets/{w.ds}", {}), "consumer", 200, True),
+    ("/v1/datasets/<dataset_id>/dummy.csv", "GET"): (
+        lambda w: ("GET", f"/v1/datasets/{w.ds}/dummy.csv", {}), "consumer", 200, True),
     ("/v1/datasets/<dataset_id>", "DELETE"): (
         lambda w: ("DELETE", f"/v1/datasets/{w.upload()}", {}), "operator", 200, True),
     ("/v1/datasets/<dataset_id>/budget", "GET"): (

@@ -912,3 +912,17 @@ def test_list_and_get_dataset_send_expand_only_when_asked(server: tuple[str, Scr
     assert [s.path for s in script.seen] == [
         "/v1/datasets", "/v1/datasets?expand=versions",
         "/v1/datasets/ds_1?expand=versions", "/v1/datasets/ds_1"]
+
+
+def test_cli_dummy_rows_to_a_file(server: tuple[str, Script], tmp_path: Path) -> None:
+    """`datasets dummy` asks for the rows and seed and says the rows are not data."""
+    url, script = server
+    script.answers = [answer(200, b"age,group\n3,a\n5,b\n", content_type="text/csv")]
+    out = tmp_path / "dummy.csv"
+    done = CliRunner().invoke(client_cli.cli, ["datasets", "dummy", "ds_1", "--rows", "2",
+                                               "--seed", "9", "-o", str(out), "--url", url,
+                                               "--key", "pr_k"])
+    assert done.exit_code == 0, done.output
+    assert out.read_text() == "age,group\n3,a\n5,b\n"
+    assert "not data" in done.stdout
+    assert script.seen[0].path == "/v1/datasets/ds_1/dummy.csv?rows=2&seed=9"

@@ -624,6 +624,22 @@ def _release_list(c: Client, dataset: str | None, limit: int | None,
     return Output(docs, terminal.render_releases)
 
 
+@client_command(datasets, "dummy", "dummy rows of a dataset, drawn from its public metadata"
+                " only (not data, free of budget), as CSV")
+@click.argument("dataset_id", metavar="ID")
+@click.option("--rows", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), help="the same seed, the same rows")
+@click.option("--output", "-o", metavar="FILE", help="write to FILE (default: stdout)")
+def _datasets_dummy(c: Client, dataset_id: str, rows: int, seed: int | None,
+                    output: str | None) -> Output:
+    text = c.dummy_rows(dataset_id, rows=rows, seed=seed)
+    if output:
+        _write(output, text)
+        return Output({"file": output, "rows": rows}, lambda d: terminal.plain(
+            f"{d['rows']} dummy rows (from the metadata only: not data) -> {d['file']}"))
+    return Output(text, lambda t: t)
+
+
 @client_command(release, "data", "download a release's record-level data as CSV")
 @click.argument("release_id", metavar="ID")
 @click.option("--output", "-o", metavar="FILE", help="write to FILE (default: stdout)")

@@ -310,6 +310,15 @@ class Client:
         """Every dataset this key may see, newest first, fetched a page at a time."""
         return self._pages("/v1/datasets", {"expand": _expand(expand), "limit": page_size})
 
+    def dummy_rows(self, dataset_id: str, *, rows: int | None = None,
+                   seed: int | None = None) -> str:
+        """Dummy rows of the dataset as CSV text, drawn by the server from its public
+        metadata only (not data, free of budget): to write and test requests and local
+        code against (``frames.csv_to_pandas`` reads it)."""
+        resp = self.send("GET", f"/v1/datasets/{_seg(dataset_id)}/dummy.csv",
+                         params={"rows": rows, "seed": seed}, accept="text/csv")
+        return resp.text
+
     def get_dataset(self, dataset_id: str, *, expand: str | Sequence[str] | None = None
                     ) -> dict[str, Any]:
         """One dataset; ``versions`` entries with ``columns`` only if
