@@ -316,12 +316,13 @@ def write_table() -> None:
 def write_plot() -> None:
     """Wall time and peak RSS against rows, log-log, a line per mechanism and engine."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     kept = [r for r in _load().values() if "skipped" not in r and r["label"] in MECHANISMS]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 5), constrained_layout=True)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 7.5), layout="constrained")
     colours = dict(zip(MECHANISMS, plt.rcParams["axes.prop_cycle"].by_key()["color"],
                        strict=False))
     for label in MECHANISMS:
@@ -340,9 +341,8 @@ def write_plot() -> None:
             if engine == "spark":
                 right.plot(rows, [r["server_rss"] / 2**20 for _, r in points], ":",
                            marker="x", color=colours[label], label=f"{label}, Spark server")
-    right.axhline(RSS_GOAL / 2**20, color="grey", linewidth=0.8)
-    right.annotate("1 GiB", (right.get_xlim()[0], RSS_GOAL / 2**20), color="grey",
-                   textcoords="offset points", xytext=(4, 3))
+    right.axhline(RSS_GOAL / 2**20, color="grey", linewidth=0.8, linestyle="-.",
+                  label="1 GiB (the 10^8-row cross-tab's goal)")
     for axis, title, unit in ((left, "Time of one release", "wall time (s)"),
                               (right, "Peak memory of the process", "peak RSS (MiB)")):
         axis.set_xscale("log")
@@ -351,10 +351,12 @@ def write_plot() -> None:
         axis.set_ylabel(unit)
         axis.set_title(title)
         axis.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8)
-    right.legend(fontsize=7, ncol=2)
-    figure.suptitle("Release cost against rows (issue #30): embedded worker and Spark "
-                    f"{REMOTE}, {_machine().split(',')[0]}")
+    right.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    right.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    handles, labels = right.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8)
+    figure.suptitle("Release cost against rows (issue #30): embedded worker (solid) and "
+                    f"Spark {REMOTE} (dashed: driver; dotted: local server)\n{_machine()}")
     PLOT.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(PLOT, dpi=110)
     plt.close(figure)
