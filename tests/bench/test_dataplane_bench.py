@@ -311,7 +311,35 @@ def write_table() -> None:
                      f"{r['wall']:.2f} | {_mb(r['rss'])} | {server} | "
                      f"{r['load'][0]:.1f}–{r['load'][1]:.1f} | {r['date']} |")
     TABLE.parent.mkdir(parents=True, exist_ok=True)
-    TABLE.write_text("\n".join(lines) + "\n")
+    TABLE.write_text("\n".join([*lines, "", *_compact(kept)]) + "\n")
+
+
+def _compact(kept: dict[str, Any]) -> list[str]:
+    """The cells of ``test_cost_against_rows`` as one line per mechanism and engine (the
+    README's table): wall seconds / peak RSS MB per size; Spark's local server apart."""
+    sizes = sorted({r["rows"] for r in kept.values() if r["label"] in MECHANISMS})
+    lines = ["| mechanism | engine | " + " | ".join(_rows(n) for n in sizes) + " |",
+             "|---|---|" + "---|" * len(sizes)]
+    for label in MECHANISMS:
+        for engine in ("embedded", "spark"):
+            cells = {r["rows"]: r for r in kept.values()
+                     if r["label"] == label and r["kind"] == engine}
+            if not cells:
+                continue
+            shown = []
+            for n in sizes:
+                r = cells.get(n)
+                if r is None:
+                    shown.append("–")
+                elif "skipped" in r:
+                    shown.append(r["skipped"])
+                else:
+                    shown.append(f"{r['wall']:.2g} s / {_mb(r['rss'])} MB" + (
+                        f" (server {_mb(r['server_rss'])} MB, {r['server_cpu']:.1f} CPU s)"
+                        if "server_rss" in r else ""))
+            name = "embedded" if engine == "embedded" else f"Spark {REMOTE}"
+            lines.append(f"| {label} | {name} | " + " | ".join(shown) + " |")
+    return lines
 
 
 def write_plot() -> None:
