@@ -316,7 +316,8 @@ def write_table() -> None:
 
 def _compact(kept: dict[str, Any]) -> list[str]:
     """The cells of ``test_cost_against_rows`` as one line per mechanism and engine (the
-    README's table): wall seconds / peak RSS MB per size; Spark's local server apart."""
+    README's table): wall seconds (CPU seconds) / peak RSS MB per size; Spark's local
+    server apart."""
     sizes = sorted({r["rows"] for r in kept.values() if r["label"] in MECHANISMS})
     lines = ["| mechanism | engine | " + " | ".join(_rows(n) for n in sizes) + " |",
              "|---|---|" + "---|" * len(sizes)]
@@ -334,9 +335,9 @@ def _compact(kept: dict[str, Any]) -> list[str]:
                 elif "skipped" in r:
                     shown.append(r["skipped"])
                 else:
-                    shown.append(f"{r['wall']:.2g} s / {_mb(r['rss'])} MB" + (
-                        f" (server {_mb(r['server_rss'])} MB, {r['server_cpu']:.1f} CPU s)"
-                        if "server_rss" in r else ""))
+                    shown.append(f"{r['wall']:.2g} s ({r['cpu']:.2g} CPU s) / {_mb(r['rss'])} MB"
+                                 + (f"; server {r['server_cpu']:.2g} CPU s / "
+                                    f"{_mb(r['server_rss'])} MB" if "server_rss" in r else ""))
             name = "embedded" if engine == "embedded" else f"Spark {REMOTE}"
             lines.append(f"| {label} | {name} | " + " | ".join(shown) + " |")
     return lines
