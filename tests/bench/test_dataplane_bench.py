@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.bench.test_spark_bench import _tree_peak
+from tests.bench.test_spark_bench import _tree_peak, peak_rss
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.bench
@@ -191,7 +191,7 @@ def measure(engine: str, label: str, rows: int, cells: bool) -> dict[str, Any]:
     out["cpu"] = time.process_time() - cpu
     out["wall"] = time.perf_counter() - wall
     out["load"] = [load, os.getloadavg()[0]]
-    out["rss"] = _peak_rss()
+    out["rss"] = peak_rss()
     if remote is not None:
         from service.engines.spark_session import stop
 
@@ -220,22 +220,13 @@ def duckdb_counts(path: str) -> dict[str, Any]:
                               " GROUP BY c1, c2, c3").fetchall()
     out: dict[str, Any] = {"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall,
                            "load": [load, os.getloadavg()[0]], "engine": "duckdb"}
-    out["rss"] = _peak_rss()
+    out["rss"] = peak_rss()
     out["process_cpu"] = _process_cpu()
     table = np.zeros(SHAPE, dtype=np.int64)
     for a, b, c, n in rows:
         table[a, b, c] = n
     out["cells"] = table.ravel().tolist()
     return out
-
-
-def _peak_rss() -> int:
-    """This process's peak resident set, in bytes (``VmHWM``: of its own image; Linux's
-    ``ru_maxrss`` also counts the image it was exec'ed from, the whole pytest process)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _process_cpu() -> float:
