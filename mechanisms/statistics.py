@@ -224,12 +224,15 @@ def float_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None = N
 
 def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
                 size: int) -> list[int]:
-    """``float_sums`` of at most CHUNK values."""
+    """``float_sums`` of at most CHUNK values. Five row-sized arrays, the rest in place:
+    a streamed pass allocates these per chunk, and malloc may map and fault each afresh."""
     mantissa, exponent = np.frexp(values)
-    whole = np.ldexp(mantissa, 53).astype(np.int64)  # |M| < 2**53, exact
-    high = (whole >> _HALF).astype(np.float64)
-    low = (whole & ((1 << _HALF) - 1)).astype(np.float64)
-    key = exponent.astype(np.int64) - _EMIN
+    np.ldexp(mantissa, 53, out=mantissa)
+    whole = mantissa.astype(np.int64)  # |M| < 2**53, exact
+    high = np.right_shift(whole, _HALF, out=mantissa, casting="unsafe")  # < 2**27: exact
+    low = np.bitwise_and(whole, (1 << _HALF) - 1, out=whole).astype(np.float64)
+    key = exponent.astype(np.int64)
+    key -= _EMIN
     if groups is not None:
         key += groups.astype(np.int64) * _NEXP
     if size * _NEXP <= _DENSE_KEYS:

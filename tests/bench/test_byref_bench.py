@@ -9,7 +9,8 @@ and (``PRIVRELEASE_BENCH_BYREF_S3=1``; moto serves ranges slowly: minutes at 10^
 under a prefix of moto's S3 server on loopback. Each registration runs in a fresh
 process (``sources.Scan`` into ``DatasetStore.staging`` and ``commit``, what
 ``datasets.register`` does with the record left out), which reports its seconds, its
-peak Python allocation (tracemalloc), Arrow's pool peak and its peak resident growth;
+peak Python allocation (tracemalloc), Arrow's pool peak, its peak resident growth and its peak RSS
+(``VmHWM``: imports included, the figure a worker's memory limit sees);
 the baseline, in the same run, reads the same objects and writes them plain, unchecked
 (``pyarrow.parquet`` batches into one ``ParquetWriter``).
 
@@ -93,7 +94,8 @@ seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "rows": rows,
                   "python": tracemalloc.get_traced_memory()[1] if traced else None,
                   "arrow": pa.default_memory_pool().max_memory(),
-                  "rss_growth": status("VmHWM") - rss, "stored_bytes": stored.stat().st_size}))
+                  "rss_growth": status("VmHWM") - rss, "rss_peak": status("VmHWM"),
+                  "stored_bytes": stored.stat().st_size}))
 """
 
 
@@ -130,7 +132,8 @@ def _probe(url: str, out: Path, endpoint: str = "", env: dict[str, str] | None =
     timed, traced_run = results
     result: dict[str, Any] = {**timed, "python": traced_run["python"],
                               "arrow": max(timed["arrow"], traced_run["arrow"]),
-                              "rss_growth": max(timed["rss_growth"], traced_run["rss_growth"])}
+                              "rss_growth": max(timed["rss_growth"], traced_run["rss_growth"]),
+                              "rss_peak": timed["rss_peak"]}
     return result
 
 
@@ -141,7 +144,8 @@ def _report(where: str, source_bytes: int, result: dict[str, Any],
           f"({result['rows'] / result['seconds'] / 1e6:.2f} M rows/s); stored "
           f"{result['stored_bytes'] / MB:.0f} MB; peak allocation: Python "
           f"{result['python'] / MB:.1f} MB + Arrow {result['arrow'] / MB:.1f} MB; peak RSS "
-          f"growth {result['rss_growth'] / MB:.0f} MB; baseline (read and written plain,"
+          f"growth {result['rss_growth'] / MB:.0f} MB (the process's peak RSS, imports included, "
+          f"{result['rss_peak'] / MB:.0f} MB); baseline (read and written plain,"
           f" unchecked) {baseline['seconds']:.1f} s, peak Python "
           f"{baseline['python'] / MB:.1f} MB + Arrow {baseline['arrow'] / MB:.1f} MB: ratio "
           f"{result['seconds'] / baseline['seconds']:.2f}x its time")
