@@ -103,29 +103,12 @@ def plot_spec(mechanism: str, params: Mapping[str, Any], result: Mapping[str, An
 
 
 def _band(mechanism: str, accuracy: Mapping[str, Any]) -> float | None:
-    """Half-width of the 95 % band: ``band95``, else 1.96 × the RMS privacy error per point.
+    """Half-width of the 95 % band, read as every drawing and frame reads it
+    (``privrelease_client.reading.band95``: ``band95``, else 1.96 × the RMS privacy error
+    per point)."""
+    from privrelease_client.reading import band95
 
-    A density's ``expected_sq_l2_error`` is integrated over the column's range, so its
-    per-point mean square is that divided by the range; a mean function's is already
-    a mean over the (unit-normalised) domain.
-    """
-    band = _half_width(accuracy.get("band95"))
-    if band is not None:
-        return band
-    mse = _half_width(accuracy.get("expected_sq_l2_error"))
-    if mse is None or mse < 0:
-        return None
-    if mechanism.endswith(".kde"):
-        kernel = accuracy.get("kernel")
-        domain = kernel.get("domain") if isinstance(kernel, Mapping) else None
-        try:
-            span = float(domain[1]) - float(domain[0])  # type: ignore[index]
-        except (TypeError, ValueError, IndexError):
-            return None
-        if not (math.isfinite(span) and span > 0):
-            return None
-        mse /= span
-    return 1.96 * math.sqrt(mse)
+    return band95(mechanism, accuracy)
 
 
 def _epsilon(cost: Mapping[str, Any]) -> str:

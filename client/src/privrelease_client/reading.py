@@ -252,9 +252,10 @@ def _function(params: Mapping[str, Any], result: Mapping[str, Any],
                        value_name=statistic, keys=keys, estimates=est, lower=lower,
                        upper=upper, level=None if band is None else 0.95,
                        interval="95 % band: accuracy.band95 (± on every cell)")
-    values = _numbers(result.get("values"))
-    if values is None or len(values) != len(grid):
+    curve = _numbers(result.get("values"))
+    if curve is None or len(curve) != len(grid):
         return None
+    values = curve
     band = band95(mechanism, accuracy)
     lower = [None if v is None or band is None else v - band for v in values]
     upper = [None if v is None or band is None else v + band for v in values]
@@ -326,12 +327,12 @@ def _histogram(params: Mapping[str, Any], result: Mapping[str, Any],
     column = _column(params, result)
     return Reading(**base, statistic=f"histogram of {column}", kind="bars",
                    label_name=f"bin of {column}", value_name="count",
-                   keys={"bin": [f"[{_text(float(a))}, {_text(float(b))})" for a, b in bins],
-                         "left": [float(a) for a, _ in bins],
-                         "right": [float(b) for _, b in bins]},
+                   keys={"bin": [f"[{_text(float(a))}, {_text(float(b))})" for a, b in bins]},
                    estimates=values, lower=lower, upper=upper,
                    level=None if half is None else 0.95,
-                   interval="95 % interval: estimate ± accuracy.ci95_halfwidth per bin")
+                   interval="95 % interval: estimate ± accuracy.ci95_halfwidth per bin",
+                   extra={"left": [float(a) for a, _ in bins],
+                          "right": [float(b) for _, b in bins]})
 
 
 def _quantiles(params: Mapping[str, Any], result: Mapping[str, Any],
@@ -493,7 +494,7 @@ def _subset_estimate(params: Mapping[str, Any], result: Mapping[str, Any],
         keys["variable"] += [str(var.get("name"))] * len(w)
         keys["category"] += [str(c) for c in cats]
         est += w
-        ses += [None if _number(s) is None else Z95 * float(s) for s in se_list]
+        ses += [_scaled(s) for s in se_list]
     lower, upper = _around(est, ses)
     names = ", ".join(dict.fromkeys(keys["variable"]))
     return Reading(**base, statistic=f"category shares of {names}", kind="bars",
@@ -504,6 +505,12 @@ def _subset_estimate(params: Mapping[str, Any], result: Mapping[str, Any],
                    interval=("≈95 %: estimate ± 1.96 × the standard error under a uniform"
                              " population (accuracy.variables[].standard_errors_under_"
                              "uniform_prior)"))
+
+
+def _scaled(sd: Any) -> float | None:
+    """A stated standard deviation as a 95 % half-width (normal approximation)."""
+    x = _number(sd)
+    return None if x is None else Z95 * x
 
 
 def _record_mean(params: Mapping[str, Any], result: Mapping[str, Any],
@@ -524,7 +531,7 @@ def _record_mean(params: Mapping[str, Any], result: Mapping[str, Any],
         names = names[:1]
     else:
         return None
-    errors = [None if _number(s) is None else Z95 * float(s) for s in sds]
+    errors = [_scaled(s) for s in sds]
     lower, upper = _around(values, errors)
     return Reading(**base, statistic=f"mean of released {', '.join(names)}", kind="points",
                    label_name="column", value_name="mean of the released values",
