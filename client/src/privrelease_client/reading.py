@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-__all__ = ["Reading", "band95", "budget_text", "read_release"]
+__all__ = ["Reading", "accuracy_sentence", "band95", "budget_text", "read_release"]
 
 #: the normal quantile of a two-sided 95 % interval (a stated standard error times this)
 Z95 = 1.959963984540054
@@ -130,7 +130,11 @@ def band95(mechanism: str, accuracy: Mapping[str, Any]) -> float | None:
     return 1.96 * math.sqrt(mse)
 
 
-def _sentence(accuracy: Mapping[str, Any]) -> str:
+def accuracy_sentence(accuracy: Any) -> str:
+    """The accuracy statement's sentence in words (``sentence``, else ``statement``); ""
+    when it has none."""
+    if not isinstance(accuracy, Mapping):
+        return ""
     for key in ("sentence", "statement"):
         text = accuracy.get(key)
         if isinstance(text, str) and text:
@@ -177,7 +181,7 @@ def read_release(doc: Mapping[str, Any]) -> Reading | None:
     if not isinstance(result, Mapping) or not isinstance(accuracy, Mapping):
         return None
     budget = budget_text(doc.get("cost") or {})
-    base = {"mechanism": mechanism, "budget": budget, "sentence": _sentence(accuracy)}
+    base = {"mechanism": mechanism, "budget": budget, "sentence": accuracy_sentence(accuracy)}
     for reader in (_function, _table, _histogram, _quantiles, _covariance, _vector,
                    _columns_mean, _scalar, _draws, _subset_estimate, _record_mean):
         reading = reader(params, result, accuracy, base)
