@@ -26,6 +26,7 @@ Z95 = 1.959963984540054
 ReadingKind = Literal["bars", "points", "curve", "curves", "surface"]
 
 _MEASURES = {"epsilon": "ε", "delta": "δ", "rho": "ρ"}
+_OPS = {"eq": "=", "ne": "≠", "lt": "<", "le": "≤", "gt": ">", "ge": "≥", "in": "in"}
 
 
 @dataclass(frozen=True)
@@ -248,12 +249,14 @@ def _function(params: Mapping[str, Any], result: Mapping[str, Any],
             cols = [str(c) for c in params.get("columns", ["x", "y"])]
             statistic, label = f"density of {cols[0]} and {cols[1]}", cols[0]
             keys = {cols[0]: keys["s"], cols[1]: keys["t"]}
+            value_name = "density"
         else:
             column = _column(params, result)
             what = "covariance" if result.get("centred", True) else "second moment"
             statistic, label = f"{what} of {column}", f"s (grid of {column})"
+            value_name = statistic
         return Reading(**base, statistic=statistic, kind="surface", label_name=label,
-                       value_name=statistic, keys=keys, estimates=est, lower=lower,
+                       value_name=value_name, keys=keys, estimates=est, lower=lower,
                        upper=upper, level=None if band is None else 0.95,
                        interval="95 % band: accuracy.band95 (± on every cell)")
     curve = _numbers(result.get("values"))
@@ -428,7 +431,8 @@ def _scalar(params: Mapping[str, Any], result: Mapping[str, Any],
     if column:
         what = f"{statistic} of {column}"
     elif isinstance(condition, Mapping):
-        what = (f"{statistic} of rows with {condition.get('column')} {condition.get('op')}"
+        op = str(condition.get("op"))
+        what = (f"{statistic} of rows with {condition.get('column')} {_OPS.get(op, op)}"
                 f" {condition.get('value')}")
     else:
         what = statistic
