@@ -89,7 +89,12 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _fraction_text(raw: Any) -> str:
+def _amount_text(raw: Any) -> str:
+    """An amount as the document gives it: a number in decimals (0.5), an exact fraction
+    (``"1/3"``) as itself while its denominator is small."""
+    number = _number(raw)
+    if number is not None:
+        return f"{number:.6g}"
     try:
         value = Fraction(str(raw))
     except (TypeError, ValueError, ZeroDivisionError):
@@ -103,8 +108,7 @@ def budget_text(cost: Mapping[str, Any]) -> str:
     for measure in sorted(cost, key=lambda m: (m not in _MEASURES, list(_MEASURES).index(m)
                                                if m in _MEASURES else 0, m)):
         raw = cost[measure]
-        value = (f"{float(raw):.3g}" if measure == "delta" and _number(raw) is not None
-                 else _fraction_text(raw))
+        value = _amount_text(raw)
         parts.append(f"{_MEASURES.get(measure, measure)} = {value}")
     return ", ".join(parts)
 
