@@ -509,10 +509,6 @@ class AnalysisListQuerySchema(StrictSchema):
     limit = fields.Integer(load_default=20, validate=validate.Range(1, 100),
                            metadata={"description": "page size, newest first"})
     cursor = fields.String(validate=validate.Regexp(r"^[0-9]{1,20}:[A-Za-z0-9_]{1,100}$"),
-                           metadata={"description": "next_cursor of the previous page"})
+                           metadata={"description": CURSOR_DESCRIPTION})
 
 
-class AnalysisPageSchema(Schema):
-    items = fields.List(fields.Nested(AnalysisSchema))
-    next_cursor = fields.String(allow_none=True, metadata={
-        "description": "pass as cursor for the next page; null: this was the last"})

@@ -507,13 +507,15 @@ def keys() -> Any:
     if request.method == "POST":
         body: dict[str, Any] = {"role": request.form.get("role", ""),
                                 "label": request.form.get("label", "")}
+        scope = request.form.get("scope", "")
         grants = [d for d in request.form.getlist("datasets") if d]
-        if grants:
+        if scope == "some":
             body["datasets"] = grants
         expires = request.form.get("expires_at", "").strip()
         if expires:
             body["expires_at"] = expires
         try:
+            _check_scope(scope, grants)
             created = ops.call(keys_api.create, ops.load(KeyCreateSchema(), body))
             status = 201
         except APIError as err:
@@ -522,6 +524,20 @@ def keys() -> Any:
     grantable = _every_dataset()
     return render_template("keys.html", keys=docs, created=created, error=error,
                            datasets=grantable, now=datetime.now(UTC)), status
+
+
+def _check_scope(scope: str, grants: list[str]) -> None:
+    """A key's datasets are the operator's explicit choice, never a form's default: every
+    dataset (also later ones) only when asked for, and some at least one ticked."""
+    if scope not in ("some", "all"):
+        raise APIError(422, "choose the datasets the key may use: only those ticked, or"
+                       " every dataset", code="validation_error", field="scope")
+    if scope == "some" and not grants:
+        raise APIError(422, "tick at least one dataset, or choose every dataset",
+                       code="validation_error", field="datasets")
+    if scope == "all" and grants:
+        raise APIError(422, "datasets are ticked but every dataset is chosen: choose one",
+                       code="validation_error", field="scope")
 
 
 @bp.route("/keys/<key_id>/revoke", methods=["POST"])
@@ -687,8 +703,8 @@ def release(release_id: str) -> Any:
     analyses, pages = [], {}
     if doc["status"] == "succeeded":
         query = _query(AnalysisListQuerySchema(), ("limit", "cursor"), limit=50)
-        listed = ops.call(outputs_api.list_analyses, query, release_id)
-        analyses, pages = listed["items"], _pages(listed["next_cursor"])
+        analyses, headers = ops.call(outputs_api.list_analyses, query, release_id)
+        pages = _pages(headers.get("X-Next-Cursor"))
     has_plot = doc["status"] == "succeeded" and _drawable(outputs_api.release_figure,
                                                           release_id)
     reading = read_release(doc) if doc["status"] == "succeeded" else None

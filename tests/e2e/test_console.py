@@ -128,6 +128,11 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
         d.get(service.url + "/console/keys")
         Select(d.find_element(By.ID, "role")).select_by_visible_text(role)
         d.find_element(By.ID, "label").send_keys(f"browser {role}")
+        if role == "analyst":  # the scope is an explicit choice (#31 item 6)
+            d.find_element(By.ID, "scope-some").click()
+            d.find_element(By.CSS_SELECTOR, f"input[name=datasets][value={dataset_id}]").click()
+        else:
+            d.find_element(By.ID, "scope-all").click()
         d.find_element(By.ID, "create-key").click()
         tokens[role] = d.find_element(By.ID, "new-token").text
         assert tokens[role].startswith("pr_")

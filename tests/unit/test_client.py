@@ -532,8 +532,8 @@ def test_a_repeated_cursor_ends_the_iteration(server: tuple[str, Script]) -> Non
 
 def test_iter_analyses_follows_next_cursor(server: tuple[str, Script]) -> None:
     url, script = server
-    script.answers = [answer(200, {"items": [{"id": "an_1"}], "next_cursor": "k"}),
-                      answer(200, {"items": [{"id": "an_2"}], "next_cursor": None})]
+    script.answers = [answer(200, [{"id": "an_1"}], {"X-Next-Cursor": "k"}),
+                      answer(200, [{"id": "an_2"}])]
     assert [a["id"] for a in client(url).iter_analyses("rel_1", page_size=1)] == [
         "an_1", "an_2"]
     assert script.seen[1].path == "/v1/releases/rel_1/analyses?limit=1&cursor=k"

@@ -734,9 +734,14 @@ def _mechanisms(c: Client, name: str | None) -> Output:
     return Output(found[0], terminal.render_mechanism)
 
 
-@client_command(cli, "health", "whether the server is up (healthz) and ready (readyz)")
+@client_command(cli, "health", "the server's version, whether it is up (healthz) and ready"
+                " (readyz)")
 def _health(c: Client) -> Output:
-    doc = {"healthz": c.health()}
+    doc: dict[str, Any] = {"healthz": c.health()}
+    try:  # the front door names the server's version (a server before it had none: 404)
+        doc = {"version": c.index().get("version"), **doc}
+    except ApiError:
+        doc = {"version": None, **doc}
     try:
         doc["readyz"] = c.ready()
     except ApiError as err:  # 503 while Valkey or the workers are away: said, exit 1

@@ -61,9 +61,10 @@ def compact(value: Any, limit: int | None = None) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
-          empty: str = "(none)") -> RenderableType:
-    """Borderless columns two spaces apart, bold headers on a terminal; ``empty`` if none."""
-    cells = [[Text(compact(v, _CELL)) for v in row] for row in rows]
+          empty: str = "(none)", cell: int | None = _CELL) -> RenderableType:
+    """Borderless columns two spaces apart, bold headers on a terminal; ``empty`` if none.
+    A cell is cut at ``cell`` characters (None: whole, folded over lines: prose)."""
+    cells = [[Text(compact(v, cell)) for v in row] for row in rows]
     if not cells:
         return Text(empty)
     out = Table(box=None, show_edge=False, pad_edge=False, header_style="bold",
@@ -291,14 +292,40 @@ def render_mechanisms(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
                  empty="no mechanisms")
 
 
+def _type(schema: Mapping[str, Any]) -> str:
+    """A parameter's JSON type, a list's with its items' (``array of number``)."""
+    kind = str(schema.get("type") or "any")
+    items = schema.get("items")
+    if kind == "array" and isinstance(items, Mapping) and items.get("type"):
+        return f"array of {items['type']}"
+    return kind
+
+
+def _allowed(schema: Mapping[str, Any]) -> str | None:
+    """What a parameter's schema allows beyond its type: its values (an enum, also a
+    list's items'), its range and its length, as the server checks them."""
+    parts: list[str] = []
+    for where in (schema, schema.get("items")):
+        if not isinstance(where, Mapping):
+            continue
+        if where.get("enum"):
+            parts.append(", ".join(str(v) for v in where["enum"]))
+        low, high = where.get("minimum"), where.get("maximum")
+        if low is not None or high is not None:
+            parts.append(f"{'' if low is None else low}..{'' if high is None else high}")
+    if schema.get("minItems") is not None or schema.get("maxItems") is not None:
+        parts.append(f"{schema.get('minItems', 0)}..{schema.get('maxItems', '')} items")
+    return "; ".join(parts) or None
+
+
 def render_mechanism(doc: Mapping[str, Any]) -> RenderableType:
     schema = doc.get("params_schema") or {}
     props = schema.get("properties") or {}
     required = set(schema.get("required") or ())
-    params = table(["PARAM", "TYPE", "REQUIRED", "DESCRIPTION"],
-                   [(name, p.get("type") or p.get("enum") or "-", name in required,
-                     p.get("description")) for name, p in props.items()
-                    if isinstance(p, Mapping)], empty="no parameters")
+    params = table(["PARAM", "TYPE", "REQUIRED", "ALLOWED", "DESCRIPTION"],
+                   [(name, _type(p), name in required, _allowed(p), p.get("description"))
+                    for name, p in props.items() if isinstance(p, Mapping)],
+                   empty="no parameters", cell=None)
     return stack(fields([("name", doc.get("name")), ("measures", doc.get("measures")),
                           ("analyses", sorted(doc.get("analyses") or {}) or None),
                           ("description", " ".join(str(doc.get("description") or "").split()))
