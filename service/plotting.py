@@ -116,7 +116,10 @@ def release_document_figure(doc: Mapping[str, Any]) -> Any:
 
 
 def _titled(reading: Reading) -> str:
-    return f"{reading.title} ({reading.mechanism})"
+    """The statistic with its budget, then the mechanism (on a line of its own when the
+    two would run past the figure's width)."""
+    gap = "\n" if len(reading.title) + len(reading.mechanism) > 66 else " "
+    return f"{reading.title}{gap}({reading.mechanism})"
 
 
 def _caption(figure: Any, text: str) -> None:
@@ -153,6 +156,14 @@ def reading_figure(reading: Reading) -> Any:
         axes.set_xticks(range(len(labels)), labels, fontsize=8,
                         rotation=30 if len(labels) > 6 else 0)
         axes.set_xlim(-0.6, len(labels) - 0.4)
+        axes.margins(y=0.12)  # room for the written numbers at the ends
+        if len(drawn) <= 6:  # a few estimates: their numbers written beside them
+            for i in drawn:
+                lo, hi = reading.lower[i], reading.upper[i]
+                text = f"{values[i]:.4g}" + ("" if lo is None or hi is None
+                                             else f"\n[{lo:.4g}, {hi:.4g}]")
+                axes.annotate(text, (i, values[i]), xytext=(8, 0),
+                              textcoords="offset points", fontsize=8, va="center")
         axes.set_title(_titled(reading), fontsize=10)
         axes.set_ylabel(reading.value_name, fontsize=9)
         axes.grid(alpha=0.3, axis="y")
