@@ -3,15 +3,18 @@ made from the release's (or analysis's) public output only."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from privrelease_client.reading import Reading, read_release
 
 from mechanisms.analysis_plot import AnalysisPlot
-from mechanisms.iclp.plot import PlotSpec
+from mechanisms.iclp.plot import PlotSpec, plot_spec
 
 
 def _figure(width: float = 6.0, height: float = 3.5) -> Any:
@@ -36,7 +39,8 @@ def render(figure: Any, fmt: str = "png") -> bytes:
         raise ValueError(f"unknown image format {fmt!r}")
     import matplotlib
 
-    figure.tight_layout()
+    if figure.get_layout_engine() is None:  # a caption's figure keeps its own margins
+        figure.tight_layout()
     out = io.BytesIO()
     # a fixed salt: the SVG's element ids are otherwise random on every call
     with matplotlib.rc_context({"svg.hashsalt": "privrelease"}):
@@ -74,15 +78,98 @@ def release_figure(spec: PlotSpec) -> Any:
             colour = colours[i % len(colours)]
             y = np.array(values, dtype=np.float64)
             axes.plot(x, y, color=colour, linewidth=1.8, label=label or None)
-            if band is not None:
+            if band is not None:  # its half-width named: a thin band is still read
                 axes.fill_between(x, y - band, y + band, color=colour, alpha=0.18, linewidth=0,
-                                  label="95% band (accuracy)" if i == 0 and not label else None)
+                                  label=f"95 % band ± {band:.3g}" if i == 0 and not label
+                                  else None)
         if any(labels) or any(b is not None for b in bands):
             axes.legend(fontsize=7, loc="best")
         axes.grid(alpha=0.3)
     axes.set_xlabel(spec.xlabel, fontsize=9)
     axes.set_ylabel(spec.ylabel, fontsize=9)
     axes.set_title(spec.title, fontsize=10)
+    return figure
+
+
+def release_document_figure(doc: Mapping[str, Any]) -> Any:
+    """The drawing of a release document (``mechanism``, ``params``, ``result``,
+    ``accuracy``, ``cost``) that a person can read alone: axis titles, the statistic, its
+    column and budget in the title, and the interval of the accuracy statement drawn (a
+    band, or error bars) and named. Raises ValueError when the result holds no released
+    statistic (record-level data: its numbers are in its table and analyses)."""
+    reading = read_release(doc)
+    if reading is None:
+        raise ValueError("the result holds no released statistic")
+    if reading.kind in ("bars", "points"):
+        return reading_figure(reading)
+    spec = plot_spec(str(doc.get("mechanism", "")), doc.get("params") or {},
+                     doc.get("result") or {}, doc.get("accuracy") or {}, doc.get("cost") or {})
+    figure = release_figure(dataclasses.replace(spec, title=_titled(reading)))
+    if reading.level is None and spec.kind != "surface":
+        _caption(figure, "no 95 % band: the accuracy statement gives none per point")
+    elif spec.kind == "surface" and reading.level is not None:
+        band = next((u - e for e, u in zip(reading.estimates, reading.upper, strict=True)
+                     if e is not None and u is not None), None)
+        if band is not None:
+            _caption(figure, f"95 % band: every cell within ± {band:.3g} (accuracy.band95)")
+    return figure
+
+
+def _titled(reading: Reading) -> str:
+    """The statistic with its budget, then the mechanism (on a line of its own when the
+    two would run past the figure's width)."""
+    gap = "\n" if len(reading.title) + len(reading.mechanism) > 66 else " "
+    return f"{reading.title}{gap}({reading.mechanism})"
+
+
+def _caption(figure: Any, text: str) -> None:
+    """A note under the axes, wrapped; the figure grows to hold it."""
+    lines = textwrap.wrap(text, 100)
+    width, height = figure.get_size_inches()
+    extra = 0.13 * len(lines) + 0.05
+    figure.set_size_inches(width, height + extra)
+    figure.text(0.01, 0.01, "\n".join(lines), fontsize=7, va="bottom", ha="left",
+                color="#333333")
+    figure.set_layout_engine("tight", rect=(0, extra / (height + extra), 1, 1))
+
+
+def reading_figure(reading: Reading) -> Any:
+    """Bars (a table, histogram, shares) or points (a few estimates) with their interval as
+    error bars, labelled by the rows' own labels (bins, levels, cells), both axis titles,
+    and a caption saying what the bars are (or that the statement gives none)."""
+    labels = reading.labels
+    values = reading.estimates
+    errors: list[Any] = [
+        None if v is None or lo is None or hi is None else [v - lo, hi - v]
+        for v, lo, hi in zip(values, reading.lower, reading.upper, strict=True)]
+    if reading.kind == "bars":
+        figure = bar_figure(labels, values, errors, _titled(reading), reading.value_name)
+        axes = figure.axes[0]
+    else:
+        figure = _figure(max(6.0, 0.6 * len(labels)))
+        axes = figure.add_subplot()
+        drawn = [i for i, v in enumerate(values) if v is not None]
+        below = [errors[i][0] if errors[i] else 0.0 for i in drawn]
+        above = [errors[i][1] if errors[i] else 0.0 for i in drawn]
+        axes.errorbar(drawn, [values[i] for i in drawn], yerr=[below, above], fmt="o",
+                      color="#1f5fa8", ecolor="#333333", capsize=4, markersize=6)
+        axes.set_xticks(range(len(labels)), labels, fontsize=8,
+                        rotation=30 if len(labels) > 6 else 0)
+        axes.set_xlim(-0.6, len(labels) - 0.4)
+        axes.margins(y=0.12)  # room for the written numbers at the ends
+        if len(drawn) <= 6:  # a few estimates: their numbers written beside them
+            for i in drawn:
+                lo, hi = reading.lower[i], reading.upper[i]
+                text = f"{values[i]:.4g}" + ("" if lo is None or hi is None
+                                             else f"\n[{lo:.4g}, {hi:.4g}]")
+                axes.annotate(text, (i, values[i]), xytext=(8, 0),
+                              textcoords="offset points", fontsize=8, va="center")
+        axes.set_title(_titled(reading), fontsize=10)
+        axes.set_ylabel(reading.value_name, fontsize=9)
+        axes.grid(alpha=0.3, axis="y")
+    axes.set_xlabel(reading.label_name, fontsize=9)
+    _caption(figure, ("no error bars: " if reading.level is None else "error bars: ")
+             + reading.interval)
     return figure
 
 

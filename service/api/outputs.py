@@ -11,7 +11,6 @@ from flask_smorest import Blueprint
 
 import mechanisms
 from mechanisms.analysis_plot import analysis_plot
-from mechanisms.iclp.plot import plot_spec
 from service import analyses, wiring
 from service.api import responses
 from service.api.auth import check_dataset_grant, current_key, require
@@ -23,8 +22,7 @@ from service.api.schemas import (
     AnalysisRequestSchema,
     AnalysisSchema,
 )
-from service.plotting import FORMATS, analysis_figure, bar_figure, render
-from service.plotting import release_figure as release_figure_of
+from service.plotting import FORMATS, analysis_figure, release_document_figure, render
 from service.releases import documents, pricing
 from service.storage.release_tables import csv_chunks
 from service.storage.store import Fields
@@ -72,22 +70,16 @@ def data(release_id: str) -> Response:
 
 
 def release_figure(release_id: str) -> Any:
-    """The figure of a succeeded release the key may read (404 when it has nothing to
-    draw): a table as bars with 95 % error bars, or its ``PlotSpec``."""
+    """The figure of a succeeded release the key may read (404 when its result holds no
+    released statistic): bars or points with the 95 % intervals of its accuracy statement,
+    or its function with its band (``service.plotting.release_document_figure``)."""
     doc = _succeeded(release_id)
-    result = doc["result"] or {}
-    values, labels, errors = result.get("values"), result.get("categories"), result.get("errors")
-    if (isinstance(labels, list) and isinstance(values, list) and isinstance(errors, list)
-            and len(labels) == len(values) == len(errors)):  # a table: bars, 95 % error bars
-        spent = ", ".join(f"{m} = {v}" for m, v in (doc.get("cost") or {}).items())
-        title = f"{doc['mechanism']} · {release_id}" + (f" ({spent})" if spent else "")
-        return bar_figure(labels, values, errors, title)
     try:
-        spec = plot_spec(doc["mechanism"], doc.get("params") or {}, result,
-                         doc.get("accuracy") or {}, doc.get("cost") or {})
+        return release_document_figure(doc)
     except ValueError:
-        raise APIError(404, "this release has no function to draw", code="not_found") from None
-    return release_figure_of(spec)
+        raise APIError(404, "this release holds no released statistic to draw: its numbers"
+                       " are in its record-level data (/data) and its analyses",
+                       code="not_found") from None
 
 
 def _image(figure: Any, fmt: str) -> Response:
@@ -95,9 +87,12 @@ def _image(figure: Any, fmt: str) -> Response:
                     headers={"X-Content-Type-Options": "nosniff"})
 
 
-_PLOT_DOC = ("A drawing of a released function (its 95 % band from the accuracy statement),"
-             " curves or surface (heat map), or of a table (bars with 95 % error bars), from"
-             " the release's public document only.")
+_PLOT_DOC = ("A drawing of the released statistic from the release's public document only:"
+             " a function with its 95 % band, curves or a surface (heat map), a table,"
+             " histogram or shares as bars, a few estimates (means, quantiles at their"
+             " levels) as points, each with the interval its accuracy statement gives as"
+             " error bars; axis titles, and the statistic, column and budget in the title."
+             " 404 when the result is record-level only.")
 
 
 @blp.route("/<release_id>/plot.png")

@@ -22,6 +22,7 @@ from flask import (
 )
 from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
 from privrelease_client.draft import draft as metadata_draft
+from privrelease_client.reading import accuracy_sentence, read_release
 from werkzeug.wrappers import Response as BaseResponse
 from wtforms import ValidationError
 
@@ -116,8 +117,19 @@ def _context() -> dict[str, Any]:
                     "request": releases_api.create, "estimate": releases_api.estimate,
                     "analyses": outputs_api.create,
                     "cancel_analysis": outputs_api.cancel},
-            "pretty": lambda v: json.dumps(v, indent=2, sort_keys=True),
+            # ensure_ascii=False: "±" and "ε" shown as themselves, not \u00b1
+            "pretty": lambda v: json.dumps(v, indent=2, sort_keys=True, ensure_ascii=False),
+            "sentence": accuracy_sentence, "num": _num,
             "new_key": new_key}
+
+
+def _num(value: Any) -> str:
+    """A released number for a person: six significant digits; empty for none."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
 
 
 @bp.errorhandler(APIError)
@@ -724,8 +736,14 @@ def release(release_id: str) -> Any:
         pages = _pages(headers.get("X-Next-Cursor"))
     has_plot = doc["status"] == "succeeded" and _drawable(outputs_api.release_figure,
                                                           release_id)
+    reading = read_release(doc) if doc["status"] == "succeeded" else None
     return render_template("release.html", release=doc, analyses=analyses, error=error,
-                           has_plot=has_plot, pages=pages), status
+                           has_plot=has_plot, pages=pages, reading=reading,
+                           shown_rows=_SHOWN_ROWS), status
+
+
+#: result rows a release page lists (the plot and the client's frames have them all)
+_SHOWN_ROWS = 50
 
 
 def _drawable(figure_of: Callable[..., Any], *args: str) -> bool:

@@ -149,6 +149,7 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     d.find_element(By.ID, "b.epsilon").send_keys("0.5")
     d.find_element(By.ID, "estimate-button").click()
     assert "Fits" in d.find_element(By.ID, "estimate").text
+    assert "±" in d.find_element(By.ID, "estimate-sentence").text  # in words (#31 item 1)
     _shot(d, "estimate")
     d.find_element(By.ID, "request-button").click()
     _until(d, "status", "succeeded")
@@ -158,6 +159,12 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     png = _session(d).get(plot.get_attribute("src") or "", timeout=30)
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
     assert len(png.content) > 2000
+    # the accuracy sentence first, shown in full with ± as itself; the JSON folded away
+    sentence = d.find_element(By.ID, "accuracy-sentence")
+    assert sentence.is_displayed() and "±" in sentence.text and "\\u00b1" not in sentence.text
+    assert sentence.location["y"] < plot.location["y"]
+    assert not d.find_element(By.ID, "accuracy").is_displayed()
+    assert d.find_elements(By.CSS_SELECTOR, "#result-table tbody tr")
     _shot(d, "release")
 
     # consumer: no operator links, operator pages refused

@@ -98,10 +98,10 @@ RULES: dict[tuple[str, str], tuple[Request, str, int, bool]] = {
         lambda w: ("GET", f"/v1/releases/{w.release}", {}), "consumer", 200, True),
     ("/v1/releases/<release_id>/data", "GET"): (  # a baseline has no record-level data
         lambda w: ("GET", f"/v1/releases/{w.release}/data", {}), "consumer", 404, True),
-    ("/v1/releases/<release_id>/plot.png", "GET"): (  # nor a function to draw
-        lambda w: ("GET", f"/v1/releases/{w.release}/plot.png", {}), "consumer", 404, True),
+    ("/v1/releases/<release_id>/plot.png", "GET"): (  # its count drawn with its interval
+        lambda w: ("GET", f"/v1/releases/{w.release}/plot.png", {}), "consumer", 200, True),
     ("/v1/releases/<release_id>/plot.svg", "GET"): (
-        lambda w: ("GET", f"/v1/releases/{w.release}/plot.svg", {}), "consumer", 404, True),
+        lambda w: ("GET", f"/v1/releases/{w.release}/plot.svg", {}), "consumer", 200, True),
     ("/v1/releases/<release_id>/analyses", "POST"): (  # nor analyses
         lambda w: ("POST", f"/v1/releases/{w.release}/analyses", {"json": {"analysis": "em"}}),
         "consumer", 422, True),

@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from privrelease_client.errors import MissingExtra
+from privrelease_client.reading import Reading, read_release
 
-__all__ = ["csv_to_pandas", "csv_to_polars", "frame_upload", "plot_result",
-           "result_columns", "to_pandas", "to_polars"]
+__all__ = ["csv_to_pandas", "csv_to_polars", "frame_upload", "plot_reading", "plot_result",
+           "release_columns", "release_to_pandas", "release_to_polars", "result_columns",
+           "to_pandas", "to_polars"]
 
 PARQUET_TYPE = "application/vnd.apache.parquet"
 
@@ -121,6 +123,41 @@ def to_polars(result: Any) -> Any:
     return pl.DataFrame(result_columns(result), strict=False)
 
 
+def release_columns(doc: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """A release document as columns: its rows with ``estimate``, ``lower``, ``upper`` and
+    ``level`` (``reading.read_release``), or, for a result with no released statistic
+    (record-level releases), ``result_columns`` of its result."""
+    reading = read_release(doc)
+    if reading is None:
+        return result_columns(doc.get("result"))
+    return reading.columns()
+
+
+def _about(reading: Reading | None) -> dict[str, Any]:
+    """What a frame says about its interval (pandas ``attrs``)."""
+    if reading is None:
+        return {}
+    return {"statistic": reading.statistic, "budget": reading.budget,
+            "level": reading.level, "interval": reading.interval,
+            "accuracy": reading.sentence}
+
+
+def release_to_pandas(doc: Mapping[str, Any]) -> Any:
+    """A release as a ``pandas.DataFrame`` with ``lower``/``upper`` at ``level`` (a column,
+    and ``attrs`` naming the statistic, the level and where the interval comes from)."""
+    pd = _module("pandas", "pandas", "to_pandas()")
+    frame = pd.DataFrame(release_columns(doc))
+    frame.attrs.update(_about(read_release(doc)))
+    return frame
+
+
+def release_to_polars(doc: Mapping[str, Any]) -> Any:
+    """A release as a ``polars.DataFrame`` with ``lower``/``upper`` and its ``level``
+    column (polars frames carry no attrs)."""
+    pl = _module("polars", "polars", "to_polars()")
+    return pl.DataFrame(release_columns(doc), strict=False)
+
+
 def csv_to_pandas(text: str) -> Any:
     pd = _module("pandas", "pandas", "to_pandas()")
     return pd.read_csv(io.StringIO(text))
@@ -181,6 +218,39 @@ def plot_result(result: Any, *, title: str | None = None, ax: Any = None) -> Any
     ax.set_ylabel("value")
     if title:
         ax.set_title(title)
+    return ax
+
+
+def plot_reading(reading: Reading, *, ax: Any = None) -> Any:
+    """Draw a release's reading on matplotlib axes (new ones unless ``ax``): a function as
+    a line with its 95 % band, other rows as bars or points with their intervals as error
+    bars; axis titles and the statistic with its budget as the title. Returns the axes."""
+    _module("matplotlib", "plot", "plot()")
+    plt = importlib.import_module("matplotlib.pyplot")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    values = [float("nan") if v is None else v for v in reading.estimates]
+    lower = [float("nan") if v is None else v for v in reading.lower]
+    upper = [float("nan") if v is None else v for v in reading.upper]
+    level = "" if reading.level is None else f"{reading.level:.0%} "
+    if reading.kind == "curve":
+        xs = next(iter(reading.keys.values()))
+        ax.plot(xs, values, color="C0", label="released")
+        if reading.level is not None:
+            ax.fill_between(xs, lower, upper, color="C0", alpha=0.25, label=f"{level}band")
+        ax.legend()
+    else:
+        names = reading.labels
+        err = [[v - lo if lo == lo else 0.0 for v, lo in zip(values, lower, strict=True)],
+               [hi - v if hi == hi else 0.0 for v, hi in zip(values, upper, strict=True)]]
+        if reading.kind == "bars":
+            ax.bar(names, values, yerr=err, color="C0", capsize=3)
+        else:
+            ax.errorbar(names, values, yerr=err, fmt="o", color="C0", capsize=4)
+        ax.tick_params(axis="x", labelrotation=45 if len(names) > 6 else 0)
+    ax.set_xlabel(reading.label_name)
+    ax.set_ylabel(reading.value_name)
+    ax.set_title(reading.title)
     return ax
 
 

@@ -243,6 +243,16 @@ class Release(_Job):
     def guarantee(self) -> str | None:
         return self.doc.get("guarantee")
 
+    def to_pandas(self) -> Any:
+        """The released statistic as a pandas DataFrame: its rows with ``estimate``,
+        ``lower``, ``upper`` and ``level``, what they are in ``attrs``
+        (``frames.release_to_pandas``); a record-level release's result as it is."""
+        return frames.release_to_pandas(self.doc)
+
+    def to_polars(self) -> Any:
+        """As ``to_pandas``, a polars DataFrame (the level as a column)."""
+        return frames.release_to_polars(self.doc)
+
     def data(self) -> Table:
         """The privatized microdata (mechanisms that release records)."""
         return Table(self.client.release_data(self.id), self.id)
@@ -257,6 +267,9 @@ class Release(_Job):
             out.write_bytes(self.client.release_plot_svg(self.id) if svg
                             else self.client.release_plot(self.id))
             return out
+        reading = frames.read_release(self.doc)
+        if reading is not None and reading.kind in ("curve", "bars", "points"):
+            return frames.plot_reading(reading, ax=ax)
         return frames.plot_result(self.result, title=f"{self.doc.get('mechanism')} "
                                   f"· {self.id}", ax=ax)
 
