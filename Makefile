@@ -5,25 +5,31 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-runtime
 
-.PHONY: run test check bench soak fuzz large lint clean audit browser java
+.PHONY: run test check bench soak fuzz large lint clean audit browser java docs
 
 $(STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ./client
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs]'
+	touch $(STAMP) $(RUN_STAMP)
 
 # the runtime alone (no test tools); a venv `make test` made already has it
 $(RUN_STAMP): pyproject.toml client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ./client
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	touch $(RUN_STAMP)
 
-run: $(RUN_STAMP)
+run: $(RUN_STAMP) docs
 	$(BIN)/privrelease standalone $(RUN_ARGS)
+
+# the manual: docs/ built by MkDocs into site/ (not committed), which the service serves
+# at /manual/; --strict fails on a broken link or anchor. (The runtime's venv has mkdocs:
+# a `make test` venv touches the runtime stamp too.)
+docs: $(RUN_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # the console and /docs are tested in Debian's Chromium (never a downloaded browser)
 browser:
@@ -42,7 +48,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # the whole suite, as CI runs it: unit, tests/audit, integration, e2e (~11 min)
-test: lint browser java
+test: lint browser java docs
 	$(BIN)/python -m pytest
 	PRIVRELEASE_TEST_STORE=valkey $(BIN)/python -m pytest -m valkey_store -q
 
@@ -74,4 +80,4 @@ audit: $(STAMP)
 	$(BIN)/python -m mechanisms.audit --size full --out var/audit.md
 
 clean:
-	rm -rf $(VENV) var *.egg-info
+	rm -rf $(VENV) var site *.egg-info

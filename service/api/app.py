@@ -12,7 +12,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
 from service import policy, wiring
-from service.api import apidocs, inputs, observability, openapi, problems, ratelimit
+from service.api import apidocs, inputs, manual, observability, openapi, problems, ratelimit
 from service.api.schemas import ProblemSchema
 from service.config import Config
 
@@ -109,6 +109,7 @@ def create_app(config: Config | None = None) -> Flask:
     ratelimit.init_app(app)
     inputs.init_app(app)  # after the limiter: hostile bodies count against the key
     apidocs.init_app(app)
+    manual.init_app(app)  # the built manual at /manual/ (make docs)
 
     api = ProblemApi(app, spec_kwargs={
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

@@ -23,7 +23,8 @@ from service.storage.store import DOWN
 blp = Blueprint("health", __name__, description="Front door, liveness and readiness")
 
 #: the API's entry points, as ``GET /`` lists them
-LINKS = {"docs": "/docs", "openapi": "/openapi.json", "console": "/console/",
+LINKS = {"docs": "/docs", "manual": "/manual/", "openapi": "/openapi.json",
+         "console": "/console/",
          "datasets": "/v1/datasets", "releases": "/v1/releases",
          "mechanisms": "/v1/mechanisms", "jobs": "/v1/jobs", "keys": "/v1/keys",
          "problems": "/problems", "health": "/healthz", "ready": "/readyz"}
