@@ -26,10 +26,11 @@ run: $(RUN_STAMP) docs
 	$(BIN)/privrelease standalone $(RUN_ARGS)
 
 # the manual: docs/ built by MkDocs into site/ (not committed), which the service serves
-# at /manual/; --strict fails on a broken link or anchor. (The runtime's venv has mkdocs:
+# at /manual/; --strict fails on a broken link or anchor (not with --quiet, which hides
+# the warnings that --strict counts). (The runtime's venv has mkdocs:
 # a `make test` venv touches the runtime stamp too.)
 docs: $(RUN_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # the console and /docs are tested in Debian's Chromium (never a downloaded browser)
 browser:
