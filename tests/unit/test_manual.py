@@ -146,7 +146,7 @@ def test_the_readme_is_short_and_its_links_land() -> None:
 
 def test_every_readme_section_of_before_landed_in_a_page() -> None:
     """The headings the README had before the move (issue #31 item 7) are in the manual."""
-    headings = set()
+    headings: set[str] = set()
     for page in DOCS.rglob("*.md"):
         text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
         headings.update(h.strip() for h in re.findall(r"^#{1,6} (.+)$", text, re.M))
