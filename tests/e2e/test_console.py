@@ -4,7 +4,8 @@ the form and manages keys, an analyst estimates and requests a release and sees 
 a consumer sees no operator page; an operator changes a cap with the budget form and an
 NPMLE analysis's page shows its drawing; an operator registers Parquet from the store.
 
-Set PRIVRELEASE_CONSOLE_SCREENSHOTS=docs/console to also write the README's screenshots.
+Set PRIVRELEASE_CONSOLE_SCREENSHOTS=docs/console to also write the screenshots of the
+manual's operator guide (docs/guides/operator.md, "Web console").
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ service checks (a mechanism's params depend on the mechanism, the dataset metada
 JSON inside a multipart field, ids must exist, a budget must fit), so a schema-valid
 request can be rightly refused with a documented 422 or 409. ``use_after_free`` is off:
 ``DELETE /v1/datasets/{id}`` retires a dataset, whose metadata, budget and ledger stay
-readable by design (README), and keys have no read-one operation to check.
+readable by design (the manual), and keys have no read-one operation to check.
 ``ensure_resource_availability`` is off: the links schemathesis infers from ids lead from
 a new release to sub-resources only some mechanisms have (``/data`` of a scalar release
 is a 404 by design). The stateful test asserts its own chain instead: a dataset created,

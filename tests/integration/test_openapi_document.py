@@ -136,7 +136,7 @@ def test_examples_cover_every_family_and_run_as_written(
     made = upload("docs-example")
     assert made.status_code == 201, made.get_json()
     dataset = made.get_json()
-    # a dataset admits DP or noiseless releases, not both (README: privacy notions per
+    # a dataset admits DP or noiseless releases, not both (manual: privacy notions per
     # dataset): the noiseless examples run on a second upload of the same example
     noiseless_dataset = upload("docs-example-noiseless").get_json()
     assert made.headers["Location"] == f"/v1/datasets/{dataset['id']}"

@@ -253,7 +253,7 @@ def test_iclp_qr_beats_frl_at_equal_epsilon(eps: Fraction) -> None:
     The FRL guard of the default (``mean._tune``) keeps QR close to FRL here (RMSE
     0.90-0.99x); unguarded it was 0.5x, but such a rule loses to FRL on other means
     (1.23x on S3 at n = 10^4, ε = 1/8). At ε = 1/8 FRL's two components fit this sine
-    and QR has 1.5x its RMSE: no data-free rule wins on every mean (README).
+    and QR has 1.5x its RMSE: no data-free rule wins on every mean (docs/reference/mechanisms.md).
     """
     qr = expected_sq_error(iclp.plan_iclp_mean(GRID, 1.0, 500, eps), MU)
     frl = expected_sq_error(iclp.plan_frl_mean(GRID, 1.0, 500, eps), MU)

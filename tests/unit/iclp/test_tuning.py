@@ -165,7 +165,7 @@ def test_whole_grid_against_frl() -> None:
     """All 21 (n, ε) cells x S1-S4: ICLP-QR's exact expected error <= FRL's.
 
     A measurement on four means, not a theorem: no data-free tuning that gains on some
-    means can avoid losing on others (README, "Default tuning of ICLP-QR")."""
+    means can avoid losing on others (docs/reference/mechanisms.md, "Default tuning of ICLP-QR")."""
     ratios = {(n, e): _ratio(n, e) for n in SIZES for e in EPSILONS}
     assert max(ratios.values()) <= 1.0
     assert ratios[(100, Fraction(8))] < 0.3  # and it still gains where FRL's M is large
