@@ -46,7 +46,7 @@ def manual_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -76,14 +76,14 @@ def _loaded_from(driver: WebDriver) -> set[str]:
     return {u.split("/manual/")[0] for u in urls}
 
 
-def _problems(driver: WebDriver) -> list[str]:
+def _problems(driver: webdriver.Chrome) -> list[str]:
     """Console messages of the page: CSP refusals, failed loads, script errors."""
     return [e["message"] for e in driver.get_log("browser")
             if e["level"] in {"SEVERE", "WARNING"}]
 
 
 def test_each_role_follows_its_guide_from_the_manual(manual_service: Service,
-                                                     browser: WebDriver) -> None:
+                                                     browser: webdriver.Chrome) -> None:
     d, url = browser, manual_service.url
     d.get(url + "/manual/")
     assert d.find_element(By.TAG_NAME, "h1").text == "privrelease"
@@ -100,8 +100,10 @@ def test_each_role_follows_its_guide_from_the_manual(manual_service: Service,
                    if r.find_elements(By.TAG_NAME, "td")
                    and r.find_elements(By.TAG_NAME, "td")[0].text == role)
         row.find_elements(By.TAG_NAME, "a")[0].click()
-        WebDriverWait(d, 10).until(
-            lambda _, t=title: d.find_element(By.TAG_NAME, "h1").text == t)
+        def on_guide(_: WebDriver, title: str = title) -> bool:
+            return bool(d.find_element(By.TAG_NAME, "h1").text == title)
+
+        WebDriverWait(d, 10).until(on_guide)
         headings = [h.text for h in d.find_elements(By.CSS_SELECTOR, "h2, h3")]
         assert heading in headings, (role, headings)
         assert _problems(d) == [] and _loaded_from(d) == {url}, role
