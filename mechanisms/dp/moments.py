@@ -111,9 +111,18 @@ class MomentPlan:
         if self.statistic != "covariance":
             lo, hi = self.bounds[0]
             top = float(Fraction(self.n, self.n - 1) * (hi - lo) ** 2 / 4)
-            variance = min(max(float(entries[0]), 0.0), top)
-            value = math.sqrt(variance) if self.statistic == "std" else variance
-            return {"value": value}
+            released = float(entries[0])
+            variance = min(max(released, 0.0), top)
+            # the exact variance is within ±h of the noisy one (95 %) and in [0, top]: so
+            # is this interval; for std its square roots (monotone), much tighter than
+            # ±sqrt(h) around the released std (post-processing of the released value)
+            h = self.halfwidths()[0]
+            low = min(max(released - h, 0.0), top)
+            high = min(max(released + h, 0.0), top)
+            if self.statistic == "std":
+                return {"value": math.sqrt(variance),
+                        "interval": [math.sqrt(low), math.sqrt(high)]}
+            return {"value": variance, "interval": [low, high]}
         k = len(self.columns)
         matrix = np.zeros((k, k))
         for (j, i), v in zip(self.pairs, entries, strict=True):
@@ -173,14 +182,17 @@ class MomentPlan:
             out["statement"] = (
                 f"With probability at least 95%, the released sample variance is within"
                 f" ±{h[0]:.6g} of the exact one of the data clipped to the declared bounds"
-                f" ({kind} noise, sensitivity (hi - lo)^2/n; clipped to its possible range).")
+                f" ({kind} noise, sensitivity (hi - lo)^2/n; clipped to its possible range);"
+                f" result.interval is the noisy variance ±{h[0]:.6g} within that range.")
         else:
             out["ci95_halfwidth"] = math.sqrt(h[0])
             out["statement"] = (
                 f"With probability at least 95%, the released standard deviation is within"
                 f" ±{math.sqrt(h[0]):.6g} of the exact sample standard deviation of the data"
                 f" clipped to the declared bounds (the square root of a noisy variance within"
-                f" ±{h[0]:.6g}).")
+                f" ±{h[0]:.6g}); result.interval, the square roots of the noisy variance"
+                f" ±{h[0]:.6g}, contains it with the same probability and is usually much"
+                f" narrower.")
         return out
 
 

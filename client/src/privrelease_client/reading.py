@@ -457,6 +457,12 @@ def _scalar(params: Mapping[str, Any], result: Mapping[str, Any],
         what = statistic
     half = _number(accuracy.get("ci95_halfwidth"))
     exact = _number(accuracy.get("max_error"))
+    given = result.get("interval")  # an interval around the released value (std, variance)
+    if isinstance(given, list) and len(given) == 2 and None not in map(_number, given):
+        return Reading(**base, statistic=what, kind="points", label_name="statistic",
+                       value_name=what, keys={"statistic": [what]}, estimates=[value],
+                       lower=[_number(given[0])], upper=[_number(given[1])], level=0.95,
+                       interval="95 % interval: result.interval")
     if half is not None:
         level: float | None = 0.95
         how = "95 % interval: estimate ± accuracy.ci95_halfwidth"

@@ -112,3 +112,20 @@ def test_confidence_only_where_there_are_many_entries(raw: dict[str, Any], field
     with pytest.raises(ValidationError) as info:
         mechanisms.get("laplace").params_schema().load(raw)
     assert field in info.value.messages
+
+
+@pytest.mark.parametrize("statistic", ["std", "variance"])
+def test_the_interval_from_the_released_variance_covers_and_is_narrow(statistic: str) -> None:
+    """#32 item 3: the std interval (±sqrt(h)) was 7-15x wider than one computed from the
+    released variance; result.interval is that one, with the same coverage."""
+    raw = {"statistic": statistic, "column": "x"}
+    results, accuracy = _runs("laplace", raw, {"epsilon": Fraction(1)})
+    exact_var = float(np.var(_data()["x"], ddof=1))
+    exact = exact_var ** 0.5 if statistic == "std" else exact_var
+    hits = [lo <= exact <= hi for lo, hi in (r["interval"] for r in results)]
+    assert np.mean(hits) >= 0.95 - TOL
+    widths = [hi - lo for lo, hi in (r["interval"] for r in results)]
+    if statistic == "std":
+        assert np.median(widths) < 2 * accuracy["ci95_halfwidth"] / 5
+    assert all(lo <= r["value"] <= hi for r, (lo, hi) in
+               zip(results, (r["interval"] for r in results), strict=True))
