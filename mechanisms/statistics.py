@@ -127,6 +127,11 @@ class Statistic(abc.ABC):
         """The exact integers of ``chunk`` (at most CHUNK rows, maybe none), per part:
         int64 arrays (counts, bounded integer sums) or Python ints (exact float sums)."""
 
+    def widths(self) -> Mapping[str, int]:
+        """Cells per row of the columns that hold several (a functional column's grid
+        points): their batches are (rows, width) arrays; every other column is 1-D."""
+        return {}
+
     def then(self, partial: Partial) -> Statistic | None:
         """The next pass, given this one's merged partial (None: this was the last)."""
         return None
@@ -144,11 +149,14 @@ class Statistic(abc.ABC):
 
     def update(self, partial: Partial, batch: Batch) -> Partial:
         """``partial`` plus the rows of ``batch``; reads CHUNK rows at a time."""
-        arrays = [np.asarray(batch[name]) for name in self.columns]
-        rows = arrays[0].shape[0] if arrays and arrays[0].ndim == 1 else -1
+        widths = self.widths()
+        arrays = [_rows(np.asarray(batch[name]), widths.get(name)) for name in self.columns]
+        rows = arrays[0].shape[0] if arrays and arrays[0].ndim >= 1 else -1
         for name, x in zip(self.columns, arrays, strict=True):
-            if x.ndim != 1 or x.shape[0] != rows:
-                raise ValueError(f"column {name!r} is not a 1-D column of the batch's rows")
+            shape = (rows,) if name not in widths else (rows, widths[name])
+            if x.shape != shape:
+                raise ValueError(f"column {name!r} is not a {len(shape)}-D column of the"
+                                 " batch's rows")
         totals: dict[str, Any] = {}
         for start in range(0, max(rows, 1), CHUNK):  # one call on an empty batch: its types
             chunk = {name: x[start:start + CHUNK] for name, x in
@@ -169,6 +177,17 @@ class Statistic(abc.ABC):
                                        else tuple(totals[name]) for name in sizes},
                         partial.carry)
         return partial.merge(added)
+
+
+def _rows(x: np.ndarray, width: int | None) -> np.ndarray:
+    """A wide column as (rows, width): Arrow gives a list column's rows as a 1-D array of
+    arrays (``to_numpy``), the store as a 2-D array."""
+    if width is None or x.dtype != object or x.ndim != 1:
+        return x
+    cells = [np.asarray(row, dtype=np.float64) for row in x]
+    if any(row.shape != (width,) for row in cells):
+        raise ValueError("a row of a list column does not have the column's width")
+    return np.stack(cells) if cells else np.zeros((0, width))
 
 
 def compute(statistic: Statistic, batches: Iterable[Batch]) -> tuple[Statistic, Partial]:
@@ -249,9 +268,98 @@ def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
     return out
 
 
-def to_float(total: int) -> float:
-    """An exact ``float_sums`` total rounded once to a double (= ``math.fsum``)."""
-    return total / (1 << SCALE)
+def column_sums(values: NDArray[np.float64]) -> list[int]:
+    """Exact sum of each column of a finite (rows, K) array, in units of 2**-SCALE: the
+    ``float_sums`` of every column at once (a functional column's cells, products of
+    columns). Reads max(1, CHUNK // K) rows at a time."""
+    if values.ndim != 2:
+        raise ValueError("column sums need a 2-D array")
+    if not np.isfinite(values).all():
+        raise ValueError("exact sums need finite values")
+    rows, width = values.shape
+    table = _Table(width)
+    step = max(1, CHUNK // max(width, 1))
+    for start in range(0, rows if width else 0, step):
+        table.add(values[start:start + step])
+    return table.totals()
+
+
+#: cells (columns x exponents) a ``_Table`` holds before it adds them into Python integers
+_TABLE_CELLS = 1 << 20
+#: a mantissa M = H·2**27 + L with |H| < 2**26 and |L| < 2**27: float64 bin sums of fewer
+#: than 2**26 values of either are exact integers
+_SPLIT = 27
+
+
+class _Table:
+    """Exact per-column sums of doubles: int64 bin totals of the two mantissa halves per
+    (column, exponent) over a window of exponents, added into Python integers only when
+    the window must move (or at the end), so the Python work is per window, not per row."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.out = [0] * width
+        self.lo = self.hi = 0
+        self.high = self.low = np.zeros((width, 0), dtype=np.int64)
+
+    def add(self, chunk: NDArray[np.float64]) -> None:
+        """Add the rows of ``chunk`` (fewer than 2**26 rows, finite)."""
+        mantissa, exponent = np.frexp(chunk)
+        zero = mantissa == 0  # exponent 0: any bin, weight 0; kept out of the window
+        if zero.all():
+            return
+        if zero.any():
+            exponent[zero] = exponent[~zero].min()
+        lo, hi = int(exponent.min()), int(exponent.max())
+        span = hi - lo + 1
+        mantissa *= 2.0 ** (53 - _SPLIT)  # M / 2**27: exact
+        high = np.trunc(mantissa)
+        mantissa -= high
+        mantissa *= 2.0 ** _SPLIT  # L: exact
+        key = exponent.astype(np.intp)
+        key -= lo
+        key += (np.arange(self.width, dtype=np.intp) * span)[None, :]
+        cells = self.width * span
+        highs = np.bincount(key.ravel(), weights=high.ravel(), minlength=cells)
+        lows = np.bincount(key.ravel(), weights=mantissa.ravel(), minlength=cells)
+        self._place(lo, hi)
+        offset = lo - self.lo
+        self.high[:, offset:offset + span] += highs.astype(np.int64).reshape(self.width, span)
+        self.low[:, offset:offset + span] += lows.astype(np.int64).reshape(self.width, span)
+
+    def _place(self, lo: int, hi: int) -> None:
+        """Make the window cover [lo, hi]: widen it, or add it up and start one there."""
+        if self.high.shape[1] and self.lo <= lo and hi <= self.hi:
+            return
+        new_lo, new_hi = (min(lo, self.lo), max(hi, self.hi)) if self.high.shape[1] else (lo, hi)
+        if self.width * (new_hi - new_lo + 1) > _TABLE_CELLS:
+            self._flush()
+            new_lo, new_hi = lo, hi
+        high = np.zeros((self.width, new_hi - new_lo + 1), dtype=np.int64)
+        low = np.zeros_like(high)
+        if self.high.shape[1]:
+            at = self.lo - new_lo
+            high[:, at:at + self.high.shape[1]] = self.high
+            low[:, at:at + self.low.shape[1]] = self.low
+        self.lo, self.hi, self.high, self.low = new_lo, new_hi, high, low
+
+    def _flush(self) -> None:
+        """Add the window's bins into the Python totals and empty it."""
+        for k, j in zip(*(a.tolist() for a in np.nonzero(self.high | self.low)), strict=True):
+            whole = (int(self.high[k, j]) << _SPLIT) + int(self.low[k, j])
+            # M·2**(e−53) = M·2**(e − EMIN − SCALE): in units of 2**-SCALE, M shifted left
+            self.out[k] += whole << (self.lo + j - _EMIN)
+        self.high = self.low = np.zeros((self.width, 0), dtype=np.int64)
+
+    def totals(self) -> list[int]:
+        self._flush()
+        return self.out
+
+
+def to_float(total: int, divisor: int = 1) -> float:
+    """An exact ``float_sums`` total (over a positive integer ``divisor``: a mean) rounded
+    once to a double (= ``math.fsum`` of the values, over the divisor exactly)."""
+    return total / (divisor << SCALE)
 
 
 def check_rows(partial: Partial, n: int, column: str) -> None:

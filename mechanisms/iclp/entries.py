@@ -24,15 +24,17 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    StreamingMechanism,
     check_numeric_column,
     read_budget,
     read_epsilon,
 )
 from mechanisms.exact import fmt
-from mechanisms.iclp import ar, bernstein, domain, gp, kde, mean, noise, params, pss
+from mechanisms.iclp import ar, bernstein, domain, gp, kde, mean, noise, params, pss, sums
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease, jsonable
 from mechanisms.registry import register
+from mechanisms.statistics import Partial, Statistic
 
 #: budgets above this are refused as absurd (as for the DP baselines)
 PRIVACY_UNIT = "replace-one neighbours, n public"
@@ -45,12 +47,8 @@ class _Plan(Protocol):
     def accuracy(self) -> dict[str, Any]: ...
 
 
-class FunctionMechanism(Mechanism):
-    """Pure ε-DP function release; subclasses build the plan."""
-
-    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
-    row_bytes = 72.0
-    fixed_bytes = 4 * 2**20
+class Priced(Mechanism):
+    """Pure ε-DP function release: cost and accuracy from the plan; subclasses build it."""
 
     measures: ClassVar[tuple[str, ...]] = ("epsilon",)
     #: what the guarantee string calls the mechanism
@@ -70,19 +68,16 @@ class FunctionMechanism(Mechanism):
         out: dict[str, Any] = jsonable(plan.accuracy())
         return out
 
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
-        epsilon = read_epsilon(cost, self.name)
-        plan = self._calibrated(params, epsilon, meta)
-        released = plan.release(data[params["column"]], rng)
+    def columns(self, params: Mapping[str, Any]) -> list[str]:
+        """The columns the plan reads, in the order its release takes them."""
+        return [params["column"]]
+
+    def output(self, plan: Any, released: Any, epsilon: Fraction) -> Output:
+        """The release's output: the plan's result, accuracy and the guarantee."""
+        result = released.to_result() if isinstance(released, FunctionRelease) else jsonable(
+            released)
         return Output(
-            result=released.to_result(),
+            result=result,
             accuracy=jsonable(plan.accuracy()),
             guarantee=(
                 f"pure epsilon-DP ({self.label}, epsilon={fmt(epsilon)} nats), {PRIVACY_UNIT}"
@@ -108,7 +103,52 @@ class FunctionMechanism(Mechanism):
         """Resolve params against the metadata and calibrate to ε (public inputs only)."""
 
 
-class IclpMean(FunctionMechanism):
+class FunctionMechanism(Priced):
+    """A function release whose plan reads whole columns (``run``)."""
+
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 72.0
+    fixed_bytes = 4 * 2**20
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        epsilon = read_epsilon(cost, self.name)
+        plan = self._calibrated(params, epsilon, meta)
+        return self.output(plan, plan.release(data[params["column"]], rng), epsilon)
+
+
+class StreamingFunction(Priced, StreamingMechanism):
+    """A function release whose data pass is its plan's exact sums (``sums.PlanPass``):
+    streamed over batches of rows, the noise added to the coefficients of the merged
+    partial (``publish``), the same output as the plan's release on whole columns."""
+
+    #: measured memory (``mechanisms.memory``), per row of the held row group and per
+    #: named cell (the clipped curves, the products' blocks), and the plans' calibrations
+    row_bytes = 80.0
+    cell_bytes = 48.0
+    fixed_bytes = 8 * 2**20
+
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic:
+        plan: Any = self._calibrated(params, read_epsilon(cost, self.name), meta)
+        return sums.PlanPass(plan, tuple(self.columns(params)))
+
+    def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
+                meta: DatasetMeta, rng: np.random.Generator,
+                statistic: Statistic | None = None) -> Output:
+        epsilon = read_epsilon(cost, self.name)
+        plan: Any = (statistic.plan if isinstance(statistic, sums.PlanPass)
+                     else self._calibrated(params, epsilon, meta))
+        return self.output(plan, plan.publish(plan.coefficients(partial), rng), epsilon)
+
+
+class IclpMean(StreamingFunction):
     name = "iclp.mean"
     label = "ICLP-QR mean"
     params_schema = params.IclpMeanSchema
@@ -151,7 +191,7 @@ def _components_refused() -> Iterator[None]:
         raise MechanismInputError("params.components", str(exc)) from None
 
 
-class FrlMean(FunctionMechanism):
+class FrlMean(StreamingFunction):
     name = "frl.mean"
     label = "FRL mean baseline"
     params_schema = params.FrlMeanSchema
@@ -170,7 +210,7 @@ class FrlMean(FunctionMechanism):
             )
 
 
-class IclpKde(FunctionMechanism):
+class IclpKde(StreamingFunction):
     name = "iclp.kde"
     label = "ICLP-QR kernel density estimate"
     params_schema = params.IclpKdeSchema
@@ -302,35 +342,8 @@ from mechanisms.iclp import kde2d as _kde2d  # noqa: E402
 from mechanisms.iclp import params_functionals as _fparams  # noqa: E402
 
 
-class MultiColumn(FunctionMechanism):
-    """A function release of several columns; the plan's ``release`` takes them in order."""
-
-    def columns(self, params: Mapping[str, Any]) -> list[str]:
-        raise NotImplementedError
-
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
-        epsilon = read_epsilon(cost, self.name)
-        plan: Any = self._calibrated(params, epsilon, meta)
-        released = self.release(plan, [data[c] for c in self.columns(params)], rng)
-        result = released.to_result() if isinstance(released, FunctionRelease) else jsonable(
-            released)
-        return Output(
-            result=result,
-            accuracy=jsonable(plan.accuracy()),
-            guarantee=(
-                f"pure epsilon-DP ({self.label}, epsilon={fmt(epsilon)} nats), {PRIVACY_UNIT}"
-            ),
-        )
-
-    def release(self, plan: Any, columns: list[np.ndarray], rng: np.random.Generator) -> Any:
-        return plan.release(*columns, rng)
+class MultiColumn(StreamingFunction):
+    """A streamed function release of several columns (``columns``: in its plan's order)."""
 
     def summary(self, plan: Any, columns: list[np.ndarray]) -> Any:
         """The plan's non-private coefficients (the audit's neighbour search)."""
@@ -442,9 +455,6 @@ class IclpFos(MultiColumn):
 
     def columns(self, params: Mapping[str, Any]) -> list[str]:
         return [*params["covariates"], params["response"]]
-
-    def release(self, plan: Any, columns: list[np.ndarray], rng: np.random.Generator) -> Any:
-        return plan.release(columns[:-1], columns[-1], rng)
 
     def summary(self, plan: Any, columns: list[np.ndarray]) -> Any:
         return plan.summary(columns[:-1], columns[-1])
@@ -593,7 +603,7 @@ class GpAdpMean(FunctionMechanism):
         raise NotImplementedError("gp.adp is planned from (epsilon, delta) by _gp_plan")
 
 
-class FrlKde(FunctionMechanism):
+class FrlKde(StreamingFunction):
     name = "frl.kde"
     label = "FRL density baseline"
     params_schema = params.FrlKdeSchema

@@ -126,6 +126,8 @@ def test_an_update_reads_chunks_and_an_empty_batch_adds_nothing() -> None:
     assert partial.rows == x.size and to_float(partial.parts["sum"][0]) == math.fsum(x)
     with pytest.raises(ValueError, match="1-D"):
         statistic.update(statistic.empty(), {"x": x.reshape(-1, 1)[:4]})
+    with pytest.raises(ValueError, match="1-D"):
+        statistic.update(statistic.empty(), {"x": np.float64(1.0)})
 
 
 def test_partials_round_trip_through_json_and_pickle_and_refuse_other_shapes() -> None:
