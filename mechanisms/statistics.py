@@ -179,6 +179,67 @@ class Statistic(abc.ABC):
         return partial.merge(added)
 
 
+@dataclass(frozen=True)
+class Joint(Statistic):
+    """Several statistics read together: each pass updates every unfinished member from
+    the same batch, so the rows are read once per pass of the longest member, not once per
+    member. A member that has finished keeps its last partial in the carry until the last
+    one finishes (``member`` gives each its own last partial back)."""
+
+    members: tuple[Statistic | None, ...]  # None: finished, its partial in ``done``
+    done: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def _active(self) -> Iterator[tuple[int, Statistic]]:
+        return ((i, m) for i, m in enumerate(self.members) if m is not None)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c for _, m in self._active() for c in m.columns))
+
+    def widths(self) -> Mapping[str, int]:
+        return {name: w for _, m in self._active() for name, w in m.widths().items()}
+
+    def sizes(self) -> Mapping[str, int]:
+        return {f"{i}/{k}": v for i, m in self._active() for k, v in m.sizes().items()}
+
+    def carried(self) -> Mapping[str, tuple[int, ...]]:
+        return {**self.done, **{f"{i}/{k}": v for i, m in self._active()
+                                for k, v in m.carried().items()}}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64] | Sequence[int]]:
+        return {f"{i}/{k}": v for i, m in self._active()
+                for k, v in m.reduce({c: chunk[c] for c in m.columns}).items()}
+
+    def then(self, partial: Partial) -> Statistic | None:
+        members: list[Statistic | None] = []
+        done = dict(self.done)
+        for i, m in enumerate(self.members):
+            following = None if m is None else m.then(self.member(partial, i))
+            if m is not None and following is None:
+                mine = self.member(partial, i)
+                done.update({f"done/{i}/parts/{k}": v for k, v in mine.parts.items()})
+                done.update({f"done/{i}/carry/{k}": v for k, v in mine.carry.items()})
+            members.append(following)
+        if all(m is None for m in members):
+            return None
+        return Joint(tuple(members), done)
+
+    @staticmethod
+    def member(partial: Partial, i: int) -> Partial:
+        """Member ``i``'s own partial of its last pass so far (``partial``: a pass's)."""
+        finished = f"done/{i}/"
+        if any(k.startswith(finished) for k in partial.carry):
+            def kept(kind: str) -> dict[str, tuple[int, ...]]:
+                head = f"{finished}{kind}/"
+                return {k[len(head):]: v for k, v in partial.carry.items()
+                        if k.startswith(head)}
+            return Partial(partial.rows, kept("parts"), kept("carry"))
+        head = f"{i}/"
+        return Partial(partial.rows,
+                       {k[len(head):]: v for k, v in partial.parts.items() if k.startswith(head)},
+                       {k[len(head):]: v for k, v in partial.carry.items() if k.startswith(head)})
+
+
 def _rows(x: np.ndarray, width: int | None) -> np.ndarray:
     """A wide column as (rows, width): Arrow gives a list column's rows as a 1-D array of
     arrays (``to_numpy``), the store as a 2-D array."""
