@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -17,11 +18,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from mechanisms import statistics
 from mechanisms.statistics import (
     CHUNK,
+    SCALE,
     Batch,
     Partial,
     Statistic,
+    column_sums,
     compute,
     float_sums,
     to_float,
@@ -49,6 +53,40 @@ def test_an_exact_sum_rounded_once_is_fsum(values: list[float]) -> None:
     reference = _fsum(values)
     assume(reference is not None and math.isfinite(reference))
     assert to_float(float_sums(np.array(values, dtype=np.float64))[0]) == reference
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 5).flatmap(lambda k: st.lists(st.lists(HARD, min_size=k, max_size=k),
+                                                    max_size=40).map(lambda r: (k, r))),
+       st.integers(1, 20))
+def test_column_sums_are_each_column_s_exact_sum(shape_rows: tuple[int, list[list[float]]],
+                                                 cells: int) -> None:
+    """The same integers as ``float_sums`` per column, however small the window of
+    exponents a table may hold (``cells``: every move of the window adds it up)."""
+    width, rows = shape_rows
+    values = np.array(rows, dtype=np.float64).reshape(len(rows), width)
+    expected = [float_sums(np.ascontiguousarray(values[:, k]))[0] for k in range(width)]
+    saved = statistics._TABLE_CELLS
+    try:
+        assert column_sums(values) == expected
+        statistics._TABLE_CELLS = cells
+        assert column_sums(values) == expected
+    finally:
+        statistics._TABLE_CELLS = saved
+
+
+def test_column_sums_of_many_chunks_and_a_wide_range_are_exact() -> None:
+    rng = np.random.default_rng(8)
+    values = rng.normal(size=(3 * CHUNK // 7 + 5, 7)) * 10.0 ** rng.integers(-320, 300,
+                                                                            (1, 7))
+    values[::5] *= 1e-300
+    values[1::9] = 0.0
+    for k, total in enumerate(column_sums(values)):
+        assert Fraction(total, 1 << SCALE) == sum(map(Fraction, values[:, k].tolist()))
+        assert to_float(total) == math.fsum(values[:, k])
+        assert to_float(total, 3) == float(Fraction(total, 3 << SCALE))  # rounded once
+    with pytest.raises(ValueError, match="finite"):
+        column_sums(np.array([[1.0, np.inf]]))
 
 
 @settings(max_examples=200, deadline=None)
@@ -127,7 +165,7 @@ def test_an_update_reads_chunks_and_an_empty_batch_adds_nothing() -> None:
     with pytest.raises(ValueError, match="1-D"):
         statistic.update(statistic.empty(), {"x": x.reshape(-1, 1)[:4]})
     with pytest.raises(ValueError, match="1-D"):
-        statistic.update(statistic.empty(), {"x": np.float64(1.0)})
+        statistic.update(statistic.empty(), {"x": np.array(1.0)})
 
 
 def test_partials_round_trip_through_json_and_pickle_and_refuse_other_shapes() -> None:
