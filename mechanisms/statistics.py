@@ -332,21 +332,26 @@ def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
 def column_sums(values: NDArray[np.float64]) -> list[int]:
     """Exact sum of each column of a finite (rows, K) array, in units of 2**-SCALE: the
     ``float_sums`` of every column at once (a functional column's cells, products of
-    columns). Reads max(1, CHUNK // K) rows at a time."""
+    columns). Reads BLOCK columns of max(1, CHUNK // BLOCK) rows at a time."""
     if values.ndim != 2:
         raise ValueError("column sums need a 2-D array")
     if not np.isfinite(values).all():
         raise ValueError("exact sums need finite values")
     rows, width = values.shape
-    table = _Table(width)
-    step = max(1, CHUNK // max(width, 1))
-    for start in range(0, rows if width else 0, step):
-        table.add(values[start:start + step])
-    return table.totals()
+    out: list[int] = []
+    for first in range(0, width, BLOCK):
+        block = values[:, first:first + BLOCK]
+        table = _Table(block.shape[1])
+        step = max(1, CHUNK // block.shape[1])
+        for start in range(0, rows, step):
+            table.add(block[start:start + step])
+        out += table.totals()
+    return out
 
 
-#: cells (columns x exponents) a ``_Table`` holds before it adds them into Python integers
-_TABLE_CELLS = 1 << 20
+#: columns ``column_sums`` tables at once: every exponent of BLOCK columns is at most
+#: 2**17 cells (int64 tables and float64 bin sums: a few MB), whatever the values
+BLOCK = (1 << 17) // _NEXP
 #: a mantissa M = H·2**27 + L with |H| < 2**26 and |L| < 2**27: float64 bin sums of fewer
 #: than 2**26 values of either are exact integers
 _SPLIT = 27
@@ -354,12 +359,11 @@ _SPLIT = 27
 
 class _Table:
     """Exact per-column sums of doubles: int64 bin totals of the two mantissa halves per
-    (column, exponent) over a window of exponents, added into Python integers only when
-    the window must move (or at the end), so the Python work is per window, not per row."""
+    (column, exponent) over the window of exponents met so far, added into Python integers
+    once at the end, so the Python work is per (column, exponent), not per row."""
 
     def __init__(self, width: int) -> None:
         self.width = width
-        self.out = [0] * width
         self.lo = self.hi = 0
         self.high = self.low = np.zeros((width, 0), dtype=np.int64)
 
@@ -389,13 +393,10 @@ class _Table:
         self.low[:, offset:offset + span] += lows.astype(np.int64).reshape(self.width, span)
 
     def _place(self, lo: int, hi: int) -> None:
-        """Make the window cover [lo, hi]: widen it, or add it up and start one there."""
+        """Widen the window to cover [lo, hi] (at most the _NEXP exponents)."""
         if self.high.shape[1] and self.lo <= lo and hi <= self.hi:
             return
         new_lo, new_hi = (min(lo, self.lo), max(hi, self.hi)) if self.high.shape[1] else (lo, hi)
-        if self.width * (new_hi - new_lo + 1) > _TABLE_CELLS:
-            self._flush()
-            new_lo, new_hi = lo, hi
         high = np.zeros((self.width, new_hi - new_lo + 1), dtype=np.int64)
         low = np.zeros_like(high)
         if self.high.shape[1]:
@@ -404,17 +405,14 @@ class _Table:
             low[:, at:at + self.low.shape[1]] = self.low
         self.lo, self.hi, self.high, self.low = new_lo, new_hi, high, low
 
-    def _flush(self) -> None:
-        """Add the window's bins into the Python totals and empty it."""
+    def totals(self) -> list[int]:
+        """Each column's exact sum in units of 2**-SCALE."""
+        out = [0] * self.width
         for k, j in zip(*(a.tolist() for a in np.nonzero(self.high | self.low)), strict=True):
             whole = (int(self.high[k, j]) << _SPLIT) + int(self.low[k, j])
             # M·2**(e−53) = M·2**(e − EMIN − SCALE): in units of 2**-SCALE, M shifted left
-            self.out[k] += whole << (self.lo + j - _EMIN)
-        self.high = self.low = np.zeros((self.width, 0), dtype=np.int64)
-
-    def totals(self) -> list[int]:
-        self._flush()
-        return self.out
+            out[k] += whole << (self.lo + j - _EMIN)
+        return out
 
 
 def to_float(total: int, divisor: int = 1) -> float:

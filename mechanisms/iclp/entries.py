@@ -128,11 +128,12 @@ class StreamingFunction(Priced, StreamingMechanism):
     streamed over batches of rows, the noise added to the coefficients of the merged
     partial (``publish``), the same output as the plan's release on whole columns."""
 
-    #: measured memory (``mechanisms.memory``), per row of the held row group and per
-    #: named cell (the clipped curves, the products' blocks), and the plans' calibrations
-    row_bytes = 80.0
+    #: measured memory (``mechanisms.memory``, ``tests/memory_probe.py``): per row of the
+    #: held row group and per named cell (the batch read, the clipped curves), and the
+    #: plans' calibrations with ``statistics.column_sums``' tables (at most a few MB)
+    row_bytes = 16.0
     cell_bytes = 48.0
-    fixed_bytes = 8 * 2**20
+    fixed_bytes = 9 * 2**20
 
     def statistic(self, params: Mapping[str, Any], cost: Budget,
                   meta: DatasetMeta) -> Statistic:
@@ -211,6 +212,8 @@ class FrlMean(StreamingFunction):
 
 
 class IclpKde(StreamingFunction):
+    #: measured memory: grid counts only (no exact float sums)
+    fixed_bytes = 2**20
     name = "iclp.kde"
     label = "ICLP-QR kernel density estimate"
     params_schema = params.IclpKdeSchema
@@ -369,6 +372,9 @@ def _share(value: Any, default: Fraction) -> Fraction:
 
 
 class IclpErm(MultiColumn):
+    #: measured memory: the grouped exact sums of the responses take more per row
+    row_bytes = 112.0
+    fixed_bytes = 3 * 2**20
     name = "iclp.erm"
     label = "ICLP-QR regularised ERM"
     params_schema = _fparams.IclpErmSchema
@@ -482,6 +488,8 @@ class IclpFos(MultiColumn):
 
 
 class IclpKde2d(MultiColumn):
+    #: measured memory: grid counts only (no exact float sums)
+    fixed_bytes = 2**20
     name = "iclp.kde2d"
     label = "ICLP-QR 2-D kernel density estimate"
     params_schema = _fparams.IclpKde2dSchema
@@ -604,6 +612,8 @@ class GpAdpMean(FunctionMechanism):
 
 
 class FrlKde(StreamingFunction):
+    #: measured memory: grid counts only (no exact float sums)
+    fixed_bytes = 2**20
     name = "frl.kde"
     label = "FRL density baseline"
     params_schema = params.FrlKdeSchema
