@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -332,87 +333,67 @@ def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
 def column_sums(values: NDArray[np.float64]) -> list[int]:
     """Exact sum of each column of a finite (rows, K) array, in units of 2**-SCALE: the
     ``float_sums`` of every column at once (a functional column's cells, products of
-    columns). Reads BLOCK columns of max(1, CHUNK // BLOCK) rows at a time."""
+    columns), reading max(1, CHUNK // K) rows at a time.
+
+    Error-free extraction (Rump, Ogita & Oishi 2008, ExtractVector): with σ = 2**e a power
+    of two, |x| <= 2**-b·σ and 2**b >= rows + 2, q = (σ + x) − σ is a multiple of 2**-53·σ
+    with x − q exact, so any sum of the rows' q is exact in float64 (below σ). Two levels
+    per column (σ from its largest |x|, then 2**(b − 53) times that) take its top 2·(53 − b)
+    bits, the whole of nearly every value; what is left (values far below their column's
+    largest, or columns near the top of the doubles) goes to ``float_sums``.
+    """
     if values.ndim != 2:
         raise ValueError("column sums need a 2-D array")
-    if not np.isfinite(values).all():
-        raise ValueError("exact sums need finite values")
     rows, width = values.shape
-    out: list[int] = []
-    for first in range(0, width, BLOCK):
-        block = values[:, first:first + BLOCK]
-        table = _Table(block.shape[1])
-        step = max(1, CHUNK // block.shape[1])
-        for start in range(0, rows, step):
-            table.add(block[start:start + step])
-        out += table.totals()
+    out = [0] * width
+    if rows == 0 or width == 0:
+        return out
+    step = max(1, CHUNK // width)
+    extracted, rest = np.empty((min(step, rows), width)), np.empty((min(step, rows), width))
+    top = np.zeros(width)
+    for start in range(0, rows, step):
+        chunk = np.abs(values[start:start + step], out=extracted[:min(step, rows - start)])
+        np.maximum(top, chunk.max(axis=0), out=top)
+    if not np.isfinite(top).all():  # the largest |x| of a column with NaN or ±inf
+        raise ValueError("exact sums need finite values")
+    bits = (rows + 1).bit_length()  # 2**bits >= rows + 2
+    first = np.frexp(top)[1].astype(np.int64) + bits  # σ = 2**first: |x| < 2**-bits·σ
+    # σ must be a normal double that σ + x cannot overflow: else the level keeps nothing
+    usable = [(first - level * (53 - bits) <= 1023) & (first - level * (53 - bits) >= -960)
+              for level in range(_LEVELS)]
+    for level in range(1, _LEVELS):  # a level reads the rest of the one before
+        usable[level] &= usable[level - 1]
+    sigmas = [np.where(ok, np.ldexp(1.0, np.where(ok, first - level * (53 - bits), 0)), 0.0)
+              for level, ok in enumerate(usable)]
+    kept = np.zeros((_LEVELS, width))
+    for start in range(0, rows, step):
+        chunk = values[start:start + step]
+        q, left = extracted[:chunk.shape[0]], rest[:chunk.shape[0]]
+        for level in range(_LEVELS):
+            np.add(chunk, sigmas[level], out=q)
+            q -= sigmas[level]
+            if not usable[level].all():
+                q[:, ~usable[level]] = 0.0
+            kept[level] += q.sum(axis=0)  # exact: multiples of 2**-53·σ, below σ
+            chunk = np.subtract(chunk, q, out=left)  # exact
+        if chunk.any():
+            where = np.flatnonzero(chunk)
+            left_over = float_sums(chunk.ravel()[where], (where % width).astype(np.int64),
+                                   width)
+            out = [a + b for a, b in zip(out, left_over, strict=True)]
+    for level in range(_LEVELS):
+        out = [a + _units(v) for a, v in zip(out, kept[level].tolist(), strict=True)]
     return out
 
 
-#: columns ``column_sums`` tables at once: every exponent of BLOCK columns is at most
-#: 2**17 cells (int64 tables and float64 bin sums: a few MB), whatever the values
-BLOCK = (1 << 17) // _NEXP
-#: a mantissa M = H·2**27 + L with |H| < 2**26 and |L| < 2**27: float64 bin sums of fewer
-#: than 2**26 values of either are exact integers
-_SPLIT = 27
+#: extraction levels of ``column_sums`` before the rest goes to ``float_sums``
+_LEVELS = 2
 
 
-class _Table:
-    """Exact per-column sums of doubles: int64 bin totals of the two mantissa halves per
-    (column, exponent) over the window of exponents met so far, added into Python integers
-    once at the end, so the Python work is per (column, exponent), not per row."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self.lo = self.hi = 0
-        self.high = self.low = np.zeros((width, 0), dtype=np.int64)
-
-    def add(self, chunk: NDArray[np.float64]) -> None:
-        """Add the rows of ``chunk`` (fewer than 2**26 rows, finite)."""
-        mantissa, exponent = np.frexp(chunk)
-        zero = mantissa == 0  # exponent 0: any bin, weight 0; kept out of the window
-        if zero.all():
-            return
-        if zero.any():
-            exponent[zero] = exponent[~zero].min()
-        lo, hi = int(exponent.min()), int(exponent.max())
-        span = hi - lo + 1
-        mantissa *= 2.0 ** (53 - _SPLIT)  # M / 2**27: exact
-        high = np.trunc(mantissa)
-        mantissa -= high
-        mantissa *= 2.0 ** _SPLIT  # L: exact
-        key = exponent.astype(np.intp)
-        key -= lo
-        key += (np.arange(self.width, dtype=np.intp) * span)[None, :]
-        cells = self.width * span
-        highs = np.bincount(key.ravel(), weights=high.ravel(), minlength=cells)
-        lows = np.bincount(key.ravel(), weights=mantissa.ravel(), minlength=cells)
-        self._place(lo, hi)
-        offset = lo - self.lo
-        self.high[:, offset:offset + span] += highs.astype(np.int64).reshape(self.width, span)
-        self.low[:, offset:offset + span] += lows.astype(np.int64).reshape(self.width, span)
-
-    def _place(self, lo: int, hi: int) -> None:
-        """Widen the window to cover [lo, hi] (at most the _NEXP exponents)."""
-        if self.high.shape[1] and self.lo <= lo and hi <= self.hi:
-            return
-        new_lo, new_hi = (min(lo, self.lo), max(hi, self.hi)) if self.high.shape[1] else (lo, hi)
-        high = np.zeros((self.width, new_hi - new_lo + 1), dtype=np.int64)
-        low = np.zeros_like(high)
-        if self.high.shape[1]:
-            at = self.lo - new_lo
-            high[:, at:at + self.high.shape[1]] = self.high
-            low[:, at:at + self.low.shape[1]] = self.low
-        self.lo, self.hi, self.high, self.low = new_lo, new_hi, high, low
-
-    def totals(self) -> list[int]:
-        """Each column's exact sum in units of 2**-SCALE."""
-        out = [0] * self.width
-        for k, j in zip(*(a.tolist() for a in np.nonzero(self.high | self.low)), strict=True):
-            whole = (int(self.high[k, j]) << _SPLIT) + int(self.low[k, j])
-            # M·2**(e−53) = M·2**(e − EMIN − SCALE): in units of 2**-SCALE, M shifted left
-            out[k] += whole << (self.lo + j - _EMIN)
-        return out
+def _units(value: float) -> int:
+    """A double exactly, in units of 2**-SCALE (frexp: value = m·2**e, e >= −1073)."""
+    mantissa, exponent = math.frexp(value)
+    return int(mantissa * 2.0**53) << (exponent - _EMIN) if value else 0
 
 
 def to_float(total: int, divisor: int = 1) -> float:
