@@ -130,10 +130,10 @@ class StreamingFunction(Priced, StreamingMechanism):
 
     #: measured memory (``mechanisms.memory``, ``tests/memory_probe.py``): per row of the
     #: held row group and per named cell (the batch read, the clipped curves), and the
-    #: plans' calibrations with ``statistics.column_sums``' tables (at most a few MB)
+    #: plans' calibrations with ``statistics.column_sums``' two chunks (1 MiB)
     row_bytes = 16.0
     cell_bytes = 48.0
-    fixed_bytes = 9 * 2**20
+    fixed_bytes = 4 * 2**20
 
     def statistic(self, params: Mapping[str, Any], cost: Budget,
                   meta: DatasetMeta) -> Statistic:
