@@ -133,3 +133,31 @@ def test_sums_products_are_the_exact_sums_of_the_rounded_products() -> None:
     for (i, j), total in zip(zip(*pairs, strict=True), got, strict=True):
         assert Fraction(total, 1 << SCALE) == sum(Fraction(float(v)) for v in a[:, i] * b[:, j])
         assert total / (1 << SCALE) == math.fsum(a[:, i] * b[:, j])
+
+
+@pytest.mark.parametrize("n", [1, 7, 300, 5000])
+def test_the_exact_summaries_are_within_the_calibrated_float_error_of_the_old_ones(
+        n: int) -> None:
+    """The non-private coefficients before the lattice (rounded once from exact sums) may
+    differ from the whole-column float accumulation they replace, by no more than the
+    float error the noise calibration already allows for (``mean.make_plan``,
+    ``cov.plan_iclp_cov``): the old formulas are the oracle here."""
+    from mechanisms.iclp import cov, domain, mean, spectral
+
+    columns = data(n, SEED)
+    grid, tau = meta(n).columns["f"].grid or (), 1.5
+    plan = mean.plan_iclp_mean(grid, tau, n, 1.5)
+    x = columns["f"]
+    old = plan.filter * ((domain.clipped_mean(x, plan.eig.weights, plan.tau)
+                          * plan.eig.weights) @ plan.basis)
+    size = math.sqrt(spectral.bessel_factor(plan.eig)) * tau * mean.TAU_SLACK
+    allowed = plan.filter * size * (n + len(grid) + 8) * 2.0**-52
+    assert np.all(np.abs(plan.summary(x) - old) <= allowed)
+
+    second = cov.plan_iclp_cov(grid, tau, n, 1.5, centred=False)
+    clipped = domain.clip_curves(x, second.eig.weights, tau)
+    xi = (clipped * second.eig.weights) @ second.eig.vectors[:, :second.components]
+    old = (second.filter * ((xi.T @ xi) / n)).ravel()
+    size = spectral.bessel_factor(second.eig) * (tau * mean.TAU_SLACK) ** 2
+    allowed = (second.filter * size).ravel() * (n + 2 * len(grid) + 16) * 2.0**-52
+    assert np.all(np.abs(second.summary(x) - old) <= allowed)
