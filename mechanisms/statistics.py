@@ -24,6 +24,11 @@ the equality on adversarial doubles: subnormals, huge and tiny mixed, ties). So 
 that used ``fsum`` over whole columns gives the same bits from any batches, whereas an
 fsum of per-batch fsums rounds twice and depends on the split.
 
+A column that holds several cells per row (a functional column's grid points) comes as
+(rows, width) batches (``Statistic.widths``), and ``column_sums`` gives the exact sums of
+every column of such a block at once (error-free extraction, the rest by ``float_sums``).
+``Joint`` reads several statistics together, each pass once for all of them.
+
 A statistic that needs a second look at the rows with a value from the first (the
 two-pass sample covariance centres on the mean; an exact median selects digit by digit,
 ``mechanisms.selection``) names the next pass with ``then``: the passes are a fixed,

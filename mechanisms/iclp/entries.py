@@ -3,8 +3,11 @@
 
 Each entry maps validated params + public metadata + ε to a plan of the
 library (``mean``, ``kde``, ``bernstein``); cost and accuracy come from the
-plan alone, ``run`` is the plan's release on the column. Cost equals the
-budget: the noise is calibrated to it.
+plan alone. Cost equals the budget: the noise is calibrated to it. A plan whose data
+pass is exact sums (``sums``: mean, kde, kde2d, cov, fos, erm) is a
+``StreamingFunction``: its statistic streams over batches of rows and ``release`` adds
+the noise to the merged partial's coefficients; the others (ar's soft thresholds, gp,
+bernstein) are ``FunctionMechanism``s whose ``run`` is the plan's release on the columns.
 """
 
 from __future__ import annotations
@@ -335,7 +338,7 @@ bernstein_kde = register(BernsteinKde())
 
 # --------------------------------------------------------------------------- functionals
 # ERM, covariance, function-on-scalar regression and the 2-D density (issue 16 item 2):
-# several columns each, so ``run`` hands the plan the columns it names.
+# several columns each, streamed in the order the plan's data pass reads them.
 
 from mechanisms.base import Work  # noqa: E402
 from mechanisms.iclp import cov as _cov  # noqa: E402
