@@ -335,10 +335,13 @@ def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
     return out
 
 
-def column_sums(values: NDArray[np.float64]) -> list[int]:
+def column_sums(values: NDArray[np.float64], scale: NDArray[np.float64] | None = None
+                ) -> list[int]:
     """Exact sum of each column of a finite (rows, K) array, in units of 2**-SCALE: the
     ``float_sums`` of every column at once (a functional column's cells, products of
-    columns), reading max(1, CHUNK // K) rows at a time.
+    columns), reading max(1, CHUNK // K) rows at a time. ``scale``: a factor per row,
+    each product rounded as ``values * scale[:, None]`` rounds it (clipped curves,
+    without a copy of the rows).
 
     Error-free extraction (Rump, Ogita & Oishi 2008, ExtractVector): with σ = 2**e a power
     of two, |x| <= 2**-b·σ and 2**b >= rows + 2, q = (σ + x) − σ is a multiple of 2**-53·σ
@@ -354,10 +357,20 @@ def column_sums(values: NDArray[np.float64]) -> list[int]:
     if rows == 0 or width == 0:
         return out
     step = max(1, CHUNK // width)
-    extracted, rest = np.empty((min(step, rows), width)), np.empty((min(step, rows), width))
+    extracted, rest, scaled = (np.empty((min(step, rows), width)) for _ in range(3))
+
+    def rows_of(start: int) -> NDArray[np.float64]:
+        chunk = values[start:start + step]
+        if scale is None:
+            return chunk
+        out: NDArray[np.float64] = np.multiply(chunk, scale[start:start + step, None],
+                                               out=scaled[:chunk.shape[0]])
+        return out
+
     top = np.zeros(width)
     for start in range(0, rows, step):
-        chunk = np.abs(values[start:start + step], out=extracted[:min(step, rows - start)])
+        chunk = rows_of(start)
+        chunk = np.abs(chunk, out=extracted[:chunk.shape[0]])
         np.maximum(top, chunk.max(axis=0), out=top)
     if not np.isfinite(top).all():  # the largest |x| of a column with NaN or ±inf
         raise ValueError("exact sums need finite values")
@@ -372,7 +385,7 @@ def column_sums(values: NDArray[np.float64]) -> list[int]:
               for level, ok in enumerate(usable)]
     kept = np.zeros((_LEVELS, width))
     for start in range(0, rows, step):
-        chunk = values[start:start + step]
+        chunk = rows_of(start)
         q, left = extracted[:chunk.shape[0]], rest[:chunk.shape[0]]
         for level in range(_LEVELS):
             np.add(chunk, sigmas[level], out=q)

@@ -127,7 +127,9 @@ class MeanPlan:
         return (int(self.grid.size),)
 
     def reduce(self, *columns: np.ndarray) -> dict[str, list[int]]:
-        return {"sums": column_sums(sums.clipped(columns[0], self.eig.weights, self.tau))}
+        x, factor = domain.clip_factors(np.asarray(columns[0], dtype=np.float64),
+                                        self.eig.weights, self.tau)
+        return {"sums": column_sums(x, factor)}  # the clipped curves, not copied
 
     def statistic(self, column: str) -> sums.PlanPass:
         return sums.PlanPass(self, (column,))

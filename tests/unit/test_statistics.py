@@ -65,6 +65,18 @@ def test_column_sums_are_each_column_s_exact_sum(
                                    for k in range(width)]
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda k: st.lists(
+    st.tuples(st.lists(HARD, min_size=k, max_size=k), st.floats(0.0, 1.0)), max_size=30)))
+def test_column_sums_of_scaled_rows_are_those_of_the_products(
+        rows: list[tuple[list[float], float]]) -> None:
+    """A factor per row (clipped curves): each product rounded as numpy rounds it."""
+    width = len(rows[0][0]) if rows else 1
+    values = np.array([r for r, _ in rows], dtype=np.float64).reshape(len(rows), width)
+    scale = np.array([f for _, f in rows], dtype=np.float64)
+    assert column_sums(values, scale) == column_sums(values * scale[:, None])
+
+
 def test_column_sums_of_many_chunks_and_a_wide_range_are_exact() -> None:
     """Several chunks of rows; columns of every scale (subnormal, near the largest double:
     no extraction there), values far below their column's largest (left to float_sums)."""
