@@ -50,6 +50,7 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Fraction]]] = [
                                              "value": ["A", "C"]}, "bits": 2},
         {"statistic": "max", "column": "k", "bits": 1},
         {"statistic": "sum", "column": "b", "bits": 2}]}, BITS),
+    ("frl.kde", {"column": "x", "grid_size": 50}, EPS),
 ]
 IDS = [f"{i}-{name}" for i, (name, _, _) in enumerate(CASES)]
 SEED = 20261129
