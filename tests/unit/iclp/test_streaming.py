@@ -109,7 +109,7 @@ def test_a_list_column_as_arrow_gives_it_is_read_as_its_rows() -> None:
 def test_a_vector_reads_the_rows_once_per_pass_of_its_longest_query() -> None:
     """Six passes for the median, not 1 + 6 + 1 + 6 + 1 reads: the finished members ride
     in the carry."""
-    mech, params, cost = _setup(len(CASES) - 1, 50)
+    mech, params, cost = _setup([name for name, _, _ in CASES].index("noiseless.vector"), 50)
     statistic = mech.statistic(params, cost, meta(50))
     assert isinstance(statistic, Joint)
     reads = []
