@@ -338,10 +338,46 @@ def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
 def column_sums(values: NDArray[np.float64], scale: NDArray[np.float64] | None = None
                 ) -> list[int]:
     """Exact sum of each column of a finite (rows, K) array, in units of 2**-SCALE: the
-    ``float_sums`` of every column at once (a functional column's cells, products of
-    columns), reading max(1, CHUNK // K) rows at a time. ``scale``: a factor per row,
-    each product rounded as ``values * scale[:, None]`` rounds it (clipped curves,
-    without a copy of the rows).
+    ``float_sums`` of every column at once (a functional column's cells). ``scale``: a
+    factor per row, each product rounded as ``values * scale[:, None]`` rounds it (clipped
+    curves, without a copy of the rows)."""
+    if values.ndim != 2:
+        raise ValueError("column sums need a 2-D array")
+
+    def block(start: int, stop: int) -> NDArray[np.float64]:
+        chunk = values[start:stop]
+        return chunk if scale is None else chunk * scale[start:stop, None]
+
+    return _exact_columns(block, values.shape[0], values.shape[1])
+
+
+def product_sums(left: NDArray[np.float64], right: NDArray[np.float64],
+                 pairs: tuple[NDArray[np.intp], NDArray[np.intp]]) -> list[int]:
+    """Exact sums over the rows of left[:, a]·right[:, b] for each pair (a, b) of
+    ``pairs``, each product rounded per row as numpy rounds it (second moments, cross
+    products), in units of 2**-SCALE; the products are formed a chunk at a time."""
+    if left.ndim != 2 or right.ndim != 2 or left.shape[0] != right.shape[0]:
+        raise ValueError("product sums need two 2-D arrays of the same rows")
+
+    def block(start: int, stop: int) -> NDArray[np.float64]:
+        with np.errstate(over="ignore"):  # an infinite product is refused as not finite
+            out: NDArray[np.float64] = left[start:stop, pairs[0]] * right[start:stop,
+                                                                         pairs[1]]
+        return out
+
+    top = None
+    if left.shape[0]:  # |fl(a·b)| <= fl(max|a|·max|b|): a bound without forming them twice
+        with np.errstate(over="ignore", invalid="ignore"):
+            bound = np.abs(left).max(axis=0)[pairs[0]] * np.abs(right).max(axis=0)[pairs[1]]
+        top = bound if np.isfinite(bound).all() else None
+    return _exact_columns(block, left.shape[0], int(pairs[0].size), top)
+
+
+def _exact_columns(block: Callable[[int, int], NDArray[np.float64]], rows: int,
+                   width: int, top: NDArray[np.float64] | None = None) -> list[int]:
+    """Exact column sums of the (rows, width) array ``block(start, stop)`` gives by rows,
+    read max(1, CHUNK // width) rows at a time (twice, unless ``top`` bounds each
+    column's |x|: the largest |x|, then the sums).
 
     Error-free extraction (Rump, Ogita & Oishi 2008, ExtractVector): with σ = 2**e a power
     of two, |x| <= 2**-b·σ and 2**b >= rows + 2, q = (σ + x) − σ is a multiple of 2**-53·σ
@@ -350,28 +386,14 @@ def column_sums(values: NDArray[np.float64], scale: NDArray[np.float64] | None =
     bits, the whole of nearly every value; what is left (values far below their column's
     largest, or columns near the top of the doubles) goes to ``float_sums``.
     """
-    if values.ndim != 2:
-        raise ValueError("column sums need a 2-D array")
-    rows, width = values.shape
     out = [0] * width
     if rows == 0 or width == 0:
         return out
     step = max(1, CHUNK // width)
-    extracted, rest, scaled = (np.empty((min(step, rows), width)) for _ in range(3))
-
-    def rows_of(start: int) -> NDArray[np.float64]:
-        chunk = values[start:start + step]
-        if scale is None:
-            return chunk
-        out: NDArray[np.float64] = np.multiply(chunk, scale[start:start + step, None],
-                                               out=scaled[:chunk.shape[0]])
-        return out
-
-    top = np.zeros(width)
-    for start in range(0, rows, step):
-        chunk = rows_of(start)
-        chunk = np.abs(chunk, out=extracted[:chunk.shape[0]])
-        np.maximum(top, chunk.max(axis=0), out=top)
+    if top is None:
+        top = np.zeros(width)
+        for start in range(0, rows, step):
+            np.maximum(top, np.abs(block(start, start + step)).max(axis=0), out=top)
     if not np.isfinite(top).all():  # the largest |x| of a column with NaN or ±inf
         raise ValueError("exact sums need finite values")
     bits = (rows + 1).bit_length()  # 2**bits >= rows + 2
@@ -383,9 +405,10 @@ def column_sums(values: NDArray[np.float64], scale: NDArray[np.float64] | None =
         usable[level] &= usable[level - 1]
     sigmas = [np.where(ok, np.ldexp(1.0, np.where(ok, first - level * (53 - bits), 0)), 0.0)
               for level, ok in enumerate(usable)]
+    extracted, rest = (np.empty((min(step, rows), width)) for _ in range(2))
     kept = np.zeros((_LEVELS, width))
     for start in range(0, rows, step):
-        chunk = rows_of(start)
+        chunk = block(start, start + step)
         q, left = extracted[:chunk.shape[0]], rest[:chunk.shape[0]]
         for level in range(_LEVELS):
             np.add(chunk, sigmas[level], out=q)
@@ -404,7 +427,7 @@ def column_sums(values: NDArray[np.float64], scale: NDArray[np.float64] | None =
     return out
 
 
-#: extraction levels of ``column_sums`` before the rest goes to ``float_sums``
+#: extraction levels of ``_exact_columns`` before the rest goes to ``float_sums``
 _LEVELS = 2
 
 

@@ -30,7 +30,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.iclp import domain, erm, mean, noise, pss, spectral, sums
 from mechanisms.iclp.kernels import Kernel
-from mechanisms.statistics import Partial, check_rows, column_sums, whole
+from mechanisms.statistics import Partial, check_rows, column_sums, product_sums, whole
 
 #: largest grid of a covariance release (M² output values, J² noisy coefficients)
 MAX_COV_GRID = 200
@@ -134,7 +134,7 @@ class CovPlan:
 
     def reduce(self, *columns: np.ndarray) -> dict[str, list[int]]:
         x = sums.clipped(columns[0], self.eig.weights, self.tau)
-        out = {"moment": sums.products(x, x, np.triu_indices(self.grid.size))}
+        out = {"moment": product_sums(x, x, np.triu_indices(self.grid.size))}
         if self.mean_plan is not None:  # the same clipping (grid, weights and τ)
             out["sums"] = column_sums(x)
         return out

@@ -33,7 +33,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.iclp import cov, domain, erm, mean, noise, pss, spectral, sums
 from mechanisms.iclp.kernels import Kernel
-from mechanisms.statistics import Partial, check_rows, whole
+from mechanisms.statistics import Partial, check_rows, product_sums, whole
 
 DEFAULT_GRAM_SHARE = Fraction(1, 4)
 MAX_COVARIATES = 10
@@ -109,8 +109,8 @@ class FosPlan:
         y = sums.clipped(columns[-1], self.eig.weights, self.tau)
         m = int(self.grid.size)
         cross = (np.repeat(np.arange(self.p), m), np.tile(np.arange(m), self.p))
-        return {"gram": sums.products(x, x, np.triu_indices(self.p)),
-                "cross": sums.products(x, y, cross)}
+        return {"gram": product_sums(x, x, np.triu_indices(self.p)),
+                "cross": product_sums(x, y, cross)}
 
     def statistic(self, covariates: Sequence[str], response: str) -> sums.PlanPass:
         return sums.PlanPass(self, (*covariates, response))

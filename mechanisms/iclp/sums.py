@@ -6,8 +6,9 @@ noise added after it: the mean (column sums of the clipped curves), the covarian
 (products of clipped covariates, and of covariates and clipped curves), the densities
 (records per grid point or cell) and ERM (per grid point: records and responses). A plan
 names them (``Summed.sizes``) and reads one chunk of rows into exact integers
-(``Summed.reduce``): counts, or exact sums of doubles (``statistics.column_sums``), each
-term rounded per row as the whole-column code rounded it. So any split of the rows gives
+(``Summed.reduce``): counts, or exact sums of doubles (``statistics.column_sums`` and
+``product_sums``), each term rounded per row as the whole-column code rounded it. So any
+split of the rows gives
 the same partial, bit for bit, and the plan's ``coefficients`` round its exact totals
 once (the old float accumulation erred by up to n ulps, inside the plans' error bounds,
 which these sums only tighten). ``PlanPass`` is the one ``Statistic`` for all of them.
@@ -23,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mechanisms.iclp import domain
-from mechanisms.statistics import CHUNK, Batch, Partial, Statistic, column_sums, to_float
+from mechanisms.statistics import Batch, Partial, Statistic, to_float
 
 
 class Summed(Protocol):
@@ -72,16 +73,3 @@ def totals(partial: Partial, name: str, n: int) -> NDArray[np.float64]:
 def clipped(curves: np.ndarray, weights: NDArray[np.float64], tau: float) -> NDArray[np.float64]:
     """Rows of curves clipped to norm τ (``domain.clip_curves``: per row, so per batch)."""
     return domain.clip_curves(np.asarray(curves, dtype=np.float64), weights, tau)
-
-
-def products(left: NDArray[np.float64], right: NDArray[np.float64],
-             pairs: tuple[NDArray[np.intp], NDArray[np.intp]]) -> list[int]:
-    """Exact sums over the rows of left[:, a]·right[:, b] for each pair (a, b) of
-    ``pairs``, the products rounded per row; reads CHUNK products at a time."""
-    count = pairs[0].size
-    out = [0] * count
-    step = max(1, CHUNK // max(count, 1))
-    for start in range(0, left.shape[0] if count else 0, step):
-        block = left[start:start + step, pairs[0]] * right[start:start + step, pairs[1]]
-        out = [a + b for a, b in zip(out, column_sums(block), strict=True)]
-    return out

@@ -27,6 +27,7 @@ from mechanisms.statistics import (
     column_sums,
     compute,
     float_sums,
+    product_sums,
     to_float,
     whole,
 )
@@ -75,6 +76,23 @@ def test_column_sums_of_scaled_rows_are_those_of_the_products(
     values = np.array([r for r, _ in rows], dtype=np.float64).reshape(len(rows), width)
     scale = np.array([f for _, f in rows], dtype=np.float64)
     assert column_sums(values, scale) == column_sums(values * scale[:, None])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(HARD, HARD, HARD), max_size=30))
+def test_product_sums_are_the_column_sums_of_the_products(
+        rows: list[tuple[float, float, float]]) -> None:
+    """Pairs of two columns' products (a bound from the columns' largest |x|, or their
+    own largest when that bound overflows); products beyond the doubles are refused."""
+    values = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
+    pairs = (np.array([0, 0, 1, 2]), np.array([0, 1, 2, 2]))
+    with np.errstate(over="ignore"):
+        products = values[:, pairs[0]] * values[:, pairs[1]]
+    if not np.isfinite(products).all():
+        with pytest.raises(ValueError, match="finite"):
+            product_sums(values, values, pairs)
+        return
+    assert product_sums(values, values, pairs) == column_sums(products)
 
 
 def test_column_sums_of_many_chunks_and_a_wide_range_are_exact() -> None:

@@ -23,9 +23,8 @@ from hypothesis import strategies as st
 
 from mechanisms import memory, registry
 from mechanisms.base import StreamingMechanism
-from mechanisms.iclp import sums
 from mechanisms.selection import PASSES
-from mechanisms.statistics import SCALE, Joint, Partial, compute_over, whole
+from mechanisms.statistics import SCALE, Joint, Partial, compute_over, product_sums, whole
 from tests.unit.iclp.streaming_cases import CASES, IDS, SEED, data, meta, outputs
 from tests.unit.streams import batches, streamed
 
@@ -124,12 +123,12 @@ def test_a_vector_reads_the_rows_once_per_pass_of_its_longest_query() -> None:
     assert Joint.member(partial, 0).parts.keys() == {"total"}
 
 
-def test_sums_products_are_the_exact_sums_of_the_rounded_products() -> None:
+def test_product_sums_are_the_exact_sums_of_the_rounded_products() -> None:
     rng = np.random.default_rng(4)
     a = rng.normal(size=(300, 3)) * 10.0 ** rng.integers(-150, 150, (300, 3))
     b = rng.normal(size=(300, 4))
     pairs = (np.repeat(np.arange(3), 4), np.tile(np.arange(4), 3))
-    got = sums.products(a, b, pairs)
+    got = product_sums(a, b, pairs)
     for (i, j), total in zip(zip(*pairs, strict=True), got, strict=True):
         assert Fraction(total, 1 << SCALE) == sum(Fraction(float(v)) for v in a[:, i] * b[:, j])
         assert total / (1 << SCALE) == math.fsum(a[:, i] * b[:, j])
