@@ -246,6 +246,40 @@ def test_a_file_that_is_not_a_stored_dataset_fails_the_job(
     assert "has null cells" in str(failed.value.__cause__)
 
 
+def test_the_iclp_mean_of_a_list_column_is_the_embedded_partial_and_release(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A functional column as a Parquet fixed-size list (Arrow hands its rows to the
+    statistic as row arrays): the clipped curves' exact column sums Spark merges from its
+    tasks are the embedded ones, bit for bit, and so is the released mean. (The engine
+    plans from the footers' leaf names, so the list's item keeps the column's name.)"""
+    rng = np.random.default_rng(30)
+    n, grid = 700, 6
+    curves = np.sin(np.linspace(0.0, 3.0, grid))[None, :] + rng.normal(size=(n, grid))
+    curves[::9] *= 40.0  # clipped
+    curves[::7] *= 1e-250  # tiny next to the others: exact sums only
+    curves[3, 2] = np.nan
+    paths = []
+    for i, (a, b) in enumerate(((0, 250), (250, 250), (250, n))):
+        cells = pa.FixedSizeListArray.from_arrays(
+            pa.array(curves[a:b].ravel()), type=pa.list_(pa.field("c0", pa.float64()), grid))
+        path = str(tmp_path / f"curves-{i}.parquet")
+        pq.write_table(pa.table({"c0": cells}), path, row_group_size=100,
+                       use_compliant_nested_type=False)
+        paths.append(path)
+    meta = DatasetMeta(n, {"f": ColumnMeta("f", "functional", grid=tuple(
+        np.linspace(0.0, 1.0, grid).tolist()), norm_bound=2.0)})
+    mech = registry.get("iclp.mean")
+    assert isinstance(mech, StreamingMechanism)
+    params = mech.load_params({"column": "f"})
+    cost = mech.cost(params, {"epsilon": Fraction(2)}, meta)
+    statistic = mech.statistic(params, cost, meta)
+    last, partial = compute_on_spark(spark, statistic, paths, {"f": "c0"}, task_rows=200)
+    assert partial == compute(statistic, [{"f": curves}])[1]
+    released = mech.release(params, partial, cost, meta, np.random.default_rng(3), last)
+    assert repr(released) == repr(mech.run({"f": curves}, params, cost, meta,
+                                           np.random.default_rng(3)))
+
+
 @settings(max_examples=4, deadline=None)
 @given(n=st.integers(1, 400), seed=st.integers(0, 2**32 - 1), data=st.data())
 def test_any_split_into_files_and_row_groups_gives_the_same_partial(
