@@ -6,9 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from flask import Flask
 
-from service.api.manual import script_hashes
+from service.api.manual import manual_dir, script_hashes
+from tests.conftest import ROOT
 from tests.manual_site import build
 
 
@@ -59,3 +61,14 @@ def test_an_unbuilt_manual_says_how_to_build_it(app: Flask, tmp_path: Path,
         answer = app.test_client().get(path)
         assert answer.status_code == 404
         assert re.search(r"not built: run `make docs`", answer.get_json()["detail"]), path
+
+
+def test_the_manual_is_looked_for_where_make_docs_builds_it(
+        app: Flask, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mkdocs.yml's site_dir, at the root of the checkout, unless configured."""
+    monkeypatch.delitem(app.config, "PRIVRELEASE_MANUAL_DIR", raising=False)
+    monkeypatch.delenv("PRIVRELEASE_MANUAL_DIR", raising=False)
+    site_dir = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["site_dir"]
+    assert manual_dir(app) == ROOT / site_dir
+    monkeypatch.setenv("PRIVRELEASE_MANUAL_DIR", "/srv/manual")
+    assert manual_dir(app) == Path("/srv/manual")
