@@ -625,6 +625,9 @@ class RecordMechanism(Mechanism):
             meta: DatasetMeta, rng: np.random.Generator) -> Output:
         if not self.mappable(params, meta):
             return self.run_whole(data, params, cost, meta, rng)
+        for name, values in data.items():  # a partitioned run counts the rows it read
+            if np.ndim(values) == 0 or len(values) != meta.n_rows:
+                raise ValueError(f"column {name!r} does not have n_rows entries")
         statistic = self.fit_statistic(params, cost, meta)
         partial = None if statistic is None else compute(statistic, [data])[1]
         model = self.fit(params, partial, cost, meta, rng)
