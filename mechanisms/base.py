@@ -586,6 +586,12 @@ class RecordMechanism(Mechanism):
         """Whether a release of these params is a row map (public inputs only)."""
         return True
 
+    def mapped_columns(self, params: Mapping[str, Any], meta: DatasetMeta) -> tuple[str, ...]:
+        """The columns ``privatize`` reads (default: ``params.columns``, else
+        ``params.column``)."""
+        names = params.get("columns")
+        return tuple(names) if names is not None else (str(params["column"]),)
+
     def fit_statistic(self, params: Mapping[str, Any], cost: Budget,
                       meta: DatasetMeta) -> Statistic | None:
         """The first pass the fit reads (None: the model needs no data)."""
