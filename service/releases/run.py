@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -37,8 +37,9 @@ import mechanisms
 import mechanisms.memory
 import mechanisms.precompute
 import mechanisms.rows
-from mechanisms.base import StreamingMechanism
-from mechanisms.rng import secure_generator
+from mechanisms import record_maps
+from mechanisms.base import RecordMechanism, StreamingMechanism
+from mechanisms.rng import job_secret, secure_generator
 from mechanisms.statistics import compute_over
 from service import datasets
 from service.engines.spark import compute_on_spark
@@ -382,7 +383,9 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
 
 def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None
          ) -> tuple[mechanisms.Output, str]:
-    """The mechanism's output and the engine that read the data. A streaming mechanism
+    """The mechanism's output and the engine that read the data. A record-level row map
+    (``RecordMechanism``) fits on the row groups and maps each with its own generator
+    from a fresh job secret (``mechanisms.record_maps``). A streaming mechanism
     reads the version's row groups, each pass the columns it needs (memory: one batch,
     whatever the rows): on Spark (``spark_remote``) when the version is Parquet that
     Spark's workers read as this process would, else here; any other mechanism reads the
@@ -390,6 +393,14 @@ def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None
     passes over one batch, and its partials are exact whatever the batches). The engine
     is the operator's setting and the stored format: public, never the data's choice."""
     mech, rng = job.mechanism, secure_generator(job.seed)
+    if isinstance(mech, RecordMechanism) and mech.mappable(job.params, job.meta):
+        # a row map: one partition per row group, each with its own generator
+        def read(columns: Sequence[str]) -> Iterator[Mapping[str, np.ndarray]]:
+            return store.batches(job.dataset_id, job.version, columns)
+
+        mapped = record_maps.fit(mech, read, job.params, job.cost, job.meta, rng,
+                                 job_secret(job.seed))
+        return record_maps.release(mapped, read(mapped.columns)), engine_name(None)
     if not isinstance(mech, StreamingMechanism):
         _, columns = store.load(job.dataset_id, job.version)
         return mech.run(columns, job.params, job.cost, job.meta, rng), engine_name(None)
