@@ -582,6 +582,10 @@ class RecordMechanism(Mechanism):
     themselves): those run whole columns through ``run_whole``.
     """
 
+    #: the table column holding each record's dataset row (``Output.row_column``), which
+    #: an engine ordering the records replaces by their released positions; None: none
+    record_row_column: ClassVar[str | None] = None
+
     def mappable(self, params: Mapping[str, Any], meta: DatasetMeta) -> bool:
         """Whether a release of these params is a row map (public inputs only)."""
         return True

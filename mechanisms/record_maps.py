@@ -59,10 +59,19 @@ class MapJob:
 def fit(mechanism: RecordMechanism, read: Callable[[Sequence[str]], Iterable[Batch]],
         params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
         rng: np.random.Generator, secret: bytes) -> MapJob:
-    """The fit statistic over ``read(columns)`` (each pass reads afresh), the model with
-    noise from ``rng``: the job every partition runs."""
+    """``fit_from`` with the fit statistic's passes over ``read(columns)`` (the rows
+    afresh for each pass: ``statistics.compute_over``)."""
+    return fit_from(mechanism, lambda statistic: compute_over(statistic, read)[1], params,
+                    cost, meta, rng, secret)
+
+
+def fit_from(mechanism: RecordMechanism, partial_of: Callable[[Statistic], Partial],
+             params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+             rng: np.random.Generator, secret: bytes) -> MapJob:
+    """The fit statistic's last partial (``partial_of``: all its passes, on any engine),
+    the model with noise from ``rng``: the job every partition runs."""
     statistic = mechanism.fit_statistic(params, cost, meta)
-    partial = None if statistic is None else compute_over(statistic, read)[1]
+    partial = None if statistic is None else partial_of(statistic)
     model = mechanism.fit(params, partial, cost, meta, rng)
     return MapJob(mechanism, params, cost, meta, model, secret)
 
@@ -83,6 +92,8 @@ def release(job: MapJob, partitions: Iterable[Batch]) -> Output:
     if start != job.meta.n_rows:  # the rows read are the public count, or it was not whole
         raise ValueError("the partitions do not hold n_rows rows")
     output = job.describe(released)
+    if output.row_column != job.mechanism.record_row_column:
+        raise AssertionError("the output's row column is not the one the mechanism declares")
     return dataclasses.replace(output, table=concatenate(parts))
 
 

@@ -184,6 +184,32 @@ def permute(table: Mapping[str, np.ndarray], key: RowKey | bytes, n_rows: int,
     return out
 
 
+#: rows whose values ``bucket_counts`` computes at a time (memory: 8 bytes each)
+COUNT_ROWS = 1 << 20
+
+
+def buckets_of(values: NDArray[np.uint64], bits: int) -> NDArray[np.int64]:
+    """Each value's bucket among 2**bits: its top ``bits`` bits, so every value of bucket
+    b is below every value of bucket b + 1 and the order is the buckets' in turn, each
+    sorted (an engine sorts buckets apart, without gathering the rows)."""
+    if not 0 <= bits <= 32:
+        raise ValueError("bits must be in [0, 32]")
+    if bits == 0:
+        return np.zeros(values.shape, dtype=np.int64)
+    return (values >> np.uint64(64 - bits)).astype(np.int64)
+
+
+def bucket_counts(key: RowKey | bytes, n: int, bits: int) -> NDArray[np.int64]:
+    """Rows 0..n-1 per bucket of ``buckets_of`` (from the key alone, no data: the
+    released positions of each bucket start at the sum of the counts before it)."""
+    counts = np.zeros(1 << bits, dtype=np.int64)
+    for start in range(0, n, COUNT_ROWS):
+        stop = min(n, start + COUNT_ROWS)
+        counts += np.bincount(buckets_of(sort_keys(key, stop, start), bits),
+                              minlength=1 << bits)
+    return counts
+
+
 def statement(permuted: bool, row_column: str | None = None) -> str:
     """What the guarantee and ``result.row_order`` say about the order."""
     if not permuted:

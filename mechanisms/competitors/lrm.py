@@ -84,6 +84,7 @@ class LrmMechanism(PerColumnMechanism, RecordMechanism):
     fixed_bytes = 4 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
+    record_row_column = ROW_COLUMN
 
     name = "lrm"
     params_schema = LrmParamsSchema

@@ -231,6 +231,7 @@ class DipMechanism(RecordMechanism):
     fixed_bytes = 16 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
+    record_row_column = ROW_COLUMN
 
     name = "dip"
     measures = ("epsilon",)
