@@ -84,12 +84,14 @@ class Order:
         return max(1, -(-self.n_rows // (1 << self.bits)))
 
 
-def plan_order(key: rows.RowKey | None, n_rows: int, row_column: str | None) -> Order:
-    """The buckets of ``n_rows`` rows (public) and the records before each (from the key
-    alone, or the row count in row order); a key must be seekable (v2)."""
+def plan_order(key: rows.RowKey | None, n_rows: int, row_column: str | None,
+               bucket_rows: int = BUCKET_ROWS) -> Order:
+    """The buckets of ``n_rows`` rows (public; ``bucket_rows`` a bucket on average) and
+    the records before each (from the key alone, or the row count in row order); a key
+    must be seekable (v2)."""
     if key is not None and not key.seekable:
         raise ValueError("a v1 row order is one sequential stream: it has no partitions")
-    buckets = max(1, -(-n_rows // BUCKET_ROWS))
+    buckets = max(1, -(-n_rows // bucket_rows))
     bits = max(0, math.ceil(math.log2(buckets)))
     if key is not None:
         counts = rows.bucket_counts(key, n_rows, bits)

@@ -1,0 +1,133 @@
+"""Record-level releases on Spark (``service.engines.spark_records``) against a local Spark
+Connect server: the same job secret gives the embedded release's records, in the
+dataset's v2 secret order (``rows.permute``), stored as parts that read back as one table.
+
+Small on purpose (two row groups, a few buckets): one local server for the module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+
+from mechanisms import ColumnMeta, DatasetMeta, get, record_maps, rows
+from mechanisms.base import RecordMechanism
+from mechanisms.rng import job_secret, secure_generator
+from service.engines import spark_records
+from service.engines.spark_session import spark_session, stop
+from service.storage.dataset_files import DatasetStore
+from service.storage.objects import LocalStore
+from service.storage.release_tables import OutputStore
+
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession
+
+pytestmark = pytest.mark.spark
+
+REMOTE = "local[2]"
+#: two row groups of the store (65,536 rows) and a part
+N = (1 << 16) + 4321
+META = DatasetMeta(N, {"x": ColumnMeta("x", "continuous", (0.0, 10.0)),
+                       "k": ColumnMeta("k", "integer", (0, 20)),
+                       "c": ColumnMeta("c", "categorical", categories=("a", "b", "c"))})
+KEY = rows.RowKey(bytes(range(32)), rows.V2)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session(REMOTE)
+    yield session
+    stop(REMOTE)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[DatasetStore, OutputStore]:
+    root: Path = tmp_path_factory.mktemp("objects")
+    objects = LocalStore(root)
+    store = DatasetStore(objects, staging_dir=root / ".staging")
+    rng = np.random.default_rng(11)
+    store.write("ds_rec", 1, {"kind": "test"}, {
+        "x": rng.gamma(2.0, 1.5, N), "k": rng.integers(0, 21, N), "c": rng.integers(0, 3, N)})
+    return store, OutputStore(objects, root / ".staging")
+
+
+def _embedded(store: DatasetStore, mech: RecordMechanism, params: Any, cost: Any,
+              key: rows.RowKey | None) -> tuple[Any, dict[str, np.ndarray]]:
+    """The embedded release (the worker's path) in its released order."""
+    def read(columns: Any) -> Any:
+        return store.batches("ds_rec", 1, columns)
+
+    job = record_maps.fit(mech, read, params, cost, META, secure_generator(8), job_secret(8))
+    out = record_maps.release(job, read(job.columns))
+    assert out.table is not None
+    table = dict(out.table) if key is None else rows.permute(out.table, key, N, out.row_column)
+    return out, table
+
+
+@pytest.mark.parametrize(("name", "raw", "budget", "key", "bucket_rows"), [
+    ("dip", {"columns": ["x", "c"]}, {"epsilon": Fraction(2)}, KEY, 8192),
+    ("lrm", {"columns": ["x", "k"]}, {"epsilon": Fraction(1)}, KEY, 1 << 20),
+    ("lrm", {"columns": ["k"]}, {"epsilon": Fraction(1)}, None, 30_000),
+], ids=["dip-16-buckets", "lrm-1-bucket", "lrm-row-order"])
+def test_spark_release_is_the_embedded_one_in_the_same_order(
+        spark: SparkSession, stored: tuple[DatasetStore, OutputStore], name: str,
+        raw: dict[str, Any], budget: dict[str, Any], key: rows.RowKey | None,
+        bucket_rows: int) -> None:
+    store, outputs = stored
+    mech = get(name)
+    assert isinstance(mech, RecordMechanism)
+    params = mech.load_params(raw)
+    cost = mech.cost(params, budget, META)
+    embedded, table = _embedded(store, mech, params, cost, key)
+    source = store.parquet_source("ds_rec", 1)
+    assert source is not None
+    job = record_maps.fit(mech, lambda columns: store.batches("ds_rec", 1, columns), params,
+                          cost, META, secure_generator(8), job_secret(8))
+    order = spark_records.plan_order(key, N, mech.record_row_column, bucket_rows)
+    attempt = len(outputs.store.versions(name)) + 1
+    output, parts = spark_records.release_on_spark(
+        spark, job, [source.path], source.columns, source.filesystem, order,
+        outputs.parts_place(name, attempt), task_rows=1 << 16)
+    assert len(parts) == 1 << order.bits
+    assert repr(output.result) == repr(embedded.result)
+    assert output.guarantee == embedded.guarantee and output.row_column == embedded.row_column
+    assert outputs.commit_parts(name, attempt, parts) == N
+    loaded = outputs.load(name, attempt)
+    assert loaded is not None and list(loaded) == list(table)
+    for column, values in table.items():
+        assert loaded[column].dtype.kind == np.asarray(values).dtype.kind, column
+        assert np.array_equal(loaded[column], values), column
+    with pytest.raises(FileExistsError):
+        outputs.commit_parts(name, attempt, parts)
+    outputs.discard(name, attempt)
+    assert outputs.load(name, attempt) is None
+
+
+def test_v2_order_on_spark_is_the_embedded_order(
+        spark: SparkSession, stored: tuple[DatasetStore, OutputStore]) -> None:
+    """noiseless.local has no row column and no noise: the stored values are the
+    quantized rows in exactly ``rows.order``'s order."""
+    store, outputs = stored
+    mech = get("noiseless.local")
+    assert isinstance(mech, RecordMechanism)
+    params = mech.load_params({"column": "x"})
+    cost = mech.cost(params, {"noiseless_bits": Fraction(4)}, META)
+    _, table = _embedded(store, mech, params, cost, KEY)
+    source = store.parquet_source("ds_rec", 1)
+    assert source is not None
+    job = record_maps.fit(mech, lambda columns: store.batches("ds_rec", 1, columns), params,
+                          cost, META, secure_generator(1), job_secret(1))
+    _, parts = spark_records.release_on_spark(
+        spark, job, [source.path], source.columns, source.filesystem,
+        spark_records.plan_order(KEY, N, None, 4096), outputs.parts_place("nl", 1))
+    outputs.commit_parts("nl", 1, parts)
+    loaded = outputs.load("nl", 1)
+    assert loaded is not None
+    x = np.concatenate([b["x"] for b in store.batches("ds_rec", 1, ["x"])])
+    quantized = job.privatize(0, 0, {"x": x})["x"]
+    assert np.array_equal(loaded["x"], quantized[rows.order(KEY, N)])
+    assert np.array_equal(loaded["x"], table["x"])
