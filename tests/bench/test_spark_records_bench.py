@@ -66,12 +66,14 @@ def _write(root: Path) -> None:
 def _phase(kind: str, root: Path) -> dict[str, Any]:
     """One release in this (fresh) process; its table stored as release ``kind``."""
     from mechanisms import get, record_maps, rows
+    from mechanisms.base import RecordMechanism
     from mechanisms.rng import job_secret, secure_generator
     from service.storage.release_tables import OutputStore
 
     store, meta = _store(root), _meta()
     outputs = OutputStore(store.objects, root / ".staging")
     mech = get("dip")
+    assert isinstance(mech, RecordMechanism)
     params = mech.load_params({"columns": ["x", "c"]})
     cost = mech.cost(params, {"epsilon": Fraction(1)}, meta)
     key = rows.RowKey(bytes(range(32)), rows.V2)
@@ -109,7 +111,7 @@ def _phase(kind: str, root: Path) -> dict[str, Any]:
             mech, lambda statistic: compute_on_spark(session, statistic, [source.path],
                                                      source.columns, source.filesystem)[1],
             params, cost, meta, secure_generator(SEED), job_secret(SEED))
-        output, parts = spark_records.release_on_spark(
+        _, parts = spark_records.release_on_spark(
             session, job, [source.path], source.columns, source.filesystem,
             spark_records.plan_order(key, ROWS, mech.record_row_column),
             outputs.parts_place(kind, 1))
