@@ -44,6 +44,13 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("dip", {"columns": ["x"], "reference": {"kind": "parametric", "family": "normal",
                                             "params": {"loc": 5, "scale": 2}}},
      {"epsilon": Fraction(1)}),
+    ("interval.case1", {"column": "x", "anchors": {"family": "uniform", "low": 0, "high": 10}},
+     {"interval_leakage": Fraction(1, 2)}),
+    ("interval.ring", {"column": "x", "tau_floor": 0.3}, {"interval_leakage": Fraction(1, 2)}),
+    ("interval.selective", {"column": "x", "base": "ring", "tau": 0.3, "tau_floor": 0.3},
+     {"interval_leakage": Fraction(1, 2)}),
+    ("interval.progressive", {"column": "x", "rounds": 3},
+     {"interval_leakage": Fraction(9, 10)}),
 ]
 IDS = [f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)]
 
@@ -52,6 +59,11 @@ def _data(n: int = N, seed: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {"x": rng.gamma(2.0, 1.5, n).clip(0, 10), "k": rng.integers(0, 21, n),
             "c": rng.integers(0, 3, n)}
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal arrays, NaN equal to NaN in float ones (the interval tables' unused cells)."""
+    return np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
 
 
 def _mechanism(name: str) -> RecordMechanism:
@@ -128,7 +140,7 @@ def test_partitioned_release_maps_each_partition_with_its_own_generator(
             zip(np.cumsum([0, *sizes[:-1]]).tolist(), _split(data, sizes), strict=True))])
     assert list(out.table) == list(expected)
     for column, values in expected.items():
-        assert np.array_equal(out.table[column], values), column
+        assert _same(out.table[column], values), column
     summary = job.summary()
     released = None if summary is None else compute(summary, [expected])[1]
     assert repr(out.result) == repr(job.describe(released).result)
@@ -142,7 +154,7 @@ def test_partitioned_release_maps_each_partition_with_its_own_generator(
     table = mech.privatize(data, 0, params, cost, META, one.model, again)
     assert whole.table is not None
     for column, values in table.items():
-        assert np.array_equal(whole.table[column], values), column
+        assert _same(whole.table[column], values), column
     with pytest.raises(ValueError, match="n_rows"):
         record_maps.release(job, _split(data, [100]))
 
@@ -203,12 +215,39 @@ def test_dip_records_have_the_same_law_over_one_or_many_partitions() -> None:
 
 
 def test_unmapped_params_run_whole_columns() -> None:
-    """DIP's hold-out and copula are no row maps: ``run`` reads whole columns."""
+    """DIP's hold-out and copula are no row maps, nor an interval design whose table's
+    piece columns follow the rows (even transforms, exact ranges): ``run`` reads whole
+    columns."""
+    interval = _mechanism("interval.casek")
+    assert not interval.mappable({"column": "x", "transform": "square"}, META)
+    assert not interval.mappable({"column": "x", "exact_range": [1, 2]}, META)
+    assert interval.mappable({"column": "x", "transform": "log"}, META)
     mech = _mechanism("dip")
     assert not mech.mappable({"columns": ["x"], "reference": {"kind": "holdout"}}, META)
     assert not mech.mappable({"columns": list("abcde")}, META)  # copula by default
     assert not mech.mappable({"columns": ["x", "k"], "reference": {"model": "copula"}}, META)
     assert mech.mappable({"columns": ["x", "k"]}, META)
+
+
+def test_interval_summary_is_exact_over_partitions() -> None:
+    """The released counts, the rounds histogram and the mean coverage (rounded once)
+    of a partitioned interval release are those of its table."""
+    mech = _mechanism("interval.progressive")
+    data = _data()
+    params = mech.load_params({"column": "x", "rounds": 3})
+    cost = mech.cost(params, {"interval_leakage": Fraction(9, 10)}, META)
+    job = record_maps.fit(mech, lambda cols: [data], params, cost, META, secure_generator(2),
+                          SECRET)
+    out = record_maps.release(job, _split(data, [7_000] * 5 + [5_000]))
+    assert out.table is not None
+    table = out.table
+    assert out.result["released"] == int(np.count_nonzero(table["released"]))
+    assert out.result["nulls"] == N - out.result["released"]
+    assert out.result["exact_reports"] == int(np.count_nonzero(~np.isnan(table["exact"])))
+    assert out.result["rounds_histogram"] == np.bincount(table["rounds"], minlength=4).tolist()
+    assert out.result["realized_mean_coverage"] == float(
+        sum(map(Fraction, table["coverage"].tolist())) / N)
+    assert out.result["columns"] == list(table)
 
 
 @given(st.lists(st.floats(-1e300, 1e300, allow_nan=False), min_size=1, max_size=200),
