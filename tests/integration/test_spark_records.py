@@ -6,6 +6,8 @@ Small on purpose (two row groups, a few buckets): one local server for the modul
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -17,11 +19,15 @@ import pytest
 from mechanisms import ColumnMeta, DatasetMeta, get, record_maps, rows
 from mechanisms.base import RecordMechanism
 from mechanisms.rng import job_secret, secure_generator
+from service import datasets, wiring
 from service.engines import spark_records
 from service.engines.spark_session import spark_session, stop
+from service.releases import run
 from service.storage.dataset_files import DatasetStore
+from service.storage.ledger import Run
 from service.storage.objects import LocalStore
-from service.storage.release_tables import OutputStore
+from service.storage.release_tables import INLINE_ROWS, OutputStore
+from tests.integration.conftest import PEOPLE_META, Api, people_csv
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
@@ -131,3 +137,41 @@ def test_v2_order_on_spark_is_the_embedded_order(
     quantized = job.privatize(0, 0, {"x": x})["x"]
     assert np.array_equal(loaded["x"], quantized[rows.order(KEY, N)])
     assert np.array_equal(loaded["x"], table["x"])
+
+
+@pytest.mark.parametrize("n", [80, 700], ids=["inline-records", "stored-only"])
+def test_the_worker_releases_on_spark_what_it_releases_embedded(
+        spark: SparkSession, api: Api, n: int) -> None:
+    """The worker's own step (``run._compute``) on an uploaded dataset (a v2 key), once
+    with the Spark remote set and once without: the same result and records, the
+    engine named; the table read back is the embedded one."""
+    resp = api.upload(people_csv(n), PEOPLE_META)
+    assert resp.status_code == 201, resp.get_json()
+    dataset_id = resp.get_json()["id"]
+    embedded_svc = wiring.of(api.client.application)
+    spark_svc = dataclasses.replace(embedded_svc, config=dataclasses.replace(
+        embedded_svc.config, spark_remote=REMOTE))
+    doc = datasets.get(embedded_svc.ledger, dataset_id)
+    assert doc is not None
+    assert datasets.row_key(embedded_svc.datasets, dataset_id, 1).version == rows.V2
+    meta = datasets.meta(doc)
+    mech = get("lrm")
+    params = mech.load_params({"columns": ["age", "income"]})
+    cost = mech.cost(params, {"epsilon": Fraction(1)}, meta)
+    job = run._Job(dataset_id, 1, mech, params, cost, meta, seed=13)
+    payloads, tables = {}, {}
+    for kind, svc in (("spark", spark_svc), ("embedded", embedded_svc)):
+        release_id = f"rel_{kind}_{n}"
+        payload, attempt = run._compute(svc, job, Run(release_id, "token", 1))
+        assert attempt == 1
+        payloads[kind] = json.loads(payload)
+        tables[kind] = svc.outputs.load(release_id, 1)
+    assert payloads["spark"].pop("engine") == f"spark {REMOTE}"
+    assert payloads["embedded"].pop("engine") == "embedded"
+    assert payloads["spark"] == payloads["embedded"]
+    assert ("records" in payloads["spark"]["result"]) == (n <= INLINE_ROWS)
+    spark_table, embedded_table = tables["spark"], tables["embedded"]
+    assert spark_table is not None and embedded_table is not None
+    assert list(spark_table) == list(embedded_table)
+    for column, values in embedded_table.items():
+        assert np.array_equal(spark_table[column], values), column
