@@ -2,13 +2,12 @@
 Connect server: the same job secret gives the embedded release's records, in the
 dataset's v2 secret order (``rows.permute``), stored as parts that read back as one table.
 
-Small on purpose (two row groups, a few buckets): one local server for the module."""
+Small on purpose (two row groups, a few buckets), on the session's local server."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,33 +20,25 @@ from mechanisms.base import RecordMechanism
 from mechanisms.rng import job_secret, secure_generator
 from service import datasets, wiring
 from service.engines import spark_records
-from service.engines.spark_session import spark_session, stop
 from service.releases import run
 from service.storage.dataset_files import DatasetStore
 from service.storage.ledger import Run
 from service.storage.objects import LocalStore
 from service.storage.release_tables import INLINE_ROWS, OutputStore
-from tests.integration.conftest import PEOPLE_META, Api, people_csv
+from tests.integration.conftest import PEOPLE_META, SPARK_REMOTE, Api, people_csv
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
 
 pytestmark = pytest.mark.spark
 
-REMOTE = "local[2]"
+REMOTE = SPARK_REMOTE
 #: two row groups of the store (65,536 rows) and a part
 N = (1 << 16) + 4321
 META = DatasetMeta(N, {"x": ColumnMeta("x", "continuous", (0.0, 10.0)),
                        "k": ColumnMeta("k", "integer", (0, 20)),
                        "c": ColumnMeta("c", "categorical", categories=("a", "b", "c"))})
 KEY = rows.RowKey(bytes(range(32)), rows.V2)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session(REMOTE)
-    yield session
-    stop(REMOTE)
 
 
 @pytest.fixture(scope="module")
