@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import math
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -21,6 +23,7 @@ from mechanisms.base import RecordMechanism
 from mechanisms.rng import (
     PARTITION_DOMAIN,
     SECRET_BYTES,
+    SPAWN_DOMAIN,
     job_secret,
     partition_generator,
     secure_generator,
@@ -33,6 +36,8 @@ META = DatasetMeta(N, {
     "x": ColumnMeta("x", "continuous", (0.0, 10.0)),
     "k": ColumnMeta("k", "integer", (0, 20)),
     "c": ColumnMeta("c", "categorical", categories=("a", "b", "c")),
+    "g": ColumnMeta("g", "categorical", categories=tuple("uvwxyz")),
+    "h": ColumnMeta("h", "categorical", categories=tuple("pqrs")),
 })
 #: (mechanism, params, cost): the ported record-level mechanisms, DIP's mapped references
 CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
@@ -51,6 +56,8 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
      {"interval_leakage": Fraction(1, 2)}),
     ("interval.progressive", {"column": "x", "rounds": 3},
      {"interval_leakage": Fraction(9, 10)}),
+    ("subset.uniform", {"column": "g", "format": "both"}, {"subset_draws:g": 1}),
+    ("subset.product", {"columns": ["g", "h"]}, {"subset_draws:g": 1, "subset_draws:h": 1}),
 ]
 IDS = [f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)]
 
@@ -58,7 +65,7 @@ IDS = [f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)]
 def _data(n: int = N, seed: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {"x": rng.gamma(2.0, 1.5, n).clip(0, 10), "k": rng.integers(0, 21, n),
-            "c": rng.integers(0, 3, n)}
+            "c": rng.integers(0, 3, n), "g": rng.integers(0, 6, n), "h": rng.integers(0, 4, n)}
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -84,8 +91,6 @@ def test_partition_generators_are_aes_ctr_under_derived_keys() -> None:
     """Exact, against an independent AES (``cryptography``, a dev dependency through
     moto): partition p draws AES-128_{K_p}(0), AES-128_{K_p}(1), ... with K_p the first 16
     bytes of SHAKE-256(domain ‖ secret ‖ p as 8 little-endian bytes)."""
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
     for p in (0, 1, 7, 2**40):
         key = hashlib.shake_256(PARTITION_DOMAIN + SECRET + p.to_bytes(8, "little")).digest(16)
         blocks = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(
@@ -96,6 +101,24 @@ def test_partition_generators_are_aes_ctr_under_derived_keys() -> None:
         partition_generator(SECRET[:16], 0)
     with pytest.raises(ValueError):
         partition_generator(SECRET, -1)
+
+
+def test_spawned_children_follow_from_the_secret() -> None:
+    """A partition generator's children (``spawn``, subset's per-variable streams) are AES
+    under SHAKE-256(spawn domain ‖ parent key ‖ i)[:16], i counted over its spawns: the same
+    from the same secret, whichever process."""
+    parent = hashlib.shake_256(PARTITION_DOMAIN + SECRET + (3).to_bytes(8, "little")).digest(16)
+    rng = partition_generator(SECRET, 3)
+    first, second = rng.spawn(2)
+    third, = rng.spawn(1)
+    for i, child in enumerate((first, second, third)):
+        key = hashlib.shake_256(SPAWN_DOMAIN + parent + i.to_bytes(8, "little")).digest(16)
+        blocks = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(bytes(16))
+        assert child.bit_generator.random_raw(2).tolist() == np.frombuffer(blocks,
+                                                                           "<u8").tolist()
+    again = partition_generator(SECRET, 3).spawn(3)
+    assert [g.random() for g in again] == [g.random() for g in
+                                           partition_generator(SECRET, 3).spawn(3)]
 
 
 def test_partition_streams_are_distinct_and_uniform() -> None:
@@ -218,6 +241,11 @@ def test_unmapped_params_run_whole_columns() -> None:
     """DIP's hold-out and copula are no row maps, nor an interval design whose table's
     piece columns follow the rows (even transforms, exact ranges): ``run`` reads whole
     columns."""
+    subset = _mechanism("subset.dummy")
+    assert not subset.mappable(subset.load_params({"column": "g", "alpha": 0.1}), META)
+    uniform = _mechanism("subset.uniform")
+    assert not uniform.mappable(uniform.load_params({"column": "g", "format": "categories"}),
+                                META)
     interval = _mechanism("interval.casek")
     assert not interval.mappable({"column": "x", "transform": "square"}, META)
     assert not interval.mappable({"column": "x", "exact_range": [1, 2]}, META)
@@ -248,6 +276,24 @@ def test_interval_summary_is_exact_over_partitions() -> None:
     assert out.result["realized_mean_coverage"] == float(
         sum(map(Fraction, table["coverage"].tolist())) / N)
     assert out.result["columns"] == list(table)
+
+
+def test_subset_summary_counts_the_released_subsets_over_partitions() -> None:
+    """A partitioned subset release's summary (counts, sizes, inclusion, the EM estimate)
+    is the whole table's, as the whole-column summary computes it from the masks."""
+    from mechanisms.subset import report
+
+    mech = _mechanism("subset.uniform")
+    data = _data()
+    params = mech.load_params({"column": "g"})
+    cost = mech.cost(params, {"subset_draws:g": Fraction(1)}, META)
+    job = record_maps.fit(mech, lambda cols: [data], params, cost, META, secure_generator(2),
+                          SECRET)
+    out = record_maps.release(job, _split(data, [9_000] * 4 + [4_000]))
+    assert out.table is not None
+    plan = job.model
+    expected = report.summarize(plan.variables[0], out.table["g"].astype(np.uint64), plan)
+    assert json.dumps(out.result["variables"][0]) == json.dumps(expected)
 
 
 @given(st.lists(st.floats(-1e300, 1e300, allow_nan=False), min_size=1, max_size=200),
