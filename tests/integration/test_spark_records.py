@@ -37,7 +37,8 @@ REMOTE = SPARK_REMOTE
 N = (1 << 16) + 4321
 META = DatasetMeta(N, {"x": ColumnMeta("x", "continuous", (0.0, 10.0)),
                        "k": ColumnMeta("k", "integer", (0, 20)),
-                       "c": ColumnMeta("c", "categorical", categories=("a", "b", "c"))})
+                       "c": ColumnMeta("c", "categorical", categories=("a", "b", "c")),
+                       "g": ColumnMeta("g", "categorical", categories=tuple("uvwxyz"))})
 KEY = rows.RowKey(bytes(range(32)), rows.V2)
 
 
@@ -48,7 +49,8 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[DatasetStore, Outp
     store = DatasetStore(objects, staging_dir=root / ".staging")
     rng = np.random.default_rng(11)
     store.write("ds_rec", 1, {"kind": "test"}, {
-        "x": rng.gamma(2.0, 1.5, N), "k": rng.integers(0, 21, N), "c": rng.integers(0, 3, N)})
+        "x": rng.gamma(2.0, 1.5, N), "k": rng.integers(0, 21, N), "c": rng.integers(0, 3, N),
+        "g": rng.integers(0, 6, N)})
     return store, OutputStore(objects, root / ".staging")
 
 
@@ -69,7 +71,10 @@ def _embedded(store: DatasetStore, mech: RecordMechanism, params: Any, cost: Any
     ("dip", {"columns": ["x", "c"]}, {"epsilon": Fraction(2)}, KEY, 8192),
     ("lrm", {"columns": ["x", "k"]}, {"epsilon": Fraction(1)}, KEY, 1 << 20),
     ("lrm", {"columns": ["k"]}, {"epsilon": Fraction(1)}, None, 30_000),
-], ids=["dip-16-buckets", "lrm-1-bucket", "lrm-row-order"])
+    # a stream per variable spawned from each partition's generator, in the Spark workers
+    ("subset.uniform", {"column": "g", "format": "both"}, {"subset_draws:g": Fraction(1)},
+     KEY, 30_000),
+], ids=["dip-16-buckets", "lrm-1-bucket", "lrm-row-order", "subset-4-buckets"])
 def test_spark_release_is_the_embedded_one_in_the_same_order(
         spark: SparkSession, stored: tuple[DatasetStore, OutputStore], name: str,
         raw: dict[str, Any], budget: dict[str, Any], key: rows.RowKey | None,
@@ -85,23 +90,24 @@ def test_spark_release_is_the_embedded_one_in_the_same_order(
     job = record_maps.fit(mech, lambda columns: store.batches("ds_rec", 1, columns), params,
                           cost, META, secure_generator(8), job_secret(8))
     order = spark_records.plan_order(key, N, mech.record_row_column, bucket_rows)
-    attempt = len(outputs.store.versions(name)) + 1
+    release = name.replace(".", "_")
+    attempt = len(outputs.store.versions(release)) + 1
     output, parts = spark_records.release_on_spark(
         spark, job, [source.path], source.columns, source.filesystem, order,
-        outputs.parts_place(name, attempt), task_rows=1 << 16)
+        outputs.parts_place(release, attempt), task_rows=1 << 16)
     assert len(parts) == 1 << order.bits
     assert repr(output.result) == repr(embedded.result)
     assert output.guarantee == embedded.guarantee and output.row_column == embedded.row_column
-    assert outputs.commit_parts(name, attempt, parts) == N
-    loaded = outputs.load(name, attempt)
+    assert outputs.commit_parts(release, attempt, parts) == N
+    loaded = outputs.load(release, attempt)
     assert loaded is not None and list(loaded) == list(table)
     for column, values in table.items():
         assert loaded[column].dtype.kind == np.asarray(values).dtype.kind, column
         assert np.array_equal(loaded[column], values), column
     with pytest.raises(FileExistsError):
-        outputs.commit_parts(name, attempt, parts)
-    outputs.discard(name, attempt)
-    assert outputs.load(name, attempt) is None
+        outputs.commit_parts(release, attempt, parts)
+    outputs.discard(release, attempt)
+    assert outputs.load(release, attempt) is None
 
 
 def test_v2_order_on_spark_is_the_embedded_order(
