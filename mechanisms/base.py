@@ -582,6 +582,22 @@ class RecordMechanism(Mechanism):
     themselves): those run whole columns through ``run_whole``.
     """
 
+    #: a row map's own allocation per row of the table it builds (``mechanisms.memory``;
+    #: measured per family by ``tests/memory_probe.py``), and what does not grow with rows
+    map_row_bytes: ClassVar[float] = 256.0
+    map_fixed_bytes: ClassVar[float] = 4 * 2**20
+
+    def memory(self, params: Mapping[str, Any], meta: DatasetMeta) -> Memory:
+        """A row map holds a row group of the columns it reads and the table it builds
+        (``mechanisms.memory``); params outside the map read whole columns."""
+        if not self.mappable(params, meta):
+            return super().memory(params, meta)
+        from mechanisms import memory  # it builds on this module's types
+
+        return memory.bound(params, meta, streaming=False, mapped=True,
+                            row_bytes=self.map_row_bytes, cell_bytes=self.cell_bytes,
+                            fixed_bytes=self.map_fixed_bytes)
+
     #: the table column holding each record's dataset row (``Output.row_column``), which
     #: an engine ordering the records replaces by their released positions; None: none
     record_row_column: ClassVar[str | None] = None

@@ -82,6 +82,9 @@ class LrmMechanism(PerColumnMechanism, RecordMechanism):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 96.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 8.0
+    map_fixed_bytes = 4 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
     record_row_column = ROW_COLUMN

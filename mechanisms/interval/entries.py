@@ -815,6 +815,9 @@ class Case1(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 224.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 144.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.case1"
     kind = "case1"
     params_schema = schemas.Case1Schema
@@ -826,6 +829,9 @@ class Case2(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 232.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 168.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.case2"
     kind = "case2"
     params_schema = schemas.Case2Schema
@@ -836,6 +842,9 @@ class CaseK(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 232.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 168.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.casek"
     kind = "casek"
     params_schema = schemas.CaseKSchema
@@ -847,6 +856,9 @@ class RingMechanism(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 352.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 240.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.ring"
     kind = "ring"
     params_schema = schemas.RingSchema
@@ -858,6 +870,9 @@ class SelectiveMechanism(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 224.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 144.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.selective"
     kind = "selective"
     params_schema = schemas.SelectiveSchema
@@ -869,6 +884,9 @@ class ProgressiveMechanism(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 248.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 208.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.progressive"
     kind = "progressive"
     params_schema = schemas.ProgressiveSchema

@@ -549,6 +549,9 @@ class NoiselessLocal(RecordMechanism):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 72.0
     fixed_bytes = 8 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 8.0
+    map_fixed_bytes = 2 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
 
