@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -26,6 +27,7 @@ import marshmallow
 import numpy as np
 
 from mechanisms.statistics import Partial, Statistic, compute
+from mechanisms.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from mechanisms.memory import Memory
@@ -147,7 +149,8 @@ class DatasetMeta:
         try:
             return self.columns[name]
         except KeyError:
-            raise MechanismInputError(field, f"unknown column {name!r}") from None
+            raise MechanismInputError(field, f"unknown column {name!r}"
+                                      + did_you_mean(name, self.columns)) from None
 
 
 @dataclass(frozen=True)
@@ -357,6 +360,24 @@ class Composed:
     charge: Mapping[str, Fraction]
     report: dict[str, Any] | None
     privacy: dict[str, Any]
+
+
+#: words a period ends without ending the sentence ("i.i.d. draws", "Bun et al. (2016)")
+_ABBREVIATIONS = frozenset({"al", "cf", "e.g", "eq", "eqs", "etc", "fig", "i.e", "i.i.d",
+                            "no", "resp", "sec", "vs", "w.r.t"})
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\[`])")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text`` (whitespace collapsed): ends at a period, ``!`` or
+    ``?`` followed by a capital, unless the word before it is an abbreviation, so a
+    mechanism's summary is not cut at "i.i.d." or "et al."."""
+    text = " ".join(text.split())
+    for end in _SENTENCE_END.finditer(text):
+        word = text[:end.start()].rsplit(" ", 1)[-1].rstrip(".!?").lower()
+        if word not in _ABBREVIATIONS and not (len(word) == 1 and word.isalpha()):
+            return text[:end.start()]
+    return text
 
 
 class Mechanism(abc.ABC):

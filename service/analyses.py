@@ -173,7 +173,7 @@ def document(store: AnalysisStore, analysis_id: str,
 def page(store: AnalysisStore, release_id: str, limit: int, cursor: str | None,
          docs: DocumentStore | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """A release's analyses, newest first: ``limit`` of them after ``cursor`` (the
-    previous page's ``next_cursor``), and the cursor of the next page (None: no more).
+    previous page's ``X-Next-Cursor``), and the cursor of the next page (None: no more).
 
     The order is (creation time, id) descending, as ZREVRANGE sorts; a cursor is the
     last item's ``<time>:<id>``, so items created meanwhile never shift a page.

@@ -14,6 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from mechanisms.base import LEDGER_UNITS
+from mechanisms.suggest import did_you_mean
 
 #: measure -> (units per 1.0, largest accepted cap). Every cap * 3 < 2**53.
 #: Interval leakage is capped at 1 per column: it is 1 - coverage, and Thm 4's
@@ -155,11 +156,13 @@ def parse_caps(raw: Any, columns: list[str], where: str = "metadata.budgets") ->
         field = f"{where}.{name}"
         base, _, column = str(name).partition(":")
         if base not in MEASURES:
-            raise AmountError(field, f"unknown measure {base!r}; known: {sorted(MEASURES)}")
+            raise AmountError(field, f"unknown measure {base!r}{did_you_mean(base, MEASURES)};"
+                              f" known: {sorted(MEASURES)}")
         if column and base not in PER_COLUMN:
             raise AmountError(field, f"measure {base!r} is not per column")
         if column and column not in columns:
-            raise AmountError(field, f"unknown column {column!r}")
+            raise AmountError(field, f"unknown column {column!r}"
+                              + did_you_mean(column, columns))
         amount = to_fraction(value, field)
         if amount < 0 or amount > MEASURES[base][1]:
             raise AmountError(field, f"must be between 0 and {MEASURES[base][1]}")

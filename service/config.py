@@ -275,6 +275,10 @@ class Config:
     #: unset, in the worker's process; ``sc://host:15002``, a Spark Connect server (the
     #: worker is a thin client); ``local[N]``, a local Spark Connect server with N cores
     spark_remote: str | None = None
+    #: PRIVRELEASE_SPARK_CONNECT_TIMEOUT: seconds a run waits for the Spark Connect server
+    #: to answer before it reads any data (``spark_session.reach``); one that does not is
+    #: a failure before the read (refunded), never a worker hung on its retries
+    spark_connect_timeout: float = 30.0
     #: PRIVRELEASE_SOURCE_ROOTS: comma-separated storage URLs (``file:///dir``,
     #: ``s3://bucket/prefix``) under which a dataset version may be registered by
     #: reference (``service.sources``); empty: registering by reference is off
@@ -333,6 +337,8 @@ class Config:
             storage_url=_url("STORAGE_URL", ("file", "s3")),
             s3_endpoint_url=_url("S3_ENDPOINT_URL", ("http", "https")),
             spark_remote=_spark_remote(_env("SPARK_REMOTE")),
+            spark_connect_timeout=_positive("SPARK_CONNECT_TIMEOUT",
+                                            cls.spark_connect_timeout),
             source_roots=_roots("SOURCE_ROOTS"),
             max_source_files=_at_least("MAX_SOURCE_FILES", cls.max_source_files, 1),
         )

@@ -126,10 +126,19 @@ def budget_png(series: dict[str, tuple[list[Any], dict[str, list[float]]]],
     return _png(budget_figure(series, title))
 
 
+#: tick labels by the locator's level (years, months, days, hours, minutes, seconds): each
+#: says what it is (a second is 17:51:05, not 05)
+TICK_FORMATS = ["%Y", "%b %Y", "%d %b", "%H:%M", "%H:%M", "%H:%M:%S"]
+
+
 def budget_figure(series: dict[str, tuple[list[Any], dict[str, list[float]]]],
                   title: str) -> Any:
     """A dataset's budget over time, one panel per measure: committed and reserved
-    stacked as steps under the cap (``service.console.burndown``)."""
+    stacked as steps under the cap (``service.console.burndown``). A measure nobody
+    enabled (no cap, nothing ever held) gets no panel; ticks are clock times (seconds
+    when the events span less than minutes), never bare numbers that read as days."""
+    series = {m: (times, rows) for m, (times, rows) in series.items()
+              if any(any(rows[k]) for k in ("cap", "committed", "reserved"))}
     # an inch per panel beyond three: names like interval_leakage:age stay apart
     figure = _figure(height=max(3.5, 0.8 + 0.9 * len(series)))
     if not series:
@@ -155,12 +164,14 @@ def budget_figure(series: dict[str, tuple[list[Any], dict[str, list[float]]]],
         axes.tick_params(labelsize=7)
         locator = AutoDateLocator()  # readable ticks from seconds to years of events
         axes.xaxis.set_major_locator(locator)
-        axes.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        axes.xaxis.set_major_formatter(ConciseDateFormatter(
+            locator, formats=TICK_FORMATS, zero_formats=TICK_FORMATS[:1] + TICK_FORMATS[:-1]))
         axes.xaxis.get_offset_text().set_fontsize(7)
         axes.xaxis.get_offset_text().set_visible(i == len(series) - 1)  # one date line
         if i == 0:
             axes.set_title(title, fontsize=10)
             axes.legend(fontsize=7, loc="upper left")
+    figure.axes[-1].set_xlabel("time (UTC)", fontsize=8)
     figure.autofmt_xdate()
     return figure
 

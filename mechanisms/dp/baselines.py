@@ -132,9 +132,11 @@ class ConditionSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    column = fields.String(required=True)
-    op = fields.String(required=True, validate=validate.OneOf(OPS))
-    value = _ConditionValue(required=True)
+    column = fields.String(required=True, metadata={"description": "the column compared"})
+    op = fields.String(required=True, validate=validate.OneOf(OPS), metadata={
+        "description": "the comparison: eq, ne, lt, le, gt, ge, or in (a list of values)"})
+    value = _ConditionValue(required=True, metadata={
+        "description": "what the column is compared with (a category, a number, a list for in)"})
 
     @validates_schema
     def _check_value_shape(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -152,9 +154,11 @@ class StatisticParamsSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    statistic = fields.String(required=True)
-    column = fields.String()
-    condition = fields.Nested(ConditionSchema)
+    statistic = fields.String(required=True, metadata={"description": "what to release"})
+    column = fields.String(metadata={
+        "description": "the column the statistic reads (a name in the dataset's metadata)"})
+    condition = fields.Nested(ConditionSchema, metadata={
+        "description": "count only: which rows to count, as {column, op, value}"})
 
     @validates_schema
     def _check_combination(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -174,23 +178,34 @@ class StatisticParamsSchema(Schema):
 class BaselineParamsSchema(StatisticParamsSchema):
     """Parameters shared by the three baselines."""
 
-    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS + EXTENDED))
-    bins = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_BINS))
+    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS + EXTENDED),
+                              metadata={"description": "what to release"})
+    bins = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_BINS), metadata={
+        "description": "histogram: equal-width bins over the column's declared bounds"})
     edges = fields.List(
-        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_BINS + 1)
-    )
+        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_BINS + 1),
+        metadata={"description": "histogram: increasing bin edges (instead of bins)"})
     #: cross-tab: count, sum or mean per cell of these categorical columns
-    group_by = fields.List(fields.String(), validate=validate.Length(min=1, max=4))
-    consistency = fields.Boolean()
+    group_by = fields.List(fields.String(), validate=validate.Length(min=1, max=4), metadata={
+        "description": "count, sum or mean: one cell per combination of these categorical"
+                       " columns' categories (a cross-tab)"})
+    consistency = fields.Boolean(metadata={
+        "description": "cross-tab: counts made non-negative whole numbers totalling at"
+                       " most n, sums clipped to the sign the bounds force (free"
+                       " post-processing)"})
     quantiles = fields.List(
         fields.Float(allow_nan=False, validate=validate.Range(min=0, max=1)),
         validate=validate.Length(min=1, max=MAX_QUANTILES),
-    )
-    grid_size = fields.Integer(strict=True, validate=validate.Range(min=2, max=MAX_GRID_SIZE))
+        metadata={"description": "quantile: the levels, each in [0, 1] (0.5: the median)"})
+    grid_size = fields.Integer(strict=True, validate=validate.Range(min=2, max=MAX_GRID_SIZE),
+                               metadata={"description": "quantile: evenly spaced candidate"
+                                                        " points over the column's bounds"})
     columns = fields.List(
-        fields.String(), validate=validate.Length(min=2, max=MAX_COVARIANCE_COLUMNS)
-    )
-    psd = fields.Boolean()
+        fields.String(), validate=validate.Length(min=2, max=MAX_COVARIANCE_COLUMNS),
+        metadata={"description": "covariance: the numeric columns of the matrix"})
+    psd = fields.Boolean(metadata={
+        "description": "covariance: project the released matrix onto the positive"
+                       " semidefinite ones (free post-processing)"})
 
     #: the parameters each statistic may take beyond statistic/column/condition
     _ALLOWED: ClassVar[Mapping[str, frozenset[str]]] = {

@@ -11,6 +11,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from flask_smorest import Blueprint
 
 import mechanisms
+from mechanisms.base import first_sentence
 from service.api.auth import require
 from service.api.responses import AUTH, problems
 from service.api.schemas import MechanismSchema
@@ -47,6 +48,7 @@ def _catalog(names: tuple[str, ...]) -> list[dict[str, Any]]:
         mech = mechanisms.get(name)
         out.append({"name": name, "measures": list(mech.measures),
                     "description": mech.description,
+                    "summary": first_sentence(mech.description),
                     "params_schema": json_schema(mech.params_schema),
                     # only what some release of the mechanism can run; each succeeded
                     # release lists those its own design admits (``analyses``)

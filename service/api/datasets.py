@@ -114,7 +114,8 @@ UPLOAD_BODY = {"required": True, "content": {
 @blp.doc(requestBody=UPLOAD_BODY)
 @blp.response(201, DatasetSchema)
 @located("/v1/datasets/{id}")
-def upload(metadata: str | None = None, file: Any = None) -> dict[str, Any]:
+def upload(metadata: str | None = None, file: Any = None, source: str | None = None,
+           idempotency: str | None = None) -> dict[str, Any]:
     """Register a dataset: CSV with a header row or Parquet, + metadata JSON; or Parquet
     already in storage, by reference.
 
@@ -132,6 +133,11 @@ def upload(metadata: str | None = None, file: Any = None) -> dict[str, Any]:
     metadata) answers with the dataset the first attempt registered, without parsing the
     file again; the same key with other metadata is 422 idempotency_mismatch.
     """
+    if source is not None:  # the console's form by reference: its fields as the body's
+        fields = {"source": source, "metadata": _decode_metadata(metadata or "")}
+        body = _load_body(DatasetSourceSchema, fields)
+        return _register(_form_text(source, metadata), body["metadata"], body["source"],
+                         idempotency=idempotency)
     if metadata is None:  # over HTTP (the console passes its form's fields): the body,
         # whose content type decides (``inputs.check_body``)
         if request.is_json:
@@ -141,15 +147,16 @@ def upload(metadata: str | None = None, file: Any = None) -> dict[str, Any]:
         metadata = blp.ARGUMENTS_PARSER.parse(DatasetUploadSchema(), location="form")[
             "metadata"]
         file = blp.ARGUMENTS_PARSER.parse(DatasetFileSchema(), location="files")["file"]
-    return _register(metadata, None, None, file)
+    return _register(metadata, None, None, file, idempotency)
 
 
 def _register(fingerprinted: str, raw_meta: Any, source: str | None,
-              file: Any = None) -> dict[str, Any]:
+              file: Any = None, idempotency: str | None = None) -> dict[str, Any]:
     """An upload (``file``, its metadata JSON text ``fingerprinted``) or a registration
-    by reference (``source`` and its decoded ``raw_meta``; ``fingerprinted``, the body)."""
+    by reference (``source`` and its decoded ``raw_meta``; ``fingerprinted``, the body);
+    ``idempotency``: a console form's key (else the request's header)."""
     config = current_app.config["PRIVRELEASE"]
-    idem_key = inputs.idempotency_key(current_key().id)
+    idem_key = inputs.idempotency_key(current_key().id, idempotency)
     idem = None
     if idem_key is not None:
         kind = b"upload\0" if source is None else b"source\0"
@@ -213,6 +220,12 @@ def _body_text() -> str:
     return request.get_data(cache=True).decode("utf-8", "replace")
 
 
+def _form_text(source: str, metadata: str | None) -> str:
+    """What a console form's ``Idempotency-Key`` fingerprints (as a body's text does):
+    the source and the metadata text as typed (the columns' order is part of it)."""
+    return json.dumps([source, metadata or ""])
+
+
 def _json_body(schema: type[Any]) -> dict[str, Any]:
     """The JSON body, duplicate keys refused (a duplicate column would be lost), loaded
     by ``schema`` (422 naming the first field in error)."""
@@ -226,6 +239,12 @@ def _json_body(schema: type[Any]) -> dict[str, Any]:
                        field="body") from None
     if not isinstance(decoded, dict):
         raise _invalid("body", "the JSON body must be an object")
+    return _load_body(schema, decoded)
+
+
+def _load_body(schema: type[Any], decoded: dict[str, Any]) -> dict[str, Any]:
+    """A decoded JSON body (or a console form's fields) loaded by ``schema``: 422 naming
+    the first field in error."""
     try:
         loaded: dict[str, Any] = schema().load(decoded)
     except ValidationError as err:
@@ -356,7 +375,9 @@ def listed(doc: dict[str, Any], expand: list[str] | None = None) -> dict[str, An
 @blp.response(201, VersionSchema)
 @located("/v1/datasets/{dataset_id}/versions/{version}")
 def upload_version(dataset_id: str, file: Any = None, metadata: str | None = None,
-                   compatible: bool = False, make_current: bool = False) -> dict[str, Any]:
+                   compatible: bool = False, make_current: bool = False,
+                   source: str | None = None, idempotency: str | None = None
+                   ) -> dict[str, Any]:
     """Upload the next version of a dataset (the same people, the dataset's budget).
 
     Parsed and validated as an upload (same size limits; nothing kept on error).
@@ -372,6 +393,15 @@ def upload_version(dataset_id: str, file: Any = None, metadata: str | None = Non
     if doc.get("status") != "active":
         raise APIError(409, "the dataset is retired: it takes no new version",
                        code="dataset_retired", field="dataset_id")
+    if source is not None:  # the console's form by reference: its fields as the body's
+        fields: dict[str, Any] = {"source": source, "compatible": compatible,
+                                  "make_current": make_current}
+        if metadata:
+            fields["metadata"] = _decode_metadata(metadata)
+        body = _load_body(VersionSourceSchema, fields)
+        return _add_version(doc, _form_text(source, metadata), body.get("metadata"),
+                            body["compatible"], body["make_current"], body["source"],
+                            idempotency=idempotency)
     if file is None:  # over HTTP (the console passes its form's fields): the body
         if request.is_json:
             body = _json_body(VersionSourceSchema)
@@ -381,18 +411,20 @@ def upload_version(dataset_id: str, file: Any = None, metadata: str | None = Non
         file = blp.ARGUMENTS_PARSER.parse(DatasetFileSchema(), location="files")["file"]
         metadata, compatible = form.get("metadata"), form["compatible"]
         make_current = form["make_current"]
-    return _add_version(doc, metadata or "", metadata, compatible, make_current, None, file)
+    return _add_version(doc, metadata or "", metadata, compatible, make_current, None, file,
+                        idempotency)
 
 
 def _add_version(doc: dict[str, Any], fingerprinted: str, metadata: Any, compatible: bool,
-                 make_current: bool, source: str | None, file: Any = None
-                 ) -> dict[str, Any]:
+                 make_current: bool, source: str | None, file: Any = None,
+                 idempotency: str | None = None) -> dict[str, Any]:
     """A version upload (``file``; ``metadata``, its JSON text or None) or registration
-    by reference (``source``; ``metadata``, decoded or None; ``fingerprinted``, the body)."""
+    by reference (``source``; ``metadata``, decoded or None; ``fingerprinted``, the body);
+    ``idempotency``: a console form's key (else the request's header)."""
     dataset_id = doc["id"]
     config = current_app.config["PRIVRELEASE"]
     ledger = wiring.current().ledger
-    idem_key = inputs.idempotency_key(current_key().id)
+    idem_key = inputs.idempotency_key(current_key().id, idempotency)
     idem = None
     if idem_key is not None:
         flags = f"{int(compatible)}{int(make_current)}"

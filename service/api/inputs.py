@@ -83,9 +83,10 @@ class StrictRequest(Request):
     form_data_parser_class = StrictFormParser
 
 
-def idempotency_key(scope: str) -> str | None:
-    """The Valkey key of the request's ``Idempotency-Key`` header for ``scope`` (a key id)."""
-    idem = request.headers.get("Idempotency-Key")
+def idempotency_key(scope: str, given: str | None = None) -> str | None:
+    """The Valkey key of the request's ``Idempotency-Key`` header for ``scope`` (a key id),
+    or of ``given``: the key a console form carries (a browser sends no such header)."""
+    idem = given if given is not None else request.headers.get("Idempotency-Key")
     if idem is None:
         return None
     if not 1 <= len(idem) <= 255:

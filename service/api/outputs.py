@@ -13,12 +13,13 @@ import mechanisms
 from mechanisms.analysis_plot import analysis_plot
 from mechanisms.iclp.plot import plot_spec
 from service import analyses, wiring
+from service.api import responses
 from service.api.auth import check_dataset_grant, current_key, require
 from service.api.problems import UNAVAILABLE, APIError
 from service.api.responses import AUTH, BODY, located, problems
 from service.api.schemas import (
+    PAGE_HEADERS,
     AnalysisListQuerySchema,
-    AnalysisPageSchema,
     AnalysisRequestSchema,
     AnalysisSchema,
 )
@@ -214,14 +215,17 @@ def _analysis(release_id: str, analysis_id: str) -> dict[str, Any]:
 @require("consumer")
 @problems(blp, *AUTH, 403, 404, 422)
 @blp.arguments(AnalysisListQuerySchema(), location="query")
-@blp.response(200, AnalysisPageSchema())
-def list_analyses(query: dict[str, Any], release_id: str) -> dict[str, Any]:
-    """A release's analyses, newest first, a page at a time (``next_cursor``)."""
+@blp.response(200, AnalysisSchema(many=True), headers=PAGE_HEADERS)
+def list_analyses(query: dict[str, Any], release_id: str
+                  ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """A release's analyses, newest first, a page at a time: the next page's cursor is in
+    ``X-Next-Cursor`` (and ``Link``), as for every other list; the list ends when no
+    cursor comes back."""
     _release(release_id)
     items, cursor = analyses.page(wiring.current().analyses, release_id,
                                   query["limit"], query.get("cursor"),
                                   wiring.current().documents)
-    return {"items": items, "next_cursor": cursor}
+    return items, responses.page_headers(cursor)
 
 
 @blp.route("/<release_id>/analyses/<analysis_id>")

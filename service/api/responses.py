@@ -54,12 +54,13 @@ def located(template: str) -> Callable[[F], F]:
     return decorator
 
 
-def page_headers(nxt: index.Cursor | None) -> dict[str, str]:
+def page_headers(nxt: index.Cursor | str | None) -> dict[str, str]:
     """A list response's paging headers: ``X-Next-Cursor`` and ``Link: <url>; rel="next"``
-    (the request's own query with the new cursor); none on the last page."""
+    (the request's own query with the new cursor); none on the last page. ``nxt``: an
+    index cursor, or a list's own opaque token (the analyses')."""
     if nxt is None:
         return {}
-    token = nxt.encode()
+    token = nxt if isinstance(nxt, str) else nxt.encode()
     args = {k: v for k, v in request.args.items() if k != "cursor"}
     url = f"{request.base_url}?{urlencode({**args, 'cursor': token})}"
     return {"X-Next-Cursor": token, "Link": f'<{url}>; rel="next"'}

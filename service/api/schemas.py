@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from marshmallow import INCLUDE, RAISE, Schema, fields, validate
+from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate
 from webargs.fields import DelimitedList
 
 import mechanisms
+from mechanisms.suggest import did_you_mean
 from service.storage.ledger import EVENT_KINDS
 
 
@@ -36,6 +37,13 @@ class ProblemSchema(Schema):
 
 class HealthSchema(StrictSchema):
     status = fields.String()
+
+
+class IndexSchema(StrictSchema):
+    service = fields.String()
+    version = fields.String()
+    links = fields.Dict(keys=fields.String(), values=fields.String(),
+                        metadata={"description": "where to go next: the API's entry points"})
 
 
 class ReadySchema(StrictSchema):
@@ -317,6 +325,13 @@ class RegisteredMechanism(validate.OneOf):
     def choices_text(self, _: Any) -> None:
         return None
 
+    def __call__(self, value: Any) -> Any:
+        """The name, or a refusal naming the closest registered one (not all of them)."""
+        if value not in self.choices:
+            raise ValidationError("unknown mechanism" + did_you_mean(value, self.choices)
+                                  + "; GET /v1/mechanisms lists them")
+        return value
+
 
 class ReleaseRequestSchema(StrictSchema):
     dataset_id = fields.String(required=True, validate=validate.Length(1, 100))
@@ -410,6 +425,7 @@ class MechanismSchema(Schema):
     name = fields.String()
     measures = fields.List(fields.String())
     description = fields.String()
+    summary = fields.String(metadata={"description": "the description's first sentence"})
     params_schema = fields.Dict()
     analyses = fields.Dict(metadata={"description": "analysis name -> its params schema"})
 
@@ -493,10 +509,6 @@ class AnalysisListQuerySchema(StrictSchema):
     limit = fields.Integer(load_default=20, validate=validate.Range(1, 100),
                            metadata={"description": "page size, newest first"})
     cursor = fields.String(validate=validate.Regexp(r"^[0-9]{1,20}:[A-Za-z0-9_]{1,100}$"),
-                           metadata={"description": "next_cursor of the previous page"})
+                           metadata={"description": CURSOR_DESCRIPTION})
 
 
-class AnalysisPageSchema(Schema):
-    items = fields.List(fields.Nested(AnalysisSchema))
-    next_cursor = fields.String(allow_none=True, metadata={
-        "description": "pass as cursor for the next page; null: this was the last"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -112,7 +113,8 @@ def _context() -> dict[str, Any]:
                     "request": releases_api.create, "estimate": releases_api.estimate,
                     "analyses": outputs_api.create,
                     "cancel_analysis": outputs_api.cancel},
-            "pretty": lambda v: json.dumps(v, indent=2, sort_keys=True)}
+            "pretty": lambda v: json.dumps(v, indent=2, sort_keys=True),
+            "new_key": new_key}
 
 
 @bp.errorhandler(APIError)
@@ -227,6 +229,27 @@ def home() -> BaseResponse:
 
 # -- datasets --------------------------------------------------------------------------
 
+def _idempotency() -> str | None:
+    """The key the posted form carries (``new_key`` made it when the form was shown): a
+    reload or a second click posts it again and gets the first answer, not a second
+    dataset or version. None from a form without one."""
+    return request.form.get("idempotency_key") or None
+
+
+def new_key() -> str:
+    """A fresh idempotency key for a form about to be shown."""
+    return uuid.uuid4().hex
+
+
+def _registered(doc: dict[str, Any]) -> Any:
+    """After a new dataset: its page. A possible re-upload is shown once, with it (not in
+    a redirect); otherwise post/redirect/get, so a reload shows the page again."""
+    reupload = [w for w in doc.get("warnings") or () if w.get("code") == "possible_reupload"]
+    if reupload:
+        return _dataset_page(doc["id"], warnings=reupload), 201
+    return redirect(url_for("console.dataset", dataset_id=doc["id"]))
+
+
 @bp.route("/datasets", methods=["GET", "POST"])
 @page(datasets_api.list_datasets)
 def datasets() -> Any:
@@ -237,16 +260,41 @@ def datasets() -> Any:
         try:
             form = ops.load(DatasetUploadSchema(), {"metadata": metadata})
             files = ops.load(DatasetFileSchema(), dict(request.files))
-            doc = ops.call(datasets_api.upload, form["metadata"], files["file"])
-            if doc.get("warnings"):  # shown once, with the new dataset (not in a redirect)
-                return _dataset_page(doc["id"], warnings=doc["warnings"]), 201
-            return redirect(url_for("console.dataset", dataset_id=doc["id"]))
+            doc = ops.call(datasets_api.upload, form["metadata"], files["file"],
+                           idempotency=_idempotency())
+            return _registered(doc)
         except APIError as err:
             error, status = _form_error(err), err.status
+    return _datasets_page(error=error, metadata=metadata), status
+
+
+def _datasets_page(error: dict[str, Any] | None = None, metadata: str | None = None,
+                   source_error: dict[str, Any] | None = None,
+                   source: Any = None) -> str:
+    """The datasets list with the upload form and the form by reference (each with what
+    was typed into it and its error, if it was the one posted)."""
+    example = json.dumps(EXAMPLE_METADATA, indent=2)
     query = _query(DatasetListQuerySchema(), ("limit", "cursor"))
     docs, headers = ops.call(datasets_api.list_datasets, **query)
-    return render_template("datasets.html", datasets=docs, error=error, metadata=metadata,
-                           pages=_pages(headers.get("X-Next-Cursor"))), status
+    return render_template("datasets.html", datasets=docs, error=error,
+                           metadata=example if metadata is None else metadata,
+                           source_error=source_error,
+                           source=source or {"metadata": example},
+                           pages=_pages(headers.get("X-Next-Cursor")))
+
+
+@bp.route("/datasets/register", methods=["POST"])
+def register() -> Any:
+    """A dataset from Parquet already in storage (the API's JSON body by reference, as a
+    form): the same checks and errors, shown on the datasets page with what was typed."""
+    ops.check(datasets_api.upload)  # as the API: the role before anything of the body
+    source = request.form.get("source", "").strip()
+    try:
+        doc = ops.call(datasets_api.upload, request.form.get("metadata", ""),
+                       source=source, idempotency=_idempotency())
+    except APIError as err:  # a source outside the roots is the API's 403: shown here
+        return _datasets_page(source_error=_form_error(err), source=request.form), err.status
+    return _registered(doc)
 
 
 @bp.route("/datasets/<dataset_id>")
@@ -257,7 +305,9 @@ def dataset(dataset_id: str) -> str:
 
 def _dataset_page(dataset_id: str, error: dict[str, Any] | None = None,
                   form: Any = None, warnings: list[dict[str, Any]] | None = None,
-                  version_error: dict[str, Any] | None = None) -> str:
+                  version_error: dict[str, Any] | None = None,
+                  source_error: dict[str, Any] | None = None,
+                  source_form: Any = None) -> str:
     doc = ops.call(datasets_api.show, dataset_id)
     versions = ops.call(datasets_api.list_versions, dataset_id)
     budget = (ops.call(datasets_api.show_budget, dataset_id)
@@ -267,7 +317,8 @@ def _dataset_page(dataset_id: str, error: dict[str, Any] | None = None,
                 if ops.allowed(datasets_api.set_budget) else [])
     return render_template("dataset.html", dataset=doc, budget=budget, error=error,
                            analysts=analysts, form=form or {}, versions=versions,
-                           warnings=warnings or [], version_error=version_error)
+                           warnings=warnings or [], version_error=version_error,
+                           source_error=source_error, source_form=source_form or {})
 
 
 @bp.route("/datasets/<dataset_id>/budget", methods=["POST"])
@@ -313,11 +364,32 @@ def upload_version(dataset_id: str) -> Any:
     try:
         form = ops.load(VersionUploadSchema(), fields)
         files = ops.load(DatasetFileSchema(), dict(request.files))
-        ops.call(datasets_api.upload_version, dataset_id, files["file"], **form)
+        ops.call(datasets_api.upload_version, dataset_id, files["file"], **form,
+                 idempotency=_idempotency())
     except APIError as err:
         if err.status in {401, 403, 404}:
             raise
         return _dataset_page(dataset_id, version_error=_form_error(err)), err.status
+    return redirect(url_for("console.dataset", dataset_id=dataset_id))
+
+
+@bp.route("/datasets/<dataset_id>/versions/register", methods=["POST"])
+def register_version(dataset_id: str) -> Any:
+    """A new version from Parquet already in storage through the API's own route (its
+    JSON body's fields, as a form); errors on the dataset's page with what was typed."""
+    ops.check(datasets_api.upload_version)  # the role before anything of the body
+    try:
+        ops.call(datasets_api.upload_version, dataset_id,
+                 metadata=request.form.get("metadata", "").strip() or None,
+                 compatible="compatible" in request.form,
+                 make_current="make_current" in request.form,
+                 source=request.form.get("source", "").strip(),
+                 idempotency=_idempotency())
+    except APIError as err:
+        if err.status in {401, 404}:  # a source outside the roots (403) is shown here
+            raise
+        return _dataset_page(dataset_id, source_error=_form_error(err),
+                             source_form=request.form), err.status
     return redirect(url_for("console.dataset", dataset_id=dataset_id))
 
 
@@ -423,13 +495,15 @@ def keys() -> Any:
     if request.method == "POST":
         body: dict[str, Any] = {"role": request.form.get("role", ""),
                                 "label": request.form.get("label", "")}
+        scope = request.form.get("scope", "")
         grants = [d for d in request.form.getlist("datasets") if d]
-        if grants:
+        if scope == "some":
             body["datasets"] = grants
         expires = request.form.get("expires_at", "").strip()
         if expires:
             body["expires_at"] = expires
         try:
+            _check_scope(scope, grants)
             created = ops.call(keys_api.create, ops.load(KeyCreateSchema(), body))
             status = 201
         except APIError as err:
@@ -438,6 +512,20 @@ def keys() -> Any:
     grantable = _every_dataset()
     return render_template("keys.html", keys=docs, created=created, error=error,
                            datasets=grantable, now=datetime.now(UTC)), status
+
+
+def _check_scope(scope: str, grants: list[str]) -> None:
+    """A key's datasets are the operator's explicit choice, never a form's default: every
+    dataset (also later ones) only when asked for, and some at least one ticked."""
+    if scope not in ("some", "all"):
+        raise APIError(422, "choose the datasets the key may use: only those ticked, or"
+                       " every dataset", code="validation_error", field="scope")
+    if scope == "some" and not grants:
+        raise APIError(422, "tick at least one dataset, or choose every dataset",
+                       code="validation_error", field="datasets")
+    if scope == "all" and grants:
+        raise APIError(422, "datasets are ticked but every dataset is chosen: choose one",
+                       code="validation_error", field="scope")
 
 
 @bp.route("/keys/<key_id>/revoke", methods=["POST"])
@@ -603,8 +691,8 @@ def release(release_id: str) -> Any:
     analyses, pages = [], {}
     if doc["status"] == "succeeded":
         query = _query(AnalysisListQuerySchema(), ("limit", "cursor"), limit=50)
-        listed = ops.call(outputs_api.list_analyses, query, release_id)
-        analyses, pages = listed["items"], _pages(listed["next_cursor"])
+        analyses, headers = ops.call(outputs_api.list_analyses, query, release_id)
+        pages = _pages(headers.get("X-Next-Cursor"))
     has_plot = doc["status"] == "succeeded" and _drawable(outputs_api.release_figure,
                                                           release_id)
     return render_template("release.html", release=doc, analyses=analyses, error=error,

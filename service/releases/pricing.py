@@ -37,6 +37,7 @@ import marshmallow
 
 import mechanisms
 from mechanisms import memory, precompute, zcdp
+from mechanisms.suggest import did_you_mean
 from service import budget, datasets
 from service.config import Config
 from service.errors import Failed, Invalid, NotFound, Retired, ServiceError, by_status
@@ -240,8 +241,9 @@ def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
     try:
         mech = mechanisms.get(body["mechanism"])
     except KeyError:
-        raise Invalid(f"unknown mechanism; known: {mechanisms.names()}",
-                       code="validation_error", field="mechanism") from None
+        raise Invalid(f"unknown mechanism{did_you_mean(body['mechanism'], mechanisms.names())};"
+                      " GET /v1/mechanisms lists them", code="validation_error",
+                      field="mechanism") from None
     if (doc.get("gaussian_accounting") == "zcdp" and "delta" in mech.measures
             and not mech.zcdp_native):
         raise Invalid(f"{mech.name} is accounted in (epsilon, delta); this dataset"
@@ -513,8 +515,10 @@ def _budget(raw: Any) -> dict[str, Fraction]:
     for measure, value in raw.items():
         field = f"budget.{measure}"
         if budget.base_measure(measure) not in budget.MEASURES:
-            raise Invalid(f"unknown measure; known: {sorted(budget.MEASURES)}",
-                           code="validation_error", field=field)
+            raise Invalid("unknown measure"
+                          + did_you_mean(budget.base_measure(measure), budget.MEASURES)
+                          + f"; known: {sorted(budget.MEASURES)}",
+                          code="validation_error", field=field)
         try:
             amount = budget.to_fraction(value, field)
         except budget.AmountError as err:

@@ -44,7 +44,7 @@ from mechanisms.statistics import Partial, Statistic, compute_over
 from service import datasets
 from service.engines import spark_records
 from service.engines.spark import compute_on_spark
-from service.engines.spark_session import engine_name, spark_session
+from service.engines.spark_session import engine_name, reach, spark_session
 from service.errors import STORAGE_DOWN, STORAGE_FULL
 from service.releases.documents import to_json
 from service.releases.request import JobRequest
@@ -254,6 +254,7 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
                 svc.documents.preflight(release_id, run.attempt)
             if job.mechanism.writes_table(job.params):
                 svc.outputs.preflight()
+            _reach_engine(svc.config.spark_remote, svc.config.spark_connect_timeout, job)
         except Exception as err:  # nothing of the data read yet: refund, say why
             log.error("release failed before reading the data",
                       extra={"release_id": release_id, "error_type": type(err).__name__})
@@ -389,6 +390,17 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
             result["records"] = records(released)
     return to_json({"result": result, "accuracy": output.accuracy,
                     "guarantee": guarantee, "engine": engine}), table
+
+
+def _reach_engine(spark_remote: str | None, timeout: float, job: _Job) -> None:
+    """Before the data is read: the Spark engine a streaming run or a record-level row
+    map may use answers within ``timeout`` seconds (``spark_session.reach``), so one that
+    is down fails the release refunded instead of hanging the worker after the read.
+    Decided by the setting and the mechanism (public), as ``_run`` decides the engine."""
+    mech = job.mechanism
+    if spark_remote is not None and (isinstance(mech, StreamingMechanism) or (
+            isinstance(mech, RecordMechanism) and mech.mappable(job.params, job.meta))):
+        reach(spark_remote, timeout)
 
 
 def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None

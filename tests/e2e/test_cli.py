@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from privrelease_client import ApiError, Client
 
@@ -416,3 +418,97 @@ def test_the_notebook_example_runs(service: Service) -> None:
     assert "refused: epsilon requested 5.0 remaining 1.0" in lines
     assert "npmle succeeded" in lines
     assert lines[-1] == "['interval.case1', 'laplace', 'laplace']"
+
+
+# -- registering Parquet already in storage (issue #30 item 2) --------------------------
+
+
+def _parts(folder: Path, sizes: tuple[int, ...]) -> None:
+    """Parquet files of ``META``'s columns under ``folder`` (x in [0, 0.9], g: u, v), and
+    a ``_SUCCESS`` marker, as a Spark export leaves them."""
+    folder.mkdir(parents=True)
+    for k, n in enumerate(sizes):
+        pq.write_table(pa.table({"x": [(i % 10) / 10 for i in range(n)],
+                                 "g": ["uv"[i % 2] for i in range(n)]}),
+                       folder / f"part-{k:05d}.parquet")
+    (folder / "_SUCCESS").write_bytes(b"")
+
+
+def test_datasets_and_versions_register_by_reference(service: Service, sources: Path,
+                                                     tmp_path: Path) -> None:
+    """Catches a ``register`` command that uploads instead of referencing, loses the
+    metadata or a version flag, or hides the skipped marker; and the refusals: a source
+    outside the server's root (its 403, exit 1) and metadata with a key given twice
+    (refused before sending, exit 2), neither leaving a dataset."""
+    folder = sources / "cli-people"
+    _parts(folder, (40, 20))
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps(META))
+    before = len(cli_json(service, "datasets", "list"))
+    out = cli(service, "datasets", "register", "--source", folder.as_uri(),
+              "--metadata", str(meta)).stdout
+    ds = field(out, "id")
+    assert field(out, "rows") == "60" and field(out, "name") == "cli-people"
+    assert "warning: skipped_objects: " in out and "(None)" not in out
+    first = cli_json(service, "datasets", "versions", "show", ds, "1")
+    assert first["source"]["url"] == folder.as_uri() and first["source"]["objects"] == 2
+    assert field(cli(service, "datasets", "versions", "show", ds, "1").stdout,
+                 "source") == folder.as_uri()
+
+    changed = json.loads(json.dumps(META))
+    changed["columns"]["x"]["bounds"] = [0, 2]
+    one = (folder / "part-00001.parquet").as_uri()
+    made = cli_json(service, "datasets", "versions", "register", ds, "--source", one,
+                    "--metadata-json", json.dumps(changed), "--compatible",
+                    "--make-current")
+    assert (made["version"], made["n_rows"], made["current"]) == (2, 20, True)
+    assert made["columns"]["x"]["bounds"] == [0, 2] and made["source"]["url"] == one
+    kept = cli_json(service, "datasets", "versions", "register", ds, "--source", one)
+    assert (kept["version"], kept["current"]) == (3, False)
+    assert kept["columns"]["x"]["bounds"] == [0, 2]  # the dataset's current metadata
+    rel = cli_json(service, "release", "create", "--dataset", ds, "--mechanism", "laplace",
+                   "--params", MEAN_X, "--budget", "epsilon=0.5", "--wait")
+    assert rel["status"] == "succeeded" and rel["dataset_version"] == 2
+
+    outside = tmp_path / "elsewhere"
+    _parts(outside, (10,))
+    refused = cli(service, "datasets", "register", "--source", outside.as_uri(),
+                  "--metadata", str(meta), ok=False)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.startswith("error: source_not_allowed: "), refused.stderr
+    twice = cli(service, "datasets", "register", "--source", folder.as_uri(),
+                "--metadata-json", '{"name": "a", "name": "b"}', ok=False)
+    assert twice.returncode == 2 and "duplicate key 'name'" in twice.stderr
+    neither = cli(service, "datasets", "register", "--source", folder.as_uri(), ok=False)
+    assert neither.returncode == 2 and "exactly one of" in neither.stderr
+    assert len(cli_json(service, "datasets", "list")) == before + 1
+
+
+def test_the_client_registers_once_under_one_idempotency_key(service: Service,
+                                                             sources: Path) -> None:
+    """``Client.register_dataset``/``register_version`` against the live service: the
+    same Idempotency-Key answers the first registration (no second dataset or version),
+    the same key with other metadata is refused, and a source the server cannot find is
+    its 422 as an ``ApiError``."""
+    folder = sources / "client-people"
+    _parts(folder, (30,))
+    with Client(service.url, TOKEN) as c:
+        before = {d["id"] for d in c.iter_datasets()}
+        first = c.register_dataset(folder.as_uri(), META, idempotency_key="byref-1")
+        again = c.register_dataset(folder.as_uri(), META, idempotency_key="byref-1")
+        assert again["id"] == first["id"] and first["n_rows"] == 30
+        with pytest.raises(ApiError) as mismatch:
+            c.register_dataset(folder.as_uri(), {**META, "name": "other"},
+                               idempotency_key="byref-1")
+        assert mismatch.value.status == 422 and mismatch.value.code == "idempotency_mismatch"
+        assert {d["id"] for d in c.iter_datasets()} - before == {first["id"]}
+
+        version = c.register_version(first["id"], folder.as_uri(), make_current=True,
+                                     idempotency_key="byref-v2")
+        repeat = c.register_version(first["id"], folder.as_uri(), make_current=True,
+                                    idempotency_key="byref-v2")
+        assert version["version"] == repeat["version"] == 2 and version["current"]
+        assert [v["version"] for v in c.list_versions(first["id"])] == [1, 2]
+        with pytest.raises(ApiError) as missing:
+            c.register_version(first["id"], (sources / "nothing-here").as_uri())
+        assert missing.value.status == 422 and missing.value.code == "source_not_found"

@@ -2,18 +2,21 @@
 against a live `privrelease standalone`: every role signs in, an operator uploads through
 the form and manages keys, an analyst estimates and requests a release and sees its plot,
 a consumer sees no operator page; an operator changes a cap with the budget form and an
-NPMLE analysis's page shows its drawing.
+NPMLE analysis's page shows its drawing; an operator registers Parquet from the store.
 
 Set PRIVRELEASE_CONSOLE_SCREENSHOTS=docs/console to also write the README's screenshots.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import requests
 from selenium import webdriver
@@ -125,6 +128,11 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
         d.get(service.url + "/console/keys")
         Select(d.find_element(By.ID, "role")).select_by_visible_text(role)
         d.find_element(By.ID, "label").send_keys(f"browser {role}")
+        if role == "analyst":  # the scope is an explicit choice (#31 item 6)
+            d.find_element(By.ID, "scope-some").click()
+            d.find_element(By.CSS_SELECTOR, f"input[name=datasets][value={dataset_id}]").click()
+        else:
+            d.find_element(By.ID, "scope-all").click()
         d.find_element(By.ID, "create-key").click()
         tokens[role] = d.find_element(By.ID, "new-token").text
         assert tokens[role].startswith("pr_")
@@ -147,7 +155,7 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     plot = d.find_element(By.ID, "plot")
     assert d.execute_script("return arguments[0].complete && arguments[0].naturalWidth",
                             plot) > 100
-    png = _session(d).get(plot.get_attribute("src"), timeout=30)
+    png = _session(d).get(plot.get_attribute("src") or "", timeout=30)
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
     assert len(png.content) > 2000
     _shot(d, "release")
@@ -230,6 +238,78 @@ def test_budget_form_and_analysis_plot_in_chromium(service: Service,
     WebDriverWait(d, 30).until(lambda drv: drv.execute_script(
         "return arguments[0].complete && arguments[0].naturalWidth", plot))
     assert d.execute_script("return arguments[0].naturalWidth", plot) > 100
-    svg = _session(d).get(d.find_element(By.ID, "plot-svg").get_attribute("href"), timeout=30)
+    svg = _session(d).get(d.find_element(By.ID, "plot-svg").get_attribute("href") or "",
+                         timeout=30)
     assert svg.status_code == 200 and svg.headers["Content-Type"].startswith("image/svg+xml")
     _shot(d, "analysis")
+
+
+def test_register_from_the_store_in_chromium(service: Service, browser: WebDriver,
+                                             sources: Path) -> None:
+    """An operator registers a local folder of Parquet (under the service's source root)
+    with the "Register from the store" form: the browser lands on the new dataset's page
+    (post/redirect/get), a reload of it registers nothing more, and the same form posted
+    a second time (its idempotency key, as a resubmission sends it) answers the same
+    dataset; a source outside the root shows the API's detail and field with what was
+    typed. Then a new version from the store on the dataset's page."""
+    d = browser
+    folder = sources / "console-people"
+    folder.mkdir()
+    for k, n in enumerate((150, 90)):  # 240 rows: not the shape of another dataset here
+        i = range(k * 150, k * 150 + n)
+        pq.write_table(pa.table({"age": [20 + j % 50 for j in i],
+                                 "income": [(j * 37) % 1000 + 0.5 for j in i],
+                                 "group": ["abc"[j % 3] for j in i]}),
+                       folder / f"part-{k}.parquet")
+    (folder / "_SUCCESS").write_bytes(b"")
+    _sign_in(d, service, TOKEN)
+    before = {x["id"] for x in service.call("GET", "/v1/datasets").json()}
+
+    d.get(service.url + "/console/datasets")
+    d.find_element(By.ID, "source").send_keys("file:///etc")  # outside the root
+    d.find_element(By.ID, "register").click()
+    assert d.find_element(By.ID, "problem-field").text == "source"
+    metadata = json.loads(d.find_element(By.ID, "source-metadata").get_attribute("value")
+                          or "")
+    api = service.call("POST", "/v1/datasets", json={"source": "file:///etc",
+                                                     "metadata": metadata}).json()
+    assert api["status"] == 403 and api["code"] == "source_not_allowed"
+    assert d.find_element(By.ID, "problem").text == f"{api['detail']} field: source"
+    assert d.find_element(By.ID, "source").get_attribute("value") == "file:///etc"
+    source = d.find_element(By.ID, "source")
+    source.clear()
+    source.send_keys(folder.as_uri())
+    # the form as the browser will post it (its CSRF token and idempotency key; a
+    # textarea's line breaks sent as CRLF, as HTML's form submission does)
+    form = d.find_element(By.ID, "register-form")
+    fields = {e.get_attribute("name"): (e.get_attribute("value") or "").replace("\n", "\r\n")
+              for e in form.find_elements(By.CSS_SELECTOR, "input, textarea")}
+    button = d.find_element(By.ID, "register")
+    button.click()
+    _reloaded(d, button)
+    dataset_id = d.current_url.rsplit("/", 1)[1]
+    assert d.current_url == f"{service.url}/console/datasets/{dataset_id}"  # redirected
+    assert "240 rows" in d.find_element(By.TAG_NAME, "main").text
+    assert d.find_element(By.CSS_SELECTOR, "#version-1 .source").text == (
+        f"{folder.as_uri()} · 2 objects · 1 hidden skipped")
+    _shot(d, "register")
+
+    d.refresh()
+    assert d.current_url == f"{service.url}/console/datasets/{dataset_id}"
+    again = _session(d).post(service.url + "/console/datasets/register", data=fields,
+                             allow_redirects=False, timeout=60)
+    assert again.status_code == 302
+    assert again.headers["Location"].endswith(f"/console/datasets/{dataset_id}")
+    made = {x["id"] for x in service.call("GET", "/v1/datasets").json()} - before
+    assert made == {dataset_id}
+
+    d.find_element(By.ID, "version-source").send_keys((folder / "part-1.parquet").as_uri())
+    d.find_element(By.ID, "version-source-current").click()
+    button = d.find_element(By.ID, "register-version")
+    button.click()
+    _reloaded(d, button)
+    assert "current" in d.find_element(By.ID, "version-2").text
+    d.refresh()
+    versions = service.call("GET", f"/v1/datasets/{dataset_id}/versions").json()
+    assert [(v["version"], v["n_rows"], v["current"]) for v in versions] == [
+        (1, 240, False), (2, 90, True)]

@@ -40,5 +40,7 @@ def test_quick_start_runs_as_pasted(tmp_path: Path) -> None:
     estimate = json.loads(lines[1])
     assert estimate["cost"]["epsilon"] == 0.5
     assert isinstance(json.loads(lines[2])["value"], float)
-    budget = json.loads(lines[3])
+    accuracy = json.loads(lines[3])  # the interval the comment beside it explains
+    assert round(accuracy["ci95_halfwidth"]) == 164, accuracy
+    budget = json.loads(lines[4])
     assert budget["measures"]["epsilon"]["committed"] == 0.5

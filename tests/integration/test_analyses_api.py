@@ -82,7 +82,7 @@ def test_mean_is_refused_at_post_on_case2_and_not_listed(api: Api,
     assert resp.status_code == 422
     body = resp.get_json()
     assert body["field"] == "analysis" and "mean" not in body["detail"].split("[")[1]
-    assert api.get(f"/v1/releases/{case2['id']}/analyses").get_json()["items"] == []
+    assert api.get(f"/v1/releases/{case2['id']}/analyses").get_json() == []
     catalog = {m["name"]: m for m in api.get("/v1/mechanisms").get_json()}
     offering = {name for name, m in catalog.items() if "mean" in m["analyses"]}
     assert offering == {"interval.case1", "interval.progressive"}
@@ -136,13 +136,15 @@ def test_a_release_lists_its_analyses_newest_first_in_pages(
         assert resp.get_json()["work"] > 0
     first = api.get(f"/v1/releases/{rid}/analyses?limit=2")
     assert first.status_code == 200
-    page = first.get_json()
-    assert [a["id"] for a in page["items"]] == ids[:-3:-1]  # newest first
-    assert page["next_cursor"]
-    rest = api.get(f"/v1/releases/{rid}/analyses?limit=2&cursor={page['next_cursor']}")
+    page = first.get_json()  # every list's envelope (#31 item 6): an array, the cursor a header
+    assert [a["id"] for a in page] == ids[:-3:-1]  # newest first
+    cursor = first.headers["X-Next-Cursor"]
+    assert first.headers["Link"].endswith('; rel="next"') and f"cursor={cursor}" in (
+        first.headers["Link"].replace("%3A", ":"))
+    rest = api.get(f"/v1/releases/{rid}/analyses?limit=2&cursor={cursor}")
     tail = rest.get_json()
-    listed = [a["id"] for a in page["items"] + tail["items"]]
-    assert listed[:3] == ids[::-1] and tail["next_cursor"] is None
+    listed = [a["id"] for a in page + tail]
+    assert listed[:3] == ids[::-1] and "X-Next-Cursor" not in rest.headers
     assert api.get(f"/v1/releases/{rid}/analyses?limit=0").status_code == 422
     assert api.get(f"/v1/releases/{rid}/analyses?cursor=x").status_code == 422
     for aid in ids:

@@ -22,7 +22,7 @@ from service import apikeys, wiring
 from service.storage.keys import KeyStore
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
-PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
+PUBLIC = {"/", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
           "/docs/assets/<name>"}
 _counter = itertools.count()
 
@@ -189,8 +189,23 @@ def test_matrix(world: World, route: tuple[str, str], caller: str) -> None:
 
 def test_public_probes_need_no_key(app: Flask, worker: Any) -> None:
     client = app.test_client()
-    for path in ("/healthz", "/readyz", "/openapi.json", "/docs", "/metrics"):
+    for path in ("/", "/healthz", "/readyz", "/openapi.json", "/docs", "/metrics"):
         assert client.get(path).status_code == 200, path
+
+
+def test_the_front_door_sends_browsers_to_the_console_and_clients_an_index(app: Flask) -> None:
+    """#31 item 6: ``GET /`` answered 404."""
+    client = app.test_client()
+    browser = client.get("/", headers={"Accept": "text/html,application/xhtml+xml,"
+                                                 "application/xml;q=0.9,*/*;q=0.8"})
+    assert browser.status_code == 302 and browser.headers["Location"] == "/console/"
+    for accept in ("application/json", "*/*", None):
+        answer = client.get("/", headers={"Accept": accept} if accept else {})
+        assert answer.status_code == 200 and answer.mimetype == "application/json", accept
+        links = answer.get_json()["links"]
+        assert answer.get_json()["service"] == "privrelease"
+        for name in ("openapi", "docs", "datasets", "releases", "health"):
+            assert client.get(links[name]).status_code in {200, 401}, name
 
 
 MISSING_RELEASE = "rel_" + "0" * 24

@@ -158,7 +158,7 @@ def test_lists_page_forward_and_back(app: Flask, api: Api, interval: dict[str, A
     for _ in range(3):
         assert _post(api, rid, "moments").status_code == 202
     expected = [a["id"] for a in api.get(f"/v1/releases/{rid}/analyses?limit=100")
-                .get_json()["items"]]
+                .get_json()]
     client = _signed_in(app, TOKEN)
     row = re.compile(rf'href="/console/releases/{rid}/analyses/(ana_[A-Za-z0-9_]+)"')
 
@@ -273,3 +273,28 @@ def test_reupload_warning_is_shown_after_the_upload_form(app: Flask, api: Api) -
     page = resp.get_data(as_text=True)
     assert resp.status_code == 201, page
     assert 'id="reupload-warning"' in page and first["id"] in page and "the same file" in page
+
+
+def test_a_keys_datasets_are_an_explicit_choice(app: Flask, api: Api, keys: KeyStore,
+                                                dataset: dict[str, Any]) -> None:
+    """#31 item 6: a key made with no dataset ticked got every dataset. Now no choice, or
+    "some" with none ticked, is refused and makes no key; "every dataset" must be chosen."""
+    client = _signed_in(app, apikeys.create(keys, "operator", label="scope-op")[1])
+
+    def create(label: str, **form: Any) -> Any:
+        return client.post("/console/keys", data={
+            "csrf_token": _csrf(client, "/console/keys"), "role": "analyst", "label": label,
+            **form})
+
+    for label, form, field in (("no-choice", {}, "scope"),
+                               ("none-ticked", {"scope": "some"}, "datasets"),
+                               ("both", {"scope": "all", "datasets": [dataset["id"]]}, "scope")):
+        resp = create(label, **form)
+        assert resp.status_code == 422, label
+        assert f'<code id="problem-field">{field}</code>' in resp.get_data(as_text=True), label
+    made = {k["label"]: k for k in api.get("/v1/keys?limit=1000").get_json()}
+    assert not {"no-choice", "none-ticked", "both"} & set(made)
+    assert create("some", scope="some", datasets=[dataset["id"]]).status_code == 201
+    assert create("all", scope="all").status_code == 201
+    made = {k["label"]: k for k in api.get("/v1/keys?limit=1000").get_json()}
+    assert made["some"]["datasets"] == [dataset["id"]] and made["all"]["datasets"] is None

@@ -16,6 +16,7 @@ start); every pass is one small Spark job, so the module stays well under two mi
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from collections.abc import Mapping
 from fractions import Fraction
@@ -34,7 +35,7 @@ from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.statistics import compute
 from service.engines.spark import SparkEngineError, compute_on_spark
-from service.engines.spark_session import spark_session
+from service.engines.spark_session import reach, spark_session
 from tests.integration.conftest import SPARK_REMOTE
 
 if TYPE_CHECKING:
@@ -125,6 +126,16 @@ def _setup(name: str, raw: dict[str, Any], n: int
 def test_the_session_is_started_once_per_process(spark: SparkSession) -> None:
     assert spark_session(REMOTE) is spark and not spark.is_stopped
     assert spark.range(0, 3, 1, 3).count() == 3
+
+
+def test_a_server_that_answers_is_reached_within_the_timeout(spark: SparkSession) -> None:
+    """``reach`` (what a run calls before it reads the data) keeps the running server's
+    session and answers at once; its retries are the bounded ones."""
+    start = time.monotonic()
+    assert reach(REMOTE, 5.0) is spark and not spark.is_stopped
+    assert time.monotonic() - start < 5.0
+    policies = spark.client.get_retry_policies()
+    assert [(p.max_retries, p.max_backoff) for p in policies] == [(7, 7500)]  # 30 s
 
 
 def test_the_files_have_several_row_groups_and_an_empty_file(

@@ -28,6 +28,7 @@ from privrelease_client import (
     Analysis,
     ApiError,
     BudgetExhausted,
+    BudgetRefused,
     Client,
     ConnectionFailed,
     MissingExtra,
@@ -531,8 +532,8 @@ def test_a_repeated_cursor_ends_the_iteration(server: tuple[str, Script]) -> Non
 
 def test_iter_analyses_follows_next_cursor(server: tuple[str, Script]) -> None:
     url, script = server
-    script.answers = [answer(200, {"items": [{"id": "an_1"}], "next_cursor": "k"}),
-                      answer(200, {"items": [{"id": "an_2"}], "next_cursor": None})]
+    script.answers = [answer(200, [{"id": "an_1"}], {"X-Next-Cursor": "k"}),
+                      answer(200, [{"id": "an_2"}])]
     assert [a["id"] for a in client(url).iter_analyses("rel_1", page_size=1)] == [
         "an_1", "an_2"]
     assert script.seen[1].path == "/v1/releases/rel_1/analyses?limit=1&cursor=k"
@@ -583,6 +584,8 @@ def test_a_release_failed_in_pricing_raises_with_code_and_amounts(
     err = info.value
     assert (err.code, err.requested, err.remaining, err.measure) == (
         "budget_exhausted", 0.8, 0.3, "interval_leakage")
+    # the refusal a retry would get at the POST: one ``except BudgetExhausted`` catches both
+    assert isinstance(err, BudgetExhausted) and isinstance(err, BudgetRefused)
     assert err.doc["status"] == "failed" and release.status == "failed"
     assert release.wait(timeout=1, progress=False, check=False).status == "failed"
     assert len(script.seen) == 2  # an ended release is not polled again
@@ -599,8 +602,9 @@ def test_analysis_object_waits_and_cancels(server: tuple[str, Script]) -> None:
     a = Analysis(c, c.analyze("rel_1", "npmle"))
     assert (a.id, a.release_id, a.name) == ("an_1", "rel_1", "npmle")
     assert a.refresh().status == "running"
-    with pytest.raises(ReleaseFailed, match="cancelled"):
+    with pytest.raises(ReleaseFailed, match="cancelled") as info:
         a.wait(timeout=5, poll=0.01, progress=False)
+    assert not isinstance(info.value, BudgetExhausted)  # only a budget refusal is one
     assert [s.path for s in script.seen] == [
         "/v1/releases/rel_1/analyses", "/v1/releases/rel_1/analyses/an_1",
         "/v1/releases/rel_1/analyses/an_1"]

@@ -103,13 +103,16 @@ def test_cli_health_and_openapi(server: tuple[str, Script], tmp_path: Path) -> N
     url, script = server
     auth = ["--url", url, "--key", "pr_test_key"]
     runner = CliRunner()
-    script.answers = [answer(200, {"status": "ok"}), answer(200, {"status": "ready",
-                                                                  "workers": 1})]
+    script.answers = [answer(200, {"status": "ok"}),
+                      answer(200, {"service": "privrelease", "version": "1.2.3", "links": {}}),
+                      answer(200, {"status": "ready", "workers": 1})]
     ok = runner.invoke(client_cli.cli, ["health", "--json", *auth])
     assert ok.exit_code == 0 and json.loads(ok.stdout) == {
-        "healthz": {"status": "ok"}, "readyz": {"status": "ready", "workers": 1}}
+        "version": "1.2.3", "healthz": {"status": "ok"},
+        "readyz": {"status": "ready", "workers": 1}}
+    assert [s.path for s in script.seen] == ["/healthz", "/", "/readyz"]
     script.seen.clear()
-    script.answers = [answer(200, {"status": "ok"}),
+    script.answers = [answer(200, {"status": "ok"}), problem(404, "not_found", "no route"),
                       problem(503, "unavailable", "no worker is running")]
     down = runner.invoke(client_cli.cli, ["health", *auth])
     assert down.exit_code == 1

@@ -1,6 +1,6 @@
 """``PRIVRELEASE_SPARK_REMOTE`` as ``service.config`` reads it: unset is embedded, and only
 a local master or an ``sc://`` URL is accepted; ``PRIVRELEASE_WORKER_MEMORY`` in bytes or
-with a unit."""
+with a unit; ``PRIVRELEASE_SPARK_CONNECT_TIMEOUT`` a positive number of seconds."""
 
 from __future__ import annotations
 
@@ -29,6 +29,21 @@ def test_no_spark_remote_is_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_other_spark_remotes_are_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv("PRIVRELEASE_SPARK_REMOTE", raw)
     with pytest.raises(SystemExit, match="PRIVRELEASE_SPARK_REMOTE must be local"):
+        Config.from_env()
+
+
+@pytest.mark.parametrize(("raw", "read"), [("", 30.0), ("2.5", 2.5), ("120", 120.0)])
+def test_the_spark_connect_timeout_is_read(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                           read: float) -> None:
+    monkeypatch.setenv("PRIVRELEASE_SPARK_CONNECT_TIMEOUT", raw)
+    assert Config.from_env().spark_connect_timeout == read
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "inf", "soon"])
+def test_a_spark_connect_timeout_that_would_never_or_always_end_is_refused(
+        monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("PRIVRELEASE_SPARK_CONNECT_TIMEOUT", raw)
+    with pytest.raises(SystemExit, match="PRIVRELEASE_SPARK_CONNECT_TIMEOUT must be"):
         Config.from_env()
 
 

@@ -110,3 +110,25 @@ def test_table_bars_with_error_bars_are_a_png() -> None:
         png = bar_png(["a / x", "a / y", "b / x"], values, errors, "laplace · rel_x")
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         assert struct.unpack(">II", png[16:24]) == (600, 350)
+
+
+def test_the_budget_chart_leaves_out_measures_nobody_enabled_and_ticks_say_the_time(
+        ) -> None:
+    """#31 item 6: an empty panel per measure nobody enabled, and ticks reading
+    "30, 17:51, 30" (seconds drawn as bare numbers, like days)."""
+    from datetime import UTC, datetime, timedelta
+
+    from service.plotting import budget_figure
+
+    start = datetime(2026, 11, 30, 17, 51, 2, tzinfo=UTC)
+    times = [start + timedelta(seconds=0.3 * i) for i in range(7)] + [
+        start + timedelta(seconds=40)]
+    used = {"committed": [0, 1, 2, 3, 4, 5, 6, 6], "reserved": [1, 1, 1, 1, 1, 1, 0, 0],
+            "cap": [10] * 8}
+    unused = {"committed": [0] * 8, "reserved": [0] * 8, "cap": [0] * 8}
+    figure = budget_figure({"epsilon": (times, used), "delta": (times, unused)}, "budget")
+    assert [a.get_ylabel() for a in figure.axes] == ["epsilon"]
+    figure.canvas.draw()
+    ticks = [t.get_text() for t in figure.axes[-1].get_xticklabels() if t.get_text()]
+    assert len(ticks) >= 3 and all(":" in t for t in ticks), ticks
+    assert figure.axes[-1].get_xlabel() == "time (UTC)"

@@ -125,9 +125,10 @@ def test_every_route_has_a_cli_command(app: Flask) -> None:
     assert reached[("GET", "/v1/releases/<>/analyses/<>/plot.svg")] == ["analyses plot"]
 
 
-#: API routes with no console page: probes, the OpenAPI description and its viewer,
+#: API routes with no console page: the front door (it sends a browser to the console),
+#: probes, the OpenAPI description and its viewer,
 #: metrics, static files (the console links /docs in its navigation instead)
-NOT_CONSOLE_ENDPOINTS = {"health.healthz", "health.readyz", "api-docs.openapi_json",
+NOT_CONSOLE_ENDPOINTS = {"health.index", "health.healthz", "health.readyz", "api-docs.openapi_json",
                          "api-docs.openapi_swagger_ui", "apidocs.asset", "metrics", "static"}
 
 

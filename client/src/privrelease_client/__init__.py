@@ -12,6 +12,7 @@ from privrelease_client.client import DEFAULT_URL, Client
 from privrelease_client.errors import (
     ApiError,
     BudgetExhausted,
+    BudgetRefused,
     ConnectionFailed,
     MissingExtra,
     ReleaseFailed,
@@ -20,5 +21,5 @@ from privrelease_client.frames import result_columns
 from privrelease_client.objects import PENDING, TERMINAL, Analysis, Progress, Release, Table
 
 __all__ = ["DEFAULT_URL", "PENDING", "TERMINAL", "Analysis", "ApiError", "BudgetExhausted",
-           "Client", "ConnectionFailed", "MissingExtra", "Progress", "Release",
+           "BudgetRefused", "Client", "ConnectionFailed", "MissingExtra", "Progress", "Release",
            "ReleaseFailed", "Table", "__version__", "result_columns"]

@@ -282,6 +282,21 @@ def _datasets_upload(c: Client, file: str, metadata: str | None,
     return Output(c.upload_dataset(file, meta), terminal.render_dataset)
 
 
+@client_command(datasets, "register", "register Parquet already in storage (a file or a "
+                "folder, under a root the server allows) with its public metadata")
+@click.option("--source", required=True, metavar="URL",
+              help="storage URL: s3://bucket/prefix, s3://bucket/key.parquet, file:///path")
+@click.option("--metadata", metavar="JSONFILE", help="metadata JSON file")
+@click.option("--metadata-json", metavar="STR", help="metadata JSON text")
+def _datasets_register(c: Client, source: str, metadata: str | None,
+                       metadata_json: str | None) -> Output:
+    if (metadata is None) == (metadata_json is None):
+        raise UsageError("give exactly one of --metadata and --metadata-json")
+    meta = _metadata_object(_metadata_text(metadata, metadata_json))
+    assert meta is not None  # one of the two was given
+    return Output(c.register_dataset(source, meta), terminal.render_dataset)
+
+
 @datasets.group("versions")
 def versions() -> None:
     """versions of a dataset: the same people, one budget"""
@@ -293,6 +308,30 @@ def _metadata_text(metadata: str | None, metadata_json: str | None) -> str | Non
     if metadata is not None:
         return _read_text(metadata, "metadata")
     return metadata_json
+
+
+def _metadata_object(text: str | None) -> dict[str, Any] | None:
+    """Metadata text as the object a registration by reference sends (a JSON body, not
+    text in a form field): a key given twice is refused here, as the server refuses it
+    in an upload's text, since decoding would keep only the last (a column lost)."""
+    if text is None:
+        return None
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in pairs:
+            if name in out:
+                raise UsageError(f"duplicate key {name!r} in the metadata")
+            out[name] = value
+        return out
+
+    try:
+        value = json.loads(text, object_pairs_hook=unique)
+    except ValueError:
+        raise UsageError("the metadata is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise UsageError("the metadata must be a JSON object")
+    return value
 
 
 @client_command(versions, "upload", "upload the next version (spends the dataset's "
@@ -313,6 +352,26 @@ def _versions_upload(c: Client, dataset_id: str, file: str, metadata: str | None
         raise UsageError(f"cannot read data file {file}")
     doc = c.upload_version(dataset_id, file, meta, compatible=compatible,
                            make_current=make_current)
+    return Output(doc, terminal.render_version)
+
+
+@client_command(versions, "register", "the next version from Parquet already in storage "
+                "(spends the dataset's budget; not current unless --make-current)")
+@click.argument("dataset_id", metavar="ID")
+@click.option("--source", required=True, metavar="URL",
+              help="storage URL: s3://bucket/prefix, s3://bucket/key.parquet, file:///path")
+@click.option("--metadata", metavar="JSONFILE",
+              help="changed metadata JSON file (default: the dataset's)")
+@click.option("--metadata-json", metavar="STR", help="changed metadata JSON text")
+@click.option("--compatible", is_flag=True,
+              help="declare the changed metadata compatible (needed with --metadata)")
+@click.option("--make-current", is_flag=True, help="make it the current version at once")
+def _versions_register(c: Client, dataset_id: str, source: str, metadata: str | None,
+                       metadata_json: str | None, compatible: bool,
+                       make_current: bool) -> Output:
+    meta = _metadata_object(_metadata_text(metadata, metadata_json))
+    doc = c.register_version(dataset_id, source, meta, compatible=compatible,
+                             make_current=make_current)
     return Output(doc, terminal.render_version)
 
 
@@ -507,7 +566,7 @@ def _release_create(c: Client, dataset: str, mechanism: str, params: str,
     if final.get("replayed") is None and doc.get("replayed"):
         final = {**final, "replayed": True}
     if final.get("status") != "succeeded":
-        failed = ReleaseFailed(final)
+        failed = ReleaseFailed.of(final)
         message = f"release_{final.get('status')}: "
         if failed.code != f"release_{final.get('status')}":
             message += f"{failed.code}: "
@@ -605,7 +664,7 @@ def _analyses_run(c: Client, release_id: str, analysis: str, params: str,
     except TimeoutError as err:
         return Output(doc, terminal.render_analysis, 1, f"timeout: {err}")
     if final.get("status") != "succeeded":
-        failed = ReleaseFailed(final)
+        failed = ReleaseFailed.of(final)
         return Output(final, terminal.render_analysis, 1,
                       f"analysis_{final.get('status')}: {failed.code}: "
                       f"{terminal.clean(failed.detail)}")
@@ -675,9 +734,14 @@ def _mechanisms(c: Client, name: str | None) -> Output:
     return Output(found[0], terminal.render_mechanism)
 
 
-@client_command(cli, "health", "whether the server is up (healthz) and ready (readyz)")
+@client_command(cli, "health", "the server's version, whether it is up (healthz) and ready"
+                " (readyz)")
 def _health(c: Client) -> Output:
-    doc = {"healthz": c.health()}
+    doc: dict[str, Any] = {"healthz": c.health()}
+    try:  # the front door names the server's version (a server before it had none: 404)
+        doc = {"version": c.index().get("version"), **doc}
+    except ApiError:
+        doc = {"version": None, **doc}
     try:
         doc["readyz"] = c.ready()
     except ApiError as err:  # 503 while Valkey or the workers are away: said, exit 1

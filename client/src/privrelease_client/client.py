@@ -534,24 +534,16 @@ class Client:
         return doc
 
     def list_analyses(self, release_id: str, *, limit: int | None = None,
-                      cursor: str | None = None) -> dict[str, Any]:
-        """One page: ``{"items": [...], "next_cursor": ...}``, newest first."""
-        doc: dict[str, Any] = self._get(f"/v1/releases/{_seg(release_id)}/analyses",
-                                        limit=limit, cursor=cursor)
-        return doc
+                      cursor: str | None = None) -> list[dict[str, Any]]:
+        """One page, newest first; ``iter_analyses`` follows the cursor to the end."""
+        docs: list[dict[str, Any]] = self._get(
+            f"/v1/releases/{_seg(release_id)}/analyses", limit=limit, cursor=cursor)
+        return docs
 
     def iter_analyses(self, release_id: str, *,
                       page_size: int | None = None) -> Iterator[dict[str, Any]]:
-        """Every analysis of a release, newest first, following ``next_cursor``."""
-        cursor: str | None = None
-        seen: set[str] = set()
-        while True:
-            page = self.list_analyses(release_id, limit=page_size, cursor=cursor)
-            yield from page.get("items") or []
-            cursor = page.get("next_cursor")
-            if not cursor or cursor in seen:
-                return
-            seen.add(cursor)
+        """Every analysis of a release, newest first, fetched a page at a time."""
+        return self._pages(f"/v1/releases/{_seg(release_id)}/analyses", {"limit": page_size})
 
     def get_analysis(self, release_id: str, analysis_id: str) -> dict[str, Any]:
         doc: dict[str, Any] = self._get(
@@ -600,6 +592,11 @@ class Client:
     def mechanisms(self) -> list[dict[str, Any]]:
         docs: list[dict[str, Any]] = self._get("/v1/mechanisms")
         return docs
+
+    def index(self) -> dict[str, Any]:
+        """The server's front door (``GET /``): its name, version and entry points."""
+        doc: dict[str, Any] = self._get("/")
+        return doc
 
     def health(self) -> dict[str, Any]:
         doc: dict[str, Any] = self._get("/healthz")

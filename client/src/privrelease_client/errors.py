@@ -7,7 +7,8 @@ from typing import Any
 
 import requests
 
-__all__ = ["ApiError", "BudgetExhausted", "ConnectionFailed", "MissingExtra", "ReleaseFailed"]
+__all__ = ["ApiError", "BudgetExhausted", "BudgetRefused", "ConnectionFailed", "MissingExtra",
+           "ReleaseFailed"]
 
 _FALLBACK_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden",
                    404: "not_found", 405: "method_not_allowed", 409: "conflict",
@@ -106,6 +107,22 @@ class ReleaseFailed(ApiError):
         field = error.get("field")
         super().__init__(0, code, detail, None if field is None else str(field), error)
         self.doc = dict(doc)
+
+    @staticmethod
+    def of(doc: Mapping[str, Any]) -> ReleaseFailed:
+        """The exception of an ended job: ``BudgetRefused`` when it was refused for budget
+        (so ``except BudgetExhausted`` catches a refusal whether the POST or a pricing job
+        found it), else ``ReleaseFailed``."""
+        error = doc.get("error")
+        refused = isinstance(error, Mapping) and error.get("code") == "budget_exhausted"
+        return BudgetRefused(doc) if refused else ReleaseFailed(doc)
+
+
+class BudgetRefused(ReleaseFailed, BudgetExhausted):
+    """A release refused for budget after the POST (a cold request priced by a worker):
+    both a ``ReleaseFailed`` (the job ended refused) and a ``BudgetExhausted`` (what an
+    identical request gets at the POST once the service knows its price), with the same
+    ``requested``, ``remaining``, ``measure`` and ``scope``."""
 
 
 class MissingExtra(ImportError):

@@ -174,7 +174,8 @@ class _Job:
 
         ``progress``: None shows a status line on a terminal or in a notebook, False never,
         True always, or a callable ``(doc, elapsed)``. With ``check`` a failed, refused or
-        cancelled job raises :class:`ReleaseFailed` (its ``code``, ``field``, amounts).
+        cancelled job raises :class:`ReleaseFailed` (its ``code``, ``field``, amounts;
+        :class:`BudgetRefused`, also a :class:`BudgetExhausted`, when refused for budget).
         ``TimeoutError`` after ``timeout`` s; the job goes on on the server regardless.
         """
         show: Any = progress if callable(progress) else Progress(
@@ -202,7 +203,7 @@ class _Job:
     def raise_for_status(self) -> None:
         """Raise :class:`ReleaseFailed` if the job ended failed, refused or cancelled."""
         if self.status in {"failed", "refused", "cancelled"}:
-            raise ReleaseFailed(self.doc)
+            raise ReleaseFailed.of(self.doc)
 
     def to_pandas(self) -> Any:
         """The result as a pandas DataFrame (see ``frames.result_columns`` for shapes)."""

@@ -61,9 +61,10 @@ def compact(value: Any, limit: int | None = None) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
-          empty: str = "(none)") -> RenderableType:
-    """Borderless columns two spaces apart, bold headers on a terminal; ``empty`` if none."""
-    cells = [[Text(compact(v, _CELL)) for v in row] for row in rows]
+          empty: str = "(none)", cell: int | None = _CELL) -> RenderableType:
+    """Borderless columns two spaces apart, bold headers on a terminal; ``empty`` if none.
+    A cell is cut at ``cell`` characters (None: whole, folded over lines: prose)."""
+    cells = [[Text(compact(v, cell)) for v in row] for row in rows]
     if not cells:
         return Text(empty)
     out = Table(box=None, show_edge=False, pad_edge=False, header_style="bold",
@@ -110,12 +111,25 @@ def render_dataset(doc: Mapping[str, Any]) -> RenderableType:
         ("created", doc.get("created_at")),
         ("retired", doc.get("retired_at")),
     ])
-    parts = [head, render_columns(doc)]
-    for warning in doc.get("warnings") or ():  # a possible re-upload of the same people
+    return stack(head, render_columns(doc), *_warnings(doc))
+
+
+def _source(doc: Mapping[str, Any]) -> Any:
+    """Where a version registered by reference was read from (None for an upload)."""
+    source = doc.get("source")
+    return source.get("url") if isinstance(source, Mapping) else None
+
+
+def _warnings(doc: Mapping[str, Any]) -> list[Text]:
+    """An answer's warnings: a possible re-upload of the same people (the dataset it
+    names), or a source's hidden objects skipped."""
+    out = []
+    for warning in doc.get("warnings") or ():
         if isinstance(warning, Mapping):
-            parts.append(Text(f"warning: {warning.get('code')}: "
-                              f"{warning.get('message', '')} ({warning.get('dataset_id')})"))
-    return stack(*parts)
+            named = f" ({warning['dataset_id']})" if warning.get("dataset_id") else ""
+            out.append(Text(f"warning: {warning.get('code')}: "
+                            f"{warning.get('message', '')}{named}"))
+    return out
 
 
 def render_columns(doc: Mapping[str, Any]) -> RenderableType:
@@ -134,9 +148,9 @@ def render_version(doc: Mapping[str, Any]) -> RenderableType:
         ("dataset", doc.get("dataset_id")), ("version", doc.get("version")),
         ("current", doc.get("current")), ("status", doc.get("status")),
         ("rows", doc.get("n_rows")), ("sha256", doc.get("sha256")),
-        ("created", doc.get("created_at")),
+        ("source", _source(doc)), ("created", doc.get("created_at")),
     ])
-    return stack(head, render_columns(doc))
+    return stack(head, render_columns(doc), *_warnings(doc))
 
 
 def render_versions(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
@@ -270,27 +284,48 @@ def render_analyses(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
                    d.get("finished_at")) for d in docs], empty="no analyses")
 
 
-def _first_sentence(text: Any) -> str:
-    text = " ".join(str(text or "").split())
-    end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
-
-
 def render_mechanisms(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
     return table(["NAME", "MEASURES", "ANALYSES", "DESCRIPTION"],
                  [(d.get("name"), d.get("measures"), sorted(d.get("analyses") or {}),
-                   _first_sentence(d.get("description"))) for d in docs],
+                   " ".join(str(d.get("summary") or d.get("description") or "").split()))
+                  for d in docs],
                  empty="no mechanisms")
+
+
+def _type(schema: Mapping[str, Any]) -> str:
+    """A parameter's JSON type, a list's with its items' (``array of number``)."""
+    kind = str(schema.get("type") or "any")
+    items = schema.get("items")
+    if kind == "array" and isinstance(items, Mapping) and items.get("type"):
+        return f"array of {items['type']}"
+    return kind
+
+
+def _allowed(schema: Mapping[str, Any]) -> str | None:
+    """What a parameter's schema allows beyond its type: its values (an enum, also a
+    list's items'), its range and its length, as the server checks them."""
+    parts: list[str] = []
+    for where in (schema, schema.get("items")):
+        if not isinstance(where, Mapping):
+            continue
+        if where.get("enum"):
+            parts.append(", ".join(str(v) for v in where["enum"]))
+        low, high = where.get("minimum"), where.get("maximum")
+        if low is not None or high is not None:
+            parts.append(f"{'' if low is None else low}..{'' if high is None else high}")
+    if schema.get("minItems") is not None or schema.get("maxItems") is not None:
+        parts.append(f"{schema.get('minItems', 0)}..{schema.get('maxItems', '')} items")
+    return "; ".join(parts) or None
 
 
 def render_mechanism(doc: Mapping[str, Any]) -> RenderableType:
     schema = doc.get("params_schema") or {}
     props = schema.get("properties") or {}
     required = set(schema.get("required") or ())
-    params = table(["PARAM", "TYPE", "REQUIRED", "DESCRIPTION"],
-                   [(name, p.get("type") or p.get("enum") or "-", name in required,
-                     p.get("description")) for name, p in props.items()
-                    if isinstance(p, Mapping)], empty="no parameters")
+    params = table(["PARAM", "TYPE", "REQUIRED", "ALLOWED", "DESCRIPTION"],
+                   [(name, _type(p), name in required, _allowed(p), p.get("description"))
+                    for name, p in props.items() if isinstance(p, Mapping)],
+                   empty="no parameters", cell=None)
     return stack(fields([("name", doc.get("name")), ("measures", doc.get("measures")),
                           ("analyses", sorted(doc.get("analyses") or {}) or None),
                           ("description", " ".join(str(doc.get("description") or "").split()))
