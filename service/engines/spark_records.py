@@ -219,7 +219,10 @@ def _write(job: MapJob, order: Order, schema: pa.Schema, place: tuple[pafs.FileS
                 if current is not None:
                     yield close()
                 stream = fs.open_output_stream(f"{base}/{part_name(bucket)}")
-                current = (bucket, pq.ParquetWriter(stream, schema), stream)
+                # written as the store writes versions: plain pages, no statistics
+                current = (bucket, pq.ParquetWriter(stream, schema, compression="NONE",
+                                                    use_dictionary=False,
+                                                    write_statistics=False), stream)
                 written = 0
                 partial = None if summary is None else summary.empty()
             piece = batch.slice(a, b - a)

@@ -445,11 +445,11 @@ def _records_on_spark(svc: Services, job: _Job, run: Run
                       ) -> tuple[mechanisms.Output, str, int, str] | None:
     """A record-level row map on Spark (``service.engines.spark_records``): its output,
     engine, the rows of the table it stored as parts of this run, and what is said of
-    the order; None where it does not run there (no Spark, no row map, a version Spark
-    does not read, a v1 order: one sequential stream). Public inputs decide."""
+    the order; None where it does not run there (no Spark, no rows, no row map, a version
+    Spark does not read, a v1 order: one sequential stream). Public inputs decide."""
     mech, remote = job.mechanism, svc.config.spark_remote
-    if remote is None or not isinstance(mech, RecordMechanism) or not mech.mappable(
-            job.params, job.meta):
+    if remote is None or job.meta.n_rows == 0 or not isinstance(mech, RecordMechanism) \
+            or not mech.mappable(job.params, job.meta):
         return None
     store = svc.datasets
     key = None if job.meta.keep_row_order else datasets.row_key(store, job.dataset_id,
