@@ -415,8 +415,10 @@ def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None
     passes over one batch, and its partials are exact whatever the batches). The engine
     is the operator's setting and the stored format: public, never the data's choice."""
     mech, rng = job.mechanism, secure_generator(job.seed)
-    if isinstance(mech, RecordMechanism) and mech.mappable(job.params, job.meta):
-        # a row map: one partition per row group, each with its own generator
+    if isinstance(mech, RecordMechanism) and job.meta.n_rows > 0 and mech.mappable(
+            job.params, job.meta):
+        # a row map: one partition per row group, each with its own generator (a version
+        # of no rows has none: its run maps the empty columns, typed as stored)
         def read(columns: Sequence[str]) -> Iterator[Mapping[str, np.ndarray]]:
             return store.batches(job.dataset_id, job.version, columns)
 
