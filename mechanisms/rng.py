@@ -7,6 +7,11 @@ draw of the release and can subtract it. AES in counter mode is a standard
 CSPRNG; randomgen's ``AESCounter`` uses the CPU's AES instructions and costs
 about 15-20% more per draw than PCG64 here, so the mechanisms keep taking any
 ``np.random.Generator`` and the service gives them this one.
+
+A record-level release run in partitions (``mechanisms.record_maps``) gives each
+partition its own generator, derived from one fresh job secret
+(``partition_generator``), so a partition's noise follows from (secret, partition)
+alone, wherever it runs.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -308,3 +309,32 @@ def test_column_sums_give_correctly_rounded_means_from_any_split(
     mean = statistic.means(compute(statistic, halves)[1])["x"]
     assert mean == float(sum(map(Fraction, values)) / len(values))
     assert mean == statistic.means(compute(statistic, [{"x": x}])[1])["x"]
+
+
+def test_the_worker_maps_a_stored_version_row_group_by_row_group(tmp_path: Path) -> None:
+    """``run._run`` on a version of three row groups: partition p is row group p, mapped
+    with ``partition_generator(job_secret(seed), p)``, the records in row order (the
+    service orders them after), engine ``embedded``."""
+    from service.releases import run
+    from service.storage.dataset_files import ROW_GROUP_ROWS, DatasetStore
+    from service.storage.objects import LocalStore
+
+    n = 2 * ROW_GROUP_ROWS + 1000
+    meta = DatasetMeta(n, {"x": ColumnMeta("x", "continuous", (0.0, 10.0))})
+    store = DatasetStore(LocalStore(tmp_path / "o"), staging_dir=tmp_path / "s")
+    x = np.random.default_rng(4).uniform(0, 10, n)
+    store.write("ds_map", 1, {"kind": "test"}, {"x": x})
+    mech = _mechanism("lrm")
+    params = mech.load_params({"columns": ["x"]})
+    cost = mech.cost(params, {"epsilon": Fraction(1)}, meta)
+    output, engine = run._run(store, run._Job("ds_map", 1, mech, params, cost, meta, seed=9))
+    assert engine == "embedded" and output.table is not None
+    plans = mech.fit(params, None, cost, meta, secure_generator(9))
+    secret = job_secret(9)
+    for p, start in enumerate(range(0, n, ROW_GROUP_ROWS)):
+        rows = {"x": x[start:start + ROW_GROUP_ROWS]}
+        expected = mech.privatize(rows, start, params, cost, meta, plans,
+                                  partition_generator(secret, p))
+        for column, values in expected.items():
+            assert np.array_equal(output.table[column][start:start + ROW_GROUP_ROWS],
+                                  values), (p, column)
