@@ -172,3 +172,30 @@ def test_the_worker_releases_on_spark_what_it_releases_embedded(
     assert list(spark_table) == list(embedded_table)
     for column, values in embedded_table.items():
         assert np.array_equal(spark_table[column], values), column
+
+
+def test_a_v1_version_keeps_its_order_and_runs_embedded(api: Api) -> None:
+    """A version whose key file is a bare v1 key (stored before v2): its rows cannot be
+    ordered in partitions, so even with Spark set the release runs embedded, in exactly
+    its old order (no Spark job is started)."""
+    svc = wiring.of(api.client.application)
+    spark_svc = dataclasses.replace(svc, config=dataclasses.replace(svc.config,
+                                                                    spark_remote=REMOTE))
+    n = 500
+    meta = DatasetMeta(n, {"x": ColumnMeta("x", "continuous", (0.0, 10.0))})
+    x = np.random.default_rng(2).uniform(0, 10, n)
+    with svc.datasets.staging() as staged:
+        staged.append({"x": x})
+        staged.write_private(datasets.ROW_KEY, bytes(range(32)))
+        staged.commit("ds_v1_order", 1, {"kind": "test"})
+    mech = get("noiseless.local")
+    params = mech.load_params({"column": "x"})
+    cost = mech.cost(params, {"noiseless_bits": Fraction(3)}, meta)
+    job = run._Job("ds_v1_order", 1, mech, params, cost, meta, seed=1)
+    payload, attempt = run._compute(spark_svc, job, Run("rel_v1_order", "token", 1))
+    assert json.loads(payload)["engine"] == "embedded" and attempt == 1
+    table = spark_svc.outputs.load("rel_v1_order", 1)
+    assert table is not None
+    quantized = mech.run({"x": x}, params, cost, meta, secure_generator(1)).table
+    assert quantized is not None
+    assert np.array_equal(table["x"], quantized["x"][rows.order(bytes(range(32)), n)])
