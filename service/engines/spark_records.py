@@ -50,9 +50,9 @@ BUCKET_ROWS = 1 << 20
 _BUCKET, _VALUE, _ROW = "_pr_bucket", "_pr_value", "_pr_row"
 _SIGN = np.uint64(1 << 63)
 _PARTS = pa.schema([("bucket", pa.int64()), ("rows", pa.int64()), ("partial", pa.string())])
-_SPARK_TYPES = {pa.int64(): "bigint", pa.int32(): "int", pa.float64(): "double",
-                pa.float32(): "float", pa.string(): "string", pa.large_string(): "string",
-                pa.bool_(): "boolean"}
+_SPARK_TYPES = {pa.int64(): "bigint", pa.int32(): "int", pa.int16(): "smallint",
+                pa.int8(): "tinyint", pa.float64(): "double", pa.float32(): "float",
+                pa.string(): "string", pa.large_string(): "string", pa.bool_(): "boolean"}
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,11 @@ def _embedded(store: DatasetStore, mech: RecordMechanism, params: Any, cost: Any
     # a stream per variable spawned from each partition's generator, in the Spark workers
     ("subset.uniform", {"column": "g", "format": "both"}, {"subset_draws:g": Fraction(1)},
      KEY, 30_000),
-], ids=["dip-16-buckets", "lrm-1-bucket", "lrm-row-order", "subset-4-buckets"])
+    # int8 columns (the paper's compact form), NaN cells, an exact summary of coverage
+    ("interval.case2", {"column": "x", "anchors": {"family": "uniform", "low": 0, "high": 10}},
+     {"interval_leakage:x": Fraction(6, 10)}, KEY, 1 << 20),
+], ids=["dip-16-buckets", "lrm-1-bucket", "lrm-row-order", "subset-4-buckets",
+        "interval-1-bucket"])
 def test_spark_release_is_the_embedded_one_in_the_same_order(
         spark: SparkSession, stored: tuple[DatasetStore, OutputStore], name: str,
         raw: dict[str, Any], budget: dict[str, Any], key: rows.RowKey | None,
@@ -102,8 +106,9 @@ def test_spark_release_is_the_embedded_one_in_the_same_order(
     loaded = outputs.load(release, attempt)
     assert loaded is not None and list(loaded) == list(table)
     for column, values in table.items():
-        assert loaded[column].dtype.kind == np.asarray(values).dtype.kind, column
-        assert np.array_equal(loaded[column], values), column
+        assert loaded[column].dtype == np.asarray(values).dtype, column
+        assert np.array_equal(loaded[column], values,
+                              equal_nan=loaded[column].dtype.kind == "f"), column
     with pytest.raises(FileExistsError):
         outputs.commit_parts(release, attempt, parts)
     outputs.discard(release, attempt)
