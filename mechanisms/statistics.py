@@ -450,3 +450,29 @@ def check_rows(partial: Partial, n: int, column: str) -> None:
     """The rows seen are the dataset's ``n`` (public): else the column was not whole."""
     if partial.rows != n:
         raise ValueError(f"column {column!r} does not have n_rows entries")
+
+
+@dataclass(frozen=True)
+class ColumnSums(Statistic):
+    """The exact sum of each of ``names`` (``sums``, units of 2**-SCALE): a released
+    table's means (``RecordMechanism.summary``) the same from any partitions. Integer
+    columns must hold values below 2**53 in magnitude (their doubles are then exact)."""
+
+    names: tuple[str, ...]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.names
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"sums": len(self.names)}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, Sequence[int]]:
+        return {"sums": [float_sums(np.asarray(chunk[name], dtype=np.float64))[0]
+                         for name in self.names]}
+
+    def means(self, partial: Partial) -> dict[str, float]:
+        """Each column's mean, correctly rounded (NaN for no rows)."""
+        n = partial.rows
+        return {name: (total / (n << SCALE) if n else math.nan)
+                for name, total in zip(self.names, partial.parts["sums"], strict=True)}

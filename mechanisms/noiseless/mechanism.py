@@ -31,8 +31,10 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    RecordMechanism,
     StreamingMechanism,
     Work,
+    batch_columns,
     read_number,
 )
 
@@ -545,12 +547,16 @@ class NoiselessVector(StreamingMechanism):
 # --------------------------------------------------------------------------- local
 
 
-class NoiselessLocal(Mechanism):
-    """Each record quantized to ⌊2^ε⌋ levels (or given edges); the column costs log2 q once."""
+class NoiselessLocal(RecordMechanism):
+    """Each record quantized to ⌊2^ε⌋ levels (or given edges); the column costs log2 q once.
+    A row map without noise (its model: the public plan), so it runs in partitions."""
 
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 72.0
     fixed_bytes = 8 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 8.0
+    map_fixed_bytes = 2 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
 
@@ -573,19 +579,21 @@ class NoiselessLocal(Mechanism):
     ) -> dict[str, Any]:
         return self._accuracy(self._plan(params, read_bits(cost), meta))
 
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
-        plan = self._plan(params, read_bits(cost), meta)
+    def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> LocalPlan:
+        return self._plan(params, read_bits(cost), meta)
+
+    def privatize(self, rows: Mapping[str, np.ndarray], start: int,
+                  params: Mapping[str, Any], cost: Budget, meta: DatasetMeta, model: Any,
+                  rng: np.random.Generator) -> dict[str, np.ndarray]:
         name = params["column"]
-        released = local.quantize(_column(data, name, meta.n_rows), plan)
+        return {name: local.quantize(batch_columns(rows, [name])[name], model)}
+
+    def describe(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 model: Any, released: Partial | None) -> Output:
+        plan: LocalPlan = model
         result = {
-            "column": name,
+            "column": params["column"],
             "quantizer": local.describe(plan, LIST_LIMIT),
             "certified_count": plan.count,
             "bits": float(plan.bits),
@@ -596,7 +604,6 @@ class NoiselessLocal(Mechanism):
             result=result,
             accuracy=self._accuracy(plan),
             guarantee=_guarantee(plan.count, plan.bits, local_release=True),
-            table={name: released},
         )
 
     def _plan(self, params: Mapping[str, Any], bits: Fraction, meta: DatasetMeta) -> LocalPlan:

@@ -9,8 +9,8 @@ seeded generator. Tasks of one row group, or a few (``task_rows``), so partials 
 several Spark tasks are merged. Then: the files on S3 (moto's server) read through pyarrow's
 S3FileSystem, a column missing, a statistic's refusal, and random splits (hypothesis).
 
-One local server for the module (``local[2]``, a few seconds to start); every pass is one
-small Spark job, so the module stays well under two minutes.
+One local server for the session (``local[2]``, the ``spark`` fixture: a few seconds to
+start); every pass is one small Spark job, so the module stays well under two minutes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,8 @@ from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.statistics import compute
 from service.engines.spark import SparkEngineError, compute_on_spark
-from service.engines.spark_session import reach, spark_session, stop
+from service.engines.spark_session import reach, spark_session
+from tests.integration.conftest import SPARK_REMOTE
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.spark
 
-REMOTE = "local[2]"
+REMOTE = SPARK_REMOTE
 COLUMNS = {
     "age": ColumnMeta("age", "integer", (17, 90)),
     "wage": ColumnMeta("wage", "continuous", (-1000.0, 200_000.0)),
@@ -105,15 +106,6 @@ def _write(data: Mapping[str, np.ndarray], folder: Path, cuts: tuple[int, ...],
         pq.write_table(table, path, row_group_size=row_group, filesystem=filesystem)
         paths.append(path)
     return paths
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    """One local Spark Connect server for these tests (its workers run this Python),
-    stopped after them: its JVM and workers hold about 1 GB the other tests need not."""
-    session = spark_session(REMOTE)
-    yield session
-    stop(REMOTE)
 
 
 @pytest.fixture(scope="module")
