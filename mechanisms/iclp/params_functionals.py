@@ -37,9 +37,9 @@ class SmoothingSchema(Strict):
                        "epsilon and the bounds (no data)"})
 
 
-def _share() -> fields.Float:
+def _share(**kwargs: Any) -> fields.Float:
     return fields.Float(allow_nan=False, validate=validate.Range(
-        min=0, max=1, min_inclusive=False, max_inclusive=False))
+        min=0, max=1, min_inclusive=False, max_inclusive=False), **kwargs)
 
 
 class IclpErmSchema(Strict):
