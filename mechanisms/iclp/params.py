@@ -147,8 +147,9 @@ class IclpMeanSchema(Strict):
                        "noise shaped; omitted: the public tuning rules"})
     max_components = fields.Integer(
         strict=True, validate=validate.Range(min=1, max=MAX_GRID_POINTS),
-        metadata={"description": "at most this many of the kernel's eigen-components are kept "
-                                 "(default: as many as the tuning picks)"},
+        metadata={"description": "caps the number of the kernel's leading eigen-components"
+                                 " used (default: no cap; the tuning picks how many, or all"
+                                 " under a fixed psi)"},
     )
 
 

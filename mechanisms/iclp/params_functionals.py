@@ -56,8 +56,9 @@ class IclpErmSchema(Strict):
                        "response)"})
     grid_size = fields.Integer(
         strict=True, validate=validate.Range(min=MIN_ERM_GRID, max=MAX_ERM_GRID), metadata={
-        "description": "evenly spaced points over the covariate's declared bounds the function "
-                       "is fitted and released on (default 100)"})
+        "description": "M: each covariate value is binned to the nearest of M evenly spaced"
+                       " points over its declared bounds, where the function is fitted and"
+                       " released (default 100)"})
     kernel = fields.Nested(KernelSchema, metadata={
         "description": "the kernel of the estimator and of the noise: {family, nu, rho}; default "
                        "Matérn nu 1.5, rho 0.1"})
