@@ -44,6 +44,7 @@ from service.errors import Failed, Invalid, NotFound, Retired, ServiceError, by_
 from service.releases.request import JobRequest, request_fingerprint
 from service.storage.objects import ObjectStore
 from service.storage.precompute_objects import ObjectCache
+from service.storage.release_tables import INLINE_ROWS
 from service.storage.store import Store
 
 # ------------------------------------------------ heavy parts: never cold in the API
@@ -221,10 +222,13 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
 
 def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
             max_work: float | None = None, max_memory: float | None = None,
+            distributed: bool = False,
             found: tuple[str, set[str], str] | None = None) -> Prepared:
     """Validate a release request against its mechanism and dataset; compute the cost.
     ``max_work`` and ``max_memory`` (bytes): the server's ceilings on the release's work and
-    its worker's memory (``memory_limit``; the worker checks that again before reading).
+    its worker's memory (``memory_limit``; the worker checks that again before reading,
+    knowing the engine). ``distributed``: a Spark engine is configured, so a record-level
+    row map keeps its table there (``memory.held``).
     ``found``: the dataset's pricing read, when the caller has one (``dataset_cache``)."""
     # the document and the measures its caps name, in one read
     if found is None:
@@ -283,7 +287,8 @@ def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
         if max_work is not None:
             check_work(mech.work(params, meta), max_work, "this release")
         if max_memory is not None:
-            memory.check(mech.memory(params, meta), max_memory, "this release")
+            memory.check(memory.held(mech, params, meta, distributed=distributed,
+                                     held_rows=INLINE_ROWS), max_memory, "this release")
         cost, accuracy = mech.price(params, requested, meta)  # cost, then its accuracy
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
