@@ -23,7 +23,11 @@ depends on it.
   bisected to one unit: the answer meets the target and one ledger unit less does not.
   The points evaluated depend on public inputs only, at most ``MAX_EVALUATIONS`` of
   them, and the statement must not grow with the budget on them (else refused: the
-  smallest budget would not be well defined).
+  smallest budget would not be well defined). The check sees only those points: a
+  statement that dips between two of them is not caught, and then the answer still
+  meets the target with one unit less not meeting it, but a smaller budget inside the
+  dip would too. Functional mechanisms whose design follows ε (components, η) are not
+  monotone on some ranges and get refused there.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ from mechanisms.noiseless.mechanism import MAX_BITS
 LEVEL = 0.95
 #: the normal quantile of a two-sided 95 % interval (a stated standard deviation times this)
 Z95 = 1.959963984540054
-#: the most accuracy evaluations one search makes (a measure's whole range, ≤ 2**50 units,
-#: takes at most 1 + 11 + 50 of them)
+#: the most accuracy evaluations one search makes: the top, one whole unit, doublings to
+#: the top and a bisection of the last doubling (ρ's 10**15 units from 10**12: 1 + 1 + 10
+#: + 49; every other measure fewer)
 MAX_EVALUATIONS = 64
 #: the largest amount of each measure a mechanism accepts (others: the ledger's largest cap)
 CEILINGS: dict[str, Fraction] = {"epsilon": MAX_EPSILON, "rho": zcdp.MAX_RHO,
