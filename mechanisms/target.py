@@ -210,9 +210,9 @@ class _Statement:
     a budget the mechanism refuses (below its smallest) states nothing (infinite)."""
 
     def __init__(self, mechanism: Mechanism, params: Mapping[str, Any], meta: DatasetMeta,
-                 measure: str, fixed: Mapping[str, Fraction]) -> None:
+                 measure: str, fixed: Mapping[str, Fraction], least: int = 1) -> None:
         self.mechanism, self.params, self.meta = mechanism, params, meta
-        self.measure, self.fixed = measure, fixed
+        self.measure, self.fixed, self.least = measure, fixed, least
         self.seen: dict[int, Stated | None] = {}
         #: why the mechanism refused a budget (public words: its own message)
         self.refused: dict[int, str] = {}
@@ -221,6 +221,9 @@ class _Statement:
         return {**self.fixed, self.measure: Fraction(units, LEDGER_UNITS[self.measure])}
 
     def at(self, units: int) -> Stated | None:
+        if units not in self.seen and units < self.least:
+            self.seen[units] = None
+            self.refused[units] = "below the smallest amount the ledger can charge"
         if units not in self.seen:
             if len(self.seen) >= MAX_EVALUATIONS:  # by construction never; a guard
                 raise RuntimeError("target search exceeded its evaluation bound")
@@ -265,10 +268,13 @@ def ceiling(measure: str) -> Fraction:
 
 
 def budget_for(mechanism: Mechanism, params: Mapping[str, Any], meta: DatasetMeta,
-               target: Target, cap: Fraction | None = None) -> Found:
+               target: Target, cap: Fraction | None = None,
+               least: Fraction | None = None) -> Found:
     """The smallest budget (whole ledger units of the searched measure) whose stated
     half-width is at most ``target.half_width``; ``cap``: the most of that measure the
-    caller may ask for (the dataset's cap), besides the mechanism's own ceiling."""
+    caller may ask for (the dataset's cap), besides the mechanism's own ceiling;
+    ``least``: the least the ledger can charge of it (one unit unless, say, a pure ε is
+    charged as ρ = ε²/2), a smaller amount counting as refused."""
     if target.level != LEVEL:
         raise MechanismInputError("target.level", f"only level {LEVEL} is stated by the"
                                   " mechanisms; ask for 0.95")
@@ -280,7 +286,8 @@ def budget_for(mechanism: Mechanism, params: Mapping[str, Any], meta: DatasetMet
     top = math.floor(most * per_one)
     if top < 1:
         raise Unreachable("target", f"the dataset's budgets allow no {measure}", measure=measure)
-    statement = _Statement(mechanism, params, meta, measure, target.fixed)
+    floor = 1 if least is None else max(1, math.ceil(least * per_one))
+    statement = _Statement(mechanism, params, meta, measure, target.fixed, floor)
     # every heavy part a search computes counts MAX_EVALUATIONS times against the limit
     with precompute.repeated(MAX_EVALUATIONS):
         units = _search(statement, top, per_one, target.half_width)

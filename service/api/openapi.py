@@ -97,11 +97,21 @@ RELEASE_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def release_examples() -> dict[str, dict[str, Any]]:
-    """The examples as OpenAPI ``examples`` (``dataset_id`` first, as one would write)."""
+#: estimates only: a target accuracy instead of a budget
+TARGET_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
+    "target": ("The smallest ε whose 95 % interval of a DP mean is within ±2 (laplace)", {
+        "mechanism": "laplace", "params": {"statistic": "mean", "column": "age"},
+        "target": {"half_width": 2, "level": 0.95}}),
+}
+
+
+def release_examples(estimate: bool = False) -> dict[str, dict[str, Any]]:
+    """The examples as OpenAPI ``examples`` (``dataset_id`` first, as one would write);
+    an estimate's include the target ones."""
+    chosen = {**RELEASE_EXAMPLES, **(TARGET_EXAMPLES if estimate else {})}
     return {name: {"summary": summary,
                    "value": {"dataset_id": EXAMPLE_DATASET_ID, **body}}
-            for name, (summary, body) in RELEASE_EXAMPLES.items()}
+            for name, (summary, body) in chosen.items()}
 
 
 def schema_name(mechanism: str, kind: str = "ReleaseRequest") -> str:
@@ -201,7 +211,8 @@ class Documentation(BasePlugin):
                 replay.setdefault("headers", {})["Location"] = dict(LOCATION)
             body = operation.get("requestBody", {}).get("content", {})
             if endpoint in {"releases.create", "releases.estimate"}:
-                body["application/json"]["examples"] = release_examples()
+                body["application/json"]["examples"] = release_examples(
+                    endpoint == "releases.estimate")
             if endpoint == "datasets.upload":
                 body["multipart/form-data"]["example"] = {"metadata": EXAMPLE_METADATA,
                                                           "file": EXAMPLE_CSV}

@@ -410,7 +410,9 @@ class EstimateRequestSchema(ReleaseRequestSchema):
 
 
 class ReleaseListQuerySchema(StrictSchema):
-    dataset_id = fields.String(validate=validate.Length(1, 100))
+    # no NUL: no dataset id holds one, and PostgreSQL text refuses it (a 500, not a 422)
+    dataset_id = fields.String(validate=[validate.Length(1, 100), validate.Regexp(
+        r"^[^\x00]*$", error="must not contain NUL characters")])
     limit = fields.Integer(load_default=100,
                            metadata={"description": "how many, newest first; 1..1000 (clamped)"})
     cursor = fields.String(validate=validate.Length(1, 1000),

@@ -351,7 +351,19 @@ def budget_for_target(ledger: Store, doc: dict[str, Any], mech: mechanisms.Mecha
                          fixed)
     measure = target.searched_measure(mech, meta, goal.fixed)
     rows, _ = ledger.budget(doc["id"])
-    return target.budget_for(mech, params, meta, goal, largest_amount(rows, measure, meta))
+    return target.budget_for(mech, params, meta, goal, largest_amount(rows, measure, meta),
+                             least_amount(measure, meta))
+
+
+def least_amount(measure: str, meta: mechanisms.DatasetMeta) -> Fraction:
+    """The least of ``measure`` the ledger can charge as written: one unit, or a pure ε on
+    a zcdp dataset whose ρ = ε²/2 is at least one ρ unit (e² · U_ρ >= 2 · U_ε²)."""
+    if meta.gaussian_accounting == "zcdp" and measure == "epsilon":
+        per_eps, per_rho = budget.unit("epsilon"), budget.unit("rho")
+        bound = -(-2 * per_eps**2 // per_rho)  # ceil(2 U_ε² / U_ρ)
+        root = math.isqrt(bound)
+        return budget.from_units("epsilon", root if root * root == bound else root + 1)
+    return budget.from_units(measure, 1)
 
 
 def largest_amount(rows: dict[str, dict[str, int]], measure: str,

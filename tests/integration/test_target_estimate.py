@@ -1,16 +1,120 @@
-"""Budget for a target accuracy through the API (issue #31 item 10)."""
+"""``POST /v1/releases/estimate`` with a target accuracy instead of a budget (#31 item 10).
+
+In-process API against the session's store: the answer is the estimate of the smallest
+budget meeting the target (the same the mechanisms' search finds), with that budget as a
+release request sends it; nothing is spent; each refusal names its field.
+"""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
+import mechanisms
+from mechanisms import target
+from service import budget, datasets, wiring
 from tests.integration.conftest import Api
 
+MEAN = {"statistic": "mean", "column": "age"}
 
-def test_smoke(api: Api, dataset: dict[str, Any]) -> None:
-    body = {"dataset_id": dataset["id"], "mechanism": "laplace",
-            "params": {"statistic": "mean", "column": "age"},
-            "target": {"half_width": 1.0}}
-    resp = api.estimate(body)
-    print(resp.status_code, resp.get_json())
-    assert resp.status_code == 200
+
+def _body(dataset: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"dataset_id": dataset["id"], "mechanism": "laplace", "params": MEAN, **extra}
+
+
+def _meta(api: Api, dataset_id: str) -> mechanisms.DatasetMeta:
+    doc = datasets.get(wiring.of(api.client.application).ledger, dataset_id)
+    assert doc is not None
+    return datasets.meta(doc)
+
+
+def test_a_target_is_answered_with_the_smallest_budget_and_spends_nothing(
+        api: Api, dataset: dict[str, Any]) -> None:
+    before = api.get(f"/v1/datasets/{dataset['id']}/budget").get_json()
+    resp = api.estimate(_body(dataset, target={"half_width": 1.0, "level": 0.95}))
+    assert resp.status_code == 200, resp.get_json()
+    got = resp.get_json()
+    # the search the mechanisms run, up to the dataset's cap (epsilon 5)
+    found = target.budget_for(mechanisms.get("laplace"), MEAN, _meta(api, dataset["id"]),
+                              target.Target(1.0), cap=Fraction(5))
+    assert got["budget"] == {"epsilon": float(found.budget["epsilon"])}
+    assert got["cost"] == got["budget"] and got["fits"] is True
+    assert got["accuracy"]["ci95_halfwidth"] == found.stated.half_width <= 1.0
+    assert got["target"] == {"half_width": 1.0, "level": 0.95, "measure": "epsilon",
+                             "stated_half_width": found.stated.half_width,
+                             "stated_level": 0.95, "evaluations": found.evaluations}
+    # pasted into a request, the budget gives the same estimate; one unit less misses
+    again = api.estimate(_body(dataset, budget=got["budget"])).get_json()
+    assert {k: again[k] for k in ("cost", "accuracy")} == {k: got[k] for k in ("cost",
+                                                                               "accuracy")}
+    less = Fraction(str(got["budget"]["epsilon"])) - Fraction(1, 10**9)
+    below = api.estimate(_body(dataset, budget={"epsilon": budget.pasteable(less)})).get_json()
+    assert below["accuracy"]["ci95_halfwidth"] > 1.0
+    assert api.get(f"/v1/datasets/{dataset['id']}/budget").get_json() == before
+
+
+def test_a_cross_tab_and_a_gaussian_with_delta_held(api: Api, dataset: dict[str, Any]
+                                                    ) -> None:
+    table = {"statistic": "count", "group_by": ["group"]}
+    resp = api.estimate({**_body(dataset, target={"half_width": 8}), "params": table})
+    assert resp.status_code == 200, resp.get_json()
+    got = resp.get_json()
+    assert got["accuracy"]["cells"] == 3 and got["accuracy"]["ci95_halfwidth"] <= 8
+    resp = api.estimate({**_body(dataset, target={"half_width": 2.0, "delta": 1e-6}),
+                         "mechanism": "gaussian"})
+    assert resp.status_code == 200, resp.get_json()
+    got = resp.get_json()
+    assert got["budget"]["delta"] == 1e-6 and 0 < got["budget"]["epsilon"] <= 5
+    assert got["target"]["delta"] == 1e-6 and got["accuracy"]["ci95_halfwidth"] <= 2.0
+
+
+def test_refusals_name_the_target(api: Api, dataset: dict[str, Any]) -> None:
+    cases: list[tuple[dict[str, Any], str, str, str]] = [
+        (_body(dataset, budget={"epsilon": 1}, target={"half_width": 1}), "validation_error",
+         "target", "not both"),
+        (_body(dataset), "validation_error", "budget", "or give a target"),
+        (_body(dataset, target={"half_width": 1, "level": 0.9}), "validation_error",
+         "target.level", "only level 0.95"),
+        (_body(dataset, target={"half_width": 0}), "validation_error", "target.half_width",
+         ""),
+        (_body(dataset, target={"half_width": 0.001}), "target_unreachable", "target",
+         "even the largest epsilon allowed (5)"),
+        ({**_body(dataset, target={"half_width": 1}),
+          "params": {"statistic": "quantile", "column": "age", "quantiles": [0.5]}},
+         "validation_error", "target", "states no interval"),
+        ({**_body(dataset, target={"half_width": 1}), "mechanism": "gaussian"},
+         "validation_error", "target.delta", "give target.delta"),
+        ({**_body(dataset, target={"half_width": 1}), "params": {"statistic": "mean",
+                                                                 "column": "nope"}},
+         "validation_error", "params.column", "unknown column"),
+    ]
+    for body, code, field, words in cases:
+        resp = api.post("/v1/releases/estimate", body)
+        problem = resp.get_json()
+        assert resp.status_code == 422, (body, problem)
+        assert (problem["code"], problem["field"]) == (code, field), problem
+        assert words in problem["detail"], problem
+    unreachable = api.post("/v1/releases/estimate",
+                           _body(dataset, target={"half_width": 0.001})).get_json()
+    assert unreachable["largest"] == 5.0 and unreachable["best_half_width"] > 0.001
+    # a release request takes a budget only
+    resp = api.post("/v1/releases", _body(dataset, target={"half_width": 1}))
+    assert resp.status_code == 422 and {"budget", "target"} <= set(resp.get_json()["errors"])
+
+
+def test_a_pure_target_on_a_zcdp_dataset_stays_within_the_rho_cap(api: Api) -> None:
+    """ε is charged ρ = ε²/2: the search's top is the largest ε whose ρ fits the cap."""
+    meta = {"name": "z", "columns": {"k": {"type": "integer", "bounds": [0, 9]}},
+            "budgets": {"rho": 0.02}, "gaussian_accounting": "zcdp"}
+    up = api.upload("k\n" + "".join(f"{i % 10}\n" for i in range(50)), meta)
+    assert up.status_code == 201, up.get_json()
+    count = {"statistic": "count", "condition": {"column": "k", "op": "ge", "value": 0}}
+    body = {"dataset_id": up.get_json()["id"], "mechanism": "laplace", "params": count}
+    resp = api.post("/v1/releases/estimate", {**body, "target": {"half_width": 0.5}})
+    assert resp.status_code == 422 and resp.get_json()["code"] == "target_unreachable"
+    assert resp.get_json()["largest"] == 0.2  # ρ = 0.2²/2 = 0.02
+    resp = api.post("/v1/releases/estimate", {**body, "target": {"half_width": 40}})
+    assert resp.status_code == 200, resp.get_json()
+    got = resp.get_json()
+    assert set(got["cost"]) == {"rho"} and got["target"]["measure"] == "epsilon"
+    assert got["budget"]["epsilon"] <= 0.2 and got["fits"] is True
