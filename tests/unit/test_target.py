@@ -239,7 +239,7 @@ def test_a_statement_without_an_interval_is_refused(name: str, params: dict[str,
 
 
 def test_several_measures_need_a_rule() -> None:
-    with pytest.raises(MechanismInputError, match="give target.delta") as info:
+    with pytest.raises(MechanismInputError, match=r"give target\.delta") as info:
         _found("gaussian", MEAN, 1.0)
     assert info.value.field == "target.delta"
     with pytest.raises(MechanismInputError, match="spends only epsilon") as info:
