@@ -132,8 +132,8 @@ def test_examples_cover_every_family_and_run_as_written(
     """Catches examples that do not run (an unknown column, a budget the example dataset
     lacks), a family without one, and a test-only ``seed`` in them. The upload example
     is posted as documented, then every release example is estimated and released."""
-    upload = spec["paths"]["/v1/datasets"]["post"]
-    example = upload["requestBody"]["content"]["multipart/form-data"]["example"]
+    operation = spec["paths"]["/v1/datasets"]["post"]
+    example = operation["requestBody"]["content"]["multipart/form-data"]["example"]
 
     def upload(idempotency_key: str) -> Any:
         data = {"metadata": json.dumps(example["metadata"]),
