@@ -7,13 +7,21 @@ release request sends it; nothing is spent; each refusal names its field.
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
 from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from flask import Flask
+from privrelease_client import ApiError, Client
+from privrelease_client import cli as client_cli
 
 import mechanisms
 from mechanisms import target
 from service import budget, datasets, wiring
-from tests.integration.conftest import Api
+from tests.integration.conftest import TOKEN, Api
+from tests.integration.liveserver import serve
 
 MEAN = {"statistic": "mean", "column": "age"}
 
@@ -118,3 +126,41 @@ def test_a_pure_target_on_a_zcdp_dataset_stays_within_the_rho_cap(api: Api) -> N
     got = resp.get_json()
     assert set(got["cost"]) == {"rho"} and got["target"]["measure"] == "epsilon"
     assert got["budget"]["epsilon"] <= 0.2 and got["fits"] is True
+
+
+def test_the_client_and_the_cli_ask_for_a_target(app: Flask, api: Api,
+                                                dataset: dict[str, Any]) -> None:
+    """``Client.estimate_release(target=...)``, ``Client.budget_for`` and ``release
+    estimate --target`` (with ``--budget delta=`` held) over a real socket: the budget found
+    is the API's, and it releases as pasted."""
+    want = api.estimate(_body(dataset, target={"half_width": 1.5})).get_json()
+    with serve(app) as url:
+        c = Client(url, TOKEN)
+        got = c.estimate_release(dataset["id"], "laplace", MEAN, target=1.5)
+        assert got["budget"] == want["budget"] and got["target"]["half_width"] == 1.5
+        assert c.budget_for(dataset["id"], "laplace", MEAN, 1.5) == want["budget"]
+        with pytest.raises(ValueError, match="not both"):
+            c.estimate_release(dataset["id"], "laplace", MEAN, {"epsilon": 1}, target=1.5)
+        with pytest.raises(ApiError) as info:
+            c.estimate_release(dataset["id"], "laplace", MEAN, target=1e-6)
+        assert info.value.code == "target_unreachable"
+        gaussian = c.budget_for(dataset["id"], "gaussian", MEAN, 3.0, delta=1e-6)
+        assert gaussian["delta"] == 1e-6
+        released = c.create_release(dataset["id"], "laplace", MEAN, got["budget"])
+        assert released["cost"] == got["cost"]
+        auth = ["--url", url, "--key", TOKEN]
+        runner = CliRunner()
+        result = runner.invoke(client_cli.cli, [
+            "release", "estimate", "--dataset", dataset["id"], "--mechanism", "laplace",
+            "--params", json.dumps(MEAN), "--target", "1.5", "--json", *auth])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["budget"] == want["budget"]
+        result = runner.invoke(client_cli.cli, [
+            "release", "estimate", "--dataset", dataset["id"], "--mechanism", "gaussian",
+            "--params", json.dumps(MEAN), "--target", "3", "--budget", "delta=1e-6", *auth])
+        assert result.exit_code == 0, result.output
+        assert "budget:" in result.output and "target:" in result.output
+        result = runner.invoke(client_cli.cli, [
+            "release", "estimate", "--dataset", dataset["id"], "--mechanism", "laplace",
+            "--target", "1", "--budget", "epsilon=1", *auth])
+        assert result.exit_code != 0 and "names only delta" in result.output
