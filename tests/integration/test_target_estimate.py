@@ -19,9 +19,11 @@ from privrelease_client import cli as client_cli
 
 import mechanisms
 from mechanisms import target
-from service import budget, datasets, wiring
+from service import apikeys, budget, datasets, wiring
+from service.storage.keys import KeyStore
 from tests.integration.conftest import TOKEN, Api
 from tests.integration.liveserver import serve
+from tests.integration.test_console import _csrf, _signed_in
 
 MEAN = {"statistic": "mean", "column": "age"}
 
@@ -164,3 +166,29 @@ def test_the_client_and_the_cli_ask_for_a_target(app: Flask, api: Api,
             "release", "estimate", "--dataset", dataset["id"], "--mechanism", "laplace",
             "--target", "1", "--budget", "epsilon=1", *auth])
         assert result.exit_code != 0 and "names only delta" in result.output
+
+
+def test_the_console_estimates_a_target_and_fills_in_its_budget(
+        app: Flask, api: Api, keys: KeyStore, dataset: dict[str, Any]) -> None:
+    """The mechanism page's target field: the estimate names the budget found (the API's)
+    and the form then holds it, ready to request; with a budget too it is refused."""
+    want = api.estimate(_body(dataset, target={"half_width": 1.5})).get_json()
+    client = _signed_in(app, apikeys.create(keys, "analyst", label="target")[1])
+    path = "/console/mechanisms/laplace"
+    form = {"action": "estimate", "dataset_id": dataset["id"], "p.statistic": "mean",
+            "p.column": "age", "t.half_width": "1.5"}
+    page = client.post(path, data={"csrf_token": _csrf(client, path), **form})
+    assert page.status_code == 200
+    text = page.get_data(as_text=True)
+    eps = want["budget"]["epsilon"]
+    assert 'id="estimate-target"' in text and f"epsilon = {eps}" in text, text[:3000]
+    assert f'name="b.epsilon" id="b.epsilon" value="{eps}"' in text
+    assert 'name="t.half_width" id="t.half_width" value=""' in text
+    both = client.post(path, data={"csrf_token": _csrf(client, path), **form,
+                                   "b.epsilon": "1"})
+    assert both.status_code == 422 and "not both" in both.get_data(as_text=True)
+    gaussian = client.post("/console/mechanisms/gaussian", data={
+        "csrf_token": _csrf(client, "/console/mechanisms/gaussian"), **form,
+        "b.delta": "1e-6"})
+    assert gaussian.status_code == 200, gaussian.get_data(as_text=True)[:3000]
+    assert "delta = 1e-06" in gaussian.get_data(as_text=True)
