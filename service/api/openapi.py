@@ -165,9 +165,10 @@ def release_request_schemas() -> dict[str, dict[str, Any]]:
             props["params"] = {**json_schema(mech.params_schema),
                                "description": f"the parameters of {name}"}
             props["budget"] = _budget(tuple(mech.measures))
-            if "target" in props:
+            if "target" in props:  # exactly one of budget and target: said in words, as
+                # a oneOf of required-only schemas leaves generated clients an untyped body
                 _target(props["target"])
-                schema["oneOf"] = [{"required": ["budget"]}, {"required": ["target"]}]
+                props["budget"]["description"] += " (or give a target; not both)"
             schema["title"] = f"{name} {'estimate' if 'target' in props else 'request'}"
             out[schema_name(name, kind)] = schema
         names = mechanisms.names()
