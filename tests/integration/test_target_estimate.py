@@ -8,6 +8,7 @@ release request sends it; nothing is spent; each refusal names its field.
 from __future__ import annotations
 
 import json
+import secrets
 from fractions import Fraction
 from typing import Any
 
@@ -192,3 +193,25 @@ def test_the_console_estimates_a_target_and_fills_in_its_budget(
         "b.delta": "1e-6"})
     assert gaussian.status_code == 200, gaussian.get_data(as_text=True)[:3000]
     assert "delta = 1e-06" in gaussian.get_data(as_text=True)
+
+
+def test_a_cold_target_is_searched_by_a_worker_and_answered_warm(api: Api, worker: Any
+                                                                 ) -> None:
+    """An ICLP eigen-system not yet stored: the target's estimate is a 202 pricing job
+    whose worker runs the same search (public inputs: the same budgets), so the retry is
+    warm and answers the budget found."""
+    hi = 50 + secrets.randbelow(10**6) / 1000  # bounds no earlier run stored
+    meta = {"name": "xy", "budgets": {"epsilon": 5}, "columns": {
+        "x": {"type": "continuous", "bounds": [0, hi]},
+        "y": {"type": "continuous", "bounds": [0, hi]}}}
+    up = api.upload("x,y\n" + "".join(f"{i % 50},{(i * 7) % 50}\n" for i in range(100)), meta)
+    assert up.status_code == 201, up.get_json()
+    body = {"dataset_id": up.get_json()["id"], "mechanism": "iclp.kde2d",
+            "params": {"columns": ["x", "y"], "grid_size": 8}, "target": {"half_width": 0.05}}
+    first = api.post("/v1/releases/estimate", body)
+    assert first.status_code == 202, first.get_json()
+    warm = api.estimate(body)
+    assert warm.status_code == 200, warm.get_json()
+    got = warm.get_json()
+    assert got["accuracy"]["band95"] == got["target"]["stated_half_width"] <= 0.05
+    assert 0 < got["budget"]["epsilon"] <= 5
