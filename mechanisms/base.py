@@ -13,6 +13,7 @@ mergeable partials over batches of rows, ``mechanisms.statistics``) and its
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import math
 import numbers
@@ -580,3 +581,116 @@ class StreamingMechanism(Mechanism):
     def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
             meta: DatasetMeta, rng: np.random.Generator) -> Output:
         return self.stream([data], params, cost, meta, rng)
+
+
+class RecordMechanism(Mechanism):
+    """A record-level mechanism whose table is a row map: each record's output depends
+    only on public inputs, a fitted model and the record itself (issue #30 item 4).
+
+    So the rows can be privatized in partitions anywhere (an engine's workers, a loop
+    over row groups), each with its own generator: ``privatize(rows, start, ..., rng)``
+    maps the rows ``start, start + 1, ...`` of the dataset to their released records
+    and reads nothing else. A map that needs a public-after-noise quantity (DIP's noisy
+    histogram) first computes ``fit_statistic`` (exact partials, any engine) and
+    ``fit`` releases the model from it with noise from the job's generator; the model
+    goes to every partition. ``summary`` is an exact statistic of the released records
+    (their means: post-processing) and ``describe`` writes the output around the table.
+
+    ``run`` is the same steps over one partition with one generator: fit, then the map,
+    so a partitioned run differs from it only in which generator draws each record's
+    noise (independent streams: the same distribution, ``mechanisms.rng``).
+    ``mappable`` says when params fall outside the map (DIP's hold-out samples rows
+    themselves): those run whole columns through ``run_whole``.
+    """
+
+    #: a row map's own allocation per row of the table it builds (``mechanisms.memory``;
+    #: measured per family by ``tests/memory_probe.py``), and what does not grow with rows
+    map_row_bytes: ClassVar[float] = 256.0
+    map_fixed_bytes: ClassVar[float] = 4 * 2**20
+
+    def memory(self, params: Mapping[str, Any], meta: DatasetMeta) -> Memory:
+        """A row map holds a row group of the columns it reads and the table it builds
+        (``mechanisms.memory``); params outside the map read whole columns."""
+        if not self.mappable(params, meta):
+            return super().memory(params, meta)
+        from mechanisms import memory  # it builds on this module's types
+
+        return memory.bound(params, meta, streaming=False, mapped=True,
+                            row_bytes=self.map_row_bytes, cell_bytes=self.cell_bytes,
+                            fixed_bytes=self.map_fixed_bytes)
+
+    #: the table column holding each record's dataset row (``Output.row_column``), which
+    #: an engine ordering the records replaces by their released positions; None: none
+    record_row_column: ClassVar[str | None] = None
+
+    def mappable(self, params: Mapping[str, Any], meta: DatasetMeta) -> bool:
+        """Whether a release of these params is a row map (public inputs only)."""
+        return True
+
+    def mapped_columns(self, params: Mapping[str, Any], meta: DatasetMeta) -> tuple[str, ...]:
+        """The columns ``privatize`` reads (default: ``params.columns``, else
+        ``params.column``)."""
+        names = params.get("columns")
+        return tuple(names) if names is not None else (str(params["column"]),)
+
+    def fit_statistic(self, params: Mapping[str, Any], cost: Budget,
+                      meta: DatasetMeta) -> Statistic | None:
+        """The first pass the fit reads (None: the model needs no data)."""
+        return None
+
+    def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> Any:
+        """The public-after-noise model of the map (picklable: it goes to the workers),
+        from the fit statistic's last partial (None without one), noise from ``rng``."""
+        return None
+
+    @abc.abstractmethod
+    def privatize(self, rows: Mapping[str, np.ndarray], start: int,
+                  params: Mapping[str, Any], cost: Budget, meta: DatasetMeta, model: Any,
+                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """The released records of dataset rows ``start .. start + len(rows) - 1`` (one
+        per row, in their order), noise from ``rng``; the table's columns."""
+
+    def summary(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                model: Any) -> Statistic | None:
+        """An exact statistic of the released table's batches for ``describe`` (None:
+        it reads none)."""
+        return None
+
+    @abc.abstractmethod
+    def describe(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 model: Any, released: Partial | None) -> Output:
+        """The output without its table: result, accuracy, guarantee, ``row_column``
+        (``released``: the summary's partial over the whole table)."""
+
+    def run_whole(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any],
+                  cost: Budget, meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        """The run of params that are not a row map (``mappable`` False)."""
+        raise NotImplementedError(f"{self.name} releases every request as a row map")
+
+    def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        if not self.mappable(params, meta):
+            return self.run_whole(data, params, cost, meta, rng)
+        for name, values in data.items():  # a partitioned run counts the rows it read
+            if np.ndim(values) == 0 or len(values) != meta.n_rows:
+                raise ValueError(f"column {name!r} does not have n_rows entries")
+        statistic = self.fit_statistic(params, cost, meta)
+        partial = None if statistic is None else compute(statistic, [data])[1]
+        model = self.fit(params, partial, cost, meta, rng)
+        table = self.privatize(data, 0, params, cost, meta, model, rng)
+        summary = self.summary(params, cost, meta, model)
+        released = None if summary is None else compute(summary, [table])[1]
+        output = self.describe(params, cost, meta, model, released)
+        return dataclasses.replace(output, table=table)
+
+
+def batch_columns(rows: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """``names`` of a batch of rows as 1-D arrays of one length (ValueError naming the
+    first column that is not)."""
+    out = {name: np.asarray(rows[name]) for name in names}
+    lengths = {len(x) if x.ndim == 1 else -1 for x in out.values()}
+    if -1 in lengths or len(lengths) > 1:
+        bad = next(n for n, x in out.items() if x.ndim != 1 or len(x) != len(out[names[0]]))
+        raise ValueError(f"column {bad!r} is not a 1-D column of the batch's rows")
+    return out

@@ -11,7 +11,11 @@ measurement (``tests/memory_probe.py``: tracemalloc and Arrow's pool, on stored 
   (Arrow's buffer and its conversion) and 8 bytes a row (list offsets);
 * a streaming mechanism holds one row group (at most ``BATCH_ROWS`` rows) of the columns
   it reads instead, and its public table (cells of a cross-tab, bins, grid points);
-* both add, per row held, the run's own ``row_bytes`` plus ``cell_bytes`` per cell of the
+* a record-level row map (``RecordMechanism``, ``mechanisms.record_maps``) holds one row
+  group of the columns it reads at a time (with the transient of reading it), and the
+  table it builds over every row;
+* all add, per row held (every row, for a row map: its table), the run's own
+  ``row_bytes`` (a row map: ``map_row_bytes``) plus ``cell_bytes`` per cell of the
   columns its params name, and ``fixed_bytes`` (plans, calibrations).
 
 The per-row figures are class attributes of each mechanism, measured at 10^5 and 4x10^5
@@ -102,12 +106,20 @@ def table_cells(params: Mapping[str, Any], meta: DatasetMeta) -> int:
 
 
 def bound(params: Mapping[str, Any], meta: DatasetMeta, *, streaming: bool,
-          row_bytes: float, cell_bytes: float, fixed_bytes: float) -> Memory:
+          row_bytes: float, cell_bytes: float, fixed_bytes: float,
+          mapped: bool = False) -> Memory:
     """The model above for one release; the field is the rows (``dataset_id``: its
     version's declared row count) or, when the table dominates, ``params.group_by`` /
-    the size param."""
+    the size param. ``mapped``: a record-level row map (``row_bytes`` per row of its
+    table)."""
     rows = float(max(meta.n_rows, 0))
-    per_row = row_bytes + cell_bytes * named_cells(params, meta)
+    cells = named_cells(params, meta)
+    per_row = row_bytes + cell_bytes * cells
+    if mapped:
+        held = min(rows, float(BATCH_ROWS))
+        batch = held * (cells * CELL_BYTES * (1 + LOAD_TRANSIENT) + 8)
+        return Memory(batch + rows * per_row + fixed_bytes, "dataset_id",
+                      "a version with fewer rows")
     if not streaming:
         total = loaded_bytes(meta) + rows * per_row + fixed_bytes
         return Memory(total, "dataset_id", "a version with fewer rows or columns")

@@ -24,6 +24,11 @@ the equality on adversarial doubles: subnormals, huge and tiny mixed, ties). So 
 that used ``fsum`` over whole columns gives the same bits from any batches, whereas an
 fsum of per-batch fsums rounds twice and depends on the split.
 
+A column that holds several cells per row (a functional column's grid points) comes as
+(rows, width) batches (``Statistic.widths``), and ``column_sums`` gives the exact sums of
+every column of such a block at once (error-free extraction, the rest by ``float_sums``).
+``Joint`` reads several statistics together, each pass once for all of them.
+
 A statistic that needs a second look at the rows with a value from the first (the
 two-pass sample covariance centres on the mean; an exact median selects digit by digit,
 ``mechanisms.selection``) names the next pass with ``then``: the passes are a fixed,
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +133,11 @@ class Statistic(abc.ABC):
         """The exact integers of ``chunk`` (at most CHUNK rows, maybe none), per part:
         int64 arrays (counts, bounded integer sums) or Python ints (exact float sums)."""
 
+    def widths(self) -> Mapping[str, int]:
+        """Cells per row of the columns that hold several (a functional column's grid
+        points): their batches are (rows, width) arrays; every other column is 1-D."""
+        return {}
+
     def then(self, partial: Partial) -> Statistic | None:
         """The next pass, given this one's merged partial (None: this was the last)."""
         return None
@@ -144,11 +155,14 @@ class Statistic(abc.ABC):
 
     def update(self, partial: Partial, batch: Batch) -> Partial:
         """``partial`` plus the rows of ``batch``; reads CHUNK rows at a time."""
-        arrays = [np.asarray(batch[name]) for name in self.columns]
-        rows = arrays[0].shape[0] if arrays and arrays[0].ndim == 1 else -1
+        widths = self.widths()
+        arrays = [_rows(np.asarray(batch[name]), widths.get(name)) for name in self.columns]
+        rows = arrays[0].shape[0] if arrays and arrays[0].ndim >= 1 else -1
         for name, x in zip(self.columns, arrays, strict=True):
-            if x.ndim != 1 or x.shape[0] != rows:
-                raise ValueError(f"column {name!r} is not a 1-D column of the batch's rows")
+            shape = (rows,) if name not in widths else (rows, widths[name])
+            if x.shape != shape:
+                raise ValueError(f"column {name!r} is not a {len(shape)}-D column of the"
+                                 " batch's rows")
         totals: dict[str, Any] = {}
         for start in range(0, max(rows, 1), CHUNK):  # one call on an empty batch: its types
             chunk = {name: x[start:start + CHUNK] for name, x in
@@ -169,6 +183,78 @@ class Statistic(abc.ABC):
                                        else tuple(totals[name]) for name in sizes},
                         partial.carry)
         return partial.merge(added)
+
+
+@dataclass(frozen=True)
+class Joint(Statistic):
+    """Several statistics read together: each pass updates every unfinished member from
+    the same batch, so the rows are read once per pass of the longest member, not once per
+    member. A member that has finished keeps its last partial in the carry until the last
+    one finishes (``member`` gives each its own last partial back)."""
+
+    members: tuple[Statistic | None, ...]  # None: finished, its partial in ``done``
+    done: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def _active(self) -> Iterator[tuple[int, Statistic]]:
+        return ((i, m) for i, m in enumerate(self.members) if m is not None)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c for _, m in self._active() for c in m.columns))
+
+    def widths(self) -> Mapping[str, int]:
+        return {name: w for _, m in self._active() for name, w in m.widths().items()}
+
+    def sizes(self) -> Mapping[str, int]:
+        return {f"{i}/{k}": v for i, m in self._active() for k, v in m.sizes().items()}
+
+    def carried(self) -> Mapping[str, tuple[int, ...]]:
+        return {**self.done, **{f"{i}/{k}": v for i, m in self._active()
+                                for k, v in m.carried().items()}}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64] | Sequence[int]]:
+        return {f"{i}/{k}": v for i, m in self._active()
+                for k, v in m.reduce({c: chunk[c] for c in m.columns}).items()}
+
+    def then(self, partial: Partial) -> Statistic | None:
+        members: list[Statistic | None] = []
+        done = dict(self.done)
+        for i, m in enumerate(self.members):
+            following = None if m is None else m.then(self.member(partial, i))
+            if m is not None and following is None:
+                mine = self.member(partial, i)
+                done.update({f"done/{i}/parts/{k}": v for k, v in mine.parts.items()})
+                done.update({f"done/{i}/carry/{k}": v for k, v in mine.carry.items()})
+            members.append(following)
+        if all(m is None for m in members):
+            return None
+        return Joint(tuple(members), done)
+
+    @staticmethod
+    def member(partial: Partial, i: int) -> Partial:
+        """Member ``i``'s own partial of its last pass so far (``partial``: a pass's)."""
+        finished = f"done/{i}/"
+        if any(k.startswith(finished) for k in partial.carry):
+            def kept(kind: str) -> dict[str, tuple[int, ...]]:
+                head = f"{finished}{kind}/"
+                return {k[len(head):]: v for k, v in partial.carry.items()
+                        if k.startswith(head)}
+            return Partial(partial.rows, kept("parts"), kept("carry"))
+        head = f"{i}/"
+        return Partial(partial.rows,
+                       {k[len(head):]: v for k, v in partial.parts.items() if k.startswith(head)},
+                       {k[len(head):]: v for k, v in partial.carry.items() if k.startswith(head)})
+
+
+def _rows(x: np.ndarray, width: int | None) -> np.ndarray:
+    """A wide column as (rows, width): Arrow gives a list column's rows as a 1-D array of
+    arrays (``to_numpy``), the store as a 2-D array."""
+    if width is None or x.dtype != object or x.ndim != 1:
+        return x
+    cells = [np.asarray(row, dtype=np.float64) for row in x]
+    if any(row.shape != (width,) for row in cells):
+        raise ValueError("a row of a list column does not have the column's width")
+    return np.stack(cells) if cells else np.zeros((0, width))
 
 
 def compute(statistic: Statistic, batches: Iterable[Batch]) -> tuple[Statistic, Partial]:
@@ -252,12 +338,141 @@ def _chunk_sums(values: NDArray[np.float64], groups: NDArray[np.int64] | None,
     return out
 
 
-def to_float(total: int) -> float:
-    """An exact ``float_sums`` total rounded once to a double (= ``math.fsum``)."""
-    return total / (1 << SCALE)
+def column_sums(values: NDArray[np.float64], scale: NDArray[np.float64] | None = None
+                ) -> list[int]:
+    """Exact sum of each column of a finite (rows, K) array, in units of 2**-SCALE: the
+    ``float_sums`` of every column at once (a functional column's cells). ``scale``: a
+    factor per row, each product rounded as ``values * scale[:, None]`` rounds it (clipped
+    curves, without a copy of the rows)."""
+    if values.ndim != 2:
+        raise ValueError("column sums need a 2-D array")
+
+    def block(start: int, stop: int) -> NDArray[np.float64]:
+        chunk = values[start:stop]
+        return chunk if scale is None else chunk * scale[start:stop, None]
+
+    return _exact_columns(block, values.shape[0], values.shape[1])
+
+
+def product_sums(left: NDArray[np.float64], right: NDArray[np.float64],
+                 pairs: tuple[NDArray[np.intp], NDArray[np.intp]]) -> list[int]:
+    """Exact sums over the rows of left[:, a]·right[:, b] for each pair (a, b) of
+    ``pairs``, each product rounded per row as numpy rounds it (second moments, cross
+    products), in units of 2**-SCALE; the products are formed a chunk at a time."""
+    if left.ndim != 2 or right.ndim != 2 or left.shape[0] != right.shape[0]:
+        raise ValueError("product sums need two 2-D arrays of the same rows")
+
+    def block(start: int, stop: int) -> NDArray[np.float64]:
+        with np.errstate(over="ignore"):  # an infinite product is refused as not finite
+            out: NDArray[np.float64] = left[start:stop, pairs[0]] * right[start:stop,
+                                                                         pairs[1]]
+        return out
+
+    top = None
+    if left.shape[0]:  # |fl(a·b)| <= fl(max|a|·max|b|): a bound without forming them twice
+        with np.errstate(over="ignore", invalid="ignore"):
+            bound = np.abs(left).max(axis=0)[pairs[0]] * np.abs(right).max(axis=0)[pairs[1]]
+        top = bound if np.isfinite(bound).all() else None
+    return _exact_columns(block, left.shape[0], int(pairs[0].size), top)
+
+
+def _exact_columns(block: Callable[[int, int], NDArray[np.float64]], rows: int,
+                   width: int, top: NDArray[np.float64] | None = None) -> list[int]:
+    """Exact column sums of the (rows, width) array ``block(start, stop)`` gives by rows,
+    read max(1, CHUNK // width) rows at a time (twice, unless ``top`` bounds each
+    column's |x|: the largest |x|, then the sums).
+
+    Error-free extraction (Rump, Ogita & Oishi 2008, ExtractVector): with σ = 2**e a power
+    of two, |x| <= 2**-b·σ and 2**b >= rows + 2, q = (σ + x) − σ is a multiple of 2**-53·σ
+    with x − q exact, so any sum of the rows' q is exact in float64 (below σ). Two levels
+    per column (σ from its largest |x|, then 2**(b − 53) times that) take its top 2·(53 − b)
+    bits, the whole of nearly every value; what is left (values far below their column's
+    largest, or columns near the top of the doubles) goes to ``float_sums``.
+    """
+    out = [0] * width
+    if rows == 0 or width == 0:
+        return out
+    step = max(1, CHUNK // width)
+    if top is None:
+        top = np.zeros(width)
+        for start in range(0, rows, step):
+            np.maximum(top, np.abs(block(start, start + step)).max(axis=0), out=top)
+    if not np.isfinite(top).all():  # the largest |x| of a column with NaN or ±inf
+        raise ValueError("exact sums need finite values")
+    bits = (rows + 1).bit_length()  # 2**bits >= rows + 2
+    first = np.frexp(top)[1].astype(np.int64) + bits  # σ = 2**first: |x| < 2**-bits·σ
+    # σ must be a normal double that σ + x cannot overflow: else the level keeps nothing
+    usable = [(first - level * (53 - bits) <= 1023) & (first - level * (53 - bits) >= -960)
+              for level in range(_LEVELS)]
+    for level in range(1, _LEVELS):  # a level reads the rest of the one before
+        usable[level] &= usable[level - 1]
+    sigmas = [np.where(ok, np.ldexp(1.0, np.where(ok, first - level * (53 - bits), 0)), 0.0)
+              for level, ok in enumerate(usable)]
+    extracted, rest = (np.empty((min(step, rows), width)) for _ in range(2))
+    kept = np.zeros((_LEVELS, width))
+    for start in range(0, rows, step):
+        chunk = block(start, start + step)
+        q, left = extracted[:chunk.shape[0]], rest[:chunk.shape[0]]
+        for level in range(_LEVELS):
+            np.add(chunk, sigmas[level], out=q)
+            q -= sigmas[level]
+            if not usable[level].all():
+                q[:, ~usable[level]] = 0.0
+            kept[level] += q.sum(axis=0)  # exact: multiples of 2**-53·σ, below σ
+            chunk = np.subtract(chunk, q, out=left)  # exact
+        if chunk.any():
+            where = np.flatnonzero(chunk)
+            left_over = float_sums(chunk.ravel()[where], (where % width).astype(np.int64),
+                                   width)
+            out = [a + b for a, b in zip(out, left_over, strict=True)]
+    for level in range(_LEVELS):
+        out = [a + _units(v) for a, v in zip(out, kept[level].tolist(), strict=True)]
+    return out
+
+
+#: extraction levels of ``_exact_columns`` before the rest goes to ``float_sums``
+_LEVELS = 2
+
+
+def _units(value: float) -> int:
+    """A double exactly, in units of 2**-SCALE (frexp: value = m·2**e, e >= −1073)."""
+    mantissa, exponent = math.frexp(value)
+    return int(mantissa * 2.0**53) << (exponent - _EMIN) if value else 0
+
+
+def to_float(total: int, divisor: int = 1) -> float:
+    """An exact ``float_sums`` total (over a positive integer ``divisor``: a mean) rounded
+    once to a double (= ``math.fsum`` of the values, over the divisor exactly)."""
+    return total / (divisor << SCALE)
 
 
 def check_rows(partial: Partial, n: int, column: str) -> None:
     """The rows seen are the dataset's ``n`` (public): else the column was not whole."""
     if partial.rows != n:
         raise ValueError(f"column {column!r} does not have n_rows entries")
+
+
+@dataclass(frozen=True)
+class ColumnSums(Statistic):
+    """The exact sum of each of ``names`` (``sums``, units of 2**-SCALE): a released
+    table's means (``RecordMechanism.summary``) the same from any partitions. Integer
+    columns must hold values below 2**53 in magnitude (their doubles are then exact)."""
+
+    names: tuple[str, ...]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.names
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"sums": len(self.names)}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, Sequence[int]]:
+        return {"sums": [float_sums(np.asarray(chunk[name], dtype=np.float64))[0]
+                         for name in self.names]}
+
+    def means(self, partial: Partial) -> dict[str, float]:
+        """Each column's mean, correctly rounded (NaN for no rows)."""
+        n = partial.rows
+        return {name: (total / (n << SCALE) if n else math.nan)
+                for name, total in zip(self.names, partial.parts["sums"], strict=True)}

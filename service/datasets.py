@@ -35,9 +35,12 @@ from service.storage.store import Store
 ROW_KEY = "row_key"
 
 
-def row_key(store: DatasetStore, dataset_id: str, version: int) -> bytes:
-    """The dataset's secret row-order key (made now for a dataset stored before keys)."""
-    return store.private_file(dataset_id, version, ROW_KEY, rows.new_key)
+def row_key(store: DatasetStore, dataset_id: str, version: int) -> rows.RowKey:
+    """The dataset's secret row-order key and its order version, as the version's file
+    records them (v1 for a version stored before v2: its order never changes). A version
+    stored before keys gets one now, of the current version: it has released no order."""
+    return rows.RowKey.from_file(store.private_file(
+        dataset_id, version, ROW_KEY, lambda: rows.new_row_key().to_file()))
 
 
 def column_doc(col: ColumnMeta, fill: Any) -> dict[str, Any]:
@@ -83,7 +86,7 @@ def register(
         for chunk in chunks:
             staged.append(chunk)
         # the secret row order of its microdata releases: private, beside the columns
-        staged.write_private(ROW_KEY, rows.new_key())
+        staged.write_private(ROW_KEY, rows.new_row_key().to_file())
         doc = {
             "id": dataset_id,
             "version": 1,
@@ -402,7 +405,7 @@ def add_version(store: DatasetStore, ledger: Store, dataset_id: str,
     with store.staging() as staged:
         for chunk in chunks:
             staged.append(chunk)
-        staged.write_private(ROW_KEY, rows.new_key())
+        staged.write_private(ROW_KEY, rows.new_row_key().to_file())
         doc = get(ledger, dataset_id)
         if doc is None or doc.get("status") != "active":
             raise VersionError(409, "the dataset is retired: it takes no new version",

@@ -42,7 +42,7 @@ from mechanisms.base import ColumnMeta, DatasetMeta, Mechanism
 from mechanisms.dip.mechanism import DipMechanism
 from mechanisms.dip.noise import NoiseStep
 from mechanisms.dp import baselines
-from mechanisms.iclp.entries import FunctionMechanism
+from mechanisms.iclp.entries import Priced
 
 FloatArray = NDArray[np.float64]
 Data = dict[str, np.ndarray]
@@ -384,7 +384,7 @@ def float_laplace_scenario(label: str, raw: Mapping[str, Any], budget: Mapping[s
     return Scenario(label, mech, params, cost, meta, pair, draw, once, scale_runs=5)
 
 
-def function_scenario(label: str, mech: FunctionMechanism, raw: Mapping[str, Any],
+def function_scenario(label: str, mech: Priced, raw: Mapping[str, Any],
                       budget: Mapping[str, Fraction], meta: DatasetMeta) -> Scenario:
     """Released lattice coefficients (centre + noise, ``runs`` at once); the interval family
     also gets the Neyman–Pearson statistic of the claimed noise between the two centres."""
@@ -666,9 +666,9 @@ def _dip_plan() -> Plan:
 def _function_plan(name: str, configs: Sequence[tuple[str, dict[str, Any], int]],
                    meta: DatasetMeta, factor: float, learned: bool) -> Plan:
     mech = registry.get(name)
-    assert isinstance(mech, FunctionMechanism)
+    assert isinstance(mech, Priced)
     over = controls.overspending(mech, factor)
-    assert isinstance(over, FunctionMechanism)
+    assert isinstance(over, Priced)
     honest = [function_scenario(label, mech, raw, eps(e), meta) for label, raw, e in configs]
     label, raw, e = configs[0]
     family = "learned" if learned else "interval"

@@ -30,7 +30,14 @@ from marshmallow import ValidationError, fields, validates_schema
 from numpy.typing import NDArray
 
 from mechanisms import sampling
-from mechanisms.base import Budget, DatasetMeta, MechanismInputError, Output
+from mechanisms.base import (
+    Budget,
+    DatasetMeta,
+    MechanismInputError,
+    Output,
+    RecordMechanism,
+    batch_columns,
+)
 from mechanisms.competitors.common import (
     CI_LEVEL,
     PRIVACY_UNIT,
@@ -38,12 +45,12 @@ from mechanisms.competitors.common import (
     ColumnsSchema,
     Lattice,
     PerColumnMechanism,
-    column_array,
     lattice,
     numeric_columns,
     split_epsilon,
 )
 from mechanisms.exact import fmt
+from mechanisms.statistics import ColumnSums, Partial, Statistic
 
 #: ``round_to`` lattices of more points than this are refused (a finer step is no rounding)
 MAX_ROUND_POINTS = 2**40
@@ -68,14 +75,19 @@ def round_to_lattice(y: NDArray[np.float64], lo: float, hi: float, step: float
     return out
 
 
-class LrmMechanism(PerColumnMechanism):
-    """Laplace noise on each value of each chosen column, ε/p per column."""
+class LrmMechanism(PerColumnMechanism, RecordMechanism):
+    """Laplace noise on each value of each chosen column, ε/p per column: a row map whose
+    model is the per-column lattices (public), so it runs in partitions."""
 
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 96.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 8.0
+    map_fixed_bytes = 4 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
+    record_row_column = ROW_COLUMN
 
     name = "lrm"
     params_schema = LrmParamsSchema
@@ -109,33 +121,49 @@ class LrmMechanism(PerColumnMechanism):
         return self._accuracy(self._plan(params, epsilon, meta), meta.n_rows, per,
                               params.get("round_to"))
 
-    def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
-            meta: DatasetMeta, rng: np.random.Generator) -> Output:
+    def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> dict[str, Lattice]:
+        epsilon, _ = split_epsilon(cost, self.name, len(params["columns"]))
+        return self._plan(params, epsilon, meta)
+
+    def privatize(self, rows: Mapping[str, np.ndarray], start: int,
+                  params: Mapping[str, Any], cost: Budget, meta: DatasetMeta, model: Any,
+                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Column by column (each column's draws in row order): over all rows with one
+        generator, the draws the release always made."""
+        columns = batch_columns(rows, list(model))
+        m = len(next(iter(columns.values())))
+        table: dict[str, np.ndarray] = {ROW_COLUMN: np.arange(start, start + m,
+                                                              dtype=np.int64)}
+        for name, plan in model.items():
+            table[name] = self.privatize_column(columns[name], plan, rng,
+                                                params.get("round_to"))
+        return table
+
+    def summary(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                model: Any) -> Statistic:
+        return ColumnSums(tuple(model))
+
+    def describe(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 model: Any, released: Partial | None) -> Output:
         epsilon, per = split_epsilon(cost, self.name, len(params["columns"]))
-        plans = self._plan(params, epsilon, meta)
+        plans: dict[str, Lattice] = model
+        assert released is not None
         n = meta.n_rows
-        table: dict[str, np.ndarray] = {ROW_COLUMN: np.arange(n, dtype=np.int64)}
-        means = {}
-        for name, plan in plans.items():
-            values = self.privatize(column_array(data, name, n), plan, rng,
-                                    params.get("round_to"))
-            table[name] = values
-            means[name] = float(np.mean(values)) if n else math.nan
         return Output(
             result={"n_rows": n, "columns": list(plans), "row_column": ROW_COLUMN,
                     "epsilon": {"total": float(epsilon), "per_column": float(per)},
-                    "means": means},
+                    "means": ColumnSums(tuple(plans)).means(released)},
             accuracy=self._accuracy(plans, n, per, params.get("round_to")),
             guarantee=(f"pure epsilon-DP (LRM, epsilon={fmt(epsilon)} nats; epsilon="
                        f"{fmt(per)} per column over {len(plans)} column(s), exact discrete"
                        f" Laplace noise on each value, declared bounds), {PRIVACY_UNIT};"
                        " each record is privatized on its own (epsilon-local DP)"),
-            table=table,
             row_column=ROW_COLUMN,
         )
 
     @staticmethod
-    def privatize(x: NDArray[Any], plan: Lattice, rng: np.random.Generator,
+    def privatize_column(x: NDArray[Any], plan: Lattice, rng: np.random.Generator,
                   round_to: float | None = None) -> NDArray[Any]:
         """One column's released values: c + g (k(clip x) + D), then ``round_to``."""
         k = plan.index(x)

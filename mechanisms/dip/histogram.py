@@ -30,6 +30,7 @@ from mechanisms.dip.reference import Reference
 from mechanisms.dip.search import Bins
 from mechanisms.dip.univariate import PiecewiseLinear
 from mechanisms.exact import float_up
+from mechanisms.statistics import Batch, Partial, Statistic
 
 FloatArray = NDArray[np.float64]
 #: the most cells a joint histogram may have (memory: a few float64 arrays of this size)
@@ -270,22 +271,35 @@ def histogram_counts(
     A record's cell is the one holding the midpoint of its continualized
     cell (its value, for continuous columns); rows are counted in blocks.
     """
-    columns = tuple(continualizers)
-    shape = tuple(edges[c].size - 1 for c in columns)
-    bins = {c: Bins(edges[c]) for c in columns}
-    n = int(np.shape(data[columns[0]])[0])
-    counts = np.zeros(math.prod(shape), dtype=np.int64)
+    counter = CellCounter(continualizers, edges)
+    n = int(np.shape(data[counter.columns[0]])[0])
+    counts = np.zeros(math.prod(counter.shape), dtype=np.int64)
     for start in range(0, n, CHUNK_ROWS):
         block = slice(start, start + CHUNK_ROWS)
+        counts += counter({c: data[c][block] for c in counter.columns})
+    return counts.reshape(counter.shape)
+
+
+class CellCounter:
+    """Counts of rows per joint cell (row-major), a block of rows at a time: the exact
+    part of the histogram reference, so any engine counts it (``DipCells``)."""
+
+    def __init__(self, continualizers: Mapping[str, Continualizer],
+                 edges: Mapping[str, FloatArray]) -> None:
+        self.columns = tuple(continualizers)
+        self.continualizers = dict(continualizers)
+        self.shape = tuple(int(edges[c].size) - 1 for c in self.columns)
+        self.bins = {c: Bins(edges[c]) for c in self.columns}
+
+    def __call__(self, block: Mapping[str, NDArray[np.generic]]) -> NDArray[np.int64]:
         flat: NDArray[np.intp] | None = None
-        for c, size in zip(columns, shape, strict=True):
-            cont = continualizers[c]
-            z = cont.clean(data[c][block])
-            j = bins[c](cont.forward(z, np.full(z.shape, 0.5)))
+        for c, size in zip(self.columns, self.shape, strict=True):
+            cont = self.continualizers[c]
+            z = cont.clean(block[c])
+            j = self.bins[c](cont.forward(z, np.full(z.shape, 0.5)))
             flat = j if flat is None else flat * size + j
         assert flat is not None
-        counts += np.bincount(flat, minlength=counts.size)
-    return counts.reshape(shape)
+        return np.bincount(flat, minlength=math.prod(self.shape)).astype(np.int64)
 
 
 def noise_scale(epsilon_ref: Fraction | float) -> float:
@@ -301,8 +315,25 @@ def dp_histogram(
     rng: np.random.Generator,
 ) -> Histogram:
     """An ε_ref-DP histogram reference of ``data`` on the declared bounds (values are cleaned)."""
-    edges = {c: continualizers[c].edges(bins[c]) for c in continualizers}
-    counts = histogram_counts(data, continualizers, edges)
+    edges = histogram_edges(continualizers, bins)
+    return noisy_histogram(histogram_counts(data, continualizers, edges), continualizers,
+                           edges, epsilon_ref, rng)
+
+
+def histogram_edges(continualizers: Mapping[str, Continualizer], bins: Mapping[str, int]
+                    ) -> dict[str, FloatArray]:
+    """Each column's bin edges on its continualized axis (public)."""
+    return {c: continualizers[c].edges(bins[c]) for c in continualizers}
+
+
+def noisy_histogram(
+    counts: NDArray[np.int64],
+    continualizers: Mapping[str, Continualizer],
+    edges: Mapping[str, FloatArray],
+    epsilon_ref: Fraction | float,
+    rng: np.random.Generator,
+) -> Histogram:
+    """The ε_ref-DP reference from the exact joint ``counts`` (shape: one axis per column)."""
     scale = noise_scale(epsilon_ref)
     if scale > sampling.MAX_SCALE:
         raise ValueError("epsilon too small for the histogram noise")
@@ -310,3 +341,26 @@ def dp_histogram(
     total = int(counts.sum())
     masses = project_simplex(noisy, float(total)) if total > 0 else np.ones(counts.shape)
     return Histogram(continualizers, edges, masses)
+
+
+class CellStatistic(Statistic):
+    """The joint histogram's exact counts (``counts``, row-major) as a mergeable pass:
+    the same integers as ``histogram_counts`` however the rows are split."""
+
+    def __init__(self, continualizers: Mapping[str, Continualizer],
+                 edges: Mapping[str, FloatArray]) -> None:
+        self.counter = CellCounter(continualizers, edges)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.counter.columns
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"counts": math.prod(self.counter.shape)}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64]]:
+        return {"counts": self.counter(chunk)}
+
+    def counts(self, partial: Partial) -> NDArray[np.int64]:
+        """The counts as an array of one axis per column."""
+        return partial.vector("counts").reshape(self.counter.shape)

@@ -51,10 +51,11 @@ from mechanisms.base import (
     Budget,
     ColumnMeta,
     DatasetMeta,
-    Mechanism,
     MechanismInputError,
     Output,
+    RecordMechanism,
     Work,
+    batch_columns,
     bounds_problem,
     read_epsilon,
 )
@@ -72,11 +73,14 @@ from mechanisms.dip.copula import (
 from mechanisms.dip.empirical import Empirical, holdout_size, split_holdout
 from mechanisms.dip.histogram import (
     MAX_CELLS,
+    CellStatistic,
     abs_noise_bound,
     default_bins,
     dp_histogram,
+    histogram_edges,
     mean_abs_noise,
     noise_scale,
+    noisy_histogram,
 )
 from mechanisms.dip.noise import (
     DEFAULT_RESOLUTION,
@@ -88,6 +92,7 @@ from mechanisms.dip.params import DipParamsSchema
 from mechanisms.dip.reference import Reference
 from mechanisms.dip.univariate import finite
 from mechanisms.exact import fmt
+from mechanisms.statistics import Partial, Statistic
 
 #: budgets above this are refused as absurd (as for the baselines)
 MAX_HOLDOUT = 0.9
@@ -202,14 +207,34 @@ def continualizer_for(
     )
 
 
-class DipMechanism(Mechanism):
-    """Distribution-invariant privatized microdata (Bi & Shen), pure ε-DP."""
+@dataclass(frozen=True)
+class _Model:
+    """What every partition of a row-map release needs: the plan, the chain's variable
+    order and the reference (public: from public inputs, or released with noise)."""
+
+    plan: Plan
+    order: tuple[str, ...]
+    reference: Reference
+
+
+class DipMechanism(RecordMechanism):
+    """Distribution-invariant privatized microdata (Bi & Shen), pure ε-DP.
+
+    A row map (``RecordMechanism``) for a parametric, public or joint-histogram
+    reference: the histogram's exact counts are the fit statistic, and the noisy
+    histogram the model every partition maps its rows through. A hold-out (its rows are
+    drawn from the whole data) and the copula (correlation sums of its own) read whole
+    columns (``run_whole``)."""
 
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 16.0
     fixed_bytes = 16 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 8.0
+    map_fixed_bytes = 16 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
+    record_row_column = ROW_COLUMN
 
     name = "dip"
     measures = ("epsilon",)
@@ -653,9 +678,81 @@ class DipMechanism(Mechanism):
                     f" column {name!r} ({mine.type})"
                 )
 
-    # ------------------------------------------------------------------ run
+    # ------------------------------------------------------------------ row map
 
-    def run(
+    def mappable(self, params: Mapping[str, Any], meta: DatasetMeta) -> bool:
+        reference = params.get("reference") or {}
+        kind = reference.get("kind", "dp")
+        if kind == "holdout":
+            return False
+        if kind != "dp":
+            return True
+        model = reference.get("model") or (
+            "joint" if len(params["columns"]) <= MAX_DP_COLUMNS else "copula")
+        return bool(model == "joint")
+
+    def fit_statistic(self, params: Mapping[str, Any], cost: Budget,
+                      meta: DatasetMeta) -> Statistic | None:
+        plan = self.plan(params, cost, meta)
+        if plan.kind != "dp":
+            return None
+        return CellStatistic(plan.continualizers,
+                             histogram_edges(plan.continualizers, plan.bins))
+
+    def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> _Model:
+        """The draws ``run_whole`` makes before its chain, in its order: the variable
+        order (if random), then the reference's noise."""
+        plan = self.plan(params, cost, meta)
+        names = plan.names
+        order = plan.order if plan.order is not None else tuple(
+            names[i] for i in rng.permutation(len(names))
+        )
+        reference: Reference
+        if plan.kind == "parametric":
+            assert plan.parametric is not None
+            reference = plan.parametric
+        elif plan.kind == "public":
+            reference = Empirical(self._public_sample(params, plan, meta),
+                                  plan.continualizers, rng)
+        else:
+            assert partial is not None
+            if partial.rows != meta.n_rows:
+                raise ValueError(f"column {names[0]!r} does not have n_rows entries")
+            edges = histogram_edges(plan.continualizers, plan.bins)
+            counts = CellStatistic(plan.continualizers, edges).counts(partial)
+            reference = noisy_histogram(counts, plan.continualizers, edges,
+                                        plan.epsilon_ref, rng)
+        return _Model(plan, tuple(order), reference)
+
+    def privatize(self, rows: Mapping[str, np.ndarray], start: int,
+                  params: Mapping[str, Any], cost: Budget, meta: DatasetMeta, model: Any,
+                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+        fitted: _Model = model
+        plan = fitted.plan
+        columns = batch_columns(rows, plan.names)
+        m = len(columns[plan.names[0]])
+        released = privatize(columns, fitted.reference, plan.epsilon_dip, rng,
+                             order=fitted.order, resolution=plan.step.resolution)
+        table: dict[str, np.ndarray] = {
+            ROW_COLUMN: np.arange(start, start + m, dtype=np.int64)}
+        for name in plan.release:
+            table[name] = self._output_column(meta.columns[name], released[name])
+        return table
+
+    def describe(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 model: Any, released: Partial | None) -> Output:
+        fitted: _Model = model
+        return Output(
+            result=self._result(fitted.plan, fitted.order, meta.n_rows, meta.n_rows),
+            accuracy=self._accuracy(fitted.plan, meta),
+            guarantee=self._guarantee(fitted.plan),
+            row_column=ROW_COLUMN,
+        )
+
+    # ------------------------------------------------------------------ whole columns
+
+    def run_whole(
         self,
         data: Mapping[str, np.ndarray],
         params: Mapping[str, Any],

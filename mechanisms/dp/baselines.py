@@ -66,6 +66,7 @@ from mechanisms.base import (
 )
 from mechanisms.columns import MAX_BOUND as MAX_BOUND
 from mechanisms.columns import Condition, clean, declared_bounds
+from mechanisms.dp.confidence import ConfidenceSchema
 from mechanisms.exact import float_down, float_up, fmt
 from mechanisms.registry import register
 from mechanisms.statistics import (
@@ -206,27 +207,33 @@ class BaselineParamsSchema(StatisticParamsSchema):
     psd = fields.Boolean(metadata={
         "description": "covariance: project the released matrix onto the positive"
                        " semidefinite ones (free post-processing)"})
+    confidence = fields.Nested(ConfidenceSchema, metadata={
+        "description": "tables and covariance: per-cell intervals at level (the default,"
+                       " 0.95), or with simultaneous: true intervals that hold for every"
+                       " cell at once"})
 
     #: the parameters each statistic may take beyond statistic/column/condition
     _ALLOWED: ClassVar[Mapping[str, frozenset[str]]] = {
-        "count": frozenset({"group_by", "consistency"}),
-        "sum": frozenset({"group_by", "consistency"}),
-        "mean": frozenset({"group_by", "consistency"}),
+        "count": frozenset({"group_by", "consistency", "confidence"}),
+        "sum": frozenset({"group_by", "consistency", "confidence"}),
+        "mean": frozenset({"group_by", "consistency", "confidence"}),
         "histogram": frozenset({"bins", "edges"}),
         "quantile": frozenset({"quantiles", "grid_size"}),
         "variance": frozenset(),
         "std": frozenset(),
-        "covariance": frozenset({"columns", "psd"}),
+        "covariance": frozenset({"columns", "psd", "confidence"}),
     }
 
     @validates_schema
     def _check_combination(self, data: dict[str, Any], **kwargs: Any) -> None:
         statistic = data["statistic"]
-        for name in ("group_by", "consistency", "quantiles", "grid_size", "columns", "psd"):
+        for name in ("group_by", "consistency", "quantiles", "grid_size", "columns", "psd",
+                     "confidence"):
             if name in data and name not in self._ALLOWED[statistic]:
                 raise ValidationError(f"{statistic} does not take {name}.", name)
-        if "consistency" in data and "group_by" not in data:
-            raise ValidationError("consistency applies to group_by tables.", "consistency")
+        for name in ("consistency", "confidence"):
+            if name in data and "group_by" not in data and statistic != "covariance":
+                raise ValidationError(f"{name} applies to group_by tables.", name)
         if statistic == "count" and "group_by" in data:  # a condition filters, optionally
             if "column" in data:
                 raise ValidationError("a count table counts rows; omit column.", "column")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -46,7 +46,8 @@ from numpy.typing import NDArray
 from mechanisms import zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.columns import clean, declared_bounds
-from mechanisms.dp import baselines, vectors
+from mechanisms.dp import baselines, confidence, vectors
+from mechanisms.dp.confidence import Confidence, percent
 from mechanisms.dp.vectors import VectorNoise
 from mechanisms.exact import float_down
 from mechanisms.statistics import (
@@ -75,6 +76,8 @@ class MomentPlan:
     err: tuple[Fraction, ...]
     noise: VectorNoise
     psd: bool
+    #: per-entry intervals (the default) or simultaneous ones (``mechanisms.dp.confidence``)
+    confidence: Confidence = field(default_factory=Confidence)
 
     @property
     def pairs(self) -> list[tuple[int, int]]:
@@ -108,9 +111,18 @@ class MomentPlan:
         if self.statistic != "covariance":
             lo, hi = self.bounds[0]
             top = float(Fraction(self.n, self.n - 1) * (hi - lo) ** 2 / 4)
-            variance = min(max(float(entries[0]), 0.0), top)
-            value = math.sqrt(variance) if self.statistic == "std" else variance
-            return {"value": value}
+            released = float(entries[0])
+            variance = min(max(released, 0.0), top)
+            # the exact variance is within ±h of the noisy one (95 %) and in [0, top]: so
+            # is this interval; for std its square roots (monotone), much tighter than
+            # ±sqrt(h) around the released std (post-processing of the released value)
+            h = self.halfwidths()[0]
+            low = min(max(released - h, 0.0), top)
+            high = min(max(released + h, 0.0), top)
+            if self.statistic == "std":
+                return {"value": math.sqrt(variance),
+                        "interval": [math.sqrt(low), math.sqrt(high)]}
+            return {"value": variance, "interval": [low, high]}
         k = len(self.columns)
         matrix = np.zeros((k, k))
         for (j, i), v in zip(self.pairs, entries, strict=True):
@@ -122,9 +134,9 @@ class MomentPlan:
         return {"columns": [c.name for c in self.columns], "matrix": matrix.tolist(),
                 "psd": self.psd}
 
-    def halfwidths(self) -> list[float]:
-        """95 % half-width per entry: noise, half a grid step, the float error."""
-        h = self.noise.halfwidth()
+    def halfwidths(self, level: float = vectors.CI_LEVEL) -> list[float]:
+        """Half-width per entry at ``level``: noise, half a grid step, the float error."""
+        h = self.noise.halfwidth(level)
         return [(h + 0.5) * self.grid + float(e) for e in self.err]
 
     def accuracy(self) -> dict[str, Any]:
@@ -142,28 +154,45 @@ class MomentPlan:
             "grid_sensitivity": sum(u * u for u in self.units) if l2 else sum(self.units),
         }
         if self.statistic == "covariance":
+            entries = len(h)
+            asked = self.halfwidths(self.confidence.per_entry(entries))
+            level = percent(self.confidence.level)
             out["ci95_halfwidth"] = h[0] if len(set(h)) == 1 else max(h)
             out["ci95_halfwidths"] = h
-            out["statement"] = (
-                f"With probability at least 95%, each entry of the upper triangle is within"
-                f" ±{max(h):.6g} of the exact sample covariance of the data clipped to the"
-                f" declared bounds ({kind} noise on each of the {len(h)} entries, one vector"
-                f" calibrated to their joint sensitivity)"
-                + ("; the PSD projection is free post-processing." if self.psd else ".")
-            )
+            out["halfwidths"] = asked
+            out["confidence"] = self.confidence.document(entries)
+            noise = (f"{kind} noise on each of the {entries} entries, one vector calibrated"
+                     " to their joint sensitivity")
+            if self.confidence.simultaneous and entries > 1:
+                out["statement"] = (
+                    f"With probability at least {level}, all {entries} entries of the upper"
+                    f" triangle are at once within ±{max(asked):.6g} of the exact sample"
+                    f" covariance of the data clipped to the declared bounds (simultaneous"
+                    f" intervals, each at level {self.confidence.per_entry(entries):.4%};"
+                    f" {noise})")
+            else:
+                out["statement"] = (
+                    f"With probability at least {level}, each entry of the upper triangle is"
+                    f" within ±{max(asked):.6g} of the exact sample covariance of the data"
+                    f" clipped to the declared bounds ({noise}){self.confidence.joint(entries)}")
+            out["statement"] += ("; the PSD projection is free post-processing." if self.psd
+                                 else ".")
         elif self.statistic == "variance":
             out["ci95_halfwidth"] = h[0]
             out["statement"] = (
                 f"With probability at least 95%, the released sample variance is within"
                 f" ±{h[0]:.6g} of the exact one of the data clipped to the declared bounds"
-                f" ({kind} noise, sensitivity (hi - lo)^2/n; clipped to its possible range).")
+                f" ({kind} noise, sensitivity (hi - lo)^2/n; clipped to its possible range);"
+                f" result.interval is the noisy variance ±{h[0]:.6g} within that range.")
         else:
             out["ci95_halfwidth"] = math.sqrt(h[0])
             out["statement"] = (
                 f"With probability at least 95%, the released standard deviation is within"
                 f" ±{math.sqrt(h[0]):.6g} of the exact sample standard deviation of the data"
                 f" clipped to the declared bounds (the square root of a noisy variance within"
-                f" ±{h[0]:.6g}).")
+                f" ±{h[0]:.6g}); result.interval, the square roots of the noisy variance"
+                f" ±{h[0]:.6g}, contains it with the same probability and is usually much"
+                f" narrower.")
         return out
 
 
@@ -282,4 +311,5 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
         assert epsilon is not None
         noise = vectors.laplace_noise(epsilon, sum(units))
     return MomentPlan(statistic, tuple(columns), tuple(bounds), n, grid, tuple(units),
-                      tuple(sens), tuple(err), noise, bool(params.get("psd", False)))
+                      tuple(sens), tuple(err), noise, bool(params.get("psd", False)),
+                      confidence.read(params))

@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -54,7 +54,8 @@ from numpy.typing import NDArray
 from mechanisms import zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.columns import Condition, clean, declared_bounds
-from mechanisms.dp import baselines, vectors
+from mechanisms.dp import baselines, confidence, vectors
+from mechanisms.dp.confidence import Confidence, percent
 from mechanisms.dp.vectors import VectorNoise
 from mechanisms.exact import float_down
 from mechanisms.statistics import (
@@ -130,6 +131,13 @@ class TablePlan:
     consistency: bool
     count: Part | None
     sum: Part | None
+    #: per-cell intervals (the default) or simultaneous ones (``mechanisms.dp.confidence``)
+    confidence: Confidence = field(default_factory=Confidence)
+
+    @property
+    def cell_level(self) -> float:
+        """The level each cell's interval is computed at."""
+        return self.confidence.per_entry(self.cells)
 
     @property
     def cells(self) -> int:
@@ -208,7 +216,7 @@ class TablePlan:
         if self.consistency:
             result["noisy_values"] = _out(raw, integer)
         part = self._part(self.statistic)
-        result["errors"] = [part.halfwidth()] * self.cells
+        result["errors"] = [part.halfwidth(self.cell_level)] * self.cells
         result["margins"] = self._margins(values, integer)
         return result
 
@@ -239,7 +247,10 @@ class TablePlan:
         means: list[float | None] = []
         for c, s in zip(base, sums, strict=True):
             means.append(None if c < 1 else float(min(max(s / c, lo), hi)))
-        hc, hs = self.count.halfwidth(0.975), self.sum.halfwidth(0.975)
+        # a cell's mean interval holds when its count and its sum are both within theirs:
+        # each at (1 + level) / 2 (a union bound), the level the cell's (``cell_level``)
+        each = (1 + self.cell_level) / 2
+        hc, hs = self.count.halfwidth(each), self.sum.halfwidth(each)
         intervals = [mean_interval(c, s, hc, hs, lo, hi) for c, s in zip(counts, sums,
                                                                           strict=True)]
         out: dict[str, Any] = {
@@ -258,27 +269,42 @@ class TablePlan:
         label = "count" if self.statistic == "count" else f"{self.statistic} of {self.column_name}"
         if self.statistic == "mean":
             assert self.count is not None and self.sum is not None
+            level = percent(self.confidence.level)
+            holds = (f"all {self.cells} intervals contain the exact means of their non-empty"
+                     f" cells at once with probability at least {level}"
+                     if self.confidence.simultaneous and self.cells > 1 else
+                     f"each cell's interval contains the exact mean of the data clipped to"
+                     f" the declared bounds with probability at least {level} when the cell"
+                     f" is not empty{self.confidence.joint(self.cells, 'cell')}")
             statement = (
                 f"Per-cell means are noisy sums / noisy counts (each of the two tables spends"
-                f" half of the budget); result.intervals holds for each cell an interval that"
-                f" contains the exact mean of the data clipped to the declared bounds with"
-                f" probability at least 95% when the cell is not empty. Noisy counts are"
+                f" half of the budget); result.intervals: {holds}. Noisy counts are"
                 f" within ±{self.count.halfwidth():.6g} and noisy sums within"
-                f" ±{self.sum.halfwidth():.6g} of the exact ones, each with probability at"
-                f" least 95%."
+                f" ±{self.sum.halfwidth():.6g} of the exact ones, each cell's with probability"
+                f" at least 95%."
             )
             return {"cells": self.cells, "epsilon_split": "half to counts, half to sums",
                     "count": self.count.accuracy(), "sum": self.sum.accuracy(),
+                    "confidence": self.confidence.document(self.cells),
                     "statement": statement, **self._consistency_note()}
         part = self._part(self.statistic)
-        statement = (
-            f"With probability at least 95%, each of the {self.cells} noisy cells is within"
-            f" ±{part.halfwidth():.6g} of the exact {label} of its cell"
-            f" ({'data clipped to the declared bounds, ' if self.statistic == 'sum' else ''}"
-            f"{part.noise.kind.replace('_', ' ')} noise of scale"
-            f" {part.noise.scale * part.grid:.6g} per cell)."
-        )
-        return {"cells": self.cells, **part.accuracy(), "statement": statement,
+        width = part.halfwidth(self.cell_level)
+        level = percent(self.confidence.level)
+        noise = (f"{'data clipped to the declared bounds, ' if self.statistic == 'sum' else ''}"
+                 f"{part.noise.kind.replace('_', ' ')} noise of scale"
+                 f" {part.noise.scale * part.grid:.6g} per cell")
+        if self.confidence.simultaneous and self.cells > 1:
+            statement = (
+                f"With probability at least {level}, all {self.cells} noisy cells are at once"
+                f" within ±{width:.6g} of the exact {label} of their cells (simultaneous"
+                f" intervals, each at level {self.cell_level:.4%}; {noise}).")
+        else:
+            statement = (
+                f"With probability at least {level}, each of the {self.cells} noisy cells is"
+                f" within ±{width:.6g} of the exact {label} of its cell ({noise})"
+                f"{self.confidence.joint(self.cells, 'cell')}.")
+        return {"cells": self.cells, **part.accuracy(), "halfwidth": width,
+                "confidence": self.confidence.document(self.cells), "statement": statement,
                 **self._consistency_note()}
 
     @property
@@ -419,7 +445,8 @@ def plan(mechanism: str, params: Mapping[str, Any], amounts: Mapping[str, Fracti
             count = _count_part(mechanism, epsilon, delta, rho)
         total = _sum_part(mechanism, column, bounds, n, epsilon, delta, rho)
     return TablePlan(statistic, tuple(group_by), shape, n, condition, column, bounds,
-                     bool(params.get("consistency", False)), count, total)
+                     bool(params.get("consistency", False)), count, total,
+                     confidence.read(params))
 
 
 def _noise(mechanism: str, epsilon: Fraction | None, delta: Fraction | None, l1: int,

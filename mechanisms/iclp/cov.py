@@ -15,7 +15,7 @@ Centring by the sample mean would change the sensitivity, so the mean is an
 and the covariance G̃ − μ̃ ⊗ μ̃ on grid × grid, symmetrised, is post-processing.
 
 The output is an M × M surface, so the grid is capped at ``MAX_COV_GRID``
-points (M² values, n·M·J + J²·M work, bounded from public inputs).
+points (M² values; n·M² work for the exact grid moments, bounded from public inputs).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.iclp import domain, erm, mean, noise, pss, spectral
+from mechanisms.iclp import domain, erm, mean, noise, pss, spectral, sums
 from mechanisms.iclp.kernels import Kernel
+from mechanisms.statistics import Partial, check_rows, column_sums, product_sums, whole
 
 #: largest grid of a covariance release (M² output values, J² noisy coefficients)
 MAX_COV_GRID = 200
@@ -119,21 +120,56 @@ class CovPlan:
         parts = (self.second,) if self.mean_plan is None else (self.second, self.mean_plan.noise)
         return StackedNoise(parts)
 
+    def sizes(self) -> dict[str, int]:
+        """The data pass (``sums.PlanPass``): exact sums of the clipped curves' products
+        X_k·X_l on the grid (k <= l, row-major upper triangle), and of X_k (centred)."""
+        m = int(self.grid.size)
+        out = {"moment": m * (m + 1) // 2}
+        if self.mean_plan is not None:
+            out.update(self.mean_plan.sizes())
+        return out
+
+    def widths(self) -> tuple[int | None, ...]:
+        return (int(self.grid.size),)
+
+    def reduce(self, *columns: np.ndarray) -> dict[str, list[int]]:
+        x = sums.clipped(columns[0], self.eig.weights, self.tau)
+        out = {"moment": product_sums(x, x, np.triu_indices(self.grid.size))}
+        if self.mean_plan is not None:  # the same clipping (grid, weights and τ)
+            out["sums"] = column_sums(x)
+        return out
+
+    def statistic(self, column: str) -> sums.PlanPass:
+        return sums.PlanPass(self, (column,))
+
+    def coefficients(self, partial: Partial) -> NDArray[np.float64]:
+        """Ĝ = filter·(Vᵀ W S W V) with S the second moment of the clipped curves on the
+        grid (each entry rounded once from its exact sum), row-major; then the mean's."""
+        check_rows(partial, self.n, "curves")
+        m = int(self.grid.size)
+        moment = np.zeros((m, m))
+        moment[np.triu_indices(m)] = sums.totals(partial, "moment", self.n)
+        moment = moment + np.triu(moment, 1).T
+        projection = self.eig.weights[:, None] * self.eig.vectors[:, : self.components]
+        g = (self.filter * (projection.T @ moment @ projection)).ravel()
+        if self.mean_plan is None:
+            return g
+        return np.concatenate([g, self.mean_plan.coefficients(partial)])
+
     def summary(self, curves: ArrayLike) -> NDArray[np.float64]:
         """Non-private coefficients: Ĝ (row-major) then the mean's (if centred)."""
         x = np.asarray(curves, dtype=np.float64)
         if x.ndim != 2 or x.shape != (self.n, self.grid.size):
             raise ValueError(f"curves must have shape (n_rows, {self.grid.size})")
-        clipped = domain.clip_curves(x, self.eig.weights, self.tau)
-        xi = (clipped * self.eig.weights) @ self.eig.vectors[:, : self.components]
-        g = (self.filter * ((xi.T @ xi) / self.n)).ravel()
-        if self.mean_plan is None:
-            return g
-        return np.concatenate([g, self.mean_plan.summary(x)])
+        return self.coefficients(whole(self.statistic("curves"), {"curves": x}))
 
     def release(self, curves: ArrayLike, rng: np.random.Generator) -> dict[str, Any]:
-        coefficients = self.noise.release(self.summary(curves), rng)
-        return self.result(coefficients)
+        return self.publish(self.summary(curves), rng)
+
+    def publish(self, summary: NDArray[np.float64], rng: np.random.Generator
+                ) -> dict[str, Any]:
+        """The release of non-private coefficients: noise, then the surfaces."""
+        return self.result(self.noise.release(summary, rng))
 
     def result(self, coefficients: NDArray[np.float64]) -> dict[str, Any]:
         """Post-processing of the noisy coefficients: the surfaces on grid × grid."""
@@ -251,7 +287,9 @@ def plan_iclp_cov(
     filt = mean.qr_filter(prod, eta, psi)
     delta = (second_moment_sensitivity(lam, n, tau_eff, eta, psi) * bessel
              * mean.SENSITIVITY_SAFETY)
-    # |Ĝ_jk| <= filt·bessel·τ²; each ξ errs by ≤ γ_M·√bessel·τ, the mean of products by γ_n
+    # |Ĝ_jk| <= filt·bessel·τ²; the grid moments are rounded once from exact sums of
+    # rounded products (2u), the two M-term projections err by γ_2M·bessel·τ² (Cauchy–
+    # Schwarz per curve): well inside the bound kept from the per-row ξ (γ_M, then γ_n)
     size = bessel * tau_eff**2
     bound = (filt * size).ravel()
     error = bound * (n + 2 * len(points) + 16) * 2.0**-52

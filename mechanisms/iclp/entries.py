@@ -3,8 +3,11 @@
 
 Each entry maps validated params + public metadata + ε to a plan of the
 library (``mean``, ``kde``, ``bernstein``); cost and accuracy come from the
-plan alone, ``run`` is the plan's release on the column. Cost equals the
-budget: the noise is calibrated to it.
+plan alone. Cost equals the budget: the noise is calibrated to it. A plan whose data
+pass is exact sums (``sums``: mean, kde, kde2d, cov, fos, erm) is a
+``StreamingFunction``: its statistic streams over batches of rows and ``release`` adds
+the noise to the merged partial's coefficients; the others (ar's soft thresholds, gp,
+bernstein) are ``FunctionMechanism``s whose ``run`` is the plan's release on the columns.
 """
 
 from __future__ import annotations
@@ -24,15 +27,17 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    StreamingMechanism,
     check_numeric_column,
     read_budget,
     read_epsilon,
 )
 from mechanisms.exact import fmt
-from mechanisms.iclp import ar, bernstein, domain, gp, kde, mean, noise, params, pss
+from mechanisms.iclp import ar, bernstein, domain, gp, kde, mean, noise, params, pss, sums
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease, jsonable
 from mechanisms.registry import register
+from mechanisms.statistics import Partial, Statistic
 
 #: budgets above this are refused as absurd (as for the DP baselines)
 PRIVACY_UNIT = "replace-one neighbours, n public"
@@ -45,12 +50,8 @@ class _Plan(Protocol):
     def accuracy(self) -> dict[str, Any]: ...
 
 
-class FunctionMechanism(Mechanism):
-    """Pure ε-DP function release; subclasses build the plan."""
-
-    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
-    row_bytes = 72.0
-    fixed_bytes = 4 * 2**20
+class Priced(Mechanism):
+    """Pure ε-DP function release: cost and accuracy from the plan; subclasses build it."""
 
     measures: ClassVar[tuple[str, ...]] = ("epsilon",)
     #: what the guarantee string calls the mechanism
@@ -70,19 +71,16 @@ class FunctionMechanism(Mechanism):
         out: dict[str, Any] = jsonable(plan.accuracy())
         return out
 
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
-        epsilon = read_epsilon(cost, self.name)
-        plan = self._calibrated(params, epsilon, meta)
-        released = plan.release(data[params["column"]], rng)
+    def columns(self, params: Mapping[str, Any]) -> list[str]:
+        """The columns the plan reads, in the order its release takes them."""
+        return [params["column"]]
+
+    def output(self, plan: Any, released: Any, epsilon: Fraction) -> Output:
+        """The release's output: the plan's result, accuracy and the guarantee."""
+        result = released.to_result() if isinstance(released, FunctionRelease) else jsonable(
+            released)
         return Output(
-            result=released.to_result(),
+            result=result,
             accuracy=jsonable(plan.accuracy()),
             guarantee=(
                 f"pure epsilon-DP ({self.label}, epsilon={fmt(epsilon)} nats), {PRIVACY_UNIT}"
@@ -108,7 +106,53 @@ class FunctionMechanism(Mechanism):
         """Resolve params against the metadata and calibrate to ε (public inputs only)."""
 
 
-class IclpMean(FunctionMechanism):
+class FunctionMechanism(Priced):
+    """A function release whose plan reads whole columns (``run``)."""
+
+    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
+    row_bytes = 72.0
+    fixed_bytes = 4 * 2**20
+
+    def run(
+        self,
+        data: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
+        cost: Budget,
+        meta: DatasetMeta,
+        rng: np.random.Generator,
+    ) -> Output:
+        epsilon = read_epsilon(cost, self.name)
+        plan = self._calibrated(params, epsilon, meta)
+        return self.output(plan, plan.release(data[params["column"]], rng), epsilon)
+
+
+class StreamingFunction(Priced, StreamingMechanism):
+    """A function release whose data pass is its plan's exact sums (``sums.PlanPass``):
+    streamed over batches of rows, the noise added to the coefficients of the merged
+    partial (``publish``), the same output as the plan's release on whole columns."""
+
+    #: measured memory (``mechanisms.memory``, ``tests/memory_probe.py``): per row of the
+    #: held row group and per named cell (the batch read, the clipped curves), and the
+    #: plans' calibrations with ``statistics.column_sums``' two chunks (1 MiB)
+    row_bytes = 16.0
+    cell_bytes = 48.0
+    fixed_bytes = 4 * 2**20
+
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic:
+        plan: Any = self._calibrated(params, read_epsilon(cost, self.name), meta)
+        return sums.PlanPass(plan, tuple(self.columns(params)))
+
+    def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
+                meta: DatasetMeta, rng: np.random.Generator,
+                statistic: Statistic | None = None) -> Output:
+        epsilon = read_epsilon(cost, self.name)
+        plan: Any = (statistic.plan if isinstance(statistic, sums.PlanPass)
+                     else self._calibrated(params, epsilon, meta))
+        return self.output(plan, plan.publish(plan.coefficients(partial), rng), epsilon)
+
+
+class IclpMean(StreamingFunction):
     name = "iclp.mean"
     label = "ICLP-QR mean"
     params_schema = params.IclpMeanSchema
@@ -151,7 +195,7 @@ def _components_refused() -> Iterator[None]:
         raise MechanismInputError("params.components", str(exc)) from None
 
 
-class FrlMean(FunctionMechanism):
+class FrlMean(StreamingFunction):
     name = "frl.mean"
     label = "FRL mean baseline"
     params_schema = params.FrlMeanSchema
@@ -170,7 +214,9 @@ class FrlMean(FunctionMechanism):
             )
 
 
-class IclpKde(FunctionMechanism):
+class IclpKde(StreamingFunction):
+    #: measured memory: grid counts only (no exact float sums)
+    fixed_bytes = 2**20
     name = "iclp.kde"
     label = "ICLP-QR kernel density estimate"
     params_schema = params.IclpKdeSchema
@@ -292,7 +338,7 @@ bernstein_kde = register(BernsteinKde())
 
 # --------------------------------------------------------------------------- functionals
 # ERM, covariance, function-on-scalar regression and the 2-D density (issue 16 item 2):
-# several columns each, so ``run`` hands the plan the columns it names.
+# several columns each, streamed in the order the plan's data pass reads them.
 
 from mechanisms.base import Work  # noqa: E402
 from mechanisms.iclp import cov as _cov  # noqa: E402
@@ -302,35 +348,8 @@ from mechanisms.iclp import kde2d as _kde2d  # noqa: E402
 from mechanisms.iclp import params_functionals as _fparams  # noqa: E402
 
 
-class MultiColumn(FunctionMechanism):
-    """A function release of several columns; the plan's ``release`` takes them in order."""
-
-    def columns(self, params: Mapping[str, Any]) -> list[str]:
-        raise NotImplementedError
-
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
-        epsilon = read_epsilon(cost, self.name)
-        plan: Any = self._calibrated(params, epsilon, meta)
-        released = self.release(plan, [data[c] for c in self.columns(params)], rng)
-        result = released.to_result() if isinstance(released, FunctionRelease) else jsonable(
-            released)
-        return Output(
-            result=result,
-            accuracy=jsonable(plan.accuracy()),
-            guarantee=(
-                f"pure epsilon-DP ({self.label}, epsilon={fmt(epsilon)} nats), {PRIVACY_UNIT}"
-            ),
-        )
-
-    def release(self, plan: Any, columns: list[np.ndarray], rng: np.random.Generator) -> Any:
-        return plan.release(*columns, rng)
+class MultiColumn(StreamingFunction):
+    """A streamed function release of several columns (``columns``: in its plan's order)."""
 
     def summary(self, plan: Any, columns: list[np.ndarray]) -> Any:
         """The plan's non-private coefficients (the audit's neighbour search)."""
@@ -356,6 +375,9 @@ def _share(value: Any, default: Fraction) -> Fraction:
 
 
 class IclpErm(MultiColumn):
+    #: measured memory: the grouped exact sums of the responses take more per row
+    row_bytes = 112.0
+    fixed_bytes = 3 * 2**20
     name = "iclp.erm"
     label = "ICLP-QR regularised ERM"
     params_schema = _fparams.IclpErmSchema
@@ -443,9 +465,6 @@ class IclpFos(MultiColumn):
     def columns(self, params: Mapping[str, Any]) -> list[str]:
         return [*params["covariates"], params["response"]]
 
-    def release(self, plan: Any, columns: list[np.ndarray], rng: np.random.Generator) -> Any:
-        return plan.release(columns[:-1], columns[-1], rng)
-
     def summary(self, plan: Any, columns: list[np.ndarray]) -> Any:
         return plan.summary(columns[:-1], columns[-1])
 
@@ -472,6 +491,8 @@ class IclpFos(MultiColumn):
 
 
 class IclpKde2d(MultiColumn):
+    #: measured memory: grid counts only (no exact float sums)
+    fixed_bytes = 2**20
     name = "iclp.kde2d"
     label = "ICLP-QR 2-D kernel density estimate"
     params_schema = _fparams.IclpKde2dSchema
@@ -593,7 +614,9 @@ class GpAdpMean(FunctionMechanism):
         raise NotImplementedError("gp.adp is planned from (epsilon, delta) by _gp_plan")
 
 
-class FrlKde(FunctionMechanism):
+class FrlKde(StreamingFunction):
+    #: measured memory: grid counts only (no exact float sums)
+    fixed_bytes = 2**20
     name = "frl.kde"
     label = "FRL density baseline"
     params_schema = params.FrlKdeSchema

@@ -24,12 +24,14 @@ posteriori bound ‖a − a*‖₂ <= ‖∇J(a)‖₂/(2ψ) (strong convexity),
 gradient's own rounding bounded, is checked against a public tolerance
 ``SOLVE_TOLERANCE``·Lκ/(nψ) that the lattice slack absorbs (Newton steps; a fixed,
 public number of them, so that the run time does not depend on the data).
+The rows enter only through per-grid-point records and response sums, so the data pass
+is an exact streaming statistic (``sums``) and the solve works on M public-size bins.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
@@ -37,9 +39,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.iclp import domain, noise, pss, spectral
+from mechanisms.iclp import domain, noise, pss, spectral, sums
 from mechanisms.iclp.kernels import Kernel, matern
 from mechanisms.iclp.release import FunctionRelease
+from mechanisms.statistics import Partial, check_rows, float_sums, whole
 
 Loss = Literal["square", "logistic"]
 DEFAULT_GRID_SIZE = 100
@@ -147,27 +150,55 @@ class ErmPlan:
         """Lκ/(nψ): the exact bound on ‖â_D − â_D'‖₂."""
         return self.lip * self.kappa / (self.n * self.psi)
 
-    def bin_stats(self, x: ArrayLike, y: ArrayLike) -> tuple[NDArray[np.float64],
-                                                             NDArray[np.float64]]:
-        """Per grid point: (records, Σ response) — square loss: centred y clipped to ±B;
-        logistic: the count of y = 1 (y is 0/1 after clipping and rounding)."""
-        xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-        if xs.shape != (self.n,) or ys.shape != (self.n,):
-            raise ValueError("covariate and response must have n_rows entries")
-        index = bin_index(xs, self.bounds, self.eig.positions.size)
+    def sizes(self) -> dict[str, int]:
+        """The data pass (``sums.PlanPass``): per grid point, records and the exact sum of
+        their responses."""
+        m = int(self.eig.positions.size)
+        return {"counts": m, "sums": m}
+
+    def widths(self) -> tuple[int | None, ...]:
+        return (None, None)
+
+    def reduce(self, *columns: np.ndarray) -> dict[str, NDArray[np.int64] | list[int]]:
+        """Per grid point: records, and Σ response — square loss: centred y rounded to the
+        lattice g·ℤ and clipped to ±B; logistic: the count of y = 1 (y is 0/1 after
+        clipping and rounding)."""
+        m = int(self.eig.positions.size)
+        index = bin_index(columns[0], self.bounds, m)
+        ys = np.asarray(columns[1], dtype=np.float64)
         ys = np.where(np.isnan(ys), self.centre, ys)
         if self.loss == "logistic":
             resp = (np.clip(ys, 0.0, 1.0) >= 0.5).astype(np.float64)
         else:
-            # on the lattice g·ℤ (g a power of two <= B·2^-30): per-bin sums are exact
-            # in float64 up to n = 2^22, so the objective's data are exact
+            # g a power of two <= B·2^-30: the sums are exact, and were in float64 up to
+            # n = 2^22 when the objective summed them there
             step = 2.0 ** (math.floor(math.log2(self.bound)) - 30)
             resp = np.clip(np.rint((ys - self.centre) / step) * step, -self.bound, self.bound)
-        m = self.eig.positions.size
-        counts = np.bincount(index, minlength=m).astype(np.float64)
-        sums: NDArray[np.float64] = np.bincount(index, weights=resp, minlength=m).astype(
-            np.float64)
-        return counts, sums
+        return {"counts": np.bincount(index, minlength=m),
+                "sums": float_sums(resp, index.astype(np.int64), m)}
+
+    def statistic(self, columns: Sequence[str]) -> sums.PlanPass:
+        return sums.PlanPass(self, tuple(columns))
+
+    def coefficients(self, partial: Partial) -> NDArray[np.float64]:
+        """Non-private coefficients ĉ_j = λ_j^{η/2}·â_j of the partial's bin statistics."""
+        check_rows(partial, self.n, "covariate")
+        counts = partial.vector("counts").astype(np.float64)
+        a = self.solve(counts, sums.totals(partial, "sums", 1))
+        out: NDArray[np.float64] = a * self.eig.values ** (self.eta / 2.0)
+        return out
+
+    def bin_stats(self, x: ArrayLike, y: ArrayLike) -> tuple[NDArray[np.float64],
+                                                             NDArray[np.float64]]:
+        """Per grid point: (records, Σ response), as ``reduce`` reads them."""
+        partial = self._pass(x, y)
+        return partial.vector("counts").astype(np.float64), sums.totals(partial, "sums", 1)
+
+    def _pass(self, x: ArrayLike, y: ArrayLike) -> Partial:
+        xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        if xs.shape != (self.n,) or ys.shape != (self.n,):
+            raise ValueError("covariate and response must have n_rows entries")
+        return whole(self.statistic(("x", "y")), {"x": xs, "y": ys})
 
     def solve(self, counts: NDArray[np.float64], sums: NDArray[np.float64]) -> NDArray[
         np.float64
@@ -257,12 +288,15 @@ class ErmPlan:
 
     def summary(self, x: ArrayLike, y: ArrayLike) -> NDArray[np.float64]:
         """Non-private coefficients ĉ_j = λ_j^{η/2}·â_j."""
-        a = self.solve(*self.bin_stats(x, y))
-        out: NDArray[np.float64] = a * self.eig.values ** (self.eta / 2.0)
-        return out
+        return self.coefficients(self._pass(x, y))
 
     def release(self, x: ArrayLike, y: ArrayLike, rng: np.random.Generator) -> FunctionRelease:
-        coefficients = self.noise.release(self.summary(x, y), rng)
+        return self.publish(self.summary(x, y), rng)
+
+    def publish(self, summary: NDArray[np.float64], rng: np.random.Generator
+                ) -> FunctionRelease:
+        """The release of non-private coefficients: noise, then the function they span."""
+        coefficients = self.noise.release(summary, rng)
         values = self.eig.synthesize(coefficients) + self.centre
         return FunctionRelease(
             grid=self.grid,

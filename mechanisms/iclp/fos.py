@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.iclp import cov, domain, erm, mean, noise, pss, spectral
+from mechanisms.iclp import cov, domain, erm, mean, noise, pss, spectral, sums
 from mechanisms.iclp.kernels import Kernel
+from mechanisms.statistics import Partial, check_rows, product_sums, whole
 
 DEFAULT_GRAM_SHARE = Fraction(1, 4)
 MAX_COVARIATES = 10
@@ -76,41 +77,75 @@ class FosPlan:
         return cov.StackedNoise((self.gram_noise, self.mean_noise))
 
     def design(self, covariates: Sequence[ArrayLike]) -> NDArray[np.float64]:
-        """n × p design: each column clipped to its bounds (NaN -> its lower bound)."""
+        """rows × p design: each column clipped to its bounds (NaN -> its lower bound)."""
+        given = [np.asarray(v, dtype=np.float64) for v in covariates]
+        rows = given[0].shape[0] if given and given[0].ndim == 1 else -1
+        if self.names and self.names[0] == "(intercept)":
+            given.insert(0, np.ones(max(rows, 0)))
+        if len(given) != self.p:
+            raise ValueError(f"expected {self.p} covariate columns")
         cols = []
-        for (lo, hi), values in zip(self.bounds, self._with_intercept(covariates), strict=True):
-            v = np.asarray(values, dtype=np.float64)
-            if v.shape != (self.n,):
-                raise ValueError("covariates must have n_rows entries")
+        for (lo, hi), v in zip(self.bounds, given, strict=True):
+            if v.shape != (rows,):
+                raise ValueError("covariates must have one entry per row")
             cols.append(np.clip(np.where(np.isnan(v), lo, v), lo, hi))
         return np.column_stack(cols)
 
-    def _with_intercept(self, covariates: Sequence[ArrayLike]) -> list[ArrayLike]:
-        out = list(covariates)
-        if self.names and self.names[0] == "(intercept)":
-            out.insert(0, np.ones(self.n))
-        if len(out) != self.p:
-            raise ValueError(f"expected {self.p} covariate columns")
-        return out
+    def sizes(self) -> dict[str, int]:
+        """The data pass (``sums.PlanPass``): exact sums of the clipped covariates'
+        products x_a·x_b (a <= b, row-major), and of x_a times the clipped curves' grid
+        values (p × M, row-major)."""
+        return {"gram": self.p * (self.p + 1) // 2, "cross": self.p * int(self.grid.size)}
+
+    def widths(self) -> tuple[int | None, ...]:
+        return (*(None,) * (self.p - self._intercept), int(self.grid.size))
+
+    @property
+    def _intercept(self) -> int:
+        return int(bool(self.names) and self.names[0] == "(intercept)")
+
+    def reduce(self, *columns: np.ndarray) -> dict[str, list[int]]:
+        x = self.design(columns[:-1])
+        y = sums.clipped(columns[-1], self.eig.weights, self.tau)
+        m = int(self.grid.size)
+        cross = (np.repeat(np.arange(self.p), m), np.tile(np.arange(m), self.p))
+        return {"gram": product_sums(x, x, np.triu_indices(self.p)),
+                "cross": product_sums(x, y, cross)}
+
+    def statistic(self, covariates: Sequence[str], response: str) -> sums.PlanPass:
+        return sums.PlanPass(self, (*covariates, response))
+
+    def coefficients(self, partial: Partial) -> NDArray[np.float64]:
+        """The upper triangle of G, then the QR coefficients of S_1..S_p: the means of the
+        products, each rounded once from its exact sum, projected on the basis."""
+        check_rows(partial, self.n, "curves")
+        upper = sums.totals(partial, "gram", self.n)
+        cross = sums.totals(partial, "cross", self.n).reshape(self.p, -1)  # p × M
+        s = ((cross * self.eig.weights) @ self.eig.vectors) * self.filter  # p × J
+        return np.concatenate([upper, s.ravel()])
 
     def summary(self, covariates: Sequence[ArrayLike], curves: ArrayLike) -> NDArray[
         np.float64
     ]:
         """Non-private (upper triangle of G, then the QR coefficients of S_1..S_p)."""
-        x = self.design(covariates)
+        given = [np.asarray(v, dtype=np.float64) for v in covariates]
         y = np.asarray(curves, dtype=np.float64)
         if y.shape != (self.n, self.grid.size):
             raise ValueError(f"curves must have shape (n_rows, {self.grid.size})")
-        gram = (x.T @ x) / self.n
-        upper = gram[np.triu_indices(self.p)]
-        clipped = domain.clip_curves(y, self.eig.weights, self.tau)
-        xi = (clipped * self.eig.weights) @ self.eig.vectors  # n × J
-        s = (x.T @ xi) / self.n * self.filter  # p × J
-        return np.concatenate([upper, s.ravel()])
+        if any(v.shape != (self.n,) for v in given):
+            raise ValueError("covariates must have n_rows entries")
+        names = [f"x{k}" for k in range(len(given))]
+        batch = {**dict(zip(names, given, strict=True)), "curves": y}
+        return self.coefficients(whole(self.statistic(names, "curves"), batch))
 
     def release(self, covariates: Sequence[ArrayLike], curves: ArrayLike,
                 rng: np.random.Generator) -> dict[str, Any]:
-        return self.result(self.noise.release(self.summary(covariates, curves), rng))
+        return self.publish(self.summary(covariates, curves), rng)
+
+    def publish(self, summary: NDArray[np.float64], rng: np.random.Generator
+                ) -> dict[str, Any]:
+        """The release of non-private coefficients: noise, then β̃."""
+        return self.result(self.noise.release(summary, rng))
 
     def result(self, coefficients: NDArray[np.float64]) -> dict[str, Any]:
         """β̃ = G̃⁻¹S̃ after the PD projection (post-processing of the noisy vector)."""

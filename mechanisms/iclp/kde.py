@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.iclp import domain, noise, pss, spectral
+from mechanisms.iclp import domain, noise, pss, spectral, sums
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.mean import prefix
 from mechanisms.iclp.release import FunctionRelease
+from mechanisms.statistics import Partial, check_rows, whole
 
 DEFAULT_GRID_SIZE = 200
 #: the exact pairwise maximum costs M²·J; above this it falls back to the triangle bound
@@ -116,18 +117,42 @@ class KdePlan:
     def span(self) -> float:
         return self.bounds[1] - self.bounds[0]
 
-    def summary(self, values: ArrayLike) -> NDArray[np.float64]:
-        """Non-private coefficients ĉ_j = λ_j^η·(1/n)·Σ_k count_k v_j(t_k) (unit domain)."""
-        counts = bin_values(values, self.bounds, self.grid_size)
-        if int(counts.sum()) != self.n:
-            raise ValueError("values must have n_rows entries")
+    def sizes(self) -> dict[str, int]:
+        """The data pass (``sums.PlanPass``): records per grid point."""
+        return {"counts": self.grid_size}
+
+    def widths(self) -> tuple[int | None, ...]:
+        return (None,)
+
+    def reduce(self, *columns: np.ndarray) -> dict[str, NDArray[np.int64]]:
+        return {"counts": bin_values(columns[0], self.bounds, self.grid_size)}
+
+    def statistic(self, column: str) -> sums.PlanPass:
+        return sums.PlanPass(self, (column,))
+
+    def coefficients(self, partial: Partial) -> NDArray[np.float64]:
+        """ĉ_j = λ_j^η·(1/n)·Σ_k count_k v_j(t_k) (unit domain) from the counts."""
+        check_rows(partial, self.n, "values")
+        counts = partial.vector("counts")
         out: NDArray[np.float64] = self.filter * (
             (counts.astype(np.float64) @ self.eig.vectors) / self.n
         )
         return out
 
+    def summary(self, values: ArrayLike) -> NDArray[np.float64]:
+        """Non-private coefficients ĉ_j = λ_j^η·(1/n)·Σ_k count_k v_j(t_k) (unit domain)."""
+        x = np.asarray(values, dtype=np.float64)
+        if x.shape != (self.n,):
+            raise ValueError("values must have n_rows entries")
+        return self.coefficients(whole(self.statistic("values"), {"values": x}))
+
     def release(self, values: ArrayLike, rng: np.random.Generator) -> FunctionRelease:
-        coefficients = self.noise.release(self.summary(values), rng)
+        return self.publish(self.summary(values), rng)
+
+    def publish(self, summary: NDArray[np.float64], rng: np.random.Generator
+                ) -> FunctionRelease:
+        """The release of non-private coefficients: noise, then the density they span."""
+        coefficients = self.noise.release(summary, rng)
         raw = self.eig.synthesize(coefficients) / self.span  # density per column unit
         out = finish_density(raw, self.eig.weights, self.span) if self.normalize else raw
         return FunctionRelease(

@@ -20,6 +20,7 @@ renormalising is optional post-processing.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -27,8 +28,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.iclp import domain, noise, pss, spectral
+from mechanisms.iclp import domain, noise, pss, spectral, sums
 from mechanisms.iclp.kernels import Kernel
+from mechanisms.statistics import Partial, check_rows, whole
 
 DEFAULT_GRID_SIZE = 32
 #: m per axis: m² cells, (m·J)² work per release at most
@@ -73,23 +75,47 @@ class Kde2dPlan:
         (a, b), (c, d) = self.bounds
         return (b - a) * (d - c)
 
+    def sizes(self) -> dict[str, int]:
+        """The data pass (``sums.PlanPass``): records per grid cell, row-major."""
+        return {"counts": self.grid_size**2}
+
+    def widths(self) -> tuple[int | None, ...]:
+        return (None, None)
+
+    def reduce(self, *columns: np.ndarray) -> dict[str, NDArray[np.int64]]:
+        """Records per grid cell (nearest point on each axis; NaN -> the lower bound)."""
+        m = self.grid_size
+        ix = _bins(columns[0], self.bounds[0], m)
+        iy = _bins(columns[1], self.bounds[1], m)
+        return {"counts": np.bincount(ix * m + iy, minlength=m * m)}
+
+    def statistic(self, columns: Sequence[str]) -> sums.PlanPass:
+        return sums.PlanPass(self, tuple(columns))
+
+    def coefficients(self, partial: Partial) -> NDArray[np.float64]:
+        """ĉ_ab = (λ_aλ_b)^η·(V_aᵀ N V_b)_ab/n, row-major, from the cell counts N."""
+        check_rows(partial, self.n, "values")
+        m = self.grid_size
+        counts = partial.vector("counts").reshape(m, m).astype(np.float64)
+        va, vb = self.axes[0].vectors, self.axes[1].vectors
+        inner = va.T @ counts @ vb / self.n
+        out: NDArray[np.float64] = (self.filter * inner).ravel()
+        return out
+
     def counts(self, x: ArrayLike, y: ArrayLike) -> NDArray[np.float64]:
         """Records per grid cell (nearest point on each axis; NaN -> the lower bound)."""
         m = self.grid_size
-        ix = _bins(x, self.bounds[0], m)
-        iy = _bins(y, self.bounds[1], m)
-        if ix.size != self.n or iy.size != self.n:
-            raise ValueError("values must have n_rows entries")
-        out: NDArray[np.float64] = np.bincount(ix * m + iy, minlength=m * m).reshape(
-            m, m).astype(np.float64)
-        return out
+        return self._pass(x, y).vector("counts").reshape(m, m).astype(np.float64)
 
     def summary(self, x: ArrayLike, y: ArrayLike) -> NDArray[np.float64]:
         """ĉ_ab = (λ_aλ_b)^η·(V_aᵀ N V_b)_ab/n, row-major."""
-        va, vb = self.axes[0].vectors, self.axes[1].vectors
-        inner = va.T @ self.counts(x, y) @ vb / self.n
-        out: NDArray[np.float64] = (self.filter * inner).ravel()
-        return out
+        return self.coefficients(self._pass(x, y))
+
+    def _pass(self, x: ArrayLike, y: ArrayLike) -> Partial:
+        a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        if a.shape != (self.n,) or b.shape != (self.n,):
+            raise ValueError("values must have n_rows entries")
+        return whole(self.statistic(("x", "y")), {"x": a, "y": b})
 
     def surface(self, coefficients: NDArray[np.float64]) -> NDArray[np.float64]:
         """Grid values V_a C V_bᵀ of a coefficient matrix, per unit area of the columns."""
@@ -98,7 +124,12 @@ class Kde2dPlan:
         return out
 
     def release(self, x: ArrayLike, y: ArrayLike, rng: np.random.Generator) -> dict[str, Any]:
-        coefficients = self.noise.release(self.summary(x, y), rng)
+        return self.publish(self.summary(x, y), rng)
+
+    def publish(self, summary: NDArray[np.float64], rng: np.random.Generator
+                ) -> dict[str, Any]:
+        """The release of non-private coefficients: noise, then the surface they span."""
+        coefficients = self.noise.release(summary, rng)
         raw = self.surface(coefficients)
         values = raw
         if self.normalize:

@@ -35,9 +35,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mechanisms.iclp import domain, noise, pss, spectral
+from mechanisms.iclp import domain, noise, pss, spectral, sums
 from mechanisms.iclp.kernels import Kernel, matern
 from mechanisms.iclp.release import FunctionRelease
+from mechanisms.statistics import Partial, check_rows, column_sums, whole
 
 #: τ_eff = τ·TAU_SLACK bounds the computed norm of a clipped curve (rounding ≈ M·2^-53)
 TAU_SLACK = 1.0 + 2.0**-30
@@ -118,15 +119,36 @@ class MeanPlan:
         """v_j(t_k) for the released components, shape (M, components)."""
         return self.eig.vectors[:, : self.components]
 
+    def sizes(self) -> dict[str, int]:
+        """The data pass (``sums.PlanPass``): exact column sums of the clipped curves."""
+        return {"sums": int(self.grid.size)}
+
+    def widths(self) -> tuple[int | None, ...]:
+        return (int(self.grid.size),)
+
+    def reduce(self, *columns: np.ndarray) -> dict[str, list[int]]:
+        x, factor = domain.clip_factors(np.asarray(columns[0], dtype=np.float64),
+                                        self.eig.weights, self.tau)
+        return {"sums": column_sums(x, factor)}  # the clipped curves, not copied
+
+    def statistic(self, column: str) -> sums.PlanPass:
+        return sums.PlanPass(self, (column,))
+
+    def coefficients(self, partial: Partial) -> NDArray[np.float64]:
+        """ĉ_j = filter_j·⟨mean of clipped curves, v_j⟩ from the data pass's partial (the
+        mean rounded once from the exact sums)."""
+        check_rows(partial, self.n, "curves")
+        mean = sums.totals(partial, "sums", self.n)
+        out: NDArray[np.float64] = self.filter * ((mean * self.eig.weights) @ self.basis)
+        return out
+
     def summary(self, curves: ArrayLike) -> NDArray[np.float64]:
         """Non-private coefficients ĉ_j = filter_j·⟨mean of clipped curves, v_j⟩."""
         x = np.asarray(curves, dtype=np.float64)
         if x.ndim != 2 or x.shape != (self.n, self.grid.size):
             raise ValueError(f"curves must have shape (n_rows, {self.grid.size}) = "
                              f"({self.n}, {self.grid.size})")
-        mean = domain.clipped_mean(x, self.eig.weights, self.tau)
-        out: NDArray[np.float64] = self.filter * ((mean * self.eig.weights) @ self.basis)
-        return out
+        return self.coefficients(whole(self.statistic("curves"), {"curves": x}))
 
     def smoothed_mean(self, curves: ArrayLike) -> NDArray[np.float64]:
         """The non-private target f̂ on the grid (for simulations; never released)."""
@@ -134,7 +156,12 @@ class MeanPlan:
 
     def release(self, curves: ArrayLike, rng: np.random.Generator) -> FunctionRelease:
         """Noisy coefficients on their lattices, and the function they span on the grid."""
-        coefficients = self.noise.release(self.summary(curves), rng)
+        return self.publish(self.summary(curves), rng)
+
+    def publish(self, summary: NDArray[np.float64], rng: np.random.Generator
+                ) -> FunctionRelease:
+        """The release of non-private coefficients: noise, then the function they span."""
+        coefficients = self.noise.release(summary, rng)
         return FunctionRelease(
             grid=self.grid,
             values=self.basis @ coefficients,

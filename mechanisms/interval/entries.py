@@ -13,6 +13,7 @@ of rounds) is chosen so that the standalone charge meets the agreed budget.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from marshmallow import ValidationError
+from numpy.typing import NDArray
 
 from mechanisms import precompute
 from mechanisms.base import (
@@ -30,9 +32,10 @@ from mechanisms.base import (
     Budget,
     Composed,
     DatasetMeta,
-    Mechanism,
     MechanismInputError,
     Output,
+    RecordMechanism,
+    batch_columns,
     check_range,
     read_number,
 )
@@ -60,6 +63,7 @@ from mechanisms.interval.designs import (
 from mechanisms.interval.priors import Prior, column_prior
 from mechanisms.interval.ranges import Law
 from mechanisms.interval.transforms import PushforwardLaw, Transform
+from mechanisms.statistics import SCALE, Batch, Partial, Statistic, compute, float_sums
 
 MEASURE = "interval_leakage"
 #: ledger unit of the measure (service/budget.py): charges are rounded up to it
@@ -521,8 +525,9 @@ def _guarantee(p: Plan) -> str:
 # --------------------------------------------------------------------------- mechanisms
 
 
-class Interval(Mechanism):
-    """Shared cost/accuracy/run; subclasses name the kind and the schema."""
+class Interval(RecordMechanism):
+    """Shared cost/accuracy/run; subclasses name the kind and the schema. A row map: each
+    record's range is drawn on its own, so the release runs in partitions."""
 
     record_level = True  # one output per record: the dataset's opt-in
 
@@ -584,34 +589,60 @@ class Interval(Mechanism):
     ]:
         return _accuracy(self._plan(params, cost, meta))
 
-    def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
-            meta: DatasetMeta, rng: np.random.Generator) -> Output:
-        p = self._plan(params, cost, meta)
-        raw = np.asarray(data[p.column])
-        if raw.ndim != 1 or raw.shape[0] != meta.n_rows:
-            raise ValueError(f"column {p.column!r} does not have n_rows entries")
-        y = clean(raw, p.prior.support, p.fill)
+    def mappable(self, params: Mapping[str, Any], meta: DatasetMeta) -> bool:
+        """Not when the table's width follows the rows: an even transform (square, abs)
+        or an exact range drops the piece columns no record uses (``Pieces.trimmed``), so
+        partitions could differ in their columns; those read whole columns."""
+        return params.get("transform", "identity") not in ("square", "abs") and not \
+            params.get("exact_range")
+
+    def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> Plan:
+        return self._plan(params, cost, meta)
+
+    def privatize(self, rows: Mapping[str, np.ndarray], start: int,
+                  params: Mapping[str, Any], cost: Budget, meta: DatasetMeta, model: Any,
+                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Each record's range on its own (the designs draw per record: anchors, then
+        the assignment), in row order."""
+        p: Plan = model
+        y = clean(batch_columns(rows, [p.column])[p.column], p.prior.support, p.fill)
         release = p.design.release(y, rng)
         table = release.table(p.prior)
-        released = release.released
         if isinstance(p.design, Selective):
             # a null is not a restricted prior: show the coverage its charge counts
-            table["coverage"] = np.where(released, table["coverage"],
+            table["coverage"] = np.where(release.released, table["coverage"],
                                          float(p.notes["null_coverage_counted"]))
-        coverage = table["coverage"]
+        return table
+
+    def summary(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                model: Any) -> Statistic:
+        p: Plan = model
+        return _Released(p.design.rounds if isinstance(p.design, Progressive) else None)
+
+    def describe(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 model: Any, released: Partial | None) -> Output:
+        p: Plan = model
+        assert released is not None
+        n = released.rows
+        shown, exact = released.parts["counts"]
+        columns = list(self.privatize({p.column: np.zeros(0)}, 0, params, cost, meta, p,
+                                      np.random.default_rng(0)))  # the names: no rows, no draw
         result: dict[str, Any] = {
-            "n": int(release.n),
+            "n": n,
             "column": p.column,
             "mechanism": self.name,
             "design": _describe(p),
             "prior": _json_safe(p.prior.describe()),
             "expected_coverage": p.estimate.value,
             "leakage_charged": float(p.charge),
-            "realized_mean_coverage": float(np.mean(coverage)) if release.n else None,
-            "released": int(np.count_nonzero(released)),
-            "nulls": int(release.n - np.count_nonzero(released)),
-            "exact_reports": int(np.count_nonzero(~np.isnan(release.exact))),
-            "columns": list(table),
+            # the exact mean, rounded once
+            "realized_mean_coverage": (released.parts["coverage"][0] / (n << SCALE)
+                                       if n else None),
+            "released": shown,
+            "nulls": n - shown,
+            "exact_reports": exact,
+            "columns": columns,
             "convention": (
                 "each range is the union of pieces (left, right]; left_closed/right_closed = 1"
                 " marks a closed end; unused pieces are NaN; exact is NaN unless the value is"
@@ -623,11 +654,50 @@ class Interval(Mechanism):
         if p.calibrated:
             result["calibrated"] = _json_safe(p.calibrated)
         if isinstance(p.design, Progressive):
-            rounds = release.extra["rounds"]
-            result["rounds_histogram"] = np.bincount(rounds, minlength=p.design.rounds + 1
-                                                     ).tolist()
-        return Output(result=result, accuracy=_accuracy(p), guarantee=_guarantee(p),
-                      table=table)
+            result["rounds_histogram"] = list(released.parts["rounds"])
+        return Output(result=result, accuracy=_accuracy(p), guarantee=_guarantee(p))
+
+
+    def run_whole(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any],
+                  cost: Budget, meta: DatasetMeta, rng: np.random.Generator) -> Output:
+        """One partition of all rows (its table's columns are then the release's)."""
+        p = self._plan(params, cost, meta)
+        raw = np.asarray(data[p.column])
+        if raw.ndim != 1 or raw.shape[0] != meta.n_rows:
+            raise ValueError(f"column {p.column!r} does not have n_rows entries")
+        table = self.privatize({p.column: raw}, 0, params, cost, meta, p, rng)
+        released = compute(self.summary(params, cost, meta, p), [table])[1]
+        output = self.describe(params, cost, meta, p, released)
+        return dataclasses.replace(output, result={**output.result, "columns": list(table)},
+                                   table=table)
+
+
+@dataclass(frozen=True)
+class _Released(Statistic):
+    """What an interval release's result says of its records, exactly: the sum of their
+    coverage (units of 2**-SCALE), how many were released and reported exactly, and the
+    rounds histogram of a progressive design (``rounds``: its most rounds)."""
+
+    rounds: int | None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("coverage", "released", "exact") + (("rounds",) if self.rounds else ())
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"coverage": 1, "counts": 2,
+                **({"rounds": self.rounds + 1} if self.rounds is not None else {})}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64] | Sequence[int]]:
+        out: dict[str, NDArray[np.int64] | Sequence[int]] = {
+            "coverage": float_sums(np.asarray(chunk["coverage"], dtype=np.float64)),
+            "counts": np.array([int(np.count_nonzero(chunk["released"])),
+                                int(np.count_nonzero(~np.isnan(chunk["exact"])))],
+                               dtype=np.int64)}
+        if self.rounds is not None:
+            out["rounds"] = np.bincount(np.asarray(chunk["rounds"], dtype=np.int64),
+                                        minlength=self.rounds + 1).astype(np.int64)
+        return out
 
 
 #: the exact joint figure is computed for at most this many releases of a column and this
@@ -745,6 +815,9 @@ class Case1(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 224.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 144.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.case1"
     kind = "case1"
     params_schema = schemas.Case1Schema
@@ -756,6 +829,9 @@ class Case2(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 232.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 168.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.case2"
     kind = "case2"
     params_schema = schemas.Case2Schema
@@ -766,6 +842,9 @@ class CaseK(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 232.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 168.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.casek"
     kind = "casek"
     params_schema = schemas.CaseKSchema
@@ -777,6 +856,9 @@ class RingMechanism(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 352.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 240.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.ring"
     kind = "ring"
     params_schema = schemas.RingSchema
@@ -788,6 +870,9 @@ class SelectiveMechanism(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 224.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 144.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.selective"
     kind = "selective"
     params_schema = schemas.SelectiveSchema
@@ -799,6 +884,9 @@ class ProgressiveMechanism(Interval):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 248.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 208.0
+    map_fixed_bytes = 2 * 2**20
     name = "interval.progressive"
     kind = "progressive"
     params_schema = schemas.ProgressiveSchema

@@ -31,8 +31,10 @@ from mechanisms.base import (
     Mechanism,
     MechanismInputError,
     Output,
+    RecordMechanism,
     StreamingMechanism,
     Work,
+    batch_columns,
     read_number,
 )
 
@@ -46,7 +48,7 @@ from mechanisms.noiseless.certify import exact_levels
 from mechanisms.noiseless.local import LocalPlan
 from mechanisms.noiseless.quantizer import ExactEdgeQuantizer
 from mechanisms.registry import register
-from mechanisms.statistics import Partial, Statistic, whole
+from mechanisms.statistics import Joint, Partial, Statistic
 
 MEASURE = "noiseless_bits"
 #: budgets above this are refused as absurd (aggregates certify at most 2^40 outputs anyway)
@@ -444,12 +446,10 @@ def _records(params: Mapping[str, Any], meta: DatasetMeta, plan: ScalarPlan) -> 
 # --------------------------------------------------------------------------- vector
 
 
-class NoiselessVector(Mechanism):
-    """Several statistics in one release, each quantized with its own bits; charges add."""
-
-    #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
-    row_bytes = 72.0
-    fixed_bytes = 8 * 2**20
+class NoiselessVector(StreamingMechanism):
+    """Several statistics in one release, each quantized with its own bits; charges add.
+    Its data pass reads every coordinate's statistic together (``statistics.Joint``): the
+    rows once per pass of the longest (an order statistic's selection), not per query."""
 
     name = "noiseless.vector"
     measures = (MEASURE,)
@@ -478,22 +478,22 @@ class NoiselessVector(Mechanism):
         self.cost(params, cost, meta)
         return self._accuracy(params, self._plans(params, meta))
 
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
+    def statistic(self, params: Mapping[str, Any], cost: Budget,
+                  meta: DatasetMeta) -> Statistic:
+        self.cost(params, cost, meta)
+        return Joint(tuple(passes.statistic(records)
+                           for records in self._records(params, meta)))
+
+    def release(self, params: Mapping[str, Any], partial: Partial, cost: Budget,
+                meta: DatasetMeta, rng: np.random.Generator,
+                statistic: Statistic | None = None) -> Output:
         bits = self.cost(params, cost, meta)[MEASURE]
         plans = self._plans(params, meta)
         coordinates = []
-        for item, plan in zip(params["queries"], plans, strict=True):
-            records = _records(item, meta, plan)  # whole columns, as aggregate's data pass
-            released = central.release(
-                passes.value(records, whole(passes.statistic(records), data)), plan)
-            coordinates.append(_scalar_result(item, plan, released))
+        for i, (item, plan, records) in enumerate(zip(
+                params["queries"], plans, self._records(params, meta, plans), strict=True)):
+            value = passes.value(records, Joint.member(partial, i))
+            coordinates.append(_scalar_result(item, plan, central.release(value, plan)))
         count = math.prod(p.count for p in plans)
         result = {
             "values": [c["value"] for c in coordinates],
@@ -509,6 +509,13 @@ class NoiselessVector(Mechanism):
             guarantee=_guarantee(count, bits, local_release=False,
                                  note=", the coordinates' charges added (Theorem 6)"),
         )
+
+    def _records(self, params: Mapping[str, Any], meta: DatasetMeta,
+                 plans: list[ScalarPlan] | None = None) -> list[passes.Records]:
+        """How each coordinate reads its records (as ``noiseless.aggregate`` does)."""
+        plans = self._plans(params, meta) if plans is None else plans
+        return [_records(item, meta, plan)
+                for item, plan in zip(params["queries"], plans, strict=True)]
 
     def work(self, params: Mapping[str, Any], meta: DatasetMeta) -> Work:
         passes_ = sum(_passes(item) for item in params["queries"])
@@ -540,12 +547,16 @@ class NoiselessVector(Mechanism):
 # --------------------------------------------------------------------------- local
 
 
-class NoiselessLocal(Mechanism):
-    """Each record quantized to ⌊2^ε⌋ levels (or given edges); the column costs log2 q once."""
+class NoiselessLocal(RecordMechanism):
+    """Each record quantized to ⌊2^ε⌋ levels (or given edges); the column costs log2 q once.
+    A row map without noise (its model: the public plan), so it runs in partitions."""
 
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 72.0
     fixed_bytes = 8 * 2**20
+    #: a row map's (``mechanisms.memory``): its table's bytes per row, and the fixed part
+    map_row_bytes = 8.0
+    map_fixed_bytes = 2 * 2**20
 
     record_level = True  # one output per record: the dataset's opt-in
 
@@ -568,19 +579,21 @@ class NoiselessLocal(Mechanism):
     ) -> dict[str, Any]:
         return self._accuracy(self._plan(params, read_bits(cost), meta))
 
-    def run(
-        self,
-        data: Mapping[str, np.ndarray],
-        params: Mapping[str, Any],
-        cost: Budget,
-        meta: DatasetMeta,
-        rng: np.random.Generator,
-    ) -> Output:
-        plan = self._plan(params, read_bits(cost), meta)
+    def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> LocalPlan:
+        return self._plan(params, read_bits(cost), meta)
+
+    def privatize(self, rows: Mapping[str, np.ndarray], start: int,
+                  params: Mapping[str, Any], cost: Budget, meta: DatasetMeta, model: Any,
+                  rng: np.random.Generator) -> dict[str, np.ndarray]:
         name = params["column"]
-        released = local.quantize(_column(data, name, meta.n_rows), plan)
+        return {name: local.quantize(batch_columns(rows, [name])[name], model)}
+
+    def describe(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 model: Any, released: Partial | None) -> Output:
+        plan: LocalPlan = model
         result = {
-            "column": name,
+            "column": params["column"],
             "quantizer": local.describe(plan, LIST_LIMIT),
             "certified_count": plan.count,
             "bits": float(plan.bits),
@@ -591,7 +604,6 @@ class NoiselessLocal(Mechanism):
             result=result,
             accuracy=self._accuracy(plan),
             guarantee=_guarantee(plan.count, plan.bits, local_release=True),
-            table={name: released},
         )
 
     def _plan(self, params: Mapping[str, Any], bits: Fraction, meta: DatasetMeta) -> LocalPlan:

@@ -146,6 +146,38 @@ def observed(variable: Variable, masks: Masks, alpha_effective: float = 0.0
     return estimation.observe(real, variable.domain.p, dummy_alpha=alpha_effective)
 
 
+def summarize_counts(variable: Variable, distinct: Masks, counts: NDArray[np.int64],
+                     plan: Plan) -> dict[str, Any]:
+    """``summarize`` of a variable without dummies from its released subsets aggregated
+    (``distinct`` increasing, ``counts`` positive: ``bitmask.aggregate``), which any
+    engine sums exactly over partitions of the records."""
+    if variable.augmentation is not None:
+        raise ValueError("a variable with dummy categories is summarized from its masks")
+    doc = variable.describe()
+    doc["table"] = plan.table_columns(variable)
+    sizes = np.bincount(bitmask.popcount(distinct), weights=counts,
+                        minlength=variable.p + 1).astype(np.int64)
+    inclusion = (bitmask.bits(distinct, variable.p).astype(np.int64) * counts[:, None]).sum(
+        axis=0, dtype=np.int64) if distinct.size else np.zeros(variable.p, dtype=np.int64)
+    doc["counts"] = {
+        "records": int(counts.sum()),
+        "distinct_subsets": len(distinct),
+        "subset_sizes": {str(s): int(c) for s, c in enumerate(sizes) if c},
+        "inclusion": [int(v) for v in inclusion],
+    }
+    obs = estimation.Observed(variable.domain.p, distinct, counts)
+    if obs.n == 0:
+        return doc
+    w_hat, how = _summary_estimate(variable.design, obs)
+    doc["estimate"] = {"method": how, "w": [float(v) for v in w_hat],
+                       "categories": list(variable.domain.labels)}
+    doc["privacy"] = privacy_under(variable, w_hat, 0.0)
+    if plan.prior_draws:
+        doc["privacy"]["composed"] = _composed(variable.design, plan.prior_draws + 1, w_hat,
+                                               under="under_estimate")
+    return doc
+
+
 def summarize(variable: Variable, masks: Masks, plan: Plan,
               dummy: dict[str, Any] | None = None) -> dict[str, Any]:
     """Counts, ŵ and the privacy metrics under ŵ, from the released subsets only."""

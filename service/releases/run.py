@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -37,10 +37,12 @@ import mechanisms
 import mechanisms.memory
 import mechanisms.precompute
 import mechanisms.rows
-from mechanisms.base import StreamingMechanism
-from mechanisms.rng import secure_generator
-from mechanisms.statistics import compute_over
+from mechanisms import record_maps
+from mechanisms.base import RecordMechanism, StreamingMechanism
+from mechanisms.rng import job_secret, secure_generator
+from mechanisms.statistics import Partial, Statistic, compute_over
 from service import datasets
+from service.engines import spark_records
 from service.engines.spark import compute_on_spark
 from service.engines.spark_session import engine_name, reach, spark_session
 from service.errors import STORAGE_DOWN, STORAGE_FULL
@@ -359,11 +361,20 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
     # the plan's heavy public parts (calibration, eigen-systems) are in the store the
     # API filled when it costed the request: the run reuses them instead of recomputing
     with mechanisms.precompute.use(svc.precomputed):
-        output, engine = _run(svc.datasets, job, config.spark_remote)
+        parted = _records_on_spark(svc, job, run)
+        output, engine = parted[:2] if parted else _run(svc.datasets, job, config.spark_remote)
     result = dict(output.result)
     guarantee = output.guarantee
     table = None
-    if output.table is not None:
+    if parted is not None:  # its table is stored, in its order, as parts
+        rows, said = parted[2:]
+        result["row_order"] = said
+        guarantee = f"{guarantee}; {said}"
+        table = run.attempt
+        result["n_records"] = rows
+        if rows <= INLINE_ROWS:
+            result["records"] = records(svc.outputs.load(run.release_id, run.attempt) or {})
+    elif output.table is not None:
         if not job.mechanism.writes_table(job.params):  # its run was not preflighted
             log.error("mechanism returned a table it does not declare (writes_table)",
                       extra={"release_id": run.release_id, "mechanism": job.mechanism.name})
@@ -382,17 +393,21 @@ def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
 
 
 def _reach_engine(spark_remote: str | None, timeout: float, job: _Job) -> None:
-    """Before the data is read: the Spark engine a streaming run may use answers within
-    ``timeout`` seconds (``spark_session.reach``), so one that is down fails the release
-    refunded instead of hanging the worker after the read. Decided by the setting and
-    the mechanism (public), as ``_run`` decides the engine."""
-    if spark_remote is not None and isinstance(job.mechanism, StreamingMechanism):
+    """Before the data is read: the Spark engine a streaming run or a record-level row
+    map may use answers within ``timeout`` seconds (``spark_session.reach``), so one that
+    is down fails the release refunded instead of hanging the worker after the read.
+    Decided by the setting and the mechanism (public), as ``_run`` decides the engine."""
+    mech = job.mechanism
+    if spark_remote is not None and (isinstance(mech, StreamingMechanism) or (
+            isinstance(mech, RecordMechanism) and mech.mappable(job.params, job.meta))):
         reach(spark_remote, timeout)
 
 
 def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None
          ) -> tuple[mechanisms.Output, str]:
-    """The mechanism's output and the engine that read the data. A streaming mechanism
+    """The mechanism's output and the engine that read the data. A record-level row map
+    (``RecordMechanism``) fits on the row groups and maps each with its own generator
+    from a fresh job secret (``mechanisms.record_maps``). A streaming mechanism
     reads the version's row groups, each pass the columns it needs (memory: one batch,
     whatever the rows): on Spark (``spark_remote``) when the version is Parquet that
     Spark's workers read as this process would, else here; any other mechanism reads the
@@ -400,6 +415,16 @@ def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None
     passes over one batch, and its partials are exact whatever the batches). The engine
     is the operator's setting and the stored format: public, never the data's choice."""
     mech, rng = job.mechanism, secure_generator(job.seed)
+    if isinstance(mech, RecordMechanism) and job.meta.n_rows > 0 and mech.mappable(
+            job.params, job.meta):
+        # a row map: one partition per row group, each with its own generator (a version
+        # of no rows has none: its run maps the empty columns, typed as stored)
+        def read(columns: Sequence[str]) -> Iterator[Mapping[str, np.ndarray]]:
+            return store.batches(job.dataset_id, job.version, columns)
+
+        mapped = record_maps.fit(mech, read, job.params, job.cost, job.meta, rng,
+                                 job_secret(job.seed))
+        return record_maps.release(mapped, read(mapped.columns)), engine_name(None)
     if not isinstance(mech, StreamingMechanism):
         _, columns = store.load(job.dataset_id, job.version)
         return mech.run(columns, job.params, job.cost, job.meta, rng), engine_name(None)
@@ -416,6 +441,42 @@ def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None
             statistic, lambda columns: store.batches(job.dataset_id, job.version, columns))
         engine = engine_name(None)
     return mech.release(job.params, partial, job.cost, job.meta, rng, last), engine
+
+
+def _records_on_spark(svc: Services, job: _Job, run: Run
+                      ) -> tuple[mechanisms.Output, str, int, str] | None:
+    """A record-level row map on Spark (``service.engines.spark_records``): its output,
+    engine, the rows of the table it stored as parts of this run, and what is said of
+    the order; None where it does not run there (no Spark, no rows, no row map, a version
+    Spark does not read, a v1 order: one sequential stream). Public inputs decide."""
+    mech, remote = job.mechanism, svc.config.spark_remote
+    if remote is None or job.meta.n_rows == 0 or not isinstance(mech, RecordMechanism) \
+            or not mech.mappable(job.params, job.meta):
+        return None
+    store = svc.datasets
+    key = None if job.meta.keep_row_order else datasets.row_key(store, job.dataset_id,
+                                                                 job.version)
+    if key is not None and not key.seekable:
+        return None
+    source = store.parquet_source(job.dataset_id, job.version)
+    if source is None:
+        return None
+    session = spark_session(remote)
+
+    def partial_of(statistic: Statistic) -> Partial:  # the fit's passes on Spark too
+        return compute_on_spark(session, statistic, [source.path], source.columns,
+                                source.filesystem)[1]
+
+    mapped = record_maps.fit_from(mech, partial_of, job.params, job.cost, job.meta,
+                                  secure_generator(job.seed), job_secret(job.seed))
+    output, parts = spark_records.release_on_spark(
+        session, mapped, [source.path], source.columns, source.filesystem,
+        spark_records.plan_order(key, job.meta.n_rows, mech.record_row_column),
+        svc.outputs.parts_place(run.release_id, run.attempt))
+    store.check_source(source)
+    rows = svc.outputs.commit_parts(run.release_id, run.attempt, parts)
+    return (output, engine_name(remote), rows,
+            mechanisms.rows.statement(key is not None, output.row_column))
 
 
 def _row_order(store: DatasetStore, job: _Job, output: mechanisms.Output

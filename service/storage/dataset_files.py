@@ -732,9 +732,10 @@ class _Hashing(io.RawIOBase):
 
 
 def _removal_order(key: str) -> tuple[int, str]:
-    """The manifest first, the data object (the version's lock) last."""
+    """The manifest (or a release table's list of parts) first, the data object (the
+    version's lock) last."""
     name = key.rsplit("/", 1)[-1]
-    return (0 if name == MANIFEST else 2 if name == DATA else 1, key)
+    return (0 if name.endswith(".json") else 2 if name == DATA else 1, key)
 
 
 class StagedVersion:

@@ -151,7 +151,9 @@ class ObjectStore(ABC):
     @property
     @abstractmethod
     def filesystem(self) -> pafs.FileSystem:
-        """A pyarrow filesystem rooted at the store: its paths are the keys (reads only)."""
+        """A pyarrow filesystem rooted at the store: its paths are the keys (reads, and
+        the parts of a release table that an engine's workers write before a conditional
+        put of their list commits them: ``release_tables``)."""
 
     @abstractmethod
     def put_new(self, key: str, data: bytes | IO[bytes]) -> str:

@@ -12,6 +12,13 @@ table; the winner removes those of runs that died before committing. Tables
 stored before (``.npy`` folders under ``releases/<release_id>/v<attempt>``) are
 read in place.
 
+A table an engine wrote in order without gathering it (a record-level release on Spark,
+``service.engines.spark_records``) is a list of parts under the same folder: the engine's
+workers write ``part-<bucket>.parquet`` objects, then the run commits ``parts.json``
+(each part's key, rows, size and ETag, in released order) with a conditional put, which
+makes the table exist. ``load`` reads the parts end to end, each checked against its pin,
+so every reader (the rows' GET, CSV export, analyses) sees one table.
+
 The CSV is for spreadsheets as much as for code, and its text cells carry
 operator-chosen names (categories, column names), so it follows the OWASP
 CSV-injection advice: a text cell starting with ``= + - @``, a tab or a
@@ -24,18 +31,26 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator, Mapping
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
-from service.storage.dataset_files import DatasetStore
-from service.storage.objects import ObjectStore
+from service.storage.dataset_files import ChangedObject, DatasetStore
+from service.storage.objects import AlreadyExists, NotFound, ObjectStore
 from service.storage.room import PREFLIGHT_BYTES
 
 #: the store's key prefix of release tables, and where the ``.npy`` folders were
 PREFIX, LEGACY_PREFIX = "tables", "releases"
 
+#: the list of a table stored as parts, and the names its parts may have
+PARTS, PART = "parts.json", re.compile(r"part-[0-9]{5}\.parquet")
 #: tables up to this many rows are also copied into ``result.records``
 INLINE_ROWS = 100
 CSV_CHUNK = 10_000
@@ -90,11 +105,67 @@ class OutputStore:
         store that cannot fails the run while it is refunded)."""
         self.store.objects.preflight(PREFLIGHT_BYTES)
 
+    def parts_place(self, release_id: str, attempt: int) -> tuple[pafs.FileSystem, str]:
+        """Where an engine's workers write run ``attempt``'s parts: the store's pyarrow
+        filesystem and the run's folder (``part_name`` names each part in it)."""
+        return self.store.objects.filesystem, self.store.key(release_id, attempt)
+
+    def commit_parts(self, release_id: str, attempt: int, parts: Sequence[tuple[str, int]]
+                     ) -> int:
+        """Make run ``attempt``'s table the ``parts`` (name, rows), in this order, each
+        pinned as it is now; returns the rows. FileExistsError if that run stored a table
+        already (a stored table is never replaced)."""
+        base = self.store.key(release_id, attempt)
+        listed: list[dict[str, Any]] = []
+        for name, rows in parts:
+            if PART.fullmatch(name) is None:
+                raise ValueError("not a part's name")
+            info = self.store.objects.head(f"{base}/{name}")
+            listed.append({"key": name, "rows": int(rows), "size": info.size,
+                           "etag": info.etag})
+        total = sum(part["rows"] for part in listed)
+        document = {"kind": "release-table-parts", "rows": total, "parts": listed}
+        if self.store.exists(release_id, attempt):
+            raise FileExistsError(f"{base} already holds a table")
+        try:
+            self.store.objects.put_new(f"{base}/{PARTS}", json.dumps(document).encode())
+        except AlreadyExists:
+            raise FileExistsError(f"{base} already holds a table") from None
+        return total
+
     def load(self, release_id: str, attempt: int) -> dict[str, np.ndarray] | None:
         """The table run ``attempt`` stored (the committed run's, as the ledger says)."""
+        parted = self._parts(release_id, attempt)
+        if parted is not None:
+            return parted
         if not self.store.exists(release_id, attempt):
             return None
         return self.store.load(release_id, attempt)[1]
+
+    def _parts(self, release_id: str, attempt: int) -> dict[str, np.ndarray] | None:
+        """A table stored as parts, read end to end (None: it is not one)."""
+        base = self.store.key(release_id, attempt)
+        try:
+            document = json.loads(self.store.objects.get(f"{base}/{PARTS}"))
+        except NotFound:
+            return None
+        tables = []
+        for part in document["parts"]:
+            key = f"{base}/{part['key']}"
+            if PART.fullmatch(str(part["key"])) is None:
+                raise ValueError(f"corrupt parts list in {base}")
+            pinned = (int(part["size"]), str(part["etag"]))
+            if tuple(self.store.objects.head(key)) != pinned:
+                raise ChangedObject(f"the part {key} is not the one its list pinned")
+            with self.store.objects.open(key) as fh:
+                tables.append(pq.read_table(fh, use_threads=False))
+            if tuple(self.store.objects.head(key)) != pinned or \
+                    tables[-1].num_rows != part["rows"]:
+                raise ChangedObject(f"the part {key} changed while it was read")
+        if not tables:
+            return {}
+        table = pa.concat_tables(tables)
+        return {name: _numpy(table.column(name)) for name in table.column_names}
 
     def discard(self, release_id: str, attempt: int) -> None:
         """Remove one run's table (a run whose output is not the release's)."""
@@ -104,6 +175,17 @@ class OutputStore:
         """Remove every run's table but ``keep`` (None: all); returns the attempts removed."""
         return [attempt for attempt in self.store.versions(release_id)
                 if attempt != keep and self.store.remove(release_id, attempt)]
+
+
+def part_name(bucket: int) -> str:
+    """The name of the part holding bucket ``bucket`` of a table stored as parts."""
+    return f"part-{bucket:05d}.parquet"
+
+
+def _numpy(column: pa.ChunkedArray) -> np.ndarray:
+    """A part's column as ``save`` keeps one: text as fixed-width unicode."""
+    values = column.to_numpy()
+    return values.astype(str) if values.dtype == object else values
 
 
 def records(table: Mapping[str, np.ndarray]) -> list[dict[str, object]]:

@@ -7,7 +7,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -20,7 +20,25 @@ from service.config import Config
 from service.storage.analysis_store import AnalysisStore
 from service.storage.keys import KeyStore
 
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession
+
+#: the local Spark the Spark tests share (``spark``)
+SPARK_REMOTE = "local[2]"
+
 TOKEN = "pr_test_operator_token"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Spark Connect server for every Spark test of the session (its workers run
+    this Python), started by the first that asks: a local Spark stopped and started again
+    in one process fails its next job, so modules cannot each have their own."""
+    from service.engines.spark_session import spark_session, stop
+
+    session = spark_session(SPARK_REMOTE)
+    yield session
+    stop(SPARK_REMOTE)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from mechanisms import rows
 from service import datasets, wiring
 from service.storage.objects import LocalStore
 from tests.integration.conftest import Api
@@ -95,8 +96,8 @@ def test_keep_row_order_leaves_the_dataset_order(api: Api, worker: Any) -> None:
 
 
 def test_row_key_is_private(api: Api, worker: Any) -> None:
-    """32 owner-only bytes beside the dataset's data object that no API response contains, in any
-    encoding (raw, hex, base64)."""
+    """32 owner-only bytes (after the order version's byte) beside the dataset's data object
+    that no API response contains, in any encoding (raw, hex, base64)."""
     x = np.random.default_rng(5).integers(0, 5, N)
     ds = _upload(api, x)
     rel = _release(api, ds, "subset.uniform", {"column": "x"}, {"subset_draws": 1})
@@ -104,8 +105,9 @@ def test_row_key_is_private(api: Api, worker: Any) -> None:
     objects = store.objects
     assert isinstance(objects, LocalStore)  # the session's default store: the data directory
     path = objects.root / store.key(ds, 1) / datasets.ROW_KEY
-    key = path.read_bytes()
-    assert len(key) == 32 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    stored = path.read_bytes()
+    key = stored[1:]
+    assert stored[0] == rows.V2 and len(key) == 32 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
     needles = [key, key.hex().encode(), key.hex().upper().encode(), base64.b64encode(key),
                base64.urlsafe_b64encode(key), json.dumps(key.decode("latin-1")).encode()[1:-1]]
     paths = [f"/v1/datasets/{ds}", "/v1/datasets", f"/v1/datasets/{ds}/budget",

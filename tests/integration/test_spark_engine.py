@@ -9,8 +9,8 @@ seeded generator. Tasks of one row group, or a few (``task_rows``), so partials 
 several Spark tasks are merged. Then: the files on S3 (moto's server) read through pyarrow's
 S3FileSystem, a column missing, a statistic's refusal, and random splits (hypothesis).
 
-One local server for the module (``local[2]``, a few seconds to start); every pass is one
-small Spark job, so the module stays well under two minutes.
+One local server for the session (``local[2]``, the ``spark`` fixture: a few seconds to
+start); every pass is one small Spark job, so the module stays well under two minutes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,8 @@ from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.statistics import compute
 from service.engines.spark import SparkEngineError, compute_on_spark
-from service.engines.spark_session import reach, spark_session, stop
+from service.engines.spark_session import reach, spark_session
+from tests.integration.conftest import SPARK_REMOTE
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.spark
 
-REMOTE = "local[2]"
+REMOTE = SPARK_REMOTE
 COLUMNS = {
     "age": ColumnMeta("age", "integer", (17, 90)),
     "wage": ColumnMeta("wage", "continuous", (-1000.0, 200_000.0)),
@@ -105,15 +106,6 @@ def _write(data: Mapping[str, np.ndarray], folder: Path, cuts: tuple[int, ...],
         pq.write_table(table, path, row_group_size=row_group, filesystem=filesystem)
         paths.append(path)
     return paths
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    """One local Spark Connect server for these tests (its workers run this Python),
-    stopped after them: its JVM and workers hold about 1 GB the other tests need not."""
-    session = spark_session(REMOTE)
-    yield session
-    stop(REMOTE)
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +236,40 @@ def test_a_file_that_is_not_a_stored_dataset_fails_the_job(
     with pytest.raises(SparkEngineError, match="over 1 row groups failed") as failed:
         compute_on_spark(spark, mech.statistic(params, cost, meta), [path], PARQUET)
     assert "has null cells" in str(failed.value.__cause__)
+
+
+def test_the_iclp_mean_of_a_list_column_is_the_embedded_partial_and_release(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A functional column as a Parquet fixed-size list (Arrow hands its rows to the
+    statistic as row arrays): the clipped curves' exact column sums Spark merges from its
+    tasks are the embedded ones, bit for bit, and so is the released mean. (The engine
+    plans from the footers' leaf names, so the list's item keeps the column's name.)"""
+    rng = np.random.default_rng(30)
+    n, grid = 700, 6
+    curves = np.sin(np.linspace(0.0, 3.0, grid))[None, :] + rng.normal(size=(n, grid))
+    curves[::9] *= 40.0  # clipped
+    curves[::7] *= 1e-250  # tiny next to the others: exact sums only
+    curves[3, 2] = np.nan
+    paths = []
+    for i, (a, b) in enumerate(((0, 250), (250, 250), (250, n))):
+        cells = pa.FixedSizeListArray.from_arrays(
+            pa.array(curves[a:b].ravel()), type=pa.list_(pa.field("c0", pa.float64()), grid))
+        path = str(tmp_path / f"curves-{i}.parquet")
+        pq.write_table(pa.table({"c0": cells}), path, row_group_size=100,
+                       use_compliant_nested_type=False)
+        paths.append(path)
+    meta = DatasetMeta(n, {"f": ColumnMeta("f", "functional", grid=tuple(
+        np.linspace(0.0, 1.0, grid).tolist()), norm_bound=2.0)})
+    mech = registry.get("iclp.mean")
+    assert isinstance(mech, StreamingMechanism)
+    params = mech.load_params({"column": "f"})
+    cost = mech.cost(params, {"epsilon": Fraction(2)}, meta)
+    statistic = mech.statistic(params, cost, meta)
+    last, partial = compute_on_spark(spark, statistic, paths, {"f": "c0"}, task_rows=200)
+    assert partial == compute(statistic, [{"f": curves}])[1]
+    released = mech.release(params, partial, cost, meta, np.random.default_rng(3), last)
+    assert repr(released) == repr(mech.run({"f": curves}, params, cost, meta,
+                                           np.random.default_rng(3)))
 
 
 @settings(max_examples=4, deadline=None)

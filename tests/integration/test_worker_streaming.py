@@ -91,3 +91,37 @@ def test_a_streamed_run_holds_one_batch_not_the_rows(tmp_path: Path) -> None:
     peak = int(out.stdout.split()[-1])
     # a 65,536-row batch of doubles is 0.5 MB; the exact sums' scratch a few chunks
     assert peak < 8 * 2**20, peak
+
+
+#: rows of the stored version with functional columns: a row group and a part
+FUNCTION_ROWS = (1 << 16) + 2345
+
+
+@pytest.fixture(scope="module")
+def stored_functions(tmp_path_factory: pytest.TempPathFactory
+                     ) -> tuple[DatasetStore, dict[str, np.ndarray]]:
+    from tests.unit.iclp.streaming_cases import data
+
+    root: Path = tmp_path_factory.mktemp("functions")
+    store = DatasetStore(LocalStore(root), staging_dir=root / ".staging")
+    columns = data(FUNCTION_ROWS, 31)
+    store.write("ds_functions", 1, {"kind": "test"}, columns)
+    return store, columns
+
+
+def test_the_streamed_functionals_and_vector_release_what_the_whole_columns_release(
+        stored_functions: tuple[DatasetStore, dict[str, np.ndarray]]) -> None:
+    """The ICLP functionals and noiseless.vector on a stored version whose functional
+    columns come back as (rows, grid points) batches, a row group at a time."""
+    from tests.unit.iclp.streaming_cases import CASES, meta
+
+    store, columns = stored_functions
+    for name, raw, budget in CASES:
+        mech = registry.get(name)
+        assert isinstance(mech, StreamingMechanism)
+        params = mech.load_params(raw)
+        cost = mech.cost(params, budget, meta(FUNCTION_ROWS))
+        job = run._Job("ds_functions", 1, mech, params, cost, meta(FUNCTION_ROWS), seed=9)
+        streamed, engine = run._run(store, job)
+        whole = mech.run(columns, params, cost, meta(FUNCTION_ROWS), secure_generator(9))
+        assert repr(streamed) == repr(whole) and engine == "embedded", (name, raw)

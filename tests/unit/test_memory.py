@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mechanisms import memory, registry
-from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError, RecordMechanism
 
 COLUMNS = {
     "x": ColumnMeta("x", "continuous", (0.0, 1.0)),
@@ -42,11 +42,27 @@ def test_named_cells_are_the_distinct_columns_the_params_name_at_any_depth() -> 
 
 def test_a_whole_column_bound_grows_with_the_declared_rows_and_names_the_dataset() -> None:
     mech = registry.get("dip")
-    params = mech.load_params({"columns": ["x", "g"]})
+    # a hold-out reference samples rows itself: no row map, whole columns
+    params = mech.load_params({"columns": ["x", "g"], "reference": {"kind": "holdout"}})
     small, large = mech.memory(params, _meta(10**5)), mech.memory(params, _meta(10**6))
     per_row = (large.bytes - small.bytes) / (10**6 - 10**5)
     expected = (memory.loaded_bytes(_meta(1)) + mech.row_bytes + 2 * mech.cell_bytes)
     assert per_row == pytest.approx(expected)
+    assert large.field == "dataset_id"
+
+
+def test_a_row_map_bound_is_a_row_group_of_its_columns_and_the_table_it_builds() -> None:
+    """No loaded columns: per row, the table's ``map_row_bytes`` and the named cells; one
+    row group of the named columns with their reading transient; the fixed part."""
+    mech = registry.get("dip")
+    assert isinstance(mech, RecordMechanism)
+    params = mech.load_params({"columns": ["x", "g"]})
+    small, large = mech.memory(params, _meta(10**5)), mech.memory(params, _meta(10**6))
+    per_row = (large.bytes - small.bytes) / (10**6 - 10**5)
+    assert per_row == pytest.approx(mech.map_row_bytes + 2 * mech.cell_bytes)
+    batch = (2 * memory.CELL_BYTES * (1 + memory.LOAD_TRANSIENT) + 8)
+    assert mech.memory(params, _meta(100)).bytes == pytest.approx(
+        100 * (batch + mech.map_row_bytes + 2 * mech.cell_bytes) + mech.map_fixed_bytes)
     assert large.field == "dataset_id"
 
 

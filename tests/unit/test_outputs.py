@@ -7,10 +7,21 @@ import io
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 
+from service.storage.dataset_files import ChangedObject
 from service.storage.objects import LocalStore
-from service.storage.release_tables import CSV_CHUNK, OutputStore, csv_chunks, neutralise, records
+from service.storage.release_tables import (
+    CSV_CHUNK,
+    OutputStore,
+    csv_chunks,
+    neutralise,
+    part_name,
+    records,
+)
 from tests.unit.test_store import put_legacy
 
 
@@ -96,3 +107,42 @@ def test_tables_stored_before_are_read_and_pruned_in_place(tmp_path: Path) -> No
     assert store.load("rel_old", 1) is None and not (tmp_path / "releases").exists()
     kept = store.load("rel_old", 2)
     assert kept is not None and kept["x"].tolist() == [3.0]
+
+
+def _write_part(fs: pafs.FileSystem, base: str, bucket: int, table: pa.Table) -> str:
+    """A part as an engine's worker writes it (through the store's filesystem)."""
+    fs.create_dir(base, recursive=True)
+    name = part_name(bucket)
+    with fs.open_output_stream(f"{base}/{name}") as stream:
+        pq.write_table(table, stream)
+    return name
+
+
+def test_a_table_stored_as_parts_reads_as_one_table(tmp_path: Path) -> None:
+    """Parts committed in bucket order read back end to end, text as unicode; a second
+    commit, a bad part name, a changed part are refused; a discard removes every part."""
+    outputs = OutputStore(LocalStore(tmp_path / "o"), tmp_path / "s")
+    fs, base = outputs.parts_place("rel_parts", 1)
+    parts = [(_write_part(fs, base, b, pa.table({"_row": np.arange(b * 10, b * 10 + rows),
+                                                 "c": pa.array([f"v{i}" for i in range(rows)],
+                                                               pa.string())})), rows)
+             for b, rows in ((0, 3), (2, 0), (5, 4))]
+    assert outputs.commit_parts("rel_parts", 1, parts) == 7
+    table = outputs.load("rel_parts", 1)
+    assert table is not None
+    assert table["_row"].tolist() == [0, 1, 2, 50, 51, 52, 53]
+    assert table["c"].dtype.kind == "U" and table["c"].tolist() == ["v0", "v1", "v2", "v0",
+                                                                      "v1", "v2", "v3"]
+    with pytest.raises(FileExistsError):
+        outputs.commit_parts("rel_parts", 1, parts)
+    with pytest.raises(ValueError):
+        outputs.commit_parts("rel_parts", 2, [("../x.parquet", 1)])
+    outputs.save("rel_whole", 1, {"x": np.arange(2)})
+    with pytest.raises(FileExistsError):  # a run's table is never replaced by parts
+        outputs.commit_parts("rel_whole", 1, [])
+    _write_part(fs, base, 5, pa.table({"_row": np.arange(9), "c": ["w"] * 9}))  # replaced
+    with pytest.raises(ChangedObject):
+        outputs.load("rel_parts", 1)
+    outputs.discard("rel_parts", 1)
+    assert outputs.load("rel_parts", 1) is None
+    assert not list(outputs.store.objects.list(base + "/"))

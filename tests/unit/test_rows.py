@@ -102,13 +102,14 @@ def test_private_key_file_created_once_owner_only(tmp_path: Path) -> None:
         staged.write_private(datasets.ROW_KEY, b"k" * 32)
         base = staged.commit("ds_a", 1, {"n": 3})
     assert stat.S_IMODE(os.stat(tmp_path / "o" / base / datasets.ROW_KEY).st_mode) == 0o600
-    assert datasets.row_key(store, "ds_a", 1) == b"k" * 32
+    assert datasets.row_key(store, "ds_a", 1) == rows.RowKey(b"k" * 32, rows.V1)
     assert store.files_present("ds_a", 1)  # the key is no column
     assert set(store.load("ds_a", 1)[1]) == {"x"}
 
     store.write("ds_b", 1, {"n": 3}, {"x": np.arange(3)})
-    made = datasets.row_key(store, "ds_b", 1)
-    assert len(made) == rows.KEY_BYTES and datasets.row_key(store, "ds_b", 1) == made
+    made = datasets.row_key(store, "ds_b", 1)  # a version stored before keys: the current one
+    assert made.version == rows.V2 and len(made.secret) == rows.KEY_BYTES
+    assert datasets.row_key(store, "ds_b", 1) == made
     assert not any(store.staging_dir.iterdir()) and not any((tmp_path / "o" / ".tmp").iterdir())
     with pytest.raises(ValueError):
         store.private_file("ds_b", 1, "../x", rows.new_key)
@@ -118,3 +119,84 @@ def test_new_keys_are_independent() -> None:
     """os.urandom: two keys collide with probability 2**-256."""
     assert rows.new_key() != rows.new_key() and len(rows.new_key()) == 32
     assert len({rows.new_key() for _ in range(50)}) == 50
+
+
+# -- v2: seekable ------------------------------------------------------------------
+
+
+def test_v2_values_are_aes_ctr_words_of_a_derived_key() -> None:
+    """Exact, against an independent AES (``cryptography``'s, a dev dependency through
+    moto): row 2j and 2j+1 are the little-endian halves of AES-128_K(j), K the first 16
+    bytes of SHAKE-256(DOMAIN_V2 ‖ key), j as 16 little-endian bytes."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key = rows.RowKey(KEY_A, rows.V2)
+    aes_key = hashlib.shake_256(rows.DOMAIN_V2 + KEY_A).digest(16)
+    encrypt = Cipher(algorithms.AES(aes_key), modes.ECB()).encryptor()
+    blocks = encrypt.update(b"".join(j.to_bytes(16, "little") for j in range(50)))
+    assert rows.sort_keys(key, 100).tolist() == np.frombuffer(blocks, "<u8").tolist()
+    assert not np.array_equal(rows.sort_keys(key, 100), rows.sort_keys(KEY_A, 100))
+
+
+@given(st.binary(min_size=32, max_size=32), st.integers(0, 500), st.integers(0, 500))
+@settings(max_examples=80, deadline=None)
+def test_v2_any_range_is_the_slice_of_the_whole(secret: bytes, a: int, b: int) -> None:
+    """Seekable: rows [start, stop) computed alone equal those rows of the whole stream
+    (odd starts split an AES block)."""
+    start, stop = min(a, b), max(a, b)
+    key = rows.RowKey(secret, rows.V2)
+    whole = rows.sort_keys(key, stop)
+    assert np.array_equal(rows.sort_keys(key, stop, start=start), whole[start:])
+    assert np.array_equal(rows.sort_keys(secret, stop, start=start),
+                          rows.sort_keys(secret, stop)[start:])  # v1 slices too
+    order = rows.order(key, stop)
+    assert sorted(order.tolist()) == list(range(stop))
+    assert np.array_equal(rows.pseudonyms(key, stop)[order], np.arange(stop))
+
+
+def test_v2_order_is_uniform_on_small_permutations() -> None:
+    """All 6 orders of 3 rows come up equally often over 6,000 independent keys: each
+    count is Binomial(6000, 1/6) (sd 28.9), so outside 1000 ± 150 (5.2 sd) has probability
+    below 1e-6 per order."""
+    rng = np.random.default_rng(7)
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(6000):
+        key = rows.RowKey(rng.bytes(32), rows.V2)
+        seen = tuple(rows.order(key, 3).tolist())
+        counts[seen] = counts.get(seen, 0) + 1
+    assert len(counts) == 6 and all(850 <= c <= 1150 for c in counts.values())
+
+
+def test_key_files_record_their_version() -> None:
+    """A bare 32-byte file is v1, as every file written before v2; a v2 file is its
+    version byte and the key; anything else is refused."""
+    v1, v2 = rows.RowKey(KEY_A, rows.V1), rows.RowKey(KEY_A, rows.V2)
+    assert v1.to_file() == KEY_A and rows.RowKey.from_file(KEY_A) == v1
+    assert v2.to_file() == b"\x02" + KEY_A and rows.RowKey.from_file(v2.to_file()) == v2
+    assert v2.seekable and not v1.seekable
+    assert rows.new_row_key().version == rows.V2
+    for bad in (b"", KEY_A[:31], b"\x01" + KEY_A, b"\x03" + KEY_A, KEY_A + KEY_A):
+        with pytest.raises(ValueError):
+            rows.RowKey.from_file(bad)
+    # a bare key is a v1 key everywhere, as the stored files are
+    assert np.array_equal(rows.permute({"x": np.arange(9)}, KEY_A, 9)["x"],
+                          rows.permute({"x": np.arange(9)}, v1, 9)["x"])
+
+
+def test_old_version_keeps_its_v1_order_and_new_uploads_get_v2(tmp_path: Path) -> None:
+    """A version whose key file was written before v2 (32 bytes) releases in exactly its
+    old order, bit for bit; a version committed now has a v2 key."""
+    store = DatasetStore(LocalStore(tmp_path / "o"), staging_dir=tmp_path / "s")
+    with store.staging() as staged:
+        staged.append({"x": np.arange(20)})
+        staged.write_private(datasets.ROW_KEY, KEY_A)
+        staged.commit("ds_old", 1, {"n": 20})
+    key = datasets.row_key(store, "ds_old", 1)
+    stream = hashlib.shake_256(rows.DOMAIN + KEY_A).digest(8 * 20)
+    old = sorted(range(20), key=lambda i: stream[8 * i:8 * i + 8][::-1])
+    assert rows.permute({"x": np.arange(20)}, key, 20)["x"].tolist() == old
+    with store.staging() as staged:
+        staged.append({"x": np.arange(20)})
+        staged.write_private(datasets.ROW_KEY, rows.new_row_key().to_file())
+        staged.commit("ds_new", 1, {"n": 20})
+    assert datasets.row_key(store, "ds_new", 1).version == rows.V2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -19,11 +20,14 @@ from numpy.typing import NDArray
 
 from mechanisms.statistics import (
     CHUNK,
+    SCALE,
     Batch,
     Partial,
     Statistic,
+    column_sums,
     compute,
     float_sums,
+    product_sums,
     to_float,
     whole,
 )
@@ -49,6 +53,68 @@ def test_an_exact_sum_rounded_once_is_fsum(values: list[float]) -> None:
     reference = _fsum(values)
     assume(reference is not None and math.isfinite(reference))
     assert to_float(float_sums(np.array(values, dtype=np.float64))[0]) == reference
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 5).flatmap(lambda k: st.lists(st.lists(HARD, min_size=k, max_size=k),
+                                                    max_size=40).map(lambda r: (k, r))))
+def test_column_sums_are_each_column_s_exact_sum(
+        shape_rows: tuple[int, list[list[float]]]) -> None:
+    width, rows = shape_rows
+    values = np.array(rows, dtype=np.float64).reshape(len(rows), width)
+    assert column_sums(values) == [float_sums(np.ascontiguousarray(values[:, k]))[0]
+                                   for k in range(width)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda k: st.lists(
+    st.tuples(st.lists(HARD, min_size=k, max_size=k), st.floats(0.0, 1.0)), max_size=30)))
+def test_column_sums_of_scaled_rows_are_those_of_the_products(
+        rows: list[tuple[list[float], float]]) -> None:
+    """A factor per row (clipped curves): each product rounded as numpy rounds it."""
+    width = len(rows[0][0]) if rows else 1
+    values = np.array([r for r, _ in rows], dtype=np.float64).reshape(len(rows), width)
+    scale = np.array([f for _, f in rows], dtype=np.float64)
+    assert column_sums(values, scale) == column_sums(values * scale[:, None])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(HARD, HARD, HARD), max_size=30))
+def test_product_sums_are_the_column_sums_of_the_products(
+        rows: list[tuple[float, float, float]]) -> None:
+    """Pairs of two columns' products (a bound from the columns' largest |x|, or their
+    own largest when that bound overflows); products beyond the doubles are refused."""
+    values = np.array(rows, dtype=np.float64).reshape(len(rows), 3)
+    pairs = (np.array([0, 0, 1, 2]), np.array([0, 1, 2, 2]))
+    with np.errstate(over="ignore"):
+        products = values[:, pairs[0]] * values[:, pairs[1]]
+    if not np.isfinite(products).all():
+        with pytest.raises(ValueError, match="finite"):
+            product_sums(values, values, pairs)
+        return
+    assert product_sums(values, values, pairs) == column_sums(products)
+
+
+def test_column_sums_of_many_chunks_and_a_wide_range_are_exact() -> None:
+    """Several chunks of rows; columns of every scale (subnormal, near the largest double:
+    no extraction there), values far below their column's largest (left to float_sums)."""
+    rng = np.random.default_rng(8)
+    width = 70
+    values = rng.normal(size=(3 * CHUNK // width + 5, width)) * \
+        10.0 ** rng.integers(-320, 300, (1, width))
+    values[:, :3] = rng.choice([5e-324, 1.0, -2.0**-60], (values.shape[0], 3))
+    values[::2, :3] = 1.7e308  # the largest doubles, cancelling: their sums stay finite
+    values[1::2, :3] = -1.7e308
+    values[:, 3] = rng.normal(size=values.shape[0]) * 1e-310
+    values[::5] *= 1e-300
+    values[1::9] = 0.0
+    values[2, :] = 5e-324
+    for k, total in enumerate(column_sums(values)):
+        assert Fraction(total, 1 << SCALE) == sum(map(Fraction, values[:, k].tolist()))
+        assert to_float(total) == float(Fraction(total, 1 << SCALE))  # what fsum rounds to
+        assert to_float(total, 3) == float(Fraction(total, 3 << SCALE))  # rounded once
+    with pytest.raises(ValueError, match="finite"):
+        column_sums(np.array([[1.0, np.inf]]))
 
 
 @settings(max_examples=200, deadline=None)
@@ -126,6 +192,8 @@ def test_an_update_reads_chunks_and_an_empty_batch_adds_nothing() -> None:
     assert partial.rows == x.size and to_float(partial.parts["sum"][0]) == math.fsum(x)
     with pytest.raises(ValueError, match="1-D"):
         statistic.update(statistic.empty(), {"x": x.reshape(-1, 1)[:4]})
+    with pytest.raises(ValueError, match="1-D"):
+        statistic.update(statistic.empty(), {"x": np.array(1.0)})
 
 
 def test_partials_round_trip_through_json_and_pickle_and_refuse_other_shapes() -> None:

@@ -294,6 +294,18 @@ def _function(params: Mapping[str, Any], result: Mapping[str, Any],
                    upper=upper, level=None if band is None else 0.95, interval=how)
 
 
+def _confidence(accuracy: Mapping[str, Any]) -> tuple[float, str]:
+    """The level of a table's or matrix's intervals and how to say it: per entry (the
+    default, 0.95) or all at once (``accuracy.confidence.simultaneous``)."""
+    stated = accuracy.get("confidence")
+    if not isinstance(stated, Mapping):
+        return 0.95, "95 % interval"
+    level = _number(stated.get("level")) or 0.95
+    if stated.get("simultaneous"):
+        return level, f"{_text(level * 100)} % simultaneous interval (all hold at once)"
+    return level, f"{_text(level * 100)} % interval"
+
+
 def _table(params: Mapping[str, Any], result: Mapping[str, Any],
            accuracy: Mapping[str, Any], base: dict[str, Any]) -> Reading | None:
     """A cross-tab (``group_by``): cells with their 95 % errors (``result.errors``)."""
@@ -309,20 +321,21 @@ def _table(params: Mapping[str, Any], result: Mapping[str, Any],
     keys = {name: [str(c[i]) if isinstance(c, list) and i < len(c) else "" for c in cells]
             for i, name in enumerate(names)}
     extra: dict[str, list[Any]] = {}
+    level, said = _confidence(accuracy)
     noisy = _numbers(result.get("noisy_values"))
     if noisy is not None and len(noisy) == len(values):
         # consistency: the intervals are the noisy cells'; values are their projection
         lower, upper = _around(noisy, errors)
         extra["noisy_estimate"] = noisy
-        how = ("95 % interval of each noisy cell (noisy_estimate ± result.errors); estimate"
+        how = (f"{said} of each noisy cell (noisy_estimate ± result.errors); estimate"
                " is the consistent table post-processed from the noisy cells")
     else:
         lower, upper = _around(values, errors)
-        how = ("95 % interval containing the exact mean: result.errors" if statistic == "mean"
-               else "95 % interval: estimate ± result.errors")
+        how = (f"{said} containing the exact mean: result.errors" if statistic == "mean"
+               else f"{said}: estimate ± result.errors")
     return Reading(**base, statistic=f"{what} by {' × '.join(names)}", kind="bars",
                    label_name=" / ".join(names), value_name=what, keys=keys,
-                   estimates=values, lower=lower, upper=upper, level=0.95, interval=how,
+                   estimates=values, lower=lower, upper=upper, level=level, interval=how,
                    extra=extra)
 
 
@@ -375,7 +388,9 @@ def _covariance(params: Mapping[str, Any], result: Mapping[str, Any],
         values = [_number(matrix[j][i]) for j, i in pairs]
     except (IndexError, TypeError):
         return None
-    halves = accuracy.get("ci95_halfwidths")
+    level, said = _confidence(accuracy)
+    key = "halfwidths" if isinstance(accuracy.get("halfwidths"), list) else "ci95_halfwidths"
+    halves = accuracy.get(key)
     errors = (list(halves) if isinstance(halves, list) and len(halves) == len(pairs)
               else [accuracy.get("ci95_halfwidth")] * len(pairs))
     lower, upper = _around(values, errors)
@@ -384,8 +399,8 @@ def _covariance(params: Mapping[str, Any], result: Mapping[str, Any],
                    label_name="entry", value_name="covariance",
                    keys={"row": [names[j] for j, _ in pairs],
                          "column": [names[i] for _, i in pairs]},
-                   estimates=values, lower=lower, upper=upper, level=0.95,
-                   interval="95 % interval per entry: accuracy.ci95_halfwidths")
+                   estimates=values, lower=lower, upper=upper, level=level,
+                   interval=f"{said} per entry: accuracy.{key}")
 
 
 def _vector(params: Mapping[str, Any], result: Mapping[str, Any],
@@ -442,6 +457,12 @@ def _scalar(params: Mapping[str, Any], result: Mapping[str, Any],
         what = statistic
     half = _number(accuracy.get("ci95_halfwidth"))
     exact = _number(accuracy.get("max_error"))
+    given = result.get("interval")  # an interval around the released value (std, variance)
+    if isinstance(given, list) and len(given) == 2 and None not in map(_number, given):
+        return Reading(**base, statistic=what, kind="points", label_name="statistic",
+                       value_name=what, keys={"statistic": [what]}, estimates=[value],
+                       lower=[_number(given[0])], upper=[_number(given[1])], level=0.95,
+                       interval="95 % interval: result.interval")
     if half is not None:
         level: float | None = 0.95
         how = "95 % interval: estimate ± accuracy.ci95_halfwidth"

@@ -260,7 +260,7 @@ def test_run_checks_the_data_shape_without_echoing_it() -> None:
     mech = MECHANISMS["iclp.mean"]
     params = mech.load_params({"column": "load"})
     cost = mech.cost(params, EPS, META)
-    with pytest.raises(ValueError, match="shape") as info:
+    with pytest.raises(ValueError, match="2-D column of the batch") as info:
         mech.run({"load": DATA["load"][:, :10]}, params, cost, META, np.random.default_rng(0))
     assert str(SECRET) not in str(info.value)
 
