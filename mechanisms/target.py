@@ -1,4 +1,4 @@
-"""The smallest budget whose stated 95 % interval is within ± a target half-width.
+"""The smallest budget whose stated interval (95 %) is within ± a target half-width.
 
 An analyst often knows the accuracy she needs, not the ε that buys it. A mechanism's
 accuracy statement is a function of public inputs and the budget only, so the budget
@@ -6,7 +6,8 @@ for a target is found by evaluating that statement: no data is read and nothing 
 depends on it.
 
 * **One reading of a statement** (``stated``): the largest half-width a mechanism's
-  accuracy states for its released numbers at 95 % (``ci95_halfwidth``, per-entry
+  accuracy states for its released numbers, at 95 % or, for a table or covariance, at the
+  ``confidence`` its params ask (``halfwidth``, ``halfwidths``; ``ci95_halfwidth``, per-entry
   ``ci95_halfwidths``, a function's ``band95`` or 1.96 × its RMS privacy error, per-column
   Chebyshev half-widths, 1.96 × a stated standard deviation of a released mean), or a
   deterministic ``max_error`` (level 1: always within, so within at 95 % too). It is the
@@ -43,7 +44,7 @@ from mechanisms import precompute, zcdp
 from mechanisms.base import LEDGER_UNITS, MAX_EPSILON, DatasetMeta, Mechanism, MechanismInputError
 from mechanisms.noiseless.mechanism import MAX_BITS
 
-#: the only level the mechanisms state intervals at
+#: the level the mechanisms state intervals at (tables and covariance: any their params ask)
 LEVEL = 0.95
 #: the normal quantile of a two-sided 95 % interval (a stated standard deviation times this)
 Z95 = 1.959963984540054
@@ -152,7 +153,17 @@ def stated(mechanism: str, accuracy: Mapping[str, Any]) -> Stated | None:
     """The half-width ``accuracy`` states for every released number (the largest of
     several), or None when it states none in the statistic's units (a quantile's rank
     error, per-cell mean intervals that depend on the noisy counts, record-level designs,
-    estimators chosen at release)."""
+    estimators chosen at release). A table or covariance states its intervals at the
+    confidence its params ask (``confidence``: a level, per entry or simultaneous):
+    ``halfwidth``/``halfwidths`` at that level. A std's or variance's ``result.interval``
+    is narrower but read from the released value: the public bound is the one stated."""
+    confidence = accuracy.get("confidence")
+    if isinstance(confidence, Mapping):
+        level = _number(confidence.get("level"))
+        asked = _largest(accuracy.get("halfwidths"))
+        if asked is None:
+            asked = _number(accuracy.get("halfwidth"))
+        return None if asked is None or level is None else Stated(asked, level)
     half = _largest(accuracy.get("ci95_halfwidths"))
     if half is None:
         half = _number(accuracy.get("ci95_halfwidth"))
@@ -275,9 +286,8 @@ def budget_for(mechanism: Mechanism, params: Mapping[str, Any], meta: DatasetMet
     caller may ask for (the dataset's cap), besides the mechanism's own ceiling;
     ``least``: the least the ledger can charge of it (one unit unless, say, a pure ε is
     charged as ρ = ε²/2), a smaller amount counting as refused."""
-    if target.level != LEVEL:
-        raise MechanismInputError("target.level", f"only level {LEVEL} is stated by the"
-                                  " mechanisms; ask for 0.95")
+    if not 0 < target.level < 1:
+        raise MechanismInputError("target.level", "must be in (0, 1)")
     if not (math.isfinite(target.half_width) and target.half_width > 0):
         raise MechanismInputError("target.half_width", "must be a positive finite number")
     measure = searched_measure(mechanism, meta, target.fixed)
@@ -290,16 +300,22 @@ def budget_for(mechanism: Mechanism, params: Mapping[str, Any], meta: DatasetMet
     statement = _Statement(mechanism, params, meta, measure, target.fixed, floor)
     # every heavy part a search computes counts MAX_EVALUATIONS times against the limit
     with precompute.repeated(MAX_EVALUATIONS):
-        units = _search(statement, top, per_one, target.half_width)
+        units = _search(statement, top, per_one, target.half_width, target.level)
     statement.check_monotone()
     found = statement.at(units)
     assert found is not None
     return Found(measure, statement.budget(units), found, len(statement.seen))
 
 
-def _search(statement: _Statement, top: int, per_one: int, half_width: float) -> int:
+def _search(statement: _Statement, top: int, per_one: int, half_width: float,
+            level: float) -> int:
     """Whole units in [1, top]: the smallest meeting the target, given that ``top`` does."""
     best = _at_top(statement, top)
+    if best.level not in (level, 1.0):  # a deterministic bound holds at any level
+        tables = " (a table's or covariance's params.confidence.level asks another)"
+        raise MechanismInputError("target.level", f"{statement.mechanism.name} states its"
+                                  f" intervals at level {best.level:g} for these params;"
+                                  f" ask for that level{tables}")
     if best.half_width > half_width:
         amount = Fraction(top, per_one)
         raise Unreachable("target", f"even the largest {statement.measure} allowed"

@@ -384,7 +384,8 @@ class TargetSchema(StrictSchema):
                        " (the largest over cells, entries or grid points)"})
     level = fields.Float(load_default=0.95, allow_nan=False, validate=validate.Range(
         min=0, max=1, min_inclusive=False, max_inclusive=False), metadata={
-        "description": "the interval's level; the mechanisms state 0.95 only"})
+        "description": "the interval's level: the one the statement gives (0.95; a table's"
+                       " or covariance's params.confidence.level)"})
     delta = fields.Raw(metadata={
         "description": "(epsilon, delta) mechanisms: the delta held fixed while epsilon is"
                        " searched (required for them, refused for others)"})

@@ -85,7 +85,7 @@ def test_refusals_name_the_target(api: Api, dataset: dict[str, Any]) -> None:
          "target", "not both"),
         (_body(dataset), "validation_error", "budget", "or give a target"),
         (_body(dataset, target={"half_width": 1, "level": 0.9}), "validation_error",
-         "target.level", "only level 0.95"),
+         "target.level", "states its intervals at level 0.95"),
         (_body(dataset, target={"half_width": 0}), "validation_error", "target.half_width",
          ""),
         (_body(dataset, target={"half_width": 0.001}), "target_unreachable", "target",

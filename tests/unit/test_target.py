@@ -33,7 +33,7 @@ from mechanisms.base import (
     Output,
     read_epsilon,
 )
-from tests.unit.test_readable_releases import BASELINES, CASES, META, _data
+from tests.unit.test_readable_releases import BASELINES, CASES, EPS, META, _data
 
 N = 240
 LO, HI = 0.0, 10.0
@@ -217,10 +217,24 @@ def test_a_cap_below_what_the_mechanism_accepts_is_unreachable() -> None:
                           cap=Fraction(1, 2))
 
 
-def test_only_level_095_is_stated() -> None:
+def test_the_level_must_be_the_one_stated() -> None:
+    """A mean states 95 %; a table states the level its params' confidence asks, per cell
+    or simultaneous (then wider: every cell at once)."""
     with pytest.raises(MechanismInputError) as info:
         _found("laplace", MEAN, 1.0, level=0.9)
-    assert info.value.field == "target.level" and "0.95" in info.value.message
+    assert info.value.field == "target.level" and "at level 0.95" in info.value.message
+    table = {"statistic": "count", "group_by": ["g", "h"],
+             "confidence": {"level": 0.9, "simultaneous": True}}
+    with pytest.raises(MechanismInputError, match=r"at level 0\.9 ") as info:
+        _found("laplace", table, 10.0)
+    assert info.value.field == "target.level"
+    found = _found("laplace", table, 10.0, level=0.9)
+    assert found.stated == target.Stated(found.stated.half_width, 0.9)
+    _is_smallest("laplace", table, found, 10.0)
+    per_cell = _found("laplace", {**table, "confidence": {"level": 0.9}}, 10.0, level=0.9)
+    assert per_cell.budget["epsilon"] < found.budget["epsilon"]
+    with pytest.raises(MechanismInputError, match=r"must be in \(0, 1\)"):
+        _found("laplace", MEAN, 1.0, level=1.0)
 
 
 @pytest.mark.parametrize(("name", "params"), [
@@ -306,7 +320,11 @@ def test_the_stated_half_width_is_the_interval_the_client_reads() -> None:
     is that one (``mechanisms`` import no client package, so two copies: they agree). The
     ones with no stated half-width draw intervals only from their result (data-dependent
     or chosen at release), listed here."""
-    cases = {k: (k, *v) for k, v in CASES.items()} | dict(BASELINES)
+    cases = {k: (k, *v) for k, v in CASES.items()} | dict(BASELINES) | {
+        "laplace.simultaneous": ("laplace", {"statistic": "count", "group_by": ["g", "h"],
+                                             "confidence": {"simultaneous": True}}, EPS),
+        "laplace.covariance90": ("laplace", {"statistic": "covariance", "columns": ["x", "u"],
+                                             "confidence": {"level": 0.9}}, EPS)}
     from_result_only = set()
     data = _data()
     for label, (name, raw, budget) in sorted(cases.items()):
@@ -332,6 +350,9 @@ def test_the_stated_half_width_is_the_interval_the_client_reads() -> None:
             continue
         assert widths, label
         assert reading.level == stated.level, label
+        if "interval" in out.result:  # std, variance: read around the released value
+            assert max(widths) <= stated.half_width, label
+            continue
         assert max(widths) == pytest.approx(stated.half_width, rel=1e-9), label
     assert from_result_only == {"iclp.fos", "laplace.mean_table", "subset.custom",
                                 "subset.product", "subset.uniform"}

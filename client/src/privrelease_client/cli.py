@@ -607,7 +607,8 @@ def _release_create(c: Client, dataset: str, mechanism: str, params: str,
               help="instead of --budget: the smallest budget whose stated 95 % interval is"
                    " within ± this (with --budget delta=... held fixed for (ε, δ))")
 @click.option("--level", type=float, default=0.95, show_default=True,
-              help="the target's level (the mechanisms state 0.95)")
+              help="the target's level: the one the statement gives (0.95, or a table's"
+                   " params confidence.level)")
 def _release_estimate(c: Client, dataset: str, mechanism: str, params: str,
                       budget: tuple[str, ...], dataset_version: int | None,
                       target: float | None, level: float) -> Output:
