@@ -355,8 +355,12 @@ class RegisteredMechanism(validate.OneOf):
         return value
 
 
+#: no dataset id holds a NUL, and PostgreSQL text refuses one (a 500, not a 422)
+NO_NUL = validate.Regexp(r"^[^\x00]*$", error="must not contain NUL characters")
+
+
 class ReleaseRequestSchema(StrictSchema):
-    dataset_id = fields.String(required=True, validate=validate.Length(1, 100))
+    dataset_id = fields.String(required=True, validate=[validate.Length(1, 100), NO_NUL])
     version = fields.Integer(validate=validate.Range(1, 2**31), metadata={
         "description": "the dataset version (default: its current one); a retired"
                        " version refuses (409 version_retired)"})
@@ -411,9 +415,7 @@ class EstimateRequestSchema(ReleaseRequestSchema):
 
 
 class ReleaseListQuerySchema(StrictSchema):
-    # no NUL: no dataset id holds one, and PostgreSQL text refuses it (a 500, not a 422)
-    dataset_id = fields.String(validate=[validate.Length(1, 100), validate.Regexp(
-        r"^[^\x00]*$", error="must not contain NUL characters")])
+    dataset_id = fields.String(validate=[validate.Length(1, 100), NO_NUL])
     limit = fields.Integer(load_default=100,
                            metadata={"description": "how many, newest first; 1..1000 (clamped)"})
     cursor = fields.String(validate=validate.Length(1, 1000),
