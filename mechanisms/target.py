@@ -250,7 +250,7 @@ class _Statement:
                 if found is None:
                     raise MechanismInputError(
                         "target", f"{self.mechanism.name} states no interval for these params"
-                        " (its accuracy gives no 95 % half-width in the statistic's units);"
+                        " (its accuracy gives no interval's half-width in the statistic's units);"
                         " give a budget")
                 self.seen[units] = found
         return self.seen[units]
