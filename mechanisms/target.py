@@ -194,9 +194,8 @@ def searched_measure(mechanism: Mechanism, meta: DatasetMeta,
     if meta.gaussian_accounting == "zcdp" and mechanism.zcdp_native:
         measures = ("rho",)  # a Gaussian on a zcdp dataset spends ρ alone
     if len(measures) == 1:
-        extra = sorted(set(fixed) - set(measures))
-        if extra or fixed:
-            raise MechanismInputError(f"target.{(extra or sorted(fixed))[0]}",
+        if fixed:
+            raise MechanismInputError(f"target.{sorted(fixed)[0]}",
                                       f"{name} spends only {measures[0]} here; a target holds"
                                       " no other measure fixed")
         return measures[0]
