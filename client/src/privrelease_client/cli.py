@@ -603,10 +603,25 @@ def _release_create(c: Client, dataset: str, mechanism: str, params: str,
 @client_command(release, "estimate", "cost, expected accuracy and remaining budget; "
                 "spends nothing", aliases=[cli])
 @_request_options
+@click.option("--target", type=float, metavar="HALF_WIDTH",
+              help="instead of --budget: the smallest budget whose stated 95 % interval is"
+                   " within ± this (with --budget delta=... held fixed for (ε, δ))")
+@click.option("--level", type=float, default=0.95, show_default=True,
+              help="the target's level: the one the statement gives (0.95, or a table's"
+                   " params confidence.level)")
 def _release_estimate(c: Client, dataset: str, mechanism: str, params: str,
-                      budget: tuple[str, ...], dataset_version: int | None) -> Output:
-    body, amounts = _request(params, budget, "estimate")
-    return Output(c.estimate_release(dataset, mechanism, body, amounts,
+                      budget: tuple[str, ...], dataset_version: int | None,
+                      target: float | None, level: float) -> Output:
+    if target is None:
+        body, amounts = _request(params, budget, "estimate")
+        return Output(c.estimate_release(dataset, mechanism, body, amounts,
+                                         version=dataset_version), terminal.render_estimate)
+    fixed = _amounts(budget, "--budget")
+    if set(fixed) - {"delta"}:
+        raise UsageError("give --budget or --target; with --target, --budget names only"
+                         " delta (held fixed)")
+    return Output(c.estimate_release(dataset, mechanism, _json_object(params, "--params"),
+                                     target={"half_width": target, "level": level, **fixed},
                                      version=dataset_version), terminal.render_estimate)
 
 
