@@ -30,10 +30,16 @@ the params; nothing the data decides changes a refusal.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
+from mechanisms.base import (
+    ColumnMeta,
+    DatasetMeta,
+    Mechanism,
+    MechanismInputError,
+    RecordMechanism,
+)
 
 #: bytes of a loaded cell: float64 numbers, int64 integers and category codes
 CELL_BYTES = 8
@@ -130,6 +136,19 @@ def bound(params: Mapping[str, Any], meta: DatasetMeta, *, streaming: bool,
         field = "params.group_by" if params.get("group_by") else _size_field(params)
         return Memory(total, field, "a smaller table")
     return Memory(total, "dataset_id", "fewer or narrower columns")
+
+
+def held(mechanism: Mechanism, params: Mapping[str, Any], meta: DatasetMeta, *,
+         distributed: bool, held_rows: int) -> Memory:
+    """The bound of the worker that runs ``mechanism``: ``Mechanism.memory``, or, for a
+    record-level row map whose rows an engine maps (``distributed``: Spark privatizes
+    every row group and stores the table as parts), the bound of at most ``held_rows``
+    rows: what the worker reads back of the stored table to show inline. Whether the map
+    runs distributed is the operator's setting and the stored format: public."""
+    if (distributed and isinstance(mechanism, RecordMechanism)
+            and mechanism.mappable(params, meta)):
+        return mechanism.memory(params, replace(meta, n_rows=min(meta.n_rows, held_rows)))
+    return mechanism.memory(params, meta)
 
 
 def _size_field(params: Mapping[str, Any]) -> str:

@@ -89,6 +89,9 @@ class Context:
     store: Store | None = None
     gate: Gate = _open_gate
     max_work: float | None = None
+    #: how many times the request may compute each heavy part (a target's search evaluates
+    #: the cost at up to ``mechanisms.target.MAX_EVALUATIONS`` budgets): work counts that often
+    repeats: int = 1
 
 
 _CONTEXT: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
@@ -102,6 +105,18 @@ def use(store: Store | None, gate: Gate | None = None,
     """Share results through ``store``, gate cold work with ``gate`` and refuse requests
     whose estimated work exceeds ``max_work`` (None: no limit) inside the block."""
     token = _CONTEXT.set(Context(store, gate or _open_gate, max_work))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+@contextlib.contextmanager
+def repeated(times: int) -> Iterator[None]:
+    """Within the block each heavy part's work counts ``times`` against the limit: the
+    caller may compute it that many times (once per budget a search evaluates)."""
+    ctx = _CONTEXT.get() or _NO_SHARING
+    token = _CONTEXT.set(Context(ctx.store, ctx.gate, ctx.max_work, ctx.repeats * times))
     try:
         yield
     finally:
@@ -186,10 +201,12 @@ def check_work(field_name: str, work: float) -> None:
     its public inputs only, never on what other callers computed before.
     """
     ctx = _CONTEXT.get() or _NO_SHARING
-    if ctx.max_work is not None and work > ctx.max_work:
+    total = work * ctx.repeats
+    if ctx.max_work is not None and total > ctx.max_work:
+        times = f" ({ctx.repeats} budgets evaluated)" if ctx.repeats > 1 else ""
         raise MechanismInputError(
-            field_name, f"computing this request's cost takes about {work:.3g} work units,"
-            f" more than this server's limit of {ctx.max_work:.3g}")
+            field_name, f"computing this request's cost takes about {total:.3g} work"
+            f" units{times}, more than this server's limit of {ctx.max_work:.3g}")
 
 
 def code_fingerprint(files: Iterable[str | Path]) -> str:

@@ -139,6 +139,16 @@ def display(measure: str, units: int) -> float:
     return float(from_units(measure, units))
 
 
+def pasteable(amount: Fraction) -> float | str:
+    """An exact amount as a request can send it back: a JSON number when the number's
+    shortest decimal is the amount (``to_fraction`` reads it so), else that decimal as a
+    string (read exactly too). Ledger amounts are whole units, finite decimals."""
+    number = float(amount)
+    if Fraction(Decimal(repr(number))) == amount:
+        return number
+    return format(Decimal(amount.numerator) / Decimal(amount.denominator), "f")
+
+
 def parse_caps(raw: Any, columns: list[str], where: str = "metadata.budgets") -> dict[str, int]:
     """Validate a dataset's ``budgets`` into caps in units, one per ledger measure.
 

@@ -51,7 +51,9 @@ LATTICE_LIMIT = 2**52
 class ColumnsSchema(Schema):
     """``columns``: one or more distinct numeric columns (the naive multivariate version)."""
 
-    columns = fields.List(fields.String(), required=True)
+    columns = fields.List(fields.String(), required=True, metadata={
+        "description": "1 to 64 distinct numeric columns with declared bounds; each gets "
+                       "epsilon/p of the budget (p columns)"})
 
     @validates_schema
     def _check_columns(self, data: dict[str, Any], **kwargs: Any) -> None:

@@ -66,8 +66,11 @@ DRAW_COLUMN = "_draw"
 
 
 class ExmParamsSchema(Schema):
-    column = fields.String(required=True)
-    draws = fields.Integer(load_default=1, validate=validate.Range(min=1, max=MAX_DRAWS))
+    column = fields.String(required=True, metadata={
+        "description": "the integer or categorical column drawn from (support: its declared "
+                       "range or categories)"})
+    draws = fields.Integer(load_default=1, validate=validate.Range(min=1, max=MAX_DRAWS), metadata={
+        "description": "k, the number of private draws, each at epsilon/k (default 1)"})
 
 
 @dataclass(frozen=True)

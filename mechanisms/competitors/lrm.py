@@ -57,7 +57,9 @@ MAX_ROUND_POINTS = 2**40
 
 
 class LrmParamsSchema(ColumnsSchema):
-    round_to = fields.Float(load_default=None, allow_none=True, allow_nan=False)
+    round_to = fields.Float(load_default=None, allow_none=True, allow_nan=False, metadata={
+        "description": "a step above 0: each noisy value is rounded to the nearest point lo + "
+                       "step * j within the declared bounds (free post-processing; default none)"})
 
     @validates_schema
     def _check_round(self, data: dict[str, Any], **kwargs: Any) -> None:

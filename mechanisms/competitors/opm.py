@@ -112,11 +112,20 @@ def centre(column: ColumnMeta, how: str) -> tuple[float, float]:
 
 class OpmMeanParamsSchema(ColumnsSchema):
     k = fields.Integer(load_default=None, allow_none=True,
-                       validate=validate.Range(min=2, max=MAX_K))
-    moment_bound = fields.Float(load_default=None, allow_none=True, allow_nan=False)
-    center = fields.String(load_default="zero", validate=validate.OneOf(CENTRES))
+                       validate=validate.Range(min=2, max=MAX_K), metadata={
+        "description": "the moment order k >= 2 of the public bound E|X - c|^k <= r^k (needs "
+                       "moment_bound); default none: k = infinity, |X - c| bounded by the "
+                       "declared bounds"})
+    moment_bound = fields.Float(load_default=None, allow_none=True, allow_nan=False, metadata={
+        "description": "r, the public moment bound for k, above 0 (with k only); sets the "
+                       "truncation T = min(R, r (n eps^2)^(1/(2k)))"})
+    center = fields.String(load_default="zero", validate=validate.OneOf(CENTRES), metadata={
+        "description": "the centre c the values are clipped around: zero (the default) or "
+                       "midpoint (of the declared bounds)"})
     #: calibrate the noise to the paper's 2T/ε even where [c - T, c + T] leaves the bounds
-    paper_scale = fields.Boolean(load_default=False)
+    paper_scale = fields.Boolean(load_default=False, metadata={
+        "description": "noise of the paper's scale 2T/epsilon even where [c - T, c + T] leaves "
+                       "the bounds (default false: the smaller width of the clipped interval)"})
 
     @validates_schema
     def _check_moment(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -245,8 +254,12 @@ class OpmMeanMechanism(PerColumnMechanism):
 
 
 class OpmL2BallParamsSchema(Schema):
-    column = fields.String(required=True)
-    center = fields.String(load_default="zero", validate=validate.OneOf(CENTRES))
+    column = fields.String(required=True, metadata={
+        "description": "the numeric column (declared bounds) released as one point of the l2 "
+                       "ball, d = n"})
+    center = fields.String(load_default="zero", validate=validate.OneOf(CENTRES), metadata={
+        "description": "the centre c the values are clipped around: zero (the default) or "
+                       "midpoint (of the declared bounds)"})
 
 
 @dataclass(frozen=True)

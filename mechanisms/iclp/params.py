@@ -71,11 +71,16 @@ class KernelSchema(Strict):
     fraction of the domain (the grid span, or a density column's declared range).
     """
 
-    family = fields.String(validate=validate.OneOf(FAMILIES))
+    family = fields.String(validate=validate.OneOf(FAMILIES), metadata={
+        "description": "the kernel family: matern, gaussian or exponential (default matern for a "
+                       "noise kernel, gaussian for a density's kernel)"})
     nu = fields.Float(
-        allow_nan=False, validate=validate.Range(min=0, max=MAX_NU, min_inclusive=False)
+        allow_nan=False, validate=validate.Range(min=0, max=MAX_NU, min_inclusive=False),
+        metadata={"description": "matern only: the smoothness nu (default 1.5)"},
     )
-    rho = NumberOrChoice(0.0, MAX_RHO, ("auto",))
+    rho = NumberOrChoice(0.0, MAX_RHO, ("auto",), metadata={
+        "description": "the length-scale, as a fraction of the grid's span; omitted or auto: 0.1 "
+                       "(iclp.mean: tuned among 0.1 to 0.01)"})
 
     @validates_schema
     def _check_nu(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -89,6 +94,11 @@ class KernelSchema(Strict):
 class DensityKernelSchema(KernelSchema):
     """The KDE's base kernel C_h; ``rho`` is the bandwidth h (default ``"auto"``)."""
 
+    rho = NumberOrChoice(0.0, MAX_RHO, ("auto",), metadata={
+        "description": "the bandwidth h, as a fraction of the column's declared range; omitted"
+                       " or auto: max(0.2 n^(-1/5), 2 grid spacings) (iclp.kde, gaussian kernel,"
+                       " eta open: tuned with eta)"})
+
     context_family = "gaussian"
 
 
@@ -98,35 +108,63 @@ class MeanSmoothingSchema(Strict):
     C as in the paper, "auto": "kernel" under the paper's rules, else "matched"); and
     whether the default tuning keeps its FRL guard (``frl_guard``, default true)."""
 
-    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
-    psi = NumberOrChoice(0.0, MAX_PSI, ("auto", "balanced", "free"), closed=True)
-    noise_profile = fields.String(validate=validate.OneOf(("auto", "matched", "kernel")))
-    frl_guard = fields.Boolean(truthy={True}, falsy={False})
+    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",), metadata={
+        "description": "the power eta of the kernel in the smoother, above 1/2; omitted or auto: "
+                       "chosen by the public tuning rule"})
+    psi = NumberOrChoice(0.0, MAX_PSI, ("auto", "balanced", "free"), closed=True, metadata={
+        "description": "the ridge penalty psi (0: plain projection), or a rule: auto (minimum "
+                       "predicted risk, the default), balanced ((n eps^2)^(-eta beta/(beta+1))) "
+                       "or free (1/n)"})
+    noise_profile = fields.String(validate=validate.OneOf(("auto", "matched", "kernel")), metadata={
+        "description": "the noise covariance: matched (shaped like the smoother), kernel (the "
+                       "kernel's eigenvalues, as in the paper) or auto (kernel under balanced or "
+                       "free psi, else matched; the default)"})
+    frl_guard = fields.Boolean(truthy={True}, falsy={False}, metadata={
+        "description": "the default tuning keeps the predicted risk at or below FRL's (default "
+                       "true)"})
 
 
 class KdeSmoothingSchema(Strict):
     """η of the estimation kernel C^η (must exceed 1)."""
 
-    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
+    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",), metadata={
+        "description": "the power eta of the estimation kernel C^eta, above 1; omitted or auto: "
+                       "tuned with the bandwidth (gaussian kernel, bandwidth open), else 1 + "
+                       "2/beta"})
 
 
 class IclpMeanSchema(Strict):
     """``iclp.mean``: the ICLP-QR mean of a functional column."""
 
-    column = fields.String(required=True)
-    kernel = fields.Nested(KernelSchema)
-    smoothing = fields.Nested(MeanSmoothingSchema)
+    column = fields.String(required=True, metadata={
+        "description": "the functional column whose mean function is released (declared grid and "
+                       "norm bound)"})
+    kernel = fields.Nested(KernelSchema, metadata={
+        "description": "the kernel whose eigenbasis carries the noise: {family, nu, rho}; "
+                       "default Matérn nu 1.5 with rho tuned"})
+    smoothing = fields.Nested(MeanSmoothingSchema, metadata={
+        "description": "{eta, psi, noise_profile, frl_guard}: how the mean is smoothed and the "
+                       "noise shaped; omitted: the public tuning rules"})
     max_components = fields.Integer(
-        strict=True, validate=validate.Range(min=1, max=MAX_GRID_POINTS)
+        strict=True, validate=validate.Range(min=1, max=MAX_GRID_POINTS),
+        metadata={"description": "caps the number of the kernel's leading eigen-components"
+                                 " used (default: no cap; the tuning picks how many, or all"
+                                 " under a fixed psi)"},
     )
 
 
 class FrlMeanSchema(Strict):
     """``frl.mean``: i.i.d. Laplace on the first M eigen-coefficients of ``kernel``."""
 
-    column = fields.String(required=True)
-    kernel = fields.Nested(KernelSchema)
-    components = NumberOrChoice(0.0, float(MAX_GRID_POINTS), ("auto",))
+    column = fields.String(required=True, metadata={
+        "description": "the functional column whose mean function is released (declared grid and "
+                       "norm bound)"})
+    kernel = fields.Nested(KernelSchema, metadata={
+        "description": "the kernel whose eigenbasis carries the noise: {family, nu, rho}; "
+                       "default Matérn nu 1.5, rho 0.1"})
+    components = NumberOrChoice(0.0, float(MAX_GRID_POINTS), ("auto",), metadata={
+        "description": "M, the number of leading eigen-coefficients released, a whole number; "
+                       "omitted or auto: floor(sqrt(n) * epsilon)"})
 
     @validates_schema
     def _check_components(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -138,25 +176,44 @@ class FrlMeanSchema(Strict):
 class IclpKdeSchema(Strict):
     """``iclp.kde``: ICLP-QR density of a bounded continuous column."""
 
-    column = fields.String(required=True)
+    column = fields.String(required=True, metadata={
+        "description": "the bounded continuous column whose density is released (declared finite "
+                       "bounds)"})
     grid_size = fields.Integer(
-        strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID)
+        strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID),
+        metadata={"description": "evenly spaced points over the column's declared bounds the "
+                                 "density is evaluated on (default 200)"},
     )
-    kernel = fields.Nested(DensityKernelSchema)
-    smoothing = fields.Nested(KdeSmoothingSchema)
-    normalize = fields.Boolean(truthy={True}, falsy={False})
+    kernel = fields.Nested(DensityKernelSchema, metadata={
+        "description": "the density's base kernel: {family, nu, rho}; default gaussian, rho (the "
+                       "bandwidth) auto"})
+    smoothing = fields.Nested(KdeSmoothingSchema, metadata={
+        "description": "{eta}: the power of the estimation kernel; omitted: tuned"})
+    normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
+        "description": "clip the released density at 0 and rescale it to integrate to 1 (free "
+                       "post-processing; default true)"})
 
 
 class BernsteinKdeSchema(Strict):
     """``bernstein.kde``: the Bernstein mechanism on a KDE of a bounded continuous column."""
 
-    column = fields.String(required=True)
+    column = fields.String(required=True, metadata={
+        "description": "the bounded continuous column whose density is released (declared finite "
+                       "bounds)"})
     grid_size = fields.Integer(
-        strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID)
+        strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID),
+        metadata={"description": "evenly spaced points over the column's declared bounds the "
+                                 "density is evaluated on (default 200)"},
     )
-    kernel = fields.Nested(DensityKernelSchema)
-    lattice_size = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LATTICE))
-    normalize = fields.Boolean(truthy={True}, falsy={False})
+    kernel = fields.Nested(DensityKernelSchema, metadata={
+        "description": "the density's base kernel: {family, nu, rho}; default gaussian, rho (the "
+                       "bandwidth) auto"})
+    lattice_size = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LATTICE),
+        metadata={"description": "K: the KDE is evaluated, with noise, at K + 1 lattice points, "
+                                 "the Bernstein polynomial's degree (default 20)"})
+    normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
+        "description": "clip the released density at 0 and rescale it to integrate to 1 (free "
+                       "post-processing; default true)"})
 
 
 # ------------------------------------------- ICLP-AR, GP-ADP, FRL-KDE, Bernstein mean
@@ -165,43 +222,71 @@ class BernsteinKdeSchema(Strict):
 class ArSmoothingSchema(Strict):
     """η (>= 1) and ψ of ICLP-AR; omitted: the PSS rules of ``ar``."""
 
-    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
-    psi = NumberOrChoice(0.0, MAX_PSI, ("auto",))
+    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",), metadata={
+        "description": "the power eta in the soft thresholds, at least 1; omitted or auto: 1 + "
+                       "2/beta"})
+    psi = NumberOrChoice(0.0, MAX_PSI, ("auto",), metadata={
+        "description": "the l1 penalty psi of the soft thresholds, above 0; omitted or auto: the "
+                       "balanced public rule"})
 
 
 class IclpArMeanSchema(Strict):
     """``iclp.ar``: the soft-thresholding (ℓ1-penalised) ICLP mean of a functional column."""
 
-    column = fields.String(required=True)
-    kernel = fields.Nested(KernelSchema)
-    smoothing = fields.Nested(ArSmoothingSchema)
+    column = fields.String(required=True, metadata={
+        "description": "the functional column whose mean function is released (declared grid and "
+                       "norm bound)"})
+    kernel = fields.Nested(KernelSchema, metadata={
+        "description": "the kernel whose eigenbasis carries the noise: {family, nu, rho}; "
+                       "default Matérn nu 1.5, rho 0.1"})
+    smoothing = fields.Nested(ArSmoothingSchema, metadata={
+        "description": "{eta, psi}: the soft thresholds psi / (2 lambda^(eta/2)); omitted: the "
+                       "public rules"})
 
 
 class GpSmoothingSchema(Strict):
     """η (default 1) and ψ (default: the risk minimiser) of GP-ADP's ridge mean."""
 
-    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",))
-    psi = NumberOrChoice(0.0, MAX_PSI, ("auto",))
+    eta = NumberOrChoice(0.0, MAX_ETA, ("auto",), metadata={
+        "description": "the power eta of the kernel in the ridge mean, at least 1/2 (default 1)"})
+    psi = NumberOrChoice(0.0, MAX_PSI, ("auto",), metadata={
+        "description": "the ridge penalty psi, above 0; omitted or auto: the minimiser of the "
+                       "predicted risk"})
 
 
 class GpAdpMeanSchema(Strict):
     """``gp.adp``: the Gaussian-process (ε, δ) mean of a functional column."""
 
-    column = fields.String(required=True)
-    kernel = fields.Nested(KernelSchema)
-    smoothing = fields.Nested(GpSmoothingSchema)
+    column = fields.String(required=True, metadata={
+        "description": "the functional column whose mean function is released (declared grid and "
+                       "norm bound)"})
+    kernel = fields.Nested(KernelSchema, metadata={
+        "description": "the kernel of the ridge mean and of the Gaussian process noise: {family, "
+                       "nu, rho}; default Matérn nu 1.5, rho 0.1"})
+    smoothing = fields.Nested(GpSmoothingSchema, metadata={
+        "description": "{eta, psi} of the ridge mean; omitted: eta 1, psi tuned"})
 
 
 class FrlKdeSchema(Strict):
     """``frl.kde``: FRL density (first M eigen-coefficients of the KDE, i.i.d. Laplace)."""
 
-    column = fields.String(required=True)
+    column = fields.String(required=True, metadata={
+        "description": "the bounded continuous column whose density is released (declared finite "
+                       "bounds)"})
     grid_size = fields.Integer(
-        strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID)
+        strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID),
+        metadata={"description": "evenly spaced points over the column's declared bounds the "
+                                 "density is evaluated on (default 200)"},
     )
-    kernel = fields.Nested(DensityKernelSchema)
-    components = NumberOrChoice(0.0, float(MAX_KDE_GRID), ("auto",))
-    normalize = fields.Boolean(truthy={True}, falsy={False})
+    kernel = fields.Nested(DensityKernelSchema, metadata={
+        "description": "the density's base kernel: {family, nu, rho}; default gaussian, rho (the "
+                       "bandwidth) auto"})
+    components = NumberOrChoice(0.0, float(MAX_KDE_GRID), ("auto",), metadata={
+        "description": "M, the number of leading eigen-coefficients of the KDE released, a whole "
+                       "number; omitted or auto: floor(sqrt(n) * epsilon)"})
+    normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
+        "description": "clip the released density at 0 and rescale it to integrate to 1 (free "
+                       "post-processing; default true)"})
 
     @validates_schema
     def _check_components(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -217,6 +302,12 @@ class BernsteinMeanSchema(Strict):
     uses the column's declared norm bound.
     """
 
-    column = fields.String(required=True)
-    lattice_size = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LATTICE))
-    sup_bound = NumberOrChoice(0.0, 1e12, ("auto",))
+    column = fields.String(required=True, metadata={
+        "description": "the functional column whose mean function is released (declared grid and "
+                       "norm bound)"})
+    lattice_size = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LATTICE),
+        metadata={"description": "K: the mean is evaluated, with noise, at K + 1 lattice points, "
+                                 "the Bernstein polynomial's degree (default 10)"})
+    sup_bound = NumberOrChoice(0.0, 1e12, ("auto",), metadata={
+        "description": "tau_inf: every curve value is clipped to [-tau_inf, tau_inf]; omitted or "
+                       "auto: the column's declared norm bound"})

@@ -34,14 +34,26 @@ class AnchorSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    family = fields.String(required=True, validate=validate.OneOf(FAMILIES))
-    loc = _finite()
+    family = fields.String(required=True, validate=validate.OneOf(FAMILIES), metadata={
+        "description": "the anchor law: logistic, normal, laplace, uniform, or optimal (Theorem "
+                       "2's density for functional)"})
+    loc = _finite(metadata={
+        "description": "its location (default: the prior median; with standardize: prior SDs "
+                       "from the median)"})
     scale = fields.Float(allow_nan=False,
-                         validate=validate.Range(0, MAX_SCALE, min_inclusive=False))
-    low = _finite()
-    high = _finite()
-    standardize = fields.Boolean(load_default=False)
-    functional = fields.String(validate=validate.OneOf(FUNCTIONALS))
+                         validate=validate.Range(0, MAX_SCALE, min_inclusive=False), metadata={
+        "description": "its scale, above 0 (uniform: the half-width); needed unless calibrate "
+                       "chooses it; with standardize: in prior SDs"})
+    low = _finite(metadata={
+        "description": "uniform only: the low end (with high, instead of loc and scale)"})
+    high = _finite(metadata={
+        "description": "uniform only: the high end (with low, instead of loc and scale)"})
+    standardize = fields.Boolean(load_default=False, metadata={
+        "description": "read loc and scale (or low and high) in prior SDs around the prior "
+                       "median (default false)"})
+    functional = fields.String(validate=validate.OneOf(FUNCTIONALS), metadata={
+        "description": "optimal only: mean or second_moment, the functional whose estimate the "
+                       "anchors serve best"})
 
     @validates_schema
     def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -69,16 +81,30 @@ class _Common(Schema):
     class Meta:
         unknown = RAISE
 
-    column = fields.String(required=True, validate=validate.Length(min=1, max=256))
-    calibrate = fields.Boolean(load_default=False)
-    transform = fields.String(load_default="identity", validate=validate.OneOf(NAMES))
+    column = fields.String(required=True, validate=validate.Length(min=1, max=256), metadata={
+        "description": "the numeric column each row of which is released as a random range (its "
+                       "declared prior and bounds price the leakage)"})
+    calibrate = fields.Boolean(load_default=False, metadata={
+        "description": "choose the design's free parameter (the anchor scale; ring: tau_floor; "
+                       "progressive: rounds) so the leakage charged meets the agreed budget "
+                       "(default false)"})
+    transform = fields.String(load_default="identity", validate=validate.OneOf(NAMES), metadata={
+        "description": "the pullback g the design runs on: identity (the default), square, abs, "
+                       "log (positive lower bound) or exp; ranges are released as pre-images on "
+                       "the data scale"})
 
 
 class _Canonical(_Common):
-    anchors = fields.Nested(AnchorSchema)
+    anchors = fields.Nested(AnchorSchema, metadata={
+        "description": "the law of the anchors: {family, loc, scale, low, high, standardize, "
+                       "functional}; needed unless calibrate"})
     exact_cells = fields.List(fields.Integer(strict=True, validate=validate.Range(1, MAX_M)),
-                              validate=validate.Length(max=MAX_M))
-    exact_range = fields.List(_finite(), validate=validate.Length(equal=2))
+                              validate=validate.Length(max=MAX_M), metadata={
+        "description": "ranges, by index from 1 (lowest) to m, whose values are released exactly "
+                       "(the acceptable range A; default none)"})
+    exact_range = fields.List(_finite(), validate=validate.Length(equal=2), metadata={
+        "description": "[low, high] on the data scale: values in it are released exactly and "
+                       "other ranges exclude it (default none)"})
 
     @validates_schema
     def _check_common(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -126,8 +152,11 @@ class Case2Schema(_Canonical):
 class CaseKSchema(_Canonical):
     """Case-K: m ranges from m − 1 sorted iid anchors, or one anchor plus fixed offsets."""
 
-    m = fields.Integer(strict=True, required=True, validate=validate.Range(2, MAX_M))
-    offsets = fields.List(_finite(), validate=validate.Length(min=1, max=MAX_M - 1))
+    m = fields.Integer(strict=True, required=True, validate=validate.Range(2, MAX_M), metadata={
+        "description": "the number of ranges, 2 to 64 (m - 1 anchors per row)"})
+    offsets = fields.List(_finite(), validate=validate.Length(min=1, max=MAX_M - 1), metadata={
+        "description": "m - 1 increasing offsets: one anchor U is drawn and the range ends are U "
+                       "+ offsets (default: m - 1 sorted iid anchors)"})
 
     @validates_schema
     def _check_offsets(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -143,22 +172,38 @@ class RingSchema(_Common):
     """Ring (Example 3): two ranges, each with prior coverage >= tau_floor for every record."""
 
     tau_floor = fields.Float(allow_nan=False, load_default=0.25,
-                             validate=validate.Range(0.0, 0.5, max_inclusive=False))
+                             validate=validate.Range(0.0, 0.5, max_inclusive=False), metadata={
+        "description": "every range's prior mass is at least this, for every record, in [0, 0.5) "
+                       "(default 0.25; chosen under calibrate)"})
 
 
 class SelectiveSchema(_Common):
     """Selective collection (Def 5) over a base partition mechanism."""
 
     base = fields.String(load_default="case1",
-                         validate=validate.OneOf(("case1", "case2", "casek", "ring")))
-    anchors = fields.Nested(AnchorSchema)
-    m = fields.Integer(strict=True, validate=validate.Range(2, MAX_M))
-    offsets = fields.List(_finite(), validate=validate.Length(min=1, max=MAX_M - 1))
-    tau_floor = fields.Float(allow_nan=False, validate=validate.Range(0.0, 0.5,
-                                                                       max_inclusive=False))
+                         validate=validate.OneOf(("case1", "case2", "casek", "ring")), metadata={
+        "description": "the partition mechanism a range is drawn from: case1 (the default), "
+                       "case2, casek or ring"})
+    anchors = fields.Nested(AnchorSchema, metadata={
+        "description": "the base's anchor law: {family, loc, scale, low, high, standardize, "
+                       "functional}; not for the ring"})
+    m = fields.Integer(strict=True, validate=validate.Range(2, MAX_M), metadata={
+        "description": "casek base only (and needed there): the number of ranges, 2 to 64"})
+    offsets = fields.List(_finite(), validate=validate.Length(min=1, max=MAX_M - 1), metadata={
+        "description": "casek base only: m - 1 increasing offsets from one drawn anchor "
+                       "(default: iid anchors)"})
+    tau_floor = fields.Float(
+        allow_nan=False, validate=validate.Range(0.0, 0.5, max_inclusive=False), metadata={
+            "description": "ring base only: every range's prior mass is at least this, in"
+                           " [0, 0.5) (default 0.25)"})
     tau = fields.Float(required=True, allow_nan=False,
-                       validate=validate.Range(0.0, 1.0, min_inclusive=False))
-    rho = fields.Float(allow_nan=False, validate=validate.Range(0.0, 1.0, min_inclusive=False))
+                       validate=validate.Range(0.0, 1.0, min_inclusive=False), metadata={
+        "description": "a range is collected only if its prior mass is at least tau, in (0, 1]; "
+                       "otherwise the row is null"})
+    rho = fields.Float(allow_nan=False, validate=validate.Range(0.0, 1.0, min_inclusive=False),
+        metadata={"description": "the probability of collecting a range that qualifies, in (0, "
+                                 "1], at most P(mass >= tau) (Prop 2; default: a lower "
+                                 "confidence bound of that probability)"})
 
     @validates_schema
     def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -182,9 +227,14 @@ class SelectiveSchema(_Common):
 class ProgressiveSchema(_Common):
     """Progressive narrowing (Example 4): anchors uniform on the current range."""
 
-    rounds = fields.Integer(strict=True, load_default=3, validate=validate.Range(1, MAX_ROUNDS))
+    rounds = fields.Integer(strict=True, load_default=3, validate=validate.Range(1, MAX_ROUNDS),
+        metadata={"description": "at most this many Case-I questions per row, each anchor "
+                                 "uniform on the current range, 1 to 16 (default 3; chosen under "
+                                 "calibrate)"})
     tau_stop = fields.Float(allow_nan=False, load_default=0.0,
-                            validate=validate.Range(0.0, 1.0, max_inclusive=False))
+                            validate=validate.Range(0.0, 1.0, max_inclusive=False), metadata={
+        "description": "stop before a round whose anchor would leave either side with prior mass "
+                       "below this, in [0, 1) (default 0: never stop early)"})
 
     @validates_schema
     def _check(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -198,8 +248,12 @@ class ProgressiveCategoricalSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    column = fields.String(required=True, validate=validate.Length(min=1, max=256))
-    rounds = fields.Integer(strict=True, load_default=3, validate=validate.Range(1, MAX_ROUNDS))
+    column = fields.String(required=True, validate=validate.Length(min=1, max=256), metadata={
+        "description": "the categorical column each row of which is released as a set of "
+                       "categories"})
+    rounds = fields.Integer(strict=True, load_default=3, validate=validate.Range(1, MAX_ROUNDS),
+        metadata={"description": "at most this many questions halving the feasible categories, 1 "
+                                 "to 16 (default 3; fewer when one is left)"})
 
 
 # --------------------------------------------------------------------------- analyses

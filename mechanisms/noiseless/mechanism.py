@@ -76,9 +76,10 @@ def _strictly_increasing(data: Mapping[str, Any]) -> None:
         raise ValidationError("edges must be strictly increasing.", "edges")
 
 
-def _edges_field() -> fields.List:
+def _edges_field(**kwargs: Any) -> fields.List:
     return fields.List(
-        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_EDGES + 1)
+        fields.Float(allow_nan=False), validate=validate.Length(min=2, max=MAX_EDGES + 1),
+        **kwargs,
     )
 
 
@@ -88,11 +89,20 @@ class AggregateParamsSchema(StatisticParamsSchema):
     or ``paper_mode`` with ``paper_bits`` (the paper's Theorem 8 as printed, charged at
     its true level)."""
 
-    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
-    edges = _edges_field()
-    paper_mode = fields.Boolean()
+    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS), metadata={
+        "description": "what to release: mean, sum, median, min or max of column, or count of "
+                       "the rows meeting condition"})
+    edges = _edges_field(metadata={
+        "description": "increasing public bin edges inside the statistic's range: the value is "
+                       "released as its bin (default: uniform bins, as many as the budget "
+                       "certifies)"})
+    paper_mode = fields.Boolean(metadata={
+        "description": "quantize by the paper's Theorem 8 as printed (uniform bins at "
+                       "paper_bits), charged at its true level (default false)"})
     paper_bits = fields.Float(
-        allow_nan=False, validate=validate.Range(min=0, max=MAX_PAPER_BITS)
+        allow_nan=False, validate=validate.Range(min=0, max=MAX_PAPER_BITS),
+        metadata={"description": "paper_mode only (and needed there): the paper's nominal "
+                                 "budget, in bits, 0 to 40"},
     )
 
     @validates_schema
@@ -112,10 +122,15 @@ class AggregateParamsSchema(StatisticParamsSchema):
 class VectorItemSchema(StatisticParamsSchema):
     """One coordinate of a vector release: a statistic, its own ``bits``, optional edges."""
 
-    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS))
-    edges = _edges_field()
+    statistic = fields.String(required=True, validate=validate.OneOf(STATISTICS), metadata={
+        "description": "what to release: mean, sum, median, min or max of column, or count of "
+                       "the rows meeting condition"})
+    edges = _edges_field(metadata={
+        "description": "increasing public bin edges inside the statistic's range (default: "
+                       "uniform bins from bits)"})
     bits = fields.Float(
-        required=True, allow_nan=False, validate=validate.Range(min=1, max=float(MAX_BITS))
+        required=True, allow_nan=False, validate=validate.Range(min=1, max=float(MAX_BITS)),
+        metadata={"description": "this coordinate's budget, in bits, 1 to 1024"},
     )
 
     @validates_schema
@@ -132,6 +147,8 @@ class VectorParamsSchema(Schema):
     queries = fields.List(
         fields.Nested(VectorItemSchema), required=True,
         validate=validate.Length(min=1, max=MAX_COORDINATES),
+        metadata={"description": "the coordinates, 1 to 32, each {statistic, column, condition, "
+                                 "edges, bits}; their charges add"},
     )
 
 
@@ -141,8 +158,12 @@ class LocalParamsSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    column = fields.String(required=True)
-    edges = _edges_field()
+    column = fields.String(required=True, metadata={
+        "description": "the numeric column (declared bounds) each record's value of which is "
+                       "quantized and released"})
+    edges = _edges_field(metadata={
+        "description": "increasing public bin edges inside the column's declared bounds "
+                       "(default: floor(2^bits) uniform levels)"})
 
     @validates_schema
     def _check_edges(self, data: dict[str, Any], **kwargs: Any) -> None:

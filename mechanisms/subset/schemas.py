@@ -42,12 +42,19 @@ def _prior_draws() -> fields.Integer:
 class CustomDesignSchema(_Strict):
     """An explicit design: ν (independent) or μ (conditional) over named subsets."""
 
-    type = fields.String(required=True, validate=validate.OneOf(("nu", "mu")))
+    type = fields.String(required=True, validate=validate.OneOf(("nu", "mu")), metadata={
+        "description": "nu: probabilities (summing to 1) of subsets drawn without looking at"
+                       " the value, the subset or its complement, whichever holds the value,"
+                       " released; mu: the conditional design, mu_a = P(A = a | X = j) for j in"
+                       " a (each category's subsets summing to 1)"})
     subsets = fields.List(
         fields.List(fields.String(), validate=validate.Length(min=1)),
-        required=True, validate=validate.Length(min=1, max=MAX_SUBSETS))
+        required=True, validate=validate.Length(min=1, max=MAX_SUBSETS), metadata={
+        "description": "the subsets, each a list of the column's category names"})
     probabilities = fields.List(fields.Float(allow_nan=False),
-                                required=True, validate=validate.Length(min=1, max=MAX_SUBSETS))
+                                required=True, validate=validate.Length(min=1, max=MAX_SUBSETS),
+                                metadata={"description": "one probability per subset, in the"
+                                          " same order"})
 
     @validates_schema
     def _same_length(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -58,12 +65,18 @@ class CustomDesignSchema(_Strict):
 class ColumnDesignSchema(_Strict):
     """One column's design inside ``subset.product``."""
 
-    type = fields.String(load_default="uniform", validate=validate.OneOf(("uniform", "nu", "mu")))
+    type = fields.String(load_default="uniform", validate=validate.OneOf(("uniform", "nu", "mu")),
+        metadata={"description": "uniform (the default; p >= 4, or artificial_levels), nu or mu "
+                                 "(explicit, with subsets and probabilities)"})
     subsets = fields.List(fields.List(fields.String(), validate=validate.Length(min=1)),
-                          validate=validate.Length(min=1, max=MAX_SUBSETS))
+                          validate=validate.Length(min=1, max=MAX_SUBSETS), metadata={
+        "description": "nu or mu: the subsets, each a list of category names"})
     probabilities = fields.List(fields.Float(allow_nan=False),
-                                validate=validate.Length(min=1, max=MAX_SUBSETS))
-    artificial_levels = fields.Integer(strict=True, validate=validate.Range(min=2, max=16))
+                                validate=validate.Length(min=1, max=MAX_SUBSETS), metadata={
+        "description": "nu or mu: one probability per subset"})
+    artificial_levels = fields.Integer(strict=True, validate=validate.Range(min=2, max=16),
+        metadata={"description": "uniform only: pair the column with an artificial uniform "
+                                 "variable of this many levels (for p < 4)"})
 
     @validates_schema
     def _combination(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -83,7 +96,9 @@ class ColumnDesignSchema(_Strict):
 class UniformParamsSchema(_Strict):
     """``subset.uniform``: the uniform independent design on one column (p ≥ 4)."""
 
-    column = fields.String(required=True)
+    column = fields.String(required=True, metadata={
+        "description": "the categorical column each record's category of which is released as a "
+                       "subset (the uniform design needs 4 or more categories)"})
     combine_with = fields.List(
         fields.String(), validate=validate.Length(min=1, max=7),
         metadata={"description": "further categorical columns joined with `column` into one"
@@ -99,8 +114,12 @@ class UniformParamsSchema(_Strict):
 class CustomParamsSchema(_Strict):
     """``subset.custom``: an explicit ν or μ on one column (p ≤ 16)."""
 
-    column = fields.String(required=True)
-    design = fields.Nested(CustomDesignSchema, required=True)
+    column = fields.String(required=True, metadata={
+        "description": "the categorical column each record's category of which is released as a "
+                       "subset (at most 16 categories)"})
+    design = fields.Nested(CustomDesignSchema, required=True, metadata={
+        "description": "the design: {type: nu or mu, subsets, probabilities}, subsets naming the "
+                       "column's categories"})
     format = _format()
     prior_draws = _prior_draws()
 
@@ -108,11 +127,18 @@ class CustomParamsSchema(_Strict):
 class DummyParamsSchema(_Strict):
     """``subset.dummy``: dummy-category augmentation with coverage floor alpha."""
 
-    column = fields.String(required=True)
+    column = fields.String(required=True, metadata={
+        "description": "the categorical column each record's category of which is released as a "
+                       "subset"})
     alpha = fields.Float(required=True, allow_nan=False, validate=validate.Range(
-        min=0, max=0.5, min_inclusive=False, max_inclusive=False))
+        min=0, max=0.5, min_inclusive=False, max_inclusive=False), metadata={
+        "description": "the coverage floor, in (0, 0.5): two dummy categories of share alpha "
+                       "each are added, and every released subset holds one"})
     base = fields.String(load_default="auto", validate=validate.OneOf(("auto", "uniform",
-                                                                        "proper")))
+                                                                        "proper")), metadata={
+        "description": "the design on the real categories: uniform, proper (every non-empty "
+                       "proper subset) or auto (uniform for 4 or more categories, else proper; "
+                       "the default)"})
     format = _format()
 
 
@@ -120,8 +146,12 @@ class ProductParamsSchema(_Strict):
     """``subset.product``: one design per column, drawn independently (Definition 8)."""
 
     columns = fields.List(fields.String(), required=True,
-                          validate=validate.Length(min=2, max=MAX_PRODUCT_COLUMNS))
-    designs = fields.Dict(keys=fields.String(), values=fields.Nested(ColumnDesignSchema))
+                          validate=validate.Length(min=2, max=MAX_PRODUCT_COLUMNS), metadata={
+        "description": "2 to 16 distinct categorical columns, each released as a subset drawn "
+                       "independently"})
+    designs = fields.Dict(keys=fields.String(), values=fields.Nested(ColumnDesignSchema), metadata={
+        "description": "a design per column name: {type, subsets, probabilities, "
+                       "artificial_levels}; a column not named gets the uniform design"})
     format = _format()
     prior_draws = _prior_draws()
 

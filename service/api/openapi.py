@@ -20,7 +20,7 @@ import mechanisms
 from service import budget
 from service.api import inputs
 from service.api.catalog import json_schema
-from service.api.schemas import ReleaseRequestSchema
+from service.api.schemas import EstimateRequestSchema, ReleaseRequestSchema
 
 #: endpoints that honour an ``Idempotency-Key`` header (``inputs.idempotency_key``)
 IDEMPOTENT = frozenset({"datasets.upload", "datasets.upload_version", "releases.create"})
@@ -97,16 +97,27 @@ RELEASE_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def release_examples() -> dict[str, dict[str, Any]]:
-    """The examples as OpenAPI ``examples`` (``dataset_id`` first, as one would write)."""
+#: estimates only: a target accuracy instead of a budget
+TARGET_EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
+    "target": ("The smallest ε whose 95 % interval of a DP mean is within ±2 (laplace)", {
+        "mechanism": "laplace", "params": {"statistic": "mean", "column": "age"},
+        "target": {"half_width": 2, "level": 0.95}}),
+}
+
+
+def release_examples(estimate: bool = False) -> dict[str, dict[str, Any]]:
+    """The examples as OpenAPI ``examples`` (``dataset_id`` first, as one would write);
+    an estimate's include the target ones."""
+    chosen = {**RELEASE_EXAMPLES, **(TARGET_EXAMPLES if estimate else {})}
     return {name: {"summary": summary,
                    "value": {"dataset_id": EXAMPLE_DATASET_ID, **body}}
-            for name, (summary, body) in RELEASE_EXAMPLES.items()}
+            for name, (summary, body) in chosen.items()}
 
 
-def schema_name(mechanism: str) -> str:
-    """``iclp.kde`` -> ``ReleaseRequest_iclp.kde`` (a valid component name)."""
-    return f"ReleaseRequest_{mechanism}"
+def schema_name(mechanism: str, kind: str = "ReleaseRequest") -> str:
+    """``iclp.kde`` -> ``ReleaseRequest_iclp.kde`` (a valid component name); ``kind``
+    ``EstimateRequest`` names the estimate's."""
+    return f"{kind}_{mechanism}"
 
 
 def _amount() -> dict[str, Any]:
@@ -126,29 +137,47 @@ def _budget(measures: tuple[str, ...]) -> dict[str, Any]:
             "additionalProperties": _amount()}
 
 
+def _target(schema: dict[str, Any]) -> None:
+    """What apispec does not say of ``TargetSchema``: the open ends of its ranges, and δ
+    read as an amount."""
+    props = schema["properties"]
+    props["half_width"]["exclusiveMinimum"] = True
+    props["level"].update(exclusiveMinimum=True, exclusiveMaximum=True)
+    props["delta"] = {**_amount(), "description": props["delta"]["description"]}
+
+
 def release_request_schemas() -> dict[str, dict[str, Any]]:
-    """``ReleaseRequest`` as a ``oneOf`` of one schema per mechanism, discriminated by
-    ``mechanism``; each types ``params`` with the mechanism's own params schema."""
-    base = json_schema(ReleaseRequestSchema)
+    """``ReleaseRequest`` (and ``EstimateRequest``: a budget or a target) as a ``oneOf`` of
+    one schema per mechanism, discriminated by ``mechanism``; each types ``params`` with
+    the mechanism's own params schema."""
     out: dict[str, dict[str, Any]] = {}
-    for name in mechanisms.names():
-        mech = mechanisms.get(name)
-        schema = copy.deepcopy(base)
-        props = schema["properties"]
-        props["mechanism"] = {"type": "string", "enum": [name],
-                              "description": mech.description or name}
-        props["params"] = {**json_schema(mech.params_schema),
-                           "description": f"the parameters of {name}"}
-        props["budget"] = _budget(tuple(mech.measures))
-        schema["title"] = f"{name} request"
-        out[schema_name(name)] = schema
-    out["ReleaseRequest"] = {
-        "oneOf": [{"$ref": f"#/components/schemas/{schema_name(n)}"} for n in
-                  mechanisms.names()],
-        "discriminator": {"propertyName": "mechanism", "mapping": {
-            n: f"#/components/schemas/{schema_name(n)}" for n in mechanisms.names()}},
-        "description": "a release request; params and budget depend on the mechanism",
-    }
+    for kind, request, what in (
+            ("ReleaseRequest", ReleaseRequestSchema, "a release request"),
+            ("EstimateRequest", EstimateRequestSchema,
+             "a release request to price, with a budget or a target accuracy")):
+        base = json_schema(request)
+        for name in mechanisms.names():
+            mech = mechanisms.get(name)
+            schema = copy.deepcopy(base)
+            props = schema["properties"]
+            props["mechanism"] = {"type": "string", "enum": [name],
+                                  "description": mech.description or name}
+            props["params"] = {**json_schema(mech.params_schema),
+                               "description": f"the parameters of {name}"}
+            props["budget"] = _budget(tuple(mech.measures))
+            if "target" in props:  # exactly one of budget and target: said in words, as
+                # a oneOf of required-only schemas leaves generated clients an untyped body
+                _target(props["target"])
+                props["budget"]["description"] += " (or give a target; not both)"
+            schema["title"] = f"{name} {'estimate' if 'target' in props else 'request'}"
+            out[schema_name(name, kind)] = schema
+        names = mechanisms.names()
+        out[kind] = {
+            "oneOf": [{"$ref": f"#/components/schemas/{schema_name(n, kind)}"} for n in names],
+            "discriminator": {"propertyName": "mechanism", "mapping": {
+                n: f"#/components/schemas/{schema_name(n, kind)}" for n in names}},
+            "description": f"{what}; params and budget depend on the mechanism",
+        }
     return out
 
 
@@ -183,7 +212,8 @@ class Documentation(BasePlugin):
                 replay.setdefault("headers", {})["Location"] = dict(LOCATION)
             body = operation.get("requestBody", {}).get("content", {})
             if endpoint in {"releases.create", "releases.estimate"}:
-                body["application/json"]["examples"] = release_examples()
+                body["application/json"]["examples"] = release_examples(
+                    endpoint == "releases.estimate")
             if endpoint == "datasets.upload":
                 body["multipart/form-data"]["example"] = {"metadata": EXAMPLE_METADATA,
                                                           "file": EXAMPLE_CSV}
@@ -205,7 +235,8 @@ def register_components(spec: APISpec) -> None:
     """Replace the loose ``ReleaseRequest`` (params: any object) by the typed one.
 
     Called once every blueprint is registered: the operations already refer to
-    ``ReleaseRequest`` by name, so overwriting the component retypes every one of them.
+    ``ReleaseRequest`` (``EstimateRequest``) by name, so overwriting the component retypes
+    every one of them.
     """
     for name, schema in release_request_schemas().items():
         spec.components.schemas[name] = schema

@@ -54,6 +54,10 @@ PROBLEM_TYPES: dict[str, str] = {
     "policy_violation": "The request breaks a rule the operator set in the dataset's "
                         "metadata (e.g. a subset design whose public risk exceeds a "
                         "`subset_policy` threshold); the document names the values.",
+    "target_unreachable": "No budget the dataset's cap allows gives a stated 95 % interval "
+                          "within the target's half-width: `best_half_width` is what the "
+                          "largest (`largest`) states. Ask for a wider interval, or for a "
+                          "larger cap; nothing was spent.",
     "cap_below_spent": "A cap can not be set below what is already committed and reserved.",
     "allocation_above_cap": "An allocation can not exceed the dataset's cap of its measure.",
     "dataset_retired": "The dataset is retired: it takes no new releases or versions; its "

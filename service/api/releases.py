@@ -16,6 +16,7 @@ from service.api.problems import APIError
 from service.api.responses import AUTH, BODY, problems
 from service.api.schemas import (
     PAGE_HEADERS,
+    EstimateRequestSchema,
     EstimateSchema,
     PricingSchema,
     ReleaseListQuerySchema,
@@ -60,13 +61,21 @@ def _document(release_id: str) -> dict[str, Any]:
 @blp.route("/estimate", methods=["POST"])
 @require("analyst")
 @problems(blp, *AUTH, *BODY, 403, 404, 409)
-@blp.arguments(ReleaseRequestSchema())
+@blp.arguments(EstimateRequestSchema())
 @blp.response(200, EstimateSchema())
 @blp.alt_response(202, schema=PricingSchema(), description=(
     "the cost needs a heavy precomputation not computed yet: a worker computes it;"
     " retry after Retry-After seconds (the retry is warm and answers 200)"))
 def estimate(body: dict[str, Any]) -> Any:
     """Cost and expected accuracy of a request; spends nothing.
+
+    With a ``target`` (``{"half_width": x, "level": 0.95}``) instead of a ``budget``: the
+    smallest budget, in whole ledger units, whose stated 95 % interval is within ±x,
+    searched up to the dataset's cap, and its estimate with ``budget`` (to paste into the
+    release request) and ``target``. An (epsilon, delta) mechanism holds ``target.delta``
+    fixed. Refused (422, ``field`` target) for a mechanism stating no interval or one not
+    monotone in the budget, and ``target_unreachable`` (with ``best_half_width``) when
+    even the cap does not reach it.
 
     When the cost needs a heavy precomputation (interval calibration, an ICLP
     eigen-system) that no process has computed yet, the answer is 202 ``pricing`` with

@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate
+from marshmallow import (
+    INCLUDE,
+    RAISE,
+    Schema,
+    ValidationError,
+    fields,
+    validate,
+    validates_schema,
+)
 from webargs.fields import DelimitedList
 
 import mechanisms
@@ -347,8 +355,12 @@ class RegisteredMechanism(validate.OneOf):
         return value
 
 
+#: no dataset id holds a NUL, and PostgreSQL text refuses one (a 500, not a 422)
+NO_NUL = validate.Regexp(r"^[^\x00]*$", error="must not contain NUL characters")
+
+
 class ReleaseRequestSchema(StrictSchema):
-    dataset_id = fields.String(required=True, validate=validate.Length(1, 100))
+    dataset_id = fields.String(required=True, validate=[validate.Length(1, 100), NO_NUL])
     version = fields.Integer(validate=validate.Range(1, 2**31), metadata={
         "description": "the dataset version (default: its current one); a retired"
                        " version refuses (409 version_retired)"})
@@ -367,8 +379,43 @@ class ReleaseRequestSchema(StrictSchema):
     )
 
 
+class TargetSchema(StrictSchema):
+    """A target accuracy: every released number's stated 95 % interval within ±half_width."""
+
+    half_width = fields.Float(required=True, allow_nan=False,
+                              validate=validate.Range(min=0, min_inclusive=False), metadata={
+        "description": "the largest stated 95 % half-width wanted, in the statistic's units"
+                       " (the largest over cells, entries or grid points)"})
+    level = fields.Float(load_default=0.95, allow_nan=False, validate=validate.Range(
+        min=0, max=1, min_inclusive=False, max_inclusive=False), metadata={
+        "description": "the interval's level: the one the statement gives (0.95; a table's"
+                       " or covariance's params.confidence.level)"})
+    delta = fields.Raw(metadata={
+        "description": "(epsilon, delta) mechanisms: the delta held fixed while epsilon is"
+                       " searched (required for them, refused for others)"})
+
+
+class EstimateRequestSchema(ReleaseRequestSchema):
+    """A release request to price: with a ``budget``, or a ``target`` accuracy whose
+    smallest budget is found (exactly one of the two)."""
+
+    budget = fields.Dict(keys=fields.String(), values=fields.Raw(), metadata={
+        "description": "the most the release may spend per measure (or give a target)"})
+    target = fields.Nested(TargetSchema, metadata={
+        "description": "instead of a budget: the smallest budget whose stated 95 % interval"
+                       " is within ±half_width is found and estimated (spends nothing)"})
+
+    @validates_schema
+    def _budget_or_target(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if "budget" in data and "target" in data:
+            raise ValidationError("give a budget or a target, not both", "target")
+        if "budget" not in data and "target" not in data:
+            raise ValidationError("Missing data for required field (or give a target).",
+                                  "budget")
+
+
 class ReleaseListQuerySchema(StrictSchema):
-    dataset_id = fields.String(validate=validate.Length(1, 100))
+    dataset_id = fields.String(validate=[validate.Length(1, 100), NO_NUL])
     limit = fields.Integer(load_default=100,
                            metadata={"description": "how many, newest first; 1..1000 (clamped)"})
     cursor = fields.String(validate=validate.Length(1, 1000),
@@ -427,6 +474,13 @@ class EstimateSchema(Schema):
     fits = fields.Boolean(metadata={"description": "whether the cost fits what remains"})
     shortfall = fields.Dict(metadata={
         "description": "per measure the cost exceeds what remains: by how much"})
+    budget = fields.Dict(metadata={
+        "description": "a target's estimate only: the smallest budget meeting it, as a"
+                       " release request sends it (whole ledger units, exact decimals)"})
+    target = fields.Dict(metadata={
+        "description": "a target's estimate only: the target as asked, the measure"
+                       " searched, the half-width (and level) stated at the budget found,"
+                       " how many budgets were evaluated"})
 
 
 class PricingSchema(Schema):

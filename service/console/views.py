@@ -6,7 +6,7 @@ import functools
 import json
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from service.api.schemas import (
     DatasetFileSchema,
     DatasetListQuerySchema,
     DatasetUploadSchema,
+    EstimateRequestSchema,
     JobListQuerySchema,
     KeyCreateSchema,
     LedgerQuerySchema,
@@ -653,6 +654,22 @@ def _mechanism(name: str) -> dict[str, Any]:
     raise APIError(404, "no such mechanism", code="not_found")
 
 
+def _target(form: Any, amounts: dict[str, Any]) -> dict[str, Any] | None:
+    """The form's target accuracy (``t.half_width``), None when empty; an (ε, δ)
+    mechanism's δ, given among the budget's fields, is held fixed (taken out of them)."""
+    raw = form.get("t.half_width", "").strip()
+    if not raw:
+        return None
+    try:
+        wanted: dict[str, Any] = {"half_width": float(raw), "level": 0.95}
+    except ValueError:
+        raise APIError(422, "not a number", code="validation_error",
+                       field="target.half_width") from None
+    if "delta" in amounts:
+        wanted["delta"] = amounts.pop("delta")
+    return wanted
+
+
 @bp.route("/mechanisms")
 @page(catalog_api.list_mechanisms)
 def mechanisms() -> str:
@@ -666,7 +683,7 @@ def mechanism(name: str) -> Any:
     fields = _fields(mech["params_schema"])
     datasets = _every_dataset()
     error, estimate, status = None, None, 200
-    form = request.form if request.method == "POST" else request.args
+    form: Mapping[str, Any] = request.form if request.method == "POST" else request.args
     if request.method == "POST":
         action = request.form.get("action", "estimate")
         ops.check(releases_api.create if action == "request" else releases_api.estimate)
@@ -680,15 +697,24 @@ def mechanism(name: str) -> Any:
                     except ValueError:
                         raise APIError(422, "not a number", code="validation_error",
                                        field=f"budget.{measure}") from None
-            body = ops.load(ReleaseRequestSchema(), {
-                "dataset_id": request.form.get("dataset_id", ""), "mechanism": name,
-                "params": _params(fields), "budget": amounts})
+            asked: dict[str, Any] = {"dataset_id": request.form.get("dataset_id", ""),
+                                     "mechanism": name, "params": _params(fields),
+                                     "budget": amounts}
+            wanted = _target(request.form, amounts) if action == "estimate" else None
+            if wanted is not None:  # the smallest budget for it (a budget too: refused)
+                asked = {**{k: v for k, v in asked.items() if k != "budget" or v},
+                         "target": wanted}
+            schema = ReleaseRequestSchema() if wanted is None else EstimateRequestSchema()
+            body = ops.load(schema, asked)
             if action == "request":
                 doc, _status, _location = ops.call(releases_api.create, body)
                 return redirect(url_for("console.release", release_id=doc["id"]))
             estimate = ops.call(releases_api.estimate, body)
             if isinstance(estimate, Response):  # 202 pricing: a worker prices it
                 estimate = estimate.get_json()
+            elif wanted is not None:  # the budget found fills the form, ready to request
+                form = {**request.form.to_dict(), "t.half_width": "",
+                        **{f"b.{m}": str(a) for m, a in estimate["budget"].items()}}
         except APIError as err:
             error, status = _form_error(err), err.status
     return render_template("mechanism.html", mechanism=mech, fields=fields, form=form,

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -43,9 +44,10 @@ def footers(files: Iterable[str], filesystem: pafs.FileSystem) -> list[Footer]:
     out = []
     for path in files:
         metadata = pq.read_metadata(path, filesystem=filesystem)
+        # the top-level names (a list column's Parquet leaf is its item, not the column)
         out.append(Footer(path, tuple(metadata.row_group(i).num_rows
                                       for i in range(metadata.num_row_groups)),
-                          frozenset(metadata.schema.names)))
+                          frozenset(metadata.schema.to_arrow_schema().names)))
     return out
 
 
@@ -74,7 +76,16 @@ def read(group: RowGroup, columns: Mapping[str, str], filesystem: pafs.FileSyste
         if column.null_count:
             raise ValueError(f"column {source!r} of {group.path!r} has null cells:"
                              " not a stored dataset column")
-        batch[name] = column.to_numpy()
+        if pa.types.is_fixed_size_list(column.type):  # a functional column: (rows, width)
+            cells = column.combine_chunks()
+            values = cells.flatten()
+            if values.null_count:
+                raise ValueError(f"column {source!r} of {group.path!r} has null cells:"
+                                 " not a stored dataset column")
+            batch[name] = values.to_numpy(zero_copy_only=False).reshape(
+                len(cells), column.type.list_size)
+        else:
+            batch[name] = column.to_numpy()
     return batch
 
 

@@ -12,7 +12,8 @@ the filesystem travel in the function's closure (pyspark pickles it with cloudpi
 ``pyarrow.fs`` filesystem pickles as its options, so an ``S3FileSystem`` reaches the
 workers with its endpoint and credentials and Spark needs no Hadoop S3 jars). The
 workers need ``mechanisms`` and ``service`` importable (the project installed in their
-Python), the same version as the driver's.
+Python), the same code as the driver's: every task reports the digest of the code it ran
+(``code_stamp``) and the driver refuses an answer of other code.
 
 The statistic's own refusals (ValueError, TypeError: public names only) come back to the
 driver as the same exception type and message, the first in the files' order (as the
@@ -36,7 +37,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from mechanisms.statistics import Partial, Statistic
-from service.engines import row_groups
+from service.engines import code_stamp, row_groups
 from service.engines.row_groups import RowGroup
 
 if TYPE_CHECKING:
@@ -48,8 +49,8 @@ TASK_ROWS = 1 << 22
 #: the row a partition emits: its partial (JSON), or the statistic's refusal and the task
 #: it met it in
 _OUTPUT = pa.schema([("partial", pa.string()), ("refused", pa.string()),
-                     ("message", pa.string()), ("task", pa.int64())])
-_SCHEMA = "partial string, refused string, message string, task long"
+                     ("message", pa.string()), ("task", pa.int64()), ("code", pa.string())])
+_SCHEMA = "partial string, refused string, message string, task long, code string"
 #: refusals carried back as themselves (the statistics raise only these, public messages)
 _REFUSALS: dict[str, type[Exception]] = {"ValueError": ValueError, "TypeError": TypeError}
 
@@ -94,6 +95,7 @@ def _pass(session: SparkSession, statistic: Statistic, tasks: list[tuple[RowGrou
     refused: tuple[int, Exception] | None = None
     try:  # streamed, merged as they come: the driver holds one partial at a time
         for row in numbers.mapInArrow(update, _SCHEMA).toLocalIterator():
+            code_stamp.check(row.code)  # computed by this worker's code, or refused
             if row.refused is not None:
                 if refused is None or row.task < refused[0]:
                     refused = (row.task, _REFUSALS[row.refused](row.message))
@@ -129,5 +131,6 @@ def _update(statistic: Statistic, tasks: Sequence[tuple[RowGroup, ...]],
 def _row(partial: str | None, refused: str | None, message: str | None,
          task: int | None) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"partial": [partial], "refused": [refused],
-                                       "message": [message], "task": [task]}, schema=_OUTPUT)
+                                       "message": [message], "task": [task],
+                                       "code": [code_stamp.stamp()]}, schema=_OUTPUT)
 

@@ -36,7 +36,7 @@ from mechanisms import rows
 from mechanisms.base import Output
 from mechanisms.record_maps import MapJob
 from mechanisms.statistics import Partial
-from service.engines import row_groups
+from service.engines import code_stamp, row_groups
 from service.engines.row_groups import RowGroup
 from service.engines.spark import TASK_ROWS, SparkEngineError
 from service.storage.release_tables import part_name
@@ -49,7 +49,8 @@ BUCKET_ROWS = 1 << 20
 #: the helper columns stage 1 adds: bucket, sort value (signed: value - 2**63), row index
 _BUCKET, _VALUE, _ROW = "_pr_bucket", "_pr_value", "_pr_row"
 _SIGN = np.uint64(1 << 63)
-_PARTS = pa.schema([("bucket", pa.int64()), ("rows", pa.int64()), ("partial", pa.string())])
+_PARTS = pa.schema([("bucket", pa.int64()), ("rows", pa.int64()), ("partial", pa.string()),
+                    ("code", pa.string())])
 _SPARK_TYPES = {pa.int64(): "bigint", pa.int32(): "int", pa.int16(): "smallint",
                 pa.int8(): "tinyint", pa.float64(): "double", pa.float32(): "float",
                 pa.string(): "string", pa.large_string(): "string", pa.bool_(): "boolean"}
@@ -130,8 +131,10 @@ def release_on_spark(session: SparkSession, job: MapJob, files: Sequence[str],
         ordered = mapped.repartition(1 << order.bits, _BUCKET).sortWithinPartitions(
             _BUCKET, _VALUE, _ROW)
         written = ordered.mapInArrow(functools.partial(_write, job, order, schema, place),
-                                     "bucket bigint, rows bigint, partial string")
+                                     "bucket bigint, rows bigint, partial string,"
+                                     " code string")
         for row in written.toLocalIterator():
+            code_stamp.check(row.code)  # privatized by this worker's code, or refused
             parts[int(row.bucket)] = (part_name(int(row.bucket)), int(row.rows))
             if summary is not None and released is not None:
                 released = summary.merge(released, Partial.from_json(row.partial))
@@ -206,7 +209,8 @@ def _write(job: MapJob, order: Order, schema: pa.Schema, place: tuple[pafs.FileS
         current[2].close()
         text = "" if partial is None else partial.to_json()
         return pa.RecordBatch.from_pylist(
-            [{"bucket": current[0], "rows": written, "partial": text}], schema=_PARTS)
+            [{"bucket": current[0], "rows": written, "partial": text,
+              "code": code_stamp.stamp()}], schema=_PARTS)
 
     for batch in batches:
         buckets = batch.column(_BUCKET).to_numpy()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -36,7 +37,7 @@ from typing import Any
 import marshmallow
 
 import mechanisms
-from mechanisms import memory, precompute, zcdp
+from mechanisms import memory, precompute, target, zcdp
 from mechanisms.suggest import did_you_mean
 from service import budget, datasets
 from service.config import Config
@@ -44,6 +45,7 @@ from service.errors import Failed, Invalid, NotFound, Retired, ServiceError, by_
 from service.releases.request import JobRequest, request_fingerprint
 from service.storage.objects import ObjectStore
 from service.storage.precompute_objects import ObjectCache
+from service.storage.release_tables import INLINE_ROWS
 from service.storage.store import Store
 
 # ------------------------------------------------ heavy parts: never cold in the API
@@ -133,6 +135,9 @@ class Prepared:
     notion_lock: str = ""
     #: the release document's ``privacy`` block (``privacy_block``)
     privacy: dict[str, Any] | None = None
+    #: an estimate for a target accuracy: the target and what the search found
+    #: (``target_block``); None for a request with a budget
+    target: dict[str, Any] | None = None
 
     @property
     def request_fingerprint(self) -> str:
@@ -221,10 +226,13 @@ def check_work(work: mechanisms.Work, limit: float, what: str) -> None:
 
 def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
             max_work: float | None = None, max_memory: float | None = None,
+            distributed: bool = False,
             found: tuple[str, set[str], str] | None = None) -> Prepared:
     """Validate a release request against its mechanism and dataset; compute the cost.
     ``max_work`` and ``max_memory`` (bytes): the server's ceilings on the release's work and
-    its worker's memory (``memory_limit``; the worker checks that again before reading).
+    its worker's memory (``memory_limit``; the worker checks that again before reading,
+    knowing the engine). ``distributed``: a Spark engine is configured, so a record-level
+    row map keeps its table there (``memory.held``).
     ``found``: the dataset's pricing read, when the caller has one (``dataset_cache``)."""
     # the document and the measures its caps name, in one read
     if found is None:
@@ -260,7 +268,9 @@ def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
     if seed is not None and not allow_seeds:
         raise Invalid("client-chosen seeds are refused by this server",
                        code="validation_error", field="seed")
-    requested = _budget(body.get("budget"))
+    wanted = body.get("target")  # an estimate's target accuracy, instead of a budget
+    requested = _budget(body.get("budget")) if wanted is None else {}
+    target_doc: dict[str, Any] | None = None
     meta = datasets.meta(doc)
     # the operator's policy, before anything is priced or reserved: the notion, the
     # record-level opt-in, and measures the dataset's budgets name
@@ -283,7 +293,11 @@ def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
         if max_work is not None:
             check_work(mech.work(params, meta), max_work, "this release")
         if max_memory is not None:
-            memory.check(mech.memory(params, meta), max_memory, "this release")
+            memory.check(memory.held(mech, params, meta, distributed=distributed,
+                                     held_rows=INLINE_ROWS), max_memory, "this release")
+        if wanted is not None:  # the smallest budget meeting the target, then as asked
+            found_budget = budget_for_target(ledger, doc, mech, params, meta, wanted)
+            requested, target_doc = found_budget.budget, target_block(wanted, found_budget)
         cost, accuracy = mech.price(params, requested, meta)  # cost, then its accuracy
         # what the ledger holds: the cost as is, or on a zcdp dataset in ρ (pure ε as ε²/2);
         # ``cost`` stays what the mechanism calibrates to, and the worker runs it with that
@@ -325,7 +339,60 @@ def prepare(ledger: Store, body: dict[str, Any], *, allow_seeds: bool,
         privacy["charged"] = history.privacy["charged"]
     return Prepared(doc, mech, params, cost, units, accuracy, seed, body.get("callback_url"),
                     requested_params=as_written, requested_budget=requested,
-                    notion_lock=budget.notion_lock(charged, doc), privacy=privacy)
+                    notion_lock=budget.notion_lock(charged, doc), privacy=privacy,
+                    target=target_doc)
+
+
+def budget_for_target(ledger: Store, doc: dict[str, Any], mech: mechanisms.Mechanism,
+                      params: dict[str, Any], meta: mechanisms.DatasetMeta,
+                      wanted: dict[str, Any]) -> target.Found:
+    """The smallest budget whose stated 95 % half-width meets ``wanted`` (the request's
+    ``target``), searched up to the dataset's cap of the searched measure: the largest
+    budget any key may ask for (a key's allocation shows as ``fits``/``shortfall``)."""
+    fixed = {}
+    if "delta" in wanted:  # held fixed for an (epsilon, delta) mechanism
+        fixed = _budget({"delta": wanted["delta"]}, where="target")
+    goal = target.Target(float(wanted["half_width"]), float(wanted.get("level", target.LEVEL)),
+                         fixed)
+    measure = target.searched_measure(mech, meta, goal.fixed)
+    rows, _ = ledger.budget(doc["id"])
+    return target.budget_for(mech, params, meta, goal, largest_amount(rows, measure, meta),
+                             least_amount(measure, meta))
+
+
+def least_amount(measure: str, meta: mechanisms.DatasetMeta) -> Fraction:
+    """The least of ``measure`` the ledger can charge as written: one unit, or a pure ε on
+    a zcdp dataset whose ρ = ε²/2 is at least one ρ unit (e² · U_ρ >= 2 · U_ε²)."""
+    if meta.gaussian_accounting == "zcdp" and measure == "epsilon":
+        per_eps, per_rho = budget.unit("epsilon"), budget.unit("rho")
+        bound = -(-2 * per_eps**2 // per_rho)  # ceil(2 U_ε² / U_ρ)
+        root = math.isqrt(bound)
+        return budget.from_units("epsilon", root if root * root == bound else root + 1)
+    return budget.from_units(measure, 1)
+
+
+def largest_amount(rows: dict[str, dict[str, int]], measure: str,
+                   meta: mechanisms.DatasetMeta) -> Fraction:
+    """The most of ``measure`` a request on this dataset can ask for: its cap; a pure ε on a
+    zcdp dataset is charged ρ = ε²/2 (``zcdp.charge``), so the largest whole-unit ε whose ρ,
+    rounded up to units, is within the ρ cap; a per-column measure's smallest column cap."""
+    if meta.gaussian_accounting == "zcdp" and measure == "epsilon":
+        rho_cap = rows.get("rho", {}).get("cap", 0)
+        # ceil(e²/2 · U_ρ/U_ε²) <= cap  <=>  e² · U_ρ <= 2 · cap · U_ε²
+        per_eps, per_rho = budget.unit("epsilon"), budget.unit("rho")
+        return budget.from_units("epsilon", math.isqrt(2 * rho_cap * per_eps**2 // per_rho))
+    if measure in rows:
+        return budget.from_units(measure, rows[measure]["cap"])
+    columns = [row["cap"] for m, row in rows.items() if budget.base_measure(m) == measure]
+    return budget.from_units(measure, min(columns, default=0))
+
+
+def target_block(wanted: dict[str, Any], found: target.Found) -> dict[str, Any]:
+    """The target as asked, and what meets it: the searched measure, the half-width (and
+    level) stated at the budget found, how many budgets were evaluated."""
+    return {**wanted, "level": wanted.get("level", target.LEVEL), "measure": found.measure,
+            "stated_half_width": found.stated.half_width, "stated_level": found.stated.level,
+            "evaluations": found.evaluations}
 
 
 def estimate(ledger: Store, prepared: Prepared, key_id: str) -> dict[str, Any]:
@@ -342,6 +409,11 @@ def estimate(ledger: Store, prepared: Prepared, key_id: str) -> dict[str, Any]:
                  for m in prepared.cost_units}
     short = {m: units - remaining[m] for m, units in prepared.cost_units.items()
              if units > remaining[m]}
+    found: dict[str, Any] = {}
+    if prepared.target is not None:  # what a release request sends to get this estimate
+        found = {"budget": {m: budget.pasteable(a)
+                            for m, a in sorted(prepared.requested_budget.items())},
+                 "target": prepared.target}
     return {
         "mechanism": prepared.mechanism.name,
         "cost": cost_doc(prepared.cost_units),
@@ -349,6 +421,7 @@ def estimate(ledger: Store, prepared: Prepared, key_id: str) -> dict[str, Any]:
         "remaining": {m: budget.display(m, max(r, 0)) for m, r in remaining.items()},
         "fits": not short,
         "shortfall": {m: budget.display(m, u) for m, u in short.items()},
+        **found,
     }
 
 
@@ -507,13 +580,15 @@ def earlier_releases(ledger: Store, dataset: dict[str, Any]) -> list[dict[str, A
     return out
 
 
-def _budget(raw: Any) -> dict[str, Fraction]:
+def _budget(raw: Any, where: str = "budget") -> dict[str, Fraction]:
+    """A request's amounts, exactly, each on its measure's ledger lattice (rounded down);
+    ``where``: the request field they came from (``budget``, or ``target`` for its δ)."""
     if not isinstance(raw, dict) or not raw:
         raise Invalid("budget must be a non-empty object of measure -> amount",
-                       code="validation_error", field="budget")
+                       code="validation_error", field=where)
     out: dict[str, Fraction] = {}
     for measure, value in raw.items():
-        field = f"budget.{measure}"
+        field = f"{where}.{measure}"
         if budget.base_measure(measure) not in budget.MEASURES:
             raise Invalid("unknown measure"
                           + did_you_mean(budget.base_measure(measure), budget.MEASURES)

@@ -40,6 +40,7 @@ import mechanisms.rows
 from mechanisms import record_maps
 from mechanisms.base import RecordMechanism, StreamingMechanism
 from mechanisms.rng import job_secret, secure_generator
+from mechanisms.rows import RowKey
 from mechanisms.statistics import Partial, Statistic, compute_over
 from service import datasets
 from service.engines import spark_records
@@ -49,7 +50,7 @@ from service.errors import STORAGE_DOWN, STORAGE_FULL
 from service.releases.documents import to_json
 from service.releases.request import JobRequest
 from service.storage import release_metrics
-from service.storage.dataset_files import DatasetStore
+from service.storage.dataset_files import DatasetStore, ParquetSource
 from service.storage.ledger import Run, Settled
 from service.storage.release_documents import DocumentStore
 from service.storage.release_tables import INLINE_ROWS, OutputStore, records
@@ -244,9 +245,13 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
         try:
             job = _public_inputs(ledger, svc.datasets, req, run.dataset_document)
             # the memory the run would need, as the API judged it, against this worker's
-            # (its setting may differ from the API's): refused here is refunded, not killed
-            mechanisms.memory.check(job.mechanism.memory(job.params, job.meta),
-                                    svc.config.worker_memory, "this release")
+            # (its setting may differ from the API's), on the engine the run will use (a
+            # row map whose version Spark cannot map holds its table here): refused here
+            # is refunded, not killed
+            mechanisms.memory.check(mechanisms.memory.held(
+                job.mechanism, job.params, job.meta, held_rows=INLINE_ROWS,
+                distributed=_record_source(svc, job) is not None),
+                svc.config.worker_memory, "this release")
             # the output's room before the data, where a file will hold some of it (a table,
             # a result file): a store that cannot take it is refunded. Decided by public
             # inputs only (the store, the mechanism and its parameters)
@@ -443,12 +448,11 @@ def _run(store: DatasetStore, job: _Job, spark_remote: str | None = None
     return mech.release(job.params, partial, job.cost, job.meta, rng, last), engine
 
 
-def _records_on_spark(svc: Services, job: _Job, run: Run
-                      ) -> tuple[mechanisms.Output, str, int, str] | None:
-    """A record-level row map on Spark (``service.engines.spark_records``): its output,
-    engine, the rows of the table it stored as parts of this run, and what is said of
-    the order; None where it does not run there (no Spark, no rows, no row map, a version
-    Spark does not read, a v1 order: one sequential stream). Public inputs decide."""
+def _record_source(svc: Services, job: _Job) -> tuple[RowKey | None, ParquetSource] | None:
+    """Where a record-level row map runs on Spark: the dataset's row key (None: it keeps
+    its row order) and the version as Spark reads it; None where it does not (no Spark, no
+    rows, no row map, a version Spark does not read, a v1 order: one sequential stream).
+    Public inputs and the stored format decide; it reads no data."""
     mech, remote = job.mechanism, svc.config.spark_remote
     if remote is None or job.meta.n_rows == 0 or not isinstance(mech, RecordMechanism) \
             or not mech.mappable(job.params, job.meta):
@@ -459,8 +463,21 @@ def _records_on_spark(svc: Services, job: _Job, run: Run
     if key is not None and not key.seekable:
         return None
     source = store.parquet_source(job.dataset_id, job.version)
-    if source is None:
+    return None if source is None else (key, source)
+
+
+def _records_on_spark(svc: Services, job: _Job, run: Run
+                      ) -> tuple[mechanisms.Output, str, int, str] | None:
+    """A record-level row map on Spark (``service.engines.spark_records``): its output,
+    engine, the rows of the table it stored as parts of this run, and what is said of
+    the order; None where it does not run there (no Spark, no rows, no row map, a version
+    Spark does not read, a v1 order: one sequential stream). Public inputs decide."""
+    found = _record_source(svc, job)
+    if found is None:
         return None
+    key, source = found
+    mech, remote, store = job.mechanism, svc.config.spark_remote, svc.datasets
+    assert isinstance(mech, RecordMechanism) and remote is not None
     session = spark_session(remote)
 
     def partial_of(statistic: Statistic) -> Partial:  # the fit's passes on Spark too

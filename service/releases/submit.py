@@ -242,7 +242,8 @@ def prepare(svc: Services, body: dict[str, Any], *, api: bool,
     with scope:
         return pricing.prepare(svc.ledger, body, allow_seeds=config.allow_seeds,
                                max_work=config.max_release_work,
-                               max_memory=config.worker_memory, found=found)
+                               max_memory=config.worker_memory,
+                               distributed=config.spark_remote is not None, found=found)
 
 
 @dataclass(frozen=True)

@@ -124,10 +124,11 @@ class ParquetSource:
 
 
 def _plain(entry: Mapping[str, Any]) -> bool:
-    """Whether a stored column reads back as Arrow's own ``to_numpy`` gives it: one value
-    a row, a number or a bool kept natively (what ingest stores), so an engine that reads
-    the Parquet column directly gets the array ``load`` gives."""
-    return (not entry.get("raw") and len(entry["shape"]) == 1
+    """Whether an engine that reads the Parquet column directly gets the array ``load``
+    gives: numbers or bools kept natively (what ingest stores), one a row, or a fixed
+    number a row (a functional column's grid points: a fixed-size list the engine reads
+    as (rows, width), ``service.engines.row_groups.read``)."""
+    return (not entry.get("raw") and len(entry["shape"]) in (1, 2)
             and np.dtype(entry["dtype"]).kind in "biuf")
 
 

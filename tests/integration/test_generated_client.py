@@ -103,8 +103,15 @@ def test_generated_client_uploads_releases_waits_and_reads_data(
 
         request = models.DipRequest.from_dict({**example, "dataset_id": dataset.id})
         assert request.to_dict()["params"] == example["params"]  # typed, round-trips
-        cost = estimate.sync(client=client, body=request)
+        # an estimate's body is its own type: a budget or a target accuracy
+        priced = models.DipEstimate.from_dict({**example, "dataset_id": dataset.id})
+        cost = estimate.sync(client=client, body=priced)
         assert isinstance(cost, models.Estimate) and cost.fits is True
+        for_target = models.LaplaceEstimate.from_dict({
+            **openapi.TARGET_EXAMPLES["target"][1], "dataset_id": dataset.id})
+        found = estimate.sync(client=client, body=for_target)
+        assert isinstance(found, models.Estimate) and found.fits is True
+        assert found.to_dict()["budget"]["epsilon"] > 0
         accepted = create.sync_detailed(client=client, body=request)
         assert accepted.status_code == 202, accepted.content
         release = accepted.parsed

@@ -16,6 +16,7 @@ import pytest
 
 from mechanisms import registry
 from service import datasets, wiring
+from service.errors import ServiceError
 from service.releases import pricing, submit
 from service.storage.ledger import Reservation
 from tests.integration.conftest import PEOPLE_META, people_csv
@@ -95,3 +96,33 @@ def test_the_worker_refunds_a_release_above_its_memory_before_reading(
     assert row["committed"] == 0 and row["reserved"] == 0
     kinds = [e["kind"] for e in stack.api.get(f"/v1/datasets/{people}/ledger").get_json()]
     assert kinds == ["cap", "reserve", "abort"]
+
+
+def test_a_row_map_on_spark_is_bounded_by_what_the_worker_holds(stack: Stack,
+                                                                  people: str) -> None:
+    """With Spark configured a record-level row map keeps its table on the engine: the
+    worker holds at most the rows it shows inline (``memory.held``), so a limit between
+    that and the embedded bound refuses the release embedded and admits it distributed.
+    (A 10^8-row DIP was refused at POST although Spark would have held its table.)"""
+    from mechanisms import memory
+    from service.storage.release_tables import INLINE_ROWS
+
+    ledger = wiring.of(stack.app).ledger
+    doc = datasets.get(ledger, people)
+    assert doc is not None
+    mech, meta = registry.get("dip"), datasets.meta(doc)
+    params = mech.load_params(DIP["params"])
+    embedded = memory.held(mech, params, meta, distributed=False, held_rows=INLINE_ROWS)
+    spread = memory.held(mech, params, meta, distributed=True, held_rows=INLINE_ROWS)
+    assert embedded.bytes == _bound(stack, people) > spread.bytes
+    limit = (embedded.bytes + spread.bytes) / 2
+    body = {"dataset_id": people, **DIP}
+    with pytest.raises(ServiceError) as refused:
+        pricing.prepare(ledger, body, allow_seeds=True, max_memory=limit)
+    assert refused.value.code == "memory_limit"
+    assert pricing.prepare(ledger, body, allow_seeds=True, max_memory=limit,
+                           distributed=True).cost_units
+    laplace = registry.get("laplace")  # a streaming release: the same bound either way
+    mean = laplace.load_params({"statistic": "mean", "column": "age"})
+    assert (memory.held(laplace, mean, meta, distributed=True, held_rows=1)
+            == laplace.memory(mean, meta))

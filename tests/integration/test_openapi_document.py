@@ -58,24 +58,32 @@ def test_release_params_are_typed_per_mechanism(spec: dict[str, Any], api: Api) 
     """Catches ``params`` documented as any object (generated clients then offer
     ``additionalProp1``) and a mechanism missing from, or drifting from, the oneOf."""
     schemas = spec["components"]["schemas"]
-    request = schemas["ReleaseRequest"]
     names = mechanisms.names()
-    assert request["discriminator"]["propertyName"] == "mechanism"
-    mapping = request["discriminator"]["mapping"]
-    assert sorted(mapping) == names
-    assert [alt["$ref"] for alt in request["oneOf"]] == [mapping[n] for n in names]
     catalog = {m["name"]: m for m in api.get("/v1/mechanisms").get_json()}
-    for name in names:
-        alt = schemas[openapi.schema_name(name)]
-        assert alt["properties"]["mechanism"]["enum"] == [name]
-        assert {"dataset_id", "mechanism", "budget"} <= set(alt["required"])
-        params = {k: v for k, v in alt["properties"]["params"].items() if k != "description"}
-        assert params == catalog[name]["params_schema"], name  # the registry's schema
-        assert sorted(alt["properties"]["budget"]["properties"]) == sorted(
-            mechanisms.get(name).measures)
-    for path in ("/v1/releases", "/v1/releases/estimate"):
+    for kind in ("ReleaseRequest", "EstimateRequest"):
+        request = schemas[kind]
+        assert request["discriminator"]["propertyName"] == "mechanism"
+        mapping = request["discriminator"]["mapping"]
+        assert sorted(mapping) == names
+        assert [alt["$ref"] for alt in request["oneOf"]] == [mapping[n] for n in names]
+        for name in names:
+            alt = schemas[openapi.schema_name(name, kind)]
+            assert alt["properties"]["mechanism"]["enum"] == [name]
+            params = {k: v for k, v in alt["properties"]["params"].items()
+                      if k != "description"}
+            assert params == catalog[name]["params_schema"], name  # the registry's schema
+            assert sorted(alt["properties"]["budget"]["properties"]) == sorted(
+                mechanisms.get(name).measures)
+            if kind == "ReleaseRequest":
+                assert {"dataset_id", "mechanism", "budget"} <= set(alt["required"])
+            else:  # a budget or a target, exactly one
+                assert {"dataset_id", "mechanism"} <= set(alt["required"])
+                assert "budget" not in alt["required"] and "target" not in alt["required"]
+                assert alt["properties"]["target"]["required"] == ["half_width"]
+    for path, kind in (("/v1/releases", "ReleaseRequest"),
+                       ("/v1/releases/estimate", "EstimateRequest")):
         body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
-        assert body["schema"] == {"$ref": "#/components/schemas/ReleaseRequest"}
+        assert body["schema"] == {"$ref": f"#/components/schemas/{kind}"}
     # the upload references the metadata format
     upload = spec["paths"]["/v1/datasets"]["post"]["requestBody"]["content"]
     metadata = upload["multipart/form-data"]["schema"]["properties"]["metadata"]
@@ -124,8 +132,8 @@ def test_examples_cover_every_family_and_run_as_written(
     """Catches examples that do not run (an unknown column, a budget the example dataset
     lacks), a family without one, and a test-only ``seed`` in them. The upload example
     is posted as documented, then every release example is estimated and released."""
-    upload = spec["paths"]["/v1/datasets"]["post"]
-    example = upload["requestBody"]["content"]["multipart/form-data"]["example"]
+    operation = spec["paths"]["/v1/datasets"]["post"]
+    example = operation["requestBody"]["content"]["multipart/form-data"]["example"]
 
     def upload(idempotency_key: str) -> Any:
         data = {"metadata": json.dumps(example["metadata"]),
@@ -142,8 +150,9 @@ def test_examples_cover_every_family_and_run_as_written(
     assert made.headers["Location"] == f"/v1/datasets/{dataset['id']}"
     assert api.get(made.headers["Location"]).get_json()["id"] == dataset["id"]
 
-    request_validator = _validator(spec, "ReleaseRequest")
-    for path in ("/v1/releases", "/v1/releases/estimate"):
+    for path, kind in (("/v1/releases", "ReleaseRequest"),
+                       ("/v1/releases/estimate", "EstimateRequest")):
+        request_validator = _validator(spec, kind)
         examples = spec["paths"][path]["post"]["requestBody"]["content"][
             "application/json"]["examples"]
         assert {_family(e["value"]["mechanism"]) for e in examples.values()} == set(
@@ -152,6 +161,15 @@ def test_examples_cover_every_family_and_run_as_written(
             assert "seed" not in ex["value"] and ex["summary"], name
             assert "additionalProp" not in json.dumps(ex), name
             request_validator.validate(ex["value"])
+    # an estimate's target examples run as written too (and are no release request)
+    estimates = spec["paths"]["/v1/releases/estimate"]["post"]["requestBody"]["content"][
+        "application/json"]["examples"]
+    for name in openapi.TARGET_EXAMPLES:
+        body = {**estimates[name]["value"], "dataset_id": dataset["id"]}
+        estimate = api.estimate(body)
+        assert estimate.status_code == 200, (name, estimate.get_json())
+        assert estimate.get_json()["fits"] is True and estimate.get_json()["budget"], name
+        assert not _validator(spec, "ReleaseRequest").is_valid(body), name
 
     examples = spec["paths"]["/v1/releases"]["post"]["requestBody"]["content"][
         "application/json"]["examples"]

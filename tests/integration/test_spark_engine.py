@@ -241,9 +241,9 @@ def test_a_file_that_is_not_a_stored_dataset_fails_the_job(
 def test_the_iclp_mean_of_a_list_column_is_the_embedded_partial_and_release(
         spark: SparkSession, tmp_path: Path) -> None:
     """A functional column as a Parquet fixed-size list (Arrow hands its rows to the
-    statistic as row arrays): the clipped curves' exact column sums Spark merges from its
-    tasks are the embedded ones, bit for bit, and so is the released mean. (The engine
-    plans from the footers' leaf names, so the list's item keeps the column's name.)"""
+    statistic as (rows, grid points)): the clipped curves' exact column sums Spark merges
+    from its tasks are the embedded ones, bit for bit, and so is the released mean. (The
+    engine plans from the footers' top-level names: the list's item has its own name.)"""
     rng = np.random.default_rng(30)
     n, grid = 700, 6
     curves = np.sin(np.linspace(0.0, 3.0, grid))[None, :] + rng.normal(size=(n, grid))
@@ -253,10 +253,9 @@ def test_the_iclp_mean_of_a_list_column_is_the_embedded_partial_and_release(
     paths = []
     for i, (a, b) in enumerate(((0, 250), (250, 250), (250, n))):
         cells = pa.FixedSizeListArray.from_arrays(
-            pa.array(curves[a:b].ravel()), type=pa.list_(pa.field("c0", pa.float64()), grid))
+            pa.array(curves[a:b].ravel()), type=pa.list_(pa.float64(), grid))
         path = str(tmp_path / f"curves-{i}.parquet")
-        pq.write_table(pa.table({"c0": cells}), path, row_group_size=100,
-                       use_compliant_nested_type=False)
+        pq.write_table(pa.table({"c0": cells}), path, row_group_size=100)
         paths.append(path)
     meta = DatasetMeta(n, {"f": ColumnMeta("f", "functional", grid=tuple(
         np.linspace(0.0, 1.0, grid).tolist()), norm_bound=2.0)})
@@ -331,3 +330,30 @@ def test_the_worker_runs_a_stored_version_on_spark_as_embedded(
     objects.put_new(key, body[:-1] + bytes([body[-1] ^ 1]))  # another object, same size
     with pytest.raises(ChangedObject):
         store.check_source(source)
+
+
+def test_the_worker_runs_a_stored_functional_version_on_spark(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """The worker hands Spark a stored version with a functional column (a fixed-size
+    list of its grid points, read back as (rows, width)); the release is the embedded
+    run's, bit for bit, and names the engine. (Before, such a version ran embedded.)"""
+    from mechanisms.rng import secure_generator
+    from service.releases import run
+    from service.storage.dataset_files import DatasetStore
+    from service.storage.objects import LocalStore
+    from tests.unit.iclp.streaming_cases import data, meta
+
+    rows = 2 * 700 + 11
+    store = DatasetStore(LocalStore(tmp_path), staging_dir=tmp_path / ".staging")
+    columns = data(rows, 32)
+    store.write("ds_curves", 1, {"kind": "test"}, columns)
+    assert store.parquet_source("ds_curves", 1) is not None
+    mech = registry.get("iclp.mean")
+    assert isinstance(mech, StreamingMechanism)
+    params = mech.load_params({"column": "f"})
+    cost = mech.cost(params, {"epsilon": Fraction(1)}, meta(rows))
+    job = run._Job("ds_curves", 1, mech, params, cost, meta(rows), seed=4)
+    output, engine = run._run(store, job, SPARK_REMOTE)
+    assert engine.startswith("spark")
+    whole = mech.run(columns, params, cost, meta(rows), secure_generator(4))
+    assert repr(output) == repr(whole)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import mechanisms
@@ -53,3 +55,34 @@ def test_the_baselines_parameters_are_described_and_shown_with_what_they_allow()
     assert "count, sum, mean, histogram, quantile" in shown
     assert "1..10000" in shown and "0.0..1.0; 1..99 items" in shown
     assert "the levels, each in [0, 1] (0.5: the median)" in shown  # whole, not cut
+
+
+def _undescribed(schema: dict[str, Any], path: str = "") -> list[str]:
+    """The properties of a JSON schema (nested objects, list items and map values
+    included) that have no description, as dotted paths."""
+    out = []
+    for name, sub in (schema.get("properties") or {}).items():
+        if not str(sub.get("description") or "").strip():
+            out.append(path + name)
+        out += _undescribed(sub, f"{path}{name}.")
+        if isinstance(sub.get("items"), dict):
+            out += _undescribed(sub["items"], f"{path}{name}[].")
+        if isinstance(sub.get("additionalProperties"), dict):
+            out += _undescribed(sub["additionalProperties"], f"{path}{name}{{}}.")
+    return out
+
+
+def test_every_registered_mechanisms_parameters_are_described() -> None:
+    """#31 item 6: every parameter of every registered mechanism (a new one included) has a
+    description for the CLI, the console's forms and the OpenAPI document; so do the fields
+    of its nested objects (a kernel's rho, an anchor law's scale)."""
+    from service.api.catalog import _catalog
+
+    catalog = _catalog(tuple(mechanisms.names()))
+    assert len(catalog) >= 30  # the registry, not a hand-kept list
+    top_level = {d["name"]: [p for p, schema in d["params_schema"].get("properties", {}).items()
+                             if not str(schema.get("description") or "").strip()]
+                 for d in catalog}
+    assert {name: props for name, props in top_level.items() if props} == {}
+    nested = {d["name"]: _undescribed(d["params_schema"]) for d in catalog}
+    assert {name: paths for name, paths in nested.items() if paths} == {}

@@ -354,16 +354,26 @@ def _metadata_object(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+def _version_options(command: Handler) -> Handler:
+    """The options a new version takes, by upload or by reference: its metadata if it
+    changed, whether that change is compatible, and whether it becomes current."""
+    for option in reversed([
+        click.option("--metadata", metavar="JSONFILE",
+                     help="changed metadata JSON file (default: the dataset's)"),
+        click.option("--metadata-json", metavar="STR", help="changed metadata JSON text"),
+        click.option("--compatible", is_flag=True,
+                     help="declare the changed metadata compatible (needed with --metadata)"),
+        click.option("--make-current", is_flag=True,
+                     help="make it the current version at once")]):
+        command = option(command)
+    return command
+
+
 @client_command(versions, "upload", "upload the next version (spends the dataset's "
                 "budget; not current unless --make-current)")
 @click.argument("dataset_id", metavar="ID")
 @click.argument("file", metavar="FILE")
-@click.option("--metadata", metavar="JSONFILE",
-              help="changed metadata JSON file (default: the dataset's)")
-@click.option("--metadata-json", metavar="STR", help="changed metadata JSON text")
-@click.option("--compatible", is_flag=True,
-              help="declare the changed metadata compatible (needed with --metadata)")
-@click.option("--make-current", is_flag=True, help="make it the current version at once")
+@_version_options
 def _versions_upload(c: Client, dataset_id: str, file: str, metadata: str | None,
                      metadata_json: str | None, compatible: bool,
                      make_current: bool) -> Output:
@@ -380,12 +390,7 @@ def _versions_upload(c: Client, dataset_id: str, file: str, metadata: str | None
 @click.argument("dataset_id", metavar="ID")
 @click.option("--source", required=True, metavar="URL",
               help="storage URL: s3://bucket/prefix, s3://bucket/key.parquet, file:///path")
-@click.option("--metadata", metavar="JSONFILE",
-              help="changed metadata JSON file (default: the dataset's)")
-@click.option("--metadata-json", metavar="STR", help="changed metadata JSON text")
-@click.option("--compatible", is_flag=True,
-              help="declare the changed metadata compatible (needed with --metadata)")
-@click.option("--make-current", is_flag=True, help="make it the current version at once")
+@_version_options
 def _versions_register(c: Client, dataset_id: str, source: str, metadata: str | None,
                        metadata_json: str | None, compatible: bool,
                        make_current: bool) -> Output:
@@ -598,10 +603,25 @@ def _release_create(c: Client, dataset: str, mechanism: str, params: str,
 @client_command(release, "estimate", "cost, expected accuracy and remaining budget; "
                 "spends nothing", aliases=[cli])
 @_request_options
+@click.option("--target", type=float, metavar="HALF_WIDTH",
+              help="instead of --budget: the smallest budget whose stated 95 % interval is"
+                   " within ± this (with --budget delta=... held fixed for (ε, δ))")
+@click.option("--level", type=float, default=0.95, show_default=True,
+              help="the target's level: the one the statement gives (0.95, or a table's"
+                   " params confidence.level)")
 def _release_estimate(c: Client, dataset: str, mechanism: str, params: str,
-                      budget: tuple[str, ...], dataset_version: int | None) -> Output:
-    body, amounts = _request(params, budget, "estimate")
-    return Output(c.estimate_release(dataset, mechanism, body, amounts,
+                      budget: tuple[str, ...], dataset_version: int | None,
+                      target: float | None, level: float) -> Output:
+    if target is None:
+        body, amounts = _request(params, budget, "estimate")
+        return Output(c.estimate_release(dataset, mechanism, body, amounts,
+                                         version=dataset_version), terminal.render_estimate)
+    fixed = _amounts(budget, "--budget")
+    if set(fixed) - {"delta"}:
+        raise UsageError("give --budget or --target; with --target, --budget names only"
+                         " delta (held fixed)")
+    return Output(c.estimate_release(dataset, mechanism, _json_object(params, "--params"),
+                                     target={"half_width": target, "level": level, **fixed},
                                      version=dataset_version), terminal.render_estimate)
 
 

@@ -457,15 +457,28 @@ class Client:
 
     def estimate_release(self, dataset_id: str, mechanism: str,
                          params: Mapping[str, Any] | None,
-                         budget: Mapping[str, float], *,
+                         budget: Mapping[str, float] | None = None, *,
+                         target: float | Mapping[str, Any] | None = None,
                          timeout: float = 120.0, version: int | None = None) -> dict[str, Any]:
         """Cost, expected accuracy and remaining budget; spends nothing.
+
+        Give a ``budget``, or a ``target`` accuracy instead: a half-width (every released
+        number's stated 95 % interval within ± it), or ``{"half_width", "level", "delta"}``
+        (``delta``: held fixed for an (epsilon, delta) mechanism). The answer is then the
+        estimate of the smallest budget meeting it, with ``budget`` (what
+        ``create_release`` takes) and ``target``.
 
         A cost that needs a heavy precomputation nobody has computed yet is answered 202
         ``pricing`` while a worker computes it: asked again after its ``retry_after``
         seconds until answered, for at most ``timeout`` seconds (then TimeoutError).
         """
-        body = self._release_body(dataset_id, mechanism, params, budget, version)
+        if (budget is None) == (target is None):
+            raise ValueError("give a budget or a target, not both")
+        body = self._release_body(dataset_id, mechanism, params, budget or {}, version)
+        if target is not None:
+            del body["budget"]
+            body["target"] = (dict(target) if isinstance(target, Mapping)
+                              else {"half_width": float(target)})
         deadline = time.monotonic() + timeout
         while True:
             doc: dict[str, Any] = self.request("POST", "/v1/releases/estimate",
@@ -478,6 +491,19 @@ class Client:
             time.sleep(pause)
 
     estimate = estimate_release
+
+    def budget_for(self, dataset_id: str, mechanism: str, params: Mapping[str, Any] | None,
+                   half_width: float, *, delta: float | None = None,
+                   timeout: float = 120.0, version: int | None = None) -> dict[str, Any]:
+        """The smallest budget whose stated 95 % interval is within ±``half_width``, as
+        ``create_release`` takes it (``estimate_release`` with a target, its ``budget``)."""
+        wanted: dict[str, Any] = {"half_width": float(half_width), "level": 0.95}
+        if delta is not None:
+            wanted["delta"] = delta
+        doc = self.estimate_release(dataset_id, mechanism, params, target=wanted,
+                                    timeout=timeout, version=version)
+        found: dict[str, Any] = doc["budget"]
+        return found
 
     def list_releases(self, *, dataset_id: str | None = None, limit: int | None = None,
                       cursor: str | None = None) -> list[dict[str, Any]]:

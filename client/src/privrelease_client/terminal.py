@@ -252,7 +252,8 @@ def render_releases(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
 
 
 def render_estimate(doc: Mapping[str, Any]) -> RenderableType:
-    known = ("mechanism", "cost", "accuracy", "remaining", "fits", "shortfall")
+    known = ("mechanism", "target", "budget", "cost", "accuracy", "remaining", "fits",
+             "shortfall")
     return fields([*((k, doc.get(k)) for k in known),
                    *((k, v) for k, v in doc.items() if k not in known)])
 
