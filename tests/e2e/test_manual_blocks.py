@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.e2e.harness import Service
 from tests.manual_site import run_blocks
@@ -94,6 +95,31 @@ def test_the_operator_guide_registers_parquet_by_reference(
     assert pinned["objects"] == 2 and pinned["skipped"] == 0
     assert {"bytes", "pins_sha256"} <= set(pinned)
     assert version == "2"
+
+
+def test_the_api_reference_finds_the_budget_for_a_target(
+        workdir: tuple[Path, Service]) -> None:
+    """The block under "The budget for a target accuracy", after the quick start's setup,
+    on the dataset its comment names: 10,000 rows of age in [18, 100]."""
+    cwd, svc = workdir
+    (block,) = run_blocks("reference/api.md")
+    key = (cwd / "var" / "bootstrap-key").read_text().strip()
+    ages = "".join(f"{18 + (i * 37) % 83}\n" for i in range(10_000))
+    made = requests.post(svc.url + "/v1/datasets", headers={"Authorization": f"Bearer {key}"},
+                         files={"file": ("ages.csv", "age\n" + ages)},
+                         data={"metadata": json.dumps({
+                             "name": "ages", "budgets": {"epsilon": 5},
+                             "columns": {"age": {"type": "integer", "bounds": [18, 100]}}})},
+                         timeout=60)
+    assert made.status_code == 201, made.text
+    done = _bash(f"DS={made.json()['id']}\n" + quick_start_setup() + "\n" + block.body,
+                 cwd, svc)
+    assert done.returncode == 0, done.stderr + done.stdout
+    answer = json.loads(done.stdout)
+    # the figures the block's comment shows
+    assert answer["budget"] == {"epsilon": 0.491403398}, answer["budget"]
+    assert answer["target"]["stated_half_width"] <= 0.05
+    assert answer["target"]["evaluations"] == 32
 
 
 #: what the analyst guide's session assumes: ``ds``, a dataset admitting its releases
