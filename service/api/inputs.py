@@ -118,11 +118,40 @@ def check_body() -> None:
     limit = current_app.config["PRIVRELEASE"].max_json_bytes
     if request.max_content_length is None or limit < request.max_content_length:
         request.max_content_length = limit
-    if too_deep(request.get_data(cache=True)):
+    raw = request.get_data(cache=True)
+    if too_deep(raw):
         raise APIError(400, f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep",
                        code="bad_request", field="body")
+    if _NUL_ESCAPE.search(raw):
+        raise APIError(422, "a JSON string of the body holds a NUL character (\\u0000): no"
+                       " name, key or text of this API can", code="validation_error",
+                       field="body")
+
+
+#: a JSON ``\u0000`` escape: a backslash not itself escaped (an even run before it)
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_text() -> None:
+    """Before a view: no NUL character in the path or the query. PostgreSQL's text can not
+    hold one (psycopg refuses to send it: a 500 where the input is at fault); no id, name
+    or cursor of the API has one, so a path with one names nothing (404) and a query
+    value with one is refused naming its parameter (422), before anything is read."""
+    query = request.query_string
+    if "\x00" not in request.path and b"%00" not in query and b"\x00" not in query:
+        return
+    if not auth.admitted():  # the view refuses the caller first
+        return
+    if "\x00" in request.path:
+        raise APIError(404, "no such resource (a NUL character names nothing)",
+                       code="not_found")
+    for name, value in request.args.items(multi=True):
+        if "\x00" in name or "\x00" in value:
+            raise APIError(422, "a query parameter holds a NUL character",
+                           code="validation_error", field=name.replace("\x00", "?"))
 
 
 def init_app(app: Flask) -> None:
     app.request_class = StrictRequest
+    app.before_request(check_text)
     app.before_request(check_body)

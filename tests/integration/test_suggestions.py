@@ -35,3 +35,27 @@ def test_a_misspelt_name_is_answered_with_the_close_one(
     assert problem["field"] == field, problem
     assert f"did you mean {meant!r}?" in problem["detail"], problem
     assert api.get(f"/v1/datasets/{dataset['id']}/budget").get_json() == before
+
+
+def test_a_nul_character_is_a_clear_refusal_anywhere(api: Api, dataset: dict[str, Any]
+                                                     ) -> None:
+    """PostgreSQL text can not hold NUL: psycopg refused to send it and the API answered
+    500 where the input was at fault (the contract fuzz found it in one parameter after
+    another). Now a path naming nothing is 404, a query value or a JSON string with one is
+    422 naming where, and nothing is spent."""
+    before = api.get(f"/v1/datasets/{dataset['id']}/budget").get_json()
+    path = api.client.get(f"/v1/datasets/{dataset['id']}%00/budget", headers=api._h())
+    assert path.status_code == 404, path.get_json()
+    query = api.client.get("/v1/releases?dataset_id=ds%00x", headers=api._h())
+    assert query.status_code == 422 and query.get_json()["field"] == "dataset_id"
+    cursor = api.client.get("/v1/datasets?cursor=a%00b", headers=api._h())
+    assert cursor.status_code == 422 and cursor.get_json()["field"] == "cursor"
+    body = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
+                                     "params": {"statistic": "mean", "column": "age\x00"},
+                                     "budget": {"epsilon": 0.1}})
+    assert body.status_code == 422 and body.get_json()["field"] == "body"
+    text = api.post("/v1/releases", {"dataset_id": dataset["id"], "mechanism": "laplace",
+                                     "params": {"statistic": "mean", "column": "age\\u0000"},
+                                     "budget": {"epsilon": 0.1}})
+    assert text.status_code == 422 and text.get_json()["field"] == "params.column"  # a name
+    assert api.get(f"/v1/datasets/{dataset['id']}/budget").get_json() == before
