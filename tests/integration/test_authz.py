@@ -23,7 +23,8 @@ from service.storage.keys import KeyStore
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
 PUBLIC = {"/", "/problems", "/problems/<string(maxlength=64):code>", "/healthz", "/readyz",
-          "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>", "/docs/assets/<name>"}
+          "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>", "/docs/assets/<name>",
+          "/manual", "/manual/", "/manual/<path:name>"}
 _counter = itertools.count()
 
 

@@ -21,11 +21,13 @@ from privrelease_client import Client, cli
 from service.api.app import create_app
 from service.config import Config
 
-#: routes that are no API operation of a key: browser pages and their assets, the pages
+#: routes that are no API operation of a key: browser pages and their assets (the
+#: manual, the API docs), the pages
 #: problem documents' ``type`` names (the client raises ``ApiError`` with the code), and
 #: the Prometheus scrape endpoint (its own token, PRIVRELEASE_METRICS_TOKEN, not a key)
 NOT_CLIENT_ROUTES = {("GET", "/docs"), ("GET", "/docs/assets/<>"), ("GET", "/static/<>"),
-                     ("GET", "/metrics"), ("GET", "/problems"), ("GET", "/problems/<>")}
+                     ("GET", "/metrics"), ("GET", "/problems"), ("GET", "/problems/<>"),
+                     ("GET", "/manual"), ("GET", "/manual/"), ("GET", "/manual/<>")}
 HTTP = r'"(GET|POST|PATCH|PUT|DELETE)"'
 PATH = r'f?"(/[^"]*)"'
 CALLS = [re.compile(rf"\.(?:send|request)\(\s*{HTTP},\s*{PATH}"),
@@ -130,7 +132,8 @@ def test_every_route_has_a_cli_command(app: Flask) -> None:
 #: probes, the OpenAPI description and its viewer,
 #: metrics, static files (the console links /docs in its navigation instead)
 NOT_CONSOLE_ENDPOINTS = {"health.index", "health.healthz", "health.readyz",
-                         "health.problem_types", "health.problem_type", "api-docs.openapi_json",
+                         "health.problem_types", "health.problem_type",
+                         "manual.root", "manual.page", "api-docs.openapi_json",
                          "api-docs.openapi_swagger_ui", "apidocs.asset", "metrics", "static"}
 
 
