@@ -55,7 +55,8 @@ from workers.celery_app import HEARTBEAT_SECONDS
 
 #: answered without Valkey: liveness, the scrape (reports redis_up 0) and the docs
 NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
-             "/docs/assets/<name>", "/static/<path:filename>"}
+             "/docs/assets/<name>", "/static/<path:filename>", "/manual", "/manual/",
+             "/manual/<path:name>"}
 
 
 @pytest.fixture(scope="module")
