@@ -56,7 +56,7 @@ from workers.celery_app import HEARTBEAT_SECONDS
 #: answered without Valkey: liveness, the scrape (reports redis_up 0) and the docs
 NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:filename>",
              "/docs/assets/<name>", "/static/<path:filename>", "/manual", "/manual/",
-             "/manual/<path:name>"}
+             "/manual/<path:name>", "/", "/problems", "/problems/<string(maxlength=64):code>"}
 
 
 @pytest.fixture(scope="module")
