@@ -16,6 +16,23 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from mechanisms.iclp.kernels import FAMILIES
 
+#: descriptions shared by several mechanisms' parameters (one copy each)
+D_DENSITY_COLUMN = ("the bounded continuous column whose density is released (declared finite "
+                    "bounds)")
+D_DENSITY_KERNEL = ("the density's base kernel: {family, nu, rho}; default gaussian, rho (the "
+                    "bandwidth) auto")
+D_ESTIMATOR_KERNEL = ("the kernel of the estimator and of the noise: {family, nu, rho}; default "
+                      "Matérn nu 1.5, rho 0.1")
+D_GRID_SIZE = ("evenly spaced points over the column's declared bounds the density is evaluated "
+               "on (default 200)")
+D_MEAN_COLUMN = ("the functional column whose mean function is released (declared grid and norm "
+                 "bound)")
+D_NOISE_KERNEL = ("the kernel whose eigenbasis carries the noise: {family, nu, rho}; default "
+                  "Matérn nu 1.5, rho 0.1")
+D_NORMALIZE = ("clip the released density at 0 and rescale it to integrate to 1 (free "
+               "post-processing; default true)")
+
+
 #: largest grid the dense eigen-decomposition is run on (O(M³) time, O(M²) memory)
 MAX_GRID_POINTS = 2000
 MIN_KDE_GRID = 16
@@ -137,8 +154,7 @@ class IclpMeanSchema(Strict):
     """``iclp.mean``: the ICLP-QR mean of a functional column."""
 
     column = fields.String(required=True, metadata={
-        "description": "the functional column whose mean function is released (declared grid and "
-                       "norm bound)"})
+        "description": D_MEAN_COLUMN})
     kernel = fields.Nested(KernelSchema, metadata={
         "description": "the kernel whose eigenbasis carries the noise: {family, nu, rho}; "
                        "default Matérn nu 1.5 with rho tuned"})
@@ -157,11 +173,9 @@ class FrlMeanSchema(Strict):
     """``frl.mean``: i.i.d. Laplace on the first M eigen-coefficients of ``kernel``."""
 
     column = fields.String(required=True, metadata={
-        "description": "the functional column whose mean function is released (declared grid and "
-                       "norm bound)"})
+        "description": D_MEAN_COLUMN})
     kernel = fields.Nested(KernelSchema, metadata={
-        "description": "the kernel whose eigenbasis carries the noise: {family, nu, rho}; "
-                       "default Matérn nu 1.5, rho 0.1"})
+        "description": D_NOISE_KERNEL})
     components = NumberOrChoice(0.0, float(MAX_GRID_POINTS), ("auto",), metadata={
         "description": "M, the number of leading eigen-coefficients released, a whole number; "
                        "omitted or auto: floor(sqrt(n) * epsilon)"})
@@ -177,43 +191,35 @@ class IclpKdeSchema(Strict):
     """``iclp.kde``: ICLP-QR density of a bounded continuous column."""
 
     column = fields.String(required=True, metadata={
-        "description": "the bounded continuous column whose density is released (declared finite "
-                       "bounds)"})
+        "description": D_DENSITY_COLUMN})
     grid_size = fields.Integer(
         strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID),
-        metadata={"description": "evenly spaced points over the column's declared bounds the "
-                                 "density is evaluated on (default 200)"},
+        metadata={"description": D_GRID_SIZE},
     )
     kernel = fields.Nested(DensityKernelSchema, metadata={
-        "description": "the density's base kernel: {family, nu, rho}; default gaussian, rho (the "
-                       "bandwidth) auto"})
+        "description": D_DENSITY_KERNEL})
     smoothing = fields.Nested(KdeSmoothingSchema, metadata={
         "description": "{eta}: the power of the estimation kernel; omitted: tuned"})
     normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
-        "description": "clip the released density at 0 and rescale it to integrate to 1 (free "
-                       "post-processing; default true)"})
+        "description": D_NORMALIZE})
 
 
 class BernsteinKdeSchema(Strict):
     """``bernstein.kde``: the Bernstein mechanism on a KDE of a bounded continuous column."""
 
     column = fields.String(required=True, metadata={
-        "description": "the bounded continuous column whose density is released (declared finite "
-                       "bounds)"})
+        "description": D_DENSITY_COLUMN})
     grid_size = fields.Integer(
         strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID),
-        metadata={"description": "evenly spaced points over the column's declared bounds the "
-                                 "density is evaluated on (default 200)"},
+        metadata={"description": D_GRID_SIZE},
     )
     kernel = fields.Nested(DensityKernelSchema, metadata={
-        "description": "the density's base kernel: {family, nu, rho}; default gaussian, rho (the "
-                       "bandwidth) auto"})
+        "description": D_DENSITY_KERNEL})
     lattice_size = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LATTICE),
         metadata={"description": "K: the KDE is evaluated, with noise, at K + 1 lattice points, "
                                  "the Bernstein polynomial's degree (default 20)"})
     normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
-        "description": "clip the released density at 0 and rescale it to integrate to 1 (free "
-                       "post-processing; default true)"})
+        "description": D_NORMALIZE})
 
 
 # ------------------------------------------- ICLP-AR, GP-ADP, FRL-KDE, Bernstein mean
@@ -234,11 +240,9 @@ class IclpArMeanSchema(Strict):
     """``iclp.ar``: the soft-thresholding (ℓ1-penalised) ICLP mean of a functional column."""
 
     column = fields.String(required=True, metadata={
-        "description": "the functional column whose mean function is released (declared grid and "
-                       "norm bound)"})
+        "description": D_MEAN_COLUMN})
     kernel = fields.Nested(KernelSchema, metadata={
-        "description": "the kernel whose eigenbasis carries the noise: {family, nu, rho}; "
-                       "default Matérn nu 1.5, rho 0.1"})
+        "description": D_NOISE_KERNEL})
     smoothing = fields.Nested(ArSmoothingSchema, metadata={
         "description": "{eta, psi}: the soft thresholds psi / (2 lambda^(eta/2)); omitted: the "
                        "public rules"})
@@ -258,8 +262,7 @@ class GpAdpMeanSchema(Strict):
     """``gp.adp``: the Gaussian-process (ε, δ) mean of a functional column."""
 
     column = fields.String(required=True, metadata={
-        "description": "the functional column whose mean function is released (declared grid and "
-                       "norm bound)"})
+        "description": D_MEAN_COLUMN})
     kernel = fields.Nested(KernelSchema, metadata={
         "description": "the kernel of the ridge mean and of the Gaussian process noise: {family, "
                        "nu, rho}; default Matérn nu 1.5, rho 0.1"})
@@ -271,22 +274,18 @@ class FrlKdeSchema(Strict):
     """``frl.kde``: FRL density (first M eigen-coefficients of the KDE, i.i.d. Laplace)."""
 
     column = fields.String(required=True, metadata={
-        "description": "the bounded continuous column whose density is released (declared finite "
-                       "bounds)"})
+        "description": D_DENSITY_COLUMN})
     grid_size = fields.Integer(
         strict=True, validate=validate.Range(min=MIN_KDE_GRID, max=MAX_KDE_GRID),
-        metadata={"description": "evenly spaced points over the column's declared bounds the "
-                                 "density is evaluated on (default 200)"},
+        metadata={"description": D_GRID_SIZE},
     )
     kernel = fields.Nested(DensityKernelSchema, metadata={
-        "description": "the density's base kernel: {family, nu, rho}; default gaussian, rho (the "
-                       "bandwidth) auto"})
+        "description": D_DENSITY_KERNEL})
     components = NumberOrChoice(0.0, float(MAX_KDE_GRID), ("auto",), metadata={
         "description": "M, the number of leading eigen-coefficients of the KDE released, a whole "
                        "number; omitted or auto: floor(sqrt(n) * epsilon)"})
     normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
-        "description": "clip the released density at 0 and rescale it to integrate to 1 (free "
-                       "post-processing; default true)"})
+        "description": D_NORMALIZE})
 
     @validates_schema
     def _check_components(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -303,8 +302,7 @@ class BernsteinMeanSchema(Strict):
     """
 
     column = fields.String(required=True, metadata={
-        "description": "the functional column whose mean function is released (declared grid and "
-                       "norm bound)"})
+        "description": D_MEAN_COLUMN})
     lattice_size = fields.Integer(strict=True, validate=validate.Range(min=1, max=MAX_LATTICE),
         metadata={"description": "K: the mean is evaluated, with noise, at K + 1 lattice points, "
                                  "the Bernstein polynomial's degree (default 10)"})

@@ -14,6 +14,8 @@ from marshmallow import ValidationError, fields, validate, validates_schema
 
 from mechanisms.iclp import cov, fos, kde2d
 from mechanisms.iclp.params import (
+    D_ESTIMATOR_KERNEL,
+    D_NORMALIZE,
     MAX_ETA,
     MAX_PSI,
     MAX_RHO,
@@ -60,8 +62,7 @@ class IclpErmSchema(Strict):
                        " points over its declared bounds, where the function is fitted and"
                        " released (default 100)"})
     kernel = fields.Nested(KernelSchema, metadata={
-        "description": "the kernel of the estimator and of the noise: {family, nu, rho}; default "
-                       "Matérn nu 1.5, rho 0.1"})
+        "description": D_ESTIMATOR_KERNEL})
     smoothing = fields.Nested(SmoothingSchema, metadata={
         "description": "{eta, psi} of the regularised fit; omitted: the public rules"})
 
@@ -73,8 +74,7 @@ class IclpCovSchema(Strict):
         "description": "the functional column whose covariance function is released (declared "
                        "grid of at most 200 points, norm bound)"})
     kernel = fields.Nested(KernelSchema, metadata={
-        "description": "the kernel of the estimator and of the noise: {family, nu, rho}; default "
-                       "Matérn nu 1.5, rho 0.1"})
+        "description": D_ESTIMATOR_KERNEL})
     smoothing = fields.Nested(SmoothingSchema, metadata={
         "description": "{eta, psi} of the second moment; omitted: the public rules"})
     max_components = fields.Integer(
@@ -103,8 +103,7 @@ class IclpFosSchema(Strict):
         "description": "also fit an intercept function (default true; counts toward the 10 "
                        "functions)"})
     kernel = fields.Nested(KernelSchema, metadata={
-        "description": "the kernel of the estimator and of the noise: {family, nu, rho}; default "
-                       "Matérn nu 1.5, rho 0.1"})
+        "description": D_ESTIMATOR_KERNEL})
     smoothing = fields.Nested(SmoothingSchema, metadata={
         "description": "{eta, psi} of the ICLP-QR means of x_k Y; omitted: the public rules"})
     gram_share = _share(metadata={
@@ -136,8 +135,7 @@ class IclpKde2dSchema(Strict):
         "description": "the power eta of the estimation kernel C^eta, above 1; omitted or auto: "
                        "1 + 2/beta"})
     normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
-        "description": "clip the released density at 0 and rescale it to integrate to 1 (free "
-                       "post-processing; default true)"})
+        "description": D_NORMALIZE})
 
     @validates_schema
     def _distinct(self, data: dict[str, Any], **kwargs: Any) -> None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
+from mechanisms.target import band95
+
 
 def plot_data(result: Mapping[str, Any]) -> tuple[list[float], list[float]]:
     """(grid, values) of a stored functional release, checked for a drawable shape.
@@ -88,7 +90,7 @@ def plot_spec(mechanism: str, params: Mapping[str, Any], result: Mapping[str, An
         return PlotSpec("curves", title, f"t (grid of {response})", f"beta_k(t) of {response}",
                         x, curves, labels=names[: len(curves)], bands=bands[: len(curves)])
     grid, values = plot_data(result)
-    band = _band(mechanism, accuracy)
+    band = band95(mechanism, accuracy)
     if mechanism == "iclp.erm":
         response = str(params.get("response", "y"))
         ylabel = (f"log-odds of {response} = 1" if params.get("loss") == "logistic"
@@ -100,32 +102,6 @@ def plot_spec(mechanism: str, params: Mapping[str, Any], result: Mapping[str, An
         column = str(params.get("column", "f"))
         xlabel, ylabel = f"t (grid of {column})", f"mean of {column}"
     return PlotSpec("curve", title, xlabel, ylabel, grid, [values], bands=[band])
-
-
-def _band(mechanism: str, accuracy: Mapping[str, Any]) -> float | None:
-    """Half-width of the 95 % band: ``band95``, else 1.96 × the RMS privacy error per point.
-
-    A density's ``expected_sq_l2_error`` is integrated over the column's range, so its
-    per-point mean square is that divided by the range; a mean function's is already
-    a mean over the (unit-normalised) domain.
-    """
-    band = _half_width(accuracy.get("band95"))
-    if band is not None:
-        return band
-    mse = _half_width(accuracy.get("expected_sq_l2_error"))
-    if mse is None or mse < 0:
-        return None
-    if mechanism.endswith(".kde"):
-        kernel = accuracy.get("kernel")
-        domain = kernel.get("domain") if isinstance(kernel, Mapping) else None
-        try:
-            span = float(domain[1]) - float(domain[0])  # type: ignore[index]
-        except (TypeError, ValueError, IndexError):
-            return None
-        if not (math.isfinite(span) and span > 0):
-            return None
-        mse /= span
-    return 1.96 * math.sqrt(mse)
 
 
 def _epsilon(cost: Mapping[str, Any]) -> str:

@@ -244,13 +244,14 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
     with _lease(ledger, run):
         try:
             job = _public_inputs(ledger, svc.datasets, req, run.dataset_document)
+            source = _record_source(svc, job)
             # the memory the run would need, as the API judged it, against this worker's
             # (its setting may differ from the API's), on the engine the run will use (a
             # row map whose version Spark cannot map holds its table here): refused here
             # is refunded, not killed
             mechanisms.memory.check(mechanisms.memory.held(
                 job.mechanism, job.params, job.meta, held_rows=INLINE_ROWS,
-                distributed=_record_source(svc, job) is not None),
+                distributed=source is not None),
                 svc.config.worker_memory, "this release")
             # the output's room before the data, where a file will hold some of it (a table,
             # a result file): a store that cannot take it is refunded. Decided by public
@@ -269,7 +270,7 @@ def _execute(svc: Services, run: Run, req: JobRequest) -> str:
         if not ledger.mark_data_read(run):  # another run has the job: read nothing
             return _lost(client, run, mechanism, "lost", started)
         try:
-            payload, table = _compute(svc, job, run)
+            payload, table = _compute(svc, job, run, source)
             if not inline:  # the result file before the commit, which makes it the release's
                 svc.documents.save_result(release_id, run.attempt, payload)
         except Exception as err:  # after reading the data: charged, and the same message
@@ -357,16 +358,18 @@ def _public_inputs(ledger: Store, store: DatasetStore, req: JobRequest,
                 req.seed)
 
 
-def _compute(svc: Services, job: _Job, run: Run) -> tuple[str, int | None]:
+def _compute(svc: Services, job: _Job, run: Run,
+             source: tuple[RowKey | None, ParquetSource] | None) -> tuple[str, int | None]:
     """Read the data, run the mechanism, store this run's table; the output as JSON and
-    the attempt whose table it is (None without a table)."""
+    the attempt whose table it is (None without a table). ``source``: where a record-level
+    row map runs on Spark (``_record_source``), None where it runs here."""
     config = svc.config
     if config.test_job_delay and config.allow_seeds:  # fault injection (tests only)
         time.sleep(config.test_job_delay)
     # the plan's heavy public parts (calibration, eigen-systems) are in the store the
     # API filled when it costed the request: the run reuses them instead of recomputing
     with mechanisms.precompute.use(svc.precomputed):
-        parted = _records_on_spark(svc, job, run)
+        parted = None if source is None else _records_on_spark(svc, job, run, source)
         output, engine = parted[:2] if parted else _run(svc.datasets, job, config.spark_remote)
     result = dict(output.result)
     guarantee = output.guarantee
@@ -466,15 +469,12 @@ def _record_source(svc: Services, job: _Job) -> tuple[RowKey | None, ParquetSour
     return None if source is None else (key, source)
 
 
-def _records_on_spark(svc: Services, job: _Job, run: Run
-                      ) -> tuple[mechanisms.Output, str, int, str] | None:
-    """A record-level row map on Spark (``service.engines.spark_records``): its output,
-    engine, the rows of the table it stored as parts of this run, and what is said of
-    the order; None where it does not run there (no Spark, no rows, no row map, a version
-    Spark does not read, a v1 order: one sequential stream). Public inputs decide."""
-    found = _record_source(svc, job)
-    if found is None:
-        return None
+def _records_on_spark(svc: Services, job: _Job, run: Run,
+                      found: tuple[RowKey | None, ParquetSource]
+                      ) -> tuple[mechanisms.Output, str, int, str]:
+    """A record-level row map on Spark (``service.engines.spark_records``) from where
+    ``_record_source`` found it: its output, engine, the rows of the table it stored as
+    parts of this run, and what is said of the order."""
     key, source = found
     mech, remote, store = job.mechanism, svc.config.spark_remote, svc.datasets
     assert isinstance(mech, RecordMechanism) and remote is not None

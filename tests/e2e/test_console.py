@@ -22,14 +22,13 @@ import pytest
 import requests
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
-from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver, WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from tests.e2e import chromium
 from tests.e2e.harness import TOKEN, Service
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SHOTS = os.environ.get("PRIVRELEASE_CONSOLE_SCREENSHOTS")
 #: matches the upload form's pre-filled example metadata (age, income, group)
 CSV = "age,income,group\n" + "".join(
@@ -37,24 +36,14 @@ CSV = "age,income,group\n" + "".join(
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1280,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=DriverService(CHROMEDRIVER))
-    driver.implicitly_wait(5)
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
+    driver = chromium.start(tmp_path_factory.mktemp("chromium"))
     yield driver
     driver.quit()
 
 
 def _shot(driver: WebDriver, name: str) -> None:
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
+    chromium.shot(driver, SHOTS, name)
 
 
 def _sign_in(driver: WebDriver, service: Service, token: str) -> None:

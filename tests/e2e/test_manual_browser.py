@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.e2e import chromium
 from tests.e2e.harness import TOKEN, Service
-from tests.e2e.test_console import CHROMEDRIVER, CHROMIUM
 from tests.manual_site import build
 
 SHOTS = os.environ.get("PRIVRELEASE_MANUAL_SCREENSHOTS")
@@ -47,24 +45,13 @@ def manual_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1280,900",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=DriverService(CHROMEDRIVER))
-    driver.implicitly_wait(5)
+    driver = chromium.start(tmp_path_factory.mktemp("chromium"), height=900)
     yield driver
     driver.quit()
 
 
 def _shot(driver: WebDriver, name: str) -> None:
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
+    chromium.shot(driver, SHOTS, name)
 
 
 def _loaded_from(driver: WebDriver) -> set[str]:

@@ -20,16 +20,14 @@ import pytest
 from flask import Flask
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from service.api import apidocs
+from tests.e2e import chromium
 from tests.integration.liveserver import serve
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 #: how Chromium says a page off this machine could not be reached
 OFFLINE = r"ERR_PROXY_CONNECTION_FAILED|ERR_NAME_NOT_RESOLVED"
 CONTENT_TYPES = {".js": {"text/javascript", "application/javascript"}, ".css": {"text/css"},
@@ -88,21 +86,12 @@ def live_url(app: Flask) -> Iterator[str]:
 
 
 def offline_chromium() -> webdriver.Chrome:
-    """Debian's headless Chromium that can reach nothing but this machine's loopback."""
-    assert CHROMIUM.exists() and CHROMEDRIVER.exists(), (
-        "Debian's chromium and chromium-driver are needed: apt-get install -y chromium"
-        " chromium-driver (the test target installs them)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1280,1600",
-                 # offline: every request off loopback goes to a dead proxy, and no host
-                 # name but localhost resolves
-                 "--proxy-server=http://127.0.0.1:9",
-                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    """Debian's headless Chromium that can reach nothing but this machine's loopback:
+    every request off loopback goes to a dead proxy, and no host name but localhost
+    resolves."""
+    return chromium.start(None, height=1600, extra=(
+        "--proxy-server=http://127.0.0.1:9",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"))
 
 
 def test_docs_render_offline_in_headless_chromium(live_url: str, worker: Any) -> None:

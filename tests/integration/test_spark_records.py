@@ -164,7 +164,8 @@ def test_the_worker_releases_on_spark_what_it_releases_embedded(
     payloads, tables = {}, {}
     for kind, svc in (("spark", spark_svc), ("embedded", embedded_svc)):
         release_id = f"rel_{kind}_{n}"
-        payload, attempt = run._compute(svc, job, Run(release_id, "token", 1))
+        payload, attempt = run._compute(svc, job, Run(release_id, "token", 1),
+                                        run._record_source(svc, job))
         assert attempt == 1
         payloads[kind] = json.loads(payload)
         tables[kind] = svc.outputs.load(release_id, 1)
@@ -197,7 +198,9 @@ def test_a_v1_version_keeps_its_order_and_runs_embedded(api: Api) -> None:
     params = mech.load_params({"column": "x"})
     cost = mech.cost(params, {"noiseless_bits": Fraction(3)}, meta)
     job = run._Job("ds_v1_order", 1, mech, params, cost, meta, seed=1)
-    payload, attempt = run._compute(spark_svc, job, Run("rel_v1_order", "token", 1))
+    assert run._record_source(spark_svc, job) is None
+    payload, attempt = run._compute(spark_svc, job, Run("rel_v1_order", "token", 1),
+                                    run._record_source(spark_svc, job))
     assert json.loads(payload)["engine"] == "embedded" and attempt == 1
     table = spark_svc.outputs.load("rel_v1_order", 1)
     assert table is not None

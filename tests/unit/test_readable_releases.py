@@ -275,11 +275,11 @@ def test_a_band_is_drawn_and_its_half_width_named() -> None:
 
 def test_the_band_the_service_draws_is_the_one_frames_state() -> None:
     """``mechanisms`` stays importable without the client (DESIGN §1), so the drawing's
-    band formula (``mechanisms.iclp.plot``) and the frames' (``reading.band95``) are two
-    copies: they must agree."""
+    band formula (``mechanisms.target.band95``, which ``mechanisms.iclp.plot`` draws) and
+    the frames' (``reading.band95``) are two copies: they must agree."""
     from privrelease_client.reading import band95
 
-    from mechanisms.iclp.plot import _band
+    from mechanisms.target import band95 as _band
 
     cases = [("iclp.mean", {"band95": 0.3}),
              ("iclp.mean", {"expected_sq_l2_error": 0.04}),
