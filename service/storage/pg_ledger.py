@@ -94,7 +94,10 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
   hash, ``_release_fields``; a result stored as a run's file, ``commit(...,
   result_stored=True)``, is read from ``documents``: ``DocumentMissing`` if it is gone),
   ``release_page`` (``ReleaseView``: every one, some datasets', a key's, the pending, the
-  failed; each list an index on ``releases``, a page one range scan from its cursor),
+  failed; each list an index, on ``releases`` or, for the pending and the failed, on
+  their side tables ``release_pending`` / ``release_failed`` (migration 0010_hot_settle:
+  a settle then changes no indexed column of ``releases``, a HOT update), a page one
+  range scan from its cursor),
   ``dataset_history``; the request always stays in the row (``kept_request``: None);
 - the registry: ``set_dataset_status`` (the document rewritten under its row lock),
   ``dataset_documents``, ``dataset_ids``, ``idempotency_record``; the hold-out counters
@@ -105,8 +108,9 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
   which stale release's message no longer waits, by index (migration 0008_sweep:
   ``sweep_marks``, ``passed``, ``confirm_passed``, ``held_by_workers``, ``sending`` /
   ``sent``; ``service.releases.sweeper`` has the argument): each a statement or two on
-  ranges of ``releases_sweep``, ``releases_ran_seq`` and ``releases_priced_seq`` and the
-  few rows of ``release_runs`` (migration 0009_hot_start)
+  ranges of ``release_pending_sweep`` (the marks are columns of ``release_pending``),
+  ``release_ran`` and ``releases_priced_seq`` and the few rows of ``release_runs``
+  (migrations 0009_hot_start, 0010_hot_settle)
   (planned with sequential scans off: ``SWEEP_PLANNING``), whatever the backlog;
 - the audit log's bounds: ``audit_range`` (time bounds to event ids, below);
 - reads that do not grow with the history (issue #29 item 7, migration 0006_counts):
@@ -198,14 +202,17 @@ PRUNE_EVERY, PRUNE_BATCH = 64, 256
 IDEMPOTENCY_LOCK, REPLAY_LOCK, DATASET_LOCK = 1, 2, 3
 #: a release holding units: settle moves them; every other status holds nothing
 HOLDING = ("queued", "running")
-#: a pending release (Valkey's ``pr:pending``: reserve.lua enters every new release,
-#: ``pricing`` ones too; settle.lua and refuse.lua take it out): the stored generated
-#: column ``pending`` (status pricing, queued or running, migration 0009_hot_start), the
-#: predicate of the partial indexes of the pending lists
-PENDING_SQL = "pending"
-#: the failed list's releases (Valkey's ``pr:failed``: settle.lua's failed, refuse.lua's
-#: refused; not cancelled), ordered by ``finished_at``: the generated column ``failed``
-FAILED_SQL = "failed"
+#: the pending list's releases (Valkey's ``pr:pending``: reserve.lua enters every new
+#: release, ``pricing`` ones too; settle.lua and refuse.lua take it out): the rows of
+#: ``release_pending`` (migration 0010_hot_settle), by ``created_at``; the failed list's
+#: (Valkey's ``pr:failed``: settle.lua's failed, refuse.lua's refused; not cancelled):
+#: the rows of ``release_failed``, by ``finished_at``. Each view's (table, time column)
+LIST_TABLES = {"pending": ("release_pending", "created_at"),
+               "failed": ("release_failed", "finished_at")}
+#: the sweeper's stale releases: a range of ``release_pending``'s primary key
+STALE_SQL = ("SELECT release_id, created_at FROM release_pending "
+             "WHERE created_at <= now() - make_interval(secs => %s) "
+             "ORDER BY created_at, release_id")
 #: the ``releases`` columns ``_release_fields`` reads, in its order
 RELEASE_COLUMNS = ("id, status, request, actor, created_at, started_at, finished_at, worker, "
                    "attempt, output, result_attempt, error, data_read, charged, "
@@ -271,41 +278,49 @@ NO_BOUND = 2**63 - 1
 #: backlog): a planner misled by statistics older than the backlog (all of it unmarked,
 #: say) must not pick a scan of the table instead, so its transactions forbid that
 SWEEP_PLANNING = "SET LOCAL enable_seqscan = off"
+#: a pending release's row of ``release_pending`` (its primary key: created_at, id), as
+#: a row value, from the release's id (a parameter): the primary keys of both tables
+PENDING_KEY = ("(release_pending.created_at, release_pending.release_id) IN "
+               "(SELECT created_at, id FROM releases WHERE id {ids})")
 #: pricing and queued releases never marked, stale, out of the outbox (so published):
-#: the two ranges of ``releases_sweep`` (pricing or not; migration 0009_hot_start), the
-#: running ones in them (as many as runs under way) skipped
+#: the two ranges of ``release_pending_sweep`` (pricing or not; migration
+#: 0010_hot_settle: the marks are columns of ``release_pending``), the running ones in
+#: them (as many as runs under way: ``release_runs``) skipped
 MARK_NEW_SQL = (
-    "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
-    "sweep_at = now() WHERE id IN (SELECT id FROM releases "
-    "WHERE pending AND pricing IN (true, false) AND sweep_seq IS NULL "
-    "AND status IN ('pricing', 'queued') "
+    "UPDATE release_pending SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
+    "sweep_at = now() WHERE (created_at, release_id) IN (SELECT created_at, release_id "
+    "FROM release_pending p WHERE pricing IN (true, false) AND sweep_seq IS NULL "
     "AND created_at <= now() - make_interval(secs => %(older)s) "
-    "AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.release_id = releases.id) "
+    "AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.release_id = p.release_id) "
+    "AND NOT EXISTS (SELECT 1 FROM release_runs u WHERE u.release_id = p.release_id) "
     "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
 #: running releases whose lease lapsed ``lapsed`` s ago, not marked since it lapsed: the
 #: releases of ``release_runs`` (the running ones, migration 0009_hot_start), each found
 #: by its primary key (LATERAL: the few runs drive, never a scan of ``releases``)
 MARK_LAPSED_SQL = (
-    "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
-    "sweep_at = now() WHERE id IN (SELECT r.id FROM release_runs u CROSS JOIN LATERAL "
-    "(SELECT id FROM releases WHERE id = u.release_id AND status = 'running' "
-    "AND COALESCE(lease_until, '-infinity') <= now() - make_interval(secs => %(lapsed)s) "
-    "AND (sweep_at IS NULL OR sweep_at <= COALESCE(lease_until, '-infinity')) "
-    "FOR UPDATE SKIP LOCKED) r LIMIT %(batch)s)")
+    "UPDATE release_pending SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
+    "sweep_at = now() WHERE (created_at, release_id) IN (SELECT m.created_at, m.release_id "
+    "FROM release_runs u CROSS JOIN LATERAL (SELECT p.created_at, p.release_id "
+    "FROM releases r JOIN release_pending p "
+    "ON p.created_at = r.created_at AND p.release_id = r.id "
+    "WHERE r.id = u.release_id AND r.status = 'running' "
+    "AND COALESCE(r.lease_until, '-infinity') <= now() - make_interval(secs => %(lapsed)s) "
+    "AND (p.sweep_at IS NULL OR p.sweep_at <= COALESCE(r.lease_until, '-infinity')) "
+    "FOR UPDATE OF p SKIP LOCKED) m LIMIT %(batch)s)")
 #: a send of the sweeper begun ``SEND_BOUND`` s ago and never marked after (phase 0)
 MARK_SENDING_SQL = (
-    "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
-    "sweep_at = now() WHERE id IN (SELECT id FROM releases "
-    "WHERE pending AND pricing IN (true, false) AND sweep_seq = 0 "
+    "UPDATE release_pending SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
+    "sweep_at = now() WHERE (created_at, release_id) IN (SELECT created_at, release_id "
+    "FROM release_pending WHERE pricing IN (true, false) AND sweep_seq = 0 "
     "AND sweep_at <= now() - make_interval(secs => %(bound)s) "
     "LIMIT %(batch)s FOR UPDATE SKIP LOCKED)")
 #: the witness bounds: the newest release started (its run's message taken) and priced
 #: (its pricing job's) ``age`` s ago or more, by the mark taken at its insert; the
-#: started ones: those that ended (``releases_ran_seq``) and those running
-#: (``release_runs``), migration 0009_hot_start
+#: started ones: those that ended (``release_ran``, migration 0010_hot_settle) and those
+#: running (``release_runs``, migration 0009_hot_start)
 WITNESS_SQL = (
-    "SELECT GREATEST((SELECT created_seq FROM releases WHERE ran_at IS NOT NULL "
-    "AND created_seq IS NOT NULL AND ran_at <= now() - make_interval(secs => %(age)s) "
+    "SELECT GREATEST((SELECT created_seq FROM release_ran "
+    "WHERE ran_at <= now() - make_interval(secs => %(age)s) "
     "ORDER BY created_seq DESC LIMIT 1), (SELECT max(r.created_seq) FROM release_runs u "
     "CROSS JOIN LATERAL (SELECT created_seq FROM releases WHERE id = u.release_id "
     "AND started_at <= now() - make_interval(secs => %(age)s) OFFSET 0) r)), "
@@ -313,30 +328,36 @@ WITNESS_SQL = (
     "AND created_seq IS NOT NULL AND priced_at <= now() - make_interval(secs => %(age)s) "
     "ORDER BY created_seq DESC LIMIT 1)")
 #: one kind's marked releases below a bound (``{pricing}``: the range of
-#: ``releases_sweep``, named literally so that the partial index applies to a generic
-#: plan too; a running one's mark counts only if taken after its lease lapsed);
-#: parameters: bound, limit
+#: ``release_pending_sweep``, named literally so that a generic plan uses it too; a
+#: running one's mark counts only if taken after its lease lapsed); parameters: bound,
+#: limit
 PASSED_SQL = (
-    "SELECT id, status, created_at, sweep_seq, sweep_phase, false FROM releases "
-    "WHERE pending AND pricing = {pricing} AND sweep_seq > 0 AND sweep_seq < %s "
-    "AND (status <> 'running' OR sweep_at > COALESCE(lease_until, '-infinity')) "
-    "ORDER BY sweep_seq LIMIT %s")
+    "SELECT p.release_id, r.status, p.created_at, p.sweep_seq, p.sweep_phase, false "
+    "FROM release_pending p JOIN releases r ON r.id = p.release_id "
+    "WHERE p.pricing = {pricing} AND p.sweep_seq > 0 AND p.sweep_seq < %s "
+    "AND (r.status <> 'running' OR p.sweep_at > COALESCE(r.lease_until, '-infinity')) "
+    "ORDER BY p.sweep_seq LIMIT %s")
 #: pending releases by id (their message held by a worker for too long)
 STRANDED_SQL = (
-    "SELECT id, status, created_at, sweep_seq, sweep_phase, true FROM releases "
-    "WHERE id = ANY(%s) AND status IN ('pricing', 'queued', 'running')")
+    "SELECT p.release_id, r.status, p.created_at, p.sweep_seq, p.sweep_phase, true "
+    "FROM releases r JOIN release_pending p "
+    "ON p.created_at = r.created_at AND p.release_id = r.id WHERE r.id = ANY(%s)")
 #: marked again, phase 2, if the mark read is still the release's
 CONFIRM_SQL = (
-    "UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 2, "
+    "UPDATE release_pending SET sweep_seq = nextval('release_sends'), sweep_phase = 2, "
     "sweep_at = now() FROM unnest(%s::text[], %s::bigint[]) AS p(id, seq) "
-    "WHERE releases.id = p.id AND releases.sweep_seq = p.seq AND releases.sweep_phase = 1")
-#: a worker holds the message: a second mark no longer counts
-HELD_SQL = ("UPDATE releases SET sweep_phase = 1 WHERE id = ANY(%s) AND sweep_phase = 2 "
-            "AND status IN ('pricing', 'queued')")
-SENDING_SQL = ("UPDATE releases SET sweep_seq = 0, sweep_phase = 0, sweep_at = now() "
-               "WHERE id = %s AND status IN ('pricing', 'queued', 'running')")
-SENT_SQL = ("UPDATE releases SET sweep_seq = nextval('release_sends'), sweep_phase = 1, "
-            "sweep_at = now() WHERE id = %s AND status IN ('pricing', 'queued', 'running')")
+    "JOIN releases r ON r.id = p.id "
+    "WHERE release_pending.created_at = r.created_at AND release_pending.release_id = p.id "
+    "AND release_pending.sweep_seq = p.seq AND release_pending.sweep_phase = 1")
+#: a worker holds the message: a second mark no longer counts (pricing or queued ones)
+HELD_SQL = ("UPDATE release_pending SET sweep_phase = 1 WHERE "
+            + PENDING_KEY.format(ids="= ANY(%s)") + " AND sweep_phase = 2 "
+            "AND NOT EXISTS (SELECT 1 FROM release_runs u "
+            "WHERE u.release_id = release_pending.release_id)")
+SENDING_SQL = ("UPDATE release_pending SET sweep_seq = 0, sweep_phase = 0, sweep_at = now() "
+               "WHERE " + PENDING_KEY.format(ids="= %s"))
+SENT_SQL = ("UPDATE release_pending SET sweep_seq = nextval('release_sends'), "
+            "sweep_phase = 1, sweep_at = now() WHERE " + PENDING_KEY.format(ids="= %s"))
 
 
 def passed_query(marks: SendMarks, empty: Collection[str], limit: int,
@@ -1400,9 +1421,10 @@ class PgLedger:
         none); ``all`` and ``key`` ignore it.
 
         One query: a range scan of at most ``limit + 1`` entries of the view's index
-        (migration 0003_releases), or, with ``datasets``, one such scan per dataset
-        (``unnest`` of the ids, LATERAL) merged and cut to ``limit + 1``: O(log N +
-        limit), O(D (log N + limit)) for D datasets, as Valkey's union of D sets
+        (migrations 0003_releases, 0010_hot_settle), or, with ``datasets``, one such
+        scan per dataset (``unnest`` of the ids, LATERAL) merged and cut to ``limit +
+        1``: O(log N + limit), O(D (log N + limit)) for D datasets, as Valkey's union of
+        D sets
         (``index.page``). ``_page_query`` builds it (tests EXPLAIN it)."""
         if limit < 1:
             return [], None
@@ -1424,38 +1446,37 @@ class PgLedger:
     @staticmethod
     def _page_query(view: ReleaseView, limit: int, after: index.Cursor | None
                     ) -> tuple[str, list[Any]] | None:
-        """The SQL and parameters of ``release_page``'s query (None: the view is empty)."""
+        """The SQL and parameters of ``release_page``'s query (None: the view is empty):
+        the pending and failed views read their side table (``LIST_TABLES``), the others
+        ``releases``."""
         if view.kind not in ("all", "datasets", "key", "pending", "failed"):
             raise ValueError(f"no such release view: {view.kind!r}")
-        at = "finished_at" if view.kind == "failed" else "created_at"
+        table, at = LIST_TABLES.get(view.kind, ("releases", "created_at"))
+        key = "id" if table == "releases" else "release_id"
         newest_first = view.kind != "pending"
         past, way = ("<", "DESC") if newest_first else (">", "ASC")
         where: list[str] = []
         params: list[Any] = []
-        if view.kind == "pending":
-            where.append(PENDING_SQL)
-        elif view.kind == "failed":
-            where.append(FAILED_SQL)
-        elif view.kind == "key":
+        if view.kind == "key":
             where.append("actor = %s")
             params.append(view.key_id)
         if after is not None:
-            where.append(f"({at}, id) {past} (%s, %s)")
+            where.append(f"({at}, {key}) {past} (%s, %s)")
             params += [_cursor_time(after), after.member]
         datasets = view.datasets if view.kind in ("datasets", "pending", "failed") else None
-        order = f"ORDER BY {at} {way}, id {way} LIMIT %s"
+        order = f"ORDER BY {at} {way}, {key} {way} LIMIT %s"
         if datasets is None:
-            sql = (f"SELECT id, {at} FROM releases "
+            sql = (f"SELECT {key}, {at} FROM {table} "
                    f"{'WHERE ' + ' AND '.join(where) if where else ''} {order}")
             return sql, [*params, limit + 1]
         if not datasets:
             return None
         # one index range scan per dataset (dataset_id, time, id), merged: each reads at
         # most limit + 1 entries past the cursor
-        sql = (f"SELECT r.id, r.{at} FROM unnest(%s::text[]) AS d(dataset_id) "
-               f"CROSS JOIN LATERAL (SELECT id, {at} FROM releases "
+        sql = (f"SELECT r.{key}, r.{at} FROM unnest(%s::text[]) AS d(dataset_id) "
+               f"CROSS JOIN LATERAL (SELECT {key}, {at} FROM {table} "
                f"WHERE {' AND '.join(['dataset_id = d.dataset_id', *where])} {order}) r "
-               f"ORDER BY r.{at} {way}, r.id {way} LIMIT %s")
+               f"ORDER BY r.{at} {way}, r.{key} {way} LIMIT %s")
         return sql, [sorted(datasets), *params, limit + 1, limit + 1]
 
     def dataset_history(self, dataset_id: str, newest: int) -> tuple[list[Fields], bool]:
@@ -1490,11 +1511,9 @@ class PgLedger:
     def stale(self, older_than: float) -> list[tuple[str, float]]:
         """(id, creation epoch s) of the pending releases (pricing, queued, running)
         created over ``older_than`` seconds ago (the database's clock), oldest first:
-        the range of the partial index ``releases_pending`` up to that time."""
+        a range of ``release_pending``'s primary key (``STALE_SQL``)."""
         def step(cur: Cursor) -> list[tuple[Any, ...]]:
-            cur.execute(f"SELECT id, created_at FROM releases WHERE {PENDING_SQL} AND "
-                        "created_at <= now() - make_interval(secs => %s) "
-                        "ORDER BY created_at, id", (older_than,))
+            cur.execute(STALE_SQL, (older_than,))
             return cur.fetchall()
 
         return [(release_id, at.timestamp()) for release_id, at in self._tx(step)]
@@ -1539,9 +1558,9 @@ class PgLedger:
                 return 0
             if int(sent) >= max_resends:
                 return -1
-            cur.execute("UPDATE releases SET resends = %s, resent_at = now(), sweep_seq = 0, "
-                        "sweep_phase = 0, sweep_at = now() WHERE id = %s",
+            cur.execute("UPDATE releases SET resends = %s, resent_at = now() WHERE id = %s",
                         (int(sent) + 1, release_id))
+            cur.execute(SENDING_SQL, (release_id,))
             return int(sent) + 1
 
         return int(self._write(step))
@@ -1561,8 +1580,9 @@ class PgLedger:
         self._write(step)
 
     def drop_pending(self, release_id: str) -> None:
-        """Nothing to do: a release is pending by its status (the partial index of the
-        pending statuses), which every step that ends it sets; no entry can outlive it."""
+        """Nothing to do: a release's ``release_pending`` row goes when its status stops
+        being a pending one (the trigger ``releases_lists``, migration 0010_hot_settle),
+        whichever step ends it; no row can outlive it."""
         return None
 
     def sweep_marks(self, older_than: float, witness_age: float, lapsed: float
@@ -1570,12 +1590,12 @@ class PgLedger:
         """Mark the stale releases whose last message was published (migration
         0008_sweep; ``Store.sweep_marks``): up to ``MARK_BATCH`` pricing or queued ones
         never marked, created over ``older_than`` s ago and out of the outbox
-        (``MARK_NEW_SQL``: two ranges of ``releases_sweep``), the running ones whose
+        (``MARK_NEW_SQL``: two ranges of ``release_pending_sweep``), the running ones whose
         lease lapsed over ``lapsed`` s ago and whose mark predates that
         (``MARK_LAPSED_SQL``: the rows of ``release_runs``), those whose send by the
         sweeper began over ``SEND_BOUND`` s ago (``MARK_SENDING_SQL``); rows a step holds
         are skipped (the next pass marks them). Then the witnesses (``WITNESS_SQL``): one
-        backward scan of ``releases_ran_seq`` and of ``releases_priced_seq`` each, and
+        backward scan of ``release_ran`` and of ``releases_priced_seq`` each, and
         the running releases. One transaction;
         run again after a lost reply it only takes newer marks, which are as true."""
         args = {"older": older_than, "lapsed": lapsed, "bound": SEND_BOUND,
@@ -1597,7 +1617,7 @@ class PgLedger:
                stranded: Collection[str] = (), waiting: Collection[str] = ()
                ) -> list[Passed]:
         """The marked releases taken past (``Store.passed``): per kind, one range of
-        ``releases_sweep`` below its bound (every mark for a kind whose queue was found
+        ``release_pending_sweep`` below its bound (every mark for a kind whose queue was found
         empty), oldest mark first, ``limit`` at most each; a running
         one's mark counts only if taken after its lease lapsed. Then the ``stranded``
         ones by id. ``waiting`` is not read (the marks say it)."""

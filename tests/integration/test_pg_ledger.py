@@ -35,7 +35,7 @@ from tests.pg_proxy import lossy_database
 TABLES = ["allocation_scopes", "allocations", "analyses", "api_keys", "budgets",
           "console_sessions", "counts", "datasets", "events", "holdouts", "idempotency", "ledgers",
           "outbox", "release_runs", "releases", "replays", "service_secrets", "step_calls"]
-HEAD = "0009_hot_start"
+HEAD = "0010_hot_settle"
 
 
 def _db_url(server_url: str, name: str) -> str:
