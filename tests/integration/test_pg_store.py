@@ -148,12 +148,14 @@ def test_the_migration_goes_down_and_up_again(postgres_url: str) -> None:
         ledger.open(ds, {"epsilon": 10}, "op")
         rid = ledger.reserve(_res(ds, {"epsilon": 1})).release_id
         pool.close()
-        indexes = "SELECT indexname FROM pg_indexes WHERE tablename = 'releases' ORDER BY 1"
+        indexes = ("SELECT indexname FROM pg_indexes WHERE tablename LIKE 'release%%' "
+                   "ORDER BY 1")
         assert [i for (i,) in _sql(url, indexes)] == [
-            "releases_actor_newest", "releases_dataset_failed", "releases_dataset_newest",
-            "releases_dataset_pending", "releases_failed", "releases_newest",
-            "releases_pending", "releases_pkey", "releases_priced_seq",
-            "releases_ran_seq", "releases_sweep"]
+            "release_failed_at", "release_failed_dataset", "release_failed_pkey",
+            "release_pending_dataset", "release_pending_pkey", "release_pending_sweep",
+            "release_ran_pkey", "release_runs_pkey", "releases_actor_newest",
+            "releases_dataset_newest", "releases_newest", "releases_pkey",
+            "releases_priced_seq"]
         _downgrade(url, "0002_datasets")
         assert _sql(url, "SELECT version_num FROM alembic_version") == [("0002_datasets",)]
         assert [i for (i,) in _sql(url, indexes)] == ["releases_dataset", "releases_pkey"]
@@ -475,17 +477,17 @@ def test_each_page_is_one_index_range_scan(store: PgLedger, pg_url: str) -> None
          "timestamptz '2026-02-01Z' + make_interval(secs => g / 3) "
          "FROM generate_series(1, 30000) g RETURNING 1")
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("ANALYZE releases")
+        conn.execute("ANALYZE releases, release_pending, release_failed")
     limit = 20
     cases = [
         (ReleaseView("all"), "releases_newest", 1),
         (ReleaseView("datasets", frozenset(sets[:1])), "releases_dataset_newest", 1),
         (ReleaseView("datasets", frozenset(sets[:8])), "releases_dataset_newest", 8),
         (ReleaseView("key", key_id="key_3"), "releases_actor_newest", 1),
-        (ReleaseView("pending"), "releases_pending", 1),
-        (ReleaseView("pending", frozenset(sets[:5])), "releases_dataset_pending", 5),
-        (ReleaseView("failed"), "releases_failed", 1),
-        (ReleaseView("failed", frozenset(sets[:5])), "releases_dataset_failed", 5),
+        (ReleaseView("pending"), "release_pending_pkey", 1),
+        (ReleaseView("pending", frozenset(sets[:5])), "release_pending_dataset", 5),
+        (ReleaseView("failed"), "release_failed_at", 1),
+        (ReleaseView("failed", frozenset(sets[:5])), "release_failed_dataset", 5),
     ]
     for view, name, loops in cases:
         first, after = store.release_page(view, limit)
@@ -515,13 +517,11 @@ def test_each_page_is_one_index_range_scan(store: PgLedger, pg_url: str) -> None
                 assert ids == first
     # the sweeper's stale releases: the pending index too
     with psycopg.connect(pg_url) as conn:
-        explained = conn.execute(
-            f"EXPLAIN (FORMAT JSON) SELECT id, created_at FROM releases WHERE "
-            f"{pg_ledger.PENDING_SQL} AND created_at <= now() - make_interval(secs => 30) "
-            "ORDER BY created_at, id").fetchone()
+        explained = conn.execute("EXPLAIN (FORMAT JSON) " + pg_ledger.STALE_SQL,
+                                 (30,)).fetchone()
     assert explained is not None
     assert {node.get("Index Name") for node in _plan_nodes(explained[0][0]["Plan"])} >= {
-        "releases_pending"}
+        "release_pending_pkey"}
 
 
 def test_dataset_history_reads_the_newest_oldest_first_and_says_if_more(

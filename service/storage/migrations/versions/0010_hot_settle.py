@@ -30,7 +30,8 @@ insert (``id``, ``created_at``, ``dataset_id``, ``actor``, ``created_seq``) and 
 - ``release_runs`` (0009): the running releases.
 
 One AFTER trigger keeps the four (``releases_lists``, on an insert and on a change of
-``status``: whichever statement makes it, the steps or ``migrate-from-valkey``'s
+``status``, or of what the lists copy: ``created_at``, ``finished_at``, ``dataset_id``,
+which no step changes; whichever statement makes it, the steps or ``migrate-from-valkey``'s
 inserts), so a release's place in each list still follows from its row (0003's rule) and
 no step can forget it; it replaces 0009's ``releases_running``. Its inserts are plain
 ones (each runs on the one transition that makes the row: a status moves once into or
@@ -120,36 +121,46 @@ ALTER TABLE releases DROP COLUMN ran_at, DROP COLUMN pricing, DROP COLUMN failed
     DROP COLUMN pending, DROP COLUMN sweep_at, DROP COLUMN sweep_phase,
     DROP COLUMN sweep_seq;
 
--- a release's place in the lists a change of its status moves it in or out of
+-- a release's place in the lists its status, its times or its dataset move it in or out of
 CREATE FUNCTION releases_lists() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     v_was     text := CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END;
     v_pending boolean := NEW.status IN ('pricing', 'queued', 'running');
     v_was_pending boolean := COALESCE(v_was IN ('pricing', 'queued', 'running'), false);
+    v_failed  boolean := NEW.status IN ('failed', 'refused');
+    v_was_failed boolean := COALESCE(v_was IN ('failed', 'refused'), false);
 BEGIN
     IF v_pending AND NOT v_was_pending THEN
-        INSERT INTO release_pending (release_id, dataset_id, created_at, pricing)
-            VALUES (NEW.id, NEW.dataset_id, NEW.created_at, NEW.status = 'pricing');
+        INSERT INTO release_pending (created_at, release_id, dataset_id, pricing)
+            VALUES (NEW.created_at, NEW.id, NEW.dataset_id, NEW.status = 'pricing');
     ELSIF v_was_pending AND NOT v_pending THEN
-        DELETE FROM release_pending WHERE created_at = NEW.created_at AND release_id = NEW.id;
-    ELSIF v_was = 'pricing' THEN
+        DELETE FROM release_pending WHERE created_at = OLD.created_at AND release_id = OLD.id;
+    ELSIF v_pending AND v_was = 'pricing' AND NEW.status <> 'pricing' THEN
         -- priced: its marks were about its pricing job's message, its run's is new
-        UPDATE release_pending SET pricing = false, sweep_seq = NULL, sweep_phase = NULL,
-            sweep_at = NULL WHERE created_at = NEW.created_at AND release_id = NEW.id;
+        UPDATE release_pending SET created_at = NEW.created_at, dataset_id = NEW.dataset_id,
+            pricing = false, sweep_seq = NULL, sweep_phase = NULL, sweep_at = NULL
+            WHERE created_at = OLD.created_at AND release_id = OLD.id;
+    ELSIF v_pending AND (OLD.created_at, OLD.dataset_id) <> (NEW.created_at, NEW.dataset_id)
+            THEN
+        UPDATE release_pending SET created_at = NEW.created_at, dataset_id = NEW.dataset_id
+            WHERE created_at = OLD.created_at AND release_id = OLD.id;
     END IF;
     IF NEW.status = 'running' THEN
         IF v_was IS DISTINCT FROM 'running' THEN
             INSERT INTO release_runs (release_id) VALUES (NEW.id);
         END IF;
     ELSIF v_was = 'running' THEN
-        DELETE FROM release_runs WHERE release_id = NEW.id;
+        DELETE FROM release_runs WHERE release_id = OLD.id;
     END IF;
-    IF NEW.status IN ('failed', 'refused')
-            AND COALESCE(v_was NOT IN ('failed', 'refused'), true) THEN
+    IF v_failed AND NOT v_was_failed THEN
         INSERT INTO release_failed (release_id, dataset_id, finished_at)
             VALUES (NEW.id, NEW.dataset_id, NEW.finished_at);
-    ELSIF v_was IN ('failed', 'refused') AND NEW.status NOT IN ('failed', 'refused') THEN
-        DELETE FROM release_failed WHERE release_id = NEW.id;
+    ELSIF v_was_failed AND NOT v_failed THEN
+        DELETE FROM release_failed WHERE release_id = OLD.id;
+    ELSIF v_failed AND (OLD.finished_at, OLD.dataset_id) IS DISTINCT FROM
+            (NEW.finished_at, NEW.dataset_id) THEN
+        UPDATE release_failed SET finished_at = NEW.finished_at, dataset_id = NEW.dataset_id
+            WHERE release_id = OLD.id;
     END IF;
     IF NOT v_pending AND (v_was IS NULL OR v_was_pending)
             AND NEW.started_at IS NOT NULL AND NEW.created_seq IS NOT NULL THEN
@@ -159,8 +170,12 @@ BEGIN
 END $$;
 CREATE TRIGGER releases_lists_insert AFTER INSERT ON releases FOR EACH ROW
     EXECUTE FUNCTION releases_lists();
-CREATE TRIGGER releases_lists AFTER UPDATE OF status ON releases FOR EACH ROW
-    WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION releases_lists();
+CREATE TRIGGER releases_lists AFTER UPDATE OF status, created_at, finished_at, dataset_id
+    ON releases FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.created_at <> NEW.created_at
+          OR OLD.finished_at IS DISTINCT FROM NEW.finished_at
+          OR OLD.dataset_id <> NEW.dataset_id)
+    EXECUTE FUNCTION releases_lists();
 """
 
 DOWNGRADE = """
