@@ -104,7 +104,8 @@ The rest of ``service.storage.store.Store`` (migration 0003_releases):
   (``record_holdout`` / ``holdout_exposure``, table ``holdouts``);
 - the sweeper: ``stale``, ``lease_held``, ``unsent_ids``, ``claim_resend`` /
   ``undo_resend`` (resend.lua: ``releases.resends`` / ``resent_at``), ``drop_pending``
-  (nothing to do: pending is the status itself, no index entry can outlive it); and
+  (nothing to do: the status changes the ``release_pending`` row with it, in its
+  trigger, so no entry can outlive it); and
   which stale release's message no longer waits, by index (migration 0008_sweep:
   ``sweep_marks``, ``passed``, ``confirm_passed``, ``held_by_workers``, ``sending`` /
   ``sent``; ``service.releases.sweeper`` has the argument): each a statement or two on

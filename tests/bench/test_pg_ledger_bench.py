@@ -362,9 +362,22 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
                                                                                     float]]:
     """Per step: statements sent (execute calls; BEGIN and COMMIT come on top), round
     trips (from libpq's trace: BEGIN and COMMIT included, a pipeline's statements in
-    one), and per call the latency, this process's CPU and the server's CPU, one client
-    alone."""
+    one), and per call the latency, this process's CPU, the server's CPU and the WAL
+    it wrote (bytes between ``pg_current_wal_insert_lsn()`` before and after, read on a
+    connection of its own: deterministic but for page splits, one client alone).
+
+    The WAL is counted after a CHECKPOINT and ``n // 2`` sequences more: a page's first
+    change after a checkpoint writes the whole page (a full-page image), which the
+    steady state writes once per page, not per step."""
     pool = database.connect(url, min_size=1, max_size=1)
+    monitor = psycopg.connect(url, autocommit=True)
+
+    def wal() -> int:  # libpq's exec: not an execute call the profile counts
+        result = monitor.pgconn.exec_(b"SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+        value = result.get_value(0, 0)
+        assert value is not None
+        return int(value)
+
     ledger = PgLedger(pool)
     dataset = "ds_profile_" + secrets.token_hex(3)
     ledger.open(dataset, {"epsilon": 10**15}, "bench")
@@ -393,7 +406,7 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
         pgconn = conn.pgconn
 
     monkeypatch.setattr(psycopg.Cursor, "execute", counting)
-    timing: dict[str, list[float]] = {s: [0.0, 0.0, 0.0] for s in
+    timing: dict[str, list[float]] = {s: [0.0, 0.0, 0.0, 0.0] for s in
                                       ("reserve", "mark_running", "mark_data_read", "commit",
                                        "bare")}
 
@@ -401,6 +414,7 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
         step_name[0] = name
         if traced[0]:
             return _traced(pgconn, round_trips, name, call)
+        w0 = wal()
         s0 = server_cpu()
         c0 = _own_cpu()
         t0 = time.perf_counter()
@@ -412,18 +426,22 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
         acc[0] += t1 - t0
         acc[1] += c1 - c0
         acc[2] += s1 - s0
+        acc[3] += wal() - w0
         return out
 
     def bare() -> None:
         with pool.connection() as conn:
             conn.execute("UPDATE bench_rows SET n = n + 1 WHERE id = 0 RETURNING n").fetchone()
 
+    warm = n // 2
     try:
-        for i in range(n + 30):  # 20 warm up (prepared statements: 5 uses), 10 traced
-            if i == 20:
+        for i in range(warm + n + 10):  # warm up (prepared statements: 5 uses), 10 traced
+            if i == warm:
+                monitor.execute("CHECKPOINT")
+            if i == 2 * warm:
                 sent.clear()
                 for acc in timing.values():
-                    acc[:] = [0.0, 0.0, 0.0]
+                    acc[:] = [0.0, 0.0, 0.0, 0.0]
             rid = f"rel_profile_{dataset}_{i}"
             timed("reserve", partial(ledger.reserve, Reservation(
                 dataset, rid, {"epsilon": COST}, actor="bench", fingerprint=rid,
@@ -432,13 +450,18 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
             timed("mark_data_read", partial(ledger.mark_data_read, run))
             timed("commit", partial(ledger.commit, dataset, run, '{"value": 1}'))
             timed("bare", bare)
-            traced[0] = i + 1 >= n + 20
+            traced[0] = i + 1 >= warm + n
     finally:
         monkeypatch.undo()
         pool.close()
-    return {name: {"statements": sent[name] / (n + 10), "round_trips": round_trips[name] / 10,
-                   "ms": acc[0] / n * 1e3,
-                   "client_ms": acc[1] / n * 1e3, "server_ms": acc[2] / n * 1e3}
+        monitor.close()
+    timed_calls = n - warm
+    return {name: {"statements": sent[name] / (n - warm + 10),
+                   "round_trips": round_trips[name] / 10,
+                   "ms": acc[0] / timed_calls * 1e3,
+                   "client_ms": acc[1] / timed_calls * 1e3,
+                   "server_ms": acc[2] / timed_calls * 1e3,
+                   "wal_bytes": acc[3] / timed_calls}
             for name, acc in timing.items()}
 
 
@@ -511,7 +534,8 @@ def test_pg_ledger_pairs_against_bare_updates(bench_url: str,
         print(f"  {name:15} {p['statements']:4.1f} statements {p['round_trips']:4.1f} "
               "round trips "
               f"{p['ms']:6.2f} ms  "
-              f"CPU client {p['client_ms']:5.2f} ms  server {p['server_ms']:5.2f} ms")
+              f"CPU client {p['client_ms']:5.2f} ms  server {p['server_ms']:5.2f} ms  "
+              f"WAL {p['wal_bytes']:6.0f} B")
     print(" median ratios over the bare transactions of the same pattern (spread over "
           "spread, hot over hot; the hot bare over the spread bare), per sequence and per "
           f"transaction (goal for pairs, spread: >= {GOAL}), [range over rounds], and per "

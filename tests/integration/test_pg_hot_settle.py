@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from service.storage import database
-from service.storage.ledger import NO_LEASE
+from service.storage.ledger import NO_LEASE, Run
 from service.storage.pg_ledger import PgLedger
 from service.storage.store import ReleaseView
 from tests.integration.conftest import LEDGER_OUTPUT
@@ -53,6 +53,12 @@ def _stats(url: str, pool: object, expected: tuple[int, ...] | None = None) -> t
             time.sleep(0.05)
 
 
+def _start(ledger: PgLedger, release_id: str) -> Run:
+    run = ledger.mark_running(release_id, "w")
+    assert run is not None
+    return run
+
+
 def _page(ledger: PgLedger, view: ReleaseView) -> list[str]:
     """Every id of the view, two at a time (the cursor's paging)."""
     ids: list[str] = []
@@ -78,11 +84,8 @@ def test_every_settle_is_a_hot_update_and_moves_the_release_between_lists(
         for name in ("commit", "fail", "abort_run", "abort", "cancel", "charge_gone"):
             ids[name] = ledger.reserve(_res(ds, {"epsilon": 1})).release_id
         ids["refuse"] = ledger.reserve(_res(ds, {}, mode="pricing")).release_id
-        runs = {name: ledger.mark_running(ids[name], "w")
-                for name in ("commit", "fail", "abort_run")}
-        assert all(runs.values())
-        started = ledger.mark_running(ids["charge_gone"], "w")
-        assert started is not None
+        runs = {name: _start(ledger, ids[name]) for name in ("commit", "fail", "abort_run")}
+        _start(ledger, ids["charge_gone"])
         _sql(pg_url, "UPDATE releases SET lease_until = now() - interval '1 second', "
                      "data_read = true WHERE id = %s RETURNING 1", ids["charge_gone"])
         pending = ReleaseView("pending")
@@ -145,9 +148,8 @@ def test_0010_keeps_every_pending_and_failed_release_listed_and_goes_down_and_up
                 for status in ("pricing", "refused"):
                     ids[f"{d}/{status}"] = ledger.reserve(
                         _res(d, {}, mode="pricing")).release_id
-                runs = {s: ledger.mark_running(ids[f"{d}/{s}"], "w")
+                runs = {s: _start(ledger, ids[f"{d}/{s}"])
                         for s in ("running", "succeeded", "failed")}
-                assert all(runs.values())
                 assert ledger.commit(d, runs["succeeded"], LEDGER_OUTPUT) == "settled"
                 assert ledger.fail(d, runs["failed"], '{"error": "x"}') == "settled"
                 assert ledger.cancel(d, ids[f"{d}/cancelled"], "op") == "settled"

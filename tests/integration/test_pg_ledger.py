@@ -34,7 +34,8 @@ from tests.pg_proxy import lossy_database
 
 TABLES = ["allocation_scopes", "allocations", "analyses", "api_keys", "budgets",
           "console_sessions", "counts", "datasets", "events", "holdouts", "idempotency", "ledgers",
-          "outbox", "release_failed", "release_pending", "release_ran", "release_runs", "releases", "replays", "service_secrets", "step_calls"]
+          "outbox", "release_failed", "release_pending", "release_ran", "release_runs",
+          "releases", "replays", "service_secrets", "step_calls"]
 HEAD = "0010_hot_settle"
 
 

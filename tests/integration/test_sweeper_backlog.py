@@ -117,12 +117,16 @@ def _explain(store: PgLedger, query: str, params: Any) -> list[dict[str, Any]]:
     return nodes
 
 
+#: ``releases`` and the side tables of its lists (migration 0010_hot_settle)
+RELEASE_TABLES = {"releases", "release_pending", "release_ran", "release_runs"}
+
+
 def _on_releases(nodes: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
-    """(node type, index, rows read) of each scan of ``releases``."""
+    """(node type, index, rows read) of each scan of ``releases`` or its lists' tables."""
     return [(n["Node Type"], n.get("Index Name", ""),
              int(n["Actual Rows"] * n["Actual Loops"] + n.get("Rows Removed by Filter", 0)))
             for n in nodes
-            if n.get("Relation Name") == "releases" and n["Node Type"].endswith("Scan")]
+            if n.get("Relation Name") in RELEASE_TABLES and n["Node Type"].endswith("Scan")]
 
 
 def _rows(store: PgLedger, query: str, params: Any) -> list[tuple[Any, ...]]:
@@ -147,7 +151,7 @@ def test_a_pass_over_a_large_backlog_reads_no_queue_list_and_few_rows(
             "SELECT u.id, %s, 'key_t', 'queued', %s, now() - interval '1 minute' "
             "FROM unnest(%s::text[]) WITH ORDINALITY AS u(id, n) ORDER BY n",
         DS, request, ids)
-    sql(pg, "ANALYZE releases")
+    sql(pg, "ANALYZE releases, release_pending, release_ran")
     for start in range(0, backlog, 1000):
         client.lpush(RELEASES_QUEUE, *[_message(rid) for rid in ids[start:start + 1000]])
     publisher = _Publisher(client)
@@ -161,7 +165,7 @@ def test_a_pass_over_a_large_backlog_reads_no_queue_list_and_few_rows(
         return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
                 if not name.startswith("cmdstat_config")}, took
 
-    unmarked = "SELECT count(*) FROM releases WHERE status = 'queued' AND sweep_seq IS NULL"
+    unmarked = "SELECT count(*) FROM release_pending WHERE sweep_seq IS NULL"
     passes, marking = 0, 0.0
     while sql(pg, unmarked) != [(0,)]:  # the first passes mark the backlog, a batch each
         commands, took = pass_counting()
@@ -202,7 +206,7 @@ def test_a_pass_over_a_large_backlog_reads_no_queue_list_and_few_rows(
         for node, index, rows in scans:
             assert node in {"Index Scan", "Index Only Scan", "Bitmap Index Scan",
                             "Bitmap Heap Scan"}, (name, node)
-            assert node == "Bitmap Heap Scan" or index.startswith("releases_"), (name, index)
+            assert node == "Bitmap Heap Scan" or index.startswith("release"), (name, index)
             assert rows <= 20, (name, node, index, rows)
 
 
@@ -376,7 +380,7 @@ def test_a_pricing_job_lost_in_a_backlog_is_sent_again_once_jobs_behind_it_are_t
     assert last == [*third[2:], lost]
     assert sql(pg, "SELECT count(*) FROM releases WHERE priced_at IS NOT NULL") == [(30,)]
     # a priced release's marks were its pricing job's: cleared (its run's are taken anew)
-    assert sql(pg, "SELECT count(*) FROM releases WHERE id = ANY(%s) "
+    assert sql(pg, "SELECT count(*) FROM release_pending WHERE release_id = ANY(%s) "
                    "AND sweep_seq IS NOT NULL", last) == [(0,)]
     assert _sweep(client, pg, publisher) == []
     assert publisher.calls == [(queue.PRICE_RELEASE, lost)]

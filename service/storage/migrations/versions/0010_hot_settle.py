@@ -31,7 +31,8 @@ insert (``id``, ``created_at``, ``dataset_id``, ``actor``, ``created_seq``) and 
 
 One AFTER trigger keeps the four (``releases_lists``, on an insert and on a change of
 ``status``, or of what the lists copy: ``created_at``, ``finished_at``, ``dataset_id``,
-which no step changes; whichever statement makes it, the steps or ``migrate-from-valkey``'s
+which no step changes, and ``started_at``, which a start changes with the status or, a
+lapsed run's restart, alone; whichever statement makes it, the steps or ``migrate-from-valkey``'s
 inserts), so a release's place in each list still follows from its row (0003's rule) and
 no step can forget it; it replaces 0009's ``releases_running``. Its inserts are plain
 ones (each runs on the one transition that makes the row: a status moves once into or
@@ -162,7 +163,12 @@ BEGIN
         UPDATE release_failed SET finished_at = NEW.finished_at, dataset_id = NEW.dataset_id
             WHERE release_id = OLD.id;
     END IF;
-    IF NOT v_pending AND (v_was IS NULL OR v_was_pending)
+    IF NOT v_pending AND v_was IS NOT NULL AND NOT v_was_pending
+            AND OLD.started_at IS DISTINCT FROM NEW.started_at THEN
+        DELETE FROM release_ran WHERE created_seq = OLD.created_seq;  -- ended, started anew
+    END IF;
+    IF NOT v_pending AND (v_was IS NULL OR v_was_pending
+                          OR OLD.started_at IS DISTINCT FROM NEW.started_at)
             AND NEW.started_at IS NOT NULL AND NEW.created_seq IS NOT NULL THEN
         INSERT INTO release_ran (created_seq, ran_at) VALUES (NEW.created_seq, NEW.started_at);
     END IF;
@@ -170,10 +176,12 @@ BEGIN
 END $$;
 CREATE TRIGGER releases_lists_insert AFTER INSERT ON releases FOR EACH ROW
     EXECUTE FUNCTION releases_lists();
-CREATE TRIGGER releases_lists AFTER UPDATE OF status, created_at, finished_at, dataset_id
-    ON releases FOR EACH ROW
+CREATE TRIGGER releases_lists
+    AFTER UPDATE OF status, created_at, finished_at, started_at, dataset_id ON releases
+    FOR EACH ROW
     WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.created_at <> NEW.created_at
           OR OLD.finished_at IS DISTINCT FROM NEW.finished_at
+          OR OLD.started_at IS DISTINCT FROM NEW.started_at
           OR OLD.dataset_id <> NEW.dataset_id)
     EXECUTE FUNCTION releases_lists();
 """
