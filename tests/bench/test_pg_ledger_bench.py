@@ -368,9 +368,11 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
 
     The WAL is counted after a CHECKPOINT and ``n // 2`` sequences more: a page's first
     change after a checkpoint writes the whole page (a full-page image), which the
-    steady state writes once per page, not per step."""
+    steady state writes once per page, not per step. Autovacuum is off meanwhile (the
+    benchmark's own server; the runs before left it work that writes WAL too)."""
     pool = database.connect(url, min_size=1, max_size=1)
     monitor = psycopg.connect(url, autocommit=True)
+    _autovacuum(monitor, on=False)
 
     def wal() -> int:  # libpq's exec: not an execute call the profile counts
         result = monitor.pgconn.exec_(b"SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
@@ -454,6 +456,7 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
     finally:
         monkeypatch.undo()
         pool.close()
+        _autovacuum(monitor, on=True)
         monitor.close()
     timed_calls = n - warm
     return {name: {"statements": sent[name] / (n - warm + 10),
@@ -463,6 +466,18 @@ def _profile(url: str, monkeypatch: pytest.MonkeyPatch, n: int = 300) -> dict[st
                    "server_ms": acc[2] / timed_calls * 1e3,
                    "wal_bytes": acc[3] / timed_calls}
             for name, acc in timing.items()}
+
+
+def _autovacuum(conn: psycopg.Connection[Any], on: bool) -> None:
+    """Autovacuum on (the configuration's) or off, server-wide; off: once the workers
+    under way have finished (30 s at most)."""
+    conn.execute("ALTER SYSTEM RESET autovacuum" if on else "ALTER SYSTEM SET autovacuum = off")
+    conn.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 30
+    while not on and time.monotonic() < deadline and conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+    ).fetchone() != (0,):
+        time.sleep(0.1)
 
 
 def _traced(pgconn: Any, round_trips: Counter[str], name: str, call: Callable[[], T]) -> T:
