@@ -595,10 +595,17 @@ def cancel_job(release_id: str) -> BaseResponse:
 
 # -- mechanisms, estimates and requests ------------------------------------------------
 
+def _choices(prop: dict[str, Any]) -> list[Any]:
+    """The keywords a "number or keyword" parameter also takes (its ``anyOf``'s enum)."""
+    return [v for branch in prop.get("anyOf") or [] for v in branch.get("enum") or []]
+
+
 def _field_kind(prop: dict[str, Any]) -> str:
     """How the form asks for a parameter, from its JSON schema."""
     if "enum" in prop:
         return "enum"
+    if _choices(prop):
+        return "number or " + " / ".join(str(v) for v in _choices(prop))
     kind = prop.get("type")
     if kind in {"boolean", "integer", "number", "string"}:
         return str(kind)
@@ -613,7 +620,8 @@ def _fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
     for name, prop in (schema.get("properties") or {}).items():
         default = prop.get("default")
         out.append({"name": name, "kind": _field_kind(prop), "required": name in required,
-                    "enum": prop.get("enum") or [], "description": prop.get("description", ""),
+                    "enum": prop.get("enum") or [], "choices": _choices(prop),
+                    "description": prop.get("description", ""),
                     "default": "" if default is None else
                     (json.dumps(default) if isinstance(default, dict | list) else
                      str(default).lower() if isinstance(default, bool) else str(default))})
@@ -639,6 +647,8 @@ def _params(fields: list[dict[str, Any]]) -> dict[str, Any]:
                 params[spec["name"]] = [s.strip() for s in raw.split(",") if s.strip()]
             elif spec["kind"] == "json":
                 params[spec["name"]] = json.loads(raw)
+            elif spec["kind"].startswith("number or "):  # a keyword as typed, else a number
+                params[spec["name"]] = raw if raw in spec["choices"] else float(raw)
             else:
                 params[spec["name"]] = raw
         except ValueError:
