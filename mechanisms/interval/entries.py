@@ -63,7 +63,7 @@ from mechanisms.interval.designs import (
 from mechanisms.interval.priors import Prior, column_prior
 from mechanisms.interval.ranges import Law
 from mechanisms.interval.transforms import PushforwardLaw, Transform
-from mechanisms.statistics import SCALE, Batch, Partial, Statistic, compute, float_sums
+from mechanisms.statistics import SCALE, Batch, Partial, Statistic, float_sums
 
 MEASURE = "interval_leakage"
 #: ledger unit of the measure (service/budget.py): charges are rounded up to it
@@ -589,13 +589,6 @@ class Interval(RecordMechanism):
     ]:
         return _accuracy(self._plan(params, cost, meta))
 
-    def mappable(self, params: Mapping[str, Any], meta: DatasetMeta) -> bool:
-        """Not when the table's width follows the rows: an even transform (square, abs)
-        or an exact range drops the piece columns no record uses (``Pieces.trimmed``), so
-        partitions could differ in their columns; those read whole columns."""
-        return params.get("transform", "identity") not in ("square", "abs") and not \
-            params.get("exact_range")
-
     def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
             meta: DatasetMeta, rng: np.random.Generator) -> Plan:
         return self._plan(params, cost, meta)
@@ -608,6 +601,8 @@ class Interval(RecordMechanism):
         p: Plan = model
         y = clean(batch_columns(rows, [p.column])[p.column], p.prior.support, p.fill)
         release = p.design.release(y, rng)
+        # the design's width, not the rows': every partition's table has the same columns
+        release = dataclasses.replace(release, pieces=release.pieces.padded(p.design.piece_width))
         table = release.table(p.prior)
         if isinstance(p.design, Selective):
             # a null is not a restricted prior: show the coverage its charge counts
@@ -657,19 +652,6 @@ class Interval(RecordMechanism):
             result["rounds_histogram"] = list(released.parts["rounds"])
         return Output(result=result, accuracy=_accuracy(p), guarantee=_guarantee(p))
 
-
-    def run_whole(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any],
-                  cost: Budget, meta: DatasetMeta, rng: np.random.Generator) -> Output:
-        """One partition of all rows (its table's columns are then the release's)."""
-        p = self._plan(params, cost, meta)
-        raw = np.asarray(data[p.column])
-        if raw.ndim != 1 or raw.shape[0] != meta.n_rows:
-            raise ValueError(f"column {p.column!r} does not have n_rows entries")
-        table = self.privatize({p.column: raw}, 0, params, cost, meta, p, rng)
-        released = compute(self.summary(params, cost, meta, p), [table])[1]
-        output = self.describe(params, cost, meta, p, released)
-        return dataclasses.replace(output, result={**output.result, "columns": list(table)},
-                                   table=table)
 
 
 @dataclass(frozen=True)
