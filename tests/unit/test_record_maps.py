@@ -66,6 +66,8 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
      {"interval_leakage": Fraction(9, 10)}),
     ("interval.ring", {"column": "x", "transform": "abs", "tau_floor": 0.3},
      {"interval_leakage": Fraction(1, 2)}),
+    ("interval.progressive_categorical", {"column": "g", "rounds": 3},
+     {"interval_leakage": Fraction(1)}),
     ("subset.uniform", {"column": "g", "format": "both"}, {"subset_draws:g": 1}),
     ("subset.product", {"columns": ["g", "h"]}, {"subset_draws:g": 1, "subset_draws:h": 1}),
 ]
