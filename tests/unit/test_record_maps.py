@@ -266,6 +266,15 @@ def test_unmapped_params_run_whole_columns() -> None:
     assert not mech.mappable({"columns": list("abcde")}, META)  # copula by default
     assert not mech.mappable({"columns": ["x", "k"], "reference": {"model": "copula"}}, META)
     assert mech.mappable({"columns": ["x", "k"]}, META)
+    # with Spark configured they are bounded as the embedded run they are (``memory.held``)
+    from mechanisms import memory
+
+    for unmapped, params in ((mech, {"columns": ["x"], "reference": {"kind": "holdout"}}),
+                             (subset, subset.load_params({"column": "g", "alpha": 0.1}))):
+        assert memory.held(unmapped, params, META, distributed=True,
+                           held_rows=100) == unmapped.memory(params, META)
+    assert memory.held(mech, {"columns": ["x", "k"]}, META, distributed=True,
+                       held_rows=100).bytes < mech.memory({"columns": ["x", "k"]}, META).bytes
 
 
 @pytest.mark.parametrize(("transform", "exact_range", "width"), [
