@@ -596,7 +596,9 @@ class RecordMechanism(Mechanism):
     goes to every partition. ``summary`` is an exact statistic of the released records
     (their means: post-processing) and ``describe`` writes the output around the table.
 
-    ``run`` is the same steps over one partition with one generator: fit, then the map,
+    A model whose noise must come before a second exact pass (DIP's copula) adds it with
+    ``refit_statistic`` and ``refit``. ``run`` is the same steps over one partition with
+    one generator: fit (and refit), then the map,
     so a partitioned run differs from it only in which generator draws each record's
     noise (independent streams: the same distribution, ``mechanisms.rng``).
     ``mappable`` says when params fall outside the map (DIP's hold-out samples rows
@@ -644,6 +646,18 @@ class RecordMechanism(Mechanism):
         from the fit statistic's last partial (None without one), noise from ``rng``."""
         return None
 
+    def refit_statistic(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                        model: Any) -> Statistic | None:
+        """A second fit pass that reads the noised model (DIP's copula: the correlation
+        sums under its released marginals); None: ``fit``'s model is the map's."""
+        return None
+
+    def refit(self, params: Mapping[str, Any], model: Any, partial: Partial, cost: Budget,
+              meta: DatasetMeta, rng: np.random.Generator) -> Any:
+        """The map's model from ``fit``'s and the second pass's last partial, noise from
+        ``rng`` (after ``fit``'s draws)."""
+        return model
+
     @abc.abstractmethod
     def privatize(self, rows: Mapping[str, np.ndarray], start: int,
                   params: Mapping[str, Any], cost: Budget, meta: DatasetMeta, model: Any,
@@ -678,6 +692,9 @@ class RecordMechanism(Mechanism):
         statistic = self.fit_statistic(params, cost, meta)
         partial = None if statistic is None else compute(statistic, [data])[1]
         model = self.fit(params, partial, cost, meta, rng)
+        second = self.refit_statistic(params, cost, meta, model)
+        if second is not None:
+            model = self.refit(params, model, compute(second, [data])[1], cost, meta, rng)
         table = self.privatize(data, 0, params, cost, meta, model, rng)
         summary = self.summary(params, cost, meta, model)
         released = None if summary is None else compute(summary, [table])[1]

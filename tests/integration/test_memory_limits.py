@@ -131,10 +131,7 @@ def test_a_row_map_on_spark_is_bounded_by_what_the_worker_holds(stack: Stack,
 #: record-level releases that are no row map (docs/reference/mechanisms.md, "Record-level
 #: releases on Spark"): they read whole columns in the worker even with Spark configured
 UNMAPPED = [
-    # (a hold-out needs a dataset registered with allow_holdout: test_record_maps)
-    {"mechanism": "dip", "params": {"columns": ["age", "income"],
-                                    "reference": {"kind": "dp", "model": "copula"}},
-     "budget": {"epsilon": 0.5}},
+    # (DIP's hold-out needs a dataset registered with allow_holdout: test_record_maps)
     {"mechanism": "opm.l2ball", "params": {"column": "income"}, "budget": {"epsilon": 0.5}},
     {"mechanism": "subset.dummy", "params": {"column": "group", "alpha": 0.1},
      "budget": {"subset_draws:group": 1}},
@@ -144,8 +141,8 @@ UNMAPPED = [
 @pytest.mark.parametrize("release", UNMAPPED, ids=lambda r: str(r["mechanism"]))
 def test_a_release_that_is_no_row_map_is_bounded_embedded_on_spark_too(
         stack: Stack, people: str, release: dict[str, Any]) -> None:
-    """With Spark configured, a record-level release that is no row map (DIP's hold-out
-    and copula, opm.l2ball's one joint draw, subset's dummy records) still runs in the
+    """With Spark configured, a record-level release that is no row map (DIP's hold-out,
+    opm.l2ball's one joint draw, subset's dummy records) still runs in the
     worker: its bound is the embedded one, so a limit just below it refuses it at
     ``prepare`` (nothing reserved, no data read) and one at it admits it. Catches: such
     a release priced by the row maps' small distributed bound, then run whole in a worker

@@ -47,6 +47,9 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("noiseless.local", {"column": "x"}, {"noiseless_bits": Fraction(3)}),
     ("dip", {"columns": ["x", "k"]}, {"epsilon": Fraction(2)}),
     ("dip", {"columns": ["x", "c"], "order": "random"}, {"epsilon": Fraction(2)}),
+    # the copula: marginals noised, then a second exact pass (``refit``)
+    ("dip", {"columns": ["x", "k", "c"], "reference": {"kind": "dp", "model": "copula"}},
+     {"epsilon": Fraction(2)}),
     ("dip", {"columns": ["x"], "reference": {"kind": "parametric", "family": "normal",
                                             "params": {"loc": 5, "scale": 2}}},
      {"epsilon": Fraction(1)}),
@@ -184,9 +187,11 @@ def test_partitioned_release_maps_each_partition_with_its_own_generator(
     rng = secure_generator(4)
     whole = mech.run(data, params, cost, META, rng)
     again = secure_generator(4)
-    one = record_maps.MapJob(mech, params, cost, META, mech.fit(
-        params, job_partial(mech, params, cost, data), cost, META, again), SECRET)
-    table = mech.privatize(data, 0, params, cost, META, one.model, again)
+    model = mech.fit(params, job_partial(mech, params, cost, data), cost, META, again)
+    second = mech.refit_statistic(params, cost, META, model)
+    if second is not None:
+        model = mech.refit(params, model, compute(second, [data])[1], cost, META, again)
+    table = mech.privatize(data, 0, params, cost, META, model, again)
     assert whole.table is not None
     for column, values in table.items():
         assert _same(whole.table[column], values), column
@@ -250,8 +255,8 @@ def test_dip_records_have_the_same_law_over_one_or_many_partitions() -> None:
 
 
 def test_unmapped_params_run_whole_columns() -> None:
-    """DIP's hold-out and copula are no row maps, nor subset's dummy records: ``run``
-    reads whole columns. Every interval design is one (its width is the design's)."""
+    """DIP's hold-out is no row map, nor are subset's dummy records: ``run`` reads whole
+    columns. Every interval design is one (its width is the design's), and DIP's copula."""
     subset = _mechanism("subset.dummy")
     assert not subset.mappable(subset.load_params({"column": "g", "alpha": 0.1}), META)
     uniform = _mechanism("subset.uniform")
@@ -263,8 +268,8 @@ def test_unmapped_params_run_whole_columns() -> None:
     assert interval.mappable({"column": "x", "transform": "log"}, META)
     mech = _mechanism("dip")
     assert not mech.mappable({"columns": ["x"], "reference": {"kind": "holdout"}}, META)
-    assert not mech.mappable({"columns": list("abcde")}, META)  # copula by default
-    assert not mech.mappable({"columns": ["x", "k"], "reference": {"model": "copula"}}, META)
+    assert mech.mappable({"columns": list("abcde")}, META)  # copula by default
+    assert mech.mappable({"columns": ["x", "k"], "reference": {"model": "copula"}}, META)
     assert mech.mappable({"columns": ["x", "k"]}, META)
     # with Spark configured they are bounded as the embedded run they are (``memory.held``)
     from mechanisms import memory
@@ -317,6 +322,34 @@ def test_interval_tables_have_the_design_width_whatever_the_rows(
                    secure_generator(5))
     assert out.table is not None and list(out.table) == list(tables[0])
     assert out.result["columns"] == list(tables[0])
+
+
+def test_copula_fit_over_partitions_is_the_whole_column_copula() -> None:
+    """DIP's copula fitted from partitions (per-column counts, the marginals' noise, the
+    correlation sums under them as a second exact pass, their noise) is ``dp_copula`` on
+    the whole columns with the same generator, exactly: marginals, correlation matrix."""
+    from mechanisms.dip.copula import Copula, dp_copula
+
+    mech = _mechanism("dip")
+    data = _data()
+    data["k"] = np.clip(np.rint(2 * data["x"]), 0, 20).astype(np.int64)  # k follows x
+    params = mech.load_params({"columns": ["x", "k", "c"], "order": ["x", "k", "c"],
+                               "reference": {"kind": "dp", "model": "copula"}})
+    cost = mech.cost(params, {"epsilon": Fraction(2)}, META)
+    parts = _split(data, [9_000, 1, 20_000, 10_999])
+    job = record_maps.fit(mech, lambda columns: parts, params, cost, META,
+                          secure_generator(6), SECRET)
+    plan = job.model.plan
+    whole = dp_copula({c: data[c] for c in plan.names}, plan.continualizers, plan.bins,
+                      plan.epsilon_marginal, plan.epsilon_corr, secure_generator(6))
+    mapped = job.model.reference
+    assert isinstance(mapped, Copula)
+    assert np.array_equal(mapped.correlation, whole.correlation)
+    assert mapped.correlation[0, 1] > 0.9  # the refit ran: k follows x
+    for c in plan.names:
+        assert np.array_equal(mapped.marginals[c].xs, whole.marginals[c].xs), c
+        assert np.array_equal(mapped.marginals[c].ys, whole.marginals[c].ys), c
+    assert mapped.edge == whole.edge
 
 
 def test_interval_summary_is_exact_over_partitions() -> None:
