@@ -617,9 +617,17 @@ class RecordMechanism(Mechanism):
             return super().memory(params, meta)
         from mechanisms import memory  # it builds on this module's types
 
-        return memory.bound(params, meta, streaming=False, mapped=True,
-                            row_bytes=self.map_row_bytes, cell_bytes=self.cell_bytes,
-                            fixed_bytes=self.map_fixed_bytes)
+        out = memory.bound(params, meta, streaming=False, mapped=True,
+                           row_bytes=self.map_bytes(params, meta)[0], cell_bytes=self.cell_bytes,
+                           fixed_bytes=self.map_fixed_bytes)
+        batch = min(max(meta.n_rows, 0), memory.BATCH_ROWS) * self.map_bytes(params, meta)[1]
+        return dataclasses.replace(out, bytes=out.bytes + batch)
+
+    def map_bytes(self, params: Mapping[str, Any], meta: DatasetMeta) -> tuple[float, float]:
+        """(bytes per row of the table the map builds, bytes per row of a batch it
+        privatizes at once beyond that): ``map_row_bytes`` and none, unless the params
+        widen the table or the draws (public inputs only)."""
+        return self.map_row_bytes, 0.0
 
     #: the table column holding each record's dataset row (``Output.row_column``), which
     #: an engine ordering the records replaces by their released positions; None: none

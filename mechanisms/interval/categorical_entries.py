@@ -34,6 +34,9 @@ from mechanisms.interval.entries import LEDGER_UNIT, MEASURE, PRIVACY_UNIT, read
 from mechanisms.statistics import Batch, Partial, Statistic
 
 NAME = "interval.progressive_categorical"
+#: bytes per row of a privatized batch, per round and category: a float64 key, the
+#: asked mask, two int64 argsort ranks (``categorical.ProgressiveCategorical.run``)
+_DRAW_BYTES = 24.0
 
 
 def _column(params: Mapping[str, Any], meta: DatasetMeta) -> ColumnMeta:
@@ -79,9 +82,10 @@ class ProgressiveCategoricalMechanism(RecordMechanism):
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 872.0
     fixed_bytes = 4 * 2**20
-    #: a row map's: the measured whole-run figure per row of the table it builds (that
-    #: table is 32 + 16 rounds bytes a row), and the fixed part
-    map_row_bytes = 872.0
+    #: a row map's (``map_bytes``): per row of its table, 32 bytes and 16 a round; per
+    #: row of a batch privatized at once, ``_DRAW_BYTES`` per round and category; the
+    #: fixed part
+    map_row_bytes = 32.0
     map_fixed_bytes = 4 * 2**20
     record_level = True  # one output per record: the dataset's opt-in
 
@@ -114,6 +118,10 @@ class ProgressiveCategoricalMechanism(RecordMechanism):
     def accuracy(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
                  ) -> dict[str, Any]:
         return _statement(_column(params, meta), params["rounds"])
+
+    def map_bytes(self, params: Mapping[str, Any], meta: DatasetMeta) -> tuple[float, float]:
+        rounds, k = int(params["rounds"]), len(_column(params, meta).categories or ())
+        return self.map_row_bytes + 16.0 * rounds, _DRAW_BYTES * rounds * k
 
     def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
             meta: DatasetMeta, rng: np.random.Generator) -> categorical.ProgressiveCategorical:

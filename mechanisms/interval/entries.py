@@ -66,6 +66,10 @@ from mechanisms.interval.transforms import PushforwardLaw, Transform
 from mechanisms.statistics import SCALE, Batch, Partial, Statistic, float_sums
 
 MEASURE = "interval_leakage"
+#: a row map's bytes per row for each piece column beyond its design's measured width:
+#: the column's four table arrays and the piece arithmetic's transients (64 measured by
+#: ``tests/memory_probe.py`` for square with an exact range: three more columns)
+PIECE_BYTES = 96.0
 #: ledger unit of the measure (service/budget.py): charges are rounded up to it
 LEDGER_UNIT = LEDGER_UNITS[MEASURE]
 #: calibration searches anchor scales in this range, in units of the prior's SD
@@ -588,6 +592,14 @@ class Interval(RecordMechanism):
         str, Any
     ]:
         return _accuracy(self._plan(params, cost, meta))
+
+    def map_bytes(self, params: Mapping[str, Any], meta: DatasetMeta) -> tuple[float, float]:
+        """The measured figure (untransformed designs) plus ``PIECE_BYTES`` for each piece
+        column an even transform or an exact range adds (``piece_width``, from params)."""
+        ring = self.kind == "ring" or (self.kind == "selective" and params.get("base") == "ring")
+        factor = (2 if params.get("transform", "identity") in ("square", "abs") else 1) * (
+            2 if params.get("exact_range") else 1)
+        return self.map_row_bytes + PIECE_BYTES * (2 if ring else 1) * (factor - 1), 0.0
 
     def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
             meta: DatasetMeta, rng: np.random.Generator) -> Plan:
