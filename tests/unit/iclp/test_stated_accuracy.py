@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-
 from privrelease_client import reading
+
 from mechanisms import registry, target
 from mechanisms.base import ColumnMeta, DatasetMeta, StreamingMechanism
 from mechanisms.iclp import noise, sums
