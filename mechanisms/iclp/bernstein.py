@@ -128,7 +128,8 @@ class BernsteinPlan:
             "statement": (
                 f"E||released - Bernstein polynomial of the KDE||^2 = {mse:.6g} (integrated"
                 " over the column's range, before the optional clipping and renormalisation);"
-                " excludes the Bernstein approximation bias." + band_sentence(band)
+                " excludes the Bernstein approximation bias."
+                + band_sentence(band, "the Bernstein polynomial of the KDE")
             ),
         }
 
