@@ -4,17 +4,20 @@ One smoother F_j = λ_j^η/(λ_j^η + ψ) on one eigen-system (v_j, λ_j) of the
 acts on both moments, so the covariance is that of the smoothed curves Fξ_i
 (ξ_ij = ⟨X_i, v_j⟩), never a difference of differently smoothed quantities:
 
-    Ĝ_jk = F_jF_k·(1/n)Σ_i ξ_ij ξ_ik   (second moment),   m̂_j = F_j·(1/n)Σ_i ξ_ij (mean).
+    Ĝ_jk = F_jF_k·(1/n)Σ_i ξ_ij ξ_ik  (j <= k: the second moment, symmetric),
+    m̂_j = F_j·(1/n)Σ_i ξ_ij            (the mean).
 
 Both get the matched ICLP noise (covariance the smoother itself, ``pss.noise_shape``):
-shapes √(F_jF_k) and √F_j, whose weighted-ℓ1 sensitivities are exactly
+shapes √(F_jF_k) on the upper triangle and √F_j, whose weighted-ℓ1 sensitivities are
 
-    Δ₂ = (2τ²/n)·Σ_j F_j,   Δ₁ = (2τ/n)·(Σ_j F_j)^{1/2}
+    Δ₂ = (τ²/n)·(Σ_j F_j + max_j F_j),   Δ₁ = (2τ/n)·(Σ_j F_j)^{1/2}
 
-because Σ_jk F_jF_k|ξ_jξ_k|/√(F_jF_k) = (Σ_j √F_j|ξ_j|)² <= (Σ_j F_j)·‖ξ‖² <= (Σ_j F_j)τ²
-(times the computed basis' Bessel factor). Centring needs the mean, a release of its own:
-ε = ε_mean + ε_second (default ε_mean = ε/4). The covariance coefficients
-sym(G̃) − m̃m̃ᵀ + diag(Var m̃) (the last term removes the mean noise's own square, a public
+because per row Σ_{j<=k} √(F_jF_k)|ξ_jξ_k| = ((Σ_j √F_j|ξ_j|)² + Σ_j F_jξ_j²)/2
+<= (Σ_j F_j + max_j F_j)·‖ξ‖²/2 and ‖ξ‖² <= τ² (times the computed basis' Bessel
+factor); releasing the upper triangle only halves the noise of the symmetric matrix
+against noising all J² entries and averaging. Centring needs the mean, a release of its
+own: ε = ε_mean + ε_second (default ε_mean = ε/4). The covariance coefficients
+G̃ − m̃m̃ᵀ + diag(Var m̃) (the last term removes the mean noise's own square, a public
 constant) on grid × grid are post-processing; their expectation is F∘Ĉ∘F, Ĉ the
 covariance of the clipped curves' coefficients.
 
@@ -91,9 +94,11 @@ class StackedNoise:
 
 
 def second_moment_sensitivity(filt: ArrayLike, n: int, tau: float) -> float:
-    """Δ₂ = (2τ²/n)·Σ_j F_j: the weighted-ℓ1 sensitivity (shapes √(F_jF_k)) of the
-    smoothed second moment F∘(1/n)Σ ξξᵀ∘F in exact arithmetic, orthonormal basis."""
-    return 2.0 * tau * tau / n * math.fsum(np.asarray(filt, dtype=np.float64).tolist())
+    """Δ₂ = (τ²/n)·(Σ_j F_j + max_j F_j): the weighted-ℓ1 sensitivity (shapes √(F_jF_k))
+    of the upper triangle (j <= k) of the smoothed second moment F∘(1/n)Σ ξξᵀ∘F in exact
+    arithmetic, orthonormal basis."""
+    f = np.asarray(filt, dtype=np.float64)
+    return tau * tau / n * math.fsum([*f.tolist(), float(f.max())])
 
 
 def mean_sensitivity(filt: ArrayLike, n: int, tau: float) -> float:
@@ -104,7 +109,8 @@ def mean_sensitivity(filt: ArrayLike, n: int, tau: float) -> float:
 def privacy_mse(filt: ArrayLike, n: int, tau: float, epsilon_second: float,
                 epsilon_mean: float | None) -> float:
     """The continuous-Laplace approximation of the stated error (``CovPlan.accuracy``) at
-    Bessel factor 1: 2Δ₂²·ΣF_jF_k/ε₂² for the second moment, and, when centred, the mean
+    Bessel factor 1: Σ_jk 2Δ₂²F_jF_k/ε₂² for the second moment (each off-diagonal noise
+    counted twice in the symmetric matrix), and, when centred, the mean
     noise's 2‖m‖²·ΣVar m̃_j with ‖m‖ <= τ and Var m̃_j = 2Δ₁²F_j/ε₁² (for choosing ψ)."""
     total = math.fsum(np.asarray(filt, dtype=np.float64).tolist())
     second = 2.0 * second_moment_sensitivity(filt, n, tau) ** 2 * total**2 / epsilon_second**2
@@ -138,8 +144,13 @@ class CovPlan:
         return np.outer(self.filter, self.filter)
 
     @property
+    def upper(self) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+        """The released second-moment coefficients (j <= k, row-major)."""
+        return np.triu_indices(self.components)
+
+    @property
     def noise(self) -> StackedNoise:
-        """Second-moment coefficients (row-major J²) then the mean's, one vector."""
+        """Second-moment coefficients (upper triangle, row-major) then the mean's."""
         parts = (self.second,) if self.mean_plan is None else (self.second, self.mean_plan.noise)
         return StackedNoise(parts)
 
@@ -167,14 +178,15 @@ class CovPlan:
 
     def coefficients(self, partial: Partial) -> NDArray[np.float64]:
         """Ĝ = filter·(Vᵀ W S W V) with S the second moment of the clipped curves on the
-        grid (each entry rounded once from its exact sum), row-major; then the mean's."""
+        grid (each entry rounded once from its exact sum), its upper triangle row-major;
+        then the mean's."""
         check_rows(partial, self.n, "curves")
         m = int(self.grid.size)
         moment = np.zeros((m, m))
         moment[np.triu_indices(m)] = sums.totals(partial, "moment", self.n)
         moment = moment + np.triu(moment, 1).T
         projection = self.eig.weights[:, None] * self.eig.vectors[:, : self.components]
-        g = (self.product_filter * (projection.T @ moment @ projection)).ravel()
+        g = (self.product_filter * (projection.T @ moment @ projection))[self.upper]
         if self.mean_plan is None:
             return g
         return np.concatenate([g, self.mean_plan.coefficients(partial)])
@@ -197,8 +209,10 @@ class CovPlan:
     def result(self, coefficients: NDArray[np.float64]) -> dict[str, Any]:
         """Post-processing of the noisy coefficients: the surfaces on grid × grid."""
         j = self.components
-        g = coefficients[: j * j].reshape(j, j)
-        g = 0.5 * (g + g.T)
+        size = j * (j + 1) // 2
+        g = np.zeros((j, j))
+        g[self.upper] = coefficients[:size]
+        g = g + np.triu(g, 1).T
         basis = self.eig.vectors[:, :j]
         moment = basis @ g @ basis.T
         out: dict[str, Any] = {
@@ -214,12 +228,12 @@ class CovPlan:
             out["values"] = moment
             out["centred"] = False
             return out
-        m = coefficients[j * j:]
+        m = coefficients[size:]
         # E[m̃m̃ᵀ] = m̂m̂ᵀ + diag(Var m̃): the public variances taken off keep E[c] = F∘Ĉ∘F
         c = g - np.outer(m, m) + np.diag(self.mean_plan.noise.variances())
         mu = self.mean_plan.basis @ m
         cov = basis @ c @ basis.T
-        out["values"] = 0.5 * (cov + cov.T)
+        out["values"] = 0.5 * (cov + cov.T)  # symmetric up to rounding: made exact
         out["mean"] = mu
         out["centred"] = True
         return out
@@ -230,11 +244,11 @@ class CovPlan:
                 "length_units": "fraction of the grid span"}
 
     def second_moment_mse(self) -> float:
-        """E‖sym(G̃) − F∘M̂∘F‖²_HS: the second moment's noise after the symmetrisation (pairs
-        averaged: (Σ_jk Var_jk + Σ_j Var_jj)/2)."""
+        """E‖G̃ − F∘M̂∘F‖²_HS: the second moment's noise, each off-diagonal coefficient's
+        twice (it fills both (j, k) and (k, j))."""
         var = self.second.variances()
-        diag = float(np.trace(var.reshape(self.components, self.components)))
-        return 0.5 * (float(var.sum()) + diag)
+        rows, cols = self.upper
+        return math.fsum((var * np.where(rows == cols, 1.0, 2.0)).tolist())
 
     def mean_noise_mse(self) -> float:
         """A bound on E‖m̃m̃ᵀ − diag(Var m̃) − m̂m̂ᵀ‖²_HS over every dataset. With m̃ = m̂ + e
@@ -352,9 +366,10 @@ def plan_iclp_cov(
     # rounded products (2u), the two M-term projections err by γ_2M·bessel·τ² (Cauchy–
     # Schwarz per curve): well inside the bound kept from the per-row ξ (γ_M, then γ_n)
     size = bessel * tau_eff**2
-    bound = (np.outer(filt, filt) * size).ravel()
+    upper = np.triu_indices(filt.size)
+    bound = np.outer(filt, filt)[upper] * size
     error = bound * (n + 2 * len(points) + 16) * 2.0**-52
-    second = noise.calibrate(np.outer(root, root).ravel(), delta, eps_second, error, bound)
+    second = noise.calibrate(np.outer(root, root)[upper], delta, eps_second, error, bound)
     smoothing = {"method": "iclp-qr covariance", "eta": eta, "eta_rule": eta_rule, "psi": psi,
                  "psi_rule": psi_rule, "beta": kernel.beta, "components": eig.size,
                  "filter": "F_j = lambda_j^eta/(lambda_j^eta + psi), F (x) F on the second"

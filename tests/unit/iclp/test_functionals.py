@@ -118,16 +118,24 @@ def test_erm_psi_rule_is_public_and_refuses_bad_eta() -> None:
 
 
 def test_second_moment_sensitivity_formula() -> None:
-    """Δ₂ = (2τ²/n)·Σ_j F_j with shapes √(F_jF_k), and half of it is attained by one row
-    at ξ ∝ √F (the other row of a neighbouring pair takes the other half)."""
+    """Δ₂ = (τ²/n)·(Σ_j F_j + max_j F_j) on the upper triangle with shapes √(F_jF_k): at
+    least twice what one row can move it by (the top eigenvalue of (√F√Fᵀ + diag F)/2
+    times τ²/n, attained by its eigenvector), and at most twice more."""
     lam = np.array([0.5, 0.2, 0.05])
     eta, psi, n, tau = 1.5, 0.01, 30, 2.0
     f = mean.qr_filter(lam, eta, psi)
-    want = 2 * tau**2 / n * sum(float(lam_j**eta / (lam_j**eta + psi)) for lam_j in lam)
-    assert cov.second_moment_sensitivity(f, n, tau) == pytest.approx(want, 1e-12)
-    xi = tau * np.sqrt(f) / np.linalg.norm(np.sqrt(f))
-    moved = np.outer(f, f) * np.outer(xi, xi) / n
-    assert _weighted_l1(moved, 0 * moved, np.sqrt(np.outer(f, f))) == pytest.approx(want / 2)
+    total = sum(float(lam_j**eta / (lam_j**eta + psi)) for lam_j in lam)
+    want = tau**2 / n * (total + float(f.max()))
+    delta = cov.second_moment_sensitivity(f, n, tau)
+    assert delta == pytest.approx(want, 1e-12)
+    root = np.sqrt(f)
+    values, vectors = np.linalg.eigh((np.outer(root, root) + np.diag(f)) / 2)
+    xi = tau * vectors[:, -1]
+    upper = np.triu_indices(3)
+    moved = (np.outer(f, f) * np.outer(xi, xi) / n)[upper]
+    one_row = _weighted_l1(moved, 0 * moved, np.outer(root, root)[upper])
+    assert one_row == pytest.approx(values[-1] * tau**2 / n, rel=1e-12)
+    assert one_row <= delta / 2 <= 2 * one_row
     assert cov.mean_sensitivity(f, n, tau) == pytest.approx(2 * tau / n * math.sqrt(f.sum()))
 
 

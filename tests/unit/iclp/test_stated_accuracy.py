@@ -138,7 +138,7 @@ def test_cov_stated_error_covers_all_the_noise() -> None:
     nz = plan.mean_plan.noise
     v = nz.variances()
     kappa = noise.discrete_laplace_fourth_moment(nz.scales) * nz.steps**4
-    m = coefficients[plan.components**2:]
+    m = plan.noise.split(coefficients)[1]
     exact = (plan.second_moment_mse() + 2 * (m @ m) * v.sum() + 2 * (m * m) @ v
              + v.sum() ** 2 - 2 * (v @ v) + kappa.sum())
     assert abs(mse - exact) <= SE * se, (mse, exact, se)
