@@ -163,7 +163,8 @@ class FosPlan:
         with np.errstate(over="ignore", invalid="ignore"):  # absurd bounds: inf -> null
             var = self.mean_noise.variances().reshape(self.p, -1).sum(axis=1)  # per S_k
             # given the released G̃ (post-processing): S̃'s noise through G̃⁻¹; G̃'s own noise
-            # is left out (its share is small once the PD floor holds, see accuracy)
+            # is left out (the simulated RMS matches within Monte Carlo error:
+            # tests/unit/iclp/test_stated_accuracy.py)
             rms = np.sqrt((inverse**2) @ var)
             band = 1.96 * rms
         return {
