@@ -262,7 +262,8 @@ def _function(params: Mapping[str, Any], result: Mapping[str, Any],
         return Reading(**base, statistic=statistic, kind="surface", label_name=label,
                        value_name=value_name, keys=keys, estimates=est, lower=lower,
                        upper=upper, level=None if band is None else 0.95,
-                       interval="95 % band: accuracy.band95 (± on every cell)")
+                       interval=("95 % band: accuracy.band95, one half-width for every cell"
+                                 " (about 95 % at each cell, not at all at once)"))
     curve = _numbers(result.get("values"))
     if curve is None or len(curve) != len(grid):
         return None
