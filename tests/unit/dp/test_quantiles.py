@@ -11,7 +11,7 @@ import marshmallow
 import numpy as np
 import pytest
 
-from mechanisms import registry
+from mechanisms import flip, registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.dp import quantiles
 
@@ -80,7 +80,7 @@ def test_rank_error_bound_holds_at_95_percent() -> None:
     plan = quantiles.plan("laplace", params, budget, META)
     assert plan.epsilon == Fraction(1, 4)
     bound = mech.accuracy(params, budget, META)["ci95_rank_error"]
-    assert bound == pytest.approx(2 / 0.25 * (math.log(201) + math.log(20)))
+    assert bound == quantiles.rank_error_bound(Fraction(1, 4), 201)
     ranks = plan.ranks(data)
     grid = np.asarray(plan.grid)
     hits = runs = 0
@@ -91,6 +91,53 @@ def test_rank_error_bound_holds_at_95_percent() -> None:
             hits += int(loss[int(np.flatnonzero(grid == value)[0])] <= loss.min() + bound)
             runs += 1
     assert hits / runs >= 0.95 - Z * math.sqrt(0.95 * 0.05 / runs)
+
+
+def test_rank_error_bound_is_the_worst_case_and_holds_there() -> None:
+    """Issue #32 item 3: the stated rank error is permute-and-flip's exact worst case, not a
+    union bound. Data whose ranks jump by G at the median's grid point (every other candidate
+    G below the best, G the first integer past the bound) fail it as often as the bound's
+    level allows (the exact law, ``flip.probabilities``) and no more than 5 %; the union
+    bound (2/ε)(ln m + ln 20) stated before is never exceeded on them (it is > G)."""
+    mech = registry.get("laplace")
+    params = mech.load_params({"statistic": "quantile", "column": "x", "quantiles": [0.5],
+                               "grid_size": 11})
+    eps = Fraction(99, 400)  # the bound, 36.96, is just below G = 37
+    budget = {"epsilon": eps}
+    bound = mech.accuracy(params, budget, META)["ci95_rank_error"]
+    gap = math.floor(bound) + 1
+    assert gap < 2 / float(eps) * (math.log(11) + math.log(20))
+    # grid 0, 1, ..., 10: #{x <= c} is 100 − G below 5, 100 at 5, 100 + G from 6 to 9
+    x = np.repeat([0.0, 4.5, 5.5, 10.0], [100 - gap, gap, gap, 100 - gap])
+    data = {"x": x, "c": np.zeros(200, dtype=np.int64)}
+    plan = quantiles.plan("laplace", params, budget, META)
+    loss = np.abs(plan.ranks(data) - 100)
+    assert loss.min() == 0 and sorted(set(loss.tolist())) == [0, gap, 100]
+    law = flip.probabilities([float(plan.epsilon) * g / 2 for g in loss])
+    exact = float(law[loss > bound].sum())
+    assert 0.044 <= exact <= 0.05
+    assert plan.epsilon == eps
+    rng = np.random.default_rng(32)
+    runs = 4000
+    grid = np.asarray(plan.grid)
+    fails = 0
+    for _ in range(runs):
+        value = mech.run(data, params, budget, META, rng).result["values"][0]
+        fails += int(loss[int(np.flatnonzero(grid == value)[0])] > bound)
+    se = math.sqrt(exact * (1 - exact) / runs)
+    assert abs(fails / runs - exact) <= Z * se
+    assert fails / runs <= 0.05 + Z * math.sqrt(0.05 * 0.95 / runs)
+
+
+@pytest.mark.parametrize("m", [2, 3, 11, 201, 1001])
+def test_rank_error_bound_solves_the_worst_case_law(m: int) -> None:
+    """At the bound, the worst case (one best, m − 1 at the bound's gap) fails 5 % exactly,
+    by permute-and-flip's exact law."""
+    eps = Fraction(1, 2)
+    bound = quantiles.rank_error_bound(eps, m)
+    law = flip.probabilities([0.0] + [float(eps) * bound / 2] * (m - 1))
+    assert 1 - law[0] == pytest.approx(0.05, rel=1e-6)
+    assert 1 - law[0] <= 0.05
 
 
 def test_large_budget_finds_the_exact_quantile() -> None:
