@@ -367,9 +367,10 @@ def _quantiles(params: Mapping[str, Any], result: Mapping[str, Any],
     column = _column(params, result)
     rank = _number(accuracy.get("ci95_rank_error"))
     none: list[float | None] = [None] * len(values)
+    # no units interval exists for this release (mechanisms/dp/quantiles.py says why)
     how = ("no interval in units of the column: with 95 % the rank of each released"
-           f" quantile is within ±{rank:.4g} records of its level × n (accuracy)"
-           if rank is not None else "no interval stated")
+           f" quantile is off its level × n by at most {rank:.4g} records more than the best"
+           " grid point's (accuracy)" if rank is not None else "no interval stated")
     return Reading(**base, statistic=f"quantiles of {column}", kind="points",
                    label_name="quantile level", value_name=column,
                    keys={"quantile": [float(q) for q in levels if q is not None]},
