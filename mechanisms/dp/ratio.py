@@ -31,15 +31,15 @@ from mechanisms import sampling
 from mechanisms.dp.vectors import VectorNoise
 
 #: the pieces of [lo, hi] a quantile is bounded on
-SEGMENTS = 64
+SEGMENTS = 32
 #: the truncated tail of each noise's pmf (added to the miss, as is float rounding)
-TAIL = 1e-10
+TAIL = 1e-7
 ROUNDING = 1e-12
 #: the largest count-noise support summed over (points); larger noise keeps the box
-MAX_SUPPORT = 2**15
+MAX_SUPPORT = 2**13
 #: the largest sum-noise support held as a CDF (points)
 MAX_SUM_SUPPORT = 2**21
-_BISECTIONS = 48
+_BISECTIONS = 16
 
 
 @dataclass(frozen=True)
@@ -85,22 +85,25 @@ def truncated(noise: VectorNoise, limit: int) -> Truncated | None:
     return Truncated(k, pmf, np.cumsum(pmf), tail)
 
 
-def _miss(t: float, m: float, h: float, g: float, count: Truncated, total: Truncated,
-          z: NDArray[np.int64]) -> float:
-    """An upper bound on P(|g·Z_s − m·Z_c| + h·|Z_c| > t)."""
-    u = t - h * np.abs(z)
-    x = m * z
+def _miss(t: NDArray[np.float64], m: NDArray[np.float64], h: NDArray[np.float64], g: float,
+          count: Truncated, total: Truncated, z: NDArray[np.int64]) -> NDArray[np.float64]:
+    """Per piece (rows: t, centre m, half-width h), an upper bound on
+    P(|g·Z_s − m·Z_c| + h·|Z_c| > t)."""
+    u = t[:, None] - h[:, None] * np.abs(z)[None, :]
+    x = m[:, None] * z[None, :]
     hi = np.floor((x + u) / g).astype(np.int64)
     lo = np.ceil((x - u) / g).astype(np.int64)
     inner = np.where(u < 0, 1.0, np.minimum(total.above(hi) + total.at_most(lo - 1), 1.0))
-    return float(np.dot(count.pmf, inner)) + count.tail + ROUNDING
+    out: NDArray[np.float64] = inner @ count.pmf + count.tail + ROUNDING
+    return out
 
 
 @functools.lru_cache(maxsize=64)
 def quantiles(count: VectorNoise, total: VectorNoise, grid: float, lo: float, hi: float,
               level: float) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
     """The pieces' edges and, per piece, a q with P(|g·Z_s − μ·Z_c| <= q) >= level for
-    every μ in it; None when the count noise is too wide to sum over (keep the box)."""
+    every μ in it; None when the count noise is too wide to sum over (keep the box).
+    The pieces are bisected together (``_BISECTIONS`` halvings of each one's bracket)."""
     c = truncated(count, MAX_SUPPORT)
     s = truncated(total, MAX_SUM_SUPPORT)
     if c is None or s is None:
@@ -111,23 +114,17 @@ def quantiles(count: VectorNoise, total: VectorNoise, grid: float, lo: float, hi
     hs, hc = total.halfwidth(each) * grid, count.halfwidth(each)
     z = np.arange(-c.k, c.k + 1, dtype=np.int64)
     edges = np.linspace(lo, hi, SEGMENTS + 1)
-    out = np.empty(SEGMENTS)
-    for j in range(SEGMENTS):
-        a, b = float(edges[j]), float(edges[j + 1])
-        m, h = (a + b) / 2.0, (b - a) / 2.0
-        top = math.nextafter(hs + max(abs(a), abs(b)) * hc, math.inf)
-        if _miss(top, m, h, grid, c, s, z) > alpha:
-            out[j] = top
-            continue
-        bottom = 0.0
-        for _ in range(_BISECTIONS):
-            mid = (bottom + top) / 2.0
-            if _miss(mid, m, h, grid, c, s, z) <= alpha:
-                top = mid
-            else:
-                bottom = mid
-        out[j] = top
-    return edges, out
+    a, b = edges[:-1], edges[1:]
+    m, h = (a + b) / 2.0, (b - a) / 2.0
+    top = np.nextafter(hs + np.maximum(np.abs(a), np.abs(b)) * hc, np.inf)
+    searched = _miss(top, m, h, grid, c, s, z) <= alpha  # else the box's bound stays
+    bottom = np.zeros(SEGMENTS)
+    for _ in range(_BISECTIONS):
+        mid = (bottom + top) / 2.0
+        fits = _miss(mid, m, h, grid, c, s, z) <= alpha
+        top = np.where(searched & fits, mid, top)
+        bottom = np.where(searched & ~fits, mid, bottom)
+    return edges, top
 
 
 def interval(c: float, s: float, edges: NDArray[np.float64], q: NDArray[np.float64],
