@@ -22,7 +22,7 @@ Several quantiles split ε evenly (basic composition: k quantiles at ε/k).
 
 Accuracy, from public inputs: each quantile's rank error |#{x <= c} − q·n| exceeds the
 best grid point's by at most T with probability >= 95 %, T the exact worst case over all
-data (``rank_error_bound``). A candidate whose utility is more than T below the best has
+data (``flip.worst_case_gap``). A candidate whose utility is more than T below the best has
 coin p <= exp(−εT/2); the chance permute-and-flip releases one is largest when the best
 candidate is unique and every other one sits at exactly that gap (raising a bad coin, or
 lowering a good one, only helps the bad), and then, the best's position B uniform among
@@ -52,7 +52,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import optimize
 
 from mechanisms import flip
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
@@ -82,32 +81,6 @@ class Gaps:
 RANK_LEVEL = 0.95
 
 
-def worst_bad_probability(p: float, m: int) -> float:
-    """Permute-and-flip's largest chance of releasing a candidate whose coin is at most
-    ``p`` among ``m`` (one best, m − 1 at p): 1 − (1 − (1 − p)^m) / (m p)."""
-    if m <= 1 or p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0 - 1.0 / m
-    return float(1.0 + math.expm1(m * math.log1p(-p)) / (m * p))
-
-
-def rank_error_bound(epsilon: Fraction, m: int, level: float = RANK_LEVEL) -> float:
-    """The smallest T with worst-case P(gap > T) <= 1 − level for ε-per-quantile
-    permute-and-flip over m candidates (module doc), rounded up."""
-    if m <= 1:
-        return 0.0
-    alpha = 1.0 - level
-    # P(bad) grows with p from 0 (p → 0) to 1 − 1/m (p = 1); below 1 − 1/m there is a root
-    if alpha >= 1.0 - 1.0 / m:
-        return 0.0
-    # at p = α/(e·m), P(bad) <= (m − 1)p/2 < α, and m·p is not small enough to cancel
-    log_p = optimize.brentq(lambda lp: worst_bad_probability(math.exp(lp), m) - alpha,
-                            math.log(alpha / m) - 1.0, 0.0, xtol=1e-13, rtol=1e-13)
-    # a slightly smaller p (larger T) only lowers P(bad): step outward past the root
-    return math.nextafter(-2.0 * (log_p - 1e-9) / float(epsilon), math.inf)
-
-
 @dataclass(frozen=True)
 class QuantilePlan:
     column: ColumnMeta
@@ -120,7 +93,7 @@ class QuantilePlan:
     @property
     def rank_error(self) -> float:
         """The 95 % rank-error bound beyond the best candidate's (see the module doc)."""
-        return rank_error_bound(self.epsilon, len(self.grid), RANK_LEVEL)
+        return flip.worst_case_gap(self.epsilon, len(self.grid), RANK_LEVEL)
 
     def first_pass(self) -> RankStatistic:
         return RankStatistic(self)

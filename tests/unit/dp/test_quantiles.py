@@ -80,7 +80,7 @@ def test_rank_error_bound_holds_at_95_percent() -> None:
     plan = quantiles.plan("laplace", params, budget, META)
     assert plan.epsilon == Fraction(1, 4)
     bound = mech.accuracy(params, budget, META)["ci95_rank_error"]
-    assert bound == quantiles.rank_error_bound(Fraction(1, 4), 201)
+    assert bound == flip.worst_case_gap(Fraction(1, 4), 201, 0.95)
     ranks = plan.ranks(data)
     grid = np.asarray(plan.grid)
     hits = runs = 0
@@ -134,7 +134,7 @@ def test_rank_error_bound_solves_the_worst_case_law(m: int) -> None:
     """At the bound, the worst case (one best, m − 1 at the bound's gap) fails 5 % exactly,
     by permute-and-flip's exact law."""
     eps = Fraction(1, 2)
-    bound = quantiles.rank_error_bound(eps, m)
+    bound = flip.worst_case_gap(eps, m, 0.95)
     law = flip.probabilities([0.0] + [float(eps) * bound / 2] * (m - 1))
     assert 1 - law[0] == pytest.approx(0.05, rel=1e-6)
     assert 1 - law[0] <= 0.05
