@@ -138,7 +138,9 @@ def interval(c: float, s: float, edges: NDArray[np.float64], q: NDArray[np.float
         low, high = a, b
     else:
         ends = np.sort(np.stack([(s - width) / c, (s + width) / c]), axis=0)
-        low, high = np.maximum(a, ends[0]), np.minimum(b, ends[1])
+        # the divisions round: widen by a few ulps so a μ on the boundary stays in
+        pad = 4.0 * np.spacing(np.abs(ends) + np.abs(edges).max())
+        low, high = np.maximum(a, ends[0] - pad[0]), np.minimum(b, ends[1] + pad[1])
         keep = low <= high
     if not np.any(keep):
         return [float(edges[0]), float(edges[-1])]
