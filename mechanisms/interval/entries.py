@@ -126,10 +126,17 @@ def _charge(estimate: Estimate) -> Fraction:
 
 # --------------------------------------------------------------------------- resolution
 
+#: the designs ``plan`` resolves (each entry's ``kind``)
+KINDS = ("case1", "case2", "casek", "ring", "selective", "progressive")
+
 
 def plan(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
          target: Fraction | None = None) -> Plan:
-    """Resolve params against the metadata (cached: cost, accuracy and run agree)."""
+    """Resolve params against the metadata (cached: cost, accuracy and run agree). An
+    unknown ``kind`` is refused: the resolution below would otherwise read it as Case I."""
+    if kind not in KINDS:
+        raise MechanismInputError(
+            "kind", f"unknown interval design {kind!r}; known: {', '.join(KINDS)}")
     column = meta.column(params["column"])
     key = json.dumps(
         {"params": params, "column": [column.name, column.type, column.bounds, column.prior]},

@@ -24,6 +24,7 @@ from privrelease_client.objects import Release
 from privrelease_client.reading import Z95, read_release
 
 import mechanisms
+from mechanisms import target
 from mechanisms.base import ColumnMeta, DatasetMeta
 from service.plotting import release_document_figure, render
 
@@ -254,6 +255,21 @@ def test_quantiles_are_labelled_by_their_levels_and_say_they_have_no_value_inter
     assert frame["quantile"].tolist() == [0.1, 0.5, 0.9, 0.99]
     assert frame["lower"].isna().all() and frame.attrs["level"] is None
     assert (frame["rank_error_95"] == doc["accuracy"]["ci95_rank_error"]).all()
+
+
+def test_a_quantile_units_interval_is_carried_by_the_frame() -> None:
+    """Issue #32 item 3: with ``interval: true`` the quantile frame's lower/upper are the
+    released intervals in the column's units, at their level; the target search still
+    reads no public half-width from a quantile (its widths come from the draws)."""
+    name, params, budget = BASELINES["laplace.quantile"]
+    doc = release_doc(name, {**params, "interval": True}, budget)
+    frame = frames.release_to_pandas(doc)
+    lows, highs = zip(*doc["result"]["intervals"], strict=True)
+    assert frame["lower"].tolist() == list(lows) and frame["upper"].tolist() == list(highs)
+    assert frame.attrs["level"] == 0.95
+    assert (frame["lower"] <= frame["upper"]).all()
+    assert target.stated(name, doc["accuracy"]) is None
+    render(release_document_figure(doc), "svg")
 
 
 def test_a_band_is_drawn_and_its_half_width_named() -> None:
