@@ -155,12 +155,21 @@ class Walk:
         error page; an image on it has loaded."""
         d = self.d
         if "/console/" in d.current_url:
-            assert d.find_element(By.ID, "who") and not d.find_elements(By.ID, "token")
+            assert d.find_element(By.ID, "who") and self.absent("token")
             assert not d.find_element(By.TAG_NAME, "h1").text[:3].isdigit()  # 403, 404...
         WebDriverWait(d, 30).until(lambda _: d.execute_script(
             "return [...document.images].every(i => i.complete && i.naturalWidth > 0)"))
         self.taken.append(f"walk/{name}.png")
         chromium.shot(d, SHOTS, f"walk/{name}")
+
+    def absent(self, element_id: str) -> bool:
+        """Whether the page has no such element (asked at once, not after the implicit
+        wait a missing element would cost)."""
+        self.d.implicitly_wait(0)
+        try:
+            return not self.d.find_elements(By.ID, element_id)
+        finally:
+            self.d.implicitly_wait(5)
 
     def scroll_to(self, element_id: str) -> None:
         """Bring an element to the top of the screen, with the heading above it."""
@@ -264,7 +273,7 @@ def test_the_guides_walked_in_the_console(manual_service: Service,
         walk.choose("alloc-measure", text=measure)
         walk.type("alloc-cap", "1")
         walk.click("set-budget")
-        assert not d.find_elements(By.ID, "problem")
+        assert walk.absent("problem")
     caps = {r[0]: r[1] for r in walk.rows("budget")}
     assert caps["epsilon"] == "3.0" and caps["interval_leakage:income"] == "1.0", caps
     assert sorted((r[0], r[1], r[2]) for r in walk.rows("allocations")) == [
@@ -279,7 +288,7 @@ def test_the_guides_walked_in_the_console(manual_service: Service,
           "accuracy sentence first", "npmle", "Run analysis")
     chromium.sign_in(d, url, token)                                     # 1. sign in
     assert [r[0] for r in walk.rows("datasets")] == [dataset_id]
-    assert not d.find_elements(By.ID, "upload-form")
+    assert walk.absent("upload-form")
     walk.goto("/console/mechanisms/laplace")                            # 2. estimate
     walk.choose("dataset_id", value=dataset_id)
     walk.choose("p.statistic", text="count")
