@@ -331,8 +331,8 @@ def test_the_datasets_page_drafts_metadata_from_a_file(app: Flask, keys: KeyStor
 def test_an_exhausted_budget_is_shown_on_the_release_form(app: Flask, api: Api,
                                                           keys: KeyStore) -> None:
     """A request beyond the key's allocation is the API's 409 on the mechanism's page, in
-    its problem box with the API's detail and nothing spent (catches the domain refusal
-    escaping the page as the API's JSON)."""
+    its problem box with the API's detail, measure and amounts, and nothing spent (catches
+    the domain refusal escaping the page as the API's JSON)."""
     ds = api.upload(people_csv(), PEOPLE_META).get_json()
     analyst, token = apikeys.create(keys, "analyst", label="short")
     assert api.client.patch(f"/v1/datasets/{ds['id']}/budget", headers=api._h(), json={
@@ -352,4 +352,8 @@ def test_an_exhausted_budget_is_shown_on_the_release_form(app: Flask, api: Api,
     page = resp.get_data(as_text=True)
     assert f'<div class="problem" id="problem" role="alert"><strong>{escape(refused["detail"])}' \
         in page and 'id="release-form"' in page
+    amounts = re.search(r'<span class="amounts" id="problem-amounts">([^<]*)</span>', page)
+    assert amounts and amounts.group(1) == (
+        f"{refused['measure']}: requested {refused['requested']:g},"
+        f" remaining {refused['remaining']:g}") == "epsilon: requested 0.5, remaining 0.1"
     assert _budget(api, ds["id"])["allocations"][analyst.id]["epsilon"]["committed"] == 0
