@@ -323,7 +323,7 @@ def test_the_guides_walked_in_the_console(manual_service: Service,
     # service guide: what the console shows of a service's releases
     guide = walk.guide("guides/service", ROLES["consumer / internal service"][0])
     _says(guide, "What the console shows", "only mine", "reloads itself until it ends",
-          "409 budget_exhausted", "Does not fit")
+          "409 budget_exhausted", "the amount requested and what remains", "Does not fit")
     # the service's own release, over HTTP as a service makes it
     body: dict[str, Any] = {"dataset_id": dataset_id, "mechanism": "laplace",
                             "params": {"statistic": "mean", "column": "income"},
@@ -352,7 +352,8 @@ def test_the_guides_walked_in_the_console(manual_service: Service,
     assert ["epsilon", "0.5", "0.25", "0.25"] in walk.rows("estimate")
     walk.click("request-button")
     assert d.find_element(By.ID, "problem").text == (
-        "not enough of your allocation of epsilon budget left")
+        "not enough of your allocation of epsilon budget left"
+        " epsilon: requested 0.5, remaining 0.25")
     spent = manual_service.call("GET", f"/v1/datasets/{dataset_id}/budget").json()
     assert spent["allocations"][key_id]["epsilon"]["committed"] == 0.75  # nothing more
     walk.shot("service-refused")
