@@ -121,7 +121,6 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     d.get(f"{service.url}/console/datasets/{dataset_id}")
     chart = d.find_element(By.ID, "budget-chart")
     assert d.execute_script("return arguments[0].naturalWidth", chart) > 100
-    d.execute_script("arguments[0].scrollIntoView()", d.find_element(By.ID, "budget"))
     analyst_id = next(k["id"] for k in service.call("GET", "/v1/keys").json()
                       if k["label"] == "browser analyst")
     http = _session(d)
@@ -166,7 +165,6 @@ def test_budget_form_and_analysis_plot_in_chromium(service: Service,
              for r in d.find_elements(By.CSS_SELECTOR, "#budget tbody tr")]
     measures = {row[0]: row[1] for row in cells}
     assert measures["interval_leakage:x"] == "1.0" and measures["epsilon"] == "1.0"
-    d.execute_script("arguments[0].scrollIntoView()", d.find_element(By.ID, "budget-form"))
 
     body = {"dataset_id": dataset_id, "mechanism": "interval.case1",
             "params": {"column": "x", "anchors": {"family": "uniform", "low": 0, "high": 1}},
