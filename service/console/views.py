@@ -159,8 +159,15 @@ def page(view: Callable[..., Any]) -> Callable[[Page], Page]:
     return decorator
 
 
+#: the amounts an exhausted budget's answer names, shown with its detail on the form
+_AMOUNTS = ("measure", "requested", "remaining")
+
+
 def _form_error(err: APIError) -> dict[str, Any]:
-    return {"detail": err.detail, "field": err.field, "status": err.status}
+    """The error shown on a form: the API's detail and field, and for an exhausted budget
+    the measure with the amounts requested and remaining (public budget figures)."""
+    return {"detail": err.detail, "field": err.field, "status": err.status,
+            **{k: err.extra[k] for k in _AMOUNTS if k in err.extra}}
 
 
 def _image(figure: Any, fmt: str) -> Response:
