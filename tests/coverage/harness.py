@@ -1,0 +1,233 @@
+"""Empirical coverage of a mechanism's stated intervals, by seeded simulation.
+
+A case runs one registered mechanism through its public entry points (``load_params``,
+``cost``, ``run``) many times on a synthetic dataset whose truth is known, reads every
+release the way the service and the client do (``privrelease_client.reading``: one
+interval per released number, at the stated level; ``mechanisms.target.stated``: the
+level the statement gives), and counts how often the truth lies inside.
+
+The tolerance is the Monte Carlo error, never a fudge: with ``R`` runs a statement of
+level ``p`` fails when its hits are in the lower ``ALPHA`` tail of Binomial(R, p), with a
+Bonferroni split over the checks of one case (each cell, and the joint claim). A
+deterministic bound (level 1) must hold on every run. ``width ratio``: the stated
+half-width over the tightest valid one, the ``p``-quantile of |error|/half-width (for a
+joint claim, of the largest over the cells): 1 is as tight as the truth allows, above 1
+conservative, below 1 a statement that does not hold.
+
+This module knows no mechanism: the cases (``tests.coverage.cases``) say what to run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from privrelease_client.reading import Reading, read_release
+from scipy import stats
+
+import mechanisms
+from mechanisms import target
+from mechanisms.base import DatasetMeta
+
+#: a case fails when its hits are this unlikely under the stated level (Bonferroni-split)
+ALPHA = 1e-3
+#: float slack of an inclusive end point (a deterministic bound's midpoint ± half a bin is
+#: computed in float64); far below any stated width
+ROUNDING = 1e-9
+
+Columns = dict[str, NDArray[Any]]
+#: the truth of every released number of a reading, from the dataset it was run on
+Truth = Callable[[Columns, Reading], NDArray[np.float64]]
+#: where the truth comes from: ``exact``, the statistic of the dataset a run read (the
+#: case's ``truth``: of the data, or of the population when the statement is about one);
+#: ``others_mean``, the mean of the other runs on the same dataset (an unbiased release of
+#: a smoother whose exact value only the mechanism computes)
+TruthKind = Literal["exact", "others_mean"]
+Size = Literal["ci", "full"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration of one mechanism, with its dataset and its truth."""
+
+    label: str
+    mechanism: str
+    params: Mapping[str, Any]
+    budget: Mapping[str, Fraction]
+    meta: DatasetMeta
+    #: the synthetic dataset drawn from a generator
+    data: Callable[[np.random.Generator], Columns]
+    truth: Truth
+    truth_kind: TruthKind = "exact"
+    #: a fresh dataset for every run (a statement about a population, or a deterministic
+    #: bound tried on many datasets); else one dataset for all runs
+    fresh: bool = False
+    #: runs at each size
+    runs: tuple[int, int] = (400, 5000)
+    #: negative controls only: every stated interval scaled by this before it is checked
+    shrink: float = 1.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the runs of one case found (a row of the coverage table)."""
+
+    label: str
+    mechanism: str
+    #: "per cell", "simultaneous" or "always" (a deterministic bound)
+    claim: str
+    level: float
+    cells: int
+    runs: int
+    #: the least per-cell coverage, and the share of runs where every cell held
+    worst_cell: float
+    joint: float
+    #: the joint level the statement claims (simultaneous, or all_entries_at_least), if any
+    joint_level: float | None
+    #: the fewest hits per cell the Monte Carlo error allows at the stated level
+    floor: int
+    width_ratio: float
+    passed: bool
+    failures: tuple[str, ...] = field(default=())
+
+
+def _document(case: Case, loaded: Mapping[str, Any], cost: Mapping[str, Fraction],
+              meta: DatasetMeta, data: Columns, rng: np.random.Generator
+              ) -> tuple[Reading, Mapping[str, Any]]:
+    mech = mechanisms.get(case.mechanism)
+    out = mech.run(data, loaded, cost, meta, rng)
+    doc = {"mechanism": case.mechanism, "params": dict(case.params), "result": out.result,
+           "accuracy": out.accuracy, "cost": {k: float(v) for k, v in cost.items()}}
+    reading = read_release(doc)
+    if reading is None or reading.level is None:
+        raise AssertionError(f"{case.label}: the release states no interval at a level")
+    return reading, out.accuracy
+
+
+def _array(values: list[float | None]) -> NDArray[np.float64]:
+    return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def scaled_errors(truth: NDArray[np.float64], estimate: NDArray[np.float64],
+                  lower: NDArray[np.float64], upper: NDArray[np.float64]
+                  ) -> NDArray[np.float64]:
+    """|error| over the half-width on the truth's side of the estimate: <= 1 inside the
+    interval (an asymmetric one too)."""
+    above = truth >= estimate
+    side = np.where(above, upper - estimate, estimate - lower)
+    gap = np.abs(truth - estimate) - ROUNDING * (1.0 + np.abs(truth))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(gap <= 0, 0.0, gap / side)
+    return np.asarray(out, dtype=np.float64)
+
+
+def hits_floor(runs: int, level: float, alpha: float) -> int:
+    """The fewest hits in ``runs`` that a level-``level`` statement allows at ``alpha``:
+    the smallest k with P(Binomial(runs, level) <= k) >= alpha (fewer hits refute the
+    level at ``alpha``). A level of 1 allows no miss."""
+    if level >= 1.0:
+        return runs
+    return int(stats.binom.ppf(alpha, runs, level))
+
+
+def _joint_claim(accuracy: Mapping[str, Any], level: float) -> tuple[str, float | None]:
+    confidence = accuracy.get("confidence")
+    if isinstance(confidence, Mapping):
+        if confidence.get("simultaneous"):
+            return "simultaneous", level
+        joint = confidence.get("all_entries_at_least")
+        if isinstance(joint, int | float) and not isinstance(joint, bool):
+            return "per cell", float(joint)
+    return ("always" if level >= 1.0 else "per cell"), None
+
+
+def run_case(case: Case, size: Size, seed: int = 0) -> Outcome:
+    """Run ``case`` ``case.runs`` times (at ``size``) from ``seed`` and check its claims."""
+    runs = case.runs[0] if size == "ci" else case.runs[1]
+    mech = mechanisms.get(case.mechanism)
+    loaded = mech.load_params(dict(case.params))
+    cost = mech.cost(loaded, case.budget, case.meta)
+    fixed = case.data(np.random.default_rng([seed, 0]))
+    errors: list[NDArray[np.float64]] = []
+    estimates: list[NDArray[np.float64]] = []
+    bounds: list[tuple[NDArray[np.float64], NDArray[np.float64]]] = []
+    truths: list[NDArray[np.float64]] = []
+    level, claim, joint_level = math.nan, "", None
+    for r in range(runs):
+        data = case.data(np.random.default_rng([seed, 1, r])) if case.fresh else fixed
+        reading, accuracy = _document(case, loaded, cost, case.meta, data,
+                                      np.random.default_rng([seed, 2, r]))
+        est = _array(reading.estimates)
+        lo, hi = _array(reading.lower), _array(reading.upper)
+        lo, hi = est - case.shrink * (est - lo), est + case.shrink * (hi - est)
+        assert reading.level is not None
+        if r == 0:
+            level = reading.level
+            claim, joint_level = _joint_claim(accuracy, level)
+            said = target.stated(case.mechanism, accuracy)
+            if said is not None and said.level != level:
+                raise AssertionError(f"{case.label}: target reads level {said.level},"
+                                     f" the client {level}")
+        elif reading.level != level:
+            raise AssertionError(f"{case.label}: the stated level changed between runs")
+        estimates.append(est)
+        bounds.append((lo, hi))
+        if case.truth_kind != "others_mean":
+            truths.append(case.truth(data, reading))
+    est_all = np.vstack(estimates)
+    if case.truth_kind == "others_mean":  # leave-one-out: each run's truth is independent
+        total = est_all.sum(axis=0)
+        truths = [(total - e) / (runs - 1) for e in estimates]
+    for t, e, (lo, hi) in zip(truths, estimates, bounds, strict=True):
+        errors.append(scaled_errors(t, e, lo, hi))
+    scaled = np.vstack(errors)  # runs x cells
+    held = np.isfinite(scaled)
+    if not held.any(axis=0).all():
+        raise AssertionError(f"{case.label}: a cell has no interval or truth on any run")
+    inside = np.where(held, scaled <= 1.0, True)
+    cells = scaled.shape[1]
+    checks = cells + (joint_level is not None)
+    floor = hits_floor(runs, level, ALPHA / checks)
+    failures: list[str] = []
+    per_cell = inside.sum(axis=0)
+    counted = held.sum(axis=0)
+    for j in range(cells):
+        need = hits_floor(int(counted[j]), level, ALPHA / checks)
+        if per_cell[j] < need:
+            failures.append(f"cell {j}: {per_cell[j]}/{counted[j]} inside, need {need}")
+    all_in = inside.all(axis=1)
+    if joint_level is not None:
+        need = hits_floor(runs, joint_level, ALPHA / checks)
+        if all_in.sum() < need:
+            failures.append(f"joint: {all_in.sum()}/{runs} all inside, need {need}")
+    finite = np.where(held, scaled, 0.0)
+    if claim == "simultaneous":
+        tightest = float(np.quantile(finite.max(axis=1), level))
+    else:
+        tightest = float(np.quantile(scaled[held], min(level, 1.0)))
+    ratio = math.inf if tightest == 0 else 1.0 / tightest
+    return Outcome(case.label, case.mechanism, claim, level, cells, runs,
+                   float((per_cell / counted).min()), float(all_in.mean()), joint_level,
+                   floor, ratio, not failures, tuple(failures[:5]))
+
+
+HEADER = ("| case | mechanism | claim | stated level | cells | runs | worst cell | joint"
+          " (claimed) | width vs tightest | passed |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def row(outcome: Outcome) -> str:
+    """One markdown row of the coverage table."""
+    joint = f"{outcome.joint:.4f}"
+    if outcome.joint_level is not None:
+        joint += f" (≥ {outcome.joint_level:.4g})"
+    ratio = "∞" if math.isinf(outcome.width_ratio) else f"{outcome.width_ratio:.3g}"
+    return (f"| `{outcome.label}` | `{outcome.mechanism}` | {outcome.claim} |"
+            f" {outcome.level:.4g} | {outcome.cells} | {outcome.runs} |"
+            f" {outcome.worst_cell:.4f} | {joint} | {ratio} |"
+            f" {'yes' if outcome.passed else '**NO**'} |")
