@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 from privrelease_client.reading import Reading
 
-from mechanisms.base import ColumnMeta, DatasetMeta
+from mechanisms.base import ColumnMeta, DatasetMeta, Output
 from tests.coverage.harness import Case, Columns
 
 N = 240
@@ -118,6 +118,73 @@ def _vector(data: Columns, reading: Reading) -> NDArray[np.float64]:
     return np.array([data["x"].mean(), float(data["k"].max())])
 
 
+# ------------------------------------------------------------------ statements on outputs
+# each returns the run's scaled errors (<= 1: the statement held) and the stated level
+
+#: the scaled error of a value outside a released set (containment has no width)
+OUTSIDE = 2.0
+
+
+def _quantile_ranks(data: Columns, out: Output) -> tuple[NDArray[np.float64], float]:
+    """With 95 %, the records at or below a released quantile differ from q n by at most
+    ``ci95_rank_error`` more than the best public candidate's do."""
+    acc, lo = out.accuracy, X_BOUNDS[0]
+    x = np.sort(data["x"])
+    candidates = lo + acc["candidate_step"] * np.arange(acc["candidates"])
+    errors = []
+    for q, v in zip(out.result["quantiles"], out.result["values"], strict=True):
+        best = np.abs(np.searchsorted(x, candidates, side="right") - q * N).min()
+        excess = abs(np.searchsorted(x, v, side="right") - q * N) - best
+        errors.append(max(excess, 0.0) / acc["ci95_rank_error"])
+    return np.asarray(errors), 0.95
+
+
+def _draw_shortfall(data: Columns, out: Output) -> tuple[NDArray[np.float64], float]:
+    """With 95 %, a draw's count is within ``count_shortfall_95`` of the largest count."""
+    assert out.table is not None
+    counts = np.bincount(data["g"], minlength=len(G))
+    drawn = np.array([G.index(str(v)) for v in out.table["g"]])
+    return (counts.max() - counts[drawn]) / out.accuracy["count_shortfall_95"], 0.95
+
+
+def _record_noise(data: Columns, out: Output) -> tuple[NDArray[np.float64], float]:
+    """lrm: with 95 %, each released value is within its column's value_ci95_halfwidth."""
+    assert out.table is not None and out.row_column is not None
+    half = out.accuracy["columns"]["x"]["value_ci95_halfwidth"]
+    rows = np.asarray(out.table[out.row_column])
+    released = np.empty(N)
+    released[rows] = out.table["x"]
+    return np.abs(released - data["x"]) / half, 0.95
+
+
+def _record_bins(data: Columns, out: Output) -> tuple[NDArray[np.float64], float]:
+    """noiseless.local: every record within ``max_error`` of its value (always)."""
+    assert out.table is not None
+    return np.abs(np.asarray(out.table["x"]) - data["x"]) / out.accuracy["max_error"], 1.0
+
+
+def _contains(data: Columns, out: Output) -> tuple[NDArray[np.float64], float]:
+    """Interval privacy: every released range contains the record's value (always); a
+    null (not released) states nothing."""
+    assert out.table is not None
+    t, v = out.table, data["k"].astype(np.float64)
+    left_ok = np.where(t["left_closed"] == 1, t["left"] <= v, t["left"] < v)
+    right_ok = np.where(t["right_closed"] == 1, v <= t["right"], v < t["right"])
+    held = np.where(left_ok & right_ok, 0.0, OUTSIDE)
+    return np.where(t["released"] == 1, held, np.nan), 1.0
+
+
+def _contains_category(column: str) -> Any:
+    """A released set (a bitmask over the categories) holds the record's category
+    (always); the table's records are the rows, in their order."""
+    def check(data: Columns, out: Output) -> tuple[NDArray[np.float64], float]:
+        assert out.table is not None
+        name = "set_mask" if "set_mask" in out.table else column
+        masks = np.asarray(out.table[name]).astype(np.int64)
+        return np.where((masks >> data[column]) & 1 == 1, 0.0, OUTSIDE), 1.0
+    return check
+
+
 # ------------------------------------------------------------------ the cases
 
 
@@ -141,6 +208,13 @@ DENSITIES: dict[str, dict[str, Any]] = {
     "frl.kde": {"column": "x", "normalize": False},
     "bernstein.kde": {"column": "x", "normalize": False},
     "iclp.kde2d": {"columns": ["x", "u"], "normalize": False},
+}
+CALIBRATED = {"column": "k", "calibrate": True, "transform": "exp"}
+INTERVALS: dict[str, dict[str, Any]] = {
+    "interval.case1": CALIBRATED, "interval.case2": CALIBRATED,
+    "interval.casek": {**CALIBRATED, "m": 3}, "interval.ring": CALIBRATED,
+    "interval.selective": {**CALIBRATED, "tau": 0.5},
+    "interval.progressive": {"column": "k", "rounds": 2},
 }
 SUBSETS: dict[str, dict[str, Any]] = {
     "subset.uniform": {"column": "g"},
@@ -200,6 +274,23 @@ CASES: dict[str, Case] = {c.label: c for c in [
     *[_case(name, name, params, _population_share, {"subset_draws": Fraction(1)},
             data=uniform_categories, fresh=True, runs=(300, 3000))
       for name, params in SUBSETS.items()],
+    _case("laplace.quantile", "laplace", {"statistic": "quantile", "column": "x",
+                                          "quantiles": [0.1, 0.5, 0.9]}, _unused,
+          check=_quantile_ranks, runs=(100, 1000)),
+    _case("exm", "exm", {"column": "g", "draws": 3}, _unused, check=_draw_shortfall),
+    _case("lrm.records", "lrm", {"columns": ["x"]}, _unused, check=_record_noise),
+    _case("noiseless.local", "noiseless.local", {"column": "x"}, _unused,
+          {"noiseless_bits": Fraction(3)}, check=_record_bins, fresh=True, runs=(50, 1000)),
+    *[_case(name, name, params, _unused,
+            {"interval_leakage": Fraction(90 if name == "interval.progressive" else 15, 100)},
+            check=_contains, fresh=True, runs=(30, 300))
+      for name, params in INTERVALS.items()],
+    _case("interval.progressive_categorical", "interval.progressive_categorical",
+          {"column": "g", "rounds": 1}, _unused, {"interval_leakage": Fraction(6, 10)},
+          check=_contains_category("g"), fresh=True, runs=(30, 300)),
+    *[_case(f"{name}.contains", name, params, _unused, {"subset_draws": Fraction(1)},
+            check=_contains_category("g"), fresh=True, runs=(30, 300))
+      for name, params in SUBSETS.items()],
 ]}
 
 #: the cases CI runs small (statements that hold on today's main); the rest run in
@@ -213,22 +304,8 @@ EXEMPT: dict[str, str] = {
     "dip": "microdata release: its statement is about the distribution of the released"
            " records (total variation, mean and quantile shifts of the noisy-histogram"
            " reference), checked in tests/unit/dip/test_histogram.py and test_copula.py",
-    "exm": "draws, not estimates: its statement bounds a draw's count shortfall from the"
-           " mode (count_shortfall_95), no interval around a released number",
-    "noiseless.local": "microdata release: each record within max_error of its value,"
-                       " checked on every dataset of small domains by the noiseless audit"
-                       " (mechanisms/noiseless/audit.py)",
-    "interval.case1": "interval privacy: each record's released range contains its value"
-                      " and the expected coverage under the prior is the notion's defining"
-                      " property, checked by the interval audit (tests/audit/interval)",
-    "interval.case2": "interval privacy: as interval.case1",
-    "interval.casek": "interval privacy: as interval.case1",
-    "interval.progressive": "interval privacy: as interval.case1",
-    "interval.progressive_categorical": "interval privacy: as interval.case1 (released"
-                                        " sets of categories)",
-    "interval.ring": "interval privacy: as interval.case1",
-    "interval.selective": "interval privacy: as interval.case1",
-    "subset.dummy": "states standard errors only for the method-of-moments estimate"
-                    " with dummy records; the release's reading draws no interval at a"
-                    " level (its privacy metrics are checked by the subset audit)",
+    "subset.dummy": "its records are interleaved with dummy records at secret positions,"
+                    " so containment can not be checked per row from the output, and it"
+                    " states standard errors without an interval at a level; the subset"
+                    " audit (mechanisms/subset/audit.py) checks its design's laws",
 }

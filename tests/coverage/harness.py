@@ -32,7 +32,7 @@ from scipy import stats
 
 import mechanisms
 from mechanisms import target
-from mechanisms.base import DatasetMeta
+from mechanisms.base import DatasetMeta, Output
 
 #: a case fails when its hits are this unlikely under the stated level (Bonferroni-split)
 ALPHA = 1e-3
@@ -49,6 +49,8 @@ Truth = Callable[[Columns, Reading], NDArray[np.float64]]
 #: a smoother whose exact value only the mechanism computes)
 TruthKind = Literal["exact", "others_mean"]
 Size = Literal["ci", "full"]
+#: a statement checked on the run's output itself (see ``Case.check``)
+Check = Callable[[Columns, Output], tuple[NDArray[np.float64], float]]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,9 @@ class Case:
     runs: tuple[int, int] = (400, 5000)
     #: negative controls only: every stated interval scaled by this before it is checked
     shrink: float = 1.0
+    #: a statement the client's reading does not draw (records, draws, ranks): the run's
+    #: scaled errors (<= 1: held) and the stated level; None: read the release
+    check: Check | None = None
 
 
 @dataclass(frozen=True)
@@ -91,22 +96,21 @@ class Outcome:
     joint_level: float | None
     #: the fewest hits per cell the Monte Carlo error allows at the stated level
     floor: int
+    #: stated over tightest valid half-width: pooled over the cells (the joint one for a
+    #: simultaneous claim), and of the cell whose statement is the most optimistic
     width_ratio: float
+    narrowest_ratio: float
     passed: bool
     failures: tuple[str, ...] = field(default=())
 
 
-def _document(case: Case, loaded: Mapping[str, Any], cost: Mapping[str, Fraction],
-              meta: DatasetMeta, data: Columns, rng: np.random.Generator
-              ) -> tuple[Reading, Mapping[str, Any]]:
-    mech = mechanisms.get(case.mechanism)
-    out = mech.run(data, loaded, cost, meta, rng)
+def _release(case: Case, loaded: Mapping[str, Any], cost: Mapping[str, Fraction],
+             data: Columns, rng: np.random.Generator) -> tuple[Output, Mapping[str, Any]]:
+    """One run through the public entry point, and its release document."""
+    out = mechanisms.get(case.mechanism).run(data, loaded, cost, case.meta, rng)
     doc = {"mechanism": case.mechanism, "params": dict(case.params), "result": out.result,
            "accuracy": out.accuracy, "cost": {k: float(v) for k, v in cost.items()}}
-    reading = read_release(doc)
-    if reading is None or reading.level is None:
-        raise AssertionError(f"{case.label}: the release states no interval at a level")
-    return reading, out.accuracy
+    return out, doc
 
 
 def _array(values: list[float | None]) -> NDArray[np.float64]:
@@ -146,53 +150,83 @@ def _joint_claim(accuracy: Mapping[str, Any], level: float) -> tuple[str, float 
     return ("always" if level >= 1.0 else "per cell"), None
 
 
+@dataclass
+class _Runs:
+    """What the runs of a case collect: per run, the estimates and intervals the reading
+    draws with their truths, or the scaled errors a ``check`` gives."""
+
+    level: float = math.nan
+    claim: str = ""
+    joint_level: float | None = None
+    estimates: list[NDArray[np.float64]] = field(default_factory=list)
+    bounds: list[tuple[NDArray[np.float64], NDArray[np.float64]]] = field(default_factory=list)
+    truths: list[NDArray[np.float64]] = field(default_factory=list)
+    scaled: list[NDArray[np.float64]] = field(default_factory=list)
+
+    def stated(self, label: str, level: float, claim: str, joint: float | None) -> None:
+        """The level of one run: the same on every run."""
+        if math.isnan(self.level):
+            self.level, self.claim, self.joint_level = level, claim, joint
+        elif (level, claim, joint) != (self.level, self.claim, self.joint_level):
+            raise AssertionError(f"{label}: the stated level changed between runs")
+
+
+def _read(case: Case, runs: _Runs, data: Columns, doc: Mapping[str, Any]) -> None:
+    """A release read as the client reads it (``read_release``), at the level that
+    ``target.stated`` reads too."""
+    reading = read_release(doc)
+    if reading is None or reading.level is None:
+        raise AssertionError(f"{case.label}: the release states no interval at a level")
+    accuracy = doc["accuracy"]
+    said = target.stated(case.mechanism, accuracy)
+    if said is not None and said.level != reading.level:
+        raise AssertionError(f"{case.label}: target reads level {said.level},"
+                             f" the client {reading.level}")
+    runs.stated(case.label, reading.level, *_joint_claim(accuracy, reading.level))
+    est = _array(reading.estimates)
+    lo, hi = _array(reading.lower), _array(reading.upper)
+    runs.estimates.append(est)
+    runs.bounds.append((est - case.shrink * (est - lo), est + case.shrink * (hi - est)))
+    if case.truth_kind == "exact":
+        runs.truths.append(case.truth(data, reading))
+
+
 def run_case(case: Case, size: Size, seed: int = 0) -> Outcome:
     """Run ``case`` ``case.runs`` times (at ``size``) from ``seed`` and check its claims."""
-    runs = case.runs[0] if size == "ci" else case.runs[1]
+    count = case.runs[0] if size == "ci" else case.runs[1]
     mech = mechanisms.get(case.mechanism)
     loaded = mech.load_params(dict(case.params))
     cost = mech.cost(loaded, case.budget, case.meta)
     fixed = case.data(np.random.default_rng([seed, 0]))
-    errors: list[NDArray[np.float64]] = []
-    estimates: list[NDArray[np.float64]] = []
-    bounds: list[tuple[NDArray[np.float64], NDArray[np.float64]]] = []
-    truths: list[NDArray[np.float64]] = []
-    level, claim, joint_level = math.nan, "", None
-    for r in range(runs):
+    runs = _Runs()
+    for r in range(count):
         data = case.data(np.random.default_rng([seed, 1, r])) if case.fresh else fixed
-        reading, accuracy = _document(case, loaded, cost, case.meta, data,
-                                      np.random.default_rng([seed, 2, r]))
-        est = _array(reading.estimates)
-        lo, hi = _array(reading.lower), _array(reading.upper)
-        lo, hi = est - case.shrink * (est - lo), est + case.shrink * (hi - est)
-        assert reading.level is not None
-        if r == 0:
-            level = reading.level
-            claim, joint_level = _joint_claim(accuracy, level)
-            said = target.stated(case.mechanism, accuracy)
-            if said is not None and said.level != level:
-                raise AssertionError(f"{case.label}: target reads level {said.level},"
-                                     f" the client {level}")
-        elif reading.level != level:
-            raise AssertionError(f"{case.label}: the stated level changed between runs")
-        estimates.append(est)
-        bounds.append((lo, hi))
-        if case.truth_kind != "others_mean":
-            truths.append(case.truth(data, reading))
-    est_all = np.vstack(estimates)
-    if case.truth_kind == "others_mean":  # leave-one-out: each run's truth is independent
-        total = est_all.sum(axis=0)
-        truths = [(total - e) / (runs - 1) for e in estimates]
-    for t, e, (lo, hi) in zip(truths, estimates, bounds, strict=True):
-        errors.append(scaled_errors(t, e, lo, hi))
-    scaled = np.vstack(errors)  # runs x cells
-    held = np.isfinite(scaled)
+        out, doc = _release(case, loaded, cost, data, np.random.default_rng([seed, 2, r]))
+        if case.check is None:
+            _read(case, runs, data, doc)
+            continue
+        scaled, level = case.check(data, out)
+        runs.stated(case.label, level, "always" if level >= 1.0 else "per cell", None)
+        runs.scaled.append(scaled / case.shrink)
+    if case.check is None:
+        if case.truth_kind == "others_mean":  # leave-one-out: independent of each run
+            total = np.vstack(runs.estimates).sum(axis=0)
+            runs.truths = [(total - e) / (count - 1) for e in runs.estimates]
+        runs.scaled = [scaled_errors(t, e, lo, hi) for t, e, (lo, hi)
+                       in zip(runs.truths, runs.estimates, runs.bounds, strict=True)]
+    return _outcome(case, runs, np.vstack(runs.scaled))
+
+
+def _outcome(case: Case, runs: _Runs, scaled: NDArray[np.float64]) -> Outcome:
+    """The checks on ``scaled`` (runs x cells; NaN: no interval or truth in that run)."""
+    count, cells = scaled.shape
+    level, joint_level = runs.level, runs.joint_level
+    held = ~np.isnan(scaled)
     if not held.any(axis=0).all():
         raise AssertionError(f"{case.label}: a cell has no interval or truth on any run")
     inside = np.where(held, scaled <= 1.0, True)
-    cells = scaled.shape[1]
     checks = cells + (joint_level is not None)
-    floor = hits_floor(runs, level, ALPHA / checks)
+    floor = hits_floor(count, level, ALPHA / checks)
     failures: list[str] = []
     per_cell = inside.sum(axis=0)
     counted = held.sum(axis=0)
@@ -202,22 +236,27 @@ def run_case(case: Case, size: Size, seed: int = 0) -> Outcome:
             failures.append(f"cell {j}: {per_cell[j]}/{counted[j]} inside, need {need}")
     all_in = inside.all(axis=1)
     if joint_level is not None:
-        need = hits_floor(runs, joint_level, ALPHA / checks)
+        need = hits_floor(count, joint_level, ALPHA / checks)
         if all_in.sum() < need:
-            failures.append(f"joint: {all_in.sum()}/{runs} all inside, need {need}")
-    finite = np.where(held, scaled, 0.0)
-    if claim == "simultaneous":
-        tightest = float(np.quantile(finite.max(axis=1), level))
+            failures.append(f"joint: {all_in.sum()}/{count} all inside, need {need}")
+    if runs.claim == "simultaneous":
+        tightest = float(np.quantile(np.where(held, scaled, 0.0).max(axis=1), level))
     else:
-        tightest = float(np.quantile(scaled[held], min(level, 1.0)))
-    ratio = math.inf if tightest == 0 else 1.0 / tightest
-    return Outcome(case.label, case.mechanism, claim, level, cells, runs,
+        tightest = float(np.quantile(scaled[held], level))
+    cell_tightest = max(float(np.quantile(scaled[held[:, j], j], level))
+                        for j in range(cells))
+    return Outcome(case.label, case.mechanism, runs.claim, level, cells, count,
                    float((per_cell / counted).min()), float(all_in.mean()), joint_level,
-                   floor, ratio, not failures, tuple(failures[:5]))
+                   floor, _ratio(tightest), _ratio(cell_tightest), not failures,
+                   tuple(failures[:5]))
+
+
+def _ratio(tightest: float) -> float:
+    return math.inf if tightest == 0 else 1.0 / tightest
 
 
 HEADER = ("| case | mechanism | claim | stated level | cells | runs | worst cell | joint"
-          " (claimed) | width vs tightest | passed |\n"
+          " (claimed) | width vs tightest: pooled, narrowest cell | passed |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
 
 
@@ -226,7 +265,8 @@ def row(outcome: Outcome) -> str:
     joint = f"{outcome.joint:.4f}"
     if outcome.joint_level is not None:
         joint += f" (≥ {outcome.joint_level:.4g})"
-    ratio = "∞" if math.isinf(outcome.width_ratio) else f"{outcome.width_ratio:.3g}"
+    ratio = ", ".join("∞" if math.isinf(r) else f"{r:.3g}"
+                      for r in (outcome.width_ratio, outcome.narrowest_ratio))
     return (f"| `{outcome.label}` | `{outcome.mechanism}` | {outcome.claim} |"
             f" {outcome.level:.4g} | {outcome.cells} | {outcome.runs} |"
             f" {outcome.worst_cell:.4f} | {joint} | {ratio} |"
