@@ -19,6 +19,7 @@ This module knows no mechanism: the cases (``tests.coverage.cases``) say what to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -102,6 +103,8 @@ class Outcome:
     narrowest_ratio: float
     passed: bool
     failures: tuple[str, ...] = field(default=())
+    #: stated ``rmse`` over the empirical root mean square error (None: none stated)
+    rms_ratio: float | None = None
 
 
 def _release(case: Case, loaded: Mapping[str, Any], cost: Mapping[str, Fraction],
@@ -162,6 +165,8 @@ class _Runs:
     bounds: list[tuple[NDArray[np.float64], NDArray[np.float64]]] = field(default_factory=list)
     truths: list[NDArray[np.float64]] = field(default_factory=list)
     scaled: list[NDArray[np.float64]] = field(default_factory=list)
+    #: the statement's root mean square error per released number (``accuracy.rmse``)
+    rmse: float | None = None
 
     def stated(self, label: str, level: float, claim: str, joint: float | None) -> None:
         """The level of one run: the same on every run."""
@@ -183,6 +188,8 @@ def _read(case: Case, runs: _Runs, data: Columns, doc: Mapping[str, Any]) -> Non
         raise AssertionError(f"{case.label}: target reads level {said.level},"
                              f" the client {reading.level}")
     runs.stated(case.label, reading.level, *_joint_claim(accuracy, reading.level))
+    rmse = accuracy.get("rmse")
+    runs.rmse = float(rmse) if isinstance(rmse, int | float) else None
     est = _array(reading.estimates)
     lo, hi = _array(reading.lower), _array(reading.upper)
     runs.estimates.append(est)
@@ -214,7 +221,25 @@ def run_case(case: Case, size: Size, seed: int = 0) -> Outcome:
             runs.truths = [(total - e) / (count - 1) for e in runs.estimates]
         runs.scaled = [scaled_errors(t, e, lo, hi) for t, e, (lo, hi)
                        in zip(runs.truths, runs.estimates, runs.bounds, strict=True)]
-    return _outcome(case, runs, np.vstack(runs.scaled))
+    outcome = _outcome(case, runs, np.vstack(runs.scaled))
+    if runs.rmse is None:
+        return outcome
+    squares = np.nanmean((np.vstack(runs.estimates) - np.vstack(runs.truths)) ** 2, axis=1)
+    return _rms(outcome, runs.rmse, squares)
+
+
+def _rms(outcome: Outcome, rmse: float, squares: NDArray[np.float64]) -> Outcome:
+    """``accuracy.rmse`` against the runs' mean squared error per released number: it
+    fails when even the lower (1 - ALPHA) normal bound on that mean exceeds rmse²."""
+    mean = float(squares.mean())
+    lower = mean - float(stats.norm.ppf(1 - ALPHA)) * float(squares.std(ddof=1)) \
+        / math.sqrt(squares.size)
+    failures = outcome.failures
+    if lower > rmse**2:
+        failures += (f"rmse: stated {rmse:.4g}, empirical {math.sqrt(mean):.4g}"
+                     f" (lower bound {math.sqrt(lower):.4g})",)
+    return dataclasses.replace(outcome, rms_ratio=_ratio(math.sqrt(mean) / rmse),
+                               passed=not failures, failures=failures)
 
 
 def _outcome(case: Case, runs: _Runs, scaled: NDArray[np.float64]) -> Outcome:
@@ -224,7 +249,7 @@ def _outcome(case: Case, runs: _Runs, scaled: NDArray[np.float64]) -> Outcome:
     held = ~np.isnan(scaled)
     if not held.any(axis=0).all():
         raise AssertionError(f"{case.label}: a cell has no interval or truth on any run")
-    inside = np.where(held, scaled <= 1.0, True)
+    inside = held & (scaled <= 1.0)
     checks = cells + (joint_level is not None)
     floor = hits_floor(count, level, ALPHA / checks)
     failures: list[str] = []
@@ -234,7 +259,7 @@ def _outcome(case: Case, runs: _Runs, scaled: NDArray[np.float64]) -> Outcome:
         need = hits_floor(int(counted[j]), level, ALPHA / checks)
         if per_cell[j] < need:
             failures.append(f"cell {j}: {per_cell[j]}/{counted[j]} inside, need {need}")
-    all_in = inside.all(axis=1)
+    all_in = (inside | ~held).all(axis=1)  # a cell with no interval in a run states nothing
     if joint_level is not None:
         need = hits_floor(count, joint_level, ALPHA / checks)
         if all_in.sum() < need:
@@ -256,8 +281,8 @@ def _ratio(tightest: float) -> float:
 
 
 HEADER = ("| case | mechanism | claim | stated level | cells | runs | worst cell | joint"
-          " (claimed) | width vs tightest: pooled, narrowest cell | passed |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
+          " (claimed) | width vs tightest: pooled, narrowest cell | rmse vs empirical"
+          " | passed |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(outcome: Outcome) -> str:
@@ -270,4 +295,5 @@ def row(outcome: Outcome) -> str:
     return (f"| `{outcome.label}` | `{outcome.mechanism}` | {outcome.claim} |"
             f" {outcome.level:.4g} | {outcome.cells} | {outcome.runs} |"
             f" {outcome.worst_cell:.4f} | {joint} | {ratio} |"
+            f" {'' if outcome.rms_ratio is None else f'{outcome.rms_ratio:.3g}'} |"
             f" {'yes' if outcome.passed else '**NO**'} |")
