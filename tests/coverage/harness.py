@@ -225,10 +225,10 @@ def run_case(case: Case, size: Size, seed: int = 0) -> Outcome:
     if runs.rmse is None:
         return outcome
     squares = np.nanmean((np.vstack(runs.estimates) - np.vstack(runs.truths)) ** 2, axis=1)
-    return _rms(outcome, runs.rmse, squares)
+    return rms_check(outcome, runs.rmse, squares)
 
 
-def _rms(outcome: Outcome, rmse: float, squares: NDArray[np.float64]) -> Outcome:
+def rms_check(outcome: Outcome, rmse: float, squares: NDArray[np.float64]) -> Outcome:
     """``accuracy.rmse`` against the runs' mean squared error per released number: it
     fails when even the lower (1 - ALPHA) normal bound on that mean exceeds rmse²."""
     mean = float(squares.mean())

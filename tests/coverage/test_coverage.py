@@ -20,7 +20,7 @@ from scipy import stats
 
 import mechanisms
 from tests.coverage.cases import CASES, CI, EXEMPT
-from tests.coverage.harness import HEADER, hits_floor, row, run_case, scaled_errors
+from tests.coverage.harness import HEADER, hits_floor, rms_check, row, run_case, scaled_errors
 
 #: where the long run writes its table (``make audit``: var/coverage.md)
 TABLE = Path(os.environ.get("PRIVRELEASE_COVERAGE_OUT", "var/coverage.md"))
@@ -94,3 +94,14 @@ def test_every_case_at_length() -> None:
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     TABLE.write_text("\n".join(lines) + "\n" + ("\n" + "\n".join(notes) + "\n" if notes else ""))
     assert not failed, [o.label for o in failed]
+
+
+@pytest.mark.parametrize(("rmse", "passes"), [(0.9, False), (1.02, True), (1.2, True)])
+def test_an_understated_rmse_is_caught(rmse: float, passes: bool) -> None:
+    """Squared errors of mean 1 (4000 runs of N(0, 1)²): a stated rmse of 0.9 is refuted
+    by the runs' lower bound on the mean square, 1.02 and 1.2 are not."""
+    squares = np.random.default_rng(5).standard_normal(4000) ** 2
+    base = run_case(CASES["laplace.mean"], "ci")
+    checked = rms_check(base, rmse, squares)
+    assert checked.passed is passes
+    assert checked.rms_ratio == pytest.approx(rmse / float(np.sqrt(squares.mean())))
