@@ -12,7 +12,8 @@ Bonferroni split over the checks of one case (each cell, and the joint claim). A
 deterministic bound (level 1) must hold on every run. ``width ratio``: the stated
 half-width over the tightest valid one, the ``p``-quantile of |error|/half-width (for a
 joint claim, of the largest over the cells): 1 is as tight as the truth allows, above 1
-conservative, below 1 a statement that does not hold.
+conservative, below 1 a statement that does not hold. A stated ``rmse`` is held against
+the runs' mean squared error per released number (``rms_check``).
 
 This module knows no mechanism: the cases (``tests.coverage.cases``) say what to run.
 """
@@ -95,7 +96,7 @@ class Outcome:
     joint: float
     #: the joint level the statement claims (simultaneous, or all_entries_at_least), if any
     joint_level: float | None
-    #: the fewest hits per cell the Monte Carlo error allows at the stated level
+    #: the fewest hits per cell (of ``runs``) the Monte Carlo error allows at the level
     floor: int
     #: stated over tightest valid half-width: pooled over the cells (the joint one for a
     #: simultaneous claim), and of the cell whose statement is the most optimistic
@@ -280,7 +281,8 @@ def _ratio(tightest: float) -> float:
     return math.inf if tightest == 0 else 1.0 / tightest
 
 
-HEADER = ("| case | mechanism | claim | stated level | cells | runs | worst cell | joint"
+HEADER = ("| case | mechanism | claim | stated level | cells | runs | worst cell (least"
+          " allowed) | joint"
           " (claimed) | width vs tightest: pooled, narrowest cell | rmse vs empirical"
           " | passed |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -294,6 +296,7 @@ def row(outcome: Outcome) -> str:
                       for r in (outcome.width_ratio, outcome.narrowest_ratio))
     return (f"| `{outcome.label}` | `{outcome.mechanism}` | {outcome.claim} |"
             f" {outcome.level:.4g} | {outcome.cells} | {outcome.runs} |"
-            f" {outcome.worst_cell:.4f} | {joint} | {ratio} |"
+            f" {outcome.worst_cell:.4f} (≥ {outcome.floor / outcome.runs:.4f}) | {joint} |"
+            f" {ratio} |"
             f" {'' if outcome.rms_ratio is None else f'{outcome.rms_ratio:.3g}'} |"
             f" {'yes' if outcome.passed else '**NO**'} |")
