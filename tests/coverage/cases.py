@@ -17,6 +17,7 @@ designs: shares under a uniform population, a fresh dataset per run).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -25,7 +26,7 @@ from numpy.typing import NDArray
 from privrelease_client.reading import Reading
 
 from mechanisms.base import ColumnMeta, DatasetMeta, Output
-from tests.coverage.harness import Case, Columns
+from tests.coverage.harness import Case, Check, Columns, Truth
 
 N = 240
 X_BOUNDS = (0.0, 10.0)
@@ -65,7 +66,7 @@ def uniform_categories(rng: np.random.Generator) -> Columns:
 # ------------------------------------------------------------------ truths
 
 
-def _scalar(fn: Any) -> Any:
+def _scalar(fn: Callable[[Columns], Any]) -> Truth:
     def truth(data: Columns, reading: Reading) -> NDArray[np.float64]:
         return np.full(len(reading.estimates), float(fn(data)))
     return truth
@@ -76,7 +77,7 @@ def _zero(data: Columns, reading: Reading) -> NDArray[np.float64]:
 
 
 def _unused(data: Columns, reading: Reading) -> NDArray[np.float64]:
-    raise AssertionError("the truth is the mean of the other runs")
+    raise AssertionError("this case's truth is the other runs' mean, or its check's own")
 
 
 def _population_share(data: Columns, reading: Reading) -> NDArray[np.float64]:
@@ -85,14 +86,14 @@ def _population_share(data: Columns, reading: Reading) -> NDArray[np.float64]:
     return np.array([1.0 / len(META.columns[str(v)].categories or ()) for v in variables])
 
 
-def _histogram(bins: int) -> Any:
+def _histogram(bins: int) -> Truth:
     def truth(data: Columns, reading: Reading) -> NDArray[np.float64]:
         edges = np.linspace(*X_BOUNDS, bins + 1)
         return np.histogram(data["x"], bins=edges)[0].astype(np.float64)
     return truth
 
 
-def _cells(statistic: str) -> Any:
+def _cells(statistic: str) -> Truth:
     """A cross-tab's cells by their labels: counts, or means of x."""
     def truth(data: Columns, reading: Reading) -> NDArray[np.float64]:
         out = []
@@ -108,7 +109,8 @@ def _cells(statistic: str) -> Any:
 
 def _covariance(data: Columns, reading: Reading) -> NDArray[np.float64]:
     rows, cols = reading.keys["row"], reading.keys["column"]
-    return np.array([np.cov(data[str(a)], data[str(b)], bias=True)[0, 1]
+    """The sample covariance (over n - 1) of each released entry's pair of columns."""
+    return np.array([np.cov(data[str(a)], data[str(b)])[0, 1]
                      for a, b in zip(rows, cols, strict=True)])
 
 
@@ -182,7 +184,7 @@ def _contains(data: Columns, out: Output) -> tuple[NDArray[np.float64], float]:
     return np.where(t["released"] == 1, np.where(inside, 0.0, OUTSIDE), np.nan), 1.0
 
 
-def _contains_category(column: str) -> Any:
+def _contains_category(column: str) -> Check:
     """A released set (a bitmask over the categories) holds the record's category
     (always); the table's records are the rows, in their order."""
     def check(data: Columns, out: Output) -> tuple[NDArray[np.float64], float]:
@@ -238,7 +240,7 @@ CASES: dict[str, Case] = {c.label: c for c in [
     _case("laplace.sum", "laplace", {"statistic": "sum", "column": "x"},
           _scalar(lambda d: d["x"].sum())),
     _case("laplace.std", "laplace", {"statistic": "std", "column": "x"},
-          _scalar(lambda d: d["x"].std())),
+          _scalar(lambda d: d["x"].std(ddof=1))),
     _case("laplace.histogram", "laplace", {"statistic": "histogram", "column": "x",
                                            "bins": 4}, _histogram(4)),
     _case("laplace.count_table", "laplace", TABLE, _cells("count")),
