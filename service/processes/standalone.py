@@ -38,17 +38,16 @@ from types import FrameType
 
 import redis
 
-from service import apikeys, policy, wiring
+from service import apikeys, wiring
 from service.config import ENV_PREFIX, Config
 from service.processes import schema
 from service.processes.postgres import EmbeddedPostgres
 from service.processes.valkey import EmbeddedValkey
 from service.storage import database, objects, rkeys, valkey_migration
 from service.storage.dataset_files import DatasetStore
-from service.storage.event_archive import AuditArchive
-from service.storage.ledger import Ledger
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import DocumentStore
+from service.storage.valkey_store import ValkeyRecord
 
 #: first restart delay (seconds); doubled on each restart still inside the window
 BACKOFF = 0.5
@@ -165,8 +164,7 @@ class Standalone:
         if not valkey_migration.pending(client):
             return
         docs = DocumentStore(self.config.releases_dir)
-        source = Ledger(client, documents=docs, audit=AuditArchive(self.config.audit_dir))
-        policy.migrate(client, source)
+        source = ValkeyRecord(client, docs, self.config.audit_dir)
         pool = database.connect(database_url)
         try:
             done = valkey_migration.migrate(
