@@ -69,6 +69,7 @@ class Old:
     target: PgLedger
     client: redis.Redis
     redis_url: str
+    database_url: str
     data_dir: Path
 
 
@@ -90,7 +91,7 @@ def old(postgres_url: str, tmp_path: Path) -> Iterator[Old]:
         client = rkeys.connect(server.connection_url + "/0")
         docs = DocumentStore(data_dir / "releases")
         yield Old(ValkeyRecord(client, docs, data_dir / "audit"),
-                  PgLedger(pool, documents=docs), client, server.connection_url + "/0",
+                  PgLedger(pool, documents=docs), client, server.connection_url + "/0", url,
                   data_dir)
     finally:
         pool.close()
@@ -233,10 +234,10 @@ def _compare_keys_and_analyses(target: PgLedger, moved: valkey_migration.Moved) 
         want = EXPECTED["analyses"][analysis_id]
         assert store.fields(analysis_id) == want["fields"], name  # field by field
         assert plain(analyses.document(store, analysis_id, docs)) == want["document"], name
-    assert analyses.document(store, MADE["analyses"]["stored"], docs)["result"] == {
-        "atoms": [1, 2]}
-    assert analyses.document(store, MADE["analyses"]["inline"], docs)["result"] == {
-        "mean": 4.25}
+    stored = analyses.document(store, MADE["analyses"]["stored"], docs)
+    inline = analyses.document(store, MADE["analyses"]["inline"], docs)
+    assert stored is not None and stored["result"] == {"atoms": [1, 2]}
+    assert inline is not None and inline["result"] == {"mean": 4.25}
     for release_id, pages in EXPECTED["walks"].items():
         assert plain(_walk(store, release_id, docs)) == pages
         assert store.count(release_id) == EXPECTED["counts"][release_id]
@@ -257,8 +258,8 @@ def test_the_command_refuses_while_a_worker_runs_then_moves(old: Old) -> None:
     nothing moved) while a worker's heartbeat is live, then the whole record moved."""
     target, client = old.target, old.client
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
-    env.update(PRIVRELEASE_REDIS_URL=old.redis_url, PRIVRELEASE_DATABASE_URL=
-               target.pool.conninfo, PRIVRELEASE_DATA_DIR=str(old.data_dir))
+    env.update(PRIVRELEASE_REDIS_URL=old.redis_url, PRIVRELEASE_DATABASE_URL=old.database_url,
+               PRIVRELEASE_DATA_DIR=str(old.data_dir))
     command = [sys.executable, "-m", "service.processes.cli", "migrate-from-valkey"]
     client.set(rkeys.WORKERS + "w", client.info("server")["run_id"], ex=30)
     refused = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
