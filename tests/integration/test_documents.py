@@ -154,7 +154,7 @@ class _Nowhere:
         return None
 
 
-def test_prune_swept_removes_dead_runs_results(backend: Backend, tmp_path: Path) -> None:
+def test_the_sweeper_prunes_dead_runs_results(backend: Backend, tmp_path: Path) -> None:
     """A run wrote its result and died before committing; the sweeper's pass charges the
     job (``charge_gone``) and prunes: no result file stays (catches a sweeper that leaves
     dead runs' results on disk). The store is the test's own: the sweep walks every
