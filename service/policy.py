@@ -14,7 +14,8 @@ one ``policy`` audit event per dataset.
 
 Only a deployment of the old Valkey store can hold such datasets: on PostgreSQL every
 dataset is registered with its policy written down, and ``privrelease migrate-from-valkey``
-runs ``migrate`` on the datasets it moved (``service.storage.valkey_migration``). It is
+(and ``privrelease standalone``'s move at start) runs ``migrate`` on the datasets it moved
+(``service.storage.valkey_migration``). It is
 idempotent (a document that has ``record_level`` was registered or migrated already; a
 dataset's interval recharge is marked once done) and each dataset is one
 compare-and-set step. Until it has run, a document without the fields is read as the

@@ -177,8 +177,10 @@ FROM_VALKEY_HELP = ("move the record of a deployment on the Valkey store (datase
 
 
 def _migrate_from_valkey(args: argparse.Namespace) -> int:
-    """Upgrade the schema, then ``service.storage.valkey_migration.migrate`` (which writes
-    down the moved legacy datasets' policy last); refuses while a worker is live."""
+    """Upgrade the schema, ``service.storage.valkey_migration.migrate``, then write down
+    the legacy policy of the datasets moved (``service.policy.migrate``); refuses while a
+    worker is live."""
+    from service import policy
     from service.config import Config
     from service.releases.queue import live_workers
     from service.storage import database, rkeys
@@ -198,8 +200,9 @@ def _migrate_from_valkey(args: argparse.Namespace) -> int:
     database.upgrade(url)
     pool = database.connect(url)
     try:
-        done = migrate(ValkeyRecord(client, docs, config.audit_dir),
-                       PgLedger(pool, config.lease_seconds, documents=docs))
+        target = PgLedger(pool, config.lease_seconds, documents=docs)
+        done = migrate(ValkeyRecord(client, docs, config.audit_dir), target)
+        written = policy.migrate(target, done.datasets)
     finally:
         pool.close()
     print(f"moved {len(done.datasets)} dataset(s) with {done.releases} release(s) and"
@@ -209,8 +212,8 @@ def _migrate_from_valkey(args: argparse.Namespace) -> int:
           f" {len(done.skipped)} dataset(s) already in PostgreSQL left as they were."
           + (f" {done.orphan_analyses} analys(es) of releases not in PostgreSQL left"
              " behind." if done.orphan_analyses else "")
-          + (f" Recorded the legacy policy of {len(done.policy.datasets)} dataset(s)."
-             if done.policy.datasets else "")
+          + (f" Recorded the legacy policy of {len(written.datasets)} dataset(s)."
+             if written.datasets else "")
           + " Start the service with PRIVRELEASE_DATABASE_URL set.")
     return 0
 

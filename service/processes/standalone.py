@@ -38,7 +38,7 @@ from types import FrameType
 
 import redis
 
-from service import apikeys, wiring
+from service import apikeys, policy, wiring
 from service.config import ENV_PREFIX, Config
 from service.processes import schema
 from service.processes.postgres import EmbeddedPostgres
@@ -167,8 +167,9 @@ class Standalone:
         source = ValkeyRecord(client, docs, self.config.audit_dir)
         pool = database.connect(database_url)
         try:
-            done = valkey_migration.migrate(
-                source, PgLedger(pool, self.config.lease_seconds, documents=docs))
+            target = PgLedger(pool, self.config.lease_seconds, documents=docs)
+            done = valkey_migration.migrate(source, target)
+            policy.migrate(target, done.datasets)  # as the old processes did at start-up
         finally:
             pool.close()
         _say(f"moved the Valkey record into PostgreSQL: {len(done.datasets)} dataset(s),"

@@ -15,9 +15,9 @@ token digests, roles, grants, expiry, creation times and callback secrets: every
 keeps working, every notification is signed as before), the console's signing secret
 and its live sessions (with what is left of their time: a signed-in operator stays
 signed in), and the analyses (status, times, request, error or where their result is),
-in their releases' order. Last, the moved datasets registered before the policy fields
-get their implicit policy written down (``service.policy.migrate``), as the old store's
-processes did at start-up.
+in their releases' order. The caller then writes down the implicit policy of the moved
+datasets registered before the policy fields (``service.policy.migrate``), as the old
+store's processes did at start-up.
 
 A dataset already in PostgreSQL is skipped, and so is a key, a session or an analysis
 already there: the command is safe to run again, and a run cut short resumes where it
@@ -46,7 +46,6 @@ from typing import Any
 import redis
 from psycopg.types.json import Jsonb
 
-from service import policy
 from service.storage import release_documents, valkey_store
 from service.storage.pg_analyses import insert as insert_analysis
 from service.storage.pg_keys import CONSOLE_SECRET, insert_key
@@ -73,8 +72,6 @@ class Moved:
     analyses: int = 0
     #: analyses left behind: their release is not in PostgreSQL
     orphan_analyses: int = 0
-    #: the legacy policy written down on the moved datasets (``service.policy.migrate``)
-    policy: policy.Migrated = field(default_factory=policy.Migrated)
 
 
 def _at(value: str | None) -> datetime | None:
@@ -358,10 +355,9 @@ MOVED = f"{P}moved:postgres"
 
 
 def migrate(source: ValkeyRecord, target: PgLedger) -> Moved:
-    """Move every dataset not yet in ``target`` (see the module docstring), write down
-    the legacy policy of those moved, then mark Valkey as moved (``MOVED``)."""
+    """Move every dataset not yet in ``target`` (see the module docstring), then mark
+    Valkey as moved (``MOVED``)."""
     moved = Migrator(source, target).run()
-    moved.policy = policy.migrate(target, moved.datasets)
     source.r.set(MOVED, datetime.now(UTC).isoformat())
     return moved
 

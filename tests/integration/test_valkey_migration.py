@@ -136,9 +136,11 @@ def test_a_frozen_valkey_store_moves_whole_and_once(old: Old) -> None:
     assert moved.releases == len(releases) == 12 and moved.outbox == 2
     assert moved.idempotency_keys == 1 and not valkey_migration.pending(old.client)
     # the dataset from before the policy fields: written down on PostgreSQL after the move
-    assert moved.policy.datasets == ["ds_mig_legacy"]
-    assert moved.policy.legacy_allocations == {"ds_mig_legacy": ["key_c"]}
-    assert moved.policy.recharged == {"ds_mig_legacy": {INTERVAL: IUNIT // 10}}
+    # (as the command does)
+    written = policy.migrate(target, moved.datasets)
+    assert written.datasets == ["ds_mig_legacy"]
+    assert written.legacy_allocations == {"ds_mig_legacy": ["key_c"]}
+    assert written.recharged == {"ds_mig_legacy": {INTERVAL: IUNIT // 10}}
 
     assert target.dataset_ids() == EXPECTED["dataset_ids"]
     for ds in MADE["datasets"]:
@@ -172,7 +174,8 @@ def test_a_frozen_valkey_store_moves_whole_and_once(old: Old) -> None:
     # a second run moves nothing and doubles nothing
     again = valkey_migration.migrate(old.source, target)
     assert again.datasets == [] and sorted(again.skipped) == sorted(MADE["datasets"])
-    assert again.policy.datasets == [] and again.policy.recharged == {}
+    rewritten = policy.migrate(target, MADE["datasets"])  # once written, never again
+    assert rewritten.datasets == [] and rewritten.recharged == {}
     assert len(target.events("ds_mig_one")) == len(EXPECTED["datasets"]["ds_mig_one"][
         "events"])
     assert (again.keys, again.sessions, again.console_secret, again.analyses) == (
