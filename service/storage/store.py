@@ -318,12 +318,14 @@ class Store(Protocol):
         ...
 
     def passed(self, marks: SendMarks, empty: Collection[str], limit: int,
-               stranded: Collection[str] = ()) -> list[Passed]:
+               stranded: Collection[str] = (), waiting: Collection[str] = ()
+               ) -> list[Passed]:
         """Up to ``limit`` pending releases whose mark is below their kind's bound, or
         any mark at all for a kind in ``empty`` (its queue was found empty after the
         marks were taken): ``gone`` if so, or if marked twice (phase 2), else passed
         once; and the pending ones of ``stranded`` (their message held by a worker for
-        too long: ``gone``)."""
+        too long: ``gone``). ``waiting`` is not read (the ids the old Valkey store's
+        sweeper found in the queue lists; the marks say it)."""
         ...
 
     def confirm_passed(self, passed: list[Passed]) -> None:
