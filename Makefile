@@ -51,7 +51,6 @@ lint: $(STAMP)
 # the whole suite, as CI runs it: unit, tests/audit, integration, e2e (~11 min)
 test: lint browser java docs
 	$(BIN)/python -m pytest
-	PRIVRELEASE_TEST_STORE=valkey $(BIN)/python -m pytest -m valkey_store -q
 
 # the quick loop (under 2 min on 2 cores): lint, then the unit tests without the slow ones;
 # no Valkey, worker or browser. tests/audit and the `slow` unit tests run in `make test`.
