@@ -86,14 +86,18 @@ def pointwise_band(basis: ArrayLike, variances: ArrayLike, span: float) -> dict[
     }
 
 
-def band_sentence(band: dict[str, Any], target: str = "the smoothed KDE") -> str:
-    """The pointwise band in words (one sentence for every density release)."""
+def band_sentence(band: dict[str, Any], target: str = "the smoothed KDE",
+                  what: str = "density") -> str:
+    """The pointwise band in words (one sentence for every density release, and for a
+    mean function's with ``what="mean"``)."""
+    after = (", before the optional clipping and renormalisation" if what == "density"
+             else "")
     return (
-        f" Pointwise on the density's scale: at each grid point the released density is"
+        f" Pointwise on the {what}'s scale: at each grid point the released {what} is"
         f" within +/- band95_pointwise of {target} with probability >= 95 % (largest"
-        f" half-width band95 = {band['band95']:.6g}, in density units: {LAPLACE_Z95:.4f} x the"
-        " noise's sd at that point, the Laplace's 95 % point), before the optional clipping"
-        " and renormalisation; per point, not simultaneous over the grid."
+        f" half-width band95 = {band['band95']:.6g}, in {what} units: {LAPLACE_Z95:.4f} x the"
+        f" noise's sd at that point, the Laplace's 95 % point){after}; per point, not"
+        " simultaneous over the grid."
     )
 
 
