@@ -38,8 +38,6 @@ DEFAULT_GRID_SIZE = 200
 EXACT_PAIRWISE_LIMIT = 2 * 10**8
 _CHUNK_ELEMENTS = 2**22
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
-#: centres of the reference normal densities of FRL's default M (fractions of the range)
-FRL_REFERENCE_CENTRES = (0.3, 0.4, 0.5, 0.6, 0.7)
 
 
 def bin_values(values: ArrayLike, bounds: tuple[float, float], grid_size: int) -> NDArray[
@@ -380,15 +378,13 @@ def _frl_components(full: spectral.EigenSystem, n: int, epsilon: float) -> int:
     densities p of ‖p − Σ_{j<=M} c_j v_j‖² + Σ_{j<=M} λ_j²·Var v_j(X)/n (c_j = λ_j·E v_j(X)):
     the exact privacy error, the truncated KDE's bias and its sampling variance, public
     inputs only. The references are normals of sd ``pss.KDE_REFERENCE_SD`` centred at
-    ``FRL_REFERENCE_CENTRES`` (one centre would favour symmetric eigenfunctions).
+    ``pss.KDE_REFERENCE_CENTRES``.
 
     Δ₁(M) grows with M and does not depend on ε, so the minimiser is non-decreasing in ε
     and the minimum is non-increasing (a larger ε can use the smaller ε's M).
     """
-    t, w = full.positions, full.weights
-    refs = np.exp(-0.5 * ((t[None, :] - np.array(FRL_REFERENCE_CENTRES)[:, None])
-                          / pss.KDE_REFERENCE_SD) ** 2)
-    refs /= (refs @ w)[:, None]
+    w = full.weights
+    refs = pss.kde_references(full.positions, w)
     mass = refs * w  # P(X bins to t_k), one row per reference
     first = mass @ full.vectors  # E v_j(X)
     coef = full.values * first

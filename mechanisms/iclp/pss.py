@@ -298,6 +298,19 @@ KDE_BANDWIDTH_FACTORS = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
 KDE_ETA_CANDIDATES = (1.05, 1.2, 1.5, 2.0, 3.0)
 #: the reference density's roughness: a normal of this sd (fraction of the declared range)
 KDE_REFERENCE_SD = 0.1
+#: centres of the reference normals of the FRL-KDE and 2-D KDE defaults (one centre
+#: would favour the symmetric eigenfunctions)
+KDE_REFERENCE_CENTRES = (0.3, 0.4, 0.5, 0.6, 0.7)
+
+
+def kde_references(positions: ArrayLike, weights: ArrayLike) -> NDArray[np.float64]:
+    """The reference densities on a grid of [0, 1], one row per centre, each integrating
+    to 1 under ``weights`` (public: no data)."""
+    t = np.asarray(positions, dtype=np.float64)
+    centres = np.array(KDE_REFERENCE_CENTRES)[:, None]
+    out: NDArray[np.float64] = np.exp(-0.5 * ((t[None, :] - centres) / KDE_REFERENCE_SD) ** 2)
+    out /= (out @ np.asarray(weights, dtype=np.float64))[:, None]
+    return out
 
 
 def kde_amise(n: int, bandwidth: float) -> float:

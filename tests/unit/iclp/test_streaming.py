@@ -3,7 +3,7 @@
 Oracles: the whole-column code before the port (``streaming_outputs.json``, computed on
 main before any change: every pinned output must come back bit for bit; the iclp.mean,
 frl.mean, frl.kde and iclp.cov entries were re-pinned when FRL's default M became
-min-risk, issue #32), and ``run``
+min-risk, and iclp.kde2d's when its bandwidth did, issue #32), and ``run``
 itself: the partials of any split of the rows (empty batches, batches of one row), updated
 in any order and merged in any tree shape, must equal the whole columns' exactly, and the
 release from them ``run``'s output with the same generator.
