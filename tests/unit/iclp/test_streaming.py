@@ -1,10 +1,10 @@
 """The ICLP functionals and ``noiseless.vector`` as streaming statistics (issue #30 item 3).
 
 Oracles: the whole-column code before the port (``streaming_outputs.json``, computed on
-main before any change: every pinned output must come back bit for bit; the iclp.mean,
-frl.mean, frl.kde and iclp.cov entries were re-pinned when FRL's default M became
-min-risk, and iclp.kde2d's when its bandwidth did, issue #32), and ``run``
-itself: the partials of any split of the rows (empty batches, batches of one row), updated
+main before any change: every pinned output must come back bit for bit; re-pinned when
+defaults changed (issue #32): iclp.mean, frl.mean, frl.kde, iclp.cov (FRL's min-risk M),
+iclp.kde2d (bandwidth), iclp.erm (logistic ψ)), and ``run`` itself: the partials of any
+split of the rows (empty batches, batches of one row), updated
 in any order and merged in any tree shape, must equal the whole columns' exactly, and the
 release from them ``run``'s output with the same generator.
 """
