@@ -47,12 +47,14 @@ def test_ar_golden_table(nu: float, n: int, eps: float, j: int, delta: float) ->
     psi = ar.ar_psi(n, eps, 1.0, eta, kernel.beta)
     assert ar.ar_components(eig.values, 1.0, eta, psi) == j
     assert ar.ar_sensitivity(eig.values, n, 1.0, j) == pytest.approx(delta, abs=5e-5 * delta)
-    plan = ar.plan_iclp_ar_mean(GRID, 1.0, n, Fraction(eps), kernel)
+    plan = ar.plan_iclp_ar_mean(GRID, 1.0, n, Fraction(eps), kernel, psi=psi)
     assert plan.components == j and plan.noise.size == j
 
 
 def test_ar_summary_is_soft_thresholding_of_the_clipped_mean() -> None:
-    plan = ar.plan_iclp_ar_mean(GRID, 1.0, 200, EPS)
+    kernel = iclp.matern(1.5, 0.1)
+    psi = ar.ar_psi(200, EPS, 1.0, iclp.default_eta(kernel), kernel.beta)  # the paper's
+    plan = ar.plan_iclp_ar_mean(GRID, 1.0, 200, EPS, psi=psi)
     x = gp_curves(np.random.default_rng(0), 200)
     raw = plan.eig.coefficients(iclp.clip_curves(x, plan.eig.weights, 1.0).mean(axis=0))
     expected = np.sign(raw) * np.maximum(np.abs(raw) - plan.thresholds, 0.0)
