@@ -22,6 +22,9 @@ from scipy import stats
 
 from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta
+from mechanisms.iclp import sums
+from mechanisms.iclp.entries import Priced, StreamingFunction
+from mechanisms.statistics import whole
 from tests.unit.iclp.sim import gp_curves
 
 N = 500
@@ -124,14 +127,25 @@ class Case:
     def errors(self, epsilon: Fraction, seeds: int) -> NDArray[np.float64]:
         """Squared L2 errors of ``seeds`` releases (noise seeds 0..seeds-1)."""
         mech = registry.get(self.mechanism)
+        assert isinstance(mech, Priced)
         params = mech.load_params(dict(self.params))
         cost = mech.cost(params, self.budget(epsilon), self.meta)
         source = data()
         cols = {name: source[self.columns.get(name, name) if self.columns else name]
                 for name in (mech.columns(params))}
-        out = [self.error(mech.run(cols, params, cost, self.meta,
-                                   np.random.default_rng(1000 + s)).result)
-               for s in range(seeds)]
+        eps = Fraction(epsilon)
+        if isinstance(mech, StreamingFunction):  # the data pass and solve once, then noise
+            statistic = mech.statistic(params, cost, self.meta)
+            assert isinstance(statistic, sums.PlanPass)
+            plan: Any = statistic.plan
+            coefficients = plan.coefficients(whole(statistic, cols))
+            out = [self.error(mech.output(plan, plan.publish(
+                coefficients, np.random.default_rng(1000 + s)), eps).result)
+                for s in range(seeds)]
+        else:
+            out = [self.error(mech.run(cols, params, cost, self.meta,
+                                       np.random.default_rng(1000 + s)).result)
+                   for s in range(seeds)]
         return np.array(out)
 
     def stated(self, epsilon: Fraction) -> Mapping[str, Any]:
