@@ -199,7 +199,13 @@ def test_frl_kde_sensitivity_is_the_exact_pairwise_maximum() -> None:
 
 def test_frl_kde_default_components_and_accuracy() -> None:
     plan = kde.plan_frl_kde((0.0, 1.0), 400, Fraction(1, 2))
-    assert plan.smoothing["components"] == 10 == plan.noise.size  # ⌊√400·½⌋
+    m = plan.smoothing["components"]
+    assert m == plan.noise.size and plan.smoothing["components_rule"] == "auto"
+    ms = [kde.plan_frl_kde((0.0, 1.0), 400, e).smoothing["components"]
+          for e in (Fraction(1, 8), Fraction(1, 2), Fraction(2), Fraction(8))]
+    assert ms[1] == m and ms == sorted(ms)  # min-risk: non-decreasing in ε (issue #32)
+    paper = kde.plan_frl_kde((0.0, 1.0), 400, Fraction(1, 2), components=10)  # ⌊√400·½⌋
+    assert paper.noise.size == 10
     acc = plan.accuracy()
     assert acc["laplace_scales"] == "Delta/epsilon" and acc["sensitivity_norm"] == "l1"
     with pytest.raises(ValueError, match="components must be between"):
