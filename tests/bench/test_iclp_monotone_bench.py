@@ -4,7 +4,7 @@ against ε at default params, 200 noise seeds (CI runs 40: ``test_defaults_monot
 Prints mean ± standard error of the squared L2 error per ε on the fixed smooth dataset
 of ``tests/unit/iclp/monotone_cases.py`` (n = 500) and asserts, over every pair ε < ε'
 of a finer grid (1/8 … 4.8), that the paired mean difference is at most 3 of its standard
-errors (iclp.fos is printed but not asserted: its PD floor, see the unit test).
+errors, except for ``RISING``.
 Not in CI: ``make bench``.
 """
 
@@ -18,11 +18,18 @@ import numpy as np
 import pytest
 
 from tests.unit.iclp.monotone_cases import CASES
-from tests.unit.iclp.test_defaults_monotone import MONOTONE, Z
+from tests.unit.iclp.test_defaults_monotone import Z
 
 pytestmark = pytest.mark.bench
 
 SEEDS = 200
+#: still rise on this finer grid (200 seeds, measured 2026-11-29): the square-loss ψ and
+#: the covariance's second-moment ψ of ``erm.proxy_psi`` (worst-case bias ψB²/4):
+#: erm.square 0.226 -> 0.319 and cov 0.278 -> 0.388 from ε = 1/8 to 3/16; the min-risk
+#: designs where the candidate switches (the reference is not this dataset): kde2d
+#: 0.644 -> 0.687 (ε 0.63 -> 1.42), logistic erm 0.726 -> 0.777 (0.95 -> 1.42); and
+#: iclp.fos (its Gram's PD floor). Printed, not asserted.
+RISING = ("iclp.erm.square", "iclp.cov", "iclp.kde2d", "iclp.erm.logistic", "iclp.fos")
 #: 1/8 · (3/2)^k, k = 0 … 9: 1/8 to about 4.8, finer than CI's doubling grid
 EPSILONS = tuple(Fraction(1, 8) * Fraction(3, 2) ** k for k in range(10))
 
@@ -34,7 +41,7 @@ def test_error_against_epsilon(name: str) -> None:
         errors.mean(axis=1), errors.std(axis=1, ddof=1) / math.sqrt(SEEDS), strict=True)]
     print(f"\n{name}: " + "  ".join(f"eps={float(e):.3g}: {c}"
                                     for e, c in zip(EPSILONS, cells, strict=True)))
-    if name not in MONOTONE:
+    if name in RISING:
         return
     for i, j in itertools.combinations(range(len(EPSILONS)), 2):
         diff = errors[j] - errors[i]
