@@ -46,7 +46,8 @@ MAX_PSI = 1e6
 
 class NumberOrChoice(fields.Field):
     """A finite number in (low, high] ([low, high] if ``closed``), or one of a few
-    keywords (e.g. ``"auto"``)."""
+    keywords (e.g. ``"auto"``). Its JSON schema says both (``anyOf``), so the catalog,
+    the OpenAPI document and the console's forms type it like any other field."""
 
     default_error_messages = {  # noqa: RUF012 - marshmallow's own convention
         "invalid": "Must be a number in {left}{low:g}, {high:g}] or one of: {choices}.",
@@ -56,6 +57,10 @@ class NumberOrChoice(fields.Field):
                  closed: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.low, self.high, self.choices, self.closed = low, high, choices, closed
+        number = {"type": "number", "minimum": low, "maximum": high,
+                  **({} if closed else {"exclusiveMinimum": True})}
+        self.metadata = {"anyOf": [number, {"type": "string", "enum": list(choices)}],
+                         **self.metadata}
 
     def _deserialize(
         self, value: Any, attr: str | None, data: Mapping[str, Any] | None, **kwargs: Any
