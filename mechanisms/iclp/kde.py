@@ -374,8 +374,9 @@ def plan_frl_kde(
     eigenfunctions: ĉ_j = λ_j·(1/n)Σ_i v_j(t_{k_i}), j <= M, with i.i.d. Laplace
     noise of scale Δ₁/ε and the exact ℓ1 sensitivity
     Δ₁ = (1/n)·max_{k,k'} Σ_{j<=M} λ_j|v_j(t_k) − v_j(t_k')| (moving one record).
-    M defaults to min(J, max(1, ⌊√n·ε⌋)), the FRL mean's PSS rule (the paper picks
-    M by a non-private PCV); h as for ``plan_iclp_kde``.
+    M defaults to the minimiser of a data-free risk (``_frl_components``; the paper picks
+    M by a non-private PCV, the mean's ⌊√n·ε⌋ made the error rise with ε, issue #32);
+    h as for ``plan_iclp_kde``.
     """
     lo, hi = (float(b) for b in bounds)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
@@ -389,7 +390,7 @@ def plan_frl_kde(
     kernel = Kernel(family, h, nu).density()
     full = spectral.eigen_system(kernel, domain.uniform_grid(grid_size), None, rel_floor, None)
     m_rule = "given" if components is not None else "auto"
-    m = pss.frl_components(n, Fraction(epsilon), full.size) if components is None else components
+    m = _frl_components(full, n, float(epsilon)) if components is None else components
     if not 1 <= m <= full.size:
         raise ValueError(f"components must be between 1 and {full.size} (the retained"
                          " eigenfunctions of the density kernel on this grid)")
@@ -411,6 +412,35 @@ def plan_frl_kde(
     }
     filt.setflags(write=False)
     return KdePlan((lo, hi), eig, n, 1.0, filt, calibrated, normalize, smoothing)
+
+
+@functools.lru_cache(maxsize=64)
+def _frl_components(full: spectral.EigenSystem, n: int, epsilon: float) -> int:
+    """FRL's default M: argmin over M of 2MΔ₁(M)²/ε² + the mean over the reference
+    densities p of ‖p − Σ_{j<=M} c_j v_j‖² + Σ_{j<=M} λ_j²·Var v_j(X)/n (c_j = λ_j·E v_j(X)):
+    the exact privacy error, the truncated KDE's bias and its sampling variance, public
+    inputs only. The references are normals of sd ``pss.KDE_REFERENCE_SD`` centred at
+    ``pss.KDE_REFERENCE_CENTRES``.
+
+    Δ₁(M) grows with M and does not depend on ε, so the minimiser is non-decreasing in ε
+    and the minimum is non-increasing (a larger ε can use the smaller ε's M).
+    """
+    w = full.weights
+    refs = pss.kde_references(full.positions, w)
+    mass = refs * w  # P(X bins to t_k), one row per reference
+    first = mass @ full.vectors  # E v_j(X)
+    coef = full.values * first
+    var = full.values**2 * (mass @ full.vectors**2 - first**2)
+    best, best_m = math.inf, 1
+    for m in range(1, full.size + 1):
+        privacy = 2.0 * m * (_frl_sensitivity(prefix(full, m)) / n) ** 2 / epsilon**2
+        fit = coef[:, :m] @ full.vectors[:, :m].T
+        bias = float(np.mean(((refs - fit) ** 2) @ w))
+        sampling = float(np.mean(var[:, :m].sum(axis=1))) / n
+        total = privacy + bias + sampling
+        if total < best:
+            best, best_m = total, m
+    return best_m
 
 
 @functools.lru_cache(maxsize=spectral.CACHE_SIZE)

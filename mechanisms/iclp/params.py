@@ -183,7 +183,9 @@ class FrlMeanSchema(Strict):
         "description": D_NOISE_KERNEL})
     components = NumberOrChoice(0.0, float(MAX_GRID_POINTS), ("auto",), metadata={
         "description": "M, the number of leading eigen-coefficients released, a whole number; "
-                       "omitted or auto: floor(sqrt(n) * epsilon)"})
+                       "omitted or auto: the M minimising a data-free risk (privacy error + "
+                       "bias and sampling error for a reference smooth mean); the paper's "
+                       "floor(sqrt(n) * epsilon) must be given"})
 
     @validates_schema
     def _check_components(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -288,7 +290,8 @@ class FrlKdeSchema(Strict):
         "description": D_DENSITY_KERNEL})
     components = NumberOrChoice(0.0, float(MAX_KDE_GRID), ("auto",), metadata={
         "description": "M, the number of leading eigen-coefficients of the KDE released, a whole "
-                       "number; omitted or auto: floor(sqrt(n) * epsilon)"})
+                       "number; omitted or auto: the M minimising a data-free risk (privacy "
+                       "error + bias and sampling error for reference normal densities)"})
     normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
         "description": D_NORMALIZE})
 
