@@ -51,7 +51,6 @@ lint: $(STAMP)
 # the whole suite, as CI runs it: unit, tests/audit, integration, e2e (~11 min)
 test: lint browser java docs
 	$(BIN)/python -m pytest
-	PRIVRELEASE_TEST_STORE=valkey $(BIN)/python -m pytest -m valkey_store -q
 
 # the quick loop (under 2 min on 2 cores): lint, then the unit tests without the slow ones;
 # no Valkey, worker or browser. tests/audit and the `slow` unit tests run in `make test`.
@@ -76,9 +75,13 @@ fuzz: $(STAMP)
 large: $(STAMP)
 	$(BIN)/python -m tests.large.large_data $(LARGE_ARGS)
 
-# adversarial privacy audit of every mechanism at full size; table in var/audit.md
+# adversarial privacy audit of every mechanism at full size; table in var/audit.md. Then
+# the accuracy coverage suite at length (tests/coverage): every stated interval's level
+# against simulation, table in var/coverage.md (docs/coverage.md shows the latest)
 audit: $(STAMP)
 	$(BIN)/python -m mechanisms.audit --size full --out var/audit.md
+	PRIVRELEASE_COVERAGE_OUT=var/coverage.md $(BIN)/python -m pytest tests/coverage \
+		-m coverage_full -q -p no:cacheprovider --timeout=7200
 
 clean:
 	rm -rf $(VENV) var site *.egg-info

@@ -596,7 +596,9 @@ class RecordMechanism(Mechanism):
     goes to every partition. ``summary`` is an exact statistic of the released records
     (their means: post-processing) and ``describe`` writes the output around the table.
 
-    ``run`` is the same steps over one partition with one generator: fit, then the map,
+    A model whose noise must come before a second exact pass (DIP's copula) adds it with
+    ``refit_statistic`` and ``refit``. ``run`` is the same steps over one partition with
+    one generator: fit (and refit), then the map,
     so a partitioned run differs from it only in which generator draws each record's
     noise (independent streams: the same distribution, ``mechanisms.rng``).
     ``mappable`` says when params fall outside the map (DIP's hold-out samples rows
@@ -615,9 +617,17 @@ class RecordMechanism(Mechanism):
             return super().memory(params, meta)
         from mechanisms import memory  # it builds on this module's types
 
-        return memory.bound(params, meta, streaming=False, mapped=True,
-                            row_bytes=self.map_row_bytes, cell_bytes=self.cell_bytes,
-                            fixed_bytes=self.map_fixed_bytes)
+        out = memory.bound(params, meta, streaming=False, mapped=True,
+                           row_bytes=self.map_bytes(params, meta)[0], cell_bytes=self.cell_bytes,
+                           fixed_bytes=self.map_fixed_bytes)
+        batch = min(max(meta.n_rows, 0), memory.BATCH_ROWS) * self.map_bytes(params, meta)[1]
+        return dataclasses.replace(out, bytes=out.bytes + batch)
+
+    def map_bytes(self, params: Mapping[str, Any], meta: DatasetMeta) -> tuple[float, float]:
+        """(bytes per row of the table the map builds, bytes per row of a batch it
+        privatizes at once beyond that): ``map_row_bytes`` and none, unless the params
+        widen the table or the draws (public inputs only)."""
+        return self.map_row_bytes, 0.0
 
     #: the table column holding each record's dataset row (``Output.row_column``), which
     #: an engine ordering the records replaces by their released positions; None: none
@@ -643,6 +653,18 @@ class RecordMechanism(Mechanism):
         """The public-after-noise model of the map (picklable: it goes to the workers),
         from the fit statistic's last partial (None without one), noise from ``rng``."""
         return None
+
+    def refit_statistic(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                        model: Any) -> Statistic | None:
+        """A second fit pass that reads the noised model (DIP's copula: the correlation
+        sums under its released marginals); None: ``fit``'s model is the map's."""
+        return None
+
+    def refit(self, params: Mapping[str, Any], model: Any, partial: Partial, cost: Budget,
+              meta: DatasetMeta, rng: np.random.Generator) -> Any:
+        """The map's model from ``fit``'s and the second pass's last partial, noise from
+        ``rng`` (after ``fit``'s draws)."""
+        return model
 
     @abc.abstractmethod
     def privatize(self, rows: Mapping[str, np.ndarray], start: int,
@@ -678,6 +700,9 @@ class RecordMechanism(Mechanism):
         statistic = self.fit_statistic(params, cost, meta)
         partial = None if statistic is None else compute(statistic, [data])[1]
         model = self.fit(params, partial, cost, meta, rng)
+        second = self.refit_statistic(params, cost, meta, model)
+        if second is not None:
+            model = self.refit(params, model, compute(second, [data])[1], cost, meta, rng)
         table = self.privatize(data, 0, params, cost, meta, model, rng)
         summary = self.summary(params, cost, meta, model)
         released = None if summary is None else compute(summary, [table])[1]

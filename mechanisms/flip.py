@@ -5,7 +5,8 @@ random order and releases the first whose coin Bernoulli(exp(−γ_c)) comes up 
 γ_c = ε(u* − u(c))/(2Δ) (the best candidate has γ = 0: its coin always does). It is
 ε-DP, and its expected utility is never below the exponential mechanism's. A
 candidate is released only if its own coin is heads, so P(c) <= exp(−γ_c), and a
-union bound gives P(u* − u(output) >= (2Δ/ε)(ln m + t)) <= e^−t.
+union bound gives P(u* − u(output) >= (2Δ/ε)(ln m + t)) <= e^−t; ``worst_case_gap`` is
+the exact worst case, about (2Δ/ε)·ln 2 less.
 
 Why fixed work: stopping at the first head (or rejection sampling the exponential
 mechanism) makes the number of coins — and the run time an analyst sees in a
@@ -46,6 +47,7 @@ from fractions import Fraction
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy import optimize
 
 from mechanisms import sampling
 
@@ -190,3 +192,33 @@ def probabilities(gammas: Sequence[float]) -> NDArray[np.float64]:
         others = np.prod(np.delete(factors, c, axis=0), axis=0)
         out[c] = p[c] * float(np.sum(w * others))
     return out
+
+
+def worst_bad_probability(p: float, m: int) -> float:
+    """Permute-and-flip's largest chance of releasing a candidate whose coin is at most
+    ``p`` among ``m``: one best candidate and m − 1 at p (raising a bad coin, or lowering
+    a good one, only helps the bad), the best's position B uniform among the m and each
+    candidate ahead of it tails with probability 1 − p, 1 − E[(1 − p)^B] =
+    1 − (1 − (1 − p)^m) / (m p)."""
+    if m <= 1 or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0 - 1.0 / m
+    return float(1.0 + math.expm1(m * math.log1p(-p)) / (m * p))
+
+
+def worst_case_gap(epsilon: Fraction | float, m: int, level: float) -> float:
+    """The smallest T with P(u* − u(output) > T) <= 1 − level for every utility vector,
+    coins exp(−ε(u* − u)/2) over m candidates (sensitivity 1), rounded up: about
+    (2/ε)·ln 2 below the union bound's (2/ε)(ln m + ln(1/(1 − level))), and attained."""
+    if m <= 1:
+        return 0.0
+    alpha = 1.0 - level
+    # the bad probability grows with p from 0 to 1 − 1/m (p = 1): below that, a root
+    if alpha >= 1.0 - 1.0 / m:
+        return 0.0
+    # at p = α/(e·m) it is <= (m − 1)p/2 < α, and m·p is not small enough to cancel
+    log_p = optimize.brentq(lambda lp: worst_bad_probability(math.exp(lp), m) - alpha,
+                            math.log(alpha / m) - 1.0, 0.0, xtol=1e-13, rtol=1e-13)
+    # a slightly smaller p (larger T) only lowers the bad probability: step past the root
+    return math.nextafter(-2.0 * (log_p - 1e-9) / float(epsilon), math.inf)

@@ -69,10 +69,14 @@ def fit_from(mechanism: RecordMechanism, partial_of: Callable[[Statistic], Parti
              params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
              rng: np.random.Generator, secret: bytes) -> MapJob:
     """The fit statistic's last partial (``partial_of``: all its passes, on any engine),
-    the model with noise from ``rng``: the job every partition runs."""
+    the model with noise from ``rng``, and the refit's pass and noise if the mechanism has
+    one: the job every partition runs."""
     statistic = mechanism.fit_statistic(params, cost, meta)
     partial = None if statistic is None else partial_of(statistic)
     model = mechanism.fit(params, partial, cost, meta, rng)
+    second = mechanism.refit_statistic(params, cost, meta, model)
+    if second is not None:
+        model = mechanism.refit(params, model, partial_of(second), cost, meta, rng)
     return MapJob(mechanism, params, cost, meta, model, secret)
 
 

@@ -6,7 +6,7 @@ analyses of a release spend nothing.
 
 An analysis runs at most once. Its states: ``queued`` -> ``running`` -> ``succeeded`` |
 ``failed``, or ``cancelled`` from either of the first two. Every transition is one
-compare-and-set of the store (a single UPDATE on PostgreSQL, a Lua script on Valkey), so
+compare-and-set of the store (a single UPDATE on PostgreSQL), so
 a cancelled analysis never turns ``succeeded`` (a run that ends after the cancel stores
 nothing), and a redelivered message of an analysis that already started (its worker
 died) fails it with ``worker_lost`` instead of running it again. A running analysis past

@@ -2,8 +2,9 @@
 
 Amounts never travel as float sums: a request's float is read as the decimal
 it was written as, held as a ``Fraction``, and converted to integer units of
-a per-measure quantum — costs rounded up, caps rounded down — so the ledger
-(Redis Lua, whose numbers are doubles) only ever adds integers below 2**53.
+a per-measure quantum — costs rounded up, caps rounded down — so the ledger only ever
+adds integers (BIGINT columns; below 2**53, as the old Valkey store's Lua doubles
+needed, so its record moves exactly).
 """
 
 from __future__ import annotations

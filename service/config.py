@@ -151,16 +151,12 @@ class Config:
     #: PRIVRELEASE_DATA_DIR: datasets (and the embedded Valkey's AOF and PostgreSQL's
     #: cluster) live here
     data_dir: Path = field(default_factory=lambda: Path("var").resolve())
-    #: PRIVRELEASE_REDIS_URL: external Redis/Valkey; unset -> standalone embeds one
+    #: PRIVRELEASE_REDIS_URL: external Redis/Valkey (the Celery broker, rate limits,
+    #: caches: nothing that may not be lost); unset -> standalone embeds one
     redis_url: str | None = None
     #: PRIVRELEASE_DATABASE_URL: the PostgreSQL (>= 15) of the system of record,
-    #: ``postgresql://user:password@host:5432/db``; unset -> standalone embeds one
+    #: ``postgresql://user:password@host:5432/db``; required (standalone embeds one)
     database_url: str | None = None
-    #: PRIVRELEASE_LEDGER_REPLICAS: replicas that must acknowledge every ledger step (WAIT)
-    #: before it is answered; fewer within LEDGER_WAIT_MS -> 503. 0: no wait (one node)
-    ledger_replicas: int = 0
-    #: PRIVRELEASE_LEDGER_WAIT_MS: how long a ledger step waits for those replicas
-    ledger_wait_ms: int = 1000
     #: PRIVRELEASE_MAX_UPLOAD_BYTES: largest accepted request body (CSV upload); uploads
     #: stream to disk, so this bounds disk use and request time, not memory. 1 GiB holds
     #: a max_rows dataset of a handful of columns
@@ -186,9 +182,6 @@ class Config:
     #: PRIVRELEASE_MAX_RESENDS: times the sweeper re-sends a job lost before it read its
     #: data (its message lost, or its worker gone) before refunding it instead
     max_resends: int = 3
-    #: PRIVRELEASE_AUDIT_HOT_SECONDS: age after which the sweeper moves audit events from
-    #: Valkey to ``<data dir>/audit/<dataset>.jsonl`` (service.storage.event_archive)
-    audit_hot_seconds: float = 3600.0
     #: PRIVRELEASE_CALLBACK_HOSTS: comma-separated host[:port] a callback_url may target
     callback_hosts: tuple[str, ...] = ()
     #: PRIVRELEASE_TEST_JOB_DELAY: seconds a job sleeps once it has read its data, before
@@ -294,9 +287,6 @@ class Config:
             data_dir=Path(_env("DATA_DIR") or "var").resolve(),
             redis_url=_env("REDIS_URL") or None,
             database_url=_env("DATABASE_URL") or None,
-            ledger_replicas=_at_least("LEDGER_REPLICAS", cls.ledger_replicas, 0),
-            # WAIT with a timeout of 0 would block forever
-            ledger_wait_ms=_at_least("LEDGER_WAIT_MS", cls.ledger_wait_ms, 1),
             max_upload_bytes=_int("MAX_UPLOAD_BYTES", cls.max_upload_bytes),
             max_json_bytes=_int("MAX_JSON_BYTES", cls.max_json_bytes),
             max_rows=_int("MAX_ROWS", cls.max_rows),
@@ -307,7 +297,6 @@ class Config:
             lease_seconds=_int("LEASE_SECONDS", cls.lease_seconds),
             sweep_interval=float(_env("SWEEP_INTERVAL") or cls.sweep_interval),
             max_resends=_at_least("MAX_RESENDS", cls.max_resends, 0),
-            audit_hot_seconds=_positive("AUDIT_HOT_SECONDS", cls.audit_hot_seconds),
             callback_hosts=tuple(h.strip().lower() for h in (_env("CALLBACK_HOSTS") or "")
                                  .split(",") if h.strip()),
             test_job_delay=float(_env("TEST_JOB_DELAY") or 0.0),
@@ -367,7 +356,8 @@ class Config:
 
     @property
     def audit_dir(self) -> Path:
-        """Audit events moved out of Valkey (service.storage.event_archive)."""
+        """Audit events the old Valkey store had archived to disk
+        (``<dataset>.jsonl``), read by ``privrelease migrate-from-valkey``."""
         return self.data_dir / "audit"
 
     @property
@@ -392,7 +382,9 @@ class Config:
         """The PostgreSQL URL, or a clear exit when none is configured."""
         if not self.database_url:
             raise SystemExit(
-                f"{ENV_PREFIX}DATABASE_URL is not set (use `privrelease standalone` to run "
-                "an embedded PostgreSQL)"
+                f"{ENV_PREFIX}DATABASE_URL is not set: PostgreSQL is the system of record"
+                " (Valkey is only the broker). Set it to a postgresql:// URL, or use"
+                " `privrelease standalone` to run an embedded PostgreSQL; a deployment on"
+                " the old Valkey store moves with `privrelease migrate-from-valkey`"
             )
         return self.database_url

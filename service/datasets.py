@@ -254,7 +254,7 @@ VERSION_COLUMN_FIELDS = frozenset({"bounds", "categories", "allow_missing", "fil
                                    "prior", "norm_bound"})
 
 
-#: the answer to a release on a retired version (``at_version``, and reserve.lua's refusal)
+#: the answer to a release on a retired version (``at_version``, and the ledger's refusal)
 VERSION_RETIRED = ("this version of the dataset is retired: it takes no new releases (its"
                    " releases stay readable)")
 
@@ -479,8 +479,8 @@ def change_version(ledger: Store, dataset_id: str, version: int,
     (409). Retiring keeps the files: the version's releases stay readable, its rows
     were already spent from the dataset's budget, and a release accepted just before
     the retirement still runs on them. Asking for what already holds changes nothing.
-    The retirement is enforced by the ledger too (version.lua sets ``retired:v<k>`` in
-    the ledger hash in the same step; reserve.lua refuses on it), so a release prepared
+    The retirement is enforced by the ledger too (``version_change`` records the retired
+    version in the same step; ``reserve`` refuses on it), so a release prepared
     before it is never reserved after it. A version retired before that field existed
     is refused by ``at_version`` alone (a retirement is never undone, so every request
     prepared since reads it).

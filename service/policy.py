@@ -12,27 +12,27 @@ explicit fields: ``notions`` (all four unless named), ``record_level: true``, th
 ``legacy`` (unlisted measures unlimited; an allocation written later is ``listed``), with
 one ``policy`` audit event per dataset.
 
-It is idempotent (a document that has ``record_level`` was registered or migrated
-already) and safe to run from any number of processes at once (each dataset is one
-compare-and-set script), so the API and workers run it at start-up and
-``privrelease migrate-policy`` runs it by hand. Until it has run, a document without the
-fields is read as the legacy policy it records (``budget.LEGACY_POLICY``).
+Only a deployment of the old Valkey store can hold such datasets: on PostgreSQL every
+dataset is registered with its policy written down, and ``privrelease migrate-from-valkey``
+(and ``privrelease standalone``'s move at start) runs ``migrate`` on the datasets it moved
+(``service.storage.valkey_migration``). It is
+idempotent (a document that has ``record_level`` was registered or migrated already; a
+dataset's interval recharge is marked once done) and each dataset is one
+compare-and-set step. Until it has run, a document without the fields is read as the
+legacy policy it records (``budget.LEGACY_POLICY``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-import redis
-
 from service import budget
-from service.storage import rkeys
-from service.storage.ledger import Ledger
-from service.storage.release_documents import DocumentMissing, DocumentStore, request_of
-from service.storage.store import Store
+from service.storage.release_documents import DocumentMissing
+from service.storage.store import ReleaseView, Store
 
 log = logging.getLogger("privrelease.policy")
 
@@ -60,12 +60,14 @@ def needs_migration(doc: dict[str, object]) -> bool:
     return "record_level" not in doc
 
 
-def migrate(client: redis.Redis, ledger: Ledger, actor: str = ACTOR) -> Migrated:
-    """Record every legacy dataset's implicit policy (module docstring); returns what."""
+def migrate(ledger: Store, dataset_ids: Iterable[str], actor: str = ACTOR) -> Migrated:
+    """Record the implicit policy of each legacy dataset of ``dataset_ids`` (module
+    docstring), then raise its interval charges (``recharge``); returns what."""
     done = Migrated()
-    for dataset_id in client.zrange(rkeys.DATASETS, 0, -1):
+    ids = list(dataset_ids)
+    for dataset_id in ids:
         while True:
-            raw = client.get(rkeys.dataset(dataset_id))
+            raw = ledger.dataset_document(dataset_id)
             if raw is None:
                 break
             doc = json.loads(raw)
@@ -83,31 +85,31 @@ def migrate(client: redis.Redis, ledger: Ledger, actor: str = ACTOR) -> Migrated
                 if keys:
                     done.legacy_allocations[dataset_id] = keys
             break
-    recharge(client, ledger, done, actor)
+    recharge(ledger, ids, done, actor)
     return done
 
 
-def shortfall(client: redis.Redis, docs: DocumentStore | None,
-              dataset_id: str) -> dict[str, int]:
+#: releases read per page by ``shortfall``
+PAGE = 500
+
+
+def shortfall(ledger: Store, dataset_id: str) -> dict[str, int]:
     """Per interval measure, what the dataset's releases charged an exact increment (before
     issue #27) paid below their standalone bound: ceil(cost) units minus the units held.
     A failed release counts when it was charged; a pending one counts too (its commit
     will charge its increment), so a later refund of it leaves the ledger over, never
     under. The request documents hold both figures: ``cost`` (the mechanism's, standalone)
     and ``cost_units`` (what the ledger held)."""
-    key = rkeys.dataset_releases(dataset_id)
     out: dict[str, int] = {}
-    for start in range(0, client.zcard(key), 500):
-        ids = client.zrange(key, start, start + 499)
-        pipe = client.pipeline(transaction=False)
-        for release_id in ids:
-            pipe.hmget(rkeys.release(release_id), "request", "status", "charged", "doc")
-        for release_id, (raw, status, charged, sha) in zip(ids, pipe.execute(), strict=True):
-            if status not in HOLDING or (status == "failed" and charged != "1"):
+    view = ReleaseView("datasets", frozenset({dataset_id}))
+    ids, cursor = ledger.release_page(view, PAGE)
+    while ids:
+        for _, h in ledger.releases(ids):
+            status, raw = h.get("status"), h.get("request")
+            if status not in HOLDING or (status == "failed" and h.get("charged") != "1"):
                 continue
-            h = {k: v for k, v in (("request", raw), ("doc", sha)) if v is not None}
-            req = request_of(docs, release_id, h)
-            if req is None or not req.get("cost"):
+            req = json.loads(raw) if raw else None
+            if not isinstance(req, dict) or not req.get("cost"):
                 continue
             for measure, held in req.get("cost_units", {}).items():
                 if budget.base_measure(measure) != "interval_leakage":
@@ -115,49 +117,26 @@ def shortfall(client: redis.Redis, docs: DocumentStore | None,
                 standalone = budget.cost_units(measure, Fraction(req["cost"][measure]))
                 if standalone > int(held):
                     out[measure] = out.get(measure, 0) + standalone - int(held)
+        if cursor is None:
+            break
+        ids, cursor = ledger.release_page(view, PAGE, cursor)
     return out
 
 
-def recharge(client: redis.Redis, ledger: Ledger, done: Migrated,
+def recharge(ledger: Store, dataset_ids: Iterable[str], done: Migrated,
              actor: str = ACTOR) -> None:
-    """Charge every dataset's interval columns what their exact-increment releases paid
-    below the additive rule (``shortfall``), once per dataset (recharge.lua's marker): the
-    additive rule is the one that holds against adaptive designs, so a column's committed
-    total must be at least the sum of its releases' standalone bounds. A column may end
-    above its cap; it then refuses further interval releases, as it should."""
-    ids = client.zrange(rkeys.DATASETS, 0, -1)
-    pipe = client.pipeline(transaction=False)
-    for dataset_id in ids:
-        pipe.hexists(rkeys.ledger(dataset_id), "recharged:interval")
-    for dataset_id, marked in zip(ids, pipe.execute(), strict=True):
-        if marked:
-            continue  # done, or opened after the additive rule (open.lua marks it)
+    """Charge each dataset's interval columns what their exact-increment releases paid
+    below the additive rule (``shortfall``), once per dataset (``Store.recharge_interval``
+    marks it; a dataset opened after the additive rule is marked already): the additive
+    rule is the one that holds against adaptive designs, so a column's committed total
+    must be at least the sum of its releases' standalone bounds. A column may end above
+    its cap; it then refuses further interval releases, as it should."""
+    for dataset_id in dataset_ids:
         try:
-            units = shortfall(client, ledger.documents, dataset_id)
+            units = shortfall(ledger, dataset_id)
         except DocumentMissing:  # the output store is not mounted here: a later run does it
             log.warning("interval recharge of dataset %s postponed: a release document is"
                         " missing from the output store", dataset_id)
             continue
         if ledger.recharge_interval(dataset_id, units, actor) == "recharged":
             done.recharged[dataset_id] = units
-
-
-def migrate_at_startup(client: redis.Redis, ledger: Store, who: str) -> None:
-    """``migrate`` as a process starts; Valkey unreachable leaves it to a later start (or
-    the CLI): a legacy document is read as its legacy policy meanwhile. Only the Valkey
-    store can hold legacy datasets: on PostgreSQL every dataset was registered with its
-    policy written down (``privrelease migrate-from-valkey`` migrates before it moves)."""
-    if not isinstance(ledger, Ledger):
-        return
-    try:
-        done = migrate(client, ledger)
-    except redis.RedisError as err:
-        log.warning("policy migration skipped at %s start-up (%s); it runs at the next"
-                    " start or with privrelease migrate-policy", who, type(err).__name__)
-        return
-    if done.datasets:
-        log.info("policy migration at %s start-up: %d dataset(s) recorded with their legacy"
-                 " policy", who, len(done.datasets))
-    if done.recharged:
-        log.info("policy migration at %s start-up: interval columns of %d dataset(s) charged"
-                 " up to the additive rule", who, len(done.recharged))

@@ -121,22 +121,6 @@ def s3_server() -> Iterator[S3Server]:
         server.stop()
 
 
-#: PRIVRELEASE_TEST_STORE: the system of record the session's service runs on
-#: (``postgres``, the default, or ``valkey``: the Valkey store before it)
-TEST_STORE = os.environ.get("PRIVRELEASE_TEST_STORE", "postgres")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A session deselects the tests about the other store: on PostgreSQL those marked
-    ``valkey_store`` (``make test`` runs them in a second session, on Valkey), on Valkey
-    those marked ``postgres_store``."""
-    other = "valkey_store" if TEST_STORE == "postgres" else "postgres_store"
-    kept = [item for item in items if item.get_closest_marker(other) is None]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
-        items[:] = kept
-
-
 @pytest.fixture(scope="session")
 def database_url(postgres_url: str) -> str:
     """The session service's database, migrated to head (``PRIVRELEASE_DATABASE_URL``)."""
@@ -153,8 +137,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def service_env(redis_url: str, data_dir: Path, request: pytest.FixtureRequest
-                ) -> dict[str, str]:
+def service_env(redis_url: str, data_dir: Path, database_url: str) -> dict[str, str]:
     """Environment for app and worker processes of the test session."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}
     env.update(
@@ -165,9 +148,8 @@ def service_env(redis_url: str, data_dir: Path, request: pytest.FixtureRequest
         PRIVRELEASE_CALLBACK_HOSTS="127.0.0.1",
         # one key sends every test's estimates; test_precompute.py tests the limit itself
         PRIVRELEASE_ESTIMATE_RATE_LIMIT="off",
+        PRIVRELEASE_DATABASE_URL=database_url,
     )
-    if TEST_STORE == "postgres":
-        env["PRIVRELEASE_DATABASE_URL"] = request.getfixturevalue("database_url")
     return env
 
 

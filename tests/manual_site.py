@@ -17,6 +17,27 @@ RUN_MARK = "<!-- run by tests/e2e/test_manual_blocks.py -->"
 NOT_RUN = re.compile(r"<!-- not run: (.+) -->")
 #: fenced blocks a reader would paste into a shell or Python
 RUNNABLE = {"sh", "bash", "shell", "console", "python", "py", "pycon"}
+#: every screenshot the manual shows, relative to docs/, in the order
+#: tests/e2e/test_manual_browser.py takes them, with the page that shows it; the walk is their
+#: only source (docs/bench's plots come from the benchmarks)
+WALK_SHOTS = {
+    "walk/manual-home.png": "index.md",
+    "walk/manual-operator-guide.png": "index.md",
+    "walk/operator-dataset.png": "guides/operator.md",
+    "walk/operator-keys.png": "guides/operator.md",
+    "walk/operator-budget-form.png": "guides/operator.md",
+    "walk/analyst-estimate.png": "guides/analyst.md",
+    "walk/analyst-release.png": "guides/analyst.md",
+    "walk/analyst-analysis.png": "guides/analyst.md",
+    "walk/service-releases.png": "guides/service.md",
+    "walk/service-status.png": "guides/service.md",
+    "walk/service-refused.png": "guides/service.md",
+    "walk/operator-budget.png": "guides/operator.md",
+    "walk/operator-audit.png": "guides/operator.md",
+}
+#: pictures drawn by something else than the walk
+NOT_WALKED = ("bench/",)
+_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)|<img\b[^>]*\bsrc=[\"']([^\"']+)")
 
 
 def build(dest: Path, config: Path = ROOT / "mkdocs.yml") -> subprocess.CompletedProcess[str]:
@@ -55,6 +76,18 @@ def blocks(page: str | None = None) -> list[Block]:
             mark = lines[start - 1].strip() if start else ""
             found.append(Block(str(path.relative_to(DOCS)), start + 1, m.group(2), mark, body))
             i = end + 1
+    return found
+
+
+def images() -> dict[str, set[str]]:
+    """Every image a page embeds (Markdown or ``<img>``), relative to docs/, with the
+    pages that embed it."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(DOCS.rglob("*.md")):
+        page = path.relative_to(DOCS)
+        for m in _IMAGE.finditer(path.read_text()):
+            target = (page.parent / (m.group(1) or m.group(2))).as_posix()
+            found.setdefault(os.path.normpath(target), set()).add(str(page))
     return found
 
 

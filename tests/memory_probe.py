@@ -60,7 +60,9 @@ FAMILIES: dict[str, list[Case]] = {
         ("gaussian", {"statistic": "variance", "column": "x"}, APPROX),
         ("noiseless.aggregate", {"statistic": "median", "column": "x"}, BITS),
     ],
-    "dip": [("dip", {"columns": ["x", "k", "g"]}, EPS)],
+    "dip": [("dip", {"columns": ["x", "k", "g"]}, EPS),
+            ("dip", {"columns": ["x", "k", "g"], "reference": {"kind": "dp", "model": "copula"}},
+             EPS)],
     "interval": [
         ("interval.case1", {"column": "x", "anchors": ANCHORS}, LEAK),
         ("interval.case2", {"column": "x", "anchors": ANCHORS}, LEAK),
@@ -70,6 +72,12 @@ FAMILIES: dict[str, list[Case]] = {
         ("interval.progressive", {"column": "x", "rounds": 2}, {"interval_leakage": 0.9}),
         ("interval.progressive_categorical", {"column": "c", "rounds": 3},
          {"interval_leakage": 0.9}),
+        # four piece columns (``Interval.map_bytes``) and 16 rounds of draws (``map_bytes``)
+        ("interval.casek", {"column": "x", "m": 3, "transform": "square", "exact_range": [10, 20],
+                            "anchors": {"family": "uniform", "low": 0, "high": 10000}},
+         {"interval_leakage": 0.9}),
+        ("interval.progressive_categorical", {"column": "c", "rounds": 16},
+         {"interval_leakage": 0.99}),
     ],
     "subset": [
         ("subset.custom", {"column": "g", "design": {

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 
-from service import policy, wiring
 from service.api.observability import configure_logging
 from service.config import Config
 from service.processes.cli import build_parser
@@ -70,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     config = Config.from_env()
     configure_logging(config.log_level)  # before Celery redirects stderr
     configure(app, config, ack_emulation=ack_emulation)
-    svc = wiring.build(config, "worker", celery=app)
-    policy.migrate_at_startup(svc.client, svc.ledger, "worker")
+    config.require_database_url()  # no worker without the record: one message, at once
     child = _spawn_acked_worker(args, others) if others else None
     if child is not None:
 

@@ -21,7 +21,6 @@ from celery import Celery, signals
 from service.config import Config
 from service.releases.sweeper import sweep_if_due, sweep_orphans_if_due
 from service.storage import release_metrics, rkeys
-from service.storage.event_archive import archive_if_due
 from service.storage.store import DOWN
 from service.wiring import Services, build
 
@@ -56,9 +55,6 @@ def _sweep(svc: Services, config: Config) -> None:
     try:
         sweep_if_due(svc, config.sweep_interval, max_resends=config.max_resends)
         sweep_orphans_if_due(svc.client, svc.ledger, svc.datasets)  # survives file errors
-        audit = getattr(svc.ledger, "audit", None)  # the Valkey store's archive
-        if audit is not None:  # logs and survives file-system errors too
-            archive_if_due(svc.client, audit, config.sweep_interval, config.audit_hot_seconds)
     except DOWN:
         raise
     except Exception as err:

@@ -4,7 +4,7 @@
 # a replica; only when no sentinel knows one (first start of the group) does
 # $INITIAL_PRIMARY start as the master and the others as its replicas. So a primary that
 # crashed and was failed over comes back as the new primary's replica, never as a
-# second master holding a stale ledger.
+# second master holding stale queues (jobs sent twice, or lost).
 # Env: SENTINELS ("host:port host:port ..."), MASTER_NAME, INITIAL_PRIMARY (host),
 #      SELF (this node's host name, as the others reach it), VALKEY_REPLICA_PASSWORD,
 #      VALKEY_SENTINEL_PASSWORD (optional: the sentinels' own password).

@@ -30,7 +30,6 @@ category names; synthetic rows, not linked to records) and their histogram.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -193,7 +192,7 @@ class ExmMechanism(Mechanism):
     @staticmethod
     def _accuracy(plan: ExmPlan) -> dict[str, Any]:
         eps = float(plan.per_draw)
-        shortfall = 2.0 / eps * (math.log(plan.support) + math.log(20.0))
+        shortfall = flip.worst_case_gap(plan.per_draw, plan.support, 0.95)
         return {
             "per_draw_epsilon": eps,
             "support": plan.support,
@@ -203,9 +202,11 @@ class ExmMechanism(Mechanism):
                 " order, value a taken with probability exp(-epsilon' (q* - q(a))/2), q(a) its"
                 " count, q* the largest (epsilon' = epsilon/draws). A draw is a only if a's"
                 " own coin came up, so P(a) <= exp(-epsilon' (q* - q(a))/2), and with"
-                " probability at least 95% a draw's count is within count_shortfall_95 ="
-                " (2/epsilon')(ln s + ln 20) of the largest count (union bound over the s"
-                " values). The draws are a synthetic sample from that law, not the data's"
-                " distribution: for small epsilon' they are nearly uniform on the support."
+                " probability at least 95% a draw's count is within count_shortfall_95 of"
+                " the largest count, the exact worst case over all counts (one largest, the"
+                " other s - 1 values that far below it), about (2/epsilon') ln 2 below the"
+                " union bound (2/epsilon')(ln s + ln 20). The draws are a synthetic sample"
+                " from that law, not the data's distribution: for small epsilon' they are"
+                " nearly uniform on the support."
             ),
         }

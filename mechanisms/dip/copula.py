@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -49,10 +50,11 @@ from scipy import special
 
 from mechanisms import sampling
 from mechanisms.dip.continualize import Continualizer, Continuous, Mixed
-from mechanisms.dip.histogram import dp_histogram
+from mechanisms.dip.histogram import histogram_counts, histogram_edges, noisy_histogram
 from mechanisms.dip.reference import Reference
 from mechanisms.dip.univariate import TINY, PiecewiseLinear
 from mechanisms.exact import float_up
+from mechanisms.statistics import Batch, Partial, Statistic
 
 FloatArray = NDArray[np.float64]
 #: quantization of the PITs in the correlation sums
@@ -319,6 +321,25 @@ class Copula(Reference):
         return out
 
 
+def correlation_codes(reference: Copula, block: Mapping[str, NDArray[np.generic]]) -> FloatArray:
+    """(rows, p): the quantized centred PITs c = 2⌊uM⌋ − (M − 1) of a block of rows, odd
+    integers in [−(M − 1), M − 1] held in float64."""
+    u = np.stack([
+        reference.marginals[c].cdf(reference.marginals[c].continualizer.forward(
+            reference.clean(c, block[c]), np.full(len(block[c]), 0.5)))
+        for c in reference.columns
+    ], axis=1)
+    k = np.clip(np.floor(u * QUANTUM), 0, QUANTUM - 1)
+    out: FloatArray = 2.0 * k - (QUANTUM - 1)
+    return out
+
+
+def check_sum_rows(n: int) -> None:
+    """Refuse a row count whose sums Σ c_il c_im could reach 2**53 (float64's exact range)."""
+    if n * (QUANTUM - 1) ** 2 >= 2**53:
+        raise ValueError("too many rows for exact correlation sums")
+
+
 def correlation_sums(reference: Copula, data: Mapping[str, NDArray[np.generic]]) -> FloatArray:
     """T = Σ_i c_i c_iᵀ of the quantized centred PITs (exact integers held in float64).
 
@@ -328,21 +349,56 @@ def correlation_sums(reference: Copula, data: Mapping[str, NDArray[np.generic]])
     """
     columns = reference.columns
     n = int(np.shape(data[columns[0]])[0])
-    if n * (QUANTUM - 1) ** 2 >= 2**53:
-        raise ValueError("too many rows for exact correlation sums")
+    check_sum_rows(n)
     p = len(columns)
     total = np.zeros((p, p), dtype=np.float64)
     for start in range(0, n, CHUNK_ROWS):
-        block = {c: reference.clean(c, data[c][start:start + CHUNK_ROWS]) for c in columns}
-        u = np.stack([
-            reference.marginals[c].cdf(
-                reference.marginals[c].continualizer.forward(block[c], np.full(len(block[c]), 0.5)))
-            for c in columns
-        ], axis=1)
-        k = np.clip(np.floor(u * QUANTUM), 0, QUANTUM - 1)
-        c = 2.0 * k - (QUANTUM - 1)
+        c = correlation_codes(reference, {k: data[k][start:start + CHUNK_ROWS]
+                                          for k in columns})
         total += c.T @ c
     return total
+
+
+def dp_marginals(
+    counts: Mapping[str, NDArray[np.int64]],
+    continualizers: Mapping[str, Continualizer],
+    bins: Mapping[str, int],
+    epsilon_marginal: Fraction,
+    rng: np.random.Generator,
+) -> dict[str, PiecewiseLinear]:
+    """Each column's ε_marginal/p-DP histogram marginal from its exact counts, noise drawn
+    in the columns' order (the copula's first stage)."""
+    per_column = epsilon_marginal / len(continualizers)
+    edges = histogram_edges(continualizers, bins)
+    return {c: noisy_histogram(counts[c], {c: continualizers[c]}, {c: edges[c]}, per_column,
+                               rng).marginal(c)
+            for c in continualizers}
+
+
+def noisy_copula(
+    marginals: Mapping[str, PiecewiseLinear],
+    sums: FloatArray,
+    n: int,
+    epsilon_corr: Fraction,
+    rng: np.random.Generator,
+) -> Copula:
+    """The copula from the released marginals and the exact correlation sums ``sums``
+    (p x p, ``correlation_sums`` under the independent copula of those marginals), with
+    ε_corr-DP noise on the p(p − 1)/2 off-diagonal sums (the second stage)."""
+    columns = tuple(marginals)
+    p = len(columns)
+    scale = correlation_noise_scale(p, epsilon_corr)
+    if scale > sampling.MAX_SCALE:
+        raise ValueError("epsilon too small for the correlation noise")
+    upper = np.triu_indices(p, 1)
+    noisy = sums[upper] + sampling.discrete_laplace(rng, scale, upper[0].size)
+    covariance = noisy / (4.0 * QUANTUM**2 * max(n, 1))
+    steps = [Steps.of(marginals[c]) for c in columns]
+    r = np.eye(p)
+    sd = math.hypot(covariance_noise_sd(p, epsilon_corr, n), 1.0 / (4.0 * math.sqrt(max(n, 1))))
+    for t, (i, j) in enumerate(zip(*upper, strict=True)):
+        r[i, j] = r[j, i] = latent_correlation(steps[i], steps[j], float(covariance[t]), sd)
+    return Copula(marginals, nearest_correlation(r), edge=0.5 / max(n, 1))
 
 
 def dp_copula(
@@ -353,30 +409,43 @@ def dp_copula(
     epsilon_corr: Fraction,
     rng: np.random.Generator,
 ) -> Copula:
-    """An (ε_marginal + ε_corr)-DP copula reference: ε_marginal/p per column's histogram."""
-    columns = tuple(continualizers)
-    p = len(columns)
-    per_column = epsilon_marginal / p
-    marginals = {
-        c: dp_histogram({c: data[c]}, {c: continualizers[c]}, {c: bins[c]}, per_column,
-                        rng).marginal(c)
-        for c in columns
-    }
-    independent = Copula(marginals, np.eye(p))
-    sums = correlation_sums(independent, data)
-    scale = correlation_noise_scale(p, epsilon_corr)
-    if scale > sampling.MAX_SCALE:
-        raise ValueError("epsilon too small for the correlation noise")
-    upper = np.triu_indices(p, 1)
-    noisy = sums[upper] + sampling.discrete_laplace(rng, scale, upper[0].size)
-    n = int(np.shape(data[columns[0]])[0])
-    covariance = noisy / (4.0 * QUANTUM**2 * max(n, 1))
-    steps = [Steps.of(marginals[c]) for c in columns]
-    r = np.eye(p)
-    sd = math.hypot(covariance_noise_sd(p, epsilon_corr, n), 1.0 / (4.0 * math.sqrt(max(n, 1))))
-    for t, (i, j) in enumerate(zip(*upper, strict=True)):
-        r[i, j] = r[j, i] = latent_correlation(steps[i], steps[j], float(covariance[t]), sd)
-    return Copula(marginals, nearest_correlation(r), edge=0.5 / max(n, 1))
+    """An (ε_marginal + ε_corr)-DP copula reference: ε_marginal/p per column's histogram,
+    then the noised correlation sums under those marginals (both stages on whole columns;
+    ``CorrelationStatistic`` is the second's mergeable pass)."""
+    edges = histogram_edges(continualizers, bins)
+    counts = {c: histogram_counts({c: data[c]}, {c: continualizers[c]}, {c: edges[c]})
+              for c in continualizers}
+    marginals = dp_marginals(counts, continualizers, bins, epsilon_marginal, rng)
+    sums = correlation_sums(Copula(marginals, np.eye(len(marginals))), data)
+    n = int(np.shape(data[next(iter(continualizers))])[0])
+    return noisy_copula(marginals, sums, n, epsilon_corr, rng)
+
+
+@dataclass(frozen=True)
+class CorrelationStatistic(Statistic):
+    """The copula's second pass: the exact sums Σ_i c_il c_im (row-major p x p) of the
+    quantized PITs under the independent copula of the released marginals, the same
+    integers as ``correlation_sums`` however the rows are split."""
+
+    reference: Copula
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.reference.columns
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"sums": len(self.reference.columns) ** 2}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64]]:
+        c = correlation_codes(self.reference, chunk)
+        return {"sums": (c.T @ c).astype(np.int64).reshape(-1)}  # exact: < 2**53 a chunk
+
+    def sums(self, partial: Partial) -> FloatArray:
+        """The p x p sums (exact in float64 below ``check_sum_rows``'s bound)."""
+        check_sum_rows(partial.rows)
+        p = len(self.reference.columns)
+        out: FloatArray = partial.vector("sums").astype(np.float64).reshape(p, p)
+        return out
 
 
 def covariance_noise_sd(columns: int, epsilon_corr: Fraction | float, n_rows: int) -> float:

@@ -37,6 +37,7 @@ Service contract beyond ``Mechanism``:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,9 +67,12 @@ from mechanisms.dip.continualize import Continualizer, Continuous, Lattice, Mixe
 from mechanisms.dip.copula import (
     MAX_STEPS,
     QUANTUM,
+    Copula,
+    CorrelationStatistic,
     correlation_noise_scale,
     correlation_noise_sd,
-    dp_copula,
+    dp_marginals,
+    noisy_copula,
 )
 from mechanisms.dip.empirical import Empirical, holdout_size, split_holdout
 from mechanisms.dip.histogram import (
@@ -76,7 +80,6 @@ from mechanisms.dip.histogram import (
     CellStatistic,
     abs_noise_bound,
     default_bins,
-    dp_histogram,
     histogram_edges,
     mean_abs_noise,
     noise_scale,
@@ -92,7 +95,7 @@ from mechanisms.dip.params import DipParamsSchema
 from mechanisms.dip.reference import Reference
 from mechanisms.dip.univariate import finite
 from mechanisms.exact import fmt
-from mechanisms.statistics import Partial, Statistic
+from mechanisms.statistics import Joint, Partial, Statistic
 
 #: budgets above this are refused as absurd (as for the baselines)
 MAX_HOLDOUT = 0.9
@@ -220,11 +223,12 @@ class _Model:
 class DipMechanism(RecordMechanism):
     """Distribution-invariant privatized microdata (Bi & Shen), pure ε-DP.
 
-    A row map (``RecordMechanism``) for a parametric, public or joint-histogram
+    A row map (``RecordMechanism``) for a parametric, public, joint-histogram or copula
     reference: the histogram's exact counts are the fit statistic, and the noisy
-    histogram the model every partition maps its rows through. A hold-out (its rows are
-    drawn from the whole data) and the copula (correlation sums of its own) read whole
-    columns (``run_whole``)."""
+    histogram the model every partition maps its rows through; the copula's marginals
+    are noised first, then its correlation sums under them are a second exact pass
+    (``refit``). A hold-out (a permutation of all the rows; its model is the held-out
+    sample itself) reads whole columns (``run_whole``)."""
 
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 16.0
@@ -681,28 +685,50 @@ class DipMechanism(RecordMechanism):
     # ------------------------------------------------------------------ row map
 
     def mappable(self, params: Mapping[str, Any], meta: DatasetMeta) -> bool:
-        reference = params.get("reference") or {}
-        kind = reference.get("kind", "dp")
-        if kind == "holdout":
-            return False
-        if kind != "dp":
-            return True
-        model = reference.get("model") or (
-            "joint" if len(params["columns"]) <= MAX_DP_COLUMNS else "copula")
-        return bool(model == "joint")
+        """Every reference but the hold-out: its split is a permutation of all the rows
+        and its model is the held-out sample itself."""
+        return bool((params.get("reference") or {}).get("kind", "dp") != "holdout")
 
     def fit_statistic(self, params: Mapping[str, Any], cost: Budget,
                       meta: DatasetMeta) -> Statistic | None:
+        """The joint histogram's exact counts, or the copula's per-column counts."""
         plan = self.plan(params, cost, meta)
         if plan.kind != "dp":
             return None
-        return CellStatistic(plan.continualizers,
-                             histogram_edges(plan.continualizers, plan.bins))
+        edges = histogram_edges(plan.continualizers, plan.bins)
+        if plan.model == "copula":
+            return Joint(tuple(CellStatistic({c: cont}, {c: edges[c]})
+                               for c, cont in plan.continualizers.items()))
+        return CellStatistic(plan.continualizers, edges)
+
+    def refit_statistic(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                        model: Any) -> Statistic | None:
+        """The copula's correlation sums under its released marginals (``fit`` leaves
+        the independent copula of them)."""
+        fitted: _Model = model
+        if fitted.plan.kind != "dp" or fitted.plan.model != "copula":
+            return None
+        assert isinstance(fitted.reference, Copula)
+        return CorrelationStatistic(fitted.reference)
+
+    def refit(self, params: Mapping[str, Any], model: Any, partial: Partial, cost: Budget,
+              meta: DatasetMeta, rng: np.random.Generator) -> _Model:
+        """The copula with its noised correlations, drawn after the marginals' noise (as
+        ``dp_copula`` draws them)."""
+        fitted: _Model = model
+        assert isinstance(fitted.reference, Copula)
+        if partial.rows != meta.n_rows:
+            raise ValueError(f"column {fitted.plan.names[0]!r} does not have n_rows entries")
+        sums = CorrelationStatistic(fitted.reference).sums(partial)
+        reference = noisy_copula(fitted.reference.marginals, sums, meta.n_rows,
+                                 fitted.plan.epsilon_corr, rng)
+        return dataclasses.replace(fitted, reference=reference)
 
     def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
             meta: DatasetMeta, rng: np.random.Generator) -> _Model:
-        """The draws ``run_whole`` makes before its chain, in its order: the variable
-        order (if random), then the reference's noise."""
+        """The draws a release makes before its chain, in its order: the variable order
+        (if random), then the reference's noise (the copula's marginals: ``refit`` then
+        draws its correlations' noise, as ``dp_copula`` does)."""
         plan = self.plan(params, cost, meta)
         names = plan.names
         order = plan.order if plan.order is not None else tuple(
@@ -720,9 +746,17 @@ class DipMechanism(RecordMechanism):
             if partial.rows != meta.n_rows:
                 raise ValueError(f"column {names[0]!r} does not have n_rows entries")
             edges = histogram_edges(plan.continualizers, plan.bins)
-            counts = CellStatistic(plan.continualizers, edges).counts(partial)
-            reference = noisy_histogram(counts, plan.continualizers, edges,
-                                        plan.epsilon_ref, rng)
+            if plan.model == "copula":  # the marginals; ``refit`` adds the correlations
+                counts = {c: CellStatistic({c: cont}, {c: edges[c]}).counts(
+                    Joint.member(partial, i)) for i, (c, cont) in
+                    enumerate(plan.continualizers.items())}
+                marginals = dp_marginals(counts, plan.continualizers, plan.bins,
+                                         plan.epsilon_marginal, rng)
+                reference = Copula(marginals, np.eye(len(marginals)))
+            else:
+                counts_joint = CellStatistic(plan.continualizers, edges).counts(partial)
+                reference = noisy_histogram(counts_joint, plan.continualizers, edges,
+                                            plan.epsilon_ref, rng)
         return _Model(plan, tuple(order), reference)
 
     def privatize(self, rows: Mapping[str, np.ndarray], start: int,
@@ -772,30 +806,13 @@ class DipMechanism(RecordMechanism):
         order = plan.order if plan.order is not None else tuple(
             names[i] for i in rng.permutation(len(names))
         )
-        rows = np.arange(n_rows, dtype=np.int64)
-        if plan.kind == "parametric":
-            assert plan.parametric is not None
-            reference = plan.parametric
-            private = columns
-        elif plan.kind == "holdout":
-            held = self._holdout_mask(params, plan, n_rows)
-            sample = {n: columns[n][held] for n in names}
-            private = {n: columns[n][~held] for n in names}
-            rows = rows[~held]
-            reference = Empirical(sample, plan.continualizers, rng)
-        elif plan.kind == "public":
-            sample = self._public_sample(params, plan, meta)
-            reference = Empirical(sample, plan.continualizers, rng)
-            private = columns
-        elif plan.model == "copula":
-            reference = dp_copula(columns, plan.continualizers, plan.bins,
-                                  plan.epsilon_marginal, plan.epsilon_corr, rng)
-            private = columns
-        else:
-            reference = dp_histogram(
-                columns, plan.continualizers, plan.bins, plan.epsilon_ref, rng
-            )
-            private = columns
+        # every other reference is a row map (``mappable``): only the hold-out runs here
+        assert plan.kind == "holdout"
+        held = self._holdout_mask(params, plan, n_rows)
+        sample = {n: columns[n][held] for n in names}
+        private = {n: columns[n][~held] for n in names}
+        rows = np.arange(n_rows, dtype=np.int64)[~held]
+        reference = Empirical(sample, plan.continualizers, rng)
         released = privatize(
             private, reference, plan.epsilon_dip, rng, order=order,
             resolution=plan.step.resolution,

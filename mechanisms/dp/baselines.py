@@ -201,6 +201,9 @@ class BaselineParamsSchema(StatisticParamsSchema):
     grid_size = fields.Integer(strict=True, validate=validate.Range(min=2, max=MAX_GRID_SIZE),
                                metadata={"description": "quantile: evenly spaced candidate"
                                                         " points over the column's bounds"})
+    interval = fields.Boolean(metadata={
+        "description": "quantile: also an interval in the column's units per quantile (two"
+                       " more draws: each quantile's epsilon split in three)"})
     columns = fields.List(
         fields.String(), validate=validate.Length(min=2, max=MAX_COVARIANCE_COLUMNS),
         metadata={"description": "covariance: the numeric columns of the matrix"})
@@ -218,7 +221,7 @@ class BaselineParamsSchema(StatisticParamsSchema):
         "sum": frozenset({"group_by", "consistency", "confidence"}),
         "mean": frozenset({"group_by", "consistency", "confidence"}),
         "histogram": frozenset({"bins", "edges"}),
-        "quantile": frozenset({"quantiles", "grid_size"}),
+        "quantile": frozenset({"quantiles", "grid_size", "interval"}),
         "variance": frozenset(),
         "std": frozenset(),
         "covariance": frozenset({"columns", "psd", "confidence"}),
@@ -227,8 +230,8 @@ class BaselineParamsSchema(StatisticParamsSchema):
     @validates_schema
     def _check_combination(self, data: dict[str, Any], **kwargs: Any) -> None:
         statistic = data["statistic"]
-        for name in ("group_by", "consistency", "quantiles", "grid_size", "columns", "psd",
-                     "confidence"):
+        for name in ("group_by", "consistency", "quantiles", "grid_size", "interval", "columns",
+                     "psd", "confidence"):
             if name in data and name not in self._ALLOWED[statistic]:
                 raise ValidationError(f"{statistic} does not take {name}.", name)
         for name in ("consistency", "confidence"):
@@ -741,7 +744,8 @@ class Baseline(StreamingMechanism):
         if params["statistic"] == "quantile":  # at most one exact coin per candidate
             from mechanisms.dp.quantiles import COIN_UNITS, DEFAULT_GRID_SIZE
 
-            coins = len(params["quantiles"]) * params.get("grid_size", DEFAULT_GRID_SIZE)
+            coins = (len(params["quantiles"]) * params.get("grid_size", DEFAULT_GRID_SIZE)
+                     * (3 if params.get("interval") else 1))
             if coins * COIN_UNITS > units:
                 return Work(units + coins * COIN_UNITS, "params.grid_size")
         field = "params.columns" if "columns" in params else "dataset_id"

@@ -20,10 +20,11 @@ w = hi − lo:
 * means: the count table and the sum table, each with half of the budget
   (ε/2 each; for ``gaussian`` (ε/2, δ/2) each, basic composition); the mean of a
   cell is noisy sum / noisy count, clipped to [lo, hi] (post-processing; the
-  true counts are never used). ``result.intervals`` holds, per cell, the set
-  of s/c over the two 97.5 % boxes (the noisy sum ± its half-width, the noisy
-  count ± its half-width, c >= 1) within [lo, hi]: it contains the exact mean
-  of a non-empty cell with probability >= 95 % (union bound).
+  true counts are never used). ``result.intervals`` holds, per cell, the
+  means μ in [lo, hi] at which s − μ·c is within its noise's 95 % quantile (a
+  pivot: ``ratio``): it contains the exact mean of a non-empty cell with
+  probability >= 95 %, narrower than the box of the two 97.5 % intervals it
+  replaced (kept when the count noise is too wide to sum over).
 
 Lattice (DESIGN §6): counts and integer sums are exact integers (grid 1);
 real sums are ``math.fsum`` of clipped doubles (|error| <= 2^-53·n·M, we
@@ -54,7 +55,7 @@ from numpy.typing import NDArray
 from mechanisms import zcdp
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.columns import Condition, clean, declared_bounds
-from mechanisms.dp import baselines, confidence, vectors
+from mechanisms.dp import baselines, confidence, ratio, vectors
 from mechanisms.dp.confidence import Confidence, percent
 from mechanisms.dp.vectors import VectorNoise
 from mechanisms.exact import float_down
@@ -247,12 +248,7 @@ class TablePlan:
         means: list[float | None] = []
         for c, s in zip(base, sums, strict=True):
             means.append(None if c < 1 else float(min(max(s / c, lo), hi)))
-        # a cell's mean interval holds when its count and its sum are both within theirs:
-        # each at (1 + level) / 2 (a union bound), the level the cell's (``cell_level``)
-        each = (1 + self.cell_level) / 2
-        hc, hs = self.count.halfwidth(each), self.sum.halfwidth(each)
-        intervals = [mean_interval(c, s, hc, hs, lo, hi) for c, s in zip(counts, sums,
-                                                                          strict=True)]
+        intervals = self._mean_intervals(counts, sums, lo, hi)
         out: dict[str, Any] = {
             "values": means,
             "counts": _out(counts, True),
@@ -264,6 +260,23 @@ class TablePlan:
         if self.consistency:
             out["consistent_counts"] = _out(base, True)
         return out
+
+    def _mean_intervals(self, counts: NDArray[np.float64], sums: NDArray[np.float64],
+                        lo: float, hi: float) -> list[list[float]]:
+        """Each cell's interval at ``cell_level``: the pivot's (``ratio``), or, when the
+        count noise is too wide to sum over, the box (sum and count each within theirs at
+        (1 + level)/2, a union bound)."""
+        assert self.count is not None and self.sum is not None
+        pivot = ratio.quantiles(self.count.noise, self.sum.noise, self.sum.grid, lo, hi,
+                                self.cell_level)
+        if pivot is not None:
+            edges, q = pivot
+            slack = (0.0 if self.sum.integer else 0.5 * self.sum.grid) + float(self.sum.err)
+            return [ratio.interval(float(c), float(s), edges, q, slack)
+                    for c, s in zip(counts, sums, strict=True)]
+        each = (1 + self.cell_level) / 2
+        hc, hs = self.count.halfwidth(each), self.sum.halfwidth(each)
+        return [mean_interval(c, s, hc, hs, lo, hi) for c, s in zip(counts, sums, strict=True)]
 
     def accuracy(self) -> dict[str, Any]:
         label = "count" if self.statistic == "count" else f"{self.statistic} of {self.column_name}"

@@ -27,7 +27,13 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
 from mechanisms.iclp import domain, noise, pss
-from mechanisms.iclp.kde import DEFAULT_GRID_SIZE, bin_values, finish_density
+from mechanisms.iclp.kde import (
+    DEFAULT_GRID_SIZE,
+    band_sentence,
+    bin_values,
+    finish_density,
+    pointwise_band,
+)
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease
 
@@ -106,6 +112,7 @@ class BernsteinPlan:
         # E‖Σ_ν L_ν b_ν‖² = Σ_ν Var_ν ‖b_ν‖² for independent L_ν (quadrature L2, unit domain)
         gram_diag = np.sum(self.basis**2 * self.weights[:, None], axis=0)
         mse = float(np.sum(variances * gram_diag)) / self.span
+        band = pointwise_band(self.basis, variances, self.span)
         return {
             "noise": "Bernstein: discrete Laplace per lattice value on power-of-two lattices",
             "laplace_scales": "Delta_inf*(K+1)/epsilon",
@@ -115,12 +122,14 @@ class BernsteinPlan:
             "laplace_scale": float(nz.laplace_scales[0]),
             "expected_sq_l2_error": mse,
             "rmse": math.sqrt(mse),
+            **band,
             "kernel": self.kernel_info(),
             "smoothing": {"method": "bernstein", "lattice_size": self.order},
             "statement": (
                 f"E||released - Bernstein polynomial of the KDE||^2 = {mse:.6g} (integrated"
                 " over the column's range, before the optional clipping and renormalisation);"
                 " excludes the Bernstein approximation bias."
+                + band_sentence(band, "the Bernstein polynomial of the KDE")
             ),
         }
 
@@ -238,6 +247,9 @@ class BernsteinMeanPlan:
         nz = self.noise
         gram_diag = np.sum(self.basis**2 * self.weights[:, None], axis=0)
         mse = float(np.sum(nz.variances() * gram_diag))
+        # the noise is far from uniform over the domain (at an end one lattice value is the
+        # whole curve): a band of 1.96 x the domain's RMS covered ~80 % there
+        band = pointwise_band(self.basis, nz.variances(), 1.0)
         return {
             "noise": "Bernstein: discrete Laplace per lattice value on power-of-two lattices",
             "laplace_scales": "Delta_inf*(K+1)/epsilon",
@@ -250,11 +262,13 @@ class BernsteinMeanPlan:
             "smoothing": {"method": "bernstein", "lattice_size": self.order,
                           "sup_bound": self.sup_bound},
             "norm_bound": self.sup_bound,
+            **band,
             "statement": (
                 f"E||released - Bernstein polynomial of the mean||^2 = {mse:.6g} (RMS over"
                 " the domain, curve units); excludes the Bernstein approximation bias and"
                 f" the effect of clipping every curve value to [-{self.sup_bound:g},"
                 f" {self.sup_bound:g}]."
+                + band_sentence(band, "the Bernstein polynomial of the mean", "mean")
             ),
         }
 

@@ -1,18 +1,25 @@
 """Covariance function of a functional column with ICLP-QR noise (spec §3.5, App. C.1).
 
-The second-moment operator (1/n)Σ_i X_i ⊗ X_i is a mean in H ⊗ H, whose ICLP
-is C ⊗ C with eigenpairs (λ_jλ_k, v_j ⊗ v_k). Its QR coefficients
+One smoother F_j = λ_j^η/(λ_j^η + ψ) on one eigen-system (v_j, λ_j) of the noise kernel
+acts on both moments, so the covariance is that of the smoothed curves Fξ_i
+(ξ_ij = ⟨X_i, v_j⟩), never a difference of differently smoothed quantities:
 
-    Ĝ_jk = filt_jk·(1/n)Σ_i ξ_ij ξ_ik,  ξ_ij = ⟨X_i, v_j⟩,  filt_jk = (λ_jλ_k)^η/((λ_jλ_k)^η + ψ),
+    Ĝ_jk = F_jF_k·(1/n)Σ_i ξ_ij ξ_ik  (j <= k: the second moment, symmetric),
+    m̂_j = F_j·(1/n)Σ_i ξ_ij            (the mean).
 
-have weighted-ℓ1 sensitivity (shape √(λ_jλ_k)) at most
+Both get the matched ICLP noise (covariance the smoother itself, ``pss.noise_shape``):
+shapes √(F_jF_k) on the upper triangle and √F_j, whose weighted-ℓ1 sensitivities are
 
-    Δ = (2τ²/n)·(Σ_jk (λ_jλ_k)^{2η−1}/((λ_jλ_k)^η + ψ)²)^{1/2}
+    Δ₂ = (τ²/n)·(Σ_j F_j + max_j F_j),   Δ₁ = (2τ/n)·(Σ_j F_j)^{1/2}
 
-because ‖ξξᵀ‖_F = ‖ξ‖² <= τ² (times the computed basis' Bessel factor).
-Centring by the sample mean would change the sensitivity, so the mean is an
-``iclp.mean`` release of its own: ε = ε_mean + ε_second (default ε_mean = ε/4),
-and the covariance G̃ − μ̃ ⊗ μ̃ on grid × grid, symmetrised, is post-processing.
+because per row Σ_{j<=k} √(F_jF_k)|ξ_jξ_k| = ((Σ_j √F_j|ξ_j|)² + Σ_j F_jξ_j²)/2
+<= (Σ_j F_j + max_j F_j)·‖ξ‖²/2 and ‖ξ‖² <= τ² (times the computed basis' Bessel
+factor); releasing the upper triangle only halves the noise of the symmetric matrix
+against noising all J² entries and averaging. Centring needs the mean, a release of its
+own: ε = ε_mean + ε_second (default ε_mean = ε/4). The covariance coefficients
+G̃ − m̃m̃ᵀ + diag(Var m̃) (the last term removes the mean noise's own square, a public
+constant) on grid × grid are post-processing; their expectation is F∘Ĉ∘F, Ĉ the
+covariance of the clipped curves' coefficients.
 
 The output is an M × M surface, so the grid is capped at ``MAX_COV_GRID``
 points (M² values; n·M² work for the exact grid moments, bounded from public inputs).
@@ -86,14 +93,31 @@ class StackedNoise:
         return out
 
 
-def second_moment_sensitivity(eigenvalues: ArrayLike, n: int, tau: float, eta: float,
-                              psi: float) -> float:
-    """Δ = (2τ²/n)·(Σ_jk (λ_jλ_k)^{2η−1}/((λ_jλ_k)^η + ψ)²)^{1/2} (weighted ℓ1, exact
-    arithmetic, orthonormal basis)."""
-    lam = np.asarray(eigenvalues, dtype=np.float64)
-    prod = np.outer(lam, lam)
-    filt = mean.qr_filter(prod, eta, psi)
-    return 2.0 * tau * tau / n * math.sqrt(float(np.sum(filt**2 / prod)))
+def second_moment_sensitivity(filt: ArrayLike, n: int, tau: float) -> float:
+    """Δ₂ = (τ²/n)·(Σ_j F_j + max_j F_j): the weighted-ℓ1 sensitivity (shapes √(F_jF_k))
+    of the upper triangle (j <= k) of the smoothed second moment F∘(1/n)Σ ξξᵀ∘F in exact
+    arithmetic, orthonormal basis."""
+    f = np.asarray(filt, dtype=np.float64)
+    return tau * tau / n * math.fsum([*f.tolist(), float(f.max())])
+
+
+def mean_sensitivity(filt: ArrayLike, n: int, tau: float) -> float:
+    """Δ₁ = (2τ/n)·(Σ_j F_j)^{1/2}: the smoothed mean's, shapes √F_j (matched noise)."""
+    return 2.0 * tau / n * math.sqrt(math.fsum(np.asarray(filt, dtype=np.float64).tolist()))
+
+
+def privacy_mse(filt: ArrayLike, n: int, tau: float, epsilon_second: float,
+                epsilon_mean: float | None) -> float:
+    """The continuous-Laplace approximation of the stated error (``CovPlan.accuracy``) at
+    Bessel factor 1: Σ_jk 2Δ₂²F_jF_k/ε₂² for the second moment (each off-diagonal noise
+    counted twice in the symmetric matrix), and, when centred, the mean
+    noise's 2‖m‖²·ΣVar m̃_j with ‖m‖ <= τ and Var m̃_j = 2Δ₁²F_j/ε₁² (for choosing ψ)."""
+    total = math.fsum(np.asarray(filt, dtype=np.float64).tolist())
+    second = 2.0 * second_moment_sensitivity(filt, n, tau) ** 2 * total**2 / epsilon_second**2
+    if epsilon_mean is None:
+        return second
+    return second + 2.0 * tau**2 * 2.0 * mean_sensitivity(filt, n, tau) ** 2 * total / (
+        epsilon_mean**2)
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,7 +128,7 @@ class CovPlan:
     eig: spectral.EigenSystem
     n: int
     tau: float
-    filter: NDArray[np.float64]  # J × J
+    filter: NDArray[np.float64]  # F_j, J: the one smoother of both moments
     second: noise.CoefficientNoise
     mean_plan: mean.MeanPlan | None
     epsilons: dict[str, Fraction]
@@ -115,8 +139,18 @@ class CovPlan:
         return int(self.filter.shape[0])
 
     @property
+    def product_filter(self) -> NDArray[np.float64]:
+        """F_jF_k, J × J: the second moment's filter (F ⊗ F)."""
+        return np.outer(self.filter, self.filter)
+
+    @property
+    def upper(self) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+        """The released second-moment coefficients (j <= k, row-major)."""
+        return np.triu_indices(self.components)
+
+    @property
     def noise(self) -> StackedNoise:
-        """Second-moment coefficients (row-major J²) then the mean's, one vector."""
+        """Second-moment coefficients (upper triangle, row-major) then the mean's."""
         parts = (self.second,) if self.mean_plan is None else (self.second, self.mean_plan.noise)
         return StackedNoise(parts)
 
@@ -144,14 +178,15 @@ class CovPlan:
 
     def coefficients(self, partial: Partial) -> NDArray[np.float64]:
         """Ĝ = filter·(Vᵀ W S W V) with S the second moment of the clipped curves on the
-        grid (each entry rounded once from its exact sum), row-major; then the mean's."""
+        grid (each entry rounded once from its exact sum), its upper triangle row-major;
+        then the mean's."""
         check_rows(partial, self.n, "curves")
         m = int(self.grid.size)
         moment = np.zeros((m, m))
         moment[np.triu_indices(m)] = sums.totals(partial, "moment", self.n)
         moment = moment + np.triu(moment, 1).T
         projection = self.eig.weights[:, None] * self.eig.vectors[:, : self.components]
-        g = (self.filter * (projection.T @ moment @ projection)).ravel()
+        g = (self.product_filter * (projection.T @ moment @ projection))[self.upper]
         if self.mean_plan is None:
             return g
         return np.concatenate([g, self.mean_plan.coefficients(partial)])
@@ -174,8 +209,10 @@ class CovPlan:
     def result(self, coefficients: NDArray[np.float64]) -> dict[str, Any]:
         """Post-processing of the noisy coefficients: the surfaces on grid × grid."""
         j = self.components
-        g = coefficients[: j * j].reshape(j, j)
-        g = 0.5 * (g + g.T)
+        size = j * (j + 1) // 2
+        g = np.zeros((j, j))
+        g[self.upper] = coefficients[:size]
+        g = g + np.triu(g, 1).T
         basis = self.eig.vectors[:, :j]
         moment = basis @ g @ basis.T
         out: dict[str, Any] = {
@@ -191,9 +228,12 @@ class CovPlan:
             out["values"] = moment
             out["centred"] = False
             return out
-        mu = self.mean_plan.basis @ coefficients[j * j:]
-        cov = moment - np.outer(mu, mu)
-        out["values"] = 0.5 * (cov + cov.T)
+        m = coefficients[size:]
+        # E[m̃m̃ᵀ] = m̂m̂ᵀ + diag(Var m̃): the public variances taken off keep E[c] = F∘Ĉ∘F
+        c = g - np.outer(m, m) + np.diag(self.mean_plan.noise.variances())
+        mu = self.mean_plan.basis @ m
+        cov = basis @ c @ basis.T
+        out["values"] = 0.5 * (cov + cov.T)  # symmetric up to rounding: made exact
         out["mean"] = mu
         out["centred"] = True
         return out
@@ -203,21 +243,47 @@ class CovPlan:
                 "domain": [float(self.grid[0]), float(self.grid[-1])],
                 "length_units": "fraction of the grid span"}
 
-    def accuracy(self) -> dict[str, Any]:
-        """Expected squared HS (L2 on grid × grid) error of the second moment's noise after
-        the symmetrisation (pairs averaged: (Σ_jk Var_jk + Σ_j Var_jj)/2); the mean's
-        statement separately (the centred surface's error is not closed-form)."""
+    def second_moment_mse(self) -> float:
+        """E‖G̃ − F∘M̂∘F‖²_HS: the second moment's noise, each off-diagonal coefficient's
+        twice (it fills both (j, k) and (k, j))."""
         var = self.second.variances()
-        diag = float(np.trace(var.reshape(self.components, self.components)))
-        mse = 0.5 * (float(var.sum()) + diag)
+        rows, cols = self.upper
+        return math.fsum((var * np.where(rows == cols, 1.0, 2.0)).tolist())
+
+    def mean_noise_mse(self) -> float:
+        """A bound on E‖m̃m̃ᵀ − diag(Var m̃) − m̂m̂ᵀ‖²_HS over every dataset. With m̃ = m̂ + e
+        (independent symmetric e_j, variance v_j, fourth moment κ_j) the terms m̂eᵀ + emᵀ
+        and eeᵀ − diag v are uncorrelated: 2‖m̂‖²Σv + 2Σm̂_j²v_j <= 2R²(Σv + max v) with
+        ‖m̂‖ <= R = √bessel·τ, plus Σ_{j≠k} v_jv_k + Σ_j (κ_j − v_j²)."""
+        if self.mean_plan is None:
+            return 0.0
+        nz = self.mean_plan.noise
+        v = nz.variances()
+        kappa = noise.discrete_laplace_fourth_moment(nz.scales) * nz.steps**4
+        radius_sq = spectral.bessel_factor(self.eig) * (self.tau * mean.TAU_SLACK) ** 2
+        total = math.fsum(v.tolist())
+        linear = 2.0 * radius_sq * (total + float(v.max()))
+        quadratic = total**2 - 2.0 * math.fsum((v * v).tolist()) + math.fsum(kappa.tolist())
+        return linear + quadratic
+
+    def accuracy(self) -> dict[str, Any]:
+        """Expected squared HS (L2 on grid × grid) privacy error of the released surface:
+        the second moment's noise plus the mean's (independent, uncorrelated terms)."""
+        second = self.second_moment_mse()
+        from_mean = self.mean_noise_mse()
+        mse = second + from_mean
+        what = "covariance" if self.mean_plan is not None else "second moment"
         out: dict[str, Any] = {
-            "noise": "ICLP-QR on H x H: discrete Laplace per coefficient of v_j (x) v_k",
-            "laplace_scales": "Delta*sqrt(lambda_j*lambda_k)/epsilon_second",
+            "noise": "ICLP-QR on H x H: discrete Laplace per coefficient of v_j (x) v_k"
+                     + ("; the mean's per coefficient of v_j" if self.mean_plan else ""),
+            "laplace_scales": "Delta*sqrt(F_j*F_k)/epsilon_second (matched to the smoother)",
             "sensitivity": self.second.sensitivity,
             "sensitivity_lattice": self.second.lattice_sensitivity,
             "sensitivity_norm": "weighted_l1_K_CxC",
             "epsilon_split": {k: str(v) for k, v in self.epsilons.items()},
             "expected_sq_l2_error": mse,
+            "second_moment_sq_l2_error": second,
+            "mean_noise_sq_l2_error": from_mean,
             "rmse": math.sqrt(mse),
             "band95": 1.96 * math.sqrt(mse),
             "smoothing": self.smoothing,
@@ -225,11 +291,15 @@ class CovPlan:
                            "coefficients": self.components**2},
             "norm_bound": self.tau,
             "statement": (
-                f"E||released second moment - smoothed second moment||_HS^2 = {mse:.6g}"
-                " (mean square over grid x grid), the privacy error of the second moment only;"
-                " the covariance subtracts the separately released mean's outer product"
-                " (see mean_accuracy), and the smoothing bias and the clipping to norm"
-                f" {self.tau:g} are excluded. band95 is 1.96 x the RMS error."
+                f"E||released {what} - smoothed {what}||_HS^2 <= {mse:.6g} (mean square over"
+                " grid x grid) for every dataset: all the privacy noise, the second moment's"
+                f" ({second:.6g}, epsilon_second)"
+                + (f" and the mean's ({from_mean:.6g}, epsilon_mean, with the mean's norm at"
+                   f" most {self.tau:g})" if self.mean_plan is not None else "")
+                + ". The smoothed " + what + " is that of the curves smoothed by one filter"
+                " F_j = lambda_j^eta/(lambda_j^eta + psi) for both moments; the smoothing"
+                f" bias and the clipping to norm {self.tau:g} are excluded. band95 is 1.96 x"
+                " the RMS error (over the surface, not per cell)."
             ),
         }
         if self.mean_plan is not None:
@@ -251,8 +321,8 @@ def plan_iclp_cov(
 ) -> CovPlan:
     """Calibrate a covariance release; ε = ε_mean + ε_second with ε_mean = share·ε exactly.
 
-    ψ defaults to ``erm.proxy_psi`` with R = τ² at ε_second; the mean uses
-    ``iclp.mean``'s defaults at ε_mean.
+    ψ defaults to ``erm.proxy_psi`` with R = τ² on the whole stated error (``privacy_mse``:
+    both moments' noise at their ε); the mean uses the same eigen-system, η, ψ and filter.
     """
     points, tau = domain.validate_functional_meta(grid, tau)
     if len(points) > MAX_COV_GRID:
@@ -272,33 +342,47 @@ def plan_iclp_cov(
                                 domain.quadrature_weights(points), spectral.REL_FLOOR,
                                 max_components)
     lam = eig.values
-    prod = np.outer(lam, lam)
     bessel = spectral.bessel_factor(eig)
     tau_eff = tau * mean.TAU_SLACK
     psi_rule = "given" if psi is not None else "min privacy MSE + psi*tau^4/4"
     if psi is None:
-        # both terms scale as τ⁴: minimise at τ = 1 (no overflow for huge declared τ)
-        trace, e2 = float(prod.sum()), float(eps_second) ** 2
-        psi = erm.proxy_psi(lambda p: 2.0 * (second_moment_sensitivity(
-            lam, n, 1.0, eta, p) * bessel) ** 2 * trace / e2, 1.0)
+        # every term scales as τ⁴: minimise at τ = 1 (no overflow for huge declared τ)
+        e_second = float(eps_second)
+        e_mean = float(eps_mean) if centred else None
+        psi = erm.proxy_psi(lambda q: privacy_mse(
+            mean.qr_filter(lam, eta, q), n, 1.0, e_second, e_mean) * bessel**2, 1.0)
     psi = float(psi)
     if not (math.isfinite(psi) and psi > 0):
         raise ValueError("psi must be a finite number > 0")
-    filt = mean.qr_filter(prod, eta, psi)
-    delta = (second_moment_sensitivity(lam, n, tau_eff, eta, psi) * bessel
-             * mean.SENSITIVITY_SAFETY)
-    # |Ĝ_jk| <= filt·bessel·τ²; the grid moments are rounded once from exact sums of
+    filt = mean.qr_filter(lam, eta, psi)
+    kept = int(np.count_nonzero(filt > 0))  # F underflows to 0 only at the tail: a prefix
+    if kept == 0:
+        raise ValueError("psi is so large that every coefficient is shrunk to 0")
+    if kept < eig.size:
+        eig, filt = mean.prefix(eig, kept), filt[:kept].copy()
+    root = np.sqrt(filt)
+    delta = (second_moment_sensitivity(filt, n, tau_eff) * bessel * mean.SENSITIVITY_SAFETY)
+    # |Ĝ_jk| <= F_jF_k·bessel·τ²; the grid moments are rounded once from exact sums of
     # rounded products (2u), the two M-term projections err by γ_2M·bessel·τ² (Cauchy–
     # Schwarz per curve): well inside the bound kept from the per-row ξ (γ_M, then γ_n)
     size = bessel * tau_eff**2
-    bound = (filt * size).ravel()
+    upper = np.triu_indices(filt.size)
+    bound = np.outer(filt, filt)[upper] * size
     error = bound * (n + 2 * len(points) + 16) * 2.0**-52
-    second = noise.calibrate(np.sqrt(prod).ravel(), delta, eps_second, error, bound)
-    mean_plan = (mean.plan_iclp_mean(points, tau, n, eps_mean, kernel)
-                 if centred else None)
-    filt.setflags(write=False)
+    second = noise.calibrate(np.outer(root, root)[upper], delta, eps_second, error, bound)
     smoothing = {"method": "iclp-qr covariance", "eta": eta, "eta_rule": eta_rule, "psi": psi,
                  "psi_rule": psi_rule, "beta": kernel.beta, "components": eig.size,
+                 "filter": "F_j = lambda_j^eta/(lambda_j^eta + psi), F (x) F on the second"
+                           " moment and F on the mean",
                  "mean_share": str(mean_share) if centred else "0"}
+    mean_plan = None
+    if centred:
+        delta_mean = (mean_sensitivity(filt, n, tau_eff) * math.sqrt(bessel)
+                      * mean.SENSITIVITY_SAFETY)
+        mean_plan = mean.make_plan(
+            "iclp-qr", points, eig, n, tau, filt.copy(), root, delta_mean, eps_mean,
+            {**smoothing, "method": "iclp-qr", "noise_profile": "matched",
+             "role": "the covariance's mean: the same smoother F"})
+    filt.setflags(write=False)
     epsilons = {"second_moment": eps_second, "mean": eps_mean}
     return CovPlan(np.array(points), eig, n, tau, filt, second, mean_plan, epsilons, smoothing)

@@ -201,7 +201,7 @@ class FrlMean(StreamingFunction):
     params_schema = params.FrlMeanSchema
     description = (
         "Pure epsilon-DP mean function baseline (FRL): i.i.d. Laplace noise on the first M"
-        " eigen-coefficients of a kernel's basis, M = floor(sqrt(n)*epsilon) by default."
+        " eigen-coefficients of a kernel's basis, M minimising a data-free risk by default."
     )
 
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:
@@ -622,7 +622,7 @@ class FrlKde(StreamingFunction):
     params_schema = params.FrlKdeSchema
     description = (
         "Pure epsilon-DP density baseline (FRL): the KDE's first M eigen-coefficients with"
-        " i.i.d. Laplace noise, M = floor(sqrt(n)*epsilon) by default."
+        " i.i.d. Laplace noise, M minimising a data-free risk by default."
     )
 
     def _plan(self, p: Mapping[str, Any], epsilon: Fraction, meta: DatasetMeta) -> _Plan:

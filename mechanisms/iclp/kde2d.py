@@ -19,6 +19,7 @@ renormalising is optional post-processing.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,13 +38,70 @@ DEFAULT_GRID_SIZE = 32
 MAX_GRID_SIZE = 64
 MIN_GRID_SIZE = 8
 SENSITIVITY_SAFETY = 1.0 + 2.0**-30
-#: h = c·n^(−1/6) per axis (Remark 17's rate for d = 2), at least two grid spacings
-BANDWIDTH_CONSTANT = 0.2
+#: bandwidths tried by the default, in grid spacings per axis (a geometric ladder)
+BANDWIDTH_SPACINGS = tuple(0.5 * 2.0 ** (k / 4) for k in range(25))  # 0.5 ... 32
+#: η of the estimation kernel C^η tried by the default (β = 2: η > 1.5 is the paper's range)
+ETA_CANDIDATES = (1.25, 1.5, 2.0, 3.0)
 
 
-def default_bandwidth(n: int, grid_size: int) -> float:
-    return max(BANDWIDTH_CONSTANT * n ** (-1.0 / 6.0),
-               pss.MIN_BANDWIDTH_SPACINGS / (grid_size - 1))
+def _axis(h: float, grid_size: int) -> spectral.EigenSystem:
+    return spectral.eigen_system(Kernel("exponential", h).density(),
+                                 domain.uniform_grid(grid_size), None, spectral.REL_FLOOR, None)
+
+
+def _axis_factor(eig: spectral.EigenSystem, eta: float) -> float:
+    """max_k Σ_a λ_a^{η−½}|v_a(t_k)|: the 1-D triangle factor of Δ, rounded up."""
+    lam = eig.values
+    axis = float(np.max(np.abs(eig.vectors) @ (lam**eta / np.sqrt(lam))))
+    return axis * (1.0 + (eig.size + 4) * 2.0**-52)
+
+
+def risk(n: int, epsilon: float, grid_size: int, h: float, eta: float) -> dict[str, float]:
+    """Data-free E‖released − p‖² on the unit square for the reference densities p.
+
+    privacy: 2Δ²(tr C)²/ε² (Δ = (2/n)·axis², the plan's); estimation: the binned KDE
+    with C_h^η of a product of the references of ``pss.kde_references`` (every pair of
+    centres, averaged): ‖p − E f̂‖² + Σ_ab (λ_aλ_b)^{2η} Var(v_a(S)v_b(T))/n, which
+    factorise over the axes (E f̂ = g⊗g' with g = Σ_a λ_a^η E v_a(S) v_a).
+    """
+    eig = _axis(h, grid_size)
+    lam, v, w = eig.values, eig.vectors, eig.weights
+    delta = 2.0 / n * _axis_factor(eig, eta) ** 2
+    privacy = 2.0 * delta**2 * float(np.sum(lam)) ** 2 / epsilon**2
+    refs = pss.kde_references(eig.positions, w)  # (R, M) densities on the axis
+    mass = refs * w
+    first = mass @ v  # E v_a(S), per reference
+    second = mass @ v**2
+    lam_eta = lam**eta
+    fit = (first * lam_eta) @ v.T  # g per reference on the grid
+    a = float(np.mean((refs**2) @ w))
+    b = float(np.mean((refs * fit) @ w))
+    g = float(np.mean((fit**2) @ w))
+    bias = a * a - 2.0 * b * b + g * g
+    s2 = float(np.mean(second @ lam_eta**2))
+    s1 = float(np.mean((first**2) @ lam_eta**2))
+    sampling = (s2 * s2 - s1 * s1) / n
+    return {"privacy": privacy, "bias": bias, "sampling": sampling,
+            "total": privacy + bias + sampling}
+
+
+@functools.lru_cache(maxsize=64)
+def tune(n: int, epsilon: float, grid_size: int, eta: float | None
+         ) -> tuple[float, float, dict[str, float]]:
+    """(h, η) minimising ``risk`` over ``BANDWIDTH_SPACINGS`` × ``ETA_CANDIDATES`` (η
+    fixed when given): public inputs only. The old h = max(0.2·n^(−1/6), 2 spacings) sat
+    at its floor on the 32-point grid, so the error stopped falling with n (issue #32).
+    The risk is a(h, η)/ε² + b(h, η) on a fixed candidate set, so its minimum is
+    non-increasing in ε (a larger ε can use the smaller ε's choice)."""
+    spacing = 1.0 / (grid_size - 1)
+    best: tuple[float, float, dict[str, float]] | None = None
+    for k in BANDWIDTH_SPACINGS:
+        for e in ETA_CANDIDATES if eta is None else (eta,):
+            r = risk(n, epsilon, grid_size, k * spacing, e)
+            if best is None or r["total"] < best[2]["total"]:
+                best = (k * spacing, e, r)
+    assert best is not None
+    return best
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,7 +259,7 @@ def plan_iclp_kde2d(
 ) -> Kde2dPlan:
     """Calibrate a 2-D ICLP-QR KDE; ``bandwidth`` is a fraction of each range.
 
-    Defaults: h = max(0.2·n^(−1/6), 2 spacings), η = 1 + 2/β = 2 (exponential, β = 2),
+    Defaults: (h, η) from ``tune`` (η given: h alone; h given: η = 1 + 2/β = 2),
     m = 32 points per axis.
     """
     b = tuple((float(lo), float(hi)) for lo, hi in bounds)
@@ -212,21 +270,24 @@ def plan_iclp_kde2d(
         raise ValueError("n must be a positive integer")
     if not MIN_GRID_SIZE <= grid_size <= MAX_GRID_SIZE:
         raise ValueError(f"grid_size must be between {MIN_GRID_SIZE} and {MAX_GRID_SIZE}")
-    rule = "given" if bandwidth is not None else "auto"
-    h = default_bandwidth(n, grid_size) if bandwidth is None else float(bandwidth)
-    base = Kernel("exponential", h)
-    eta_rule = "given" if eta is not None else "auto"
-    eta = pss.default_eta(base) if eta is None else float(eta)
-    if not (math.isfinite(eta) and eta > 1.0):
+    if eta is not None and not (math.isfinite(eta) and eta > 1.0):
         raise ValueError("eta must be > 1 for the KDE (spec §7.2)")
-    eig = spectral.eigen_system(base.density(), domain.uniform_grid(grid_size), None,
-                                spectral.REL_FLOOR, None)
+    tuned: dict[str, float] | None = None
+    if bandwidth is None:
+        h, eta_value, tuned = tune(n, float(epsilon), grid_size,
+                                   None if eta is None else float(eta))
+        rule = "min-risk"
+    else:
+        rule, h = "given", float(bandwidth)
+        eta_value = pss.default_eta(Kernel("exponential", h)) if eta is None else float(eta)
+    eta_rule = "given" if eta is not None else rule if rule == "min-risk" else "auto"
+    eta = eta_value
+    base = Kernel("exponential", h)
+    eig = _axis(h, grid_size)
     lam = eig.values
     filt = np.outer(lam**eta, lam**eta)
     shape = np.sqrt(np.outer(lam, lam)).ravel()
-    # max_k Σ_a λ_a^{η−½}|v_a(t_k)|: the 1-D triangle factor, rounded up
-    axis = float(np.max(np.abs(eig.vectors) @ (lam**eta / np.sqrt(lam))))
-    axis *= 1.0 + (eig.size + 4) * 2.0**-52
+    axis = _axis_factor(eig, eta)  # max_k Σ_a λ_a^{η−½}|v_a(t_k)|, rounded up
     delta = 2.0 / n * axis * axis * SENSITIVITY_SAFETY
     vmax = np.max(np.abs(eig.vectors), axis=0)
     bound = (filt * np.outer(vmax, vmax)).ravel()
@@ -235,5 +296,11 @@ def plan_iclp_kde2d(
     filt.setflags(write=False)
     smoothing = {"method": "iclp-qr", "eta": eta, "eta_rule": eta_rule,
                  "bandwidth_rule": rule, "estimation_kernel": "C^eta (product exponential)",
-                 "beta": base.beta, "components": int(filt.size), "grid_size": grid_size}
+                 "beta": base.beta, "components": int(filt.size), "grid_size": grid_size,
+                 "bandwidth_fraction": h}
+    if tuned is not None:
+        smoothing["risk"] = {**tuned, "criterion": (
+            "min over (h, eta) of 2*Delta^2*(trC)^2/eps^2 + ||p - E f||^2 + sampling variance"
+            " of the binned KDE with C_h^eta, p products of normals of sd"
+            f" {pss.KDE_REFERENCE_SD} of each range")}
     return Kde2dPlan((b[0], b[1]), (eig, eig), n, eta, filt, calibrated, normalize, smoothing)

@@ -392,7 +392,7 @@ def _tune(kernels: tuple[Kernel, ...], points: tuple[float, ...], rel_floor: flo
     """
     etas = pss.ETA_CANDIDATES if eta is None else (eta,)
     base = eigen(kernels[0], points, rel_floor, None)
-    m = pss.frl_components(n, Fraction(epsilon), base.size)
+    m = frl_default_components(base, n, epsilon)
     frl_risk = _total(pss.qr_risk(base.values[:m], prior_share(base)[:m], n, epsilon, tau,
                                   1.0, 0.0, "matched"))
     # FRL on the mean √κτ·b_i (i <= M) with no spread: no bias, privacy 8τ²M²/(nε)²
@@ -482,13 +482,14 @@ def plan_frl_mean(
 ) -> MeanPlan:
     """Calibrate an FRL mean release on the first M eigenfunctions of ``kernel``.
 
-    M defaults to min(J, max(1, ⌊√n·ε⌋)) (PSS, spec §3.2).
+    M defaults to ``frl_default_components`` (min-risk; the paper's ⌊√n·ε⌋ is
+    ``pss.frl_components``, given explicitly as ``components``).
     """
     points, tau = domain.validate_functional_meta(grid, tau)
     check_n_eps(n, epsilon)
     eig = eigen(kernel, points, rel_floor, None)
     rule = "given" if components is not None else "auto"
-    m = pss.frl_components(n, Fraction(epsilon), eig.size) if components is None else components
+    m = frl_default_components(eig, n, epsilon) if components is None else components
     if not 1 <= m <= eig.size:
         raise ValueError(f"components must be between 1 and {eig.size} (the retained"
                          " eigenfunctions of the basis kernel on this grid)")
@@ -497,6 +498,13 @@ def plan_frl_mean(
     smoothing = {"method": "frl", "components": m, "components_rule": rule}
     return make_plan("frl", points, eig, n, tau, np.ones(m), np.ones(m),
                  delta * SENSITIVITY_SAFETY, epsilon, smoothing)
+
+
+def frl_default_components(eig: spectral.EigenSystem, n: int, epsilon: float | Fraction
+                           ) -> int:
+    """FRL's default M on ``eig``: ``pss.frl_min_risk_components`` under the reference
+    class of ``prior_share`` (the risk ``_tune`` reports as FRL's)."""
+    return pss.frl_min_risk_components(prior_share(eig), n, epsilon)
 
 
 def iclp_mean(

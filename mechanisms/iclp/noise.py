@@ -181,6 +181,15 @@ def discrete_laplace_variance(scales: ArrayLike) -> NDArray[np.float64]:
     return out
 
 
+def discrete_laplace_fourth_moment(scales: ArrayLike) -> NDArray[np.float64]:
+    """E X⁴ = 2p(1 + 10p + p²)/(1 − p)⁴ for the discrete Laplace with p = e^(−1/s)."""
+    s = np.asarray(scales, dtype=np.float64)
+    p = np.exp(-1.0 / s)
+    q = -np.expm1(-1.0 / s)
+    out: NDArray[np.float64] = 2.0 * p * (1.0 + 10.0 * p + p * p) / q**4
+    return out
+
+
 def privacy_mse(sensitivity: float, epsilon: float, eigenvalues: ArrayLike) -> float:
     """Continuous-ICLP privacy MSE 2Δ²·tr C/ε² (spec Thm 14), the lattice-free reference."""
     return 2.0 * sensitivity**2 * float(np.sum(eigenvalues)) / float(epsilon) ** 2

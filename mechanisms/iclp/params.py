@@ -46,7 +46,8 @@ MAX_PSI = 1e6
 
 class NumberOrChoice(fields.Field):
     """A finite number in (low, high] ([low, high] if ``closed``), or one of a few
-    keywords (e.g. ``"auto"``)."""
+    keywords (e.g. ``"auto"``). Its JSON schema says both (``anyOf``), so the catalog,
+    the OpenAPI document and the console's forms type it like any other field."""
 
     default_error_messages = {  # noqa: RUF012 - marshmallow's own convention
         "invalid": "Must be a number in {left}{low:g}, {high:g}] or one of: {choices}.",
@@ -56,6 +57,10 @@ class NumberOrChoice(fields.Field):
                  closed: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.low, self.high, self.choices, self.closed = low, high, choices, closed
+        number = {"type": "number", "minimum": low, "maximum": high,
+                  **({} if closed else {"exclusiveMinimum": True})}
+        self.metadata = {"anyOf": [number, {"type": "string", "enum": list(choices)}],
+                         **self.metadata}
 
     def _deserialize(
         self, value: Any, attr: str | None, data: Mapping[str, Any] | None, **kwargs: Any
@@ -178,7 +183,9 @@ class FrlMeanSchema(Strict):
         "description": D_NOISE_KERNEL})
     components = NumberOrChoice(0.0, float(MAX_GRID_POINTS), ("auto",), metadata={
         "description": "M, the number of leading eigen-coefficients released, a whole number; "
-                       "omitted or auto: floor(sqrt(n) * epsilon)"})
+                       "omitted or auto: the M minimising a data-free risk (privacy error + "
+                       "bias and sampling error for a reference smooth mean); the paper's "
+                       "floor(sqrt(n) * epsilon) must be given"})
 
     @validates_schema
     def _check_components(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -283,7 +290,8 @@ class FrlKdeSchema(Strict):
         "description": D_DENSITY_KERNEL})
     components = NumberOrChoice(0.0, float(MAX_KDE_GRID), ("auto",), metadata={
         "description": "M, the number of leading eigen-coefficients of the KDE released, a whole "
-                       "number; omitted or auto: floor(sqrt(n) * epsilon)"})
+                       "number; omitted or auto: the M minimising a data-free risk (privacy "
+                       "error + bias and sampling error for reference normal densities)"})
     normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
         "description": D_NORMALIZE})
 

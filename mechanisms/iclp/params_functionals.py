@@ -130,10 +130,12 @@ class IclpKde2dSchema(Strict):
                        "(default 32)"})
     bandwidth = NumberOrChoice(0.0, MAX_RHO, ("auto",), metadata={
         "description": "the exponential kernel's bandwidth per axis, as a fraction of each "
-                       "declared range; omitted or auto: max(0.2 n^(-1/6), 2 grid spacings)"})
+                       "declared range; omitted or auto: with eta, the minimiser of a data-free "
+                       "risk (privacy error + bias and sampling error for reference normal "
+                       "densities) from n, epsilon and the grid"})
     eta = NumberOrChoice(0.0, MAX_ETA, ("auto",), metadata={
         "description": "the power eta of the estimation kernel C^eta, above 1; omitted or auto: "
-                       "1 + 2/beta"})
+                       "tuned with the bandwidth (1 + 2/beta when the bandwidth is given)"})
     normalize = fields.Boolean(truthy={True}, falsy={False}, metadata={
         "description": D_NORMALIZE})
 

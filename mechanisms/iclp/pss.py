@@ -53,6 +53,32 @@ def frl_components(n: int, epsilon: Fraction, available: int) -> int:
     return min(available, max(1, root))
 
 
+def frl_risk(prior_share: ArrayLike, n: int, epsilon: float | Fraction
+             ) -> NDArray[np.float64]:
+    """R(M)/τ² for M = 1..J: FRL's data-free risk under the reference class of ``qr_risk``.
+
+    8M²/(nε)² (its exact privacy error, Δ₁ = 2τ√M/n) + κ·(1 − Σ_{j<=M} p_j) (the energy
+    of the reference mean outside the first M components) + Σ_{j<=M} p_j/n (sampling).
+    """
+    p = np.cumsum(np.asarray(prior_share, dtype=np.float64))
+    m = np.arange(1, p.size + 1, dtype=np.float64)
+    out: NDArray[np.float64] = (8.0 * m**2 / (n * float(epsilon)) ** 2
+                                + PRIOR_ENERGY * np.maximum(0.0, 1.0 - p) + p / n)
+    return out
+
+
+def frl_min_risk_components(prior_share: ArrayLike, n: int, epsilon: float | Fraction) -> int:
+    """FRL's default M: the argmin of ``frl_risk`` (the first of ties), public inputs only.
+
+    The paper's M = ⌊√n·ε⌋ (``frl_components``) keeps FRL's privacy error near 8τ²/n at
+    every ε, so a larger ε bought more components whose noise outweighed their bias on a
+    smooth mean: at n = 500 the error rose with ε (issue #32). R(M, ε) = a(M)/ε² + b(M)
+    with a increasing in M, so the minimiser is non-decreasing in ε and the minimum is
+    non-increasing: a larger ε can always use the smaller ε's M at less privacy error.
+    """
+    return int(np.argmin(frl_risk(prior_share, n, epsilon))) + 1
+
+
 def kde_bandwidth(n: int, grid_size: int) -> float:
     """h = 0.2·n^(−1/5) on [0, 1] (Remark 17's rate), at least two grid spacings."""
     return max(BANDWIDTH_CONSTANT * n ** (-0.2), MIN_BANDWIDTH_SPACINGS / (grid_size - 1))
@@ -272,6 +298,19 @@ KDE_BANDWIDTH_FACTORS = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
 KDE_ETA_CANDIDATES = (1.05, 1.2, 1.5, 2.0, 3.0)
 #: the reference density's roughness: a normal of this sd (fraction of the declared range)
 KDE_REFERENCE_SD = 0.1
+#: centres of the reference normals of the FRL-KDE and 2-D KDE defaults (one centre
+#: would favour the symmetric eigenfunctions)
+KDE_REFERENCE_CENTRES = (0.3, 0.4, 0.5, 0.6, 0.7)
+
+
+def kde_references(positions: ArrayLike, weights: ArrayLike) -> NDArray[np.float64]:
+    """The reference densities on a grid of [0, 1], one row per centre, each integrating
+    to 1 under ``weights`` (public: no data)."""
+    t = np.asarray(positions, dtype=np.float64)
+    centres = np.array(KDE_REFERENCE_CENTRES)[:, None]
+    out: NDArray[np.float64] = np.exp(-0.5 * ((t[None, :] - centres) / KDE_REFERENCE_SD) ** 2)
+    out /= (out @ np.asarray(weights, dtype=np.float64))[:, None]
+    return out
 
 
 def kde_amise(n: int, bandwidth: float) -> float:

@@ -10,26 +10,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from mechanisms.base import (
     Analysis,
     Budget,
     ColumnMeta,
     DatasetMeta,
-    Mechanism,
     MechanismInputError,
     Output,
+    RecordMechanism,
     ReleaseView,
     Work,
+    batch_columns,
 )
 from mechanisms.interval import categorical, schemas
 from mechanisms.interval.entries import LEDGER_UNIT, MEASURE, PRIVACY_UNIT, read_leakage
+from mechanisms.statistics import Batch, Partial, Statistic
 
 NAME = "interval.progressive_categorical"
+#: bytes per row of a privatized batch, per round and category: a float64 key, the
+#: asked mask, two int64 argsort ranks (``categorical.ProgressiveCategorical.run``)
+_DRAW_BYTES = 24.0
 
 
 def _column(params: Mapping[str, Any], meta: DatasetMeta) -> ColumnMeta:
@@ -69,10 +76,17 @@ def _statement(column: ColumnMeta, rounds: int) -> dict[str, Any]:
     }
 
 
-class ProgressiveCategoricalMechanism(Mechanism):
+class ProgressiveCategoricalMechanism(RecordMechanism):
+    """Each record's questions drawn on its own: a row map whose model is the design."""
+
     #: measured memory (``mechanisms.memory``): bytes per row beyond the loaded columns
     row_bytes = 872.0
     fixed_bytes = 4 * 2**20
+    #: a row map's (``map_bytes``): per row of its table, 32 bytes and 16 a round; per
+    #: row of a batch privatized at once, ``_DRAW_BYTES`` per round and category; the
+    #: fixed part
+    map_row_bytes = 32.0
+    map_fixed_bytes = 4 * 2**20
     record_level = True  # one output per record: the dataset's opt-in
 
     def charged_columns(self, params: Mapping[str, Any]) -> tuple[str, ...]:
@@ -105,31 +119,48 @@ class ProgressiveCategoricalMechanism(Mechanism):
                  ) -> dict[str, Any]:
         return _statement(_column(params, meta), params["rounds"])
 
-    def run(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any], cost: Budget,
-            meta: DatasetMeta, rng: np.random.Generator) -> Output:
+    def map_bytes(self, params: Mapping[str, Any], meta: DatasetMeta) -> tuple[float, float]:
+        rounds, k = int(params["rounds"]), len(_column(params, meta).categories or ())
+        return self.map_row_bytes + 16.0 * rounds, _DRAW_BYTES * rounds * k
+
+    def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
+            meta: DatasetMeta, rng: np.random.Generator) -> categorical.ProgressiveCategorical:
+        """The design: public (the categories and the rounds), after the charge's check."""
         column = _column(params, meta)
         k = len(column.categories or ())
-        charged = read_leakage(cost, column.name, self.name)
-        if _charge(k, params["rounds"]) > charged:
+        if _charge(k, params["rounds"]) > read_leakage(cost, column.name, self.name):
             raise MechanismInputError(f"budget.{MEASURE}", "the cost does not cover this design")
-        raw = np.asarray(data[column.name])
-        if raw.ndim != 1 or raw.shape[0] != meta.n_rows:
-            raise ValueError(f"column {column.name!r} does not have n_rows entries")
-        codes = np.where((raw >= 0) & (raw < k), raw, 0).astype(np.int64)  # as clean() does
-        design = categorical.ProgressiveCategorical(k, params["rounds"])
-        release = design.release(codes, rng)
-        uniform = np.full(k, 1.0 / k)
-        table = release.table(uniform)
+        return categorical.ProgressiveCategorical(k, params["rounds"])
+
+    def privatize(self, rows: Mapping[str, np.ndarray], start: int,
+                  params: Mapping[str, Any], cost: Budget, meta: DatasetMeta, model: Any,
+                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Each record's questions from its own keys (rounds x k uniforms, in row order):
+        the table's columns are the rounds' (public), whatever the rows."""
+        design: categorical.ProgressiveCategorical = model
+        raw = batch_columns(rows, [params["column"]])[params["column"]]
+        codes = np.where((raw >= 0) & (raw < design.k), raw, 0).astype(np.int64)  # as clean()
+        return design.release(codes, rng).table(np.full(design.k, 1.0 / design.k))
+
+    def summary(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                model: Any) -> Statistic:
+        return _Rounds(model.rounds)
+
+    def describe(self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta,
+                 model: Any, released: Partial | None) -> Output:
+        column = _column(params, meta)
+        assert released is not None
         statement = _statement(column, params["rounds"])
+        names = list(self.privatize({column.name: np.zeros(0, np.int64)}, 0, params, cost,
+                                    meta, model, np.random.default_rng(0)))  # no rows, no draw
         result = {
-            "n": release.n, "column": column.name, "mechanism": self.name,
+            "n": released.rows, "column": column.name, "mechanism": self.name,
             "categories": list(column.categories or ()),
             "design": statement["design"],
             "expected_coverage_uniform": statement["expected_coverage_uniform"],
             "leakage_charged": statement["leakage_charged"],
-            "rounds_histogram": np.bincount(release.rounds,
-                                            minlength=params["rounds"] + 1).tolist(),
-            "columns": list(table),
+            "rounds_histogram": list(released.parts["rounds"]),
+            "columns": names,
             "convention": (
                 "set_mask: bit c set iff category c (0-based, in the column's order) is still"
                 " feasible; asked_h: the options of round h's question (0 once stopped);"
@@ -143,7 +174,26 @@ class ProgressiveCategoricalMechanism(Mechanism):
             f" restricted to the set; leakage {statement['leakage_charged']:.6g} charged to"
             f" {MEASURE}:{column.name}, the worst case over priors (additive across"
             f" releases, Thm 4); {PRIVACY_UNIT}; prior-relative, not epsilon-DP")
-        return Output(result=result, accuracy=statement, guarantee=guarantee, table=table)
+        return Output(result=result, accuracy=statement, guarantee=guarantee)
+
+
+@dataclass(frozen=True)
+class _Rounds(Statistic):
+    """How many released records answered each number of rounds (0 .. ``rounds``):
+    the result's histogram, exact from any partitions."""
+
+    rounds: int
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("rounds",)
+
+    def sizes(self) -> Mapping[str, int]:
+        return {"rounds": self.rounds + 1}
+
+    def reduce(self, chunk: Batch) -> Mapping[str, NDArray[np.int64]]:
+        return {"rounds": np.bincount(np.asarray(chunk["rounds"], dtype=np.int64),
+                                      minlength=self.rounds + 1).astype(np.int64)}
 
 
 class CategoriesAnalysis(Analysis):

@@ -331,6 +331,16 @@ class IntervalMechanism:
         return self.partition.dims
 
     @property
+    def piece_width(self) -> int:
+        """The most pieces of a released range, from the design alone: the partition's
+        cells, doubled by an even transform's two preimages and again by an exact range
+        cut out of each piece. A row map pads every record to it (``Pieces.padded``), so
+        a table's columns never depend on which ranges the rows drew."""
+        cells = self.partition.cell(np.zeros((0, self.dims)), np.zeros(0, np.int64)).width
+        even = 2 if self.transform.name in ("square", "abs") else 1
+        return cells * even * (2 if self.exact_range is not None else 1)
+
+    @property
     def m(self) -> int:
         return self.partition.m
 
@@ -438,6 +448,10 @@ class Selective:
     @property
     def dims(self) -> int:
         return self.base.dims
+
+    @property
+    def piece_width(self) -> int:
+        return self.base.piece_width
 
     def release_with_w(self, y: ArrayLike, rng: np.random.Generator) -> tuple[Release, FloatArray]:
         """The release and the (unreleased) W draws, for ignorability checks."""
@@ -565,6 +579,11 @@ class Progressive:
     @property
     def dims(self) -> int:
         return self.rounds + 1
+
+    @property
+    def piece_width(self) -> int:
+        """One interval per record."""
+        return 1
 
     def run(self, y: FloatArray, uniforms: FloatArray) -> Release:
         """Deterministic given the per-round uniforms (n, rounds), drawn without seeing y."""

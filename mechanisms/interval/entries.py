@@ -63,9 +63,13 @@ from mechanisms.interval.designs import (
 from mechanisms.interval.priors import Prior, column_prior
 from mechanisms.interval.ranges import Law
 from mechanisms.interval.transforms import PushforwardLaw, Transform
-from mechanisms.statistics import SCALE, Batch, Partial, Statistic, compute, float_sums
+from mechanisms.statistics import SCALE, Batch, Partial, Statistic, float_sums
 
 MEASURE = "interval_leakage"
+#: a row map's bytes per row for each piece column beyond its design's measured width:
+#: the column's four table arrays and the piece arithmetic's transients (64 measured by
+#: ``tests/memory_probe.py`` for square with an exact range: three more columns)
+PIECE_BYTES = 96.0
 #: ledger unit of the measure (service/budget.py): charges are rounded up to it
 LEDGER_UNIT = LEDGER_UNITS[MEASURE]
 #: calibration searches anchor scales in this range, in units of the prior's SD
@@ -122,10 +126,17 @@ def _charge(estimate: Estimate) -> Fraction:
 
 # --------------------------------------------------------------------------- resolution
 
+#: the designs ``plan`` resolves (each entry's ``kind``)
+KINDS = ("case1", "case2", "casek", "ring", "selective", "progressive")
+
 
 def plan(kind: str, params: Mapping[str, Any], meta: DatasetMeta,
          target: Fraction | None = None) -> Plan:
-    """Resolve params against the metadata (cached: cost, accuracy and run agree)."""
+    """Resolve params against the metadata (cached: cost, accuracy and run agree). An
+    unknown ``kind`` is refused: the resolution below would otherwise read it as Case I."""
+    if kind not in KINDS:
+        raise MechanismInputError(
+            "kind", f"unknown interval design {kind!r}; known: {', '.join(KINDS)}")
     column = meta.column(params["column"])
     key = json.dumps(
         {"params": params, "column": [column.name, column.type, column.bounds, column.prior]},
@@ -589,12 +600,13 @@ class Interval(RecordMechanism):
     ]:
         return _accuracy(self._plan(params, cost, meta))
 
-    def mappable(self, params: Mapping[str, Any], meta: DatasetMeta) -> bool:
-        """Not when the table's width follows the rows: an even transform (square, abs)
-        or an exact range drops the piece columns no record uses (``Pieces.trimmed``), so
-        partitions could differ in their columns; those read whole columns."""
-        return params.get("transform", "identity") not in ("square", "abs") and not \
-            params.get("exact_range")
+    def map_bytes(self, params: Mapping[str, Any], meta: DatasetMeta) -> tuple[float, float]:
+        """The measured figure (untransformed designs) plus ``PIECE_BYTES`` for each piece
+        column an even transform or an exact range adds (``piece_width``, from params)."""
+        ring = self.kind == "ring" or (self.kind == "selective" and params.get("base") == "ring")
+        factor = (2 if params.get("transform", "identity") in ("square", "abs") else 1) * (
+            2 if params.get("exact_range") else 1)
+        return self.map_row_bytes + PIECE_BYTES * (2 if ring else 1) * (factor - 1), 0.0
 
     def fit(self, params: Mapping[str, Any], partial: Partial | None, cost: Budget,
             meta: DatasetMeta, rng: np.random.Generator) -> Plan:
@@ -608,6 +620,8 @@ class Interval(RecordMechanism):
         p: Plan = model
         y = clean(batch_columns(rows, [p.column])[p.column], p.prior.support, p.fill)
         release = p.design.release(y, rng)
+        # the design's width, not the rows': every partition's table has the same columns
+        release = dataclasses.replace(release, pieces=release.pieces.padded(p.design.piece_width))
         table = release.table(p.prior)
         if isinstance(p.design, Selective):
             # a null is not a restricted prior: show the coverage its charge counts
@@ -657,19 +671,6 @@ class Interval(RecordMechanism):
             result["rounds_histogram"] = list(released.parts["rounds"])
         return Output(result=result, accuracy=_accuracy(p), guarantee=_guarantee(p))
 
-
-    def run_whole(self, data: Mapping[str, np.ndarray], params: Mapping[str, Any],
-                  cost: Budget, meta: DatasetMeta, rng: np.random.Generator) -> Output:
-        """One partition of all rows (its table's columns are then the release's)."""
-        p = self._plan(params, cost, meta)
-        raw = np.asarray(data[p.column])
-        if raw.ndim != 1 or raw.shape[0] != meta.n_rows:
-            raise ValueError(f"column {p.column!r} does not have n_rows entries")
-        table = self.privatize({p.column: raw}, 0, params, cost, meta, p, rng)
-        released = compute(self.summary(params, cost, meta, p), [table])[1]
-        output = self.describe(params, cost, meta, p, released)
-        return dataclasses.replace(output, result={**output.result, "columns": list(table)},
-                                   table=table)
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,19 @@ class Pieces:
         # a piece entirely left of a (or right of b) survives as ``lower`` (``upper``) alone
         return Pieces.concat([lower, upper]).normalized().trimmed()
 
+    def padded(self, width: int) -> Pieces:
+        """Empty columns (NaN, open) appended up to ``width``: a normalized range's
+        columns to a width fixed by public inputs (what ``trimmed`` dropped)."""
+        extra = width - self.width
+        if extra < 0:
+            raise ValueError(f"{self.width} piece columns exceed the width {width}")
+        if extra == 0:
+            return self
+        nan = np.full((self.n, extra), np.nan)
+        shut = np.zeros((self.n, extra), bool)
+        return Pieces(np.hstack([self.left, nan]), np.hstack([self.right, nan]),
+                      np.hstack([self.left_closed, shut]), np.hstack([self.right_closed, shut]))
+
     def trimmed(self) -> Pieces:
         """Drop columns that are empty in every row."""
         keep = ~np.all(self.empty(), axis=0)

@@ -11,7 +11,7 @@ from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import mechanisms
-from service import policy, wiring
+from service import wiring
 from service.api import apidocs, inputs, manual, observability, openapi, problems, ratelimit
 from service.api.schemas import ProblemSchema
 from service.config import Config
@@ -100,11 +100,7 @@ def create_app(config: Config | None = None) -> Flask:
         # client address and scheme from X-Forwarded-For/-Proto set by that many proxies
         n = config.trusted_proxies
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=n, x_proto=n)  # type: ignore[method-assign]
-    services = wiring.build(config, "api")
-    app.extensions[wiring.EXTENSION] = services
-    # datasets from before notions and record-level releases were opt-in: written down
-    # (idempotent, a compare-and-set per dataset, so every worker process may run it)
-    policy.migrate_at_startup(services.client, services.ledger, "API")
+    app.extensions[wiring.EXTENSION] = wiring.build(config, "api")
     observability.init_app(app)  # first: its request id and timer precede the limiter
     ratelimit.init_app(app)
     inputs.init_app(app)  # after the limiter: hostile bodies count against the key

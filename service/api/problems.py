@@ -105,11 +105,10 @@ def _from_unavailable(err: Exception) -> Response:
     to retry, not a 500 to page someone.
 
     Logged as a warning with the error type only (the message names hosts). Nothing
-    is half-written: every ledger step is one transaction (or, on the Valkey store, one
-    Lua script) that ran whole or not at all, an upload removes its files when its
-    registration fails, and a reservation whose job could not be queued is refunded at
-    once, or, when the record went away before the refund, stays in the outbox and runs
-    (``service.releases.sweeper``).
+    is half-written: every ledger step is one transaction that ran whole or not at
+    all, an upload removes its files when its registration fails, and a reservation
+    whose job could not be queued is refunded at once, or, when the record went away
+    before the refund, stays in the outbox and runs (``service.releases.sweeper``).
     """
     log.warning("store unavailable", extra={"error_type": type(err).__name__})
     return _retry_later(problem(503, "unavailable",

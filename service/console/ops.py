@@ -19,6 +19,7 @@ from flask import g
 
 from service.api import auth, problems
 from service.api.problems import APIError
+from service.errors import ServiceError
 
 
 def role_of(view: Callable[..., Any]) -> str:
@@ -40,10 +41,19 @@ def check(view: Callable[..., Any]) -> None:
 
 
 def call(view: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run the API operation ``view`` for the signed-in key; APIError as the API raises."""
+    """Run the API operation ``view`` for the signed-in key; APIError as the API raises.
+    A domain refusal (``service.errors``: an exhausted budget, a retired dataset) comes as
+    the APIError of the same answer, so a page shows it on its form as it shows the
+    edge's own errors, not as the API's JSON."""
     check(view)
     body = inspect.unwrap(view)
-    return body(*args, **kwargs)
+    try:
+        return body(*args, **kwargs)
+    except APIError:
+        raise
+    except ServiceError as err:
+        raise APIError(err.status, err.detail, code=err.code, field=err.field,
+                       **err.extra) from err
 
 
 def load(schema: marshmallow.Schema, data: Mapping[str, Any]) -> Any:

@@ -159,8 +159,15 @@ def page(view: Callable[..., Any]) -> Callable[[Page], Page]:
     return decorator
 
 
+#: the amounts an exhausted budget's answer names, shown with its detail on the form
+_AMOUNTS = ("measure", "requested", "remaining")
+
+
 def _form_error(err: APIError) -> dict[str, Any]:
-    return {"detail": err.detail, "field": err.field, "status": err.status}
+    """The error shown on a form: the API's detail and field, and for an exhausted budget
+    the measure with the amounts requested and remaining (public budget figures)."""
+    return {"detail": err.detail, "field": err.field, "status": err.status,
+            **{k: err.extra[k] for k in _AMOUNTS if k in err.extra}}
 
 
 def _image(figure: Any, fmt: str) -> Response:
@@ -595,10 +602,17 @@ def cancel_job(release_id: str) -> BaseResponse:
 
 # -- mechanisms, estimates and requests ------------------------------------------------
 
+def _choices(prop: dict[str, Any]) -> list[Any]:
+    """The keywords a "number or keyword" parameter also takes (its ``anyOf``'s enum)."""
+    return [v for branch in prop.get("anyOf") or [] for v in branch.get("enum") or []]
+
+
 def _field_kind(prop: dict[str, Any]) -> str:
     """How the form asks for a parameter, from its JSON schema."""
     if "enum" in prop:
         return "enum"
+    if _choices(prop):
+        return "number or " + " / ".join(str(v) for v in _choices(prop))
     kind = prop.get("type")
     if kind in {"boolean", "integer", "number", "string"}:
         return str(kind)
@@ -613,7 +627,8 @@ def _fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
     for name, prop in (schema.get("properties") or {}).items():
         default = prop.get("default")
         out.append({"name": name, "kind": _field_kind(prop), "required": name in required,
-                    "enum": prop.get("enum") or [], "description": prop.get("description", ""),
+                    "enum": prop.get("enum") or [], "choices": _choices(prop),
+                    "description": prop.get("description", ""),
                     "default": "" if default is None else
                     (json.dumps(default) if isinstance(default, dict | list) else
                      str(default).lower() if isinstance(default, bool) else str(default))})
@@ -639,6 +654,8 @@ def _params(fields: list[dict[str, Any]]) -> dict[str, Any]:
                 params[spec["name"]] = [s.strip() for s in raw.split(",") if s.strip()]
             elif spec["kind"] == "json":
                 params[spec["name"]] = json.loads(raw)
+            elif spec["kind"].startswith("number or "):  # a keyword as typed, else a number
+                params[spec["name"]] = raw if raw in spec["choices"] else float(raw)
             else:
                 params[spec["name"]] = raw
         except ValueError:

@@ -104,13 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 0 if a worker on this host is alive, else 1 (container probes)")
     p.set_defaults(func=_worker)
 
-    p = sub.add_parser("migrate-outputs", help=MIGRATE_HELP, description=MIGRATE_HELP)
-    p.add_argument("--batch", type=int, default=500, help="releases read per round trip")
-    p.set_defaults(func=_migrate_outputs)
-
-    p = sub.add_parser("migrate-policy", help=POLICY_HELP, description=POLICY_HELP)
-    p.set_defaults(func=_migrate_policy)
-
     p = sub.add_parser("migrate-from-valkey", help=FROM_VALKEY_HELP,
                        description=FROM_VALKEY_HELP)
     p.set_defaults(func=_migrate_from_valkey)
@@ -175,53 +168,6 @@ def _db_current(args: argparse.Namespace) -> int:
     return 0
 
 
-POLICY_HELP = ("record the implicit policy of datasets registered before notions and"
-               " record-level releases were opt-in (all notions, record-level releases,"
-               " legacy allocations), with a policy audit event each; idempotent (the API"
-               " and workers also run it at start-up)")
-
-
-def _migrate_policy(args: argparse.Namespace) -> int:
-    """Run ``service.policy.migrate`` against PRIVRELEASE_REDIS_URL; safe while the
-    service runs (a compare-and-set per dataset)."""
-    from service import budget, policy, wiring
-    from service.storage.ledger import Ledger
-
-    svc = wiring.build(Config.from_env(), "worker")
-    if not isinstance(svc.ledger, Ledger):
-        print("nothing to migrate: on PostgreSQL every dataset has its policy written down")
-        return 0
-    done = policy.migrate(svc.client, svc.ledger)
-    print(f"recorded the legacy policy of {len(done.datasets)} dataset(s)"
-          + "".join(f"; {d}: allocations of {', '.join(k)} marked legacy"
-                    for d, k in sorted(done.legacy_allocations.items()))
-          + "".join(f"; {d}: interval charges raised to the additive rule by "
-                    + ", ".join(f"{m} {budget.display(m, n):g}" for m, n in sorted(added.items()))
-                    for d, added in sorted(done.recharged.items())))
-    return 0
-
-
-MIGRATE_HELP = ("move the documents of finished releases (request, result) and analyses'"
-                " results still held in Valkey to the output store on disk")
-
-
-def _migrate_outputs(args: argparse.Namespace) -> int:
-    """Run ``service.storage.release_documents.migrate`` against PRIVRELEASE_REDIS_URL and
-    the data folder (the same shared folder the API and workers use); safe while the
-    service runs."""
-    from service.config import Config
-    from service.storage import rkeys
-    from service.storage.release_documents import DocumentStore, migrate
-
-    config = Config.from_env()
-    client = rkeys.connect(config.require_redis_url())
-    done = migrate(client, DocumentStore(config.releases_dir), batch=max(args.batch, 1))
-    print(f"moved {done.releases} release(s) and {done.analyses} analysis result(s) to"
-          f" {config.releases_dir}; {done.skipped} release(s) left (not finished, or"
-          " changed meanwhile: run again)")
-    return 0
-
-
 FROM_VALKEY_HELP = ("move the record of a deployment on the Valkey store (datasets, ledgers,"
                     " releases, audit events, replays, the outbox, live Idempotency-Keys,"
                     " API keys, console sessions, analyses)"
@@ -231,17 +177,17 @@ FROM_VALKEY_HELP = ("move the record of a deployment on the Valkey store (datase
 
 
 def _migrate_from_valkey(args: argparse.Namespace) -> int:
-    """Upgrade the schema, record the legacy policy on Valkey (``service.policy``), then
-    ``service.storage.valkey_migration.migrate``; refuses while a worker is live."""
+    """Upgrade the schema, ``service.storage.valkey_migration.migrate``, then write down
+    the legacy policy of the datasets moved (``service.policy.migrate``); refuses while a
+    worker is live."""
     from service import policy
     from service.config import Config
     from service.releases.queue import live_workers
     from service.storage import database, rkeys
-    from service.storage.event_archive import AuditArchive
-    from service.storage.ledger import Ledger
     from service.storage.pg_ledger import PgLedger
     from service.storage.release_documents import DocumentStore
     from service.storage.valkey_migration import migrate
+    from service.storage.valkey_store import ValkeyRecord
 
     config = Config.from_env()
     url = config.require_database_url()
@@ -251,12 +197,12 @@ def _migrate_from_valkey(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     docs = DocumentStore(config.releases_dir)
-    source = Ledger(client, documents=docs, audit=AuditArchive(config.audit_dir))
     database.upgrade(url)
-    policy.migrate(client, source)  # the legacy policy written down before it moves
     pool = database.connect(url)
     try:
-        done = migrate(source, PgLedger(pool, config.lease_seconds, documents=docs))
+        target = PgLedger(pool, config.lease_seconds, documents=docs)
+        done = migrate(ValkeyRecord(client, docs, config.audit_dir), target)
+        written = policy.migrate(target, done.datasets)
     finally:
         pool.close()
     print(f"moved {len(done.datasets)} dataset(s) with {done.releases} release(s) and"
@@ -266,6 +212,8 @@ def _migrate_from_valkey(args: argparse.Namespace) -> int:
           f" {len(done.skipped)} dataset(s) already in PostgreSQL left as they were."
           + (f" {done.orphan_analyses} analys(es) of releases not in PostgreSQL left"
              " behind." if done.orphan_analyses else "")
+          + (f" Recorded the legacy policy of {len(written.datasets)} dataset(s)."
+             if written.datasets else "")
           + " Start the service with PRIVRELEASE_DATABASE_URL set.")
     return 0
 
@@ -273,8 +221,6 @@ def _migrate_from_valkey(args: argparse.Namespace) -> int:
 SERVER_COMMANDS = {"standalone": STANDALONE_HELP,
                    "api": "serve the HTTP API with gunicorn",
                    "worker": "run a Celery worker",
-                   "migrate-outputs": MIGRATE_HELP,
-                   "migrate-policy": POLICY_HELP,
                    "migrate-from-valkey": FROM_VALKEY_HELP,
                    "db": DB_HELP}
 

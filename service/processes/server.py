@@ -92,6 +92,7 @@ def options(host: str, port: int, workers: int, fd: int | None = None) -> dict[s
 
 def serve(config: Config, host: str, port: int, workers: int, fd: int | None = None) -> None:
     config.require_redis_url()
+    config.require_database_url()  # before gunicorn: one message, not one per worker
     if config.bootstrap_key:  # registered once; a restart keeps the same record
         # (its own connections, closed before gunicorn forks)
         with wiring.key_store(config) as keys:

@@ -45,10 +45,9 @@ from service.processes.postgres import EmbeddedPostgres
 from service.processes.valkey import EmbeddedValkey
 from service.storage import database, objects, rkeys, valkey_migration
 from service.storage.dataset_files import DatasetStore
-from service.storage.event_archive import AuditArchive
-from service.storage.ledger import Ledger
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import DocumentStore
+from service.storage.valkey_store import ValkeyRecord
 
 #: first restart delay (seconds); doubled on each restart still inside the window
 BACKOFF = 0.5
@@ -165,12 +164,12 @@ class Standalone:
         if not valkey_migration.pending(client):
             return
         docs = DocumentStore(self.config.releases_dir)
-        source = Ledger(client, documents=docs, audit=AuditArchive(self.config.audit_dir))
-        policy.migrate(client, source)
+        source = ValkeyRecord(client, docs, self.config.audit_dir)
         pool = database.connect(database_url)
         try:
-            done = valkey_migration.migrate(
-                source, PgLedger(pool, self.config.lease_seconds, documents=docs))
+            target = PgLedger(pool, self.config.lease_seconds, documents=docs)
+            done = valkey_migration.migrate(source, target)
+            policy.migrate(target, done.datasets)  # as the old processes did at start-up
         finally:
             pool.close()
         _say(f"moved the Valkey record into PostgreSQL: {len(done.datasets)} dataset(s),"

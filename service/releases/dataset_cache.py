@@ -13,7 +13,7 @@ POST would refuse on it is judged again on a fresh read (``submit``), so a new v
 a new cap or a reactivated dataset is seen at once.
 
 Only the API's POST uses it; estimates (no reservation to check them) and pricing jobs
-read fresh. A store that cannot compute a stamp (the Valkey store: ``''``) is never
+read fresh. A store that cannot compute a stamp (``''``) is never
 cached.
 """
 

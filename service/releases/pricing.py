@@ -399,7 +399,7 @@ def estimate(ledger: Store, prepared: Prepared, key_id: str) -> dict[str, Any]:
     """A dry run's answer: cost, accuracy, what this key may still spend of each measure
     and whether the cost fits. What is left is the dataset's remainder, or the key's
     allocation's if smaller; a listed allocation allows none of a measure it does not
-    list (reserve.lua)."""
+    list (``Store.reserve``)."""
     rows, allocations = ledger.budget(prepared.dataset["id"])
     mine = allocations.get(key_id, {})
     rule = ledger.allocation_scopes(prepared.dataset["id"]).get(key_id)
@@ -526,7 +526,7 @@ def check_measures(named: set[str], measures: Any) -> None:
     dataset's budgets do not name: no measure has a default cap (DESIGN §3). A measure
     without a column (``interval_leakage``) is named when some column's cap is; one with a
     column (``interval_leakage:age``) only by its own cap. The ledger checks it again,
-    atomically with the reservation (reserve.lua)."""
+    atomically with the reservation (``Store.reserve``)."""
     bases = {budget.base_measure(m) for m in named}
     for measure in sorted(measures):
         if measure not in (named if ":" in measure else bases):

@@ -306,7 +306,7 @@ def settle_files(ledger: Store, docs: DocumentStore, outputs: OutputStore, run: 
                  outcome: Settled, table: int | None) -> None:
     """After a run's commit: the winner removes the files of runs that died (tables,
     result documents, request copies the hash does not name); a run that did not settle
-    removes its own (its output is not the release's: only the attempt settle.lua recorded
+    removes its own (its output is not the release's: only the attempt the settle recorded
     is ever read). A first run (attempt 1) had no runs before it, and a store that keeps
     no request files (``kept_request`` None) made none: then nothing is left to remove and
     the release's folder is not listed."""

@@ -71,7 +71,7 @@ log = logging.getLogger("privrelease.pricing")
 ACTOR = "pricing"
 #: seconds a reservation may wait in the outbox before a retry or the sweeper sends its
 #: task: longer than a live API takes between reserve and publish (a slow broker), and a
-#: task sent twice is harmless anyway (start.lua runs a release once)
+#: task sent twice is harmless anyway (``Store.mark_running`` runs a release once)
 OUTBOX_GRACE = 5.0
 #: Retry-After (s) of a 202 ``pricing`` answer to an estimate
 PRICING_RETRY_AFTER = 2
@@ -320,8 +320,8 @@ def submit(svc: Services, body: dict[str, Any], *, actor: str,
     # a store that could not take the output now: 507 or 503 (an OSError, or the object
     # store unavailable, which the API answers), before anything is held; a run checks
     # again before it reads the data. Only where the output needs one: a table goes to
-    # the object store, a result to a file on the Valkey store; a summary's output on
-    # PostgreSQL goes into the record with its commit
+    # the object store, a result to a file on a store without ``results_inline``; a
+    # summary's output on PostgreSQL goes into the record with its commit
     if not ledger.results_inline:
         svc.documents.check_room()
     if mechanism.writes_table(params):

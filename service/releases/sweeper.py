@@ -97,10 +97,6 @@ Case by case:
   mark needs a witness created after it); after its second mark, it would find it gone:
   one message too many.
 
-The Valkey store (``service.storage.ledger``, kept only for ``migrate-from-valkey``)
-keeps no marks: on it the sweeper reads the queue lists (``_listed``), O(backlog) a
-pass, as it did before.
-
 A gone job that had not read its data is sent again (its task, same release
 id), up to ``max_resends`` times (PRIVRELEASE_MAX_RESENDS, default 3), counted
 on its release (``resends``, ``resent_at``: ``Store.claim_resend``); a job
@@ -131,7 +127,7 @@ the same way, and sent again (uncounted: pricing reserves a release once) if its
 message is neither waiting in the pricing queue nor held.
 
 Hourly it also removes dataset files that no registration refers to: an
-upload that could not learn whether Valkey stored its registration keeps
+upload that could not learn whether the record stored its registration keeps
 its files rather than risk metadata without files.
 """
 
@@ -159,10 +155,6 @@ from service.wiring import Services
 
 log = logging.getLogger("privrelease.sweeper")
 
-#: the broker lists a release's messages wait in: its run's, its pricing job's, and the
-#: release queue's name before the queues were split (kombu keeps a queue in a list of
-#: its name; no worker serves the old name). Read whole only on the Valkey store
-QUEUES = (RELEASES_QUEUE, PRICING_QUEUE, "privrelease")
 #: the kind of message (``Store.passed``) whose queue each list is
 KINDS = {RELEASES_QUEUE: RUN, PRICING_QUEUE: PRICING}
 UNACKED = "unacked"  # kombu's Redis transport keeps unacknowledged messages here
@@ -224,13 +216,6 @@ def _broker(client: redis.Redis) -> Broker:
     return Broker(empty, held)
 
 
-def _listed(client: redis.Redis) -> set[str]:
-    """The release ids of every message waiting in the queue lists, each message read
-    once: O(backlog). Only for a store that keeps no marks (the Valkey store)."""
-    return {rid for q in QUEUES for m in client.lrange(q, 0, -1)
-            for rid in RELEASE_ID.findall(m)}
-
-
 def _stranded(release_id: str, delivered: dict[str, list[float | None]],
               before: float) -> bool:
     """Whether every unacknowledged message of the release was delivered before
@@ -281,14 +266,12 @@ def sweep(client: redis.Redis, ledger: Store, queue: Queue, min_age: float = 30.
     now = time.time()
     older = min(min_age, lost_age)
     marks = ledger.sweep_marks(older, lost_age, older)
-    waiting = frozenset() if marks.indexed else _listed(client)
     broker = _broker(client)
     held = broker.held
     if held:
         ledger.held_by_workers(held)
     stranded = [rid for rid in held if _stranded(rid, held, now - min_age)]
-    found = ledger.passed(marks, broker.empty, PASS_LIMIT, stranded=stranded,
-                          waiting=waiting)
+    found = ledger.passed(marks, broker.empty, PASS_LIMIT, stranded=stranded)
     # taken past once and held by no worker: marked again (a run's message held by a
     # worker is no sign of life: the run's lease is)
     once = [p for p in found if not p.gone and (p.status == "running" or p.release_id not in held)]
@@ -418,7 +401,7 @@ def sweep_orphans(ledger: Store, store: DatasetStore,
     """Remove the versions of unregistered datasets, then the versions of registered
     datasets whose number is not registered, both untouched for ``older_than`` s; returns
     what went (``<id>`` for a dataset, ``<id>/v<k>`` for a version). Files whose
-    registration can not be read stay (a Valkey error, or the object store away: all of
+    registration can not be read stay (the record away, or the object store: all of
     them, until the next hour).
     """
     try:

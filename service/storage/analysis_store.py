@@ -1,13 +1,12 @@
 """Where analyses are kept (``AnalysisStore``), whatever keeps them.
 
-Two implementations keep the same contract: ``service.storage.pg_analyses.PgAnalysisStore``
-(PostgreSQL, beside the ledger: issue #29) and
-``service.storage.valkey_analyses.ValkeyAnalysisStore`` (the Valkey hash and sorted set
-of the store before it). ``service.analyses`` holds the logic (the states, the expiry,
-the documents, the cursors) and reaches the store through this interface only.
+``service.storage.pg_analyses.PgAnalysisStore`` keeps it on PostgreSQL, beside the ledger
+(issue #29). ``service.analyses`` holds the logic (the states, the expiry, the documents,
+the cursors) and reaches the store through this interface only.
 
-An analysis's stored fields (``Fields``) are a flat ``str -> str`` mapping, the same from
-both stores, with only the fields that are set:
+An analysis's stored fields (``Fields``) are a flat ``str -> str`` mapping (the fields of
+the old Valkey store's hash, which ``privrelease migrate-from-valkey`` moves as they are),
+with only the fields that are set:
 
 - ``release_id``, ``analysis`` (its name), ``actor`` (the key id that asked);
 - ``params`` (JSON object), ``releases`` (JSON list of the other releases' ids);

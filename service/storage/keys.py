@@ -1,12 +1,10 @@
 """Where API keys and console sessions are kept (``KeyStore``), whatever keeps them.
 
-Two implementations keep the same contract: ``service.storage.pg_keys.PgKeyStore``
-(PostgreSQL, beside the ledger: issue #29) and ``service.storage.valkey_keys.ValkeyKeyStore``
-(the Valkey keys of the store before it, so a service on the Valkey store keeps its keys).
-``service.wiring.build`` picks the one beside the ledger; ``service.apikeys`` and
-``service.console.session`` hold the logic and reach the store through this interface only.
+``service.storage.pg_keys.PgKeyStore`` keeps it on PostgreSQL, beside the ledger (issue
+#29); ``service.apikeys`` and ``service.console.session`` hold the logic and reach the
+store through this interface only.
 
-A key's record (``KeyRecord``) is what the Valkey store kept as JSON: the public fields of
+A key's record (``KeyRecord``) is what the old Valkey store kept as JSON: the public fields of
 ``service.apikeys.ApiKey`` (``id``, ``role``, ``label``, ``datasets``: a list or None,
 ``expires_at``: ISO 8601 or None, ``created_at``: ISO 8601) and its ``callback_secret``.
 A token is never stored: a key is found by the SHA-256 digest of its token (hex), a

@@ -5,7 +5,7 @@ Each call is one statement in one short transaction. A status change is a single
 ``UPDATE ... WHERE id = %s AND status = ANY(expected) ... RETURNING prior_status``: at
 READ COMMITTED a concurrent change of the same row makes it wait, then re-check the
 status on the row as committed, so exactly one of two racing changes from the same
-status applies (the Lua compare-and-set of the Valkey store). ``SET prior_status =
+status applies. ``SET prior_status =
 status`` keeps the status the change found (the right-hand side of SET reads the row
 before the change), which the statement returns. A release's page is one backward
 range scan of ``analyses_release_newest`` from the cursor, fields included.

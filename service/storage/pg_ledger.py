@@ -161,9 +161,9 @@ from psycopg_pool import ConnectionPool
 
 from service.errors import Invalid
 from service.storage import index, pg_steps, release_documents
-from service.storage.event_archive import READ_BATCH
 from service.storage.ledger import (
     NO_LEASE,
+    READ_BATCH,
     CapError,
     Reservation,
     ReserveResult,

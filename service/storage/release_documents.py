@@ -1,42 +1,28 @@
-"""Release documents on disk, so Valkey holds per finished release only its index entries,
-status and ledger state (~820 B in all once its audit events moved to disk,
-service.storage.event_archive; ~2.9 kB before).
+"""Release documents on disk: run results (and the requests and analysis results the old
+Valkey store moved out of its memory) as files beside a release's tables.
 
-Design (issue 19 §3). A release's request (params, the accuracy estimate, the privacy
-block) and its result (result, accuracy, guarantee) are JSON files beside its tables in
-the output store (``<releases_dir>/<release_id>/``). Multi-host: that folder is on the
-shared filesystem the datasets are on, and every API process and worker mounts it at the
-same path (PRIVRELEASE_DATA_DIR); a reader that finds a file missing answers an error,
-never a document without its result.
+Design (issue 19 §3). A release's result (result, accuracy, guarantee) may be a JSON file
+in the output store (``<releases_dir>/<release_id>/``) rather than a column of its row
+(``Store.results_inline``, ``commit(..., result_stored=True)``). Multi-host: that folder
+is on the shared filesystem the datasets are on, and every API process and worker mounts
+it at the same path (PRIVRELEASE_DATA_DIR); a reader that finds a file missing answers an
+error, never a document without its result.
 
 - ``result.<attempt>.json``: run ``attempt``'s output, written by the worker (atomically:
   temporary file, fsync, link/rename, fsync of the folder) BEFORE it settles. The settle
-  script (settle.lua) records the attempt in the release hash (``result``) in the same
-  step that checks the run still holds the job's lease, so only the attempt recorded by
-  the winning settle is ever read; a run that lost its lease removes its own file, and the
-  winner removes the files of runs that died (``prune``). A file is never rewritten.
-- ``request.<digest>.json``: the request as the release hash held it, named by (a prefix
-  of) its SHA-1: content-addressed, so any process may write it and its content never
-  differs. Whoever settles the release (worker, sweeper, API cancel) writes it first;
-  settle.lua drops the hash's ``request`` field and records the digest (``doc``) only if
-  the hash's request still has that digest, so a request rewritten meanwhile (a
-  ``pricing`` release being priced) is never lost.
+  records the attempt (``result``) in the same step that checks the run still holds the
+  job's lease, so only the attempt recorded by the winning settle is ever read; a run
+  that lost its lease removes its own file, and the winner removes the files of runs
+  that died (``prune``). A file is never rewritten.
+- ``request.<digest>.json``: a request, named by (a prefix of) its SHA-1:
+  content-addressed, so any process may write it and its content never differs. The old
+  Valkey store moved a settled release's request here and kept the digest (``doc``);
+  ``privrelease migrate-from-valkey`` reads them back (``fields``).
 - ``analyses/<analysis id>.json``: a succeeded analysis's result (service.analyses).
-
-Valkey keeps the request while the release is pending (the worker, the sweeper and the
-pricing job read it there) and, for releases finished before this store existed, until
-``privrelease migrate-outputs`` (``migrate``) moves it; readers fall back to the hash's
-``request`` and ``output`` fields. Settle also drops the ``replay_key`` pointer (only it
-read it) and writes the hash again, so that, every value being at most 64 bytes, Valkey
-stores it as a listpack (``hash-max-listpack-value``) rather than a hashtable. Errors
-stay in the hash (short). Reading a page of N releases reads N hashes and at most 2 N
-files: nothing is loaded that the page does not show.
 
 Retention: documents are kept forever. A consumer paid privacy budget for each result
 (deleting it would lose what was bought, and re-asking would spend again), and the audit
-events, kept forever too (service.storage.event_archive), refer to them. Per-run state
-goes at settle (lease and reservation keys deleted, the replay pointer dropped);
-idempotency keys expire (PRIVRELEASE_IDEMPOTENCY_TTL).
+events, kept forever too, refer to them.
 """
 
 from __future__ import annotations
@@ -44,14 +30,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import redis
 
 from service.storage import room
 
@@ -59,7 +40,7 @@ from service.storage import room
 NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
 PREFLIGHT_BYTES = room.PREFLIGHT_BYTES
 
-#: the release hash's fields that point at files here
+#: a release's stored fields that point at files here
 REQUEST_DIGEST = "doc"
 RESULT_ATTEMPT = "result"
 
@@ -149,7 +130,7 @@ class DocumentStore:
 
     def save_request(self, release_id: str, request_json: str) -> str:
         """Store the request under its digest (idempotent: the same content whoever writes
-        it); returns the digest settle.lua checks against the hash's request."""
+        it); returns the digest (what the old store's ``doc`` field held)."""
         sha = digest(request_json)
         self._write(self.folder(release_id) / f"request.{sha}.json", request_json,
                     replace=False)
@@ -237,19 +218,9 @@ class DocumentStore:
             path.unlink()
 
 
-def prune_swept(client: redis.Redis, docs: DocumentStore, release_id: str) -> list[str]:
-    """After the sweeper settled a job whose runs died: no run's result is the release's
-    (they never committed), and only the request copy the hash names stays. For
-    ``service.releases.sweeper.sweep``, beside its ``outputs.prune(release_id, keep=None)``."""
-    from service.storage import rkeys
-
-    keep = client.hget(rkeys.release(release_id), REQUEST_DIGEST)
-    return docs.prune(release_id, keep_result=None, keep_request=keep)
-
-
 def fields(docs: DocumentStore | None, release_id: str, h: dict[str, str]) -> dict[str, str]:
-    """The release hash with ``request`` and ``output`` filled in from disk where they
-    moved there (a hash still holding them, pending or not yet migrated, is as it is).
+    """A release's stored fields with ``request`` and ``output`` filled in from disk where
+    they are files (fields that hold them are as they are).
 
     Raises DocumentMissing if the hash points at a file that is missing (the shared folder
     not mounted, or was lost): never a document without its request or result.
@@ -266,126 +237,3 @@ def fields(docs: DocumentStore | None, release_id: str, h: dict[str, str]) -> di
             raise DocumentMissing("release result missing from the output store")
         out["output"] = raw
     return out
-
-
-def request_of(docs: DocumentStore | None, release_id: str,
-               h: dict[str, str]) -> dict[str, Any] | None:
-    """The release's request (from the hash or from disk), or None without one; reads
-    no result. ``h`` needs only the ``request`` and ``doc`` fields."""
-    raw = h.get("request")
-    if raw is None and h.get(REQUEST_DIGEST):
-        raw = docs.load_request(release_id, h[REQUEST_DIGEST]) if docs else None
-        if raw is None:
-            raise DocumentMissing("release request missing from the output store")
-    return None if raw is None else dict(json.loads(raw))
-
-
-#: statuses after which a release's hash changes no more (its documents may move)
-FINISHED = frozenset({"succeeded", "failed", "cancelled", "refused"})
-
-# KEYS[1] the release hash. ARGV: 1 digest of the request moved ('' none), 2 of the output
-# moved ('' none), 3 attempt naming the moved output (digest: ``digest``).
-# (the dataset id is not kept: the release indexes, built before, are what need it)
-# Drops what moved only if the hash still holds exactly that (compare-and-set): 1 if it did.
-_MOVE_RELEASE = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'succeeded' and status ~= 'failed' and status ~= 'cancelled'
-   and status ~= 'refused' then return 0 end
-local req = redis.call('HGET', KEYS[1], 'request')
-local out = redis.call('HGET', KEYS[1], 'output')
-local function d(text) return string.sub(redis.sha1hex(text), 1, 16) end
-if ARGV[1] ~= '' and not (req and d(req) == ARGV[1]) then return 0 end
-if ARGV[2] ~= '' and not (out and d(out) == ARGV[2]) then return 0 end
-if ARGV[1] ~= '' then
-  redis.call('HDEL', KEYS[1], 'request')
-  redis.call('HSET', KEYS[1], 'doc', ARGV[1])
-end
-if ARGV[2] ~= '' then
-  redis.call('HDEL', KEYS[1], 'output')
-  redis.call('HSET', KEYS[1], 'result', ARGV[3])
-end
-redis.call('HDEL', KEYS[1], 'replay_key')
-if redis.call('HEXISTS', KEYS[1], 'request') == 0 and redis.call('HEXISTS', KEYS[1], 'output') == 0
-   then  -- written again: a listpack once every value is short (settle.lua does the same)
-  local all = redis.call('HGETALL', KEYS[1])
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], unpack(all))
-end
-return 1
-"""
-
-# KEYS[1] the analysis hash. ARGV: 1 SHA-1 of the result moved. Compare-and-set as above.
-_MOVE_ANALYSIS = """
-local res = redis.call('HGET', KEYS[1], 'result')
-if redis.call('HGET', KEYS[1], 'status') ~= 'succeeded' or not res
-   or string.sub(redis.sha1hex(res), 1, 16) ~= ARGV[1] then return 0 end
-redis.call('HDEL', KEYS[1], 'result')
-redis.call('HSET', KEYS[1], 'stored', '1')
-return 1
-"""
-
-#: the attempt number a migrated output is filed under (runs are numbered from 1)
-MIGRATED_ATTEMPT = 0
-
-
-@dataclass
-class Migration:
-    """What ``migrate`` moved: releases whose documents left Valkey, analyses likewise,
-    and releases left as they were (pending, or changed while being moved: run again)."""
-
-    releases: int = 0
-    analyses: int = 0
-    skipped: int = 0
-
-
-def migrate(client: redis.Redis, docs: DocumentStore, batch: int = 500) -> Migration:
-    """Move the request and output of every finished release, and the result of every
-    succeeded analysis, still held in Valkey into ``docs`` (``privrelease
-    migrate-outputs``). Files first (fsynced), then a compare-and-set that drops the
-    Valkey copy only if it is still what was written: safe while the service runs, and
-    to run again (a second run finds nothing to move)."""
-    from service.storage import index, rkeys
-
-    done = Migration()
-    # the list indexes first: releases made before them are found by the dataset id in
-    # their request, which is about to leave the hash
-    index.ensure_release_indexes(client, docs)
-    move_release = client.register_script(_MOVE_RELEASE)
-    move_analysis = client.register_script(_MOVE_ANALYSIS)
-    start = 0
-    while ids := client.zrange(rkeys.RELEASES, start, start + batch - 1):
-        start += batch
-        pipe = client.pipeline(transaction=False)
-        for release_id in ids:
-            pipe.hgetall(rkeys.release(release_id))
-        for release_id, h in zip(ids, pipe.execute(), strict=True):
-            if not h or ("request" not in h and "output" not in h):
-                continue
-            if h.get("status") not in FINISHED:
-                done.skipped += 1
-                continue
-            req_sha = out_sha = ""
-            if "request" in h:
-                req_sha = docs.save_request(release_id, h["request"])
-            if "output" in h:
-                out_sha = digest(h["output"])
-                path = docs._result(release_id, MIGRATED_ATTEMPT)
-                if docs.load_result(release_id, MIGRATED_ATTEMPT) != h["output"]:
-                    docs._write(path, h["output"], replace=True)
-            moved = move_release(keys=[rkeys.release(release_id)],
-                                 args=[req_sha, out_sha, MIGRATED_ATTEMPT])
-            if int(moved):
-                done.releases += 1
-            else:
-                done.skipped += 1
-    for key in client.scan_iter(rkeys.analysis("*"), count=batch):
-        if key.count(":") != 2:  # pr:ana:<id> only
-            continue
-        h = client.hgetall(key)
-        if h.get("status") != "succeeded" or "result" not in h:
-            continue
-        analysis_id = key.rsplit(":", 1)[1]
-        docs.save_analysis(h["release_id"], analysis_id, h["result"])
-        if int(move_analysis(keys=[key], args=[digest(h["result"])])):
-            done.analyses += 1
-    return done

@@ -1,4 +1,9 @@
-"""Redis key names and the client factory, so every process agrees on them."""
+"""Valkey's key names and the client factory, so every process agrees on them.
+
+Valkey holds only what may be lost (the Celery broker's queues, rate-limit counters,
+caches, heartbeats, metrics counters): the record is PostgreSQL's. The old Valkey store's
+layout, which ``privrelease migrate-from-valkey`` reads, is ``service.storage.valkey_store``.
+"""
 
 from __future__ import annotations
 
@@ -12,73 +17,13 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 P = "pr:"
-
-
-def ledger(dataset_id: str) -> str:
-    return f"{P}ds:{dataset_id}:ledger"
-
-
-def events(dataset_id: str) -> str:
-    return f"{P}ds:{dataset_id}:events"
-
-
-def dataset(dataset_id: str) -> str:
-    return f"{P}ds:{dataset_id}"
-
-
-DATASETS = f"{P}datasets"
-RELEASES = f"{P}releases"
-PENDING = f"{P}pending"
-API_KEYS = f"{P}apikeys"
+#: a worker's heartbeat: ``<WORKERS><hostname>`` = the server's run id, with a TTL
 WORKERS = f"{P}workers:"
-#: releases reserved whose job message is not yet known to be published (the outbox):
-#: score = reservation time; the API removes its entry once the task is sent, and the
-#: sweeper or a retry sends whatever a dead API left behind (never refunds it)
-OUTBOX = f"{P}outbox"
-#: failed releases (score: when they failed), for the jobs list
-FAILED = f"{P}failed"
-#: set once every release made before the per-dataset indexes existed is indexed
-INDEXED = f"{P}indexed:v1"
-
-
-def dataset_releases(dataset_id: str) -> str:
-    """The dataset's releases, score = creation time (epoch s)."""
-    return f"{P}ds:{dataset_id}:releases"
-
-
-def dataset_pending(dataset_id: str) -> str:
-    """The dataset's queued and running releases, score = creation time."""
-    return f"{P}ds:{dataset_id}:pending"
-
-
-def dataset_failed(dataset_id: str) -> str:
-    """The dataset's failed releases, score = when they failed."""
-    return f"{P}ds:{dataset_id}:failed"
-
-
-def key_releases(key_id: str) -> str:
-    """The releases one API key requested, score = creation time."""
-    return f"{P}keyrel:{key_id}"
-
-
-def release(release_id: str) -> str:
-    return f"{P}rel:{release_id}"
-
-
-def reservation(release_id: str) -> str:
-    return f"{P}resv:{release_id}"
-
-
-def replay(fingerprint: str) -> str:
-    return f"{P}replay:{fingerprint}"
 
 
 def idempotency(scope: str, key_digest: str) -> str:
+    """The name an Idempotency-Key is kept under (``scope``: what it was sent to)."""
     return f"{P}idem:{scope}:{key_digest}"
-
-
-def api_key(token_digest: str) -> str:
-    return f"{P}key:{token_digest}"
 
 
 #: Seconds to wait for a connection / for a reply. Without them a Valkey that hangs
@@ -170,27 +115,13 @@ class SentinelConnection(SentinelManagedConnection):
         super().connect_check_health(check_health, retry_socket_connect)
 
 
-def failover_retry(seconds: float) -> Retry:
-    """Re-send a command after a connection error for about ``seconds`` (a failover:
-    the sentinels' master is unreachable until they promote its replica, ~2-5 s).
-
-    Only for clients whose every command is safe to re-send -- the workers': reads, the
-    ledger's scripts (idempotent, ``service.storage.durable``), the hold-out maximum, and
-    metrics counters (a re-sent increment after a lost reply counts once more: a metric,
-    never a budget). The API keeps one quick retry and answers 503 instead.
-    """
-    return Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5),
-                 max(RETRIES, int(seconds / 0.5) + 1))
-
-
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A client that speaks str (decode_responses): the one way we open Redis.
 
     A ``sentinel://`` URL gives a client of the master the sentinels name: after a
     failover its next connection goes to the promoted replica, and a connection still
     open to the demoted primary fails with ConnectionError (redis-py turns the replica's
-    READONLY into one), which the API answers with 503 and the ledger's idempotent
-    scripts make safe to retry (``service.storage.durable``).
+    READONLY into one), which the API answers with 503.
     """
     kwargs.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
     kwargs.setdefault("socket_timeout", REPLY_TIMEOUT)
@@ -215,15 +146,3 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
 def pricing_job(job_key: str) -> str:
     """Set (with expiry) while a cold estimate's job for this precomputation is under way."""
     return f"{P}pricing:{job_key}"
-
-
-def lease(release_id: str) -> str:
-    return f"{P}lease:{release_id}"
-
-
-def analysis(analysis_id: str) -> str:
-    return f"{P}ana:{analysis_id}"
-
-
-def release_analyses(release_id: str) -> str:
-    return f"{P}rel:{release_id}:analyses"

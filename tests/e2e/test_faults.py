@@ -13,8 +13,7 @@ budget never showed more spent than its cap, and no client ever saw a 500. The
 in-process variants (Valkey stopped, uploads while it is down) are in
 ``tests/integration/test_faults.py``; a worker killed mid-task is
 ``tests/integration/test_jobs.py::test_worker_killed_mid_task_ends_once_and_balances``.
-Standalone always runs its record on PostgreSQL: the Valkey store under a Valkey kill
-is no longer exercised here (``tests/e2e/test_failover.py`` runs it across a failover).
+The record is on PostgreSQL (standalone's): a Valkey kill takes only the broker.
 """
 
 from __future__ import annotations

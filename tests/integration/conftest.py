@@ -117,13 +117,13 @@ def api(app: Flask) -> Api:
 @pytest.fixture()
 def keys(app: Flask) -> KeyStore:
     """The session service's key store: where its API reads keys and console sessions
-    (PostgreSQL, or Valkey for a session on the Valkey store)."""
+    (PostgreSQL)."""
     return wiring.of(app).keys
 
 
 @pytest.fixture()
 def analysis_store(app: Flask) -> AnalysisStore:
-    """The session service's analyses (PostgreSQL, or Valkey on the Valkey store)."""
+    """The session service's analyses (PostgreSQL)."""
     return wiring.of(app).analyses
 
 

@@ -1,16 +1,14 @@
-"""States of the system of record that no API call or ``Store`` method makes, made the
-same way on either store (``PgLedger``: SQL through its pool; ``Ledger``, the Valkey store:
-its keys), for the tests of the run, the sweeper and the pricing jobs.
+"""States of the system of record (PostgreSQL) that no API call or ``Store`` method
+makes, made by SQL through the ``PgLedger``'s pool, for the tests of the run, the sweeper
+and the pricing jobs.
 
-Also what a test reads or makes of the record that no ``Store`` method does, for either
-store: a field no method reads (a retired version's mark), another API host's store on the
-same record, and every row or key of the record (to say a refused request wrote none).
+Also what a test reads or makes of the record that no ``Store`` method does: a field no
+method reads (a retired version's mark), another API host's store on the same record, and
+every row of the record (to say a refused request wrote none).
 
-And, for a test rig with a broker (a Valkey database) of its own, a record of its own:
-in a session whose service runs on PostgreSQL, a fresh migrated database (the sweeper of
-a worker on another broker would otherwise take the rig's releases for lost ones, and
-the rig's sweeper the session's); in a Valkey session, none (the record is the rig's
-Valkey database).
+And, for a test rig with a broker (a Valkey database) of its own, a record of its own: a
+fresh migrated database (the sweeper of a worker on another broker would otherwise take
+the rig's releases for lost ones, and the rig's sweeper the session's).
 """
 
 from __future__ import annotations
@@ -32,66 +30,46 @@ from service.config import Config
 from service.storage import database, rkeys
 from service.storage.analysis_store import AnalysisStore
 from service.storage.keys import KeyStore
-from service.storage.ledger import Ledger
 from service.storage.pg_analyses import PgAnalysisStore
 from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import PgLedger
 from service.storage.store import Store
-from service.storage.valkey_analyses import ValkeyAnalysisStore
-from service.storage.valkey_keys import ValkeyKeyStore
-from tests.conftest import TEST_STORE, database_on
+from tests.conftest import database_on
 
 
-def own_database(request: pytest.FixtureRequest) -> str | None:
-    """A new database migrated to head on the session's PostgreSQL server (its URL) if
-    the session's service runs on PostgreSQL; None (the Valkey store) otherwise."""
-    if TEST_STORE != "postgres":
-        return None
+def own_database(request: pytest.FixtureRequest) -> str:
+    """A new database migrated to head on the session's PostgreSQL server: its URL."""
     url = database_on(request.getfixturevalue("postgres_url"))
     database.upgrade(url)
     return url
 
 
-def _sql(ledger: PgLedger, statement: str, *args: object) -> None:
+def _sql(ledger: Store, statement: str, *args: object) -> None:
+    assert isinstance(ledger, PgLedger), type(ledger)
     with ledger.pool.connection() as conn:
         conn.execute(statement, args)
 
 
 def lapse(ledger: Store, release_id: str) -> None:
     """The release's run lease lapses now (its worker stalled or died): the row's
-    ``lease_until`` in the past, or the lease key (whose TTL would have run out) gone."""
-    if isinstance(ledger, PgLedger):
-        _sql(ledger, "UPDATE releases SET lease_until = now() - interval '1 second' "
-                     "WHERE id = %s", release_id)
-    else:
-        assert isinstance(ledger, Ledger)
-        ledger.r.delete(rkeys.lease(release_id))
+    ``lease_until`` in the past."""
+    _sql(ledger, "UPDATE releases SET lease_until = now() - interval '1 second' "
+                 "WHERE id = %s", release_id)
 
 
 def backdate(ledger: Store, release_id: str, created: float) -> None:
     """The pending release was created at ``created`` (epoch s) as far as the sweeper
-    sees (``Store.stale``): its row's ``created_at``, or its score in the pending index."""
-    if isinstance(ledger, PgLedger):
-        _sql(ledger, "UPDATE releases SET created_at = to_timestamp(%s) WHERE id = %s",
-             created, release_id)
-    else:
-        assert isinstance(ledger, Ledger)
-        ledger.r.zadd(rkeys.PENDING, {release_id: created})
+    sees (``Store.stale``): its row's ``created_at``."""
+    _sql(ledger, "UPDATE releases SET created_at = to_timestamp(%s) WHERE id = %s",
+         created, release_id)
 
 
 def set_resent(ledger: Store, release_id: str, at: float,
                resends: int | None = None) -> None:
     """The sweeper's last re-send of the release was at ``at`` (epoch s), and (if given)
     it made ``resends`` of them."""
-    if isinstance(ledger, PgLedger):
-        _sql(ledger, "UPDATE releases SET resent_at = to_timestamp(%s), "
-                     "resends = COALESCE(%s, resends) WHERE id = %s",
-             at, resends, release_id)
-    else:
-        assert isinstance(ledger, Ledger)
-        ledger.r.hset(rkeys.release(release_id), "resent_at", f"{at:.3f}")
-        if resends is not None:
-            ledger.r.hset(rkeys.release(release_id), "resends", str(resends))
+    _sql(ledger, "UPDATE releases SET resent_at = to_timestamp(%s), "
+                 "resends = COALESCE(%s, resends) WHERE id = %s", at, resends, release_id)
 
 
 def field(ledger: Store, release_id: str, name: str) -> str | None:
@@ -99,31 +77,26 @@ def field(ledger: Store, release_id: str, name: str) -> str | None:
     return (ledger.release(release_id) or {}).get(name)
 
 
-def on_record(env: dict[str, str], url: str | None) -> dict[str, str]:
-    """``env`` (a process's environment) with its record at ``url`` (``own_database``):
-    ``PRIVRELEASE_DATABASE_URL`` set to it, or unset for the Valkey store."""
-    out = {k: v for k, v in env.items() if k != "PRIVRELEASE_DATABASE_URL"}
-    if url is not None:
-        out["PRIVRELEASE_DATABASE_URL"] = url
-    return out
+def on_record(env: dict[str, str], url: str) -> dict[str, str]:
+    """``env`` (a process's environment) with its record at ``url`` (``own_database``)."""
+    return {**env, "PRIVRELEASE_DATABASE_URL": url}
 
 
 def run_store(app: Flask, lease_seconds: int) -> Store:
     """The app's record as a worker's store holds it, its runs leased for
-    ``lease_seconds``: a Valkey API's ``Ledger`` leases for its default (an API runs no
-    job), so a test that starts runs itself makes its own."""
-    svc = wiring.of(app)
-    if isinstance(svc.ledger, PgLedger):
-        return PgLedger(svc.ledger.pool, lease_seconds, documents=svc.ledger.documents)
-    return Ledger(svc.client, lease_seconds=lease_seconds, documents=svc.documents)
+    ``lease_seconds`` (an API's leases for the config's: a test that starts runs itself
+    makes its own)."""
+    ledger = wiring.of(app).ledger
+    assert isinstance(ledger, PgLedger), type(ledger)
+    return PgLedger(ledger.pool, lease_seconds, documents=ledger.documents)
 
 
 def close(app: Flask) -> None:
-    """Close the connection pool of an app of a rig's own (``own_database``), if it has
-    one: the session's PostgreSQL serves many tests' rigs."""
+    """Close the connection pool of an app of a rig's own (``own_database``): the
+    session's PostgreSQL serves many tests' rigs."""
     ledger = wiring.of(app).ledger
-    if isinstance(ledger, PgLedger):
-        ledger.pool.close()
+    assert isinstance(ledger, PgLedger), type(ledger)
+    ledger.pool.close()
 
 
 @dataclasses.dataclass
@@ -193,16 +166,7 @@ def queued_messages(client: redis.Redis, release_id: str) -> int:
     return queued + sum(release_id in m for m in client.hvals(sweeper.UNACKED))
 
 
-# -- reading and making the record on either store -------------------------------
-
-def on_postgres(store: Store) -> bool:
-    return isinstance(store, PgLedger)
-
-
-def _valkey(store: Store) -> Ledger:
-    assert isinstance(store, Ledger), type(store)
-    return store
-
+# -- reading and making the record ----------------------------------------------------
 
 def sql(store: Store, query: str, *args: Any) -> list[tuple[Any, ...]]:
     """Run ``query`` in one committed transaction of a ``PgLedger``'s pool: its rows
@@ -216,54 +180,37 @@ def sql(store: Store, query: str, *args: Any) -> list[tuple[Any, ...]]:
 def write_document(store: Store, dataset_id: str, text: str) -> None:
     """Store ``text`` as the dataset's document as it is, past every script (a document
     written by an older release of the service)."""
-    if on_postgres(store):
-        assert sql(store, "UPDATE datasets SET document = %s WHERE id = %s RETURNING 1",
-                   text, dataset_id)
-    else:
-        _valkey(store).r.set(rkeys.dataset(dataset_id), text)
+    assert sql(store, "UPDATE datasets SET document = %s WHERE id = %s RETURNING 1",
+               text, dataset_id)
 
 
 def retired_versions(store: Store, dataset_id: str) -> set[int]:
     """The versions the dataset's ledger marks retired (what the reserve step refuses)."""
-    if on_postgres(store):
-        rows = sql(store, "SELECT retired_versions FROM ledgers WHERE dataset_id = %s",
-                   dataset_id)
-        return {int(v) for v in rows[0][0]} if rows else set()
-    fields = _valkey(store).r.hgetall(rkeys.ledger(dataset_id))
-    return {int(name.removeprefix("retired:v")) for name, value in fields.items()
-            if name.startswith("retired:v") and value == "1"}
+    rows = sql(store, "SELECT retired_versions FROM ledgers WHERE dataset_id = %s",
+               dataset_id)
+    return {int(v) for v in rows[0][0]} if rows else set()
 
 
 def set_allocation_scope(store: Store, dataset_id: str, key_id: str, scope: str) -> None:
     """Mark a key's allocation ``listed`` or ``legacy`` (``legacy``: what the policy
     migration leaves on an allocation written before allocations listed measures)."""
-    if on_postgres(store):
-        assert sql(store, "UPDATE allocation_scopes SET scope = %s "
-                          "WHERE dataset_id = %s AND key_id = %s RETURNING 1",
-                   scope, dataset_id, key_id)
-    else:
-        _valkey(store).r.hset(rkeys.ledger(dataset_id), f"alloc:{key_id}:scope", scope)
+    assert sql(store, "UPDATE allocation_scopes SET scope = %s "
+                      "WHERE dataset_id = %s AND key_id = %s RETURNING 1",
+               scope, dataset_id, key_id)
 
 
 @contextmanager
 def another_host(config: Config) -> Iterator[Store]:
     """The store another API host of the session's service would have: the same record
     over connections of its own."""
-    if config.database_url:
-        pool = database.connect(config.database_url, max_size=4)
-        try:
-            yield PgLedger(pool, config.lease_seconds)
-        finally:
-            pool.close()
-    else:
-        client = rkeys.connect(config.require_redis_url())
-        try:
-            yield Ledger(client)
-        finally:
-            client.close()
+    pool = database.connect(config.require_database_url(), max_size=4)
+    try:
+        yield PgLedger(pool, config.lease_seconds)
+    finally:
+        pool.close()
 
 
-#: the Valkey key families of the record (the Valkey store's: analyses and API keys too)
+#: the Valkey key families of the old Valkey store's record (none is written any more)
 RECORD_KEYS = ("pr:ds:*", "pr:rel:*", "pr:resv:*", "pr:replay:*", "pr:idem:*", "pr:ana:*",
                "pr:key:*", "pr:apikeys")
 #: each PostgreSQL table of the record, and the column naming a row
@@ -274,79 +221,61 @@ RECORD_ROWS = {"datasets": "id", "ledgers": "dataset_id", "releases": "id",
 
 
 def record_entries(store: Store, client: Any) -> set[str]:
-    """Every entry of the record (its Valkey keys; on PostgreSQL, ``<table>:<row>`` of
-    its tables but the append-only events, and the budget rows): what a request that is
-    refused must not add to. On PostgreSQL, Valkey keeps nothing of the record: any key
-    of the Valkey store's families found there counts too."""
+    """Every entry of the record (``<table>:<row>`` of its tables but the append-only
+    events, and the budget rows): what a request that is refused must not add to.
+    Valkey keeps nothing of the record: any key of the old store's families found there
+    counts too."""
     found = {k for pattern in RECORD_KEYS for k in client.scan_iter(pattern, count=1000)}
-    if on_postgres(store):
-        for table, column in RECORD_ROWS.items():
-            found |= {f"{table}:{name}" for (name,) in
-                      sql(store, f"SELECT {column}::text FROM {table}")}
-        found |= {f"budgets:{d}:{m}" for d, m in
-                  sql(store, "SELECT dataset_id, measure FROM budgets")}
-        found |= {f"allocations:{d}:{k}:{m}" for d, k, m in
-                  sql(store, "SELECT dataset_id, key_id, measure FROM allocations")}
+    for table, column in RECORD_ROWS.items():
+        found |= {f"{table}:{name}" for (name,) in
+                  sql(store, f"SELECT {column}::text FROM {table}")}
+    found |= {f"budgets:{d}:{m}" for d, m in
+              sql(store, "SELECT dataset_id, measure FROM budgets")}
+    found |= {f"allocations:{d}:{k}:{m}" for d, k, m in
+              sql(store, "SELECT dataset_id, key_id, measure FROM allocations")}
     return found
 
 
-# -- keys, console sessions and analyses, on either store -------------------------------
+# -- keys, console sessions and analyses -----------------------------------------------
+
+def _pg_keys(keys: KeyStore) -> PgKeyStore:
+    assert isinstance(keys, PgKeyStore), type(keys)
+    return keys
+
 
 def key_digests(keys: KeyStore) -> list[str]:
     """The token digest of every stored key (one per key: a digest twice is a bug)."""
-    if isinstance(keys, PgKeyStore):
-        return list(keys.digests().values())
-    assert isinstance(keys, ValkeyKeyStore), type(keys)
-    return list(keys.digests().values())
+    return list(_pg_keys(keys).digests().values())
 
 
 def key_store_text(keys: KeyStore) -> list[str]:
-    """Everything the key store keeps, as text: every row of its tables, or the value of
-    every Valkey key of keys and sessions (to say a token is in none of them)."""
-    if isinstance(keys, PgKeyStore):
-        with keys.pool.connection() as conn, conn.cursor() as cur:
-            out = []
-            for table in ("api_keys", "console_sessions", "service_secrets"):
-                cur.execute(f"SELECT t::text FROM {table} AS t")
-                out += [row[0] for row in cur.fetchall()]
-            return out
-    assert isinstance(keys, ValkeyKeyStore), type(keys)
-    r = keys.r
-    readers = {"hash": r.hgetall, "string": r.get,  # the releases a key requested: a zset
-               "zset": lambda k: r.zrange(k, 0, -1, withscores=True)}
-    return [str(readers[r.type(k)](k)) for pattern in ("pr:*key*", "pr:console:*")
-            for k in r.scan_iter(pattern)]
+    """Everything the key store keeps, as text: every row of its tables (to say a token is
+    in none of them)."""
+    with _pg_keys(keys).pool.connection() as conn, conn.cursor() as cur:
+        out = []
+        for table in ("api_keys", "console_sessions", "service_secrets"):
+            cur.execute(f"SELECT t::text FROM {table} AS t")
+            out += [row[0] for row in cur.fetchall()]
+        return out
 
 
 def expire_sessions(keys: KeyStore, key_id: str) -> None:
     """Every console session of ``key_id`` expires now (its time ran out)."""
-    if isinstance(keys, PgKeyStore):
-        with keys.pool.connection() as conn:
-            conn.execute("UPDATE console_sessions SET expires_at = now() "
-                         "WHERE key_id = %s", (key_id,))
-        return
-    assert isinstance(keys, ValkeyKeyStore), type(keys)
-    for name in keys.r.scan_iter("pr:console:session:*"):
-        if keys.r.get(name) == key_id:
-            keys.r.delete(name)  # what its TTL does
+    with _pg_keys(keys).pool.connection() as conn:
+        conn.execute("UPDATE console_sessions SET expires_at = now() WHERE key_id = %s",
+                     (key_id,))
 
 
 def session_count(keys: KeyStore, key_id: str) -> int:
     """How many sessions of ``key_id`` the store still holds, live or not."""
-    if isinstance(keys, PgKeyStore):
-        with keys.pool.connection() as conn:
-            row = conn.execute("SELECT count(*) FROM console_sessions WHERE key_id = %s",
-                               (key_id,)).fetchone()
-            return int(row[0]) if row else 0
-    assert isinstance(keys, ValkeyKeyStore), type(keys)
-    return sum(1 for name in keys.r.scan_iter("pr:console:session:*")
-               if keys.r.get(name) == key_id)
+    with _pg_keys(keys).pool.connection() as conn:
+        row = conn.execute("SELECT count(*) FROM console_sessions WHERE key_id = %s",
+                           (key_id,)).fetchone()
+        return int(row[0]) if row else 0
 
 
 def analysis_ids(analyses: AnalysisStore) -> set[str]:
     """Every stored analysis's id."""
-    if isinstance(analyses, PgAnalysisStore):
-        with analyses.pool.connection() as conn:
-            return {row[0] for row in conn.execute("SELECT id FROM analyses").fetchall()}
-    assert isinstance(analyses, ValkeyAnalysisStore), type(analyses)
-    return {analysis_id for chunk in analyses.every() for analysis_id, _, _ in chunk}
+    assert isinstance(analyses, PgAnalysisStore), type(analyses)
+    with analyses.pool.connection() as conn:
+        return {row[0] for row in conn.execute("SELECT id FROM analyses").fetchall()}

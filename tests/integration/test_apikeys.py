@@ -1,8 +1,7 @@
 """API keys are stored hashed and a bootstrap token is registered once; console sessions
 expire, end with their key, and the console's secret is made once; a key the API looked
 up is kept a second per process (``apikeys.KeyCache``), and a revocation made elsewhere
-takes effect once that second is over (on the session's key store: PostgreSQL, or Valkey
-for a session on the Valkey store)."""
+takes effect once that second is over (on the session's key store, PostgreSQL)."""
 
 from __future__ import annotations
 

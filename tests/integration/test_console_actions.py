@@ -326,3 +326,34 @@ def test_the_datasets_page_drafts_metadata_from_a_file(app: Flask, keys: KeyStor
     analyst = _signed_in(app, apikeys.create(keys, "analyst", label="draft-an")[1])
     assert analyst.post("/console/datasets/draft", data={
         "csrf_token": _csrf(analyst, "/console/datasets")}).status_code == 403
+
+
+def test_an_exhausted_budget_is_shown_on_the_release_form(app: Flask, api: Api,
+                                                          keys: KeyStore) -> None:
+    """A request beyond the key's allocation is the API's 409 on the mechanism's page, in
+    its problem box with the API's detail, measure and amounts, and nothing spent (catches
+    the domain refusal escaping the page as the API's JSON)."""
+    ds = api.upload(people_csv(), PEOPLE_META).get_json()
+    analyst, token = apikeys.create(keys, "analyst", label="short")
+    assert api.client.patch(f"/v1/datasets/{ds['id']}/budget", headers=api._h(), json={
+        "allocations": {analyst.id: {"epsilon": 0.1}}}).status_code == 200
+    body = {"dataset_id": ds["id"], "mechanism": "laplace",
+            "params": {"statistic": "mean", "column": "income"}, "budget": {"epsilon": 0.5}}
+    expected = Api(app.test_client(), token).post("/v1/releases/estimate", body).get_json()
+    assert expected["fits"] is False
+    client = _signed_in(app, token)
+    path = "/console/mechanisms/laplace"
+    resp = client.post(path, data={
+        "csrf_token": _csrf(client, path), "action": "request", "dataset_id": ds["id"],
+        "p.statistic": "mean", "p.column": "income", "b.epsilon": "0.5"})
+    refused = Api(app.test_client(), token).post("/v1/releases", body).get_json()
+    assert resp.status_code == refused["status"] == 409
+    assert resp.mimetype == "text/html"
+    page = resp.get_data(as_text=True)
+    assert f'<div class="problem" id="problem" role="alert"><strong>{escape(refused["detail"])}' \
+        in page and 'id="release-form"' in page
+    amounts = re.search(r'<span class="amounts" id="problem-amounts">([^<]*)</span>', page)
+    assert amounts and amounts.group(1) == (
+        f"{refused['measure']}: requested {refused['requested']:g},"
+        f" remaining {refused['remaining']:g}") == "epsilon: requested 0.5, remaining 0.1"
+    assert _budget(api, ds["id"])["allocations"][analyst.id]["epsilon"]["committed"] == 0

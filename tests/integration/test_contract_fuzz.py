@@ -50,7 +50,6 @@ from schemathesis import Case, CheckContext, Response
 
 from service import apikeys, wiring
 from service.api.problems import PROBLEM_TYPE
-from service.storage import rkeys
 from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -105,23 +104,13 @@ def _release(api: Api, body: dict[str, Any]) -> str:
 def _unlist_ledger_only_releases(app: Flask) -> None:
     """Ledger tests reserve straight through the session's store with a stub request
     ("{}"), which the API never writes; unlist them so the listings show only what the API
-    can make (on Valkey out of the lists' indexes; on PostgreSQL, whose lists are the
-    ``releases`` rows, the rows go)."""
+    can make (the lists are the ``releases`` rows: the rows go)."""
     svc = wiring.of(app)
-    if record_state.on_postgres(svc.ledger):
-        stubs = [release_id for release_id, request in
-                 record_state.sql(svc.ledger, "SELECT id, request FROM releases")
-                 if "dataset_version" not in json.loads(request)]
-        record_state.sql(svc.ledger, "DELETE FROM outbox WHERE release_id = ANY(%s)",
-                           stubs)
-        record_state.sql(svc.ledger, "DELETE FROM releases WHERE id = ANY(%s)", stubs)
-        return
-    r = svc.client
-    for index in (rkeys.RELEASES, rkeys.PENDING, rkeys.FAILED):
-        for release_id in r.zrange(index, 0, -1):
-            request = r.hget(rkeys.release(release_id), "request")
-            if request is None or "dataset_version" not in json.loads(request):
-                r.zrem(index, release_id)
+    stubs = [release_id for release_id, request in
+             record_state.sql(svc.ledger, "SELECT id, request FROM releases")
+             if "dataset_version" not in json.loads(request)]
+    record_state.sql(svc.ledger, "DELETE FROM outbox WHERE release_id = ANY(%s)", stubs)
+    record_state.sql(svc.ledger, "DELETE FROM releases WHERE id = ANY(%s)", stubs)
 
 
 @pytest.fixture(scope="module")

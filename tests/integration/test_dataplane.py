@@ -1,4 +1,4 @@
-"""The data plane's edges (issue 15 items 8-12), against real Valkey and a real worker:
+"""The data plane's edges (issue 15 items 8-12), against a real record and a real worker:
 error-path logs, storage errors at upload, indexed and paged lists, the enqueue outbox."""
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import hypothesis
 import pytest
 from flask import Flask
-from hypothesis import strategies as st
 from psycopg_pool import ConnectionPool
 
 from service import apikeys, wiring
@@ -28,7 +26,6 @@ from service.api.app import create_app
 from service.api.observability import log_handler
 from service.config import Config
 from service.releases import pricing, submit, sweeper
-from service.storage import index, rkeys
 from service.storage.ledger import Reservation
 from service.storage.pg_keys import PgKeyStore
 from service.storage.pg_ledger import PgLedger
@@ -98,31 +95,25 @@ def test_500_is_logged_as_json_with_request_id_and_type_only(
 def test_503_is_logged_as_json_with_request_id(
         service_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     """Item 11: the 503 handler's warning went to the plain-text last-resort handler without
-    the request id on main; now a JSON record with it and the error type. The store the
-    request reads its key from is unreachable: Valkey, for an app on the Valkey store;
-    and, in a session on PostgreSQL, the database too."""
-    with socket.socket() as sock:  # a port nothing listens on: Valkey unreachable
+    the request id on main; now a JSON record with it and the error type. The record the
+    request reads its key from (PostgreSQL) is unreachable."""
+    with socket.socket() as sock:  # a port nothing listens on: the database unreachable
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    # the Valkey store (whatever the session's): its keys are Valkey's, so is the 503
-    fresh = _fresh_app(service_env, PRIVRELEASE_REDIS_URL=f"redis://127.0.0.1:{port}/0",
-                       PRIVRELEASE_DATABASE_URL="")
-    _logged_503(fresh, capsys, "ConnectionError")
-    if service_env.get("PRIVRELEASE_DATABASE_URL"):
-        fresh = _fresh_app(service_env)
-        svc = wiring.of(fresh)
-        assert isinstance(svc.keys, PgKeyStore) and isinstance(svc.ledger, PgLedger)
-        dead = ConnectionPool(f"postgresql://127.0.0.1:{port}/nowhere", min_size=1,
-                              timeout=1.0, open=False)
-        dead.open(wait=False)
-        usual = svc.ledger.pool
-        svc.keys.pool = svc.ledger.pool = dead
-        try:
-            _logged_503(fresh, capsys, "PoolTimeout")  # no connection within a second
-        finally:
-            svc.keys.pool = svc.ledger.pool = usual
-            dead.close()
-            usual.close()
+    fresh = _fresh_app(service_env)
+    svc = wiring.of(fresh)
+    assert isinstance(svc.keys, PgKeyStore) and isinstance(svc.ledger, PgLedger)
+    dead = ConnectionPool(f"postgresql://127.0.0.1:{port}/nowhere", min_size=1,
+                          timeout=1.0, open=False)
+    dead.open(wait=False)
+    usual = svc.ledger.pool
+    svc.keys.pool = svc.ledger.pool = dead
+    try:
+        _logged_503(fresh, capsys, "PoolTimeout")  # no connection within a second
+    finally:
+        svc.keys.pool = svc.ledger.pool = usual
+        dead.close()
+        usual.close()
 
 
 def _logged_503(fresh: Flask, capsys: pytest.CaptureFixture[str], error_type: str) -> None:
@@ -172,25 +163,21 @@ def _outbox_due(app: Flask, rid: str) -> float | None:
     """When (epoch s) the release entered the session store's outbox; None: not in it.
     No Store method reads it (``unsent`` says only whether it is past a grace)."""
     ledger = wiring.of(app).ledger
-    if isinstance(ledger, PgLedger):
-        with ledger.pool.connection() as conn:
-            row = conn.execute("SELECT extract(epoch FROM due_at)::float8 FROM outbox "
-                               "WHERE release_id = %s", (rid,)).fetchone()
-        return None if row is None else float(row[0])
-    score = wiring.of(app).client.zscore(rkeys.OUTBOX, rid)
-    return None if score is None else float(score)
+    assert isinstance(ledger, PgLedger)
+    with ledger.pool.connection() as conn:
+        row = conn.execute("SELECT extract(epoch FROM due_at)::float8 FROM outbox "
+                           "WHERE release_id = %s", (rid,)).fetchone()
+    return None if row is None else float(row[0])
 
 
 def _set_outbox_due(app: Flask, rid: str, at: float) -> None:
     """Date the release's outbox entry ``at`` (epoch s), as if it entered the outbox then."""
     ledger = wiring.of(app).ledger
-    if isinstance(ledger, PgLedger):
-        with ledger.pool.connection() as conn:
-            done = conn.execute("UPDATE outbox SET due_at = to_timestamp(%s) "
-                                "WHERE release_id = %s", (at, rid))
-            assert done.rowcount == 1
-    else:
-        assert wiring.of(app).client.zadd(rkeys.OUTBOX, {rid: at}, xx=True, ch=True) == 1
+    assert isinstance(ledger, PgLedger)
+    with ledger.pool.connection() as conn:
+        done = conn.execute("UPDATE outbox SET due_at = to_timestamp(%s) "
+                            "WHERE release_id = %s", (at, rid))
+        assert done.rowcount == 1
 
 
 def _charges(api: Api, ds: str, rid: str) -> list[str]:
@@ -265,51 +252,35 @@ def _flat(pages: list[list[str]]) -> list[str]:
 
 @contextlib.contextmanager
 def _release_reads(app: Flask) -> Iterator[Callable[[], int]]:
-    """Count the releases the session store reads meanwhile: Valkey's own command
-    statistics (HGETALLs of release hashes), or the rows PostgreSQL returns to the app's
-    ledger (every query's). Yields the count so far."""
+    """Count the releases the session store reads meanwhile: the rows PostgreSQL returns
+    to the app's ledger (every query's). Yields the count so far."""
     ledger = wiring.of(app).ledger
-    if isinstance(ledger, PgLedger):
-        counting = CountingPool(ledger.pool)
-        ledger.pool = counting  # type: ignore[assignment]
-        try:
-            yield lambda: counting.returned
-        finally:
-            ledger.pool = counting.real
-        return
-    r = wiring.of(app).client
-
-    def calls() -> int:
-        return int(r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
-
-    before = calls()
-    yield lambda: calls() - before
+    assert isinstance(ledger, PgLedger)
+    counting = CountingPool(ledger.pool)
+    ledger.pool = counting  # type: ignore[assignment]
+    try:
+        yield lambda: counting.returned
+    finally:
+        ledger.pool = counting.real
 
 
 @contextlib.contextmanager
 def _newer_releases_elsewhere(app: Flask, n: int) -> Iterator[None]:
     """``n`` releases of another dataset, newer than all, as far as a list can tell: ids
-    in Valkey's list of every release, or rows of PostgreSQL's ``releases``."""
+    rows of PostgreSQL's ``releases``."""
     ledger = wiring.of(app).ledger
+    assert isinstance(ledger, PgLedger)
     ids = [f"rel_{i:024x}" for i in range(n)]
-    if isinstance(ledger, PgLedger):
-        with ledger.pool.connection() as conn:
-            conn.execute(
-                "INSERT INTO releases (id, dataset_id, actor, status, request, created_at) "
-                "SELECT unnest(%s::text[]), 'ds_noise', 'key_noise', 'succeeded', '{}', "
-                "now() + interval '1 hour'", (ids,))
-        try:
-            yield
-        finally:
-            with ledger.pool.connection() as conn:
-                conn.execute("DELETE FROM releases WHERE id = ANY(%s)", (ids,))
-        return
-    r = wiring.of(app).client
-    r.zadd(rkeys.RELEASES, dict.fromkeys(ids, time.time() + 3600))
+    with ledger.pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO releases (id, dataset_id, actor, status, request, created_at) "
+            "SELECT unnest(%s::text[]), 'ds_noise', 'key_noise', 'succeeded', '{}', "
+            "now() + interval '1 hour'", (ids,))
     try:
         yield
     finally:
-        r.zrem(rkeys.RELEASES, *ids)
+        with ledger.pool.connection() as conn:
+            conn.execute("DELETE FROM releases WHERE id = ANY(%s)", (ids,))
 
 
 def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
@@ -317,7 +288,7 @@ def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
     """Item 9: main read every release in the system for any list (a key limited to one
     dataset scanned them all) and had no cursor. Now pages come from the dataset indexes,
     chained by X-Next-Cursor, and a limited key's listing reads its datasets' releases
-    only (counted with Valkey's own command statistics)."""
+    only (counted by the rows PostgreSQL returns)."""
     ds = dataset["id"]
     other = api.upload(people_csv(20), PEOPLE_META).get_json()["id"]
     mine = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(7)]
@@ -342,21 +313,6 @@ def test_release_list_pages_by_cursor_through_the_keys_datasets_only(
 
     bad = limited.get("/v1/releases?cursor=not-a-cursor")
     assert bad.status_code == 422 and bad.get_json()["field"] == "cursor"
-
-
-@pytest.mark.valkey_store  # the Valkey store's one-time index backfill (PostgreSQL: indexes)
-def test_releases_made_before_the_indexes_are_listed(app: Flask, api: Api,
-                                                     dataset: dict[str, Any],
-                                                     worker: Any) -> None:
-    """Item 9: releases created before the per-dataset indexes existed are indexed once,
-    at the first list request (on main there were no indexes; here they are removed)."""
-    ds, r = dataset["id"], wiring.of(app).client
-    made = [api.post("/v1/releases", _body(ds, v)).get_json()["id"] for v in range(3)]
-    api.wait(made[-1])
-    r.delete(rkeys.INDEXED, rkeys.dataset_releases(ds))  # as a server upgraded from main
-    assert _flat(_pages(api, f"/v1/releases?dataset_id={ds}&limit=2")) == made[::-1]
-    assert r.get(rkeys.INDEXED) == "1"
-    assert r.zcard(rkeys.dataset_releases(ds)) == 3
 
 
 def test_jobs_list_pages_pending_then_failed(app: Flask, api: Api,
@@ -472,41 +428,3 @@ def test_full_data_directory_is_507_and_leaves_nothing(
     assert seen["body"]["code"] == "insufficient_storage"
     assert seen["left"] == []
     assert seen["again"] == 201
-
-
-# --- the index helper: paging invariants ---------------------------------------------
-
-_entries = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 5),
-                              st.text("abcdef", min_size=1, max_size=3)),
-                    max_size=25, unique_by=lambda e: e[2])
-
-
-@hypothesis.settings(max_examples=40, deadline=None,
-                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
-@hypothesis.given(entries=_entries, limit=st.integers(1, 6), newest=st.booleans(),
-                  drop=st.booleans())
-def test_pages_walk_the_union_once_in_order(r: Any, entries: list[tuple[int, int, str]],
-                                            limit: int, newest: bool, drop: bool) -> None:
-    """``index.page`` over several sorted sets with many equal scores: following the
-    cursors yields every member once, in (score, member) order, even when the member a
-    cursor names leaves its set between pages (``drop``: as a job leaves the pending
-    index when it ends)."""
-    keys = [f"pr:test:page:{i}" for i in range(3)]
-    r.delete(*keys)
-    for which, score, member in entries:
-        r.zadd(keys[which], {member: score})
-    expected = [m for _, m in sorted(((s, m) for _, s, m in entries), reverse=newest)]
-    seen: list[str] = []
-    after: index.Cursor | None = None
-    for _ in range(len(entries) + 2):
-        ids, after = index.page(r, keys, limit, after, newest_first=newest)
-        assert len(ids) <= limit
-        seen += ids
-        if after is None:
-            break
-        assert after.encode() and index.Cursor.decode(after.encode()) == after
-        if drop:
-            for key in keys:
-                r.zrem(key, after.member)
-    r.delete(*keys)
-    assert seen == expected

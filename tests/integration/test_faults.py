@@ -4,8 +4,8 @@ it is back.
 
 These tests stop and kill Valkey, so they run their own (AOF, ``appendfsync
 always``, on a free port with its own data directory) and their own worker,
-never the session's; on a session whose service runs on PostgreSQL, a database of
-their own too, which the PostgreSQL faults take away (``ALLOW_CONNECTIONS false`` and
+never the session's, and a database of their own too, which the PostgreSQL faults take
+away (``ALLOW_CONNECTIONS false`` and
 its connections ended: the server is the session's, shared). Related fault tests live
 elsewhere:
 
@@ -13,8 +13,8 @@ elsewhere:
   ``tests/e2e/test_faults.py``.
 - A worker killed mid-task (redelivered, re-run once, balanced):
   ``tests/integration/test_jobs.py::test_worker_killed_mid_task_ends_once_and_balances``.
-- Committed spend surviving SIGKILL at the ledger level:
-  ``tests/integration/test_ledger.py::test_valkey_kill_loses_no_committed_spend``.
+- Valkey's data directory lost whole (budgets, releases and events kept):
+  ``tests/integration/test_valkey_loss.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -62,18 +61,17 @@ NO_VALKEY = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/<path:file
 @pytest.fixture(scope="module")
 def rig(app: Flask, service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory,
         request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """Own Valkey, own data directory, own worker, own database (a session on PostgreSQL),
-    and an app (with the rate limiter on)."""
+    """Own Valkey, own data directory, own worker, own database, and an app (with the
+    rate limiter on)."""
     valkey_dir = tmp_path_factory.mktemp("faults-valkey")
     data_dir = tmp_path_factory.mktemp("faults-data")
     server = start_valkey(valkey_dir)
     url = server.connection_url + "/0"
     env = {**service_env, "PRIVRELEASE_REDIS_URL": url, "PRIVRELEASE_DATA_DIR": str(data_dir)}
-    database_url = app.config["PRIVRELEASE"].database_url
-    if database_url:  # and its own database: the session's holds other tests' datasets
-        database_url = database_on(request.getfixturevalue("postgres_url"))
-        database.upgrade(database_url)
-        env["PRIVRELEASE_DATABASE_URL"] = database_url
+    # its own database: the session's holds other tests' datasets
+    database_url = database_on(request.getfixturevalue("postgres_url"))
+    database.upgrade(database_url)
+    env["PRIVRELEASE_DATABASE_URL"] = database_url
     log = tmp_path_factory.mktemp("faults-worker") / "worker.log"
     with open(log, "wb") as fh:
         worker = subprocess.Popen(
@@ -83,8 +81,7 @@ def rig(app: Flask, service_env: dict[str, str], tmp_path_factory: pytest.TempPa
                              "worker": worker, "log": log, "database_url": database_url}
     try:
         wait_for_worker(rkeys.connect(url))
-        # no key cache: every request looks its key up in the record (on the Valkey
-        # store that is what answers 503 first while Valkey is stopped)
+        # no key cache: every request looks its key up in the record
         config = dataclasses.replace(app.config["PRIVRELEASE"], redis_url=url, data_dir=data_dir,
                                      database_url=database_url, rate_limit="600/minute",
                                      max_upload_bytes=16 << 20, key_cache_seconds=0)
@@ -124,67 +121,6 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-@pytest.mark.valkey_store  # the keys are Valkey's: every route needs it
-def test_every_endpoint_answers_503_while_valkey_is_stopped_then_recovers(
-        rig: dict[str, Any]) -> None:
-    flask_app: Flask = rig["app"]
-    api = Api(flask_app.test_client())
-    resp = api.upload(people_csv(50), PEOPLE_META)
-    assert resp.status_code == 201, resp.get_json()
-    dataset = resp.get_json()["id"]
-    body = {"dataset_id": dataset, "mechanism": "geometric", "budget": {"epsilon": 0.5},
-            "params": {"statistic": "count",
-                       "condition": {"column": "age", "op": "ge", "value": 30}}}
-    resp = api.post("/v1/releases", body)
-    assert resp.status_code == 202
-    release = resp.get_json()["id"]
-    assert api.wait(release)["status"] == "succeeded"
-    files_before = _files(rig["data_dir"])
-
-    rig["port"] = rig["valkey"].port
-    rig["valkey"].stop()  # SIGTERM: Valkey stopped while requests arrive
-    # the API's routes; the console's HTML pages are tested in tests/console
-    rules = [r for r in flask_app.url_map.iter_rules() if r.rule not in NO_VALKEY
-             and not r.endpoint.startswith("console.")]
-    assert len(rules) >= 15  # the whole API, whatever routes are added later
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    for rule in rules:
-        path = _path_for(rule, dataset, release)
-        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            if rule.endpoint == "datasets.upload" and method == "POST":
-                continue  # its body must be multipart (415 before auth); a real upload follows
-            # auth reads the key from Valkey first, so any well-formed JSON body gets the 503
-            resp = api.client.open(path, method=method, headers=headers, json={})
-            _assert_unavailable(resp, f"{method} {rule.rule}")
-    _assert_unavailable(api.client.get("/readyz"), "/readyz")
-    _assert_unavailable(api.post("/v1/releases", body), "release")  # a real request too
-    _assert_unavailable(api.upload(people_csv(50), PEOPLE_META), "upload")
-    assert api.client.get("/healthz").status_code == 200  # alive: do not restart it
-    metrics = api.client.get("/metrics")
-    assert metrics.status_code == 200
-    assert "privrelease_redis_up 0.0" in metrics.get_data(as_text=True)
-    assert _files(rig["data_dir"]) == files_before  # the refused upload left nothing
-
-    _restart(rig)
-    # the same app object reconnects on its next request; the worker runs jobs again
-    row = api.get(f"/v1/datasets/{dataset}/budget").get_json()["measures"]["epsilon"]
-    assert row == {"cap": 5.0, "committed": 0.5, "reserved": 0.0, "remaining": 4.5}
-    assert [d["id"] for d in api.get("/v1/datasets").get_json()] == [dataset]
-    body["params"]["condition"]["value"] = 31
-    resp = api.post("/v1/releases", body)
-    assert resp.status_code == 202, resp.get_json()
-    assert resp.headers["X-RateLimit-Limit"] == "600"  # the limiter counts again
-    assert api.wait(resp.get_json()["id"])["status"] == "succeeded"
-    assert rig["worker"].poll() is None  # the worker reconnected, it did not restart
-    # ready once the worker beat to this Valkey run (a beat every HEARTBEAT_SECONDS)
-    deadline = time.monotonic() + 3 * HEARTBEAT_SECONDS
-    while (ready := api.client.get("/readyz")).status_code != 200:
-        assert time.monotonic() < deadline, ready.get_json()
-        time.sleep(0.2)
-    assert "privrelease_redis_up 1.0" in api.client.get("/metrics").get_data(as_text=True)
-
-
-@pytest.mark.postgres_store
 def test_with_valkey_stopped_the_record_answers_and_jobs_wait_for_it(
         rig: dict[str, Any]) -> None:
     """The same outage on PostgreSQL (issue #29): Valkey keeps only what can be lost (the
@@ -285,163 +221,6 @@ def _while_valkey_is_stopped(rig: dict[str, Any], api: Api, swept: str, release:
     return reads, fresh, str(uploaded.get_json()["id"])
 
 
-@pytest.mark.valkey_store  # the registration is a Valkey script
-def test_upload_whose_registration_meets_a_dead_valkey_leaves_no_files(
-        rig: dict[str, Any]) -> None:
-    """Valkey dies while the CSV is parsed (after authentication): the answer is a 503,
-    nothing is registered, and the orphan sweep removes the files the upload kept."""
-    flask_app: Flask = rig["app"]
-    api = Api(flask_app.test_client())
-    files_before = _files(rig["data_dir"])
-    datasets_before = api.get("/v1/datasets").get_json()
-    staging = wiring.of(rig["app"]).datasets.staging_dir
-    staged_before = set(staging.iterdir()) if staging.exists() else set()
-    killed = threading.Event()
-
-    def kill_while_parsing() -> None:
-        """Stop Valkey once the upload's staging folder appears: the rows are being stored."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if staging.exists() and any(p.name.startswith("stage-")
-                                        for p in set(staging.iterdir()) - staged_before):
-                rig["valkey"].terminate()
-                killed.set()
-                return
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=kill_while_parsing)
-    watcher.start()
-    rig["port"] = rig["valkey"].port
-    url = rig["valkey"].connection_url + "/0"
-    resp = api.upload(people_csv(200_000), PEOPLE_META)  # parsing takes a while
-    watcher.join(timeout=30)
-    assert killed.is_set()
-    _assert_unavailable(resp, "upload")
-
-    _restart(rig)
-    # nothing registered; what was is back from the AOF
-    assert api.get("/v1/datasets").get_json() == datasets_before
-    client = rkeys.connect(url)
-    # Valkey could not say whether the registration was stored, so its files waited for
-    # the orphan sweep, which removes them now that the id is known to be unregistered
-    store = wiring.of(rig["app"]).datasets
-    orphans = store.sweep_orphans(set(client.zrange(rkeys.DATASETS, 0, -1)), older_than=0)
-    assert len(orphans) == 1
-    assert _files(rig["data_dir"]) == files_before
-    leftovers = [p for p in (rig["data_dir"] / "datasets").glob("*")
-                 if p.name != ".tmp" and p.name not in {d["id"] for d in datasets_before}]
-    assert leftovers == []
-
-
-class CutReplies:
-    """A TCP proxy to Valkey that loses the replies to a dataset registration.
-
-    Everything is forwarded both ways, except that once a client has sent the
-    script call that registers a dataset (``EVALSHA`` naming a dataset key),
-    Valkey runs it but its reply never arrives: the connection is dropped
-    instead, ``cuts`` times in all (redis-py re-sends a command once after a
-    connection error).
-    """
-
-    def __init__(self, port: int, cuts: int) -> None:
-        self.upstream, self.cuts, self.cut = port, cuts, 0
-        # loaded beforehand, so the first call runs the script: the lost reply is its result,
-        # not a NOSCRIPT error
-        script = resources.files("service.storage").joinpath("lua/open.lua").read_text()
-        rkeys.connect(f"redis://127.0.0.1:{port}/0").script_load(script)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.upstream))
-            sent_exec = threading.Event()
-            threading.Thread(target=self._up, args=(client, server, sent_exec),
-                             daemon=True).start()
-            threading.Thread(target=self._down, args=(server, client, sent_exec),
-                             daemon=True).start()
-
-    def _up(self, client: socket.socket, server: socket.socket, sent: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while data := client.recv(1 << 20):  # one command per write: one recv here
-                if (b"EVALSHA" in data and rkeys.dataset("").encode() in data
-                        and self.cut < self.cuts):
-                    self.cut += 1
-                    sent.set()
-                server.sendall(data)
-
-    def _down(self, server: socket.socket, client: socket.socket,
-              sent: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while data := server.recv(65536):
-                if sent.is_set():
-                    time.sleep(0.1)  # Valkey has run the whole transaction
-                    break
-                client.sendall(data)
-        for sock in (client, server):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-@pytest.mark.valkey_store  # the registration is a Valkey script
-def test_upload_whose_registration_reply_is_lost_once_is_registered_once(
-        rig: dict[str, Any]) -> None:
-    """The reply is lost, redis-py re-sends the registration, which finds it done:
-    201, and one cap event in the dataset's audit log (not two)."""
-    proxy = CutReplies(rig["valkey"].port, cuts=1)
-    try:
-        config = dataclasses.replace(rig["app"].config["PRIVRELEASE"],
-                                     redis_url=f"redis://127.0.0.1:{proxy.port}/0")
-        resp = Api(create_app(config).test_client()).upload(people_csv(500), PEOPLE_META)
-        assert resp.status_code == 201, resp.get_json()
-        assert proxy.cut == 1
-    finally:
-        proxy.close()
-    dataset = resp.get_json()["id"]
-    events = Api(rig["app"].test_client()).get(f"/v1/datasets/{dataset}/ledger").get_json()
-    assert [e["kind"] for e in events] == ["cap"]
-
-
-@pytest.mark.valkey_store  # the registration is a Valkey script
-def test_upload_whose_registration_reply_is_lost_keeps_its_files(
-        rig: dict[str, Any]) -> None:
-    """Valkey stores the registration but its reply is lost (twice: the retry as well):
-    the client hears 503, yet the dataset is registered, its files stay, and it works."""
-    url = rig["valkey"].connection_url + "/0"
-    proxy = CutReplies(rig["valkey"].port, cuts=2)
-    try:
-        config = dataclasses.replace(rig["app"].config["PRIVRELEASE"],
-                                     redis_url=f"redis://127.0.0.1:{proxy.port}/0")
-        api = Api(create_app(config).test_client())
-        before = {d["id"] for d in Api(rig["app"].test_client()).get("/v1/datasets").get_json()}
-        resp = api.upload(people_csv(500), PEOPLE_META)
-        _assert_unavailable(resp, "upload")
-        assert proxy.cut == 2
-    finally:
-        proxy.close()
-    direct = Api(rig["app"].test_client())
-    (dataset,) = {d["id"] for d in direct.get("/v1/datasets").get_json()} - before
-    assert wiring.of(rig["app"]).datasets.exists(dataset, 1)
-    client = rkeys.connect(url)
-    assert dataset not in wiring.of(rig["app"]).datasets.sweep_orphans(
-        set(client.zrange(rkeys.DATASETS, 0, -1)), older_than=0)
-    release = direct.post("/v1/releases", {
-        "dataset_id": dataset, "mechanism": "geometric", "budget": {"epsilon": 0.5},
-        "params": {"statistic": "count", "condition": {"column": "age", "op": "ge",
-                                                       "value": 30}}})
-    assert release.status_code == 202, release.get_json()
-    assert direct.wait(release.get_json()["id"])["status"] == "succeeded"
-
-
 def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
         rig: dict[str, Any]) -> None:
     """Valkey up but the broker unreachable (its own host in production): a release is
@@ -486,8 +265,6 @@ def test_broker_down_refuses_releases_and_analyses_and_keeps_no_record(
 
 # -- PostgreSQL, the system of record ------------------------------------------------------
 
-#: tests of the PostgreSQL store: deselected in a session on the Valkey store
-on_postgres = pytest.mark.postgres_store
 
 
 @contextlib.contextmanager
@@ -532,7 +309,6 @@ def _answers_again(api: Api, path: str, timeout: float = 30.0) -> Any:
         time.sleep(0.2)
 
 
-@on_postgres
 def test_the_record_answers_503_while_the_database_is_away_then_recovers(
         rig: dict[str, Any]) -> None:
     """Catches a database outage answered 500 (a psycopg error unhandled) or hanging: every
@@ -574,7 +350,6 @@ def test_the_record_answers_503_while_the_database_is_away_then_recovers(
     assert api.client.get("/readyz").status_code == 200
 
 
-@on_postgres
 def test_upload_whose_registration_meets_a_dead_database_leaves_no_files(
         rig: dict[str, Any]) -> None:
     """The database goes away while the CSV is parsed (after authentication): the answer
@@ -624,7 +399,6 @@ def _beats_again(client: Any, name: str, beat: threading.Thread) -> None:
         time.sleep(0.05)
 
 
-@on_postgres
 def test_a_workers_heartbeat_outlives_a_sweep_that_met_a_dead_database(
         rig: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches a heartbeat thread that survives only Valkey's errors: its sweep, which
@@ -660,7 +434,6 @@ def test_a_workers_heartbeat_outlives_a_sweep_that_met_a_dead_database(
         beat.join(timeout=30)
 
 
-@on_postgres
 def test_a_workers_heartbeat_outlives_a_sweep_that_failed_otherwise(
         rig: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
     """Catches a heartbeat thread that survives only the record's outages: its sweep met
@@ -763,7 +536,6 @@ def _losing_app(rig: dict[str, Any], cuts: int) -> tuple[Flask, LosesCommitRepli
     return fresh, losing
 
 
-@on_postgres
 def test_upload_whose_registration_reply_is_lost_once_is_registered_once_on_postgres(
         rig: dict[str, Any]) -> None:
     """The COMMIT's reply is lost, PgLedger runs the registration again, which finds it
@@ -780,7 +552,6 @@ def test_upload_whose_registration_reply_is_lost_once_is_registered_once_on_post
     assert [e["kind"] for e in events] == ["cap"]
 
 
-@on_postgres
 def test_upload_whose_registration_reply_is_lost_keeps_its_files_on_postgres(
         rig: dict[str, Any]) -> None:
     """The database stores the registration but every reply is lost (each of PgLedger's

@@ -3,7 +3,7 @@ standalone bound (Thm 4, additive: it holds for designs chosen after reading ear
 outputs); the exact joint leakage of the column is shown, not charged.
 
 Against the session's real store (and worker for the HTTP tests), through its real
-reserve and settle steps (PgLedger's transactions, or reserve.lua / settle.lua):
+reserve and settle steps (PgLedger's transactions):
 sequential releases pay standalone each, with the joint figure in their privacy block;
 two requests priced at one history both reserve at standalone (there is no history
 counter to go stale); a refunded pending release leaves no later charge underpaid; and a
@@ -30,7 +30,6 @@ from mechanisms.interval import composition
 from mechanisms.interval.entries import LEDGER_UNIT, plan
 from service import budget, wiring
 from service.releases import pricing, submit
-from service.storage import rkeys
 from service.storage.ledger import Reservation
 from service.storage.store import Store
 from tests.integration import record_state
@@ -74,12 +73,9 @@ def _units(app: Any, ds: str) -> dict[str, int]:
 def _history_counters(app: Any, ds: str) -> list[str]:
     """Whatever the dataset's ledger keeps of its releases' history (a count of the
     column's releases, as the exact-increment rule kept for its pricing): none may exist.
-    On Valkey the ledger hash's ``history:`` fields; on PostgreSQL any column of the
-    ledger tables, and any measure row of the dataset, named for a history."""
+    Any column of the ledger tables, and any measure row of the dataset, named for a
+    history."""
     ledger = wiring.of(app).ledger
-    if not record_state.on_postgres(ledger):
-        return [f for f in wiring.of(app).client.hkeys(rkeys.ledger(ds))
-                if f.startswith("history:")]
     columns = record_state.sql(
         ledger, "SELECT table_name || '.' || column_name FROM information_schema.columns "
                 "WHERE table_name IN ('ledgers', 'budgets', 'allocations', "

@@ -184,7 +184,6 @@ def big(postgres_url: str) -> Iterator[str]:
             conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
-@pytest.mark.postgres_store
 def test_every_lookup_is_an_index_scan(big: str) -> None:
     """Catches a lookup that scans a table (O(keys) per request): each statement the
     stores run to find a key by digest or id, a session, an analysis, a release's page
@@ -235,7 +234,6 @@ def test_every_lookup_is_an_index_scan(big: str) -> None:
         pool.close()
 
 
-@pytest.mark.postgres_store
 def test_the_keys_migration_goes_down_and_up_again(postgres_url: str) -> None:
     """0005_keys downgrades to 0004_steps (its four tables gone, the releases kept)
     and upgrades again."""

@@ -1,7 +1,7 @@
 """A run's lease kept alive while it works (``service.releases.run._lease``): one thread
 per process renews every run's lease a third of a lease after it was taken or renewed,
-tells a run that lost it, and stops renewing a run that ended. On the session's record
-(PostgreSQL, or the Valkey store), its runs leased for one second."""
+tells a run that lost it, and stops renewing a run that ended. On the session's record,
+its runs leased for one second."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """``GET /v1/datasets/{id}/ledger`` a page at a time, and its JSON Lines export streamed.
 
-A dataset's events are replaced by 2,500 events (several per millisecond, in 2001),
-written to whichever store the session's service runs on: on PostgreSQL rows of
-``events`` (their ids numbers, ``at`` the event's time), on Valkey a stream with explicit
-ids of which 1,200 are moved to the archive file, so every read crosses the file/stream
-seam. The events as written, kept here, are the reference: each answer is compared with
-what the old unpaged view rendered from them (``_render``, written out here, not the
-service's code). On Valkey a session worker's sweeper may archive more of the stream while
-the tests run; the answers must not change (that is the archive's contract), so nothing
-here depends on the split. The archive's own reads are tested on Valkey only
-(``valkey_store``).
+A dataset's events are replaced by 2,500 events (several per millisecond, in 2001):
+rows of ``events`` (their ids numbers, ``at`` the event's time). The events as written,
+kept here, are the reference: each answer is compared with what the old unpaged view
+rendered from them (``_render``, written out here, not the service's code).
 """
 
 from __future__ import annotations
@@ -27,15 +21,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import redis
 from flask import Flask, Response, g
 from psycopg_pool import ConnectionPool
 
 from service import apikeys, budget, wiring
 from service.api import datasets as datasets_api
-from service.storage import database, rkeys
-from service.storage.event_archive import READ_BATCH, AuditArchive
-from service.storage.ledger import Ledger
+from service.storage import database
+from service.storage.ledger import READ_BATCH
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 
@@ -60,14 +52,12 @@ def _at(ms: int) -> datetime:
 
 
 class Rig:
-    """A dataset whose ledger holds ``N`` events (on Valkey: over file and stream, and a
-    copy of the stream the archive never touches), and those events as written."""
+    """A dataset whose ledger holds ``N`` events, and those events as written."""
 
     def __init__(self, api: Api, app: Flask) -> None:
         resp = api.upload(people_csv(20), PEOPLE_META)
         assert resp.status_code == 201, resp.get_json()
         self.api, self.ds = api, resp.get_json()["id"]
-        self.client: redis.Redis = wiring.of(app).client
         self.ledger = wiring.of(app).ledger
         self.url = f"/v1/datasets/{self.ds}/ledger"
         written: list[tuple[int, dict[str, str]]] = []  # (ms, fields)
@@ -79,29 +69,11 @@ class Rig:
             if i % 5 == 0:
                 fields["version"] = "1"
             written.append((ms, fields))
-        if isinstance(self.ledger, PgLedger):
-            ids = _pg_replace_events(self.ledger, self.ds, written)
-        else:
-            ids = self._valkey_replace_events(written)
+        assert isinstance(self.ledger, PgLedger)
+        ids = _pg_replace_events(self.ledger, self.ds, written)
         #: (id, fields, ms) of every event, oldest first: the reference
         self.events = [(i, f, ms) for i, (ms, f) in zip(ids, written, strict=True)]
         self.ids = [i for i, _, _ in self.events]
-
-    def _valkey_replace_events(self, written: list[tuple[int, dict[str, str]]]) -> list[str]:
-        self.copy = f"{rkeys.P}test:copy:{self.ds}"
-        self.client.delete(rkeys.events(self.ds))
-        pipe = self.client.pipeline(transaction=False)
-        ids, last, seq = [], -1, 0
-        for ms, fields in written:
-            seq = seq + 1 if ms == last else 0
-            last = ms
-            ids.append(f"{ms}-{seq}")
-            for key in (rkeys.events(self.ds), self.copy):
-                pipe.xadd(key, fields, id=ids[-1])
-        pipe.execute()
-        archive: AuditArchive = self.ledger.audit  # type: ignore[attr-defined]
-        assert archive.archive(self.client, self.ds, hot_seconds=0, batch=1200) == 1200
-        return ids
 
     def expected(self, since: int | None = None, until: int | None = None,
                  kinds: set[str] | None = None) -> list[dict[str, Any]]:
@@ -111,16 +83,6 @@ class Rig:
                 if (since is None or ms >= START_MS + since)
                 and (until is None or ms <= START_MS + until)
                 and (not kinds or f["kind"] in kinds)]
-
-    def clone(self, count: int | None = None) -> str:
-        """(Valkey) A new (unregistered) dataset id whose stream holds the first ``count``
-        events."""
-        ds = "ds_" + secrets.token_hex(8)
-        pipe = self.client.pipeline(transaction=False)
-        for i, fields in self.client.xrange(self.copy, count=count):
-            pipe.xadd(rkeys.events(ds), fields, id=i)
-        pipe.execute()
-        return ds
 
     def pages(self, query: str) -> list[tuple[list[dict[str, Any]], str | None]]:
         """Every page of ``query`` (its events and the cursor it sent), following Link."""
@@ -179,10 +141,10 @@ def _pg_drop_events(ledger: PgLedger, ds: str) -> None:
 def rig(app: Flask) -> Iterator[Rig]:
     rig = Rig(Api(app.test_client()), app)
     yield rig
-    if isinstance(rig.ledger, PgLedger):
-        # events dated 2001 among the session's: ``since`` / ``until`` of other modules'
-        # ledgers map to event ids by time, so they go (the dataset stays, its ledger empty)
-        _pg_drop_events(rig.ledger, rig.ds)
+    # events dated 2001 among the session's: ``since`` / ``until`` of other modules'
+    # ledgers map to event ids by time, so they go (the dataset stays, its ledger empty)
+    assert isinstance(rig.ledger, PgLedger)
+    _pg_drop_events(rig.ledger, rig.ds)
 
 
 def _token(parts: list[Any]) -> str:
@@ -196,7 +158,7 @@ def _cursor_id(token: str) -> str:
 
 def test_pages_of_1000_concatenate_to_the_unpaged_list(rig: Rig) -> None:
     """Catches a view that answers everything at once (no cursor after 1000), a page
-    that repeats or skips an event at its edge or at the file/stream seam, and a list
+    that repeats or skips an event at its edge, and a list
     that does not end: 2,500 events come as 1000 + 1000 + 500, oldest first, and the
     last page has no cursor (one more event is read to know)."""
     pages = rig.pages("limit=1000")
@@ -231,22 +193,6 @@ def test_a_filter_matching_nothing_reads_one_page(rig: Rig) -> None:
     assert resp.status_code == 200 and resp.get_json() == []
     assert _cursor_id(resp.headers["X-Next-Cursor"]) == rig.ids[999]
     assert [len(e) for e, _ in rig.pages("kind=retire&limit=1000")] == [0, 0, 0]
-
-
-class CountingRedis:
-    """The real client, counting the stream events its XRANGEs return."""
-
-    def __init__(self, real: redis.Redis) -> None:
-        self.real, self.returned, self.counts = real, 0, []
-
-    def xrange(self, *args: Any, **kwargs: Any) -> Any:
-        self.counts.append(kwargs.get("count"))
-        rows = self.real.xrange(*args, **kwargs)
-        self.returned += len(rows)
-        return rows
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
 
 
 class CountingPool:
@@ -302,23 +248,6 @@ class _Counted:
         return getattr(self.real, name)
 
 
-@pytest.mark.valkey_store
-def test_a_page_reads_at_most_limit_plus_one_stream_events(rig: Rig) -> None:
-    """Catches an unbounded XRANGE behind a page: a ledger on a wrapped (real) client
-    reads a filter-matching-nothing page of 10 from a 2,500-event stream with no
-    archive: 11 events come back from Valkey, not 2,500."""
-    ds = rig.clone()
-    counting = CountingRedis(rig.client)
-    ledger = Ledger(counting)  # type: ignore[arg-type]
-    events, last = ledger.events_page(ds, "-", "+", {"retire"}, 10)
-    assert events == [] and counting.returned == 11
-    assert last == rig.client.xrange(rig.copy, count=10)[-1][0]
-    counting.counts.clear()
-    assert len(list(ledger.iter_events(ds))) == N  # the export: batches, never all at once
-    assert counting.counts and all(c is not None and c <= READ_BATCH for c in counting.counts)
-    rig.client.delete(rkeys.events(ds))
-
-
 def test_a_page_reads_at_most_limit_plus_one_rows(database_url: str) -> None:
     """The same on PostgreSQL (its own pool on the session's database, whichever store
     the session's service runs on): a filter-matching-nothing page of 10 from a
@@ -352,8 +281,8 @@ def test_a_page_reads_at_most_limit_plus_one_rows(database_url: str) -> None:
 
 
 def test_jsonl_export_is_streamed_and_byte_identical(rig: Rig) -> None:
-    """Catches an export that changed bytes (order, key order, a missing event at the
-    seam) or is built whole in memory: the body is a streamed response equal byte for
+    """Catches an export that changed bytes (order, key order, a missing event at a
+    page's edge) or is built whole in memory: the body is a streamed response equal byte for
     byte to the reference lines and to the JSON pages' events, with and without a
     filter."""
     for query, kinds in (("", None), ("kind=reserve", {"reserve"})):
@@ -395,7 +324,7 @@ def test_a_cursor_resumes_the_export(rig: Rig) -> None:
     ("cursor=" + _token([1.0, "rel_x", ""]), "cursor"),
     # a stream cursor whose id is no stream id
     ("cursor=" + _token([1.0, "1-x", "stream"]), "cursor"),
-    # ids past 64 bits (Valkey would refuse them: a 500 if passed on)
+    # ids past 64 bits (a 500 if passed on to the database)
     ("cursor=" + _token([1.0, f"{2**64}-0", "stream"]), "cursor"),
     ("cursor=" + _token([1.0, f"1-{2**64 - 1}", "stream"]), "cursor"),
     # an event id past PostgreSQL's bigint (it would refuse it: a 500 if passed on); no
@@ -409,44 +338,6 @@ def test_bad_paging_arguments_are_422_naming_the_field(rig: Rig, query: str,
     resp = rig.api.get(f"{rig.url}?{query}")
     assert resp.status_code == 422, resp.get_data()
     assert resp.get_json()["field"] == field
-
-
-@pytest.mark.valkey_store
-def test_a_merged_read_survives_the_archiver_moving_its_next_batch(
-        rig: Rig, tmp_path: Any) -> None:
-    """Catches a batched read that loses events the archiver moved between two of its
-    XRANGEs (file read, then the stream batch after it trimmed): a read of 2,500 stream
-    events is paused after its first batch, everything moves to disk, and the read goes
-    on from the file, each event once."""
-    archive = AuditArchive(tmp_path)
-    ds = rig.clone()
-    read = archive.merge(rig.client, ds)
-    head = [next(read) for _ in range(10)]
-    assert archive.archive(rig.client, ds, hot_seconds=0) == N
-    assert head + list(read) == rig.client.xrange(rig.copy)
-
-
-@pytest.mark.valkey_store
-def test_a_merged_read_survives_a_trim_between_its_file_check_and_xrange(
-        rig: Rig, tmp_path: Any) -> None:
-    """Catches a stream batch kept although the archiver trimmed under it: the wrapped
-    client runs the archiver right before the first XRANGE (after the read looked at
-    the file), so that XRANGE sees none of the moved events; the read must take them
-    from the file."""
-    archive = AuditArchive(tmp_path)
-    ds = rig.clone(300)
-    archive.archive(rig.client, ds, hot_seconds=0, batch=100)
-
-    class ArchiveFirst(CountingRedis):
-        def xrange(self, *args: Any, **kwargs: Any) -> Any:
-            if not self.counts:
-                archive.archive(self.real, ds, hot_seconds=0)
-            return super().xrange(*args, **kwargs)
-
-    wrapped = ArchiveFirst(rig.client)
-    got = list(archive.merge(wrapped, ds))  # type: ignore[arg-type]
-    assert wrapped.counts, "the stream was never read"
-    assert got == rig.client.xrange(rig.copy, count=300)
 
 
 def test_console_audit_page_pages_with_its_filters(rig: Rig, app: Flask) -> None:

@@ -126,3 +126,45 @@ def test_a_row_map_on_spark_is_bounded_by_what_the_worker_holds(stack: Stack,
     mean = laplace.load_params({"statistic": "mean", "column": "age"})
     assert (memory.held(laplace, mean, meta, distributed=True, held_rows=1)
             == laplace.memory(mean, meta))
+
+
+#: record-level releases that are no row map (docs/reference/mechanisms.md, "Record-level
+#: releases on Spark"): they read whole columns in the worker even with Spark configured
+UNMAPPED = [
+    # (DIP's hold-out needs a dataset registered with allow_holdout: test_record_maps)
+    {"mechanism": "opm.l2ball", "params": {"column": "income"}, "budget": {"epsilon": 0.5}},
+    {"mechanism": "subset.dummy", "params": {"column": "group", "alpha": 0.1},
+     "budget": {"subset_draws:group": 1}},
+]
+
+
+@pytest.mark.parametrize("release", UNMAPPED, ids=lambda r: str(r["mechanism"]))
+def test_a_release_that_is_no_row_map_is_bounded_embedded_on_spark_too(
+        stack: Stack, people: str, release: dict[str, Any]) -> None:
+    """With Spark configured, a record-level release that is no row map (DIP's hold-out,
+    opm.l2ball's one joint draw, subset's dummy records) still runs in the
+    worker: its bound is the embedded one, so a limit just below it refuses it at
+    ``prepare`` (nothing reserved, no data read) and one at it admits it. Catches: such
+    a release priced by the row maps' small distributed bound, then run whole in a worker
+    that cannot hold it."""
+    from mechanisms import memory
+    from service.storage.release_tables import INLINE_ROWS
+
+    ledger = wiring.of(stack.app).ledger
+    doc = datasets.get(ledger, people)
+    assert doc is not None
+    mech, meta = registry.get(release["mechanism"]), datasets.meta(doc)
+    params = mech.load_params(release["params"])
+    assert not getattr(mech, "mappable", lambda *_: False)(params, meta)
+    whole = mech.memory(params, meta)
+    assert memory.held(mech, params, meta, distributed=True,
+                       held_rows=INLINE_ROWS) == whole
+    body = {"dataset_id": people, **release}
+    before = stack.api.get(f"/v1/datasets/{people}/ledger").get_json()
+    with pytest.raises(ServiceError) as refused:
+        pricing.prepare(ledger, body, allow_seeds=True, max_memory=whole.bytes - 1,
+                        distributed=True)
+    assert refused.value.code == "memory_limit"
+    assert pricing.prepare(ledger, body, allow_seeds=True, max_memory=whole.bytes,
+                           distributed=True).cost_units
+    assert stack.api.get(f"/v1/datasets/{people}/ledger").get_json() == before

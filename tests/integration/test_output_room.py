@@ -5,8 +5,7 @@ charged the releases, failed with no output (49 of 65 releases, 0.51 epsilon): t
 found out it could not store its output only after it had read the data, when the
 failure rule charges. Now the POST answers 507 (full) or 503 (unavailable) and spends
 nothing, and a run that meets a store gone bad after its POST finds out before it reads
-the data (``OutputStore.preflight``: tables go to the object store; a result file on the
-Valkey store, ``DocumentStore.preflight``), so it is refunded.
+the data (``OutputStore.preflight``: tables go to the object store), so it is refunded.
 
 The release folder and the object store are on a small tmpfs of their own (the tests run
 as root, as CI does); the app has a data directory, a Valkey database and (on PostgreSQL)
@@ -183,7 +182,7 @@ def test_a_summary_run_needs_no_room_in_the_store(rig: dict[str, Any], bad_store
                                                   ) -> None:
     """On PostgreSQL a summary's output is written by its commit's transaction, so a
     release accepted before the store went bad runs, is charged and reads back: no file
-    of it is needed (the Valkey store wrote each result as a file first)."""
+    of it is needed."""
     api, ds = rig["api"], rig["dataset"]
     svc = wiring.of(rig["app"])
     assert svc.ledger.results_inline

@@ -27,8 +27,6 @@ from tests.integration.test_pg_ledger import (
 )
 from tests.integration.test_pg_store import _downgrade
 
-pytestmark = pytest.mark.postgres_store
-
 #: the columns a start (``ledger_start``) or a lease renewal (``ledger_touch``) changes
 START_COLUMNS = {"status", "started_at", "worker", "attempt", "lease_token", "lease_until",
                  "data_read"}

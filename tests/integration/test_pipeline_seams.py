@@ -39,7 +39,6 @@ from mechanisms.base import Budget, read_epsilon
 from service import apikeys, budget, wiring
 from service.api.app import create_app
 from service.releases import run
-from service.storage.pg_ledger import PgLedger
 from tests.conftest import ROOT
 from tests.integration import record_state
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
@@ -180,16 +179,6 @@ class _Walk:
         sys.setprofile(None)
 
 
-#: the files of the record's store in the walk ARCHITECTURE.md lists (PostgreSQL's, the
-#: default), and what the Valkey store passes in their place (its Lua scripts run through
-#: ``durable.py``, its keys are ``valkey_keys.py``'s under ``rkeys.py``'s names; both pass
-#: ``ledger.py``, whose ``now_iso`` stamps a new release)
-PG_STORE = {"service/storage/pg_ledger.py", "service/storage/pg_keys.py",
-            "service/storage/pg_steps.py"}
-VALKEY_STORE = {"service/storage/durable.py", "service/storage/valkey_keys.py",
-                "service/storage/rkeys.py"}
-
-
 def _documented() -> set[str]:
     """The files ARCHITECTURE.md lists for the walk of a POST (between its markers)."""
     block = (ROOT / "ARCHITECTURE.md").read_text().split("<!-- walk -->")[1]
@@ -226,12 +215,8 @@ def test_a_mechanism_added_in_a_test_is_listed_estimated_served_and_audited(
     assert report.passed and report.control_caught, report.detail
 
     # the walk: no Celery in the run, and exactly the service files ARCHITECTURE.md lists
-    # (and the worker's task, which calls run.execute), on the store this session's
-    # service runs on; its mechanism files among those
+    # (and the worker's task, which calls run.execute); its mechanism files among those
     documented = _documented()
-    if not isinstance(svc.ledger, PgLedger):
-        assert documented >= PG_STORE
-        documented = documented - PG_STORE | VALKEY_STORE
     assert not [f for f in walk.files if f.startswith("workers/")]
     ours = {f for f in walk.files if not f.startswith("mechanisms/")}
     assert ours | {"workers/tasks.py"} == {f for f in documented

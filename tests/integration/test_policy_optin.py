@@ -365,7 +365,7 @@ def test_record_level_refused_for_every_role(api: Api, app: Flask, keys: KeyStor
 
 
 def test_reserve_script_enforces_the_rules_itself(app: Flask) -> None:
-    """The store's reserve step (PgLedger's transaction, reserve.lua) refuses, atomically
+    """The store's reserve step (PgLedger's transaction) refuses, atomically
     and whatever the caller checked: a measure the dataset's caps do not name
     (not_admitted), and a measure a listed allocation does not list (exhausted, scope
     allocation, not listed); a legacy allocation limits only what it lists. A refusal

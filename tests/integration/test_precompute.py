@@ -33,7 +33,7 @@ from service.releases import pricing, queue, submit
 from service.releases.queue import PRICING_QUEUE, RELEASES_QUEUE, Queue
 from service.releases.sweeper import send_outbox, sweep
 from service.storage import database, rkeys
-from service.storage.ledger import Ledger, Reservation
+from service.storage.ledger import Reservation
 from service.storage.pg_ledger import PgLedger
 from service.storage.store import ReleaseView, Store
 
@@ -298,15 +298,13 @@ def test_cancelling_a_pricing_release_stops_its_reservation(app: Flask, api: Api
 
 
 def _isolated(redis_url: str, request: pytest.FixtureRequest) -> tuple[Any, Store]:
-    """A Valkey database of its own (and a record: a database of its own on PostgreSQL,
+    """A Valkey database of its own and a record of its own (a database,
     ``record_state.own_database``): the sweeper passes over every release in it, and no
     worker consumes what a test leaves in its queues."""
     client = rkeys.connect(redis_url.rsplit("/", 1)[0] + "/7")
     client.flushdb()
-    db = own_database(request)
-    ledger: Store = Ledger(client) if db is None else PgLedger(database.connect(db))
-    if isinstance(ledger, PgLedger):
-        request.addfinalizer(ledger.pool.close)
+    ledger = PgLedger(database.connect(own_database(request)))
+    request.addfinalizer(ledger.pool.close)
     ledger.open("ds_sweep", {"epsilon": 10**6}, actor="t")
     return client, ledger
 

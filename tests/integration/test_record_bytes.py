@@ -7,15 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-import pytest
 import redis
 from flask import Flask
 
 from service import wiring
 from service.storage.pg_ledger import PgLedger
 from tests.integration.conftest import Api
-
-pytestmark = pytest.mark.postgres_store
 
 #: PostgreSQL bytes one finished release may take (row, its events, index entries): the
 #: request and the result documents are a few hundred bytes each

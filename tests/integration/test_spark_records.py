@@ -69,6 +69,9 @@ def _embedded(store: DatasetStore, mech: RecordMechanism, params: Any, cost: Any
 
 @pytest.mark.parametrize(("name", "raw", "budget", "key", "bucket_rows"), [
     ("dip", {"columns": ["x", "c"]}, {"epsilon": Fraction(2)}, KEY, 8192),
+    # the copula's second exact pass (its correlation sums) on Spark too
+    ("dip", {"columns": ["x", "k", "c"], "reference": {"kind": "dp", "model": "copula"}},
+     {"epsilon": Fraction(2)}, None, 1 << 20),
     ("lrm", {"columns": ["x", "k"]}, {"epsilon": Fraction(1)}, KEY, 1 << 20),
     ("lrm", {"columns": ["k"]}, {"epsilon": Fraction(1)}, None, 30_000),
     # a stream per variable spawned from each partition's generator, in the Spark workers
@@ -77,8 +80,14 @@ def _embedded(store: DatasetStore, mech: RecordMechanism, params: Any, cost: Any
     # int8 columns (the paper's compact form), NaN cells, an exact summary of coverage
     ("interval.case2", {"column": "x", "anchors": {"family": "uniform", "low": 0, "high": 10}},
      {"interval_leakage:x": Fraction(6, 10)}, KEY, 1 << 20),
-], ids=["dip-16-buckets", "lrm-1-bucket", "lrm-row-order", "subset-4-buckets",
-        "interval-1-bucket"])
+    # a data-width design: the pieces padded to the design's four, all-NaN ones included
+    ("interval.casek", {"column": "x", "m": 3, "transform": "square", "exact_range": [1, 2],
+                        "anchors": {"family": "uniform", "low": 0, "high": 100}},
+     {"interval_leakage:x": Fraction(6, 10)}, None, 1 << 20),
+    ("interval.progressive_categorical", {"column": "g", "rounds": 2},
+     {"interval_leakage:g": Fraction(1)}, KEY, 1 << 20),
+], ids=["dip-16-buckets", "dip-copula", "lrm-1-bucket", "lrm-row-order", "subset-4-buckets",
+        "interval-1-bucket", "interval-data-width", "interval-categorical"])
 def test_spark_release_is_the_embedded_one_in_the_same_order(
         spark: SparkSession, stored: tuple[DatasetStore, OutputStore], name: str,
         raw: dict[str, Any], budget: dict[str, Any], key: rows.RowKey | None,

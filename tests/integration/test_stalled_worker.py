@@ -31,7 +31,6 @@ from flask import Flask
 from service import apikeys, wiring
 from service.api.app import create_app
 from service.storage import release_metrics, rkeys
-from service.storage.pg_ledger import PgLedger
 from service.storage.store import Store
 from tests.conftest import ROOT, until, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
@@ -170,16 +169,13 @@ def test_stalled_worker_past_its_lease_yields_one_output_one_charge(
     assert client.hget(release_metrics.RELEASES, f"dip{release_metrics.SEP}succeeded") == "1"
     # B's table is the release's; A's never became visible and is gone
     assert field(ledger, rid, "table") == "2"
-    # so is A's result document: only B's is (the attempt settle recorded, as a file on
-    # the Valkey store, which also moves a settled request to a file; PostgreSQL keeps
-    # both in the row: B's commit wrote its output, A's wrote nothing)
-    pg = isinstance(ledger, PgLedger)
-    assert field(ledger, rid, "result") == (None if pg else "2")
+    # so is A's result document: PostgreSQL keeps both in the row (B's commit wrote its
+    # output, A's wrote nothing)
+    assert field(ledger, rid, "result") is None
     kept = ledger.kept_request(rid)
-    assert (kept is None) == pg
+    assert kept is None
     folder = rig["releases"] / rid
-    assert sorted(p.name for p in (folder.iterdir() if folder.exists() else [])) == sorted(
-        [f"request.{kept}.json", "result.2.json"] if not pg else [])
+    assert not list(folder.iterdir() if folder.exists() else [])
     # the tables are objects of the service's store (the data directory by default)
     assert wiring.of(rig["app"]).outputs.store.versions(rid) == [2]
     assert "run lost its lease" in (rig["logs"] / "worker-a.log").read_text()

@@ -2,16 +2,14 @@
 
 Catches a pass that costs O(backlog): main read every message of the queue lists
 (LRANGE) and every stale pending release each pass (0.07 s of worker CPU a pass at
-14,500 queued). On PostgreSQL a pass over a backlog of 20,000 queued releases sends Valkey
+14,500 queued). A pass over a backlog of 20,000 queued releases sends Valkey
 the queues' lengths and the unacked set only (counted by a Valkey server of its own:
 INFO commandstats), and each of its PostgreSQL statements is an index range reading a
 few rows (EXPLAIN ANALYZE). And the decisions stay: a message deleted from the middle of
 a backlog is found lost and re-sent once the workers have taken the messages behind it,
 a run killed mid-task whose message kombu put back at the end of the queue is left to
 that message, a pricing job's lost message is sent again once pricing jobs behind it
-were taken, and no release merely waiting in the backlog is ever re-sent. On the Valkey
-store (kept only for ``migrate-from-valkey``), which keeps no marks, the sweeper still
-reads the lists, and finds the same loss at once.
+were taken, and no release merely waiting in the backlog is ever re-sent.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from service.api.app import create_app
 from service.releases import queue, sweeper
 from service.releases.queue import PRICING_QUEUE, RELEASES_QUEUE, Queue
 from service.storage import database, pg_ledger, rkeys
-from service.storage.ledger import Ledger, Reservation
+from service.storage.ledger import Reservation
 from service.storage.pg_ledger import PgLedger
 from service.storage.store import RUN, SendMarks, Store
 from tests.conftest import ROOT, database_on, start_valkey, wait_for_worker
@@ -134,7 +132,6 @@ def _rows(store: PgLedger, query: str, params: Any) -> list[tuple[Any, ...]]:
         return conn.execute(query, params).fetchall()
 
 
-@pytest.mark.postgres_store
 def test_a_pass_over_a_large_backlog_reads_no_queue_list_and_few_rows(
         pg: PgLedger, own_valkey: ValkeyServer) -> None:
     client = rkeys.connect(own_valkey.connection_url + "/0")
@@ -227,9 +224,8 @@ def _post(client: redis.Redis, store: Store, n: int, *, pricing: bool = False) -
         client.lpush(PRICING_QUEUE if pricing else RELEASES_QUEUE,
                      _message(rid, queue.PRICE_RELEASE if pricing else queue.RUN_RELEASE))
         ids.append(rid)
-    if isinstance(store, PgLedger):
-        sql(store, "UPDATE releases SET created_at = now() - interval '1 minute' "
-                   "WHERE id = ANY(%s)", ids)
+    sql(store, "UPDATE releases SET created_at = now() - interval '1 minute' "
+               "WHERE id = ANY(%s)", ids)
     return ids
 
 
@@ -284,7 +280,6 @@ def _lose(client: redis.Redis, release_id: str, name: str = RELEASES_QUEUE) -> N
     client.lrem(name, 0, lost[0])
 
 
-@pytest.mark.postgres_store
 def test_a_message_lost_in_a_backlog_is_resent_and_nothing_waiting_is(
         pg: PgLedger, own_valkey: ValkeyServer) -> None:
     client = rkeys.connect(own_valkey.connection_url + "/0")
@@ -326,7 +321,6 @@ def test_a_message_lost_in_a_backlog_is_resent_and_nothing_waiting_is(
     assert pg.balance(DS)["epsilon"]["reserved"] == 0
 
 
-@pytest.mark.postgres_store
 def test_a_message_a_worker_held_and_put_back_is_not_taken_for_lost(
         pg: PgLedger, own_valkey: ValkeyServer) -> None:
     """Catches a release re-sent while its message waits again: taken past while a worker
@@ -359,7 +353,6 @@ def test_a_message_a_worker_held_and_put_back_is_not_taken_for_lost(
     assert _sweep(client, pg, publisher) == [] and publisher.calls == []
 
 
-@pytest.mark.postgres_store
 def test_a_pricing_job_lost_in_a_backlog_is_sent_again_once_jobs_behind_it_are_taken(
         pg: PgLedger, own_valkey: ValkeyServer) -> None:
     client = rkeys.connect(own_valkey.connection_url + "/0")
@@ -386,7 +379,6 @@ def test_a_pricing_job_lost_in_a_backlog_is_sent_again_once_jobs_behind_it_are_t
     assert publisher.calls == [(queue.PRICE_RELEASE, lost)]
 
 
-@pytest.mark.postgres_store
 def test_a_real_worker_draining_a_backlog_meets_no_false_loss(
         redis_url: str, service_env: dict[str, str], app: Flask,
         tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -445,31 +437,6 @@ def test_a_real_worker_draining_a_backlog_meets_no_false_loss(
         close(flask_app)
 
 
-@pytest.mark.valkey_store
-def test_on_the_valkey_store_the_lists_are_read_and_a_lost_message_found_at_once(
-        redis_url: str) -> None:
-    """The Valkey store keeps no marks: the sweeper reads the queue lists (O(backlog),
-    as before); a lost message is found without waiting for the workers."""
-    client = rkeys.connect(redis_url.rsplit("/", 1)[0] + "/12")
-    client.flushdb()
-    try:
-        store = Ledger(client)
-        store.open(DS, {"epsilon": 10**15}, actor="t")
-        publisher = _Publisher(client)
-        ids = _post(client, store, 10)
-        for rid in ids:  # reserved a minute ago, as the sweep sees it
-            client.zadd(rkeys.PENDING, {rid: time.time() - 60})
-        _lose(client, ids[4])
-        assert _sweep(client, store, publisher) == []
-        assert publisher.calls == [(queue.RUN_RELEASE, ids[4])]
-        assert _sweep(client, store, publisher) == []  # its re-sent message waits
-        assert len(publisher.calls) == 1
-        assert all(field(store, r, "resends") is None for r in ids if r != ids[4])
-    finally:
-        client.flushdb()
-
-
-@pytest.mark.postgres_store
 def test_the_sweep_migration_goes_down_and_up_again(postgres_url: str) -> None:
     """0008_sweep downgrades to the revision before it (its columns, indexes, trigger and
     sequence gone, the releases kept) and upgrades again: a new release is marked at

@@ -4,9 +4,9 @@ A Valkey database of its own (so the session's worker never sees these jobs), an
 app on it, and a real worker started only once the losses are staged: a queued
 release whose message the broker lost, a running one whose worker died before
 reading its data, one re-sent past the bound, and one with two messages (its
-original only delayed). The re-send's claim (``Store.claim_resend``: resend.lua, or
-one transaction) and the sweeper's pacing are tested against the same database with a
-recording sender. On PostgreSQL the rig's record is a database of its own too.
+original only delayed). The re-send's claim (``Store.claim_resend``: one transaction)
+and the sweeper's pacing are tested against the same database with a recording sender.
+The rig's record is a database of its own too.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from privrelease_client import cli as client_cli
 import mechanisms
 from mechanisms import target
 from service import apikeys, budget, datasets, wiring
+from service.api.problems import APIError
+from service.console import views
 from service.storage.keys import KeyStore
 from tests.integration.conftest import TOKEN, Api
 from tests.integration.liveserver import serve
@@ -219,3 +221,25 @@ def test_a_cold_target_is_searched_by_a_worker_and_answered_warm(api: Api, worke
     got = warm.get_json()
     assert got["accuracy"]["band95"] == got["target"]["stated_half_width"] <= 0.05
     assert 0 < got["budget"]["epsilon"] <= 5
+
+
+def test_the_console_asks_a_number_or_keyword_as_either(
+        app: Flask, api: Api, keys: KeyStore) -> None:
+    """A "number or keyword" parameter (``frl.mean``'s ``components``) is a text field
+    labelled with both; ``auto`` is sent as the keyword, ``3`` as a number, anything else
+    is refused naming the field (it used to be a JSON field, where ``auto`` failed)."""
+    client = _signed_in(app, apikeys.create(keys, "analyst", label="either")[1])
+    path = "/console/mechanisms/frl.mean"
+    page = client.get(path).get_data(as_text=True)
+    assert "<small>number or auto" in page and 'name="p.components"' in page
+    fields = {f["name"]: f for f in views._fields(
+        {"properties": {"components": {"anyOf": [{"type": "number"},
+                                                 {"type": "string", "enum": ["auto"]}]}}})}
+    with app.test_request_context(method="POST", data={"p.components": "auto"}):
+        assert views._params(list(fields.values())) == {"components": "auto"}
+    with app.test_request_context(method="POST", data={"p.components": "3"}):
+        assert views._params(list(fields.values())) == {"components": 3.0}
+    with app.test_request_context(method="POST", data={"p.components": "many"}), \
+            pytest.raises(APIError) as refused:
+        views._params(list(fields.values()))
+    assert refused.value.status == 422 and refused.value.field == "params.components"

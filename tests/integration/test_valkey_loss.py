@@ -6,8 +6,6 @@ started empty on the same port). Every key still authenticates and the console s
 still holds; every budget, release, analysis, key and audit event reads as before; a
 new worker's sweeper sends the queued releases again, each runs and commits once, and
 nothing was charged twice.
-
-On the Valkey store the record is Valkey's, so this holds on PostgreSQL only.
 """
 
 from __future__ import annotations
@@ -34,8 +32,6 @@ from tests.conftest import ROOT, database_on, start_valkey, wait_for_worker
 from tests.integration.conftest import PEOPLE_META, TOKEN, Api, people_csv
 from tests.integration.record_state import close, field
 from tests.integration.test_console import _signed_in
-
-pytestmark = pytest.mark.postgres_store
 
 LEASE = 2
 EPSILON = 0.5

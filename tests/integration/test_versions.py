@@ -31,7 +31,7 @@ from service import datasets, wiring
 from service.ingest import iter_upload
 from service.releases import pricing, submit
 from service.storage import database, rkeys
-from service.storage.ledger import Ledger, Reservation
+from service.storage.ledger import Reservation
 from service.storage.pg_ledger import PgLedger
 from service.storage.store import ReleaseView, Store
 from tests.integration import record_state
@@ -235,8 +235,6 @@ def test_a_version_retired_after_prepare_is_refused_by_the_ledger(app: Flask,
     assert balance["epsilon"]["reserved"] == before.cost_units["epsilon"]
     assert len(ledger.events(ds["id"])) == events
     assert ledger.release(refused_id) is None
-    if not record_state.on_postgres(ledger):  # (on PostgreSQL the row is the reservation)
-        assert not wiring.of(app).client.exists(rkeys.reservation(refused_id))
     pending, _ = ledger.release_page(ReleaseView("pending", frozenset({ds["id"]})), 100)
     assert refused_id not in pending and held_id in pending
     assert refused_id not in ledger.unsent_ids()
@@ -291,21 +289,11 @@ def test_a_post_racing_a_version_retirement_answers_409_and_spends_nothing(
 @contextmanager
 def _blind(app: Flask, redis_url: str) -> Iterator[Store]:
     """The session's record through an account that reads the registry's dataset ids but
-    is refused their documents, by the real server: on Valkey an ACL user without MGET;
-    on PostgreSQL a role whose ``datasets`` (first on its search_path) is a view of the
-    real table whose ``document`` the server refuses to produce (insufficient_resources,
-    an OperationalError: the record can not answer)."""
+    is refused their documents, by the real server: a role whose ``datasets`` (first on
+    its search_path) is a view of the real table whose ``document`` the server refuses to
+    produce (insufficient_resources, an OperationalError: the record can not answer)."""
     name = f"blind{uuid.uuid4().hex[:8]}"
     ledger = wiring.of(app).ledger
-    if not record_state.on_postgres(ledger):
-        client = wiring.of(app).client
-        client.acl_setuser(name, enabled=True, passwords=["+pw"], keys=["*"],
-                           commands=["+@all", "-mget"])
-        try:
-            yield Ledger(rkeys.connect(redis_url.replace("redis://", f"redis://{name}:pw@")))
-        finally:
-            client.acl_deluser(name)
-        return
     record_state.sql(ledger, f"""
         CREATE SCHEMA {name};
         CREATE FUNCTION {name}.refuse(text) RETURNS text LANGUAGE plpgsql STABLE AS $$

@@ -34,9 +34,9 @@ GRACE = 2.0
 
 class Stack:
     """One Valkey, one worker process tree and one app, with a given environment; their
-    record is ``database_url`` (``record_state.own_database``), or the Valkey store."""
+    record is ``database_url`` (``record_state.own_database``)."""
 
-    def __init__(self, tmp: Path, database_url: str | None, **settings: str) -> None:
+    def __init__(self, tmp: Path, database_url: str, **settings: str) -> None:
         self.valkey = start_valkey(tmp / "valkey")
         url = f"redis://127.0.0.1:{self.valkey.port}/0"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVRELEASE_")}

@@ -160,8 +160,8 @@ def _race(ledger: Store, ds: str) -> dict[str, list[str]]:
 def test_concurrent_first_releases_lock_exactly_one_notion(app: Flask) -> None:
     """16 threads race first reservations, half DP and half noiseless, on each of 10 fresh
     ledgers: every time exactly one kind wins (all its reservations held), every loser is
-    notion_locked and holds nothing. The reserve step (PgLedger's transaction,
-    reserve.lua) checks and sets the lock atomically."""
+    notion_locked and holds nothing. The reserve step (PgLedger's transaction) checks
+    and sets the lock atomically."""
     ledger = wiring.of(app).ledger
     for _ in range(10):
         ds = "ds_" + secrets.token_hex(6)

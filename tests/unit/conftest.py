@@ -66,6 +66,10 @@ SLOW = frozenset({
     "test_precompute.py::test_two_processes_share_the_work",
     "test_zcdp.py::test_sigma_for_rho_is_the_smallest_float_meeting_rho",
     "test_zcdp.py::test_units_never_let_charges_exceed_the_cap",
+    # an app's services open the record: these start the session's PostgreSQL
+    "test_route_coverage.py::test_every_route_has_a_client_method",
+    "test_route_coverage.py::test_every_route_has_a_cli_command",
+    "test_route_coverage.py::test_every_api_operation_has_a_console_way",
 })
 
 

@@ -16,8 +16,9 @@ from service.storage.release_documents import DIGEST_CHARS, DocumentStore, diges
 
 
 @given(st.text())
-def test_digest_is_the_sha1_prefix_lua_computes(text: str) -> None:
-    """settle.lua compares ``string.sub(redis.sha1hex(request), 1, 16)`` over the bytes."""
+def test_digest_is_the_sha1_prefix_lua_computed(text: str) -> None:
+    """The old Valkey store's settle named a request file ``string.sub(redis.sha1hex(
+    request), 1, 16)`` over the bytes: ``migrate-from-valkey`` finds it by that name."""
     want = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:DIGEST_CHARS]
     assert digest(text) == want and len(want) == 16
 

@@ -15,7 +15,17 @@ import yaml
 
 from service.api.manual import script_hashes
 from tests.conftest import ROOT
-from tests.manual_site import DOCS, NOT_RUN, RUN_MARK, RUNNABLE, blocks, build
+from tests.manual_site import (
+    DOCS,
+    NOT_RUN,
+    NOT_WALKED,
+    RUN_MARK,
+    RUNNABLE,
+    WALK_SHOTS,
+    blocks,
+    build,
+    images,
+)
 
 #: links out of the site a reader may follow (none is loaded by a page)
 OUTSIDE_LINKS = {"schemathesis.readthedocs.io"}
@@ -48,7 +58,23 @@ def test_the_strict_build_makes_every_page(site: Path) -> None:
         assert (site / page).with_suffix(".html").is_file(), page
     # the assets the pages embed came along
     assert (site / "bench" / "dataplane.png").is_file()
-    assert (site / "console" / "estimate.png").is_file()
+    assert (site / "walk" / "analyst-estimate.png").is_file()
+
+
+def test_every_picture_is_one_the_guide_walk_takes() -> None:
+    """The manual's screenshots can only come from tests/e2e/test_manual_browser.py: every
+    image a page embeds (but the benchmarks' plots) is one the walk saves, shown on the
+    page of the guide whose step takes it, and every one the walk saves is shown; no
+    other picture lies in docs/."""
+    embedded = {img: pages for img, pages in images().items()
+                if not img.startswith(NOT_WALKED)}
+    assert embedded == {img: {page} for img, page in WALK_SHOTS.items()}
+    on_disk = {str(p.relative_to(DOCS)) for suffix in ("png", "jpg", "jpeg", "gif", "svg", "webp")
+               for p in DOCS.rglob(f"*.{suffix}")}
+    assert {p for p in on_disk if not p.startswith(NOT_WALKED)} == set(WALK_SHOTS)
+    for img in WALK_SHOTS:  # a real PNG, not an empty file
+        data = (DOCS / img).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 10_000, img
 
 
 def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:

@@ -79,9 +79,10 @@ def test_release_plots_have_labels_epsilon_and_bands(tmp_path: Path) -> None:
     assert (specs["mean"].xlabel, specs["mean"].ylabel) == ("t (grid of curve)", "mean of curve")
     assert specs["mean"].bands == [pytest.approx(1.96 * docs["mean"]["accuracy"]["rmse"])]
     assert (specs["kde"].xlabel, specs["kde"].ylabel) == ("age", "density")
-    # the KDE's error is integrated over the 50-year range: the per-point band is /√50
-    kde_mse = docs["kde"]["accuracy"]["expected_sq_l2_error"]
-    assert specs["kde"].bands == [pytest.approx(1.96 * (kde_mse / 50) ** 0.5)]
+    # a density's band is its pointwise band's widest half-width (issue #32), not the
+    # L2 error spread over the 50-year range
+    kde = docs["kde"]["accuracy"]
+    assert specs["kde"].bands == [kde["band95"]] == [max(kde["band95_pointwise"])]
     assert (specs["erm"].xlabel, specs["erm"].ylabel) == ("age", "E[income | age]")
     assert specs["erm"].bands == [docs["erm"]["accuracy"]["band95"]]
     assert specs["cov"].kind == "surface" and specs["cov"].zlabel == "covariance of curve"

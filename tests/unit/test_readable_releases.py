@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import io
-import math
 import re
 from fractions import Fraction
 from typing import Any
@@ -25,6 +24,7 @@ from privrelease_client.objects import Release
 from privrelease_client.reading import Z95, read_release
 
 import mechanisms
+from mechanisms import target
 from mechanisms.base import ColumnMeta, DatasetMeta
 from service.plotting import release_document_figure, render
 
@@ -257,6 +257,21 @@ def test_quantiles_are_labelled_by_their_levels_and_say_they_have_no_value_inter
     assert (frame["rank_error_95"] == doc["accuracy"]["ci95_rank_error"]).all()
 
 
+def test_a_quantile_units_interval_is_carried_by_the_frame() -> None:
+    """Issue #32 item 3: with ``interval: true`` the quantile frame's lower/upper are the
+    released intervals in the column's units, at their level; the target search still
+    reads no public half-width from a quantile (its widths come from the draws)."""
+    name, params, budget = BASELINES["laplace.quantile"]
+    doc = release_doc(name, {**params, "interval": True}, budget)
+    frame = frames.release_to_pandas(doc)
+    lows, highs = zip(*doc["result"]["intervals"], strict=True)
+    assert frame["lower"].tolist() == list(lows) and frame["upper"].tolist() == list(highs)
+    assert frame.attrs["level"] == 0.95
+    assert (frame["lower"] <= frame["upper"]).all()
+    assert target.stated(name, doc["accuracy"]) is None
+    render(release_document_figure(doc), "svg")
+
+
 def test_a_band_is_drawn_and_its_half_width_named() -> None:
     """Issue #31 item 2: a KDE's legend named a band nobody could see; the legend gives
     its half-width (from the statement) and the band is a filled region in the SVG."""
@@ -264,9 +279,8 @@ def test_a_band_is_drawn_and_its_half_width_named() -> None:
     reading = read_release(doc)
     assert reading is not None and reading.level == 0.95
     band = reading.upper[0] - reading.estimates[0]  # type: ignore[operator]
-    kernel = doc["accuracy"]["kernel"]["domain"]
-    stated = 1.96 * math.sqrt(doc["accuracy"]["expected_sq_l2_error"]
-                              / (kernel[1] - kernel[0]))
+    stated = doc["accuracy"]["band95"]  # the pointwise band's widest half-width (issue #32)
+    assert stated == max(doc["accuracy"]["band95_pointwise"])
     assert band == pytest.approx(stated, rel=1e-12)
     svg = render(release_document_figure(doc), "svg")
     assert f"95 % band ± {stated:.3g}" in svg_texts(svg)

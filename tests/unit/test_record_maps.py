@@ -47,6 +47,9 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("noiseless.local", {"column": "x"}, {"noiseless_bits": Fraction(3)}),
     ("dip", {"columns": ["x", "k"]}, {"epsilon": Fraction(2)}),
     ("dip", {"columns": ["x", "c"], "order": "random"}, {"epsilon": Fraction(2)}),
+    # the copula: marginals noised, then a second exact pass (``refit``)
+    ("dip", {"columns": ["x", "k", "c"], "reference": {"kind": "dp", "model": "copula"}},
+     {"epsilon": Fraction(2)}),
     ("dip", {"columns": ["x"], "reference": {"kind": "parametric", "family": "normal",
                                             "params": {"loc": 5, "scale": 2}}},
      {"epsilon": Fraction(1)}),
@@ -57,6 +60,17 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
      {"interval_leakage": Fraction(1, 2)}),
     ("interval.progressive", {"column": "x", "rounds": 3},
      {"interval_leakage": Fraction(9, 10)}),
+    # the data-width designs: an even transform's and an exact range's extra pieces
+    ("interval.casek", {"column": "x", "m": 3, "transform": "square",
+                        "anchors": {"family": "uniform", "low": 0, "high": 100}},
+     {"interval_leakage": Fraction(1, 2)}),
+    ("interval.casek", {"column": "x", "m": 3, "exact_range": [1, 2],
+                        "anchors": {"family": "uniform", "low": 0, "high": 10}},
+     {"interval_leakage": Fraction(9, 10)}),
+    ("interval.ring", {"column": "x", "transform": "abs", "tau_floor": 0.3},
+     {"interval_leakage": Fraction(1, 2)}),
+    ("interval.progressive_categorical", {"column": "g", "rounds": 3},
+     {"interval_leakage": Fraction(1)}),
     ("subset.uniform", {"column": "g", "format": "both"}, {"subset_draws:g": 1}),
     ("subset.product", {"columns": ["g", "h"]}, {"subset_draws:g": 1, "subset_draws:h": 1}),
 ]
@@ -173,9 +187,11 @@ def test_partitioned_release_maps_each_partition_with_its_own_generator(
     rng = secure_generator(4)
     whole = mech.run(data, params, cost, META, rng)
     again = secure_generator(4)
-    one = record_maps.MapJob(mech, params, cost, META, mech.fit(
-        params, job_partial(mech, params, cost, data), cost, META, again), SECRET)
-    table = mech.privatize(data, 0, params, cost, META, one.model, again)
+    model = mech.fit(params, job_partial(mech, params, cost, data), cost, META, again)
+    second = mech.refit_statistic(params, cost, META, model)
+    if second is not None:
+        model = mech.refit(params, model, compute(second, [data])[1], cost, META, again)
+    table = mech.privatize(data, 0, params, cost, META, model, again)
     assert whole.table is not None
     for column, values in table.items():
         assert _same(whole.table[column], values), column
@@ -239,23 +255,101 @@ def test_dip_records_have_the_same_law_over_one_or_many_partitions() -> None:
 
 
 def test_unmapped_params_run_whole_columns() -> None:
-    """DIP's hold-out and copula are no row maps, nor an interval design whose table's
-    piece columns follow the rows (even transforms, exact ranges): ``run`` reads whole
-    columns."""
+    """DIP's hold-out is no row map, nor are subset's dummy records: ``run`` reads whole
+    columns. Every interval design is one (its width is the design's), and DIP's copula."""
     subset = _mechanism("subset.dummy")
     assert not subset.mappable(subset.load_params({"column": "g", "alpha": 0.1}), META)
     uniform = _mechanism("subset.uniform")
     assert not uniform.mappable(uniform.load_params({"column": "g", "format": "categories"}),
                                 META)
     interval = _mechanism("interval.casek")
-    assert not interval.mappable({"column": "x", "transform": "square"}, META)
-    assert not interval.mappable({"column": "x", "exact_range": [1, 2]}, META)
+    assert interval.mappable({"column": "x", "transform": "square"}, META)
+    assert interval.mappable({"column": "x", "exact_range": [1, 2]}, META)
     assert interval.mappable({"column": "x", "transform": "log"}, META)
     mech = _mechanism("dip")
     assert not mech.mappable({"columns": ["x"], "reference": {"kind": "holdout"}}, META)
-    assert not mech.mappable({"columns": list("abcde")}, META)  # copula by default
-    assert not mech.mappable({"columns": ["x", "k"], "reference": {"model": "copula"}}, META)
+    assert mech.mappable({"columns": list("abcde")}, META)  # copula by default
+    assert mech.mappable({"columns": ["x", "k"], "reference": {"model": "copula"}}, META)
     assert mech.mappable({"columns": ["x", "k"]}, META)
+    # with Spark configured they are bounded as the embedded run they are (``memory.held``)
+    from mechanisms import memory
+
+    for unmapped, params in ((mech, {"columns": ["x"], "reference": {"kind": "holdout"}}),
+                             (subset, subset.load_params({"column": "g", "alpha": 0.1}))):
+        assert memory.held(unmapped, params, META, distributed=True,
+                           held_rows=100) == unmapped.memory(params, META)
+    assert memory.held(mech, {"columns": ["x", "k"]}, META, distributed=True,
+                       held_rows=100).bytes < mech.memory({"columns": ["x", "k"]}, META).bytes
+
+
+@pytest.mark.parametrize(("transform", "exact_range", "width"), [
+    ("square", None, 2), ("abs", [-1.0, 1.0], 4), ("identity", [2.0, 3.0], 2)])
+def test_interval_tables_have_the_design_width_whatever_the_rows(
+        transform: str, exact_range: list[float] | None, width: int) -> None:
+    """An even transform's and an exact range's pieces: every partition's table has the
+    design's piece columns (``piece_width``), whether its rows' ranges use them or not,
+    and its ranges are the unpadded release's, padded with empty pieces."""
+    from mechanisms.interval.designs import pieces_from_table
+
+    meta = DatasetMeta(600, {"s": ColumnMeta("s", "continuous", (-5.0, 5.0))})
+    mech = _mechanism("interval.casek")
+    raw: dict[str, Any] = {"column": "s", "m": 3, "transform": transform,
+                           "anchors": {"family": "uniform", "low": 0, "high": 25}}
+    if transform == "identity":
+        raw["anchors"] = {"family": "uniform", "low": -5, "high": 5}
+    if exact_range is not None:
+        raw["exact_range"] = exact_range
+    params = mech.load_params(raw)
+    cost = mech.cost(params, {"interval_leakage": Fraction(1)}, meta)
+    job = record_maps.fit(mech, lambda cols: [], params, cost, meta, secure_generator(5),
+                          SECRET)
+    assert job.model.design.piece_width == width
+    rng = np.random.default_rng(8)
+    # one partition of a single repeated value, one spread over the support
+    parts = [{"s": np.full(300, 4.5)}, {"s": rng.uniform(-5.0, 5.0, 300)}]
+    tables = [job.privatize(p, 300 * p, part) for p, part in enumerate(parts)]
+    assert list(tables[0]) == list(tables[1])
+    for p, (part, table) in enumerate(zip(parts, tables, strict=True)):
+        pieces = pieces_from_table(table)
+        assert pieces.width == width
+        bare = job.model.design.release(part["s"], partition_generator(SECRET, p)).pieces
+        assert bare.width <= width
+        assert np.array_equal(pieces.left, bare.padded(width).left, equal_nan=True)
+        assert np.array_equal(pieces.right, bare.padded(width).right, equal_nan=True)
+        assert np.array_equal(pieces.left_closed, bare.padded(width).left_closed)
+        assert np.all(pieces.empty()[:, bare.width:])
+    out = mech.run({"s": np.concatenate([part["s"] for part in parts])}, params, cost, meta,
+                   secure_generator(5))
+    assert out.table is not None and list(out.table) == list(tables[0])
+    assert out.result["columns"] == list(tables[0])
+
+
+def test_copula_fit_over_partitions_is_the_whole_column_copula() -> None:
+    """DIP's copula fitted from partitions (per-column counts, the marginals' noise, the
+    correlation sums under them as a second exact pass, their noise) is ``dp_copula`` on
+    the whole columns with the same generator, exactly: marginals, correlation matrix."""
+    from mechanisms.dip.copula import Copula, dp_copula
+
+    mech = _mechanism("dip")
+    data = _data()
+    data["k"] = np.clip(np.rint(2 * data["x"]), 0, 20).astype(np.int64)  # k follows x
+    params = mech.load_params({"columns": ["x", "k", "c"], "order": ["x", "k", "c"],
+                               "reference": {"kind": "dp", "model": "copula"}})
+    cost = mech.cost(params, {"epsilon": Fraction(2)}, META)
+    parts = _split(data, [9_000, 1, 20_000, 10_999])
+    job = record_maps.fit(mech, lambda columns: parts, params, cost, META,
+                          secure_generator(6), SECRET)
+    plan = job.model.plan
+    whole = dp_copula({c: data[c] for c in plan.names}, plan.continualizers, plan.bins,
+                      plan.epsilon_marginal, plan.epsilon_corr, secure_generator(6))
+    mapped = job.model.reference
+    assert isinstance(mapped, Copula)
+    assert np.array_equal(mapped.correlation, whole.correlation)
+    assert mapped.correlation[0, 1] > 0.9  # the refit ran: k follows x
+    for c in plan.names:
+        assert np.array_equal(mapped.marginals[c].xs, whole.marginals[c].xs), c
+        assert np.array_equal(mapped.marginals[c].ys, whole.marginals[c].ys), c
+    assert mapped.edge == whole.edge
 
 
 def test_interval_summary_is_exact_over_partitions() -> None:

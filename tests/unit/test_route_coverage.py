@@ -40,10 +40,12 @@ def _shape(path: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory: pytest.TempPathFactory) -> Flask:
-    """The app with its routes; listing them connects to nothing."""
+def app(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Flask:
+    """The app with its routes; listing them connects to nothing but the record its
+    services open at start (PostgreSQL: no process runs without it)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PRIVRELEASE_REDIS_URL", "redis://127.0.0.1:1/0")
+        mp.setenv("PRIVRELEASE_DATABASE_URL", database_url)
         mp.setenv("PRIVRELEASE_DATA_DIR", str(tmp_path_factory.mktemp("routes")))
         return create_app(Config.from_env())
 

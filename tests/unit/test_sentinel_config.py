@@ -1,5 +1,5 @@
 """PRIVRELEASE_REDIS_URL as a Sentinel URL: one spelling, read alike by our clients,
-the Celery broker and the rate limiter; and the ledger's replication settings."""
+the Celery broker and the rate limiter."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from celery import Celery
 from service.config import Config
 from service.releases.queue import SentinelBrokerTransport, configure
 from service.storage import rkeys
-from service.storage.durable import Replication
 
 URL = "sentinel://privrelease:p%40ss@10.0.0.1:26379,10.0.0.2:26380,vk-2/ledger/3"
 
@@ -50,17 +49,3 @@ def test_client_is_the_masters() -> None:
     assert kwargs["socket_timeout"] == rkeys.REPLY_TIMEOUT
 
 
-def test_ledger_replication_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PRIVRELEASE_LEDGER_REPLICAS", raising=False)
-    monkeypatch.delenv("PRIVRELEASE_LEDGER_WAIT_MS", raising=False)
-    assert Replication.from_config(Config.from_env()) == Replication(0, 1000)
-    monkeypatch.setenv("PRIVRELEASE_LEDGER_REPLICAS", "1")
-    monkeypatch.setenv("PRIVRELEASE_LEDGER_WAIT_MS", "250")
-    assert Replication.from_config(Config.from_env()) == Replication(1, 250)
-    monkeypatch.setenv("PRIVRELEASE_LEDGER_WAIT_MS", "0")  # WAIT 0 would block forever
-    with pytest.raises(SystemExit, match="LEDGER_WAIT_MS"):
-        Config.from_env()
-    monkeypatch.setenv("PRIVRELEASE_LEDGER_WAIT_MS", "10")
-    monkeypatch.setenv("PRIVRELEASE_LEDGER_REPLICAS", "-1")
-    with pytest.raises(SystemExit, match="LEDGER_REPLICAS"):
-        Config.from_env()

@@ -86,3 +86,28 @@ def test_every_registered_mechanisms_parameters_are_described() -> None:
     assert {name: props for name, props in top_level.items() if props} == {}
     nested = {d["name"]: _undescribed(d["params_schema"]) for d in catalog}
     assert {name: paths for name, paths in nested.items() if paths} == {}
+
+
+def test_a_number_or_keyword_parameter_has_a_json_type_and_says_both() -> None:
+    """#31: fields that take a number or a keyword (``components``: a whole number or
+    ``auto``; ``smoothing.eta``) had no JSON type, so the CLI showed "any" and the console
+    asked for JSON. Their schema is now an ``anyOf`` of the number's range and the
+    keywords, which the CLI shows."""
+    from privrelease_client import terminal
+    from rich.console import Console
+
+    from service.api.catalog import _catalog
+
+    catalog = {d["name"]: d for d in _catalog(tuple(mechanisms.names()))}
+    components = catalog["frl.mean"]["params_schema"]["properties"]["components"]
+    number, keyword = components["anyOf"]
+    assert number["type"] == "number" and number["minimum"] == 0.0
+    assert number["exclusiveMinimum"] is True and number["maximum"] > 0
+    assert keyword == {"type": "string", "enum": ["auto"]}
+    eta = catalog["iclp.mean"]["params_schema"]["properties"]["smoothing"]["properties"]["eta"]
+    assert [b["type"] for b in eta["anyOf"]] == ["number", "string"]
+    console = Console(width=240, record=True)
+    console.print(terminal.render_mechanism(catalog["frl.mean"]))
+    row = next(line for line in console.export_text().splitlines()
+               if line.lstrip("│ ").startswith("components"))
+    assert "number or string" in row and "auto" in row and f"..{number['maximum']}" in row

@@ -262,7 +262,8 @@ def _function(params: Mapping[str, Any], result: Mapping[str, Any],
         return Reading(**base, statistic=statistic, kind="surface", label_name=label,
                        value_name=value_name, keys=keys, estimates=est, lower=lower,
                        upper=upper, level=None if band is None else 0.95,
-                       interval="95 % band: accuracy.band95 (± on every cell)")
+                       interval=("95 % band: accuracy.band95, one half-width for every cell"
+                                 " (about 95 % at each cell, not at all at once)"))
     curve = _numbers(result.get("values"))
     if curve is None or len(curve) != len(grid):
         return None
@@ -366,10 +367,24 @@ def _quantiles(params: Mapping[str, Any], result: Mapping[str, Any],
         return None
     column = _column(params, result)
     rank = _number(accuracy.get("ci95_rank_error"))
+    intervals = result.get("intervals")
+    if (isinstance(intervals, list) and len(intervals) == len(values)
+            and all(isinstance(i, list) and len(i) == 2 for i in intervals)):
+        # ``interval: true``: each quantile's [L, U] in the column's units (its own draws)
+        return Reading(**base, statistic=f"quantiles of {column}", kind="points",
+                       label_name="quantile level", value_name=column,
+                       keys={"quantile": [float(q) for q in levels if q is not None]},
+                       estimates=values, lower=[_number(i[0]) for i in intervals],
+                       upper=[_number(i[1]) for i in intervals],
+                       level=_number(result.get("interval_level")),
+                       interval="interval in the column's units: result.intervals (two more"
+                                " private draws per quantile, accuracy.statement)",
+                       extra={"rank_error_95": [rank] * len(values)})
     none: list[float | None] = [None] * len(values)
+    # without ``interval: true`` no units interval exists (mechanisms/dp/quantiles.py says why)
     how = ("no interval in units of the column: with 95 % the rank of each released"
-           f" quantile is within ±{rank:.4g} records of its level × n (accuracy)"
-           if rank is not None else "no interval stated")
+           f" quantile is off its level × n by at most {rank:.4g} records more than the best"
+           " grid point's (accuracy)" if rank is not None else "no interval stated")
     return Reading(**base, statistic=f"quantiles of {column}", kind="points",
                    label_name="quantile level", value_name=column,
                    keys={"quantile": [float(q) for q in levels if q is not None]},

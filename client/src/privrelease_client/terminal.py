@@ -294,7 +294,11 @@ def render_mechanisms(docs: Sequence[Mapping[str, Any]]) -> RenderableType:
 
 
 def _type(schema: Mapping[str, Any]) -> str:
-    """A parameter's JSON type, a list's with its items' (``array of number``)."""
+    """A parameter's JSON type, a list's with its items' (``array of number``), a
+    number-or-keyword's both (``number or string``)."""
+    branches = schema.get("anyOf")
+    if not schema.get("type") and isinstance(branches, list) and branches:
+        return " or ".join(_type(b) for b in branches if isinstance(b, Mapping))
     kind = str(schema.get("type") or "any")
     items = schema.get("items")
     if kind == "array" and isinstance(items, Mapping) and items.get("type"):
@@ -306,7 +310,9 @@ def _allowed(schema: Mapping[str, Any]) -> str | None:
     """What a parameter's schema allows beyond its type: its values (an enum, also a
     list's items'), its range and its length, as the server checks them."""
     parts: list[str] = []
-    for where in (schema, schema.get("items")):
+    branches = schema.get("anyOf")
+    for where in (schema, schema.get("items"),
+                  *(branches if isinstance(branches, list) else ())):
         if not isinstance(where, Mapping):
             continue
         if where.get("enum"):

@@ -11,7 +11,7 @@ import marshmallow
 import numpy as np
 import pytest
 
-from mechanisms import registry
+from mechanisms import flip, registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.dp import quantiles
 
@@ -80,7 +80,7 @@ def test_rank_error_bound_holds_at_95_percent() -> None:
     plan = quantiles.plan("laplace", params, budget, META)
     assert plan.epsilon == Fraction(1, 4)
     bound = mech.accuracy(params, budget, META)["ci95_rank_error"]
-    assert bound == pytest.approx(2 / 0.25 * (math.log(201) + math.log(20)))
+    assert bound == flip.worst_case_gap(Fraction(1, 4), 201, 0.95)
     ranks = plan.ranks(data)
     grid = np.asarray(plan.grid)
     hits = runs = 0
@@ -91,6 +91,53 @@ def test_rank_error_bound_holds_at_95_percent() -> None:
             hits += int(loss[int(np.flatnonzero(grid == value)[0])] <= loss.min() + bound)
             runs += 1
     assert hits / runs >= 0.95 - Z * math.sqrt(0.95 * 0.05 / runs)
+
+
+def test_rank_error_bound_is_the_worst_case_and_holds_there() -> None:
+    """Issue #32 item 3: the stated rank error is permute-and-flip's exact worst case, not a
+    union bound. Data whose ranks jump by G at the median's grid point (every other candidate
+    G below the best, G the first integer past the bound) fail it as often as the bound's
+    level allows (the exact law, ``flip.probabilities``) and no more than 5 %; the union
+    bound (2/ε)(ln m + ln 20) stated before is never exceeded on them (it is > G)."""
+    mech = registry.get("laplace")
+    params = mech.load_params({"statistic": "quantile", "column": "x", "quantiles": [0.5],
+                               "grid_size": 11})
+    eps = Fraction(99, 400)  # the bound, 36.96, is just below G = 37
+    budget = {"epsilon": eps}
+    bound = mech.accuracy(params, budget, META)["ci95_rank_error"]
+    gap = math.floor(bound) + 1
+    assert gap < 2 / float(eps) * (math.log(11) + math.log(20))
+    # grid 0, 1, ..., 10: #{x <= c} is 100 − G below 5, 100 at 5, 100 + G from 6 to 9
+    x = np.repeat([0.0, 4.5, 5.5, 10.0], [100 - gap, gap, gap, 100 - gap])
+    data = {"x": x, "c": np.zeros(200, dtype=np.int64)}
+    plan = quantiles.plan("laplace", params, budget, META)
+    loss = np.abs(plan.ranks(data) - 100)
+    assert loss.min() == 0 and sorted(set(loss.tolist())) == [0, gap, 100]
+    law = flip.probabilities([float(plan.epsilon) * g / 2 for g in loss])
+    exact = float(law[loss > bound].sum())
+    assert 0.044 <= exact <= 0.05
+    assert plan.epsilon == eps
+    rng = np.random.default_rng(32)
+    runs = 4000
+    grid = np.asarray(plan.grid)
+    fails = 0
+    for _ in range(runs):
+        value = mech.run(data, params, budget, META, rng).result["values"][0]
+        fails += int(loss[int(np.flatnonzero(grid == value)[0])] > bound)
+    se = math.sqrt(exact * (1 - exact) / runs)
+    assert abs(fails / runs - exact) <= Z * se
+    assert fails / runs <= 0.05 + Z * math.sqrt(0.05 * 0.95 / runs)
+
+
+@pytest.mark.parametrize("m", [2, 3, 11, 201, 1001])
+def test_rank_error_bound_solves_the_worst_case_law(m: int) -> None:
+    """At the bound, the worst case (one best, m − 1 at the bound's gap) fails 5 % exactly,
+    by permute-and-flip's exact law."""
+    eps = Fraction(1, 2)
+    bound = flip.worst_case_gap(eps, m, 0.95)
+    law = flip.probabilities([0.0] + [float(eps) * bound / 2] * (m - 1))
+    assert 1 - law[0] == pytest.approx(0.05, rel=1e-6)
+    assert 1 - law[0] <= 0.05
 
 
 def test_large_budget_finds_the_exact_quantile() -> None:
@@ -184,3 +231,68 @@ def test_choose_flips_every_coin_whatever_the_ranks() -> None:
                 plan.choose(rng, plan.gaps(r, q))
             states.append(rng.bit_generator.state)
         assert states[0] == states[1]
+
+
+def _kth(x: np.ndarray, q: float) -> float:
+    """x_q: the ⌈q·n⌉-th smallest clipped value (the first when q·n = 0)."""
+    k = max(1, math.ceil(Fraction(q) * x.size))
+    return float(np.sort(np.clip(x, 0.0, 10.0))[k - 1])
+
+
+@pytest.mark.parametrize("shape", ["gamma", "all_at_hi", "all_at_lo"])
+def test_units_interval_covers_the_quantile(shape: str) -> None:
+    """Issue #32 item 3: ``interval: true`` gives each quantile an interval in the column's
+    units that holds x_q at >= 95 %, also on the data whose point release is a uniform grid
+    point (every value at hi, or at lo: no interval read off the point could cover)."""
+    rng = np.random.default_rng(11)
+    x = {"gamma": np.clip(rng.gamma(2.0, 1.5, 200), 0, 10), "all_at_hi": np.full(200, 10.0),
+         "all_at_lo": np.zeros(200)}[shape]
+    data = {"x": x, "c": np.zeros(200, dtype=np.int64)}
+    mech = registry.get("laplace")
+    params = mech.load_params({"statistic": "quantile", "column": "x",
+                               "quantiles": [0.1, 0.5, 0.9], "grid_size": 101,
+                               "interval": True})
+    budget = {"epsilon": Fraction(9, 2)}
+    acc = mech.accuracy(params, budget, META)
+    assert acc["epsilon_per_quantile"] == 0.5  # 3 quantiles × 3 draws
+    assert acc["interval_rank_margin"] > acc["ci95_rank_error"]
+    hits = runs = 0
+    widths = []
+    for _ in range(200):
+        out = mech.run(data, params, budget, META, rng).result
+        assert out["interval_level"] == 0.95
+        for q, (low, high) in zip(out["quantiles"], out["intervals"], strict=True):
+            assert 0.0 <= low <= high <= 10.0
+            hits += int(low <= _kth(x, q) <= high)
+            runs += 1
+            widths.append(high - low)
+    assert hits / runs >= 0.95 - Z * math.sqrt(0.95 * 0.05 / runs)
+    if shape == "gamma":
+        assert float(np.median(widths)) < 5.0  # informative, not [lo, hi]
+
+
+def test_cell_gaps_have_sensitivity_one_and_a_zero() -> None:
+    """Cells (c_{j−1}, c_j]: loss = distance from the target rank to [F(c_{j−1}), F(c_j)];
+    replacing one record moves each loss by at most 1, and one cell has loss 0."""
+    meta = DatasetMeta(6, {"x": ColumnMeta("x", "integer", bounds=(0, 4))})
+    plan = _plan({"quantiles": [0.3], "grid_size": 9}, meta=meta)
+    rng = np.random.default_rng(5)
+    for target in (Fraction(0), Fraction(9, 5), Fraction(6)):
+        worst = 0
+        for _ in range(30):
+            x = rng.integers(0, 5, 6)
+            base = quantiles.cell_gaps(plan.ranks({"x": x}), target)
+            assert min(base.numerators) == 0
+            y = x.copy()
+            y[int(rng.integers(6))] = int(rng.integers(5))
+            other = quantiles.cell_gaps(plan.ranks({"x": y}), target)
+            # before the shift by the best (0 on both sides: target in [0, n])
+            worst = max(worst, max(abs(a - b) for a, b in zip(base.numerators,
+                                                               other.numerators, strict=True)))
+        assert worst <= base.denominator
+
+
+def test_interval_is_a_quantile_parameter_only() -> None:
+    mech = registry.get("laplace")
+    with pytest.raises(marshmallow.ValidationError):
+        mech.load_params({"statistic": "mean", "column": "x", "interval": True})

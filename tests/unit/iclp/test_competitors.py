@@ -47,12 +47,14 @@ def test_ar_golden_table(nu: float, n: int, eps: float, j: int, delta: float) ->
     psi = ar.ar_psi(n, eps, 1.0, eta, kernel.beta)
     assert ar.ar_components(eig.values, 1.0, eta, psi) == j
     assert ar.ar_sensitivity(eig.values, n, 1.0, j) == pytest.approx(delta, abs=5e-5 * delta)
-    plan = ar.plan_iclp_ar_mean(GRID, 1.0, n, Fraction(eps), kernel)
+    plan = ar.plan_iclp_ar_mean(GRID, 1.0, n, Fraction(eps), kernel, psi=psi)
     assert plan.components == j and plan.noise.size == j
 
 
 def test_ar_summary_is_soft_thresholding_of_the_clipped_mean() -> None:
-    plan = ar.plan_iclp_ar_mean(GRID, 1.0, 200, EPS)
+    kernel = iclp.matern(1.5, 0.1)
+    psi = ar.ar_psi(200, EPS, 1.0, iclp.default_eta(kernel), kernel.beta)  # the paper's
+    plan = ar.plan_iclp_ar_mean(GRID, 1.0, 200, EPS, psi=psi)
     x = gp_curves(np.random.default_rng(0), 200)
     raw = plan.eig.coefficients(iclp.clip_curves(x, plan.eig.weights, 1.0).mean(axis=0))
     expected = np.sign(raw) * np.maximum(np.abs(raw) - plan.thresholds, 0.0)
@@ -197,7 +199,13 @@ def test_frl_kde_sensitivity_is_the_exact_pairwise_maximum() -> None:
 
 def test_frl_kde_default_components_and_accuracy() -> None:
     plan = kde.plan_frl_kde((0.0, 1.0), 400, Fraction(1, 2))
-    assert plan.smoothing["components"] == 10 == plan.noise.size  # ⌊√400·½⌋
+    m = plan.smoothing["components"]
+    assert m == plan.noise.size and plan.smoothing["components_rule"] == "auto"
+    ms = [kde.plan_frl_kde((0.0, 1.0), 400, e).smoothing["components"]
+          for e in (Fraction(1, 8), Fraction(1, 2), Fraction(2), Fraction(8))]
+    assert ms[1] == m and ms == sorted(ms)  # min-risk: non-decreasing in ε (issue #32)
+    paper = kde.plan_frl_kde((0.0, 1.0), 400, Fraction(1, 2), components=10)  # ⌊√400·½⌋
+    assert paper.noise.size == 10
     acc = plan.accuracy()
     assert acc["laplace_scales"] == "Delta/epsilon" and acc["sensitivity_norm"] == "l1"
     with pytest.raises(ValueError, match="components must be between"):

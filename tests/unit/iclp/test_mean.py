@@ -105,9 +105,9 @@ def test_matched_default_worst_case_attains_its_sensitivity(n: int) -> None:
 
 def test_frl_worst_case_attains_its_sensitivity() -> None:
     n = 300
-    plan = iclp.plan_frl_mean(GRID, 2.0, n, EPS)
-    m = plan.components
-    assert m == 17
+    m = iclp.frl_components(n, Fraction(EPS), 100)  # the paper's ⌊√n·ε⌋, given
+    plan = iclp.plan_frl_mean(GRID, 2.0, n, EPS, components=m)
+    assert plan.components == m == 17
     signs = np.where(np.arange(m) % 2 == 0, 1.0, -1.0)
     u = plan.basis @ signs / math.sqrt(m) * 2.0 * (1 - 1e-12)  # norm τ = 2
     a, b = _neighbours(np.random.default_rng(1), u, -u, n)

@@ -1,7 +1,10 @@
 """The ICLP functionals and ``noiseless.vector`` as streaming statistics (issue #30 item 3).
 
 Oracles: the whole-column code before the port (``streaming_outputs.json``, computed on
-main before any change: every pinned output must come back bit for bit), and ``run``
+main before any change: every pinned output must come back bit for bit; issue #32 re-pinned
+iclp.cov's, one smoother for both moments, and iclp.fos's hashes, result.rmse added with
+the coefficients unchanged; and the defaults that changed: iclp.mean, frl.mean, frl.kde
+(FRL's min-risk M), iclp.kde2d (bandwidth), iclp.erm (logistic ψ)), and ``run``
 itself: the partials of any split of the rows (empty batches, batches of one row), updated
 in any order and merged in any tree shape, must equal the whole columns' exactly, and the
 release from them ``run``'s output with the same generator.
@@ -156,7 +159,8 @@ def test_the_exact_summaries_are_within_the_calibrated_float_error_of_the_old_on
     second = cov.plan_iclp_cov(grid, tau, n, 1.5, centred=False)
     clipped = domain.clip_curves(x, second.eig.weights, tau)
     xi = (clipped * second.eig.weights) @ second.eig.vectors[:, :second.components]
-    old = (second.filter * ((xi.T @ xi) / n)).ravel()
+    old = (second.product_filter * ((xi.T @ xi) / n))[second.upper]
     size = spectral.bessel_factor(second.eig) * (tau * mean.TAU_SLACK) ** 2
-    allowed = (second.filter * size).ravel() * (n + 2 * len(grid) + 16) * 2.0**-52
+    allowed = (second.product_filter * size)[second.upper] * (n + 2 * len(grid) + 16) \
+        * 2.0**-52
     assert np.all(np.abs(second.summary(x) - old) <= allowed)

@@ -96,7 +96,7 @@ def test_chosen_tuning_solves_the_guarded_problem(n: int, eps: Fraction) -> None
     sm, risk = plan.smoothing, plan.smoothing["risk"]
     m = risk["frl"]["components"]
     frl_privacy = 8 * tau**2 * m**2 / (n * float(eps)) ** 2
-    assert m == pss.frl_components(n, eps, 100)
+    assert m == iclp.plan_frl_mean(GRID, tau, n, eps).components
     assert risk["frl_guard_met"]
     assert risk["total"] <= risk["frl"]["total"]
     assert risk["frl"]["worst_on_frl_basis"] == pytest.approx(frl_privacy, rel=1e-12)
@@ -168,18 +168,23 @@ def test_whole_grid_against_frl() -> None:
     means can avoid losing on others (docs/reference/mechanisms.md, "Default tuning of ICLP-QR")."""
     ratios = {(n, e): _ratio(n, e) for n in SIZES for e in EPSILONS}
     assert max(ratios.values()) <= 1.0
-    assert ratios[(100, Fraction(8))] < 0.3  # and it still gains where FRL's M is large
+    # and it still gains where the paper's FRL (M = ⌊√n·ε⌋ = 80) is large
+    paper = iclp.plan_frl_mean(GRID, SCENARIO_TAU, 100, Fraction(8), components=80)
+    qr = iclp.plan_iclp_mean(GRID, SCENARIO_TAU, 100, Fraction(8))
+    assert max(expected_sq_error(qr, mu) / expected_sq_error(paper, mu)
+               for mu in SCENARIOS.values()) < 0.3**2
 
 
 def test_the_guard_is_what_keeps_the_default_under_frl() -> None:
-    """Without the FRL guard the smooth-class risk is lower, but S3 (content at the 9th-12th
-    eigenfunctions, which FRL's M = 12 keeps whole) loses 1.2x at n = 10^4, ε = 1/8."""
-    n, eps, mu = 10_000, Fraction(1, 8), SCENARIOS["S3"]
+    """Without the FRL guard the smooth-class risk is lower, but S3 (content at the higher
+    eigenfunctions, which FRL's min-risk M keeps whole) loses 1.5x in RMSE at n = 100,
+    ε = 8."""
+    n, eps, mu = 100, Fraction(8), SCENARIOS["S3"]
     frl = expected_sq_error(iclp.plan_frl_mean(GRID, SCENARIO_TAU, n, eps), mu)
     guarded = iclp.plan_iclp_mean(GRID, SCENARIO_TAU, n, eps)
     free = iclp.plan_iclp_mean(GRID, SCENARIO_TAU, n, eps, frl_guard=False)
     assert free.smoothing["risk"]["total"] < guarded.smoothing["risk"]["total"]
-    assert expected_sq_error(free, mu) > 1.2**2 * frl
+    assert expected_sq_error(free, mu) > 1.5**2 * frl
     assert expected_sq_error(guarded, mu) <= frl
 
 

@@ -186,6 +186,24 @@ def test_cost_refuses_with_a_field(name: str, raw: dict[str, Any], budget: dict[
     assert str(SECRET) not in err.value.message
 
 
+def test_plan_refuses_an_unknown_kind() -> None:
+    """Issue #32 item 9: an unknown design kind is refused by name, not resolved as Case I
+    (a Case-I mechanism's params, so only the kind is wrong)."""
+    mech = registry.get("interval.case1")
+    params = mech.load_params({"column": "x", "anchors": {"family": "logistic", "scale": 1}})
+    entries.plan("case1", params, META)  # the same params resolve under a known kind
+    with pytest.raises(MechanismInputError) as err:
+        entries.plan("case9", params, META)
+    assert err.value.field == "kind"
+    assert "'case9'" in err.value.message
+
+
+def test_every_registered_interval_kind_is_planned() -> None:
+    kinds = {str(getattr(registry.get(n), "kind")) for n in registry.names()  # noqa: B009
+             if n.startswith("interval.") and hasattr(registry.get(n), "kind")}
+    assert kinds and kinds <= set(entries.KINDS)
+
+
 def test_per_column_budget_key_is_accepted() -> None:
     mech = registry.get("interval.case1")
     params = mech.load_params({"column": "x", "calibrate": True})

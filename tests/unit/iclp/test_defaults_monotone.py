@@ -1,0 +1,178 @@
+"""Default tuning that buys accuracy with the budget (issue #32 items 5, 6, 7).
+
+* More ε never costs accuracy: at default params the expected error of every functional
+  and density mechanism on a fixed smooth dataset (``monotone_cases``) does not rise
+  along an ε grid, within the Monte Carlo error (exact for the mean plans).
+* ``iclp.kde2d``'s default bandwidth falls with n, and so does its error.
+* ``iclp.erm``'s logistic ψ is chosen for error (it no longer halves the slope), and its
+  statement states the ridge bias.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mechanisms import iclp, target
+from mechanisms.iclp import erm, kde2d, mean, pss
+from tests.unit.iclp.monotone_cases import CASES
+from tests.unit.iclp.sim import GRID, SCENARIO_TAU, SCENARIOS, expected_sq_error
+
+EPSILONS = (Fraction(1, 8), Fraction(1, 4), Fraction(1, 2), Fraction(1), Fraction(2),
+            Fraction(4))
+#: noise seeds per ε in CI (the bench runs 200: tests/bench/test_iclp_accuracy_bench.py)
+SEEDS = 40
+#: a rise larger than this many standard errors of the difference fails
+Z = 3.0
+#: not in the grid (their rules are owned with their statements, fos.py / cov.py):
+#: iclp.fos, whose PD floor of the noisy Gram makes the error rise from ε = 1/8 to 1/2
+#: (7.6 -> 17.7), and iclp.cov, whose one-smoother ψ (``erm.proxy_psi`` with R = τ²)
+#: rises from ε = 1/4 to 1/2 (0.171 -> 0.177, paired difference 0.018 ± 0.004)
+MONOTONE = tuple(name for name in CASES if name not in ("iclp.fos", "iclp.cov"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MONOTONE)
+def test_expected_error_does_not_rise_with_epsilon(name: str) -> None:
+    """For every pair ε < ε' of the grid, the mean over seeds of err(ε') − err(ε) (the
+    same noise seeds at both: paired) is at most Z of its standard errors."""
+    case = CASES[name]
+    errors = np.stack([case.errors(eps, SEEDS) for eps in EPSILONS])
+    for i, j in itertools.combinations(range(len(EPSILONS)), 2):
+        diff = errors[j] - errors[i]
+        slack = Z * float(diff.std(ddof=1)) / math.sqrt(SEEDS)
+        assert float(diff.mean()) <= slack, (name, EPSILONS[i], EPSILONS[j],
+                                             errors.mean(axis=1))
+
+
+#: on a fine ε grid the integer M of FRL (and of ICLP-QR's J) steps up where the
+#: reference risk says so; a mean unlike the reference then pays up to ~2 % more for one
+#: step (S1, n = 500, ε ≈ 4-7.5; S2, n = 500, ε 1/8 -> 1/4: 1.4 %), far from main's 35 %
+STEP_SLACK = 1.03
+
+
+@pytest.mark.parametrize("n", [500, 10_000])
+@pytest.mark.parametrize("scenario", ["S1", "S2"])
+def test_mean_exact_error_falls_with_epsilon(n: int, scenario: str) -> None:
+    """Exact E‖released − μ‖² (sim.expected_sq_error) of ICLP-QR and FRL along the doubling
+    grid and a fine grid, within one component step. On main, S1 at n = 500 rose from 0.099
+    (ε = 1/8) to 0.133 (ε = 1) for ICLP-QR."""
+    mu = SCENARIOS[scenario]
+    fine = [Fraction(k, 16) for k in range(2, 129, 3)]
+    for plan_for in (iclp.plan_iclp_mean, iclp.plan_frl_mean):
+        for grid in (EPSILONS, fine):
+            errors = [expected_sq_error(plan_for(GRID, SCENARIO_TAU, n, e), mu) for e in grid]
+            rises = [(float(a), float(b)) for (a, x), (b, y)
+                     in itertools.pairwise(zip(grid, errors, strict=True)) if y > x * STEP_SLACK]
+            assert not rises, rises
+
+
+def test_frl_default_components_rise_with_epsilon_and_minimise_its_risk() -> None:
+    share = np.full(50, 1.0 / 50)
+    ms = [pss.frl_min_risk_components(share, 500, e) for e in EPSILONS]
+    assert ms == sorted(ms)
+    for e, m in zip(EPSILONS, ms, strict=True):
+        risk = pss.frl_risk(share, 500, e)
+        assert risk[m - 1] == risk.min()
+
+
+def _stated(name: str, eps: Fraction) -> float:
+    found = target.stated(CASES[name].mechanism, CASES[name].stated(eps))
+    assert found is not None
+    return found.half_width
+
+
+#: mechanisms whose stated half-width is non-increasing in ε at default params; the tuned
+#: ICLP designs state their privacy error only, which may rise with ε while the total
+#: falls (a larger ε buys less bias), so the target search refuses them on such ranges
+STATED_MONOTONE = ("bernstein.mean", "bernstein.kde")
+
+
+@pytest.mark.parametrize("name", STATED_MONOTONE)
+def test_stated_half_width_does_not_rise_with_epsilon(name: str) -> None:
+    grid = [Fraction(k, 16) for k in range(1, 129)]
+    widths = [_stated(name, e) for e in grid]
+    assert all(b <= a for a, b in itertools.pairwise(widths))
+
+
+def _kde2d_relative_error(n: int, seeds: int) -> float:
+    d = stats.beta(2.0, 4.0)
+    rng = np.random.default_rng(0)
+    x, z = d.rvs(n, random_state=rng), d.rvs(n, random_state=rng)
+    plan = kde2d.plan_iclp_kde2d(((0.0, 1.0), (0.0, 1.0)), n, 1)
+    summary = plan.summary(x, z)
+    gx, gy = plan.grids
+    truth = np.outer(d.pdf(gx), d.pdf(gy))
+    errors = [np.mean((plan.publish(summary, np.random.default_rng(s))["values"] - truth) ** 2)
+              for s in range(seeds)]
+    return math.sqrt(float(np.mean(errors)) / float(np.mean(truth**2)))
+
+
+def test_kde2d_default_error_falls_with_n() -> None:
+    """On main the bandwidth sat at its floor of 2 spacings: 0.187 at n = 10^4 and 0.183 at
+    10^5 (relative RMS error, ε = 1); the min-risk default halves it (0.19 -> 0.10)."""
+    small, large = _kde2d_relative_error(10_000, 10), _kde2d_relative_error(100_000, 10)
+    assert large <= 0.7 * small
+
+
+def test_kde2d_bandwidth_is_the_risk_minimiser_and_shrinks_with_n() -> None:
+    hs = []
+    for n in (500, 5_000, 50_000):
+        plan = kde2d.plan_iclp_kde2d(((0.0, 1.0), (0.0, 1.0)), n, 1)
+        h, sm = plan.smoothing["bandwidth_fraction"], plan.smoothing
+        assert sm["bandwidth_rule"] == "min-risk"
+        best = sm["risk"]["total"]
+        assert best == pytest.approx(kde2d.risk(n, 1.0, 32, h, sm["eta"])["total"], rel=1e-12)
+        for k in kde2d.BANDWIDTH_SPACINGS:
+            for e in kde2d.ETA_CANDIDATES:
+                assert kde2d.risk(n, 1.0, 32, k / 31, e)["total"] >= best * (1 - 1e-12)
+        hs.append(h)
+    assert hs == sorted(hs, reverse=True) and hs[-1] < hs[0]
+    # the privacy term is the plan's own (continuous ICLP) error
+    plan = kde2d.plan_iclp_kde2d(((0.0, 1.0), (0.0, 1.0)), 5_000, 1)
+    assert plan.smoothing["risk"]["privacy"] == pytest.approx(
+        plan.accuracy()["expected_sq_l2_error"], rel=0.05)
+
+
+def _logistic(n: int, eps: Fraction) -> tuple[float, erm.ErmPlan]:
+    rng = np.random.default_rng(0)
+    u = rng.uniform(0.0, 1.0, n)
+    b = (rng.uniform(0.0, 1.0, n) < 1.0 / (1.0 + np.exp(-4.0 * (u - 0.5)))).astype(float)
+    plan = erm.plan_iclp_erm("logistic", (0.0, 1.0), (0.0, 1.0), n, eps)
+    fit = plan.eig.synthesize(plan.summary(u, b))
+    return float(np.polyfit(plan.grid, fit, 1)[0]), plan
+
+
+@pytest.mark.parametrize(("n", "eps", "least"), [(10_000, Fraction(1), 0.8),
+                                                 (2_000, Fraction(4), 0.8),
+                                                 (50_000, Fraction(1, 2), 0.85)])
+def test_logistic_default_keeps_the_slope(n: int, eps: Fraction, least: float) -> None:
+    """The non-private fit of the default ψ on log-odds 4(x − 1/2): on main the slope was
+    shrunk by 49 %, 49 % and 36 % in these cells; now by 14 %, 14 % and 8 %."""
+    slope, _ = _logistic(n, eps)
+    assert least * 4.0 <= slope <= 4.0
+
+
+def test_logistic_statement_states_the_ridge_bias() -> None:
+    _, plan = _logistic(10_000, Fraction(1))
+    acc = plan.accuracy()
+    risk = acc["smoothing"]["risk"]
+    assert plan.smoothing["psi_rule"] == "min-risk"
+    assert risk["bias"] > 0 and risk["total"] == pytest.approx(
+        risk["privacy"] + risk["bias"] + risk["sampling"], rel=1e-12)
+    assert "ridge bias" in acc["statement"] and f"{risk['bias']:.3g}" in acc["statement"]
+    # ψ minimises the stated risk over the public grid (recomputed here)
+    trace, lam = plan.eig.trace, plan.eig.values
+
+    def total(psi: float) -> float:
+        delta = erm.erm_sensitivity(lam, plan.kappa, 1.0, plan.n, plan.eta, psi)
+        return erm.logistic_risk(plan.eig, mean.prior_share(plan.eig), plan.n, 1.0, plan.eta,
+                                 psi, 2.0 * delta**2 * trace)["total"]
+
+    assert plan.psi == min(erm.PSI_GRID, key=total)
+    assert total(plan.psi) == pytest.approx(risk["total"], rel=1e-9)
