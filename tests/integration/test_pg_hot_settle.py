@@ -23,8 +23,6 @@ from tests.integration.conftest import LEDGER_OUTPUT
 from tests.integration.test_pg_ledger import _create_db, _db_url, _drop_db, _ds, _res, _sql
 from tests.integration.test_pg_store import _downgrade
 
-pytestmark = pytest.mark.postgres_store
-
 STATS = ("SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables "
          "WHERE relname = 'releases'")
 
