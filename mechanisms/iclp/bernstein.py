@@ -27,13 +27,8 @@ from numpy.typing import ArrayLike, NDArray
 from scipy import stats
 
 from mechanisms.iclp import domain, noise, pss
-from mechanisms.iclp.kde import (
-    DEFAULT_GRID_SIZE,
-    band_sentence,
-    bin_values,
-    finish_density,
-    pointwise_band,
-)
+from mechanisms.iclp.bands import band_sentence, pointwise_band
+from mechanisms.iclp.kde import DEFAULT_GRID_SIZE, bin_values, finish_density
 from mechanisms.iclp.kernels import Family, Kernel
 from mechanisms.iclp.release import FunctionRelease
 

@@ -385,4 +385,12 @@ def plan_iclp_cov(
              "role": "the covariance's mean: the same smoother F"})
     filt.setflags(write=False)
     epsilons = {"second_moment": eps_second, "mean": eps_mean}
-    return CovPlan(np.array(points), eig, n, tau, filt, second, mean_plan, epsilons, smoothing)
+    plan = CovPlan(np.array(points), eig, n, tau, filt, second, mean_plan, epsilons, smoothing)
+    try:  # the statement is part of the answer: one too large for a float is refused here
+        stated = plan.second_moment_mse() + plan.mean_noise_mse()
+    except OverflowError:
+        stated = math.inf
+    if not math.isfinite(stated):
+        raise noise.CalibrationError(
+            "epsilon too small: the stated error would exceed the floating-point range")
+    return plan

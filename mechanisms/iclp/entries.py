@@ -44,6 +44,10 @@ PRIVACY_UNIT = "replace-one neighbours, n public"
 MEAN_RHO = 0.1
 MATERN_NU = 1.5
 
+#: a plan whose numbers leave float64's range (a huge declared bound at a small ε)
+OVERFLOW = ("epsilon too small for the column's declared bounds: the noise or its stated"
+            " error would exceed the floating-point range")
+
 
 class _Plan(Protocol):
     def release(self, values: Any, rng: np.random.Generator) -> FunctionRelease: ...
@@ -68,7 +72,10 @@ class Priced(Mechanism):
         self, params: Mapping[str, Any], cost: Budget, meta: DatasetMeta
     ) -> dict[str, Any]:
         plan = self._calibrated(params, read_epsilon(cost, self.name), meta)
-        out: dict[str, Any] = jsonable(plan.accuracy())
+        try:
+            out: dict[str, Any] = jsonable(plan.accuracy())
+        except OverflowError:
+            raise MechanismInputError("budget.epsilon", OVERFLOW) from None
         return out
 
     def columns(self, params: Mapping[str, Any]) -> list[str]:
@@ -96,6 +103,8 @@ class Priced(Mechanism):
             return self._plan(params, epsilon, meta)
         except noise.CalibrationError as exc:
             raise MechanismInputError("budget.epsilon", str(exc)) from None
+        except OverflowError:  # public inputs only: bounds so large the floats overflow
+            raise MechanismInputError("budget.epsilon", OVERFLOW) from None
         except ValueError as exc:  # library checks of public params (messages hold no data)
             if isinstance(exc, MechanismInputError):
                 raise

@@ -36,6 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mechanisms.iclp import domain, noise, pss, spectral, sums
+from mechanisms.iclp.bands import band_sentence, pointwise_band
 from mechanisms.iclp.kernels import Kernel, matern
 from mechanisms.iclp.release import FunctionRelease
 from mechanisms.statistics import Partial, check_rows, column_sums, whole
@@ -189,6 +190,9 @@ class MeanPlan:
         """Expected squared L2 error of the noise and the tuning, from public inputs."""
         nz = self.noise
         mse = nz.expected_sq_error()
+        # per point: few components leave the noise uneven over the domain (its ends got
+        # ~92 % under a band of 1.96 x the domain's RMS)
+        band = pointwise_band(self.basis, nz.variances(), 1.0)
         rounding = float(np.sum(nz.steps**2)) / 4.0
         label = _LABELS[self.method]
         risk = self.smoothing.get("risk")
@@ -226,10 +230,12 @@ class MeanPlan:
                 "rel_floor": self.eig.rel_floor,
             },
             "norm_bound": self.tau,
+            **band,
             "statement": (
                 f"E||released - smoothed mean||^2 = {mse:.6g} (RMS over the domain, curve"
                 f" units), the privacy error only; it excludes the smoothing bias and the"
                 f" sampling error of the mean of curves clipped to norm {self.tau:g}."
+                + band_sentence(band, "the smoothed mean", "mean")
                 + tuning
             ),
         }

@@ -40,7 +40,7 @@ def test_the_manual_is_served_without_a_key(app: Flask, site: Path,
     assert client.get("/manual").headers["Location"].endswith("/manual/")
     guide = client.get("/manual/guides/operator.html")
     assert guide.status_code == 200 and "register and budget" in guide.get_data(as_text=True)
-    shot = client.get("/manual/console/estimate.png")
+    shot = client.get("/manual/walk/analyst-estimate.png")
     assert shot.status_code == 200 and shot.mimetype == "image/png"
     css = next(site.glob("assets/stylesheets/main.*.css")).name
     assert client.get(f"/manual/assets/stylesheets/{css}").status_code == 200

@@ -396,3 +396,23 @@ def test_the_old_early_exit_solve_kept_as_a_control_gives_the_same_answer() -> N
         steps.append(n_steps)
         work.append((trace.steps, trace.evaluations))
     assert steps == [6, 5] and work[0] == work[1]
+
+
+def test_a_stated_error_beyond_floats_is_refused_naming_the_budget() -> None:
+    """The metadata sweep found iclp.cov answering 500: a declared norm bound of 1e100 and
+    more made its stated error (the mean noise's square) overflow a float. Public inputs
+    decide it, so it is refused at pricing as any too-small budget is (422 naming it)."""
+    mech = registry.get("iclp.cov")
+    params = mech.load_params({"column": "f"})
+    for tau in (1e100, 1e200, 1e300):
+        meta = DatasetMeta(10, {"f": ColumnMeta("f", "functional", None,
+                                                grid=list(np.linspace(0, 1, 20)),
+                                                norm_bound=tau)})
+        with np.errstate(over="ignore"), pytest.raises(MechanismInputError) as refused:
+            mech.accuracy(params, mech.cost(params, {"epsilon": Fraction(1)}, meta), meta)
+        assert refused.value.field == "budget.epsilon", tau
+        assert "floating-point range" in refused.value.message
+    meta = DatasetMeta(10, {"f": ColumnMeta("f", "functional", None,
+                                            grid=list(np.linspace(0, 1, 20)), norm_bound=1e3)})
+    stated = mech.accuracy(params, mech.cost(params, {"epsilon": Fraction(1)}, meta), meta)
+    assert np.isfinite(stated["expected_sq_l2_error"])
