@@ -68,8 +68,9 @@ class ExmParamsSchema(Schema):
     column = fields.String(required=True, metadata={
         "description": "the integer or categorical column drawn from (support: its declared "
                        "range or categories)"})
-    draws = fields.Integer(load_default=1, validate=validate.Range(min=1, max=MAX_DRAWS), metadata={
-        "description": "k, the number of private draws, each at epsilon/k (default 1)"})
+    draws = fields.Integer(
+        strict=True, load_default=1, validate=validate.Range(min=1, max=MAX_DRAWS),
+        metadata={"description": "k, the number of private draws, each at epsilon/k (default 1)"})
 
 
 @dataclass(frozen=True)

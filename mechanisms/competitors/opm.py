@@ -111,7 +111,7 @@ def centre(column: ColumnMeta, how: str) -> tuple[float, float]:
 
 
 class OpmMeanParamsSchema(ColumnsSchema):
-    k = fields.Integer(load_default=None, allow_none=True,
+    k = fields.Integer(strict=True, load_default=None, allow_none=True,
                        validate=validate.Range(min=2, max=MAX_K), metadata={
         "description": "the moment order k >= 2 of the public bound E|X - c|^k <= r^k (needs "
                        "moment_bound); default none: k = infinity, |X - c| bounded by the "

@@ -111,3 +111,18 @@ def test_a_number_or_keyword_parameter_has_a_json_type_and_says_both() -> None:
     row = next(line for line in console.export_text().splitlines()
                if line.lstrip("│ ").startswith("components"))
     assert "number or string" in row and "auto" in row and f"..{number['maximum']}" in row
+
+
+def test_every_whole_number_parameter_is_strict() -> None:
+    """A whole-number parameter takes a JSON integer only: ``"3"`` or ``3.0`` were quietly
+    read as 3 by ``exm.draws`` and ``opm.mean``'s ``k`` (every other one refused them)."""
+    from marshmallow import ValidationError
+
+    for name, field, ok in (("exm", "draws", 3), ("opm.mean", "k", 3)):
+        mech = mechanisms.get(name)
+        base = {"column": "x"} if name == "exm" else {"columns": ["x"], "moment_bound": 1.0}
+        assert mech.load_params({**base, field: ok})[field] == ok
+        for bad in ("3", 3.0, True):
+            with pytest.raises(ValidationError) as refused:
+                mech.load_params({**base, field: bad})
+            assert field in refused.value.messages, (name, bad)
