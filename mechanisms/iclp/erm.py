@@ -93,8 +93,10 @@ def mean_curvature(sd: float) -> float:
 
 #: the square loss's reference: a regression function from the same Gaussian process with
 #: sd SQUARE_REFERENCE_SD·B and residuals of sd SQUARE_RESIDUAL_SD·B (B half the declared
-#: response range): a response of variance B²/8, half of it signal, well inside ±B
-SQUARE_REFERENCE_SD = 0.25
+#: response range): a response of sd ~0.3B, well inside ±B. A signal of sd B/4 chose
+#: too little ridge for smoother, smaller regression functions (n = 2·10⁴, ε = 2, f =
+#: sin(2πx)/2 on ±2: twice main's error); B·0.15 matched or beat main there and at n = 2000
+SQUARE_REFERENCE_SD = 0.15
 SQUARE_RESIDUAL_SD = 0.25
 
 
