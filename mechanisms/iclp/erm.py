@@ -31,7 +31,7 @@ is an exact streaming statistic (``sums``) and the solve works on M public-size 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
@@ -66,16 +66,6 @@ LINE_SEARCH = tuple(2.0**-k for k in range(30))
 #: exact per-bin response sums (2^30 lattice units per B, 2^53 exact) and a certifiable solve
 MAX_ROWS = 2**22
 _U = 2.0**-53
-
-
-def proxy_psi(privacy_mse: Callable[[float], float], radius_sq: float) -> float:
-    """The ψ of ``PSI_GRID`` minimising privacy MSE(ψ) + ψ·R²/4: public inputs only.
-
-    ψR²/4 bounds the squared shrinkage bias of a ridge (QR) estimator whose target has
-    norm <= R in the penalised RKHS (xψ/(x + ψ)² <= 1/4 per eigen-direction); R is taken
-    from the public bounds (B for ERM, τ² for the second moment).
-    """
-    return min(PSI_GRID, key=lambda p: privacy_mse(p) + p * radius_sq / 4.0)
 
 
 #: the reference log-odds of the logistic default: a Gaussian process with the mean's
@@ -444,7 +434,7 @@ def plan_iclp_erm(
     rel_floor: float = spectral.REL_FLOOR,
 ) -> ErmPlan:
     """Calibrate an ERM release. Defaults: Matérn(3/2, 0.1), η = 1 + 2/β, M = 100, and ψ
-    from ``proxy_psi`` with R = B (square loss) or minimising ``logistic_risk``."""
+    minimising ``square_risk`` or ``logistic_risk`` (its reference risk)."""
     lo, hi = (float(v) for v in covariate_bounds)
     ylo, yhi = (float(v) for v in response_bounds)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):

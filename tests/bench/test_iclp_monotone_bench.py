@@ -26,7 +26,7 @@ SEEDS = 200
 #: still rise on this finer grid (200 seeds, measured 2026-11-29): the min-risk designs
 #: where the candidate switches (the reference is not this dataset): kde2d 0.644 -> 0.687
 #: (ε 0.63 -> 1.42), logistic erm 0.726 -> 0.777 (0.95 -> 1.42). Printed, not asserted.
-#: (The square-loss erm, cov and fos rose with the worst-case ψ of ``erm.proxy_psi``:
+#: (The square-loss erm, cov and fos rose with ψ minimising privacy + a worst-case bias ψR²/4:
 #: 0.226 -> 0.319 and 0.278 -> 0.388 from ε = 1/8 to 3/16, fos 7.6 -> 21 from 1/8 to
 #: 0.42; their reference-risk ψ does not.)
 RISING = ("iclp.kde2d", "iclp.erm.logistic")
