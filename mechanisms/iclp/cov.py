@@ -425,8 +425,8 @@ def plan_iclp_cov(
              "role": "the covariance's mean: the same smoother F"})
     if psi_rule == "min-risk":
         smoothing["risk"] = {
-            **{k: v * tau**4 for k, v in reference(psi).items()},
-            "reference_energy": COV_REFERENCE_ENERGY * tau**2,
+            **{k: v * (tau * tau) * (tau * tau) for k, v in reference(psi).items()},
+            "reference_energy": COV_REFERENCE_ENERGY * tau * tau,
             "criterion": (
                 "min over psi of the privacy error + s^4*(sum((1-F_j^2)^2 p_j^2)"
                 " + outside^2) + s^4*((sum F_j^2 p_j)^2 + sum F_j^4 p_j^2)/n for a reference"

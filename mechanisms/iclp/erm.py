@@ -524,7 +524,7 @@ def plan_iclp_erm(
     else:
         unit = reference(psi)
         smoothing["risk"] = {
-            **{k: v * bound**2 if k != "kept_share" else v for k, v in unit.items()},
+            **{k: v * bound * bound if k != "kept_share" else v for k, v in unit.items()},
             "reference_sd": SQUARE_REFERENCE_SD * bound,
             "residual_sd": SQUARE_RESIDUAL_SD * bound,
             "criterion": (

@@ -340,7 +340,7 @@ def plan_iclp_fos(
                  "pd_floor": "the Gram entries' Laplace scale"}
     if psi_rule == "min-risk":
         smoothing["risk"] = {
-            **{k: v * tau**2 for k, v in reference(psi).items()},
+            **{k: v * tau * tau for k, v in reference(psi).items()},
             "criterion": (
                 "min over psi of ||G^-1||_F^2 * (the noise of S~) + sum_k kappa tau^2/c_k^2 *"
                 " sum((1-F_j)^2 p_j) + tau^2 tr(G^-1) sum(F_j^2 p_j)/n, G = E x x^T for"

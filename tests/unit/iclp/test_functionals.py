@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
 from mechanisms.iclp import cov, erm, fos, kde2d, mean, spectral
+from mechanisms.iclp.release import jsonable
 
 SEEDS = st.integers(0, 2**32 - 1)
 
@@ -418,3 +419,19 @@ def test_the_old_early_exit_solve_kept_as_a_control_gives_the_same_answer() -> N
         steps.append(n_steps)
         work.append((trace.steps, trace.evaluations))
     assert steps == [6, 5] and work[0] == work[1]
+
+
+def test_reference_risk_defaults_plan_on_huge_declared_bounds() -> None:
+    """The reference risks are minimised at unit scale and reported in the column's units:
+    τ⁴ (cov), τ² (fos) and B² (square-loss erm) overflow to inf, never raise (the
+    metadata sweep's τ = 1e100 raised OverflowError at τ**4), and json gives null."""
+    grid = np.linspace(0.0, 1.0, 10)
+    plans: list[cov.CovPlan | fos.FosPlan] = [
+        cov.plan_iclp_cov(grid, 1e100, 50, 1), fos.plan_iclp_fos(["x"], [(0.0, 1.0)],
+                                                                       grid, 1e200, 50, 1)]
+    for plan in plans:
+        risk = plan.smoothing["risk"]
+        assert risk["total"] == math.inf and plan.smoothing["psi"] in erm.PSI_GRID
+    square = erm.plan_iclp_erm("square", (0.0, 1.0), (-1e200, 1e200), 50, 1)
+    assert square.smoothing["risk"]["total"] == math.inf
+    assert jsonable(square.smoothing)["risk"]["total"] is None
