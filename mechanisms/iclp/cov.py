@@ -120,6 +120,36 @@ def privacy_mse(filt: ArrayLike, n: int, tau: float, epsilon_second: float,
         epsilon_mean**2)
 
 
+#: the reference spread of the covariance default: curves whose deviations from their mean
+#: are a Gaussian process with the mean's reference covariance (``mean.prior_share``) and
+#: RMS norm τ/4 (E‖X − μ‖² = τ²/16). Larger references switch from the heavily shrunk
+#: release to a noisy one at smaller ε, which raised the error on curves of spread τ²/100
+#: (n = 500: 0.0025 -> 0.0034 from ε = 1/8 to 4 at τ²/10); smaller ones shrink curves of
+#: spread τ²/4 too much (n = 5000, ε = 2: RMS error 0.48 of the covariance's norm here)
+COV_REFERENCE_ENERGY = 0.0625
+
+
+def reference_risk(filt: ArrayLike, share: ArrayLike, n: int, privacy: float
+                   ) -> dict[str, float]:
+    """Predicted E‖released − G‖²_HS at τ = 1 for the reference covariance G (every term
+    scales as τ⁴): public inputs only.
+
+    G = s²·Σ_j p_j v_j⊗v_j (s² = ``COV_REFERENCE_ENERGY``, p the reference share), so the
+    one-smoother target F∘G∘F misses (1 − F_j²)·s²p_j on the diagonal: bias
+    s⁴·(Σ_j (1 − F_j²)²p_j² + (1 − Σ_j p_j)²) (the energy outside the retained components
+    as one more direction); sampling, Gaussian curves: Var Ĝ_jk = (G_jjG_kk + δ_jkG_jj²)/n,
+    so s⁴·((Σ_j F_j²p_j)² + Σ_j F_j⁴p_j²)/n; privacy: the plan's (``privacy_mse``).
+    """
+    f = np.asarray(filt, dtype=np.float64)
+    p = np.asarray(share, dtype=np.float64)[: f.size]
+    s4 = COV_REFERENCE_ENERGY**2
+    outside = max(0.0, 1.0 - float(p.sum()))
+    bias = s4 * (float(np.sum((1.0 - f**2) ** 2 * p**2)) + outside**2)
+    sampling = s4 * (float(np.sum(f**2 * p)) ** 2 + float(np.sum(f**4 * p**2))) / n
+    return {"privacy": privacy, "bias": bias, "sampling": sampling,
+            "total": privacy + bias + sampling}
+
+
 @dataclass(frozen=True, eq=False)
 class CovPlan:
     """A calibrated covariance release (mean plan + second-moment calibration)."""
@@ -321,8 +351,8 @@ def plan_iclp_cov(
 ) -> CovPlan:
     """Calibrate a covariance release; ε = ε_mean + ε_second with ε_mean = share·ε exactly.
 
-    ψ defaults to ``erm.proxy_psi`` with R = τ² on the whole stated error (``privacy_mse``:
-    both moments' noise at their ε); the mean uses the same eigen-system, η, ψ and filter.
+    ψ defaults to the minimiser over ``erm.PSI_GRID`` of ``reference_risk`` (privacy: both
+    moments' noise at their ε); the mean uses the same eigen-system, η, ψ and filter.
     """
     points, tau = domain.validate_functional_meta(grid, tau)
     if len(points) > MAX_COV_GRID:
@@ -344,13 +374,23 @@ def plan_iclp_cov(
     lam = eig.values
     bessel = spectral.bessel_factor(eig)
     tau_eff = tau * mean.TAU_SLACK
-    psi_rule = "given" if psi is not None else "min privacy MSE + psi*tau^4/4"
+    psi_rule = "given" if psi is not None else "min-risk"
+    share = mean.prior_share(eig)
+    e_second = float(eps_second)
+    e_mean = float(eps_mean) if centred else None
+
+    def reference(q: float) -> dict[str, float]:
+        """``reference_risk`` at τ = 1 (every term scales as τ⁴: no overflow)."""
+        f = mean.qr_filter(lam, eta, q)
+        return reference_risk(f, share, n,
+                              privacy_mse(f, n, 1.0, e_second, e_mean) * bessel**2)
+
     if psi is None:
-        # every term scales as τ⁴: minimise at τ = 1 (no overflow for huge declared τ)
-        e_second = float(eps_second)
-        e_mean = float(eps_mean) if centred else None
-        psi = erm.proxy_psi(lambda q: privacy_mse(
-            mean.qr_filter(lam, eta, q), n, 1.0, e_second, e_mean) * bessel**2, 1.0)
+        # ψ for error (issue #32): the worst-case bias ψτ⁴/4 made the error rise with ε
+        # (0.28 -> 0.39 from ε = 1/8 to 3/16 at n = 500); the reference risk is
+        # a(ψ)/ε² + b(ψ) on the fixed grid ``erm.PSI_GRID``, so its minimum is
+        # non-increasing in ε
+        psi = min(erm.PSI_GRID, key=lambda q: reference(q)["total"])
     psi = float(psi)
     if not (math.isfinite(psi) and psi > 0):
         raise ValueError("psi must be a finite number > 0")
@@ -383,6 +423,15 @@ def plan_iclp_cov(
             "iclp-qr", points, eig, n, tau, filt.copy(), root, delta_mean, eps_mean,
             {**smoothing, "method": "iclp-qr", "noise_profile": "matched",
              "role": "the covariance's mean: the same smoother F"})
+    if psi_rule == "min-risk":
+        smoothing["risk"] = {
+            **{k: v * (tau * tau) * (tau * tau) for k, v in reference(psi).items()},
+            "reference_energy": COV_REFERENCE_ENERGY * tau * tau,
+            "criterion": (
+                "min over psi of the privacy error + s^4*(sum((1-F_j^2)^2 p_j^2)"
+                " + outside^2) + s^4*((sum F_j^2 p_j)^2 + sum F_j^4 p_j^2)/n for a reference"
+                " covariance s^2*sum p_j v_j (x) v_j, p the share of Matern(1.5, 0.1),"
+                f" s^2 = {COV_REFERENCE_ENERGY:g}*tau^2")}
     filt.setflags(write=False)
     epsilons = {"second_moment": eps_second, "mean": eps_mean}
     plan = CovPlan(np.array(points), eig, n, tau, filt, second, mean_plan, epsilons, smoothing)

@@ -31,7 +31,7 @@ is an exact streaming statistic (``sums``) and the solve works on M public-size 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
@@ -68,16 +68,6 @@ MAX_ROWS = 2**22
 _U = 2.0**-53
 
 
-def proxy_psi(privacy_mse: Callable[[float], float], radius_sq: float) -> float:
-    """The ψ of ``PSI_GRID`` minimising privacy MSE(ψ) + ψ·R²/4: public inputs only.
-
-    ψR²/4 bounds the squared shrinkage bias of a ridge (QR) estimator whose target has
-    norm <= R in the penalised RKHS (xψ/(x + ψ)² <= 1/4 per eigen-direction); R is taken
-    from the public bounds (B for ERM, τ² for the second moment).
-    """
-    return min(PSI_GRID, key=lambda p: privacy_mse(p) + p * radius_sq / 4.0)
-
-
 #: the reference log-odds of the logistic default: a Gaussian process with the mean's
 #: reference covariance (``mean.prior_share``, Matérn(3/2, 0.1)) and this sd
 LOGIT_REFERENCE_SD = 2.0
@@ -91,26 +81,51 @@ def mean_curvature(sd: float) -> float:
     return float(np.sum(weights * p * (1.0 - p)) / np.sum(weights))
 
 
-def logistic_risk(eig: spectral.EigenSystem, share: ArrayLike, n: int, epsilon: float,
-                  eta: float, psi: float, privacy: float) -> dict[str, float]:
-    """Predicted E‖released − f‖² for the reference log-odds f (public inputs only).
+#: the square loss's reference: a regression function from the same Gaussian process with
+#: sd SQUARE_REFERENCE_SD·B and residuals of sd SQUARE_RESIDUAL_SD·B (B half the declared
+#: response range): a response of sd ~0.3B, well inside ±B. A signal of sd B/4 chose
+#: too little ridge for smoother, smaller regression functions (n = 2·10⁴, ε = 2, f =
+#: sin(2πx)/2 on ±2: twice main's error); B·0.15 matched or beat main there and at n = 2000
+SQUARE_REFERENCE_SD = 0.15
+SQUARE_RESIDUAL_SD = 0.25
 
-    Near f the objective is (w̄/2)‖c − c_f‖² + ψΣ c_j²/λ_j^η, so the fit keeps
-    F_j = λ_j^η/(λ_j^η + 2ψ/w̄) of each coefficient: bias s²·Σ_j (1 − F_j)²·p_j (plus
-    the reference's energy outside the retained components), sampling Σ_j F_j²/(n·w̄)
-    (the Fisher information of a 0/1 response is w̄ per record), and the exact privacy
-    error of the plan's noise.
+
+def ridge_risk(eig: spectral.EigenSystem, share: ArrayLike, n: int, eta: float, psi: float,
+               privacy: float, reference_sd: float, curvature: float, information: float
+               ) -> dict[str, float]:
+    """Predicted E‖released − f‖² of a ridge fit for a reference f ~ GP(0, s²·C_ref).
+
+    Near f the objective is (w/2)‖c − c_f‖² + ψΣ c_j²/λ_j^η (w the loss's mean curvature:
+    2 for the square loss), so the fit keeps F_j = λ_j^η/(λ_j^η + 2ψ/w) of each
+    coefficient: bias s²·Σ_j (1 − F_j)²·p_j (plus the reference's energy outside the
+    retained components), sampling Σ_j F_j²/(n·I) (I: the Fisher information of one
+    record), and the exact privacy error of the plan's noise. Public inputs only.
     """
     p = np.asarray(share, dtype=np.float64)
-    w = mean_curvature(LOGIT_REFERENCE_SD)
     lam_eta = eig.values**eta
-    filt = lam_eta / (lam_eta + 2.0 * psi / w)
-    energy = LOGIT_REFERENCE_SD**2
+    filt = lam_eta / (lam_eta + 2.0 * psi / curvature)
+    energy = reference_sd**2
     bias = energy * (float(np.sum((1.0 - filt) ** 2 * p)) + max(0.0, 1.0 - float(p.sum())))
-    sampling = float(np.sum(filt**2)) / (n * w)
+    sampling = float(np.sum(filt**2)) / (n * information)
     return {"privacy": privacy, "bias": bias, "sampling": sampling,
             "total": privacy + bias + sampling, "kept_share": float(np.sum(filt * p)
                                                                    / max(float(p.sum()), 1e-300))}
+
+
+def logistic_risk(eig: spectral.EigenSystem, share: ArrayLike, n: int, epsilon: float,
+                  eta: float, psi: float, privacy: float) -> dict[str, float]:
+    """``ridge_risk`` for reference log-odds of sd ``LOGIT_REFERENCE_SD``: the logistic
+    loss's mean curvature w̄, and a 0/1 response's Fisher information w̄ per record."""
+    w = mean_curvature(LOGIT_REFERENCE_SD)
+    return ridge_risk(eig, share, n, eta, psi, privacy, LOGIT_REFERENCE_SD, w, w)
+
+
+def square_risk(eig: spectral.EigenSystem, share: ArrayLike, n: int, eta: float, psi: float,
+                privacy: float) -> dict[str, float]:
+    """``ridge_risk`` of the square loss at B = 1 (every term scales as B²): the reference
+    of ``SQUARE_REFERENCE_SD``, curvature 2, information 1/``SQUARE_RESIDUAL_SD``²."""
+    return ridge_risk(eig, share, n, eta, psi, privacy, SQUARE_REFERENCE_SD, 2.0,
+                      SQUARE_RESIDUAL_SD**-2)
 
 
 @dataclass(frozen=True)
@@ -389,14 +404,21 @@ class ErmPlan:
                     " target f of norm R in H_{C^eta} the squared shrinkage per"
                     f" eigen-direction is at most psi*R^2/4 = {self.psi / 4:.3g}*R^2; the"
                     " binning of the covariate to the grid is excluded.")
-        return (f" The ridge penalty psi={self.psi:.3g} shrinks the log-odds towards 0: for"
-                f" a reference log-odds (a Matern(1.5, 0.1) Gaussian process of sd"
-                f" {risk['reference_sd']:g}) it keeps {risk['kept_share']:.0%} of its energy"
-                f" and the predicted E||released - true log-odds||^2 is {risk['total']:.3g}"
-                f" (ridge bias {risk['bias']:.3g}, sampling {risk['sampling']:.3g}, privacy"
-                f" {risk['privacy']:.3g}); the actual bias depends on the true log-odds'"
-                " size and smoothness, and the binning of the covariate to the grid is"
-                " excluded.")
+        if self.loss == "logistic":
+            what = ("the log-odds towards 0: for a reference log-odds (a Matern(1.5, 0.1)"
+                    f" Gaussian process of sd {risk['reference_sd']:g})")
+            truth, whose = "true log-odds", "true log-odds'"
+        else:
+            what = ("the fit towards the response's midpoint: for a reference regression"
+                    " function (a Matern(1.5, 0.1) Gaussian process of sd"
+                    f" {risk['reference_sd']:.3g}, residual sd {risk['residual_sd']:.3g})")
+            truth, whose = "regression function", "regression function's"
+        return (f" The ridge penalty psi={self.psi:.3g} shrinks {what} it keeps"
+                f" {risk['kept_share']:.0%} of its energy and the predicted E||released -"
+                f" {truth}||^2 is {risk['total']:.3g} (ridge bias {risk['bias']:.3g}, sampling"
+                f" {risk['sampling']:.3g}, privacy {risk['privacy']:.3g}); the actual bias"
+                f" depends on the {whose} size and smoothness, and the binning of the"
+                " covariate to the grid is excluded.")
 
 
 def plan_iclp_erm(
@@ -412,7 +434,7 @@ def plan_iclp_erm(
     rel_floor: float = spectral.REL_FLOOR,
 ) -> ErmPlan:
     """Calibrate an ERM release. Defaults: Matérn(3/2, 0.1), η = 1 + 2/β, M = 100, and ψ
-    from ``proxy_psi`` with R = B (square loss) or minimising ``logistic_risk``."""
+    minimising ``square_risk`` or ``logistic_risk`` (its reference risk)."""
     lo, hi = (float(v) for v in covariate_bounds)
     ylo, yhi = (float(v) for v in response_bounds)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
@@ -446,27 +468,26 @@ def plan_iclp_erm(
         lip = lipschitz(loss, kappa, bound, p)
         return erm_sensitivity(eig.values, kappa, lip, n, eta, p)
 
-    psi_rule = "given" if psi is not None else (
-        "min-risk" if loss == "logistic" else "min privacy MSE + psi*B^2/4")
+    psi_rule = "given" if psi is not None else "min-risk"
     trace, eps2 = eig.trace, float(epsilon) ** 2
     share = mean.prior_share(eig)
 
+    def unit_delta(p: float) -> float:
+        return erm_sensitivity(eig.values, kappa, lipschitz(loss, kappa, 1.0, p), n, eta, p)
+
     def reference(p: float) -> dict[str, float]:
-        return logistic_risk(eig, share, n, float(epsilon), eta, p,
-                             2.0 * delta(p) ** 2 * trace / eps2)
+        """The reference risk at B = 1 (square loss: every term scales as B², no overflow)."""
+        privacy = 2.0 * unit_delta(p) ** 2 * trace / eps2
+        if loss == "logistic":
+            return logistic_risk(eig, share, n, float(epsilon), eta, p, privacy)
+        return square_risk(eig, share, n, eta, p, privacy)
 
-    if psi is None and loss == "logistic":
-        # ψ for error (issue #32): ψ + B²/4 with B = 1 took the log-odds to be tiny and
-        # shrank a slope of 4 by 27-70 %; the reference risk is a(ψ)/ε² + b(ψ) on a fixed
-        # grid, so its minimum is non-increasing in ε
+    if psi is None:
+        # ψ for error (issue #32): the worst-case bias ψB²/4 took the target to be tiny (a
+        # logistic slope of 4 shrunk by 27-70 %, a square-loss error that rose with ε);
+        # the reference risk is a(ψ)/ε² + b(ψ) on a fixed grid, so its minimum is
+        # non-increasing in ε
         psi = min(PSI_GRID, key=lambda p: reference(p)["total"])
-    elif psi is None:
-        # both terms scale as B² (L is linear in B): minimise at B = 1 (no overflow)
-        def unit_delta(p: float) -> float:
-            lip = lipschitz(loss, kappa, 1.0, p)
-            return erm_sensitivity(eig.values, kappa, lip, n, eta, p)
-
-        psi = proxy_psi(lambda p: 2.0 * unit_delta(p) ** 2 * trace / eps2, 1.0)
     psi = float(psi)
     if not (math.isfinite(psi) and psi > 0):
         raise ValueError("psi must be a finite number > 0")
@@ -500,5 +521,16 @@ def plan_iclp_erm(
             "min over psi of the exact privacy error + s^2*sum((1-F_j)^2 p_j) +"
             " sum(F_j^2)/(n*w), F_j = lambda_j^eta/(lambda_j^eta + 2 psi/w), for a reference"
             " log-odds ~ GP(0, s^2 Matern(1.5, 0.1)), w its mean logistic curvature")}
+    else:
+        unit = reference(psi)
+        smoothing["risk"] = {
+            **{k: v * bound * bound if k != "kept_share" else v for k, v in unit.items()},
+            "reference_sd": SQUARE_REFERENCE_SD * bound,
+            "residual_sd": SQUARE_RESIDUAL_SD * bound,
+            "criterion": (
+                "min over psi of the exact privacy error + s^2*sum((1-F_j)^2 p_j) +"
+                " r^2*sum(F_j^2)/n, F_j = lambda_j^eta/(lambda_j^eta + psi), for a reference"
+                f" regression function ~ GP(0, s^2 Matern(1.5, 0.1)), s = {SQUARE_REFERENCE_SD:g}B,"
+                f" and residuals of sd r = {SQUARE_RESIDUAL_SD:g}B (B half the response range)")}
     return ErmPlan(loss, (lo, hi), centre, bound, eig, n, eta, psi, kappa, lip, calibrated,
                    smoothing)

@@ -51,6 +51,42 @@ def product_range(a: tuple[float, float], b: tuple[float, float], same: bool) ->
     return max(corners) - min(corners)
 
 
+def reference_gram(box: Sequence[tuple[float, float]]) -> NDArray[np.float64]:
+    """E x xᵀ for independent covariates uniform on their declared boxes (the intercept's
+    box is [1, 1]): the design of the default's reference, from public bounds only."""
+    mid = np.array([0.5 * (lo + hi) for lo, hi in box])
+    out: NDArray[np.float64] = np.outer(mid, mid)
+    np.fill_diagonal(out, [(lo * lo + lo * hi + hi * hi) / 3.0 for lo, hi in box])
+    return out
+
+
+def reference_risk(eig: spectral.EigenSystem, share: ArrayLike, box: Sequence[tuple[float, float]],
+                   n: int, eta: float, psi: float, s_privacy: float) -> dict[str, float]:
+    """Predicted E Σ_k ‖β̃_k − β_k‖² at τ = 1 (every term scales as τ²), public inputs only.
+
+    Reference: the design ``reference_gram`` (G), and coefficient functions β_k whose
+    contributions x_kβ_k (|x_k| <= c_k) are the mean's reference class, E‖β_k‖² =
+    κ/c_k² (κ = ``pss.PRIOR_ENERGY``, shares p_j). Then β̃ ≈ G⁻¹S̃ and, with the filter
+    F_j = λ_j^η/(λ_j^η + ψ): privacy ‖G⁻¹‖²_F·v (v = ``s_privacy``, S̃_k's noise), bias
+    Σ_k κ/c_k²·(Σ_j (1 − F_j)²p_j + the energy outside the components), sampling
+    tr(G⁻¹)·Σ_j F_j²p_j/n (OLS of curves of spread <= τ²). The Gram's own noise and its
+    floor are left out: they are the same for every ψ.
+    """
+    p = np.asarray(share, dtype=np.float64)
+    filt = mean.qr_filter(eig.values, eta, psi)
+    scale = np.array([max(abs(lo), abs(hi)) for lo, hi in box])
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        inverse = np.linalg.inv(reference_gram(box))
+        privacy = float(np.sum(inverse**2)) * s_privacy
+        outside = max(0.0, 1.0 - float(p.sum()))
+        bias = pss.PRIOR_ENERGY * float(np.sum(scale**-2.0)) * (
+            float(np.sum((1.0 - filt) ** 2 * p)) + outside)
+        sampling = float(np.trace(inverse)) * float(np.sum(filt**2 * p)) / n
+    total = privacy + bias + sampling
+    return {"privacy": privacy, "bias": bias, "sampling": sampling,
+            "total": total if math.isfinite(total) else math.inf}
+
+
 @dataclass(frozen=True, eq=False)
 class FosPlan:
     """A calibrated function-on-scalar regression; built by ``plan_iclp_fos``."""
@@ -224,8 +260,8 @@ def plan_iclp_fos(
 ) -> FosPlan:
     """Calibrate a function-on-scalar regression; ε₁ = gram_share·ε exactly, ε₂ = ε − ε₁.
 
-    ψ defaults to ``erm.proxy_psi`` at ε₂ with R² = τ²Σ_k c_k² (the S_k's norm bounds),
-    η to 1 + 2/β.
+    ψ defaults to the minimiser over ``erm.PSI_GRID`` of ``reference_risk`` at ε₂, η to
+    1 + 2/β.
     """
     points, tau = domain.validate_functional_meta(grid, tau)
     if len(names) != len(bounds) or not names:
@@ -273,17 +309,21 @@ def plan_iclp_fos(
         return (mean.qr_sensitivity(eig.values, n, tau_eff * math.fsum(scale), eta, q)
                 * math.sqrt(bessel) * mean.SENSITIVITY_SAFETY * (1.0 + 2.0**-40))
 
-    psi_rule = "given" if psi is not None else "min privacy MSE + psi*R^2/4"
+    psi_rule = "given" if psi is not None else "min-risk"
+    share = mean.prior_share(eig)
+    e2, total_scale = float(eps2) ** 2, math.fsum(scale)
+
+    def reference(q: float) -> dict[str, float]:
+        """``reference_risk`` at τ = 1: S̃_k's noise 2Δ²·tr C/ε₂² with Δ at τ = 1."""
+        unit = mean.qr_sensitivity(eig.values, n, 1.0, eta, q) * math.sqrt(bessel) * total_scale
+        return reference_risk(eig, share, box, n, eta, q, 2.0 * unit**2 * eig.trace / e2)
+
     if psi is None:
-        # divide both terms by (τ·Σc)² (no overflow for huge bounds): Δ ∝ τΣc, R² = τ²Σc²
-        trace, e2 = eig.trace * p, float(eps2) ** 2
-        top = max(scale)
-        ratio = math.fsum((c / top) ** 2 for c in scale) / math.fsum(c / top for c in scale) ** 2
-
-        def unit_delta(q: float) -> float:
-            return mean.qr_sensitivity(eig.values, n, 1.0, eta, q) * math.sqrt(bessel)
-
-        psi = erm.proxy_psi(lambda q: 2.0 * unit_delta(q) ** 2 * trace / e2, ratio)
+        # ψ for error (issue #32): privacy + ψR²/4 (a worst-case bias) let the privacy
+        # error of S̃, amplified by G̃⁻¹, rise with ε (7.6 -> 21 from ε = 1/8 to 0.42 at
+        # n = 500); the reference risk is a(ψ)/ε² + b(ψ) on the fixed grid
+        # ``erm.PSI_GRID``, so its minimum is non-increasing in ε
+        psi = min(erm.PSI_GRID, key=lambda q: reference(q)["total"])
     psi = float(psi)
     if not (math.isfinite(psi) and psi > 0):
         raise ValueError("psi must be a finite number > 0")
@@ -298,5 +338,13 @@ def plan_iclp_fos(
                  "psi": psi, "psi_rule": psi_rule, "beta": kernel.beta,
                  "components": eig.size, "gram_share": str(gram_share),
                  "pd_floor": "the Gram entries' Laplace scale"}
+    if psi_rule == "min-risk":
+        smoothing["risk"] = {
+            **{k: v * tau * tau for k, v in reference(psi).items()},
+            "criterion": (
+                "min over psi of ||G^-1||_F^2 * (the noise of S~) + sum_k kappa tau^2/c_k^2 *"
+                " sum((1-F_j)^2 p_j) + tau^2 tr(G^-1) sum(F_j^2 p_j)/n, G = E x x^T for"
+                " covariates uniform on their bounds, p the share of Matern(1.5, 0.1),"
+                f" kappa = {pss.PRIOR_ENERGY:g}; the Gram's own noise is left out")}
     return FosPlan(tuple(names), tuple(box), np.array(points), eig, n, tau, filt, gram_noise,
                    mean_noise, {"gram": eps1, "functions": eps2}, smoothing)

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from mechanisms import registry
 from mechanisms.base import ColumnMeta, DatasetMeta, MechanismInputError
-from mechanisms.iclp import cov, erm, fos, kde2d, mean, spectral
+from mechanisms.iclp import cov, erm, fos, kde2d, mean, noise, spectral
+from mechanisms.iclp.release import jsonable
 
 SEEDS = st.integers(0, 2**32 - 1)
 
@@ -29,7 +30,9 @@ def _weighted_l1(a: np.ndarray, b: np.ndarray, shape: np.ndarray) -> float:
 def test_erm_constants_are_thm18() -> None:
     """Δ = (Lκ/(nψ))(Σλ^{η−1})^½ with κ² = max_k Σ λ_j^η v_j(t_k)², L = 2(B + κB/√ψ)
     for the square loss (B the half-range of y) and L = 1 for the logistic loss."""
-    for loss, ybounds, b in (("square", (-3.0, 1.0), 2.0), ("logistic", (0.0, 1.0), 1.0)):
+    cases: tuple[tuple[erm.Loss, tuple[float, float], float], ...] = (
+        ("square", (-3.0, 1.0), 2.0), ("logistic", (0.0, 1.0), 1.0))
+    for loss, ybounds, b in cases:
         plan = erm.plan_iclp_erm(loss, (0.0, 5.0), ybounds, 40, 1.0, grid_size=20, psi=0.05)
         lam, v = plan.eig.values, plan.eig.vectors
         kappa = math.sqrt(float(np.max((v**2) @ lam**plan.eta)))
@@ -89,7 +92,7 @@ def test_erm_neighbours_stay_within_delta(seed: int, n: int, logistic: bool, psi
     """Brute force: replace one record of a random dataset by a random (or extreme) one;
     ‖â − â'‖ <= Lκ/(nψ) and the coefficients move by at most Δ in the weighted ℓ1 norm."""
     rng = np.random.default_rng(seed)
-    loss = "logistic" if logistic else "square"
+    loss: erm.Loss = "logistic" if logistic else "square"
     plan = erm.plan_iclp_erm(loss, (0.0, 1.0), (0.0, 1.0) if logistic else (-2.0, 2.0), n,
                              1.0, grid_size=16, psi=psi)
     x = rng.uniform(size=n)
@@ -284,6 +287,26 @@ def test_kde2d_normalised_density() -> None:
     assert np.abs(v - 0.25).mean() < 0.1  # uniform density 1/4 on the 2 x 2 box
 
 
+@pytest.mark.parametrize("bounds", [((0.0, 1.0), (0.0, 1.0)), ((0.0, 2.0), (-1.0, 2.0)),
+                                    ((0.0, 0.5), (0.0, 0.25))])
+def test_kde2d_rmse_is_the_root_mean_square_per_grid_cell(
+        bounds: tuple[tuple[float, float], tuple[float, float]]) -> None:
+    """Off the unit square too (issue #32 item 4 suspected a double division by the area):
+    rmse² is the exact mean over the grid cells of the released surface's noise variance
+    Σ_ab v_a(s)²v_b(t)²Var c_ab/area² (released values are per unit area of the columns),
+    and expected_sq_l2_error is that variance integrated over the declared ranges."""
+    plan = kde2d.plan_iclp_kde2d(bounds, 2000, 1, grid_size=16, normalize=False)
+    va, vb = plan.axes[0].vectors, plan.axes[1].vectors
+    var = plan.noise.variances().reshape(plan.filter.shape)
+    per_cell = (va**2) @ var @ (vb**2).T / plan.area**2
+    acc = plan.accuracy()
+    assert acc["rmse"] ** 2 == pytest.approx(float(per_cell.mean()), rel=1e-12)
+    w = plan.axes[0].weights  # the cells' quadrature weights on the unit square (1/m each)
+    assert acc["expected_sq_l2_error"] == pytest.approx(float(w @ per_cell @ w) * plan.area,
+                                                        rel=1e-12)
+    assert acc["band95"] == pytest.approx(1.96 * acc["rmse"], rel=1e-15)
+
+
 # --------------------------------------------------------------------------- registry entries
 
 
@@ -416,3 +439,20 @@ def test_a_stated_error_beyond_floats_is_refused_naming_the_budget() -> None:
                                             grid=list(np.linspace(0, 1, 20)), norm_bound=1e3)})
     stated = mech.accuracy(params, mech.cost(params, {"epsilon": Fraction(1)}, meta), meta)
     assert np.isfinite(stated["expected_sq_l2_error"])
+
+
+def test_reference_risk_defaults_plan_on_huge_declared_bounds() -> None:
+    """The reference risks are minimised at unit scale and reported in the column's units:
+    τ⁴ (cov), τ² (fos) and B² (square-loss erm) overflow to inf, never raise (the
+    metadata sweep's τ = 1e100 raised OverflowError at τ**4), and json gives null."""
+    grid = np.linspace(0.0, 1.0, 10)
+    plan = fos.plan_iclp_fos(["x"], [(0.0, 1.0)], grid, 1e200, 50, 1)
+    risk = plan.smoothing["risk"]
+    assert risk["total"] == math.inf and plan.smoothing["psi"] in erm.PSI_GRID
+    # cov's tuning gets past the overflow too, but its stated error does not fit a float:
+    # refused (422 naming the budget, test above), never an OverflowError
+    with np.errstate(over="ignore"), pytest.raises(noise.CalibrationError):
+        cov.plan_iclp_cov(grid, 1e100, 50, 1)
+    square = erm.plan_iclp_erm("square", (0.0, 1.0), (-1e200, 1e200), 50, 1)
+    assert square.smoothing["risk"]["total"] == math.inf
+    assert jsonable(square.smoothing)["risk"]["total"] is None

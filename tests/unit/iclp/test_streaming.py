@@ -4,7 +4,8 @@ Oracles: the whole-column code before the port (``streaming_outputs.json``, comp
 main before any change: every pinned output must come back bit for bit; issue #32 re-pinned
 iclp.cov's, one smoother for both moments, and iclp.fos's hashes, result.rmse added with
 the coefficients unchanged; and the defaults that changed: iclp.mean, frl.mean, frl.kde
-(FRL's min-risk M), iclp.kde2d (bandwidth), iclp.erm (logistic ψ)), and ``run``
+(FRL's min-risk M), iclp.kde2d (bandwidth), iclp.erm (logistic, then square-loss ψ),
+iclp.cov and iclp.fos (reference-risk ψ)), and ``run``
 itself: the partials of any split of the rows (empty batches, batches of one row), updated
 in any order and merged in any tree shape, must equal the whole columns' exactly, and the
 release from them ``run``'s output with the same generator.
