@@ -111,12 +111,14 @@ def privacy_mse(filt: ArrayLike, n: int, tau: float, epsilon_second: float,
     """The continuous-Laplace approximation of the stated error (``CovPlan.accuracy``) at
     Bessel factor 1: Σ_jk 2Δ₂²F_jF_k/ε₂² for the second moment (each off-diagonal noise
     counted twice in the symmetric matrix), and, when centred, the mean
-    noise's 2‖m‖²·ΣVar m̃_j with ‖m‖ <= τ and Var m̃_j = 2Δ₁²F_j/ε₁² (for choosing ψ)."""
+    noise's 2‖m̂‖²·ΣVar m̃_j with ‖m̂‖ <= max F·τ and Var m̃_j = 2Δ₁²F_j/ε₁² (for
+    choosing ψ)."""
     total = math.fsum(np.asarray(filt, dtype=np.float64).tolist())
+    shrunk = float(np.max(np.asarray(filt, dtype=np.float64))) * tau
     second = 2.0 * second_moment_sensitivity(filt, n, tau) ** 2 * total**2 / epsilon_second**2
     if epsilon_mean is None:
         return second
-    return second + 2.0 * tau**2 * 2.0 * mean_sensitivity(filt, n, tau) ** 2 * total / (
+    return second + 2.0 * shrunk**2 * 2.0 * mean_sensitivity(filt, n, tau) ** 2 * total / (
         epsilon_mean**2)
 
 
@@ -284,13 +286,15 @@ class CovPlan:
         """A bound on E‖m̃m̃ᵀ − diag(Var m̃) − m̂m̂ᵀ‖²_HS over every dataset. With m̃ = m̂ + e
         (independent symmetric e_j, variance v_j, fourth moment κ_j) the terms m̂eᵀ + emᵀ
         and eeᵀ − diag v are uncorrelated: 2‖m̂‖²Σv + 2Σm̂_j²v_j <= 2R²(Σv + max v) with
-        ‖m̂‖ <= R = √bessel·τ, plus Σ_{j≠k} v_jv_k + Σ_j (κ_j − v_j²)."""
+        ‖m̂‖ <= R = max_j F_j·√bessel·τ (m̂_j = F_j·⟨mean, v_j⟩: the smoother shrinks the
+        mean it subtracts), plus Σ_{j≠k} v_jv_k + Σ_j (κ_j − v_j²)."""
         if self.mean_plan is None:
             return 0.0
         nz = self.mean_plan.noise
         v = nz.variances()
         kappa = noise.discrete_laplace_fourth_moment(nz.scales) * nz.steps**4
-        radius_sq = spectral.bessel_factor(self.eig) * (self.tau * mean.TAU_SLACK) ** 2
+        radius_sq = (spectral.bessel_factor(self.eig)
+                     * (float(np.max(self.filter)) * self.tau * mean.TAU_SLACK) ** 2)
         total = math.fsum(v.tolist())
         linear = 2.0 * radius_sq * (total + float(v.max()))
         quadratic = total**2 - 2.0 * math.fsum((v * v).tolist()) + math.fsum(kappa.tolist())
