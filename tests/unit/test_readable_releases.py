@@ -93,6 +93,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 #: the baselines' other statistics, each its own shape
 BASELINES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "laplace.histogram": ("laplace", {"statistic": "histogram", "column": "k", "bins": 3}, EPS),
+    # a categorical column's histogram: one bar a category (it had no reading, so no
+    # plot and no interval in its frame)
+    "laplace.category_histogram": ("laplace", {"statistic": "histogram", "column": "g"}, EPS),
+    "geometric.category_histogram": ("geometric", {"statistic": "histogram", "column": "h"},
+                                     EPS),
     "laplace.quantile": ("laplace", {"statistic": "quantile", "column": "x",
                                      "quantiles": [0.1, 0.5, 0.9, 0.99]}, EPS),
     "laplace.covariance": ("laplace", {"statistic": "covariance", "columns": ["x", "u"]}, EPS),

@@ -343,13 +343,24 @@ def _table(params: Mapping[str, Any], result: Mapping[str, Any],
 def _histogram(params: Mapping[str, Any], result: Mapping[str, Any],
                accuracy: Mapping[str, Any], base: dict[str, Any]) -> Reading | None:
     values, bins = _numbers(result.get("values")), result.get("bins")
+    categories = result.get("categories")
+    half = _number(accuracy.get("ci95_halfwidth"))
+    column = _column(params, result)
+    if values is not None and isinstance(categories, list) and bins is None \
+            and params.get("statistic") == "histogram" \
+            and len(categories) == len(values):  # a categorical column: one bar a category
+        lower, upper = _around(values, [half] * len(values))
+        return Reading(**base, statistic=f"histogram of {column}", kind="bars",
+                       label_name=column, value_name="count",
+                       keys={column: [str(c) for c in categories]},
+                       estimates=values, lower=lower, upper=upper,
+                       level=None if half is None else 0.95,
+                       interval="95 % interval: estimate ± accuracy.ci95_halfwidth per category")
     if values is None or not isinstance(bins, list) or len(bins) != len(values):
         return None
     if not all(isinstance(b, list) and len(b) == 2 for b in bins):
         return None
-    half = _number(accuracy.get("ci95_halfwidth"))
     lower, upper = _around(values, [half] * len(values))
-    column = _column(params, result)
     return Reading(**base, statistic=f"histogram of {column}", kind="bars",
                    label_name=f"bin of {column}", value_name="count",
                    keys={"bin": [f"[{_text(float(a))}, {_text(float(b))})" for a, b in bins]},
